@@ -1,0 +1,127 @@
+# fsdp-run: one non-recursive build.
+#
+#   make               build build/fsdp-run (+ example plugins)
+#   make test          build and run the whole test suite
+#   make setup         install the system packages (apt) and build
+#   make asan          build and run the tests under ASan + UBSan (in build-asan/)
+#   make fuzz          build the libFuzzer harnesses (clang) in build-fuzz/
+#   make bench         build the benchmarks
+#   make bundle        build/bundle/: the binary and its non-system shared libraries
+#   make CUDA=0        force a CPU-only build (CUDA is used whenever nvcc is found)
+#   make BUILD=dir     build into another directory
+
+BUILD ?= build
+CUDA ?= auto
+CC ?= gcc
+CXX ?= g++
+
+NVCC_FOUND := $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
+ifeq ($(CUDA),0)
+  HAVE_CUDA := 0
+else ifneq ($(NVCC_FOUND),)
+  HAVE_CUDA := 1
+  NVCC ?= $(NVCC_FOUND)
+else
+  HAVE_CUDA := 0
+endif
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC_FOUND))
+
+MPI_CFLAGS := $(shell mpicc --showme:compile 2>/dev/null)
+MPI_LIBS   := $(shell mpicc --showme:link 2>/dev/null)
+BLAS_CFLAGS := $(shell pkg-config --cflags openblas 2>/dev/null)
+
+SAN_FLAGS ?=
+OPT ?= -O2
+WARN := -Wall -Wextra -Werror
+CPPFLAGS += -Iinclude -I. -D_GNU_SOURCE $(MPI_CFLAGS) $(BLAS_CFLAGS) \
+            -DFSDP_HAVE_CUDA=$(HAVE_CUDA) -DFSDP_BUILD_DIR=\"$(BUILD)\"
+CFLAGS   += -std=c11 $(OPT) -g $(WARN) -fopenmp -fPIC $(SAN_FLAGS) -MMD -MP
+CXXFLAGS += -std=c++17 $(OPT) -g $(WARN) -fopenmp $(SAN_FLAGS) -MMD -MP
+LDLIBS   += -lyaml -ljansson -lopenblas -lz -ldl -lm -lpthread $(MPI_LIBS)
+LDFLAGS  += -fopenmp $(SAN_FLAGS) -rdynamic
+
+ifeq ($(HAVE_CUDA),1)
+  CPPFLAGS += -I$(CUDA_HOME)/include
+  NVCCFLAGS ?= -O3 -arch=sm_90 -std=c++17 -Xcompiler -fPIC,-Wall -Iinclude -I. -DFSDP_HAVE_CUDA=1 \
+               --expt-relaxed-constexpr -lineinfo
+  LDLIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lnccl -lcudart
+endif
+
+# --- sources -----------------------------------------------------------------
+LIB_C_SRCS := $(filter-out pipeline/main.c,$(wildcard pipeline/*.c runtime/*.c model/*.c \
+               kernels/cpu/*.c ckpt/*.c stages/*.c))
+CU_SRCS    := $(if $(filter 1,$(HAVE_CUDA)),$(wildcard kernels/cuda/*.cu))
+TEST_SRCS  := $(wildcard tests/*.cc)
+PLUGIN_SRCS := $(wildcard examples/plugins/*.c)
+BENCH_SRCS := $(wildcard bench/*.c)
+
+LIB_OBJS  := $(LIB_C_SRCS:%.c=$(BUILD)/obj/%.o) $(CU_SRCS:%.cu=$(BUILD)/obj/%.cu.o)
+TEST_OBJS := $(TEST_SRCS:%.cc=$(BUILD)/obj/%.o)
+LIBFSDP   := $(BUILD)/libfsdp.a
+BIN       := $(BUILD)/fsdp-run
+TEST_BIN  := $(BUILD)/tests/fsdp_tests
+PLUGINS   := $(PLUGIN_SRCS:examples/plugins/%.c=$(BUILD)/plugins/lib%.so)
+BENCHES   := $(BENCH_SRCS:bench/%.c=$(BUILD)/bench/%)
+
+# Executables take the whole library so that plugins (dlopen) resolve every public symbol.
+WHOLE_LIB := -Wl,--whole-archive $(LIBFSDP) -Wl,--no-whole-archive
+
+.PHONY: all test setup asan fuzz bench bundle clean check-deps
+all: $(BIN) $(PLUGINS)
+
+$(BUILD)/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) $(CFLAGS) -c $< -o $@
+
+$(BUILD)/obj/%.cu.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+
+$(BUILD)/obj/tests/%.o: tests/%.cc
+	@mkdir -p $(dir $@)
+	$(CXX) $(CPPFLAGS) $(CXXFLAGS) -c $< -o $@
+
+$(LIBFSDP): $(LIB_OBJS)
+	@mkdir -p $(dir $@)
+	rm -f $@
+	ar rcs $@ $^
+
+$(BIN): $(BUILD)/obj/pipeline/main.o $(LIBFSDP)
+	$(CC) $(LDFLAGS) $< $(WHOLE_LIB) $(LDLIBS) -o $@
+
+$(BUILD)/plugins/lib%.so: examples/plugins/%.c include/fsdp/*.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) $(CFLAGS) -shared $< -o $@
+
+$(TEST_BIN): $(TEST_OBJS) $(LIBFSDP)
+	@mkdir -p $(dir $@)
+	$(CXX) $(LDFLAGS) $(TEST_OBJS) $(WHOLE_LIB) -lgtest -lgtest_main $(LDLIBS) -o $@
+
+$(BUILD)/bench/%: bench/%.c $(LIBFSDP)
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) $(CFLAGS) $(LDFLAGS) $< $(WHOLE_LIB) $(LDLIBS) -o $@
+
+bench: $(BIN) $(BENCHES)
+
+# The suite runs from the project root; fixtures are read from ../shared/fixtures.
+test: $(BIN) $(PLUGINS) $(TEST_BIN)
+	FSDP_RUN_BIN=$(BIN) FSDP_PLUGIN_DIR=$(BUILD)/plugins OMP_NUM_THREADS=2 $(TEST_BIN) $(GTEST_ARGS)
+
+asan:
+	$(MAKE) BUILD=build-asan CUDA=0 OPT=-O1 \
+	  SAN_FLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" test
+
+fuzz:
+	$(MAKE) -f tests/fuzz/fuzz.mk BUILD=build-fuzz
+
+bundle: $(BIN)
+	sh tools/bundle.sh $(BIN) $(BUILD)/bundle
+
+setup:
+	sh tools/setup.sh
+	$(MAKE) all
+
+clean:
+	rm -rf $(BUILD) build-asan build-fuzz
+
+-include $(LIB_OBJS:.o=.d) $(TEST_OBJS:.o=.d) $(BUILD)/obj/pipeline/main.d
