@@ -32,7 +32,7 @@ BLAS_CFLAGS := $(shell pkg-config --cflags openblas 2>/dev/null)
 
 SAN_FLAGS ?=
 OPT ?= -O2
-WARN := -Wall -Wextra -Werror
+WARN := -Wall -Wextra -Werror -Wno-format-truncation
 CPPFLAGS += -Iinclude -I. -D_GNU_SOURCE $(MPI_CFLAGS) $(BLAS_CFLAGS) \
             -DFSDP_HAVE_CUDA=$(HAVE_CUDA) -DFSDP_BUILD_DIR=\"$(BUILD)\"
 CFLAGS   += -std=c11 $(OPT) -g $(WARN) -fopenmp -fPIC $(SAN_FLAGS) -MMD -MP
@@ -53,6 +53,7 @@ LIB_C_SRCS := $(filter-out pipeline/main.c,$(wildcard pipeline/*.c runtime/*.c m
 CU_SRCS    := $(if $(filter 1,$(HAVE_CUDA)),$(wildcard kernels/cuda/*.cu))
 TEST_SRCS  := $(wildcard tests/*.cc)
 PLUGIN_SRCS := $(wildcard examples/plugins/*.c)
+TEST_PLUGIN_SRCS := $(wildcard tests/plugins/*.c)
 BENCH_SRCS := $(wildcard bench/*.c)
 
 LIB_OBJS  := $(LIB_C_SRCS:%.c=$(BUILD)/obj/%.o) $(CU_SRCS:%.cu=$(BUILD)/obj/%.cu.o)
@@ -61,6 +62,7 @@ LIBFSDP   := $(BUILD)/libfsdp.a
 BIN       := $(BUILD)/fsdp-run
 TEST_BIN  := $(BUILD)/tests/fsdp_tests
 PLUGINS   := $(PLUGIN_SRCS:examples/plugins/%.c=$(BUILD)/plugins/lib%.so)
+TEST_PLUGINS := $(TEST_PLUGIN_SRCS:tests/plugins/%.c=$(BUILD)/tests/plugins/lib%.so)
 BENCHES   := $(BENCH_SRCS:bench/%.c=$(BUILD)/bench/%)
 
 # Executables take the whole library so that plugins (dlopen) resolve every public symbol.
@@ -93,6 +95,10 @@ $(BUILD)/plugins/lib%.so: examples/plugins/%.c include/fsdp/*.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) $(CFLAGS) -shared $< -o $@
 
+$(BUILD)/tests/plugins/lib%.so: tests/plugins/%.c include/fsdp/*.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) $(CFLAGS) -shared $< -o $@
+
 $(TEST_BIN): $(TEST_OBJS) $(LIBFSDP)
 	@mkdir -p $(dir $@)
 	$(CXX) $(LDFLAGS) $(TEST_OBJS) $(WHOLE_LIB) -lgtest -lgtest_main $(LDLIBS) -o $@
@@ -104,7 +110,7 @@ $(BUILD)/bench/%: bench/%.c $(LIBFSDP)
 bench: $(BIN) $(BENCHES)
 
 # The suite runs from the project root; fixtures are read from ../shared/fixtures.
-test: $(BIN) $(PLUGINS) $(TEST_BIN)
+test: $(BIN) $(PLUGINS) $(TEST_PLUGINS) $(TEST_BIN)
 	FSDP_RUN_BIN=$(BIN) FSDP_PLUGIN_DIR=$(BUILD)/plugins OMP_NUM_THREADS=2 $(TEST_BIN) $(GTEST_ARGS)
 
 asan:

@@ -1,0 +1,52 @@
+/* Recipe loading: YAML, includes (merged first, later keys win, cycles detected),
+ * --set overrides and ${var} substitution, then the structural checks of every key. */
+#ifndef FSDP_PIPELINE_RECIPE_H
+#define FSDP_PIPELINE_RECIPE_H
+
+#include <stddef.h>
+
+#include "fsdp/error.h"
+#include "fsdp/stage.h"
+#include "pipeline/value_impl.h"
+
+typedef struct recipe_stage {
+    const char *id;               /* points into the recipe tree */
+    const char *uses;
+    const fsdp_value *node;       /* the stage's map */
+    const fsdp_value *uses_node;
+    const fsdp_value *after_node; /* NULL: implicitly after the previous stage in the file */
+    const char **after;           /* resolved dependency ids */
+    const fsdp_value **after_vals;/* their values (for error positions); NULL for implicit */
+    size_t n_after;
+    fsdp_value *with;             /* the stage's `with:` map (owned by the tree) */
+    const fsdp_stage_desc *desc;  /* resolved by the planner */
+    size_t index;                 /* position in the file */
+} recipe_stage;
+
+typedef struct recipe {
+    char *path;
+    char *name;
+    fsdp_value *root;             /* merged, overridden, substituted tree */
+    recipe_stage *stages;
+    size_t n_stages;
+    char **plugins;               /* plugin paths as resolved */
+    const fsdp_value **plugin_vals;
+    size_t n_plugins;
+} recipe;
+
+/* One --set override: "a.b.c=value". */
+typedef struct recipe_override {
+    const char *arg;  /* the whole argument, for messages */
+    int applied;      /* set when it applied to at least one recipe */
+} recipe_override;
+
+int recipe_load(const char *path, recipe_override *ovr, size_t n_ovr, recipe **out, fsdp_err *err);
+void recipe_free(recipe *r);
+
+/* Applies one override to a recipe tree. Returns 0 when applied, 1 when it names a stage
+ * id this recipe does not have (not an error by itself when chaining), else an error. */
+int recipe_apply_override(fsdp_value *root, const char *arg, fsdp_err *err);
+/* Substitutes ${var} everywhere but in `vars` (vars may reference each other). */
+int recipe_substitute_vars(fsdp_value *root, fsdp_err *err);
+
+#endif

@@ -1,0 +1,137 @@
+#include "pipeline/report.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "fsdp/stage.h"
+
+int report_add_record(run_result *r, const char *recipe, const char *id, const char *stage) {
+    if (r->n == r->cap) {
+        size_t cap = r->cap ? r->cap * 2 : 16;
+        run_record *nr = realloc(r->recs, cap * sizeof *nr);
+        if (!nr) return FSDP_E_NOMEM;
+        r->recs = nr;
+        r->cap = cap;
+    }
+    run_record *rec = &r->recs[r->n];
+    memset(rec, 0, sizeof *rec);
+    rec->recipe = strdup(recipe);
+    rec->id = strdup(id);
+    rec->stage = strdup(stage);
+    rec->status = "pending";
+    if (!rec->recipe || !rec->id || !rec->stage) {
+        free(rec->recipe);
+        free(rec->id);
+        free(rec->stage);
+        return FSDP_E_NOMEM;
+    }
+    r->n++;
+    return 0;
+}
+
+int report_add_recipe(run_result *r, const char *name, const char *path) {
+    char **nn = realloc(r->recipes, (r->n_recipes + 1) * sizeof *nn);
+    if (!nn) return FSDP_E_NOMEM;
+    r->recipes = nn;
+    char **np = realloc(r->recipe_paths, (r->n_recipes + 1) * sizeof *np);
+    if (!np) return FSDP_E_NOMEM;
+    r->recipe_paths = np;
+    r->recipes[r->n_recipes] = strdup(name);
+    r->recipe_paths[r->n_recipes] = strdup(path);
+    r->n_recipes++;
+    return 0;
+}
+
+void report_free(run_result *r) {
+    for (size_t i = 0; i < r->n; i++) {
+        free(r->recs[i].recipe);
+        free(r->recs[i].id);
+        free(r->recs[i].stage);
+        free(r->recs[i].error);
+        ctx_metrics_free(&r->recs[i].metrics);
+    }
+    free(r->recs);
+    for (size_t i = 0; i < r->n_recipes; i++) {
+        free(r->recipes[i]);
+        free(r->recipe_paths[i]);
+    }
+    free(r->recipes);
+    free(r->recipe_paths);
+    memset(r, 0, sizeof *r);
+}
+
+static json_t *iso_time(double t) {
+    time_t s = (time_t)t;
+    struct tm tm;
+    gmtime_r(&s, &tm);
+    char buf[64];
+    snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday,
+             tm.tm_hour, tm.tm_min, tm.tm_sec, (int)((t - (double)s) * 1000));
+    return json_string(buf);
+}
+
+int report_write(const run_result *r, const char *path, fsdp_err *err) {
+    json_t *root = json_object();
+    json_t *recipes = json_array();
+    json_t *stages = json_array();
+    if (!root || !recipes || !stages) {
+        json_decref(root);
+        json_decref(recipes);
+        json_decref(stages);
+        return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+    }
+    json_object_set_new(root, "fsdp_run_version", json_string(FSDP_VERSION_STRING));
+    for (size_t i = 0; i < r->n_recipes; i++) {
+        json_t *o = json_object();
+        json_object_set_new(o, "name", json_string(r->recipes[i]));
+        json_object_set_new(o, "path", json_string(r->recipe_paths[i]));
+        json_array_append_new(recipes, o);
+    }
+    json_object_set_new(root, "recipes", recipes);
+    json_object_set_new(root, "start_time", iso_time(r->start_wall));
+    json_object_set_new(root, "end_time", iso_time(r->end_wall));
+    json_object_set_new(root, "seconds", json_real(r->end_wall - r->start_wall));
+    json_object_set_new(root, "world_size", json_integer(r->world_size));
+    json_object_set_new(root, "exit_code", json_integer(r->exit_code));
+    json_object_set_new(root, "status", json_string(r->exit_code == 0 ? "ok" : "failed"));
+    for (size_t i = 0; i < r->n; i++) {
+        const run_record *rec = &r->recs[i];
+        json_t *o = json_object();
+        json_object_set_new(o, "recipe", json_string(rec->recipe));
+        json_object_set_new(o, "id", json_string(rec->id));
+        json_object_set_new(o, "stage", json_string(rec->stage));
+        json_object_set_new(o, "status", json_string(rec->status));
+        json_object_set_new(o, "seconds", json_real(rec->seconds));
+        json_t *m = json_object();
+        for (size_t k = 0; k < rec->metrics.n; k++) {
+            const ctx_metric *cm = &rec->metrics.items[k];
+            json_object_set_new(m, cm->name, cm->is_str ? json_string(cm->str) : json_real(cm->num));
+        }
+        json_object_set_new(o, "metrics", m);
+        if (rec->error) json_object_set_new(o, "error", json_string(rec->error));
+        json_array_append_new(stages, o);
+    }
+    json_object_set_new(root, "stages", stages);
+    size_t plen = strlen(path);
+    char *tmp = malloc(plen + 8);
+    if (!tmp) {
+        json_decref(root);
+        return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+    }
+    snprintf(tmp, plen + 8, "%s.tmp", path);
+    int rc = 0;
+    if (json_dump_file(root, tmp, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(10)) != 0) {
+        rc = fsdp_err_set(err, FSDP_E_IO, "report %s: cannot write: %s", path, strerror(errno));
+        remove(tmp);
+    } else if (rename(tmp, path) != 0) {
+        rc = fsdp_err_set(err, FSDP_E_IO, "report %s: cannot rename %s: %s", path, tmp, strerror(errno));
+        remove(tmp);
+    }
+    free(tmp);
+    json_decref(root);
+    return rc;
+}

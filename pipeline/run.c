@@ -1,0 +1,264 @@
+/* Planner and scheduler: validate the whole chain of recipes, then run the stages in
+ * topological order in one context; a failing stage stops the run (later ones skipped). */
+#include "pipeline/run.h"
+
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/time.h>
+
+#include "pipeline/dag.h"
+#include "pipeline/report.h"
+#include "pipeline/schema.h"
+#include "runtime/ctx_impl.h"
+
+static const char *const DEVICES[] = {"auto", "cpu", "cuda", NULL};
+static const fsdp_param_spec RUNTIME_SPEC[] = {
+    {"device", FSDP_T_STRING, 0, "auto", DEVICES, "auto = cuda when a GPU is present, else cpu"},
+    {"seed", FSDP_T_INT, 0, "0", NULL, "seed of every random stream (init, data)"},
+    {"threads", FSDP_T_INT, 0, "0", NULL, "OpenMP threads per rank (0 = OpenMP's default)"},
+    {NULL, 0, 0, NULL, NULL, NULL}};
+
+static double wall_now(void) {
+    struct timeval tv;
+    gettimeofday(&tv, NULL);
+    return (double)tv.tv_sec + (double)tv.tv_usec * 1e-6;
+}
+
+void run_plan_free(run_plan *plan) {
+    for (size_t i = 0; i < plan->n; i++) {
+        recipe_free(plan->recipes[i]);
+        free(plan->orders[i]);
+    }
+    free(plan->recipes);
+    free(plan->orders);
+    memset(plan, 0, sizeof *plan);
+}
+
+static int check_runtime(recipe *r, fsdp_err *err) {
+    fsdp_value *rt = val_get_mut(r->root, "runtime");
+    if (!rt || fsdp_value_type(rt) == FSDP_V_NULL) {
+        fsdp_value *m = val_new(FSDP_V_MAP, r->path, 1, 1);
+        if (!m || val_map_set(r->root, "runtime", m, 1, 1)) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+        rt = val_get_mut(r->root, "runtime");
+    }
+    return schema_check_map("runtime", RUNTIME_SPEC, rt, rt, err);
+}
+
+int run_plan_build(fsdp_registry *reg, const char *const *paths, size_t n, const run_opts *o, run_plan *plan,
+                   fsdp_err *err) {
+    memset(plan, 0, sizeof *plan);
+    recipe_override *ovr = calloc(o->n_sets ? o->n_sets : 1, sizeof *ovr);
+    plan->recipes = calloc(n ? n : 1, sizeof *plan->recipes);
+    plan->orders = calloc(n ? n : 1, sizeof *plan->orders);
+    if (!ovr || !plan->recipes || !plan->orders) {
+        free(ovr);
+        return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+    }
+    for (size_t i = 0; i < o->n_sets; i++) ovr[i].arg = o->sets[i];
+    dag_state state = {0};
+    int rc = 0;
+    for (size_t i = 0; i < n && !rc; i++) {
+        recipe *r;
+        if ((rc = recipe_load(paths[i], ovr, o->n_sets, &r, err))) break;
+        plan->recipes[plan->n] = r;
+        plan->n++;
+        for (size_t p = 0; p < r->n_plugins && !rc; p++) {
+            rc = registry_load_plugin(reg, r->plugins[p], err);
+            if (rc) {
+                const fsdp_value *pv = r->plugin_vals[p];
+                char msg[FSDP_ERR_MSG_MAX];
+                snprintf(msg, sizeof msg, "%s", err->msg);
+                rc = fsdp_err_at(err, FSDP_E_INVALID, pv, "%s", msg);
+            }
+        }
+        if (!rc) rc = check_runtime(r, err);
+        for (size_t s = 0; s < r->n_stages && !rc; s++) {
+            recipe_stage *st = &r->stages[s];
+            st->desc = registry_find(reg, st->uses);
+            if (!st->desc) {
+                char known[2048] = "";
+                size_t off = 0;
+                for (size_t k = 0; k < registry_count(reg) && off < sizeof known; k++)
+                    off += (size_t)snprintf(known + off, sizeof known - off, "%s%s", k ? ", " : "",
+                                            registry_at(reg, k)->name);
+                rc = fsdp_err_at(err, FSDP_E_INVALID, st->uses_node,
+                                 "stage '%s': unknown stage '%s' (registered stages: %s; plugins add more)", st->id,
+                                 st->uses, off ? known : "none");
+                break;
+            }
+            rc = schema_check(st->desc, st->id, st->node, st->with, err);
+        }
+        if (rc) break;
+        plan->orders[i] = calloc(r->n_stages, sizeof(size_t));
+        if (!plan->orders[i]) {
+            rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+            break;
+        }
+        dag_state next = {0};
+        for (size_t k = 0; k < state.n; k++) dag_state_add(&next, state.names[k]);
+        rc = dag_plan(r, reg, &state, plan->orders[i], &next, err);
+        dag_state_free(&state);
+        state = next;
+    }
+    for (size_t i = 0; !rc && i < o->n_sets; i++) {
+        if (!ovr[i].applied) {
+            const char *eq = strchr(ovr[i].arg, '=');
+            rc = fsdp_err_set(err, FSDP_E_INVALID, "--set %s: no recipe has a stage with the id in '%.*s'", ovr[i].arg,
+                              eq ? (int)(eq - ovr[i].arg) : (int)strlen(ovr[i].arg), ovr[i].arg);
+        }
+    }
+    dag_state_free(&state);
+    free(ovr);
+    if (rc) {
+        if (err->code != FSDP_E_NOMEM) err->code = FSDP_E_INVALID;
+        run_plan_free(plan);
+    }
+    return rc;
+}
+
+void run_plan_print(const run_plan *plan, FILE *out) {
+    for (size_t i = 0; i < plan->n; i++) {
+        const recipe *r = plan->recipes[i];
+        fprintf(out, "recipe %s (%s)\n", r->name, r->path);
+        const char *sections[] = {"runtime", "model", "data", "vars"};
+        for (size_t k = 0; k < 4; k++) {
+            const fsdp_value *v = fsdp_value_get(r->root, sections[k]);
+            if (!v || fsdp_value_size(v) == 0) continue;
+            char *t = val_to_flow(v);
+            fprintf(out, "  %s: %s\n", sections[k], t ? t : "?");
+            free(t);
+        }
+        for (size_t k = 0; k < r->n_stages; k++) {
+            const recipe_stage *s = &r->stages[plan->orders[i][k]];
+            fprintf(out, "  %zu. %s (%s)", k + 1, s->id, s->uses);
+            if (s->n_after) {
+                fprintf(out, " after ");
+                for (size_t a = 0; a < s->n_after; a++) fprintf(out, "%s%s", a ? ", " : "", s->after[a]);
+            }
+            char *t = val_to_flow(s->with);
+            fprintf(out, "\n     with: %s\n", t ? t : "?");
+            free(t);
+        }
+    }
+}
+
+static int execute(fsdp_ctx *ctx, const run_plan *plan, run_result *res, FILE *log) {
+    /* one record per stage, in execution order, so a failure can mark the rest skipped */
+    for (size_t i = 0; i < plan->n; i++) {
+        const recipe *r = plan->recipes[i];
+        report_add_recipe(res, r->name, r->path);
+        for (size_t k = 0; k < r->n_stages; k++) {
+            const recipe_stage *s = &r->stages[plan->orders[i][k]];
+            if (report_add_record(res, r->name, s->id, s->uses)) return FSDP_E_NOMEM;
+        }
+    }
+    size_t rec = 0;
+    int failed = 0;
+    for (size_t i = 0; i < plan->n; i++) {
+        const recipe *r = plan->recipes[i];
+        ctx->root = r->root;
+        ctx->recipe_name = r->name;
+        ctx->recipe_path = r->path;
+        int64_t threads = fsdp_arg_int(fsdp_value_get(r->root, "runtime"), "threads", 0);
+        if (threads > 0) omp_set_num_threads((int)threads);
+        if (!failed) fsdp_log(ctx, FSDP_LOG_INFO, "recipe %s (%s): %zu stages", r->name, r->path, r->n_stages);
+        for (size_t k = 0; k < r->n_stages; k++, rec++) {
+            const recipe_stage *s = &r->stages[plan->orders[i][k]];
+            run_record *rr = &res->recs[rec];
+            if (failed) {
+                rr->status = "skipped";
+                continue;
+            }
+            ctx->stage_id = s->id;
+            ctx->metrics = &rr->metrics;
+            fsdp_log(ctx, FSDP_LOG_INFO, "stage %s (%s) ...", s->id, s->uses);
+            fsdp_err err;
+            fsdp_err_clear(&err);
+            double t0 = ctx_now();
+            int rc = s->desc->run(ctx, s->with, &err);
+            if (!rc && err.code) rc = err.code;
+            rr->seconds = ctx_now() - t0;
+            ctx_progress_close(ctx);
+            ctx->metrics = NULL;
+            if (rc) {
+                if (!err.msg[0]) snprintf(err.msg, sizeof err.msg, "failed (%s)", fsdp_err_code_name(rc));
+                rr->status = "failed";
+                rr->error = strdup(err.msg);
+                fsdp_log(ctx, FSDP_LOG_ERROR, "stage %s (%s) failed: %s", s->id, s->uses, err.msg);
+                failed = 1;
+                continue;
+            }
+            rr->status = "ok";
+            for (const char *const *p = s->desc->provides; p && *p; p++) fsdp_ctx_set_state(ctx, *p, 1);
+            fsdp_log(ctx, FSDP_LOG_INFO, "stage %s (%s) done in %.2fs", s->id, s->uses, rr->seconds);
+        }
+    }
+    (void)log;
+    ctx->stage_id = NULL;
+    return failed ? FSDP_E_RUNTIME : 0;
+}
+
+int run_main(fsdp_registry *reg, const char *const *paths, size_t n, const run_opts *o) {
+    FILE *log = o->log ? o->log : stderr;
+    FILE *out = o->out ? o->out : stdout;
+    run_plan plan;
+    fsdp_err err;
+    fsdp_err_clear(&err);
+    double start = wall_now();
+    if (run_plan_build(reg, paths, n, o, &plan, &err)) {
+        fprintf(log, "fsdp-run: error: %s\n", err.msg);
+        if (o->report && !o->validate_only) {
+            run_result res = {0};
+            res.start_wall = start;
+            res.end_wall = wall_now();
+            res.exit_code = fsdp_err_exit_code(err.code);
+            res.world_size = 1;
+            fsdp_err e2;
+            report_write(&res, o->report, &e2);
+            report_free(&res);
+        }
+        return fsdp_err_exit_code(err.code);
+    }
+    if (o->validate_only) {
+        for (size_t i = 0; i < plan.n; i++) {
+            const recipe *r = plan.recipes[i];
+            fprintf(out, "%s: valid (recipe %s, %zu stages:", r->path, r->name, r->n_stages);
+            for (size_t k = 0; k < r->n_stages; k++)
+                fprintf(out, "%s%s", k ? " -> " : " ", r->stages[plan.orders[i][k]].id);
+            fprintf(out, ")\n");
+        }
+        run_plan_free(&plan);
+        return 0;
+    }
+    if (o->dry_run) {
+        run_plan_print(&plan, out);
+        run_plan_free(&plan);
+        return 0;
+    }
+    fsdp_ctx *ctx = ctx_new(0, 1, o->verbosity, log);
+    if (!ctx) {
+        run_plan_free(&plan);
+        fprintf(log, "fsdp-run: error: out of memory\n");
+        return 1;
+    }
+    run_result res = {0};
+    res.start_wall = start;
+    res.world_size = ctx->world;
+    int rc = execute(ctx, &plan, &res, log);
+    res.end_wall = wall_now();
+    res.exit_code = rc ? 1 : 0;
+    if (rc == FSDP_E_NOMEM) fprintf(log, "fsdp-run: error: out of memory\n");
+    int code = res.exit_code;
+    if (o->report) {
+        if (report_write(&res, o->report, &err)) {
+            fprintf(log, "fsdp-run: error: %s\n", err.msg);
+            if (!code) code = 1;
+        }
+    }
+    /* Attachments (model state, files being written) are released before the plan. */
+    ctx_free(ctx);
+    report_free(&res);
+    run_plan_free(&plan);
+    return code;
+}

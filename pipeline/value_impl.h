@@ -1,0 +1,46 @@
+/* Internal representation of recipe values (the public view is include/fsdp/value.h). */
+#ifndef FSDP_PIPELINE_VALUE_IMPL_H
+#define FSDP_PIPELINE_VALUE_IMPL_H
+
+#include <stddef.h>
+
+#include "fsdp/value.h"
+
+struct fsdp_value {
+    fsdp_value_kind kind;
+    char *text;     /* scalar text (FSDP_V_SCALAR) */
+    int quoted;     /* scalar was quoted in YAML (never null / never a number by style) */
+    size_t n, cap;
+    char **keys;    /* map keys (FSDP_V_MAP) */
+    fsdp_value **items; /* list items or map values */
+    int *key_line, *key_col; /* map key positions */
+    char *file;
+    int line, col;  /* 1-based position of the value */
+    int is_default; /* filled in from a schema default */
+};
+
+fsdp_value *val_new(fsdp_value_kind kind, const char *file, int line, int col);
+fsdp_value *val_scalar(const char *text, int quoted, const char *file, int line, int col);
+void val_free(fsdp_value *v);
+fsdp_value *val_clone(const fsdp_value *v);
+/* Append to a list; takes ownership. Returns 0 or -1 (out of memory). */
+int val_list_push(fsdp_value *list, fsdp_value *item);
+/* Set key in a map (replacing and freeing an existing value); takes ownership of item. */
+int val_map_set(fsdp_value *map, const char *key, fsdp_value *item, int key_line, int key_col);
+/* Index of key in a map, or -1. */
+long val_map_find(const fsdp_value *map, const char *key);
+/* Remove key from a map (freeing its value); returns 1 if it was there. */
+int val_map_remove(fsdp_value *map, const char *key);
+/* Replace the scalar text of v. */
+int val_set_text(fsdp_value *v, const char *text);
+/* Deep merge src into dst (maps merge recursively, everything else is replaced).
+ * `stages` lists at the top level merge by stage id (see recipe.c). Takes ownership of src. */
+fsdp_value *val_merge(fsdp_value *dst, fsdp_value *src);
+/* Mutable child access. */
+fsdp_value *val_get_mut(fsdp_value *map, const char *key);
+/* Writes the value as compact YAML flow text (for --dry-run and reports). Returns malloc'd string. */
+char *val_to_flow(const fsdp_value *v);
+/* YAML 1.2 core-schema null test for a plain scalar text. */
+int val_text_is_null(const char *text);
+
+#endif

@@ -1,0 +1,157 @@
+/* The runtime context: rank, sections of the current recipe, metrics, state, attachments. */
+#include "runtime/ctx_impl.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+double ctx_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+fsdp_ctx *ctx_new(int rank, int world, int verbosity, FILE *log) {
+    fsdp_ctx *c = calloc(1, sizeof *c);
+    if (!c) return NULL;
+    c->rank = rank;
+    c->world = world;
+    c->verbosity = verbosity;
+    c->log = log ? log : stderr;
+    c->log_is_tty = isatty(fileno(c->log));
+    c->t0 = ctx_now();
+    return c;
+}
+
+void ctx_free(fsdp_ctx *ctx) {
+    if (!ctx) return;
+    ctx_progress_close(ctx);
+    for (size_t i = ctx->n_att; i-- > 0;) {
+        if (ctx->att[i].destroy) ctx->att[i].destroy(ctx->att[i].ptr);
+        free(ctx->att[i].name);
+    }
+    free(ctx->att);
+    for (size_t i = 0; i < ctx->n_state; i++) free(ctx->state[i]);
+    free(ctx->state);
+    free(ctx);
+}
+
+void ctx_metrics_free(ctx_metrics *m) {
+    if (!m) return;
+    for (size_t i = 0; i < m->n; i++) {
+        free(m->items[i].name);
+        free(m->items[i].str);
+    }
+    free(m->items);
+    m->items = NULL;
+    m->n = m->cap = 0;
+}
+
+int fsdp_ctx_rank(const fsdp_ctx *ctx) { return ctx->rank; }
+int fsdp_ctx_world_size(const fsdp_ctx *ctx) { return ctx->world; }
+const char *fsdp_ctx_recipe_name(const fsdp_ctx *ctx) { return ctx->recipe_name; }
+const char *fsdp_ctx_recipe_path(const fsdp_ctx *ctx) { return ctx->recipe_path; }
+const char *fsdp_ctx_stage_id(const fsdp_ctx *ctx) { return ctx->stage_id; }
+
+const fsdp_value *fsdp_ctx_section(const fsdp_ctx *ctx, const char *name) {
+    return fsdp_value_get(ctx->root, name);
+}
+
+static ctx_metric *metric_slot(fsdp_ctx *ctx, const char *name) {
+    ctx_metrics *m = ctx->metrics;
+    if (!m) return NULL;
+    for (size_t i = 0; i < m->n; i++)
+        if (!strcmp(m->items[i].name, name)) return &m->items[i];
+    if (m->n == m->cap) {
+        size_t cap = m->cap ? m->cap * 2 : 8;
+        ctx_metric *ni = realloc(m->items, cap * sizeof *ni);
+        if (!ni) return NULL;
+        m->items = ni;
+        m->cap = cap;
+    }
+    ctx_metric *s = &m->items[m->n];
+    memset(s, 0, sizeof *s);
+    s->name = strdup(name);
+    if (!s->name) return NULL;
+    m->n++;
+    return s;
+}
+
+void fsdp_ctx_metric(fsdp_ctx *ctx, const char *name, double value) {
+    ctx_metric *s = metric_slot(ctx, name);
+    if (!s) return;
+    free(s->str);
+    s->str = NULL;
+    s->is_str = 0;
+    s->num = value;
+}
+
+void fsdp_ctx_metric_str(fsdp_ctx *ctx, const char *name, const char *value) {
+    ctx_metric *s = metric_slot(ctx, name);
+    if (!s) return;
+    char *v = strdup(value ? value : "");
+    if (!v) return;
+    free(s->str);
+    s->str = v;
+    s->is_str = 1;
+}
+
+int fsdp_ctx_has_state(const fsdp_ctx *ctx, const char *name) {
+    for (size_t i = 0; i < ctx->n_state; i++)
+        if (!strcmp(ctx->state[i], name)) return 1;
+    return 0;
+}
+
+void fsdp_ctx_set_state(fsdp_ctx *ctx, const char *name, int present) {
+    for (size_t i = 0; i < ctx->n_state; i++) {
+        if (!strcmp(ctx->state[i], name)) {
+            if (!present) {
+                free(ctx->state[i]);
+                ctx->state[i] = ctx->state[--ctx->n_state];
+            }
+            return;
+        }
+    }
+    if (!present) return;
+    if (ctx->n_state == ctx->cap_state) {
+        size_t cap = ctx->cap_state ? ctx->cap_state * 2 : 8;
+        char **ns = realloc(ctx->state, cap * sizeof *ns);
+        if (!ns) return;
+        ctx->state = ns;
+        ctx->cap_state = cap;
+    }
+    char *s = strdup(name);
+    if (s) ctx->state[ctx->n_state++] = s;
+}
+
+int fsdp_ctx_attach(fsdp_ctx *ctx, const char *name, void *ptr, void (*destroy)(void *)) {
+    for (size_t i = 0; i < ctx->n_att; i++) {
+        if (!strcmp(ctx->att[i].name, name)) {
+            if (ctx->att[i].destroy && ctx->att[i].ptr != ptr) ctx->att[i].destroy(ctx->att[i].ptr);
+            ctx->att[i].ptr = ptr;
+            ctx->att[i].destroy = destroy;
+            return 0;
+        }
+    }
+    if (ctx->n_att == ctx->cap_att) {
+        size_t cap = ctx->cap_att ? ctx->cap_att * 2 : 8;
+        ctx_attachment *na = realloc(ctx->att, cap * sizeof *na);
+        if (!na) return FSDP_E_NOMEM;
+        ctx->att = na;
+        ctx->cap_att = cap;
+    }
+    char *n = strdup(name);
+    if (!n) return FSDP_E_NOMEM;
+    ctx->att[ctx->n_att].name = n;
+    ctx->att[ctx->n_att].ptr = ptr;
+    ctx->att[ctx->n_att].destroy = destroy;
+    ctx->n_att++;
+    return 0;
+}
+
+void *fsdp_ctx_attached(const fsdp_ctx *ctx, const char *name) {
+    for (size_t i = 0; i < ctx->n_att; i++)
+        if (!strcmp(ctx->att[i].name, name)) return ctx->att[i].ptr;
+    return NULL;
+}

@@ -1,0 +1,52 @@
+/* Internal layout of the runtime context (public view: include/fsdp/ctx.h). */
+#ifndef FSDP_RUNTIME_CTX_IMPL_H
+#define FSDP_RUNTIME_CTX_IMPL_H
+
+#include <stdio.h>
+
+#include "fsdp/ctx.h"
+
+typedef struct ctx_metric {
+    char *name;
+    int is_str;
+    double num;
+    char *str;
+} ctx_metric;
+
+typedef struct ctx_metrics {
+    ctx_metric *items;
+    size_t n, cap;
+} ctx_metrics;
+
+typedef struct ctx_attachment {
+    char *name;
+    void *ptr;
+    void (*destroy)(void *);
+} ctx_attachment;
+
+struct fsdp_ctx {
+    int rank, world;
+    int verbosity;        /* 0 quiet (warnings+errors), 1 normal, 2 verbose */
+    FILE *log;            /* stderr unless redirected (tests) */
+    int log_is_tty;
+    double t0;            /* monotonic start time, seconds */
+    /* current recipe / stage */
+    const fsdp_value *root;
+    const char *recipe_name, *recipe_path, *stage_id;
+    ctx_metrics *metrics; /* sink of the running stage (owned by the run record) */
+    /* DAG state names present */
+    char **state;
+    size_t n_state, cap_state;
+    ctx_attachment *att;
+    size_t n_att, cap_att;
+    fsdp_progress *progress; /* the active progress display, if any */
+};
+
+fsdp_ctx *ctx_new(int rank, int world, int verbosity, FILE *log);
+void ctx_free(fsdp_ctx *ctx);
+double ctx_now(void); /* monotonic seconds */
+void ctx_metrics_free(ctx_metrics *m);
+/* Closes an active progress display (when a stage returns without ending it). */
+void ctx_progress_close(fsdp_ctx *ctx);
+
+#endif

@@ -1,0 +1,15 @@
+/* The product's built-in stages, registered through the same ABI as plugins. Each stage
+ * lives in its own file in stages/ and exports its descriptor. */
+#include "pipeline/registry.h"
+
+static const fsdp_stage_desc *const BUILTINS[] = {
+    NULL /* stages are appended here as they land */
+};
+
+int registry_add_builtins(fsdp_registry *reg, fsdp_err *err) {
+    for (const fsdp_stage_desc *const *d = BUILTINS; *d; d++) {
+        int rc = fsdp_registry_add(reg, *d, err);
+        if (rc) return rc;
+    }
+    return 0;
+}

@@ -1,0 +1,64 @@
+// The fsdp-run binary itself: exit codes and messages as a user sees them.
+#include <gtest/gtest.h>
+
+#include "test_util.h"
+
+using namespace fsdp_test;
+
+namespace {
+struct Tmp {
+    std::string dir = make_tmpdir("fsdp-e2e");
+    ~Tmp() { rm_rf(dir); }
+};
+}  // namespace
+
+TEST(E2ECli, HelpVersionStages) {
+    std::string out;
+    EXPECT_EQ(run_cmd(fsdp_run_bin() + " --help", &out), 0);
+    EXPECT_NE(out.find("usage: fsdp-run"), std::string::npos);
+    EXPECT_EQ(run_cmd(fsdp_run_bin() + " --version", &out), 0);
+    EXPECT_NE(out.find("fsdp-run 0."), std::string::npos);
+    EXPECT_EQ(run_cmd(fsdp_run_bin() + " stages --plugin " + plugin_dir() + "/libecho_stage.so", &out), 0);
+    EXPECT_NE(out.find("echo  print a message"), std::string::npos) << out;
+    EXPECT_EQ(run_cmd(fsdp_run_bin() + " --no-such-flag r.yaml", &out), 2);
+}
+
+TEST(E2ECli, ValidateCycleExitsTwoAndPrintsCycle) {
+    Tmp t;
+    std::string p = t.dir + "/cycle.yaml";
+    write_file(p, "plugins: [" + plugin_dir() + "/libecho_stage.so]\nstages:\n"
+                  "  - {id: a, uses: echo, after: [b], with: {message: x}}\n"
+                  "  - {id: b, uses: echo, after: [a], with: {message: y}}\n");
+    std::string out;
+    EXPECT_EQ(run_cmd(fsdp_run_bin() + " validate " + p, &out), 2);
+    EXPECT_NE(out.find("cycle in the stage graph"), std::string::npos) << out;
+    EXPECT_NE(out.find("a -> b -> a"), std::string::npos) << out;
+}
+
+TEST(E2ECli, ValidateUnknownWithKeyPrintsPosition) {
+    Tmp t;
+    std::string p = t.dir + "/unknown.yaml";
+    write_file(p, "plugins: [" + plugin_dir() + "/libecho_stage.so]\nstages:\n  - id: a\n    uses: echo\n"
+                  "    with:\n      message: hi\n      mesage: typo\n");
+    std::string out;
+    EXPECT_EQ(run_cmd(fsdp_run_bin() + " validate " + p, &out), 2);
+    EXPECT_NE(out.find(p + ":7:7: stage 'a' (echo): unknown parameter 'mesage'"), std::string::npos) << out;
+}
+
+TEST(E2ECli, RunWritesReportAndExitCodes) {
+    Tmp t;
+    std::string p = t.dir + "/ok.yaml", rep = t.dir + "/report.json";
+    write_file(p, "plugins: [" + plugin_dir() + "/libecho_stage.so]\nstages:\n"
+                  "  - {id: a, uses: echo, with: {message: hello}}\n"
+                  "  - {id: b, uses: echo, with: {message: bye, file: /nonexistent-dir/x.txt}}\n"
+                  "  - {id: c, uses: echo, with: {message: never}}\n");
+    std::string out;
+    EXPECT_EQ(run_cmd(fsdp_run_bin() + " --report " + rep + " " + p, &out), 1);
+    EXPECT_NE(out.find("stage b (echo) failed: echo: cannot open /nonexistent-dir/x.txt"), std::string::npos) << out;
+    EXPECT_EQ(out.find("never"), std::string::npos) << out;
+    std::string report = read_file(rep);
+    EXPECT_NE(report.find("\"status\": \"skipped\""), std::string::npos) << report;
+    EXPECT_EQ(run_cmd(fsdp_run_bin() + " -q " + p + " --set stages.b.with.file=" + t.dir + "/y.txt", &out), 0) << out;
+    EXPECT_EQ(out.find("hello"), std::string::npos) << "quiet mode prints no info lines: " << out;
+    EXPECT_EQ(read_file(t.dir + "/y.txt"), "bye\n");
+}
