@@ -54,6 +54,7 @@ CU_SRCS    := $(if $(filter 1,$(HAVE_CUDA)),$(wildcard kernels/cuda/*.cu))
 TEST_SRCS  := $(wildcard tests/*.cc)
 PLUGIN_SRCS := $(wildcard examples/plugins/*.c)
 TEST_PLUGIN_SRCS := $(wildcard tests/plugins/*.c)
+TEST_MPI_SRCS := $(wildcard tests/mpi/*.c)
 BENCH_SRCS := $(wildcard bench/*.c)
 
 LIB_OBJS  := $(LIB_C_SRCS:%.c=$(BUILD)/obj/%.o) $(CU_SRCS:%.cu=$(BUILD)/obj/%.cu.o)
@@ -63,6 +64,7 @@ BIN       := $(BUILD)/fsdp-run
 TEST_BIN  := $(BUILD)/tests/fsdp_tests
 PLUGINS   := $(PLUGIN_SRCS:examples/plugins/%.c=$(BUILD)/plugins/lib%.so)
 TEST_PLUGINS := $(TEST_PLUGIN_SRCS:tests/plugins/%.c=$(BUILD)/tests/plugins/lib%.so)
+TEST_MPI_BINS := $(TEST_MPI_SRCS:tests/mpi/%.c=$(BUILD)/tests/mpi/%)
 BENCHES   := $(BENCH_SRCS:bench/%.c=$(BUILD)/bench/%)
 
 # Executables take the whole library so that plugins (dlopen) resolve every public symbol.
@@ -99,6 +101,10 @@ $(BUILD)/tests/plugins/lib%.so: tests/plugins/%.c include/fsdp/*.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) $(CFLAGS) -shared $< -o $@
 
+$(BUILD)/tests/mpi/%: tests/mpi/%.c $(LIBFSDP)
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) $(CFLAGS) $(LDFLAGS) $< $(WHOLE_LIB) $(LDLIBS) -o $@
+
 $(TEST_BIN): $(TEST_OBJS) $(LIBFSDP)
 	@mkdir -p $(dir $@)
 	$(CXX) $(LDFLAGS) $(TEST_OBJS) $(WHOLE_LIB) -lgtest -lgtest_main $(LDLIBS) -o $@
@@ -110,7 +116,7 @@ $(BUILD)/bench/%: bench/%.c $(LIBFSDP)
 bench: $(BIN) $(BENCHES)
 
 # The suite runs from the project root; fixtures are read from ../shared/fixtures.
-test: $(BIN) $(PLUGINS) $(TEST_PLUGINS) $(TEST_BIN)
+test: $(BIN) $(PLUGINS) $(TEST_PLUGINS) $(TEST_MPI_BINS) $(TEST_BIN)
 	FSDP_RUN_BIN=$(BIN) FSDP_PLUGIN_DIR=$(BUILD)/plugins OMP_NUM_THREADS=2 $(TEST_BIN) $(GTEST_ARGS)
 
 asan:

@@ -4,9 +4,11 @@
  * fsdp-run --help | --version */
 #include "pipeline/cli.h"
 
+#include <errno.h>
 #include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "pipeline/run.h"
 #include "pipeline/schema.h"
@@ -24,6 +26,7 @@ static void usage(FILE *f) {
           "  --report FILE     write a JSON run report (per stage: status, seconds, metrics, error)\n"
           "  -q, --quiet       warnings and errors only\n"
           "  -v, --verbose     debug messages, from every rank\n"
+          "  --nproc N         re-run under the system's mpirun with N local ranks\n"
           "\n"
           "exit codes: 0 success, 1 runtime failure, 2 usage or validation error\n",
           f);
@@ -119,6 +122,10 @@ static int cmd_stages(fsdp_registry *reg, int argc, char **argv, FILE *out, FILE
 }
 
 int fsdp_cli_run(fsdp_registry *reg, int argc, char **argv, FILE *out, FILE *log) {
+    return fsdp_cli_run_comm(reg, argc, argv, out, log, NULL);
+}
+
+int fsdp_cli_run_comm(fsdp_registry *reg, int argc, char **argv, FILE *out, FILE *log, comm *cm) {
     if (argc < 2) {
         usage(log);
         return 2;
@@ -189,6 +196,7 @@ int fsdp_cli_run(fsdp_registry *reg, int argc, char **argv, FILE *out, FILE *log
     }
     if (rc < 0) {
         o.sets = sets;
+        o.comm = cm;
         rc = run_main(reg, paths, np, &o);
     }
     free(paths);
@@ -196,7 +204,59 @@ int fsdp_cli_run(fsdp_registry *reg, int argc, char **argv, FILE *out, FILE *log
     return rc;
 }
 
+/* --nproc N: re-executes this program under the system's mpirun with N local ranks. */
+static int relaunch_mpi(int argc, char **argv, int at, FILE *log) {
+    const char *n = argv[at + 1];
+    char *end;
+    long np = strtol(n, &end, 10);
+    if (*end || np < 1 || np > 4096) {
+        fprintf(log, "fsdp-run: error: --nproc expects a positive number of ranks, got '%s'\n", n);
+        return 2;
+    }
+    const char *mpirun = getenv("FSDP_MPIRUN");
+    if (!mpirun || !*mpirun) mpirun = "mpirun";
+    char self[4096];
+    ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (len <= 0) {
+        fprintf(log, "fsdp-run: error: --nproc: cannot find this executable\n");
+        return 1;
+    }
+    self[len] = '\0';
+    char **args = calloc((size_t)argc + 16, sizeof *args);
+    if (!args) return 1;
+    int k = 0;
+    args[k++] = (char *)mpirun;
+    args[k++] = "-np";
+    args[k++] = (char *)n;
+    args[k++] = "--oversubscribe";
+    if (geteuid() == 0) args[k++] = "--allow-run-as-root";
+    args[k++] = self;
+    for (int i = 1; i < argc; i++) {
+        if (i == at) {
+            i++; /* skip --nproc N */
+            continue;
+        }
+        args[k++] = argv[i];
+    }
+    args[k] = NULL;
+    fflush(NULL);
+    execvp(mpirun, args);
+    fprintf(log, "fsdp-run: error: --nproc: cannot run %s: %s (install openmpi-bin, or launch with mpirun yourself)\n",
+            mpirun, strerror(errno));
+    free(args);
+    return 1;
+}
+
 int fsdp_cli_main(int argc, char **argv) {
+    for (int i = 1; i + 1 < argc; i++) {
+        if (!strcmp(argv[i], "--nproc")) {
+            if (comm_launched_by_mpi()) {
+                fprintf(stderr, "fsdp-run: error: --nproc inside an MPI job (already launched by mpirun/srun)\n");
+                return 2;
+            }
+            return relaunch_mpi(argc, argv, i, stderr);
+        }
+    }
     fsdp_registry *reg = registry_new();
     if (!reg) {
         fputs("fsdp-run: error: out of memory\n", stderr);
@@ -208,7 +268,14 @@ int fsdp_cli_main(int argc, char **argv) {
         registry_free(reg);
         return 1;
     }
-    int rc = fsdp_cli_run(reg, argc, argv, stdout, stderr);
+    comm *cm = NULL;
+    if (comm_create(&cm, &err)) {
+        fprintf(stderr, "fsdp-run: error: %s\n", err.msg);
+        registry_free(reg);
+        return 1;
+    }
+    int rc = fsdp_cli_run_comm(reg, argc, argv, stdout, stderr, cm);
+    comm_destroy(cm);
     registry_free(reg);
     return rc;
 }

@@ -143,7 +143,7 @@ void run_plan_print(const run_plan *plan, FILE *out) {
     }
 }
 
-static int execute(fsdp_ctx *ctx, const run_plan *plan, run_result *res, FILE *log) {
+static int execute(fsdp_ctx *ctx, const run_plan *plan, run_result *res, const run_opts *o) {
     /* one record per stage, in execution order, so a failure can mark the rest skipped */
     for (size_t i = 0; i < plan->n; i++) {
         const recipe *r = plan->recipes[i];
@@ -187,6 +187,19 @@ static int execute(fsdp_ctx *ctx, const run_plan *plan, run_result *res, FILE *l
                 rr->error = strdup(err.msg);
                 fsdp_log(ctx, FSDP_LOG_ERROR, "stage %s (%s) failed: %s", s->id, s->uses, err.msg);
                 failed = 1;
+                if (ctx->world > 1) {
+                    /* The other ranks may be waiting in a collective of this stage: write what
+                     * this rank knows, then end the whole job rather than let it hang. */
+                    for (size_t q = rec + 1; q < res->n; q++) res->recs[q].status = "skipped";
+                    res->end_wall = wall_now();
+                    res->exit_code = 1;
+                    if (o->report) {
+                        fsdp_err e2;
+                        report_write(res, o->report, &e2);
+                    }
+                    fsdp_log(ctx, FSDP_LOG_ERROR, "rank %d failed: ending the job (%d ranks)", ctx->rank, ctx->world);
+                    comm_abort(ctx->comm, 1);
+                }
                 continue;
             }
             rr->status = "ok";
@@ -194,7 +207,6 @@ static int execute(fsdp_ctx *ctx, const run_plan *plan, run_result *res, FILE *l
             fsdp_log(ctx, FSDP_LOG_INFO, "stage %s (%s) done in %.2fs", s->id, s->uses, rr->seconds);
         }
     }
-    (void)log;
     ctx->stage_id = NULL;
     return failed ? FSDP_E_RUNTIME : 0;
 }
@@ -206,9 +218,20 @@ int run_main(fsdp_registry *reg, const char *const *paths, size_t n, const run_o
     fsdp_err err;
     fsdp_err_clear(&err);
     double start = wall_now();
-    if (run_plan_build(reg, paths, n, o, &plan, &err)) {
-        fprintf(log, "fsdp-run: error: %s\n", err.msg);
-        if (o->report && !o->validate_only) {
+    int plan_rc = run_plan_build(reg, paths, n, o, &plan, &err);
+    int rank = o->comm ? comm_rank(o->comm) : 0, who = rank;
+    if (o->comm && comm_size(o->comm) > 1) {
+        /* every rank validates the same recipes; agree so that no rank runs alone */
+        fsdp_err e2;
+        int agreed = comm_agree(o->comm, plan_rc ? fsdp_err_exit_code(err.code) : 0, &who, &e2);
+        if (agreed && !plan_rc) {
+            run_plan_free(&plan);
+            return agreed;
+        }
+    }
+    if (plan_rc) {
+        if (rank == 0 || who == rank) fprintf(log, "fsdp-run: error: %s\n", err.msg);
+        if (o->report && !o->validate_only && rank == 0) {
             run_result res = {0};
             res.start_wall = start;
             res.end_wall = wall_now();
@@ -236,7 +259,7 @@ int run_main(fsdp_registry *reg, const char *const *paths, size_t n, const run_o
         run_plan_free(&plan);
         return 0;
     }
-    fsdp_ctx *ctx = ctx_new(0, 1, o->verbosity, log);
+    fsdp_ctx *ctx = ctx_new(o->comm, o->verbosity, log);
     if (!ctx) {
         run_plan_free(&plan);
         fprintf(log, "fsdp-run: error: out of memory\n");
@@ -245,12 +268,12 @@ int run_main(fsdp_registry *reg, const char *const *paths, size_t n, const run_o
     run_result res = {0};
     res.start_wall = start;
     res.world_size = ctx->world;
-    int rc = execute(ctx, &plan, &res, log);
+    int rc = execute(ctx, &plan, &res, o);
     res.end_wall = wall_now();
     res.exit_code = rc ? 1 : 0;
     if (rc == FSDP_E_NOMEM) fprintf(log, "fsdp-run: error: out of memory\n");
     int code = res.exit_code;
-    if (o->report) {
+    if (o->report && ctx->rank == 0) {
         if (report_write(&res, o->report, &err)) {
             fprintf(log, "fsdp-run: error: %s\n", err.msg);
             if (!code) code = 1;

@@ -6,6 +6,7 @@
 
 #include "pipeline/recipe.h"
 #include "pipeline/registry.h"
+#include "runtime/comm.h"
 
 typedef struct run_opts {
     int dry_run;          /* print the plan, run nothing */
@@ -16,6 +17,7 @@ typedef struct run_opts {
     FILE *log;            /* log lines and errors (stderr) */
     const char **sets;    /* --set arguments */
     size_t n_sets;
+    comm *comm;           /* the communicator (NULL: a world of 1) */
 } run_opts;
 
 /* Everything the planner produced for a chain of recipes. */

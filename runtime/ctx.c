@@ -12,11 +12,12 @@ double ctx_now(void) {
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-fsdp_ctx *ctx_new(int rank, int world, int verbosity, FILE *log) {
+fsdp_ctx *ctx_new(comm *cm, int verbosity, FILE *log) {
     fsdp_ctx *c = calloc(1, sizeof *c);
     if (!c) return NULL;
-    c->rank = rank;
-    c->world = world;
+    c->comm = cm;
+    c->rank = cm ? comm_rank(cm) : 0;
+    c->world = cm ? comm_size(cm) : 1;
     c->verbosity = verbosity;
     c->log = log ? log : stderr;
     c->log_is_tty = isatty(fileno(c->log));

@@ -5,6 +5,7 @@
 #include <stdio.h>
 
 #include "fsdp/ctx.h"
+#include "runtime/comm.h"
 
 typedef struct ctx_metric {
     char *name;
@@ -26,6 +27,7 @@ typedef struct ctx_attachment {
 
 struct fsdp_ctx {
     int rank, world;
+    comm *comm;           /* borrowed from the caller of run_main */
     int verbosity;        /* 0 quiet (warnings+errors), 1 normal, 2 verbose */
     FILE *log;            /* stderr unless redirected (tests) */
     int log_is_tty;
@@ -42,7 +44,7 @@ struct fsdp_ctx {
     fsdp_progress *progress; /* the active progress display, if any */
 };
 
-fsdp_ctx *ctx_new(int rank, int world, int verbosity, FILE *log);
+fsdp_ctx *ctx_new(comm *c, int verbosity, FILE *log);
 void ctx_free(fsdp_ctx *ctx);
 double ctx_now(void); /* monotonic seconds */
 void ctx_metrics_free(ctx_metrics *m);

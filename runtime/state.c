@@ -1,0 +1,229 @@
+#include "runtime/state.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/shard.h"
+
+static void state_destroy(void *p) { state_free((fsdp_state *)p); }
+
+fsdp_state *state_get(fsdp_ctx *ctx) { return (fsdp_state *)fsdp_ctx_attached(ctx, STATE_ATTACH_NAME); }
+
+int state_create(fsdp_ctx *ctx, state_layout layout, fsdp_state **out, fsdp_err *err) {
+    fsdp_state *s = calloc(1, sizeof *s);
+    if (!s) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+    s->layout = layout;
+    s->rank = fsdp_ctx_rank(ctx);
+    s->world = fsdp_ctx_world_size(ctx);
+    s->beta1 = 0.9;
+    s->beta2 = 0.95;
+    s->eps = 1e-8;
+    if (fsdp_ctx_attach(ctx, STATE_ATTACH_NAME, s, state_destroy)) {
+        free(s);
+        return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+    }
+    *out = s;
+    return 0;
+}
+
+static void free_param(state_param *p) {
+    free(p->name);
+    free(p->data);
+    free(p->grad);
+    free(p->exp_avg);
+    free(p->exp_avg_sq);
+    memset(p, 0, sizeof *p);
+}
+
+void state_free(fsdp_state *s) {
+    if (!s) return;
+    for (size_t i = 0; i < s->n; i++) free_param(&s->p[i]);
+    free(s->p);
+    free(s);
+}
+
+int64_t state_param_numel(const state_param *p) { return fsdp_numel(p->ndim, p->shape); }
+size_t state_param_local_numel(const state_param *p) { return (size_t)(p->rows * p->row_numel); }
+
+static float *alloc_floats(size_t n) { return calloc(n ? n : 1, sizeof(float)); }
+
+int state_add_param(fsdp_state *s, const char *name, int ndim, const int64_t *shape, int layer, fsdp_err *err) {
+    if (ndim < 0 || ndim > FSDP_MAX_DIMS)
+        return fsdp_err_set(err, FSDP_E_INVALID, "parameter %s: %d dims (at most %d)", name, ndim, FSDP_MAX_DIMS);
+    if (fsdp_numel(ndim, shape) < 0)
+        return fsdp_err_set(err, FSDP_E_INVALID, "parameter %s: invalid shape", name);
+    if (state_find(s, name)) return fsdp_err_set(err, FSDP_E_INVALID, "parameter %s declared twice", name);
+    state_param *np = realloc(s->p, (s->n + 1) * sizeof *np);
+    if (!np) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+    s->p = np;
+    state_param *p = &s->p[s->n];
+    memset(p, 0, sizeof *p);
+    p->name = strdup(name);
+    p->ndim = ndim;
+    memcpy(p->shape, shape, (size_t)ndim * sizeof *shape);
+    p->layer = layer;
+    p->row_numel = ndim == 0 ? 1 : fsdp_numel(ndim - 1, shape + 1);
+    int64_t d0 = ndim == 0 ? 1 : shape[0];
+    if (s->layout == STATE_FULL) {
+        p->row0 = 0;
+        p->rows = s->rank == 0 ? d0 : 0;
+    } else if (ndim == 0) {
+        p->row0 = 0;
+        p->rows = 1; /* 0-d values are replicated */
+    } else {
+        shard_rows(d0, s->world, s->rank, &p->row0, &p->rows);
+    }
+    p->data = alloc_floats(state_param_local_numel(p));
+    if (!p->name || !p->data) {
+        free_param(p);
+        return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory allocating %s (%zu floats)", name,
+                            state_param_local_numel(p));
+    }
+    s->n++;
+    return 0;
+}
+
+state_param *state_find(fsdp_state *s, const char *name) {
+    for (size_t i = 0; s && i < s->n; i++)
+        if (!strcmp(s->p[i].name, name)) return &s->p[i];
+    return NULL;
+}
+
+int state_alloc_optimizer(fsdp_state *s, fsdp_err *err) {
+    for (size_t i = 0; i < s->n; i++) {
+        state_param *p = &s->p[i];
+        size_t n = state_param_local_numel(p);
+        if (!p->exp_avg && !(p->exp_avg = alloc_floats(n)))
+            return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory (optimizer state of %s)", p->name);
+        if (!p->exp_avg_sq && !(p->exp_avg_sq = alloc_floats(n)))
+            return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory (optimizer state of %s)", p->name);
+    }
+    s->has_optimizer = 1;
+    return 0;
+}
+
+int state_alloc_grads(fsdp_state *s, fsdp_err *err) {
+    for (size_t i = 0; i < s->n; i++) {
+        state_param *p = &s->p[i];
+        if (!p->grad && !(p->grad = alloc_floats(state_param_local_numel(p))))
+            return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory (gradient of %s)", p->name);
+    }
+    return 0;
+}
+
+/* Scatter one full buffer (valid on rank 0) into each rank's rows. */
+static int scatter_rows(const state_param *p, const float *full, comm *c, int world, float **local, fsdp_err *err) {
+    int rank = comm_rank(c);
+    size_t *counts = malloc((size_t)world * sizeof *counts);
+    if (!counts) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+    int64_t row0 = 0, rows = 1;
+    for (int r = 0; r < world; r++) {
+        int64_t r0 = 0, n = 1;
+        if (p->ndim > 0) shard_rows(p->shape[0], world, r, &r0, &n);
+        counts[r] = (size_t)(n * p->row_numel);
+        if (r == rank) {
+            row0 = r0;
+            rows = n;
+        }
+    }
+    (void)row0;
+    size_t n = (size_t)(rows * p->row_numel);
+    float *mine = alloc_floats(n);
+    int rc;
+    if (!mine) {
+        rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory sharding %s", p->name);
+    } else if (p->ndim == 0) {
+        /* 0-d values are replicated: broadcast */
+        if (rank == 0) mine[0] = full[0];
+        rc = comm_bcast(c, mine, sizeof(float), 0, err);
+    } else {
+        rc = comm_scatterv_f32(c, full, mine, counts, 0, err);
+    }
+    free(counts);
+    if (rc) {
+        free(mine);
+        return rc;
+    }
+    *local = mine;
+    return 0;
+}
+
+int state_shard(fsdp_state *s, comm *c, fsdp_err *err) {
+    if (s->layout != STATE_FULL) return fsdp_err_set(err, FSDP_E_INVALID, "shard: the parameters are already sharded");
+    int world = comm_size(c), rank = comm_rank(c);
+    /* rank 0 tells everyone whether optimizer state exists */
+    int64_t has_opt = s->has_optimizer;
+    int rc = comm_bcast(c, &has_opt, sizeof has_opt, 0, err);
+    if (rc) return rc;
+    for (size_t i = 0; i < s->n; i++) {
+        state_param *p = &s->p[i];
+        float *bufs[3] = {p->data, p->exp_avg, p->exp_avg_sq};
+        float *out[3] = {NULL, NULL, NULL};
+        int nb = has_opt ? 3 : 1;
+        for (int b = 0; b < nb; b++) {
+            if ((rc = scatter_rows(p, bufs[b], c, world, &out[b], err))) {
+                for (int q = 0; q < b; q++) free(out[q]);
+                return rc;
+            }
+        }
+        free(p->data);
+        free(p->exp_avg);
+        free(p->exp_avg_sq);
+        free(p->grad);
+        p->grad = NULL;
+        p->data = out[0];
+        p->exp_avg = out[1];
+        p->exp_avg_sq = out[2];
+        if (p->ndim == 0) {
+            p->row0 = 0;
+            p->rows = 1;
+        } else {
+            shard_rows(p->shape[0], world, rank, &p->row0, &p->rows);
+        }
+    }
+    s->layout = STATE_SHARDED;
+    s->has_optimizer = (int)has_opt;
+    s->world = world;
+    s->rank = rank;
+    return 0;
+}
+
+int state_unshard(const state_param *p, const float *local, comm *c, float *full, fsdp_err *err) {
+    int world = comm_size(c);
+    if (p->ndim == 0 || world == 1) {
+        memcpy(full, local, (size_t)state_param_numel(p) * sizeof(float));
+        return 0;
+    }
+    size_t *bytes = malloc((size_t)world * sizeof *bytes);
+    if (!bytes) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+    for (int r = 0; r < world; r++) {
+        int64_t r0, rows;
+        shard_rows(p->shape[0], world, r, &r0, &rows);
+        bytes[r] = (size_t)(rows * p->row_numel) * sizeof(float);
+    }
+    int rc = comm_allgatherv(c, local, full, bytes, err);
+    free(bytes);
+    return rc;
+}
+
+int state_reduce_scatter(const state_param *p, const float *full, comm *c, float *local, fsdp_err *err) {
+    int world = comm_size(c);
+    if (world == 1) {
+        memcpy(local, full, state_param_local_numel(p) * sizeof(float));
+        return 0;
+    }
+    if (p->ndim == 0) {
+        memcpy(local, full, sizeof(float));
+        return comm_allreduce(c, local, 1, COMM_F32, COMM_SUM, err);
+    }
+    size_t *counts = malloc((size_t)world * sizeof *counts);
+    if (!counts) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+    for (int r = 0; r < world; r++) {
+        int64_t r0, rows;
+        shard_rows(p->shape[0], world, r, &r0, &rows);
+        counts[r] = (size_t)(rows * p->row_numel);
+    }
+    int rc = comm_reduce_scatterv_f32(c, full, local, counts, err);
+    free(counts);
+    return rc;
+}
