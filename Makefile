@@ -120,6 +120,7 @@ test: $(BIN) $(PLUGINS) $(TEST_PLUGINS) $(TEST_MPI_BINS) $(TEST_BIN)
 	FSDP_RUN_BIN=$(BIN) FSDP_PLUGIN_DIR=$(BUILD)/plugins OMP_NUM_THREADS=2 $(TEST_BIN) $(GTEST_ARGS)
 
 asan:
+	LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp:print_suppressions=0 \
 	$(MAKE) BUILD=build-asan CUDA=0 OPT=-O1 \
 	  SAN_FLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" test
 

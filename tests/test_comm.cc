@@ -9,12 +9,6 @@ extern "C" {
 
 using namespace fsdp_test;
 
-std::string mpirun_prefix(int np) {
-    std::string p = "mpirun --oversubscribe -np " + std::to_string(np);
-    if (geteuid() == 0) p += " --allow-run-as-root";
-    return p;
-}
-
 TEST(Shard, TorchChunkSemantics) {
     struct C {
         int64_t d0;

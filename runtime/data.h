@@ -1,0 +1,40 @@
+/* Training data: the recipe's `data:` section.
+ *   kind: text         a UTF-8 file read as bytes (vocabulary 256)
+ *   kind: tokens       a flat binary of uint16 or uint32 token ids (nanoGPT / llm.c), mmapped
+ *   kind: safetensors  fixed `input_ids` / `labels` tensors [B, T] (every step the same batch)
+ *   kind: synthetic    seeded random tokens (benchmarks)
+ * batch_size is the global batch; each rank takes its contiguous slice of it. Sample b of
+ * batch `pos` starts at a window chosen by a counter-based hash of (seed, pos, b), so the
+ * stream is the same for every world size and a resumed run continues it from `pos`. */
+#ifndef FSDP_RUNTIME_DATA_H
+#define FSDP_RUNTIME_DATA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "fsdp/error.h"
+#include "fsdp/value.h"
+
+typedef enum data_kind { DATA_TEXT = 0, DATA_TOKENS, DATA_SAFETENSORS, DATA_SYNTHETIC } data_kind;
+
+typedef struct data_source data_source;
+
+typedef struct data_config {
+    data_kind kind;
+    char path[4096];
+    int64_t batch_size;  /* global */
+    int64_t seq_len;
+    int token_bytes;     /* tokens: 2 (uint16) or 4 (uint32) */
+    uint64_t seed;
+} data_config;
+
+/* Parses and checks a `data:` map (errors point at the key). default_seed is runtime.seed. */
+int data_config_from_value(const fsdp_value *section, uint64_t default_seed, data_config *cfg, fsdp_err *err);
+/* Opens the source for this rank; the global batch must divide evenly by world. */
+int data_open(const data_config *cfg, int vocab_size, int world, int rank, data_source **out, fsdp_err *err);
+void data_close(data_source *d);
+int64_t data_local_batch(const data_source *d);
+/* Fills this rank's [local_batch, seq_len] inputs and labels for global batch `pos`. */
+int data_batch(data_source *d, uint64_t pos, int32_t *inputs, int32_t *labels, fsdp_err *err);
+
+#endif

@@ -1,0 +1,103 @@
+// Training data sources: determinism, world-size invariance, resumable positions, errors.
+#include <gtest/gtest.h>
+
+#include <vector>
+
+extern "C" {
+#include "runtime/data.h"
+}
+#include "test_util.h"
+
+using namespace fsdp_test;
+
+namespace {
+data_config cfg_of(data_kind kind, const std::string &path, int64_t B, int64_t T, int token_bytes = 2) {
+    data_config c;
+    memset(&c, 0, sizeof c);
+    c.kind = kind;
+    snprintf(c.path, sizeof c.path, "%s", path.c_str());
+    c.batch_size = B;
+    c.seq_len = T;
+    c.token_bytes = token_bytes;
+    c.seed = 1234;
+    return c;
+}
+
+std::vector<int32_t> batch(const data_config &c, int vocab, int world, int rank, uint64_t pos, bool labels = false) {
+    data_source *d;
+    fsdp_err err;
+    EXPECT_EQ(data_open(&c, vocab, world, rank, &d, &err), 0) << err.msg;
+    int64_t lb = data_local_batch(d);
+    std::vector<int32_t> in((size_t)(lb * c.seq_len)), lab(in.size());
+    EXPECT_EQ(data_batch(d, pos, in.data(), lab.data(), &err), 0) << err.msg;
+    data_close(d);
+    return labels ? lab : in;
+}
+}  // namespace
+
+TEST(Data, WorldSizeInvariantAndDeterministic) {
+    std::string dir = make_tmpdir("fsdp-data");
+    std::string text;
+    for (int i = 0; i < 500; i++) text += "the quick brown fox " + std::to_string(i) + "\n";
+    write_file(dir + "/t.txt", text);
+    for (data_kind k : {DATA_TEXT, DATA_SYNTHETIC}) {
+        data_config c = cfg_of(k, dir + "/t.txt", 12, 16);
+        for (uint64_t pos : {0ull, 1ull, 77ull}) {
+            std::vector<int32_t> whole = batch(c, 256, 1, 0, pos);
+            EXPECT_EQ(whole, batch(c, 256, 1, 0, pos));  // deterministic
+            for (int world : {2, 3, 4}) {
+                std::vector<int32_t> cat;
+                for (int r = 0; r < world; r++) {
+                    auto part = batch(c, 256, world, r, pos);
+                    cat.insert(cat.end(), part.begin(), part.end());
+                }
+                EXPECT_EQ(cat, whole) << "world " << world << " pos " << pos;
+            }
+        }
+        EXPECT_NE(batch(c, 256, 1, 0, 0), batch(c, 256, 1, 0, 1));  // positions differ
+    }
+    // labels are the inputs shifted by one token, from the file
+    data_config c = cfg_of(DATA_TEXT, dir + "/t.txt", 2, 16);
+    auto in = batch(c, 256, 1, 0, 5), lab = batch(c, 256, 1, 0, 5, true);
+    for (int t = 0; t + 1 < 16; t++) EXPECT_EQ(lab[t], in[t + 1]);
+    size_t start = text.find(std::string(in.begin(), in.begin() + 16).c_str(), 0);
+    EXPECT_NE(start, std::string::npos);
+    rm_rf(dir);
+}
+
+TEST(Data, TokenFilesAndErrors) {
+    std::string dir = make_tmpdir("fsdp-data");
+    std::vector<uint16_t> toks(1000);
+    for (size_t i = 0; i < toks.size(); i++) toks[i] = (uint16_t)(i % 50);
+    write_file(dir + "/a.bin", std::string((const char *)toks.data(), toks.size() * 2));
+    data_config c = cfg_of(DATA_TOKENS, dir + "/a.bin", 4, 8);
+    auto in = batch(c, 64, 1, 0, 3);
+    for (size_t t = 1; t < 8; t++) EXPECT_EQ(in[t], (in[t - 1] + 1) % 50);
+    // uint32 files
+    std::vector<uint32_t> t32(500, 70000);
+    write_file(dir + "/b.bin", std::string((const char *)t32.data(), t32.size() * 4));
+    data_config c32 = cfg_of(DATA_TOKENS, dir + "/b.bin", 2, 8, 4);
+    EXPECT_EQ(batch(c32, 80000, 1, 0, 0)[0], 70000);
+    // an id >= vocab names the file and the offset
+    data_source *d;
+    fsdp_err err;
+    ASSERT_EQ(data_open(&c32, 1000, 1, 0, &d, &err), 0);
+    std::vector<int32_t> a(16), b(16);
+    EXPECT_NE(data_batch(d, 0, a.data(), b.data(), &err), 0);
+    EXPECT_NE(std::string(err.msg).find(dir + "/b.bin: token id 70000 at byte offset"), std::string::npos) << err.msg;
+    data_close(d);
+    // batch not divisible by the world size
+    EXPECT_NE(data_open(&c, 64, 3, 0, &d, &err), 0);
+    EXPECT_NE(std::string(err.msg).find("does not divide evenly over 3 ranks"), std::string::npos) << err.msg;
+    // odd byte count for uint16, missing file, too short
+    write_file(dir + "/odd.bin", "abc");
+    data_config co = cfg_of(DATA_TOKENS, dir + "/odd.bin", 1, 1);
+    EXPECT_NE(data_open(&co, 64, 1, 0, &d, &err), 0);
+    EXPECT_NE(std::string(err.msg).find("not a whole number of uint16 tokens"), std::string::npos) << err.msg;
+    data_config cm = cfg_of(DATA_TOKENS, dir + "/missing.bin", 1, 1);
+    EXPECT_NE(data_open(&cm, 64, 1, 0, &d, &err), 0);
+    EXPECT_NE(std::string(err.msg).find("missing.bin: cannot open"), std::string::npos) << err.msg;
+    data_config cs = cfg_of(DATA_TOKENS, dir + "/a.bin", 1, 5000);
+    EXPECT_NE(data_open(&cs, 64, 1, 0, &d, &err), 0);
+    rm_rf(dir);
+}
