@@ -139,8 +139,8 @@ TEST_F(LlamaModelTest, Step0LossLogitsAndGradients) {
     double sum = 0.0;
     for (int i = 0; i < 64 * 256; i++) sum += logits[i];
     double ref_sum = ref.num("logits_step0_sum");
-    // 16384 logits of size ~1, each with float32 rounding: the sum agrees to about 1e-3 absolute.
-    EXPECT_NEAR(sum, ref_sum, 2e-3) << "logits sum";
+    // 16384 logits of size ~1 rounded to float32 (observed difference ~5e-6).
+    EXPECT_NEAR(sum, ref_sum, 1e-4) << "logits sum";
 
     memset(st.grads, 0, st.numel * sizeof(float));
     ASSERT_EQ(llama_model_backward(&cfg, &st.w, &st.g, 0.0, st.ws, &err), 0) << err.msg;
