@@ -63,7 +63,7 @@ int llama_bwd_layer(const llama_config *c, const llama_model_layer *lw, llama_mo
     kc_linear_backward_input(ws->dres, lw->wo, ws->datt, n, qd, d, 0.0f, st);
     kc_linear_backward_weight(ws->dres, a->att, lg->wo, n, qd, d, st);
     rc = kc_attention_backward(a->q, a->k, a->v, a->att, a->lse, ws->datt, ws->dq, ws->dk, ws->dv, B, T, H, KV, hd,
-                               err);
+                               st, err);
     if (rc) return fsdp_err_prefix(err, "llama backward: layer %d", layer);
     kc_rope_backward(ws->dq, ws->rope_cos, ws->rope_sin, B, T, H, hd);
     kc_rope_backward(ws->dk, ws->rope_cos, ws->rope_sin, B, T, KV, hd);

@@ -58,7 +58,7 @@ int llama_fwd_layer(const llama_config *c, const llama_model_layer *lw, int laye
     kc_linear_forward(a->xn1, lw->wv, a->v, n, d, kvd, st);
     kc_rope_forward(a->q, ws->rope_cos, ws->rope_sin, B, T, H, hd);
     kc_rope_forward(a->k, ws->rope_cos, ws->rope_sin, B, T, KV, hd);
-    rc = kc_attention_forward(a->q, a->k, a->v, a->att, a->lse, B, T, H, KV, hd, err);
+    rc = kc_attention_forward(a->q, a->k, a->v, a->att, a->lse, B, T, H, KV, hd, st, err);
     if (rc) return fsdp_err_prefix(err, "llama forward: layer %d", layer);
     kc_linear_forward(a->att, lw->wo, a->h, n, qd, d, st);
     size_t nd = (size_t)n * (size_t)d;

@@ -52,8 +52,8 @@ typedef struct llama_model_weights {
 } llama_model_weights;
 
 /* Checks that cfg describes a model these kernels can run (positive sizes, H % KV == 0, even
- * head_dim <= KC_ATTN_MAX_HEAD_DIM, eps and theta > 0, valid rope scaling, GEMM sizes that fit
- * in int). Needs the derived fields head_dim and ffn_hidden to be set. */
+ * head_dim, eps and theta > 0, valid rope scaling, GEMM sizes that fit in int, a parameter count
+ * that fits in int64). Needs the derived fields head_dim and ffn_hidden to be set. */
 int llama_model_check(const llama_config *cfg, fsdp_err *err);
 
 /* ---- flat parameter layout ------------------------------------------------------------------

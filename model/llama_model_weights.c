@@ -17,10 +17,10 @@ int llama_model_check(const llama_config *c, fsdp_err *err) {
     if (c->n_heads % c->n_kv_heads != 0)
         return fsdp_err_set(err, FSDP_E_INVALID, "llama model: n_heads %d is not a multiple of n_kv_heads %d",
                             c->n_heads, c->n_kv_heads);
-    if (c->head_dim <= 0 || c->head_dim % 2 != 0 || c->head_dim > KC_ATTN_MAX_HEAD_DIM)
+    if (c->head_dim <= 0 || c->head_dim % 2 != 0)
         return fsdp_err_set(err, FSDP_E_INVALID,
-                            "llama model: head_dim %d must be even and in 2..%d (is the config finalized?)",
-                            c->head_dim, KC_ATTN_MAX_HEAD_DIM);
+                            "llama model: head_dim %d must be positive and even (is the config finalized?)",
+                            c->head_dim);
     if (c->ffn_hidden <= 0)
         return fsdp_err_set(err, FSDP_E_INVALID, "llama model: ffn_hidden %d must be positive (is the config finalized?)",
                             c->ffn_hidden);

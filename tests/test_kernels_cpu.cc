@@ -277,15 +277,17 @@ void attn_ref(const AttnShape &a, const std::vector<double> &q, const std::vecto
             }
 }
 
+static_assert(KC_ATTN_QBLOCK * 2 < 150, "the attention tests need several query blocks");
+
 TEST(KcAttention, ForwardMatchesDoubleForMhaGqaMqa) {
     for (int KV : {4, 2, 1}) {
-        AttnShape a = {2, 70, 4, KV, 8};  // T > 64: several key blocks
+        AttnShape a = {2, 150, 4, KV, 8};  // T > 2 * KC_ATTN_QBLOCK: three query blocks, the last short
         auto q = randn(a.B * a.T * a.H * a.hd, 11, 1.5f), k = randn(a.B * a.T * KV * a.hd, 12, 1.5f),
              v = randn(a.B * a.T * KV * a.hd, 13);
         std::vector<float> out(q.size()), lse(a.B * a.H * a.T);
         fsdp_err err;
         ASSERT_EQ(kc_attention_forward(q.data(), k.data(), v.data(), out.data(), lse.data(), a.B, a.T, a.H, a.KV,
-                                       a.hd, &err),
+                                       a.hd, nullptr, &err),
                   0);
         std::vector<double> outr(q.size()), lser(lse.size());
         attn_ref(a, to_d(q), to_d(k), to_d(v), &outr, &lser);
@@ -294,24 +296,24 @@ TEST(KcAttention, ForwardMatchesDoubleForMhaGqaMqa) {
     }
     std::vector<float> z(64);
     fsdp_err err;
-    EXPECT_EQ(kc_attention_forward(z.data(), z.data(), z.data(), z.data(), z.data(), 1, 1, 3, 2, 8, &err),
+    EXPECT_EQ(kc_attention_forward(z.data(), z.data(), z.data(), z.data(), z.data(), 1, 1, 3, 2, 8, nullptr, &err),
               FSDP_E_INVALID);
-    EXPECT_EQ(kc_attention_forward(z.data(), z.data(), z.data(), z.data(), z.data(), 1, 1, 1, 1, 1024, &err),
+    EXPECT_EQ(kc_attention_forward(z.data(), z.data(), z.data(), z.data(), z.data(), 1, 0, 1, 1, 8, nullptr, &err),
               FSDP_E_INVALID);
 }
 
 TEST(KcAttention, BackwardMatchesFiniteDifferences) {
-    AttnShape a = {2, 70, 4, 2, 8};
+    AttnShape a = {1, 150, 4, 2, 8};  // three query blocks
     auto q = randn(a.B * a.T * a.H * a.hd, 14), k = randn(a.B * a.T * a.KV * a.hd, 15),
          v = randn(a.B * a.T * a.KV * a.hd, 16), r = randn(q.size(), 17);
     std::vector<float> out(q.size()), lse(a.B * a.H * a.T), dq(q.size(), 9.0f), dk(k.size(), 9.0f),
         dv(v.size(), 9.0f);
     fsdp_err err;
     ASSERT_EQ(kc_attention_forward(q.data(), k.data(), v.data(), out.data(), lse.data(), a.B, a.T, a.H, a.KV, a.hd,
-                                   &err),
+                                   nullptr, &err),
               0);
     ASSERT_EQ(kc_attention_backward(q.data(), k.data(), v.data(), out.data(), lse.data(), r.data(), dq.data(),
-                                    dk.data(), dv.data(), a.B, a.T, a.H, a.KV, a.hd, &err),
+                                    dk.data(), dv.data(), a.B, a.T, a.H, a.KV, a.hd, nullptr, &err),
               0);
     auto qd = to_d(q), kd = to_d(k), vd = to_d(v), rd = to_d(r);
     std::vector<double> o(q.size());

@@ -31,6 +31,13 @@ void kc_stats_reset(kc_stats *st);
 /* Monotonic wall clock in seconds (for benchmarks and the hook). */
 double kc_now(void);
 
+/* ---- GEMM ---------------------------------------------------------------------------------- */
+
+/* Row-major C[M,N] = op(A) op(B) + beta*C through cblas_sgemm (op = transpose when trans_* != 0),
+ * timed into st when it is not NULL. */
+void kc_gemm(int trans_a, int trans_b, int M, int N, int K, const float *A, int lda, const float *B, int ldb,
+             float beta, float *C, int ldc, kc_stats *st);
+
 /* ---- linear: y = x W^T, W [out, in] (PyTorch nn.Linear layout, no bias) ------------------- */
 
 /* y[n,out] = x[n,in] W^T (overwrites y). */
@@ -81,18 +88,22 @@ void kc_rope_backward(float *dx, const float *cos_t, const float *sin_t, int B, 
 
 /* ---- causal attention with GQA -------------------------------------------------------------- */
 
-#define KC_ATTN_MAX_HEAD_DIM 512
+/* Query rows are processed in blocks of this many rows: scratch is 2 * KC_ATTN_QBLOCK * T floats. */
+#define KC_ATTN_QBLOCK 64
 
 /* q [B,T,H,hd], k/v [B,T,KV,hd], out [B,T,H,hd], lse [B,H,T] (logsumexp of each scaled score row).
- * Head h reads kv head h / (H/KV); scores are scaled by 1/sqrt(hd); softmax is computed blockwise
- * with a running max (no T x T matrix is stored). The backward recomputes the probabilities from
- * q, k and lse. Fails on H % KV != 0, odd sizes or hd > KC_ATTN_MAX_HEAD_DIM. */
+ * Head h reads kv head h / (H/KV); scores are (q.k) / sqrt(hd) with a causal mask. For each head
+ * and block of query rows, the scores against the keys up to the block's last row come from one
+ * GEMM, the softmax runs row-parallel in float (max-subtracted), and out = P V is a second GEMM.
+ * Only the logsumexp per row is kept (no T x T matrix): the backward recomputes P = exp(s - lse)
+ * (FlashAttention-style recomputation). Scratch is allocated per call (FSDP_E_NOMEM on failure).
+ * Fails on non-positive sizes or H % KV != 0. GEMMs are timed into st when it is not NULL. */
 int kc_attention_forward(const float *q, const float *k, const float *v, float *out, float *lse, int B, int T,
-                         int H, int KV, int hd, fsdp_err *err);
+                         int H, int KV, int hd, kc_stats *st, fsdp_err *err);
 /* Overwrites dq [B,T,H,hd], dk and dv [B,T,KV,hd]. */
 int kc_attention_backward(const float *q, const float *k, const float *v, const float *out, const float *lse,
                           const float *dout, float *dq, float *dk, float *dv, int B, int T, int H, int KV, int hd,
-                          fsdp_err *err);
+                          kc_stats *st, fsdp_err *err);
 
 /* ---- SwiGLU: out = silu(a) * b ---------------------------------------------------------------- */
 

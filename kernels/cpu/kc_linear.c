@@ -1,4 +1,4 @@
-/* Linear layers through OpenBLAS cblas_sgemm, with the optional GEMM timing hook. */
+/* GEMM through OpenBLAS cblas_sgemm with the optional timing hook, and the linear layers on it. */
 #include "kernels/cpu/kc.h"
 
 #include <cblas.h>
@@ -17,11 +17,11 @@ double kc_now(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* Row-major C[M,N] = alpha*op(A) op(B) + beta*C, timed when st != NULL. */
-static void gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M, int N, int K, const float *A, int lda,
-                 const float *B, int ldb, float beta, float *C, int ldc, kc_stats *st) {
+void kc_gemm(int trans_a, int trans_b, int M, int N, int K, const float *A, int lda, const float *B, int ldb,
+             float beta, float *C, int ldc, kc_stats *st) {
     double t0 = st ? kc_now() : 0.0;
-    cblas_sgemm(CblasRowMajor, ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
+    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, M, N, K,
+                1.0f, A, lda, B, ldb, beta, C, ldc);
     if (st) {
         st->gemm_seconds += kc_now() - t0;
         st->gemm_flops += 2.0 * (double)M * (double)N * (double)K;
@@ -31,17 +31,17 @@ static void gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M, int N, int K, co
 
 void kc_linear_forward(const float *x, const float *w, float *y, int n, int in, int out, kc_stats *st) {
     /* y[n,out] = x[n,in] * W[out,in]^T */
-    gemm(CblasNoTrans, CblasTrans, n, out, in, x, in, w, in, 0.0f, y, out, st);
+    kc_gemm(0, 1, n, out, in, x, in, w, in, 0.0f, y, out, st);
 }
 
 void kc_linear_backward_input(const float *dy, const float *w, float *dx, int n, int in, int out, float beta,
                               kc_stats *st) {
     /* dx[n,in] = beta*dx + dy[n,out] * W[out,in] */
-    gemm(CblasNoTrans, CblasNoTrans, n, in, out, dy, out, w, in, beta, dx, in, st);
+    kc_gemm(0, 0, n, in, out, dy, out, w, in, beta, dx, in, st);
 }
 
 void kc_linear_backward_weight(const float *dy, const float *x, float *dw, int n, int in, int out,
                                kc_stats *st) {
     /* dw[out,in] += dy[n,out]^T * x[n,in] */
-    gemm(CblasTrans, CblasNoTrans, out, in, n, dy, out, x, in, 1.0f, dw, in, st);
+    kc_gemm(1, 0, out, in, n, dy, out, x, in, 1.0f, dw, in, st);
 }
