@@ -1,0 +1,104 @@
+/* Llama backward: head (cross-entropy, output, final norm), one transformer block, embedding.
+ * The gradient of the residual stream travels in ws->dres; parameter gradients accumulate. */
+#include "model/llama_model_internal.h"
+
+#include <string.h>
+
+static int check_ws(const llama_config *c, const llama_model_ws *ws, const char *what, fsdp_err *err) {
+    if (!ws || !c) return fsdp_err_set(err, FSDP_E_INVALID, "%s: no workspace or config", what);
+    const llama_config *w = &ws->cfg;
+    if (c->dim != w->dim || c->n_layers != w->n_layers || c->n_heads != w->n_heads ||
+        c->n_kv_heads != w->n_kv_heads || c->vocab_size != w->vocab_size || c->head_dim != w->head_dim ||
+        c->ffn_hidden != w->ffn_hidden)
+        return fsdp_err_set(err, FSDP_E_INVALID, "%s: the config does not match the one the workspace was made for",
+                            what);
+    return FSDP_OK;
+}
+
+int llama_bwd_head(const llama_config *c, const float *norm_w, const float *output_w, float *d_norm,
+                   float *d_output, double loss_denom, llama_model_ws *ws, fsdp_err *err) {
+    int rc = check_ws(c, ws, "llama backward (head)", err);
+    if (rc) return rc;
+    if (ws->phase != LLAMA_PHASE_HEAD)
+        return fsdp_err_set(err, FSDP_E_INVALID, "llama backward: the head backward needs a completed forward");
+    if (!ws->has_labels)
+        return fsdp_err_set(err, FSDP_E_INVALID, "llama backward: the forward ran without labels, there is no loss");
+    const int n = ws->B * ws->T, d = c->dim, V = c->vocab_size;
+    double denom = loss_denom > 0.0 ? loss_denom : (double)ws->loss.n_valid;
+    float scale = denom > 0.0 ? (float)(1.0 / denom) : 0.0f;
+    /* logits -> dlogits in place */
+    kc_xent_backward(ws->logits, ws->labels, ws->lse_x, ws->logits, n, V, LLAMA_MODEL_IGNORE_INDEX, scale);
+    kc_linear_backward_input(ws->logits, output_w, ws->dxn, n, d, V, 0.0f, ws->stats);
+    kc_linear_backward_weight(ws->logits, ws->xnf, d_output, n, d, V, ws->stats);
+    memset(ws->dres, 0, (size_t)n * (size_t)d * sizeof(float));
+    kc_rmsnorm_backward(ws->dxn, ws->x_final, norm_w, ws->rstdf, ws->dres, d_norm, n, d);
+    ws->phase = LLAMA_PHASE_BWD;
+    ws->bwd_next = c->n_layers - 1;
+    return FSDP_OK;
+}
+
+int llama_bwd_layer(const llama_config *c, const llama_model_layer *lw, llama_model_layer *lg, int layer,
+                    llama_model_ws *ws, fsdp_err *err) {
+    int rc = check_ws(c, ws, "llama backward (layer)", err);
+    if (rc) return rc;
+    if (ws->phase != LLAMA_PHASE_BWD || ws->bwd_next != layer)
+        return fsdp_err_set(err, FSDP_E_INVALID, "llama backward: layer %d run out of order (expected layer %d)",
+                            layer, ws->phase == LLAMA_PHASE_BWD ? ws->bwd_next : -1);
+    const int B = ws->B, T = ws->T, n = B * T, d = c->dim, H = c->n_heads, KV = c->n_kv_heads, hd = c->head_dim,
+              F = c->ffn_hidden, qd = H * hd, kvd = KV * hd;
+    llama_model_acts *a = &ws->acts[layer];
+    kc_stats *st = ws->stats;
+
+    /* out = h + w2(g): dres is d(out); it also flows unchanged into d(h). */
+    kc_linear_backward_input(ws->dres, lw->w2, ws->dg, n, F, d, 0.0f, st);
+    kc_linear_backward_weight(ws->dres, a->g, lg->w2, n, F, d, st);
+    kc_swiglu_backward(a->a, a->b, ws->dg, ws->da, ws->db, (int64_t)n * F);
+    kc_linear_backward_input(ws->da, lw->w1, ws->dxn, n, d, F, 0.0f, st);
+    kc_linear_backward_input(ws->db, lw->w3, ws->dxn, n, d, F, 1.0f, st);
+    kc_linear_backward_weight(ws->da, a->xn2, lg->w1, n, d, F, st);
+    kc_linear_backward_weight(ws->db, a->xn2, lg->w3, n, d, F, st);
+    kc_rmsnorm_backward(ws->dxn, a->h, lw->ffn_norm, a->rstd2, ws->dres, lg->ffn_norm, n, d);
+
+    /* h = x + wo(att): dres is now d(h); it flows unchanged into d(x). */
+    kc_linear_backward_input(ws->dres, lw->wo, ws->datt, n, qd, d, 0.0f, st);
+    kc_linear_backward_weight(ws->dres, a->att, lg->wo, n, qd, d, st);
+    rc = kc_attention_backward(a->q, a->k, a->v, a->att, a->lse, ws->datt, ws->dq, ws->dk, ws->dv, B, T, H, KV, hd,
+                               st, err);
+    if (rc) return fsdp_err_prefix(err, "llama backward: layer %d", layer);
+    kc_rope_backward(ws->dq, ws->rope_cos, ws->rope_sin, B, T, H, hd);
+    kc_rope_backward(ws->dk, ws->rope_cos, ws->rope_sin, B, T, KV, hd);
+    kc_linear_backward_input(ws->dq, lw->wq, ws->dxn, n, d, qd, 0.0f, st);
+    kc_linear_backward_input(ws->dk, lw->wk, ws->dxn, n, d, kvd, 1.0f, st);
+    kc_linear_backward_input(ws->dv, lw->wv, ws->dxn, n, d, kvd, 1.0f, st);
+    kc_linear_backward_weight(ws->dq, a->xn1, lg->wq, n, d, qd, st);
+    kc_linear_backward_weight(ws->dk, a->xn1, lg->wk, n, d, kvd, st);
+    kc_linear_backward_weight(ws->dv, a->xn1, lg->wv, n, d, kvd, st);
+    kc_rmsnorm_backward(ws->dxn, a->x, lw->attention_norm, a->rstd1, ws->dres, lg->attention_norm, n, d);
+
+    ws->bwd_next = layer - 1;
+    if (layer == 0) ws->phase = LLAMA_PHASE_BWD_LAYERS;
+    return FSDP_OK;
+}
+
+int llama_bwd_embed(const llama_config *c, float *d_tok_embeddings, llama_model_ws *ws, fsdp_err *err) {
+    int rc = check_ws(c, ws, "llama backward (embedding)", err);
+    if (rc) return rc;
+    if (ws->phase != LLAMA_PHASE_BWD_LAYERS)
+        return fsdp_err_set(err, FSDP_E_INVALID, "llama backward: embedding backward run before every layer's backward");
+    rc = kc_embedding_backward(ws->dres, ws->tokens, d_tok_embeddings, (int64_t)ws->B * ws->T, c->vocab_size, c->dim,
+                               err);
+    if (rc) return fsdp_err_prefix(err, "llama backward");
+    ws->phase = LLAMA_PHASE_EMPTY;
+    return FSDP_OK;
+}
+
+int llama_model_backward(const llama_config *c, const llama_model_weights *w, llama_model_weights *g,
+                         double loss_denom, llama_model_ws *ws, fsdp_err *err) {
+    if (!c || !w || !g || w->n_layers != c->n_layers || g->n_layers != c->n_layers || !w->layers || !g->layers)
+        return fsdp_err_set(err, FSDP_E_INVALID, "llama backward: weights or gradients do not match the config's %d layers",
+                            c ? c->n_layers : -1);
+    int rc = llama_bwd_head(c, w->norm, w->output, g->norm, g->output, loss_denom, ws, err);
+    for (int l = c->n_layers - 1; !rc && l >= 0; l--) rc = llama_bwd_layer(c, &w->layers[l], &g->layers[l], l, ws, err);
+    if (!rc) rc = llama_bwd_embed(c, g->tok_embeddings, ws, err);
+    return rc;
+}

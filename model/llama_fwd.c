@@ -1,0 +1,111 @@
+/* Llama forward: embedding, one transformer block, final norm + output + cross-entropy. */
+#include "model/llama_model_internal.h"
+
+#include <string.h>
+
+static int check_ws(const llama_config *c, const llama_model_ws *ws, const char *what, fsdp_err *err) {
+    if (!ws) return fsdp_err_set(err, FSDP_E_INVALID, "%s: no workspace", what);
+    if (!c) return fsdp_err_set(err, FSDP_E_INVALID, "%s: no config", what);
+    const llama_config *w = &ws->cfg;
+    if (c->dim != w->dim || c->n_layers != w->n_layers || c->n_heads != w->n_heads ||
+        c->n_kv_heads != w->n_kv_heads || c->vocab_size != w->vocab_size || c->head_dim != w->head_dim ||
+        c->ffn_hidden != w->ffn_hidden)
+        return fsdp_err_set(err, FSDP_E_INVALID, "%s: the config does not match the one the workspace was made for",
+                            what);
+    return FSDP_OK;
+}
+
+int llama_fwd_embed(const llama_config *c, const float *tok_embeddings, const int32_t *tokens,
+                    const int32_t *labels, int B, int T, llama_model_ws *ws, fsdp_err *err) {
+    int rc = check_ws(c, ws, "llama forward (embedding)", err);
+    if (rc) return rc;
+    if (B <= 0 || T <= 0 || B > ws->B_max || T > ws->T_max)
+        return fsdp_err_set(err, FSDP_E_INVALID,
+                            "llama forward: batch %d x %d does not fit the workspace (at most %d x %d)", B, T,
+                            ws->B_max, ws->T_max);
+    size_t n = (size_t)B * (size_t)T;
+    ws->phase = LLAMA_PHASE_EMPTY;
+    rc = kc_embedding_forward(tok_embeddings, tokens, ws->acts[0].x, (int64_t)n, c->vocab_size, c->dim, err);
+    if (rc) return fsdp_err_prefix(err, "llama forward: input_ids");
+    memcpy(ws->tokens, tokens, n * sizeof(int32_t));
+    ws->has_labels = labels != NULL;
+    if (labels) memcpy(ws->labels, labels, n * sizeof(int32_t));
+    ws->B = B;
+    ws->T = T;
+    ws->phase = LLAMA_PHASE_FWD;
+    ws->fwd_next = 0;
+    memset(&ws->loss, 0, sizeof ws->loss);
+    return FSDP_OK;
+}
+
+int llama_fwd_layer(const llama_config *c, const llama_model_layer *lw, int layer, llama_model_ws *ws,
+                    fsdp_err *err) {
+    int rc = check_ws(c, ws, "llama forward (layer)", err);
+    if (rc) return rc;
+    if (ws->phase != LLAMA_PHASE_FWD || ws->fwd_next != layer)
+        return fsdp_err_set(err, FSDP_E_INVALID, "llama forward: layer %d run out of order (expected layer %d)", layer,
+                            ws->phase == LLAMA_PHASE_FWD ? ws->fwd_next : -1);
+    const int B = ws->B, T = ws->T, n = B * T, d = c->dim, H = c->n_heads, KV = c->n_kv_heads, hd = c->head_dim,
+              F = c->ffn_hidden, qd = H * hd, kvd = KV * hd;
+    llama_model_acts *a = &ws->acts[layer];
+    float *out = layer + 1 < c->n_layers ? ws->acts[layer + 1].x : ws->x_final;
+    kc_stats *st = ws->stats;
+    const float eps = (float)c->norm_eps;
+
+    kc_rmsnorm_forward(a->x, lw->attention_norm, a->xn1, a->rstd1, n, d, eps);
+    kc_linear_forward(a->xn1, lw->wq, a->q, n, d, qd, st);
+    kc_linear_forward(a->xn1, lw->wk, a->k, n, d, kvd, st);
+    kc_linear_forward(a->xn1, lw->wv, a->v, n, d, kvd, st);
+    kc_rope_forward(a->q, ws->rope_cos, ws->rope_sin, B, T, H, hd);
+    kc_rope_forward(a->k, ws->rope_cos, ws->rope_sin, B, T, KV, hd);
+    rc = kc_attention_forward(a->q, a->k, a->v, a->att, a->lse, B, T, H, KV, hd, st, err);
+    if (rc) return fsdp_err_prefix(err, "llama forward: layer %d", layer);
+    kc_linear_forward(a->att, lw->wo, a->h, n, qd, d, st);
+    size_t nd = (size_t)n * (size_t)d;
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < nd; i++) a->h[i] = a->x[i] + a->h[i];
+
+    kc_rmsnorm_forward(a->h, lw->ffn_norm, a->xn2, a->rstd2, n, d, eps);
+    kc_linear_forward(a->xn2, lw->w1, a->a, n, d, F, st);
+    kc_linear_forward(a->xn2, lw->w3, a->b, n, d, F, st);
+    kc_swiglu_forward(a->a, a->b, a->g, (int64_t)n * F);
+    kc_linear_forward(a->g, lw->w2, out, n, F, d, st);
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < nd; i++) out[i] = a->h[i] + out[i];
+    ws->fwd_next = layer + 1;
+    return FSDP_OK;
+}
+
+int llama_fwd_head(const llama_config *c, const float *norm_w, const float *output_w, llama_model_ws *ws,
+                   llama_model_loss *loss, fsdp_err *err) {
+    int rc = check_ws(c, ws, "llama forward (head)", err);
+    if (rc) return rc;
+    if (ws->phase != LLAMA_PHASE_FWD || ws->fwd_next != c->n_layers)
+        return fsdp_err_set(err, FSDP_E_INVALID, "llama forward: head run before all %d layers (next layer %d)",
+                            c->n_layers, ws->phase == LLAMA_PHASE_FWD ? ws->fwd_next : -1);
+    const int n = ws->B * ws->T, d = c->dim, V = c->vocab_size;
+    kc_rmsnorm_forward(ws->x_final, norm_w, ws->xnf, ws->rstdf, n, d, (float)c->norm_eps);
+    kc_linear_forward(ws->xnf, output_w, ws->logits, n, d, V, ws->stats);
+    memset(&ws->loss, 0, sizeof ws->loss);
+    if (ws->has_labels) {
+        rc = kc_xent_forward(ws->logits, ws->labels, n, V, LLAMA_MODEL_IGNORE_INDEX, ws->lse_x, &ws->loss.loss_sum,
+                             &ws->loss.n_valid, err);
+        if (rc) return fsdp_err_prefix(err, "llama forward: labels");
+        ws->loss.loss = ws->loss.n_valid > 0 ? ws->loss.loss_sum / (double)ws->loss.n_valid : 0.0;
+    }
+    if (loss) *loss = ws->loss;
+    ws->phase = LLAMA_PHASE_HEAD;
+    return FSDP_OK;
+}
+
+int llama_model_forward(const llama_config *c, const llama_model_weights *w, const int32_t *tokens,
+                        const int32_t *labels, int B, int T, llama_model_ws *ws, llama_model_loss *loss,
+                        fsdp_err *err) {
+    if (!w || !c || w->n_layers != c->n_layers || !w->layers)
+        return fsdp_err_set(err, FSDP_E_INVALID, "llama forward: weights do not match the config's %d layers",
+                            c ? c->n_layers : -1);
+    int rc = llama_fwd_embed(c, w->tok_embeddings, tokens, labels, B, T, ws, err);
+    for (int l = 0; !rc && l < c->n_layers; l++) rc = llama_fwd_layer(c, &w->layers[l], l, ws, err);
+    if (!rc) rc = llama_fwd_head(c, w->norm, w->output, ws, loss, err);
+    return rc;
+}

@@ -1,0 +1,139 @@
+/* Llama-3 forward and backward on given float32 weights, with the CPU kernels (kernels/cpu/kc.h).
+ *
+ * The math is torchtitan's llama3 (see ../shared/fixtures/torch-2.11/gen/refmodel.py):
+ *   h   = x + wo(attn(rope(wq(n1)), rope(wk(n1)), wv(n1)))   with n1 = attention_norm(x)
+ *   out = h + w2(silu(w1(n2)) * w3(n2))                        with n2 = ffn_norm(h)
+ *   logits = output(norm(x_L)); loss = mean cross-entropy over tokens whose label != -100.
+ *
+ * The model is run piece by piece so that FSDP can gather one layer's weights right before its
+ * forward or backward:
+ *   llama_fwd_embed -> llama_fwd_layer(0..L-1) -> llama_fwd_head
+ *   llama_bwd_head -> llama_bwd_layer(L-1..0) -> llama_bwd_embed
+ * llama_model_forward / llama_model_backward run the whole sequence on full weights. The workspace
+ * keeps the activations every backward piece needs and checks that the pieces come in this order.
+ *
+ * Gradients are ACCUMULATED (+=) into the gradient buffers (like PyTorch's .grad): zero them before
+ * the first micro-batch of a step. */
+#ifndef FSDP_MODEL_LLAMA_MODEL_H
+#define FSDP_MODEL_LLAMA_MODEL_H
+
+#include <stdint.h>
+
+#include "fsdp/error.h"
+#include "kernels/cpu/kc.h"
+#include "model/llama.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define LLAMA_MODEL_IGNORE_INDEX (-100)
+
+/* One transformer block's parameters (torchtitan names under layers.{i}.). Also used for gradients. */
+typedef struct llama_model_layer {
+    float *wq;             /* attention.wq.weight       [H*hd, d] */
+    float *wk;             /* attention.wk.weight       [KV*hd, d] */
+    float *wv;             /* attention.wv.weight       [KV*hd, d] */
+    float *wo;             /* attention.wo.weight       [d, H*hd] */
+    float *w1;             /* feed_forward.w1.weight    [F, d] */
+    float *w2;             /* feed_forward.w2.weight    [d, F] */
+    float *w3;             /* feed_forward.w3.weight    [F, d] */
+    float *attention_norm; /* attention_norm.weight     [d] */
+    float *ffn_norm;       /* ffn_norm.weight           [d] */
+} llama_model_layer;
+
+/* All parameters (or all gradients, or an optimizer moment) of the model. */
+typedef struct llama_model_weights {
+    float *tok_embeddings; /* tok_embeddings.weight [V, d] */
+    int n_layers;
+    llama_model_layer *layers; /* n_layers entries (owned when made by llama_model_weights_bind) */
+    float *norm;               /* norm.weight [d] */
+    float *output;             /* output.weight [V, d] */
+} llama_model_weights;
+
+/* Checks that cfg describes a model these kernels can run (positive sizes, H % KV == 0, even
+ * head_dim, eps and theta > 0, valid rope scaling, GEMM sizes that fit in int, a parameter count
+ * that fits in int64). Needs the derived fields head_dim and ffn_hidden to be set. */
+int llama_model_check(const llama_config *cfg, fsdp_err *err);
+
+/* ---- flat parameter layout ------------------------------------------------------------------
+ * Parameters in torchtitan's named_parameters() order, back to back: tok_embeddings, then for
+ * each layer wq, wk, wv, wo, w1, w2, w3, attention_norm, ffn_norm (one contiguous block per
+ * layer), then norm and output. */
+int64_t llama_model_numel(const llama_config *cfg);       /* all parameters; -1 on a bad config */
+int64_t llama_model_layer_numel(const llama_config *cfg); /* one layer's block */
+/* Points lw at the layer block that starts at flat_layer. */
+void llama_model_layer_bind(const llama_config *cfg, float *flat_layer, llama_model_layer *lw);
+/* Points w at the whole flat layout (llama_model_numel floats); allocates w->layers. */
+int llama_model_weights_bind(const llama_config *cfg, float *flat, llama_model_weights *w, fsdp_err *err);
+/* Frees w->layers (not the data) and clears w. */
+void llama_model_weights_unbind(llama_model_weights *w);
+
+/* One parameter of a llama_model_weights, by index in named_parameters() order. */
+typedef struct llama_model_param {
+    char name[64]; /* "layers.0.attention.wq.weight" */
+    int ndim;      /* 1 or 2 */
+    int64_t shape[2];
+    int64_t numel;
+    float *data;
+} llama_model_param;
+
+int llama_model_param_count(const llama_config *cfg); /* 3 + 9 * n_layers */
+int llama_model_param_at(const llama_config *cfg, const llama_model_weights *w, int index, llama_model_param *out,
+                         fsdp_err *err);
+
+/* ---- workspace ----------------------------------------------------------------------------- */
+
+/* Saved activations for batches up to B_max x T_max, the RoPE tables for T_max positions and the
+ * backward scratch. Size per layer about BT*(4d + 2(H+KV)hd + 3F) floats, plus BT*V logits. */
+typedef struct llama_model_ws llama_model_ws;
+
+llama_model_ws *llama_model_ws_create(const llama_config *cfg, int B_max, int T_max, fsdp_err *err);
+void llama_model_ws_free(llama_model_ws *ws);
+/* GEMM timing hook: every GEMM of the following calls adds to st (NULL turns it off). */
+void llama_model_ws_set_stats(llama_model_ws *ws, kc_stats *st);
+/* Logits [B*T, V] of the last llama_fwd_head; NULL before it and after llama_bwd_head (which
+ * overwrites them with their gradient). */
+const float *llama_model_ws_logits(const llama_model_ws *ws);
+/* Bytes the workspace holds. */
+size_t llama_model_ws_bytes(const llama_model_ws *ws);
+
+typedef struct llama_model_loss {
+    double loss;     /* loss_sum / n_valid (0 when n_valid == 0) */
+    double loss_sum; /* sum of per-token cross-entropy over tokens with label != -100 */
+    int64_t n_valid; /* number of those tokens */
+} llama_model_loss;
+
+/* ---- forward pieces ---------------------------------------------------------------------------
+ * tokens and labels are [B, T] row-major int32 (copied into the workspace); labels may be NULL
+ * (no loss, no backward); a label of -100 is ignored. B <= B_max, T <= T_max. */
+int llama_fwd_embed(const llama_config *cfg, const float *tok_embeddings, const int32_t *tokens,
+                    const int32_t *labels, int B, int T, llama_model_ws *ws, fsdp_err *err);
+int llama_fwd_layer(const llama_config *cfg, const llama_model_layer *lw, int layer, llama_model_ws *ws,
+                    fsdp_err *err);
+/* Final norm, logits and (with labels) the loss. loss may be NULL. */
+int llama_fwd_head(const llama_config *cfg, const float *norm_w, const float *output_w, llama_model_ws *ws,
+                   llama_model_loss *loss, fsdp_err *err);
+
+/* ---- backward pieces (all accumulate into the given gradients) -------------------------------
+ * The loss being differentiated is loss_sum / loss_denom; loss_denom <= 0 means the forward's
+ * n_valid (the mean over this batch). Data-parallel callers pass the global token count. */
+int llama_bwd_head(const llama_config *cfg, const float *norm_w, const float *output_w, float *d_norm,
+                   float *d_output, double loss_denom, llama_model_ws *ws, fsdp_err *err);
+int llama_bwd_layer(const llama_config *cfg, const llama_model_layer *lw, llama_model_layer *lg, int layer,
+                    llama_model_ws *ws, fsdp_err *err);
+int llama_bwd_embed(const llama_config *cfg, float *d_tok_embeddings, llama_model_ws *ws, fsdp_err *err);
+
+/* ---- whole model ------------------------------------------------------------------------------- */
+
+int llama_model_forward(const llama_config *cfg, const llama_model_weights *w, const int32_t *tokens,
+                        const int32_t *labels, int B, int T, llama_model_ws *ws, llama_model_loss *loss,
+                        fsdp_err *err);
+/* Gradients of every parameter, accumulated into g (same layout as w). */
+int llama_model_backward(const llama_config *cfg, const llama_model_weights *w, llama_model_weights *g,
+                         double loss_denom, llama_model_ws *ws, fsdp_err *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,64 @@
+/* Private to model/llama_*.c: the workspace layout shared by the forward and backward files. */
+#ifndef FSDP_MODEL_LLAMA_MODEL_INTERNAL_H
+#define FSDP_MODEL_LLAMA_MODEL_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model/llama_model.h"
+
+/* What one layer's forward saves for its backward. Shapes use the current B*T rows. */
+typedef struct llama_model_acts {
+    float *x;     /* [BT, d] layer input (residual stream) */
+    float *rstd1; /* [BT] attention_norm rsqrt */
+    float *xn1;   /* [BT, d] attention_norm output */
+    float *q;     /* [BT, H*hd] after RoPE */
+    float *k;     /* [BT, KV*hd] after RoPE */
+    float *v;     /* [BT, KV*hd] */
+    float *att;   /* [BT, H*hd] attention output (input of wo) */
+    float *lse;   /* [B, H, T] softmax logsumexp */
+    float *h;     /* [BT, d] x + attention */
+    float *rstd2; /* [BT] ffn_norm rsqrt */
+    float *xn2;   /* [BT, d] ffn_norm output */
+    float *a;     /* [BT, F] w1 output */
+    float *b;     /* [BT, F] w3 output */
+    float *g;     /* [BT, F] silu(a)*b (input of w2) */
+} llama_model_acts;
+
+typedef enum llama_model_phase {
+    LLAMA_PHASE_EMPTY = 0, /* nothing run yet */
+    LLAMA_PHASE_FWD,       /* embedding done, layers fwd_next.. to go */
+    LLAMA_PHASE_HEAD,      /* head forward done (logits valid) */
+    LLAMA_PHASE_BWD,       /* head backward done, layers bwd_next..0 to go */
+    LLAMA_PHASE_BWD_LAYERS /* every layer's backward done, embedding backward to go */
+} llama_model_phase;
+
+struct llama_model_ws {
+    llama_config cfg;
+    int B_max, T_max;
+    int B, T; /* current batch */
+    int has_labels;
+    int32_t *tokens; /* [B_max*T_max] */
+    int32_t *labels;
+    float *rope_cos, *rope_sin; /* [T_max, hd/2] */
+    llama_model_acts *acts;     /* n_layers */
+    float *x_final;             /* [BT, d] output of the last layer */
+    float *rstdf;               /* [BT] */
+    float *xnf;                 /* [BT, d] */
+    float *logits;              /* [BT, V], then its gradient */
+    float *lse_x;               /* [BT] cross-entropy logsumexp */
+    /* backward scratch */
+    float *dres; /* [BT, d] gradient of the residual stream */
+    float *dxn;  /* [BT, d] */
+    float *dq, *datt; /* [BT, H*hd] */
+    float *dk, *dv;   /* [BT, KV*hd] */
+    float *dg, *da, *db; /* [BT, F] */
+    llama_model_phase phase;
+    int fwd_next, bwd_next;
+    llama_model_loss loss;
+    kc_stats *stats;
+    float *arena;
+    size_t arena_floats;
+};
+
+#endif

@@ -1,0 +1,151 @@
+/* Llama model workspace: one arena holding the saved activations and the backward scratch. */
+#include "model/llama_model_internal.h"
+
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Carves `count` floats (rounded up to 16 for 64-byte alignment) at *off; 0 on overflow. */
+static int carve(size_t *off, size_t count, size_t *at) {
+    size_t rounded;
+    if (__builtin_add_overflow(count, (size_t)15, &rounded)) return 0;
+    rounded &= ~(size_t)15;
+    *at = *off;
+    return !__builtin_add_overflow(*off, rounded, off);
+}
+
+static int mul3(size_t a, size_t b, size_t c, size_t *out) {
+    size_t t;
+    return !__builtin_mul_overflow(a, b, &t) && !__builtin_mul_overflow(t, c, out);
+}
+
+/* Two passes: sizes (base == NULL) then pointers. Returns 0 on size overflow. */
+static int layout(llama_model_ws *ws, float *base, size_t *total) {
+    const llama_config *c = &ws->cfg;
+    size_t BT = (size_t)ws->B_max * (size_t)ws->T_max;
+    size_t nd, nq, nkv, nf, nlse, nlog, nrope;
+    if (!mul3(BT, (size_t)c->dim, 1, &nd) || !mul3(BT, (size_t)c->n_heads, (size_t)c->head_dim, &nq) ||
+        !mul3(BT, (size_t)c->n_kv_heads, (size_t)c->head_dim, &nkv) || !mul3(BT, (size_t)c->ffn_hidden, 1, &nf) ||
+        !mul3(BT, (size_t)c->n_heads, 1, &nlse) || !mul3(BT, (size_t)c->vocab_size, 1, &nlog) ||
+        !mul3((size_t)ws->T_max, (size_t)(c->head_dim / 2), 1, &nrope))
+        return 0;
+    size_t off = 0, at;
+#define CARVE(ptr, n)                                       \
+    do {                                                    \
+        if (!carve(&off, (n), &at)) return 0;               \
+        if (base) (ptr) = base + at;                        \
+    } while (0)
+    CARVE(ws->rope_cos, nrope);
+    CARVE(ws->rope_sin, nrope);
+    for (int l = 0; l < c->n_layers; l++) {
+        llama_model_acts *a = &ws->acts[l];
+        CARVE(a->x, nd);
+        CARVE(a->rstd1, BT);
+        CARVE(a->xn1, nd);
+        CARVE(a->q, nq);
+        CARVE(a->k, nkv);
+        CARVE(a->v, nkv);
+        CARVE(a->att, nq);
+        CARVE(a->lse, nlse);
+        CARVE(a->h, nd);
+        CARVE(a->rstd2, BT);
+        CARVE(a->xn2, nd);
+        CARVE(a->a, nf);
+        CARVE(a->b, nf);
+        CARVE(a->g, nf);
+    }
+    CARVE(ws->x_final, nd);
+    CARVE(ws->rstdf, BT);
+    CARVE(ws->xnf, nd);
+    CARVE(ws->logits, nlog);
+    CARVE(ws->lse_x, BT);
+    CARVE(ws->dres, nd);
+    CARVE(ws->dxn, nd);
+    CARVE(ws->dq, nq);
+    CARVE(ws->datt, nq);
+    CARVE(ws->dk, nkv);
+    CARVE(ws->dv, nkv);
+    CARVE(ws->dg, nf);
+    CARVE(ws->da, nf);
+    CARVE(ws->db, nf);
+#undef CARVE
+    *total = off;
+    return 1;
+}
+
+llama_model_ws *llama_model_ws_create(const llama_config *cfg, int B_max, int T_max, fsdp_err *err) {
+    if (llama_model_check(cfg, err)) return NULL;
+    if (B_max <= 0 || T_max <= 0 || (int64_t)B_max * T_max > INT_MAX) {
+        fsdp_err_set(err, FSDP_E_INVALID, "llama workspace: batch %d x %d must be positive with B*T <= %d", B_max,
+                     T_max, INT_MAX);
+        return NULL;
+    }
+    llama_model_ws *ws = calloc(1, sizeof *ws);
+    if (!ws) {
+        fsdp_err_set(err, FSDP_E_NOMEM, "llama workspace: out of memory");
+        return NULL;
+    }
+    ws->cfg = *cfg;
+    ws->B_max = B_max;
+    ws->T_max = T_max;
+    size_t bt = (size_t)B_max * (size_t)T_max, total = 0;
+    ws->acts = calloc((size_t)cfg->n_layers, sizeof *ws->acts);
+    ws->tokens = malloc(bt * sizeof(int32_t));
+    ws->labels = malloc(bt * sizeof(int32_t));
+    if (!ws->acts || !ws->tokens || !ws->labels) {
+        fsdp_err_set(err, FSDP_E_NOMEM, "llama workspace: out of memory for %zu tokens", bt);
+        llama_model_ws_free(ws);
+        return NULL;
+    }
+    if (!layout(ws, NULL, &total) || total > SIZE_MAX / sizeof(float)) {
+        fsdp_err_set(err, FSDP_E_INVALID, "llama workspace: activation size for batch %d x %d overflows", B_max, T_max);
+        llama_model_ws_free(ws);
+        return NULL;
+    }
+    ws->arena = aligned_alloc(64, total * sizeof(float));
+    if (!ws->arena) {
+        fsdp_err_set(err, FSDP_E_NOMEM, "llama workspace: cannot allocate %zu bytes of activations for batch %d x %d",
+                     total * sizeof(float), B_max, T_max);
+        llama_model_ws_free(ws);
+        return NULL;
+    }
+    ws->arena_floats = total;
+    layout(ws, ws->arena, &total);
+    kc_rope_params rp = {
+        .theta = cfg->rope_theta,
+        .llama3_scaling = cfg->rope_scaling == LLAMA_ROPE_LLAMA3,
+        .factor = cfg->rope_factor,
+        .low_freq_factor = cfg->rope_low_freq_factor,
+        .high_freq_factor = cfg->rope_high_freq_factor,
+        .original_max_pos = (double)cfg->rope_original_max_pos,
+    };
+    if (kc_rope_tables(cfg->head_dim, T_max, &rp, ws->rope_cos, ws->rope_sin, err)) {
+        fsdp_err_prefix(err, "llama workspace");
+        llama_model_ws_free(ws);
+        return NULL;
+    }
+    ws->phase = LLAMA_PHASE_EMPTY;
+    return ws;
+}
+
+void llama_model_ws_free(llama_model_ws *ws) {
+    if (!ws) return;
+    free(ws->arena);
+    free(ws->acts);
+    free(ws->tokens);
+    free(ws->labels);
+    free(ws);
+}
+
+void llama_model_ws_set_stats(llama_model_ws *ws, kc_stats *st) {
+    if (ws) ws->stats = st;
+}
+
+const float *llama_model_ws_logits(const llama_model_ws *ws) {
+    return ws && ws->phase == LLAMA_PHASE_HEAD ? ws->logits : NULL;
+}
+
+size_t llama_model_ws_bytes(const llama_model_ws *ws) {
+    if (!ws) return 0;
+    return ws->arena_floats * sizeof(float) + 2 * (size_t)ws->B_max * (size_t)ws->T_max * sizeof(int32_t);
+}
