@@ -1,0 +1,224 @@
+#include "model/llama_fsdp.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cpu/kc.h"
+#include "model/llama_model.h"
+
+#define LAYER_PARAMS 9
+static const char *const LAYER_NAMES[LAYER_PARAMS] = {
+    "attention.wq.weight",    "attention.wk.weight",    "attention.wv.weight",
+    "attention.wo.weight",    "feed_forward.w1.weight", "feed_forward.w2.weight",
+    "feed_forward.w3.weight", "attention_norm.weight",  "ffn_norm.weight"};
+
+struct llama_fsdp {
+    fsdp_state *s;
+    comm *c;
+    llama_config cfg;
+    int B, T;
+    llama_model_ws *ws;
+    state_param *embed, *norm, *output;
+    state_param **layer; /* n_layers * 9, in the flat layer order */
+    int64_t layer_off[LAYER_PARAMS];
+    int64_t layer_numel;
+    float *full_layer, *grad_layer; /* one gathered layer and its gradient */
+    float *full_embed, *full_norm, *full_output;
+    float *grad_embed, *grad_norm, *grad_output;
+};
+
+void llama_fsdp_free(llama_fsdp *f) {
+    if (!f) return;
+    llama_model_ws_free(f->ws);
+    free(f->layer);
+    free(f->full_layer);
+    free(f->grad_layer);
+    free(f->full_embed);
+    free(f->full_norm);
+    free(f->full_output);
+    free(f->grad_embed);
+    free(f->grad_norm);
+    free(f->grad_output);
+    free(f);
+}
+
+static state_param *need(fsdp_state *s, const char *name, int64_t numel, fsdp_err *err) {
+    state_param *p = state_find(s, name);
+    if (!p) {
+        fsdp_err_set(err, FSDP_E_INVALID, "training: the model state has no parameter %s", name);
+        return NULL;
+    }
+    if (state_param_numel(p) != numel) {
+        fsdp_err_set(err, FSDP_E_INVALID, "training: parameter %s has %lld elements, the model config needs %lld", name,
+                     (long long)state_param_numel(p), (long long)numel);
+        return NULL;
+    }
+    return p;
+}
+
+int llama_fsdp_create(fsdp_state *s, comm *c, int B, int T, llama_fsdp **out, fsdp_err *err) {
+    *out = NULL;
+    if (!s->has_cfg) return fsdp_err_set(err, FSDP_E_INVALID, "training: the state has no model config");
+    if (s->layout != STATE_SHARDED)
+        return fsdp_err_set(err, FSDP_E_INVALID, "training: parameters are not sharded (run `shard` after init-cpu)");
+    int rc = llama_model_check(&s->cfg, err);
+    if (rc) return rc;
+    llama_fsdp *f = calloc(1, sizeof *f);
+    if (!f) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+    f->s = s;
+    f->c = c;
+    f->cfg = s->cfg;
+    f->B = B;
+    f->T = T;
+    const llama_config *cfg = &f->cfg;
+    int64_t V = cfg->vocab_size, d = cfg->dim;
+    f->layer_numel = llama_model_layer_numel(cfg);
+    /* offsets of the nine tensors inside a layer block, from the model's own layout */
+    llama_model_layer lw;
+    float *base = (float *)(uintptr_t)64; /* only differences are used */
+    llama_model_layer_bind(cfg, base, &lw);
+    float *ptrs[LAYER_PARAMS] = {lw.wq, lw.wk, lw.wv, lw.wo, lw.w1, lw.w2, lw.w3, lw.attention_norm, lw.ffn_norm};
+    for (int k = 0; k < LAYER_PARAMS; k++) f->layer_off[k] = ptrs[k] - base;
+    int64_t sizes[LAYER_PARAMS];
+    for (int k = 0; k < LAYER_PARAMS; k++)
+        sizes[k] = (k + 1 < LAYER_PARAMS ? f->layer_off[k + 1] : f->layer_numel) - f->layer_off[k];
+    f->layer = calloc((size_t)cfg->n_layers * LAYER_PARAMS, sizeof *f->layer);
+    f->full_layer = malloc((size_t)f->layer_numel * sizeof(float));
+    f->grad_layer = malloc((size_t)f->layer_numel * sizeof(float));
+    f->full_embed = malloc((size_t)(V * d) * sizeof(float));
+    f->full_output = malloc((size_t)(V * d) * sizeof(float));
+    f->full_norm = malloc((size_t)d * sizeof(float));
+    f->grad_embed = malloc((size_t)(V * d) * sizeof(float));
+    f->grad_output = malloc((size_t)(V * d) * sizeof(float));
+    f->grad_norm = malloc((size_t)d * sizeof(float));
+    if (!f->layer || !f->full_layer || !f->grad_layer || !f->full_embed || !f->full_output || !f->full_norm ||
+        !f->grad_embed || !f->grad_output || !f->grad_norm) {
+        llama_fsdp_free(f);
+        return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory (training buffers)");
+    }
+    if (!(f->embed = need(s, "tok_embeddings.weight", V * d, err)) || !(f->norm = need(s, "norm.weight", d, err)) ||
+        !(f->output = need(s, "output.weight", V * d, err))) {
+        llama_fsdp_free(f);
+        return err->code;
+    }
+    for (int i = 0; i < cfg->n_layers; i++) {
+        for (int k = 0; k < LAYER_PARAMS; k++) {
+            char name[128];
+            snprintf(name, sizeof name, "layers.%d.%s", i, LAYER_NAMES[k]);
+            if (!(f->layer[i * LAYER_PARAMS + k] = need(s, name, sizes[k], err))) {
+                llama_fsdp_free(f);
+                return err->code;
+            }
+        }
+    }
+    if ((rc = state_alloc_grads(s, err))) {
+        llama_fsdp_free(f);
+        return rc;
+    }
+    f->ws = llama_model_ws_create(cfg, B, T, err);
+    if (!f->ws) {
+        llama_fsdp_free(f);
+        return err->code ? err->code : FSDP_E_NOMEM;
+    }
+    *out = f;
+    return 0;
+}
+
+static int gather_layer(llama_fsdp *f, int i, llama_model_layer *lw, fsdp_err *err) {
+    for (int k = 0; k < LAYER_PARAMS; k++) {
+        state_param *p = f->layer[i * LAYER_PARAMS + k];
+        int rc = state_unshard(p, p->data, f->c, f->full_layer + f->layer_off[k], err);
+        if (rc) return rc;
+    }
+    llama_model_layer_bind(&f->cfg, f->full_layer, lw);
+    return 0;
+}
+
+int llama_fsdp_grads(llama_fsdp *f, const int32_t *tokens, const int32_t *labels, llama_fsdp_result *res,
+                     fsdp_err *err) {
+    const llama_config *cfg = &f->cfg;
+    int64_t V = cfg->vocab_size, d = cfg->dim;
+    int rc;
+    /* global number of tokens in the mean */
+    int64_t nvalid = 0;
+    for (int64_t i = 0; i < (int64_t)f->B * f->T; i++) nvalid += labels[i] != LLAMA_MODEL_IGNORE_INDEX;
+    if ((rc = comm_allreduce(f->c, &nvalid, 1, COMM_I64, COMM_SUM, err))) return rc;
+    /* forward: gather each piece right before it runs */
+    if ((rc = state_unshard(f->embed, f->embed->data, f->c, f->full_embed, err))) return rc;
+    if ((rc = llama_fwd_embed(cfg, f->full_embed, tokens, labels, f->B, f->T, f->ws, err))) return rc;
+    for (int i = 0; i < cfg->n_layers; i++) {
+        llama_model_layer lw;
+        if ((rc = gather_layer(f, i, &lw, err))) return rc;
+        if ((rc = llama_fwd_layer(cfg, &lw, i, f->ws, err))) return rc;
+    }
+    if ((rc = state_unshard(f->norm, f->norm->data, f->c, f->full_norm, err))) return rc;
+    if ((rc = state_unshard(f->output, f->output->data, f->c, f->full_output, err))) return rc;
+    llama_model_loss loss;
+    if ((rc = llama_fwd_head(cfg, f->full_norm, f->full_output, f->ws, &loss, err))) return rc;
+    double lsum = loss.loss_sum;
+    if ((rc = comm_allreduce(f->c, &lsum, 1, COMM_F64, COMM_SUM, err))) return rc;
+    res->loss = nvalid > 0 ? lsum / (double)nvalid : 0.0;
+    res->tokens = nvalid;
+    /* backward: the loss differentiated is the global sum / global count on every rank;
+     * reduce-scatter sums the ranks' contributions into each shard */
+    memset(f->grad_norm, 0, (size_t)d * sizeof(float));
+    memset(f->grad_output, 0, (size_t)(V * d) * sizeof(float));
+    if ((rc = llama_bwd_head(cfg, f->full_norm, f->full_output, f->grad_norm, f->grad_output,
+                             (double)(nvalid > 0 ? nvalid : 1), f->ws, err)))
+        return rc;
+    if ((rc = state_reduce_scatter(f->norm, f->grad_norm, f->c, f->norm->grad, err))) return rc;
+    if ((rc = state_reduce_scatter(f->output, f->grad_output, f->c, f->output->grad, err))) return rc;
+    for (int i = cfg->n_layers - 1; i >= 0; i--) {
+        llama_model_layer lw, lg;
+        if ((rc = gather_layer(f, i, &lw, err))) return rc;
+        memset(f->grad_layer, 0, (size_t)f->layer_numel * sizeof(float));
+        llama_model_layer_bind(cfg, f->grad_layer, &lg);
+        if ((rc = llama_bwd_layer(cfg, &lw, &lg, i, f->ws, err))) return rc;
+        for (int k = 0; k < LAYER_PARAMS; k++) {
+            state_param *p = f->layer[i * LAYER_PARAMS + k];
+            if ((rc = state_reduce_scatter(p, f->grad_layer + f->layer_off[k], f->c, p->grad, err))) return rc;
+        }
+    }
+    memset(f->grad_embed, 0, (size_t)(V * d) * sizeof(float));
+    if ((rc = llama_bwd_embed(cfg, f->grad_embed, f->ws, err))) return rc;
+    if ((rc = state_reduce_scatter(f->embed, f->grad_embed, f->c, f->embed->grad, err))) return rc;
+    /* global gradient norm over every rank's shards */
+    double sumsq = 0;
+    for (size_t k = 0; k < f->s->n; k++) {
+        state_param *p = &f->s->p[k];
+        if (p->grad) sumsq += kc_sumsq(p->grad, (int64_t)state_param_local_numel(p));
+    }
+    if ((rc = comm_allreduce(f->c, &sumsq, 1, COMM_F64, COMM_SUM, err))) return rc;
+    res->grad_norm = sqrt(sumsq);
+    return 0;
+}
+
+int llama_fsdp_step(llama_fsdp *f, const int32_t *tokens, const int32_t *labels, const llama_fsdp_hparams *hp,
+                    llama_fsdp_result *res, fsdp_err *err) {
+    int rc = llama_fsdp_grads(f, tokens, labels, res, err);
+    if (rc) return rc;
+    fsdp_state *s = f->s;
+    if (!isfinite(res->loss) || !isfinite(res->grad_norm))
+        return fsdp_err_set(err, FSDP_E_NUMERIC,
+                            "training step %lld: non-finite loss (%g) or gradient norm (%g); nothing was updated",
+                            (long long)s->opt_step + 1, res->loss, res->grad_norm);
+    if ((rc = state_alloc_optimizer(s, err))) return rc;
+    double coef = hp->max_norm > 0 ? kc_clip_coef(res->grad_norm, hp->max_norm) : 1.0;
+    int64_t step = s->opt_step + 1;
+    kc_adamw_hparams ah = {hp->lr, hp->beta1, hp->beta2, hp->eps, hp->weight_decay};
+    for (size_t k = 0; k < s->n; k++) {
+        state_param *p = &s->p[k];
+        int64_t n = (int64_t)state_param_local_numel(p);
+        if (coef < 1.0) kc_scale(p->grad, n, (float)coef);
+        kc_adamw_step(p->data, p->grad, p->exp_avg, p->exp_avg_sq, n, &ah, step);
+    }
+    s->opt_step = step;
+    s->lr = hp->lr;
+    s->beta1 = hp->beta1;
+    s->beta2 = hp->beta2;
+    s->eps = hp->eps;
+    s->weight_decay = hp->weight_decay;
+    return 0;
+}

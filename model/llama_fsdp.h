@@ -1,0 +1,40 @@
+/* One FSDP training step of the Llama model on sharded state (runtime/state.h):
+ * per layer all-gather -> forward -> drop; backward with all-gather -> gradients ->
+ * reduce-scatter (sum); global gradient norm over all shards; clipping; AdamW on the
+ * local shards. The loss is the mean over all global tokens: gradients are summed over
+ * ranks with the global token count as the denominator, so the result does not depend on
+ * the world size beyond float summation order. */
+#ifndef FSDP_MODEL_LLAMA_FSDP_H
+#define FSDP_MODEL_LLAMA_FSDP_H
+
+#include <stdint.h>
+
+#include "fsdp/error.h"
+#include "runtime/comm.h"
+#include "runtime/state.h"
+
+typedef struct llama_fsdp llama_fsdp;
+
+typedef struct llama_fsdp_hparams {
+    double lr, beta1, beta2, eps, weight_decay;
+    double max_norm; /* <= 0: no clipping */
+} llama_fsdp_hparams;
+
+typedef struct llama_fsdp_result {
+    double loss;      /* global mean cross-entropy before the update */
+    double grad_norm; /* global L2 norm of the gradients before clipping */
+    int64_t tokens;   /* global tokens counted in the loss */
+} llama_fsdp_result;
+
+/* The state must hold every parameter of s->cfg under torchtitan names, sharded. */
+int llama_fsdp_create(fsdp_state *s, comm *c, int local_batch, int seq_len, llama_fsdp **out, fsdp_err *err);
+void llama_fsdp_free(llama_fsdp *f);
+/* Forward and backward only: the global loss and reduce-scattered gradients in p->grad. */
+int llama_fsdp_grads(llama_fsdp *f, const int32_t *tokens, const int32_t *labels, llama_fsdp_result *res,
+                     fsdp_err *err);
+/* A whole step: grads, then (if finite) norm, clip and AdamW; s->opt_step advances.
+ * A non-finite loss or gradient fails with FSDP_E_NUMERIC and changes nothing. */
+int llama_fsdp_step(llama_fsdp *f, const int32_t *tokens, const int32_t *labels, const llama_fsdp_hparams *hp,
+                    llama_fsdp_result *res, fsdp_err *err);
+
+#endif
