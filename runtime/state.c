@@ -62,6 +62,7 @@ int state_add_param(fsdp_state *s, const char *name, int ndim, const int64_t *sh
     p->ndim = ndim;
     memcpy(p->shape, shape, (size_t)ndim * sizeof *shape);
     p->layer = layer;
+    p->dtype = FSDP_DT_F32;
     p->row_numel = ndim == 0 ? 1 : fsdp_numel(ndim - 1, shape + 1);
     int64_t d0 = ndim == 0 ? 1 : shape[0];
     if (s->layout == STATE_FULL) {

@@ -29,6 +29,7 @@ typedef struct state_param {
     float *grad;                  /* same shape as data, when training */
     float *exp_avg, *exp_avg_sq;  /* AdamW moments, same shape as data, when present */
     int layer;                    /* transformer layer, -1 for others */
+    fsdp_dtype dtype;             /* dtype written to checkpoints (values are kept in f32) */
 } state_param;
 
 typedef struct fsdp_state {
@@ -44,6 +45,8 @@ typedef struct fsdp_state {
     int64_t train_step;      /* training steps done (train_state.step) */
     int64_t tokens_seen;     /* train_state.ntokens_seen */
     uint64_t data_pos;       /* position of the data stream (batches consumed) */
+    int offloaded;           /* optimizer state (and master weights) kept in host memory */
+    int offload_params;
 } fsdp_state;
 
 /* The state of the context, or NULL when no stage created one. */

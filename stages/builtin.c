@@ -1,9 +1,12 @@
 /* The product's built-in stages, registered through the same ABI as plugins. Each stage
  * lives in its own file in stages/ and exports its descriptor. */
 #include "pipeline/registry.h"
+#include "stages/stages.h"
 
 static const fsdp_stage_desc *const BUILTINS[] = {
-    NULL /* stages are appended here as they land */
+    &stage_shard,
+    &stage_offload,
+    NULL
 };
 
 int registry_add_builtins(fsdp_registry *reg, fsdp_err *err) {
