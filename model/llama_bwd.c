@@ -4,20 +4,9 @@
 
 #include <string.h>
 
-static int check_ws(const llama_config *c, const llama_model_ws *ws, const char *what, fsdp_err *err) {
-    if (!ws || !c) return fsdp_err_set(err, FSDP_E_INVALID, "%s: no workspace or config", what);
-    const llama_config *w = &ws->cfg;
-    if (c->dim != w->dim || c->n_layers != w->n_layers || c->n_heads != w->n_heads ||
-        c->n_kv_heads != w->n_kv_heads || c->vocab_size != w->vocab_size || c->head_dim != w->head_dim ||
-        c->ffn_hidden != w->ffn_hidden)
-        return fsdp_err_set(err, FSDP_E_INVALID, "%s: the config does not match the one the workspace was made for",
-                            what);
-    return FSDP_OK;
-}
-
 int llama_bwd_head(const llama_config *c, const float *norm_w, const float *output_w, float *d_norm,
                    float *d_output, double loss_denom, llama_model_ws *ws, fsdp_err *err) {
-    int rc = check_ws(c, ws, "llama backward (head)", err);
+    int rc = llama_model_ws_check(c, ws, "llama backward (head)", err);
     if (rc) return rc;
     if (ws->phase != LLAMA_PHASE_HEAD)
         return fsdp_err_set(err, FSDP_E_INVALID, "llama backward: the head backward needs a completed forward");
@@ -39,7 +28,7 @@ int llama_bwd_head(const llama_config *c, const float *norm_w, const float *outp
 
 int llama_bwd_layer(const llama_config *c, const llama_model_layer *lw, llama_model_layer *lg, int layer,
                     llama_model_ws *ws, fsdp_err *err) {
-    int rc = check_ws(c, ws, "llama backward (layer)", err);
+    int rc = llama_model_ws_check(c, ws, "llama backward (layer)", err);
     if (rc) return rc;
     if (ws->phase != LLAMA_PHASE_BWD || ws->bwd_next != layer)
         return fsdp_err_set(err, FSDP_E_INVALID, "llama backward: layer %d run out of order (expected layer %d)",
@@ -81,7 +70,7 @@ int llama_bwd_layer(const llama_config *c, const llama_model_layer *lw, llama_mo
 }
 
 int llama_bwd_embed(const llama_config *c, float *d_tok_embeddings, llama_model_ws *ws, fsdp_err *err) {
-    int rc = check_ws(c, ws, "llama backward (embedding)", err);
+    int rc = llama_model_ws_check(c, ws, "llama backward (embedding)", err);
     if (rc) return rc;
     if (ws->phase != LLAMA_PHASE_BWD_LAYERS)
         return fsdp_err_set(err, FSDP_E_INVALID, "llama backward: embedding backward run before every layer's backward");

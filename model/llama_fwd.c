@@ -3,21 +3,9 @@
 
 #include <string.h>
 
-static int check_ws(const llama_config *c, const llama_model_ws *ws, const char *what, fsdp_err *err) {
-    if (!ws) return fsdp_err_set(err, FSDP_E_INVALID, "%s: no workspace", what);
-    if (!c) return fsdp_err_set(err, FSDP_E_INVALID, "%s: no config", what);
-    const llama_config *w = &ws->cfg;
-    if (c->dim != w->dim || c->n_layers != w->n_layers || c->n_heads != w->n_heads ||
-        c->n_kv_heads != w->n_kv_heads || c->vocab_size != w->vocab_size || c->head_dim != w->head_dim ||
-        c->ffn_hidden != w->ffn_hidden)
-        return fsdp_err_set(err, FSDP_E_INVALID, "%s: the config does not match the one the workspace was made for",
-                            what);
-    return FSDP_OK;
-}
-
 int llama_fwd_embed(const llama_config *c, const float *tok_embeddings, const int32_t *tokens,
                     const int32_t *labels, int B, int T, llama_model_ws *ws, fsdp_err *err) {
-    int rc = check_ws(c, ws, "llama forward (embedding)", err);
+    int rc = llama_model_ws_check(c, ws, "llama forward (embedding)", err);
     if (rc) return rc;
     if (B <= 0 || T <= 0 || B > ws->B_max || T > ws->T_max)
         return fsdp_err_set(err, FSDP_E_INVALID,
@@ -40,7 +28,7 @@ int llama_fwd_embed(const llama_config *c, const float *tok_embeddings, const in
 
 int llama_fwd_layer(const llama_config *c, const llama_model_layer *lw, int layer, llama_model_ws *ws,
                     fsdp_err *err) {
-    int rc = check_ws(c, ws, "llama forward (layer)", err);
+    int rc = llama_model_ws_check(c, ws, "llama forward (layer)", err);
     if (rc) return rc;
     if (ws->phase != LLAMA_PHASE_FWD || ws->fwd_next != layer)
         return fsdp_err_set(err, FSDP_E_INVALID, "llama forward: layer %d run out of order (expected layer %d)", layer,
@@ -78,7 +66,7 @@ int llama_fwd_layer(const llama_config *c, const llama_model_layer *lw, int laye
 
 int llama_fwd_head(const llama_config *c, const float *norm_w, const float *output_w, llama_model_ws *ws,
                    llama_model_loss *loss, fsdp_err *err) {
-    int rc = check_ws(c, ws, "llama forward (head)", err);
+    int rc = llama_model_ws_check(c, ws, "llama forward (head)", err);
     if (rc) return rc;
     if (ws->phase != LLAMA_PHASE_FWD || ws->fwd_next != c->n_layers)
         return fsdp_err_set(err, FSDP_E_INVALID, "llama forward: head run before all %d layers (next layer %d)",

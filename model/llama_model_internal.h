@@ -61,4 +61,7 @@ struct llama_model_ws {
     size_t arena_floats;
 };
 
+/* FSDP_E_INVALID unless ws exists and was made for a config with cfg's shapes; `what` names the caller. */
+int llama_model_ws_check(const llama_config *cfg, const llama_model_ws *ws, const char *what, fsdp_err *err);
+
 #endif

@@ -149,3 +149,17 @@ size_t llama_model_ws_bytes(const llama_model_ws *ws) {
     if (!ws) return 0;
     return ws->arena_floats * sizeof(float) + 2 * (size_t)ws->B_max * (size_t)ws->T_max * sizeof(int32_t);
 }
+
+int llama_model_ws_check(const llama_config *c, const llama_model_ws *ws, const char *what, fsdp_err *err) {
+    if (!ws || !c) return fsdp_err_set(err, FSDP_E_INVALID, "%s: no workspace or config", what);
+    const llama_config *w = &ws->cfg;
+    if (c->dim != w->dim || c->n_layers != w->n_layers || c->n_heads != w->n_heads ||
+        c->n_kv_heads != w->n_kv_heads || c->vocab_size != w->vocab_size || c->head_dim != w->head_dim ||
+        c->ffn_hidden != w->ffn_hidden || c->norm_eps != w->norm_eps || c->rope_theta != w->rope_theta ||
+        c->rope_scaling != w->rope_scaling || c->rope_factor != w->rope_factor ||
+        c->rope_low_freq_factor != w->rope_low_freq_factor || c->rope_high_freq_factor != w->rope_high_freq_factor ||
+        c->rope_original_max_pos != w->rope_original_max_pos)
+        return fsdp_err_set(err, FSDP_E_INVALID, "%s: the config does not match the one the workspace was made for",
+                            what);
+    return FSDP_OK;
+}

@@ -62,6 +62,7 @@ int llama_train_step(llama_train_state *st, const int32_t *tokens, const int32_t
     if (!st || !st->params || !st->ws)
         return fsdp_err_set(err, FSDP_E_INVALID, "llama train: state not initialised");
     if (!labels) return fsdp_err_set(err, FSDP_E_INVALID, "llama train: a training step needs labels");
+    if (!hp) return fsdp_err_set(err, FSDP_E_INVALID, "llama train: no hyper-parameters");
     if (!(lr >= 0.0) || !isfinite(lr) || !(hp->beta1 >= 0.0 && hp->beta1 < 1.0) ||
         !(hp->beta2 >= 0.0 && hp->beta2 < 1.0) || !(hp->eps >= 0.0) || !(hp->weight_decay >= 0.0))
         return fsdp_err_set(err, FSDP_E_INVALID,

@@ -272,6 +272,26 @@ TEST_F(LlamaModelTest, IgnoreIndexExcludesTokens) {
     EXPECT_GT(gsum, 0.0);
 }
 
+// The timing hook sees every GEMM of a step: at least the 6 * (non-embedding params) * tokens of the
+// linear layers' forward and backward, and nothing once it is turned off.
+TEST_F(LlamaModelTest, GemmTimingHookCountsTheStep) {
+    kc_stats stats;
+    kc_stats_reset(&stats);
+    llama_train_set_stats(&st, &stats);
+    llama_train_hparams hp = {0.9, 0.95, 1e-8, 0.1, 1.0};
+    fsdp_err err;
+    ASSERT_EQ(llama_train_step(&st, tokens.data(), labels.data(), 2, 32, 1e-3, &hp, nullptr, &err), 0) << err.msg;
+    double linear = 6.0 * (double)(st.numel - 256 * 64) * 64;
+    EXPECT_GE(stats.gemm_flops, linear);
+    EXPECT_LT(stats.gemm_flops, 1.5 * linear);  // + attention scores, small at T = 32
+    EXPECT_GT(stats.gemm_calls, 0u);
+    EXPECT_GT(stats.gemm_seconds, 0.0);
+    uint64_t calls = stats.gemm_calls;
+    llama_train_set_stats(&st, nullptr);
+    ASSERT_EQ(llama_train_step(&st, tokens.data(), labels.data(), 2, 32, 1e-3, &hp, nullptr, &err), 0);
+    EXPECT_EQ(stats.gemm_calls, calls);
+}
+
 // A smaller batch in a larger workspace gives the same result as in a workspace of its own size.
 TEST_F(LlamaModelTest, SmallerBatchInLargerWorkspace) {
     fsdp_err err;
