@@ -122,16 +122,17 @@ double rng_erfinv(double x) {
         double t = two_over_pi_a + 0.5 * w;
         y = sqrt(sqrt(t * t - w / a) - t);
     }
-    /* Halley's method on f(y) = erf(y) - ax, cubic convergence: 2e-3 -> 1e-8 -> 1e-16.
+    /* Halley's method on f(y) = erf(y) - ax, cubic convergence: 2e-3 -> 1e-7 -> 1e-16.
      * Near 1, f is evaluated as (1 - ax) - erfc(y): 1 - ax is exact there and erfc keeps
-     * full relative precision, so the tail keeps its accuracy. */
+     * full relative precision, so the tail keeps its accuracy. Two steps give <= 1.5 ulp
+     * (checked against mpmath) except for 1 - |x| < 1e-12, where the start is worse and a
+     * third step is taken. */
     const double two_over_sqrt_pi = 1.12837916709551257390; /* f'(y) = this * exp(-y^2) */
-    for (int it = 0; it < 4; it++) {
+    const int steps = 1.0 - ax < 1e-12 ? 3 : 2;
+    for (int it = 0; it < steps; it++) {
         double f = ax > 0.5 ? (1.0 - ax) - erfc(y) : erf(y) - ax;
         double d = two_over_sqrt_pi * exp(-y * y);
-        double step = f / (d + y * f);
-        y -= step;
-        if (fabs(step) <= 0x1p-60 * y) break;
+        y -= f / (d + y * f);
     }
     return copysign(y, x);
 }
