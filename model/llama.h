@@ -16,7 +16,8 @@ extern "C" {
 typedef enum llama_rope_scaling { LLAMA_ROPE_NONE = 0, LLAMA_ROPE_LLAMA3 = 1 } llama_rope_scaling;
 
 typedef struct llama_config {
-    char preset[32];           /* "tiny", "debugmodel", "llama3_1b", "llama3_8b", "llama3_70b", or "" */
+    char preset[32];           /* "tiny", "debugmodel", "llama3_1b", "llama3_8b", "llama3_70b",
+                                  "llama3_405b", or "" */
     int dim;
     int n_layers;
     int n_heads;
@@ -37,6 +38,57 @@ typedef struct llama_config {
     int head_dim;              /* dim / n_heads */
     int ffn_hidden;            /* multiple_of * ceil(int(mult * int(2*4*dim/3)) / multiple_of) */
 } llama_config;
+
+/* ---- model/llama_config.c ----------------------------------------------------------------
+ *
+ * Presets (torchtitan's flavors; exact numbers in llama_config.c):
+ *   tiny         the fixture model (shared/fixtures/torch-2.11/tiny): dim 64, 2 layers, 4 heads,
+ *                2 kv heads, vocab 256, multiple_of 32, theta 1e4, max_seq_len 64, no rope scaling
+ *   debugmodel   torchtitan "debugmodel" (6,163,712 params)
+ *   llama3_1b    torchtitan "1B" (untied output here; torchtitan >= 2026-04 ties it)
+ *   llama3_8b    torchtitan "8B" (8,030,261,248 params)
+ *   llama3_70b   torchtitan "70B" (70,553,706,496 params)
+ *   llama3_405b  torchtitan "405B" (405,853,388,800 params)
+ * Every preset but tiny uses llama3 RoPE scaling (factor 8, low 1, high 4, original 8192) and
+ * max_seq_len 131072, like torchtitan >= v0.2.0, which applies it unconditionally and replaces
+ * max_seq_len with the training sequence length. */
+
+/* torchtitan's TransformerModelArgs defaults, with the sizes (dim, n_layers, n_heads,
+ * vocab_size) unset (0) so that finalize insists on them: n_kv_heads 0 (= n_heads),
+ * multiple_of 256, ffn_dim_multiplier None, norm_eps 1e-5, rope_theta 10000,
+ * max_seq_len 131072, depth_init 1, llama3 scaling 8/1/4/8192. */
+void llama_config_defaults(llama_config *cfg);
+
+/* Replaces *cfg with a preset (finalized). Unknown names list the known ones. */
+int llama_config_preset(llama_config *cfg, const char *name, fsdp_err *err);
+
+/* Name of the i-th preset, NULL past the end. */
+const char *llama_config_preset_name(int i);
+
+/* Builds *cfg from a recipe's `model:` map (NULL or null = empty map): starts from
+ * llama_config_defaults(), applies `preset` (whatever its position in the map), then every other
+ * key in map order, then llama_config_finalize(). Keys: arch (must be llama3), preset, dim,
+ * n_layers, n_heads, n_kv_heads (null = n_heads), vocab_size, multiple_of, ffn_dim_multiplier
+ * (null = None), norm_eps, rope_theta, max_seq_len, depth_init (bool), rope_scaling (none|llama3),
+ * rope_factor, rope_low_freq_factor, rope_high_freq_factor, rope_original_max_pos.
+ * Unknown keys, wrong types and out-of-range values are errors at the value's file:line:col. */
+int llama_config_from_value(llama_config *cfg, const fsdp_value *model, fsdp_err *err);
+
+/* Validates and fills head_dim and ffn_hidden (n_kv_heads 0 becomes n_heads): all sizes > 0,
+ * dim % n_heads == 0, n_heads % n_kv_heads == 0, head_dim even, positive finite norm_eps and
+ * rope_theta, ffn_dim_multiplier None or > 0, llama3 scaling with factor > 0,
+ * high_freq_factor > low_freq_factor > 0, original_max_pos > 0; ffn_hidden and the parameter
+ * count must fit (int, int64). ffn_hidden follows torchtitan / refmodel.py exactly:
+ * h = int(2*(4*dim)/3); if mult: h = int(mult*h); F = multiple_of * ceil(h / multiple_of). */
+int llama_config_finalize(llama_config *cfg, fsdp_err *err);
+
+/* Total number of parameters of a finalized config (untied output), -1 when invalid. */
+int64_t llama_param_count(const llama_config *cfg);
+
+/* torchtitan's MFU FLOPs per token: 6 * (N - vocab*dim) + 12 * n_layers * n_heads * head_dim *
+ * seq_len, with N = llama_param_count (tok_embeddings excluded, output.weight included).
+ * -1 when cfg is invalid or seq_len < 0. */
+double llama_flops_per_token(const llama_config *cfg, int64_t seq_len);
 
 #ifdef __cplusplus
 }

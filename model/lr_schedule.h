@@ -1,0 +1,47 @@
+/* Learning-rate schedule: linear warmup, then none / linear / cosine decay.
+ *
+ * For a 0-based step s, with W = warmup_steps, S = steps, r = min_lr_ratio:
+ *   s < W:                 lr * (s + 1) / W
+ *   s >= W, p = clamp((s - W) / max(1, S - W), 0, 1):
+ *     none:                lr
+ *     linear:              lr * (1 - (1 - r) * p)
+ *     cosine:              lr * (r + (1 - r) * 0.5 * (1 + cos(pi * p)))
+ * (max(1, S - W) as in the fixtures' generator: with S == W there is no decay phase and no
+ * division by zero.) The arithmetic is done in that order in double, so that lr 1e-3, W 2,
+ * linear, r 0.1, S 5 gives exactly the fixture's 5e-4, 1e-3, 1e-3, 7e-4, 4e-4. */
+#ifndef FSDP_MODEL_LR_SCHEDULE_H
+#define FSDP_MODEL_LR_SCHEDULE_H
+
+#include <stdint.h>
+
+#include "fsdp/error.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum lrs_decay { LRS_DECAY_NONE = 0, LRS_DECAY_LINEAR, LRS_DECAY_COSINE } lrs_decay;
+
+typedef struct lrs_config {
+    double lr;            /* peak learning rate, finite, >= 0 */
+    int64_t warmup_steps; /* >= 0, <= steps */
+    int64_t steps;        /* total optimizer steps, >= 1 */
+    lrs_decay decay;
+    double min_lr_ratio;  /* in [0, 1]: the final lr is lr * min_lr_ratio */
+} lrs_config;
+
+/* Checks the fields; errors name the offending key (lr, warmup_steps, steps, min_lr_ratio). */
+int lrs_validate(const lrs_config *c, fsdp_err *err);
+
+/* The learning rate of 0-based step s of a validated config (s < 0 is treated as 0, s >= steps
+ * keeps the final value). */
+double lrs_at(const lrs_config *c, int64_t step);
+
+/* "none", "linear", "cosine" <-> lrs_decay; from_name returns -1 for an unknown name. */
+int lrs_decay_from_name(const char *name, lrs_decay *out);
+const char *lrs_decay_name(lrs_decay d);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
