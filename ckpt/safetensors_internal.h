@@ -1,0 +1,39 @@
+/* Internals shared by the safetensors reader files (not a public API). */
+#ifndef FSDP_CKPT_SAFETENSORS_INTERNAL_H
+#define FSDP_CKPT_SAFETENSORS_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ckpt/safetensors.h"
+
+typedef struct st_file {
+    char *path;
+    unsigned char *map; /* the whole file, PROT_READ */
+    size_t size;
+    uint64_t data_start; /* 8 + N */
+    size_t nmeta;
+    char **meta; /* 2 * nmeta strings: key, value, key, value ... */
+} st_file;
+
+struct st_reader {
+    char *index_path;   /* NULL for a single file */
+    int64_t total_size; /* index metadata.total_size, or -1 */
+    st_file *files;
+    size_t nfiles;
+    st_tensor_info *t;
+    size_t nt, tcap;
+    size_t *by_name; /* indices into t sorted by name (after st_int_finalize) */
+};
+
+/* Maps path, validates its header and appends the file and its tensors to r. */
+int st_int_add_file(st_reader *r, const char *path, fsdp_err *err);
+/* Builds the by-name index; a name seen twice (in one file or across shards) is an error. */
+int st_int_finalize(st_reader *r, fsdp_err *err);
+
+/* Joins dir and name with one '/'; NULL when out of memory. */
+char *st_int_join(const char *dir, const char *name);
+/* fsyncs the directory holding path (best effort is not enough: errors are reported). */
+int st_int_fsync_dir_of(const char *path, fsdp_err *err);
+
+#endif

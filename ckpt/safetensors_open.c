@@ -1,0 +1,301 @@
+/* safetensors reader: resolving a path (file, directory, HF index) and validating an index. */
+#include <dirent.h>
+#include <errno.h>
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+
+#include "ckpt/safetensors_internal.h"
+
+#define INDEX_NAME "model.safetensors.index.json"
+#define SINGLE_NAME "model.safetensors"
+
+void st_close(st_reader *r) {
+    if (!r) return;
+    for (size_t i = 0; i < r->nfiles; i++) {
+        st_file *f = &r->files[i];
+        if (f->map) munmap(f->map, f->size);
+        if (f->meta)
+            for (size_t j = 0; j < 2 * f->nmeta; j++) free(f->meta[j]);
+        free(f->meta);
+        free(f->path);
+    }
+    for (size_t i = 0; i < r->nt; i++) free((char *)r->t[i].name);
+    free(r->files);
+    free(r->t);
+    free(r->by_name);
+    free(r->index_path);
+    free(r);
+}
+
+static int ends_with(const char *s, const char *suf) {
+    size_t a = strlen(s), b = strlen(suf);
+    return a >= b && !strcmp(s + a - b, suf);
+}
+
+static int is_regular(const char *p) {
+    struct stat st;
+    return stat(p, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+/* A shard name from an index must stay inside the index's directory. */
+static int safe_rel_name(const char *s) {
+    if (!*s || s[0] == '/') return 0;
+    for (const char *c = s; *c;) {
+        const char *e = strchr(c, '/');
+        size_t n = e ? (size_t)(e - c) : strlen(c);
+        if (n == 2 && c[0] == '.' && c[1] == '.') return 0;
+        if (!e) break;
+        c = e + 1;
+    }
+    return 1;
+}
+
+static char *dir_of(const char *path) {
+    const char *slash = strrchr(path, '/');
+    if (!slash) return strdup(".");
+    if (slash == path) return strdup("/");
+    size_t n = (size_t)(slash - path);
+    char *d = (char *)malloc(n + 1);
+    if (!d) return NULL;
+    memcpy(d, path, n);
+    d[n] = '\0';
+    return d;
+}
+
+static int cmp_str(const void *a, const void *b) {
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+static int check_index_meta(st_reader *r, const json_t *root, const char *ip, fsdp_err *err) {
+    const json_t *md = json_object_get(root, "metadata");
+    r->total_size = -1;
+    if (!md || json_is_null(md)) return FSDP_OK;
+    if (!json_is_object(md))
+        return fsdp_err_set(err, FSDP_E_FORMAT, "%s: \"metadata\" must be an object", ip);
+    const json_t *ts = json_object_get(md, "total_size");
+    if (!ts || json_is_null(ts)) return FSDP_OK;
+    if (json_is_integer(ts) && json_integer_value(ts) >= 0) {
+        r->total_size = (int64_t)json_integer_value(ts);
+    } else if (json_is_real(ts) && json_real_value(ts) >= 0 && json_real_value(ts) < 9.2e18 &&
+               json_real_value(ts) == (double)(int64_t)json_real_value(ts)) {
+        r->total_size = (int64_t)json_real_value(ts);
+    } else {
+        return fsdp_err_set(err, FSDP_E_FORMAT,
+                            "%s: metadata.total_size must be a non-negative integer", ip);
+    }
+    return FSDP_OK;
+}
+
+/* Every weight_map entry must name a tensor of that shard, and every shard tensor must be listed. */
+static int check_weight_map(const st_reader *r, const json_t *wm, const char *dir, const char *ip,
+                            fsdp_err *err) {
+    const char *k;
+    json_t *v;
+    json_object_foreach((json_t *)wm, k, v) {
+        const st_tensor_info *t = st_find(r, k);
+        char *want = st_int_join(dir, json_string_value(v));
+        if (!want) return fsdp_err_set(err, FSDP_E_NOMEM, "%s: out of memory", ip);
+        int bad = !t || strcmp(r->files[t->file].path, want) != 0;
+        if (bad) {
+            int rc = t ? fsdp_err_set(err, FSDP_E_FORMAT,
+                                      "%s: weight_map puts tensor '%s' in %s but it is in %s", ip, k,
+                                      json_string_value(v), r->files[t->file].path)
+                       : fsdp_err_set(err, FSDP_E_FORMAT,
+                                      "%s: weight_map lists tensor '%s' in %s, which has no such tensor",
+                                      ip, k, want);
+            free(want);
+            return rc;
+        }
+        free(want);
+    }
+    for (size_t i = 0; i < r->nt; i++)
+        if (!json_object_get(wm, r->t[i].name))
+            return fsdp_err_set(err, FSDP_E_FORMAT,
+                                "%s: shard %s holds tensor '%s' that the weight_map does not list", ip,
+                                r->files[r->t[i].file].path, r->t[i].name);
+    return FSDP_OK;
+}
+
+static int open_index(st_reader *r, const char *ip, fsdp_err *err) {
+    r->index_path = strdup(ip);
+    if (!r->index_path) return fsdp_err_set(err, FSDP_E_NOMEM, "%s: out of memory", ip);
+    json_error_t je;
+    json_t *root = json_load_file(ip, JSON_REJECT_DUPLICATES, &je);
+    if (!root) {
+        if (!is_regular(ip)) return fsdp_err_set(err, FSDP_E_IO, "%s: cannot read the index: %s", ip, je.text);
+        return fsdp_err_set(err, FSDP_E_FORMAT, "%s: invalid JSON index: %s (line %d, column %d)", ip,
+                            je.text, je.line, je.column);
+    }
+    int rc = FSDP_OK;
+    const char **names = NULL;
+    char *dir = dir_of(ip);
+    const json_t *wm = json_object_get(root, "weight_map");
+    if (!dir) {
+        rc = fsdp_err_set(err, FSDP_E_NOMEM, "%s: out of memory", ip);
+        goto out;
+    }
+    if (!json_is_object(root)) {
+        rc = fsdp_err_set(err, FSDP_E_FORMAT, "%s: the index is not a JSON object", ip);
+        goto out;
+    }
+    if (!wm || !json_is_object(wm)) {
+        rc = fsdp_err_set(err, FSDP_E_FORMAT, "%s: %s", ip,
+                          wm ? "\"weight_map\" must be an object" : "missing \"weight_map\"");
+        goto out;
+    }
+    if ((rc = check_index_meta(r, root, ip, err))) goto out;
+    size_t n = json_object_size(wm), nu = 0;
+    names = (const char **)calloc(n + 1, sizeof *names);
+    if (!names) {
+        rc = fsdp_err_set(err, FSDP_E_NOMEM, "%s: out of memory", ip);
+        goto out;
+    }
+    const char *k;
+    json_t *v;
+    json_object_foreach((json_t *)wm, k, v) {
+        if (!json_is_string(v) || !safe_rel_name(json_string_value(v))) {
+            rc = fsdp_err_set(err, FSDP_E_FORMAT,
+                              "%s: weight_map entry '%s' must be a relative file name inside the index's "
+                              "directory",
+                              ip, k);
+            goto out;
+        }
+        names[nu++] = json_string_value(v);
+    }
+    qsort(names, nu, sizeof *names, cmp_str);
+    for (size_t i = 0; i < nu; i++) {
+        if (i && !strcmp(names[i], names[i - 1])) continue;
+        char *p = st_int_join(dir, names[i]);
+        if (!p) {
+            rc = fsdp_err_set(err, FSDP_E_NOMEM, "%s: out of memory", ip);
+            goto out;
+        }
+        if (!is_regular(p)) {
+            const char *who = "";
+            json_object_foreach((json_t *)wm, k, v) {
+                if (!strcmp(json_string_value(v), names[i])) {
+                    who = k;
+                    break;
+                }
+            }
+            rc = fsdp_err_set(err, FSDP_E_IO, "%s: shard file %s (listed for tensor '%s') is missing", ip, p,
+                              who);
+            free(p);
+            goto out;
+        }
+        rc = st_int_add_file(r, p, err);
+        free(p);
+        if (rc) goto out;
+    }
+    if ((rc = st_int_finalize(r, err))) goto out;
+    rc = check_weight_map(r, wm, dir, ip, err);
+out:
+    free(names);
+    free(dir);
+    json_decref(root);
+    return rc;
+}
+
+/* The checkpoint file inside a directory (see safetensors.h); *is_index set accordingly. */
+static int resolve_dir(const char *dir, char **out, int *is_index, fsdp_err *err) {
+    char *p = st_int_join(dir, INDEX_NAME);
+    if (!p) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+    if (is_regular(p)) {
+        *out = p;
+        *is_index = 1;
+        return FSDP_OK;
+    }
+    free(p);
+    p = st_int_join(dir, SINGLE_NAME);
+    if (!p) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+    if (is_regular(p)) {
+        *out = p;
+        *is_index = 0;
+        return FSDP_OK;
+    }
+    free(p);
+    DIR *d = opendir(dir);
+    if (!d) return fsdp_err_set(err, FSDP_E_IO, "%s: cannot list directory: %s", dir, strerror(errno));
+    char *idx = NULL, *one = NULL;
+    int nidx = 0, none = 0, rc = FSDP_OK;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        int i = ends_with(de->d_name, ".safetensors.index.json"), s = ends_with(de->d_name, ".safetensors");
+        if (!i && !s) continue;
+        char *full = st_int_join(dir, de->d_name);
+        if (!full) {
+            rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+            break;
+        }
+        if (!is_regular(full)) {
+            free(full);
+            continue;
+        }
+        char **slot = i ? &idx : &one;
+        if (i) nidx++; else none++;
+        if (!*slot || strcmp(full, *slot) < 0) {
+            free(*slot);
+            *slot = full;
+        } else {
+            free(full);
+        }
+    }
+    closedir(d);
+    if (!rc) {
+        if (nidx == 1) {
+            *out = idx, *is_index = 1, idx = NULL;
+        } else if (nidx > 1) {
+            rc = fsdp_err_set(err, FSDP_E_INVALID, "%s: %d *.safetensors.index.json files; name one", dir, nidx);
+        } else if (none == 1) {
+            *out = one, *is_index = 0, one = NULL;
+        } else if (none > 1) {
+            rc = fsdp_err_set(err, FSDP_E_INVALID,
+                              "%s: %d .safetensors files and no " INDEX_NAME "; name the file to open", dir,
+                              none);
+        } else {
+            rc = fsdp_err_set(err, FSDP_E_IO, "%s: no " INDEX_NAME ", " SINGLE_NAME " or other safetensors file",
+                              dir);
+        }
+    }
+    free(idx);
+    free(one);
+    return rc;
+}
+
+int st_open(st_reader **out, const char *path, fsdp_err *err) {
+    *out = NULL;
+    if (!path || !*path) return fsdp_err_set(err, FSDP_E_INVALID, "safetensors: empty path");
+    struct stat st;
+    if (stat(path, &st) != 0)
+        return fsdp_err_set(err, FSDP_E_IO, "%s: cannot open: %s", path, strerror(errno));
+    st_reader *r = (st_reader *)calloc(1, sizeof *r);
+    if (!r) return fsdp_err_set(err, FSDP_E_NOMEM, "%s: out of memory", path);
+    r->total_size = -1;
+    char *file = NULL;
+    int is_index = 0, rc = FSDP_OK;
+    if (S_ISDIR(st.st_mode)) {
+        rc = resolve_dir(path, &file, &is_index, err);
+    } else {
+        file = strdup(path);
+        is_index = ends_with(path, ".json");
+        if (!file) rc = fsdp_err_set(err, FSDP_E_NOMEM, "%s: out of memory", path);
+    }
+    if (!rc) {
+        if (is_index) {
+            rc = open_index(r, file, err);
+        } else {
+            rc = st_int_add_file(r, file, err);
+            if (!rc) rc = st_int_finalize(r, err);
+        }
+    }
+    free(file);
+    if (rc) {
+        st_close(r);
+        return rc;
+    }
+    *out = r;
+    return FSDP_OK;
+}

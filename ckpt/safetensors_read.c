@@ -1,0 +1,151 @@
+/* safetensors reader: listing, zero-copy views and row reads with dtype conversion. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "ckpt/safetensors_internal.h"
+
+size_t st_count(const st_reader *r) { return r ? r->nt : 0; }
+
+const st_tensor_info *st_tensor(const st_reader *r, size_t i) {
+    return r && i < r->nt ? &r->t[i] : NULL;
+}
+
+const st_tensor_info *st_find(const st_reader *r, const char *name) {
+    if (!r || !name || !r->by_name) return NULL;
+    size_t lo = 0, hi = r->nt;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        int c = strcmp(r->t[r->by_name[mid]].name, name);
+        if (c == 0) return &r->t[r->by_name[mid]];
+        if (c < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return NULL;
+}
+
+size_t st_file_count(const st_reader *r) { return r ? r->nfiles : 0; }
+
+const char *st_file_path(const st_reader *r, size_t file) {
+    return r && file < r->nfiles ? r->files[file].path : NULL;
+}
+
+const char *st_index_path(const st_reader *r) { return r ? r->index_path : NULL; }
+
+int64_t st_index_total_size(const st_reader *r) { return r ? r->total_size : -1; }
+
+size_t st_metadata_count(const st_reader *r, size_t file) {
+    return r && file < r->nfiles ? r->files[file].nmeta : 0;
+}
+
+int st_metadata_at(const st_reader *r, size_t file, size_t i, const char **key, const char **value) {
+    if (!r || file >= r->nfiles || i >= r->files[file].nmeta) return -1;
+    *key = r->files[file].meta[2 * i];
+    *value = r->files[file].meta[2 * i + 1];
+    return 0;
+}
+
+const char *st_metadata_get(const st_reader *r, size_t file, const char *key) {
+    if (!r || file >= r->nfiles) return NULL;
+    const st_file *f = &r->files[file];
+    for (size_t i = 0; i < f->nmeta; i++)
+        if (!strcmp(f->meta[2 * i], key)) return f->meta[2 * i + 1];
+    return NULL;
+}
+
+const void *st_data(const st_reader *r, const st_tensor_info *t) {
+    return r->files[t->file].map + t->offset;
+}
+
+int st_is_aligned(const st_reader *r, const st_tensor_info *t) {
+    return (uintptr_t)st_data(r, t) % fsdp_dtype_size(t->dtype) == 0;
+}
+
+int64_t st_rows(const st_tensor_info *t) { return t->ndim ? t->shape[0] : 1; }
+
+int64_t st_row_numel(const st_tensor_info *t) {
+    return t->ndim ? fsdp_numel(t->ndim - 1, t->shape + 1) : 1;
+}
+
+#define CHUNK ((size_t)1 << 16)   /* elements per parallel chunk */
+#define BOUNCE_BYTES 32768        /* aligned staging for misaligned sources */
+
+/* Converts n elements of (possibly misaligned) src into dst; OpenMP over chunks when large. */
+static int convert(void *dst, fsdp_dtype ddt, const unsigned char *src, fsdp_dtype sdt, size_t n,
+                   int aligned, fsdp_err *err) {
+    size_t ssz = fsdp_dtype_size(sdt), dsz = fsdp_dtype_size(ddt);
+    size_t nchunks = (n + CHUNK - 1) / CHUNK;
+    int failed = 0;
+    fsdp_err first;
+    fsdp_err_clear(&first);
+#pragma omp parallel for schedule(static) if (n > 16 * CHUNK)
+    for (size_t c = 0; c < nchunks; c++) {
+        size_t i0 = c * CHUNK, m = n - i0 < CHUNK ? n - i0 : CHUNK;
+        fsdp_err e;
+        int rc = FSDP_OK;
+        if (aligned) {
+            rc = fsdp_convert((unsigned char *)dst + i0 * dsz, ddt, src + i0 * ssz, sdt, m, &e);
+        } else {
+            double bounce[BOUNCE_BYTES / sizeof(double)]; /* 8-aligned, enough for any element */
+            size_t per = BOUNCE_BYTES / ssz;
+            for (size_t j = 0; j < m && !rc; j += per) {
+                size_t k = m - j < per ? m - j : per;
+                memcpy(bounce, src + (i0 + j) * ssz, k * ssz);
+                rc = fsdp_convert((unsigned char *)dst + (i0 + j) * dsz, ddt, bounce, sdt, k, &e);
+            }
+        }
+        if (rc) {
+#pragma omp critical(st_convert_err)
+            if (!failed) {
+                failed = 1;
+                first = e;
+            }
+        }
+    }
+    if (failed) {
+        *err = first;
+        return first.code;
+    }
+    return FSDP_OK;
+}
+
+int st_read_rows(const st_reader *r, const st_tensor_info *t, int64_t r0, int64_t r1, void *dst,
+                 fsdp_dtype dst_dt, fsdp_err *err) {
+    if (!r || !t || (r1 > r0 && !dst)) return fsdp_err_set(err, FSDP_E_INVALID, "st_read_rows: bad arguments");
+    const char *path = r->files[t->file].path;
+    int64_t rows = st_rows(t);
+    if (r0 < 0 || r1 < r0 || r1 > rows)
+        return fsdp_err_set(err, FSDP_E_INVALID, "%s: tensor '%s': rows [%lld, %lld) outside [0, %lld)", path,
+                            t->name, (long long)r0, (long long)r1, (long long)rows);
+    size_t ssz = fsdp_dtype_size(t->dtype);
+    size_t per_row = (size_t)st_row_numel(t);
+    size_t n = (size_t)(r1 - r0) * per_row; /* <= numel, validated at open */
+    const unsigned char *src = (const unsigned char *)st_data(r, t) + (size_t)r0 * per_row * ssz;
+    if (dst_dt == FSDP_DT_INVALID || dst_dt == t->dtype) {
+        if (n) memcpy(dst, src, n * ssz);
+        return FSDP_OK;
+    }
+    fsdp_err e;
+    if (fsdp_convert(dst, dst_dt, src, t->dtype, 0, &e)) /* checks that the pair converts */
+        return fsdp_err_set(err, e.code, "%s: tensor '%s': %s", path, t->name, e.msg);
+    int rc = convert(dst, dst_dt, src, t->dtype, n, (uintptr_t)src % ssz == 0, &e);
+    if (rc) return fsdp_err_set(err, rc, "%s: tensor '%s': %s", path, t->name, e.msg);
+    return FSDP_OK;
+}
+
+int st_read(const st_reader *r, const st_tensor_info *t, void *dst, fsdp_dtype dst_dt, fsdp_err *err) {
+    if (!t) return fsdp_err_set(err, FSDP_E_INVALID, "st_read: no tensor");
+    return st_read_rows(r, t, 0, st_rows(t), dst, dst_dt, err);
+}
+
+int st_read_named(const st_reader *r, const char *name, void *dst, fsdp_dtype dst_dt, fsdp_err *err) {
+    const st_tensor_info *t = st_find(r, name);
+    if (!t)
+        return fsdp_err_set(err, FSDP_E_INVALID, "%s: no tensor '%s'",
+                            r && r->index_path ? r->index_path
+                            : r && r->nfiles   ? r->files[0].path
+                                               : "safetensors",
+                            name ? name : "(null)");
+    return st_read(r, t, dst, dst_dt, err);
+}
