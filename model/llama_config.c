@@ -193,7 +193,8 @@ int llama_config_finalize(llama_config *c, fsdp_err *err) {
     if (c->rope_scaling == LLAMA_ROPE_LLAMA3) {
         if (!isfinite(c->rope_factor) || !(c->rope_factor > 0))
             return fsdp_err_set(err, FSDP_E_INVALID,
-                                "model.rope_factor must be finite and > 0 (got %g)", c->rope_factor);
+                                "model.rope_factor must be finite and > 0 (got %g)",
+                                c->rope_factor);
         if (!isfinite(c->rope_low_freq_factor) || !(c->rope_low_freq_factor > 0) ||
             !isfinite(c->rope_high_freq_factor) ||
             !(c->rope_high_freq_factor > c->rope_low_freq_factor))

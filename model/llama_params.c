@@ -87,7 +87,8 @@ int llama_params_build(const llama_config *cfg, llama_params *out, fsdp_err *err
     int k = 0;
     describe(cfg, LLAMA_P_TOK_EMBEDDINGS, -1, &p[k++]);
     for (int i = 0; i < cfg->n_layers; i++)
-        for (int j = LLAMA_P_WQ; j <= LLAMA_P_FFN_NORM; j++) describe(cfg, (llama_param_kind)j, i, &p[k++]);
+        for (int j = LLAMA_P_WQ; j <= LLAMA_P_FFN_NORM; j++)
+            describe(cfg, (llama_param_kind)j, i, &p[k++]);
     describe(cfg, LLAMA_P_NORM, -1, &p[k++]);
     describe(cfg, LLAMA_P_OUTPUT, -1, &p[k++]);
     int64_t off = 0;

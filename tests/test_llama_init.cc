@@ -170,34 +170,39 @@ TEST(LlamaParams, LargePresets) {
 
 TEST(LlamaInit, ShardedEqualsWhole) {
     // torch.chunk sharding over 1..7 ranks, concatenated, is bit-identical to the whole parameter.
-    llama_config c = preset("tiny");
-    c.vocab_size = 250;  // uneven rows for every world size
-    fsdp_err err;
-    ASSERT_EQ(llama_config_finalize(&c, &err), 0);
-    Table tb(c);
-    for (int i = 0; i < tb.t.n; i++) {
-        const llama_param &p = tb.t.p[i];
-        std::vector<float> whole = init_rows(p, 42, 0, p.shape[0]);
-        std::vector<uint16_t> whole16((size_t)p.numel);
-        ASSERT_EQ(llama_init_rows_bf16(&p, 42, 0, p.shape[0], whole16.data(), &err), 0) << err.msg;
-        for (size_t k = 0; k < whole.size(); k++)
-            ASSERT_EQ(whole16[k], fsdp_f32_to_bf16(whole[k])) << p.name << " " << k;
-        for (int world = 1; world <= 7; world++) {
-            std::vector<float> cat;
-            std::vector<uint16_t> cat16;
-            for (int r = 0; r < world; r++) {
-                int64_t row0, rows;
-                shard_rows(p.shape[0], world, r, &row0, &rows);
-                std::vector<float> part = init_rows(p, 42, row0, row0 + rows);
-                cat.insert(cat.end(), part.begin(), part.end());
-                std::vector<uint16_t> part16((size_t)(rows * p.row_numel));
-                ASSERT_EQ(llama_init_rows_bf16(&p, 42, row0, row0 + rows, part16.data(), &err), 0);
-                cat16.insert(cat16.end(), part16.begin(), part16.end());
+    // vocab 250: uneven shards for every world size; vocab 5: empty shards (world 4: 2, 2, 1, 0)
+    for (int vocab : {250, 5}) {
+        llama_config c = preset("tiny");
+        c.vocab_size = vocab;
+        fsdp_err err;
+        ASSERT_EQ(llama_config_finalize(&c, &err), 0);
+        Table tb(c);
+        for (int i = 0; i < tb.t.n; i++) {
+            const llama_param &p = tb.t.p[i];
+            std::vector<float> whole = init_rows(p, 42, 0, p.shape[0]);
+            std::vector<uint16_t> whole16((size_t)p.numel);
+            ASSERT_EQ(llama_init_rows_bf16(&p, 42, 0, p.shape[0], whole16.data(), &err), 0)
+                << err.msg;
+            for (size_t k = 0; k < whole.size(); k++)
+                ASSERT_EQ(whole16[k], fsdp_f32_to_bf16(whole[k])) << p.name << " " << k;
+            for (int world = 1; world <= 7; world++) {
+                std::vector<float> cat;
+                std::vector<uint16_t> cat16;
+                for (int r = 0; r < world; r++) {
+                    int64_t row0, rows;
+                    shard_rows(p.shape[0], world, r, &row0, &rows);
+                    std::vector<float> part = init_rows(p, 42, row0, row0 + rows);
+                    cat.insert(cat.end(), part.begin(), part.end());
+                    std::vector<uint16_t> part16((size_t)(rows * p.row_numel));
+                    ASSERT_EQ(
+                        llama_init_rows_bf16(&p, 42, row0, row0 + rows, part16.data(), &err), 0);
+                    cat16.insert(cat16.end(), part16.begin(), part16.end());
+                }
+                ASSERT_EQ(cat.size(), whole.size());
+                EXPECT_EQ(0, memcmp(cat.data(), whole.data(), whole.size() * sizeof(float)))
+                    << p.name << " world " << world;
+                EXPECT_EQ(cat16, whole16) << p.name << " world " << world;
             }
-            ASSERT_EQ(cat.size(), whole.size());
-            EXPECT_EQ(0, memcmp(cat.data(), whole.data(), whole.size() * sizeof(float)))
-                << p.name << " world " << world;
-            EXPECT_EQ(cat16, whole16) << p.name << " world " << world;
         }
     }
 }
