@@ -24,7 +24,7 @@ typedef struct preset {
 static const preset PRESETS[] = {
     {"tiny", 64, 2, 4, 2, 256, 32, 0.0, 10000.0, 64, LLAMA_ROPE_NONE},
     {"debugmodel", 256, 6, 16, 16, 2048, 256, 0.0, 500000.0, 131072, LLAMA_ROPE_LLAMA3},
-    {"llama3_1b", 2048, 16, 32, 8, 128256, 1024, 1.5, 500000.0, 131072, LLAMA_ROPE_LLAMA3},
+    {"llama3_1b", 2048, 16, 32, 8, 128256, 256, 1.5, 500000.0, 131072, LLAMA_ROPE_LLAMA3},
     {"llama3_8b", 4096, 32, 32, 8, 128256, 1024, 1.3, 500000.0, 131072, LLAMA_ROPE_LLAMA3},
     {"llama3_70b", 8192, 80, 64, 8, 128256, 4096, 1.3, 500000.0, 131072, LLAMA_ROPE_LLAMA3},
     {"llama3_405b", 16384, 126, 128, 8, 128256, 4096, 1.2, 500000.0, 131072, LLAMA_ROPE_LLAMA3},

@@ -4,7 +4,10 @@
 #include "stages/stages.h"
 
 static const fsdp_stage_desc *const BUILTINS[] = {
+    &stage_init_meta,
+    &stage_init_cpu,
     &stage_shard,
+    &stage_train_steps,
     &stage_offload,
     NULL
 };

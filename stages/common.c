@@ -20,3 +20,51 @@ comm *stage_comm(fsdp_ctx *ctx) {
 }
 
 double stage_now(void) { return ctx_now(); }
+
+int stage_model_config(fsdp_ctx *ctx, llama_config *cfg, fsdp_err *err) {
+    return llama_config_from_value(cfg, fsdp_ctx_section(ctx, "model"), err);
+}
+
+uint64_t stage_seed(fsdp_ctx *ctx, const fsdp_value *with) {
+    const fsdp_value *s = fsdp_value_get(with, "seed");
+    int64_t v;
+    if (s && fsdp_value_int(s, &v) == 0) return (uint64_t)v;
+    return (uint64_t)fsdp_arg_int(fsdp_ctx_section(ctx, "runtime"), "seed", 0);
+}
+
+int stage_state_from_config(fsdp_ctx *ctx, const llama_config *cfg, state_layout layout, llama_params *table,
+                            fsdp_state **out, fsdp_err *err) {
+    int rc = llama_params_build(cfg, table, err);
+    if (rc) return rc;
+    fsdp_state *s;
+    if ((rc = state_create(ctx, layout, &s, err))) {
+        llama_params_free(table);
+        return rc;
+    }
+    s->cfg = *cfg;
+    s->has_cfg = 1;
+    for (int i = 0; i < table->n; i++) {
+        const llama_param *p = &table->p[i];
+        if ((rc = state_add_param(s, p->name, p->ndim, p->shape, p->layer, err))) {
+            llama_params_free(table);
+            return rc;
+        }
+    }
+    *out = s;
+    return 0;
+}
+
+int stage_init_values(fsdp_state *s, const llama_params *table, uint64_t seed, fsdp_dtype dtype, fsdp_err *err) {
+    for (int i = 0; i < table->n; i++) {
+        state_param *sp = &s->p[i];
+        if (sp->rows == 0) continue;
+        int rc = llama_init_rows_f32(&table->p[i], seed, sp->row0, sp->row0 + sp->rows, sp->data, err);
+        if (rc) return fsdp_err_prefix(err, "init %s", sp->name);
+        if (dtype == FSDP_DT_BF16) {
+            size_t n = state_param_local_numel(sp);
+            for (size_t k = 0; k < n; k++) sp->data[k] = fsdp_bf16_to_f32(fsdp_f32_to_bf16(sp->data[k]));
+        }
+        sp->dtype = dtype;
+    }
+    return 0;
+}

@@ -3,14 +3,30 @@
 #define FSDP_STAGES_STAGES_H
 
 #include "fsdp/stage.h"
+#include "model/llama.h"
+#include "model/llama_init.h"
+#include "model/llama_params.h"
 #include "runtime/comm.h"
 #include "runtime/state.h"
 
 /* The context's communicator (a world of 1 when none). */
 comm *stage_comm(fsdp_ctx *ctx);
 double stage_now(void);
+/* The recipe's `model:` section as a finalized config. */
+int stage_model_config(fsdp_ctx *ctx, llama_config *cfg, fsdp_err *err);
+/* `with: seed` when given, else runtime.seed. */
+uint64_t stage_seed(fsdp_ctx *ctx, const fsdp_value *with);
+/* A new state holding every parameter of cfg (allocated per layout); fills the table. */
+int stage_state_from_config(fsdp_ctx *ctx, const llama_config *cfg, state_layout layout, llama_params *table,
+                            fsdp_state **out, fsdp_err *err);
+/* Fills every local row with the model's init rule (counter-based: the same values for every
+ * world size); dtype bf16 rounds the values to bf16 and records it for checkpoints. */
+int stage_init_values(fsdp_state *s, const llama_params *table, uint64_t seed, fsdp_dtype dtype, fsdp_err *err);
 
 extern const fsdp_stage_desc stage_shard;
 extern const fsdp_stage_desc stage_offload;
+extern const fsdp_stage_desc stage_init_meta;
+extern const fsdp_stage_desc stage_init_cpu;
+extern const fsdp_stage_desc stage_train_steps;
 
 #endif
