@@ -9,6 +9,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "ckpt/safetensors.h"
+
 struct data_source {
     data_config cfg;
     int vocab;
@@ -85,9 +87,6 @@ int data_config_from_value(const fsdp_value *sec, uint64_t default_seed, data_co
     }
     if (cfg->kind != DATA_SYNTHETIC && !cfg->path[0])
         return fsdp_err_at(err, FSDP_E_INVALID, sec, "data: kind %s needs a `path`", KIND_NAMES[cfg->kind]);
-    if (cfg->kind == DATA_SAFETENSORS)
-        return fsdp_err_at(err, FSDP_E_INVALID, fsdp_value_get(sec, "kind"),
-                           "data.kind safetensors is not available in this build (use text, tokens or synthetic)");
     return 0;
 }
 
@@ -109,6 +108,61 @@ static int map_file(data_source *d, fsdp_err *err) {
     if (m == MAP_FAILED) return fsdp_err_set(err, FSDP_E_IO, "data %s: mmap: %s", d->cfg.path, strerror(errno));
     d->map = m;
     return 0;
+}
+
+/* kind safetensors: `input_ids` and `labels`, [B, T] integer tensors, read whole. */
+static int load_fixed(data_source *d, fsdp_err *err) {
+    st_reader *r;
+    int rc = st_open(&r, d->cfg.path, err);
+    if (rc) return rc;
+    const char *names[2] = {"input_ids", "labels"};
+    int32_t **dst[2] = {&d->fixed_in, &d->fixed_lab};
+    for (int k = 0; k < 2 && !rc; k++) {
+        const st_tensor_info *t = st_find(r, names[k]);
+        if (!t) {
+            rc = fsdp_err_set(err, FSDP_E_FORMAT, "data %s: no tensor '%s' (expected input_ids and labels [B, T])",
+                              d->cfg.path, names[k]);
+            break;
+        }
+        if (t->ndim != 2 || t->shape[0] != d->cfg.batch_size || t->shape[1] != d->cfg.seq_len) {
+            rc = fsdp_err_set(err, FSDP_E_INVALID,
+                              "data %s: tensor '%s' has %d dims [%lld, %lld], the recipe's data wants [batch_size %lld, "
+                              "seq_len %lld]",
+                              d->cfg.path, names[k], t->ndim, (long long)(t->ndim > 0 ? t->shape[0] : 0),
+                              (long long)(t->ndim > 1 ? t->shape[1] : 0), (long long)d->cfg.batch_size,
+                              (long long)d->cfg.seq_len);
+            break;
+        }
+        if (t->dtype != FSDP_DT_I32 && t->dtype != FSDP_DT_I64 && t->dtype != FSDP_DT_U16 && t->dtype != FSDP_DT_U8) {
+            rc = fsdp_err_set(err, FSDP_E_FORMAT, "data %s: tensor '%s' has dtype %s, expected an integer type",
+                              d->cfg.path, names[k], fsdp_dtype_name(t->dtype));
+            break;
+        }
+        size_t n = (size_t)(d->cfg.batch_size * d->cfg.seq_len);
+        int64_t *tmp = malloc(n * sizeof *tmp);
+        *dst[k] = malloc(n * sizeof(int32_t));
+        if (!tmp || !*dst[k]) {
+            free(tmp);
+            rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+            break;
+        }
+        if (!(rc = st_read(r, t, tmp, FSDP_DT_I64, err))) {
+            for (size_t i = 0; i < n; i++) {
+                int64_t v = tmp[i];
+                int ignore = k == 1 && v == -100;
+                if (!ignore && (v < 0 || v >= d->vocab)) {
+                    rc = fsdp_err_set(err, FSDP_E_FORMAT,
+                                      "data %s: %s[%zu] = %lld is outside the model's vocabulary [0, %d)", d->cfg.path,
+                                      names[k], i, (long long)v, d->vocab);
+                    break;
+                }
+                (*dst[k])[i] = (int32_t)v;
+            }
+        }
+        free(tmp);
+    }
+    st_close(r);
+    return rc;
 }
 
 int data_open(const data_config *cfg, int vocab, int world, int rank, data_source **out, fsdp_err *err) {
@@ -145,6 +199,7 @@ int data_open(const data_config *cfg, int vocab, int world, int rank, data_sourc
             goto fail;
         }
     }
+    if (cfg->kind == DATA_SAFETENSORS && (rc = load_fixed(d, err))) goto fail;
     *out = d;
     return 0;
 fail:
@@ -179,6 +234,11 @@ int data_batch(data_source *d, uint64_t pos, int32_t *inputs, int32_t *labels, f
     for (int64_t lb = 0; lb < d->local_batch; lb++) {
         uint64_t b = (uint64_t)(d->rank * d->local_batch + lb); /* global sample index */
         int32_t *in = inputs + lb * T, *lab = labels + lb * T;
+        if (d->cfg.kind == DATA_SAFETENSORS) {
+            memcpy(in, d->fixed_in + b * (uint64_t)T, (size_t)T * sizeof *in);
+            memcpy(lab, d->fixed_lab + b * (uint64_t)T, (size_t)T * sizeof *lab);
+            continue;
+        }
         if (d->cfg.kind == DATA_SYNTHETIC) {
             for (int64_t t = 0; t <= T; t++) {
                 int32_t tok = (int32_t)(hash3(d->cfg.seed, pos * 1000003ull + b, (uint64_t)t) % (uint64_t)d->vocab);

@@ -101,3 +101,22 @@ TEST(Data, TokenFilesAndErrors) {
     EXPECT_NE(data_open(&cs, 64, 1, 0, &d, &err), 0);
     rm_rf(dir);
 }
+
+TEST(Data, SafetensorsFixedBatch) {
+    data_config c = cfg_of(DATA_SAFETENSORS, tiny("batch.safetensors"), 2, 32);
+    auto in0 = batch(c, 256, 1, 0, 0), in7 = batch(c, 256, 1, 0, 7);
+    EXPECT_EQ(in0, in7);  // the same batch every step
+    auto r0 = batch(c, 256, 2, 0, 0), r1 = batch(c, 256, 2, 1, 0);
+    r0.insert(r0.end(), r1.begin(), r1.end());
+    EXPECT_EQ(r0, in0);
+    data_source *d;
+    fsdp_err err;
+    data_config bad = cfg_of(DATA_SAFETENSORS, tiny("batch.safetensors"), 4, 32);
+    EXPECT_NE(data_open(&bad, 256, 1, 0, &d, &err), 0);
+    EXPECT_NE(std::string(err.msg).find("wants [batch_size 4, seq_len 32]"), std::string::npos) << err.msg;
+    EXPECT_NE(data_open(&c, 100, 1, 0, &d, &err), 0);  // ids >= vocab 100
+    EXPECT_NE(std::string(err.msg).find("outside the model's vocabulary [0, 100)"), std::string::npos) << err.msg;
+    data_config none = cfg_of(DATA_SAFETENSORS, tiny("model_init.safetensors"), 2, 32);
+    EXPECT_NE(data_open(&none, 256, 1, 0, &d, &err), 0);
+    EXPECT_NE(std::string(err.msg).find("no tensor 'input_ids'"), std::string::npos) << err.msg;
+}

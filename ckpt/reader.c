@@ -1,0 +1,138 @@
+/* Format dispatch of ckpt_reader; each format lives in its own ckpt/reader_<fmt>.c. */
+#include "ckpt/reader.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "ckpt/reader_impl.h"
+
+static int has_suffix(const char *s, const char *suf) {
+    size_t a = strlen(s), b = strlen(suf);
+    return a >= b && !strcmp(s + a - b, suf);
+}
+
+static int file_exists(const char *dir, const char *name) {
+    char p[4096];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    struct stat st;
+    return stat(p, &st) == 0;
+}
+
+const char *ckpt_format_name(ckpt_format f) {
+    switch (f) {
+    case CKPT_DCP: return "dcp";
+    case CKPT_SAFETENSORS: return "safetensors";
+    case CKPT_PT: return "pt";
+    default: return "auto";
+    }
+}
+
+int ckpt_format_from_name(const char *name, ckpt_format *out) {
+    const ckpt_format all[] = {CKPT_AUTO, CKPT_DCP, CKPT_SAFETENSORS, CKPT_PT};
+    for (int i = 0; i < 4; i++)
+        if (!strcmp(name, ckpt_format_name(all[i]))) {
+            *out = all[i];
+            return 0;
+        }
+    return -1;
+}
+
+static int detect(const char *path, ckpt_format *fmt, fsdp_err *err) {
+    struct stat st;
+    if (stat(path, &st) != 0)
+        return fsdp_err_set(err, FSDP_E_IO, "checkpoint %s: %s", path, strerror(errno));
+    if (S_ISDIR(st.st_mode)) {
+        if (file_exists(path, ".metadata") || file_exists(path, "__0.metadata")) {
+            *fmt = CKPT_DCP;
+            return 0;
+        }
+        if (file_exists(path, "model.safetensors.index.json") || file_exists(path, "model.safetensors")) {
+            *fmt = CKPT_SAFETENSORS;
+            return 0;
+        }
+        if (file_exists(path, "__0_0.distcp"))
+            return fsdp_err_set(err, FSDP_E_FORMAT,
+                                "checkpoint %s is incomplete: it has .distcp files but no .metadata (a save that did "
+                                "not finish)",
+                                path);
+        return fsdp_err_set(err, FSDP_E_FORMAT,
+                            "checkpoint %s: not a DCP checkpoint (no .metadata) nor a safetensors directory", path);
+    }
+    if (has_suffix(path, ".safetensors") || has_suffix(path, ".json")) {
+        *fmt = CKPT_SAFETENSORS;
+        return 0;
+    }
+    if (has_suffix(path, ".pt") || has_suffix(path, ".pth") || has_suffix(path, ".bin")) {
+        *fmt = CKPT_PT;
+        return 0;
+    }
+    /* sniff: a zip (torch.save) or a safetensors header */
+    FILE *f = fopen(path, "rb");
+    unsigned char head[8] = {0};
+    size_t n = f ? fread(head, 1, 8, f) : 0;
+    if (f) fclose(f);
+    if (n >= 4 && head[0] == 'P' && head[1] == 'K') {
+        *fmt = CKPT_PT;
+        return 0;
+    }
+    if (n == 8) {
+        *fmt = CKPT_SAFETENSORS;
+        return 0;
+    }
+    return fsdp_err_set(err, FSDP_E_FORMAT, "checkpoint %s: unknown format (use format: dcp|safetensors|pt)", path);
+}
+
+int ckpt_open(const char *path, ckpt_format fmt, ckpt_reader **out, fsdp_err *err) {
+    *out = NULL;
+    int rc = 0;
+    if (fmt == CKPT_AUTO && (rc = detect(path, &fmt, err))) return rc;
+    switch (fmt) {
+    case CKPT_SAFETENSORS: return ckpt_open_safetensors(path, out, err);
+    case CKPT_DCP: return ckpt_open_dcp(path, out, err);
+    case CKPT_PT: return ckpt_open_pt(path, out, err);
+    default: return fsdp_err_set(err, FSDP_E_INVALID, "checkpoint %s: unknown format", path);
+    }
+}
+
+void ckpt_close(ckpt_reader *r) {
+    if (r) r->ops->close(r);
+}
+ckpt_format ckpt_reader_format(const ckpt_reader *r) { return r->format; }
+size_t ckpt_count(const ckpt_reader *r) { return r->n; }
+const ckpt_entry *ckpt_entry_at(const ckpt_reader *r, size_t i) { return i < r->n ? &r->entries[i] : NULL; }
+
+long ckpt_find(const ckpt_reader *r, const char *name) {
+    for (size_t i = 0; i < r->n; i++)
+        if (!strcmp(r->entries[i].name, name)) return (long)i;
+    return -1;
+}
+
+int ckpt_read_rows(ckpt_reader *r, size_t i, int64_t r0, int64_t r1, void *dst, fsdp_dtype dst_dt, fsdp_err *err) {
+    if (i >= r->n) return fsdp_err_set(err, FSDP_E_INVALID, "checkpoint %s: no tensor #%zu", r->path, i);
+    const ckpt_entry *e = &r->entries[i];
+    if (!e->is_tensor)
+        return fsdp_err_set(err, FSDP_E_INVALID, "checkpoint %s: '%s' is not a tensor", r->path, e->name);
+    int64_t rows = e->ndim == 0 ? 1 : e->shape[0];
+    if (r0 < 0 || r1 < r0 || r1 > rows)
+        return fsdp_err_set(err, FSDP_E_INVALID, "checkpoint %s: rows [%lld, %lld) of '%s' are outside its %lld rows",
+                            r->path, (long long)r0, (long long)r1, e->name, (long long)rows);
+    if (r0 == r1) return 0;
+    return r->ops->read_rows(r, i, r0, r1, dst, dst_dt == FSDP_DT_INVALID ? e->dtype : dst_dt, err);
+}
+
+const char *ckpt_value_text(ckpt_reader *r, size_t i) {
+    return i < r->n && r->ops->value_text ? r->ops->value_text(r, i) : NULL;
+}
+
+int ckpt_value_int(ckpt_reader *r, size_t i, int64_t *out) {
+    const char *t = ckpt_value_text(r, i);
+    if (!t) return -1;
+    char *end;
+    long long v = strtoll(t, &end, 10);
+    if (end == t || *end) return -1;
+    *out = v;
+    return 0;
+}

@@ -1,0 +1,48 @@
+/* One reading interface over every checkpoint format fsdp-run understands (DCP directories,
+ * safetensors files / HF sharded directories, torch.save .pt files): list the tensors, and
+ * read any row range of any tensor converted to a requested dtype, touching only the bytes
+ * those rows need. Used by load-ckpt, transform load, verify and `fsdp-run ckpt`. */
+#ifndef FSDP_CKPT_READER_H
+#define FSDP_CKPT_READER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "fsdp/error.h"
+#include "fsdp/tensor.h"
+
+typedef enum ckpt_format { CKPT_AUTO = 0, CKPT_DCP, CKPT_SAFETENSORS, CKPT_PT } ckpt_format;
+
+typedef struct ckpt_entry {
+    const char *name;
+    int is_tensor;                 /* 0: a non-tensor value (DCP byte item) */
+    fsdp_dtype dtype;
+    int ndim;
+    int64_t shape[FSDP_MAX_DIMS];
+    uint64_t nbytes;
+    int chunks;                    /* stored pieces (DCP); 1 otherwise */
+} ckpt_entry;
+
+typedef struct ckpt_reader ckpt_reader;
+
+/* Detects the format from the path when fmt is CKPT_AUTO: a directory with .metadata (or
+ * __N.metadata) is DCP; *.safetensors, model.safetensors.index.json or a directory of them is
+ * safetensors; *.pt / *.pth / a zip file is torch.save. */
+int ckpt_open(const char *path, ckpt_format fmt, ckpt_reader **out, fsdp_err *err);
+void ckpt_close(ckpt_reader *r);
+ckpt_format ckpt_reader_format(const ckpt_reader *r);
+const char *ckpt_format_name(ckpt_format f);
+int ckpt_format_from_name(const char *name, ckpt_format *out);
+
+size_t ckpt_count(const ckpt_reader *r);
+const ckpt_entry *ckpt_entry_at(const ckpt_reader *r, size_t i);
+/* Index of a name, or -1. */
+long ckpt_find(const ckpt_reader *r, const char *name);
+/* Rows [r0, r1) of dim 0 (a 0-d tensor has one row) of tensor i into dst as dst_dt. */
+int ckpt_read_rows(ckpt_reader *r, size_t i, int64_t r0, int64_t r1, void *dst, fsdp_dtype dst_dt, fsdp_err *err);
+/* A non-tensor value as text ("5", "0.001", "(0.9, 0.95)", "'tiny'"); NULL when not available. */
+const char *ckpt_value_text(ckpt_reader *r, size_t i);
+/* A non-tensor integer value (e.g. train_state.step); -1 when absent or not an int. */
+int ckpt_value_int(ckpt_reader *r, size_t i, int64_t *out);
+
+#endif
