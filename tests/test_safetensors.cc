@@ -697,6 +697,29 @@ TEST(StWriter, AbandonedWriterLeavesNoFiles) {
     st_writer_free(w);
 }
 
+TEST(StWriter, NameEscapingLikeSerdeJson) {
+    TmpDir d;
+    std::string p = d.file("esc.safetensors");
+    int64_t s[1] = {1};
+    uint8_t one = 7;
+    // control characters are escaped as \u00xx with lowercase hex (serde_json), quotes and
+    // backslashes as \" and \\, non-ASCII UTF-8 and '/' are written as they are
+    std::string name = std::string("ctl\x1f\x0b/\"q\"\\uABCD ") + "\xc3\xa9";
+    st_entry e = {name.c_str(), FSDP_DT_U8, 1, s, &one};
+    fsdp_err err{};
+    ASSERT_EQ(st_save(p.c_str(), &e, 1, nullptr, 0, nullptr, nullptr, &err), 0) << err.msg;
+    std::string bytes = fsdp_test::read_file(p);
+    EXPECT_NE(bytes.find("\"ctl\\u001f\\u000b/\\\"q\\\"\\\\uABCD \xc3\xa9\""), std::string::npos) << bytes;
+    Reader rd(p);
+    ASSERT_EQ(rd.rc, 0) << rd.err.msg;
+    ASSERT_NE(rd.find(name.c_str()), nullptr);
+    // names that are not UTF-8 cannot be written
+    std::string bad = "bad\xff";
+    st_entry b = {bad.c_str(), FSDP_DT_U8, 1, s, &one};
+    EXPECT_EQ(st_save(p.c_str(), &b, 1, nullptr, 0, nullptr, nullptr, &err), FSDP_E_INVALID);
+    EXPECT_NE(std::string(err.msg).find("UTF-8"), std::string::npos);
+}
+
 TEST(StWriter, FillCallbackWritesInFileOrder) {
     Reader src(tiny("model_init.safetensors"));
     ASSERT_EQ(src.rc, 0);
@@ -864,7 +887,11 @@ TEST(StShards, UnlimitedSizeAndEmptyTensorsGiveOneShard) {
     ASSERT_EQ(st_shards_begin(s, &err), 0);
     EXPECT_EQ(st_shards_count(s), 1u);
     int16_t v[2] = {-5, 5};
-    ASSERT_EQ(st_shards_write(s, 1, v, 4, &err), 0);
+    ASSERT_EQ(st_shards_write(s, 1, v, 4, &err), 0);  // completes (and finishes) the shard
+    EXPECT_TRUE(fsdp_test::exists(d.file("model-00001-of-00001.safetensors")));
+    ASSERT_EQ(st_shards_write(s, 0, nullptr, 0, &err), 0) << err.msg;  // the empty tensor, afterwards
+    EXPECT_NE(st_shards_write(s, 1, v, 1, &err), 0);
+    EXPECT_NE(st_shards_write(s, 2, v, 1, &err), 0);
     ASSERT_EQ(st_shards_finish(s, &err), 0) << err.msg;
     st_shards_free(s);
     Reader back(d.path);
