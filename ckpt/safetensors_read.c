@@ -1,6 +1,8 @@
 /* safetensors reader: listing, zero-copy views and row reads with dtype conversion. */
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "ckpt/safetensors_internal.h"
 
@@ -122,6 +124,11 @@ int st_read_rows(const st_reader *r, const st_tensor_info *t, int64_t r0, int64_
     size_t per_row = (size_t)st_row_numel(t);
     size_t n = (size_t)(r1 - r0) * per_row; /* <= numel, validated at open */
     const unsigned char *src = (const unsigned char *)st_data(r, t) + (size_t)r0 * per_row * ssz;
+    long ps = sysconf(_SC_PAGESIZE);
+    if (n * ssz >= ((size_t)1 << 20) && ps > 0) { /* ask the kernel to read ahead; failure only costs speed */
+        uintptr_t a = (uintptr_t)src & ~((uintptr_t)ps - 1);
+        (void)madvise((void *)a, (uintptr_t)src + n * ssz - a, MADV_WILLNEED);
+    }
     if (dst_dt == FSDP_DT_INVALID || dst_dt == t->dtype) {
         if (n) memcpy(dst, src, n * ssz);
         return FSDP_OK;

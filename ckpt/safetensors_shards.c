@@ -222,7 +222,11 @@ int st_shards_write(st_shards *s, size_t idx, const void *data, size_t len, fsdp
         return fsdp_err_set(err, FSDP_E_INVALID, "%s: not writing (call st_shards_begin first; or an earlier error)",
                             s->dir);
     if (idx >= s->n) return fsdp_err_set(err, FSDP_E_INVALID, "%s: no tensor #%zu", s->dir, idx);
+    if (len == 0) return FSDP_OK; /* also fine for a tensor whose shard is already finished */
     shard *sh = &s->s[s->d[idx].shard];
+    if (sh->done)
+        return fsdp_err_set(err, FSDP_E_INVALID, "%s: tensor '%s': %zu more bytes exceed its %llu bytes (already complete)",
+                            s->dir, s->d[idx].name, len, (unsigned long long)s->d[idx].nbytes);
     int rc = FSDP_OK;
     if (!sh->begun) {
         rc = st_writer_begin(sh->w, err);
@@ -233,7 +237,7 @@ int st_shards_write(st_shards *s, size_t idx, const void *data, size_t len, fsdp
         sh->written += len;
         if (sh->written == sh->total) rc = shard_close(sh, err);
     }
-    if (rc) s->failed = 1;
+    if (rc && rc != FSDP_E_INVALID) s->failed = 1; /* I/O trouble; usage errors leave the writer usable */
     return rc;
 }
 
@@ -296,10 +300,8 @@ int st_shards_finish(st_shards *s, fsdp_err *err) {
     for (size_t i = 0; i < s->n; i++) {
         const sdecl *d = &s->d[i];
         const shard *sh = &s->s[d->shard];
-        if (!sh->done && !st_writer_complete(sh->w, d->local)) {
-            s->failed = 1;
+        if (!sh->done && !st_writer_complete(sh->w, d->local))
             return fsdp_err_set(err, FSDP_E_INVALID, "%s: tensor '%s' was not completely written", s->dir, d->name);
-        }
     }
     for (size_t k = 0; k < s->ns; k++) {
         if (s->s[k].done) continue;

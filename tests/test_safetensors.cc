@@ -697,6 +697,29 @@ TEST(StWriter, AbandonedWriterLeavesNoFiles) {
     st_writer_free(w);
 }
 
+TEST(StWriter, NameEscapingLikeSerdeJson) {
+    TmpDir d;
+    std::string p = d.file("esc.safetensors");
+    int64_t s[1] = {1};
+    uint8_t one = 7;
+    // control characters are escaped as \u00xx with lowercase hex (serde_json), quotes and
+    // backslashes as \" and \\, non-ASCII UTF-8 and '/' are written as they are
+    std::string name = std::string("ctl\x1f\x0b/\"q\"\\uABCD ") + "\xc3\xa9";
+    st_entry e = {name.c_str(), FSDP_DT_U8, 1, s, &one};
+    fsdp_err err{};
+    ASSERT_EQ(st_save(p.c_str(), &e, 1, nullptr, 0, nullptr, nullptr, &err), 0) << err.msg;
+    std::string bytes = fsdp_test::read_file(p);
+    EXPECT_NE(bytes.find("\"ctl\\u001f\\u000b/\\\"q\\\"\\\\uABCD \xc3\xa9\""), std::string::npos) << bytes;
+    Reader rd(p);
+    ASSERT_EQ(rd.rc, 0) << rd.err.msg;
+    ASSERT_NE(rd.find(name.c_str()), nullptr);
+    // names that are not UTF-8 cannot be written
+    std::string bad = "bad\xff";
+    st_entry b = {bad.c_str(), FSDP_DT_U8, 1, s, &one};
+    EXPECT_EQ(st_save(p.c_str(), &b, 1, nullptr, 0, nullptr, nullptr, &err), FSDP_E_INVALID);
+    EXPECT_NE(std::string(err.msg).find("UTF-8"), std::string::npos);
+}
+
 TEST(StWriter, FillCallbackWritesInFileOrder) {
     Reader src(tiny("model_init.safetensors"));
     ASSERT_EQ(src.rc, 0);
@@ -864,7 +887,11 @@ TEST(StShards, UnlimitedSizeAndEmptyTensorsGiveOneShard) {
     ASSERT_EQ(st_shards_begin(s, &err), 0);
     EXPECT_EQ(st_shards_count(s), 1u);
     int16_t v[2] = {-5, 5};
-    ASSERT_EQ(st_shards_write(s, 1, v, 4, &err), 0);
+    ASSERT_EQ(st_shards_write(s, 1, v, 4, &err), 0);  // completes (and finishes) the shard
+    EXPECT_TRUE(fsdp_test::exists(d.file("model-00001-of-00001.safetensors")));
+    ASSERT_EQ(st_shards_write(s, 0, nullptr, 0, &err), 0) << err.msg;  // the empty tensor, afterwards
+    EXPECT_NE(st_shards_write(s, 1, v, 1, &err), 0);
+    EXPECT_NE(st_shards_write(s, 2, v, 1, &err), 0);
     ASSERT_EQ(st_shards_finish(s, &err), 0) << err.msg;
     st_shards_free(s);
     Reader back(d.path);
@@ -874,4 +901,42 @@ TEST(StShards, UnlimitedSizeAndEmptyTensorsGiveOneShard) {
     ASSERT_EQ(st_read_named(back.r, "two", r, FSDP_DT_I16, &back.err), 0);
     EXPECT_EQ(r[0], -5);
     EXPECT_EQ(r[1], 5);
+}
+
+TEST(StErrors, CorruptedBytesGiveErrorsNotCrashes) {
+    // Deterministic byte flips over the length field and header of a real file: every open either
+    // succeeds (a harmless flip, e.g. inside padding) or fails with a message naming the file.
+    std::string good = fsdp_test::read_file(tiny("batch.safetensors"));
+    ASSERT_FALSE(good.empty());
+    TmpDir d;
+    std::string p = d.file("fuzz.safetensors");
+    uint32_t x = 12345;
+    int failures = 0;
+    for (int it = 0; it < 400; it++) {
+        std::string f = good;
+        for (int k = 0; k < 1 + it % 3; k++) {
+            x = x * 1664525u + 1013904223u;
+            size_t pos = (x >> 8) % 144;  // 8-byte length + 136-byte header
+            f[pos] = static_cast<char>(f[pos] ^ (1u << ((x >> 4) % 8)));
+        }
+        fsdp_test::write_file(p, f);
+        st_reader *r = nullptr;
+        fsdp_err err{};
+        int rc = st_open(&r, p.c_str(), &err);
+        if (rc) {
+            failures++;
+            EXPECT_EQ(r, nullptr);
+            EXPECT_NE(std::string(err.msg).find("fuzz.safetensors"), std::string::npos) << err.msg;
+        } else {
+            for (size_t i = 0; i < st_count(r); i++) {  // whatever it holds must be readable
+                const st_tensor_info *t = st_tensor(r, i);
+                std::vector<double> buf((size_t)(t->nbytes / fsdp_dtype_size(t->dtype)) + 1);
+                fsdp_err e2{};
+                int rc2 = st_read(r, t, buf.data(), FSDP_DT_F64, &e2);
+                EXPECT_TRUE(rc2 == 0 || std::string(e2.msg).find(t->name) != std::string::npos);
+            }
+        }
+        st_close(r);
+    }
+    EXPECT_GT(failures, 300);
 }
