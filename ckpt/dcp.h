@@ -1,0 +1,114 @@
+/* PyTorch Distributed Checkpoint (DCP) directories: `.metadata` (a pickle of
+ * torch.distributed.checkpoint.metadata.Metadata) and `__<rank>_<n>.distcp` files whose
+ * items are torch.save archives. See ../shared/docs/dcp-format.md. */
+#ifndef FSDP_CKPT_DCP_H
+#define FSDP_CKPT_DCP_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "ckpt/pickle.h"
+#include "fsdp/error.h"
+#include "fsdp/tensor.h"
+
+typedef struct dcp_storage {
+    char relative_path[256];
+    uint64_t offset, length;
+} dcp_storage;
+
+typedef struct dcp_chunk {
+    int64_t offsets[FSDP_MAX_DIMS];
+    int64_t sizes[FSDP_MAX_DIMS];
+    dcp_storage where;
+} dcp_chunk;
+
+typedef struct dcp_item {
+    char *fqn;
+    int is_tensor;
+    fsdp_dtype dtype;
+    int ndim;
+    int64_t shape[FSDP_MAX_DIMS]; /* global */
+    dcp_chunk *chunks;
+    size_t n_chunks;
+    dcp_storage where;            /* byte items */
+    char *value_text;             /* decoded byte item (lazily), repr-like */
+} dcp_item;
+
+typedef struct dcp_ckpt {
+    char *dir;
+    dcp_item *items;
+    size_t n;
+    char version[32];
+    /* open .distcp files (by relative path) */
+    struct dcp_file {
+        char *rel;
+        int fd;
+        uint64_t size;
+    } *files;
+    size_t n_files;
+} dcp_ckpt;
+
+/* Reads `.metadata` (or merges rank-local `__<r>.metadata` files); a directory without
+ * either is an incomplete checkpoint. Validates every tensor's chunks (in bounds, no
+ * overlap, full coverage) and that every storage range lies inside its file. */
+int dcp_open(const char *dir, dcp_ckpt **out, fsdp_err *err);
+void dcp_close(dcp_ckpt *c);
+long dcp_find(const dcp_ckpt *c, const char *fqn);
+/* Reads the box [off, off+len) of tensor item i into dst (C order) converted to dst_dt,
+ * reading only the byte ranges of the chunks it intersects. */
+int dcp_read_box(dcp_ckpt *c, size_t i, const int64_t *off, const int64_t *len, void *dst, fsdp_dtype dst_dt,
+                 fsdp_err *err);
+/* Decodes byte item i: its pickled value as a tree (the caller frees *doc). */
+int dcp_read_value(dcp_ckpt *c, size_t i, pkl_doc **doc, const pkl_obj **root, fsdp_err *err);
+/* The byte item as text (ints "5", floats "0.001", tuples "(0.9, 0.95)", strings "'x'"). */
+const char *dcp_value_text(dcp_ckpt *c, size_t i);
+/* Decodes a Metadata pickle buffer into items (used by dcp_open and the fuzzer). */
+int dcp_parse_metadata(const void *buf, size_t len, const char *what, dcp_item **items, size_t *n, char *version,
+                       size_t vcap, fsdp_err *err);
+void dcp_items_free(dcp_item *items, size_t n);
+
+/* ---- writer ----------------------------------------------------------------------------- */
+
+/* A record of where one item (or one chunk of one tensor) was written. */
+typedef struct dcp_record {
+    char fqn[512];
+    int is_tensor;
+    fsdp_dtype dtype;
+    int ndim;
+    int64_t shape[FSDP_MAX_DIMS];   /* global */
+    int64_t offsets[FSDP_MAX_DIMS]; /* of this chunk */
+    int64_t sizes[FSDP_MAX_DIMS];
+    dcp_storage where;
+} dcp_record;
+
+/* One rank's data file `__<rank>_0.distcp`, written into dir as a temporary name and
+ * renamed by dcp_file_close (fsynced). Items are appended; each append returns its record. */
+typedef struct dcp_file_writer {
+    FILE *f;
+    char *path, *tmp;
+    char rel[64];
+    uint64_t pos;
+} dcp_file_writer;
+
+int dcp_file_open(dcp_file_writer *w, const char *dir, int rank, fsdp_err *err);
+/* A tensor chunk (C-contiguous data of dtype dt with shape sizes) at global offsets. */
+int dcp_file_add_tensor(dcp_file_writer *w, const char *fqn, fsdp_dtype dt, int ndim, const int64_t *global_shape,
+                        const int64_t *offsets, const int64_t *sizes, const void *data, dcp_record *rec,
+                        fsdp_err *err);
+/* A non-tensor value, given as protocol-2 pickle bytes of the value (no PROTO/STOP needed:
+ * pass the opcodes of the value only; see dcp_pickle_* helpers). */
+int dcp_file_add_value(dcp_file_writer *w, const char *fqn, const void *value_ops, size_t n, dcp_record *rec,
+                       fsdp_err *err);
+int dcp_file_close(dcp_file_writer *w, fsdp_err *err);
+void dcp_file_abort(dcp_file_writer *w);
+
+/* Writes `.metadata` from all ranks' records (any order; chunks are listed per tensor in the
+ * order given): to `.metadata.tmp`, fsync, rename, fsync of the directory. */
+int dcp_write_metadata(const char *dir, const dcp_record *recs, size_t n, fsdp_err *err);
+
+/* Records <-> bytes, for gathering them from every rank. */
+int dcp_records_pack(const dcp_record *recs, size_t n, void **out, size_t *len, fsdp_err *err);
+int dcp_records_unpack(const void *buf, size_t len, dcp_record **recs, size_t *n, fsdp_err *err);
+
+#endif

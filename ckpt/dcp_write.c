@@ -1,0 +1,372 @@
+/* Writing DCP checkpoints: per-rank data files and the `.metadata` pickle, in the structure
+ * PyTorch 2.11 writes (checked against the fixtures' pickletools dumps). */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ckpt/dcp.h"
+#include "ckpt/torchsave.h"
+
+#define META_MOD "torch.distributed.checkpoint.metadata"
+
+static int fsync_path(const char *path, int dir, fsdp_err *err) {
+    int fd = open(path, dir ? O_RDONLY | O_DIRECTORY : O_RDONLY);
+    if (fd < 0) return fsdp_err_set(err, FSDP_E_IO, "%s: %s", path, strerror(errno));
+    int rc = fsync(fd);
+    close(fd);
+    if (rc != 0 && !dir) return fsdp_err_set(err, FSDP_E_IO, "%s: fsync: %s", path, strerror(errno));
+    return 0;
+}
+
+int dcp_file_open(dcp_file_writer *w, const char *dir, int rank, fsdp_err *err) {
+    memset(w, 0, sizeof *w);
+    snprintf(w->rel, sizeof w->rel, "__%d_0.distcp", rank);
+    size_t n = strlen(dir) + 96;
+    w->path = malloc(n);
+    w->tmp = malloc(n);
+    if (!w->path || !w->tmp) {
+        free(w->path);
+        free(w->tmp);
+        return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+    }
+    snprintf(w->path, n, "%s/%s", dir, w->rel);
+    snprintf(w->tmp, n, "%s/%s.tmp", dir, w->rel);
+    w->f = fopen(w->tmp, "wb");
+    if (!w->f) {
+        int e = errno;
+        free(w->path);
+        free(w->tmp);
+        memset(w, 0, sizeof *w);
+        return fsdp_err_set(err, FSDP_E_IO, "cannot create %s/%s.tmp: %s", dir, "__<rank>_0.distcp", strerror(e));
+    }
+    /* large sequential writes */
+    setvbuf(w->f, NULL, _IOFBF, 8 << 20);
+    return 0;
+}
+
+static void fill_rec(dcp_record *r, const char *fqn, int is_tensor) {
+    memset(r, 0, sizeof *r);
+    snprintf(r->fqn, sizeof r->fqn, "%s", fqn);
+    r->is_tensor = is_tensor;
+}
+
+int dcp_file_add_tensor(dcp_file_writer *w, const char *fqn, fsdp_dtype dt, int ndim, const int64_t *global_shape,
+                        const int64_t *offsets, const int64_t *sizes, const void *data, dcp_record *rec,
+                        fsdp_err *err) {
+    if (strlen(fqn) >= sizeof rec->fqn) return fsdp_err_set(err, FSDP_E_INVALID, "DCP: key too long: %s", fqn);
+    fill_rec(rec, fqn, 1);
+    rec->dtype = dt;
+    rec->ndim = ndim;
+    memcpy(rec->shape, global_shape, (size_t)ndim * sizeof *global_shape);
+    memcpy(rec->offsets, offsets, (size_t)ndim * sizeof *offsets);
+    memcpy(rec->sizes, sizes, (size_t)ndim * sizeof *sizes);
+    uint64_t len;
+    int rc = ts_write_tensor(w->f, dt, ndim, sizes, data, NULL, NULL, &len, err);
+    if (rc) return fsdp_err_prefix(err, "writing %s to %s", fqn, w->tmp);
+    snprintf(rec->where.relative_path, sizeof rec->where.relative_path, "%s", w->rel);
+    rec->where.offset = w->pos;
+    rec->where.length = len;
+    w->pos += len;
+    return 0;
+}
+
+int dcp_file_add_value(dcp_file_writer *w, const char *fqn, const void *value_ops, size_t n, dcp_record *rec,
+                       fsdp_err *err) {
+    if (strlen(fqn) >= sizeof rec->fqn) return fsdp_err_set(err, FSDP_E_INVALID, "DCP: key too long: %s", fqn);
+    fill_rec(rec, fqn, 0);
+    pkl_w pw;
+    pkl_w_init(&pw);
+    pkl_w_proto(&pw, 2);
+    unsigned char *b = malloc(pw.len + n + 1);
+    if (!b) {
+        pkl_w_free(&pw);
+        return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+    }
+    memcpy(b, pw.buf, pw.len);
+    memcpy(b + pw.len, value_ops, n);
+    b[pw.len + n] = '.';
+    uint64_t len;
+    int rc = ts_write_value(w->f, b, pw.len + n + 1, &len, err);
+    free(b);
+    pkl_w_free(&pw);
+    if (rc) return fsdp_err_prefix(err, "writing %s to %s", fqn, w->tmp);
+    snprintf(rec->where.relative_path, sizeof rec->where.relative_path, "%s", w->rel);
+    rec->where.offset = w->pos;
+    rec->where.length = len;
+    w->pos += len;
+    return 0;
+}
+
+int dcp_file_close(dcp_file_writer *w, fsdp_err *err) {
+    int rc = 0;
+    if (fflush(w->f) != 0 || fsync(fileno(w->f)) != 0)
+        rc = fsdp_err_set(err, FSDP_E_IO, "%s: write failed: %s", w->tmp, strerror(errno));
+    if (fclose(w->f) != 0 && !rc) rc = fsdp_err_set(err, FSDP_E_IO, "%s: close failed: %s", w->tmp, strerror(errno));
+    w->f = NULL;
+    if (!rc && rename(w->tmp, w->path) != 0)
+        rc = fsdp_err_set(err, FSDP_E_IO, "cannot rename %s: %s", w->tmp, strerror(errno));
+    if (rc) unlink(w->tmp);
+    free(w->path);
+    free(w->tmp);
+    w->path = w->tmp = NULL;
+    return rc;
+}
+
+void dcp_file_abort(dcp_file_writer *w) {
+    if (w->f) fclose(w->f);
+    if (w->tmp) unlink(w->tmp);
+    free(w->path);
+    free(w->tmp);
+    memset(w, 0, sizeof *w);
+}
+
+/* ---- .metadata ------------------------------------------------------------------------- */
+
+static void dataclass_begin(pkl_w *w, const char *mod, const char *cls) {
+    pkl_w_global(w, mod, cls);
+    pkl_w_empty_tuple(w);
+    pkl_w_newobj(w);
+}
+
+static void uuid4(char *out, size_t cap) {
+    unsigned char b[16];
+    int ok = 0;
+    FILE *f = fopen("/dev/urandom", "rb");
+    if (f) {
+        ok = fread(b, 1, 16, f) == 16;
+        fclose(f);
+    }
+    if (!ok) {
+        uint64_t x = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
+        for (int i = 0; i < 16; i++) {
+            x = x * 6364136223846793005ull + 1442695040888963407ull;
+            b[i] = (unsigned char)(x >> 56);
+        }
+    }
+    b[6] = (b[6] & 0x0f) | 0x40;
+    b[8] = (b[8] & 0x3f) | 0x80;
+    snprintf(out, cap, "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1], b[2], b[3],
+             b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+}
+
+/* path tuple of a dotted key: every element a str (planner_data) */
+static void key_path(pkl_w *w, const char *fqn) {
+    pkl_w_mark(w);
+    const char *p = fqn;
+    char part[512];
+    while (*p) {
+        const char *dot = strchr(p, '.');
+        size_t n = dot ? (size_t)(dot - p) : strlen(p);
+        if (n >= sizeof part) n = sizeof part - 1;
+        memcpy(part, p, n);
+        part[n] = '\0';
+        pkl_w_str(w, part);
+        p = dot ? dot + 1 : p + n;
+    }
+    pkl_w_tuple(w);
+}
+
+static int64_t vol(const dcp_record *r) {
+    int64_t v = 1;
+    for (int d = 0; d < r->ndim; d++) v *= r->sizes[d];
+    return v;
+}
+
+int dcp_write_metadata(const char *dir, const dcp_record *recs, size_t n, fsdp_err *err) {
+    /* unique keys in first-seen order */
+    size_t *first = malloc((n ? n : 1) * sizeof *first), nk = 0;
+    if (!first) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+    for (size_t i = 0; i < n; i++) {
+        size_t k = 0;
+        while (k < nk && strcmp(recs[first[k]].fqn, recs[i].fqn)) k++;
+        if (k == nk) first[nk++] = i;
+        else if (recs[first[k]].is_tensor != recs[i].is_tensor || (!recs[i].is_tensor)) {
+            int rc = fsdp_err_set(err, FSDP_E_INVALID, "DCP save: key %s written twice", recs[i].fqn);
+            free(first);
+            return rc;
+        }
+    }
+    pkl_w w;
+    pkl_w_init(&w);
+    pkl_w_proto(&w, 2);
+    dataclass_begin(&w, META_MOD, "Metadata");
+    pkl_w_empty_dict(&w);
+    pkl_w_mark(&w);
+    /* state_dict_metadata */
+    pkl_w_str(&w, "state_dict_metadata");
+    pkl_w_empty_dict(&w);
+    for (size_t k = 0; k < nk; k++) {
+        const dcp_record *r = &recs[first[k]];
+        pkl_w_mark(&w);
+        pkl_w_str(&w, r->fqn);
+        if (!r->is_tensor) {
+            dataclass_begin(&w, META_MOD, "BytesStorageMetadata");
+            pkl_w_empty_dict(&w);
+            pkl_w_build(&w);
+        } else {
+            dataclass_begin(&w, META_MOD, "TensorStorageMetadata");
+            pkl_w_empty_dict(&w);
+            pkl_w_mark(&w);
+            pkl_w_str(&w, "properties");
+            dataclass_begin(&w, META_MOD, "TensorProperties");
+            pkl_w_mark(&w);
+            pkl_w_global(&w, "torch", fsdp_dtype_torch_name(r->dtype));
+            pkl_w_global(&w, "torch.serialization", "_get_layout");
+            pkl_w_str(&w, "torch.strided");
+            pkl_w_tuple_n(&w, 1);
+            pkl_w_reduce(&w);
+            pkl_w_bool(&w, 0);
+            pkl_w_global(&w, META_MOD, "_MEM_FORMAT_ENCODING");
+            pkl_w_int(&w, 0);
+            pkl_w_tuple_n(&w, 1);
+            pkl_w_reduce(&w);
+            pkl_w_bool(&w, 0);
+            pkl_w_tuple(&w);
+            pkl_w_build(&w);
+            pkl_w_str(&w, "size");
+            pkl_w_size(&w, r->shape, r->ndim);
+            pkl_w_str(&w, "chunks");
+            pkl_w_empty_list(&w);
+            pkl_w_mark(&w);
+            for (size_t i = 0; i < n; i++) {
+                if (strcmp(recs[i].fqn, r->fqn)) continue;
+                dataclass_begin(&w, META_MOD, "ChunkStorageMetadata");
+                pkl_w_empty_dict(&w);
+                pkl_w_mark(&w);
+                pkl_w_str(&w, "offsets");
+                pkl_w_size(&w, recs[i].offsets, r->ndim);
+                pkl_w_str(&w, "sizes");
+                pkl_w_size(&w, recs[i].sizes, r->ndim);
+                pkl_w_setitems(&w);
+                pkl_w_build(&w);
+            }
+            pkl_w_appends(&w);
+            pkl_w_setitems(&w);
+            pkl_w_build(&w);
+        }
+        pkl_w_setitems(&w);
+    }
+    /* planner_data */
+    pkl_w_str(&w, "planner_data");
+    pkl_w_empty_dict(&w);
+    for (size_t k = 0; k < nk; k++) {
+        pkl_w_mark(&w);
+        pkl_w_str(&w, recs[first[k]].fqn);
+        key_path(&w, recs[first[k]].fqn);
+        pkl_w_setitems(&w);
+    }
+    /* storage_data */
+    pkl_w_str(&w, "storage_data");
+    pkl_w_empty_dict(&w);
+    for (size_t k = 0; k < nk; k++) {
+        const dcp_record *r0 = &recs[first[k]];
+        int64_t idx = 0;
+        for (size_t i = 0; i < n; i++) {
+            const dcp_record *r = &recs[i];
+            if (strcmp(r->fqn, r0->fqn)) continue;
+            pkl_w_mark(&w);
+            dataclass_begin(&w, META_MOD, "MetadataIndex");
+            pkl_w_empty_dict(&w);
+            pkl_w_mark(&w);
+            pkl_w_str(&w, "fqn");
+            pkl_w_str(&w, r->fqn);
+            pkl_w_str(&w, "index");
+            if (r->is_tensor) {
+                pkl_w_int(&w, idx++);
+                pkl_w_str(&w, "offset");
+                pkl_w_size(&w, r->offsets, r->ndim);
+            } else {
+                pkl_w_none(&w);
+            }
+            pkl_w_setitems(&w);
+            pkl_w_build(&w);
+            dataclass_begin(&w, "torch.distributed.checkpoint.filesystem", "_StorageInfo");
+            pkl_w_empty_dict(&w);
+            pkl_w_mark(&w);
+            pkl_w_str(&w, "relative_path");
+            pkl_w_str(&w, r->where.relative_path);
+            pkl_w_str(&w, "offset");
+            pkl_w_int(&w, (int64_t)r->where.offset);
+            pkl_w_str(&w, "length");
+            pkl_w_int(&w, (int64_t)r->where.length);
+            pkl_w_setitems(&w);
+            pkl_w_build(&w);
+            pkl_w_setitems(&w);
+        }
+    }
+    /* storage_meta, version */
+    char uuid[40];
+    uuid4(uuid, sizeof uuid);
+    pkl_w_str(&w, "storage_meta");
+    dataclass_begin(&w, META_MOD, "StorageMeta");
+    pkl_w_empty_dict(&w);
+    pkl_w_mark(&w);
+    pkl_w_str(&w, "checkpoint_id");
+    pkl_w_str(&w, dir);
+    pkl_w_str(&w, "save_id");
+    pkl_w_str(&w, uuid);
+    pkl_w_str(&w, "load_id");
+    pkl_w_none(&w);
+    pkl_w_str(&w, "modules");
+    pkl_w_empty_list(&w);
+    pkl_w_setitems(&w);
+    pkl_w_build(&w);
+    pkl_w_str(&w, "version");
+    pkl_w_str(&w, "1.0.0");
+    pkl_w_setitems(&w);
+    pkl_w_build(&w);
+    pkl_w_stop(&w);
+    free(first);
+    if (w.oom) {
+        pkl_w_free(&w);
+        return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+    }
+    (void)vol;
+    size_t plen = strlen(dir) + 32;
+    char *tmp = malloc(plen), *fin = malloc(plen);
+    int rc = 0;
+    if (!tmp || !fin) rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+    if (!rc) {
+        snprintf(tmp, plen, "%s/.metadata.tmp", dir);
+        snprintf(fin, plen, "%s/.metadata", dir);
+        FILE *f = fopen(tmp, "wb");
+        if (!f) rc = fsdp_err_set(err, FSDP_E_IO, "cannot create %s: %s", tmp, strerror(errno));
+        else {
+            if (fwrite(w.buf, 1, w.len, f) != w.len || fflush(f) != 0 || fsync(fileno(f)) != 0)
+                rc = fsdp_err_set(err, FSDP_E_IO, "cannot write %s: %s", tmp, strerror(errno));
+            if (fclose(f) != 0 && !rc) rc = fsdp_err_set(err, FSDP_E_IO, "cannot write %s: %s", tmp, strerror(errno));
+        }
+        if (!rc && rename(tmp, fin) != 0) rc = fsdp_err_set(err, FSDP_E_IO, "cannot rename %s: %s", tmp, strerror(errno));
+        if (rc) unlink(tmp);
+        else rc = fsync_path(dir, 1, err);
+    }
+    free(tmp);
+    free(fin);
+    pkl_w_free(&w);
+    return rc;
+}
+
+int dcp_records_pack(const dcp_record *recs, size_t n, void **out, size_t *len, fsdp_err *err) {
+    *len = n * sizeof *recs;
+    *out = malloc(*len ? *len : 1);
+    if (!*out) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+    memcpy(*out, recs, *len);
+    return 0;
+}
+
+int dcp_records_unpack(const void *buf, size_t len, dcp_record **recs, size_t *n, fsdp_err *err) {
+    if (len % sizeof **recs) return fsdp_err_set(err, FSDP_E_FORMAT, "DCP: malformed record list (%zu bytes)", len);
+    *n = len / sizeof **recs;
+    *recs = malloc(len ? len : 1);
+    if (!*recs) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+    memcpy(*recs, buf, len);
+    for (size_t i = 0; i < *n; i++) {
+        (*recs)[i].fqn[sizeof (*recs)[i].fqn - 1] = '\0';
+        (*recs)[i].where.relative_path[sizeof (*recs)[i].where.relative_path - 1] = '\0';
+    }
+    return 0;
+}

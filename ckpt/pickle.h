@@ -1,0 +1,101 @@
+/* Pickle codec for the subset PyTorch's checkpoints use: a reader for protocols 2-5 that
+ * builds an object tree without executing anything, and a writer for DCP `.metadata` and
+ * torch.save `data.pkl`. */
+#ifndef FSDP_CKPT_PICKLE_H
+#define FSDP_CKPT_PICKLE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "fsdp/error.h"
+
+typedef enum pkl_kind {
+    PKL_NONE = 0,
+    PKL_BOOL,
+    PKL_INT,    /* fits in int64 */
+    PKL_BIGINT, /* LONG1/LONG4 beyond int64: raw little-endian bytes in s/len */
+    PKL_FLOAT,
+    PKL_STR,
+    PKL_BYTES,
+    PKL_TUPLE,
+    PKL_LIST,
+    PKL_DICT,   /* items[2k] = key, items[2k+1] = value */
+    PKL_GLOBAL, /* module s, name name */
+    PKL_REDUCE, /* fn(args) [+ state from BUILD] */
+    PKL_OBJ,    /* NEWOBJ cls(*args) [+ state from BUILD] */
+    PKL_PERSID, /* persistent id: args holds the pid object */
+    PKL_MARK    /* internal */
+} pkl_kind;
+
+typedef struct pkl_obj pkl_obj;
+struct pkl_obj {
+    pkl_kind kind;
+    int64_t i;       /* int, bool */
+    double f;        /* float */
+    const char *s;   /* str / bytes (NUL-terminated copy) / global module / bigint bytes */
+    size_t len;
+    const char *name;     /* global name */
+    pkl_obj **items;      /* tuple / list / dict pairs */
+    size_t n;             /* tuple/list: items; dict: pairs */
+    size_t cap;
+    pkl_obj *fn, *args, *state; /* reduce / newobj / build */
+    int depth;            /* nesting depth (bounded) */
+};
+
+typedef struct pkl_doc pkl_doc;
+
+#define PKL_MAX_DEPTH 256
+
+/* Parses a whole pickle (up to STOP). `what` names the input in errors. */
+int pkl_parse(const void *buf, size_t len, const char *what, pkl_doc **out, const pkl_obj **root, fsdp_err *err);
+void pkl_free(pkl_doc *doc);
+
+int pkl_is_global(const pkl_obj *o, const char *module, const char *name);
+/* A dict value by string key (NULL when absent or not a dict). */
+const pkl_obj *pkl_dict_get(const pkl_obj *dict, const char *key);
+/* The state dict of an object built with NEWOBJ/REDUCE + BUILD (NULL otherwise). */
+const pkl_obj *pkl_state(const pkl_obj *o);
+/* The class / callable of an OBJ / REDUCE when it is a global. */
+const pkl_obj *pkl_callable(const pkl_obj *o);
+/* Reads a torch.Size (REDUCE(torch.Size, ((d0, d1, ...),))) or a tuple of ints. */
+int pkl_int_tuple(const pkl_obj *o, int64_t *out, int max, int *n);
+/* Renders a value as Python-like text ("5", "0.001", "(0.9, 0.95)", "'tiny'", "{...}") into
+ * a malloc'd string; deep trees are abbreviated. */
+char *pkl_repr(const pkl_obj *o);
+
+/* ---- writer ---------------------------------------------------------------------------- */
+
+typedef struct pkl_w {
+    unsigned char *buf;
+    size_t len, cap;
+    int oom;
+} pkl_w;
+
+void pkl_w_init(pkl_w *w);
+void pkl_w_free(pkl_w *w);
+void pkl_w_proto(pkl_w *w, int proto);
+void pkl_w_stop(pkl_w *w);
+void pkl_w_mark(pkl_w *w);
+void pkl_w_none(pkl_w *w);
+void pkl_w_bool(pkl_w *w, int v);
+void pkl_w_int(pkl_w *w, int64_t v);   /* BININT1 / BININT2 / BININT / LONG1 */
+void pkl_w_float(pkl_w *w, double v);  /* BINFLOAT */
+void pkl_w_str(pkl_w *w, const char *s);
+void pkl_w_global(pkl_w *w, const char *module, const char *name); /* GLOBAL */
+void pkl_w_empty_tuple(pkl_w *w);
+void pkl_w_tuple(pkl_w *w);    /* TUPLE from the last mark */
+void pkl_w_tuple_n(pkl_w *w, int n); /* TUPLE1..3 */
+void pkl_w_empty_list(pkl_w *w);
+void pkl_w_appends(pkl_w *w);
+void pkl_w_empty_dict(pkl_w *w);
+void pkl_w_setitems(pkl_w *w);
+void pkl_w_reduce(pkl_w *w);
+void pkl_w_newobj(pkl_w *w);
+void pkl_w_build(pkl_w *w);
+void pkl_w_binpersid(pkl_w *w);
+/* torch.Size((d...)) */
+void pkl_w_size(pkl_w *w, const int64_t *d, int n);
+/* A tuple of ints (d...) */
+void pkl_w_int_tuple(pkl_w *w, const int64_t *d, int n);
+
+#endif

@@ -1,0 +1,661 @@
+/* Pickle reader (protocols 2-5): a small VM that builds a tree, never executes anything. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ckpt/pickle.h"
+
+#define PKL_MAX_STACK 1000000
+#define PKL_MAX_MEMO 10000000
+
+struct pkl_doc {
+    void **allocs;
+    size_t n_allocs, cap_allocs;
+};
+
+typedef struct {
+    pkl_doc *doc;
+    const unsigned char *p, *end, *start;
+    const char *what;
+    pkl_obj **stack;
+    size_t sp, scap;
+    size_t *marks;
+    size_t nm, mcap;
+    pkl_obj **memo;
+    size_t nmemo;
+    fsdp_err *err;
+} vm;
+
+static pkl_obj MARK_OBJ = {.kind = PKL_MARK};
+
+static void *track(pkl_doc *d, void *p) {
+    if (!p) return NULL;
+    if (d->n_allocs == d->cap_allocs) {
+        size_t cap = d->cap_allocs ? d->cap_allocs * 2 : 256;
+        void **na = realloc(d->allocs, cap * sizeof *na);
+        if (!na) {
+            free(p);
+            return NULL;
+        }
+        d->allocs = na;
+        d->cap_allocs = cap;
+    }
+    d->allocs[d->n_allocs++] = p;
+    return p;
+}
+
+void pkl_free(pkl_doc *d) {
+    if (!d) return;
+    for (size_t i = 0; i < d->n_allocs; i++) free(d->allocs[i]);
+    free(d->allocs);
+    free(d);
+}
+
+static int fail(vm *v, const char *fmt, const char *detail) {
+    char m[512];
+    snprintf(m, sizeof m, fmt, detail ? detail : "");
+    return fsdp_err_set(v->err, FSDP_E_FORMAT, "%s: pickle: %s (at byte %zu)", v->what, m,
+                        (size_t)(v->p - v->start));
+}
+
+static pkl_obj *new_obj(vm *v, pkl_kind k) {
+    pkl_obj *o = track(v->doc, calloc(1, sizeof *o));
+    if (o) o->kind = k;
+    return o;
+}
+
+static int push(vm *v, pkl_obj *o) {
+    if (!o) return fsdp_err_set(v->err, FSDP_E_NOMEM, "%s: pickle: out of memory", v->what);
+    if (v->sp == v->scap) {
+        if (v->scap >= PKL_MAX_STACK) return fail(v, "stack deeper than the limit", NULL);
+        size_t cap = v->scap ? v->scap * 2 : 64;
+        pkl_obj **ns = realloc(v->stack, cap * sizeof *ns);
+        if (!ns) return fsdp_err_set(v->err, FSDP_E_NOMEM, "%s: pickle: out of memory", v->what);
+        v->stack = ns;
+        v->scap = cap;
+    }
+    v->stack[v->sp++] = o;
+    return 0;
+}
+
+static pkl_obj *pop(vm *v) {
+    if (v->sp == 0 || (v->nm && v->sp <= v->marks[v->nm - 1]) || v->stack[v->sp - 1] == &MARK_OBJ) return NULL;
+    return v->stack[--v->sp];
+}
+
+static pkl_obj *top(vm *v) {
+    if (v->sp == 0 || (v->nm && v->sp <= v->marks[v->nm - 1])) return NULL;
+    return v->stack[v->sp - 1];
+}
+
+static int need(vm *v, size_t n) {
+    if ((size_t)(v->end - v->p) < n) return fail(v, "truncated input%s", NULL);
+    return 0;
+}
+
+static uint64_t rd_le(const unsigned char *p, int n) {
+    uint64_t x = 0;
+    for (int i = n - 1; i >= 0; i--) x = (x << 8) | p[i];
+    return x;
+}
+
+static int add_item(vm *v, pkl_obj *c, pkl_obj *it) {
+    if (c->n == c->cap) {
+        size_t cap = c->cap ? c->cap * 2 : 4;
+        pkl_obj **ni = realloc(c->items, cap * sizeof *ni * (c->kind == PKL_DICT ? 2 : 1));
+        if (!ni) return fsdp_err_set(v->err, FSDP_E_NOMEM, "%s: pickle: out of memory", v->what);
+        if (!c->items) track(v->doc, ni);
+        else {
+            /* replace the tracked pointer */
+            for (size_t i = v->doc->n_allocs; i-- > 0;)
+                if (v->doc->allocs[i] == c->items) {
+                    v->doc->allocs[i] = ni;
+                    break;
+                }
+        }
+        c->items = ni;
+        c->cap = cap;
+    }
+    c->items[c->n++] = it;
+    if (it->depth + 1 > c->depth) c->depth = it->depth + 1;
+    if (c->depth > PKL_MAX_DEPTH) return fail(v, "nesting deeper than the limit", NULL);
+    return 0;
+}
+
+static int dict_set(vm *v, pkl_obj *d, pkl_obj *k, pkl_obj *val) {
+    if (d->n == d->cap) {
+        size_t cap = d->cap ? d->cap * 2 : 4;
+        pkl_obj **ni = realloc(d->items, cap * 2 * sizeof *ni);
+        if (!ni) return fsdp_err_set(v->err, FSDP_E_NOMEM, "%s: pickle: out of memory", v->what);
+        if (!d->items) track(v->doc, ni);
+        else
+            for (size_t i = v->doc->n_allocs; i-- > 0;)
+                if (v->doc->allocs[i] == d->items) {
+                    v->doc->allocs[i] = ni;
+                    break;
+                }
+        d->items = ni;
+        d->cap = cap;
+    }
+    d->items[2 * d->n] = k;
+    d->items[2 * d->n + 1] = val;
+    d->n++;
+    int dd = (k->depth > val->depth ? k->depth : val->depth) + 1;
+    if (dd > d->depth) d->depth = dd;
+    if (d->depth > PKL_MAX_DEPTH) return fail(v, "nesting deeper than the limit", NULL);
+    return 0;
+}
+
+/* Items above the last mark, removed from the stack; *n their count. */
+static int pop_mark(vm *v, pkl_obj ***items, size_t *n) {
+    if (v->nm == 0) return fail(v, "no MARK for this opcode%s", NULL);
+    size_t m = v->marks[--v->nm];
+    *items = v->stack + m;
+    *n = v->sp - m;
+    v->sp = m;
+    return 0;
+}
+
+static pkl_obj *mk_str(vm *v, pkl_kind k, const unsigned char *s, size_t n) {
+    pkl_obj *o = new_obj(v, k);
+    if (!o) return NULL;
+    char *c = track(v->doc, malloc(n + 1));
+    if (!c) return NULL;
+    memcpy(c, s, n);
+    c[n] = '\0';
+    o->s = c;
+    o->len = n;
+    return o;
+}
+
+static int as_dict_target(pkl_obj *o) {
+    if (o->kind == PKL_DICT) return 1;
+    /* OrderedDict() and defaultdict-like REDUCE results receive SETITEMS too */
+    if (o->kind == PKL_REDUCE && o->fn && o->fn->kind == PKL_GLOBAL && !strcmp(o->fn->s, "collections") &&
+        !strcmp(o->fn->name, "OrderedDict")) {
+        o->kind = PKL_DICT;
+        return 1;
+    }
+    return 0;
+}
+
+static int run(vm *v, const pkl_obj **root) {
+    while (v->p < v->end) {
+        unsigned char op = *v->p++;
+        int rc = 0;
+        switch (op) {
+        case 0x80: /* PROTO */
+            if ((rc = need(v, 1))) return rc;
+            if (v->p[0] < 2 || v->p[0] > 5) return fail(v, "unsupported protocol%s", NULL);
+            v->p++;
+            break;
+        case 0x95: /* FRAME */
+            if ((rc = need(v, 8))) return rc;
+            v->p += 8;
+            break;
+        case '.': { /* STOP */
+            pkl_obj *o = pop(v);
+            if (!o) return fail(v, "STOP with an empty stack%s", NULL);
+            *root = o;
+            return 0;
+        }
+        case '(': /* MARK */
+            if (v->nm == v->mcap) {
+                size_t cap = v->mcap ? v->mcap * 2 : 16;
+                if (cap > PKL_MAX_STACK) return fail(v, "too many MARKs%s", NULL);
+                size_t *nmk = realloc(v->marks, cap * sizeof *nmk);
+                if (!nmk) return fsdp_err_set(v->err, FSDP_E_NOMEM, "out of memory");
+                v->marks = nmk;
+                v->mcap = cap;
+            }
+            v->marks[v->nm++] = v->sp;
+            break;
+        case 'N': rc = push(v, new_obj(v, PKL_NONE)); break;
+        case 0x88:
+        case 0x89: {
+            pkl_obj *o = new_obj(v, PKL_BOOL);
+            if (o) o->i = op == 0x88;
+            rc = push(v, o);
+            break;
+        }
+        case 'J':
+        case 'K':
+        case 'M': {
+            int n = op == 'J' ? 4 : op == 'K' ? 1 : 2;
+            if ((rc = need(v, (size_t)n))) return rc;
+            pkl_obj *o = new_obj(v, PKL_INT);
+            uint64_t x = rd_le(v->p, n);
+            if (o) o->i = op == 'J' ? (int64_t)(int32_t)(uint32_t)x : (int64_t)x;
+            v->p += n;
+            rc = push(v, o);
+            break;
+        }
+        case 0x8a:
+        case 0x8b: { /* LONG1 / LONG4 */
+            int hl = op == 0x8a ? 1 : 4;
+            if ((rc = need(v, (size_t)hl))) return rc;
+            uint64_t n = rd_le(v->p, hl);
+            v->p += hl;
+            if (n > (uint64_t)(v->end - v->p)) return fail(v, "truncated LONG%s", NULL);
+            pkl_obj *o;
+            if (n <= 8) {
+                o = new_obj(v, PKL_INT);
+                if (o) {
+                    uint64_t x = rd_le(v->p, (int)n);
+                    if (n > 0 && n < 8 && (v->p[n - 1] & 0x80)) x |= ~(uint64_t)0 << (8 * n); /* sign-extend */
+                    o->i = (int64_t)x;
+                }
+            } else {
+                o = mk_str(v, PKL_BIGINT, v->p, (size_t)n);
+            }
+            v->p += n;
+            rc = push(v, o);
+            break;
+        }
+        case 'G': { /* BINFLOAT, big-endian */
+            if ((rc = need(v, 8))) return rc;
+            uint64_t x = 0;
+            for (int i = 0; i < 8; i++) x = (x << 8) | v->p[i];
+            v->p += 8;
+            pkl_obj *o = new_obj(v, PKL_FLOAT);
+            if (o) memcpy(&o->f, &x, 8);
+            rc = push(v, o);
+            break;
+        }
+        case 0x8c:
+        case 'X':
+        case 0x8d:
+        case 'C':
+        case 'B':
+        case 0x8e:
+        case 'U':
+        case 'T':
+        case 0x96: { /* strings and bytes */
+            int hl = (op == 0x8c || op == 'C' || op == 'U') ? 1 : (op == 'X' || op == 'B' || op == 'T') ? 4 : 8;
+            if ((rc = need(v, (size_t)hl))) return rc;
+            uint64_t n = rd_le(v->p, hl);
+            v->p += hl;
+            if (n > (uint64_t)(v->end - v->p)) return fail(v, "truncated string%s", NULL);
+            pkl_kind k = (op == 0x8c || op == 'X' || op == 0x8d || op == 'U' || op == 'T') ? PKL_STR : PKL_BYTES;
+            rc = push(v, mk_str(v, k, v->p, (size_t)n));
+            v->p += n;
+            break;
+        }
+        case ')': rc = push(v, new_obj(v, PKL_TUPLE)); break;
+        case ']': rc = push(v, new_obj(v, PKL_LIST)); break;
+        case '}': rc = push(v, new_obj(v, PKL_DICT)); break;
+        case 0x8f: rc = push(v, new_obj(v, PKL_LIST)); break; /* EMPTY_SET as a list */
+        case 't':
+        case 'l':
+        case 0x91: { /* TUPLE, LIST, FROZENSET from mark */
+            pkl_obj **items = NULL;
+            size_t n = 0;
+            if ((rc = pop_mark(v, &items, &n))) return rc;
+            pkl_obj *o = new_obj(v, op == 't' ? PKL_TUPLE : PKL_LIST);
+            if (!o) return fsdp_err_set(v->err, FSDP_E_NOMEM, "out of memory");
+            pkl_obj **copy = n ? track(v->doc, malloc(n * sizeof *copy)) : NULL;
+            if (n && !copy) return fsdp_err_set(v->err, FSDP_E_NOMEM, "out of memory");
+            memcpy(copy, items, n * sizeof *copy);
+            for (size_t i = 0; i < n; i++) {
+                if (copy[i] == &MARK_OBJ) return fail(v, "MARK inside a tuple%s", NULL);
+                if (copy[i]->depth + 1 > o->depth) o->depth = copy[i]->depth + 1;
+            }
+            if (o->depth > PKL_MAX_DEPTH) return fail(v, "nesting deeper than the limit%s", NULL);
+            /* items array is owned by the doc: mark it as not growable */
+            o->items = copy;
+            o->n = o->cap = n;
+            if (op != 't' && n) {
+                /* lists may grow later: give them their own growable array */
+                o->cap = n;
+            }
+            rc = push(v, o);
+            break;
+        }
+        case 0x85:
+        case 0x86:
+        case 0x87: {
+            size_t n = (size_t)(op - 0x84);
+            if (v->sp < n || (v->nm && v->sp - n < v->marks[v->nm - 1])) return fail(v, "stack underflow in TUPLE%s", "N");
+            pkl_obj *o = new_obj(v, PKL_TUPLE);
+            pkl_obj **copy = track(v->doc, malloc(n * sizeof *copy));
+            if (!o || !copy) return fsdp_err_set(v->err, FSDP_E_NOMEM, "out of memory");
+            memcpy(copy, v->stack + v->sp - n, n * sizeof *copy);
+            v->sp -= n;
+            for (size_t i = 0; i < n; i++)
+                if (copy[i]->depth + 1 > o->depth) o->depth = copy[i]->depth + 1;
+            if (o->depth > PKL_MAX_DEPTH) return fail(v, "nesting deeper than the limit%s", NULL);
+            o->items = copy;
+            o->n = o->cap = n;
+            rc = push(v, o);
+            break;
+        }
+        case 'a': { /* APPEND */
+            pkl_obj *it = pop(v), *l = top(v);
+            if (!it || !l || l->kind != PKL_LIST) return fail(v, "APPEND to a non-list%s", NULL);
+            rc = add_item(v, l, it);
+            break;
+        }
+        case 'e':
+        case 0x90: { /* APPENDS / ADDITEMS */
+            pkl_obj **items = NULL;
+            size_t n = 0;
+            if ((rc = pop_mark(v, &items, &n))) return rc;
+            pkl_obj *l = top(v);
+            if (!l || l->kind != PKL_LIST) return fail(v, "APPENDS to a non-list%s", NULL);
+            pkl_obj **copy = n ? malloc(n * sizeof *copy) : NULL;
+            if (n && !copy) return fsdp_err_set(v->err, FSDP_E_NOMEM, "out of memory");
+            if (n) memcpy(copy, items, n * sizeof *copy);
+            for (size_t i = 0; i < n && !rc; i++) rc = add_item(v, l, copy[i]);
+            free(copy);
+            break;
+        }
+        case 's': { /* SETITEM */
+            pkl_obj *val = pop(v), *k = pop(v), *d = top(v);
+            if (!val || !k || !d || !as_dict_target(d)) return fail(v, "SETITEM on a non-dict%s", NULL);
+            rc = dict_set(v, d, k, val);
+            break;
+        }
+        case 'u':
+        case 'd': { /* SETITEMS / DICT */
+            pkl_obj **items = NULL;
+            size_t n = 0;
+            if ((rc = pop_mark(v, &items, &n))) return rc;
+            if (n % 2) return fail(v, "odd number of items for a dict%s", NULL);
+            pkl_obj **copy = n ? malloc(n * sizeof *copy) : NULL;
+            if (n && !copy) return fsdp_err_set(v->err, FSDP_E_NOMEM, "out of memory");
+            if (n) memcpy(copy, items, n * sizeof *copy);
+            pkl_obj *d;
+            if (op == 'd') {
+                d = new_obj(v, PKL_DICT);
+                rc = push(v, d);
+            } else {
+                d = top(v);
+                if (!d || !as_dict_target(d)) rc = fail(v, "SETITEMS on a non-dict%s", NULL);
+            }
+            for (size_t i = 0; i + 1 < n && !rc; i += 2) rc = dict_set(v, d, copy[i], copy[i + 1]);
+            free(copy);
+            break;
+        }
+        case 'c': { /* GLOBAL module\nname\n */
+            const unsigned char *nl1 = memchr(v->p, '\n', (size_t)(v->end - v->p));
+            if (!nl1) return fail(v, "truncated GLOBAL%s", NULL);
+            const unsigned char *nl2 = memchr(nl1 + 1, '\n', (size_t)(v->end - nl1 - 1));
+            if (!nl2) return fail(v, "truncated GLOBAL%s", NULL);
+            pkl_obj *o = mk_str(v, PKL_GLOBAL, v->p, (size_t)(nl1 - v->p));
+            pkl_obj *nm = mk_str(v, PKL_STR, nl1 + 1, (size_t)(nl2 - nl1 - 1));
+            if (!o || !nm) return fsdp_err_set(v->err, FSDP_E_NOMEM, "out of memory");
+            o->name = nm->s;
+            v->p = nl2 + 1;
+            rc = push(v, o);
+            break;
+        }
+        case 0x93: { /* STACK_GLOBAL */
+            pkl_obj *nm = pop(v), *mod = pop(v);
+            if (!nm || !mod || nm->kind != PKL_STR || mod->kind != PKL_STR)
+                return fail(v, "STACK_GLOBAL needs two strings%s", NULL);
+            pkl_obj *o = new_obj(v, PKL_GLOBAL);
+            if (!o) return fsdp_err_set(v->err, FSDP_E_NOMEM, "out of memory");
+            o->s = mod->s;
+            o->len = mod->len;
+            o->name = nm->s;
+            rc = push(v, o);
+            break;
+        }
+        case 'R':
+        case 0x81: { /* REDUCE / NEWOBJ */
+            pkl_obj *args = pop(v), *fn = pop(v);
+            if (!args || !fn || args->kind != PKL_TUPLE)
+                return fail(v, op == 'R' ? "REDUCE needs a callable and an argument tuple%s"
+                                         : "NEWOBJ needs a class and an argument tuple%s",
+                            NULL);
+            pkl_obj *o = new_obj(v, op == 'R' ? PKL_REDUCE : PKL_OBJ);
+            if (!o) return fsdp_err_set(v->err, FSDP_E_NOMEM, "out of memory");
+            o->fn = fn;
+            o->args = args;
+            o->depth = (fn->depth > args->depth ? fn->depth : args->depth) + 1;
+            if (o->depth > PKL_MAX_DEPTH) return fail(v, "nesting deeper than the limit%s", NULL);
+            rc = push(v, o);
+            break;
+        }
+        case 0x92: { /* NEWOBJ_EX cls args kwargs */
+            pkl_obj *kw = pop(v), *args = pop(v), *cls = pop(v);
+            if (!kw || !args || !cls || args->kind != PKL_TUPLE) return fail(v, "bad NEWOBJ_EX%s", NULL);
+            pkl_obj *o = new_obj(v, PKL_OBJ);
+            if (!o) return fsdp_err_set(v->err, FSDP_E_NOMEM, "out of memory");
+            o->fn = cls;
+            o->args = args;
+            o->depth = args->depth + 1;
+            rc = push(v, o);
+            break;
+        }
+        case 'b': { /* BUILD */
+            pkl_obj *st = pop(v), *o = top(v);
+            if (!st || !o) return fail(v, "BUILD with an empty stack%s", NULL);
+            if (o->kind != PKL_OBJ && o->kind != PKL_REDUCE && o->kind != PKL_GLOBAL)
+                return fail(v, "BUILD on a value that is not an object%s", NULL);
+            o->state = st;
+            if (st->depth + 1 > o->depth) o->depth = st->depth + 1;
+            if (o->depth > PKL_MAX_DEPTH) return fail(v, "nesting deeper than the limit%s", NULL);
+            break;
+        }
+        case 'Q': { /* BINPERSID */
+            pkl_obj *pid = pop(v);
+            if (!pid) return fail(v, "BINPERSID with an empty stack%s", NULL);
+            pkl_obj *o = new_obj(v, PKL_PERSID);
+            if (!o) return fsdp_err_set(v->err, FSDP_E_NOMEM, "out of memory");
+            o->args = pid;
+            o->depth = pid->depth + 1;
+            rc = push(v, o);
+            break;
+        }
+        case 0x94:
+        case 'q':
+        case 'r': { /* MEMOIZE / BINPUT / LONG_BINPUT */
+            size_t idx;
+            if (op == 0x94) {
+                idx = v->nmemo;
+            } else {
+                int n = op == 'q' ? 1 : 4;
+                if ((rc = need(v, (size_t)n))) return rc;
+                idx = (size_t)rd_le(v->p, n);
+                v->p += n;
+            }
+            pkl_obj *o = top(v);
+            if (!o) return fail(v, "memo store with an empty stack%s", NULL);
+            if (idx >= PKL_MAX_MEMO) return fail(v, "memo index beyond the limit%s", NULL);
+            if (idx >= v->nmemo) {
+                pkl_obj **nmemo = realloc(v->memo, (idx + 1) * sizeof *nmemo);
+                if (!nmemo) return fsdp_err_set(v->err, FSDP_E_NOMEM, "out of memory");
+                for (size_t i = v->nmemo; i <= idx; i++) nmemo[i] = NULL;
+                v->memo = nmemo;
+                v->nmemo = idx + 1;
+            }
+            v->memo[idx] = o;
+            break;
+        }
+        case 'h':
+        case 'j': { /* BINGET / LONG_BINGET */
+            int n = op == 'h' ? 1 : 4;
+            if ((rc = need(v, (size_t)n))) return rc;
+            size_t idx = (size_t)rd_le(v->p, n);
+            v->p += n;
+            if (idx >= v->nmemo || !v->memo[idx]) {
+                char d[32];
+                snprintf(d, sizeof d, "%zu", idx);
+                return fail(v, "memo reference %s out of range", d);
+            }
+            rc = push(v, v->memo[idx]);
+            break;
+        }
+        case '0': /* POP */
+            if (v->sp && v->stack[v->sp - 1] != &MARK_OBJ && !(v->nm && v->sp <= v->marks[v->nm - 1])) v->sp--;
+            else if (v->nm && v->marks[v->nm - 1] == v->sp) v->nm--; /* POP of a MARK */
+            else return fail(v, "POP of an empty stack%s", NULL);
+            break;
+        case '1': { /* POP_MARK */
+            pkl_obj **items = NULL;
+            size_t n = 0;
+            if ((rc = pop_mark(v, &items, &n))) return rc;
+            break;
+        }
+        case '2': { /* DUP */
+            pkl_obj *o = top(v);
+            if (!o) return fail(v, "DUP of an empty stack%s", NULL);
+            rc = push(v, o);
+            break;
+        }
+        default: {
+            char d[64];
+            snprintf(d, sizeof d, "0x%02x", op);
+            v->p--;
+            return fail(v, "unknown or unsupported opcode %s", d);
+        }
+        }
+        if (rc) return rc;
+    }
+    return fail(v, "truncated input: no STOP opcode%s", NULL);
+}
+
+int pkl_parse(const void *buf, size_t len, const char *what, pkl_doc **out, const pkl_obj **root, fsdp_err *err) {
+    *out = NULL;
+    *root = NULL;
+    pkl_doc *d = calloc(1, sizeof *d);
+    if (!d) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+    vm v = {0};
+    v.doc = d;
+    v.p = v.start = buf;
+    v.end = v.p + len;
+    v.what = what ? what : "pickle";
+    v.err = err;
+    int rc = run(&v, root);
+    free(v.stack);
+    free(v.marks);
+    free(v.memo);
+    if (rc) {
+        pkl_free(d);
+        *root = NULL;
+        return rc;
+    }
+    *out = d;
+    return 0;
+}
+
+int pkl_is_global(const pkl_obj *o, const char *module, const char *name) {
+    return o && o->kind == PKL_GLOBAL && !strcmp(o->s, module) && !strcmp(o->name, name);
+}
+
+const pkl_obj *pkl_dict_get(const pkl_obj *d, const char *key) {
+    if (!d || d->kind != PKL_DICT) return NULL;
+    for (size_t i = 0; i < d->n; i++) {
+        const pkl_obj *k = d->items[2 * i];
+        if (k->kind == PKL_STR && !strcmp(k->s, key)) return d->items[2 * i + 1];
+    }
+    return NULL;
+}
+
+const pkl_obj *pkl_state(const pkl_obj *o) { return o && (o->kind == PKL_OBJ || o->kind == PKL_REDUCE) ? o->state : NULL; }
+
+const pkl_obj *pkl_callable(const pkl_obj *o) {
+    return o && (o->kind == PKL_OBJ || o->kind == PKL_REDUCE) && o->fn && o->fn->kind == PKL_GLOBAL ? o->fn : NULL;
+}
+
+int pkl_int_tuple(const pkl_obj *o, int64_t *out, int max, int *n) {
+    if (o && o->kind == PKL_REDUCE && pkl_is_global(o->fn, "torch", "Size") && o->args && o->args->n == 1)
+        o = o->args->items[0];
+    if (!o || (o->kind != PKL_TUPLE && o->kind != PKL_LIST) || (int)o->n > max) return -1;
+    for (size_t i = 0; i < o->n; i++) {
+        if (o->items[i]->kind != PKL_INT) return -1;
+        out[i] = o->items[i]->i;
+    }
+    *n = (int)o->n;
+    return 0;
+}
+
+typedef struct {
+    char *b;
+    size_t len, cap;
+    int bad;
+} rbuf;
+
+static void rput(rbuf *r, const char *s) {
+    size_t n = strlen(s);
+    if (r->bad) return;
+    if (r->len + n + 1 > r->cap) {
+        size_t cap = r->cap ? r->cap * 2 : 64;
+        while (cap < r->len + n + 1) cap *= 2;
+        char *nb = realloc(r->b, cap);
+        if (!nb) {
+            r->bad = 1;
+            return;
+        }
+        r->b = nb;
+        r->cap = cap;
+    }
+    memcpy(r->b + r->len, s, n + 1);
+    r->len += n;
+}
+
+static void repr(rbuf *r, const pkl_obj *o, int depth) {
+    char t[64];
+    if (r->len > 4096) {
+        rput(r, "...");
+        return;
+    }
+    if (depth > 32) {
+        rput(r, "...");
+        return;
+    }
+    switch (o->kind) {
+    case PKL_NONE: rput(r, "None"); break;
+    case PKL_BOOL: rput(r, o->i ? "True" : "False"); break;
+    case PKL_INT: snprintf(t, sizeof t, "%lld", (long long)o->i); rput(r, t); break;
+    case PKL_BIGINT: rput(r, "<big int>"); break;
+    case PKL_FLOAT: snprintf(t, sizeof t, "%.17g", o->f); rput(r, t); break;
+    case PKL_STR: rput(r, "'"); rput(r, o->s); rput(r, "'"); break;
+    case PKL_BYTES: snprintf(t, sizeof t, "<%zu bytes>", o->len); rput(r, t); break;
+    case PKL_TUPLE:
+    case PKL_LIST:
+        rput(r, o->kind == PKL_TUPLE ? "(" : "[");
+        for (size_t i = 0; i < o->n; i++) {
+            if (i) rput(r, ", ");
+            repr(r, o->items[i], depth + 1);
+        }
+        if (o->kind == PKL_TUPLE && o->n == 1) rput(r, ",");
+        rput(r, o->kind == PKL_TUPLE ? ")" : "]");
+        break;
+    case PKL_DICT:
+        rput(r, "{");
+        for (size_t i = 0; i < o->n; i++) {
+            if (i) rput(r, ", ");
+            repr(r, o->items[2 * i], depth + 1);
+            rput(r, ": ");
+            repr(r, o->items[2 * i + 1], depth + 1);
+        }
+        rput(r, "}");
+        break;
+    case PKL_GLOBAL: rput(r, o->s); rput(r, "."); rput(r, o->name); break;
+    case PKL_REDUCE:
+    case PKL_OBJ:
+        if (o->fn) repr(r, o->fn, depth + 1);
+        if (o->args) repr(r, o->args, depth + 1);
+        if (o->state) {
+            rput(r, "<state ");
+            repr(r, o->state, depth + 1);
+            rput(r, ">");
+        }
+        break;
+    case PKL_PERSID: rput(r, "persid"); repr(r, o->args, depth + 1); break;
+    default: rput(r, "?"); break;
+    }
+}
+
+char *pkl_repr(const pkl_obj *o) {
+    rbuf r = {0};
+    repr(&r, o, 0);
+    if (r.bad) {
+        free(r.b);
+        return NULL;
+    }
+    return r.b ? r.b : strdup("");
+}

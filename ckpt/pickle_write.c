@@ -1,0 +1,125 @@
+/* Pickle writer: protocol-2 opcodes for DCP `.metadata` and torch.save `data.pkl`. */
+#include <string.h>
+#include <stdlib.h>
+
+#include "ckpt/pickle.h"
+
+void pkl_w_init(pkl_w *w) { memset(w, 0, sizeof *w); }
+void pkl_w_free(pkl_w *w) {
+    free(w->buf);
+    memset(w, 0, sizeof *w);
+}
+
+static void put(pkl_w *w, const void *p, size_t n) {
+    if (w->oom) return;
+    if (w->len + n > w->cap) {
+        size_t cap = w->cap ? w->cap * 2 : 256;
+        while (cap < w->len + n) cap *= 2;
+        unsigned char *nb = realloc(w->buf, cap);
+        if (!nb) {
+            w->oom = 1;
+            return;
+        }
+        w->buf = nb;
+        w->cap = cap;
+    }
+    memcpy(w->buf + w->len, p, n);
+    w->len += n;
+}
+static void op(pkl_w *w, unsigned char c) { put(w, &c, 1); }
+static void le(pkl_w *w, uint64_t x, int n) {
+    unsigned char b[8];
+    for (int i = 0; i < n; i++) b[i] = (unsigned char)(x >> (8 * i));
+    put(w, b, (size_t)n);
+}
+
+void pkl_w_proto(pkl_w *w, int proto) {
+    op(w, 0x80);
+    op(w, (unsigned char)proto);
+}
+void pkl_w_stop(pkl_w *w) { op(w, '.'); }
+void pkl_w_mark(pkl_w *w) { op(w, '('); }
+void pkl_w_none(pkl_w *w) { op(w, 'N'); }
+void pkl_w_bool(pkl_w *w, int v) { op(w, v ? 0x88 : 0x89); }
+
+void pkl_w_int(pkl_w *w, int64_t v) {
+    if (v >= 0 && v < 256) {
+        op(w, 'K');
+        le(w, (uint64_t)v, 1);
+    } else if (v >= 0 && v < 65536) {
+        op(w, 'M');
+        le(w, (uint64_t)v, 2);
+    } else if (v >= INT32_MIN && v <= INT32_MAX) {
+        op(w, 'J');
+        le(w, (uint64_t)(uint32_t)(int32_t)v, 4);
+    } else {
+        /* LONG1: minimal little-endian two's complement */
+        unsigned char b[9];
+        int n = 0;
+        int64_t x = v;
+        for (;;) {
+            b[n++] = (unsigned char)(x & 0xff);
+            int64_t rest = x >> 8; /* arithmetic shift */
+            int sign = (b[n - 1] & 0x80) != 0;
+            if ((rest == 0 && !sign) || (rest == -1 && sign) || n == 8) break;
+            x = rest;
+        }
+        op(w, 0x8a);
+        op(w, (unsigned char)n);
+        put(w, b, (size_t)n);
+    }
+}
+
+void pkl_w_float(pkl_w *w, double v) {
+    uint64_t x;
+    memcpy(&x, &v, 8);
+    op(w, 'G');
+    unsigned char b[8];
+    for (int i = 0; i < 8; i++) b[i] = (unsigned char)(x >> (8 * (7 - i)));
+    put(w, b, 8);
+}
+
+void pkl_w_str(pkl_w *w, const char *s) {
+    size_t n = strlen(s);
+    op(w, 'X');
+    le(w, n, 4);
+    put(w, s, n);
+}
+
+void pkl_w_global(pkl_w *w, const char *module, const char *name) {
+    op(w, 'c');
+    put(w, module, strlen(module));
+    op(w, '\n');
+    put(w, name, strlen(name));
+    op(w, '\n');
+}
+
+void pkl_w_empty_tuple(pkl_w *w) { op(w, ')'); }
+void pkl_w_tuple(pkl_w *w) { op(w, 't'); }
+void pkl_w_tuple_n(pkl_w *w, int n) { op(w, (unsigned char)(0x84 + n)); }
+void pkl_w_empty_list(pkl_w *w) { op(w, ']'); }
+void pkl_w_appends(pkl_w *w) { op(w, 'e'); }
+void pkl_w_empty_dict(pkl_w *w) { op(w, '}'); }
+void pkl_w_setitems(pkl_w *w) { op(w, 'u'); }
+void pkl_w_reduce(pkl_w *w) { op(w, 'R'); }
+void pkl_w_newobj(pkl_w *w) { op(w, 0x81); }
+void pkl_w_build(pkl_w *w) { op(w, 'b'); }
+void pkl_w_binpersid(pkl_w *w) { op(w, 'Q'); }
+
+void pkl_w_int_tuple(pkl_w *w, const int64_t *d, int n) {
+    if (n == 0) {
+        pkl_w_empty_tuple(w);
+        return;
+    }
+    if (n > 3) pkl_w_mark(w);
+    for (int i = 0; i < n; i++) pkl_w_int(w, d[i]);
+    if (n > 3) pkl_w_tuple(w);
+    else pkl_w_tuple_n(w, n);
+}
+
+void pkl_w_size(pkl_w *w, const int64_t *d, int n) {
+    pkl_w_global(w, "torch", "Size");
+    pkl_w_int_tuple(w, d, n);
+    pkl_w_tuple_n(w, 1);
+    pkl_w_reduce(w);
+}

@@ -1,0 +1,165 @@
+/* ckpt_reader over torch.save files (.pt): a (nested) dict of tensors in one zip archive;
+ * tensors are read straight from their records (only the rows asked for). */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "ckpt/reader_impl.h"
+#include "ckpt/torchsave.h"
+
+typedef struct pt_impl {
+    int fd;
+    zip_reader z;
+    pkl_doc *doc;
+    ts_tensor *t;
+    char **names;
+    char **texts; /* non-tensor values */
+    size_t n, cap;
+} pt_impl;
+
+static int pt_rows_op(ckpt_reader *r, size_t i, int64_t r0, int64_t r1, void *dst, fsdp_dtype dt, fsdp_err *err) {
+    pt_impl *p = r->impl;
+    ts_tensor *t = &p->t[i];
+    int64_t off[FSDP_MAX_DIMS] = {0}, len[FSDP_MAX_DIMS];
+    for (int d = 0; d < t->ndim; d++) len[d] = t->shape[d];
+    if (t->ndim > 0) {
+        off[0] = r0;
+        len[0] = r1 - r0;
+    }
+    return ts_read_box(&p->z, t, off, len, dst, dt, err);
+}
+
+static const char *pt_text_op(ckpt_reader *r, size_t i) {
+    pt_impl *p = r->impl;
+    return p->texts[i];
+}
+
+static void pt_free(pt_impl *p) {
+    if (!p) return;
+    for (size_t i = 0; i < p->n; i++) {
+        free(p->names[i]);
+        free(p->texts[i]);
+    }
+    free(p->names);
+    free(p->texts);
+    free(p->t);
+    pkl_free(p->doc);
+    zip_close(&p->z);
+    if (p->fd >= 0) close(p->fd);
+    free(p);
+}
+
+static void pt_close_op(ckpt_reader *r) {
+    pt_free(r->impl);
+    free(r->entries);
+    free(r->path);
+    free(r);
+}
+
+static const ckpt_ops PT_OPS = {pt_rows_op, pt_text_op, pt_close_op};
+
+static int add(pt_impl *p, const char *name, const ts_tensor *t, char *text, fsdp_err *err) {
+    if (p->n == p->cap) {
+        size_t cap = p->cap ? p->cap * 2 : 32;
+        ts_tensor *nt = realloc(p->t, cap * sizeof *nt);
+        if (nt) p->t = nt;
+        char **nn = realloc(p->names, cap * sizeof *nn);
+        if (nn) p->names = nn;
+        char **nx = realloc(p->texts, cap * sizeof *nx);
+        if (nx) p->texts = nx;
+        if (!nt || !nn || !nx) {
+            free(text);
+            return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+        }
+        p->cap = cap;
+    }
+    p->names[p->n] = strdup(name);
+    if (t) p->t[p->n] = *t;
+    else memset(&p->t[p->n], 0, sizeof p->t[p->n]);
+    p->texts[p->n] = text;
+    p->n++;
+    return p->names[p->n - 1] ? 0 : fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+}
+
+static int walk(pt_impl *p, const char *prefix, const pkl_obj *o, int depth, fsdp_err *err) {
+    if (depth > 64) return fsdp_err_set(err, FSDP_E_FORMAT, "%s: state dict nested too deeply", p->z.what);
+    if (o->kind == PKL_DICT) {
+        for (size_t i = 0; i < o->n; i++) {
+            const pkl_obj *k = o->items[2 * i];
+            char name[1024];
+            if (k->kind == PKL_STR) snprintf(name, sizeof name, "%s%s%s", prefix, *prefix ? "." : "", k->s);
+            else if (k->kind == PKL_INT) snprintf(name, sizeof name, "%s%s%lld", prefix, *prefix ? "." : "", (long long)k->i);
+            else return fsdp_err_set(err, FSDP_E_FORMAT, "%s: state dict key is not a string", p->z.what);
+            int rc = walk(p, name, o->items[2 * i + 1], depth + 1, err);
+            if (rc) return rc;
+        }
+        return 0;
+    }
+    if (o->kind == PKL_REDUCE && o->fn && o->fn->kind == PKL_GLOBAL && !strcmp(o->fn->s, "torch._utils")) {
+        ts_tensor t;
+        char what[1200];
+        snprintf(what, sizeof what, "%s: %s", p->z.what, prefix);
+        int rc = ts_tensor_from_pickle(o, what, &t, err);
+        if (rc) return rc;
+        return add(p, prefix, &t, NULL, err);
+    }
+    return add(p, prefix, NULL, pkl_repr(o), err);
+}
+
+int ckpt_open_pt(const char *path, ckpt_reader **out, fsdp_err *err) {
+    pt_impl *p = calloc(1, sizeof *p);
+    if (!p) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+    p->fd = open(path, O_RDONLY);
+    if (p->fd < 0) {
+        free(p);
+        return fsdp_err_set(err, FSDP_E_IO, "%s: cannot open: %s", path, strerror(errno));
+    }
+    struct stat st;
+    fstat(p->fd, &st);
+    int rc = zip_open_fd(&p->z, p->fd, 0, (uint64_t)st.st_size, path, err);
+    const pkl_obj *root = NULL;
+    if (!rc) rc = ts_load_pickle(&p->z, &p->doc, &root, err);
+    if (!rc) {
+        if (root->kind == PKL_DICT) rc = walk(p, "", root, 0, err);
+        else if (root->kind == PKL_REDUCE) rc = walk(p, "tensor", root, 0, err);
+        else rc = fsdp_err_set(err, FSDP_E_FORMAT, "%s: not a state dict (the pickle's top is not a dict)", path);
+    }
+    ckpt_reader *r = NULL;
+    if (!rc) {
+        r = calloc(1, sizeof *r);
+        if (r) r->entries = calloc(p->n ? p->n : 1, sizeof *r->entries);
+        if (r) r->path = strdup(path);
+        if (!r || !r->entries || !r->path) rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+    }
+    if (rc) {
+        if (r) {
+            free(r->entries);
+            free(r->path);
+            free(r);
+        }
+        pt_free(p);
+        return rc;
+    }
+    r->ops = &PT_OPS;
+    r->format = CKPT_PT;
+    r->impl = p;
+    r->n = p->n;
+    for (size_t i = 0; i < p->n; i++) {
+        ckpt_entry *e = &r->entries[i];
+        e->name = p->names[i];
+        e->is_tensor = p->texts[i] == NULL;
+        e->chunks = 1;
+        if (e->is_tensor) {
+            e->dtype = p->t[i].dtype;
+            e->ndim = p->t[i].ndim;
+            memcpy(e->shape, p->t[i].shape, sizeof e->shape);
+            e->nbytes = (uint64_t)fsdp_numel(e->ndim, e->shape) * fsdp_dtype_size(e->dtype);
+        }
+    }
+    *out = r;
+    return 0;
+}

@@ -1,0 +1,46 @@
+/* torch.save archives: tensors (_rebuild_tensor_v2 / _v3, any dtype, size/stride/storage
+ * offset honoured) and plain Python values, read from a zip_reader; writing of one tensor
+ * or one value in the layout DCP uses (records data.pkl, byteorder, data/0, version). */
+#ifndef FSDP_CKPT_TORCHSAVE_H
+#define FSDP_CKPT_TORCHSAVE_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "ckpt/pickle.h"
+#include "ckpt/zip.h"
+#include "fsdp/tensor.h"
+
+/* Where a tensor's values are inside an archive. */
+typedef struct ts_tensor {
+    fsdp_dtype dtype;
+    int ndim;
+    int64_t shape[FSDP_MAX_DIMS];
+    int64_t stride[FSDP_MAX_DIMS]; /* in elements */
+    int64_t storage_offset;        /* in elements */
+    int64_t storage_numel;
+    char key[64];                  /* record data/<key> */
+} ts_tensor;
+
+/* Decodes a rebuild call (REDUCE(_rebuild_tensor_v2|_v3, args)) into *t; what names it. */
+int ts_tensor_from_pickle(const pkl_obj *o, const char *what, ts_tensor *t, fsdp_err *err);
+/* Reads the box [off[d], off[d]+len[d]) of the tensor into dst (C order) as dst_dt. Reads only
+ * the storage range the box spans. */
+int ts_read_box(zip_reader *z, const ts_tensor *t, const int64_t *off, const int64_t *len, void *dst,
+                fsdp_dtype dst_dt, fsdp_err *err);
+
+/* Parses data.pkl of an archive (the caller frees *doc). */
+int ts_load_pickle(zip_reader *z, pkl_doc **doc, const pkl_obj **root, fsdp_err *err);
+
+/* Writes one C-contiguous tensor as a torch.save archive at the stream's position. data may
+ * be NULL with fill() supplying the bytes in pieces (streaming). Returns the archive length. */
+typedef int (*ts_fill_fn)(void *user, zip_writer *zw, fsdp_err *err);
+int ts_write_tensor(FILE *f, fsdp_dtype dt, int ndim, const int64_t *shape, const void *data, ts_fill_fn fill,
+                    void *user, uint64_t *len, fsdp_err *err);
+/* Writes a pickled value (the caller supplies the protocol-2 pickle bytes) as an archive. */
+int ts_write_value(FILE *f, const void *pickle, size_t n, uint64_t *len, fsdp_err *err);
+
+/* The Storage class name torch uses for a dtype ("FloatStorage"), NULL for untyped-only dtypes. */
+const char *ts_storage_class(fsdp_dtype dt);
+
+#endif

@@ -1,0 +1,73 @@
+/* The zip subset of torch.save archives: STORED records only, zip64 aware; reading works
+ * over a memory buffer or over a byte range of a file (pread: only the central directory,
+ * the local headers and the records asked for are read). */
+#ifndef FSDP_CKPT_ZIP_H
+#define FSDP_CKPT_ZIP_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "fsdp/error.h"
+
+typedef struct zip_entry {
+    char *name;          /* full record name, e.g. "archive/data/0" */
+    uint64_t size;       /* uncompressed == stored size */
+    uint64_t header_off; /* local header offset, relative to the archive start */
+    uint64_t data_off;   /* payload offset, relative to the archive start (resolved lazily) */
+    int data_resolved;
+    uint32_t crc;
+    uint16_t method;
+} zip_entry;
+
+typedef struct zip_reader {
+    const unsigned char *mem; /* in-memory archive, or NULL */
+    int fd;                   /* file, when mem is NULL */
+    uint64_t base, len;       /* the archive = [base, base+len) of the file / buffer */
+    char *what;               /* name for messages */
+    zip_entry *entries;
+    size_t n;
+    char prefix[256];         /* common record prefix ("archive/") */
+} zip_reader;
+
+int zip_open_mem(zip_reader *z, const void *buf, size_t len, const char *what, fsdp_err *err);
+int zip_open_fd(zip_reader *z, int fd, uint64_t base, uint64_t len, const char *what, fsdp_err *err);
+void zip_close(zip_reader *z);
+/* Finds a record by its name after the common prefix ("data.pkl", "data/0"); NULL if absent. */
+zip_entry *zip_find(zip_reader *z, const char *suffix);
+/* Reads [off, off+n) of a record's payload into dst (STORED only; compressed: error). */
+int zip_read(zip_reader *z, zip_entry *e, uint64_t off, void *dst, size_t n, fsdp_err *err);
+/* The whole record into a malloc'd buffer (records up to 1 GiB). */
+int zip_read_all(zip_reader *z, zip_entry *e, void **out, size_t *len, fsdp_err *err);
+
+/* ---- writer: stored records, 64-byte aligned payloads, data descriptors, zip64 ---------- */
+
+typedef struct zip_writer {
+    FILE *f;             /* output stream, positioned at the archive start */
+    uint64_t start;      /* file offset of the archive start */
+    uint64_t pos;        /* bytes written so far (relative) */
+    struct zip_wrec {
+        char *name;
+        uint64_t off, size;
+        uint32_t crc;
+        uint64_t header_off;
+    } *recs;
+    size_t n, cap;
+    int open_rec;        /* a record is being streamed */
+    uint32_t crc;
+    uint64_t rec_size, rec_expect;
+    int failed;
+} zip_writer;
+
+int zip_writer_begin(zip_writer *w, FILE *f, fsdp_err *err);
+/* A whole record. */
+int zip_writer_add(zip_writer *w, const char *name, const void *data, size_t n, fsdp_err *err);
+/* A record of a known size streamed in pieces: start, data..., end. */
+int zip_writer_start(zip_writer *w, const char *name, uint64_t size, fsdp_err *err);
+int zip_writer_data(zip_writer *w, const void *data, size_t n, fsdp_err *err);
+int zip_writer_end_record(zip_writer *w, fsdp_err *err);
+/* Central directory + zip64 end records + EOCD; returns the archive length in *len. */
+int zip_writer_finish(zip_writer *w, uint64_t *len, fsdp_err *err);
+void zip_writer_free(zip_writer *w);
+
+#endif
