@@ -208,6 +208,21 @@ static int execute(fsdp_ctx *ctx, const run_plan *plan, run_result *res, const r
         }
     }
     ctx->stage_id = NULL;
+    /* background work (async saves) completes before the run ends, failed or not */
+    fsdp_err ferr;
+    fsdp_err_clear(&ferr);
+    if (ctx->n_fin && ctx_run_finishers(ctx, &ferr)) {
+        fsdp_log(ctx, FSDP_LOG_ERROR, "background work failed: %s", ferr.msg);
+        for (size_t q = res->n; q-- > 0;) {
+            if (!strcmp(res->recs[q].status, "ok")) {
+                res->recs[q].status = "failed";
+                free(res->recs[q].error);
+                res->recs[q].error = strdup(ferr.msg);
+                break;
+            }
+        }
+        failed = 1;
+    }
     return failed ? FSDP_E_RUNTIME : 0;
 }
 

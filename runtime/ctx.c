@@ -25,9 +25,63 @@ fsdp_ctx *ctx_new(comm *cm, int verbosity, FILE *log) {
     return c;
 }
 
+int ctx_add_finisher(fsdp_ctx *ctx, const char *name, void *ptr, ctx_finish_fn fn, void (*destroy)(void *),
+                     fsdp_err *err) {
+    ctx_finisher *nf = realloc(ctx->fin, (ctx->n_fin + 1) * sizeof *nf);
+    char *n = strdup(name);
+    if (!nf || !n) {
+        free(n);
+        if (nf) ctx->fin = nf;
+        if (destroy) destroy(ptr);
+        return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+    }
+    ctx->fin = nf;
+    ctx->fin[ctx->n_fin].name = n;
+    ctx->fin[ctx->n_fin].ptr = ptr;
+    ctx->fin[ctx->n_fin].fn = fn;
+    ctx->fin[ctx->n_fin].destroy = destroy;
+    ctx->n_fin++;
+    return 0;
+}
+
+static int run_one(fsdp_ctx *ctx, size_t i, fsdp_err *err) {
+    ctx_finisher f = ctx->fin[i];
+    memmove(ctx->fin + i, ctx->fin + i + 1, (ctx->n_fin - i - 1) * sizeof *ctx->fin);
+    ctx->n_fin--;
+    int rc = f.fn ? f.fn(ctx, f.ptr, err) : 0;
+    if (f.destroy) f.destroy(f.ptr);
+    free(f.name);
+    return rc;
+}
+
+int ctx_run_finisher(fsdp_ctx *ctx, const char *name, fsdp_err *err) {
+    for (size_t i = 0; i < ctx->n_fin; i++)
+        if (!strcmp(ctx->fin[i].name, name)) return run_one(ctx, i, err);
+    return 0;
+}
+
+int ctx_run_finishers(fsdp_ctx *ctx, fsdp_err *err) {
+    int first = 0;
+    while (ctx->n_fin) {
+        fsdp_err e2;
+        fsdp_err_clear(&e2);
+        int rc = run_one(ctx, 0, &e2);
+        if (rc && !first) {
+            first = rc;
+            *err = e2;
+        }
+    }
+    return first;
+}
+
 void ctx_free(fsdp_ctx *ctx) {
     if (!ctx) return;
     ctx_progress_close(ctx);
+    for (size_t i = 0; i < ctx->n_fin; i++) {
+        if (ctx->fin[i].destroy) ctx->fin[i].destroy(ctx->fin[i].ptr);
+        free(ctx->fin[i].name);
+    }
+    free(ctx->fin);
     for (size_t i = ctx->n_att; i-- > 0;) {
         if (ctx->att[i].destroy) ctx->att[i].destroy(ctx->att[i].ptr);
         free(ctx->att[i].name);

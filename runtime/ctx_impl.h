@@ -19,6 +19,15 @@ typedef struct ctx_metrics {
     size_t n, cap;
 } ctx_metrics;
 
+typedef int (*ctx_finish_fn)(fsdp_ctx *ctx, void *ptr, fsdp_err *err);
+
+typedef struct ctx_finisher {
+    char *name;
+    void *ptr;
+    ctx_finish_fn fn;
+    void (*destroy)(void *);
+} ctx_finisher;
+
 typedef struct ctx_attachment {
     char *name;
     void *ptr;
@@ -42,12 +51,22 @@ struct fsdp_ctx {
     ctx_attachment *att;
     size_t n_att, cap_att;
     fsdp_progress *progress; /* the active progress display, if any */
+    ctx_finisher *fin;       /* work to complete before the run ends (async saves) */
+    size_t n_fin;
 };
 
 fsdp_ctx *ctx_new(comm *c, int verbosity, FILE *log);
 void ctx_free(fsdp_ctx *ctx);
 double ctx_now(void); /* monotonic seconds */
 void ctx_metrics_free(ctx_metrics *m);
+/* Background work a stage leaves running: `fn` completes it (collectively) before the run
+ * ends, or earlier through ctx_run_finisher; destroy frees it. */
+int ctx_add_finisher(fsdp_ctx *ctx, const char *name, void *ptr, ctx_finish_fn fn, void (*destroy)(void *),
+                     fsdp_err *err);
+/* Completes the named finisher now (no-op when there is none). */
+int ctx_run_finisher(fsdp_ctx *ctx, const char *name, fsdp_err *err);
+/* Completes every finisher in order; the first error is returned, the rest still run. */
+int ctx_run_finishers(fsdp_ctx *ctx, fsdp_err *err);
 /* Closes an active progress display (when a stage returns without ending it). */
 void ctx_progress_close(fsdp_ctx *ctx);
 

@@ -6,9 +6,11 @@
 static const fsdp_stage_desc *const BUILTINS[] = {
     &stage_init_meta,
     &stage_init_cpu,
+    &stage_load_ckpt,
     &stage_shard,
     &stage_train_steps,
     &stage_offload,
+    &stage_save_dcp,
     NULL
 };
 

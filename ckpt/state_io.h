@@ -1,0 +1,61 @@
+/* The sharded state (runtime/state.h) <-> checkpoints.
+ *
+ * Save: every rank writes `__<rank>_0.distcp` with its shards (empty shards too), replicated
+ * values (AdamW step, hyper-parameters, train_state) once from rank 0; rank 0 gathers the
+ * storage records and writes `.metadata` last and atomically; every rank returns only after
+ * it is durable. Keys follow torchtitan: model parameters at the top level,
+ * optimizer.state.<fqn>.{exp_avg,exp_avg_sq,step}, optimizer.param_groups.<fqn>.<hyper>,
+ * train_state.{step,ntokens_seen,data_pos}.
+ *
+ * Load: every rank intersects its own rows of each parameter (and optimizer moment) with the
+ * stored chunks and reads only those bytes, from DCP (any source world size), safetensors
+ * (single or HF-sharded) or torch.save files. */
+#ifndef FSDP_CKPT_STATE_IO_H
+#define FSDP_CKPT_STATE_IO_H
+
+#include "ckpt/reader.h"
+#include "runtime/comm.h"
+#include "runtime/state.h"
+
+typedef struct sio_save_opts {
+    int optimizer; /* include optimizer state (when present) */
+    int overwrite; /* replace an existing checkpoint at path */
+} sio_save_opts;
+
+/* Synchronous save (collective over c). */
+int sio_save(fsdp_state *s, comm *c, const char *path, const sio_save_opts *o, fsdp_err *err);
+
+/* Asynchronous save: sio_save_begin snapshots this rank's shards to host memory and starts
+ * writing its data file in a background thread; sio_save_finish (collective) waits for it and
+ * writes `.metadata`. */
+typedef struct sio_async sio_async;
+int sio_save_begin(fsdp_state *s, comm *c, const char *path, const sio_save_opts *o, sio_async **out, fsdp_err *err);
+int sio_save_finish(sio_async *a, fsdp_err *err);
+void sio_async_free(sio_async *a);
+
+typedef enum sio_names { SIO_NAMES_TORCHTITAN = 0, SIO_NAMES_HF = 1 } sio_names;
+
+typedef struct sio_load_opts {
+    ckpt_format format;
+    sio_names names;
+    const char *strip_prefix; /* removed from checkpoint keys before matching */
+    const char *add_prefix;   /* added to checkpoint keys before matching */
+    const char *const *rename_from; /* rename rules on checkpoint keys (globs, in order) */
+    const char *const *rename_to;
+    size_t n_rename;
+    int strict;               /* every parameter restored, no unexpected keys */
+    int load_optimizer;       /* -1 auto (when present), 0 no, 1 required */
+    const char *const *only;  /* when not NULL: load just the parameters matching these globs */
+    size_t n_only;
+} sio_load_opts;
+
+typedef struct sio_load_result {
+    size_t params_loaded, optimizer_loaded;
+    uint64_t bytes_read;
+    int has_train_state;
+} sio_load_result;
+
+/* Loads into an existing state (its layout decides which rows each rank reads). */
+int sio_load(fsdp_state *s, const char *path, const sio_load_opts *o, sio_load_result *res, fsdp_err *err);
+
+#endif

@@ -1,0 +1,398 @@
+/* Saving the sharded state as a PyTorch DCP checkpoint (see state_io.h). */
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "ckpt/dcp.h"
+#include "ckpt/pickle.h"
+#include "ckpt/state_io.h"
+
+/* One item to write: a tensor chunk (data in f32 unless raw) or a pickled value. */
+typedef struct save_item {
+    char fqn[512];
+    int is_tensor;
+    fsdp_dtype dtype;
+    int ndim;
+    int64_t shape[FSDP_MAX_DIMS], offsets[FSDP_MAX_DIMS], sizes[FSDP_MAX_DIMS];
+    const float *data;     /* f32 values (converted to dtype when written) */
+    unsigned char *value;  /* pickled value opcodes */
+    size_t value_len;
+} save_item;
+
+typedef struct save_plan {
+    save_item *items;
+    size_t n, cap;
+    float *snapshot;       /* async: private copy of every buffer */
+    unsigned char *values; /* storage of the pickled values */
+} save_plan;
+
+struct sio_async {
+    comm *c;
+    char *path;
+    save_plan plan;
+    pthread_t th;
+    int started;
+    int rc;
+    fsdp_err err;
+    dcp_record *recs;
+    size_t n_recs;
+};
+
+static save_item *plan_add(save_plan *p, fsdp_err *err) {
+    if (p->n == p->cap) {
+        size_t cap = p->cap ? p->cap * 2 : 64;
+        save_item *ni = realloc(p->items, cap * sizeof *ni);
+        if (!ni) {
+            fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+            return NULL;
+        }
+        p->items = ni;
+        p->cap = cap;
+    }
+    save_item *it = &p->items[p->n++];
+    memset(it, 0, sizeof *it);
+    return it;
+}
+
+static int add_value(save_plan *p, const char *fqn, pkl_w *w, fsdp_err *err) {
+    if (w->oom) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+    save_item *it = plan_add(p, err);
+    if (!it) return err->code;
+    snprintf(it->fqn, sizeof it->fqn, "%s", fqn);
+    it->value = malloc(w->len ? w->len : 1);
+    if (!it->value) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+    memcpy(it->value, w->buf, w->len);
+    it->value_len = w->len;
+    w->len = 0;
+    return 0;
+}
+
+static int add_chunk(save_plan *p, const state_param *sp, const char *fqn, const float *data, fsdp_dtype dt,
+                     int world, fsdp_err *err) {
+    save_item *it = plan_add(p, err);
+    if (!it) return err->code;
+    snprintf(it->fqn, sizeof it->fqn, "%s", fqn);
+    it->is_tensor = 1;
+    it->dtype = dt;
+    it->ndim = sp->ndim;
+    memcpy(it->shape, sp->shape, sizeof it->shape);
+    memcpy(it->sizes, sp->shape, sizeof it->sizes);
+    if (sp->ndim > 0) {
+        it->sizes[0] = sp->rows;
+        /* an empty shard records the dimension size as its offset (PyTorch >= 2.8) */
+        it->offsets[0] = sp->rows == 0 && world > 1 ? sp->shape[0] : sp->row0;
+    }
+    it->data = data;
+    return 0;
+}
+
+static void plan_free(save_plan *p) {
+    for (size_t i = 0; i < p->n; i++) free(p->items[i].value);
+    free(p->items);
+    free(p->snapshot);
+    memset(p, 0, sizeof *p);
+}
+
+static int build_plan(fsdp_state *s, int rank, int world, const sio_save_opts *o, save_plan *p, fsdp_err *err) {
+    int rc = 0;
+    int with_opt = o->optimizer && s->has_optimizer;
+    int full = s->layout == STATE_FULL;
+    pkl_w w;
+    pkl_w_init(&w);
+    char key[600];
+    if (rank == 0) {
+        for (size_t i = 0; with_opt && i < s->n && !rc; i++) {
+            const char *fqn = s->p[i].name;
+            struct {
+                const char *k;
+                double v;
+            } hyper[] = {{"lr", s->lr}, {"eps", s->eps}, {"weight_decay", s->weight_decay}};
+            for (int h = 0; h < 3 && !rc; h++) {
+                snprintf(key, sizeof key, "optimizer.param_groups.%s.%s", fqn, hyper[h].k);
+                pkl_w_float(&w, hyper[h].v);
+                rc = add_value(p, key, &w, err);
+            }
+            if (rc) break;
+            snprintf(key, sizeof key, "optimizer.param_groups.%s.betas", fqn);
+            pkl_w_float(&w, s->beta1);
+            pkl_w_float(&w, s->beta2);
+            pkl_w_tuple_n(&w, 2);
+            rc = add_value(p, key, &w, err);
+        }
+        struct {
+            const char *k;
+            int64_t v;
+        } ts[] = {{"train_state.step", s->train_step},
+                  {"train_state.ntokens_seen", s->tokens_seen},
+                  {"train_state.data_pos", (int64_t)s->data_pos}};
+        for (int t = 0; t < 3 && !rc; t++) {
+            pkl_w_int(&w, ts[t].v);
+            rc = add_value(p, ts[t].k, &w, err);
+        }
+    }
+    pkl_w_free(&w);
+    for (size_t i = 0; i < s->n && !rc; i++) {
+        state_param *sp = &s->p[i];
+        if (full && rank != 0) break;
+        rc = add_chunk(p, sp, sp->name, sp->data, sp->dtype, full ? 1 : world, err);
+        if (!rc && with_opt) {
+            snprintf(key, sizeof key, "optimizer.state.%s.exp_avg", sp->name);
+            rc = add_chunk(p, sp, key, sp->exp_avg, FSDP_DT_F32, full ? 1 : world, err);
+            if (!rc) {
+                snprintf(key, sizeof key, "optimizer.state.%s.exp_avg_sq", sp->name);
+                rc = add_chunk(p, sp, key, sp->exp_avg_sq, FSDP_DT_F32, full ? 1 : world, err);
+            }
+        }
+    }
+    if (!rc && with_opt && rank == 0) {
+        /* AdamW's step: a replicated 0-d float32 tensor per parameter, written once */
+        static const int64_t none[1] = {0};
+        for (size_t i = 0; i < s->n && !rc; i++) {
+            save_item *it = plan_add(p, err);
+            if (!it) return err->code;
+            snprintf(it->fqn, sizeof it->fqn, "optimizer.state.%s.step", s->p[i].name);
+            it->is_tensor = 1;
+            it->dtype = FSDP_DT_F32;
+            it->ndim = 0;
+            (void)none;
+            it->data = NULL; /* filled from opt_step when written */
+        }
+    }
+    return rc;
+}
+
+/* snapshot every tensor's values so the state may change while the file is written */
+static int snapshot(save_plan *p, fsdp_err *err) {
+    size_t total = 0;
+    for (size_t i = 0; i < p->n; i++)
+        if (p->items[i].is_tensor && p->items[i].data)
+            total += (size_t)fsdp_numel(p->items[i].ndim, p->items[i].sizes);
+    p->snapshot = malloc((total ? total : 1) * sizeof(float));
+    if (!p->snapshot) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory snapshotting %zu values", total);
+    size_t off = 0;
+    for (size_t i = 0; i < p->n; i++) {
+        save_item *it = &p->items[i];
+        if (!it->is_tensor || !it->data) continue;
+        size_t n = (size_t)fsdp_numel(it->ndim, it->sizes);
+        memcpy(p->snapshot + off, it->data, n * sizeof(float));
+        it->data = p->snapshot + off;
+        off += n;
+    }
+    return 0;
+}
+
+static int write_file(const char *path, int rank, save_plan *p, float opt_step, dcp_record **recs, size_t *nrec,
+                      fsdp_err *err) {
+    *recs = calloc(p->n ? p->n : 1, sizeof **recs);
+    *nrec = 0;
+    if (!*recs) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+    dcp_file_writer fw;
+    int rc = dcp_file_open(&fw, path, rank, err);
+    if (rc) return rc;
+    /* values first, then tensors (PyTorch's order inside a file) */
+    for (int pass = 0; pass < 2 && !rc; pass++) {
+        for (size_t i = 0; i < p->n && !rc; i++) {
+            save_item *it = &p->items[i];
+            if (it->is_tensor != pass) continue;
+            dcp_record *r = &(*recs)[(*nrec)++];
+            if (!it->is_tensor) {
+                rc = dcp_file_add_value(&fw, it->fqn, it->value, it->value_len, r, err);
+                continue;
+            }
+            size_t n = (size_t)fsdp_numel(it->ndim, it->sizes);
+            const float *src = it->data ? it->data : &opt_step;
+            void *buf = (void *)src;
+            if (it->dtype != FSDP_DT_F32) {
+                buf = malloc((n ? n : 1) * fsdp_dtype_size(it->dtype));
+                if (!buf) {
+                    rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+                    break;
+                }
+                rc = fsdp_convert(buf, it->dtype, src, FSDP_DT_F32, n, err);
+            }
+            if (!rc)
+                rc = dcp_file_add_tensor(&fw, it->fqn, it->dtype, it->ndim, it->shape, it->offsets, it->sizes, buf, r,
+                                         err);
+            if (buf != src) free(buf);
+        }
+    }
+    if (rc) {
+        dcp_file_abort(&fw);
+        return rc;
+    }
+    return dcp_file_close(&fw, err);
+}
+
+static int prepare_dir(const char *path, int rank, comm *c, int overwrite, fsdp_err *err) {
+    int rc = 0;
+    if (rank == 0) {
+        char meta[4200];
+        snprintf(meta, sizeof meta, "%s/.metadata", path);
+        struct stat st;
+        if (stat(meta, &st) == 0) {
+            if (!overwrite)
+                rc = fsdp_err_set(err, FSDP_E_INVALID,
+                                  "save-dcp: %s already holds a checkpoint (set overwrite: true to replace it)", path);
+            else if (unlink(meta) != 0)
+                rc = fsdp_err_set(err, FSDP_E_IO, "save-dcp: cannot remove the old %s: %s", meta, strerror(errno));
+        }
+        if (!rc) {
+            /* mkdir -p */
+            char tmp[4096];
+            snprintf(tmp, sizeof tmp, "%s", path);
+            for (char *q = tmp + 1; *q && !rc; q++) {
+                if (*q != '/') continue;
+                *q = '\0';
+                if (mkdir(tmp, 0755) != 0 && errno != EEXIST)
+                    rc = fsdp_err_set(err, FSDP_E_IO, "save-dcp: cannot create %s: %s", tmp, strerror(errno));
+                *q = '/';
+            }
+            if (!rc && mkdir(tmp, 0755) != 0 && errno != EEXIST)
+                rc = fsdp_err_set(err, FSDP_E_IO, "save-dcp: cannot create %s: %s", tmp, strerror(errno));
+        }
+    }
+    /* everyone learns rank 0's verdict before writing */
+    int who;
+    fsdp_err e2;
+    fsdp_err_clear(&e2);
+    int agreed = comm_agree(c, rc, &who, &e2);
+    if (agreed && !rc) {
+        char msg[FSDP_ERR_MSG_MAX];
+        snprintf(msg, sizeof msg, "save-dcp: rank %d could not prepare %s", who, path);
+        return fsdp_err_set(err, agreed, "%s", msg);
+    }
+    return rc;
+}
+
+/* gather every rank's records, rank 0 writes .metadata, everyone waits for it */
+static int commit(comm *c, const char *path, int local_rc, fsdp_err *local_err, dcp_record *recs, size_t n,
+                  fsdp_err *err) {
+    int rank = comm_rank(c);
+    int who = -1;
+    fsdp_err e2;
+    fsdp_err_clear(&e2);
+    int agreed = comm_agree(c, local_rc, &who, &e2);
+    if (agreed) {
+        if (local_rc) {
+            if (err != local_err) *err = *local_err;
+            return local_rc;
+        }
+        return fsdp_err_set(err, agreed, "save-dcp: rank %d failed writing its part of %s; no .metadata written", who,
+                            path);
+    }
+    void *packed = NULL, *all = NULL;
+    size_t plen = 0, *sizes = NULL;
+    int rc = dcp_records_pack(recs, n, &packed, &plen, err);
+    if (!rc) rc = comm_gather_bytes(c, packed, plen, 0, &all, &sizes, err);
+    free(packed);
+    int mrc = 0;
+    fsdp_err merr;
+    fsdp_err_clear(&merr);
+    if (!rc && rank == 0) {
+        size_t total = 0;
+        for (int r = 0; r < comm_size(c); r++) total += sizes[r];
+        dcp_record *allr;
+        size_t nall;
+        mrc = dcp_records_unpack(all, total, &allr, &nall, &merr);
+        if (!mrc) {
+            mrc = dcp_write_metadata(path, allr, nall, &merr);
+            free(allr);
+        }
+    }
+    free(all);
+    free(sizes);
+    if (rc) return rc;
+    /* all ranks return only once .metadata is durable (or know it failed) */
+    int st = comm_agree(c, mrc, &who, &e2);
+    if (st) {
+        if (rank == 0) *err = merr;
+        else fsdp_err_set(err, st, "save-dcp: rank 0 could not write %s/.metadata", path);
+        return st;
+    }
+    return 0;
+}
+
+int sio_save(fsdp_state *s, comm *c, const char *path, const sio_save_opts *o, fsdp_err *err) {
+    int rank = comm_rank(c);
+    int rc = prepare_dir(path, rank, c, o->overwrite, err);
+    if (rc) return rc;
+    save_plan p = {0};
+    fsdp_err lerr;
+    fsdp_err_clear(&lerr);
+    dcp_record *recs = NULL;
+    size_t n = 0;
+    int lrc = build_plan(s, rank, comm_size(c), o, &p, &lerr);
+    if (!lrc) lrc = write_file(path, rank, &p, (float)s->opt_step, &recs, &n, &lerr);
+    plan_free(&p);
+    rc = commit(c, path, lrc, &lerr, recs, n, err);
+    free(recs);
+    return rc;
+}
+
+static void *async_main(void *arg) {
+    sio_async *a = arg;
+    fsdp_err_clear(&a->err);
+    a->rc = write_file(a->path, comm_rank(a->c), &a->plan, 0, &a->recs, &a->n_recs, &a->err);
+    return NULL;
+}
+
+int sio_save_begin(fsdp_state *s, comm *c, const char *path, const sio_save_opts *o, sio_async **out, fsdp_err *err) {
+    *out = NULL;
+    int rc = prepare_dir(path, comm_rank(c), c, o->overwrite, err);
+    if (rc) return rc;
+    sio_async *a = calloc(1, sizeof *a);
+    if (!a || !(a->path = strdup(path))) {
+        free(a);
+        return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+    }
+    a->c = c;
+    rc = build_plan(s, comm_rank(c), comm_size(c), o, &a->plan, err);
+    /* the optimizer step (0-d tensors) is captured now too */
+    if (!rc) rc = snapshot(&a->plan, err);
+    if (!rc) {
+        for (size_t i = 0; i < a->plan.n; i++) {
+            save_item *it = &a->plan.items[i];
+            if (it->is_tensor && !it->data) {
+                /* point the 0-d step tensors at a private float */
+                float *f = malloc(sizeof *f);
+                if (!f) {
+                    rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+                    break;
+                }
+                *f = (float)s->opt_step;
+                it->data = f;
+                it->value = (unsigned char *)f; /* freed with the plan */
+            }
+        }
+    }
+    if (!rc && pthread_create(&a->th, NULL, async_main, a) != 0)
+        rc = fsdp_err_set(err, FSDP_E_RUNTIME, "save-dcp: cannot start the writer thread");
+    if (rc) {
+        sio_async_free(a);
+        return rc;
+    }
+    a->started = 1;
+    *out = a;
+    return 0;
+}
+
+int sio_save_finish(sio_async *a, fsdp_err *err) {
+    if (a->started) {
+        pthread_join(a->th, NULL);
+        a->started = 0;
+    }
+    return commit(a->c, a->path, a->rc, &a->err, a->recs, a->n_recs, err);
+}
+
+void sio_async_free(sio_async *a) {
+    if (!a) return;
+    if (a->started) pthread_join(a->th, NULL);
+    plan_free(&a->plan);
+    free(a->recs);
+    free(a->path);
+    free(a);
+}

@@ -1,0 +1,115 @@
+/* Stage `load-ckpt`: loads model weights (and, when present, optimizer state, step and data
+ * position) from a DCP checkpoint saved by any number of ranks, a safetensors file or HF
+ * sharded directory, or a torch.save file. Each rank reads only its own rows. Without a
+ * model in the context it declares one from the recipe's `model:` section (like init-meta,
+ * without drawing weights). Strict loading fills every parameter with NaN first and fails
+ * naming every parameter not restored, every tensor of the wrong shape and every
+ * unexpected key.
+ *
+ * with: path (required), format (auto|dcp|safetensors|pt), names (torchtitan|hf),
+ *       strip_prefix, add_prefix, rename (map of glob -> replacement on checkpoint keys),
+ *       strict (bool, true), load_optimizer (auto|true|false), dtype (auto|f32|bf16) */
+#include <stdlib.h>
+#include <string.h>
+
+#include "ckpt/state_io.h"
+#include "stages/stages.h"
+
+static const char *const FORMATS[] = {"auto", "dcp", "safetensors", "pt", NULL};
+static const char *const NAMES[] = {"torchtitan", "hf", NULL};
+static const char *const OPTS[] = {"auto", "true", "false", NULL};
+static const char *const DTYPES[] = {"auto", "f32", "bf16", NULL};
+static const fsdp_param_spec PARAMS[] = {
+    {"path", FSDP_T_STRING, 1, NULL, NULL, "checkpoint: DCP directory, .safetensors / HF directory / index, .pt"},
+    {"format", FSDP_T_STRING, 0, "auto", FORMATS, "checkpoint format (auto detects it)"},
+    {"names", FSDP_T_STRING, 0, "torchtitan", NAMES, "key names in the checkpoint (hf: Hugging Face Llama)"},
+    {"strip_prefix", FSDP_T_STRING, 0, NULL, NULL, "remove this prefix from checkpoint keys (e.g. 'model.')"},
+    {"add_prefix", FSDP_T_STRING, 0, NULL, NULL, "add this prefix to checkpoint keys"},
+    {"rename", FSDP_T_MAP, 0, NULL, NULL, "rename rules on checkpoint keys: {glob: replacement}, * = one component"},
+    {"strict", FSDP_T_BOOL, 0, "true", NULL, "every parameter restored, no unexpected keys"},
+    {"load_optimizer", FSDP_T_STRING, 0, "auto", OPTS, "restore optimizer state (auto: when present)"},
+    {"dtype", FSDP_T_STRING, 0, "auto", DTYPES, "dtype the parameters are kept in (auto: f32)"},
+    {NULL, 0, 0, NULL, NULL, NULL}};
+static const char *const PROVIDES[] = {"params", NULL};
+
+static int load_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
+    fsdp_state *s = state_get(ctx);
+    int rc;
+    if (!s) {
+        llama_config cfg;
+        if ((rc = stage_model_config(ctx, &cfg, err))) return rc;
+        llama_params table;
+        if ((rc = stage_state_from_config(ctx, &cfg, STATE_SHARDED, &table, &s, err))) return rc;
+        llama_params_free(&table);
+    }
+    sio_load_opts o;
+    memset(&o, 0, sizeof o);
+    ckpt_format_from_name(fsdp_arg_str(with, "format", "auto"), &o.format);
+    o.names = !strcmp(fsdp_arg_str(with, "names", "torchtitan"), "hf") ? SIO_NAMES_HF : SIO_NAMES_TORCHTITAN;
+    o.strip_prefix = fsdp_arg_str(with, "strip_prefix", NULL);
+    o.add_prefix = fsdp_arg_str(with, "add_prefix", NULL);
+    o.strict = fsdp_arg_bool(with, "strict", 1);
+    const char *lo = fsdp_arg_str(with, "load_optimizer", "auto");
+    o.load_optimizer = !strcmp(lo, "auto") ? -1 : !strcmp(lo, "true");
+    const fsdp_value *ren = fsdp_value_get(with, "rename");
+    size_t nr = fsdp_value_size(ren);
+    const char **from = calloc(nr ? nr : 1, sizeof *from), **to = calloc(nr ? nr : 1, sizeof *to);
+    if (!from || !to) {
+        free(from);
+        free(to);
+        return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+    }
+    for (size_t i = 0; i < nr; i++) {
+        from[i] = fsdp_value_key(ren, i);
+        to[i] = fsdp_value_text(fsdp_value_item(ren, i));
+        if (!to[i]) to[i] = "";
+    }
+    o.rename_from = from;
+    o.rename_to = to;
+    o.n_rename = nr;
+    const char *path = fsdp_arg_str(with, "path", "");
+    double t0 = stage_now();
+    sio_load_result res;
+    rc = sio_load(s, path, &o, &res, err);
+    free(from);
+    free(to);
+    if (rc) return rc;
+    const char *dt = fsdp_arg_str(with, "dtype", "auto");
+    if (!strcmp(dt, "bf16")) {
+        for (size_t i = 0; i < s->n; i++) {
+            size_t n = state_param_local_numel(&s->p[i]);
+            for (size_t k = 0; k < n; k++) s->p[i].data[k] = fsdp_bf16_to_f32(fsdp_f32_to_bf16(s->p[i].data[k]));
+            s->p[i].dtype = FSDP_DT_BF16;
+        }
+    }
+    double el = stage_now() - t0;
+    if (s->has_optimizer) fsdp_ctx_set_state(ctx, "optimizer", 1);
+    fsdp_ctx_metric(ctx, "bytes_read", (double)res.bytes_read);
+    fsdp_ctx_metric(ctx, "seconds_read", el);
+    fsdp_ctx_metric(ctx, "params_loaded", (double)res.params_loaded);
+    fsdp_log(ctx, FSDP_LOG_INFO, "loaded %zu parameters%s from %s (step %lld) in %.2fs, %.1f MB read by this rank",
+             res.params_loaded, res.optimizer_loaded ? " and optimizer state" : "", path, (long long)s->train_step, el,
+             (double)res.bytes_read / 1e6);
+    return 0;
+}
+
+static int load_check(const fsdp_value *with, fsdp_err *err) {
+    const fsdp_value *ren = fsdp_value_get(with, "rename");
+    for (size_t i = 0; i < fsdp_value_size(ren); i++) {
+        const fsdp_value *v = fsdp_value_item(ren, i);
+        if (fsdp_value_type(v) != FSDP_V_SCALAR && fsdp_value_type(v) != FSDP_V_NULL)
+            return fsdp_err_at(err, FSDP_E_INVALID, v, "load-ckpt: rename values must be names (or null to drop)");
+    }
+    return 0;
+}
+
+const fsdp_stage_desc stage_load_ckpt = {
+    FSDP_STAGE_DESC_INIT,
+    "load-ckpt",
+    "load weights [+ optimizer, step] from DCP (any world size), safetensors or .pt; each rank reads its rows",
+    PARAMS,
+    NULL,
+    PROVIDES,
+    load_run,
+    load_check,
+};
