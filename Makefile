@@ -44,7 +44,8 @@ ifeq ($(HAVE_CUDA),1)
   CPPFLAGS += -I$(CUDA_HOME)/include
   NVCCFLAGS ?= -O3 -arch=sm_90 -std=c++17 -Xcompiler -fPIC,-Wall -Iinclude -I. -DFSDP_HAVE_CUDA=1 \
                --expt-relaxed-constexpr -lineinfo
-  LDLIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lnccl -lcudart
+  # -lstdc++: the host code nvcc generates for kernels needs the C++ runtime; executables link with $(CC).
+  LDLIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lnccl -lcudart -lstdc++
 endif
 
 # --- sources -----------------------------------------------------------------
@@ -127,8 +128,10 @@ asan:
 fuzz:
 	$(MAKE) -f tests/fuzz/fuzz.mk BUILD=build-fuzz
 
+# FSDP_BUNDLE_LINK: the link command bundle.sh relinks with when patchelf is missing.
 bundle: $(BIN)
-	sh tools/bundle.sh $(BIN) $(BUILD)/bundle
+	FSDP_BUNDLE_LINK='$(CC) $(LDFLAGS) $(BUILD)/obj/pipeline/main.o $(WHOLE_LIB) $(LDLIBS)' \
+	  sh tools/bundle.sh $(BIN) $(BUILD)/bundle
 
 setup:
 	sh tools/setup.sh

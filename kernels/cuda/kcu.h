@@ -1,0 +1,132 @@
+/* CUDA kernels: the GPU counterparts of kernels/cpu/kc.h, callable from C.
+ *
+ * Conventions shared by every entry point:
+ * - Pointers are device pointers; shapes, strides and the meaning of every output are those of the
+ *   kc_ kernel of the same name (row-major, "n" rows of "dim" elements).
+ * - Work is queued on `stream` (a cudaStream_t; NULL is the legacy default stream) of the current
+ *   device; nothing is synchronised. A launch failure is FSDP_E_DEVICE naming the kernel and the
+ *   CUDA error; a bad size or dtype is FSDP_E_INVALID. Errors of earlier asynchronous work may be
+ *   reported by a later call or synchronisation.
+ * - `dt` is the storage dtype of activations and weights: FSDP_DT_F32 or FSDP_DT_BF16. Arithmetic
+ *   is float32 (double where the CPU kernel uses double); bf16 results are rounded to nearest even.
+ *   Per-row statistics (rstd, lse) and weight gradients (dw, dtable, AdamW state) are float32.
+ * - Data-dependent indices (token ids, labels) are never used out of range: a bad one leaves a zero
+ *   contribution and, when `d_bad` (a device int) is not NULL, sets *d_bad to 1 + its row index
+ *   (the caller zeroes it first and reads it back when it wants to check). Callers that have the
+ *   ids on the host validate them there (kc_ kernels' checks).
+ * In a build without CUDA every function fails with FSDP_E_DEVICE ("built without CUDA"). */
+#ifndef FSDP_KERNELS_CUDA_KCU_H
+#define FSDP_KERNELS_CUDA_KCU_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "fsdp/error.h"
+#include "fsdp/tensor.h"
+#include "kernels/cpu/kc.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct CUstream_st *kcu_stream; /* cudaStream_t */
+
+/* ---- casts and elementwise -------------------------------------------------------------------- */
+
+/* dst = src converted (f32 <-> bf16 with the bit-exact rounding of fsdp_f32_to_bf16, or a copy
+ * when the dtypes are equal). */
+int kcu_cast(void *dst, fsdp_dtype dst_dt, const void *src, fsdp_dtype src_dt, int64_t n, kcu_stream stream,
+             fsdp_err *err);
+/* out = a + b (out may alias a or b). */
+int kcu_add(fsdp_dtype dt, const void *a, const void *b, void *out, int64_t n, kcu_stream stream, fsdp_err *err);
+/* x *= s (float32). */
+int kcu_scale(float *x, int64_t n, float s, kcu_stream stream, fsdp_err *err);
+/* *d_out = sum of x[i]^2 accumulated in double (overwrites the one double at d_out). */
+int kcu_sumsq(fsdp_dtype dt, const void *x, int64_t n, double *d_out, kcu_stream stream, fsdp_err *err);
+
+/* ---- embedding ---------------------------------------------------------------------------------- */
+
+/* out[i,:] = table[tokens[i],:] (a bad token gives a zero row). */
+int kcu_embedding_forward(fsdp_dtype dt, const void *table, const int32_t *tokens, void *out, int64_t n, int vocab,
+                          int dim, int *d_bad, kcu_stream stream, fsdp_err *err);
+/* dtable[tokens[i],:] += dout[i,:] (float32 dtable, atomic adds). */
+int kcu_embedding_backward(fsdp_dtype dt, const void *dout, const int32_t *tokens, float *dtable, int64_t n,
+                           int vocab, int dim, int *d_bad, kcu_stream stream, fsdp_err *err);
+
+/* ---- RMSNorm ------------------------------------------------------------------------------------ */
+
+/* y = x * rsqrt(mean(x^2) + eps) * w; rstd[n] (float32) for the backward. w has dtype dt. */
+int kcu_rmsnorm_forward(fsdp_dtype dt, const void *x, const void *w, void *y, float *rstd, int64_t n, int dim,
+                        float eps, kcu_stream stream, fsdp_err *err);
+/* dx += d/dx (dtype dt), dw += d/dw (float32). */
+int kcu_rmsnorm_backward(fsdp_dtype dt, const void *dy, const void *x, const void *w, const float *rstd, void *dx,
+                         float *dw, int64_t n, int dim, kcu_stream stream, fsdp_err *err);
+
+/* ---- RoPE: tables from kc_rope_tables (host, double) uploaded as float [T, head_dim/2] -------- */
+
+int kcu_rope_forward(fsdp_dtype dt, void *x, const float *cos_t, const float *sin_t, int B, int T, int nh,
+                     int head_dim, kcu_stream stream, fsdp_err *err);
+int kcu_rope_backward(fsdp_dtype dt, void *dx, const float *cos_t, const float *sin_t, int B, int T, int nh,
+                      int head_dim, kcu_stream stream, fsdp_err *err);
+
+/* ---- causal attention with GQA (fused, FlashAttention-style) ----------------------------------
+ * q [B,T,H,hd], k/v [B,T,KV,hd], out [B,T,H,hd], lse [B,H,T] float32, as kc_attention_*. Scores
+ * (q.k)/sqrt(hd) and the online softmax are float32 in registers and shared memory; no T x T matrix
+ * is stored. The backward recomputes the probabilities from lse. hd <= 256, H % KV == 0. */
+#define KCU_ATTN_MAX_HEAD_DIM 256
+int kcu_attention_forward(fsdp_dtype dt, const void *q, const void *k, const void *v, void *out, float *lse, int B,
+                          int T, int H, int KV, int hd, kcu_stream stream, fsdp_err *err);
+/* Floats of scratch the backward needs (B*H*T: the row dots dO.O). */
+size_t kcu_attention_scratch_floats(int B, int T, int H);
+/* Overwrites dq, dk, dv (dtype dt). scratch: kcu_attention_scratch_floats floats of device memory. */
+int kcu_attention_backward(fsdp_dtype dt, const void *q, const void *k, const void *v, const void *out,
+                           const float *lse, const void *dout, void *dq, void *dk, void *dv, int B, int T, int H,
+                           int KV, int hd, float *scratch, kcu_stream stream, fsdp_err *err);
+
+/* ---- SwiGLU ------------------------------------------------------------------------------------- */
+
+int kcu_swiglu_forward(fsdp_dtype dt, const void *a, const void *b, void *out, int64_t n, kcu_stream stream,
+                       fsdp_err *err);
+/* Overwrites da and db. */
+int kcu_swiglu_backward(fsdp_dtype dt, const void *a, const void *b, const void *dout, void *da, void *db, int64_t n,
+                        kcu_stream stream, fsdp_err *err);
+
+/* ---- cross-entropy fused with softmax ------------------------------------------------------------ */
+
+/* lse[i] (float32, 0 for ignored rows); d_sums[0] = sum over kept rows of lse - logit[label] and
+ * d_sums[1] = number of kept rows, both double, overwritten. */
+int kcu_xent_forward(fsdp_dtype dt, const void *logits, const int32_t *labels, int64_t n, int vocab, int ignore_index,
+                     float *lse, double *d_sums, int *d_bad, kcu_stream stream, fsdp_err *err);
+/* dlogits = (softmax - onehot) * scale on kept rows, 0 on ignored rows; may alias logits. */
+int kcu_xent_backward(fsdp_dtype dt, const void *logits, const int32_t *labels, const float *lse, void *dlogits,
+                      int64_t n, int vocab, int ignore_index, float scale, kcu_stream stream, fsdp_err *err);
+
+/* ---- multi-tensor optimizer ------------------------------------------------------------------------
+ * A list of float32 shards (param, grad, exp_avg, exp_avg_sq) copied to the device once; every
+ * AdamW step, gradient norm or gradient scaling over the whole list is one kernel launch. */
+typedef struct kcu_tensor {
+    float *p;  /* parameter shard */
+    float *g;  /* its gradient */
+    float *m;  /* exp_avg (may be NULL for a list used only for sumsq/scale) */
+    float *v;  /* exp_avg_sq (idem) */
+    int64_t n; /* elements (0 allowed) */
+} kcu_tensor;
+
+typedef struct kcu_tensor_list kcu_tensor_list;
+
+/* Copies the descriptors to device memory (cudaMalloc; done once, outside the step loop). */
+int kcu_tensor_list_create(const kcu_tensor *t, int count, kcu_tensor_list **out, fsdp_err *err);
+void kcu_tensor_list_free(kcu_tensor_list *l);
+/* torch.optim.AdamW on every tensor of the list, with kc_adamw_step's exact float operations
+ * (needs m and v). step counts from 1. */
+int kcu_adamw_step(const kcu_tensor_list *l, const kc_adamw_hparams *h, int64_t step, kcu_stream stream,
+                   fsdp_err *err);
+/* *d_out = sum over the list of sum(g^2) in double (overwritten). */
+int kcu_list_grad_sumsq(const kcu_tensor_list *l, double *d_out, kcu_stream stream, fsdp_err *err);
+/* g *= s over the list (clip_grad_norm_'s scaling; s from kc_clip_coef). */
+int kcu_list_grad_scale(const kcu_tensor_list *l, float s, kcu_stream stream, fsdp_err *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

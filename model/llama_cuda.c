@@ -1,0 +1,272 @@
+/* GPU Llama forward and backward: the call sequence of model/llama_fwd.c and model/llama_bwd.c
+ * with kcu_ kernels and dev_linear_* GEMMs on the compute stream. */
+#include "model/llama_cuda_internal.h"
+
+#include <string.h>
+
+#include "runtime/device_gemm.h"
+
+/* Stops at the first failing call, prefixing where it happened. */
+#define TRY(call, ...)                                              \
+    do {                                                            \
+        int try_rc_ = (call);                                       \
+        if (try_rc_) return err ? fsdp_err_prefix(err, __VA_ARGS__) : try_rc_; \
+    } while (0)
+
+/* ---- forward ------------------------------------------------------------------------------------- */
+
+int llama_cuda_fwd_embed(const llama_config *c, const void *tok_embeddings, const int32_t *tokens,
+                         const int32_t *labels, int B, int T, llama_cuda_ws *ws, fsdp_err *err) {
+    int rc = llama_cuda_ws_check(c, ws, "llama (cuda) forward (embedding)", err);
+    if (rc) return rc;
+    if (B <= 0 || T <= 0 || B > ws->B_max || T > ws->T_max)
+        return fsdp_err_set(err, FSDP_E_INVALID,
+                            "llama (cuda) forward: batch %d x %d does not fit the workspace (at most %d x %d)", B, T,
+                            ws->B_max, ws->T_max);
+    if (!tokens || !tok_embeddings)
+        return fsdp_err_set(err, FSDP_E_INVALID, "llama (cuda) forward: no input_ids or embedding weights");
+    const int64_t n = (int64_t)B * T;
+    ws->phase = LLAMA_CUDA_EMPTY;
+    /* the ids are checked on the host, where they are (the kernels would only flag them) */
+    for (int64_t i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= c->vocab_size)
+            return fsdp_err_set(err, FSDP_E_INVALID,
+                                "llama (cuda) forward: input_ids: token %lld is %d, expected 0 <= id < vocab %d",
+                                (long long)i, (int)tokens[i], c->vocab_size);
+    int64_t kept = 0;
+    if (labels) {
+        for (int64_t i = 0; i < n; i++) {
+            if (labels[i] == LLAMA_MODEL_IGNORE_INDEX) continue;
+            if (labels[i] < 0 || labels[i] >= c->vocab_size)
+                return fsdp_err_set(err, FSDP_E_INVALID,
+                                    "llama (cuda) forward: labels: label %lld is %d, expected 0 <= label < vocab %d or "
+                                    "ignore_index %d",
+                                    (long long)i, (int)labels[i], c->vocab_size, LLAMA_MODEL_IGNORE_INDEX);
+            kept++;
+        }
+    }
+    const size_t tok_bytes = (size_t)n * sizeof(int32_t);
+    TRY(dev_copy_h2d(ws->d, ws->tokens, tokens, tok_bytes, DEV_STREAM_COMPUTE, err), "llama (cuda) forward: input_ids");
+    if (labels)
+        TRY(dev_copy_h2d(ws->d, ws->labels, labels, tok_bytes, DEV_STREAM_COMPUTE, err), "llama (cuda) forward: labels");
+    TRY(kcu_embedding_forward(ws->dt, tok_embeddings, ws->tokens, ws->acts[0].x, n, c->vocab_size, c->dim, NULL,
+                              ws->s, err),
+        "llama (cuda) forward: embedding");
+    ws->has_labels = labels != NULL;
+    ws->n_valid = kept;
+    ws->B = B;
+    ws->T = T;
+    ws->phase = LLAMA_CUDA_FWD;
+    ws->fwd_next = 0;
+    memset(&ws->loss, 0, sizeof ws->loss);
+    return FSDP_OK;
+}
+
+int llama_cuda_fwd_layer(const llama_config *c, const llama_cuda_layer *lw, int layer, llama_cuda_ws *ws,
+                         fsdp_err *err) {
+    int rc = llama_cuda_ws_check(c, ws, "llama (cuda) forward (layer)", err);
+    if (rc) return rc;
+    if (ws->phase != LLAMA_CUDA_FWD || ws->fwd_next != layer)
+        return fsdp_err_set(err, FSDP_E_INVALID, "llama (cuda) forward: layer %d run out of order (expected layer %d)",
+                            layer, ws->phase == LLAMA_CUDA_FWD ? ws->fwd_next : -1);
+    if (!lw) return fsdp_err_set(err, FSDP_E_INVALID, "llama (cuda) forward: no weights for layer %d", layer);
+    const int B = ws->B, T = ws->T, n = B * T, d = c->dim, H = c->n_heads, KV = c->n_kv_heads, hd = c->head_dim,
+              F = c->ffn_hidden, qd = H * hd, kvd = KV * hd;
+    const fsdp_dtype dt = ws->dt;
+    llama_cuda_acts *a = &ws->acts[layer];
+    void *out = layer + 1 < c->n_layers ? ws->acts[layer + 1].x : ws->x_final;
+    dev_ctx *dc = ws->d;
+    kcu_stream s = ws->s;
+    const float eps = (float)c->norm_eps;
+    const int64_t nd = (int64_t)n * d;
+
+    TRY(kcu_rmsnorm_forward(dt, a->x, lw->attention_norm, a->xn1, a->rstd1, n, d, eps, s, err),
+        "llama (cuda) forward: layer %d attention_norm", layer);
+    TRY(dev_linear_forward(dc, dt, a->xn1, lw->wq, a->q, n, d, qd, err), "llama (cuda) forward: layer %d wq", layer);
+    TRY(dev_linear_forward(dc, dt, a->xn1, lw->wk, a->k, n, d, kvd, err), "llama (cuda) forward: layer %d wk", layer);
+    TRY(dev_linear_forward(dc, dt, a->xn1, lw->wv, a->v, n, d, kvd, err), "llama (cuda) forward: layer %d wv", layer);
+    TRY(kcu_rope_forward(dt, a->q, ws->rope_cos, ws->rope_sin, B, T, H, hd, s, err),
+        "llama (cuda) forward: layer %d rope", layer);
+    TRY(kcu_rope_forward(dt, a->k, ws->rope_cos, ws->rope_sin, B, T, KV, hd, s, err),
+        "llama (cuda) forward: layer %d rope", layer);
+    TRY(kcu_attention_forward(dt, a->q, a->k, a->v, a->att, a->lse, B, T, H, KV, hd, s, err),
+        "llama (cuda) forward: layer %d attention", layer);
+    TRY(dev_linear_forward(dc, dt, a->att, lw->wo, a->h, n, qd, d, err), "llama (cuda) forward: layer %d wo", layer);
+    TRY(kcu_add(dt, a->x, a->h, a->h, nd, s, err), "llama (cuda) forward: layer %d residual", layer); /* h = x + wo(.) */
+
+    TRY(kcu_rmsnorm_forward(dt, a->h, lw->ffn_norm, a->xn2, a->rstd2, n, d, eps, s, err),
+        "llama (cuda) forward: layer %d ffn_norm", layer);
+    TRY(dev_linear_forward(dc, dt, a->xn2, lw->w1, a->a, n, d, F, err), "llama (cuda) forward: layer %d w1", layer);
+    TRY(dev_linear_forward(dc, dt, a->xn2, lw->w3, a->b, n, d, F, err), "llama (cuda) forward: layer %d w3", layer);
+    TRY(kcu_swiglu_forward(dt, a->a, a->b, a->g, (int64_t)n * F, s, err), "llama (cuda) forward: layer %d swiglu",
+        layer);
+    TRY(dev_linear_forward(dc, dt, a->g, lw->w2, out, n, F, d, err), "llama (cuda) forward: layer %d w2", layer);
+    TRY(kcu_add(dt, a->h, out, out, nd, s, err), "llama (cuda) forward: layer %d residual", layer); /* out = h + w2(.) */
+    ws->fwd_next = layer + 1;
+    return FSDP_OK;
+}
+
+int llama_cuda_fwd_head(const llama_config *c, const void *norm_w, const void *output_w, llama_cuda_ws *ws,
+                        llama_model_loss *loss, fsdp_err *err) {
+    int rc = llama_cuda_ws_check(c, ws, "llama (cuda) forward (head)", err);
+    if (rc) return rc;
+    if (ws->phase != LLAMA_CUDA_FWD || ws->fwd_next != c->n_layers)
+        return fsdp_err_set(err, FSDP_E_INVALID, "llama (cuda) forward: head run before all %d layers (next layer %d)",
+                            c->n_layers, ws->phase == LLAMA_CUDA_FWD ? ws->fwd_next : -1);
+    const int n = ws->B * ws->T, d = c->dim, V = c->vocab_size;
+    TRY(kcu_rmsnorm_forward(ws->dt, ws->x_final, norm_w, ws->xnf, ws->rstdf, n, d, (float)c->norm_eps, ws->s, err),
+        "llama (cuda) forward: norm");
+    TRY(dev_linear_forward(ws->d, ws->dt, ws->xnf, output_w, ws->logits, n, d, V, err), "llama (cuda) forward: output");
+    memset(&ws->loss, 0, sizeof ws->loss);
+    if (ws->has_labels) {
+        TRY(kcu_xent_forward(ws->dt, ws->logits, ws->labels, n, V, LLAMA_MODEL_IGNORE_INDEX, ws->lse_x, ws->sums,
+                             NULL, ws->s, err),
+            "llama (cuda) forward: cross-entropy");
+        ws->loss.n_valid = ws->n_valid;
+        if (loss) {
+            double sums[2];
+            TRY(dev_download(ws->d, sums, ws->sums, sizeof sums, err), "llama (cuda) forward: loss");
+            ws->loss.loss_sum = sums[0];
+            ws->loss.loss = ws->n_valid > 0 ? sums[0] / (double)ws->n_valid : 0.0;
+        }
+    }
+    if (loss) *loss = ws->loss;
+    ws->phase = LLAMA_CUDA_HEAD;
+    return FSDP_OK;
+}
+
+int llama_cuda_model_forward(const llama_config *c, const llama_cuda_weights *w, const int32_t *tokens,
+                             const int32_t *labels, int B, int T, llama_cuda_ws *ws, llama_model_loss *loss,
+                             fsdp_err *err) {
+    if (!w || !c || w->n_layers != c->n_layers || !w->layers)
+        return fsdp_err_set(err, FSDP_E_INVALID, "llama (cuda) forward: weights do not match the config's %d layers",
+                            c ? c->n_layers : -1);
+    int rc = llama_cuda_fwd_embed(c, w->tok_embeddings, tokens, labels, B, T, ws, err);
+    for (int l = 0; !rc && l < c->n_layers; l++) rc = llama_cuda_fwd_layer(c, &w->layers[l], l, ws, err);
+    if (!rc) rc = llama_cuda_fwd_head(c, w->norm, w->output, ws, loss, err);
+    return rc;
+}
+
+/* ---- backward ------------------------------------------------------------------------------------ */
+
+int llama_cuda_bwd_head(const llama_config *c, const void *norm_w, const void *output_w, float *d_norm,
+                        float *d_output, double loss_denom, llama_cuda_ws *ws, fsdp_err *err) {
+    int rc = llama_cuda_ws_check(c, ws, "llama (cuda) backward (head)", err);
+    if (rc) return rc;
+    if (ws->phase != LLAMA_CUDA_HEAD)
+        return fsdp_err_set(err, FSDP_E_INVALID, "llama (cuda) backward: the head backward needs a completed forward");
+    if (!ws->has_labels)
+        return fsdp_err_set(err, FSDP_E_INVALID, "llama (cuda) backward: the forward ran without labels, there is no loss");
+    const int n = ws->B * ws->T, d = c->dim, V = c->vocab_size;
+    const fsdp_dtype dt = ws->dt;
+    double denom = loss_denom > 0.0 ? loss_denom : (double)ws->n_valid;
+    float scale = denom > 0.0 ? (float)(1.0 / denom) : 0.0f;
+    /* logits -> dlogits in place */
+    TRY(kcu_xent_backward(dt, ws->logits, ws->labels, ws->lse_x, ws->logits, n, V, LLAMA_MODEL_IGNORE_INDEX, scale, ws->s,
+                          err),
+        "llama (cuda) backward: cross-entropy");
+    TRY(dev_linear_backward_input(ws->d, dt, ws->logits, output_w, ws->dxn, n, d, V, 0.0f, err),
+        "llama (cuda) backward: output");
+    TRY(dev_linear_backward_weight(ws->d, dt, ws->logits, ws->xnf, d_output, n, d, V, err),
+        "llama (cuda) backward: output weight");
+    TRY(dev_memset0(ws->d, ws->dres, (size_t)n * (size_t)d * fsdp_dtype_size(dt), DEV_STREAM_COMPUTE, err),
+        "llama (cuda) backward");
+    TRY(kcu_rmsnorm_backward(dt, ws->dxn, ws->x_final, norm_w, ws->rstdf, ws->dres, d_norm, n, d, ws->s, err),
+        "llama (cuda) backward: norm");
+    ws->phase = LLAMA_CUDA_BWD;
+    ws->bwd_next = c->n_layers - 1;
+    return FSDP_OK;
+}
+
+int llama_cuda_bwd_layer(const llama_config *c, const llama_cuda_layer *lw, llama_model_layer *lg, int layer,
+                         llama_cuda_ws *ws, fsdp_err *err) {
+    int rc = llama_cuda_ws_check(c, ws, "llama (cuda) backward (layer)", err);
+    if (rc) return rc;
+    if (ws->phase != LLAMA_CUDA_BWD || ws->bwd_next != layer)
+        return fsdp_err_set(err, FSDP_E_INVALID, "llama (cuda) backward: layer %d run out of order (expected layer %d)",
+                            layer, ws->phase == LLAMA_CUDA_BWD ? ws->bwd_next : -1);
+    if (!lw || !lg)
+        return fsdp_err_set(err, FSDP_E_INVALID, "llama (cuda) backward: no weights or gradients for layer %d", layer);
+    const int B = ws->B, T = ws->T, n = B * T, d = c->dim, H = c->n_heads, KV = c->n_kv_heads, hd = c->head_dim,
+              F = c->ffn_hidden, qd = H * hd, kvd = KV * hd;
+    const fsdp_dtype dt = ws->dt;
+    llama_cuda_acts *a = &ws->acts[layer];
+    dev_ctx *dc = ws->d;
+    kcu_stream s = ws->s;
+
+    /* out = h + w2(g): dres is d(out); it also flows unchanged into d(h). */
+    TRY(dev_linear_backward_input(dc, dt, ws->dres, lw->w2, ws->dg, n, F, d, 0.0f, err),
+        "llama (cuda) backward: layer %d w2", layer);
+    TRY(dev_linear_backward_weight(dc, dt, ws->dres, a->g, lg->w2, n, F, d, err), "llama (cuda) backward: layer %d w2",
+        layer);
+    TRY(kcu_swiglu_backward(dt, a->a, a->b, ws->dg, ws->da, ws->db, (int64_t)n * F, s, err),
+        "llama (cuda) backward: layer %d swiglu", layer);
+    TRY(dev_linear_backward_input(dc, dt, ws->da, lw->w1, ws->dxn, n, d, F, 0.0f, err),
+        "llama (cuda) backward: layer %d w1", layer);
+    TRY(dev_linear_backward_input(dc, dt, ws->db, lw->w3, ws->dxn, n, d, F, 1.0f, err),
+        "llama (cuda) backward: layer %d w3", layer);
+    TRY(dev_linear_backward_weight(dc, dt, ws->da, a->xn2, lg->w1, n, d, F, err), "llama (cuda) backward: layer %d w1",
+        layer);
+    TRY(dev_linear_backward_weight(dc, dt, ws->db, a->xn2, lg->w3, n, d, F, err), "llama (cuda) backward: layer %d w3",
+        layer);
+    TRY(kcu_rmsnorm_backward(dt, ws->dxn, a->h, lw->ffn_norm, a->rstd2, ws->dres, lg->ffn_norm, n, d, s, err),
+        "llama (cuda) backward: layer %d ffn_norm", layer);
+
+    /* h = x + wo(att): dres is now d(h); it flows unchanged into d(x). */
+    TRY(dev_linear_backward_input(dc, dt, ws->dres, lw->wo, ws->datt, n, qd, d, 0.0f, err),
+        "llama (cuda) backward: layer %d wo", layer);
+    TRY(dev_linear_backward_weight(dc, dt, ws->dres, a->att, lg->wo, n, qd, d, err),
+        "llama (cuda) backward: layer %d wo", layer);
+    TRY(kcu_attention_backward(dt, a->q, a->k, a->v, a->att, a->lse, ws->datt, ws->dq, ws->dk, ws->dv, B, T, H, KV, hd,
+                               ws->attn_scratch, s, err),
+        "llama (cuda) backward: layer %d attention", layer);
+    TRY(kcu_rope_backward(dt, ws->dq, ws->rope_cos, ws->rope_sin, B, T, H, hd, s, err),
+        "llama (cuda) backward: layer %d rope", layer);
+    TRY(kcu_rope_backward(dt, ws->dk, ws->rope_cos, ws->rope_sin, B, T, KV, hd, s, err),
+        "llama (cuda) backward: layer %d rope", layer);
+    TRY(dev_linear_backward_input(dc, dt, ws->dq, lw->wq, ws->dxn, n, d, qd, 0.0f, err),
+        "llama (cuda) backward: layer %d wq", layer);
+    TRY(dev_linear_backward_input(dc, dt, ws->dk, lw->wk, ws->dxn, n, d, kvd, 1.0f, err),
+        "llama (cuda) backward: layer %d wk", layer);
+    TRY(dev_linear_backward_input(dc, dt, ws->dv, lw->wv, ws->dxn, n, d, kvd, 1.0f, err),
+        "llama (cuda) backward: layer %d wv", layer);
+    TRY(dev_linear_backward_weight(dc, dt, ws->dq, a->xn1, lg->wq, n, d, qd, err), "llama (cuda) backward: layer %d wq",
+        layer);
+    TRY(dev_linear_backward_weight(dc, dt, ws->dk, a->xn1, lg->wk, n, d, kvd, err),
+        "llama (cuda) backward: layer %d wk", layer);
+    TRY(dev_linear_backward_weight(dc, dt, ws->dv, a->xn1, lg->wv, n, d, kvd, err),
+        "llama (cuda) backward: layer %d wv", layer);
+    TRY(kcu_rmsnorm_backward(dt, ws->dxn, a->x, lw->attention_norm, a->rstd1, ws->dres, lg->attention_norm, n, d, s,
+                             err),
+        "llama (cuda) backward: layer %d attention_norm", layer);
+
+    ws->bwd_next = layer - 1;
+    if (layer == 0) ws->phase = LLAMA_CUDA_BWD_LAYERS;
+    return FSDP_OK;
+}
+
+int llama_cuda_bwd_embed(const llama_config *c, float *d_tok_embeddings, llama_cuda_ws *ws, fsdp_err *err) {
+    int rc = llama_cuda_ws_check(c, ws, "llama (cuda) backward (embedding)", err);
+    if (rc) return rc;
+    if (ws->phase != LLAMA_CUDA_BWD_LAYERS)
+        return fsdp_err_set(err, FSDP_E_INVALID,
+                            "llama (cuda) backward: embedding backward run before every layer's backward");
+    TRY(kcu_embedding_backward(ws->dt, ws->dres, ws->tokens, d_tok_embeddings, (int64_t)ws->B * ws->T, c->vocab_size,
+                               c->dim, NULL, ws->s, err),
+        "llama (cuda) backward: embedding");
+    ws->phase = LLAMA_CUDA_EMPTY;
+    return FSDP_OK;
+}
+
+int llama_cuda_model_backward(const llama_config *c, const llama_cuda_weights *w, llama_model_weights *g,
+                              double loss_denom, llama_cuda_ws *ws, fsdp_err *err) {
+    if (!c || !w || !g || w->n_layers != c->n_layers || g->n_layers != c->n_layers || !w->layers || !g->layers)
+        return fsdp_err_set(err, FSDP_E_INVALID,
+                            "llama (cuda) backward: weights or gradients do not match the config's %d layers",
+                            c ? c->n_layers : -1);
+    int rc = llama_cuda_bwd_head(c, w->norm, w->output, g->norm, g->output, loss_denom, ws, err);
+    for (int l = c->n_layers - 1; !rc && l >= 0; l--)
+        rc = llama_cuda_bwd_layer(c, &w->layers[l], &g->layers[l], l, ws, err);
+    if (!rc) rc = llama_cuda_bwd_embed(c, g->tok_embeddings, ws, err);
+    return rc;
+}

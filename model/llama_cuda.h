@@ -1,0 +1,94 @@
+/* Llama-3 forward and backward on the GPU: the pieces of model/llama_model.h with the CUDA
+ * kernels (kernels/cuda/kcu.h) and cuBLASLt GEMMs (runtime/device_gemm.h), all on the device
+ * context's compute stream.
+ *
+ *   llama_cuda_fwd_embed -> llama_cuda_fwd_layer(0..L-1) -> llama_cuda_fwd_head
+ *   llama_cuda_bwd_head -> llama_cuda_bwd_layer(L-1..0) -> llama_cuda_bwd_embed
+ *
+ * Same math and order of operations as the CPU model. Weights and activations are stored in the
+ * workspace's dtype (FSDP_DT_F32, or FSDP_DT_BF16 for bf16 compute with float32 accumulation);
+ * gradients are always float32 device buffers (the llama_model_layer / llama_model_weights structs
+ * of llama_model.h, pointing at device memory) and ACCUMULATE (+=) like the CPU model's.
+ *
+ * Token ids and labels are host arrays: they are checked on the host (the CPU model's errors) and
+ * copied to the device. Nothing synchronises the host except llama_cuda_fwd_head when it is asked
+ * for the loss. */
+#ifndef FSDP_MODEL_LLAMA_CUDA_H
+#define FSDP_MODEL_LLAMA_CUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "fsdp/error.h"
+#include "fsdp/tensor.h"
+#include "model/llama_model.h"
+#include "runtime/device.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* One block's weights on the device, in the workspace dtype (torchtitan names as llama_model_layer). */
+typedef struct llama_cuda_layer {
+    const void *wq, *wk, *wv, *wo, *w1, *w2, *w3, *attention_norm, *ffn_norm;
+} llama_cuda_layer;
+
+typedef struct llama_cuda_weights {
+    const void *tok_embeddings;
+    int n_layers;
+    llama_cuda_layer *layers; /* n_layers entries, owned when made by llama_cuda_weights_bind */
+    const void *norm;
+    const void *output;
+} llama_cuda_weights;
+
+/* Points lw at a device layer block in the flat layout of llama_model.h (elements of dtype dt). */
+void llama_cuda_layer_bind(const llama_config *cfg, const void *flat_layer, fsdp_dtype dt, llama_cuda_layer *lw);
+/* Points w at the whole flat layout (llama_model_numel elements of dtype dt); allocates w->layers. */
+int llama_cuda_weights_bind(const llama_config *cfg, const void *flat, fsdp_dtype dt, llama_cuda_weights *w,
+                            fsdp_err *err);
+void llama_cuda_weights_unbind(llama_cuda_weights *w);
+
+typedef struct llama_cuda_ws llama_cuda_ws;
+
+/* Device workspace for batches up to B_max x T_max in dtype dt (activations, saved tensors,
+ * backward scratch, RoPE tables from kc_rope_tables), taken from d's allocator. Fails on a config
+ * the kernels cannot run (llama_model_check, head_dim <= KCU_ATTN_MAX_HEAD_DIM) or without a GPU. */
+llama_cuda_ws *llama_cuda_ws_create(dev_ctx *d, const llama_config *cfg, int B_max, int T_max, fsdp_dtype dt,
+                                    fsdp_err *err);
+void llama_cuda_ws_free(llama_cuda_ws *ws);
+size_t llama_cuda_ws_bytes(const llama_cuda_ws *ws);
+fsdp_dtype llama_cuda_ws_dtype(const llama_cuda_ws *ws);
+/* Device logits [B*T, V] (workspace dtype) of the last llama_cuda_fwd_head; NULL before it and after
+ * llama_cuda_bwd_head (which overwrites them with their gradient). */
+const void *llama_cuda_ws_logits(const llama_cuda_ws *ws);
+
+/* ---- pieces (device weight pointers; labels may be NULL: no loss, no backward) -------------- */
+
+int llama_cuda_fwd_embed(const llama_config *cfg, const void *tok_embeddings, const int32_t *tokens,
+                         const int32_t *labels, int B, int T, llama_cuda_ws *ws, fsdp_err *err);
+int llama_cuda_fwd_layer(const llama_config *cfg, const llama_cuda_layer *lw, int layer, llama_cuda_ws *ws,
+                         fsdp_err *err);
+/* loss may be NULL; when not, the loss is copied to the host (a synchronisation). */
+int llama_cuda_fwd_head(const llama_config *cfg, const void *norm_w, const void *output_w, llama_cuda_ws *ws,
+                        llama_model_loss *loss, fsdp_err *err);
+
+/* loss_denom <= 0: the batch's number of labelled tokens. */
+int llama_cuda_bwd_head(const llama_config *cfg, const void *norm_w, const void *output_w, float *d_norm,
+                        float *d_output, double loss_denom, llama_cuda_ws *ws, fsdp_err *err);
+int llama_cuda_bwd_layer(const llama_config *cfg, const llama_cuda_layer *lw, llama_model_layer *lg, int layer,
+                         llama_cuda_ws *ws, fsdp_err *err);
+int llama_cuda_bwd_embed(const llama_config *cfg, float *d_tok_embeddings, llama_cuda_ws *ws, fsdp_err *err);
+
+/* ---- whole model ------------------------------------------------------------------------------- */
+
+int llama_cuda_model_forward(const llama_config *cfg, const llama_cuda_weights *w, const int32_t *tokens,
+                             const int32_t *labels, int B, int T, llama_cuda_ws *ws, llama_model_loss *loss,
+                             fsdp_err *err);
+/* g: float32 device gradients (llama_model_weights_bind on a device buffer). */
+int llama_cuda_model_backward(const llama_config *cfg, const llama_cuda_weights *w, llama_model_weights *g,
+                              double loss_denom, llama_cuda_ws *ws, fsdp_err *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

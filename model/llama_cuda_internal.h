@@ -1,0 +1,47 @@
+/* Private to model/llama_cuda*.c: the device workspace layout. */
+#ifndef FSDP_MODEL_LLAMA_CUDA_INTERNAL_H
+#define FSDP_MODEL_LLAMA_CUDA_INTERNAL_H
+
+#include "kernels/cuda/kcu.h"
+#include "model/llama_cuda.h"
+
+/* What one layer's forward saves for its backward (device; v_* in the workspace dtype). */
+typedef struct llama_cuda_acts {
+    void *x, *xn1, *q, *k, *v, *att, *h, *xn2, *a, *b, *g;
+    float *rstd1, *rstd2, *lse;
+} llama_cuda_acts;
+
+typedef enum llama_cuda_phase {
+    LLAMA_CUDA_EMPTY = 0,
+    LLAMA_CUDA_FWD,       /* embedding done, layers fwd_next.. to go */
+    LLAMA_CUDA_HEAD,      /* head forward done */
+    LLAMA_CUDA_BWD,       /* head backward done, layers bwd_next..0 to go */
+    LLAMA_CUDA_BWD_LAYERS /* layers done, embedding backward to go */
+} llama_cuda_phase;
+
+struct llama_cuda_ws {
+    dev_ctx *d;
+    kcu_stream s;
+    llama_config cfg;
+    fsdp_dtype dt;
+    int B_max, T_max, B, T;
+    int has_labels;
+    int64_t n_valid; /* labelled tokens of the current batch (counted on the host) */
+    int32_t *tokens, *labels; /* device [B_max*T_max] */
+    float *rope_cos, *rope_sin; /* device [T_max, hd/2] */
+    float *attn_scratch;        /* kcu_attention_scratch_floats(B_max, T_max, H) */
+    llama_cuda_acts *acts;      /* host array of n_layers */
+    void *x_final, *xnf, *logits;
+    float *rstdf, *lse_x;
+    double *sums; /* [2] loss sum, count */
+    void *dres, *dxn, *dq, *datt, *dk, *dv, *dg, *da, *db;
+    llama_cuda_phase phase;
+    int fwd_next, bwd_next;
+    llama_model_loss loss;
+    void *arena;
+    size_t arena_bytes;
+};
+
+int llama_cuda_ws_check(const llama_config *cfg, const llama_cuda_ws *ws, const char *what, fsdp_err *err);
+
+#endif

@@ -1,0 +1,249 @@
+/* GPU Llama: weight binding on the flat layout and the device workspace (one arena from the
+ * device allocator). */
+#include "model/llama_cuda_internal.h"
+
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- binding ------------------------------------------------------------------------------------ */
+
+void llama_cuda_layer_bind(const llama_config *c, const void *flat_layer, fsdp_dtype dt, llama_cuda_layer *lw) {
+    const size_t d = (size_t)c->dim, qd = (size_t)c->n_heads * c->head_dim, kvd = (size_t)c->n_kv_heads * c->head_dim,
+                 F = (size_t)c->ffn_hidden, es = fsdp_dtype_size(dt);
+    const unsigned char *p = flat_layer;
+    /* named_parameters() order within a block: wq, wk, wv, wo, w1, w2, w3, attention_norm, ffn_norm */
+    lw->wq = p;
+    p += qd * d * es;
+    lw->wk = p;
+    p += kvd * d * es;
+    lw->wv = p;
+    p += kvd * d * es;
+    lw->wo = p;
+    p += d * qd * es;
+    lw->w1 = p;
+    p += F * d * es;
+    lw->w2 = p;
+    p += d * F * es;
+    lw->w3 = p;
+    p += F * d * es;
+    lw->attention_norm = p;
+    p += d * es;
+    lw->ffn_norm = p;
+}
+
+int llama_cuda_weights_bind(const llama_config *c, const void *flat, fsdp_dtype dt, llama_cuda_weights *w,
+                            fsdp_err *err) {
+    memset(w, 0, sizeof *w);
+    if (llama_model_check(c, err)) return err ? err->code : FSDP_E_INVALID;
+    if (dt != FSDP_DT_F32 && dt != FSDP_DT_BF16)
+        return fsdp_err_set(err, FSDP_E_INVALID, "llama (cuda): weight dtype %s is not f32 or bf16", fsdp_dtype_name(dt));
+    w->layers = calloc((size_t)c->n_layers, sizeof *w->layers);
+    if (!w->layers) return fsdp_err_set(err, FSDP_E_NOMEM, "llama (cuda): out of memory binding %d layers", c->n_layers);
+    const size_t es = fsdp_dtype_size(dt), emb = (size_t)c->vocab_size * (size_t)c->dim * es,
+                 layer = (size_t)llama_model_layer_numel(c) * es;
+    const unsigned char *p = flat;
+    w->tok_embeddings = p;
+    p += emb;
+    for (int l = 0; l < c->n_layers; l++) {
+        llama_cuda_layer_bind(c, p, dt, &w->layers[l]);
+        p += layer;
+    }
+    w->norm = p;
+    p += (size_t)c->dim * es;
+    w->output = p;
+    w->n_layers = c->n_layers;
+    return FSDP_OK;
+}
+
+void llama_cuda_weights_unbind(llama_cuda_weights *w) {
+    if (!w) return;
+    free(w->layers);
+    memset(w, 0, sizeof *w);
+}
+
+/* ---- workspace ----------------------------------------------------------------------------------- */
+
+/* Carves `bytes` (rounded up to 256) at *off; 0 on overflow. */
+static int carve(size_t *off, size_t bytes, size_t *at) {
+    size_t rounded;
+    if (__builtin_add_overflow(bytes, (size_t)255, &rounded)) return 0;
+    rounded &= ~(size_t)255;
+    *at = *off;
+    return !__builtin_add_overflow(*off, rounded, off);
+}
+
+static int mul3(size_t a, size_t b, size_t c, size_t *out) {
+    size_t t;
+    return !__builtin_mul_overflow(a, b, &t) && !__builtin_mul_overflow(t, c, out);
+}
+
+/* Two passes: sizes (base == NULL), then pointers. 0 on size overflow. */
+static int layout(llama_cuda_ws *ws, unsigned char *base, size_t *total) {
+    const llama_config *c = &ws->cfg;
+    const size_t BT = (size_t)ws->B_max * (size_t)ws->T_max, es = fsdp_dtype_size(ws->dt);
+    size_t nd, nq, nkv, nf, nstat, nlse, nlog, nrope, ntok;
+    if (!mul3(BT, (size_t)c->dim, es, &nd) || !mul3(BT, (size_t)c->n_heads * c->head_dim, es, &nq) ||
+        !mul3(BT, (size_t)c->n_kv_heads * c->head_dim, es, &nkv) || !mul3(BT, (size_t)c->ffn_hidden, es, &nf) ||
+        !mul3(BT, sizeof(float), 1, &nstat) || !mul3(BT, (size_t)c->n_heads, sizeof(float), &nlse) ||
+        !mul3(BT, (size_t)c->vocab_size, es, &nlog) ||
+        !mul3((size_t)ws->T_max, (size_t)(c->head_dim / 2), sizeof(float), &nrope) ||
+        !mul3(BT, sizeof(int32_t), 1, &ntok))
+        return 0;
+    size_t off = 0, at;
+#define CARVE(ptr, n)                                 \
+    do {                                              \
+        if (!carve(&off, (n), &at)) return 0;         \
+        if (base) (ptr) = (void *)(base + at);        \
+    } while (0)
+    CARVE(ws->tokens, ntok);
+    CARVE(ws->labels, ntok);
+    CARVE(ws->rope_cos, nrope);
+    CARVE(ws->rope_sin, nrope);
+    CARVE(ws->attn_scratch, nlse);
+    CARVE(ws->sums, 2 * sizeof(double));
+    for (int l = 0; l < c->n_layers; l++) {
+        llama_cuda_acts *a = &ws->acts[l];
+        CARVE(a->x, nd);
+        CARVE(a->rstd1, nstat);
+        CARVE(a->xn1, nd);
+        CARVE(a->q, nq);
+        CARVE(a->k, nkv);
+        CARVE(a->v, nkv);
+        CARVE(a->att, nq);
+        CARVE(a->lse, nlse);
+        CARVE(a->h, nd);
+        CARVE(a->rstd2, nstat);
+        CARVE(a->xn2, nd);
+        CARVE(a->a, nf);
+        CARVE(a->b, nf);
+        CARVE(a->g, nf);
+    }
+    CARVE(ws->x_final, nd);
+    CARVE(ws->rstdf, nstat);
+    CARVE(ws->xnf, nd);
+    CARVE(ws->logits, nlog);
+    CARVE(ws->lse_x, nstat);
+    CARVE(ws->dres, nd);
+    CARVE(ws->dxn, nd);
+    CARVE(ws->dq, nq);
+    CARVE(ws->datt, nq);
+    CARVE(ws->dk, nkv);
+    CARVE(ws->dv, nkv);
+    CARVE(ws->dg, nf);
+    CARVE(ws->da, nf);
+    CARVE(ws->db, nf);
+#undef CARVE
+    *total = off;
+    return 1;
+}
+
+llama_cuda_ws *llama_cuda_ws_create(dev_ctx *d, const llama_config *cfg, int B_max, int T_max, fsdp_dtype dt,
+                                    fsdp_err *err) {
+    if (!d) {
+        fsdp_err_set(err, FSDP_E_INVALID, "llama (cuda) workspace: no device context");
+        return NULL;
+    }
+    if (llama_model_check(cfg, err)) return NULL;
+    if (cfg->head_dim > KCU_ATTN_MAX_HEAD_DIM) {
+        fsdp_err_set(err, FSDP_E_INVALID, "llama (cuda) workspace: head_dim %d is larger than the attention kernel's %d",
+                     cfg->head_dim, KCU_ATTN_MAX_HEAD_DIM);
+        return NULL;
+    }
+    if (dt != FSDP_DT_F32 && dt != FSDP_DT_BF16) {
+        fsdp_err_set(err, FSDP_E_INVALID, "llama (cuda) workspace: dtype %s is not f32 or bf16", fsdp_dtype_name(dt));
+        return NULL;
+    }
+    if (B_max <= 0 || T_max <= 0 || B_max > 65535 || (int64_t)B_max * T_max > INT_MAX) {
+        fsdp_err_set(err, FSDP_E_INVALID,
+                     "llama (cuda) workspace: batch %d x %d must be positive with B <= 65535 and B*T <= %d", B_max,
+                     T_max, INT_MAX);
+        return NULL;
+    }
+    llama_cuda_ws *ws = calloc(1, sizeof *ws);
+    if (!ws || !(ws->acts = calloc((size_t)cfg->n_layers, sizeof *ws->acts))) {
+        free(ws);
+        fsdp_err_set(err, FSDP_E_NOMEM, "llama (cuda) workspace: out of host memory");
+        return NULL;
+    }
+    ws->d = d;
+    ws->s = dev_ctx_stream(d, DEV_STREAM_COMPUTE);
+    ws->cfg = *cfg;
+    ws->dt = dt;
+    ws->B_max = B_max;
+    ws->T_max = T_max;
+    size_t total = 0;
+    if (!layout(ws, NULL, &total)) {
+        fsdp_err_set(err, FSDP_E_INVALID, "llama (cuda) workspace: activation size for batch %d x %d overflows", B_max,
+                     T_max);
+        llama_cuda_ws_free(ws);
+        return NULL;
+    }
+    if (dev_alloc(d, total, &ws->arena, err)) {
+        fsdp_err_prefix(err, "llama (cuda) workspace: %zu bytes of activations for batch %d x %d", total, B_max, T_max);
+        llama_cuda_ws_free(ws);
+        return NULL;
+    }
+    ws->arena_bytes = total;
+    layout(ws, ws->arena, &total);
+    /* RoPE tables: computed on the host in double (kc_rope_tables), uploaded once */
+    size_t half = (size_t)cfg->head_dim / 2, nrope = (size_t)T_max * half;
+    float *tab = malloc(2 * nrope * sizeof(float));
+    if (!tab) {
+        fsdp_err_set(err, FSDP_E_NOMEM, "llama (cuda) workspace: out of host memory for the RoPE tables");
+        llama_cuda_ws_free(ws);
+        return NULL;
+    }
+    kc_rope_params rp = {
+        .theta = cfg->rope_theta,
+        .llama3_scaling = cfg->rope_scaling == LLAMA_ROPE_LLAMA3,
+        .factor = cfg->rope_factor,
+        .low_freq_factor = cfg->rope_low_freq_factor,
+        .high_freq_factor = cfg->rope_high_freq_factor,
+        .original_max_pos = (double)cfg->rope_original_max_pos,
+    };
+    int rc = kc_rope_tables(cfg->head_dim, T_max, &rp, tab, tab + nrope, err);
+    if (!rc) rc = dev_upload(d, ws->rope_cos, tab, nrope * sizeof(float), err);
+    if (!rc) rc = dev_upload(d, ws->rope_sin, tab + nrope, nrope * sizeof(float), err);
+    free(tab);
+    if (rc) {
+        fsdp_err_prefix(err, "llama (cuda) workspace");
+        llama_cuda_ws_free(ws);
+        return NULL;
+    }
+    ws->phase = LLAMA_CUDA_EMPTY;
+    return ws;
+}
+
+void llama_cuda_ws_free(llama_cuda_ws *ws) {
+    if (!ws) return;
+    if (ws->arena) {
+        fsdp_err err;
+        /* pending kernels may still use the arena: wait before giving it back */
+        dev_stream_sync(ws->d, DEV_STREAM_COMPUTE, &err);
+        dev_free(ws->d, ws->arena, &err);
+    }
+    free(ws->acts);
+    free(ws);
+}
+
+size_t llama_cuda_ws_bytes(const llama_cuda_ws *ws) { return ws ? ws->arena_bytes : 0; }
+fsdp_dtype llama_cuda_ws_dtype(const llama_cuda_ws *ws) { return ws ? ws->dt : FSDP_DT_INVALID; }
+
+const void *llama_cuda_ws_logits(const llama_cuda_ws *ws) {
+    return ws && ws->phase == LLAMA_CUDA_HEAD ? ws->logits : NULL;
+}
+
+int llama_cuda_ws_check(const llama_config *c, const llama_cuda_ws *ws, const char *what, fsdp_err *err) {
+    if (!ws || !c) return fsdp_err_set(err, FSDP_E_INVALID, "%s: no workspace or config", what);
+    const llama_config *w = &ws->cfg;
+    if (c->dim != w->dim || c->n_layers != w->n_layers || c->n_heads != w->n_heads ||
+        c->n_kv_heads != w->n_kv_heads || c->vocab_size != w->vocab_size || c->head_dim != w->head_dim ||
+        c->ffn_hidden != w->ffn_hidden || c->norm_eps != w->norm_eps || c->rope_theta != w->rope_theta ||
+        c->rope_scaling != w->rope_scaling || c->rope_factor != w->rope_factor ||
+        c->rope_low_freq_factor != w->rope_low_freq_factor || c->rope_high_freq_factor != w->rope_high_freq_factor ||
+        c->rope_original_max_pos != w->rope_original_max_pos)
+        return fsdp_err_set(err, FSDP_E_INVALID, "%s: the config does not match the one the workspace was made for",
+                            what);
+    return FSDP_OK;
+}

@@ -1,0 +1,108 @@
+// tools/bundle.sh (make bundle): the bundled binary carries rpath $ORIGIN/lib, finds its libraries
+// in the bundle without LD_LIBRARY_PATH, and a bundled Open MPI finds its components through the
+// relocation variables of env.sh.
+#include <gtest/gtest.h>
+
+#include <climits>
+#include <cstdlib>
+#include <sstream>
+#include <string>
+
+#include "test_util.h"
+
+namespace {
+
+bool have(const char *tool) {
+    std::string out;
+    return fsdp_test::run_cmd(std::string("command -v ") + tool, &out) == 0;
+}
+
+std::string dynamic_section(const std::string &file) {
+    std::string out;
+    EXPECT_EQ(fsdp_test::run_cmd("readelf -d '" + file + "'", &out), 0) << out;
+    return out;
+}
+
+// Every library ldd resolves outside dir, other than the C runtime and the GPU driver.
+std::string libs_outside(const std::string &file, const std::string &dir) {
+    std::string out, bad;
+    EXPECT_EQ(fsdp_test::run_cmd("env -u LD_LIBRARY_PATH ldd '" + file + "'", &out), 0) << out;
+    std::istringstream in(out);
+    std::string line;
+    const char *system[] = {"linux-vdso", "ld-linux", "libc.so", "libm.so", "libdl.so", "libpthread.so", "librt.so",
+                            "libstdc++.so", "libgcc_s.so", "libcuda.so", "libutil.so", "libresolv.so"};
+    while (std::getline(in, line)) {
+        bool sys = false;
+        for (const char *s : system) sys = sys || line.find(s) != std::string::npos;
+        if (sys) continue;
+        if (line.find(dir + "/lib/") == std::string::npos) bad += line + "\n";
+    }
+    return bad;
+}
+
+TEST(CudaBundle, BadUsageIsAnError) {
+    std::string out;
+    EXPECT_EQ(fsdp_test::run_cmd("sh tools/bundle.sh", &out), 2);
+    EXPECT_NE(out.find("usage"), std::string::npos) << out;
+    std::string tmp = fsdp_test::make_tmpdir("fsdp-bundle");
+    EXPECT_EQ(fsdp_test::run_cmd("sh tools/bundle.sh /nonexistent/prog '" + tmp + "/b'", &out), 1);
+    EXPECT_NE(out.find("/nonexistent/prog is not an executable file"), std::string::npos) << out;
+    EXPECT_EQ(fsdp_test::run_cmd("FSDP_BUNDLE_PATCHELF= FSDP_BUNDLE_LINK= sh tools/bundle.sh /bin/true '" + tmp + "/b'",
+                                 &out),
+              1);
+    EXPECT_NE(out.find("patchelf is not installed"), std::string::npos) << out;
+    fsdp_test::rm_rf(tmp);
+}
+
+// The script itself, on an executable that links Open MPI (ompi_info, from openmpi-bin).
+TEST(CudaBundle, BundlesAnOpenMpiProgramThatRunsFromTheBundle) {
+    if (!have("patchelf")) GTEST_SKIP() << "patchelf is not installed (tools/setup.sh installs it)";
+    std::string info;
+    if (fsdp_test::run_cmd("command -v ompi_info", &info) != 0) GTEST_SKIP() << "ompi_info is not installed";
+    info.erase(info.find_last_not_of("\n") + 1);
+    std::string tmp = fsdp_test::make_tmpdir("fsdp-bundle");
+    ASSERT_FALSE(tmp.empty());
+    const std::string b = tmp + "/b";
+    std::string out;
+    ASSERT_EQ(fsdp_test::run_cmd("sh tools/bundle.sh '" + info + "' '" + b + "'", &out), 0) << out;
+    std::string dyn = dynamic_section(b + "/ompi_info");
+    EXPECT_NE(dyn.find("$ORIGIN/lib"), std::string::npos) << dyn;
+    EXPECT_NE(dyn.find("(RPATH)"), std::string::npos) << dyn; // DT_RPATH also covers indirect dependencies
+    EXPECT_TRUE(fsdp_test::exists(b + "/lib/libmpi.so.40")) << "no libmpi in the bundle";
+    EXPECT_FALSE(fsdp_test::exists(b + "/lib/libc.so.6"));
+    std::string mca;
+    EXPECT_EQ(fsdp_test::run_cmd("ls '" + b + "/lib/openmpi' | grep -c '^mca_.*\\.so$'", &mca), 0);
+    EXPECT_GT(atoi(mca.c_str()), 10) << mca;
+    EXPECT_TRUE(fsdp_test::exists(b + "/env.sh"));
+    EXPECT_TRUE(fsdp_test::exists(b + "/README"));
+    EXPECT_TRUE(fsdp_test::exists(b + "/bin/orted"));
+    EXPECT_EQ(libs_outside(b + "/ompi_info", b), "");
+    EXPECT_EQ(libs_outside(b + "/lib/openmpi/mca_btl_self.so", b), "");
+    // Open MPI looks for its components in the bundle, not where it was installed
+    ASSERT_EQ(fsdp_test::run_cmd("cd / && env -u LD_LIBRARY_PATH '" + b + "/ompi_info.sh' --path pkglibdir --parsable",
+                                 &out),
+              0)
+        << out;
+    EXPECT_NE(out.find("path:pkglibdir:" + b + "/lib/openmpi"), std::string::npos) << out;
+    ASSERT_EQ(fsdp_test::run_cmd("env -u LD_LIBRARY_PATH '" + b + "/ompi_info.sh' --parsable", &out), 0) << out;
+    EXPECT_NE(out.find("mca:btl:self"), std::string::npos) << out.substr(0, 2000);
+    fsdp_test::rm_rf(tmp);
+}
+
+// The bundle `make bundle` made, when it was made.
+TEST(CudaBundle, MakeBundleRunsWithoutLdLibraryPath) {
+    if (!fsdp_test::exists(FSDP_BUILD_DIR "/bundle/fsdp-run")) GTEST_SKIP() << "make bundle has not been run";
+    char *abs = realpath(FSDP_BUILD_DIR "/bundle", nullptr); // ldd prints the libraries' absolute paths
+    ASSERT_NE(abs, nullptr);
+    const std::string b = abs;
+    free(abs);
+    std::string dyn = dynamic_section(b + "/fsdp-run");
+    EXPECT_NE(dyn.find("$ORIGIN/lib"), std::string::npos) << dyn;
+    std::string out;
+    ASSERT_EQ(fsdp_test::run_cmd("env -u LD_LIBRARY_PATH '" + b + "/fsdp-run' --version", &out), 0) << out;
+    EXPECT_EQ(out.rfind("fsdp-run ", 0), 0u) << out;
+    EXPECT_EQ(libs_outside(b + "/fsdp-run", b), "");
+    ASSERT_EQ(fsdp_test::run_cmd("env -u LD_LIBRARY_PATH '" + b + "/fsdp-run.sh' --version", &out), 0) << out;
+}
+
+} // namespace
