@@ -25,6 +25,24 @@ int dag_state_has(const dag_state *s, const char *name) {
     return 0;
 }
 
+/* a need "a|b" is met by any of its alternatives */
+static int need_met_by(const char *need, const char *have) {
+    size_t hl = strlen(have);
+    for (const char *p = need; *p;) {
+        const char *bar = strchr(p, '|');
+        size_t n = bar ? (size_t)(bar - p) : strlen(p);
+        if (n == hl && !strncmp(p, have, n)) return 1;
+        p += n + (bar ? 1 : 0);
+    }
+    return 0;
+}
+
+static int state_meets(const dag_state *s, const char *need) {
+    for (size_t i = 0; s && i < s->n; i++)
+        if (need_met_by(need, s->names[i])) return 1;
+    return 0;
+}
+
 void dag_state_free(dag_state *s) {
     for (size_t i = 0; i < s->n; i++) free(s->names[i]);
     free(s->names);
@@ -141,15 +159,27 @@ int dag_plan(const recipe *r, const fsdp_registry *reg, const dag_state *initial
         size_t i = order[k];
         const recipe_stage *s = &r->stages[i];
         for (const char *const *need = s->desc->needs; need && *need; need++) {
-            int ok = dag_state_has(initial, *need);
+            int ok = state_meets(initial, *need);
             for (size_t j = 0; j < n && !ok; j++) {
                 if (!anc[i * n + j]) continue;
                 for (const char *const *p = r->stages[j].desc->provides; p && *p && !ok; p++)
-                    if (!strcmp(*p, *need)) ok = 1;
+                    if (need_met_by(*need, *p)) ok = 1;
             }
             if (!ok) {
-                char prov[512];
-                registry_providers(reg, *need, prov, sizeof prov);
+                char prov[512] = "";
+                size_t pl = 0;
+                for (const char *q = *need; *q;) {
+                    const char *bar = strchr(q, '|');
+                    char one[64];
+                    size_t n = bar ? (size_t)(bar - q) : strlen(q);
+                    snprintf(one, sizeof one, "%.*s", (int)n, q);
+                    if (pl < sizeof prov) {
+                        if (pl) pl += (size_t)snprintf(prov + pl, sizeof prov - pl, ", ");
+                        registry_providers(reg, one, prov + pl, sizeof prov - pl);
+                        pl = strlen(prov);
+                    }
+                    q += n + (bar ? 1 : 0);
+                }
                 rc = fsdp_err_at(err, FSDP_E_INVALID, s->uses_node,
                                  "stage '%s' (%s) needs '%s', which no upstream stage provides (stages that provide "
                                  "it: %s; list one of them under `after`)",

@@ -6,6 +6,7 @@
 static const fsdp_stage_desc *const BUILTINS[] = {
     &stage_init_meta,
     &stage_init_cpu,
+    &stage_transform,
     &stage_load_ckpt,
     &stage_shard,
     &stage_train_steps,

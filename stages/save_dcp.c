@@ -16,7 +16,7 @@ static const fsdp_param_spec PARAMS[] = {
     {"overwrite", FSDP_T_BOOL, 0, "false", NULL, "replace an existing checkpoint at path"},
     {"async", FSDP_T_BOOL, 0, "false", NULL, "write in the background after a host snapshot"},
     {NULL, 0, 0, NULL, NULL, NULL}};
-static const char *const NEEDS[] = {"params", NULL};
+static const char *const NEEDS[] = {"params|full_params", NULL};
 static const char *const PROVIDES[] = {"checkpoint", NULL};
 
 static void async_destroy(void *p) { sio_async_free(p); }

@@ -1,0 +1,233 @@
+/* Stage `transform`: the post-init weight operations that make the FSDP1 path necessary
+ * today, made explicit and ordered. Works on full parameters (after init-cpu) and on shards
+ * (after init-meta / load-ckpt): parameters of equal shape are sharded identically, so every
+ * operation is row-aligned and local to each rank.
+ *
+ * with: ops: a list, each one of
+ *   {copy: {from: GLOB, to: GLOB}}   every parameter matching `to` gets the values of `from`
+ *                                    with its wildcards filled by the last captures of the
+ *                                    target (so `from: output.weight, to: tok_embeddings.weight`
+ *                                    ties, and `from: layers.0.**, to: layers.*.**` copies layer 0
+ *                                    into every layer)
+ *   {scale: {keys: GLOB|[GLOB...], by: FLOAT}}
+ *   {fill: {keys: GLOB|[GLOB...], value: FLOAT}}
+ *   {cast: {keys: GLOB|[GLOB...], dtype: f32|bf16}}  rounds the values, saved in that dtype
+ *   {load: {path: CKPT, keys: GLOB|[GLOB...], map: {GLOB: NAME}}}  take these parameters from
+ *                                    another checkpoint (map renames its keys)
+ * Globs: `*` matches one dotted component, `**` one or more. A pattern that matches nothing
+ * or a copy between different shapes is an error. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ckpt/namemap.h"
+#include "ckpt/state_io.h"
+#include "stages/stages.h"
+
+static const fsdp_param_spec PARAMS[] = {
+    {"ops", FSDP_T_LIST, 1, NULL, NULL, "ordered operations: copy, scale, fill, cast, load"},
+    {NULL, 0, 0, NULL, NULL, NULL}};
+static const char *const NEEDS[] = {"params|full_params", NULL};
+
+static const char *op_name(const fsdp_value *op, const fsdp_value **body) {
+    if (fsdp_value_type(op) != FSDP_V_MAP || fsdp_value_size(op) != 1) return NULL;
+    *body = fsdp_value_item(op, 0);
+    return fsdp_value_key(op, 0);
+}
+
+/* keys: a glob or a list of globs */
+static int key_matches(const fsdp_value *keys, const char *name) {
+    if (fsdp_value_type(keys) == FSDP_V_SCALAR) return nmap_glob_match(fsdp_value_text(keys), name, NULL) >= 0;
+    for (size_t i = 0; i < fsdp_value_size(keys); i++) {
+        const char *t = fsdp_value_text(fsdp_value_item(keys, i));
+        if (t && nmap_glob_match(t, name, NULL) >= 0) return 1;
+    }
+    return 0;
+}
+
+static int transform_check(const fsdp_value *with, fsdp_err *err) {
+    const fsdp_value *ops = fsdp_value_get(with, "ops");
+    for (size_t i = 0; i < fsdp_value_size(ops); i++) {
+        const fsdp_value *op = fsdp_value_item(ops, i), *b;
+        const char *n = op_name(op, &b);
+        if (!n)
+            return fsdp_err_at(err, FSDP_E_INVALID, op, "transform: each op is a map with one key: copy, scale, fill, cast or load");
+        const char *need[3] = {NULL, NULL, NULL};
+        if (!strcmp(n, "copy")) need[0] = "from", need[1] = "to";
+        else if (!strcmp(n, "scale")) need[0] = "keys", need[1] = "by";
+        else if (!strcmp(n, "fill")) need[0] = "keys", need[1] = "value";
+        else if (!strcmp(n, "cast")) need[0] = "keys", need[1] = "dtype";
+        else if (!strcmp(n, "load")) need[0] = "path", need[1] = "keys";
+        else return fsdp_err_at(err, FSDP_E_INVALID, op, "transform: unknown op '%s' (copy, scale, fill, cast, load)", n);
+        if (fsdp_value_type(b) != FSDP_V_MAP) return fsdp_err_at(err, FSDP_E_INVALID, b, "transform: %s needs a map", n);
+        for (int k = 0; k < 2; k++)
+            if (!fsdp_value_get(b, need[k]))
+                return fsdp_err_at(err, FSDP_E_INVALID, b, "transform: %s needs '%s'", n, need[k]);
+        double x;
+        if (!strcmp(n, "scale") && fsdp_value_float(fsdp_value_get(b, "by"), &x))
+            return fsdp_err_at(err, FSDP_E_INVALID, fsdp_value_get(b, "by"), "transform: scale.by must be a number");
+        if (!strcmp(n, "fill") && fsdp_value_float(fsdp_value_get(b, "value"), &x))
+            return fsdp_err_at(err, FSDP_E_INVALID, fsdp_value_get(b, "value"), "transform: fill.value must be a number");
+        const char *dt = fsdp_value_text(fsdp_value_get(b, "dtype"));
+        if (!strcmp(n, "cast") && (!dt || (strcmp(dt, "f32") && strcmp(dt, "bf16"))))
+            return fsdp_err_at(err, FSDP_E_INVALID, fsdp_value_get(b, "dtype"), "transform: cast.dtype must be f32 or bf16");
+        if (!strcmp(n, "copy")) {
+            const char *f = fsdp_value_text(fsdp_value_get(b, "from")), *t = fsdp_value_text(fsdp_value_get(b, "to"));
+            if (!f || !t) return fsdp_err_at(err, FSDP_E_INVALID, b, "transform: copy.from and copy.to are names or globs");
+        }
+    }
+    return 0;
+}
+
+static int same_shape(const state_param *a, const state_param *b) {
+    return a->ndim == b->ndim && !memcmp(a->shape, b->shape, (size_t)a->ndim * sizeof *a->shape);
+}
+
+/* fill the wildcards of `from` with the last captures of `name` under `to` */
+static int source_name(const char *from, const char *to, const char *name, char *out, size_t cap) {
+    nmap_span caps[NMAP_MAX_CAPTURES];
+    int nc = nmap_glob_match(to, name, caps);
+    if (nc < 0) return -1;
+    int nf = 0;
+    for (const char *p = from; *p; p++)
+        if (*p == '*') {
+            nf++;
+            if (p[1] == '*') p++;
+        }
+    if (nf > nc) return -2;
+    size_t o = 0;
+    int k = nc - nf;
+    for (const char *p = from; *p && o + 1 < cap; p++) {
+        if (*p != '*') {
+            out[o++] = *p;
+            continue;
+        }
+        if (p[1] == '*') p++;
+        for (size_t q = 0; q < caps[k].len && o + 1 < cap; q++) out[o++] = name[caps[k].off + q];
+        k++;
+    }
+    out[o] = '\0';
+    return 0;
+}
+
+static int do_copy(fsdp_state *s, const fsdp_value *b, fsdp_err *err) {
+    const char *from = fsdp_value_text(fsdp_value_get(b, "from")), *to = fsdp_value_text(fsdp_value_get(b, "to"));
+    size_t hits = 0;
+    for (size_t i = 0; i < s->n; i++) {
+        state_param *dst = &s->p[i];
+        char src_name[1024];
+        int m = source_name(from, to, dst->name, src_name, sizeof src_name);
+        if (m == -1) continue;
+        if (m == -2)
+            return fsdp_err_at(err, FSDP_E_INVALID, b, "transform copy: '%s' has more wildcards than '%s'", from, to);
+        state_param *src = state_find(s, src_name);
+        if (!src) return fsdp_err_at(err, FSDP_E_INVALID, b, "transform copy: no parameter %s (source of %s)", src_name, dst->name);
+        if (!same_shape(src, dst)) {
+            char a[96], c[96];
+            return fsdp_err_at(err, FSDP_E_INVALID, b, "transform copy: %s %s and %s %s have different shapes", src->name,
+                               fsdp_shape_str(src->ndim, src->shape, a, sizeof a), dst->name,
+                               fsdp_shape_str(dst->ndim, dst->shape, c, sizeof c));
+        }
+        hits++;
+        if (src != dst) memcpy(dst->data, src->data, state_param_local_numel(dst) * sizeof(float));
+    }
+    if (!hits) return fsdp_err_at(err, FSDP_E_INVALID, b, "transform copy: '%s' matches no parameter", to);
+    return 0;
+}
+
+static int do_elementwise(fsdp_state *s, const char *op, const fsdp_value *b, fsdp_err *err) {
+    const fsdp_value *keys = fsdp_value_get(b, "keys");
+    double x = 0;
+    fsdp_value_float(fsdp_value_get(b, !strcmp(op, "scale") ? "by" : "value"), &x);
+    const char *dt = fsdp_value_text(fsdp_value_get(b, "dtype"));
+    size_t hits = 0;
+    for (size_t i = 0; i < s->n; i++) {
+        state_param *p = &s->p[i];
+        if (!key_matches(keys, p->name)) continue;
+        hits++;
+        size_t n = state_param_local_numel(p);
+        if (!strcmp(op, "scale"))
+            for (size_t k = 0; k < n; k++) p->data[k] = (float)(p->data[k] * x);
+        else if (!strcmp(op, "fill"))
+            for (size_t k = 0; k < n; k++) p->data[k] = (float)x;
+        else {
+            p->dtype = fsdp_dtype_from_name(dt);
+            if (p->dtype == FSDP_DT_BF16)
+                for (size_t k = 0; k < n; k++) p->data[k] = fsdp_bf16_to_f32(fsdp_f32_to_bf16(p->data[k]));
+        }
+    }
+    if (!hits) return fsdp_err_at(err, FSDP_E_INVALID, keys, "transform %s: the keys match no parameter", op);
+    return 0;
+}
+
+static int do_load(fsdp_state *s, const fsdp_value *b, fsdp_err *err) {
+    const fsdp_value *keys = fsdp_value_get(b, "keys"), *map = fsdp_value_get(b, "map");
+    size_t nk = fsdp_value_type(keys) == FSDP_V_SCALAR ? 1 : fsdp_value_size(keys);
+    size_t nm = fsdp_value_size(map);
+    const char **only = calloc(nk ? nk : 1, sizeof *only), **from = calloc(nm ? nm : 1, sizeof *from),
+               **to = calloc(nm ? nm : 1, sizeof *to);
+    int rc = 0;
+    if (!only || !from || !to) rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+    for (size_t i = 0; !rc && i < nk; i++)
+        only[i] = fsdp_value_text(fsdp_value_type(keys) == FSDP_V_SCALAR ? keys : fsdp_value_item(keys, i));
+    for (size_t i = 0; !rc && i < nm; i++) {
+        from[i] = fsdp_value_key(map, i);
+        to[i] = fsdp_value_text(fsdp_value_item(map, i));
+        if (!to[i]) to[i] = "";
+    }
+    if (!rc) {
+        size_t hits = 0;
+        for (size_t i = 0; i < s->n; i++) hits += key_matches(keys, s->p[i].name);
+        if (!hits) rc = fsdp_err_at(err, FSDP_E_INVALID, keys, "transform load: the keys match no parameter");
+    }
+    if (!rc) {
+        sio_load_opts o;
+        memset(&o, 0, sizeof o);
+        o.strict = 1;
+        o.load_optimizer = 0;
+        o.only = only;
+        o.n_only = nk;
+        o.rename_from = from;
+        o.rename_to = to;
+        o.n_rename = nm;
+        sio_load_result res;
+        int64_t ts = s->train_step, tok = s->tokens_seen;
+        uint64_t dp = s->data_pos;
+        rc = sio_load(s, fsdp_value_text(fsdp_value_get(b, "path")), &o, &res, err);
+        s->train_step = ts, s->tokens_seen = tok, s->data_pos = dp; /* weights only */
+        if (rc) fsdp_err_prefix(err, "transform load");
+    }
+    free(only);
+    free(from);
+    free(to);
+    return rc;
+}
+
+static int transform_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
+    fsdp_state *s = state_get(ctx);
+    if (!s) return fsdp_err_set(err, FSDP_E_INVALID, "transform: no model in the context");
+    const fsdp_value *ops = fsdp_value_get(with, "ops");
+    for (size_t i = 0; i < fsdp_value_size(ops); i++) {
+        const fsdp_value *op = fsdp_value_item(ops, i), *b;
+        const char *n = op_name(op, &b);
+        int rc = !strcmp(n, "copy") ? do_copy(s, b, err)
+                 : !strcmp(n, "load") ? do_load(s, b, err)
+                                      : do_elementwise(s, n, b, err);
+        if (rc) return rc;
+        fsdp_log(ctx, FSDP_LOG_INFO, "transform: %s done", n);
+    }
+    fsdp_ctx_metric(ctx, "ops", (double)fsdp_value_size(ops));
+    return 0;
+}
+
+const fsdp_stage_desc stage_transform = {
+    FSDP_STAGE_DESC_INIT,
+    "transform",
+    "post-init weight ops on named parameters: copy (globs), scale, fill, cast, load",
+    PARAMS,
+    NEEDS,
+    NULL,
+    transform_run,
+    transform_check,
+};
