@@ -5,7 +5,7 @@
  *
  * with: steps (int, required: train until this global step), lr, warmup_steps,
  *       decay (none|linear|cosine), min_lr_ratio, betas ([b1, b2]), eps, weight_decay,
- *       max_grad_norm, log_every, metrics (JSONL path) */
+ *       max_grad_norm, log_every, metrics (JSONL path), save_every, save_path */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -30,6 +30,8 @@ static const fsdp_param_spec PARAMS[] = {
     {"max_grad_norm", FSDP_T_FLOAT, 0, "1.0", NULL, "clip to this global gradient norm (0 = off)"},
     {"log_every", FSDP_T_INT, 0, "1", NULL, "log (and write metrics) every N steps"},
     {"metrics", FSDP_T_STRING, 0, NULL, NULL, "append one JSON line per logged step to this file"},
+    {"save_every", FSDP_T_INT, 0, "0", NULL, "write a DCP checkpoint save_path/step-<N> every N steps (0 = never)"},
+    {"save_path", FSDP_T_STRING, 0, NULL, NULL, "directory of the periodic checkpoints"},
     {NULL, 0, 0, NULL, NULL, NULL}};
 static const char *const NEEDS[] = {"params", NULL};
 static const char *const PROVIDES[] = {"params", "optimizer", NULL};
@@ -44,6 +46,9 @@ static int train_check(const fsdp_value *with, fsdp_err *err) {
         return fsdp_err_at(err, FSDP_E_INVALID, fsdp_value_get(with, "steps"), "train-steps: steps must be >= 0");
     if (fsdp_arg_int(with, "log_every", 1) < 1)
         return fsdp_err_at(err, FSDP_E_INVALID, fsdp_value_get(with, "log_every"), "train-steps: log_every must be >= 1");
+    if (fsdp_arg_int(with, "save_every", 0) > 0 && !fsdp_arg_str(with, "save_path", NULL))
+        return fsdp_err_at(err, FSDP_E_INVALID, fsdp_value_get(with, "save_every"),
+                           "train-steps: save_every needs save_path");
     return 0;
 }
 
@@ -79,6 +84,8 @@ static int train_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
     if (rc) return fsdp_err_prefix(err, "train-steps");
     int64_t log_every = fsdp_arg_int(with, "log_every", 1);
     const char *metrics_path = fsdp_arg_str(with, "metrics", NULL);
+    int64_t save_every = fsdp_arg_int(with, "save_every", 0);
+    const char *save_path = fsdp_arg_str(with, "save_path", "");
     if (s->train_step >= steps) {
         fsdp_log(ctx, FSDP_LOG_INFO, "already at step %lld of %lld: nothing to train", (long long)s->train_step,
                  (long long)steps);
@@ -140,6 +147,11 @@ static int train_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
         char status[64];
         snprintf(status, sizeof status, "loss %.4f", loss);
         fsdp_progress_update(prog, (double)(s->train_step - first), status);
+        if (save_every > 0 && s->train_step % save_every == 0) {
+            char dir[4200];
+            snprintf(dir, sizeof dir, "%s/step-%lld", save_path, (long long)s->train_step);
+            if ((rc = stage_save_dcp_to(ctx, s, dir, 1, 1, err))) break;
+        }
     }
     fsdp_progress_end(prog);
     fsdp_ctx_metric(ctx, "final_loss", loss);

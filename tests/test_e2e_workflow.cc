@@ -1,0 +1,268 @@
+// The bootstrap-then-always-resume workflow end to end: the fsdp-run binary on 1..4 ranks.
+#include <gtest/gtest.h>
+#include <jansson.h>
+
+#include <cmath>
+
+#include "ckpt_compare.h"
+#include "test_util.h"
+
+using namespace fsdp_test;
+
+namespace {
+
+struct Dir {
+    std::string d = make_tmpdir("fsdp-wf");
+    ~Dir() { rm_rf(d); }
+    std::string operator/(const std::string &n) const { return d + "/" + n; }
+};
+
+std::string run_np(int np, const std::string &args, int *rc) {
+    std::string out;
+    std::string cmd = (np > 1 ? "timeout 300 " + mpirun_prefix(np) + " " : std::string("timeout 300 ")) + fsdp_run_bin() +
+                      " -q " + args;
+    *rc = run_cmd(cmd, &out);
+    return out;
+}
+
+std::vector<double> field(const std::string &jsonl, const char *key) {
+    std::vector<double> v;
+    std::string s = read_file(jsonl);
+    size_t p = 0;
+    while (p < s.size()) {
+        size_t e = s.find('\n', p);
+        if (e == std::string::npos) e = s.size();
+        json_error_t je;
+        json_t *j = json_loadb(s.data() + p, e - p, 0, &je);
+        if (j) {
+            v.push_back(json_number_value(json_object_get(j, key)));
+            json_decref(j);
+        }
+        p = e + 1;
+    }
+    return v;
+}
+
+void expect_close(const std::vector<double> &a, const std::vector<double> &b, double rel) {
+    ASSERT_EQ(a.size(), b.size());
+    ASSERT_FALSE(a.empty());
+    for (size_t i = 0; i < a.size(); i++) EXPECT_NEAR(a[i], b[i], rel * std::fabs(b[i])) << "entry " << i;
+}
+
+// every tensor of two checkpoints equal bit for bit (both directions)
+void expect_same_ckpt(const std::string &a, const std::string &b) {
+    Ckpt x(a), y(b);
+    ASSERT_TRUE(x.r && y.r);
+    expect_same_tensors(x.r, y.r);
+    expect_same_tensors(y.r, x.r);
+}
+
+const char *TINY =
+    "model: {preset: tiny}\n"
+    "data: {kind: text, path: data/quickstart.txt, batch_size: 4, seq_len: 32}\n";
+
+}  // namespace
+
+TEST(E2EWorkflow, BagelBootstrapOnTwoRanksThenTrainOnThreeEqualsOneRank) {
+    Dir t;
+    int rc;
+    std::string common = " --set vars.steps=4";
+    std::string o = run_np(2, "recipes/bagel_bootstrap.yaml --set vars.out=" + (t / "b2"), &rc);
+    ASSERT_EQ(rc, 0) << o;
+    o = run_np(3, "recipes/bagel_train.yaml --set vars.ckpt=" + (t / "b2") + " --set vars.out=" + (t / "t3") +
+                      " --set vars.metrics=" + (t / "m3.jsonl") + common,
+               &rc);
+    ASSERT_EQ(rc, 0) << o;
+    o = run_np(1, "recipes/bagel_bootstrap.yaml --set vars.out=" + (t / "b1"), &rc);
+    ASSERT_EQ(rc, 0) << o;
+    o = run_np(1, "recipes/bagel_train.yaml --set vars.ckpt=" + (t / "b1") + " --set vars.out=" + (t / "t1") +
+                      " --set vars.metrics=" + (t / "m1.jsonl") + common,
+               &rc);
+    ASSERT_EQ(rc, 0) << o;
+    expect_close(field(t / "m3.jsonl", "loss"), field(t / "m1.jsonl", "loss"), 1e-6);
+    expect_same_ckpt(t / "b2", t / "b1");  // the step-0 checkpoint does not depend on the world size
+}
+
+TEST(E2EWorkflow, InitMetaOnFourRanksEqualsInitCpuAndShardOnOne) {
+    Dir t;
+    std::string meta = t / "meta.yaml", cpu = t / "cpu.yaml";
+    write_file(meta, std::string("model: {preset: debugmodel}\nstages:\n  - {id: i, uses: init-meta}\n"
+                                 "  - {id: s, uses: save-dcp, with: {path: ") + (t / "m") + "}}\n");
+    write_file(cpu, std::string("model: {preset: debugmodel}\nstages:\n  - {id: i, uses: init-cpu}\n"
+                                "  - {id: sh, uses: shard}\n  - {id: s, uses: save-dcp, with: {path: ") +
+                        (t / "c") + "}}\n");
+    int rc;
+    std::string o = run_np(4, meta, &rc);
+    ASSERT_EQ(rc, 0) << o;
+    o = run_np(1, cpu, &rc);
+    ASSERT_EQ(rc, 0) << o;
+    expect_same_ckpt(t / "m", t / "c");
+    Ckpt m(t / "m");
+    EXPECT_EQ(ckpt_entry_at(m.r, (size_t)ckpt_find(m.r, "tok_embeddings.weight"))->chunks, 4);
+}
+
+TEST(E2EWorkflow, BitExactResume) {
+    Dir t;
+    std::string r = t / "r.yaml";
+    write_file(r, std::string(TINY) + "stages:\n  - {id: i, uses: init-meta}\n"
+                                      "  - {id: t, uses: train-steps, with: {steps: 10, lr: 2e-3, warmup_steps: 2, "
+                                      "save_every: 4, save_path: " + (t / "ck") + ", metrics: " + (t / "full.jsonl") +
+                      "}}\n  - {id: s, uses: save-dcp, with: {path: " + (t / "end_full") + "}}\n");
+    std::string res = t / "res.yaml";
+    write_file(res, std::string(TINY) + "stages:\n  - {id: l, uses: load-ckpt, with: {path: " + (t / "ck/step-4") +
+                        "}}\n  - {id: t, uses: train-steps, with: {steps: 10, lr: 2e-3, warmup_steps: 2, metrics: " +
+                        (t / "res.jsonl") + "}}\n  - {id: s, uses: save-dcp, with: {path: " + (t / "end_res") + "}}\n");
+    int rc;
+    std::string o = run_np(1, r, &rc);
+    ASSERT_EQ(rc, 0) << o;
+    ASSERT_TRUE(exists(t / "ck/step-4/.metadata") && exists(t / "ck/step-8/.metadata"));
+    o = run_np(2, res, &rc);  // resumed on another world size
+    ASSERT_EQ(rc, 0) << o;
+    auto full = field(t / "full.jsonl", "loss"), resumed = field(t / "res.jsonl", "loss");
+    ASSERT_EQ(full.size(), 10u);
+    ASSERT_EQ(resumed.size(), 6u);
+    std::vector<double> tail(full.begin() + 4, full.end());
+    expect_close(resumed, tail, 1e-6);
+    o = run_np(1, res + " --set stages.s.with.path=" + (t / "end_res1") + " --set stages.t.with.metrics=" + (t / "r1.jsonl"), &rc);
+    ASSERT_EQ(rc, 0) << o;
+    EXPECT_EQ(field(t / "r1.jsonl", "loss"), tail);  // same world size: identical
+    expect_same_ckpt(t / "end_res1", t / "end_full");
+}
+
+TEST(E2EWorkflow, OffloadOnAndOffIdentical) {
+    Dir t;
+    std::string base = std::string(TINY) + "stages:\n  - {id: i, uses: init-meta}\n";
+    write_file(t / "off.yaml", base + "  - {id: t, uses: train-steps, with: {steps: 3, metrics: " + (t / "a.jsonl") +
+                                   "}}\n  - {id: s, uses: save-dcp, with: {path: " + (t / "a") + "}}\n");
+    write_file(t / "on.yaml", base + "  - {id: o, uses: offload, with: {params: true}}\n"
+                                     "  - {id: t, uses: train-steps, with: {steps: 3, metrics: " + (t / "b.jsonl") +
+                                  "}}\n  - {id: s, uses: save-dcp, with: {path: " + (t / "b") + "}}\n");
+    int rc;
+    std::string o = run_np(1, t / "off.yaml", &rc);
+    ASSERT_EQ(rc, 0) << o;
+    o = run_np(1, t / "on.yaml", &rc);
+    ASSERT_EQ(rc, 0) << o;
+    EXPECT_EQ(field(t / "a.jsonl", "loss"), field(t / "b.jsonl", "loss"));
+    expect_same_ckpt(t / "a", t / "b");
+}
+
+TEST(E2EWorkflow, FixtureDcpReproducesReferenceOnOneAndTwoRanks) {
+    Dir t;
+    std::string r = t / "fx.yaml";
+    write_file(r, "model: {preset: tiny}\ndata: {kind: safetensors, path: " + tiny("batch.safetensors") +
+                      ", batch_size: 2, seq_len: 32}\nstages:\n  - {id: l, uses: load-ckpt, with: {path: " +
+                      tiny("dcp_seed_ws1") +
+                      "}}\n  - {id: t, uses: train-steps, with: {steps: 5, lr: 1e-3, warmup_steps: 2, decay: linear, "
+                      "min_lr_ratio: 0.1, betas: [0.9, 0.95], eps: 1e-8, weight_decay: 0.1, max_grad_norm: 1.0, "
+                      "metrics: \"${m}\"}}\n  - {id: s, uses: save-dcp, with: {path: \"${out}\"}}\nvars: {m: x, out: y}\n");
+    json_error_t je;
+    json_t *ref = json_load_file(tiny("reference.json").c_str(), 0, &je);
+    ASSERT_TRUE(ref);
+    std::vector<double> want, lrs;
+    for (size_t i = 0; i < 5; i++) {
+        want.push_back(json_number_value(json_object_get(json_array_get(json_object_get(ref, "steps"), i), "loss")));
+        lrs.push_back(json_number_value(json_object_get(json_array_get(json_object_get(ref, "steps"), i), "lr")));
+    }
+    json_decref(ref);
+    for (int np : {1, 2}) {
+        std::string m = t / ("m" + std::to_string(np) + ".jsonl"), out = t / ("o" + std::to_string(np));
+        int rc;
+        std::string o = run_np(np, r + " --set vars.m=" + m + " --set vars.out=" + out, &rc);
+        ASSERT_EQ(rc, 0) << o;
+        expect_close(field(m, "loss"), want, 1e-5);
+        expect_close(field(m, "lr"), lrs, 1e-12);
+        // the saved step-5 state is PyTorch's step-5 state (float32 vs float64 run: 1e-4)
+        Ckpt got(out), st(tiny("model_step5.safetensors"));
+        for (size_t i = 0; i < ckpt_count(st.r); i++) {
+            const ckpt_entry *e = ckpt_entry_at(st.r, i);
+            auto a = tensor_bytes(got.r, e->name, FSDP_DT_F32), b = tensor_bytes(st.r, e->name, FSDP_DT_F32);
+            ASSERT_EQ(a.size(), b.size());
+            const float *fa = (const float *)a.data(), *fb = (const float *)b.data();
+            float mx = 0, d = 0;
+            for (size_t k = 0; k < a.size() / 4; k++) {
+                mx = std::max(mx, std::fabs(fb[k]));
+                d = std::max(d, std::fabs(fa[k] - fb[k]));
+            }
+            EXPECT_LE(d, 1e-4 * mx) << e->name;
+        }
+        int64_t step = 0;
+        ASSERT_EQ(ckpt_value_int(got.r, (size_t)ckpt_find(got.r, "train_state.step"), &step), 0);
+        EXPECT_EQ(step, 5);
+    }
+}
+
+TEST(E2EWorkflow, PyTorchCheckpointsLoadOnOneToFourRanks) {
+    Dir t;
+    for (const char *src : {"dcp_full_ws3", "dcp_model_ws2"}) {
+        for (int np = 1; np <= 4; np++) {
+            std::string out = t / (std::string(src) + std::to_string(np));
+            std::string r = t / "l.yaml";
+            write_file(r, "model: {preset: tiny}\nstages:\n  - {id: l, uses: load-ckpt, with: {path: " + tiny(src) +
+                              "}}\n  - {id: s, uses: save-dcp, with: {path: " + out + "}}\n");
+            int rc;
+            std::string o = run_np(np, r, &rc);
+            ASSERT_EQ(rc, 0) << src << " on " << np << ": " << o;
+            Ckpt got(out), st(tiny("model_step5.safetensors"));
+            expect_same_tensors(got.r, st.r);
+            if (!strcmp(src, "dcp_full_ws3")) {
+                Ckpt adam(tiny("adam_step5.safetensors"));
+                expect_same_tensors(got.r, adam.r, "optimizer.state.", ".exp_avg", ".exp_avg");
+                expect_same_tensors(got.r, adam.r, "optimizer.state.", ".exp_avg_sq", ".exp_avg_sq");
+            }
+            EXPECT_EQ(ckpt_entry_at(got.r, (size_t)ckpt_find(got.r, "output.weight"))->chunks, np);
+        }
+    }
+}
+
+TEST(E2EWorkflow, StrictLoadAndNaNFailClearly) {
+    Dir t;
+    // a checkpoint missing one parameter: load the fixture, save, delete a key by loading
+    // through a rename that drops it
+    std::string r = t / "s.yaml";
+    write_file(r, "model: {preset: tiny}\nstages:\n  - {id: l, uses: load-ckpt, with: {path: " + tiny("dcp_seed_ws1") +
+                      ", rename: {norm.weight: null}}}\n");
+    int rc;
+    std::string o = run_np(1, r, &rc);
+    EXPECT_EQ(rc, 1) << o;
+    EXPECT_NE(o.find("norm.weight not restored"), std::string::npos) << o;
+    EXPECT_EQ(o.find("layers.0.attention_norm.weight not restored"), std::string::npos) << o;
+    // wrong shapes: a config that does not fit the checkpoint
+    write_file(r, "model: {preset: tiny, dim: 32, n_heads: 2, n_kv_heads: 1}\nstages:\n  - {id: l, uses: load-ckpt, "
+                  "with: {path: " + tiny("dcp_seed_ws1") + "}}\n");
+    o = run_np(1, r, &rc);
+    EXPECT_EQ(rc, 1);
+    EXPECT_NE(o.find("tok_embeddings.weight has shape [256, 64] in the checkpoint, the model needs [256, 32]"),
+              std::string::npos) << o;
+    // NaN in training: stops with a clear error and writes no checkpoint
+    write_file(r, std::string(TINY) + "stages:\n  - {id: i, uses: init-meta}\n"
+                                      "  - {id: x, uses: transform, with: {ops: [{fill: {keys: norm.weight, value: .nan}}]}}\n"
+                                      "  - {id: t, uses: train-steps, with: {steps: 3, save_every: 1, save_path: " +
+                      (t / "ck") + "}}\n  - {id: s, uses: save-dcp, with: {path: " + (t / "never") + "}}\n");
+    o = run_np(2, r, &rc);
+    EXPECT_NE(rc, 0);
+    EXPECT_NE(o.find("non-finite loss"), std::string::npos) << o;
+    EXPECT_FALSE(exists(t / "never"));
+    EXPECT_FALSE(exists(t / "ck/step-1/.metadata"));
+}
+
+TEST(E2EWorkflow, AsyncSaveWritesTheSameCheckpoint) {
+    Dir t;
+    std::string r = t / "a.yaml";
+    write_file(r, std::string(TINY) + "stages:\n  - {id: i, uses: init-meta}\n"
+                                      "  - {id: t, uses: train-steps, with: {steps: 2}}\n"
+                                      "  - {id: a, uses: save-dcp, with: {path: " + (t / "async") + ", async: true}}\n"
+                                      "  - {id: s, uses: save-dcp, with: {path: " + (t / "sync") + "}}\n"
+                                      "  - {id: t2, uses: train-steps, with: {steps: 4}}\n");
+    int rc;
+    std::string o = run_np(2, r, &rc);
+    ASSERT_EQ(rc, 0) << o;
+    expect_same_ckpt(t / "async", t / "sync");
+    for (const char *f : {"__0_0.distcp", "__1_0.distcp"})
+        EXPECT_EQ(read_file(t / "async" + "/" + f), read_file(t / "sync" + "/" + f)) << f;
+    // refusing to overwrite
+    write_file(r, std::string(TINY) + "stages:\n  - {id: i, uses: init-meta}\n  - {id: s, uses: save-dcp, with: {path: " +
+                      (t / "sync") + "}}\n");
+    o = run_np(1, r, &rc);
+    EXPECT_EQ(rc, 1);
+    EXPECT_NE(o.find("already holds a checkpoint"), std::string::npos) << o;
+}
