@@ -10,6 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "pipeline/ckpt_cli.h"
 #include "pipeline/run.h"
 #include "pipeline/schema.h"
 
@@ -17,6 +18,7 @@ static void usage(FILE *f) {
     fputs("usage: fsdp-run [options] RECIPE.yaml [RECIPE.yaml ...]   run recipes in sequence in one context\n"
           "       fsdp-run validate [--set K=V]... RECIPE.yaml...   check only (exit 0 valid, 2 invalid)\n"
           "       fsdp-run stages [--json] [--plugin LIB.so]...     list every stage and its parameters\n"
+          "       fsdp-run ckpt inspect|convert|diff ...            checkpoint tools (fsdp-run ckpt --help)\n"
           "       fsdp-run --help | --version\n"
           "\n"
           "options:\n"
@@ -133,6 +135,7 @@ int fsdp_cli_run_comm(fsdp_registry *reg, int argc, char **argv, FILE *out, FILE
     int first = 1;
     int validate = 0;
     if (!strcmp(argv[1], "stages")) return cmd_stages(reg, argc - 2, argv + 2, out, log);
+    if (!strcmp(argv[1], "ckpt")) return ckpt_cli_main(argc - 2, argv + 2, out, log);
     if (!strcmp(argv[1], "validate")) {
         validate = 1;
         first = 2;

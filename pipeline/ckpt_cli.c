@@ -1,0 +1,381 @@
+/* fsdp-run ckpt inspect|convert|diff: checkpoint tools over every readable format. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include <jansson.h>
+
+#include "ckpt/dcp.h"
+#include "ckpt/namemap.h"
+#include "ckpt/reader.h"
+#include "ckpt/safetensors.h"
+#include "pipeline/ckpt_cli.h"
+
+static void ckpt_usage(FILE *f) {
+    fputs("usage: fsdp-run ckpt inspect PATH [--json]\n"
+          "       fsdp-run ckpt convert SRC DST [--to dcp|safetensors] [--names hf|torchtitan] [--dtype f32|bf16|f16]\n"
+          "                             [--keys PREFIX] [--strip-prefix P] [--add-prefix P] [--n-heads H --n-kv-heads K]\n"
+          "       fsdp-run ckpt diff A B [--rtol R] [--atol A]\n"
+          "PATH: a DCP directory, a .safetensors file, an HF directory or model.safetensors.index.json, or a .pt file.\n",
+          f);
+}
+
+static int open_or_say(const char *path, ckpt_reader **r, FILE *log) {
+    fsdp_err err;
+    if (ckpt_open(path, CKPT_AUTO, r, &err)) {
+        fprintf(log, "fsdp-run ckpt: error: %s\n", err.msg);
+        return 1;
+    }
+    return 0;
+}
+
+static int64_t numel_of(const ckpt_entry *e) { return fsdp_numel(e->ndim, e->shape); }
+
+static int cmd_inspect(int argc, char **argv, FILE *out, FILE *log) {
+    const char *path = NULL;
+    int json = 0;
+    for (int i = 0; i < argc; i++) {
+        if (!strcmp(argv[i], "--json")) json = 1;
+        else if (!path) path = argv[i];
+        else {
+            ckpt_usage(log);
+            return 2;
+        }
+    }
+    if (!path) {
+        ckpt_usage(log);
+        return 2;
+    }
+    ckpt_reader *r;
+    if (open_or_say(path, &r, log)) return 1;
+    size_t n = ckpt_count(r);
+    uint64_t total = 0;
+    json_t *arr = json ? json_array() : NULL;
+    if (!json) fprintf(out, "%s: %s checkpoint, %zu keys\n", path, ckpt_format_name(ckpt_reader_format(r)), n);
+    for (size_t i = 0; i < n; i++) {
+        const ckpt_entry *e = ckpt_entry_at(r, i);
+        char shp[256];
+        fsdp_shape_str(e->ndim, e->shape, shp, sizeof shp);
+        const char *val = e->is_tensor ? NULL : ckpt_value_text(r, i);
+        if (e->is_tensor) total += e->nbytes;
+        if (json) {
+            json_t *o = json_object();
+            json_object_set_new(o, "key", json_string(e->name));
+            if (e->is_tensor) {
+                json_object_set_new(o, "dtype", json_string(fsdp_dtype_name(e->dtype)));
+                json_t *s = json_array();
+                for (int d = 0; d < e->ndim; d++) json_array_append_new(s, json_integer(e->shape[d]));
+                json_object_set_new(o, "shape", s);
+                json_object_set_new(o, "chunks", json_integer(e->chunks));
+                json_object_set_new(o, "bytes", json_integer((json_int_t)e->nbytes));
+            } else {
+                json_object_set_new(o, "value", val ? json_string(val) : json_null());
+            }
+            json_array_append_new(arr, o);
+        } else if (e->is_tensor) {
+            fprintf(out, "  %-56s %-5s %-16s %3d chunk%s %12llu B\n", e->name, fsdp_dtype_name(e->dtype), shp, e->chunks,
+                    e->chunks == 1 ? " " : "s", (unsigned long long)e->nbytes);
+        } else {
+            fprintf(out, "  %-56s = %s\n", e->name, val ? val : "(not decodable)");
+        }
+    }
+    if (json) {
+        json_t *o = json_object();
+        json_object_set_new(o, "path", json_string(path));
+        json_object_set_new(o, "format", json_string(ckpt_format_name(ckpt_reader_format(r))));
+        json_object_set_new(o, "tensor_bytes", json_integer((json_int_t)total));
+        json_object_set_new(o, "keys", arr);
+        json_dumpf(o, out, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+        fputc('\n', out);
+        json_decref(o);
+    } else {
+        fprintf(out, "total tensor bytes: %llu\n", (unsigned long long)total);
+    }
+    ckpt_close(r);
+    return 0;
+}
+
+static int cmd_diff(int argc, char **argv, FILE *out, FILE *log) {
+    const char *a = NULL, *b = NULL;
+    double rtol = 0, atol = 0;
+    for (int i = 0; i < argc; i++) {
+        if (!strcmp(argv[i], "--rtol") && i + 1 < argc) rtol = atof(argv[++i]);
+        else if (!strcmp(argv[i], "--atol") && i + 1 < argc) atol = atof(argv[++i]);
+        else if (!a) a = argv[i];
+        else if (!b) b = argv[i];
+        else {
+            ckpt_usage(log);
+            return 2;
+        }
+    }
+    if (!a || !b) {
+        ckpt_usage(log);
+        return 2;
+    }
+    ckpt_reader *ra, *rb;
+    if (open_or_say(a, &ra, log)) return 1;
+    if (open_or_say(b, &rb, log)) {
+        ckpt_close(ra);
+        return 1;
+    }
+    int differ = 0, rc = 0;
+    for (size_t i = 0; i < ckpt_count(ra); i++)
+        if (ckpt_find(rb, ckpt_entry_at(ra, i)->name) < 0) {
+            fprintf(out, "only in %s: %s\n", a, ckpt_entry_at(ra, i)->name);
+            differ = 1;
+        }
+    for (size_t i = 0; i < ckpt_count(rb); i++)
+        if (ckpt_find(ra, ckpt_entry_at(rb, i)->name) < 0) {
+            fprintf(out, "only in %s: %s\n", b, ckpt_entry_at(rb, i)->name);
+            differ = 1;
+        }
+    for (size_t i = 0; i < ckpt_count(ra) && !rc; i++) {
+        const ckpt_entry *ea = ckpt_entry_at(ra, i);
+        long j = ckpt_find(rb, ea->name);
+        if (j < 0) continue;
+        const ckpt_entry *eb = ckpt_entry_at(rb, (size_t)j);
+        if (ea->is_tensor != eb->is_tensor) {
+            fprintf(out, "%s: a tensor in one, a value in the other\n", ea->name);
+            differ = 1;
+            continue;
+        }
+        if (!ea->is_tensor) {
+            const char *va = ckpt_value_text(ra, i), *vb = ckpt_value_text(rb, (size_t)j);
+            if (!va || !vb || strcmp(va, vb)) {
+                fprintf(out, "%s: %s != %s\n", ea->name, va ? va : "?", vb ? vb : "?");
+                differ = 1;
+            }
+            continue;
+        }
+        char sa[128], sb[128];
+        if (ea->ndim != eb->ndim || memcmp(ea->shape, eb->shape, (size_t)ea->ndim * sizeof *ea->shape)) {
+            fprintf(out, "%s: shape %s vs %s\n", ea->name, fsdp_shape_str(ea->ndim, ea->shape, sa, sizeof sa),
+                    fsdp_shape_str(eb->ndim, eb->shape, sb, sizeof sb));
+            differ = 1;
+            continue;
+        }
+        if (ea->dtype != eb->dtype) fprintf(out, "%s: dtype %s vs %s\n", ea->name, fsdp_dtype_name(ea->dtype), fsdp_dtype_name(eb->dtype));
+        int64_t n = numel_of(ea), rows = ea->ndim ? ea->shape[0] : 1;
+        double *xa = malloc((size_t)(n ? n : 1) * sizeof *xa), *xb = malloc((size_t)(n ? n : 1) * sizeof *xb);
+        fsdp_err err;
+        if (!xa || !xb) rc = 1, fprintf(log, "fsdp-run ckpt: error: out of memory\n");
+        else if (ckpt_read_rows(ra, i, 0, rows, xa, FSDP_DT_F64, &err) ||
+                 ckpt_read_rows(rb, (size_t)j, 0, rows, xb, FSDP_DT_F64, &err)) {
+            fprintf(log, "fsdp-run ckpt: error: %s\n", err.msg);
+            rc = 1;
+        } else {
+            double mabs = 0, mrel = 0;
+            int bad = 0;
+            for (int64_t k = 0; k < n; k++) {
+                double d = fabs(xa[k] - xb[k]);
+                if (isnan(xa[k]) != isnan(xb[k])) bad = 1, d = INFINITY;
+                if (isnan(xa[k]) && isnan(xb[k])) d = 0;
+                double rel = xb[k] != 0 ? d / fabs(xb[k]) : (d > 0 ? INFINITY : 0);
+                if (d > mabs) mabs = d;
+                if (rel > mrel) mrel = rel;
+                if (d > atol + rtol * fabs(xb[k])) bad = 1;
+            }
+            if (bad) {
+                fprintf(out, "%s: max abs diff %.6g, max rel diff %.6g\n", ea->name, mabs, mrel);
+                differ = 1;
+            }
+        }
+        free(xa);
+        free(xb);
+    }
+    ckpt_close(ra);
+    ckpt_close(rb);
+    if (rc) return rc;
+    if (!differ) fprintf(out, "equal: %s and %s (rtol %g, atol %g)\n", a, b, rtol, atol);
+    return differ;
+}
+
+typedef struct conv {
+    ckpt_reader *r;
+    const char *names, *keys, *strip, *add;
+    fsdp_dtype dtype;
+    int heads, kv_heads;
+} conv;
+
+/* output name of input entry i, "" to skip */
+static int out_name(const conv *c, const char *in, char *out, size_t cap, nmap_info *info, fsdp_err *err) {
+    memset(info, 0, sizeof *info);
+    out[0] = '\0';
+    if (c->keys && strncmp(in, c->keys, strlen(c->keys))) return 0;
+    const char *k = in;
+    if (c->strip) {
+        const char *s = nmap_strip_prefix(k, c->strip);
+        if (s) k = s;
+    }
+    char tmp[1024];
+    if (c->names) {
+        nmap_dir dir = !strcmp(c->names, "hf") ? NMAP_TT_TO_HF : NMAP_HF_TO_TT;
+        if (nmap_map(dir, k, c->heads, c->kv_heads, tmp, sizeof tmp, info, err)) return err->code;
+        if (info->dropped) return 0;
+        if (info->qk != NMAP_QK_NONE && c->heads <= 0)
+            return fsdp_err_set(err, FSDP_E_INVALID, "%s needs the q/k row permutation: pass --n-heads and --n-kv-heads",
+                                in);
+        k = tmp;
+    }
+    snprintf(out, cap, "%s%s", c->add ? c->add : "", k);
+    return 0;
+}
+
+static int read_converted(const conv *c, size_t i, const nmap_info *info, fsdp_dtype dt, void **buf, fsdp_err *err) {
+    const ckpt_entry *e = ckpt_entry_at(c->r, i);
+    int64_t n = numel_of(e), rows = e->ndim ? e->shape[0] : 1;
+    size_t esz = fsdp_dtype_size(dt);
+    void *b = malloc((size_t)(n ? n : 1) * esz);
+    if (!b) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory (%s)", e->name);
+    int rc = ckpt_read_rows(c->r, i, 0, rows, b, dt, err);
+    if (!rc && info->qk != NMAP_QK_NONE) {
+        void *p = malloc((size_t)(n ? n : 1) * esz);
+        if (!p) rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+        else {
+            nmap_dir dir = !strcmp(c->names, "hf") ? NMAP_TT_TO_HF : NMAP_HF_TO_TT;
+            rc = nmap_permute_rows(dir, p, b, rows, n / (rows ? rows : 1), esz, info->heads, err);
+            free(b);
+            b = p;
+        }
+    }
+    if (rc) {
+        free(b);
+        return rc;
+    }
+    *buf = b;
+    return 0;
+}
+
+static int cmd_convert(int argc, char **argv, FILE *out, FILE *log) {
+    const char *src = NULL, *dst = NULL, *to = NULL;
+    conv c;
+    memset(&c, 0, sizeof c);
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--to") && v) to = v, i++;
+        else if (!strcmp(a, "--names") && v) c.names = v, i++;
+        else if (!strcmp(a, "--dtype") && v) {
+            c.dtype = fsdp_dtype_from_name(v);
+            i++;
+            if (c.dtype != FSDP_DT_F32 && c.dtype != FSDP_DT_BF16 && c.dtype != FSDP_DT_F16) {
+                fprintf(log, "fsdp-run ckpt convert: --dtype must be f32, bf16 or f16\n");
+                return 2;
+            }
+        } else if (!strcmp(a, "--keys") && v) c.keys = v, i++;
+        else if (!strcmp(a, "--strip-prefix") && v) c.strip = v, i++;
+        else if (!strcmp(a, "--add-prefix") && v) c.add = v, i++;
+        else if (!strcmp(a, "--n-heads") && v) c.heads = atoi(v), i++;
+        else if (!strcmp(a, "--n-kv-heads") && v) c.kv_heads = atoi(v), i++;
+        else if (a[0] == '-') {
+            fprintf(log, "fsdp-run ckpt convert: unknown option %s\n", a);
+            return 2;
+        } else if (!src) src = a;
+        else if (!dst) dst = a;
+        else {
+            ckpt_usage(log);
+            return 2;
+        }
+    }
+    if (!src || !dst || (to && strcmp(to, "dcp") && strcmp(to, "safetensors")) ||
+        (c.names && strcmp(c.names, "hf") && strcmp(c.names, "torchtitan"))) {
+        ckpt_usage(log);
+        return 2;
+    }
+    if (!to) {
+        size_t l = strlen(dst);
+        to = l > 12 && !strcmp(dst + l - 12, ".safetensors") ? "safetensors" : "dcp";
+    }
+    if (c.kv_heads <= 0) c.kv_heads = c.heads;
+    if (open_or_say(src, &c.r, log)) return 1;
+    fsdp_err err;
+    fsdp_err_clear(&err);
+    int rc = 0;
+    size_t n = ckpt_count(c.r), written = 0;
+    uint64_t bytes = 0;
+    if (!strcmp(to, "safetensors")) {
+        st_writer *w = NULL;
+        size_t *idx = calloc(n ? n : 1, sizeof *idx);
+        nmap_info *info = calloc(n ? n : 1, sizeof *info);
+        char *skip = calloc(n ? n : 1, 1);
+        if (!idx || !info || !skip) rc = fsdp_err_set(&err, FSDP_E_NOMEM, "out of memory");
+        if (!rc) rc = st_writer_new(&w, dst, &err);
+        if (!rc) rc = st_writer_set_metadata(w, "format", "pt", &err);
+        for (size_t i = 0; i < n && !rc; i++) {
+            const ckpt_entry *e = ckpt_entry_at(c.r, i);
+            char name[1024];
+            skip[i] = 1;
+            if (!e->is_tensor) continue;
+            if ((rc = out_name(&c, e->name, name, sizeof name, &info[i], &err))) break;
+            if (!name[0]) continue;
+            skip[i] = 0;
+            rc = st_writer_declare(w, name, c.dtype ? c.dtype : e->dtype, e->ndim, e->shape, &idx[i], &err);
+        }
+        if (!rc) rc = st_writer_begin(w, &err);
+        for (size_t i = 0; i < n && !rc; i++) {
+            if (skip[i]) continue;
+            const ckpt_entry *e = ckpt_entry_at(c.r, i);
+            fsdp_dtype dt = c.dtype ? c.dtype : e->dtype;
+            void *buf;
+            if ((rc = read_converted(&c, i, &info[i], dt, &buf, &err))) break;
+            size_t len = (size_t)numel_of(e) * fsdp_dtype_size(dt);
+            rc = st_writer_write(w, idx[i], buf, len, &err);
+            free(buf);
+            written++;
+            bytes += len;
+        }
+        if (!rc) rc = st_writer_finish(w, &err);
+        st_writer_free(w);
+        free(idx);
+        free(info);
+        free(skip);
+    } else {
+        mkdir(dst, 0755);
+        dcp_file_writer fw;
+        dcp_record *recs = calloc(n ? n : 1, sizeof *recs);
+        size_t nr = 0;
+        if (!recs) rc = fsdp_err_set(&err, FSDP_E_NOMEM, "out of memory");
+        if (!rc) rc = dcp_file_open(&fw, dst, 0, &err);
+        for (size_t i = 0; i < n && !rc; i++) {
+            const ckpt_entry *e = ckpt_entry_at(c.r, i);
+            if (!e->is_tensor) continue;
+            char name[1024];
+            nmap_info info;
+            if ((rc = out_name(&c, e->name, name, sizeof name, &info, &err))) break;
+            if (!name[0]) continue;
+            fsdp_dtype dt = c.dtype ? c.dtype : e->dtype;
+            void *buf;
+            if ((rc = read_converted(&c, i, &info, dt, &buf, &err))) break;
+            int64_t zero[FSDP_MAX_DIMS] = {0};
+            rc = dcp_file_add_tensor(&fw, name, dt, e->ndim, e->shape, zero, e->shape, buf, &recs[nr++], &err);
+            bytes += (uint64_t)numel_of(e) * fsdp_dtype_size(dt);
+            written++;
+            free(buf);
+        }
+        if (!rc) rc = dcp_file_close(&fw, &err);
+        else if (fw.f) dcp_file_abort(&fw);
+        if (!rc) rc = dcp_write_metadata(dst, recs, nr, &err);
+        free(recs);
+    }
+    ckpt_close(c.r);
+    if (rc) {
+        fprintf(log, "fsdp-run ckpt convert: error: %s\n", err.msg);
+        return fsdp_err_exit_code(rc);
+    }
+    fprintf(out, "converted %zu tensors (%.1f MB) from %s to %s (%s)\n", written, (double)bytes / 1e6, src, dst, to);
+    return 0;
+}
+
+int ckpt_cli_main(int argc, char **argv, FILE *out, FILE *log) {
+    if (argc < 1 || !strcmp(argv[0], "--help") || !strcmp(argv[0], "-h")) {
+        ckpt_usage(argc < 1 ? log : out);
+        return argc < 1 ? 2 : 0;
+    }
+    if (!strcmp(argv[0], "inspect")) return cmd_inspect(argc - 1, argv + 1, out, log);
+    if (!strcmp(argv[0], "diff")) return cmd_diff(argc - 1, argv + 1, out, log);
+    if (!strcmp(argv[0], "convert")) return cmd_convert(argc - 1, argv + 1, out, log);
+    fprintf(log, "fsdp-run ckpt: unknown command '%s'\n", argv[0]);
+    ckpt_usage(log);
+    return 2;
+}
