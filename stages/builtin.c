@@ -12,6 +12,8 @@ static const fsdp_stage_desc *const BUILTINS[] = {
     &stage_train_steps,
     &stage_offload,
     &stage_save_dcp,
+    &stage_save_safetensors,
+    &stage_verify,
     NULL
 };
 

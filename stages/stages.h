@@ -31,6 +31,8 @@ extern const fsdp_stage_desc stage_train_steps;
 extern const fsdp_stage_desc stage_save_dcp;
 extern const fsdp_stage_desc stage_load_ckpt;
 extern const fsdp_stage_desc stage_transform;
+extern const fsdp_stage_desc stage_save_safetensors;
+extern const fsdp_stage_desc stage_verify;
 /* Synchronous DCP save of the state (used by save-dcp and train-steps' save_every). */
 int stage_save_dcp_to(fsdp_ctx *ctx, fsdp_state *s, const char *path, int optimizer, int overwrite, fsdp_err *err);
 

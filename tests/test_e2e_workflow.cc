@@ -266,3 +266,32 @@ TEST(E2EWorkflow, AsyncSaveWritesTheSameCheckpoint) {
     EXPECT_EQ(rc, 1);
     EXPECT_NE(o.find("already holds a checkpoint"), std::string::npos) << o;
 }
+
+TEST(E2EWorkflow, ExportReshardConvertRecipesAndVerify) {
+    Dir t;
+    int rc;
+    std::string o = run_np(2, "recipes/bagel_bootstrap.yaml --set vars.out=" + (t / "b"), &rc);
+    ASSERT_EQ(rc, 0) << o;
+    o = run_np(3, "recipes/export_safetensors.yaml --set vars.ckpt=" + (t / "b") + " --set vars.out=" + (t / "hf") +
+                      " --set vars.shard_mb=8",
+               &rc);
+    ASSERT_EQ(rc, 0) << o;
+    ASSERT_TRUE(exists(t / "hf/model.safetensors.index.json")) << o;
+    o = run_np(2, "recipes/convert_hf_to_dcp.yaml --set vars.hf=" + (t / "hf") + " --set vars.out=" + (t / "back"), &rc);
+    ASSERT_EQ(rc, 0) << o;
+    expect_same_ckpt(t / "back", t / "b");
+    o = run_np(4, "recipes/reshard.yaml --set vars.src=" + (t / "b") + " --set vars.dst=" + (t / "r4"), &rc);
+    ASSERT_EQ(rc, 0) << o;
+    expect_same_ckpt(t / "r4", t / "b");
+    Ckpt r4(t / "r4");
+    EXPECT_EQ(ckpt_entry_at(r4.r, (size_t)ckpt_find(r4.r, "output.weight"))->chunks, 4);
+    // verify fails on a mismatch and on NaN
+    write_file(t / "v.yaml", "include: [" + std::string(getenv("PWD") ? getenv("PWD") : ".") +
+                                 "/recipes/common/llama3_debug.yaml]\nstages:\n  - {id: l, uses: load-ckpt, with: {path: " +
+                                 (t / "b") + "}}\n  - {id: x, uses: transform, with: {ops: [{scale: {keys: norm.weight, by: 2}}]}}\n"
+                                 "  - {id: v, uses: verify, with: {against: " + (t / "b") + "}}\n");
+    o = run_np(2, t / "v.yaml", &rc);
+    EXPECT_EQ(rc != 0, true);
+    EXPECT_NE(o.find("norm.weight differs"), std::string::npos) << o;
+    EXPECT_NE(o.find("1 parameters differ"), std::string::npos) << o;
+}

@@ -1,0 +1,117 @@
+/* Stage `save-safetensors`: consolidated weights in one safetensors file (or HF shards with
+ * an index). Rank 0 gathers one tensor at a time, so memory stays near the largest tensor.
+ * Optional Hugging Face names (with the q/k RoPE row permutation) and bf16.
+ *
+ * with: path (required; a .safetensors file, or a directory when shard_mb > 0),
+ *       names (torchtitan|hf), dtype (auto|f32|bf16), shard_mb (int, 0 = one file) */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ckpt/namemap.h"
+#include "ckpt/safetensors.h"
+#include "stages/stages.h"
+
+static const char *const NAMES[] = {"torchtitan", "hf", NULL};
+static const char *const DTYPES[] = {"auto", "f32", "bf16", NULL};
+static const fsdp_param_spec PARAMS[] = {
+    {"path", FSDP_T_STRING, 1, NULL, NULL, "output file (directory when shard_mb > 0)"},
+    {"names", FSDP_T_STRING, 0, "torchtitan", NAMES, "tensor names (hf: Hugging Face Llama)"},
+    {"dtype", FSDP_T_STRING, 0, "auto", DTYPES, "dtype written (auto: each parameter's dtype)"},
+    {"shard_mb", FSDP_T_INT, 0, "0", NULL, "split into model-0000k-of-0000n files of at most this many MB"},
+    {NULL, 0, 0, NULL, NULL, NULL}};
+static const char *const NEEDS[] = {"params|full_params", NULL};
+
+static int sst_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
+    fsdp_state *s = state_get(ctx);
+    if (!s) return fsdp_err_set(err, FSDP_E_INVALID, "save-safetensors: no model in the context");
+    comm *c = stage_comm(ctx);
+    int rank = comm_rank(c), hf = !strcmp(fsdp_arg_str(with, "names", "torchtitan"), "hf");
+    const char *dts = fsdp_arg_str(with, "dtype", "auto"), *path = fsdp_arg_str(with, "path", "");
+    int64_t shard_mb = fsdp_arg_int(with, "shard_mb", 0);
+    int rc = 0;
+    st_writer *w = NULL;
+    st_shards *sh = NULL;
+    size_t *idx = calloc(s->n ? s->n : 1, sizeof *idx);
+    nmap_info *info = calloc(s->n ? s->n : 1, sizeof *info);
+    if (!idx || !info) rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+    /* rank 0 declares every tensor; every rank takes part in the gathers */
+    if (!rc && rank == 0) {
+        rc = shard_mb > 0 ? st_shards_new(&sh, path, "model", (uint64_t)shard_mb << 20, err) : st_writer_new(&w, path, err);
+        if (!rc) rc = sh ? st_shards_set_metadata(sh, "format", "pt", err) : st_writer_set_metadata(w, "format", "pt", err);
+        for (size_t i = 0; i < s->n && !rc; i++) {
+            state_param *p = &s->p[i];
+            char name[1024];
+            snprintf(name, sizeof name, "%s", p->name);
+            if (hf && (rc = nmap_map(NMAP_TT_TO_HF, p->name, s->cfg.n_heads, s->cfg.n_kv_heads, name, sizeof name,
+                                     &info[i], err)))
+                break;
+            fsdp_dtype dt = !strcmp(dts, "auto") ? p->dtype : fsdp_dtype_from_name(dts);
+            rc = sh ? st_shards_declare(sh, name, dt, p->ndim, p->shape, &idx[i], err)
+                    : st_writer_declare(w, name, dt, p->ndim, p->shape, &idx[i], err);
+        }
+        if (!rc) rc = sh ? st_shards_begin(sh, err) : st_writer_begin(w, err);
+    }
+    /* a failure on rank 0 must not leave the others in a gather */
+    int who;
+    fsdp_err e2;
+    int st = comm_agree(c, rc, &who, &e2);
+    if (st && !rc) rc = fsdp_err_set(err, st, "save-safetensors: rank %d failed to start %s", who, path);
+    uint64_t bytes = 0;
+    for (size_t i = 0; i < s->n && !rc; i++) {
+        state_param *p = &s->p[i];
+        int64_t n = state_param_numel(p);
+        float *full = NULL;
+        if (s->layout == STATE_FULL) {
+            full = rank == 0 ? p->data : NULL;
+        } else {
+            full = malloc((size_t)(n ? n : 1) * sizeof *full);
+            if (!full) {
+                rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory gathering %s", p->name);
+                break;
+            }
+            rc = state_unshard(p, p->data, c, full, err);
+        }
+        if (!rc && rank == 0) {
+            fsdp_dtype dt = !strcmp(dts, "auto") ? p->dtype : fsdp_dtype_from_name(dts);
+            size_t esz = fsdp_dtype_size(dt);
+            void *out = malloc((size_t)(n ? n : 1) * esz), *perm = NULL;
+            if (!out) rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+            if (!rc) rc = fsdp_convert(out, dt, full, FSDP_DT_F32, (size_t)n, err);
+            if (!rc && info[i].qk != NMAP_QK_NONE) {
+                perm = malloc((size_t)n * esz);
+                if (!perm) rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+                else rc = nmap_permute_rows(NMAP_TT_TO_HF, perm, out, p->shape[0], p->row_numel, esz, info[i].heads, err);
+            }
+            if (!rc) rc = sh ? st_shards_write(sh, idx[i], perm ? perm : out, (size_t)n * esz, err)
+                             : st_writer_write(w, idx[i], perm ? perm : out, (size_t)n * esz, err);
+            bytes += (uint64_t)n * esz;
+            free(out);
+            free(perm);
+        }
+        if (s->layout != STATE_FULL) free(full);
+    }
+    if (!rc && rank == 0) rc = sh ? st_shards_finish(sh, err) : st_writer_finish(w, err);
+    if (w) st_writer_free(w);
+    if (sh) st_shards_free(sh);
+    free(idx);
+    free(info);
+    st = comm_agree(c, rc, &who, &e2);
+    if (st && !rc) rc = fsdp_err_set(err, st, "save-safetensors: rank %d failed writing %s", who, path);
+    if (!rc) {
+        fsdp_ctx_metric(ctx, "bytes_written", (double)bytes);
+        fsdp_log(ctx, FSDP_LOG_INFO, "wrote %s (%.1f MB%s)", path, (double)bytes / 1e6, hf ? ", Hugging Face names" : "");
+    }
+    return rc;
+}
+
+const fsdp_stage_desc stage_save_safetensors = {
+    FSDP_STAGE_DESC_INIT,
+    "save-safetensors",
+    "consolidated safetensors (rank 0 gathers tensor by tensor); optional HF names, bf16, shards",
+    PARAMS,
+    NEEDS,
+    NULL,
+    sst_run,
+    NULL,
+};
