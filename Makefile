@@ -53,13 +53,14 @@ LIB_C_SRCS := $(filter-out pipeline/main.c,$(wildcard pipeline/*.c runtime/*.c m
                kernels/cpu/*.c ckpt/*.c stages/*.c))
 CU_SRCS    := $(if $(filter 1,$(HAVE_CUDA)),$(wildcard kernels/cuda/*.cu))
 TEST_SRCS  := $(wildcard tests/*.cc)
+FUZZ_SRCS  := $(wildcard tests/fuzz/fuzz_*.c)
 PLUGIN_SRCS := $(wildcard examples/plugins/*.c)
 TEST_PLUGIN_SRCS := $(wildcard tests/plugins/*.c)
 TEST_MPI_SRCS := $(wildcard tests/mpi/*.c)
 BENCH_SRCS := $(wildcard bench/*.c)
 
 LIB_OBJS  := $(LIB_C_SRCS:%.c=$(BUILD)/obj/%.o) $(CU_SRCS:%.cu=$(BUILD)/obj/%.cu.o)
-TEST_OBJS := $(TEST_SRCS:%.cc=$(BUILD)/obj/%.o)
+TEST_OBJS := $(TEST_SRCS:%.cc=$(BUILD)/obj/%.o) $(FUZZ_SRCS:%.c=$(BUILD)/obj/%.o)
 LIBFSDP   := $(BUILD)/libfsdp.a
 BIN       := $(BUILD)/fsdp-run
 TEST_BIN  := $(BUILD)/tests/fsdp_tests
@@ -126,6 +127,7 @@ asan:
 	  SAN_FLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" test
 
 fuzz:
+	FSDP_SETUP_FUZZ=1 sh tools/setup.sh
 	$(MAKE) -f tests/fuzz/fuzz.mk BUILD=build-fuzz
 
 # FSDP_BUNDLE_LINK: the link command bundle.sh relinks with when patchelf is missing.

@@ -1,0 +1,22 @@
+# make fuzz: libFuzzer harnesses (clang) in build-fuzz/. Run one for 10 minutes with
+#   build-fuzz/fuzz_pickle -max_total_time=600 build-fuzz/corpus/pickle tests/fuzz/corpus/pickle
+BUILD ?= build-fuzz
+CLANG ?= clang
+FUZZ_CFLAGS := -g -O1 -std=c11 -D_GNU_SOURCE -Iinclude -I. -fsanitize=fuzzer-no-link,address,undefined \
+               -DFSDP_HAVE_CUDA=0 -Wno-unknown-pragmas
+FUZZ_LIB_SRCS := $(wildcard ckpt/*.c) runtime/error.c runtime/dtype.c runtime/state.c runtime/shard.c \
+                 runtime/comm.c runtime/ctx.c runtime/log.c runtime/progress.c pipeline/value.c pipeline/yaml_load.c
+FUZZ_LIB_OBJS := $(FUZZ_LIB_SRCS:%.c=$(BUILD)/obj/%.o)
+HARNESSES := pickle zip safetensors dcp_meta
+MPI_CFLAGS := $(shell mpicc --showme:compile 2>/dev/null)
+MPI_LIBS := $(shell mpicc --showme:link 2>/dev/null)
+
+all: $(HARNESSES:%=$(BUILD)/fuzz_%)
+
+$(BUILD)/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CLANG) $(FUZZ_CFLAGS) $(MPI_CFLAGS) -c $< -o $@
+
+$(BUILD)/fuzz_%: tests/fuzz/fuzz_%.c $(FUZZ_LIB_OBJS)
+	$(CLANG) $(FUZZ_CFLAGS) -DFSDP_LIBFUZZER -fsanitize=fuzzer $< $(FUZZ_LIB_OBJS) -ljansson -lyaml -lz -lm $(MPI_LIBS) -o $@
+.SECONDARY:
