@@ -153,21 +153,24 @@ static void uuid4(char *out, size_t cap) {
              b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
 }
 
-/* path tuple of a dotted key: every element a str (planner_data) */
+/* planner_data path of a key, as torchtitan's state dict nests it: model parameters are
+ * top-level keys (one element), `optimizer`, `train_state`, `lr_scheduler` and `dataloader`
+ * hold flattened dicts (two elements: the section and the rest of the key). */
 static void key_path(pkl_w *w, const char *fqn) {
-    pkl_w_mark(w);
-    const char *p = fqn;
-    char part[512];
-    while (*p) {
-        const char *dot = strchr(p, '.');
-        size_t n = dot ? (size_t)(dot - p) : strlen(p);
-        if (n >= sizeof part) n = sizeof part - 1;
-        memcpy(part, p, n);
-        part[n] = '\0';
-        pkl_w_str(w, part);
-        p = dot ? dot + 1 : p + n;
+    static const char *const SECTIONS[] = {"optimizer.", "train_state.", "lr_scheduler.", "dataloader."};
+    for (size_t i = 0; i < sizeof SECTIONS / sizeof *SECTIONS; i++) {
+        size_t n = strlen(SECTIONS[i]);
+        if (!strncmp(fqn, SECTIONS[i], n) && fqn[n]) {
+            char head[32];
+            snprintf(head, sizeof head, "%.*s", (int)(n - 1), fqn);
+            pkl_w_str(w, head);
+            pkl_w_str(w, fqn + n);
+            pkl_w_tuple_n(w, 2);
+            return;
+        }
     }
-    pkl_w_tuple(w);
+    pkl_w_str(w, fqn);
+    pkl_w_tuple_n(w, 1);
 }
 
 static int64_t vol(const dcp_record *r) {
@@ -204,9 +207,8 @@ int dcp_write_metadata(const char *dir, const dcp_record *recs, size_t n, fsdp_e
         pkl_w_mark(&w);
         pkl_w_str(&w, r->fqn);
         if (!r->is_tensor) {
+            /* torch 2.11 pickles it without a state */
             dataclass_begin(&w, META_MOD, "BytesStorageMetadata");
-            pkl_w_empty_dict(&w);
-            pkl_w_build(&w);
         } else {
             dataclass_begin(&w, META_MOD, "TensorStorageMetadata");
             pkl_w_empty_dict(&w);
