@@ -137,3 +137,31 @@ TEST(CkptErrors, CoverageAndBoundsAreChecked) {
     EXPECT_EQ(open_err(t), "");
     rm_rf(t);
 }
+
+TEST(CkptPickleWriter, IntegersUseTheRightOpcodes) {
+    auto enc = [](int64_t v) {
+        pkl_w w;
+        pkl_w_init(&w);
+        pkl_w_int(&w, v);
+        std::string s((const char *)w.buf, w.len);
+        pkl_w_free(&w);
+        return s;
+    };
+    EXPECT_EQ(enc(5), std::string("K\x05", 2));
+    EXPECT_EQ(enc(718), std::string("M\xce\x02", 3));
+    EXPECT_EQ(enc(70000), std::string("J\x70\x11\x01\x00", 5));
+    // offsets beyond 2 GiB: LONG1, e.g. 2^33 + 5 = 8a 05 05 00 00 00 02
+    EXPECT_EQ(enc((1ll << 33) + 5), std::string("\x8a\x05\x05\x00\x00\x00\x02", 7));
+    EXPECT_EQ(enc(1ll << 31), std::string("\x8a\x05\x00\x00\x00\x80\x00", 7));
+    // and they read back
+    for (int64_t v : std::vector<int64_t>{0, 255, 65536, -1, (1ll << 31), (1ll << 33) + 5, -(1ll << 40), INT64_MAX}) {
+        std::string p = "\x80\x02" + enc(v) + ".";
+        pkl_doc *doc;
+        const pkl_obj *root;
+        fsdp_err err;
+        ASSERT_EQ(pkl_parse(p.data(), p.size(), "x", &doc, &root, &err), 0) << err.msg;
+        EXPECT_EQ(root->kind, PKL_INT);
+        EXPECT_EQ(root->i, v);
+        pkl_free(doc);
+    }
+}

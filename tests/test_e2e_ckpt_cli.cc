@@ -21,6 +21,13 @@ TEST(E2ECkptCli, InspectConvertDiffRoundTrips) {
         ASSERT_EQ(run_cmd(bin + "convert " + tiny(src) + " " + t + "/d --to dcp", &out), 0) << out;
         ASSERT_EQ(run_cmd(bin + "diff " + t + "/d " + tiny(want), &out), 0) << src << ": " << out;
     }
+    // the dtypes checkpoint (bool, ints, f16, bf16, 0-d, empty, views) through safetensors
+    ASSERT_EQ(run_cmd(bin + "convert " + tiny("dcp_dtypes") + " " + t + "/dt.safetensors", &out), 0) << out;
+    // (the expectation file leaves out `empty` and `list_of_tensors`, and stores bool as u8)
+    EXPECT_EQ(run_cmd(bin + "diff " + t + "/dt.safetensors " + tiny("dcp_dtypes_expected.safetensors"), &out), 1);
+    EXPECT_EQ(out.find("max abs diff"), std::string::npos) << out;
+    EXPECT_EQ(out.find("shape"), std::string::npos) << out;
+    EXPECT_NE(out.find("only in " + t + "/dt.safetensors: list_of_tensors.1"), std::string::npos) << out;
     // HF names both ways (q/k rows permuted and back), bf16 with a tolerance
     ASSERT_EQ(run_cmd(bin + "convert " + tiny("model_step5.pt") + " " + t + "/hf.safetensors --names hf --n-heads 4 --n-kv-heads 2", &out), 0) << out;
     ASSERT_EQ(run_cmd(bin + "inspect " + t + "/hf.safetensors", &out), 0);
