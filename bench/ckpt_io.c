@@ -52,8 +52,8 @@ int main(int argc, char **argv) {
     snprintf(cmd, sizeof cmd, "rm -rf '%s' && mkdir -p '%s'", dir, dir);
     timed(cmd, NULL);
     snprintf(src, sizeof src, "%s/src.safetensors", dir);
-    /* 128 MiB tensors (f32 [8192, 4096]) up to the requested size */
-    int64_t shape[2] = {8192, 4096};
+    /* 256 MiB tensors (f32 [16384, 4096], the size of a 8B model's embedding shard) */
+    int64_t shape[2] = {16384, 4096};
     size_t tbytes = (size_t)(shape[0] * shape[1]) * 4;
     int nt = (int)(gib * (double)(1ull << 30) / (double)tbytes + 0.999);
     st_writer *w;

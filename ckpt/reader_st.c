@@ -1,13 +1,43 @@
 /* ckpt_reader over safetensors (single files, HF sharded directories / indexes). */
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "ckpt/reader_impl.h"
 #include "ckpt/safetensors.h"
 
+/* Page-aligned span of the mapped rows [r0, r1) of tensor t. */
+static void span(st_reader *s, const st_tensor_info *t, int64_t r0, int64_t r1, void **p, size_t *len) {
+    size_t row = (size_t)st_row_numel(t) * fsdp_dtype_size(t->dtype);
+    uintptr_t a = (uintptr_t)st_data(s, t) + (size_t)r0 * row, b = a + (size_t)(r1 - r0) * row;
+    uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE);
+    a &= ~(pg - 1);
+    *p = (void *)a;
+    *len = b > a ? (size_t)(b - a) : 0;
+}
+
 static int st_rows_op(ckpt_reader *r, size_t i, int64_t r0, int64_t r1, void *dst, fsdp_dtype dt, fsdp_err *err) {
     st_reader *s = r->impl;
-    return st_read_rows(s, st_tensor(s, i), r0, r1, dst, dt, err);
+    const st_tensor_info *t = st_tensor(s, i);
+    /* in slices of about 64 MiB: read ahead, copy out, drop the pages, so that a streaming
+     * reader's memory stays near one tensor however large the checkpoint is */
+    size_t row_bytes = (size_t)st_row_numel(t) * fsdp_dtype_size(t->dtype);
+    size_t out_row = (size_t)st_row_numel(t) * fsdp_dtype_size(dt);
+    int64_t step = row_bytes ? (int64_t)(((size_t)64 << 20) / row_bytes) : (r1 - r0);
+    if (step < 1) step = 1;
+    for (int64_t a = r0; a < r1; a += step) {
+        int64_t b = a + step < r1 ? a + step : r1;
+        void *p;
+        size_t len;
+        span(s, t, a, b, &p, &len);
+        if (len) madvise(p, len, MADV_WILLNEED);
+        int rc = st_read_rows(s, t, a, b, (char *)dst + (size_t)(a - r0) * out_row, dt, err);
+        if (len) madvise(p, len, MADV_DONTNEED);
+        if (rc) return rc;
+    }
+    return 0;
 }
 
 static void st_close_op(ckpt_reader *r) {
