@@ -7,7 +7,9 @@
 #include <string.h>
 #include <sys/time.h>
 
+#include "model/llama.h"
 #include "pipeline/dag.h"
+#include "runtime/data.h"
 #include "pipeline/report.h"
 #include "pipeline/schema.h"
 #include "runtime/ctx_impl.h"
@@ -42,7 +44,21 @@ static int check_runtime(recipe *r, fsdp_err *err) {
         if (!m || val_map_set(r->root, "runtime", m, 1, 1)) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
         rt = val_get_mut(r->root, "runtime");
     }
-    return schema_check_map("runtime", RUNTIME_SPEC, rt, rt, err);
+    int rc = schema_check_map("runtime", RUNTIME_SPEC, rt, rt, err);
+    if (rc) return rc;
+    /* the model and data sections are checked now too, so that `validate` and the plan catch
+     * their errors (with file:line:col) before any stage runs */
+    const fsdp_value *model = fsdp_value_get(r->root, "model");
+    if (model && fsdp_value_type(model) != FSDP_V_NULL) {
+        llama_config cfg;
+        if ((rc = llama_config_from_value(&cfg, model, err))) return rc;
+    }
+    const fsdp_value *data = fsdp_value_get(r->root, "data");
+    if (data && fsdp_value_type(data) != FSDP_V_NULL) {
+        data_config dc;
+        if ((rc = data_config_from_value(data, 0, &dc, err))) return rc;
+    }
+    return 0;
 }
 
 int run_plan_build(fsdp_registry *reg, const char *const *paths, size_t n, const run_opts *o, run_plan *plan,

@@ -236,3 +236,15 @@ TEST(Recipe, ImplicitAfterIsThePreviousStage) {
     ASSERT_EQ(r.rc, 0) << r.log;
     EXPECT_NE(r.out.find("z -> y -> x -> w"), std::string::npos) << r.out;
 }
+
+TEST(Recipe, ModelAndDataSectionsAreValidatedBeforeRunning) {
+    RecipeDir d;
+    std::string log = validate_err(d, "model: {preset: tiny, dim: 65}\nstages: [{id: a, uses: t-init}]\n");
+    EXPECT_NE(log.find(":1:8: model.dim (65) must be divisible by model.n_heads (4)"), std::string::npos) << log;
+    log = validate_err(d, "model: {preset: nope}\nstages: [{id: a, uses: t-init}]\n");
+    EXPECT_NE(log.find("unknown preset 'nope'"), std::string::npos) << log;
+    log = validate_err(d, "data: {kind: text}\nstages: [{id: a, uses: t-init}]\n");
+    EXPECT_NE(log.find("data: kind text needs a `path`"), std::string::npos) << log;
+    log = validate_err(d, "data: {kind: synthetic, batch: 3}\nstages: [{id: a, uses: t-init}]\n");
+    EXPECT_NE(log.find("data: unknown key 'batch'"), std::string::npos) << log;
+}
