@@ -150,13 +150,14 @@ TEST(Recipe, VariablesSubstituteEverywhereAndReferenceEachOther) {
 TEST(Recipe, SetOverridesAnyKey) {
     RecipeDir d;
     std::string p = d.put("s.yaml",
-                          "vars: {n: 2}\nmodel: {dim: 64}\nstages:\n  - {id: a, uses: t-init}\n"
+                          "vars: {n: 2}\nmodel: {preset: tiny, dim: 64}\nstages:\n  - {id: a, uses: t-init}\n"
                           "  - {id: b, uses: t-train, with: {steps: \"${n}\"}}\n");
     CliResult r = cli({"--dry-run", "--set", "vars.n=9", "--set", "model.dim=128", "--set", "stages.b.with.lr=0.5",
-                       "--set=stages.a.with.seed=3", "--set", "model.extra.deep=[1, 2]", "--set", "stages.1.with.mode=exact",
+                       "--set=stages.a.with.seed=3", "--set", "vars.extra.deep=[1, 2]", "--set", "stages.1.with.mode=exact",
                        p});
     ASSERT_EQ(r.rc, 0) << r.log;
-    EXPECT_NE(r.out.find("model: {dim: 128, extra: {deep: [1, 2]}}"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("model: {preset: tiny, dim: 128}"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("vars: {n: 9, extra: {deep: [1, 2]}}"), std::string::npos) << r.out;
     EXPECT_NE(r.out.find("with: {seed: 3}"), std::string::npos) << r.out;
     EXPECT_NE(r.out.find("with: {steps: 9, lr: 0.5, mode: exact"), std::string::npos) << r.out;
     // a mistyped override is reported like a recipe error
@@ -182,7 +183,7 @@ TEST(Recipe, IncludesMergeLaterKeysWin) {
           "");  // directory must exist first
     system(("mkdir -p " + d.dir + "/common").c_str());
     d.put("common/base.yaml",
-          "model: {dim: 64, n_layers: 2}\nruntime: {seed: 1}\nvars: {n: 4}\nstages:\n"
+          "model: {preset: tiny, dim: 64, n_layers: 2}\nruntime: {seed: 1}\nvars: {n: 4}\nstages:\n"
           "  - {id: init, uses: t-init, with: {seed: 1}}\n  - {id: train, uses: t-train, with: {steps: \"${n}\"}}\n");
     d.put("common/more.yaml", "model: {n_layers: 3}\n");
     std::string p = d.put("top.yaml",
@@ -190,7 +191,7 @@ TEST(Recipe, IncludesMergeLaterKeysWin) {
                           "stages:\n  - {id: train, with: {lr: 0.25}}\n  - {id: extra, uses: t-init, after: [train]}\n");
     CliResult r = cli({"--dry-run", p});
     ASSERT_EQ(r.rc, 0) << r.log;
-    EXPECT_NE(r.out.find("model: {dim: 32, n_layers: 3}"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("model: {preset: tiny, dim: 32, n_layers: 3}"), std::string::npos) << r.out;
     EXPECT_NE(r.out.find("runtime: {seed: 1"), std::string::npos) << r.out;
     EXPECT_NE(r.out.find("2. train (t-train) after init\n     with: {steps: 4, lr: 0.25"), std::string::npos) << r.out;
     EXPECT_NE(r.out.find("3. extra (t-init) after train"), std::string::npos) << r.out;
