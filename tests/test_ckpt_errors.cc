@@ -5,9 +5,14 @@
 #include "fuzz/fuzz.h"
 #include "test_util.h"
 
+#include <set>
+#include <zlib.h>
+
 extern "C" {
 #include "ckpt/dcp.h"
 #include "ckpt/pickle.h"
+#include "ckpt/torchsave.h"
+#include "ckpt/zip.h"
 }
 
 using namespace fsdp_test;
@@ -164,4 +169,45 @@ TEST(CkptPickleWriter, IntegersUseTheRightOpcodes) {
         EXPECT_EQ(root->i, v);
         pkl_free(doc);
     }
+}
+
+TEST(CkptZipWriter, AlignedPayloadsAndCorrectCrcs) {
+    std::string t = make_tmpdir("fsdp-zip");
+    FILE *tf = fopen((t + "/a.pt").c_str(), "w+b");
+    ASSERT_TRUE(tf);
+    float v[37];
+    for (int i = 0; i < 37; i++) v[i] = (float)i * 0.5f;
+    int64_t shape[1] = {37};
+    uint64_t alen = 0;
+    fsdp_err err;
+    ASSERT_EQ(ts_write_tensor(tf, FSDP_DT_F32, 1, shape, v, nullptr, nullptr, &alen, &err), 0) << err.msg;
+    fclose(tf);
+    std::string data = read_file(t + "/a.pt");
+    ASSERT_EQ(data.size(), alen);
+    zip_reader z;
+    ASSERT_EQ(zip_open_mem(&z, data.data(), data.size(), "a.pt", &err), 0) << err.msg;
+    std::set<std::string> names;
+    for (size_t i = 0; i < z.n; i++) {
+        void *p;
+        size_t n;
+        ASSERT_EQ(zip_read_all(&z, &z.entries[i], &p, &n, &err), 0) << err.msg;
+        EXPECT_EQ(z.entries[i].crc, (uint32_t)crc32(0, (const Bytef *)p, (uInt)n)) << z.entries[i].name;
+        EXPECT_EQ(z.entries[i].data_off % 64, 0u) << z.entries[i].name;
+        names.insert(z.entries[i].name);
+        free(p);
+    }
+    EXPECT_EQ(names, (std::set<std::string>{"archive/data.pkl", "archive/byteorder", "archive/data/0", "archive/version"}));
+    // and the tensor reads back
+    pkl_doc *doc;
+    const pkl_obj *root;
+    ts_tensor tt;
+    ASSERT_EQ(ts_load_pickle(&z, &doc, &root, &err), 0) << err.msg;
+    ASSERT_EQ(ts_tensor_from_pickle(root, "a.pt", &tt, &err), 0) << err.msg;
+    pkl_free(doc);
+    float back[37];
+    int64_t off[1] = {0}, l[1] = {37};
+    ASSERT_EQ(ts_read_box(&z, &tt, off, l, back, FSDP_DT_F32, &err), 0);
+    EXPECT_EQ(0, memcmp(back, v, sizeof v));
+    zip_close(&z);
+    rm_rf(t);
 }
