@@ -151,7 +151,7 @@ static int dict_set(vm *v, pkl_obj *d, pkl_obj *k, pkl_obj *val) {
 static int pop_mark(vm *v, pkl_obj ***items, size_t *n) {
     if (v->nm == 0) return fail(v, "no MARK for this opcode%s", NULL);
     size_t m = v->marks[--v->nm];
-    *items = v->stack + m;
+    *items = v->stack ? v->stack + m : NULL;
     *n = v->sp - m;
     v->sp = m;
     return 0;
@@ -296,7 +296,7 @@ static int run(vm *v, const pkl_obj **root) {
             if (!o) return fsdp_err_set(v->err, FSDP_E_NOMEM, "out of memory");
             pkl_obj **copy = n ? track(v->doc, malloc(n * sizeof *copy)) : NULL;
             if (n && !copy) return fsdp_err_set(v->err, FSDP_E_NOMEM, "out of memory");
-            memcpy(copy, items, n * sizeof *copy);
+            if (n) memcpy(copy, items, n * sizeof *copy);
             for (size_t i = 0; i < n; i++) {
                 if (copy[i] == &MARK_OBJ) return fail(v, "MARK inside a tuple%s", NULL);
                 if (copy[i]->depth + 1 > o->depth) o->depth = copy[i]->depth + 1;

@@ -158,7 +158,12 @@ static void load_elem(const void *src, fsdp_dtype dt, size_t i, double *d, int64
 static void store_elem(void *dst, fsdp_dtype dt, size_t i, double d, int64_t q, uint64_t uq, int kind) {
     unsigned char *p = (unsigned char *)dst;
     double dv = kind == 0 ? d : kind == 1 ? (double)q : (double)uq;
-    int64_t iv = kind == 0 ? (int64_t)d : kind == 1 ? q : (int64_t)uq;
+    /* float -> int saturates (NaN -> 0), as a defined stand-in for C's undefined overflow */
+    int64_t iv = kind == 1 ? q : kind == 2 ? (int64_t)uq
+                 : (d != d)                ? 0
+                 : d >= 9.2233720368547758e18 ? INT64_MAX
+                 : d <= -9.2233720368547758e18 ? INT64_MIN
+                                              : (int64_t)d;
     switch (dt) {
     case FSDP_DT_F32: { float v = (float)dv; memcpy(p + 4 * i, &v, 4); break; }
     case FSDP_DT_F64: memcpy(p + 8 * i, &dv, 8); break;

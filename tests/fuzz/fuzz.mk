@@ -2,7 +2,7 @@
 #   build-fuzz/fuzz_pickle -max_total_time=600 build-fuzz/corpus/pickle tests/fuzz/corpus/pickle
 BUILD ?= build-fuzz
 CLANG ?= clang
-FUZZ_CFLAGS := -g -O1 -std=c11 -D_GNU_SOURCE -Iinclude -I. -fsanitize=fuzzer-no-link,address,undefined \
+FUZZ_CFLAGS := -g -O1 -std=c11 -D_GNU_SOURCE -Iinclude -I. -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=all \
                -DFSDP_HAVE_CUDA=0 -Wno-unknown-pragmas
 FUZZ_LIB_SRCS := $(wildcard ckpt/*.c) runtime/error.c runtime/dtype.c runtime/state.c runtime/shard.c \
                  runtime/comm.c runtime/ctx.c runtime/log.c runtime/progress.c pipeline/value.c pipeline/yaml_load.c
