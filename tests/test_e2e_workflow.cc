@@ -325,3 +325,18 @@ TEST(E2EWorkflow, SavedOnAnyWorldSizeLoadsOnEveryOther) {
         }
     }
 }
+
+TEST(E2EWorkflow, QuickstartRunsShowsProgressAndLearns) {
+    Dir t;
+    std::string out;
+    int rc = run_cmd("timeout 600 " + fsdp_run_bin() + " recipes/quickstart.yaml --set vars.dir=" + (t / "q"), &out);
+    ASSERT_EQ(rc, 0) << out;
+    EXPECT_NE(out.find("train: "), std::string::npos) << "progress lines: " << out;
+    EXPECT_NE(out.find("ETA"), std::string::npos) << out;
+    auto loss = field(t / "q/metrics.jsonl", "loss");
+    ASSERT_EQ(loss.size(), 15u);  // 10 logged steps to 200, 5 more to 250
+    EXPECT_GT(loss.front(), 2.5);
+    EXPECT_LT(loss[9], 1.6);      // step 200
+    EXPECT_LT(loss.back(), loss[9] + 0.1);
+    for (const char *c : {"q/step-0", "q/step-200", "q/step-250"}) EXPECT_TRUE(exists(t / c + "/.metadata")) << c;
+}
