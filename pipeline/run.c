@@ -14,9 +14,10 @@
 #include "pipeline/schema.h"
 #include "runtime/ctx_impl.h"
 
-static const char *const DEVICES[] = {"auto", "cpu", "cuda", NULL};
+/* `cuda` joins once the stages run on the GPU backend (kernels/cuda, runtime/device). */
+static const char *const DEVICES[] = {"auto", "cpu", NULL};
 static const fsdp_param_spec RUNTIME_SPEC[] = {
-    {"device", FSDP_T_STRING, 0, "auto", DEVICES, "auto = cuda when a GPU is present, else cpu"},
+    {"device", FSDP_T_STRING, 0, "auto", DEVICES, "auto (runs on the CPU in this version) or cpu"},
     {"seed", FSDP_T_INT, 0, "0", NULL, "seed of every random stream (init, data)"},
     {"threads", FSDP_T_INT, 0, "0", NULL, "OpenMP threads per rank (0 = OpenMP's default)"},
     {NULL, 0, 0, NULL, NULL, NULL}};
