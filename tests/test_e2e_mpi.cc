@@ -38,3 +38,31 @@ TEST(E2EMpi, NprocRelaunchesUnderMpirun) {
     EXPECT_EQ(read_file(f), "hello\nhello\nhello\n");  // every rank ran the stage
     rm_rf(dir);
 }
+
+TEST(E2EMpi, CorruptChunkReadByOneRankEndsTheJob) {
+    std::string dir = make_tmpdir("fsdp-mpi");
+    std::string ck = dir + "/ck";
+    ASSERT_EQ(system(("cp -r '" + tiny("dcp_model_ws2") + "' '" + ck + "'").c_str()), 0);
+    // break every zip central directory in __1_0.distcp: on 2 ranks only rank 1 reads that file
+    std::string data = read_file(ck + "/__1_0.distcp");
+    size_t hits = 0;
+    for (size_t p = data.find("PK\x01\x02"); p != std::string::npos; p = data.find("PK\x01\x02", p + 4), hits++)
+        data[p + 2] = 'X';
+    ASSERT_GT(hits, 0u);
+    write_file(ck + "/__1_0.distcp", data);
+    std::string r = dir + "/r.yaml";
+    write_file(r, "model: {preset: tiny}\nstages:\n  - {id: l, uses: load-ckpt, with: {path: " + ck +
+                      "}}\n  - {id: s, uses: save-dcp, with: {path: " + dir + "/out}}\n");
+    std::string out;
+    auto t0 = std::chrono::steady_clock::now();
+    int rc = run_cmd("timeout 60 " + mpirun_prefix(2) + " " + fsdp_run_bin() + " " + r, &out);
+    double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_NE(rc, 0) << out;
+    EXPECT_NE(rc, 124) << "hung: " << out;
+    EXPECT_LT(secs, 30.0);
+    EXPECT_NE(out.find("[r1"), std::string::npos) << out;
+    EXPECT_NE(out.find("__1_0.distcp"), std::string::npos) << out;
+    EXPECT_NE(out.find("stage l (load-ckpt) failed"), std::string::npos) << out;
+    EXPECT_FALSE(exists(dir + "/out/.metadata"));
+    rm_rf(dir);
+}
