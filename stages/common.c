@@ -68,3 +68,23 @@ int stage_init_values(fsdp_state *s, const llama_params *table, uint64_t seed, f
     }
     return 0;
 }
+
+static const char *const INIT_DTYPES[] = {"f32", "bf16", NULL};
+const fsdp_param_spec stage_init_params[] = {
+    {"seed", FSDP_T_INT, 0, NULL, NULL, "init seed (default: runtime.seed)"},
+    {"dtype", FSDP_T_STRING, 0, "f32", INIT_DTYPES, "parameter dtype (bf16 rounds the f32 draw)"},
+    {NULL, 0, 0, NULL, NULL, NULL}};
+
+int stage_init_model(fsdp_ctx *ctx, const fsdp_value *with, state_layout layout, llama_config *cfg, int64_t *total,
+                     fsdp_err *err) {
+    int rc = stage_model_config(ctx, cfg, err);
+    if (rc) return rc;
+    llama_params table;
+    fsdp_state *s;
+    if ((rc = stage_state_from_config(ctx, cfg, layout, &table, &s, err))) return rc;
+    fsdp_dtype dt = fsdp_dtype_from_name(fsdp_arg_str(with, "dtype", "f32"));
+    rc = stage_init_values(s, &table, stage_seed(ctx, with), dt, err);
+    *total = table.total;
+    llama_params_free(&table);
+    return rc;
+}

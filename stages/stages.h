@@ -22,6 +22,11 @@ int stage_state_from_config(fsdp_ctx *ctx, const llama_config *cfg, state_layout
 /* Fills every local row with the model's init rule (counter-based: the same values for every
  * world size); dtype bf16 rounds the values to bf16 and records it for checkpoints. */
 int stage_init_values(fsdp_state *s, const llama_params *table, uint64_t seed, fsdp_dtype dtype, fsdp_err *err);
+/* init-meta / init-cpu: the model of the recipe, declared in `layout` and initialised per
+ * `with: {seed, dtype}` (stage_init_params); *total is the parameter count. */
+extern const fsdp_param_spec stage_init_params[];
+int stage_init_model(fsdp_ctx *ctx, const fsdp_value *with, state_layout layout, llama_config *cfg, int64_t *total,
+                     fsdp_err *err);
 
 extern const fsdp_stage_desc stage_shard;
 extern const fsdp_stage_desc stage_offload;
