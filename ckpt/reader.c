@@ -97,6 +97,29 @@ int ckpt_open(const char *path, ckpt_format fmt, ckpt_reader **out, fsdp_err *er
     }
 }
 
+ckpt_reader *ckpt_reader_alloc(const char *path, size_t n, const ckpt_ops *ops, ckpt_format format, void *impl) {
+    ckpt_reader *r = calloc(1, sizeof *r);
+    if (!r) return NULL;
+    r->entries = calloc(n ? n : 1, sizeof *r->entries);
+    r->path = strdup(path);
+    if (!r->entries || !r->path) {
+        ckpt_reader_free(r);
+        return NULL;
+    }
+    r->ops = ops;
+    r->format = format;
+    r->impl = impl;
+    r->n = n;
+    return r;
+}
+
+void ckpt_reader_free(ckpt_reader *r) {
+    if (!r) return;
+    free(r->entries);
+    free(r->path);
+    free(r);
+}
+
 void ckpt_close(ckpt_reader *r) {
     if (r) r->ops->close(r);
 }

@@ -21,9 +21,7 @@ static const char *dcp_text_op(ckpt_reader *r, size_t i) { return dcp_value_text
 
 static void dcp_close_op(ckpt_reader *r) {
     dcp_close(r->impl);
-    free(r->entries);
-    free(r->path);
-    free(r);
+    ckpt_reader_free(r);
 }
 
 static const ckpt_ops DCP_OPS = {dcp_rows_op, dcp_text_op, dcp_close_op};
@@ -32,22 +30,11 @@ int ckpt_open_dcp(const char *path, ckpt_reader **out, fsdp_err *err) {
     dcp_ckpt *c;
     int rc = dcp_open(path, &c, err);
     if (rc) return rc;
-    ckpt_reader *r = calloc(1, sizeof *r);
-    if (r) r->entries = calloc(c->n ? c->n : 1, sizeof *r->entries);
-    if (r) r->path = strdup(path);
-    if (!r || !r->entries || !r->path) {
-        if (r) {
-            free(r->entries);
-            free(r->path);
-        }
-        free(r);
+    ckpt_reader *r = ckpt_reader_alloc(path, c->n, &DCP_OPS, CKPT_DCP, c);
+    if (!r) {
         dcp_close(c);
         return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
     }
-    r->ops = &DCP_OPS;
-    r->format = CKPT_DCP;
-    r->impl = c;
-    r->n = c->n;
     for (size_t i = 0; i < c->n; i++) {
         const dcp_item *x = &c->items[i];
         ckpt_entry *e = &r->entries[i];

@@ -19,6 +19,11 @@ struct ckpt_reader {
     void *impl;
 };
 
+/* A reader with room for n entries (zeroed) over impl; NULL when out of memory. */
+ckpt_reader *ckpt_reader_alloc(const char *path, size_t n, const ckpt_ops *ops, ckpt_format format, void *impl);
+/* Frees what ckpt_reader_alloc allocated (not impl). */
+void ckpt_reader_free(ckpt_reader *r);
+
 int ckpt_open_safetensors(const char *path, ckpt_reader **out, fsdp_err *err);
 int ckpt_open_dcp(const char *path, ckpt_reader **out, fsdp_err *err);
 int ckpt_open_pt(const char *path, ckpt_reader **out, fsdp_err *err);

@@ -55,9 +55,7 @@ static void pt_free(pt_impl *p) {
 
 static void pt_close_op(ckpt_reader *r) {
     pt_free(r->impl);
-    free(r->entries);
-    free(r->path);
-    free(r);
+    ckpt_reader_free(r);
 }
 
 static const ckpt_ops PT_OPS = {pt_rows_op, pt_text_op, pt_close_op};
@@ -128,26 +126,12 @@ int ckpt_open_pt(const char *path, ckpt_reader **out, fsdp_err *err) {
         else if (root->kind == PKL_REDUCE) rc = walk(p, "tensor", root, 0, err);
         else rc = fsdp_err_set(err, FSDP_E_FORMAT, "%s: not a state dict (the pickle's top is not a dict)", path);
     }
-    ckpt_reader *r = NULL;
-    if (!rc) {
-        r = calloc(1, sizeof *r);
-        if (r) r->entries = calloc(p->n ? p->n : 1, sizeof *r->entries);
-        if (r) r->path = strdup(path);
-        if (!r || !r->entries || !r->path) rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
-    }
+    ckpt_reader *r = rc ? NULL : ckpt_reader_alloc(path, p->n, &PT_OPS, CKPT_PT, p);
+    if (!rc && !r) rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
     if (rc) {
-        if (r) {
-            free(r->entries);
-            free(r->path);
-            free(r);
-        }
         pt_free(p);
         return rc;
     }
-    r->ops = &PT_OPS;
-    r->format = CKPT_PT;
-    r->impl = p;
-    r->n = p->n;
     for (size_t i = 0; i < p->n; i++) {
         ckpt_entry *e = &r->entries[i];
         e->name = p->names[i];

@@ -42,9 +42,7 @@ static int st_rows_op(ckpt_reader *r, size_t i, int64_t r0, int64_t r1, void *ds
 
 static void st_close_op(ckpt_reader *r) {
     st_close(r->impl);
-    free(r->entries);
-    free(r->path);
-    free(r);
+    ckpt_reader_free(r);
 }
 
 static const ckpt_ops ST_OPS = {st_rows_op, NULL, st_close_op};
@@ -53,23 +51,12 @@ int ckpt_open_safetensors(const char *path, ckpt_reader **out, fsdp_err *err) {
     st_reader *s;
     int rc = st_open(&s, path, err);
     if (rc) return rc;
-    ckpt_reader *r = calloc(1, sizeof *r);
     size_t n = st_count(s);
-    if (r) r->entries = calloc(n ? n : 1, sizeof *r->entries);
-    if (r) r->path = strdup(path);
-    if (!r || !r->entries || !r->path) {
-        if (r) {
-            free(r->entries);
-            free(r->path);
-        }
-        free(r);
+    ckpt_reader *r = ckpt_reader_alloc(path, n, &ST_OPS, CKPT_SAFETENSORS, s);
+    if (!r) {
         st_close(s);
         return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
     }
-    r->ops = &ST_OPS;
-    r->format = CKPT_SAFETENSORS;
-    r->impl = s;
-    r->n = n;
     for (size_t i = 0; i < n; i++) {
         const st_tensor_info *t = st_tensor(s, i);
         ckpt_entry *e = &r->entries[i];
