@@ -1,6 +1,7 @@
 /* Communicator backends: single (no MPI) and MPI. Large messages are split so that no
  * MPI count exceeds INT_MAX. */
 #include "runtime/comm.h"
+#include "runtime/comm_impl.h"
 
 #include <limits.h>
 #include <mpi.h>
@@ -8,12 +9,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-struct comm {
-    int is_mpi;
-    int rank, size, local_rank;
-    MPI_Comm world;
-    int owns_mpi; /* we called MPI_Init */
-};
 
 #define COMM_CHUNK ((size_t)1 << 30)
 
@@ -73,6 +68,7 @@ int comm_create(comm **out, fsdp_err *err) {
 
 void comm_destroy(comm *c) {
     if (!c) return;
+    comm_dev_release(c);
     if (c->is_mpi) {
         MPI_Comm_free(&c->world);
         if (c->owns_mpi) {

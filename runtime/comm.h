@@ -1,6 +1,6 @@
 /* Communicator: one interface over the `single` (world of 1) and `mpi` (host buffers)
- * backends; `nccl` (device buffers) is in runtime/comm_nccl.c when CUDA is built.
- * Nothing here re-implements a collective: MPI does the work. */
+ * backends, plus device collectives (comm_dev_*: `nccl`, device buffers) in
+ * runtime/comm_nccl.c. Nothing here re-implements a collective: MPI and NCCL do the work. */
 #ifndef FSDP_RUNTIME_COMM_H
 #define FSDP_RUNTIME_COMM_H
 
@@ -25,7 +25,7 @@ void comm_destroy(comm *c);
 int comm_rank(const comm *c);
 int comm_size(const comm *c);
 int comm_local_rank(const comm *c); /* rank among the processes of this node */
-const char *comm_backend(const comm *c); /* "single" or "mpi" */
+const char *comm_backend(const comm *c); /* "single" or "mpi" (host collectives) */
 
 int comm_barrier(comm *c, fsdp_err *err);
 int comm_bcast(comm *c, void *buf, size_t bytes, int root, fsdp_err *err);
@@ -48,5 +48,30 @@ int comm_gather_bytes(comm *c, const void *send, size_t n, int root, void **out,
 int comm_agree(comm *c, int status, int *who, fsdp_err *err);
 /* Ends the whole job now (MPI_Abort under MPI); used when one rank fails alone. */
 void comm_abort(comm *c, int code);
+
+/* ---- device collectives (NCCL) ------------------------------------------------------------
+ * One GPU per rank. comm_dev_init creates the NCCL communicator on the calling thread's current
+ * CUDA device (dev_ctx_create selects it): rank 0 makes the unique id, MPI broadcasts it, every
+ * rank calls ncclCommInitRank; a world of 1 uses NCCL too (one rank), so the same code runs at
+ * every size. Collectively called by every rank; calling it again is a no-op. FSDP_E_DEVICE with
+ * the CUDA/NCCL message when built without CUDA, without a GPU or when NCCL fails.
+ *
+ * The comm_dev_* collectives take device buffers and queue their work on `stream` (a
+ * cudaStream_t, runtime/device.h's dev_stream); they return once the work is queued. Counts and
+ * byte sizes are identical on every rank; blocks of 0 elements are allowed. */
+int comm_dev_init(comm *c, fsdp_err *err);
+int comm_dev_ready(const comm *c);
+/* "nccl" once comm_dev_init succeeded, else NULL. */
+const char *comm_dev_backend(const comm *c);
+/* All-gather of variable-size byte blocks (rank r sends bytes[r] bytes from send; recv receives
+ * all blocks concatenated in rank order). send may alias recv's own block. */
+int comm_dev_allgatherv(comm *c, const void *send, void *recv, const size_t *bytes, void *stream, fsdp_err *err);
+/* Reduce-scatter (sum) of float32: send holds sum(counts) elements in rank order; rank r receives
+ * its counts[r] summed elements in recv (which must not overlap send). */
+int comm_dev_reduce_scatterv_f32(comm *c, const float *send, float *recv, const size_t *counts, void *stream,
+                                 fsdp_err *err);
+/* In-place all-reduce of count elements (COMM_F32, COMM_F64, COMM_I64 or COMM_U8). */
+int comm_dev_allreduce(comm *c, void *buf, size_t count, comm_dtype dt, comm_op op, void *stream, fsdp_err *err);
+int comm_dev_bcast(comm *c, void *buf, size_t bytes, int root, void *stream, fsdp_err *err);
 
 #endif

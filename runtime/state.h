@@ -30,6 +30,12 @@ typedef struct state_param {
     float *exp_avg, *exp_avg_sq;  /* AdamW moments, same shape as data, when present */
     int layer;                    /* transformer layer, -1 for others */
     fsdp_dtype dtype;             /* dtype written to checkpoints (values are kept in f32) */
+    /* Device copies (runtime.device cuda; from dev_alloc of s->dev): rows * row_numel float32
+     * each. Placement rule, per array: at most one of the host pointer (data, grad, exp_avg,
+     * exp_avg_sq) and its device twin is non-NULL, and that one holds the values. E.g. on the GPU
+     * d_data and d_grad hold the parameter and gradient while data and grad are NULL; after
+     * `offload` exp_avg/exp_avg_sq are host (pinned) while d_data stays on the device. */
+    float *d_data, *d_grad, *d_exp_avg, *d_exp_avg_sq;
 } state_param;
 
 typedef struct fsdp_state {
@@ -47,6 +53,7 @@ typedef struct fsdp_state {
     uint64_t data_pos;       /* position of the data stream (batches consumed) */
     int offloaded;           /* optimizer state (and master weights) kept in host memory */
     int offload_params;
+    struct dev_ctx *dev;     /* the run's device context when any array is on the GPU (not owned) */
 } fsdp_state;
 
 /* The state of the context, or NULL when no stage created one. */

@@ -1,0 +1,214 @@
+/* Device collectives through NCCL (see comm.h). The unique id travels over MPI (comm_bcast);
+ * blocks of different sizes (torch.chunk shards are uneven) become one NCCL group of
+ * broadcasts (all-gather) or reduces (reduce-scatter), equal blocks the plain collective. */
+#include "runtime/comm_impl.h"
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if FSDP_HAVE_CUDA
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+static int nccl_fail(fsdp_err *err, ncclResult_t r, const char *what) {
+    return fsdp_err_set(err, FSDP_E_DEVICE, "%s failed: %s", what, ncclGetErrorString(r));
+}
+
+static int cuda_fail(fsdp_err *err, cudaError_t e, const char *what) {
+    return fsdp_err_set(err, FSDP_E_DEVICE, "%s failed: %s", what, cudaGetErrorString(e));
+}
+
+int comm_dev_init(comm *c, fsdp_err *err) {
+    if (c->nccl) return 0;
+    int dev = -1;
+    cudaError_t ce = cudaGetDevice(&dev);
+    /* Every rank takes part in the id broadcast, even one without a device, so that no rank
+     * waits for another that already gave up: the failure is agreed on below. */
+    enum { NO_DEVICE = 101, NO_ID = 102 };
+    int local = ce == cudaSuccess ? 0 : NO_DEVICE;
+    ncclUniqueId id;
+    memset(&id, 0, sizeof id);
+    ncclResult_t nr = ncclSuccess;
+    if (c->rank == 0 && !local) {
+        nr = ncclGetUniqueId(&id);
+        if (nr != ncclSuccess) local = NO_ID;
+    }
+    int who = -1;
+    int agreed = comm_agree(c, local, &who, err);
+    if (agreed && agreed != NO_DEVICE && agreed != NO_ID) return agreed; /* the agreement itself failed */
+    if (agreed) {
+        if (local == NO_DEVICE) return cuda_fail(err, ce, "cudaGetDevice (no usable GPU for NCCL)");
+        if (local == NO_ID) return nccl_fail(err, nr, "ncclGetUniqueId");
+        return fsdp_err_set(err, FSDP_E_COMM, "NCCL setup failed on rank %d (%s)", who,
+                            agreed == NO_DEVICE ? "no usable GPU" : "ncclGetUniqueId failed");
+    }
+    int rc = comm_bcast(c, &id, sizeof id, 0, err);
+    if (rc) return rc;
+    ncclComm_t nc = NULL;
+    nr = ncclCommInitRank(&nc, c->size, id, c->rank);
+    if (nr != ncclSuccess) return nccl_fail(err, nr, "ncclCommInitRank");
+    c->nccl = nc;
+    c->nccl_device = dev;
+    return 0;
+}
+
+void comm_dev_release(comm *c) {
+    if (!c || !c->nccl) return;
+    int cur = -1;
+    if (cudaGetDevice(&cur) == cudaSuccess && cur != c->nccl_device) cudaSetDevice(c->nccl_device);
+    ncclCommDestroy((ncclComm_t)c->nccl);
+    if (cur >= 0 && cur != c->nccl_device) cudaSetDevice(cur);
+    c->nccl = NULL;
+}
+
+static int need(const comm *c, fsdp_err *err) {
+    if (c->nccl) return 0;
+    return fsdp_err_set(err, FSDP_E_INVALID, "device collective before comm_dev_init (no NCCL communicator)");
+}
+
+static int group_end(fsdp_err *err, const char *what) {
+    ncclResult_t r = ncclGroupEnd();
+    return r == ncclSuccess ? 0 : nccl_fail(err, r, what);
+}
+
+int comm_dev_allgatherv(comm *c, const void *send, void *recv, const size_t *bytes, void *stream, fsdp_err *err) {
+    int rc = need(c, err);
+    if (rc) return rc;
+    ncclComm_t nc = (ncclComm_t)c->nccl;
+    cudaStream_t st = (cudaStream_t)stream;
+    int equal = 1;
+    size_t total = 0;
+    for (int r = 0; r < c->size; r++) {
+        if (bytes[r] != bytes[0]) equal = 0;
+        total += bytes[r];
+    }
+    if (total == 0) return 0;
+    uint8_t *out = (uint8_t *)recv;
+    if (equal) {
+        ncclResult_t r = ncclAllGather(send, out, bytes[0], ncclUint8, nc, st);
+        return r == ncclSuccess ? 0 : nccl_fail(err, r, "ncclAllGather");
+    }
+    ncclResult_t r = ncclGroupStart();
+    if (r != ncclSuccess) return nccl_fail(err, r, "ncclGroupStart");
+    size_t off = 0;
+    for (int root = 0; root < c->size; root++) {
+        if (bytes[root]) {
+            r = ncclBroadcast(send, out + off, bytes[root], ncclUint8, root, nc, st);
+            if (r != ncclSuccess) {
+                ncclGroupEnd();
+                return nccl_fail(err, r, "ncclBroadcast (all-gather)");
+            }
+        }
+        off += bytes[root];
+    }
+    return group_end(err, "all-gather group");
+}
+
+int comm_dev_reduce_scatterv_f32(comm *c, const float *send, float *recv, const size_t *counts, void *stream,
+                                 fsdp_err *err) {
+    int rc = need(c, err);
+    if (rc) return rc;
+    ncclComm_t nc = (ncclComm_t)c->nccl;
+    cudaStream_t st = (cudaStream_t)stream;
+    int equal = 1;
+    size_t total = 0;
+    for (int r = 0; r < c->size; r++) {
+        if (counts[r] != counts[0]) equal = 0;
+        total += counts[r];
+    }
+    if (total == 0) return 0;
+    if (equal) {
+        ncclResult_t r = ncclReduceScatter(send, recv, counts[0], ncclFloat32, ncclSum, nc, st);
+        return r == ncclSuccess ? 0 : nccl_fail(err, r, "ncclReduceScatter");
+    }
+    ncclResult_t r = ncclGroupStart();
+    if (r != ncclSuccess) return nccl_fail(err, r, "ncclGroupStart");
+    size_t off = 0;
+    for (int root = 0; root < c->size; root++) {
+        if (counts[root]) {
+            r = ncclReduce(send + off, recv, counts[root], ncclFloat32, ncclSum, root, nc, st);
+            if (r != ncclSuccess) {
+                ncclGroupEnd();
+                return nccl_fail(err, r, "ncclReduce (reduce-scatter)");
+            }
+        }
+        off += counts[root];
+    }
+    return group_end(err, "reduce-scatter group");
+}
+
+static int nccl_type(comm_dtype dt, ncclDataType_t *t, fsdp_err *err) {
+    switch (dt) {
+    case COMM_F32: *t = ncclFloat32; return 0;
+    case COMM_F64: *t = ncclFloat64; return 0;
+    case COMM_I64: *t = ncclInt64; return 0;
+    case COMM_U8: *t = ncclUint8; return 0;
+    }
+    return fsdp_err_set(err, FSDP_E_INVALID, "device collective: unknown dtype %d", (int)dt);
+}
+
+static int nccl_op(comm_op op, ncclRedOp_t *o, fsdp_err *err) {
+    switch (op) {
+    case COMM_SUM: *o = ncclSum; return 0;
+    case COMM_MAX: *o = ncclMax; return 0;
+    case COMM_MIN: *o = ncclMin; return 0;
+    }
+    return fsdp_err_set(err, FSDP_E_INVALID, "device collective: unknown op %d", (int)op);
+}
+
+int comm_dev_allreduce(comm *c, void *buf, size_t count, comm_dtype dt, comm_op op, void *stream, fsdp_err *err) {
+    int rc = need(c, err);
+    if (rc) return rc;
+    ncclDataType_t t = ncclFloat32;
+    ncclRedOp_t o = ncclSum;
+    if ((rc = nccl_type(dt, &t, err)) || (rc = nccl_op(op, &o, err))) return rc;
+    if (count == 0) return 0;
+    ncclResult_t r = ncclAllReduce(buf, buf, count, t, o, (ncclComm_t)c->nccl, (cudaStream_t)stream);
+    return r == ncclSuccess ? 0 : nccl_fail(err, r, "ncclAllReduce");
+}
+
+int comm_dev_bcast(comm *c, void *buf, size_t bytes, int root, void *stream, fsdp_err *err) {
+    int rc = need(c, err);
+    if (rc) return rc;
+    if (root < 0 || root >= c->size)
+        return fsdp_err_set(err, FSDP_E_INVALID, "device broadcast: root %d outside [0, %d)", root, c->size);
+    if (bytes == 0) return 0;
+    ncclResult_t r = ncclBroadcast(buf, buf, bytes, ncclUint8, root, (ncclComm_t)c->nccl, (cudaStream_t)stream);
+    return r == ncclSuccess ? 0 : nccl_fail(err, r, "ncclBroadcast");
+}
+
+#else /* !FSDP_HAVE_CUDA */
+
+static int no_cuda(fsdp_err *err) {
+    return fsdp_err_set(err, FSDP_E_DEVICE, "device collectives (NCCL): fsdp-run was built without CUDA");
+}
+
+int comm_dev_init(comm *c, fsdp_err *err) {
+    (void)c;
+    return no_cuda(err);
+}
+void comm_dev_release(comm *c) { (void)c; }
+int comm_dev_allgatherv(comm *c, const void *send, void *recv, const size_t *bytes, void *stream, fsdp_err *err) {
+    (void)c, (void)send, (void)recv, (void)bytes, (void)stream;
+    return no_cuda(err);
+}
+int comm_dev_reduce_scatterv_f32(comm *c, const float *send, float *recv, const size_t *counts, void *stream,
+                                 fsdp_err *err) {
+    (void)c, (void)send, (void)recv, (void)counts, (void)stream;
+    return no_cuda(err);
+}
+int comm_dev_allreduce(comm *c, void *buf, size_t count, comm_dtype dt, comm_op op, void *stream, fsdp_err *err) {
+    (void)c, (void)buf, (void)count, (void)dt, (void)op, (void)stream;
+    return no_cuda(err);
+}
+int comm_dev_bcast(comm *c, void *buf, size_t bytes, int root, void *stream, fsdp_err *err) {
+    (void)c, (void)buf, (void)bytes, (void)root, (void)stream;
+    return no_cuda(err);
+}
+
+#endif
+
+int comm_dev_ready(const comm *c) { return c && c->nccl != NULL; }
+const char *comm_dev_backend(const comm *c) { return comm_dev_ready(c) ? "nccl" : NULL; }
