@@ -334,8 +334,41 @@ out:
 static int subst_text(const fsdp_value *vars, const fsdp_value *where, const char *text, int depth, char **out,
                       const fsdp_value **whole, fsdp_err *err);
 
+/* ${env:NAME} is the environment variable NAME (an error when unset), ${env:NAME:-default} the
+ * default when NAME is unset or empty: per-rank or per-job paths under mpirun/srun, e.g.
+ * ${env:OMPI_COMM_WORLD_RANK} or ${env:SLURM_JOB_ID}. The value is taken literally. */
+static int env_value(const fsdp_value *where, const char *spec, char **out, fsdp_err *err) {
+    char name[128];
+    const char *dflt = strstr(spec, ":-");
+    size_t nlen = dflt ? (size_t)(dflt - spec) : strlen(spec);
+    if (nlen == 0 || nlen >= sizeof name)
+        return fsdp_err_at(err, FSDP_E_INVALID, where, "bad environment reference '${env:%s}'", spec);
+    memcpy(name, spec, nlen);
+    name[nlen] = '\0';
+    for (size_t i = 0; i < nlen; i++)
+        if (!(name[i] == '_' || (name[i] >= 'A' && name[i] <= 'Z') || (name[i] >= 'a' && name[i] <= 'z') ||
+              (i > 0 && name[i] >= '0' && name[i] <= '9')))
+            return fsdp_err_at(err, FSDP_E_INVALID, where,
+                               "bad environment variable name '%s' in '${env:%s}' (letters, digits, '_')", name, spec);
+    const char *v = getenv(name);
+    if (!v || (!*v && dflt)) {
+        if (!dflt)
+            return fsdp_err_at(err, FSDP_E_INVALID, where,
+                               "environment variable %s is not set (referenced as '${env:%s}'; "
+                               "give a default with '${env:%s:-value}')",
+                               name, spec, name);
+        v = dflt + 2;
+    }
+    *out = strdup(v);
+    return *out ? 0 : fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+}
+
 static int var_value(const fsdp_value *vars, const fsdp_value *where, const char *name, int depth, char **out,
                      const fsdp_value **node, fsdp_err *err) {
+    if (strncmp(name, "env:", 4) == 0) {
+        *node = NULL;
+        return env_value(where, name + 4, out, err);
+    }
     const fsdp_value *v = fsdp_value_get(vars, name);
     if (!v) {
         char known[512] = "";

@@ -39,6 +39,32 @@ TEST(E2EMpi, NprocRelaunchesUnderMpirun) {
     rm_rf(dir);
 }
 
+TEST(E2EMpi, BadPathOnRankTwoOnlyEndsTheJob) {
+    // Each rank loads its own copy of the checkpoint (per-rank local disks, as on a cluster); the
+    // copy of rank 2 is missing. Through the real load-ckpt stage, not a test plugin.
+    std::string dir = make_tmpdir("fsdp-mpi");
+    for (int r : {0, 1})
+        ASSERT_EQ(system(("mkdir -p '" + dir + "/r" + std::to_string(r) + "' && cp -r '" + tiny("dcp_model_ws2") +
+                          "' '" + dir + "/r" + std::to_string(r) + "/ck'").c_str()),
+                  0);
+    std::string r = dir + "/r.yaml";
+    write_file(r, "model: {preset: tiny}\ndata: {kind: synthetic, batch_size: 3, seq_len: 8}\nstages:\n"
+                  "  - {id: l, uses: load-ckpt, with: {path: \"" + dir + "/r${env:OMPI_COMM_WORLD_RANK}/ck\"}}\n"
+                  "  - {id: t, uses: train-steps, with: {steps: 1}}\n");
+    std::string out;
+    auto t0 = std::chrono::steady_clock::now();
+    int rc = run_cmd("timeout 60 " + mpirun_prefix(3) + " " + fsdp_run_bin() + " " + r, &out);
+    double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_NE(rc, 0) << out;
+    EXPECT_NE(rc, 124) << "the job hung until the timeout: " << out;
+    EXPECT_LT(secs, 30.0) << out;
+    // rank 2's own message, naming the missing path, and no training ran anywhere
+    EXPECT_NE(out.find("[r2"), std::string::npos) << out;
+    EXPECT_NE(out.find(dir + "/r2/ck"), std::string::npos) << out;
+    EXPECT_EQ(out.find("stage t (train-steps) done"), std::string::npos) << out;
+    rm_rf(dir);
+}
+
 TEST(E2EMpi, CorruptChunkReadByOneRankEndsTheJob) {
     std::string dir = make_tmpdir("fsdp-mpi");
     std::string ck = dir + "/ck";

@@ -147,6 +147,27 @@ TEST(Recipe, VariablesSubstituteEverywhereAndReferenceEachOther) {
     EXPECT_NE(r2.log.find("refers to itself"), std::string::npos) << r2.log;
 }
 
+TEST(Recipe, EnvironmentVariablesWithDefaults) {
+    RecipeDir d;
+    setenv("FSDP_TEST_ENV_DIR", "/scratch/job7", 1);
+    unsetenv("FSDP_TEST_ENV_UNSET");
+    std::string p = d.put("e.yaml",
+                          "vars: {out: \"${env:FSDP_TEST_ENV_DIR}/ckpt\"}\n"
+                          "stages:\n  - {id: a, uses: t-init, with: {seed: \"${env:FSDP_TEST_ENV_UNSET:-11}\"}}\n"
+                          "  - {id: b, uses: t-train, with: {steps: 2, name: \"${out}/r${env:FSDP_TEST_ENV_UNSET:-0}\"}}\n");
+    CliResult r = cli({"--dry-run", p});
+    ASSERT_EQ(r.rc, 0) << r.log;
+    EXPECT_NE(r.out.find("with: {seed: 11}"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("name: /scratch/job7/ckpt/r0"), std::string::npos) << r.out;
+    std::string log = validate_err(d, "stages:\n  - id: a\n    uses: t-init\n    with: {seed: \"${env:FSDP_TEST_ENV_UNSET}\"}\n");
+    EXPECT_NE(log.find(d.path("r.yaml") + ":4:18: environment variable FSDP_TEST_ENV_UNSET is not set"),
+              std::string::npos)
+        << log;
+    log = validate_err(d, "stages:\n  - id: a\n    uses: t-init\n    with: {seed: \"${env:9BAD}\"}\n");
+    EXPECT_NE(log.find("bad environment variable name '9BAD'"), std::string::npos) << log;
+    unsetenv("FSDP_TEST_ENV_DIR");
+}
+
 TEST(Recipe, SetOverridesAnyKey) {
     RecipeDir d;
     std::string p = d.put("s.yaml",
