@@ -72,7 +72,7 @@ BENCHES   := $(BENCH_SRCS:bench/%.c=$(BUILD)/bench/%)
 # Executables take the whole library so that plugins (dlopen) resolve every public symbol.
 WHOLE_LIB := -Wl,--whole-archive $(LIBFSDP) -Wl,--no-whole-archive
 
-.PHONY: all test setup asan fuzz bench bundle clean check-deps
+.PHONY: all test setup asan fuzz bench bundle gpu-kit clean check-deps
 all: $(BIN) $(PLUGINS)
 
 $(BUILD)/obj/%.o: %.c
@@ -134,6 +134,10 @@ fuzz:
 bundle: $(BIN)
 	FSDP_BUNDLE_LINK='$(CC) $(LDFLAGS) $(BUILD)/obj/pipeline/main.o $(WHOLE_LIB) $(LDLIBS)' \
 	  sh tools/bundle.sh $(BIN) $(BUILD)/bundle
+
+# What a lent GPU machine runs (tools/gpu_session.sh): binaries, tests, benchmarks, fixtures.
+gpu-kit: $(BIN) $(PLUGINS) $(TEST_PLUGINS) $(TEST_MPI_BINS) $(TEST_BIN) $(BENCHES)
+	sh tools/gpu_kit.sh $(BUILD)
 
 setup:
 	sh tools/setup.sh

@@ -30,12 +30,16 @@ std::string libs_outside(const std::string &file, const std::string &dir) {
     std::istringstream in(out);
     std::string line;
     const char *system[] = {"linux-vdso", "ld-linux", "libc.so", "libm.so", "libdl.so", "libpthread.so", "librt.so",
-                            "libstdc++.so", "libgcc_s.so", "libcuda.so", "libutil.so", "libresolv.so"};
+                            "libstdc++.so", "libgcc_s.so", "libcuda.so", "libutil.so", "libresolv.so",
+                            // the CUDA toolkit's libraries come from the GPU machine (see tools/bundle.sh)
+                            "libcudart.so", "libcublas.so", "libcublasLt.so", "libnccl.so", "libcudnn"};
     while (std::getline(in, line)) {
         bool sys = false;
         for (const char *s : system) sys = sys || line.find(s) != std::string::npos;
         if (sys) continue;
-        if (line.find(dir + "/lib/") == std::string::npos) bad += line + "\n";
+        // inside the bundle's lib/ (possibly reached as SUBDIR/../lib/)
+        size_t at = line.find(dir + "/");
+        if (at == std::string::npos || line.find("lib/", at + dir.size()) == std::string::npos) bad += line + "\n";
     }
     return bad;
 }
@@ -109,6 +113,46 @@ TEST(CudaBundle, MakeBundleRunsWithoutLdLibraryPath) {
     EXPECT_EQ(out.rfind("fsdp-run ", 0), 0u) << out;
     EXPECT_EQ(libs_outside(b + "/fsdp-run", b), "");
     ASSERT_EQ(fsdp_test::run_cmd("env -u LD_LIBRARY_PATH '" + b + "/fsdp-run.sh' --version", &out), 0) << out;
+    // the CUDA toolkit stays out of the bundle (every GPU machine has its own; 800 MB otherwise)
+    std::string ls;
+    fsdp_test::run_cmd("ls '" + b + "/lib'", &ls);
+    EXPECT_EQ(ls.find("libcublas"), std::string::npos) << ls;
+    EXPECT_EQ(ls.find("libnccl"), std::string::npos) << ls;
+    std::string env = fsdp_test::read_file(b + "/env.sh");
+    EXPECT_NE(env.find("/usr/local/cuda/lib64"), std::string::npos) << env;
+    EXPECT_NE(env.find("nvidia.__path__"), std::string::npos) << env;
+    fsdp_test::rm_rf(tmp);
+}
+
+// Extra executables (tests, benchmarks) and plugins in subdirectories find the bundle's lib/.
+TEST(CudaBundle, ExtraFilesGetAnRpathToTheBundleLibraries) {
+    ASSERT_TRUE(have("patchelf")) << "patchelf is not installed (run make setup)";
+    std::string tmp = fsdp_test::make_tmpdir("fsdp-bundle");
+    char *abs = realpath(tmp.c_str(), nullptr);
+    ASSERT_NE(abs, nullptr);
+    const std::string b = std::string(abs) + "/bundle";
+    free(abs);
+    std::string plugin = fsdp_test::plugin_dir() + "/libecho_stage.so";
+    std::string mpi = std::string(FSDP_BUILD_DIR) + "/tests/mpi/comm_check";
+    std::string out;
+    ASSERT_EQ(fsdp_test::run_cmd("FSDP_BUNDLE_STRIP=1 FSDP_BUNDLE_EXTRA='" + mpi + "=tests/mpi " + plugin +
+                                     "=plugins' sh tools/bundle.sh '" + fsdp_test::fsdp_run_bin() + "' '" + b + "'",
+                                 &out),
+              0)
+        << out;
+    std::string dyn = dynamic_section(b + "/tests/mpi/comm_check");
+    EXPECT_NE(dyn.find("$ORIGIN/../../lib"), std::string::npos) << dyn;
+    EXPECT_EQ(libs_outside(b + "/tests/mpi/comm_check", b), "");
+    dyn = dynamic_section(b + "/plugins/libecho_stage.so");
+    EXPECT_NE(dyn.find("$ORIGIN/../lib"), std::string::npos) << dyn;
+    // the bundled helper program runs from the bundle (world of 1, no launcher)
+    ASSERT_EQ(fsdp_test::run_cmd("cd / && env -u LD_LIBRARY_PATH '" + b + "/tests/mpi/comm_check'", &out), 0) << out;
+    EXPECT_NE(out.find("comm_check ok (single, world 1)"), std::string::npos) << out;
+    EXPECT_NE(fsdp_test::run_cmd("FSDP_BUNDLE_EXTRA='/no/such/file=x' sh tools/bundle.sh '" +
+                                     fsdp_test::fsdp_run_bin() + "' '" + b + "'",
+                                 &out),
+              0);
+    EXPECT_NE(out.find("extra file /no/such/file does not exist"), std::string::npos) << out;
     fsdp_test::rm_rf(tmp);
 }
 

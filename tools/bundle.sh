@@ -13,6 +13,12 @@
 # With Open MPI: lib/openmpi/ (MCA components), lib/pmix/ (PMIx plugins), bin/ (mpirun, orted),
 # share/openmpi/ (help texts), etc/ (MCA parameter files).
 #
+# FSDP_BUNDLE_CUDA=1      also bundle the CUDA toolkit's libraries (by default the target's own are used:
+#                         a CUDA install or PyTorch's nvidia-* wheels, found by env.sh)
+# FSDP_BUNDLE_STRIP=1     strip debug information from everything copied
+# FSDP_BUNDLE_EXTRA="FILE=SUBDIR ..."  more executables / plugins, copied to OUTDIR/SUBDIR with an rpath
+#                         to OUTDIR/lib (tools/gpu_kit.sh bundles the tests and benchmarks this way)
+#
 # The rpath is set with patchelf (tools/setup.sh installs it). Without patchelf the binary is
 # relinked with FSDP_BUNDLE_LINK, the link command `make bundle` passes (its object files and
 # libraries, without -o); the libraries then keep their RUNPATH and env.sh's LD_LIBRARY_PATH finds
@@ -60,6 +66,20 @@ is_system() {
     return 1
 }
 
+# The CUDA toolkit's libraries (cuBLAS, cuBLASLt, NCCL, cuDNN, the runtime): about 800 MB, and every
+# GPU machine has its own (a CUDA install, or the nvidia-* Python wheels next to PyTorch), which
+# env.sh finds. FSDP_BUNDLE_CUDA=1 bundles them too.
+is_cuda_toolkit() {
+    [ "${FSDP_BUNDLE_CUDA:-0}" = 1 ] && return 1
+    case "$1" in
+    libcudart.so* | libcublas.so* | libcublasLt.so* | libnccl.so* | libcudnn*.so* | libnvrtc*.so* | \
+        libnvJitLink.so* | libcurand.so* | libcufft*.so* | libcusparse*.so* | libcusolver*.so*)
+        return 0
+        ;;
+    esac
+    return 1
+}
+
 # copy_deps FILE: copies the non-system libraries FILE needs (ldd lists the whole closure) to lib/.
 copy_deps() {
     ldd "$1" >"$tmp/ldd.txt" 2>&1 || true # a static file makes ldd fail: nothing to copy
@@ -70,9 +90,11 @@ copy_deps() {
     awk '$2 == "=>" && $3 ~ /^\// { print $1, $3 }' "$tmp/ldd.txt" >"$tmp/deps.txt"
     while read -r so path; do
         is_system "$so" && continue
+        is_cuda_toolkit "$so" && continue
         [ -e "$out/lib/$so" ] && continue
         cp -L "$path" "$out/lib/$so"
         chmod u+w "$out/lib/$so"
+        if [ "${FSDP_BUNDLE_STRIP:-0}" = 1 ]; then strip --strip-debug "$out/lib/$so" 2>/dev/null || true; fi
     done <"$tmp/deps.txt"
 }
 
@@ -86,22 +108,54 @@ set_runpath() {
 }
 
 # ---- the binary ------------------------------------------------------------------------------------
+# Unbundled CUDA libraries are also looked for where a CUDA install puts them.
+RPATH_CUDA=""
+if [ "${FSDP_BUNDLE_CUDA:-0}" != 1 ]; then RPATH_CUDA=":/usr/local/cuda/lib64"; fi
+RPATH_MAIN="\$ORIGIN/lib$RPATH_CUDA"
 copy_deps "$bin"
 cp "$tmp/ldd.txt" "$tmp/ldd-bin.txt"
 if [ -n "$PATCHELF" ]; then
     cp "$bin" "$out/$name"
     chmod u+w "$out/$name"
     # DT_RPATH (not RUNPATH): it also applies to the libraries' own dependencies and dlopen.
-    "$PATCHELF" --force-rpath --set-rpath '$ORIGIN/lib' "$out/$name"
+    "$PATCHELF" --force-rpath --set-rpath "$RPATH_MAIN" "$out/$name"
 else
     echo "bundle: patchelf not found, relinking $name with rpath \$ORIGIN/lib" >&2
     eval "set -- $FSDP_BUNDLE_LINK"
     linker=$1
     shift
     # first on the command line, so first in DT_RPATH
-    "$linker" -Wl,--disable-new-dtags -Wl,-rpath,'$ORIGIN/lib' "$@" -o "$out/$name"
+    "$linker" -Wl,--disable-new-dtags -Wl,-rpath,"$RPATH_MAIN" "$@" -o "$out/$name"
 fi
+if [ "${FSDP_BUNDLE_STRIP:-0}" = 1 ]; then strip --strip-debug "$out/$name"; fi
 for f in "$out"/lib/*; do
+    [ -f "$f" ] && set_runpath "$f" '$ORIGIN'
+done
+
+# ---- extra executables and plugins ---------------------------------------------------------------------
+# FSDP_BUNDLE_EXTRA="FILE=SUBDIR ...": each FILE is copied to OUTDIR/SUBDIR with an rpath to OUTDIR/lib
+# and its libraries bundled (tests, benchmarks and plugins next to the program). Needs patchelf.
+for spec in ${FSDP_BUNDLE_EXTRA:-}; do
+    f=${spec%%=*}
+    sub=${spec#*=}
+    [ "$sub" = "$spec" ] && sub=.
+    [ -f "$f" ] || die "extra file $f does not exist"
+    [ -n "$PATCHELF" ] || die "extra files (FSDP_BUNDLE_EXTRA) need patchelf"
+    case "$sub" in /* | *..*) die "extra subdirectory '$sub' must be relative and inside the bundle" ;; esac
+    mkdir -p "$out/$sub"
+    copy_deps "$f"
+    dst="$out/$sub/$(basename "$f")"
+    cp "$f" "$dst"
+    chmod u+w "$dst"
+    if [ "${FSDP_BUNDLE_STRIP:-0}" = 1 ]; then strip --strip-debug "$dst"; fi
+    up=$(printf '%s\n' "$sub" | awk -F/ '{ n = 0; for (i = 1; i <= NF; i++) if ($i != "" && $i != ".") n++;
+                                           s = ""; for (i = 0; i < n; i++) s = s "../"; print s }')
+    case "$dst" in
+    *.so) "$PATCHELF" --set-rpath "\$ORIGIN/${up}lib" "$dst" ;;
+    *) "$PATCHELF" --force-rpath --set-rpath "\$ORIGIN/${up}lib$RPATH_CUDA" "$dst" ;;
+    esac
+done
+for f in "$out"/lib/*; do # libraries the extras added
     [ -f "$f" ] && set_runpath "$f" '$ORIGIN'
 done
 
@@ -191,6 +245,19 @@ fi
     echo 'B=$FSDP_BUNDLE_DIR'
     echo '[ -f "$B/env.sh" ] || echo "env.sh: $B is not the bundle directory (set FSDP_BUNDLE_DIR)" >&2'
     echo 'export LD_LIBRARY_PATH="$B/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"'
+    if [ "${FSDP_BUNDLE_CUDA:-0}" != 1 ]; then
+        echo '# The CUDA libraries (not bundled) come from this machine: a CUDA install, then the nvidia-*'
+        echo '# wheels of the python3 on PATH (PyTorch ships cuBLAS, NCCL and cuDNN that way).'
+        echo 'for d in ${CUDA_HOME:+$CUDA_HOME/lib64} /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do'
+        echo '    [ -d "$d" ] && LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$d"'
+        echo 'done'
+        echo 'if command -v python3 >/dev/null 2>&1; then'
+        echo '    for d in $(python3 -c "import nvidia, glob; print(\" \".join(d for p in nvidia.__path__ for d in sorted(glob.glob(p + \"/*/lib\"))))" 2>/dev/null); do'
+        echo '        LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$d"'
+        echo '    done'
+        echo 'fi'
+        echo 'export LD_LIBRARY_PATH'
+    fi
     if [ -n "$mpi" ]; then
         echo '# Open MPI: find the bundled components, help texts and parameter files instead of the build host paths.'
         echo 'export OPAL_PREFIX="$B" OPAL_EXEC_PREFIX="$B" OPAL_BINDIR="$B/bin" OPAL_LIBDIR="$B/lib"'
