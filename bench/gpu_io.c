@@ -1,0 +1,229 @@
+/* bench/gpu_io: init, save and load of fsdp-run against PyTorch on the same machine, in the same
+ * run (issue 7). PyTorch's figures come from ../shared/bench/torch_baseline.py (--part init,
+ * --part dcp), ours from fsdp-run's run reports (--report):
+ *
+ *   init (GPU)   init-meta on runtime.device cuda            vs  meta-device model + to_empty + init_weights
+ *   init (host)  init-cpu on runtime.device cpu, all threads vs  torch CPU init (all threads)
+ *   save         init-meta (cuda) + save-dcp of the weights   vs  dcp.save of the model state dict (GPU tensors)
+ *   load         load-ckpt (cuda) of that checkpoint          vs  dcp.load into GPU tensors (warm page cache)
+ *
+ *   build/bench/gpu_io [--torch ../shared/bench/torch_baseline.py] [--bin build/fsdp-run]
+ *                      [--dir /tmp/fsdp-gpu-io] [--preset llama3_1b] [--init-preset llama3_8b]
+ *                      [--device cuda|cpu] [--skip-cpu-init]
+ *
+ * Without --torch (or without a python3 that imports torch) only our figures are printed. With
+ * --device cpu it runs the same stages on the host (a smoke test for machines without a GPU). */
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct figures {
+    double init_gpu_s, init_cpu_s, save_s, load_s, save_bytes, params;
+    double cpu_threads;
+} figures;
+
+static int sh(const char *cmd) {
+    int rc = system(cmd);
+    if (rc != 0) fprintf(stderr, "gpu_io: '%s' failed (%d)\n", cmd, rc);
+    return rc;
+}
+
+/* seconds (metric NULL) or a metric of stage `id` in a run report; -1 when absent */
+static double stage_field(const char *report, const char *id, const char *metric) {
+    json_error_t je;
+    json_t *j = json_load_file(report, 0, &je);
+    if (!j) {
+        fprintf(stderr, "gpu_io: cannot read the run report %s: %s\n", report, je.text);
+        return -1;
+    }
+    double v = -1;
+    json_t *st = json_object_get(j, "stages");
+    for (size_t i = 0; i < json_array_size(st); i++) {
+        json_t *s = json_array_get(st, i);
+        const char *sid = json_string_value(json_object_get(s, "id"));
+        if (!sid || strcmp(sid, id)) continue;
+        json_t *x = metric ? json_object_get(json_object_get(s, "metrics"), metric) : json_object_get(s, "seconds");
+        if (json_is_number(x)) v = json_number_value(x);
+    }
+    json_decref(j);
+    return v;
+}
+
+/* Runs the PyTorch baseline and picks fields out of its JSON lines, keyed by "figure". */
+static int torch_run(const char *py, const char *args, const char *figure, const char *field, double *out) {
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "python3 '%s' %s 2>&1", py, args);
+    FILE *p = popen(cmd, "r");
+    if (!p) return -1;
+    char line[8192];
+    int found = 0;
+    while (fgets(line, sizeof line, p)) {
+        json_error_t je;
+        json_t *j = json_loads(line, 0, &je);
+        if (!j) {
+            fputs(line, stderr); /* PyTorch's warnings and errors */
+            continue;
+        }
+        const char *f = json_string_value(json_object_get(j, "figure"));
+        json_t *x = json_object_get(j, field);
+        if (f && !strcmp(f, figure) && json_is_number(x)) {
+            *out = json_number_value(x);
+            found = 1;
+        }
+        json_decref(j);
+    }
+    int rc = pclose(p);
+    return found && rc == 0 ? 0 : -1;
+}
+
+static int write_recipe(const char *path, const char *text) {
+    FILE *f = fopen(path, "w");
+    if (!f) {
+        perror(path);
+        return -1;
+    }
+    fputs(text, f);
+    return fclose(f);
+}
+
+static void ratio_line(const char *what, double ours_s, double torch_s, const char *unit_note) {
+    if (ours_s <= 0) {
+        printf("%-34s %10s %10s %8s\n", what, "failed", "", "");
+        return;
+    }
+    if (torch_s > 0)
+        printf("%-34s %9.3fs %9.3fs %7.2fx %s\n", what, ours_s, torch_s, torch_s / ours_s, unit_note);
+    else
+        printf("%-34s %9.3fs %10s %8s %s\n", what, ours_s, "-", "-", unit_note);
+}
+
+int main(int argc, char **argv) {
+    const char *py = NULL, *bin = "build/fsdp-run", *dir = "/tmp/fsdp-gpu-io", *preset = "llama3_1b",
+               *init_preset = "llama3_8b", *device = "cuda";
+    int skip_cpu_init = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(argv[i], "--skip-cpu-init")) skip_cpu_init = 1;
+        else if (v && !strcmp(argv[i], "--torch")) py = v, i++;
+        else if (v && !strcmp(argv[i], "--bin")) bin = v, i++;
+        else if (v && !strcmp(argv[i], "--dir")) dir = v, i++;
+        else if (v && !strcmp(argv[i], "--preset")) preset = v, i++;
+        else if (v && !strcmp(argv[i], "--init-preset")) init_preset = v, i++;
+        else if (v && !strcmp(argv[i], "--device")) device = v, i++;
+        else {
+            fprintf(stderr, "usage: gpu_io [--torch torch_baseline.py] [--bin fsdp-run] [--dir DIR] [--preset P] "
+                            "[--init-preset P] [--device cuda|cpu] [--skip-cpu-init]\n");
+            return 2;
+        }
+    }
+    char cmd[8192], path[4096], rep[4096], text[4096];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s' && mkdir -p '%s'", dir, dir);
+    if (sh(cmd)) return 1;
+    figures us = {0}, pt = {0};
+    int have_torch = py && sh("python3 -c 'import torch' >/dev/null 2>&1") == 0;
+    if (py && !have_torch) printf("gpu_io: python3 cannot import torch: no PyTorch baseline in this run\n");
+
+    /* ---- PyTorch, first (its runs do not share a process with ours) ---- */
+    if (have_torch) {
+        char a[1024];
+        snprintf(a, sizeof a, "--part init --preset %s", init_preset);
+        if (torch_run(py, a, "torch_meta_init_gpu_f32", "s", &pt.init_gpu_s)) pt.init_gpu_s = -1;
+        if (!skip_cpu_init) {
+            snprintf(a, sizeof a, "--part init --preset %s --cpu-init", preset);
+            if (torch_run(py, a, "torch_cpu_init_f32", "s", &pt.init_cpu_s)) pt.init_cpu_s = -1;
+            torch_run(py, a, "torch_cpu_init_f32", "threads", &pt.cpu_threads);
+        }
+        snprintf(a, sizeof a, "--part dcp --preset %s --dir '%s/torch_dcp'", preset, dir);
+        if (torch_run(py, a, "torch_dcp_save", "s", &pt.save_s)) pt.save_s = -1;
+        torch_run(py, a, "torch_dcp_save", "bytes", &pt.save_bytes);
+        double load = -1;
+        if (torch_run(py, a, "torch_dcp_load_warm_cache", "s", &load) == 0) pt.load_s = load;
+        snprintf(cmd, sizeof cmd, "rm -rf '%s/torch_dcp'", dir);
+        sh(cmd);
+    }
+
+    /* ---- fsdp-run ---- */
+    /* init on the device (init only, the large preset) */
+    snprintf(path, sizeof path, "%s/init_dev.yaml", dir);
+    snprintf(text, sizeof text,
+             "version: 1\nname: gpu_io_init\nruntime: {device: %s, seed: 0}\nmodel: {arch: llama3, preset: %s}\n"
+             "stages:\n  - {id: warm, uses: init-meta, with: {}}\n  - {id: init, uses: init-meta}\n",
+             device, init_preset);
+    /* the first init-meta warms the device (context, allocator, kernels), as PyTorch's baseline does */
+    if (write_recipe(path, text)) return 1;
+    snprintf(rep, sizeof rep, "%s/init_dev.json", dir);
+    snprintf(cmd, sizeof cmd, "%s -q --report '%s' '%s'", bin, rep, path);
+    us.init_gpu_s = sh(cmd) == 0 ? stage_field(rep, "init", NULL) : -1;
+
+    /* host init of the main preset, all threads */
+    if (!skip_cpu_init) {
+        snprintf(path, sizeof path, "%s/init_cpu.yaml", dir);
+        snprintf(text, sizeof text,
+                 "version: 1\nname: gpu_io_init_cpu\nruntime: {device: cpu, seed: 0}\n"
+                 "model: {arch: llama3, preset: %s}\nstages:\n  - {id: init, uses: init-cpu}\n",
+                 preset);
+        if (write_recipe(path, text)) return 1;
+        snprintf(rep, sizeof rep, "%s/init_cpu.json", dir);
+        snprintf(cmd, sizeof cmd, "%s -q --report '%s' '%s'", bin, rep, path);
+        us.init_cpu_s = sh(cmd) == 0 ? stage_field(rep, "init", NULL) : -1;
+    }
+
+    /* save of the weights from the device, then load into the device (warm page cache) */
+    snprintf(path, sizeof path, "%s/save.yaml", dir);
+    snprintf(text, sizeof text,
+             "version: 1\nname: gpu_io_save\nruntime: {device: %s, seed: 0}\nmodel: {arch: llama3, preset: %s}\n"
+             "stages:\n  - {id: init, uses: init-meta}\n  - {id: save, uses: save-dcp, with: {path: '%s/ours_dcp'}}\n",
+             device, preset, dir);
+    if (write_recipe(path, text)) return 1;
+    snprintf(rep, sizeof rep, "%s/save.json", dir);
+    snprintf(cmd, sizeof cmd, "%s -q --report '%s' '%s'", bin, rep, path);
+    if (sh(cmd) == 0) {
+        us.save_s = stage_field(rep, "save", NULL);
+        us.params = stage_field(rep, "init", "params");
+        snprintf(cmd, sizeof cmd, "du -sb '%s/ours_dcp' | cut -f1", dir);
+        FILE *p = popen(cmd, "r");
+        if (p) {
+            if (fscanf(p, "%lf", &us.save_bytes) != 1) us.save_bytes = 0;
+            pclose(p);
+        }
+    } else {
+        us.save_s = -1;
+    }
+    snprintf(path, sizeof path, "%s/load.yaml", dir);
+    snprintf(text, sizeof text,
+             "version: 1\nname: gpu_io_load\nruntime: {device: %s, seed: 0}\nmodel: {arch: llama3, preset: %s}\n"
+             "stages:\n  - {id: load, uses: load-ckpt, with: {path: '%s/ours_dcp'}}\n",
+             device, preset, dir);
+    if (write_recipe(path, text)) return 1;
+    snprintf(rep, sizeof rep, "%s/load.json", dir);
+    snprintf(cmd, sizeof cmd, "%s -q --report '%s' '%s'", bin, rep, path);
+    us.load_s = us.save_s > 0 && sh(cmd) == 0 ? stage_field(rep, "load", NULL) : -1;
+
+    /* ---- table ---- */
+    printf("\ngpu_io: device %s; init %s, save/load %s (%.0f parameters, %.2f GB checkpoint)\n", device,
+           init_preset, preset, us.params, us.save_bytes / 1e9);
+    printf("%-34s %10s %10s %8s\n", "", "fsdp-run", "PyTorch", "speedup");
+    char what[128];
+    snprintf(what, sizeof what, "init on %s (%s)", device, init_preset);
+    ratio_line(what, us.init_gpu_s, pt.init_gpu_s, "");
+    if (!skip_cpu_init) {
+        snprintf(what, sizeof what, "init on the host (%s)", preset);
+        char note[64] = "";
+        if (pt.cpu_threads > 0) snprintf(note, sizeof note, "(PyTorch %.0f threads)", pt.cpu_threads);
+        ratio_line(what, us.init_cpu_s, pt.init_cpu_s, note);
+    }
+    char note[128];
+    snprintf(note, sizeof note, "ours %.2f GB/s, PyTorch %.2f GB/s", us.save_s > 0 ? us.save_bytes / us.save_s / 1e9 : 0,
+             pt.save_s > 0 ? pt.save_bytes / pt.save_s / 1e9 : 0);
+    snprintf(what, sizeof what, "save-dcp (%s weights)", preset);
+    ratio_line(what, us.save_s, pt.save_s, note);
+    snprintf(note, sizeof note, "ours %.2f GB/s, PyTorch %.2f GB/s", us.load_s > 0 ? us.save_bytes / us.load_s / 1e9 : 0,
+             pt.load_s > 0 ? pt.save_bytes / pt.load_s / 1e9 : 0);
+    snprintf(what, sizeof what, "load-ckpt (%s, warm cache)", preset);
+    ratio_line(what, us.load_s, pt.load_s, note);
+    snprintf(cmd, sizeof cmd, "rm -rf '%s/ours_dcp'", dir);
+    sh(cmd);
+    int failed = us.init_gpu_s <= 0 || us.save_s <= 0 || us.load_s <= 0 || (!skip_cpu_init && us.init_cpu_s <= 0);
+    return failed ? 1 : 0;
+}
