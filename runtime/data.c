@@ -39,14 +39,14 @@ int data_config_from_value(const fsdp_value *sec, uint64_t default_seed, data_co
     cfg->seq_len = 64;
     cfg->token_bytes = 2;
     cfg->seed = default_seed;
-    const char *keys[] = {"kind", "path", "batch_size", "seq_len", "dtype", "seed", NULL};
+    const char *keys[] = {"kind", "path", "batch_size", "seq_len", "dtype", "seed", "order", NULL};
     for (size_t i = 0; i < fsdp_value_size(sec); i++) {
         const char *k = fsdp_value_key(sec, i);
         int known = 0;
         for (const char **q = keys; *q; q++) known |= !strcmp(*q, k);
         if (!known)
             return fsdp_err_at(err, FSDP_E_INVALID, fsdp_value_item(sec, i),
-                               "data: unknown key '%s' (expected kind, path, batch_size, seq_len, dtype, seed)", k);
+                               "data: unknown key '%s' (expected kind, path, batch_size, seq_len, dtype, seed, order)", k);
     }
     const fsdp_value *v;
     if ((v = fsdp_value_get(sec, "kind")) && fsdp_value_type(v) != FSDP_V_NULL) {
@@ -84,6 +84,14 @@ int data_config_from_value(const fsdp_value *sec, uint64_t default_seed, data_co
         if (t && (!strcmp(t, "uint16") || !strcmp(t, "u16"))) cfg->token_bytes = 2;
         else if (t && (!strcmp(t, "uint32") || !strcmp(t, "u32"))) cfg->token_bytes = 4;
         else return fsdp_err_at(err, FSDP_E_INVALID, v, "data.dtype must be uint16 or uint32 (token file element type)");
+    }
+    if ((v = fsdp_value_get(sec, "order")) && fsdp_value_type(v) != FSDP_V_NULL) {
+        const char *t = fsdp_value_text(v);
+        if (t && !strcmp(t, "random")) cfg->sequential = 0;
+        else if (t && !strcmp(t, "sequential")) cfg->sequential = 1;
+        else return fsdp_err_at(err, FSDP_E_INVALID, v, "data.order must be random or sequential");
+        if (cfg->sequential && cfg->kind != DATA_TEXT && cfg->kind != DATA_TOKENS)
+            return fsdp_err_at(err, FSDP_E_INVALID, v, "data.order: sequential applies to kind text or tokens only");
     }
     if (cfg->kind != DATA_SYNTHETIC && !cfg->path[0])
         return fsdp_err_at(err, FSDP_E_INVALID, sec, "data: kind %s needs a `path`", KIND_NAMES[cfg->kind]);
@@ -247,8 +255,16 @@ int data_batch(data_source *d, uint64_t pos, int32_t *inputs, int32_t *labels, f
             }
             continue;
         }
-        size_t span = d->n_tokens - (size_t)T; /* valid window starts: [0, span) */
-        size_t start = (size_t)(hash3(d->cfg.seed, pos, b) % span);
+        size_t start;
+        if (d->cfg.sequential) {
+            /* consecutive blocks of T+1 tokens, sample b of batch pos is block pos*B + b (wrapping) */
+            uint64_t nblocks = d->n_tokens / (uint64_t)(T + 1);
+            uint64_t blk = (uint64_t)(((unsigned __int128)pos * (uint64_t)d->cfg.batch_size + b) % nblocks);
+            start = (size_t)(blk * (uint64_t)(T + 1));
+        } else {
+            size_t span = d->n_tokens - (size_t)T; /* valid window starts: [0, span) */
+            start = (size_t)(hash3(d->cfg.seed, pos, b) % span);
+        }
         for (int64_t t = 0; t <= T; t++) {
             size_t idx = start + (size_t)t;
             uint32_t tok = token_at(d, idx);

@@ -26,6 +26,9 @@ typedef struct data_config {
     int64_t seq_len;
     int token_bytes;     /* tokens: 2 (uint16) or 4 (uint32) */
     uint64_t seed;
+    int sequential;      /* order: sequential: sample b of batch pos is the (pos*batch_size + b)-th block of
+                          * seq_len + 1 consecutive tokens (llm.c, torch_baseline.py --tokens), wrapping
+                          * around at the end; default random windows */
 } data_config;
 
 /* Parses and checks a `data:` map (errors point at the key). default_seed is runtime.seed. */

@@ -4,6 +4,7 @@
 #include <vector>
 
 extern "C" {
+#include "pipeline/yaml_load.h"
 #include "runtime/data.h"
 }
 #include "test_util.h"
@@ -21,6 +22,10 @@ data_config cfg_of(data_kind kind, const std::string &path, int64_t B, int64_t T
     c.token_bytes = token_bytes;
     c.seed = 1234;
     return c;
+}
+
+int parse(const std::string &text, fsdp_value **v, fsdp_err *err) {
+    return yaml_load_string(text.c_str(), text.size(), "data", 0, 0, v, err);
 }
 
 std::vector<int32_t> batch(const data_config &c, int vocab, int world, int rank, uint64_t pos, bool labels = false) {
@@ -119,4 +124,47 @@ TEST(Data, SafetensorsFixedBatch) {
     data_config none = cfg_of(DATA_SAFETENSORS, tiny("model_init.safetensors"), 2, 32);
     EXPECT_NE(data_open(&none, 256, 1, 0, &d, &err), 0);
     EXPECT_NE(std::string(err.msg).find("no tensor 'input_ids'"), std::string::npos) << err.msg;
+}
+
+TEST(Data, SequentialOrderReadsConsecutiveBlocks) {
+    // order: sequential = torch_baseline.py --tokens / llm.c: sample b of batch pos is block
+    // pos*B + b of T+1 tokens (inputs its first T, labels its last T), wrapping at the end
+    std::string dir = make_tmpdir("fsdp-data");
+    const int64_t T = 4, B = 2, nblocks = 10;
+    std::vector<uint32_t> toks((size_t)(nblocks * (T + 1) + 3));  // 3 trailing tokens never used
+    for (size_t i = 0; i < toks.size(); i++) toks[i] = (uint32_t)i;
+    write_file(dir + "/s.bin", std::string((const char *)toks.data(), toks.size() * 4));
+    data_config c = cfg_of(DATA_TOKENS, dir + "/s.bin", B, T, 4);
+    c.sequential = 1;
+    for (uint64_t pos : {0ull, 1ull, 4ull, 5ull, 7ull}) {
+        auto in = batch(c, 1000, 1, 0, pos), lab = batch(c, 1000, 1, 0, pos, true);
+        for (int64_t b = 0; b < B; b++) {
+            int64_t start = ((int64_t)pos * B + b) % nblocks * (T + 1);
+            for (int64_t t = 0; t < T; t++) {
+                EXPECT_EQ(in[(size_t)(b * T + t)], start + t) << "pos " << pos << " sample " << b;
+                EXPECT_EQ(lab[(size_t)(b * T + t)], start + t + 1) << "pos " << pos << " sample " << b;
+            }
+        }
+        // the same global batch on two ranks
+        auto r0 = batch(c, 1000, 2, 0, pos), r1 = batch(c, 1000, 2, 1, pos);
+        r0.insert(r0.end(), r1.begin(), r1.end());
+        EXPECT_EQ(r0, in);
+    }
+    // the recipe key, and its errors
+    fsdp_value *v = nullptr;
+    fsdp_err err;
+    data_config pc;
+    ASSERT_EQ(parse("{kind: tokens, path: x.bin, order: sequential}", &v, &err), 0) << err.msg;
+    ASSERT_EQ(data_config_from_value(v, 0, &pc, &err), 0) << err.msg;
+    EXPECT_EQ(pc.sequential, 1);
+    val_free(v);
+    ASSERT_EQ(parse("{kind: tokens, path: x.bin, order: shuffled}", &v, &err), 0) << err.msg;
+    EXPECT_EQ(data_config_from_value(v, 0, &pc, &err), FSDP_E_INVALID);
+    EXPECT_NE(std::string(err.msg).find("data.order must be random or sequential"), std::string::npos) << err.msg;
+    val_free(v);
+    ASSERT_EQ(parse("{kind: synthetic, order: sequential}", &v, &err), 0) << err.msg;
+    EXPECT_EQ(data_config_from_value(v, 0, &pc, &err), FSDP_E_INVALID);
+    EXPECT_NE(std::string(err.msg).find("applies to kind text or tokens only"), std::string::npos) << err.msg;
+    val_free(v);
+    rm_rf(dir);
 }
