@@ -45,7 +45,7 @@ ifeq ($(HAVE_CUDA),1)
   NVCCFLAGS ?= -O3 -arch=sm_90 -std=c++17 -Xcompiler -fPIC,-Wall -Iinclude -I. -DFSDP_HAVE_CUDA=1 \
                --expt-relaxed-constexpr -lineinfo
   # -lstdc++: the host code nvcc generates for kernels needs the C++ runtime; executables link with $(CC).
-  LDLIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lnccl -lcudart -lstdc++
+  LDLIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lnccl -lcudart -lstdc++
 endif
 
 # --- sources -----------------------------------------------------------------

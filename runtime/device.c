@@ -194,15 +194,16 @@ dev_ctx *dev_ctx_create(const dev_options *opt, fsdp_err *err) {
         rc = err ? err->code : FSDP_E_NOMEM;
         goto fail;
     }
+    if ((rc = dev_blas_load(&d->bl, err))) goto fail;
     cublasStatus_t bs;
-    if ((bs = cublasCreate(&d->blas)) != CUBLAS_STATUS_SUCCESS) {
+    if ((bs = d->bl.cublasCreate(&d->blas)) != CUBLAS_STATUS_SUCCESS) {
         d->blas = NULL;
-        rc = fsdp_err_set(err, FSDP_E_DEVICE, "cublasCreate: %s", cublasGetStatusString(bs));
+        rc = fsdp_err_set(err, FSDP_E_DEVICE, "cublasCreate: %s", d->bl.cublasGetStatusString(bs));
         goto fail;
     }
-    if ((bs = cublasLtCreate(&d->lt)) != CUBLAS_STATUS_SUCCESS) {
+    if ((bs = d->bl.cublasLtCreate(&d->lt)) != CUBLAS_STATUS_SUCCESS) {
         d->lt = NULL;
-        rc = fsdp_err_set(err, FSDP_E_DEVICE, "cublasLtCreate: %s", cublasLtGetStatusString(bs));
+        rc = fsdp_err_set(err, FSDP_E_DEVICE, "cublasLtCreate: %s", d->bl.cublasLtGetStatusString(bs));
         goto fail;
     }
     if ((e = cudaMalloc(&d->blas_ws, o.blas_workspace_bytes)) != cudaSuccess) {
@@ -211,13 +212,13 @@ dev_ctx *dev_ctx_create(const dev_options *opt, fsdp_err *err) {
         goto fail;
     }
     d->blas_ws_bytes = o.blas_workspace_bytes;
-    if ((bs = cublasSetStream(d->blas, d->streams[DEV_STREAM_COMPUTE])) != CUBLAS_STATUS_SUCCESS ||
-        (bs = cublasSetWorkspace(d->blas, d->blas_ws, d->blas_ws_bytes)) != CUBLAS_STATUS_SUCCESS ||
-        (bs = cublasSetMathMode(d->blas, CUBLAS_DEFAULT_MATH)) != CUBLAS_STATUS_SUCCESS) {
-        rc = fsdp_err_set(err, FSDP_E_DEVICE, "cuBLAS handle setup: %s", cublasGetStatusString(bs));
+    if ((bs = d->bl.cublasSetStream(d->blas, d->streams[DEV_STREAM_COMPUTE])) != CUBLAS_STATUS_SUCCESS ||
+        (bs = d->bl.cublasSetWorkspace(d->blas, d->blas_ws, d->blas_ws_bytes)) != CUBLAS_STATUS_SUCCESS ||
+        (bs = d->bl.cublasSetMathMode(d->blas, CUBLAS_DEFAULT_MATH)) != CUBLAS_STATUS_SUCCESS) {
+        rc = fsdp_err_set(err, FSDP_E_DEVICE, "cuBLAS handle setup: %s", d->bl.cublasGetStatusString(bs));
         goto fail;
     }
-    if (!(d->gemm = dev_gemm_cache_create(err))) {
+    if (!(d->gemm = dev_gemm_cache_create(&d->bl, err))) {
         rc = err ? err->code : FSDP_E_NOMEM;
         goto fail;
     }
@@ -234,8 +235,9 @@ void dev_ctx_free(dev_ctx *d) {
     for (int k = 0; k < DEV_STREAM_COUNT; k++)
         if (d->streams[k]) cudaStreamSynchronize(d->streams[k]);
     dev_gemm_cache_free(d->gemm);
-    if (d->lt) cublasLtDestroy(d->lt);
-    if (d->blas) cublasDestroy(d->blas);
+    if (d->lt) d->bl.cublasLtDestroy(d->lt);
+    if (d->blas) d->bl.cublasDestroy(d->blas);
+    dev_blas_unload(&d->bl);
     if (d->blas_ws) cudaFree(d->blas_ws);
     dev_cache_free(d->mem); /* releases pending fences into the pool first */
     dev_cache_free(d->host);

@@ -26,28 +26,30 @@ typedef struct dg_plan {
 } dg_plan;
 
 struct dev_gemm_cache {
+    const dev_blas_api *bl;
     dg_plan plans[DG_PLANS];
     int count, next;
     uint64_t queries;
 };
 
-dev_gemm_cache *dev_gemm_cache_create(fsdp_err *err) {
+dev_gemm_cache *dev_gemm_cache_create(const dev_blas_api *bl, fsdp_err *err) {
     dev_gemm_cache *g = calloc(1, sizeof *g);
     if (!g) fsdp_err_set(err, FSDP_E_NOMEM, "GEMM plan cache: out of host memory");
+    else g->bl = bl;
     return g;
 }
 
-static void plan_clear(dg_plan *p) {
-    if (p->op) cublasLtMatmulDescDestroy(p->op);
-    if (p->la) cublasLtMatrixLayoutDestroy(p->la);
-    if (p->lb) cublasLtMatrixLayoutDestroy(p->lb);
-    if (p->lc) cublasLtMatrixLayoutDestroy(p->lc);
+static void plan_clear(const dev_blas_api *bl, dg_plan *p) {
+    if (p->op) bl->cublasLtMatmulDescDestroy(p->op);
+    if (p->la) bl->cublasLtMatrixLayoutDestroy(p->la);
+    if (p->lb) bl->cublasLtMatrixLayoutDestroy(p->lb);
+    if (p->lc) bl->cublasLtMatrixLayoutDestroy(p->lc);
     memset(p, 0, sizeof *p);
 }
 
 void dev_gemm_cache_free(dev_gemm_cache *g) {
     if (!g) return;
-    for (int i = 0; i < DG_PLANS; i++) plan_clear(&g->plans[i]);
+    for (int i = 0; i < DG_PLANS; i++) plan_clear(g->bl, &g->plans[i]);
     free(g);
 }
 
@@ -57,18 +59,18 @@ static int ptr_align(const void *p) {
     return (low == 0 || low > 256) ? 256 : (int)low;
 }
 
-static int lt_fail(fsdp_err *err, cublasStatus_t s, const char *call, const dg_key *k) {
+static int lt_fail(const dev_blas_api *bl, fsdp_err *err, cublasStatus_t s, const char *call, const dg_key *k) {
     return fsdp_err_set(err, FSDP_E_DEVICE, "%s failed for GEMM M=%d N=%d K=%d (trans %d%d, %s x %s -> %s): %s", call,
                         k->M, k->N, k->K, k->ta, k->tb, fsdp_dtype_name((fsdp_dtype)k->ab_dt),
                         fsdp_dtype_name((fsdp_dtype)k->ab_dt), fsdp_dtype_name((fsdp_dtype)k->c_dt),
-                        cublasLtGetStatusString(s));
+                        bl->cublasLtGetStatusString(s));
 }
 
 #define LT_TRY(call, name)                                  \
     do {                                                    \
         cublasStatus_t lt_s_ = (call);                      \
         if (lt_s_ != CUBLAS_STATUS_SUCCESS) {               \
-            rc = lt_fail(err, lt_s_, name, k);              \
+            rc = lt_fail(&d->bl, err, lt_s_, name, k);      \
             goto done;                                      \
         }                                                   \
     } while (0)
@@ -83,37 +85,37 @@ static int plan_make(dev_ctx *d, const dg_key *k, dg_plan *p, fsdp_err *err) {
     cudaDataType_t ct = k->c_dt == FSDP_DT_BF16 ? CUDA_R_16BF : CUDA_R_32F;
     cublasOperation_t opa = k->tb ? CUBLAS_OP_T : CUBLAS_OP_N; /* column-major A is row-major B */
     cublasOperation_t opb = k->ta ? CUBLAS_OP_T : CUBLAS_OP_N;
-    LT_TRY(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
-    LT_TRY(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa),
+    LT_TRY(d->bl.cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
+    LT_TRY(d->bl.cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa),
            "cublasLtMatmulDescSetAttribute(TRANSA)");
-    LT_TRY(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb),
+    LT_TRY(d->bl.cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb),
            "cublasLtMatmulDescSetAttribute(TRANSB)");
     /* stored shapes (column-major rows x cols) */
-    LT_TRY(cublasLtMatrixLayoutCreate(&p->la, ab, (uint64_t)(k->tb ? k->K : k->N), (uint64_t)(k->tb ? k->N : k->K),
+    LT_TRY(d->bl.cublasLtMatrixLayoutCreate(&p->la, ab, (uint64_t)(k->tb ? k->K : k->N), (uint64_t)(k->tb ? k->N : k->K),
                                       k->ldb),
            "cublasLtMatrixLayoutCreate(A)");
-    LT_TRY(cublasLtMatrixLayoutCreate(&p->lb, ab, (uint64_t)(k->ta ? k->M : k->K), (uint64_t)(k->ta ? k->K : k->M),
+    LT_TRY(d->bl.cublasLtMatrixLayoutCreate(&p->lb, ab, (uint64_t)(k->ta ? k->M : k->K), (uint64_t)(k->ta ? k->K : k->M),
                                       k->lda),
            "cublasLtMatrixLayoutCreate(B)");
-    LT_TRY(cublasLtMatrixLayoutCreate(&p->lc, ct, (uint64_t)k->N, (uint64_t)k->M, k->ldc),
+    LT_TRY(d->bl.cublasLtMatrixLayoutCreate(&p->lc, ct, (uint64_t)k->N, (uint64_t)k->M, k->ldc),
            "cublasLtMatrixLayoutCreate(C)");
-    LT_TRY(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate");
+    LT_TRY(d->bl.cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate");
     size_t ws = d->blas_ws_bytes;
     uint32_t al_a = (uint32_t)k->align_b, al_b = (uint32_t)k->align_a, al_c = (uint32_t)k->align_c;
-    LT_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws),
+    LT_TRY(d->bl.cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws),
            "cublasLtMatmulPreferenceSetAttribute(workspace)");
-    LT_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof al_a),
+    LT_TRY(d->bl.cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof al_a),
            "cublasLtMatmulPreferenceSetAttribute(alignment A)");
-    LT_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof al_b),
+    LT_TRY(d->bl.cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof al_b),
            "cublasLtMatmulPreferenceSetAttribute(alignment B)");
-    LT_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof al_c),
+    LT_TRY(d->bl.cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof al_c),
            "cublasLtMatmulPreferenceSetAttribute(alignment C)");
-    LT_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof al_c),
+    LT_TRY(d->bl.cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof al_c),
            "cublasLtMatmulPreferenceSetAttribute(alignment D)");
     cublasLtMatmulHeuristicResult_t res;
     int found = 0;
     d->gemm->queries++;
-    LT_TRY(cublasLtMatmulAlgoGetHeuristic(d->lt, p->op, p->la, p->lb, p->lc, p->lc, pref, 1, &res, &found),
+    LT_TRY(d->bl.cublasLtMatmulAlgoGetHeuristic(d->lt, p->op, p->la, p->lb, p->lc, p->lc, pref, 1, &res, &found),
            "cublasLtMatmulAlgoGetHeuristic");
     if (found < 1) {
         rc = fsdp_err_set(err, FSDP_E_DEVICE, "cuBLASLt has no algorithm for GEMM M=%d N=%d K=%d (trans %d%d, %s -> %s)",
@@ -124,8 +126,8 @@ static int plan_make(dev_ctx *d, const dg_key *k, dg_plan *p, fsdp_err *err) {
     p->algo = res.algo;
     p->valid = 1;
 done:
-    if (pref) cublasLtMatmulPreferenceDestroy(pref);
-    if (rc) plan_clear(p);
+    if (pref) d->bl.cublasLtMatmulPreferenceDestroy(pref);
+    if (rc) plan_clear(&d->bl, p);
     return rc;
 }
 
@@ -143,7 +145,7 @@ static int plan_get(dev_ctx *d, const dg_key *k, dg_plan **out, fsdp_err *err) {
     } else {
         slot = g->next;
         g->next = (g->next + 1) % DG_PLANS;
-        plan_clear(&g->plans[slot]);
+        plan_clear(g->bl, &g->plans[slot]);
     }
     int rc = plan_make(d, k, &g->plans[slot], err);
     if (rc) return rc;
@@ -185,9 +187,9 @@ int dev_gemm(dev_ctx *d, int trans_a, int trans_b, int M, int N, int K, float al
     dg_plan *p;
     int rc = plan_get(d, &key, &p, err);
     if (rc) return rc;
-    cublasStatus_t s = cublasLtMatmul(d->lt, p->op, &alpha, B, p->la, A, p->lb, &beta, C, p->lc, C, p->lc, &p->algo,
+    cublasStatus_t s = d->bl.cublasLtMatmul(d->lt, p->op, &alpha, B, p->la, A, p->lb, &beta, C, p->lc, C, p->lc, &p->algo,
                                       d->blas_ws, d->blas_ws_bytes, d->streams[DEV_STREAM_COMPUTE]);
-    if (s != CUBLAS_STATUS_SUCCESS) return lt_fail(err, s, "cublasLtMatmul", &key);
+    if (s != CUBLAS_STATUS_SUCCESS) return lt_fail(&d->bl, err, s, "cublasLtMatmul", &key);
     return FSDP_OK;
 }
 

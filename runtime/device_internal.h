@@ -9,9 +9,9 @@
 int dev_err_no_cuda(fsdp_err *err, const char *what);
 
 #if FSDP_HAVE_CUDA
-#include <cublasLt.h>
-#include <cublas_v2.h>
 #include <cuda_runtime.h>
+
+#include "runtime/device_blas.h"
 
 typedef struct dev_gemm_cache dev_gemm_cache;
 
@@ -25,6 +25,7 @@ struct dev_ctx {
     dev_cache *mem, *host;
     cudaEvent_t *event_pool; /* fences of dev_free_after, reused */
     int event_pool_len, event_pool_cap;
+    dev_blas_api bl; /* cuBLAS / cuBLASLt entry points (dlopen) */
     cublasHandle_t blas;
     cublasLtHandle_t lt;
     void *blas_ws;
@@ -36,7 +37,7 @@ struct dev_ctx {
  * runtime's last (non-sticky) error. */
 int dev_cuda_fail(fsdp_err *err, cudaError_t e, const char *fmt, ...) FSDP_PRINTF(3, 4);
 
-dev_gemm_cache *dev_gemm_cache_create(fsdp_err *err);
+dev_gemm_cache *dev_gemm_cache_create(const dev_blas_api *bl, fsdp_err *err);
 void dev_gemm_cache_free(dev_gemm_cache *g);
 #endif
 
