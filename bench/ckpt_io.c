@@ -12,17 +12,12 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench_util.h"
 #include "ckpt/safetensors.h"
-
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 /* runs a shell command; returns seconds, fills the child's peak RSS in MiB */
 static double timed(const char *cmd, double *rss_mib) {
-    double t0 = now();
+    double t0 = bench_now();
     pid_t pid = fork();
     if (pid == 0) {
         execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
@@ -31,7 +26,7 @@ static double timed(const char *cmd, double *rss_mib) {
     int st;
     struct rusage ru;
     wait4(pid, &st, 0, &ru);
-    double el = now() - t0;
+    double el = bench_now() - t0;
     if (rss_mib) *rss_mib = (double)ru.ru_maxrss / 1024.0;
     if (!WIFEXITED(st) || WEXITSTATUS(st)) {
         fprintf(stderr, "ckpt_io: '%s' failed\n", cmd);

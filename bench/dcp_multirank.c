@@ -4,40 +4,13 @@
  * come from the run report (--report).
  *
  *   build/bench/dcp_multirank [--dir DIR] [--bin build/fsdp-run] [--ranks 1,2,4] */
-#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
 
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int sh(const char *cmd) {
-    int rc = system(cmd);
-    if (rc != 0) fprintf(stderr, "dcp_multirank: '%s' failed (%d)\n", cmd, rc);
-    return rc;
-}
-
-/* seconds and a metric of stage `id` in a run report */
-static double stage_field(const char *report, const char *id, const char *metric) {
-    json_error_t je;
-    json_t *j = json_load_file(report, 0, &je);
-    double v = -1;
-    json_t *st = json_object_get(j, "stages");
-    for (size_t i = 0; i < json_array_size(st); i++) {
-        json_t *s = json_array_get(st, i);
-        if (strcmp(json_string_value(json_object_get(s, "id")), id)) continue;
-        v = metric ? json_number_value(json_object_get(json_object_get(s, "metrics"), metric))
-                   : json_number_value(json_object_get(s, "seconds"));
-    }
-    json_decref(j);
-    return v;
-}
+#include "bench_util.h"
 
 int main(int argc, char **argv) {
     const char *dir = "/tmp/fsdp-dcp-multirank", *bin = "build/fsdp-run", *ranks = "1,2,4";
@@ -48,7 +21,7 @@ int main(int argc, char **argv) {
     }
     char cmd[8192];
     snprintf(cmd, sizeof cmd, "rm -rf '%s' && mkdir -p '%s'", dir, dir);
-    if (sh(cmd)) return 1;
+    if (bench_sh(cmd)) return 1;
     const char *model = "model: {preset: llama3_1b, n_layers: 1}\n";
     char save_recipe[4200], load_recipe[4200];
     snprintf(save_recipe, sizeof save_recipe, "%s/save.yaml", dir);
@@ -72,34 +45,34 @@ int main(int argc, char **argv) {
         snprintf(rep2, sizeof rep2, "%s/load_ws%d.json", dir, np);
         snprintf(cmd, sizeof cmd, "mpirun --oversubscribe -np %d%s %s -q --report %s %s --set vars.out=%s", np, root, bin,
                  rep, save_recipe, ck);
-        if (sh(cmd)) return 1;
-        sh("sync");
+        if (bench_sh(cmd)) return 1;
+        bench_sh("sync");
         /* cp of the same checkpoint, then drop the copy */
         snprintf(cmd, sizeof cmd, "cp -r '%s' '%s.copy' && sync", ck, ck);
-        double t0 = now();
-        if (sh(cmd)) return 1;
-        double t_cp = now() - t0;
+        double t0 = bench_now();
+        if (bench_sh(cmd)) return 1;
+        double t_cp = bench_now() - t0;
         snprintf(cmd, sizeof cmd, "rm -rf '%s.copy'", ck);
-        sh(cmd);
+        bench_sh(cmd);
         snprintf(cmd, sizeof cmd, "mpirun --oversubscribe -np %d%s %s -q --report %s %s --set vars.ckpt=%s", np, root, bin,
                  rep2, load_recipe, ck);
-        if (sh(cmd)) return 1;
+        if (bench_sh(cmd)) return 1;
         snprintf(cmd, sizeof cmd, "du -sb '%s' | cut -f1 > '%s/bytes'", ck, dir);
-        sh(cmd);
+        bench_sh(cmd);
         char bp[4300];
         snprintf(bp, sizeof bp, "%s/bytes", dir);
         FILE *b = fopen(bp, "r");
         double bytes = 0;
         if (b && fscanf(b, "%lf", &bytes) != 1) bytes = 0;
         if (b) fclose(b);
-        double ts = stage_field(rep, "save", NULL), tl = stage_field(rep2, "load", NULL);
+        double ts = bench_stage_field(rep, "save", NULL), tl = bench_stage_field(rep2, "load", NULL);
         double gb = bytes / 1e9;
         printf("ranks %d: %.2f GB  save %.2f s %.2f GB/s (%.2fx cp)  load %.2f s %.2f GB/s (%.2fx cp)  cp %.2f s %.2f GB/s\n",
                np, gb, ts, gb / ts, t_cp / ts, tl, gb / tl, t_cp / tl, t_cp, gb / t_cp);
         snprintf(cmd, sizeof cmd, "rm -rf '%s'", ck);
-        sh(cmd);
+        bench_sh(cmd);
     }
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    sh(cmd);
+    bench_sh(cmd);
     return 0;
 }

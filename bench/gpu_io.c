@@ -13,78 +13,41 @@
  *
  * Without --torch (or without a python3 that imports torch) only our figures are printed. With
  * --device cpu it runs the same stages on the host (a smoke test for machines without a GPU). */
-#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "bench_util.h"
 
 typedef struct figures {
     double init_gpu_s, init_cpu_s, save_s, load_s, save_bytes, params;
     double cpu_threads;
 } figures;
 
-static int sh(const char *cmd) {
-    int rc = system(cmd);
-    if (rc != 0) fprintf(stderr, "gpu_io: '%s' failed (%d)\n", cmd, rc);
-    return rc;
+/* Runs the PyTorch baseline and picks one field of the JSON line whose "figure" is `figure`. */
+typedef struct torch_pick {
+    const char *figure, *field;
+    double value;
+    int found;
+} torch_pick;
+
+static void pick_line(json_t *j, void *user) {
+    torch_pick *tp = user;
+    const char *f = json_string_value(json_object_get(j, "figure"));
+    json_t *x = json_object_get(j, tp->field);
+    if (f && !strcmp(f, tp->figure) && json_is_number(x)) {
+        tp->value = json_number_value(x);
+        tp->found = 1;
+    }
 }
 
-/* seconds (metric NULL) or a metric of stage `id` in a run report; -1 when absent */
-static double stage_field(const char *report, const char *id, const char *metric) {
-    json_error_t je;
-    json_t *j = json_load_file(report, 0, &je);
-    if (!j) {
-        fprintf(stderr, "gpu_io: cannot read the run report %s: %s\n", report, je.text);
-        return -1;
-    }
-    double v = -1;
-    json_t *st = json_object_get(j, "stages");
-    for (size_t i = 0; i < json_array_size(st); i++) {
-        json_t *s = json_array_get(st, i);
-        const char *sid = json_string_value(json_object_get(s, "id"));
-        if (!sid || strcmp(sid, id)) continue;
-        json_t *x = metric ? json_object_get(json_object_get(s, "metrics"), metric) : json_object_get(s, "seconds");
-        if (json_is_number(x)) v = json_number_value(x);
-    }
-    json_decref(j);
-    return v;
-}
-
-/* Runs the PyTorch baseline and picks fields out of its JSON lines, keyed by "figure". */
 static int torch_run(const char *py, const char *args, const char *figure, const char *field, double *out) {
     char cmd[4096];
     snprintf(cmd, sizeof cmd, "python3 '%s' %s 2>&1", py, args);
-    FILE *p = popen(cmd, "r");
-    if (!p) return -1;
-    char line[8192];
-    int found = 0;
-    while (fgets(line, sizeof line, p)) {
-        json_error_t je;
-        json_t *j = json_loads(line, 0, &je);
-        if (!j) {
-            fputs(line, stderr); /* PyTorch's warnings and errors */
-            continue;
-        }
-        const char *f = json_string_value(json_object_get(j, "figure"));
-        json_t *x = json_object_get(j, field);
-        if (f && !strcmp(f, figure) && json_is_number(x)) {
-            *out = json_number_value(x);
-            found = 1;
-        }
-        json_decref(j);
-    }
-    int rc = pclose(p);
-    return found && rc == 0 ? 0 : -1;
-}
-
-static int write_recipe(const char *path, const char *text) {
-    FILE *f = fopen(path, "w");
-    if (!f) {
-        perror(path);
-        return -1;
-    }
-    fputs(text, f);
-    return fclose(f);
+    torch_pick tp = {figure, field, 0, 0};
+    int rc = bench_json_lines(cmd, pick_line, &tp);
+    if (rc == 0 && tp.found) *out = tp.value;
+    return rc == 0 && tp.found ? 0 : -1;
 }
 
 static void ratio_line(const char *what, double ours_s, double torch_s, const char *unit_note) {
@@ -119,9 +82,9 @@ int main(int argc, char **argv) {
     }
     char cmd[8192], path[4096], rep[4096], text[4096];
     snprintf(cmd, sizeof cmd, "rm -rf '%s' && mkdir -p '%s'", dir, dir);
-    if (sh(cmd)) return 1;
+    if (bench_sh(cmd)) return 1;
     figures us = {0}, pt = {0};
-    int have_torch = py && sh("python3 -c 'import torch' >/dev/null 2>&1") == 0;
+    int have_torch = py && bench_sh("python3 -c 'import torch' >/dev/null 2>&1") == 0;
     if (py && !have_torch) printf("gpu_io: python3 cannot import torch: no PyTorch baseline in this run\n");
 
     /* ---- PyTorch, first (its runs do not share a process with ours) ---- */
@@ -140,7 +103,7 @@ int main(int argc, char **argv) {
         double load = -1;
         if (torch_run(py, a, "torch_dcp_load_warm_cache", "s", &load) == 0) pt.load_s = load;
         snprintf(cmd, sizeof cmd, "rm -rf '%s/torch_dcp'", dir);
-        sh(cmd);
+        bench_sh(cmd);
     }
 
     /* ---- fsdp-run ---- */
@@ -151,10 +114,10 @@ int main(int argc, char **argv) {
              "stages:\n  - {id: warm, uses: init-meta, with: {}}\n  - {id: init, uses: init-meta}\n",
              device, init_preset);
     /* the first init-meta warms the device (context, allocator, kernels), as PyTorch's baseline does */
-    if (write_recipe(path, text)) return 1;
+    if (bench_write_text(path, text)) return 1;
     snprintf(rep, sizeof rep, "%s/init_dev.json", dir);
     snprintf(cmd, sizeof cmd, "%s -q --report '%s' '%s'", bin, rep, path);
-    us.init_gpu_s = sh(cmd) == 0 ? stage_field(rep, "init", NULL) : -1;
+    us.init_gpu_s = bench_sh(cmd) == 0 ? bench_stage_field(rep, "init", NULL) : -1;
 
     /* host init of the main preset, all threads */
     if (!skip_cpu_init) {
@@ -163,10 +126,10 @@ int main(int argc, char **argv) {
                  "version: 1\nname: gpu_io_init_cpu\nruntime: {device: cpu, seed: 0}\n"
                  "model: {arch: llama3, preset: %s}\nstages:\n  - {id: init, uses: init-cpu}\n",
                  preset);
-        if (write_recipe(path, text)) return 1;
+        if (bench_write_text(path, text)) return 1;
         snprintf(rep, sizeof rep, "%s/init_cpu.json", dir);
         snprintf(cmd, sizeof cmd, "%s -q --report '%s' '%s'", bin, rep, path);
-        us.init_cpu_s = sh(cmd) == 0 ? stage_field(rep, "init", NULL) : -1;
+        us.init_cpu_s = bench_sh(cmd) == 0 ? bench_stage_field(rep, "init", NULL) : -1;
     }
 
     /* save of the weights from the device, then load into the device (warm page cache) */
@@ -175,12 +138,12 @@ int main(int argc, char **argv) {
              "version: 1\nname: gpu_io_save\nruntime: {device: %s, seed: 0}\nmodel: {arch: llama3, preset: %s}\n"
              "stages:\n  - {id: init, uses: init-meta}\n  - {id: save, uses: save-dcp, with: {path: '%s/ours_dcp'}}\n",
              device, preset, dir);
-    if (write_recipe(path, text)) return 1;
+    if (bench_write_text(path, text)) return 1;
     snprintf(rep, sizeof rep, "%s/save.json", dir);
     snprintf(cmd, sizeof cmd, "%s -q --report '%s' '%s'", bin, rep, path);
-    if (sh(cmd) == 0) {
-        us.save_s = stage_field(rep, "save", NULL);
-        us.params = stage_field(rep, "init", "params");
+    if (bench_sh(cmd) == 0) {
+        us.save_s = bench_stage_field(rep, "save", NULL);
+        us.params = bench_stage_field(rep, "init", "params");
         snprintf(cmd, sizeof cmd, "du -sb '%s/ours_dcp' | cut -f1", dir);
         FILE *p = popen(cmd, "r");
         if (p) {
@@ -195,10 +158,10 @@ int main(int argc, char **argv) {
              "version: 1\nname: gpu_io_load\nruntime: {device: %s, seed: 0}\nmodel: {arch: llama3, preset: %s}\n"
              "stages:\n  - {id: load, uses: load-ckpt, with: {path: '%s/ours_dcp'}}\n",
              device, preset, dir);
-    if (write_recipe(path, text)) return 1;
+    if (bench_write_text(path, text)) return 1;
     snprintf(rep, sizeof rep, "%s/load.json", dir);
     snprintf(cmd, sizeof cmd, "%s -q --report '%s' '%s'", bin, rep, path);
-    us.load_s = us.save_s > 0 && sh(cmd) == 0 ? stage_field(rep, "load", NULL) : -1;
+    us.load_s = us.save_s > 0 && bench_sh(cmd) == 0 ? bench_stage_field(rep, "load", NULL) : -1;
 
     /* ---- table ---- */
     printf("\ngpu_io: device %s; init %s, save/load %s (%.0f parameters, %.2f GB checkpoint)\n", device,
@@ -223,7 +186,7 @@ int main(int argc, char **argv) {
     snprintf(what, sizeof what, "load-ckpt (%s, warm cache)", preset);
     ratio_line(what, us.load_s, pt.load_s, note);
     snprintf(cmd, sizeof cmd, "rm -rf '%s/ours_dcp'", dir);
-    sh(cmd);
+    bench_sh(cmd);
     int failed = us.init_gpu_s <= 0 || us.save_s <= 0 || us.load_s <= 0 || (!skip_cpu_init && us.init_cpu_s <= 0);
     return failed ? 1 : 0;
 }

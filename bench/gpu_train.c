@@ -12,23 +12,18 @@
  * uint32 stream (data.order: sequential). Step time: the median of the steps after the fifth.
  * The last-20-steps mean loss of both is printed with their relative difference (run with
  * --steps 200 for the numerics check). */
-#include <jansson.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "bench_util.h"
+
 typedef struct result {
     int ok;
     double step_s, tokens_per_s, mfu, peak_gib, last20_loss, first_loss;
 } result;
-
-static int sh(const char *cmd) {
-    int rc = system(cmd);
-    if (rc != 0) fprintf(stderr, "gpu_train: '%s' failed (%d)\n", cmd, rc);
-    return rc;
-}
 
 static int cmp_d(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
@@ -43,31 +38,24 @@ static double median_from(double *v, int n, int from) {
     return v[from + (n - from) / 2];
 }
 
+static void train_line(json_t *j, void *user) {
+    result *r = user;
+    const char *f = json_string_value(json_object_get(j, "figure"));
+    if (!f || strcmp(f, "torch_fsdp2_train")) return;
+    r->ok = 1;
+    r->step_s = json_number_value(json_object_get(j, "median_step_s"));
+    r->tokens_per_s = json_number_value(json_object_get(j, "tokens_per_s"));
+    r->mfu = json_number_value(json_object_get(j, "mfu"));
+    r->peak_gib = json_number_value(json_object_get(j, "peak_mem_gib"));
+    r->last20_loss = json_number_value(json_object_get(j, "last20_mean_loss"));
+}
+
 static int torch_train(const char *py, const char *args, result *r) {
     char cmd[4096];
     snprintf(cmd, sizeof cmd, "python3 '%s' --part train %s 2>&1", py, args);
-    FILE *p = popen(cmd, "r");
-    if (!p) return -1;
-    char line[16384];
-    while (fgets(line, sizeof line, p)) {
-        json_error_t je;
-        json_t *j = json_loads(line, 0, &je);
-        if (!j) {
-            fputs(line, stderr);
-            continue;
-        }
-        const char *f = json_string_value(json_object_get(j, "figure"));
-        if (f && !strcmp(f, "torch_fsdp2_train")) {
-            r->ok = 1;
-            r->step_s = json_number_value(json_object_get(j, "median_step_s"));
-            r->tokens_per_s = json_number_value(json_object_get(j, "tokens_per_s"));
-            r->mfu = json_number_value(json_object_get(j, "mfu"));
-            r->peak_gib = json_number_value(json_object_get(j, "peak_mem_gib"));
-            r->last20_loss = json_number_value(json_object_get(j, "last20_mean_loss"));
-        }
-        json_decref(j);
-    }
-    return pclose(p) == 0 && r->ok ? 0 : -1;
+    int rc = bench_json_lines(cmd, train_line, r);
+    if (rc) r->ok = 0;
+    return rc == 0 && r->ok ? 0 : -1;
 }
 
 /* number field of a JSON object, trying several names; NAN when none is there */
@@ -153,16 +141,6 @@ static int ours_parse(const char *metrics, const char *report, int B, int T, res
     return 0;
 }
 
-static int write_text(const char *path, const char *text) {
-    FILE *f = fopen(path, "w");
-    if (!f) {
-        perror(path);
-        return -1;
-    }
-    fputs(text, f);
-    return fclose(f);
-}
-
 /* a uint32 stream of `n` tokens in [0, vocab) from splitmix64 (seeded) */
 static int write_tokens(const char *path, size_t n, uint32_t vocab) {
     FILE *f = fopen(path, "wb");
@@ -233,7 +211,7 @@ int main(int argc, char **argv) {
     }
     char cmd[8192], path[4096], text[8192], w[4096], toks[4096], metrics[4096], rep[4096];
     snprintf(cmd, sizeof cmd, "rm -rf '%s' && mkdir -p '%s'", dir, dir);
-    if (sh(cmd)) return 1;
+    if (bench_sh(cmd)) return 1;
     snprintf(w, sizeof w, "%s/init.safetensors", dir);
     snprintf(toks, sizeof toks, "%s/tokens.u32", dir);
 
@@ -243,9 +221,9 @@ int main(int argc, char **argv) {
              "version: 1\nname: gpu_train_init\nruntime: {device: %s, seed: 0}\nmodel: {arch: llama3, preset: %s}\n"
              "stages:\n  - {id: init, uses: init-meta}\n  - {id: save, uses: save-safetensors, with: {path: '%s'}}\n",
              device, preset, w);
-    if (write_text(path, text)) return 1;
+    if (bench_write_text(path, text)) return 1;
     snprintf(cmd, sizeof cmd, "%s -q '%s'", bin, path);
-    if (sh(cmd)) return 1;
+    if (bench_sh(cmd)) return 1;
     /* vocabulary of the preset, from the checkpoint inspector's shape of tok_embeddings */
     uint32_t vocab = 0;
     snprintf(cmd, sizeof cmd, "%s ckpt inspect '%s' | grep tok_embeddings.weight | head -1", bin, w);
@@ -266,7 +244,7 @@ int main(int argc, char **argv) {
 
     /* ---- PyTorch ---- */
     result eager = {0}, compiled = {0}, ours = {0};
-    int have_torch = py && sh("python3 -c 'import torch' >/dev/null 2>&1") == 0;
+    int have_torch = py && bench_sh("python3 -c 'import torch' >/dev/null 2>&1") == 0;
     if (py && !have_torch) printf("gpu_train: python3 cannot import torch: no PyTorch baseline in this run\n");
     char a[8192];
     snprintf(a, sizeof a, "--preset %s --batch %d --seq %d --steps %d --lr 3e-4 --init '%s' --tokens '%s'%s", preset, B,
@@ -290,9 +268,9 @@ int main(int argc, char **argv) {
              "    with: {steps: %d, lr: 3e-4, warmup_steps: 0, decay: none, betas: [0.9, 0.95], eps: 1e-8,\n"
              "           weight_decay: 0.1, max_grad_norm: 1.0, log_every: 1, metrics: '%s', mixed: %s, ac: %s}\n",
              device, preset, toks, B, T, w, steps, metrics, mixed, ac);
-    if (write_text(path, text)) return 1;
+    if (bench_write_text(path, text)) return 1;
     snprintf(cmd, sizeof cmd, "%s -q --report '%s' '%s'", bin, rep, path);
-    if (sh(cmd) == 0) ours_parse(metrics, rep, B, T, &ours);
+    if (bench_sh(cmd) == 0) ours_parse(metrics, rep, B, T, &ours);
 
     /* ---- table ---- */
     printf("\ngpu_train: %s, batch %d x %d tokens, %d steps, world 1, mixed %s, ac %s (median step after the 5th)\n",
@@ -302,6 +280,6 @@ int main(int argc, char **argv) {
     row("PyTorch FSDP2 eager", &eager, &ours);
     row("PyTorch FSDP2 compile", &compiled, &ours);
     snprintf(cmd, sizeof cmd, "rm -f '%s' '%s'", w, toks);
-    sh(cmd);
+    bench_sh(cmd);
     return ours.ok ? 0 : 1;
 }

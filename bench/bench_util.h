@@ -1,0 +1,76 @@
+/* Helpers shared by the benchmark programs in bench/ (header-only: each benchmark is one
+ * program): shell commands, wall clock, run reports and JSON-line output of other programs. */
+#ifndef FSDP_BENCH_UTIL_H
+#define FSDP_BENCH_UTIL_H
+
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static inline double bench_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* system(cmd); prints the command when it fails */
+static inline int bench_sh(const char *cmd) {
+    int rc = system(cmd);
+    if (rc != 0) fprintf(stderr, "bench: '%s' failed (%d)\n", cmd, rc);
+    return rc;
+}
+
+static inline int bench_write_text(const char *path, const char *text) {
+    FILE *f = fopen(path, "w");
+    if (!f) {
+        perror(path);
+        return -1;
+    }
+    fputs(text, f);
+    return fclose(f);
+}
+
+/* Seconds (metric NULL) or a metric of stage `id` in an fsdp-run report (--report); -1 when absent. */
+static inline double bench_stage_field(const char *report, const char *id, const char *metric) {
+    json_error_t je;
+    json_t *j = json_load_file(report, 0, &je);
+    if (!j) {
+        fprintf(stderr, "bench: cannot read the run report %s: %s\n", report, je.text);
+        return -1;
+    }
+    double v = -1;
+    json_t *st = json_object_get(j, "stages");
+    for (size_t i = 0; i < json_array_size(st); i++) {
+        json_t *s = json_array_get(st, i);
+        const char *sid = json_string_value(json_object_get(s, "id"));
+        if (!sid || strcmp(sid, id)) continue;
+        json_t *x = metric ? json_object_get(json_object_get(s, "metrics"), metric) : json_object_get(s, "seconds");
+        if (json_is_number(x)) v = json_number_value(x);
+    }
+    json_decref(j);
+    return v;
+}
+
+/* Runs cmd and calls on_line(obj, user) for every line of its output that is a JSON object
+ * (other lines, e.g. warnings, go to stderr). Returns the command's exit status (0 ok). */
+static inline int bench_json_lines(const char *cmd, void (*on_line)(json_t *obj, void *user), void *user) {
+    FILE *p = popen(cmd, "r");
+    if (!p) return -1;
+    char line[16384];
+    while (fgets(line, sizeof line, p)) {
+        json_error_t je;
+        json_t *j = json_loads(line, 0, &je);
+        if (!j || !json_is_object(j)) {
+            fputs(line, stderr);
+            json_decref(j);
+            continue;
+        }
+        on_line(j, user);
+        json_decref(j);
+    }
+    return pclose(p);
+}
+
+#endif
