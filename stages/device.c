@@ -142,15 +142,34 @@ int stage_device(fsdp_ctx *ctx, dev_ctx **out, fsdp_err *err) {
     fsdp_err e2;
     int agreed = comm_agree(c, rc, &who, &e2);
     if (!rc && agreed) rc = fsdp_err_set(err, agreed, "rank %d could not create its device context", who);
-    if (!rc && (rc = comm_dev_init(c, err))) fsdp_err_prefix(err, "NCCL communicator");
     if (rc) {
         dev_ctx_free(d);
         return fsdp_err_prefix(err, "runtime.device cuda");
     }
     s->dev = d;
-    fsdp_log(ctx, FSDP_LOG_INFO, "device: GPU %d (%s, %.1f GiB), NCCL over %d rank%s", dev_ctx_ordinal(d),
-             dev_ctx_name(d), (double)dev_ctx_total_mem(d) / (1 << 30), comm_size(c), comm_size(c) > 1 ? "s" : "");
+    fsdp_log(ctx, FSDP_LOG_INFO, "device: GPU %d (%s, %.1f GiB)", dev_ctx_ordinal(d), dev_ctx_name(d),
+             (double)dev_ctx_total_mem(d) / (1 << 30));
     *out = d;
+    /* the ranks' collectives on the GPU: set up now when there are several ranks */
+    if (comm_size(c) > 1 && (rc = stage_device_nccl(ctx, err))) return rc;
+    return 0;
+}
+
+int stage_device_nccl(fsdp_ctx *ctx, fsdp_err *err) {
+    comm *c = stage_comm(ctx);
+    if (!c) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+    if (comm_dev_ready(c)) return 0;
+    stage_dev_slot *s = slot_get(ctx, err);
+    if (!s) return err->code;
+    dev_ctx *d = s->dev;
+    int rc;
+    if (!d && (rc = stage_device(ctx, &d, err))) return rc;
+    if (comm_dev_ready(c)) return 0; /* stage_device set it up */
+    /* on this rank's GPU (the calling thread's current device) */
+    if ((rc = dev_ctx_bind(d, err)) || (rc = comm_dev_init(c, err)))
+        return fsdp_err_prefix(err, "runtime.device cuda: NCCL communicator");
+    fsdp_log(ctx, FSDP_LOG_INFO, "device collectives: %s over %d rank%s", comm_dev_backend(c), comm_size(c),
+             comm_size(c) > 1 ? "s" : "");
     return 0;
 }
 

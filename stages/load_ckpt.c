@@ -88,8 +88,11 @@ static int load_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
         }
     }
     int on_gpu = 0;
+    double t_up = stage_now();
     if ((rc = stage_place_state(ctx, s, &on_gpu, err))) return rc;
-    fsdp_ctx_metric_str(ctx, "device", on_gpu && s->layout == STATE_SHARDED ? "cuda" : "cpu");
+    on_gpu = on_gpu && s->layout == STATE_SHARDED;
+    fsdp_ctx_metric_str(ctx, "device", on_gpu ? "cuda" : "cpu");
+    if (on_gpu) fsdp_ctx_metric(ctx, "seconds_upload", stage_now() - t_up);
     double el = stage_now() - t0;
     if (s->has_optimizer) fsdp_ctx_set_state(ctx, "optimizer", 1);
     fsdp_ctx_metric(ctx, "bytes_read", (double)res.bytes_read);

@@ -39,9 +39,14 @@ int stage_init_model(fsdp_ctx *ctx, const fsdp_value *with, state_layout layout,
  * runtime.device when it is cuda and some rank has no usable GPU. Logs the choice of auto once. */
 int stage_on_gpu(fsdp_ctx *ctx, int *on_gpu, fsdp_err *err);
 /* The run's device context, created on first use (collective) on the GPU of the rank's local rank
- * (LOCAL_RANK & co. in a world of 1), with the NCCL communicator of stage_comm(ctx)
- * (comm_dev_init). Owned by the context and destroyed after every other attachment (the state). */
+ * (LOCAL_RANK & co. in a world of 1); with several ranks the NCCL communicator of stage_comm(ctx)
+ * (comm_dev_init) is set up with it. Owned by the context and destroyed after every other
+ * attachment (the state). */
 int stage_device(fsdp_ctx *ctx, dev_ctx **out, fsdp_err *err);
+/* The device context and the NCCL communicator of stage_comm(ctx) at any world size, 1 included
+ * (for code that runs the comm_dev_* collectives: the GPU training step). Collective; a no-op once
+ * set up. */
+int stage_device_nccl(fsdp_ctx *ctx, fsdp_err *err);
 /* Puts the state where the current recipe runs: on the GPU (state_to_device) when stage_on_gpu and
  * the layout is STATE_SHARDED (full rank-0 parameters stay in host memory until `shard`), otherwise
  * in host memory. on_gpu may be NULL. */

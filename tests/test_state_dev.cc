@@ -114,12 +114,16 @@ std::string report_metric(const std::string &report, const char *id, const char 
     return v;
 }
 
-// Every file of two checkpoint directories (data files and .metadata) equal byte for byte.
-void expect_same_files(const std::string &a, const std::string &b, const std::vector<std::string> &files) {
-    for (const auto &f : files) {
-        ASSERT_TRUE(exists(a + "/" + f)) << a + "/" + f;
-        EXPECT_TRUE(read_file(a + "/" + f) == read_file(b + "/" + f)) << f << " differs between " << a << " and " << b;
-    }
+// Two DCP checkpoints: the data files equal byte for byte, every tensor equal both ways (.metadata
+// itself names the path and a save id, so it differs).
+void expect_same_dcp(const std::string &a, const std::string &b) {
+    ASSERT_TRUE(exists(a + "/.metadata")) << a;
+    ASSERT_TRUE(exists(b + "/.metadata")) << b;
+    EXPECT_TRUE(read_file(a + "/__0_0.distcp") == read_file(b + "/__0_0.distcp")) << a << " vs " << b;
+    Ckpt x(a), y(b);
+    ASSERT_TRUE(x.r && y.r);
+    expect_same_tensors(x.r, y.r);
+    expect_same_tensors(y.r, x.r);
 }
 
 // Every float32 tensor of `got` within 1 ulp of `want` (same names and shapes).
@@ -534,7 +538,7 @@ TEST(StageDevice, GpuLoadCkptThenSaveEqualsCpuByteForByte) {
                                  tiny("dcp_full_ws3") + "}}\n  - {id: s, uses: save-dcp, with: {path: \"${out}\"}}\n");
     run_both(t / "r.yaml", t / "l", " --report " + (t / "rep.json"));
     EXPECT_EQ(report_metric(t / "rep.json", "l", "device"), "cuda");
-    expect_same_files(t / "l-cpu", t / "l-cuda", {"__0_0.distcp", ".metadata"});
+    expect_same_dcp(t / "l-cpu", t / "l-cuda");
     // and it is the fixture's state
     Ckpt got(t / "l-cuda"), st(tiny("model_step5.safetensors")), adam(tiny("adam_step5.safetensors"));
     expect_same_tensors(got.r, st.r);
@@ -545,7 +549,7 @@ TEST(StageDevice, GpuBagelBootstrapEqualsCpu) {
     NEED_GPU();
     Dir t;
     run_both("recipes/bagel_bootstrap.yaml", t / "b");
-    expect_same_files(t / "b-cpu", t / "b-cuda", {"__0_0.distcp", ".metadata"});
+    expect_same_dcp(t / "b-cpu", t / "b-cuda");
     // training from it (the state comes back to the host for the step) gives the same checkpoint
     for (const char *dev : {"cpu", "cuda"}) {
         int rc;
@@ -582,9 +586,9 @@ TEST(StageDevice, GpuTransformVerifyExportOffloadAndAsyncSaveEqualCpu) {
     run_both(t / "r.yaml", t / "x", " --report " + (t / "rep.json"));
     EXPECT_EQ(report_metric(t / "rep.json", "o", "device"), "cuda");
     EXPECT_TRUE(read_file(t / "x-cpu/hf.safetensors") == read_file(t / "x-cuda/hf.safetensors"));
-    expect_same_files(t / "x-cpu/async", t / "x-cuda/async", {"__0_0.distcp", ".metadata"});
-    expect_same_files(t / "x-cpu/sync", t / "x-cuda/sync", {"__0_0.distcp", ".metadata"});
-    expect_same_files(t / "x-cuda/async", t / "x-cuda/sync", {"__0_0.distcp"});
+    expect_same_dcp(t / "x-cpu/async", t / "x-cuda/async");
+    expect_same_dcp(t / "x-cpu/sync", t / "x-cuda/sync");
+    expect_same_dcp(t / "x-cuda/async", t / "x-cuda/sync");
     // the transform did what it says on the device too
     Ckpt c(t / "x-cuda/sync"), st(tiny("model_step5.safetensors"));
     EXPECT_TRUE(tensor_bytes(c.r, "tok_embeddings.weight") == tensor_bytes(c.r, "output.weight"));
