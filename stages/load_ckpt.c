@@ -37,7 +37,9 @@ static const char *const PROVIDES[] = {"params", NULL};
 
 static int load_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
     fsdp_state *s = state_get(ctx);
-    int rc;
+    int rc, on_gpu = 0;
+    /* the device choice first: it is collective, and reading may fail on one rank only */
+    if ((rc = stage_on_gpu(ctx, &on_gpu, err))) return rc;
     /* the checkpoint readers fill host arrays */
     if (s && (rc = state_to_host(s, err))) return rc;
     if (!s) {
@@ -87,7 +89,6 @@ static int load_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
             s->p[i].dtype = FSDP_DT_BF16;
         }
     }
-    int on_gpu = 0;
     double t_up = stage_now();
     if ((rc = stage_place_state(ctx, s, &on_gpu, err))) return rc;
     on_gpu = on_gpu && s->layout == STATE_SHARDED;

@@ -272,6 +272,22 @@ TEST(StageDevice, DeviceSlotIsDestroyedLast) {
     ctx_free(ctx);
 }
 
+TEST(StageDevice, DeviceContextWithoutGpuIsAClearError) {
+    std::string why;
+    if (have_gpu(&why)) GTEST_SKIP() << "a GPU is present";
+    fsdp_ctx *ctx = ctx_new(nullptr, 0, stderr);
+    ASSERT_NE(ctx, nullptr);
+    dev_ctx *d = (dev_ctx *)&why; // overwritten
+    fsdp_err err;
+    EXPECT_EQ(stage_device(ctx, &d, &err), FSDP_E_DEVICE);
+    EXPECT_EQ(d, nullptr);
+    EXPECT_NE(strstr(err.msg, "runtime.device cuda: "), nullptr) << err.msg;
+    EXPECT_NE(strstr(err.msg, dev_built_with_cuda() ? "no usable CUDA device" : "built without CUDA"), nullptr)
+        << err.msg;
+    EXPECT_EQ(stage_device_nccl(ctx, &err), FSDP_E_DEVICE);
+    ctx_free(ctx);
+}
+
 TEST(StageDevice, CudaWithoutGpuFailsBeforeAnyStageNamingTheKey) {
     std::string why;
     if (have_gpu(&why)) GTEST_SKIP() << "a GPU is present";
