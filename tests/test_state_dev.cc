@@ -126,7 +126,14 @@ void expect_same_dcp(const std::string &a, const std::string &b) {
     expect_same_tensors(y.r, x.r);
 }
 
-// Every float32 tensor of `got` within 1 ulp of `want` (same names and shapes).
+// Sign-magnitude bits of two floats (f32, or bf16 widened) at most 1 unit in the last place apart.
+bool within_one_ulp(int64_t x, int64_t y, int64_t sign) {
+    if ((x & sign) != (y & sign)) return (x & (sign - 1)) + (y & (sign - 1)) <= 1; // +-0 and the smallest values
+    return std::llabs((long long)(x - y)) <= 1;
+}
+
+// Every floating-point tensor of `got` within 1 ulp of `want` in its stored dtype (f32 or bf16),
+// with the same names, shapes and dtypes.
 void expect_within_one_ulp(const std::string &got, const std::string &want) {
     Ckpt g(got), w(want);
     ASSERT_TRUE(g.r && w.r);
@@ -134,14 +141,18 @@ void expect_within_one_ulp(const std::string &got, const std::string &want) {
     for (size_t i = 0; i < ckpt_count(w.r); i++) {
         const ckpt_entry *e = ckpt_entry_at(w.r, i);
         if (!e->is_tensor) continue;
-        auto a = tensor_bytes(g.r, e->name, FSDP_DT_F32), b = tensor_bytes(w.r, e->name, FSDP_DT_F32);
+        ASSERT_TRUE(e->dtype == FSDP_DT_F32 || e->dtype == FSDP_DT_BF16) << e->name;
+        long gi = ckpt_find(g.r, e->name);
+        ASSERT_GE(gi, 0) << e->name;
+        EXPECT_EQ(ckpt_entry_at(g.r, (size_t)gi)->dtype, e->dtype) << e->name;
+        auto a = tensor_bytes(g.r, e->name, e->dtype), b = tensor_bytes(w.r, e->name, e->dtype);
         ASSERT_EQ(a.size(), b.size()) << e->name;
-        size_t bad = 0;
-        for (size_t k = 0; k < a.size() / 4; k++) {
-            int32_t x, y;
-            memcpy(&x, a.data() + 4 * k, 4);
-            memcpy(&y, b.data() + 4 * k, 4);
-            if ((x < 0) != (y < 0) ? (x & 0x7fffffff) + (y & 0x7fffffff) > 1 : std::llabs((long long)x - y) > 1) bad++;
+        size_t esz = e->dtype == FSDP_DT_F32 ? 4 : 2, bad = 0;
+        for (size_t k = 0; k < a.size() / esz; k++) {
+            uint32_t x = 0, y = 0;
+            memcpy(&x, a.data() + esz * k, esz);
+            memcpy(&y, b.data() + esz * k, esz);
+            if (!within_one_ulp(x, y, esz == 4 ? 0x80000000LL : 0x8000LL)) bad++;
         }
         EXPECT_EQ(bad, 0u) << e->name;
         checked++;
@@ -152,6 +163,24 @@ void expect_within_one_ulp(const std::string &got, const std::string &want) {
 }  // namespace
 
 // ---- host state: runs everywhere ----------------------------------------------------------------
+
+// The 1-ulp comparison the GPU init test relies on.
+TEST(StateDev, OneUlpComparison) {
+    auto bits = [](float f) {
+        uint32_t u;
+        memcpy(&u, &f, 4);
+        return (int64_t)u;
+    };
+    const int64_t S = 0x80000000LL;
+    EXPECT_TRUE(within_one_ulp(bits(1.0f), bits(1.0f), S));
+    EXPECT_TRUE(within_one_ulp(bits(1.0f), bits(std::nextafter(1.0f, 2.0f)), S));
+    EXPECT_TRUE(within_one_ulp(bits(-1.0f), bits(std::nextafter(-1.0f, -2.0f)), S));
+    EXPECT_FALSE(within_one_ulp(bits(1.0f), bits(std::nextafter(std::nextafter(1.0f, 2.0f), 2.0f)), S));
+    EXPECT_FALSE(within_one_ulp(bits(1.0f), bits(-1.0f), S));
+    EXPECT_TRUE(within_one_ulp(bits(0.0f), bits(-0.0f), S));
+    EXPECT_TRUE(within_one_ulp(0x3f80, 0x3f81, 0x8000)); // bf16
+    EXPECT_FALSE(within_one_ulp(0x3f80, 0xbf80, 0x8000));
+}
 
 TEST(StateDev, HostAccessorsReadAndWriteInPlace) {
     HostState h;
