@@ -10,14 +10,14 @@
 #include "model/llama.h"
 #include "pipeline/dag.h"
 #include "runtime/data.h"
+#include "runtime/device.h"
 #include "pipeline/report.h"
 #include "pipeline/schema.h"
 #include "runtime/ctx_impl.h"
 
-/* `cuda` joins once the stages run on the GPU backend (kernels/cuda, runtime/device). */
-static const char *const DEVICES[] = {"auto", "cpu", NULL};
+static const char *const DEVICES[] = {"auto", "cpu", "cuda", NULL};
 static const fsdp_param_spec RUNTIME_SPEC[] = {
-    {"device", FSDP_T_STRING, 0, "auto", DEVICES, "auto (runs on the CPU in this version) or cpu"},
+    {"device", FSDP_T_STRING, 0, "auto", DEVICES, "auto = cuda when every rank has a GPU of its own, else cpu"},
     {"seed", FSDP_T_INT, 0, "0", NULL, "seed of every random stream (init, data)"},
     {"threads", FSDP_T_INT, 0, "0", NULL, "OpenMP threads per rank (0 = OpenMP's default)"},
     {NULL, 0, 0, NULL, NULL, NULL}};
@@ -38,7 +38,26 @@ void run_plan_free(run_plan *plan) {
     memset(plan, 0, sizeof *plan);
 }
 
-static int check_runtime(recipe *r, fsdp_err *err) {
+/* runtime.device: cuda needs a CUDA build and a visible GPU: known before any stage runs. (Whether
+ * every rank has a GPU of its own is found collectively when the first stage asks, stages/device.c.) */
+static int check_device(const fsdp_value *rt, fsdp_err *err) {
+    const fsdp_value *v = fsdp_value_get(rt, "device");
+    const char *dev = fsdp_value_text(v);
+    if (!dev || strcmp(dev, "cuda")) return 0;
+    if (!dev_built_with_cuda())
+        return fsdp_err_at(err, FSDP_E_INVALID, v,
+                           "runtime.device is cuda, but this fsdp-run was built without CUDA (rebuild with the CUDA "
+                           "toolkit, or use device: cpu or auto)");
+    int n = 0;
+    fsdp_err e2;
+    fsdp_err_clear(&e2);
+    if (dev_count(&n, &e2))
+        return fsdp_err_at(err, FSDP_E_INVALID, v, "runtime.device is cuda, but no GPU is usable here: %s (use device: "
+                           "cpu or auto)", e2.msg);
+    return 0;
+}
+
+static int check_runtime(recipe *r, int probe_device, fsdp_err *err) {
     fsdp_value *rt = val_get_mut(r->root, "runtime");
     if (!rt || fsdp_value_type(rt) == FSDP_V_NULL) {
         fsdp_value *m = val_new(FSDP_V_MAP, r->path, 1, 1);
@@ -47,6 +66,7 @@ static int check_runtime(recipe *r, fsdp_err *err) {
     }
     int rc = schema_check_map("runtime", RUNTIME_SPEC, rt, rt, err);
     if (rc) return rc;
+    if (probe_device && (rc = check_device(rt, err))) return rc;
     /* the model and data sections are checked now too, so that `validate` and the plan catch
      * their errors (with file:line:col) before any stage runs */
     const fsdp_value *model = fsdp_value_get(r->root, "model");
@@ -89,7 +109,8 @@ int run_plan_build(fsdp_registry *reg, const char *const *paths, size_t n, const
                 rc = fsdp_err_at(err, FSDP_E_INVALID, pv, "%s", msg);
             }
         }
-        if (!rc) rc = check_runtime(r, err);
+        /* `validate` and --dry-run check recipes meant for another machine: no device probe */
+        if (!rc) rc = check_runtime(r, !o->validate_only && !o->dry_run, err);
         for (size_t s = 0; s < r->n_stages && !rc; s++) {
             recipe_stage *st = &r->stages[s];
             st->desc = registry_find(reg, st->uses);

@@ -26,18 +26,15 @@ int state_create(fsdp_ctx *ctx, state_layout layout, fsdp_state **out, fsdp_err 
     return 0;
 }
 
-static void free_param(state_param *p) {
+static void free_param(fsdp_state *s, state_param *p) {
     free(p->name);
-    free(p->data);
-    free(p->grad);
-    free(p->exp_avg);
-    free(p->exp_avg_sq);
+    for (int a = 0; a < STATE_ARRAYS; a++) state_param_release(s, p, (state_array)a);
     memset(p, 0, sizeof *p);
 }
 
 void state_free(fsdp_state *s) {
     if (!s) return;
-    for (size_t i = 0; i < s->n; i++) free_param(&s->p[i]);
+    for (size_t i = 0; i < s->n; i++) free_param(s, &s->p[i]);
     free(s->p);
     free(s);
 }
@@ -76,7 +73,7 @@ int state_add_param(fsdp_state *s, const char *name, int ndim, const int64_t *sh
     }
     p->data = alloc_floats(state_param_local_numel(p));
     if (!p->name || !p->data) {
-        free_param(p);
+        free_param(s, p);
         return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory allocating %s (%zu floats)", name,
                             state_param_local_numel(p));
     }
@@ -90,14 +87,26 @@ state_param *state_find(fsdp_state *s, const char *name) {
     return NULL;
 }
 
+/* Host memory of a state with a device is pinned (fast copies to and from the GPU). */
+static state_place host_place(const fsdp_state *s) { return s->dev ? STATE_PINNED : STATE_HOST; }
+
+static int alloc_missing(fsdp_state *s, state_param *p, state_array a, state_place where, const char *what,
+                         fsdp_err *err) {
+    if (state_place_of(p, a) != STATE_ABSENT) return 0;
+    int rc = state_param_alloc(s, p, a, where, 1, err);
+    return rc ? fsdp_err_prefix(err, "allocating the %s of %s", what, p->name) : 0;
+}
+
 int state_alloc_optimizer(fsdp_state *s, fsdp_err *err) {
     for (size_t i = 0; i < s->n; i++) {
         state_param *p = &s->p[i];
-        size_t n = state_param_local_numel(p);
-        if (!p->exp_avg && !(p->exp_avg = alloc_floats(n)))
-            return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory (optimizer state of %s)", p->name);
-        if (!p->exp_avg_sq && !(p->exp_avg_sq = alloc_floats(n)))
-            return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory (optimizer state of %s)", p->name);
+        state_place where = s->offloaded ? host_place(s)
+                            : state_place_of(p, STATE_DATA) == STATE_DEVICE ? STATE_DEVICE
+                                                                             : STATE_HOST;
+        int rc;
+        if ((rc = alloc_missing(s, p, STATE_EXP_AVG, where, "optimizer state", err)) ||
+            (rc = alloc_missing(s, p, STATE_EXP_AVG_SQ, where, "optimizer state", err)))
+            return rc;
     }
     s->has_optimizer = 1;
     return 0;
@@ -106,8 +115,9 @@ int state_alloc_optimizer(fsdp_state *s, fsdp_err *err) {
 int state_alloc_grads(fsdp_state *s, fsdp_err *err) {
     for (size_t i = 0; i < s->n; i++) {
         state_param *p = &s->p[i];
-        if (!p->grad && !(p->grad = alloc_floats(state_param_local_numel(p))))
-            return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory (gradient of %s)", p->name);
+        state_place where = state_place_of(p, STATE_DATA) == STATE_DEVICE ? STATE_DEVICE : host_place(s);
+        int rc = alloc_missing(s, p, STATE_GRAD, where, "gradient", err);
+        if (rc) return rc;
     }
     return 0;
 }
@@ -151,6 +161,8 @@ static int scatter_rows(const state_param *p, const float *full, comm *c, int wo
 
 int state_shard(fsdp_state *s, comm *c, fsdp_err *err) {
     if (s->layout != STATE_FULL) return fsdp_err_set(err, FSDP_E_INVALID, "shard: the parameters are already sharded");
+    if (state_on_device(s))
+        return fsdp_err_set(err, FSDP_E_INVALID, "shard: the full parameters must be in host memory (they are on the GPU)");
     int world = comm_size(c), rank = comm_rank(c);
     /* rank 0 tells everyone whether optimizer state exists */
     int64_t has_opt = s->has_optimizer;
@@ -167,11 +179,7 @@ int state_shard(fsdp_state *s, comm *c, fsdp_err *err) {
                 return rc;
             }
         }
-        free(p->data);
-        free(p->exp_avg);
-        free(p->exp_avg_sq);
-        free(p->grad);
-        p->grad = NULL;
+        for (int a = 0; a < STATE_ARRAYS; a++) state_param_release(s, p, (state_array)a);
         p->data = out[0];
         p->exp_avg = out[1];
         p->exp_avg_sq = out[2];

@@ -19,6 +19,17 @@ typedef enum state_layout {
     STATE_FULL = 1     /* rank 0 holds every parameter whole; other ranks hold nothing */
 } state_layout;
 
+/* The arrays of a parameter (placement-aware code names them with this). */
+typedef enum state_array { STATE_DATA = 0, STATE_GRAD, STATE_EXP_AVG, STATE_EXP_AVG_SQ, STATE_ARRAYS } state_array;
+
+/* Where one array of a parameter lives. */
+typedef enum state_place {
+    STATE_ABSENT = 0, /* not allocated (no gradient, no optimizer state yet) */
+    STATE_HOST,       /* host pointer, malloc'd */
+    STATE_PINNED,     /* host pointer, pinned memory from s->dev (dev_host_alloc) */
+    STATE_DEVICE      /* device twin (dev_alloc of s->dev) */
+} state_place;
+
 typedef struct state_param {
     char *name;
     int ndim;
@@ -36,6 +47,7 @@ typedef struct state_param {
      * d_data and d_grad hold the parameter and gradient while data and grad are NULL; after
      * `offload` exp_avg/exp_avg_sq are host (pinned) while d_data stays on the device. */
     float *d_data, *d_grad, *d_exp_avg, *d_exp_avg_sq;
+    unsigned pinned; /* bit (1u << state_array): that host array is pinned memory of s->dev */
 } state_param;
 
 typedef struct fsdp_state {
@@ -53,13 +65,18 @@ typedef struct fsdp_state {
     uint64_t data_pos;       /* position of the data stream (batches consumed) */
     int offloaded;           /* optimizer state (and master weights) kept in host memory */
     int offload_params;
-    struct dev_ctx *dev;     /* the run's device context when any array is on the GPU (not owned) */
+    /* The run's device context while any array is on the GPU or in its pinned memory (not owned:
+     * the state must be freed before the device context). With `offloaded`, the AdamW moments
+     * (and with `offload_params` the master weights and gradients) stay in pinned host memory
+     * while the rest is on the GPU: the optimizer step for those runs on the host (CPU AdamW). */
+    struct dev_ctx *dev;
 } fsdp_state;
 
 /* The state of the context, or NULL when no stage created one. */
 fsdp_state *state_get(fsdp_ctx *ctx);
 /* Creates an empty state (replacing any previous one) and attaches it to the context. */
 int state_create(fsdp_ctx *ctx, state_layout layout, fsdp_state **out, fsdp_err *err);
+/* Frees every array wherever it lives (device twins and pinned arrays through s->dev). */
 void state_free(fsdp_state *s);
 
 /* Adds a parameter of the given global shape; allocates its local rows per the layout
@@ -69,17 +86,70 @@ state_param *state_find(fsdp_state *s, const char *name);
 size_t state_param_local_numel(const state_param *p);
 int64_t state_param_numel(const state_param *p);
 
-/* Allocates (zeroed) AdamW moments for every parameter. */
+/* Allocates (zeroed) AdamW moments for every parameter that has none: on the device when the
+ * parameter's data is there, in pinned host memory when the state is `offloaded` and has a device,
+ * else in host memory. */
 int state_alloc_optimizer(fsdp_state *s, fsdp_err *err);
-/* Allocates (zeroed) gradients for every parameter. */
+/* Allocates (zeroed) gradients for every parameter that has none, next to its data (pinned host
+ * memory when the data is on the host of a state with a device). */
 int state_alloc_grads(fsdp_state *s, fsdp_err *err);
 
 /* STATE_FULL on rank 0 -> STATE_SHARDED on every rank (scatter through the communicator);
- * frees the full copy. Optimizer moments move too when present. */
+ * frees the full copy. Optimizer moments move too when present. The full state must be in host
+ * memory (FSDP_E_INVALID otherwise). */
 int state_shard(fsdp_state *s, comm *c, fsdp_err *err);
 /* All-gathers parameter p's shards into full (numel floats) on every rank. */
 int state_unshard(const state_param *p, const float *local, comm *c, float *full, fsdp_err *err);
 /* Reduce-scatter of a full gradient (sum over ranks) into p's local rows. */
 int state_reduce_scatter(const state_param *p, const float *full, comm *c, float *local, fsdp_err *err);
+
+/* ---- placement (runtime/state_dev.c) ----------------------------------------------------------
+ * Every array of every parameter is in one place (state_place). Host code reads and writes any
+ * array through state_param_get / state_param_put / state_param_map; stages move whole states with
+ * state_to_device / state_to_host. Everything here works for host-only states in every build;
+ * what needs a GPU fails with FSDP_E_DEVICE (in a build without CUDA: "built without CUDA"). */
+
+const char *state_array_name(state_array a); /* "data", "grad", "exp_avg", "exp_avg_sq" */
+state_place state_place_of(const state_param *p, state_array a);
+/* The host pointer / device twin slot of array a. */
+float **state_param_host_slot(state_param *p, state_array a);
+float **state_param_dev_slot(state_param *p, state_array a);
+/* Any array of any parameter on the device (STATE_DEVICE). */
+int state_on_device(const fsdp_state *s);
+
+/* Frees array a of p wherever it lives (no-op when absent). */
+void state_param_release(fsdp_state *s, state_param *p, state_array a);
+/* Gives array a of p new storage at `where` (STATE_HOST, STATE_PINNED or STATE_DEVICE; the last
+ * two need s->dev), zero-filled when `zero`, else uninitialised; any previous array a is freed
+ * without copying. */
+int state_param_alloc(fsdp_state *s, state_param *p, state_array a, state_place where, int zero, fsdp_err *err);
+/* Moves array a of p to `where`, keeping its values (no-op when absent or already there). */
+int state_param_move(fsdp_state *s, state_param *p, state_array a, state_place where, fsdp_err *err);
+
+/* Sets the state's device context (FSDP_E_INVALID when it already has a different one). */
+int state_attach_device(fsdp_state *s, struct dev_ctx *d, fsdp_err *err);
+/* Uploads every array of every parameter to d, pipelined through pinned staging, and frees the host
+ * copies - except the arrays `offload` keeps on the host (s->offloaded: exp_avg / exp_avg_sq;
+ * s->offload_params: data / grad too), which move to pinned host memory of d instead. */
+int state_to_device(fsdp_state *s, struct dev_ctx *d, fsdp_err *err);
+/* Downloads every device array into (pageable) host memory and frees the device copies; pinned
+ * arrays stay where they are. s->dev is cleared when nothing uses the device any more. */
+int state_to_host(fsdp_state *s, fsdp_err *err);
+
+/* Parameter p's local rows of array a (state_param_local_numel floats), synchronously, wherever
+ * they live (device arrays through pinned staging in chunks). FSDP_E_INVALID when absent. */
+int state_param_get(const fsdp_state *s, const state_param *p, state_array a, float *host_dst, fsdp_err *err);
+int state_param_put(fsdp_state *s, state_param *p, state_array a, const float *host_src, fsdp_err *err);
+/* Host access to array a of p: *host is the host array itself, or a malloc'd download of the device
+ * array. state_param_unmap uploads a download back when write_back and frees it; host arrays are
+ * left alone (changes through *host are already in place). */
+int state_param_map(const fsdp_state *s, const state_param *p, state_array a, float **host, fsdp_err *err);
+int state_param_unmap(fsdp_state *s, state_param *p, state_array a, float *host, int write_back, fsdp_err *err);
+
+/* A read-only host copy of s for code that reads host arrays (checkpoint writers): the same
+ * metadata; host and pinned arrays are shared, device arrays downloaded. The view's arrays must not
+ * be freed or resized; free it with state_host_view_free before changing s. */
+int state_host_view(const fsdp_state *s, fsdp_state **view, fsdp_err *err);
+void state_host_view_free(fsdp_state *view);
 
 #endif

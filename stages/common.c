@@ -79,11 +79,17 @@ int stage_init_model(fsdp_ctx *ctx, const fsdp_value *with, state_layout layout,
                      fsdp_err *err) {
     int rc = stage_model_config(ctx, cfg, err);
     if (rc) return rc;
+    int on_gpu = 0;
+    dev_ctx *d = NULL;
+    if (layout == STATE_SHARDED && (rc = stage_on_gpu(ctx, &on_gpu, err))) return rc;
+    if (on_gpu && (rc = stage_device(ctx, &d, err))) return rc;
+    fsdp_ctx_metric_str(ctx, "device", on_gpu ? "cuda" : "cpu");
     llama_params table;
     fsdp_state *s;
     if ((rc = stage_state_from_config(ctx, cfg, layout, &table, &s, err))) return rc;
     fsdp_dtype dt = fsdp_dtype_from_name(fsdp_arg_str(with, "dtype", "f32"));
-    rc = stage_init_values(s, &table, stage_seed(ctx, with), dt, err);
+    rc = d ? stage_init_values_dev(s, &table, d, stage_seed(ctx, with), dt, err)
+           : stage_init_values(s, &table, stage_seed(ctx, with), dt, err);
     *total = table.total;
     llama_params_free(&table);
     return rc;

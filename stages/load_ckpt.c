@@ -4,7 +4,10 @@
  * model in the context it declares one from the recipe's `model:` section (like init-meta,
  * without drawing weights). Strict loading fills every parameter with NaN first and fails
  * naming every parameter not restored, every tensor of the wrong shape and every
- * unexpected key.
+ * unexpected key. On runtime.device cuda the checkpoint is read into host memory and the
+ * sharded state then uploaded to the GPU (pipelined through pinned staging); a state already on
+ * the GPU comes back to the host for the read (parameters absent from a non-strict load keep
+ * their values).
  *
  * with: path (required), format (auto|dcp|safetensors|pt), names (torchtitan|hf),
  *       strip_prefix, add_prefix, rename (map of glob -> replacement on checkpoint keys),
@@ -34,7 +37,11 @@ static const char *const PROVIDES[] = {"params", NULL};
 
 static int load_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
     fsdp_state *s = state_get(ctx);
-    int rc;
+    int rc, on_gpu = 0;
+    /* the device choice first: it is collective, and reading may fail on one rank only */
+    if ((rc = stage_on_gpu(ctx, &on_gpu, err))) return rc;
+    /* the checkpoint readers fill host arrays */
+    if (s && (rc = state_to_host(s, err))) return rc;
     if (!s) {
         llama_config cfg;
         if ((rc = stage_model_config(ctx, &cfg, err))) return rc;
@@ -82,6 +89,11 @@ static int load_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
             s->p[i].dtype = FSDP_DT_BF16;
         }
     }
+    double t_up = stage_now();
+    if ((rc = stage_place_state(ctx, s, &on_gpu, err))) return rc;
+    on_gpu = on_gpu && s->layout == STATE_SHARDED;
+    fsdp_ctx_metric_str(ctx, "device", on_gpu ? "cuda" : "cpu");
+    if (on_gpu) fsdp_ctx_metric(ctx, "seconds_upload", stage_now() - t_up);
     double el = stage_now() - t0;
     if (s->has_optimizer) fsdp_ctx_set_state(ctx, "optimizer", 1);
     fsdp_ctx_metric(ctx, "bytes_read", (double)res.bytes_read);

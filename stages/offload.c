@@ -1,8 +1,12 @@
 /* Stage `offload`: keep the optimizer moments (and with `params: true` the fp32 master
- * weights) in host memory; the optimizer step then runs on the host with the CPU AdamW.
+ * weights and their gradients) in host memory; the optimizer step for them then runs on the host
+ * with the CPU AdamW.
+ *
  * On `device: cpu` every buffer already lives in host memory, so the stage records the
  * placement and training proceeds with the same kernels: results are identical to a run
- * without it. (With the CUDA backend it moves the buffers to pinned host memory.)
+ * without it. On the GPU (a state on the device, or runtime.device cuda) the offloaded arrays move
+ * to pinned host memory now (s->offloaded / s->offload_params), and moments allocated later
+ * (state_alloc_optimizer) are allocated there; the rest stays on the GPU.
  *
  * with: params (bool, default false) */
 #include "stages/stages.h"
@@ -16,14 +20,26 @@ static const char *const PROVIDES[] = {"offload", NULL};
 static int offload_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
     fsdp_state *s = state_get(ctx);
     if (!s) return fsdp_err_set(err, FSDP_E_INVALID, "offload: no model in the context");
+    int on_gpu = 0;
+    int rc = stage_on_gpu(ctx, &on_gpu, err);
+    if (rc) return rc;
     s->offloaded = 1;
     s->offload_params = fsdp_arg_bool(with, "params", 0);
+    int moved = 0;
+    if ((on_gpu && s->layout == STATE_SHARDED) || state_on_device(s)) {
+        dev_ctx *d;
+        if ((rc = stage_device(ctx, &d, err))) return rc;
+        /* state_to_device keeps what offload names in pinned host memory */
+        if ((rc = state_to_device(s, d, err))) return fsdp_err_prefix(err, "offload");
+        moved = 1;
+    }
     size_t bytes = 0;
     for (size_t i = 0; i < s->n; i++)
         bytes += state_param_local_numel(&s->p[i]) * sizeof(float) * (s->offload_params ? 3 : 2);
     fsdp_ctx_metric(ctx, "host_bytes", (double)bytes);
-    fsdp_log(ctx, FSDP_LOG_INFO, "optimizer state%s kept in host memory (%.1f MiB on this rank)",
-             s->offload_params ? " and master weights" : "", (double)bytes / (1 << 20));
+    fsdp_ctx_metric_str(ctx, "device", moved ? "cuda" : "cpu");
+    fsdp_log(ctx, FSDP_LOG_INFO, "optimizer state%s kept in %shost memory (%.1f MiB on this rank)",
+             s->offload_params ? " and master weights" : "", moved ? "pinned " : "", (double)bytes / (1 << 20));
     return 0;
 }
 

@@ -1,6 +1,7 @@
 /* Stage `save-safetensors`: consolidated weights in one safetensors file (or HF shards with
  * an index). Rank 0 gathers one tensor at a time, so memory stays near the largest tensor.
- * Optional Hugging Face names (with the q/k RoPE row permutation) and bf16.
+ * Optional Hugging Face names (with the q/k RoPE row permutation) and bf16. Shards on the GPU are
+ * downloaded one parameter at a time.
  *
  * with: path (required; a .safetensors file, or a directory when shard_mb > 0),
  *       names (torchtitan|hf), dtype (auto|f32|bf16), shard_mb (int, 0 = one file) */
@@ -61,16 +62,19 @@ static int sst_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
     for (size_t i = 0; i < s->n && !rc; i++) {
         state_param *p = &s->p[i];
         int64_t n = state_param_numel(p);
-        float *full = NULL;
+        float *full = NULL, *local = NULL;
+        /* the local rows in host memory (downloaded when the state is on the GPU) */
+        if ((rc = state_param_map(s, p, STATE_DATA, &local, err))) break;
         if (s->layout == STATE_FULL) {
-            full = rank == 0 ? p->data : NULL;
+            full = rank == 0 ? local : NULL;
         } else {
             full = malloc((size_t)(n ? n : 1) * sizeof *full);
             if (!full) {
+                state_param_unmap(s, p, STATE_DATA, local, 0, err);
                 rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory gathering %s", p->name);
                 break;
             }
-            rc = state_unshard(p, p->data, c, full, err);
+            rc = state_unshard(p, local, c, full, err);
         }
         if (!rc && rank == 0) {
             fsdp_dtype dt = !strcmp(dts, "auto") ? p->dtype : fsdp_dtype_from_name(dts);
@@ -90,6 +94,8 @@ static int sst_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
             free(perm);
         }
         if (s->layout != STATE_FULL) free(full);
+        fsdp_err e3;
+        state_param_unmap(s, p, STATE_DATA, local, 0, &e3);
     }
     if (!rc && rank == 0) rc = sh ? st_shards_finish(sh, err) : st_writer_finish(w, err);
     if (w) st_writer_free(w);

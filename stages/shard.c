@@ -1,5 +1,6 @@
 /* Stage `shard`: full parameters on rank 0 (after init-cpu) -> FSDP2 Shard(0) shards on
- * every rank, scattered over the communicator; the full copy is freed.
+ * every rank, scattered over the communicator; the full copy is freed. On runtime.device cuda the
+ * shards then move to each rank's GPU.
  *
  * with: (none) */
 #include "stages/stages.h"
@@ -16,12 +17,15 @@ static int shard_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
     double t0 = stage_now();
     int rc = state_shard(s, stage_comm(ctx), err);
     if (rc) return rc;
+    int on_gpu = 0;
+    if ((rc = stage_place_state(ctx, s, &on_gpu, err))) return rc;
+    fsdp_ctx_metric_str(ctx, "device", on_gpu ? "cuda" : "cpu");
     size_t local = 0;
     for (size_t i = 0; i < s->n; i++) local += state_param_local_numel(&s->p[i]);
     fsdp_ctx_set_state(ctx, "full_params", 0);
     fsdp_ctx_metric(ctx, "local_params", (double)local);
-    fsdp_log(ctx, FSDP_LOG_INFO, "sharded %zu parameters over %d ranks in %.2fs (%zu values on rank %d)", s->n,
-             s->world, stage_now() - t0, local, s->rank);
+    fsdp_log(ctx, FSDP_LOG_INFO, "sharded %zu parameters over %d ranks in %.2fs (%zu values on rank %d%s)", s->n,
+             s->world, stage_now() - t0, local, s->rank, on_gpu ? ", on its GPU" : "");
     return 0;
 }
 

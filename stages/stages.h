@@ -7,6 +7,7 @@
 #include "model/llama_init.h"
 #include "model/llama_params.h"
 #include "runtime/comm.h"
+#include "runtime/device.h"
 #include "runtime/state.h"
 
 /* The context's communicator (a world of 1 when none). */
@@ -23,10 +24,42 @@ int stage_state_from_config(fsdp_ctx *ctx, const llama_config *cfg, state_layout
  * world size); dtype bf16 rounds the values to bf16 and records it for checkpoints. */
 int stage_init_values(fsdp_state *s, const llama_params *table, uint64_t seed, fsdp_dtype dtype, fsdp_err *err);
 /* init-meta / init-cpu: the model of the recipe, declared in `layout` and initialised per
- * `with: {seed, dtype}` (stage_init_params); *total is the parameter count. */
+ * `with: {seed, dtype}` (stage_init_params); *total is the parameter count. A sharded layout is
+ * materialised on the GPU when the recipe runs there (stage_on_gpu), a full one on the host. */
 extern const fsdp_param_spec stage_init_params[];
 int stage_init_model(fsdp_ctx *ctx, const fsdp_value *with, state_layout layout, llama_config *cfg, int64_t *total,
                      fsdp_err *err);
+
+/* ---- the device (stages/device.c) --------------------------------------------------------------
+ * runtime.device of the current recipe: cpu, cuda, or auto = cuda when this build has CUDA and every
+ * rank has a GPU of its own (ranks sharing one GPU, as with more ranks than GPUs on a node, run on
+ * the CPU: NCCL needs a GPU per rank). The probe is collective: every rank calls these at the same
+ * stage (stages run in the same order on every rank). */
+/* *on_gpu = 1 when the current recipe's stages run on the GPU. FSDP_E_DEVICE naming
+ * runtime.device when it is cuda and some rank has no usable GPU. Logs the choice of auto once. */
+int stage_on_gpu(fsdp_ctx *ctx, int *on_gpu, fsdp_err *err);
+/* The run's device context, created on first use (collective) on the GPU of the rank's local rank
+ * (LOCAL_RANK & co. in a world of 1); with several ranks the NCCL communicator of stage_comm(ctx)
+ * (comm_dev_init) is set up with it. Owned by the context and destroyed after every other
+ * attachment (the state). */
+int stage_device(fsdp_ctx *ctx, dev_ctx **out, fsdp_err *err);
+/* The device context and the NCCL communicator of stage_comm(ctx) at any world size, 1 included
+ * (for code that runs the comm_dev_* collectives: the GPU training step). Collective; a no-op once
+ * set up. */
+int stage_device_nccl(fsdp_ctx *ctx, fsdp_err *err);
+/* Puts the state where the current recipe runs: on the GPU (state_to_device) when stage_on_gpu and
+ * the layout is STATE_SHARDED (full rank-0 parameters stay in host memory until `shard`), otherwise
+ * in host memory. on_gpu may be NULL. */
+int stage_place_state(fsdp_ctx *ctx, fsdp_state *s, int *on_gpu, fsdp_err *err);
+/* Rows [r0, r1) of p drawn with the init rule straight into device memory d_dst (float32), the same
+ * values as llama_init_rows_f32. Drawn on the host into pinned staging, copied while the next chunk
+ * is drawn. */
+int stage_init_rows_dev(dev_ctx *d, const llama_param *p, uint64_t seed, int64_t r0, int64_t r1, float *d_dst,
+                        fsdp_err *err);
+/* stage_init_values on the GPU: every parameter's data becomes a device array holding its rows
+ * (bf16-rounded on the device for dtype bf16); host rows are dropped without being copied. */
+int stage_init_values_dev(fsdp_state *s, const llama_params *table, dev_ctx *d, uint64_t seed, fsdp_dtype dtype,
+                          fsdp_err *err);
 
 extern const fsdp_stage_desc stage_shard;
 extern const fsdp_stage_desc stage_offload;

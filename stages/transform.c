@@ -15,7 +15,8 @@
  *   {load: {path: CKPT, keys: GLOB|[GLOB...], map: {GLOB: NAME}}}  take these parameters from
  *                                    another checkpoint (map renames its keys)
  * Globs: `*` matches one dotted component, `**` one or more. A pattern that matches nothing
- * or a copy between different shapes is an error. */
+ * or a copy between different shapes is an error. Shards on the GPU are changed by download,
+ * change, upload per parameter (copy between two device shards stays on the device). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -111,6 +112,28 @@ static int source_name(const char *from, const char *to, const char *name, char 
     return 0;
 }
 
+/* dst's rows = src's rows (same shape, so the same local rows), wherever each lives */
+static int copy_values(fsdp_state *s, const state_param *src, state_param *dst, fsdp_err *err) {
+    size_t bytes = state_param_local_numel(dst) * sizeof(float);
+    if (state_place_of(src, STATE_DATA) == STATE_DEVICE && state_place_of(dst, STATE_DATA) == STATE_DEVICE) {
+        int rc = dev_copy_d2d(s->dev, dst->d_data, src->d_data, bytes, DEV_STREAM_COMPUTE, err);
+        if (!rc) rc = dev_stream_sync(s->dev, DEV_STREAM_COMPUTE, err);
+        return rc ? fsdp_err_prefix(err, "transform copy %s -> %s", src->name, dst->name) : 0;
+    }
+    float *from, *to;
+    int rc = state_param_map(s, src, STATE_DATA, &from, err);
+    if (rc) return rc;
+    if ((rc = state_param_map(s, dst, STATE_DATA, &to, err))) {
+        state_param_unmap(s, (state_param *)src, STATE_DATA, from, 0, err);
+        return rc;
+    }
+    memcpy(to, from, bytes);
+    rc = state_param_unmap(s, dst, STATE_DATA, to, 1, err);
+    fsdp_err e2;
+    state_param_unmap(s, (state_param *)src, STATE_DATA, from, 0, &e2);
+    return rc;
+}
+
 static int do_copy(fsdp_state *s, const fsdp_value *b, fsdp_err *err) {
     const char *from = fsdp_value_text(fsdp_value_get(b, "from")), *to = fsdp_value_text(fsdp_value_get(b, "to"));
     size_t hits = 0;
@@ -130,7 +153,9 @@ static int do_copy(fsdp_state *s, const fsdp_value *b, fsdp_err *err) {
                                fsdp_shape_str(dst->ndim, dst->shape, c, sizeof c));
         }
         hits++;
-        if (src != dst) memcpy(dst->data, src->data, state_param_local_numel(dst) * sizeof(float));
+        if (src == dst) continue;
+        int rc = copy_values(s, src, dst, err);
+        if (rc) return rc;
     }
     if (!hits) return fsdp_err_at(err, FSDP_E_INVALID, b, "transform copy: '%s' matches no parameter", to);
     return 0;
@@ -147,15 +172,19 @@ static int do_elementwise(fsdp_state *s, const char *op, const fsdp_value *b, fs
         if (!key_matches(keys, p->name)) continue;
         hits++;
         size_t n = state_param_local_numel(p);
+        float *v; /* the rows in host memory: downloaded, changed and uploaded when on the GPU */
+        int rc = state_param_map(s, p, STATE_DATA, &v, err);
+        if (rc) return rc;
         if (!strcmp(op, "scale"))
-            for (size_t k = 0; k < n; k++) p->data[k] = (float)(p->data[k] * x);
+            for (size_t k = 0; k < n; k++) v[k] = (float)(v[k] * x);
         else if (!strcmp(op, "fill"))
-            for (size_t k = 0; k < n; k++) p->data[k] = (float)x;
+            for (size_t k = 0; k < n; k++) v[k] = (float)x;
         else {
             p->dtype = fsdp_dtype_from_name(dt);
             if (p->dtype == FSDP_DT_BF16)
-                for (size_t k = 0; k < n; k++) p->data[k] = fsdp_bf16_to_f32(fsdp_f32_to_bf16(p->data[k]));
+                for (size_t k = 0; k < n; k++) v[k] = fsdp_bf16_to_f32(fsdp_f32_to_bf16(v[k]));
         }
+        if ((rc = state_param_unmap(s, p, STATE_DATA, v, 1, err))) return rc;
     }
     if (!hits) return fsdp_err_at(err, FSDP_E_INVALID, keys, "transform %s: the keys match no parameter", op);
     return 0;
@@ -194,8 +223,23 @@ static int do_load(fsdp_state *s, const fsdp_value *b, fsdp_err *err) {
         sio_load_result res;
         int64_t ts = s->train_step, tok = s->tokens_seen;
         uint64_t dp = s->data_pos;
-        rc = sio_load(s, fsdp_value_text(fsdp_value_get(b, "path")), &o, &res, err);
+        /* the checkpoint reader fills host arrays: parameters on the GPU that the keys select come
+         * to the host for the read (sio_load touches only those) and go back after it */
+        unsigned char *moved = calloc(s->n ? s->n : 1, 1);
+        if (!moved) rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+        for (size_t i = 0; !rc && i < s->n; i++) {
+            if (state_place_of(&s->p[i], STATE_DATA) != STATE_DEVICE || !key_matches(keys, s->p[i].name)) continue;
+            if (!(rc = state_param_move(s, &s->p[i], STATE_DATA, STATE_HOST, err))) moved[i] = 1;
+        }
+        if (!rc) rc = sio_load(s, fsdp_value_text(fsdp_value_get(b, "path")), &o, &res, err);
         s->train_step = ts, s->tokens_seen = tok, s->data_pos = dp; /* weights only */
+        for (size_t i = 0; moved && i < s->n; i++) {
+            if (!moved[i]) continue;
+            fsdp_err e2;
+            int mrc = state_param_move(s, &s->p[i], STATE_DATA, STATE_DEVICE, rc ? &e2 : err);
+            if (!rc) rc = mrc;
+        }
+        free(moved);
         if (rc) fsdp_err_prefix(err, "transform load");
     }
     free(only);

@@ -1,6 +1,7 @@
 /* Stage `verify`: checks every parameter for NaN/Inf, prints a digest per tensor (the same
  * on every world size), and with `against: PATH` compares with any checkpoint (DCP,
- * safetensors, .pt), each rank its own rows; fails the run on a mismatch.
+ * safetensors, .pt), each rank its own rows; fails the run on a mismatch. Rows on the GPU are
+ * downloaded one parameter at a time.
  *
  * with: against (path), rtol (float, 0), atol (float, 0), digest (bool, true) */
 #include <math.h>
@@ -33,10 +34,12 @@ static int verify_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
     for (size_t i = 0; i < s->n && !rc; i++) {
         state_param *p = &s->p[i];
         size_t n = state_param_local_numel(p);
+        float *data; /* this rank's rows in host memory (downloaded from the GPU when there) */
+        if ((rc = state_param_map(s, p, STATE_DATA, &data, err))) break;
         /* [sum, sumsq, nonfinite, maxabs, maxdiff, maxrel, out-of-tolerance] */
         double v[7] = {0, 0, 0, 0, 0, 0, 0};
         for (size_t k = 0; k < n; k++) {
-            double x = p->data[k];
+            double x = data[k];
             if (!isfinite(x)) {
                 v[2]++;
                 continue;
@@ -55,8 +58,8 @@ static int verify_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
                 if (!ref) rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
                 else rc = ckpt_read_rows(r, (size_t)ci, p->row0, p->row0 + p->rows, ref, FSDP_DT_F32, err);
                 for (size_t k = 0; !rc && k < n; k++) {
-                    double d = fabs((double)p->data[k] - ref[k]);
-                    if (isnan(p->data[k]) || isnan(ref[k])) d = isnan(p->data[k]) && isnan(ref[k]) ? 0 : INFINITY;
+                    double d = fabs((double)data[k] - ref[k]);
+                    if (isnan(data[k]) || isnan(ref[k])) d = isnan(data[k]) && isnan(ref[k]) ? 0 : INFINITY;
                     if (d > v[4]) v[4] = d;
                     double rel = ref[k] != 0 ? d / fabs(ref[k]) : (d > 0 ? INFINITY : 0);
                     if (rel > v[5]) v[5] = rel;
@@ -65,6 +68,8 @@ static int verify_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
                 free(ref);
             }
         }
+        fsdp_err e2;
+        state_param_unmap(s, p, STATE_DATA, data, 0, &e2);
         if (rc) break;
         double sums[3] = {v[0], v[1], v[2] + v[6]}, maxes[3] = {v[3], v[4], v[5]};
         if ((rc = comm_allreduce(c, sums, 3, COMM_F64, COMM_SUM, err)) ||

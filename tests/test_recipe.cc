@@ -241,7 +241,7 @@ TEST(Recipe, StructuralErrors) {
     EXPECT_NE(validate_err(d, "stages:\n  - {id: a, uses: t-init, wiht: {}}\n").find(":2:27: unknown stage key 'wiht'"),
               std::string::npos);
     EXPECT_NE(validate_err(d, "runtime: {device: tpu}\nstages: [{id: a, uses: t-init}]\n")
-                  .find(":1:19: runtime: parameter 'device' must be one of: auto, cpu"),
+                  .find(":1:19: runtime: parameter 'device' must be one of: auto, cpu, cuda"),
               std::string::npos);
     EXPECT_NE(validate_err(d, "a: 1\na: 2\n").find(":2:1: duplicate key 'a'"), std::string::npos);
     CliResult missing = cli({"validate", d.path("does-not-exist.yaml")});
