@@ -22,12 +22,22 @@
 //     dV += P^T dO, dK += dS^T Q, accumulated in fragments. No atomics; every output is overwritten.
 // On the diagonal tile, 16x16 blocks lying wholly above the diagonal are skipped; every other
 // element is masked with (key <= query < T) in float32 before it reaches a product.
+//
+// KCU_TC_EMULATE (defined only by tests/test_kcu_attention_tc_emu.cc) compiles the kernels alone as
+// host C++ against tests/kcu_tc_emu.h, which runs a block as 128 threads with real barriers and a
+// reference WMMA, so that the kernel code itself is tested on machines without a GPU.
+#ifndef KCU_TC_EMULATE
 #include "kernels/cuda/kcu_attention_tc.cuh"
 #include "kernels/cuda/kcu_common.cuh"
 
 #include <cuda_bf16.h>
-#include <math.h>
 #include <mma.h>
+#define TC_SMEM_DECL extern __shared__ __align__(128) unsigned char tc_smem[]
+#define TC_UNROLL _Pragma("unroll")
+#else
+#define TC_UNROLL
+#endif
+#include <math.h>
 #include <stdint.h>
 
 using namespace nvcuda;
@@ -97,7 +107,7 @@ template <int HD>
 __device__ __forceinline__ void tc_store_rows(const tc_frag_c (&acc)[HD / 16], float *stage, uint16_t *g, size_t ldg,
                                               int t0, int Tn) {
     const int lane = threadIdx.x & 31, r = lane >> 1, c0 = (lane & 1) * 8, t = t0 + r;
-#pragma unroll
+TC_UNROLL
     for (int f = 0; f < HD / 16; f++) {
         wmma::store_matrix_sync(stage, acc[f], TC_SLD, wmma::mem_row_major);
         __syncwarp();
@@ -121,7 +131,7 @@ __global__ void __launch_bounds__(TC_THREADS)
     attn_tc_fwd(const uint16_t *__restrict__ q, const uint16_t *__restrict__ k, const uint16_t *__restrict__ v,
                 uint16_t *__restrict__ out, float *__restrict__ lse, int Tn, int H, int KV, float sl2) {
     typedef tc_cfg<HD> C;
-    extern __shared__ __align__(128) unsigned char tc_smem[];
+    TC_SMEM_DECL;
     const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
     tc_bf16 *Qs = reinterpret_cast<tc_bf16 *>(tc_smem);
     tc_bf16 *Ks = reinterpret_cast<tc_bf16 *>(tc_smem + C::TILE);
@@ -140,14 +150,14 @@ __global__ void __launch_bounds__(TC_THREADS)
     tc_load_tile<HD>(Qs, q + qoff, ldq, q0, Tn);
     __syncthreads();
     tc_frag_a qf[HD / 16];
-#pragma unroll
+TC_UNROLL
     for (int kk = 0; kk < HD / 16; kk++) wmma::load_matrix_sync(qf[kk], Qs + w * 16 * C::LD + kk * 16, C::LD);
 
     const int r = lane >> 1, hf = lane & 1;
     const int i = q0 + w * 16 + r; // this lane's query row (may be >= Tn: computed, never stored)
     float m = -INFINITY, l = 0.0f; // running max of s * log2(e) / sqrt(hd) and sum of 2^(. - m)
     float o[HD / 2];               // out[i, hf + 2 jj] unnormalised
-#pragma unroll
+TC_UNROLL
     for (int jj = 0; jj < HD / 2; jj++) o[jj] = 0.0f;
 
     for (int kt = 0; kt <= qt; kt++) {
@@ -161,7 +171,7 @@ __global__ void __launch_bounds__(TC_THREADS)
         for (int n = 0; n < nb; n++) {
             tc_frag_c s;
             wmma::fill_fragment(s, 0.0f);
-#pragma unroll
+TC_UNROLL
             for (int kk = 0; kk < HD / 16; kk++) {
                 tc_frag_bcol kf; // K^T: element (d, key) at Ks[key * LD + d]
                 wmma::load_matrix_sync(kf, Ks + n * 16 * C::LD + kk * 16, C::LD);
@@ -174,7 +184,7 @@ __global__ void __launch_bounds__(TC_THREADS)
         // valid key in every tile it visits (key k0 <= q0 <= i on the diagonal tile), so mnew is finite
         const float *srow = St + r * C::FSLD;
         float mx = -INFINITY;
-#pragma unroll
+TC_UNROLL
         for (int jj = 0; jj < TC_BC / 2; jj++) {
             const int c = hf + 2 * jj, j = k0 + c;
             if (j <= i && j < Tn) mx = fmaxf(mx, srow[c] * sl2);
@@ -184,7 +194,7 @@ __global__ void __launch_bounds__(TC_THREADS)
         const float alpha = exp2f(m - mnew); // 0 on the first tile (m = -inf)
         float sum = 0.0f;
         tc_bf16 *prow = Ps + r * TC_PLD;
-#pragma unroll
+TC_UNROLL
         for (int jj = 0; jj < TC_BC / 2; jj++) {
             const int c = hf + 2 * jj, j = k0 + c;
             float p = 0.0f;
@@ -196,7 +206,7 @@ __global__ void __launch_bounds__(TC_THREADS)
         l = l * alpha + sum;
         m = mnew;
         __syncwarp(); // P complete, S read: the staging tile now receives P V
-#pragma unroll
+TC_UNROLL
         for (int f = 0; f < HD / 16; f++) {
             tc_frag_c pv;
             wmma::fill_fragment(pv, 0.0f);
@@ -210,7 +220,7 @@ __global__ void __launch_bounds__(TC_THREADS)
             wmma::store_matrix_sync(St + f * 16, pv, C::FSLD, wmma::mem_row_major);
         }
         __syncwarp();
-#pragma unroll
+TC_UNROLL
         for (int jj = 0; jj < HD / 2; jj++) o[jj] = o[jj] * alpha + srow[hf + 2 * jj];
     }
 
@@ -218,7 +228,7 @@ __global__ void __launch_bounds__(TC_THREADS)
     const float inv = 1.0f / l;
     __syncwarp(); // every lane has read its P V
     float *srow = St + r * C::FSLD;
-#pragma unroll
+TC_UNROLL
     for (int jj = 0; jj < HD / 2; jj++) srow[hf + 2 * jj] = o[jj] * inv;
     __syncwarp();
     uint16_t *ob = out + qoff;
@@ -245,7 +255,7 @@ __global__ void __launch_bounds__(TC_THREADS)
                    const float *__restrict__ lse, const float *__restrict__ D, const uint16_t *__restrict__ dout,
                    uint16_t *__restrict__ dq, int Tn, int H, int KV, float scale, float sl2) {
     typedef tc_cfg<HD> C;
-    extern __shared__ __align__(128) unsigned char tc_smem[];
+    TC_SMEM_DECL;
     const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
     tc_bf16 *Qs = reinterpret_cast<tc_bf16 *>(tc_smem);
     tc_bf16 *dOs = reinterpret_cast<tc_bf16 *>(tc_smem + C::TILE);
@@ -271,7 +281,7 @@ __global__ void __launch_bounds__(TC_THREADS)
     const float Li = i < Tn ? lse[at + i] * TC_LOG2E : 0.0f;
     const float Di = i < Tn ? D[at + i] : 0.0f;
     tc_frag_c acc[HD / 16];
-#pragma unroll
+TC_UNROLL
     for (int f = 0; f < HD / 16; f++) wmma::fill_fragment(acc[f], 0.0f);
 
     for (int kt = 0; kt <= qt; kt++) {
@@ -285,7 +295,7 @@ __global__ void __launch_bounds__(TC_THREADS)
             tc_frag_c s, dp;
             wmma::fill_fragment(s, 0.0f);
             wmma::fill_fragment(dp, 0.0f);
-#pragma unroll
+TC_UNROLL
             for (int kk = 0; kk < HD / 16; kk++) {
                 tc_frag_a a;
                 tc_frag_bcol bt; // K^T / V^T: element (d, key) at [key * LD + d]
@@ -302,7 +312,7 @@ __global__ void __launch_bounds__(TC_THREADS)
         __syncwarp();
         const float *srow = St + r * TC_SLD, *dprow = dPt + r * TC_SLD;
         tc_bf16 *dsrow = dSs + r * TC_PLD;
-#pragma unroll
+TC_UNROLL
         for (int jj = 0; jj < TC_BC / 2; jj++) {
             const int c = hf + 2 * jj, j = k0 + c;
             float ds = 0.0f;
@@ -313,7 +323,7 @@ __global__ void __launch_bounds__(TC_THREADS)
             dsrow[c] = __float2bfloat16_rn(ds);
         }
         __syncwarp();
-#pragma unroll
+TC_UNROLL
         for (int f = 0; f < HD / 16; f++) {
             for (int kk = 0; kk < nb; kk++) { // dS is zero in key blocks >= nb
                 tc_frag_a a;
@@ -337,7 +347,7 @@ __global__ void __launch_bounds__(TC_THREADS)
                      uint16_t *__restrict__ dk, uint16_t *__restrict__ dv, int Tn, int H, int KV, float scale,
                      float sl2) {
     typedef tc_cfg<HD> C;
-    extern __shared__ __align__(128) unsigned char tc_smem[];
+    TC_SMEM_DECL;
     const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
     tc_bf16 *Ks = reinterpret_cast<tc_bf16 *>(tc_smem);
     tc_bf16 *Vs = reinterpret_cast<tc_bf16 *>(tc_smem + C::TILE);
@@ -362,7 +372,7 @@ __global__ void __launch_bounds__(TC_THREADS)
     const int r = lane >> 1, hf = lane & 1;
     const int j = k0 + w * 16 + r; // this lane's key row
     tc_frag_c adk[HD / 16], adv[HD / 16];
-#pragma unroll
+TC_UNROLL
     for (int f = 0; f < HD / 16; f++) {
         wmma::fill_fragment(adk[f], 0.0f);
         wmma::fill_fragment(adv[f], 0.0f);
@@ -389,7 +399,7 @@ __global__ void __launch_bounds__(TC_THREADS)
                 tc_frag_c s, dp;
                 wmma::fill_fragment(s, 0.0f);
                 wmma::fill_fragment(dp, 0.0f);
-#pragma unroll
+TC_UNROLL
                 for (int kk = 0; kk < HD / 16; kk++) {
                     tc_frag_a a;
                     tc_frag_bcol bt; // Q^T / dO^T: element (d, query) at [query * LD + d]
@@ -406,7 +416,7 @@ __global__ void __launch_bounds__(TC_THREADS)
             __syncwarp();
             const float *srow = St + r * TC_SLD, *dprow = dPt + r * TC_SLD;
             tc_bf16 *prow = Pt + r * TC_PLD, *dsrow = dSt + r * TC_PLD;
-#pragma unroll
+TC_UNROLL
             for (int jj = 0; jj < TC_BC / 2; jj++) {
                 const int c = hf + 2 * jj, i = i0 + c;
                 float p = 0.0f, ds = 0.0f;
@@ -418,7 +428,7 @@ __global__ void __launch_bounds__(TC_THREADS)
                 dsrow[c] = __float2bfloat16_rn(ds);
             }
             __syncwarp();
-#pragma unroll
+TC_UNROLL
             for (int f = 0; f < HD / 16; f++) {
                 for (int kk = n0; kk < TC_BC / 16; kk++) { // P^T and dS^T are zero in query blocks < n0
                     tc_frag_a a;
@@ -438,6 +448,7 @@ __global__ void __launch_bounds__(TC_THREADS)
     tc_store_rows<HD>(adv, St, dv + koff, ldk, k0 + w * 16, Tn);
 }
 
+#ifndef KCU_TC_EMULATE
 // ---- host side ------------------------------------------------------------------------------------------
 
 int kcu_attn_tc_shape_ok(fsdp_dtype dt, int hd) { return dt == FSDP_DT_BF16 && (hd == 64 || hd == 128); }
@@ -502,3 +513,4 @@ int kcu_attn_tc_backward(const void *q, const void *k, const void *v, const floa
     return fsdp_err_set(err, FSDP_E_INVALID, "kcu_attention_backward (tensor cores): head_dim %d is not 64 or 128",
                         hd);
 }
+#endif // KCU_TC_EMULATE
