@@ -15,13 +15,18 @@
 // lse = m ln2 + ln l.
 //
 // Backward, with D = rowsum(dO * O) (computed by the caller) and P = exp(s / sqrt(hd) - lse):
-//   dQ kernel (grid like the forward): per key tile S = Q K^T, dP = dO V^T, dS = P (dP - D) / sqrt(hd),
-//     dQ += dS K, accumulated in fragments over the keys.
+//   dQ kernel (grid like the forward; the warp's Q and dO fragments kept in registers): per key tile
+//     S = Q K^T, dP = dO V^T, dS = P (dP - D) / sqrt(hd), dQ += dS K, accumulated in fragments.
 //   dK dV kernel (grid: key tiles x KV x B): the block owns 64 keys of one kv head and walks every
 //     query tile at or after them for every query head of the group: S^T = K Q^T, dP^T = V dO^T,
 //     dV += P^T dO, dK += dS^T Q, accumulated in fragments. No atomics; every output is overwritten.
 // On the diagonal tile, 16x16 blocks lying wholly above the diagonal are skipped; every other
-// element is masked with (key <= query < T) in float32 before it reaches a product.
+// element is masked with (key <= query < T) in float32 before it reaches a product. Each A fragment
+// (P, dS, P^T, dS^T) is loaded from shared memory once per tile and used for every output fragment:
+// the kernels are bound by shared-memory traffic rather than by the tensor cores.
+//
+// Shared memory (bytes; hd 64 / hd 128): forward 54272 / 95232, dQ 80896 / 113664, dK dV 90624 /
+// 123392, all above 48 KiB (opted in with cudaFuncSetAttribute on every launch).
 //
 // KCU_TC_EMULATE (defined only by tests/test_kcu_attention_tc_emu.cc) compiles the kernels alone as
 // host C++ against tests/kcu_tc_emu.h, which runs a block as 128 threads with real barriers and a
@@ -206,16 +211,21 @@ TC_UNROLL
         l = l * alpha + sum;
         m = mnew;
         __syncwarp(); // P complete, S read: the staging tile now receives P V
+        tc_frag_a pf[TC_BC / 16]; // P is zero in key blocks >= nb (loops predicated: static indices)
+TC_UNROLL
+        for (int kk = 0; kk < TC_BC / 16; kk++)
+            if (kk < nb) wmma::load_matrix_sync(pf[kk], Ps + kk * 16, TC_PLD);
 TC_UNROLL
         for (int f = 0; f < HD / 16; f++) {
             tc_frag_c pv;
             wmma::fill_fragment(pv, 0.0f);
-            for (int kk = 0; kk < nb; kk++) { // P is zero in key blocks >= nb
-                tc_frag_a pf;
-                tc_frag_brow vf; // V: element (key, d) at Vs[key * LD + d]
-                wmma::load_matrix_sync(pf, Ps + kk * 16, TC_PLD);
-                wmma::load_matrix_sync(vf, Vs + kk * 16 * C::LD + f * 16, C::LD);
-                wmma::mma_sync(pv, pf, vf, pv);
+TC_UNROLL
+            for (int kk = 0; kk < TC_BC / 16; kk++) {
+                if (kk < nb) {
+                    tc_frag_brow vf; // V: element (key, d) at Vs[key * LD + d]
+                    wmma::load_matrix_sync(vf, Vs + kk * 16 * C::LD + f * 16, C::LD);
+                    wmma::mma_sync(pv, pf[kk], vf, pv);
+                }
             }
             wmma::store_matrix_sync(St + f * 16, pv, C::FSLD, wmma::mem_row_major);
         }
@@ -283,10 +293,17 @@ __global__ void __launch_bounds__(TC_THREADS)
     tc_frag_c acc[HD / 16];
 TC_UNROLL
     for (int f = 0; f < HD / 16; f++) wmma::fill_fragment(acc[f], 0.0f);
+    __syncthreads(); // Qs and dOs written
+    tc_frag_a qa[HD / 16], da[HD / 16]; // the warp's 16 rows of Q and dO
+TC_UNROLL
+    for (int kk = 0; kk < HD / 16; kk++) {
+        wmma::load_matrix_sync(qa[kk], Qs + w * 16 * C::LD + kk * 16, C::LD);
+        wmma::load_matrix_sync(da[kk], dOs + w * 16 * C::LD + kk * 16, C::LD);
+    }
 
     for (int kt = 0; kt <= qt; kt++) {
         const int k0 = kt * TC_BC;
-        __syncthreads(); // the previous K and V tiles are consumed (and Qs, dOs written on the first pass)
+        __syncthreads(); // the previous K and V tiles are consumed
         tc_load_tile<HD>(Ks, kb, ldk, k0, Tn);
         tc_load_tile<HD>(Vs, vb, ldk, k0, Tn);
         __syncthreads();
@@ -297,14 +314,11 @@ TC_UNROLL
             wmma::fill_fragment(dp, 0.0f);
 TC_UNROLL
             for (int kk = 0; kk < HD / 16; kk++) {
-                tc_frag_a a;
                 tc_frag_bcol bt; // K^T / V^T: element (d, key) at [key * LD + d]
-                wmma::load_matrix_sync(a, Qs + w * 16 * C::LD + kk * 16, C::LD);
                 wmma::load_matrix_sync(bt, Ks + n * 16 * C::LD + kk * 16, C::LD);
-                wmma::mma_sync(s, a, bt, s);
-                wmma::load_matrix_sync(a, dOs + w * 16 * C::LD + kk * 16, C::LD);
+                wmma::mma_sync(s, qa[kk], bt, s);
                 wmma::load_matrix_sync(bt, Vs + n * 16 * C::LD + kk * 16, C::LD);
-                wmma::mma_sync(dp, a, bt, dp);
+                wmma::mma_sync(dp, da[kk], bt, dp);
             }
             wmma::store_matrix_sync(St + n * 16, s, TC_SLD, wmma::mem_row_major);
             wmma::store_matrix_sync(dPt + n * 16, dp, TC_SLD, wmma::mem_row_major);
@@ -324,13 +338,16 @@ TC_UNROLL
         }
         __syncwarp();
 TC_UNROLL
-        for (int f = 0; f < HD / 16; f++) {
-            for (int kk = 0; kk < nb; kk++) { // dS is zero in key blocks >= nb
+        for (int kk = 0; kk < TC_BC / 16; kk++) {
+            if (kk < nb) { // dS is zero in key blocks >= nb
                 tc_frag_a a;
-                tc_frag_brow kf; // K: element (key, d) at Ks[key * LD + d]
                 wmma::load_matrix_sync(a, dSs + kk * 16, TC_PLD);
-                wmma::load_matrix_sync(kf, Ks + kk * 16 * C::LD + f * 16, C::LD);
-                wmma::mma_sync(acc[f], a, kf, acc[f]);
+TC_UNROLL
+                for (int f = 0; f < HD / 16; f++) {
+                    tc_frag_brow kf; // K: element (key, d) at Ks[key * LD + d]
+                    wmma::load_matrix_sync(kf, Ks + kk * 16 * C::LD + f * 16, C::LD);
+                    wmma::mma_sync(acc[f], a, kf, acc[f]);
+                }
             }
         }
     }
@@ -429,16 +446,23 @@ TC_UNROLL
             }
             __syncwarp();
 TC_UNROLL
-            for (int f = 0; f < HD / 16; f++) {
-                for (int kk = n0; kk < TC_BC / 16; kk++) { // P^T and dS^T are zero in query blocks < n0
+            for (int kk = 0; kk < TC_BC / 16; kk++) {
+                if (kk >= n0) { // P^T and dS^T are zero in query blocks < n0
                     tc_frag_a a;
-                    tc_frag_brow bm; // dO / Q: element (query, d) at [query * LD + d]
                     wmma::load_matrix_sync(a, Pt + kk * 16, TC_PLD);
-                    wmma::load_matrix_sync(bm, dOs + kk * 16 * C::LD + f * 16, C::LD);
-                    wmma::mma_sync(adv[f], a, bm, adv[f]);
+TC_UNROLL
+                    for (int f = 0; f < HD / 16; f++) {
+                        tc_frag_brow bm; // dO: element (query, d) at dOs[query * LD + d]
+                        wmma::load_matrix_sync(bm, dOs + kk * 16 * C::LD + f * 16, C::LD);
+                        wmma::mma_sync(adv[f], a, bm, adv[f]);
+                    }
                     wmma::load_matrix_sync(a, dSt + kk * 16, TC_PLD);
-                    wmma::load_matrix_sync(bm, Qs + kk * 16 * C::LD + f * 16, C::LD);
-                    wmma::mma_sync(adk[f], a, bm, adk[f]);
+TC_UNROLL
+                    for (int f = 0; f < HD / 16; f++) {
+                        tc_frag_brow bm; // Q: element (query, d) at Qs[query * LD + d]
+                        wmma::load_matrix_sync(bm, Qs + kk * 16 * C::LD + f * 16, C::LD);
+                        wmma::mma_sync(adk[f], a, bm, adk[f]);
+                    }
                 }
             }
         }
