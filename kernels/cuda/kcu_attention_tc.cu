@@ -394,6 +394,18 @@ TC_UNROLL
         wmma::fill_fragment(adk[f], 0.0f);
         wmma::fill_fragment(adv[f], 0.0f);
     }
+    // hd 64: the warp's K and V rows stay in registers (at hd 128 the accumulators leave no room)
+    constexpr bool KV_REGS = HD <= 64;
+    constexpr int NKR = KV_REGS ? HD / 16 : 1;
+    tc_frag_a kra[NKR], vra[NKR];
+    __syncthreads(); // Ks and Vs written
+    if (KV_REGS) {
+TC_UNROLL
+        for (int kk = 0; kk < NKR; kk++) {
+            wmma::load_matrix_sync(kra[kk], Ks + w * 16 * C::LD + kk * 16, C::LD);
+            wmma::load_matrix_sync(vra[kk], Vs + w * 16 * C::LD + kk * 16, C::LD);
+        }
+    }
 
     for (int g = 0; g < rep; g++) {
         const int h = kvh * rep + g;
@@ -401,7 +413,7 @@ TC_UNROLL
         const size_t at = ((size_t)b * H + h) * Tn;
         for (int qt = kt; qt < nt; qt++) {
             const int i0 = qt * TC_BC;
-            __syncthreads(); // the previous query tile is consumed (and Ks, Vs written on the first pass)
+            __syncthreads(); // the previous query tile is consumed
             tc_load_tile<HD>(Qs, q + qoff, ldq, i0, Tn);
             tc_load_tile<HD>(dOs, dout + qoff, ldq, i0, Tn);
             if (tid < TC_BC) {
@@ -418,14 +430,23 @@ TC_UNROLL
                 wmma::fill_fragment(dp, 0.0f);
 TC_UNROLL
                 for (int kk = 0; kk < HD / 16; kk++) {
-                    tc_frag_a a;
                     tc_frag_bcol bt; // Q^T / dO^T: element (d, query) at [query * LD + d]
-                    wmma::load_matrix_sync(a, Ks + w * 16 * C::LD + kk * 16, C::LD);
                     wmma::load_matrix_sync(bt, Qs + n * 16 * C::LD + kk * 16, C::LD);
-                    wmma::mma_sync(s, a, bt, s);
-                    wmma::load_matrix_sync(a, Vs + w * 16 * C::LD + kk * 16, C::LD);
+                    if (KV_REGS) {
+                        wmma::mma_sync(s, kra[KV_REGS ? kk : 0], bt, s);
+                    } else {
+                        tc_frag_a a;
+                        wmma::load_matrix_sync(a, Ks + w * 16 * C::LD + kk * 16, C::LD);
+                        wmma::mma_sync(s, a, bt, s);
+                    }
                     wmma::load_matrix_sync(bt, dOs + n * 16 * C::LD + kk * 16, C::LD);
-                    wmma::mma_sync(dp, a, bt, dp);
+                    if (KV_REGS) {
+                        wmma::mma_sync(dp, vra[KV_REGS ? kk : 0], bt, dp);
+                    } else {
+                        tc_frag_a a;
+                        wmma::load_matrix_sync(a, Vs + w * 16 * C::LD + kk * 16, C::LD);
+                        wmma::mma_sync(dp, a, bt, dp);
+                    }
                 }
                 wmma::store_matrix_sync(St + n * 16, s, TC_SLD, wmma::mem_row_major);
                 wmma::store_matrix_sync(dPt + n * 16, dp, TC_SLD, wmma::mem_row_major);
