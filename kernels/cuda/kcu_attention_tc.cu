@@ -22,8 +22,9 @@
 //     dV += P^T dO, dK += dS^T Q, accumulated in fragments. No atomics; every output is overwritten.
 // On the diagonal tile, 16x16 blocks lying wholly above the diagonal are skipped; every other
 // element is masked with (key <= query < T) in float32 before it reaches a product. Each A fragment
-// (P, dS, P^T, dS^T) is loaded from shared memory once per tile and used for every output fragment:
-// the kernels are bound by shared-memory traffic rather than by the tensor cores.
+// (P, dS, P^T, dS^T) is loaded from shared memory once per tile and used for every output fragment,
+// since shared-memory traffic (staging included), not the tensor cores, is expected to bound these
+// kernels (not yet measured).
 //
 // Shared memory (bytes; hd 64 / hd 128): forward 54272 / 95232, dQ 80896 / 113664, dK dV 90624 /
 // 123392, all above 48 KiB (opted in with cudaFuncSetAttribute on every launch).
