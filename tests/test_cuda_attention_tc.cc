@@ -305,6 +305,8 @@ protected:
         ASSERT_TRUE(start());
     }
     void TearDown() override { stop(); }
+    // Prints the median time and TFLOP/s of both implementations, forward and backward (bf16).
+    void throughput(int B, int T, int H, int KV, int hd);
 };
 
 // kcu_attention_forward/backward run the tensor-core kernels exactly when they apply (both
@@ -396,8 +398,22 @@ TEST_F(KcuAttentionTcGpu, DispatchKeepsSimtForF32) {
 
 // ---- throughput (prints only) ------------------------------------------------------------------------------
 
+// llama3_1b's attention shape (hd 64), then llama3_8b's head size (hd 128).
 TEST_F(KcuAttentionTcGpu, ThroughputPrint) {
-    const int B = 4, T = 2048, H = 32, KV = 8, hd = 64, warm = 2, reps = 7;
+    for (int hd : {64, 128}) {
+        SCOPED_TRACE("hd " + std::to_string(hd));
+        throughput(4, 2048, 32, 8, hd);
+        if (HasFatalFailure()) return;
+        for (void *p : bufs_) { // free this shape's buffers before the next
+            fsdp_err err;
+            EXPECT_EQ(dev_free(d_, p, &err), 0) << err.msg;
+        }
+        bufs_.clear();
+    }
+}
+
+void KcuAttentionTcGpu::throughput(int B, int T, int H, int KV, int hd) {
+    const int warm = 2, reps = 7;
     const size_t nq = (size_t)B * T * H * hd, nk = (size_t)B * T * KV * hd, nl = (size_t)B * H * T;
     // cheap deterministic bf16 data in [-1, 1): a timing run does not need normal values
     auto fill = [](size_t n, uint32_t seed) {
