@@ -74,6 +74,28 @@ int kcu_attention_forward(fsdp_dtype dt, const void *q, const void *k, const voi
     NOCUDA(kcu_attention_forward);
 }
 
+int kcu_attention_tc_supported(fsdp_dtype dt, int hd) {
+    (void)dt, (void)hd;
+    return 0;
+}
+
+int kcu_attention_forward_impl(kcu_attn_impl impl, fsdp_dtype dt, const void *q, const void *k, const void *v,
+                               void *out, float *lse, int B, int T, int H, int KV, int hd, kcu_stream stream,
+                               fsdp_err *err) {
+    (void)impl, (void)dt, (void)q, (void)k, (void)v, (void)out, (void)lse, (void)B, (void)T, (void)H, (void)KV,
+        (void)hd, (void)stream;
+    NOCUDA(kcu_attention_forward_impl);
+}
+
+int kcu_attention_backward_impl(kcu_attn_impl impl, fsdp_dtype dt, const void *q, const void *k, const void *v,
+                                const void *out, const float *lse, const void *dout, void *dq, void *dk, void *dv,
+                                int B, int T, int H, int KV, int hd, float *scratch, kcu_stream stream,
+                                fsdp_err *err) {
+    (void)impl, (void)dt, (void)q, (void)k, (void)v, (void)out, (void)lse, (void)dout, (void)dq, (void)dk, (void)dv,
+        (void)B, (void)T, (void)H, (void)KV, (void)hd, (void)scratch, (void)stream;
+    NOCUDA(kcu_attention_backward_impl);
+}
+
 size_t kcu_attention_scratch_floats(int B, int T, int H) {
     if (B <= 0 || T <= 0 || H <= 0) return 0;
     return (size_t)B * (size_t)T * (size_t)H;

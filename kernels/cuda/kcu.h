@@ -72,11 +72,30 @@ int kcu_rope_backward(fsdp_dtype dt, void *dx, const float *cos_t, const float *
 /* ---- causal attention with GQA (fused, FlashAttention-style) ----------------------------------
  * q [B,T,H,hd], k/v [B,T,KV,hd], out [B,T,H,hd], lse [B,H,T] float32, as kc_attention_*. Scores
  * (q.k)/sqrt(hd) and the online softmax are float32 in registers and shared memory; no T x T matrix
- * is stored. The backward recomputes the probabilities from lse. hd <= 256, H % KV == 0. */
+ * is stored. The backward recomputes the probabilities from lse. hd <= 256, H % KV == 0.
+ * Two implementations:
+ * - KCU_ATTN_SIMT (kcu_attention.cu): every product in float32 on CUDA cores; any dtype and hd.
+ * - KCU_ATTN_TC (kcu_attention_tc.cu): FlashAttention-2 on tensor cores, bf16 operands (Q, K, V, dO
+ *   as stored; P and dS rounded to bf16) with float32 accumulation, for bf16 storage with hd 64 or
+ *   128 and every tensor argument 16-byte aligned. dQ is a separate pass (no atomics, no extra
+ *   scratch), so both are deterministic.
+ * kcu_attention_forward/backward are KCU_ATTN_AUTO: TC when it applies, SIMT otherwise. */
 #define KCU_ATTN_MAX_HEAD_DIM 256
+typedef enum kcu_attn_impl { KCU_ATTN_AUTO = 0, KCU_ATTN_SIMT = 1, KCU_ATTN_TC = 2 } kcu_attn_impl;
+/* 1 when KCU_ATTN_TC handles dtype dt and head_dim hd (alignment aside), 0 otherwise. */
+int kcu_attention_tc_supported(fsdp_dtype dt, int hd);
+/* As kcu_attention_forward/backward with the implementation chosen: KCU_ATTN_TC on a dtype, head_dim
+ * or pointer alignment it does not handle is FSDP_E_INVALID (no fallback). */
+int kcu_attention_forward_impl(kcu_attn_impl impl, fsdp_dtype dt, const void *q, const void *k, const void *v,
+                               void *out, float *lse, int B, int T, int H, int KV, int hd, kcu_stream stream,
+                               fsdp_err *err);
+int kcu_attention_backward_impl(kcu_attn_impl impl, fsdp_dtype dt, const void *q, const void *k, const void *v,
+                                const void *out, const float *lse, const void *dout, void *dq, void *dk, void *dv,
+                                int B, int T, int H, int KV, int hd, float *scratch, kcu_stream stream,
+                                fsdp_err *err);
 int kcu_attention_forward(fsdp_dtype dt, const void *q, const void *k, const void *v, void *out, float *lse, int B,
                           int T, int H, int KV, int hd, kcu_stream stream, fsdp_err *err);
-/* Floats of scratch the backward needs (B*H*T: the row dots dO.O). */
+/* Floats of scratch the backward needs (B*H*T: the row dots dO.O), for both implementations. */
 size_t kcu_attention_scratch_floats(int B, int T, int H);
 /* Overwrites dq, dk, dv (dtype dt). scratch: kcu_attention_scratch_floats floats of device memory. */
 int kcu_attention_backward(fsdp_dtype dt, const void *q, const void *k, const void *v, const void *out,

@@ -15,6 +15,10 @@
 //   dK = dS^T Q, dV = P^T dO   (attn_bwd_dkdv: a block owns 16 keys of one kv head and walks every
 //                    query tile at or after them, for every query head of the group; lanes walk queries)
 // so dK and dV need no atomics and every output is overwritten.
+//
+// kcu_attention_forward/backward send bf16 with head_dim 64 or 128 (16-byte aligned tensors) to the
+// tensor-core kernels of kcu_attention_tc.cu instead; the *_impl entry points force either one.
+#include "kernels/cuda/kcu_attention_tc.cuh"
 #include "kernels/cuda/kcu_common.cuh"
 
 #include <math.h>
@@ -397,9 +401,37 @@ static int bwd_launch(const void *q, const void *k, const void *v, const float *
     return kcu_launch_check(err, "kcu_attention_backward (dk, dv)");
 }
 
-extern "C" int kcu_attention_forward(fsdp_dtype dt, const void *q, const void *k, const void *v, void *out, float *lse,
-                                     int B, int T, int H, int KV, int hd, kcu_stream stream, fsdp_err *err) {
+// Whether the tensor-core kernels run (*tc = 1) for this call; KCU_ATTN_TC on a call they cannot
+// take is an error, KCU_ATTN_AUTO falls back to the SIMT kernels.
+static int attn_pick(kcu_attn_impl impl, fsdp_dtype dt, int hd, const void *const *ptrs, int n, const char *what,
+                     int *tc, fsdp_err *err) {
+    *tc = 0;
+    if (impl == KCU_ATTN_SIMT) return FSDP_OK;
+    if (impl != KCU_ATTN_AUTO && impl != KCU_ATTN_TC)
+        return fsdp_err_set(err, FSDP_E_INVALID, "%s: unknown implementation %d", what, (int)impl);
+    const int shape = kcu_attn_tc_shape_ok(dt, hd), aligned = kcu_attn_tc_aligned(ptrs, n);
+    if (impl == KCU_ATTN_TC) {
+        if (!shape)
+            return fsdp_err_set(err, FSDP_E_INVALID,
+                                "%s: the tensor-core kernels need bf16 and head_dim 64 or 128 (got %s, head_dim %d)",
+                                what, fsdp_dtype_name(dt), hd);
+        if (!aligned)
+            return fsdp_err_set(err, FSDP_E_INVALID, "%s: the tensor-core kernels need 16-byte aligned tensors", what);
+    }
+    *tc = shape && aligned;
+    return FSDP_OK;
+}
+
+extern "C" int kcu_attention_tc_supported(fsdp_dtype dt, int hd) { return kcu_attn_tc_shape_ok(dt, hd); }
+
+extern "C" int kcu_attention_forward_impl(kcu_attn_impl impl, fsdp_dtype dt, const void *q, const void *k, const void *v,
+                                          void *out, float *lse, int B, int T, int H, int KV, int hd, kcu_stream stream,
+                                          fsdp_err *err) {
     if (attn_check(dt, B, T, H, KV, hd, "kcu_attention_forward", err)) return FSDP_E_INVALID;
+    const void *ptrs[4] = {q, k, v, out};
+    int tc = 0;
+    if (attn_pick(impl, dt, hd, ptrs, 4, "kcu_attention_forward", &tc, err)) return FSDP_E_INVALID;
+    if (tc) return kcu_attn_tc_forward(q, k, v, out, lse, B, T, H, KV, hd, stream, err);
     const float sq = (float)sqrt((double)hd); // scores are (q.k) / sqrt(hd), as kc_attention_forward
     int rc = FSDP_OK;
     KCU_DISPATCH(dt, Ty, {
@@ -413,16 +445,25 @@ extern "C" int kcu_attention_forward(fsdp_dtype dt, const void *q, const void *k
     return rc;
 }
 
+extern "C" int kcu_attention_forward(fsdp_dtype dt, const void *q, const void *k, const void *v, void *out, float *lse,
+                                     int B, int T, int H, int KV, int hd, kcu_stream stream, fsdp_err *err) {
+    return kcu_attention_forward_impl(KCU_ATTN_AUTO, dt, q, k, v, out, lse, B, T, H, KV, hd, stream, err);
+}
+
 extern "C" size_t kcu_attention_scratch_floats(int B, int T, int H) {
     if (B <= 0 || T <= 0 || H <= 0) return 0;
     return (size_t)B * (size_t)T * (size_t)H;
 }
 
-extern "C" int kcu_attention_backward(fsdp_dtype dt, const void *q, const void *k, const void *v, const void *out,
-                                      const float *lse, const void *dout, void *dq, void *dk, void *dv, int B, int T,
-                                      int H, int KV, int hd, float *scratch, kcu_stream stream, fsdp_err *err) {
+extern "C" int kcu_attention_backward_impl(kcu_attn_impl impl, fsdp_dtype dt, const void *q, const void *k,
+                                           const void *v, const void *out, const float *lse, const void *dout, void *dq,
+                                           void *dk, void *dv, int B, int T, int H, int KV, int hd, float *scratch,
+                                           kcu_stream stream, fsdp_err *err) {
     if (attn_check(dt, B, T, H, KV, hd, "kcu_attention_backward", err)) return FSDP_E_INVALID;
     if (!scratch) return fsdp_err_set(err, FSDP_E_INVALID, "kcu_attention_backward: no scratch buffer");
+    const void *ptrs[7] = {q, k, v, dout, dq, dk, dv};
+    int tc = 0;
+    if (attn_pick(impl, dt, hd, ptrs, 7, "kcu_attention_backward", &tc, err)) return FSDP_E_INVALID;
     const float sq = (float)sqrt((double)hd);
     const int64_t rows = (int64_t)B * T * H;
     int rc = FSDP_OK;
@@ -431,7 +472,9 @@ extern "C" int kcu_attention_backward(fsdp_dtype dt, const void *q, const void *
                                                                           rows, T, H, hd);
         rc = kcu_launch_check(err, "kcu_attention_backward (dO.O)");
         if (!rc) {
-            if (hd <= 64)
+            if (tc)
+                rc = kcu_attn_tc_backward(q, k, v, lse, scratch, dout, dq, dk, dv, B, T, H, KV, hd, stream, err);
+            else if (hd <= 64)
                 rc = bwd_launch<Ty, 2>(q, k, v, lse, scratch, dout, dq, dk, dv, B, T, H, KV, hd, sq, stream, err);
             else if (hd <= 128)
                 rc = bwd_launch<Ty, 4>(q, k, v, lse, scratch, dout, dq, dk, dv, B, T, H, KV, hd, sq, stream, err);
@@ -440,4 +483,11 @@ extern "C" int kcu_attention_backward(fsdp_dtype dt, const void *q, const void *
         }
     });
     return rc;
+}
+
+extern "C" int kcu_attention_backward(fsdp_dtype dt, const void *q, const void *k, const void *v, const void *out,
+                                      const float *lse, const void *dout, void *dq, void *dk, void *dv, int B, int T,
+                                      int H, int KV, int hd, float *scratch, kcu_stream stream, fsdp_err *err) {
+    return kcu_attention_backward_impl(KCU_ATTN_AUTO, dt, q, k, v, out, lse, dout, dq, dk, dv, B, T, H, KV, hd, scratch,
+                                       stream, err);
 }
