@@ -82,6 +82,21 @@ static int read_local(ckpt_reader *r, size_t ci, const state_param *p, const nma
     return rc;
 }
 
+/* the strict load's passes over whole parameters, on every thread for large ones */
+#define PAR_NUMEL ((size_t)1 << 20)
+
+static void fill_nan(float *d, size_t n) {
+#pragma omp parallel for schedule(static) if (n >= PAR_NUMEL)
+    for (size_t k = 0; k < n; k++) d[k] = NAN;
+}
+
+static int has_nan(const float *d, size_t n) {
+    int bad = 0;
+#pragma omp parallel for schedule(static) reduction(| : bad) if (n >= PAR_NUMEL)
+    for (size_t k = 0; k < n; k++) bad |= isnan(d[k]) != 0;
+    return bad;
+}
+
 static int shape_eq(const ckpt_entry *e, const state_param *p) {
     if (e->ndim != p->ndim) return 0;
     for (int d = 0; d < p->ndim; d++)
@@ -121,8 +136,7 @@ int sio_load(fsdp_state *s, const char *path, const sio_load_opts *o, sio_load_r
     if (o->strict)
         for (size_t i = 0; i < s->n; i++) {
             if (!matches_only(o, s->p[i].name)) continue;
-            size_t n = state_param_local_numel(&s->p[i]);
-            for (size_t k = 0; k < n; k++) s->p[i].data[k] = NAN;
+            fill_nan(s->p[i].data, state_param_local_numel(&s->p[i]));
         }
     int want_opt = o->load_optimizer;
     int has_opt = 0;
@@ -243,12 +257,8 @@ int sio_load(fsdp_state *s, const char *path, const sio_load_opts *o, sio_load_r
         /* NaN left over in a restored parameter means the checkpoint itself holds NaN */
         for (size_t i = 0; i < s->n; i++) {
             if (!loaded[i]) continue;
-            size_t n = state_param_local_numel(&s->p[i]);
-            for (size_t k = 0; k < n; k++)
-                if (isnan(s->p[i].data[k])) {
-                    append(problems, 8192, "\n  %s holds NaN after loading%s", s->p[i].name, "");
-                    break;
-                }
+            if (has_nan(s->p[i].data, state_param_local_numel(&s->p[i])))
+                append(problems, 8192, "\n  %s holds NaN after loading%s", s->p[i].name, "");
         }
     }
     if (!rc && problems[0]) {

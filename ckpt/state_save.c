@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "ckpt/ckpt_pio.h"
 #include "ckpt/dcp.h"
 #include "ckpt/pickle.h"
 #include "ckpt/state_io.h"
@@ -178,7 +179,7 @@ static int snapshot(save_plan *p, fsdp_err *err) {
         save_item *it = &p->items[i];
         if (!it->is_tensor || !it->data) continue;
         size_t n = (size_t)fsdp_numel(it->ndim, it->sizes);
-        memcpy(p->snapshot + off, it->data, n * sizeof(float));
+        ckpt_copy_par(p->snapshot + off, it->data, n * sizeof(float), NULL);
         it->data = p->snapshot + off;
         off += n;
     }

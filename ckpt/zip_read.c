@@ -4,6 +4,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "ckpt/ckpt_pio.h"
 #include "ckpt/zip.h"
 
 static uint64_t le(const unsigned char *p, int n) {
@@ -20,19 +21,7 @@ static int rd(zip_reader *z, uint64_t off, void *dst, size_t n, fsdp_err *err) {
         memcpy(dst, z->mem + z->base + off, n);
         return 0;
     }
-    size_t done = 0;
-    while (done < n) {
-        ssize_t r = pread(z->fd, (char *)dst + done, n - done, (off_t)(z->base + off + done));
-        if (r < 0) {
-            if (errno == EINTR) continue;
-            return fsdp_err_set(err, FSDP_E_IO, "%s: read error: %s", z->what, strerror(errno));
-        }
-        if (r == 0)
-            return fsdp_err_set(err, FSDP_E_FORMAT, "%s: the file ends before byte %llu (truncated?)", z->what,
-                                (unsigned long long)(z->base + off + done));
-        done += (size_t)r;
-    }
-    return 0;
+    return ckpt_pread_all(z->fd, dst, n, z->base + off, z->what, NULL, err);
 }
 
 static int parse(zip_reader *z, fsdp_err *err) {
