@@ -12,6 +12,7 @@
 #endif
 
 #define PIO_PIECE ((size_t)8 << 20)
+#define PIO_MIN_PIECE ((size_t)1 << 20)
 #define PIO_MAX_THREADS 8
 
 typedef struct piece_st {
@@ -30,6 +31,11 @@ static void plan(size_t n, const ckpt_pio_opts *o, size_t *piece, size_t *np, in
 #endif
     if (!(o && o->threads > 0) && t > PIO_MAX_THREADS) t = PIO_MAX_THREADS;
     if (t < 1) t = 1;
+    /* default pieces: smaller (down to 1 MiB) when that gives every thread one */
+    if (!(o && o->piece) && n / (size_t)t < p) {
+        size_t q = (n + (size_t)t - 1) / (size_t)t;
+        p = q < PIO_MIN_PIECE ? PIO_MIN_PIECE : q;
+    }
     *piece = p;
     *np = n / p + (n % p != 0);
     if ((size_t)t > *np) t = (int)(*np ? *np : 1);

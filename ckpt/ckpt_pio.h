@@ -12,8 +12,9 @@
 
 #include "fsdp/error.h"
 
-/* Pieces and threads of a transfer; 0 picks the defaults (8 MiB pieces, up to 8 threads or
- * omp_get_max_threads() when smaller). Transfers below two pieces run on the calling thread. */
+/* Pieces and threads of a transfer; 0 picks the defaults (up to 8 threads, or
+ * omp_get_max_threads() when smaller; 8 MiB pieces, smaller down to 1 MiB so that every thread
+ * gets one). Transfers of one piece run on the calling thread. */
 typedef struct ckpt_pio_opts {
     size_t piece;
     int threads;

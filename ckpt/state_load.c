@@ -132,12 +132,6 @@ int sio_load(fsdp_state *s, const char *path, const sio_load_opts *o, sio_load_r
         rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
         goto out;
     }
-    /* strict: every parameter starts as NaN, so a missed one cannot pass unnoticed */
-    if (o->strict)
-        for (size_t i = 0; i < s->n; i++) {
-            if (!matches_only(o, s->p[i].name)) continue;
-            fill_nan(s->p[i].data, state_param_local_numel(&s->p[i]));
-        }
     int want_opt = o->load_optimizer;
     int has_opt = 0;
     for (size_t ci = 0; ci < nck; ci++)
@@ -266,6 +260,13 @@ int sio_load(fsdp_state *s, const char *path, const sio_load_opts *o, sio_load_r
             rc = fsdp_err_set(err, FSDP_E_INVALID, "load-ckpt %s (strict) failed:%s", path, problems);
     }
 done:
+    /* strict: every parameter not restored (or whose read failed) ends as NaN, so that a
+     * missed one cannot pass unnoticed; a restored one was written whole by its reader (the
+     * readers check that the stored chunks tile each tensor), so it needs no NaN pass first */
+    if (o->strict)
+        for (size_t i = 0; i < s->n; i++)
+            if (!loaded[i] && matches_only(o, s->p[i].name))
+                fill_nan(s->p[i].data, state_param_local_numel(&s->p[i]));
     free(loaded);
     free(used);
     free(problems);

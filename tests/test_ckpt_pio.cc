@@ -314,3 +314,44 @@ TEST(CkptPio, TruncatedDataFileIsAnErrorNamingTheFile) {
     comm_destroy(c);
     rm_rf(t);
 }
+
+TEST(CkptPio, StrictLoadLeavesOnlyUnrestoredParametersNaN) {
+    std::string t = make_tmpdir("fsdp-pio");
+    std::string ck = t + "/ck";
+    fsdp_err err;
+    comm *c;
+    ASSERT_EQ(comm_create_single(&c, &err), 0);
+    fsdp_state *src = make_state(0, 1, true, false);
+    sio_save_opts so = {0, 0};
+    ASSERT_EQ(sio_save(src, c, ck.c_str(), &so, &err), 0) << err.msg;
+    // the destination has one parameter more than the checkpoint, with non-NaN values
+    fsdp_state *dst = make_state(0, 1, false, false);
+    int64_t shape[1] = {300};
+    ASSERT_EQ(state_add_param(dst, "extra.weight", 1, shape, -1, &err), 0) << err.msg;
+    for (size_t i = 0; i < dst->n; i++)
+        for (size_t k = 0; k < state_param_local_numel(&dst->p[i]); k++) dst->p[i].data[k] = 1.0f;
+    sio_load_opts lo;
+    memset(&lo, 0, sizeof lo);
+    lo.strict = 1;
+    sio_load_result res;
+    err.msg[0] = 0;
+    EXPECT_NE(sio_load(dst, ck.c_str(), &lo, &res, &err), 0);
+    EXPECT_NE(std::string(err.msg).find("extra.weight not restored"), std::string::npos) << err.msg;
+    const state_param *x = state_find(dst, "extra.weight");
+    for (size_t k = 0; k < 300; k++) ASSERT_TRUE(std::isnan(x->data[k])) << k;
+    for (size_t i = 0; i < src->n; i++)
+        EXPECT_EQ(0, memcmp(dst->p[i].data, src->p[i].data, state_param_local_numel(&src->p[i]) * 4)) << src->p[i].name;
+    // a checkpoint value that is NaN is reported
+    src->p[2].data[5] = NAN;
+    so.overwrite = 1;
+    ASSERT_EQ(sio_save(src, c, ck.c_str(), &so, &err), 0) << err.msg;
+    fsdp_state *d2 = make_state(0, 1, false, false);
+    err.msg[0] = 0;
+    EXPECT_NE(sio_load(d2, ck.c_str(), &lo, &res, &err), 0);
+    EXPECT_NE(std::string(err.msg).find("norm.weight holds NaN"), std::string::npos) << err.msg;
+    state_free(d2);
+    state_free(dst);
+    state_free(src);
+    comm_destroy(c);
+    rm_rf(t);
+}
