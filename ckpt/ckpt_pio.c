@@ -174,3 +174,28 @@ void ckpt_copy_par(void *dst, const void *src, size_t n, const ckpt_pio_opts *o)
         memcpy((char *)dst + a, (const char *)src + a, len);
     }
 }
+
+int ckpt_convert_par(void *dst, fsdp_dtype dst_dt, const void *src, fsdp_dtype src_dt, size_t n,
+                     const ckpt_pio_opts *o, fsdp_err *err) {
+    size_t ds = fsdp_dtype_size(dst_dt), ss = fsdp_dtype_size(src_dt), w = ds > ss ? ds : ss;
+    if (!w) return fsdp_convert(dst, dst_dt, src, src_dt, n, err); /* its error */
+    size_t bytes = n > SIZE_MAX / w ? SIZE_MAX : n * w, piece, np;
+    int threads;
+    plan(bytes, o, &piece, &np, &threads);
+    size_t pe = piece / w ? piece / w : 1; /* elements per piece */
+    np = n / pe + (n % pe != 0);
+    if (np <= 1 || threads == 1) return fsdp_convert(dst, dst_dt, src, src_dt, n, err);
+    /* the first piece here: a dtype pair it refuses gives the caller its message */
+    int rc = fsdp_convert(dst, dst_dt, src, src_dt, pe, err);
+    if (rc) return rc;
+    int bad = 0;
+#pragma omp parallel for num_threads(threads) schedule(static) reduction(| : bad)
+    for (size_t i = 1; i < np; i++) {
+        size_t a = i * pe, len = n - a < pe ? n - a : pe;
+        fsdp_err e;
+        bad |= fsdp_convert((char *)dst + a * ds, dst_dt, (const char *)src + a * ss, src_dt, len, &e) != 0;
+    }
+    if (bad) return fsdp_err_set(err, FSDP_E_INVALID, "cannot convert %s to %s", fsdp_dtype_name(src_dt),
+                                 fsdp_dtype_name(dst_dt));
+    return 0;
+}

@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "fsdp/error.h"
+#include "fsdp/tensor.h"
 
 /* Pieces and threads of a transfer; 0 picks the defaults (up to 8 threads, or
  * omp_get_max_threads() when smaller; 8 MiB pieces, smaller down to 1 MiB so that every thread
@@ -33,5 +34,10 @@ int ckpt_pwrite_all(int fd, const void *src, size_t n, uint64_t off, uint32_t *c
 
 /* Copies n bytes (memcpy) with the same pieces and threads. */
 void ckpt_copy_par(void *dst, const void *src, size_t n, const ckpt_pio_opts *o);
+
+/* fsdp_convert of n elements, on several threads for large n (pieces of o->piece bytes of
+ * the wider dtype). */
+int ckpt_convert_par(void *dst, fsdp_dtype dst_dt, const void *src, fsdp_dtype src_dt, size_t n,
+                     const ckpt_pio_opts *o, fsdp_err *err);
 
 #endif

@@ -213,7 +213,7 @@ static int write_file(const char *path, int rank, save_plan *p, float opt_step, 
                     rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
                     break;
                 }
-                rc = fsdp_convert(buf, it->dtype, src, FSDP_DT_F32, n, err);
+                rc = ckpt_convert_par(buf, it->dtype, src, FSDP_DT_F32, n, NULL, err);
             }
             if (!rc)
                 rc = dcp_file_add_tensor(&fw, it->fqn, it->dtype, it->ndim, it->shape, it->offsets, it->sizes, buf, r,

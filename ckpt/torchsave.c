@@ -2,6 +2,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ckpt/ckpt_pio.h"
 #include "ckpt/torchsave.h"
 
 static const struct {
@@ -139,7 +140,7 @@ int ts_read_box(zip_reader *z, const ts_tensor *t, const int64_t *off, const int
         void *tmp = malloc(span);
         if (!tmp) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
         int rc = zip_read(z, e, (uint64_t)lo * esz, tmp, span, err);
-        if (!rc) rc = fsdp_convert(dst, dst_dt, tmp, t->dtype, (size_t)n, err);
+        if (!rc) rc = ckpt_convert_par(dst, dst_dt, tmp, t->dtype, (size_t)n, NULL, err);
         free(tmp);
         return rc;
     }

@@ -355,3 +355,31 @@ TEST(CkptPio, StrictLoadLeavesOnlyUnrestoredParametersNaN) {
     comm_destroy(c);
     rm_rf(t);
 }
+
+TEST(CkptPio, ParallelConversionEqualsTheSequentialOne) {
+    const size_t n = 100003;
+    std::vector<float> f(n);
+    for (size_t i = 0; i < n; i++) f[i] = (float)std::sin((double)i) * 1e3f;
+    fsdp_err err;
+    const fsdp_dtype dts[] = {FSDP_DT_BF16, FSDP_DT_F16, FSDP_DT_F64, FSDP_DT_I64};
+    for (fsdp_dtype dt : dts) {
+        size_t es = fsdp_dtype_size(dt);
+        std::string want(n * es, '\0'), got(n * es, '\1');
+        ASSERT_EQ(fsdp_convert(&want[0], dt, f.data(), FSDP_DT_F32, n, &err), 0) << err.msg;
+        ckpt_pio_opts o = {4000, 3, 0};
+        ASSERT_EQ(ckpt_convert_par(&got[0], dt, f.data(), FSDP_DT_F32, n, &o, &err), 0) << err.msg;
+        EXPECT_TRUE(want == got) << fsdp_dtype_name(dt);
+        // and back to f32
+        std::vector<float> back(n, -1.0f), back1(n, -2.0f);
+        ASSERT_EQ(ckpt_convert_par(back.data(), FSDP_DT_F32, got.data(), dt, n, &o, &err), 0) << err.msg;
+        ASSERT_EQ(fsdp_convert(back1.data(), FSDP_DT_F32, want.data(), dt, n, &err), 0) << err.msg;
+        EXPECT_EQ(0, memcmp(back.data(), back1.data(), n * 4)) << fsdp_dtype_name(dt);
+    }
+    // a pair fsdp_convert refuses keeps its message
+    std::vector<uint8_t> d(n);
+    std::vector<float> c64(2 * n);
+    ckpt_pio_opts o = {4000, 3, 0};
+    err.msg[0] = 0;
+    EXPECT_NE(ckpt_convert_par(d.data(), FSDP_DT_F8_E4M3FN, c64.data(), FSDP_DT_C64, n, &o, &err), 0);
+    EXPECT_NE(std::string(err.msg).find("cannot convert"), std::string::npos) << err.msg;
+}
