@@ -383,3 +383,39 @@ TEST(CkptPio, ParallelConversionEqualsTheSequentialOne) {
     EXPECT_NE(ckpt_convert_par(d.data(), FSDP_DT_F8_E4M3FN, c64.data(), FSDP_DT_C64, n, &o, &err), 0);
     EXPECT_NE(std::string(err.msg).find("cannot convert"), std::string::npos) << err.msg;
 }
+
+TEST(CkptPio, ZipEndRecordIsFoundBehindShortAndLongComments) {
+    std::string t = make_tmpdir("fsdp-pio");
+    float v[300];
+    for (int i = 0; i < 300; i++) v[i] = (float)i;
+    int64_t shape[1] = {300};
+    fsdp_err err;
+    FILE *f = fopen((t + "/a.pt").c_str(), "wb");
+    ASSERT_TRUE(f);
+    uint64_t alen;
+    ASSERT_EQ(ts_write_tensor(f, FSDP_DT_F32, 1, shape, v, nullptr, nullptr, &alen, &err), 0) << err.msg;
+    fclose(f);
+    std::string a = read_file(t + "/a.pt");
+    ASSERT_EQ(a.size(), alen);
+    for (size_t clen : {0, 100, 5000, 65000}) {
+        std::string b = a + std::string(clen, 'c');
+        size_t eocd = a.size() - 22;
+        ASSERT_EQ(b.substr(eocd, 4), std::string("PK\x05\x06"));
+        b[eocd + 20] = (char)(clen & 0xff);
+        b[eocd + 21] = (char)(clen >> 8);
+        std::string p = t + "/c.pt";
+        write_file(p, b);
+        int fd = open(p.c_str(), O_RDONLY);
+        zip_reader z;
+        ASSERT_EQ(zip_open_fd(&z, fd, 0, b.size(), "c.pt", &err), 0) << clen << ": " << err.msg;
+        EXPECT_EQ(z.n, 4u);
+        zip_entry *e = zip_find(&z, "data/0");
+        ASSERT_TRUE(e);
+        float back[300];
+        ASSERT_EQ(zip_read(&z, e, 0, back, sizeof back, &err), 0) << err.msg;
+        EXPECT_EQ(0, memcmp(back, v, sizeof v));
+        zip_close(&z);
+        close(fd);
+    }
+    rm_rf(t);
+}
