@@ -90,7 +90,10 @@ static void write_piece(int fd, const char *src, size_t n, uint64_t off, int wan
         }
         done += (size_t)r;
     }
-    if (writeback && n) sync_file_range(fd, (off_t)off, (off_t)n, SYNC_FILE_RANGE_WRITE);
+    /* start the write-back of the whole pages of the range only: bytes beside it (a zip header
+     * patched later, the next record) then never wait for a page under write-back */
+    uint64_t a = (off + 4095) & ~(uint64_t)4095, b = (off + n) & ~(uint64_t)4095;
+    if (writeback && b > a) sync_file_range(fd, (off_t)a, (off_t)(b - a), SYNC_FILE_RANGE_WRITE);
 }
 
 /* the first failed piece as an error */
