@@ -82,6 +82,21 @@ static int read_local(ckpt_reader *r, size_t ci, const state_param *p, const nma
     return rc;
 }
 
+/* the strict load's passes over whole parameters, on every thread for large ones */
+#define PAR_NUMEL ((size_t)1 << 20)
+
+static void fill_nan(float *d, size_t n) {
+#pragma omp parallel for schedule(static) if (n >= PAR_NUMEL)
+    for (size_t k = 0; k < n; k++) d[k] = NAN;
+}
+
+static int has_nan(const float *d, size_t n) {
+    int bad = 0;
+#pragma omp parallel for schedule(static) reduction(| : bad) if (n >= PAR_NUMEL)
+    for (size_t k = 0; k < n; k++) bad |= isnan(d[k]) != 0;
+    return bad;
+}
+
 static int shape_eq(const ckpt_entry *e, const state_param *p) {
     if (e->ndim != p->ndim) return 0;
     for (int d = 0; d < p->ndim; d++)
@@ -117,13 +132,6 @@ int sio_load(fsdp_state *s, const char *path, const sio_load_opts *o, sio_load_r
         rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
         goto out;
     }
-    /* strict: every parameter starts as NaN, so a missed one cannot pass unnoticed */
-    if (o->strict)
-        for (size_t i = 0; i < s->n; i++) {
-            if (!matches_only(o, s->p[i].name)) continue;
-            size_t n = state_param_local_numel(&s->p[i]);
-            for (size_t k = 0; k < n; k++) s->p[i].data[k] = NAN;
-        }
     int want_opt = o->load_optimizer;
     int has_opt = 0;
     for (size_t ci = 0; ci < nck; ci++)
@@ -243,12 +251,8 @@ int sio_load(fsdp_state *s, const char *path, const sio_load_opts *o, sio_load_r
         /* NaN left over in a restored parameter means the checkpoint itself holds NaN */
         for (size_t i = 0; i < s->n; i++) {
             if (!loaded[i]) continue;
-            size_t n = state_param_local_numel(&s->p[i]);
-            for (size_t k = 0; k < n; k++)
-                if (isnan(s->p[i].data[k])) {
-                    append(problems, 8192, "\n  %s holds NaN after loading%s", s->p[i].name, "");
-                    break;
-                }
+            if (has_nan(s->p[i].data, state_param_local_numel(&s->p[i])))
+                append(problems, 8192, "\n  %s holds NaN after loading%s", s->p[i].name, "");
         }
     }
     if (!rc && problems[0]) {
@@ -256,6 +260,13 @@ int sio_load(fsdp_state *s, const char *path, const sio_load_opts *o, sio_load_r
             rc = fsdp_err_set(err, FSDP_E_INVALID, "load-ckpt %s (strict) failed:%s", path, problems);
     }
 done:
+    /* strict: every parameter not restored (or whose read failed) ends as NaN, so that a
+     * missed one cannot pass unnoticed; a restored one was written whole by its reader (the
+     * readers check that the stored chunks tile each tensor), so it needs no NaN pass first */
+    if (o->strict)
+        for (size_t i = 0; i < s->n; i++)
+            if (!loaded[i] && matches_only(o, s->p[i].name))
+                fill_nan(s->p[i].data, state_param_local_numel(&s->p[i]));
     free(loaded);
     free(used);
     free(problems);

@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "ckpt/ckpt_pio.h"
 #include "ckpt/dcp.h"
 #include "ckpt/pickle.h"
 #include "ckpt/state_io.h"
@@ -178,7 +179,7 @@ static int snapshot(save_plan *p, fsdp_err *err) {
         save_item *it = &p->items[i];
         if (!it->is_tensor || !it->data) continue;
         size_t n = (size_t)fsdp_numel(it->ndim, it->sizes);
-        memcpy(p->snapshot + off, it->data, n * sizeof(float));
+        ckpt_copy_par(p->snapshot + off, it->data, n * sizeof(float), NULL);
         it->data = p->snapshot + off;
         off += n;
     }
@@ -212,7 +213,7 @@ static int write_file(const char *path, int rank, save_plan *p, float opt_step, 
                     rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
                     break;
                 }
-                rc = fsdp_convert(buf, it->dtype, src, FSDP_DT_F32, n, err);
+                rc = ckpt_convert_par(buf, it->dtype, src, FSDP_DT_F32, n, NULL, err);
             }
             if (!rc)
                 rc = dcp_file_add_tensor(&fw, it->fqn, it->dtype, it->ndim, it->shape, it->offsets, it->sizes, buf, r,

@@ -65,6 +65,10 @@ int zip_writer_add(zip_writer *w, const char *name, const void *data, size_t n, 
 /* A record of a known size streamed in pieces: start, data..., end. */
 int zip_writer_start(zip_writer *w, const char *name, uint64_t size, fsdp_err *err);
 int zip_writer_data(zip_writer *w, const void *data, size_t n, fsdp_err *err);
+/* The same as zip_writer_data for a stream on a file, by positional writes of several
+ * threads (ckpt_pio.h) that also compute the CRC and start the write-back; the stream is
+ * flushed before and positioned after the bytes. */
+int zip_writer_data_par(zip_writer *w, const void *data, size_t n, fsdp_err *err);
 int zip_writer_end_record(zip_writer *w, fsdp_err *err);
 /* Central directory + zip64 end records + EOCD; returns the archive length in *len. */
 int zip_writer_finish(zip_writer *w, uint64_t *len, fsdp_err *err);

@@ -4,6 +4,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "ckpt/ckpt_pio.h"
 #include "ckpt/zip.h"
 
 static uint64_t le(const unsigned char *p, int n) {
@@ -20,38 +21,35 @@ static int rd(zip_reader *z, uint64_t off, void *dst, size_t n, fsdp_err *err) {
         memcpy(dst, z->mem + z->base + off, n);
         return 0;
     }
-    size_t done = 0;
-    while (done < n) {
-        ssize_t r = pread(z->fd, (char *)dst + done, n - done, (off_t)(z->base + off + done));
-        if (r < 0) {
-            if (errno == EINTR) continue;
-            return fsdp_err_set(err, FSDP_E_IO, "%s: read error: %s", z->what, strerror(errno));
-        }
-        if (r == 0)
-            return fsdp_err_set(err, FSDP_E_FORMAT, "%s: the file ends before byte %llu (truncated?)", z->what,
-                                (unsigned long long)(z->base + off + done));
-        done += (size_t)r;
-    }
-    return 0;
+    return ckpt_pread_all(z->fd, dst, n, z->base + off, z->what, NULL, err);
 }
 
 static int parse(zip_reader *z, fsdp_err *err) {
     if (z->len < 22) return fsdp_err_set(err, FSDP_E_FORMAT, "%s: too short to be a zip archive (%llu bytes)", z->what,
                                          (unsigned long long)z->len);
-    size_t tail = z->len < 65557 ? (size_t)z->len : 65557;
-    unsigned char *t = malloc(tail);
-    if (!t) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
-    int rc = rd(z, z->len - tail, t, tail, err);
-    if (rc) {
-        free(t);
-        return rc;
-    }
+    /* the end record is the last "PK\5\6" of the archive's final 64 KiB + 22 bytes; without a
+     * comment (torch.save) it is in the last few bytes: look in 4 KiB first, then in all */
+    size_t full = z->len < 65557 ? (size_t)z->len : 65557, tail = 0;
+    unsigned char *t = NULL;
     long eocd = -1;
-    for (long i = (long)tail - 22; i >= 0; i--)
-        if (t[i] == 'P' && t[i + 1] == 'K' && t[i + 2] == 5 && t[i + 3] == 6) {
-            eocd = i;
-            break;
+    int rc = 0;
+    for (int pass = 0; pass < 2 && eocd < 0; pass++) {
+        size_t want = pass == 0 && full > 4096 ? 4096 : full;
+        if (want <= tail) continue;
+        tail = want;
+        free(t);
+        t = malloc(tail);
+        if (!t) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+        if ((rc = rd(z, z->len - tail, t, tail, err))) {
+            free(t);
+            return rc;
         }
+        for (long i = (long)tail - 22; i >= 0; i--)
+            if (t[i] == 'P' && t[i + 1] == 'K' && t[i + 2] == 5 && t[i + 3] == 6) {
+                eocd = i;
+                break;
+            }
+    }
     if (eocd < 0) {
         free(t);
         return fsdp_err_set(err, FSDP_E_FORMAT, "%s: no zip end-of-central-directory record (truncated or not a zip)",

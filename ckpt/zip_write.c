@@ -7,6 +7,7 @@
 #include <string.h>
 #include <zlib.h>
 
+#include "ckpt/ckpt_pio.h"
 #include "ckpt/zip.h"
 
 #define ZIP_ALIGN 64
@@ -106,6 +107,32 @@ int zip_writer_data(zip_writer *w, const void *data, size_t n, fsdp_err *err) {
     }
     w->rec_size += n;
     return out(w, data, n, err);
+}
+
+int zip_writer_data_par(zip_writer *w, const void *data, size_t n, fsdp_err *err) {
+    if (!w->open_rec) return fsdp_err_set(err, FSDP_E_INVALID, "zip: no open record");
+    if (w->failed) return FSDP_E_IO;
+    int fd = fileno(w->f);
+    if (fd < 0) return zip_writer_data(w, data, n, err);
+    if (fflush(w->f) != 0) {
+        w->failed = 1;
+        return fsdp_err_set(err, FSDP_E_IO, "zip: write failed: %s", strerror(errno));
+    }
+    ckpt_pio_opts o = {0, 0, 1};
+    uint32_t c;
+    int rc = ckpt_pwrite_all(fd, data, n, w->start + w->pos, &c, "zip", &o, err);
+    if (rc) {
+        w->failed = 1;
+        return rc;
+    }
+    w->crc = (uint32_t)crc32_combine(w->crc, c, (z_off_t)n);
+    w->rec_size += n;
+    w->pos += n;
+    if (fseeko(w->f, (off_t)(w->start + w->pos), SEEK_SET) != 0) {
+        w->failed = 1;
+        return fsdp_err_set(err, FSDP_E_IO, "zip: cannot seek past the payload: %s", strerror(errno));
+    }
+    return 0;
 }
 
 int zip_writer_end_record(zip_writer *w, fsdp_err *err) {

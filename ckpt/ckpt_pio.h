@@ -1,0 +1,43 @@
+/* Parallel positional file I/O for checkpoints: large reads and writes split into pieces
+ * that several threads (OpenMP) move at once, since one thread copying from or into the
+ * page cache reaches only a fraction of the memory bandwidth. Writes also compute the zip
+ * CRC32 of what they write (per piece, combined with zlib's crc32_combine) while the piece
+ * is in cache, and can start the kernel's write-back of the range at once (sync_file_range)
+ * so that the final fsync finds little left to do. */
+#ifndef FSDP_CKPT_PIO_H
+#define FSDP_CKPT_PIO_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "fsdp/error.h"
+#include "fsdp/tensor.h"
+
+/* Pieces and threads of a transfer; 0 picks the defaults (up to 8 threads, or
+ * omp_get_max_threads() when smaller; 8 MiB pieces, smaller down to 1 MiB so that every thread
+ * gets one). Transfers of one piece run on the calling thread. */
+typedef struct ckpt_pio_opts {
+    size_t piece;
+    int threads;
+    int writeback; /* writes: start write-back of each written range (no wait) */
+} ckpt_pio_opts;
+
+/* Reads exactly n bytes at file offset off into dst. A file that ends early is a format
+ * error "<what>: the file ends before byte B (truncated?)", naming the first missing byte. */
+int ckpt_pread_all(int fd, void *dst, size_t n, uint64_t off, const char *what, const ckpt_pio_opts *o,
+                   fsdp_err *err);
+
+/* Writes n bytes of src at file offset off; *crc (when not NULL) receives zlib's CRC32 of
+ * them (the same value as crc32(0, src, n)). */
+int ckpt_pwrite_all(int fd, const void *src, size_t n, uint64_t off, uint32_t *crc, const char *what,
+                    const ckpt_pio_opts *o, fsdp_err *err);
+
+/* Copies n bytes (memcpy) with the same pieces and threads. */
+void ckpt_copy_par(void *dst, const void *src, size_t n, const ckpt_pio_opts *o);
+
+/* fsdp_convert of n elements, on several threads for large n (pieces of o->piece bytes of
+ * the wider dtype). */
+int ckpt_convert_par(void *dst, fsdp_dtype dst_dt, const void *src, fsdp_dtype src_dt, size_t n,
+                     const ckpt_pio_opts *o, fsdp_err *err);
+
+#endif
