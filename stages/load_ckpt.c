@@ -2,9 +2,9 @@
  * position) from a DCP checkpoint saved by any number of ranks, a safetensors file or HF
  * sharded directory, or a torch.save file. Each rank reads only its own rows. Without a
  * model in the context it declares one from the recipe's `model:` section (like init-meta,
- * without drawing weights). Strict loading fills every parameter with NaN first and fails
- * naming every parameter not restored, every tensor of the wrong shape and every
- * unexpected key. On runtime.device cuda the checkpoint is read into host memory and the
+ * without drawing weights). Strict loading fails naming every parameter not restored (those
+ * are left NaN; restored ones are written in full, their chunks checked to cover them), every
+ * tensor of the wrong shape and every unexpected key, and checks that no NaN was loaded. On runtime.device cuda the checkpoint is read into host memory and the
  * sharded state then uploaded to the GPU (pipelined through pinned staging); a state already on
  * the GPU comes back to the host for the read (parameters absent from a non-strict load keep
  * their values).
