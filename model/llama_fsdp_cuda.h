@@ -29,7 +29,8 @@
  * parameters are copied to pinned host memory on the COPY stream as soon as its reduce-scatter
  * finished (during the rest of the backward), AdamW runs on the CPU (kc_adamw_step) per parameter
  * as its copy arrives, and each updated parameter is uploaded at once (overlapping the CPU work on
- * the following parameters). Both give bit-identical results in float32.
+ * the following parameters). Both run the same float operations (kcu_adamw_step mirrors
+ * kc_adamw_step exactly): bit-identical results from identical gradients.
  *
  * Host synchronisation: one per step, reading back the global loss sum and gradient sum of squares
  * (both all-reduced on the device in one call) to decide clipping and finiteness; the offloaded

@@ -67,8 +67,8 @@ protected:
     }
     void TearDown() override {
         for (fsdp_state *s : states_) free_state(s);
+        if (c_) comm_destroy(c_);  // the NCCL communicator while its device is still set up
         if (d_) dev_ctx_free(d_);
-        if (c_) comm_destroy(c_);
         if (ref_) json_decref(ref_);
     }
 
