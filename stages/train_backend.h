@@ -20,8 +20,8 @@ typedef struct train_backend {
  * parameters placed there). The single switch between the two paths. */
 int train_on_gpu(fsdp_ctx *ctx, const fsdp_state *s);
 
-/* Opens the backend for local batches of B x T. The CPU path accepts only mixed none and ac
- * none (FSDP_E_INVALID naming the key otherwise). */
+/* Opens the backend for local batches of B x T. The CPU path trains in float32 only (mixed bf16:
+ * FSDP_E_INVALID naming the key); both paths do activation checkpointing. */
 int train_backend_open(fsdp_ctx *ctx, fsdp_state *s, comm *c, int B, int T, const llama_fsdp_cuda_options *opt,
                        train_backend *b, fsdp_err *err);
 int train_backend_step(train_backend *b, const int32_t *tokens, const int32_t *labels, const llama_fsdp_hparams *hp,
