@@ -38,6 +38,11 @@ int llama_bwd_layer(const llama_config *c, const llama_model_layer *lw, llama_mo
     llama_model_acts *a = &ws->acts[layer];
     kc_stats *st = ws->stats;
 
+    /* activation checkpointing: the shared intermediates hold another layer's; recompute this
+     * layer's from its saved input (the output it rewrites is no longer needed) */
+    if (ws->ac && (rc = llama_fwd_layer_compute(c, lw, layer, ws, err)))
+        return fsdp_err_prefix(err, "llama backward: layer %d recomputation", layer);
+
     /* out = h + w2(g): dres is d(out); it also flows unchanged into d(h). */
     kc_linear_backward_input(ws->dres, lw->w2, ws->dg, n, F, d, 0.0f, st);
     kc_linear_backward_weight(ws->dres, a->g, lg->w2, n, F, d, st);

@@ -62,14 +62,9 @@ int llama_cuda_fwd_embed(const llama_config *c, const void *tok_embeddings, cons
     return FSDP_OK;
 }
 
-int llama_cuda_fwd_layer(const llama_config *c, const llama_cuda_layer *lw, int layer, llama_cuda_ws *ws,
+/* The layer's forward from acts[layer].x (also the recomputation of activation checkpointing). */
+static int layer_forward(const llama_config *c, const llama_cuda_layer *lw, int layer, llama_cuda_ws *ws,
                          fsdp_err *err) {
-    int rc = llama_cuda_ws_check(c, ws, "llama (cuda) forward (layer)", err);
-    if (rc) return rc;
-    if (ws->phase != LLAMA_CUDA_FWD || ws->fwd_next != layer)
-        return fsdp_err_set(err, FSDP_E_INVALID, "llama (cuda) forward: layer %d run out of order (expected layer %d)",
-                            layer, ws->phase == LLAMA_CUDA_FWD ? ws->fwd_next : -1);
-    if (!lw) return fsdp_err_set(err, FSDP_E_INVALID, "llama (cuda) forward: no weights for layer %d", layer);
     const int B = ws->B, T = ws->T, n = B * T, d = c->dim, H = c->n_heads, KV = c->n_kv_heads, hd = c->head_dim,
               F = c->ffn_hidden, qd = H * hd, kvd = KV * hd;
     const fsdp_dtype dt = ws->dt;
@@ -102,6 +97,18 @@ int llama_cuda_fwd_layer(const llama_config *c, const llama_cuda_layer *lw, int 
         layer);
     TRY(dev_linear_forward(dc, dt, a->g, lw->w2, out, n, F, d, err), "llama (cuda) forward: layer %d w2", layer);
     TRY(kcu_add(dt, a->h, out, out, nd, s, err), "llama (cuda) forward: layer %d residual", layer); /* out = h + w2(.) */
+    return FSDP_OK;
+}
+
+int llama_cuda_fwd_layer(const llama_config *c, const llama_cuda_layer *lw, int layer, llama_cuda_ws *ws,
+                         fsdp_err *err) {
+    int rc = llama_cuda_ws_check(c, ws, "llama (cuda) forward (layer)", err);
+    if (rc) return rc;
+    if (ws->phase != LLAMA_CUDA_FWD || ws->fwd_next != layer)
+        return fsdp_err_set(err, FSDP_E_INVALID, "llama (cuda) forward: layer %d run out of order (expected layer %d)",
+                            layer, ws->phase == LLAMA_CUDA_FWD ? ws->fwd_next : -1);
+    if (!lw) return fsdp_err_set(err, FSDP_E_INVALID, "llama (cuda) forward: no weights for layer %d", layer);
+    if ((rc = layer_forward(c, lw, layer, ws, err))) return rc;
     ws->fwd_next = layer + 1;
     return FSDP_OK;
 }
@@ -193,6 +200,12 @@ int llama_cuda_bwd_layer(const llama_config *c, const llama_cuda_layer *lw, llam
     llama_cuda_acts *a = &ws->acts[layer];
     dev_ctx *dc = ws->d;
     kcu_stream s = ws->s;
+
+    /* activation checkpointing: the shared intermediates hold another layer's; recompute this
+     * layer's from its saved input (same kernels, same values; the output it rewrites is no
+     * longer needed by the backward) */
+    if (ws->ac && (rc = layer_forward(c, lw, layer, ws, err)))
+        return fsdp_err_prefix(err, "llama (cuda) backward: layer %d recomputation", layer);
 
     /* out = h + w2(g): dres is d(out); it also flows unchanged into d(h). */
     TRY(dev_linear_backward_input(dc, dt, ws->dres, lw->w2, ws->dg, n, F, d, 0.0f, err),

@@ -55,12 +55,20 @@ typedef struct llama_cuda_ws llama_cuda_ws;
  * the kernels cannot run (llama_model_check, head_dim <= KCU_ATTN_MAX_HEAD_DIM) or without a GPU. */
 llama_cuda_ws *llama_cuda_ws_create(dev_ctx *d, const llama_config *cfg, int B_max, int T_max, fsdp_dtype dt,
                                     fsdp_err *err);
+/* The same with full activation checkpointing when ac != 0: only each layer's input is kept per
+ * layer (one set of intermediates is shared by all layers) and llama_cuda_bwd_layer recomputes
+ * the layer's forward from its input before differentiating it (results identical to ac == 0). */
+llama_cuda_ws *llama_cuda_ws_create_ac(dev_ctx *d, const llama_config *cfg, int B_max, int T_max, fsdp_dtype dt,
+                                       int ac, fsdp_err *err);
 void llama_cuda_ws_free(llama_cuda_ws *ws);
 size_t llama_cuda_ws_bytes(const llama_cuda_ws *ws);
 fsdp_dtype llama_cuda_ws_dtype(const llama_cuda_ws *ws);
 /* Device logits [B*T, V] (workspace dtype) of the last llama_cuda_fwd_head; NULL before it and after
  * llama_cuda_bwd_head (which overwrites them with their gradient). */
 const void *llama_cuda_ws_logits(const llama_cuda_ws *ws);
+/* Device double[2] written by llama_cuda_fwd_head (with labels): the sum of the token losses and
+ * the number of labelled tokens, valid once the compute stream reached that point. */
+const double *llama_cuda_ws_loss_sums(const llama_cuda_ws *ws);
 
 /* ---- pieces (device weight pointers; labels may be NULL: no loss, no backward) -------------- */
 

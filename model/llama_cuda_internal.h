@@ -24,6 +24,7 @@ struct llama_cuda_ws {
     kcu_stream s;
     llama_config cfg;
     fsdp_dtype dt;
+    int ac; /* full activation checkpointing: acts[l] share every buffer but x */
     int B_max, T_max, B, T;
     int has_labels;
     int64_t n_valid; /* labelled tokens of the current batch (counted on the host) */

@@ -105,6 +105,15 @@ static int layout(llama_cuda_ws *ws, unsigned char *base, size_t *total) {
     for (int l = 0; l < c->n_layers; l++) {
         llama_cuda_acts *a = &ws->acts[l];
         CARVE(a->x, nd);
+        if (ws->ac && l > 0) {
+            /* checkpointing: one set of intermediates, recomputed per layer in the backward */
+            if (base) {
+                void *x = a->x;
+                *a = ws->acts[0];
+                a->x = x;
+            }
+            continue;
+        }
         CARVE(a->rstd1, nstat);
         CARVE(a->xn1, nd);
         CARVE(a->q, nq);
@@ -140,6 +149,11 @@ static int layout(llama_cuda_ws *ws, unsigned char *base, size_t *total) {
 
 llama_cuda_ws *llama_cuda_ws_create(dev_ctx *d, const llama_config *cfg, int B_max, int T_max, fsdp_dtype dt,
                                     fsdp_err *err) {
+    return llama_cuda_ws_create_ac(d, cfg, B_max, T_max, dt, 0, err);
+}
+
+llama_cuda_ws *llama_cuda_ws_create_ac(dev_ctx *d, const llama_config *cfg, int B_max, int T_max, fsdp_dtype dt,
+                                       int ac, fsdp_err *err) {
     if (!d) {
         fsdp_err_set(err, FSDP_E_INVALID, "llama (cuda) workspace: no device context");
         return NULL;
@@ -170,6 +184,7 @@ llama_cuda_ws *llama_cuda_ws_create(dev_ctx *d, const llama_config *cfg, int B_m
     ws->s = dev_ctx_stream(d, DEV_STREAM_COMPUTE);
     ws->cfg = *cfg;
     ws->dt = dt;
+    ws->ac = ac != 0;
     ws->B_max = B_max;
     ws->T_max = T_max;
     size_t total = 0;
@@ -233,6 +248,8 @@ fsdp_dtype llama_cuda_ws_dtype(const llama_cuda_ws *ws) { return ws ? ws->dt : F
 const void *llama_cuda_ws_logits(const llama_cuda_ws *ws) {
     return ws && ws->phase == LLAMA_CUDA_HEAD ? ws->logits : NULL;
 }
+
+const double *llama_cuda_ws_loss_sums(const llama_cuda_ws *ws) { return ws ? ws->sums : NULL; }
 
 int llama_cuda_ws_check(const llama_config *c, const llama_cuda_ws *ws, const char *what, fsdp_err *err) {
     if (!ws || !c) return fsdp_err_set(err, FSDP_E_INVALID, "%s: no workspace or config", what);

@@ -59,6 +59,10 @@ static state_param *need(fsdp_state *s, const char *name, int64_t numel, fsdp_er
 }
 
 int llama_fsdp_create(fsdp_state *s, comm *c, int B, int T, llama_fsdp **out, fsdp_err *err) {
+    return llama_fsdp_create_ac(s, c, B, T, 0, out, err);
+}
+
+int llama_fsdp_create_ac(fsdp_state *s, comm *c, int B, int T, int ac, llama_fsdp **out, fsdp_err *err) {
     *out = NULL;
     if (!s->has_cfg) return fsdp_err_set(err, FSDP_E_INVALID, "training: the state has no model config");
     if (s->layout != STATE_SHARDED)
@@ -117,7 +121,7 @@ int llama_fsdp_create(fsdp_state *s, comm *c, int B, int T, llama_fsdp **out, fs
         llama_fsdp_free(f);
         return rc;
     }
-    f->ws = llama_model_ws_create(cfg, B, T, err);
+    f->ws = llama_model_ws_create_ac(cfg, B, T, ac, err);
     if (!f->ws) {
         llama_fsdp_free(f);
         return err->code ? err->code : FSDP_E_NOMEM;

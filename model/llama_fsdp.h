@@ -28,6 +28,9 @@ typedef struct llama_fsdp_result {
 
 /* The state must hold every parameter of s->cfg under torchtitan names, sharded. */
 int llama_fsdp_create(fsdp_state *s, comm *c, int local_batch, int seq_len, llama_fsdp **out, fsdp_err *err);
+/* The same with full activation checkpointing when ac != 0 (llama_model_ws_create_ac). */
+int llama_fsdp_create_ac(fsdp_state *s, comm *c, int local_batch, int seq_len, int ac, llama_fsdp **out,
+                         fsdp_err *err);
 void llama_fsdp_free(llama_fsdp *f);
 /* Forward and backward only: the global loss and reduce-scattered gradients in p->grad. */
 int llama_fsdp_grads(llama_fsdp *f, const int32_t *tokens, const int32_t *labels, llama_fsdp_result *res,

@@ -26,13 +26,9 @@ int llama_fwd_embed(const llama_config *c, const float *tok_embeddings, const in
     return FSDP_OK;
 }
 
-int llama_fwd_layer(const llama_config *c, const llama_model_layer *lw, int layer, llama_model_ws *ws,
-                    fsdp_err *err) {
-    int rc = llama_model_ws_check(c, ws, "llama forward (layer)", err);
-    if (rc) return rc;
-    if (ws->phase != LLAMA_PHASE_FWD || ws->fwd_next != layer)
-        return fsdp_err_set(err, FSDP_E_INVALID, "llama forward: layer %d run out of order (expected layer %d)", layer,
-                            ws->phase == LLAMA_PHASE_FWD ? ws->fwd_next : -1);
+int llama_fwd_layer_compute(const llama_config *c, const llama_model_layer *lw, int layer, llama_model_ws *ws,
+                            fsdp_err *err) {
+    int rc;
     const int B = ws->B, T = ws->T, n = B * T, d = c->dim, H = c->n_heads, KV = c->n_kv_heads, hd = c->head_dim,
               F = c->ffn_hidden, qd = H * hd, kvd = KV * hd;
     llama_model_acts *a = &ws->acts[layer];
@@ -60,6 +56,17 @@ int llama_fwd_layer(const llama_config *c, const llama_model_layer *lw, int laye
     kc_linear_forward(a->g, lw->w2, out, n, F, d, st);
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < nd; i++) out[i] = a->h[i] + out[i];
+    return FSDP_OK;
+}
+
+int llama_fwd_layer(const llama_config *c, const llama_model_layer *lw, int layer, llama_model_ws *ws,
+                    fsdp_err *err) {
+    int rc = llama_model_ws_check(c, ws, "llama forward (layer)", err);
+    if (rc) return rc;
+    if (ws->phase != LLAMA_PHASE_FWD || ws->fwd_next != layer)
+        return fsdp_err_set(err, FSDP_E_INVALID, "llama forward: layer %d run out of order (expected layer %d)", layer,
+                            ws->phase == LLAMA_PHASE_FWD ? ws->fwd_next : -1);
+    if ((rc = llama_fwd_layer_compute(c, lw, layer, ws, err))) return rc;
     ws->fwd_next = layer + 1;
     return FSDP_OK;
 }

@@ -89,6 +89,10 @@ int llama_model_param_at(const llama_config *cfg, const llama_model_weights *w, 
 typedef struct llama_model_ws llama_model_ws;
 
 llama_model_ws *llama_model_ws_create(const llama_config *cfg, int B_max, int T_max, fsdp_err *err);
+/* The same with full activation checkpointing when ac != 0: only each layer's input is kept per
+ * layer (one set of intermediates shared by all layers) and llama_bwd_layer recomputes the layer's
+ * forward from it before differentiating (bit-identical results, less memory). */
+llama_model_ws *llama_model_ws_create_ac(const llama_config *cfg, int B_max, int T_max, int ac, fsdp_err *err);
 void llama_model_ws_free(llama_model_ws *ws);
 /* GEMM timing hook: every GEMM of the following calls adds to st (NULL turns it off). */
 void llama_model_ws_set_stats(llama_model_ws *ws, kc_stats *st);

@@ -35,6 +35,7 @@ typedef enum llama_model_phase {
 
 struct llama_model_ws {
     llama_config cfg;
+    int ac; /* full activation checkpointing: acts[l] share every buffer but x */
     int B_max, T_max;
     int B, T; /* current batch */
     int has_labels;
@@ -60,6 +61,11 @@ struct llama_model_ws {
     float *arena;
     size_t arena_floats;
 };
+
+/* Layer `layer`'s forward from acts[layer].x into acts[layer+1].x (or x_final), without the phase
+ * checks: the forward itself and the recomputation of activation checkpointing. */
+int llama_fwd_layer_compute(const llama_config *c, const llama_model_layer *lw, int layer, llama_model_ws *ws,
+                            fsdp_err *err);
 
 /* FSDP_E_INVALID unless ws exists and was made for a config with cfg's shapes; `what` names the caller. */
 int llama_model_ws_check(const llama_config *cfg, const llama_model_ws *ws, const char *what, fsdp_err *err);

@@ -40,6 +40,15 @@ static int layout(llama_model_ws *ws, float *base, size_t *total) {
     for (int l = 0; l < c->n_layers; l++) {
         llama_model_acts *a = &ws->acts[l];
         CARVE(a->x, nd);
+        if (ws->ac && l > 0) {
+            /* checkpointing: one set of intermediates, recomputed per layer in the backward */
+            if (base) {
+                float *x = a->x;
+                *a = ws->acts[0];
+                a->x = x;
+            }
+            continue;
+        }
         CARVE(a->rstd1, BT);
         CARVE(a->xn1, nd);
         CARVE(a->q, nq);
@@ -74,6 +83,10 @@ static int layout(llama_model_ws *ws, float *base, size_t *total) {
 }
 
 llama_model_ws *llama_model_ws_create(const llama_config *cfg, int B_max, int T_max, fsdp_err *err) {
+    return llama_model_ws_create_ac(cfg, B_max, T_max, 0, err);
+}
+
+llama_model_ws *llama_model_ws_create_ac(const llama_config *cfg, int B_max, int T_max, int ac, fsdp_err *err) {
     if (llama_model_check(cfg, err)) return NULL;
     if (B_max <= 0 || T_max <= 0 || (int64_t)B_max * T_max > INT_MAX) {
         fsdp_err_set(err, FSDP_E_INVALID, "llama workspace: batch %d x %d must be positive with B*T <= %d", B_max,
@@ -86,6 +99,7 @@ llama_model_ws *llama_model_ws_create(const llama_config *cfg, int B_max, int T_
         return NULL;
     }
     ws->cfg = *cfg;
+    ws->ac = ac != 0;
     ws->B_max = B_max;
     ws->T_max = T_max;
     size_t bt = (size_t)B_max * (size_t)T_max, total = 0;

@@ -3,21 +3,37 @@
  * the same schedule). Per layer all-gather -> forward -> reshard; backward with all-gather
  * -> gradients -> reduce-scatter; clip by the global norm; AdamW on the shards.
  *
+ * The state's placement picks the path (stages/train_backend.h): on the GPU the step of
+ * model/llama_fsdp_cuda.h (f32 or FSDP2-style bf16 mixed precision), otherwise the CPU step of
+ * model/llama_fsdp.h (f32); both with optional full activation checkpointing.
+ *
  * with: steps (int, required: train until this global step), lr, warmup_steps,
  *       decay (none|linear|cosine), min_lr_ratio, betas ([b1, b2]), eps, weight_decay,
- *       max_grad_norm, log_every, metrics (JSONL path), save_every, save_path */
+ *       max_grad_norm, log_every, metrics (JSONL path), save_every, save_path,
+ *       mixed (none|bf16, GPU), ac (none|full), reshard_after_forward (bool, GPU),
+ *       peak_tflops (device peak for MFU; GPU default 989, the H100 SXM dense bf16 peak)
+ *
+ * Metrics (JSONL per logged step and the run report): loss, grad_norm, lr, tokens, tokens_per_s
+ * (global), mfu (percent, torchtitan's: model FLOPs per token from llama_flops_per_token times the
+ * tokens/s per rank over the peak; on the CPU only when peak_tflops is given), and the peak
+ * memory: peak_device_mem_mib on the GPU, peak_rss_mib on the CPU. */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/llama_fsdp.h"
 #include "model/lr_schedule.h"
 #include "runtime/data.h"
 #include "stages/stages.h"
+#include "stages/train_backend.h"
+
+/* The default peak for MFU on the GPU: H100 SXM dense bf16 (TFLOP/s). */
+#define TRAIN_GPU_PEAK_TFLOPS 989.0
 
 static const char *const DECAYS[] = {"none", "linear", "cosine", NULL};
+static const char *const MIXED[] = {"none", "bf16", NULL};
+static const char *const ACS[] = {"none", "full", NULL};
 static const fsdp_param_spec PARAMS[] = {
     {"steps", FSDP_T_INT, 1, NULL, NULL, "train until this global step (the schedule's length)"},
     {"lr", FSDP_T_FLOAT, 0, "8e-4", NULL, "peak learning rate"},
@@ -32,6 +48,15 @@ static const fsdp_param_spec PARAMS[] = {
     {"metrics", FSDP_T_STRING, 0, NULL, NULL, "append one JSON line per logged step to this file"},
     {"save_every", FSDP_T_INT, 0, "0", NULL, "write a DCP checkpoint save_path/step-<N> every N steps (0 = never)"},
     {"save_path", FSDP_T_STRING, 0, NULL, NULL, "directory of the periodic checkpoints"},
+    {"mixed", FSDP_T_STRING, 0, "none", MIXED,
+     "GPU precision: none (float32) or bf16 (bf16 compute and all-gathers, fp32 master weights, optimizer and "
+     "reduce-scatter)"},
+    {"ac", FSDP_T_STRING, 0, "none", ACS,
+     "activation checkpointing: none, or full (keep each layer's input, recompute its forward in the backward)"},
+    {"reshard_after_forward", FSDP_T_BOOL, 0, "true", NULL,
+     "GPU: free each gathered layer after its forward and gather it again in the backward (false: keep them all)"},
+    {"peak_tflops", FSDP_T_FLOAT, 0, NULL, NULL,
+     "peak TFLOP/s of one device for mfu (GPU default 989, H100 SXM bf16 dense; CPU: no mfu unless given)"},
     {NULL, 0, 0, NULL, NULL, NULL}};
 static const char *const NEEDS[] = {"params", NULL};
 static const char *const PROVIDES[] = {"params", "optimizer", NULL};
@@ -46,20 +71,42 @@ static int train_check(const fsdp_value *with, fsdp_err *err) {
         return fsdp_err_at(err, FSDP_E_INVALID, fsdp_value_get(with, "steps"), "train-steps: steps must be >= 0");
     if (fsdp_arg_int(with, "log_every", 1) < 1)
         return fsdp_err_at(err, FSDP_E_INVALID, fsdp_value_get(with, "log_every"), "train-steps: log_every must be >= 1");
+    if (fsdp_value_get(with, "peak_tflops") && !(fsdp_arg_float(with, "peak_tflops", 0) > 0))
+        return fsdp_err_at(err, FSDP_E_INVALID, fsdp_value_get(with, "peak_tflops"),
+                           "train-steps: peak_tflops must be > 0");
     if (fsdp_arg_int(with, "save_every", 0) > 0 && !fsdp_arg_str(with, "save_path", NULL))
         return fsdp_err_at(err, FSDP_E_INVALID, fsdp_value_get(with, "save_every"),
                            "train-steps: save_every needs save_path");
     return 0;
 }
 
-static int write_metrics(FILE *f, int64_t step, double loss, double gnorm, double lr, int64_t tokens, double tps,
-                         double elapsed) {
+typedef struct train_metrics {
+    int64_t step, tokens;
+    double loss, gnorm, lr, tps, elapsed;
+    double mfu; /* < 0: not reported */
+    const char *mem_name;
+    double mem_mib;
+} train_metrics;
+
+static int write_metrics(FILE *f, const train_metrics *m) {
+    char mfu[64] = "";
+    if (m->mfu >= 0) snprintf(mfu, sizeof mfu, ", \"mfu\": %.6g", m->mfu);
     return fprintf(f,
                    "{\"step\": %lld, \"loss\": %.9g, \"grad_norm\": %.9g, \"lr\": %.9g, \"tokens\": %lld, "
-                   "\"tokens_per_s\": %.6g, \"elapsed_s\": %.6g}\n",
-                   (long long)step, loss, gnorm, lr, (long long)tokens, tps, elapsed) < 0
+                   "\"tokens_per_s\": %.6g%s, \"%s\": %.6g, \"elapsed_s\": %.6g}\n",
+                   (long long)m->step, m->loss, m->gnorm, m->lr, (long long)m->tokens, m->tps, mfu, m->mem_name,
+                   m->mem_mib, m->elapsed) < 0
                ? -1
                : fflush(f);
+}
+
+/* The GPU options of `with` (values checked by the schema). */
+static int train_options(const fsdp_value *with, llama_fsdp_cuda_options *o, fsdp_err *err) {
+    memset(o, 0, sizeof *o);
+    int rc = llama_fsdp_mixed_from_name(fsdp_arg_str(with, "mixed", "none"), &o->mixed, err);
+    if (!rc) rc = llama_fsdp_ac_from_name(fsdp_arg_str(with, "ac", "none"), &o->ac, err);
+    o->keep_gathered = !fsdp_arg_bool(with, "reshard_after_forward", 1);
+    return rc ? fsdp_err_prefix(err, "train-steps") : 0;
 }
 
 static int train_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
@@ -105,20 +152,29 @@ static int train_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
     data_source *data;
     if ((rc = data_open(&dc, s->cfg.vocab_size, comm_size(c), comm_rank(c), &data, err))) return rc;
     int64_t B = data_local_batch(data), T = dc.seq_len;
-    llama_fsdp *f = NULL;
+    train_backend be;
+    memset(&be, 0, sizeof be);
+    llama_fsdp_cuda_options gopt;
     FILE *mf = NULL;
     int32_t *tokens = malloc((size_t)(B * T) * sizeof *tokens), *labels = malloc((size_t)(B * T) * sizeof *labels);
     if (!tokens || !labels) {
         rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
         goto out;
     }
-    if ((rc = llama_fsdp_create(s, c, (int)B, (int)T, &f, err))) goto out;
+    if ((rc = train_options(with, &gopt, err))) goto out;
+    if ((rc = train_backend_open(ctx, s, c, (int)B, (int)T, &gopt, &be, err))) goto out;
+    train_backend_reset_peak(&be);
+    /* MFU: model FLOPs per token against one device's peak (given, or the GPU default) */
+    double peak_tflops = fsdp_arg_float(with, "peak_tflops", be.on_gpu ? TRAIN_GPU_PEAK_TFLOPS : 0);
+    double flops_tok = llama_flops_per_token(&s->cfg, T);
     if (metrics_path && comm_rank(c) == 0 && !(mf = fopen(metrics_path, "a"))) {
         rc = fsdp_err_set(err, FSDP_E_IO, "train-steps: cannot open metrics file %s: %s", metrics_path, strerror(errno));
         goto out;
     }
-    fsdp_log(ctx, FSDP_LOG_INFO, "training steps %lld..%lld: global batch %lld x %lld tokens, %d ranks",
-             (long long)s->train_step + 1, (long long)steps, (long long)dc.batch_size, (long long)T, comm_size(c));
+    fsdp_log(ctx, FSDP_LOG_INFO, "training steps %lld..%lld: global batch %lld x %lld tokens, %d ranks, %s%s%s",
+             (long long)s->train_step + 1, (long long)steps, (long long)dc.batch_size, (long long)T, comm_size(c),
+             be.on_gpu ? "GPU" : "CPU", be.on_gpu && gopt.mixed == LLAMA_FSDP_MIXED_BF16 ? " bf16" : "",
+             gopt.ac == LLAMA_FSDP_AC_FULL ? " ac=full" : "");
     fsdp_progress *prog = fsdp_progress_begin(ctx, "train", (double)(steps - s->train_step), "steps");
     double t0 = stage_now(), t_last = t0;
     int64_t first = s->train_step, tok_since = 0;
@@ -128,7 +184,7 @@ static int train_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
         hp.lr = lrs_at(&sched, step);
         if ((rc = data_batch(data, s->data_pos, tokens, labels, err))) break;
         llama_fsdp_result r;
-        if ((rc = llama_fsdp_step(f, tokens, labels, &hp, &r, err))) {
+        if ((rc = train_backend_step(&be, tokens, labels, &hp, &r, err))) {
             fsdp_err_prefix(err, "train-steps: step %lld", (long long)step + 1);
             break;
         }
@@ -141,9 +197,12 @@ static int train_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
         if (s->train_step % log_every == 0 || s->train_step == steps) {
             double now = stage_now();
             double tps = now > t_last ? (double)tok_since / (now - t_last) : 0;
+            train_metrics m = {s->train_step, s->tokens_seen, loss, gnorm, hp.lr, tps, now - t0, -1, NULL, 0};
+            if (peak_tflops > 0) m.mfu = train_mfu_percent(flops_tok, tps / comm_size(c), peak_tflops);
+            m.mem_mib = train_backend_peak_mib(&be, &m.mem_name);
             fsdp_log(ctx, FSDP_LOG_INFO, "step %lld/%lld  loss %.4f  grad_norm %.4f  lr %.3g  %.0f tok/s",
                      (long long)s->train_step, (long long)steps, loss, gnorm, hp.lr, tps);
-            if (mf && write_metrics(mf, s->train_step, loss, gnorm, hp.lr, s->tokens_seen, tps, now - t0)) {
+            if (mf && write_metrics(mf, &m)) {
                 rc = fsdp_err_set(err, FSDP_E_IO, "train-steps: cannot write metrics file %s", metrics_path);
                 break;
             }
@@ -164,10 +223,19 @@ static int train_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
     fsdp_ctx_metric(ctx, "final_grad_norm", gnorm);
     fsdp_ctx_metric(ctx, "steps", (double)(s->train_step - first));
     double el = stage_now() - t0;
-    fsdp_ctx_metric(ctx, "tokens_per_s", el > 0 ? (double)((s->train_step - first) * dc.batch_size * T) / el : 0);
+    double tps_all = el > 0 ? (double)((s->train_step - first) * dc.batch_size * T) / el : 0;
+    fsdp_ctx_metric(ctx, "tokens_per_s", tps_all);
+    fsdp_ctx_metric(ctx, "flops_per_token", flops_tok);
+    if (peak_tflops > 0) {
+        fsdp_ctx_metric(ctx, "peak_tflops", peak_tflops);
+        fsdp_ctx_metric(ctx, "mfu", train_mfu_percent(flops_tok, tps_all / comm_size(c), peak_tflops));
+    }
+    const char *mem_name;
+    double mem = train_backend_peak_mib(&be, &mem_name);
+    fsdp_ctx_metric(ctx, mem_name, mem);
 out:
     if (mf) fclose(mf);
-    llama_fsdp_free(f);
+    train_backend_close(&be);
     free(tokens);
     free(labels);
     data_close(data);

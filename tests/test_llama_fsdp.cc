@@ -9,6 +9,7 @@
 
 extern "C" {
 #include "model/llama_fsdp.h"
+#include "model/llama_model.h"
 #include "runtime/comm.h"
 #include "runtime/state.h"
 }
@@ -79,6 +80,64 @@ TEST(LlamaFsdp, FiveStepsMatchReferenceOnShardedState) {
     (void)keep;
     llama_fsdp_free(f);
     state_free(s);
+    comm_destroy(c);
+    json_decref(ref);
+}
+
+TEST(LlamaFsdp, ActivationCheckpointingIsBitIdenticalAndSmaller) {
+    std::map<std::string, st_test::Tensor> init, batch;
+    std::string why;
+    ASSERT_TRUE(st_test::load(fsdp_test::tiny("model_init.safetensors"), &init, &why)) << why;
+    ASSERT_TRUE(st_test::load(fsdp_test::tiny("batch.safetensors"), &batch, &why)) << why;
+    json_error_t je;
+    json_t *ref = json_load_file(fsdp_test::tiny("reference.json").c_str(), 0, &je);
+    ASSERT_TRUE(ref) << je.text;
+    comm *c;
+    fsdp_err err;
+    ASSERT_EQ(comm_create_single(&c, &err), 0);
+    fsdp_state *st[2];
+    llama_fsdp *f[2];
+    for (int ac = 0; ac < 2; ac++) {
+        fsdp_state *s = st[ac] = (fsdp_state *)calloc(1, sizeof(fsdp_state));
+        s->layout = STATE_SHARDED;
+        s->world = 1;
+        s->cfg = tiny();
+        s->has_cfg = 1;
+        json_t *names = json_object_get(ref, "param_names");
+        for (size_t i = 0; i < json_array_size(names); i++) {
+            const char *n = json_string_value(json_array_get(names, i));
+            auto &t = init.at(n);
+            std::vector<int64_t> shp(t.shape.begin(), t.shape.end());
+            ASSERT_EQ(state_add_param(s, n, (int)shp.size(), shp.data(), -1, &err), 0) << err.msg;
+            memcpy(state_find(s, n)->data, t.f32.data(), t.f32.size() * sizeof(float));
+        }
+        ASSERT_EQ(llama_fsdp_create_ac(s, c, 2, 32, ac, &f[ac], &err), 0) << err.msg;
+    }
+    std::vector<int32_t> in(batch.at("input_ids").i32), lab(batch.at("labels").i32);
+    for (int k = 0; k < 3; k++) {
+        llama_fsdp_hparams hp = {1e-3, 0.9, 0.95, 1e-8, 0.1, 1.0};
+        llama_fsdp_result r[2];
+        for (int ac = 0; ac < 2; ac++) ASSERT_EQ(llama_fsdp_step(f[ac], in.data(), lab.data(), &hp, &r[ac], &err), 0);
+        EXPECT_EQ(r[0].loss, r[1].loss) << "step " << k;
+        EXPECT_EQ(r[0].grad_norm, r[1].grad_norm) << "step " << k;
+    }
+    for (size_t i = 0; i < st[0]->n; i++) {
+        size_t n = state_param_local_numel(&st[0]->p[i]);
+        EXPECT_EQ(memcmp(st[0]->p[i].data, st[1]->p[i].data, n * sizeof(float)), 0) << st[0]->p[i].name;
+        EXPECT_EQ(memcmp(st[0]->p[i].grad, st[1]->p[i].grad, n * sizeof(float)), 0) << st[0]->p[i].name;
+    }
+    for (int ac = 0; ac < 2; ac++) {
+        llama_fsdp_free(f[ac]);
+        state_free(st[ac]);
+    }
+    // the checkpointing workspace keeps one layer's intermediates instead of one per layer
+    llama_config cfg = tiny();
+    cfg.n_layers = 4;
+    llama_model_ws *w0 = llama_model_ws_create_ac(&cfg, 2, 32, 0, &err), *w1 = llama_model_ws_create_ac(&cfg, 2, 32, 1, &err);
+    ASSERT_TRUE(w0 && w1) << err.msg;
+    EXPECT_LT(llama_model_ws_bytes(w1), llama_model_ws_bytes(w0));
+    llama_model_ws_free(w0);
+    llama_model_ws_free(w1);
     comm_destroy(c);
     json_decref(ref);
 }

@@ -1,0 +1,238 @@
+/* The FSDP training step on the GPU (model/llama_fsdp_cuda.h): llama_fsdp.c's order of
+ * operations with device collectives on the COMM stream, model kernels on the COMPUTE stream
+ * and events between them. Setup and teardown are in llama_fsdp_cuda_setup.c. */
+#include "model/llama_fsdp_cuda_internal.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "kernels/cpu/kc.h"
+
+#define TRY(call)                   \
+    do {                            \
+        int try_rc_ = (call);       \
+        if (try_rc_) return try_rc_; \
+    } while (0)
+
+static dev_stream comm_stream(const llama_fsdp_cuda *f) { return dev_ctx_stream(f->d, DEV_STREAM_COMM); }
+
+/* All-gathers p's shards into dst (f->dt): in bf16 each rank casts its f32 shard into its own
+ * block of dst and the gather moves bf16 in place. On the COMM stream. */
+static int gather_param(llama_fsdp_cuda *f, const state_param *p, void *dst, fsdp_err *err) {
+    size_t k = (size_t)(p - f->s->p);
+    const size_t *cnt = f->blocks + k * (size_t)f->world;
+    for (int r = 0; r < f->world; r++) f->bytes[r] = cnt[r] * f->es;
+    const void *send = p->d_data;
+    if (f->dt != FSDP_DT_F32) {
+        void *own = (char *)dst + (size_t)f->own_off[k] * f->es;
+        size_t n = state_param_local_numel(p);
+        if (n) TRY(kcu_cast(own, f->dt, p->d_data, FSDP_DT_F32, (int64_t)n, comm_stream(f), err));
+        send = own;
+    }
+    int rc = comm_dev_allgatherv(f->c, send, dst, f->bytes, comm_stream(f), err);
+    return rc ? fsdp_err_prefix(err, "training (cuda): all-gather of %s", p->name) : 0;
+}
+
+/* Reduce-scatter (sum, f32) of p's full gradient into its local d_grad, on the COMM stream. */
+static int reduce_param(llama_fsdp_cuda *f, const state_param *p, const float *full, fsdp_err *err) {
+    size_t k = (size_t)(p - f->s->p);
+    int rc = comm_dev_reduce_scatterv_f32(f->c, full, p->d_grad, f->blocks + k * (size_t)f->world, comm_stream(f),
+                                          err);
+    return rc ? fsdp_err_prefix(err, "training (cuda): reduce-scatter of the gradient of %s", p->name) : 0;
+}
+
+static int buf_of(const llama_fsdp_cuda *f, int layer) { return f->opt.keep_gathered ? layer : layer % 2; }
+
+/* Queues the all-gather of layer i into its buffer unless the buffer already holds it (the
+ * parameters do not change within a step). */
+static int issue_gather(llama_fsdp_cuda *f, int i, fsdp_err *err) {
+    int b = buf_of(f, i);
+    if (f->buf_layer[b] == i) return 0;
+    TRY(llama_fsdp_cuda_event_wait(f->d, DEV_STREAM_COMM, f->use_done[b], err)); /* its last reader */
+    for (int k = 0; k < LLAMA_FSDP_CUDA_LAYER_PARAMS; k++)
+        TRY(gather_param(f, f->layer[i * LLAMA_FSDP_CUDA_LAYER_PARAMS + k],
+                         (char *)f->wbuf[b] + (size_t)f->layer_off[k] * f->es, err));
+    TRY(llama_fsdp_cuda_event_record(f->d, f->g_done[b], DEV_STREAM_COMM, err));
+    f->buf_layer[b] = i;
+    return 0;
+}
+
+/* Offloaded optimizer: once `after` (recorded on COMM after the reduce-scatter) completed, copy
+ * the gradients and parameters of ps[0..n) to the pinned staging buffers on the COPY stream and
+ * mark group g's event. */
+static int download_group(llama_fsdp_cuda *f, state_param *const *ps, int n, dev_event after, int g, fsdp_err *err) {
+    TRY(llama_fsdp_cuda_event_wait(f->d, DEV_STREAM_COPY, after, err));
+    for (int j = 0; j < n; j++) {
+        const state_param *p = ps[j];
+        size_t k = (size_t)(p - f->s->p), bytes = state_param_local_numel(p) * sizeof(float);
+        if (!bytes) continue;
+        TRY(dev_copy_d2h(f->d, f->h_stage + f->h_off[k], p->d_grad, bytes, DEV_STREAM_COPY, err));
+        TRY(dev_copy_d2h(f->d, f->h_stage + f->stage_total + f->h_off[k], p->d_data, bytes, DEV_STREAM_COPY, err));
+    }
+    return llama_fsdp_cuda_event_record(f->d, f->ev_dl[g], DEV_STREAM_COPY, err);
+}
+
+static int forward(llama_fsdp_cuda *f, const int32_t *tokens, const int32_t *labels, fsdp_err *err) {
+    const llama_config *cfg = &f->cfg;
+    dev_ctx *d = f->d;
+    /* the embedding, final norm and output weights stay gathered for the whole step */
+    TRY(gather_param(f, f->embed, f->full_embed, err));
+    TRY(gather_param(f, f->norm, f->full_norm, err));
+    TRY(gather_param(f, f->output, f->full_output, err));
+    TRY(llama_fsdp_cuda_event_record(d, f->ev[LLAMA_FSDP_CUDA_EV_HEAD_W], DEV_STREAM_COMM, err));
+    TRY(issue_gather(f, 0, err));
+    TRY(llama_fsdp_cuda_event_wait(d, DEV_STREAM_COMPUTE, f->ev[LLAMA_FSDP_CUDA_EV_HEAD_W], err));
+    TRY(llama_cuda_fwd_embed(cfg, f->full_embed, tokens, labels, f->B, f->T, f->ws, err));
+    for (int i = 0; i < cfg->n_layers; i++) {
+        if (i + 1 < cfg->n_layers) TRY(issue_gather(f, i + 1, err)); /* prefetch, overlaps layer i */
+        int b = buf_of(f, i);
+        TRY(llama_fsdp_cuda_event_wait(d, DEV_STREAM_COMPUTE, f->g_done[b], err));
+        llama_cuda_layer lw;
+        llama_cuda_layer_bind(cfg, f->wbuf[b], f->dt, &lw);
+        TRY(llama_cuda_fwd_layer(cfg, &lw, i, f->ws, err));
+        TRY(llama_fsdp_cuda_event_record(d, f->use_done[b], DEV_STREAM_COMPUTE, err));
+    }
+    TRY(llama_cuda_fwd_head(cfg, f->full_norm, f->full_output, f->ws, NULL, err));
+    /* this rank's loss sum, all-reduced with the gradient norm at the end */
+    return dev_copy_d2d(d, f->d_stats, llama_cuda_ws_loss_sums(f->ws), sizeof(double), DEV_STREAM_COMPUTE, err);
+}
+
+static int backward(llama_fsdp_cuda *f, double denom, fsdp_err *err) {
+    const llama_config *cfg = &f->cfg;
+    dev_ctx *d = f->d;
+    const int L = cfg->n_layers;
+    const size_t V = (size_t)cfg->vocab_size, dim = (size_t)cfg->dim;
+    TRY(dev_memset0(d, f->grad_norm, dim * sizeof(float), DEV_STREAM_COMPUTE, err));
+    TRY(dev_memset0(d, f->grad_output, V * dim * sizeof(float), DEV_STREAM_COMPUTE, err));
+    TRY(dev_memset0(d, f->grad_embed, V * dim * sizeof(float), DEV_STREAM_COMPUTE, err));
+    TRY(issue_gather(f, L - 1, err));
+    TRY(llama_cuda_bwd_head(cfg, f->full_norm, f->full_output, f->grad_norm, f->grad_output, denom, f->ws, err));
+    TRY(llama_fsdp_cuda_event_record(d, f->ev[LLAMA_FSDP_CUDA_EV_HEAD_G], DEV_STREAM_COMPUTE, err));
+    TRY(llama_fsdp_cuda_event_wait(d, DEV_STREAM_COMM, f->ev[LLAMA_FSDP_CUDA_EV_HEAD_G], err));
+    TRY(reduce_param(f, f->norm, f->grad_norm, err));
+    TRY(reduce_param(f, f->output, f->grad_output, err));
+    if (f->offload) {
+        state_param *head[2] = {f->norm, f->output};
+        TRY(llama_fsdp_cuda_event_record(d, f->ev[LLAMA_FSDP_CUDA_EV_HEAD_RS], DEV_STREAM_COMM, err));
+        TRY(download_group(f, head, 2, f->ev[LLAMA_FSDP_CUDA_EV_HEAD_RS], L, err));
+    }
+    for (int i = L - 1; i >= 0; i--) {
+        if (i >= 1) TRY(issue_gather(f, i - 1, err)); /* prefetch, overlaps layer i */
+        int b = buf_of(f, i), gb = i % 2;
+        TRY(llama_fsdp_cuda_event_wait(d, DEV_STREAM_COMPUTE, f->g_done[b], err));
+        /* the gradient buffer's previous reduce-scatter (layer i+2) must be done */
+        TRY(llama_fsdp_cuda_event_wait(d, DEV_STREAM_COMPUTE, f->rs_done[gb], err));
+        TRY(dev_memset0(d, f->gbuf[gb], (size_t)f->layer_numel * sizeof(float), DEV_STREAM_COMPUTE, err));
+        llama_cuda_layer lw;
+        llama_model_layer lg;
+        llama_cuda_layer_bind(cfg, f->wbuf[b], f->dt, &lw);
+        llama_model_layer_bind(cfg, f->gbuf[gb], &lg);
+        TRY(llama_cuda_bwd_layer(cfg, &lw, &lg, i, f->ws, err));
+        TRY(llama_fsdp_cuda_event_record(d, f->use_done[b], DEV_STREAM_COMPUTE, err));
+        TRY(llama_fsdp_cuda_event_record(d, f->gl_ready[gb], DEV_STREAM_COMPUTE, err));
+        TRY(llama_fsdp_cuda_event_wait(d, DEV_STREAM_COMM, f->gl_ready[gb], err));
+        state_param **ps = f->layer + (size_t)i * LLAMA_FSDP_CUDA_LAYER_PARAMS;
+        for (int k = 0; k < LLAMA_FSDP_CUDA_LAYER_PARAMS; k++)
+            TRY(reduce_param(f, ps[k], f->gbuf[gb] + f->layer_off[k], err));
+        TRY(llama_fsdp_cuda_event_record(d, f->rs_done[gb], DEV_STREAM_COMM, err));
+        if (f->offload) TRY(download_group(f, ps, LLAMA_FSDP_CUDA_LAYER_PARAMS, f->rs_done[gb], i, err));
+    }
+    TRY(llama_cuda_bwd_embed(cfg, f->grad_embed, f->ws, err));
+    TRY(llama_fsdp_cuda_event_record(d, f->ev[LLAMA_FSDP_CUDA_EV_EMBED_G], DEV_STREAM_COMPUTE, err));
+    TRY(llama_fsdp_cuda_event_wait(d, DEV_STREAM_COMM, f->ev[LLAMA_FSDP_CUDA_EV_EMBED_G], err));
+    TRY(reduce_param(f, f->embed, f->grad_embed, err));
+    if (f->offload) {
+        TRY(llama_fsdp_cuda_event_record(d, f->ev[LLAMA_FSDP_CUDA_EV_EMBED_RS], DEV_STREAM_COMM, err));
+        TRY(download_group(f, &f->embed, 1, f->ev[LLAMA_FSDP_CUDA_EV_EMBED_RS], L + 1, err));
+    }
+    return 0;
+}
+
+int llama_fsdp_cuda_grads(llama_fsdp_cuda *f, const int32_t *tokens, const int32_t *labels, llama_fsdp_result *res,
+                          fsdp_err *err) {
+    if (!f || !tokens || !labels || !res)
+        return fsdp_err_set(err, FSDP_E_INVALID, "training (cuda): no trainer, tokens, labels or result");
+    dev_ctx *d = f->d;
+    /* global number of tokens in the mean (host labels, host all-reduce) */
+    int64_t nvalid = 0;
+    for (int64_t i = 0; i < (int64_t)f->B * f->T; i++) nvalid += labels[i] != LLAMA_MODEL_IGNORE_INDEX;
+    TRY(comm_allreduce(f->c, &nvalid, 1, COMM_I64, COMM_SUM, err));
+    /* every stream after the previous step (optimizer, uploads) and the other way round */
+    TRY(dev_stream_wait(d, DEV_STREAM_COMPUTE, DEV_STREAM_COPY, err));
+    TRY(dev_stream_wait(d, DEV_STREAM_COMPUTE, DEV_STREAM_COMM, err));
+    TRY(dev_stream_wait(d, DEV_STREAM_COMM, DEV_STREAM_COMPUTE, err));
+    TRY(dev_stream_wait(d, DEV_STREAM_COPY, DEV_STREAM_COMPUTE, err));
+    for (int b = 0; b < f->nbuf; b++) f->buf_layer[b] = -1;
+    TRY(forward(f, tokens, labels, err));
+    TRY(backward(f, (double)(nvalid > 0 ? nvalid : 1), err));
+    /* global gradient norm: local sum of squares, all-reduced with the loss sum in one call;
+     * the one host synchronisation of the step */
+    TRY(dev_stream_wait(d, DEV_STREAM_COMPUTE, DEV_STREAM_COMM, err));
+    TRY(kcu_list_grad_sumsq(f->list, f->d_stats + 1, dev_ctx_stream(d, DEV_STREAM_COMPUTE), err));
+    TRY(dev_stream_wait(d, DEV_STREAM_COMM, DEV_STREAM_COMPUTE, err));
+    int rc = comm_dev_allreduce(f->c, f->d_stats, 2, COMM_F64, COMM_SUM, comm_stream(f), err);
+    if (rc) return fsdp_err_prefix(err, "training (cuda): all-reduce of the loss and gradient norm");
+    TRY(dev_copy_d2h(d, f->h_stats, f->d_stats, 2 * sizeof(double), DEV_STREAM_COMM, err));
+    TRY(dev_stream_sync(d, DEV_STREAM_COMM, err));
+    res->loss = nvalid > 0 ? f->h_stats[0] / (double)nvalid : 0.0;
+    res->tokens = nvalid;
+    res->grad_norm = f->h_stats[1] >= 0 ? sqrt(f->h_stats[1]) : NAN;
+    return 0;
+}
+
+/* AdamW on the CPU for each downloaded group, in the order the copies were queued; each updated
+ * parameter is uploaded at once on the COPY stream. */
+static int offloaded_adamw(llama_fsdp_cuda *f, double coef, const kc_adamw_hparams *ah, int64_t step,
+                           fsdp_err *err) {
+    const int L = f->cfg.n_layers;
+    for (int j = 0; j < L + 2; j++) {
+        int g = j == 0 ? L : j <= L ? L - j : L + 1; /* head, layers L-1..0, embedding */
+        state_param *head[2] = {f->norm, f->output};
+        state_param **ps = g == L ? head : g == L + 1 ? &f->embed : f->layer + (size_t)g * LLAMA_FSDP_CUDA_LAYER_PARAMS;
+        int n = g == L ? 2 : g == L + 1 ? 1 : LLAMA_FSDP_CUDA_LAYER_PARAMS;
+        TRY(llama_fsdp_cuda_event_sync(f->ev_dl[g], err));
+        for (int q = 0; q < n; q++) {
+            state_param *p = ps[q];
+            size_t k = (size_t)(p - f->s->p), cnt = state_param_local_numel(p);
+            if (!cnt) continue;
+            float *hg = f->h_stage + f->h_off[k], *hp = f->h_stage + f->stage_total + f->h_off[k];
+            if (coef < 1.0) kc_scale(hg, (int64_t)cnt, (float)coef);
+            kc_adamw_step(hp, hg, p->exp_avg, p->exp_avg_sq, (int64_t)cnt, ah, step);
+            TRY(dev_copy_h2d(f->d, p->d_data, hp, cnt * sizeof(float), DEV_STREAM_COPY, err));
+        }
+    }
+    /* the next work on the compute stream sees the new parameters */
+    return dev_stream_wait(f->d, DEV_STREAM_COMPUTE, DEV_STREAM_COPY, err);
+}
+
+int llama_fsdp_cuda_step(llama_fsdp_cuda *f, const int32_t *tokens, const int32_t *labels,
+                         const llama_fsdp_hparams *hp, llama_fsdp_result *res, fsdp_err *err) {
+    if (!hp) return fsdp_err_set(err, FSDP_E_INVALID, "training (cuda): no hyper-parameters");
+    TRY(llama_fsdp_cuda_grads(f, tokens, labels, res, err));
+    fsdp_state *s = f->s;
+    if (!isfinite(res->loss) || !isfinite(res->grad_norm))
+        return fsdp_err_set(err, FSDP_E_NUMERIC,
+                            "training step %lld: non-finite loss (%g) or gradient norm (%g); nothing was updated",
+                            (long long)s->opt_step + 1, res->loss, res->grad_norm);
+    double coef = hp->max_norm > 0 ? kc_clip_coef(res->grad_norm, hp->max_norm) : 1.0;
+    int64_t step = s->opt_step + 1;
+    kc_adamw_hparams ah = {hp->lr, hp->beta1, hp->beta2, hp->eps, hp->weight_decay};
+    kcu_stream cs = dev_ctx_stream(f->d, DEV_STREAM_COMPUTE);
+    if (f->offload) {
+        TRY(state_alloc_optimizer(s, err)); /* host moments (zeroed) where missing */
+        TRY(offloaded_adamw(f, coef, &ah, step, err));
+        /* the device gradients end clipped too, like the CPU path's */
+        if (coef < 1.0) TRY(kcu_list_grad_scale(f->list, (float)coef, cs, err));
+    } else {
+        if (coef < 1.0) TRY(kcu_list_grad_scale(f->list, (float)coef, cs, err));
+        TRY(kcu_adamw_step(f->list, &ah, step, cs, err));
+    }
+    s->has_optimizer = 1;
+    s->opt_step = step;
+    s->lr = hp->lr;
+    s->beta1 = hp->beta1;
+    s->beta2 = hp->beta2;
+    s->eps = hp->eps;
+    s->weight_decay = hp->weight_decay;
+    return 0;
+}

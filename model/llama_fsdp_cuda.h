@@ -1,0 +1,97 @@
+/* One FSDP2-style training step of the Llama model on the GPU, on the sharded state's device
+ * arrays (runtime/state.h: d_data, d_grad, d_exp_avg, d_exp_avg_sq). Same semantics and order of
+ * operations as model/llama_fsdp.h:
+ *
+ *   forward:  all-gather embedding, norm, output; per layer all-gather -> forward
+ *   backward: head; per layer (last to first) all-gather (unless still resident) -> gradients
+ *             into a full-layer f32 buffer -> reduce-scatter (sum) into the local d_grad; embedding
+ *   global gradient norm (sum of squares of the local shards, all-reduced); clipping; AdamW on the
+ *   local shards; the loss is the mean over all global tokens.
+ *
+ * Precision (FSDP2 MixedPrecisionPolicy):
+ *   LLAMA_FSDP_MIXED_NONE  float32 everywhere (matches the CPU path to ~1e-6).
+ *   LLAMA_FSDP_MIXED_BF16  param_dtype=bf16, reduce_dtype=fp32: each rank casts its f32 shard to
+ *                          bf16 and the all-gather moves bf16; activations are bf16 with f32
+ *                          accumulation; gradients, their reduce-scatter, the master weights and
+ *                          AdamW stay float32.
+ *
+ * Streams (runtime/device.h): collectives run on DEV_STREAM_COMM, model kernels on
+ * DEV_STREAM_COMPUTE, offloaded-optimizer copies on DEV_STREAM_COPY, ordered by CUDA events. The
+ * all-gather of the next layer is issued before the current layer's compute (prefetch), so it
+ * overlaps it; the reduce-scatter of layer i overlaps the backward of layer i-1. Gathered layers
+ * live in two rotating buffers (FSDP2 reshard_after_forward=True: the backward re-gathers every
+ * layer that is no longer resident, i.e. all but the last two) or, with keep_gathered, in one
+ * buffer per layer (no re-gather in the backward, more memory).
+ *
+ * Optimizer placement: moments on the device (d_exp_avg/d_exp_avg_sq; allocated zeroed at create
+ * when missing, host moments present at create are moved there) -> one multi-tensor AdamW launch;
+ * s->offloaded -> moments stay in host memory (exp_avg/exp_avg_sq): each layer's gradients and
+ * parameters are copied to pinned host memory on the COPY stream as soon as its reduce-scatter
+ * finished (during the rest of the backward), AdamW runs on the CPU (kc_adamw_step) per parameter
+ * as its copy arrives, and each updated parameter is uploaded at once (overlapping the CPU work on
+ * the following parameters). Both run the same float operations (kcu_adamw_step mirrors
+ * kc_adamw_step exactly): bit-identical results from identical gradients.
+ *
+ * Host synchronisation: one per step, reading back the global loss sum and gradient sum of squares
+ * (both all-reduced on the device in one call) to decide clipping and finiteness; the offloaded
+ * optimizer additionally waits for each parameter's download.
+ *
+ * Requirements: every parameter's d_data on the device of `d` (no host master copy: the offload
+ * of master weights is not supported here); gradients are allocated on the device when missing
+ * (a host gradient array is freed: gradients carry no value between steps). The device arrays
+ * this module allocates belong to the state afterwards (freed with the state's device arrays).
+ * comm_dev_init must have succeeded on `c` (llama_fsdp_cuda_create calls it). */
+#ifndef FSDP_MODEL_LLAMA_FSDP_CUDA_H
+#define FSDP_MODEL_LLAMA_FSDP_CUDA_H
+
+#include <stdint.h>
+
+#include "fsdp/error.h"
+#include "model/llama_fsdp.h"
+#include "runtime/comm.h"
+#include "runtime/device.h"
+#include "runtime/state.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum llama_fsdp_mixed { LLAMA_FSDP_MIXED_NONE = 0, LLAMA_FSDP_MIXED_BF16 = 1 } llama_fsdp_mixed;
+
+/* Activation checkpointing. FULL keeps only each layer's input and recomputes the layer's forward
+ * in its backward (torchtitan's activation_checkpoint.mode = "full"). */
+typedef enum llama_fsdp_ac { LLAMA_FSDP_AC_NONE = 0, LLAMA_FSDP_AC_FULL = 1 } llama_fsdp_ac;
+
+typedef struct llama_fsdp_cuda_options {
+    llama_fsdp_mixed mixed;
+    llama_fsdp_ac ac;
+    int keep_gathered; /* 1: keep every gathered layer from the forward for the backward */
+} llama_fsdp_cuda_options;
+
+/* "none" / "bf16" and "none" / "full" -> the enums; FSDP_E_INVALID naming the value otherwise. */
+int llama_fsdp_mixed_from_name(const char *name, llama_fsdp_mixed *out, fsdp_err *err);
+int llama_fsdp_ac_from_name(const char *name, llama_fsdp_ac *out, fsdp_err *err);
+
+typedef struct llama_fsdp_cuda llama_fsdp_cuda;
+
+/* opt NULL: defaults (f32, no checkpointing, two gather buffers). */
+int llama_fsdp_cuda_create(fsdp_state *s, comm *c, dev_ctx *d, int local_batch, int seq_len,
+                           const llama_fsdp_cuda_options *opt, llama_fsdp_cuda **out, fsdp_err *err);
+/* Waits for the device work and frees the buffers (not the state's arrays). */
+void llama_fsdp_cuda_free(llama_fsdp_cuda *f);
+/* Forward and backward only: the global loss, token count and gradient norm; the reduce-scattered
+ * gradients in every p->d_grad. */
+int llama_fsdp_cuda_grads(llama_fsdp_cuda *f, const int32_t *tokens, const int32_t *labels, llama_fsdp_result *res,
+                          fsdp_err *err);
+/* A whole step (llama_fsdp_step's semantics): grads, then (if finite) clip and AdamW; s->opt_step
+ * advances. A non-finite loss or gradient fails with FSDP_E_NUMERIC and changes no parameter,
+ * moment or counter. */
+int llama_fsdp_cuda_step(llama_fsdp_cuda *f, const int32_t *tokens, const int32_t *labels,
+                         const llama_fsdp_hparams *hp, llama_fsdp_result *res, fsdp_err *err);
+/* Bytes of device memory this module holds (gather/gradient buffers, workspace). */
+size_t llama_fsdp_cuda_bytes(const llama_fsdp_cuda *f);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

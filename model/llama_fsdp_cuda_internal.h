@@ -1,0 +1,63 @@
+/* Private to model/llama_fsdp_cuda*.c: the GPU trainer's buffers and events. */
+#ifndef FSDP_MODEL_LLAMA_FSDP_CUDA_INTERNAL_H
+#define FSDP_MODEL_LLAMA_FSDP_CUDA_INTERNAL_H
+
+#include "kernels/cuda/kcu.h"
+#include "model/llama_cuda.h"
+#include "model/llama_fsdp_cuda.h"
+#include "model/llama_fsdp_cuda_event.h"
+
+#define LLAMA_FSDP_CUDA_LAYER_PARAMS 9
+
+enum {
+    LLAMA_FSDP_CUDA_EV_HEAD_W = 0, /* COMM: embedding, norm, output gathered */
+    LLAMA_FSDP_CUDA_EV_HEAD_G,     /* COMPUTE: head gradients written */
+    LLAMA_FSDP_CUDA_EV_HEAD_RS,    /* COMM: head gradients reduce-scattered */
+    LLAMA_FSDP_CUDA_EV_EMBED_G,    /* COMPUTE: embedding gradient written */
+    LLAMA_FSDP_CUDA_EV_EMBED_RS,   /* COMM: embedding gradient reduce-scattered */
+    LLAMA_FSDP_CUDA_EV_COUNT
+};
+
+struct llama_fsdp_cuda {
+    fsdp_state *s;
+    comm *c;
+    dev_ctx *d;
+    llama_config cfg;
+    int B, T;
+    llama_fsdp_cuda_options opt;
+    int world, rank;
+    fsdp_dtype dt; /* compute / all-gather dtype */
+    size_t es;     /* its size */
+    llama_cuda_ws *ws;
+    state_param *embed, *norm, *output;
+    state_param **layer; /* n_layers * 9 in the flat layer order */
+    int64_t layer_off[LLAMA_FSDP_CUDA_LAYER_PARAMS];
+    int64_t layer_numel;
+    /* gathered layers: nbuf buffers (2, or n_layers with keep_gathered), what each holds, and
+     * events: gather done (COMM), last compute reading it done (COMPUTE) */
+    int nbuf;
+    void **wbuf;
+    int *buf_layer;
+    dev_event *g_done, *use_done;
+    /* full-layer f32 gradients, two rotating: written (COMPUTE), reduce-scattered (COMM) */
+    float *gbuf[2];
+    dev_event gl_ready[2], rs_done[2];
+    void *full_embed, *full_norm, *full_output;   /* gathered, dtype dt */
+    float *grad_embed, *grad_norm, *grad_output; /* full f32 gradients */
+    dev_event ev[LLAMA_FSDP_CUDA_EV_COUNT];
+    size_t *blocks;   /* s->n * world: elements of each rank's block of each parameter */
+    int64_t *own_off; /* s->n: element offset of this rank's block in the full parameter */
+    size_t *bytes;    /* world: scratch for the all-gather sizes */
+    kcu_tensor_list *list;
+    double *d_stats; /* device [2]: loss sum, gradient sum of squares */
+    double *h_stats; /* pinned host copy */
+    /* offloaded optimizer: pinned staging [grads | params] of stage_total floats each */
+    int offload;
+    float *h_stage;
+    size_t stage_total;
+    size_t *h_off;    /* s->n: offset of each parameter in a half of h_stage */
+    dev_event *ev_dl; /* n_layers + 2 download groups: layers, head (n_layers), embedding (+1) */
+    size_t dev_bytes;
+};
+
+#endif

@@ -1,0 +1,62 @@
+/* train-steps' CPU / GPU backend switch (stages/train_backend.h). */
+#include "stages/train_backend.h"
+
+#include <string.h>
+#include <sys/resource.h>
+
+int train_on_gpu(fsdp_ctx *ctx, const fsdp_state *s) {
+    (void)ctx;
+    if (!s || !s->dev) return 0;
+    for (size_t k = 0; k < s->n; k++)
+        if (s->p[k].d_data) return 1;
+    return 0;
+}
+
+int train_backend_open(fsdp_ctx *ctx, fsdp_state *s, comm *c, int B, int T, const llama_fsdp_cuda_options *opt,
+                       train_backend *b, fsdp_err *err) {
+    memset(b, 0, sizeof *b);
+    if (train_on_gpu(ctx, s)) {
+        b->on_gpu = 1;
+        b->dev = s->dev;
+        return llama_fsdp_cuda_create(s, c, s->dev, B, T, opt, &b->gpu, err);
+    }
+    if (opt && opt->mixed != LLAMA_FSDP_MIXED_NONE)
+        return fsdp_err_set(err, FSDP_E_INVALID,
+                            "train-steps: mixed: bf16 needs the model on the GPU (runtime.device: cuda); the CPU path "
+                            "trains in float32 (mixed: none)");
+    return llama_fsdp_create_ac(s, c, B, T, opt && opt->ac == LLAMA_FSDP_AC_FULL, &b->cpu, err);
+}
+
+int train_backend_step(train_backend *b, const int32_t *tokens, const int32_t *labels, const llama_fsdp_hparams *hp,
+                       llama_fsdp_result *res, fsdp_err *err) {
+    return b->on_gpu ? llama_fsdp_cuda_step(b->gpu, tokens, labels, hp, res, err)
+                     : llama_fsdp_step(b->cpu, tokens, labels, hp, res, err);
+}
+
+void train_backend_close(train_backend *b) {
+    llama_fsdp_cuda_free(b->gpu);
+    llama_fsdp_free(b->cpu);
+    memset(b, 0, sizeof *b);
+}
+
+void train_backend_reset_peak(train_backend *b) {
+    if (b->on_gpu && b->dev) dev_mem_reset_peak(b->dev);
+}
+
+double train_backend_peak_mib(const train_backend *b, const char **name) {
+    if (b->on_gpu && b->dev) {
+        dev_mem_stats dm, pm;
+        dev_mem_stats_get(b->dev, &dm, &pm);
+        *name = "peak_device_mem_mib";
+        return (double)dm.peak_in_use / (1024.0 * 1024.0);
+    }
+    struct rusage ru;
+    *name = "peak_rss_mib";
+    if (getrusage(RUSAGE_SELF, &ru)) return 0;
+    return (double)ru.ru_maxrss / 1024.0; /* KiB on Linux */
+}
+
+double train_mfu_percent(double flops_per_token, double tokens_per_s_per_device, double peak_tflops) {
+    if (!(peak_tflops > 0) || !(flops_per_token > 0) || !(tokens_per_s_per_device > 0)) return 0;
+    return 100.0 * flops_per_token * tokens_per_s_per_device / (peak_tflops * 1e12);
+}
