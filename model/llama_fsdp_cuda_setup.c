@@ -168,48 +168,24 @@ static int shard_blocks(llama_fsdp_cuda *f, fsdp_err *err) {
     return 0;
 }
 
-/* Gradients and moments on the device (moments on the host when the state is offloaded). */
+/* Gradients and moments on the device (moments in pinned host memory when the state is offloaded),
+ * through the state's placement functions (runtime/state.h), which know how each array was
+ * allocated (malloc, pinned or device). */
 static int place_state(llama_fsdp_cuda *f, fsdp_err *err) {
     fsdp_state *s = f->s;
-    dev_ctx *d = f->d;
+    int rc;
+    if ((rc = state_attach_device(s, f->d, err))) return fsdp_err_prefix(err, "training (cuda)");
     for (size_t k = 0; k < s->n; k++) {
         state_param *p = &s->p[k];
-        size_t n = state_param_local_numel(p), bytes = (n ? n : 1) * sizeof(float);
-        if (!p->d_grad) {
-            void *g;
-            if (dev_alloc(d, bytes, &g, err) || dev_memset0(d, g, bytes, DEV_STREAM_COMPUTE, err))
-                return fsdp_err_prefix(err, "training (cuda): gradient of %s", p->name);
-            p->d_grad = g;
-            free(p->grad); /* gradients carry nothing between steps */
-            p->grad = NULL;
-        }
-        float **host[2] = {&p->exp_avg, &p->exp_avg_sq};
-        float **dev[2] = {&p->d_exp_avg, &p->d_exp_avg_sq};
-        for (int j = 0; j < 2; j++) {
-            if (!f->offload && !*dev[j]) {
-                void *m;
-                if (dev_alloc(d, bytes, &m, err))
-                    return fsdp_err_prefix(err, "training (cuda): optimizer state of %s", p->name);
-                int rc = *host[j] ? dev_upload(d, m, *host[j], n * sizeof(float), err)
-                                  : dev_memset0(d, m, bytes, DEV_STREAM_COMPUTE, err);
-                if (rc) {
-                    dev_free(d, m, err);
-                    return fsdp_err_prefix(err, "training (cuda): optimizer state of %s", p->name);
-                }
-                *dev[j] = m;
-                free(*host[j]);
-                *host[j] = NULL;
-            } else if (f->offload && *dev[j] && !*host[j]) {
-                float *h = calloc(n ? n : 1, sizeof(float));
-                if (!h) return fsdp_err_set(err, FSDP_E_NOMEM, "training (cuda): optimizer state of %s", p->name);
-                if (dev_download(d, h, *dev[j], n * sizeof(float), err)) {
-                    free(h);
-                    return fsdp_err_prefix(err, "training (cuda): optimizer state of %s", p->name);
-                }
-                dev_free(d, *dev[j], err);
-                *dev[j] = NULL;
-                *host[j] = h;
-            }
+        /* gradients carry nothing between steps: fresh zeros on the device */
+        if (!p->d_grad && (rc = state_param_alloc(s, p, STATE_GRAD, STATE_DEVICE, 1, err)))
+            return fsdp_err_prefix(err, "training (cuda): gradient of %s", p->name);
+        for (state_array a = STATE_EXP_AVG; a <= STATE_EXP_AVG_SQ; a++) {
+            state_place want = f->offload ? STATE_PINNED : STATE_DEVICE;
+            state_place at = state_place_of(p, a);
+            if (at == STATE_ABSENT) rc = state_param_alloc(s, p, a, want, 1, err);
+            else if (at != want && !(f->offload && at == STATE_HOST)) rc = state_param_move(s, p, a, want, err);
+            if (rc) return fsdp_err_prefix(err, "training (cuda): optimizer state of %s", p->name);
         }
     }
     kcu_tensor *t = calloc(s->n, sizeof *t);
@@ -219,7 +195,7 @@ static int place_state(llama_fsdp_cuda *f, fsdp_err *err) {
         t[k] = (kcu_tensor){p->d_data, p->d_grad, f->offload ? NULL : p->d_exp_avg,
                             f->offload ? NULL : p->d_exp_avg_sq, (int64_t)state_param_local_numel(p)};
     }
-    int rc = kcu_tensor_list_create(t, (int)s->n, &f->list, err);
+    rc = kcu_tensor_list_create(t, (int)s->n, &f->list, err);
     free(t);
     return rc ? fsdp_err_prefix(err, "training (cuda): optimizer tensor list") : 0;
 }

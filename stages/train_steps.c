@@ -113,12 +113,13 @@ static int train_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
     fsdp_state *s = state_get(ctx);
     if (!s || !s->has_cfg) return fsdp_err_set(err, FSDP_E_INVALID, "train-steps: no model in the context");
     comm *c = stage_comm(ctx);
-    /* this training step runs on the host: a state on the GPU comes to host memory first */
-    if (state_on_device(s)) {
-        fsdp_log(ctx, FSDP_LOG_INFO, "train-steps: the step runs on the CPU; moving the state to host memory");
-        int mrc = state_to_host(s, err);
-        if (mrc) return fsdp_err_prefix(err, "train-steps");
-    }
+    /* the state goes where the run's device is (runtime.device): the GPU step needs every
+     * parameter on the device and the NCCL communicator (at every world size), the CPU step
+     * host memory */
+    int on_gpu = 0;
+    int prc = stage_place_state(ctx, s, &on_gpu, err);
+    if (!prc && on_gpu) prc = stage_device_nccl(ctx, err);
+    if (prc) return fsdp_err_prefix(err, "train-steps");
     int64_t steps = fsdp_arg_int(with, "steps", 0);
     const fsdp_value *betas = fsdp_value_get(with, "betas");
     llama_fsdp_hparams hp;
