@@ -80,6 +80,8 @@ static int ours_parse(const char *metrics, const char *report, int B, int T, res
     static const char *const step_names[] = {"step_s", NULL};
     static const char *const el_names[] = {"elapsed_s", NULL};
     static const char *const mfu_names[] = {"mfu", NULL};
+    static const char *const peak_mib[] = {"peak_device_mem_mib", "peak_rss_mib", NULL};
+    double peak = NAN;
     double mfu_sum = 0;
     int mfu_n = 0;
     while (fgets(line, sizeof line, f)) {
@@ -101,8 +103,10 @@ static int ours_parse(const char *metrics, const char *report, int B, int T, res
         prev = el;
         dt[n] = s;
         loss[n] = json_number_value(json_object_get(j, "loss"));
-        double m = num_any(j, mfu_names);
-        if (!isnan(m) && n >= 5) mfu_sum += m, mfu_n++;
+        double m = num_any(j, mfu_names); /* percent, as torchtitan logs it */
+        if (!isnan(m) && n >= 5) mfu_sum += m / 100.0, mfu_n++;
+        double pk = num_any(j, peak_mib);
+        if (!isnan(pk) && (isnan(peak) || pk > peak)) peak = pk;
         n++;
         json_decref(j);
     }
@@ -123,20 +127,9 @@ static int ours_parse(const char *metrics, const char *report, int B, int T, res
     r->mfu = mfu_n ? mfu_sum / mfu_n : NAN;
     free(dt);
     free(loss);
-    /* peak device memory from the run report's train stage metrics */
-    json_error_t je;
-    json_t *rep = json_load_file(report, 0, &je);
-    r->peak_gib = NAN;
-    json_t *st = json_object_get(rep, "stages");
-    static const char *const peak_gib[] = {"peak_device_mem_gib", "peak_mem_gib", NULL};
-    static const char *const peak_bytes[] = {"peak_device_mem_bytes", "peak_device_bytes", NULL};
-    for (size_t i = 0; i < json_array_size(st); i++) {
-        json_t *m = json_object_get(json_array_get(st, i), "metrics");
-        double g = num_any(m, peak_gib), b = num_any(m, peak_bytes);
-        if (!isnan(g)) r->peak_gib = g;
-        else if (!isnan(b)) r->peak_gib = b / 1073741824.0;
-    }
-    json_decref(rep);
+    /* peak memory: the largest per-step figure (device memory on the GPU, RSS on the CPU) */
+    (void)report;
+    r->peak_gib = peak / 1024.0;
     r->ok = 1;
     return 0;
 }
