@@ -303,10 +303,10 @@ TEST(LlamaInit, SeedsAndNamesGiveDifferentStreams) {
     EXPECT_LT(same_name, 3u);
     EXPECT_EQ(llama_init_stream(&a), rng_fnv1a64("layers.0.attention.wq.weight"));
     // element e of a parameter is rng element e of its stream
-    rng_trunc_normal t;
+    rng_dist t;
     fsdp_err err;
-    ASSERT_EQ(rng_trunc_normal_init(&t, 0, 0.02, -2, 2, &err), 0);
-    EXPECT_EQ(a0[100], (float)rng_trunc_normal_at(&t, 0, llama_init_stream(&a), 100));
+    ASSERT_EQ(rng_dist_trunc_normal(&t, 0, 0.02, -2, 2, &err), 0);
+    EXPECT_EQ(a0[100], rng_dist_at(&t, 0, llama_init_stream(&a), 100));
 }
 
 TEST(LlamaInit, BadArguments) {
