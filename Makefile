@@ -79,6 +79,10 @@ $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) $(CFLAGS) -c $< -o $@
 
+# The RNG fill loops vectorise only without errno handling of sqrtf and with FP compares treated
+# as non-trapping (neither changes a value).
+$(BUILD)/obj/runtime/rng.o: CFLAGS += -fno-math-errno -fno-trapping-math
+
 $(BUILD)/obj/%.cu.o: %.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@

@@ -3,11 +3,17 @@
  * on the world size or on the number of threads.
  *
  * Element e (row-major flat index in the full parameter) of parameter p with seed s is drawn from
- * rng stream rng_fnv1a64(p->name), index e, key s, with p->init's rule (llama_params.h):
- * normal -> rng_fill_normal, trunc_normal -> rng_fill_trunc_normal (torch's algorithm, in
- * double, rounded to float), ones -> 1.0f. bf16 output is the float value rounded to nearest even
- * (fsdp_f32_to_bf16). The values are not PyTorch's (which uses mt19937 on CPU, Philox on CUDA, in
- * a sequential stream): the distributions are the same, the bits are our own. */
+ * rng stream rng_fnv1a64(p->name), index e, key s, with p->init's rule (llama_params.h) turned
+ * into an rng_dist (llama_init_dist): normal -> rng_dist_normal, trunc_normal ->
+ * rng_dist_trunc_normal (torch's inverse-CDF algorithm in float32), ones -> the constant 1.0f.
+ * The same function runs on the GPU (llama_init_rows_dev, model/llama_init_cuda.c) and gives the
+ * same bits. bf16 output is the float value rounded to nearest even (fsdp_f32_to_bf16). The values
+ * are not PyTorch's (which uses mt19937 on CPU, Philox on CUDA, in a sequential stream): the
+ * distributions are the same, the bits are our own.
+ *
+ * The host fills are vectorised and run on all OpenMP threads; llama_init_jobs runs many
+ * (parameter, row range) pieces in one parallel region, so small parameters are filled side by
+ * side. */
 #ifndef FSDP_MODEL_LLAMA_INIT_H
 #define FSDP_MODEL_LLAMA_INIT_H
 
@@ -15,6 +21,8 @@
 
 #include "fsdp/error.h"
 #include "model/llama_params.h"
+#include "runtime/device.h"
+#include "runtime/rng.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -23,12 +31,35 @@ extern "C" {
 /* The rng stream of a parameter: rng_fnv1a64(p->name). */
 uint64_t llama_init_stream(const llama_param *p);
 
+/* The distribution of p's init rule (FSDP_E_INVALID naming p for a bad rule). */
+int llama_init_dist(const llama_param *p, rng_dist *d, fsdp_err *err);
+
+/* One piece of init work: rows [r0, r1) of p into f32 (or, when f32 is NULL, into bf16 as bf16
+ * bits). round_bf16 (f32 output only) stores each value rounded to bf16 precision, as a float. */
+typedef struct llama_init_job {
+    const llama_param *p;
+    int64_t r0, r1;
+    float *f32;
+    uint16_t *bf16;
+    int round_bf16;
+} llama_init_job;
+
+/* Runs every job on all OpenMP threads (one parallel region; the values are those of
+ * llama_init_rows_f32/bf16 whatever the thread count). Every job is checked before any is run. */
+int llama_init_jobs(const llama_init_job *jobs, int n, uint64_t seed, fsdp_err *err);
+
 /* Rows [r0, r1) of dim 0 of p (a 1-D parameter has rows of one element) into dst, which holds
  * (r1 - r0) * p->row_numel values. 0 <= r0 <= r1 <= p->shape[0]; an empty range is fine. */
 int llama_init_rows_f32(const llama_param *p, uint64_t seed, int64_t r0, int64_t r1, float *dst,
                         fsdp_err *err);
 int llama_init_rows_bf16(const llama_param *p, uint64_t seed, int64_t r0, int64_t r1,
                          uint16_t *dst, fsdp_err *err);
+
+/* Rows [r0, r1) of p into d_dst, a device buffer of (r1 - r0) * p->row_numel floats, generated on
+ * the current GPU of d (queued on its compute stream, not synchronised) with the same bits as
+ * llama_init_rows_f32. FSDP_E_DEVICE in a build without CUDA. */
+int llama_init_rows_dev(dev_ctx *d, const llama_param *p, uint64_t seed, int64_t r0, int64_t r1, float *d_dst,
+                        fsdp_err *err);
 
 /* Every parameter of the table into one flat buffer of t->total values (parameter i at
  * t->p[i].offset). */

@@ -159,4 +159,10 @@ int kcu_list_grad_scale(const kcu_tensor_list *l, float s, kcu_stream stream, fs
     NOCUDA(kcu_list_grad_scale);
 }
 
+int kcu_init_fill(float *dst, const rng_dist *dist, uint64_t seed, uint64_t stream, uint64_t start, int64_t n,
+                  kcu_stream s, fsdp_err *err) {
+    (void)dst, (void)dist, (void)seed, (void)stream, (void)start, (void)n, (void)s;
+    NOCUDA(kcu_init_fill);
+}
+
 #endif

@@ -2,59 +2,31 @@
 #include "runtime/rng.h"
 
 #include <math.h>
+#include <string.h>
 
 /* Ranges shorter than this are filled on the calling thread (OpenMP start-up costs more). */
-#define RNG_PAR_MIN 16384
+#define RNG_PAR_MIN 65536
+#define RNG_CHUNK_BLOCKS (RNG_CHUNK / 4)
+
+/* The vectorised chunk kernel is compiled for AVX-512, AVX2+FMA and the baseline, picked at load
+ * time (the results are the same bits: every operation is correctly rounded, see rng_math.h).
+ * The Makefile compiles this file with -fno-math-errno (sqrtf's argument is never negative here;
+ * with errno handling gcc does not vectorise the loops). */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__)
+#define RNG_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define RNG_CLONES
+#endif
 
 /* ---- Philox4x32-10 ------------------------------------------------------------------ */
 
-static inline void mulhilo32(uint32_t a, uint32_t b, uint32_t *hi, uint32_t *lo) {
-    uint64_t p = (uint64_t)a * (uint64_t)b;
-    *hi = (uint32_t)(p >> 32);
-    *lo = (uint32_t)p;
-}
-
-static inline void philox_round(uint32_t c[4], const uint32_t k[2]) {
-    uint32_t hi0, lo0, hi1, lo1;
-    mulhilo32(RNG_PHILOX_M0, c[0], &hi0, &lo0);
-    mulhilo32(RNG_PHILOX_M1, c[2], &hi1, &lo1);
-    uint32_t n0 = hi1 ^ c[1] ^ k[0];
-    uint32_t n2 = hi0 ^ c[3] ^ k[1];
-    c[0] = n0;
-    c[1] = lo1;
-    c[2] = n2;
-    c[3] = lo0;
-}
-
-static inline void philox10(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4]) {
-    uint32_t c[4] = {ctr[0], ctr[1], ctr[2], ctr[3]};
-    uint32_t k[2] = {key[0], key[1]};
-    for (int r = 0; r < 10; r++) {
-        if (r) {
-            k[0] += RNG_PHILOX_W0;
-            k[1] += RNG_PHILOX_W1;
-        }
-        philox_round(c, k);
-    }
-    out[0] = c[0];
-    out[1] = c[1];
-    out[2] = c[2];
-    out[3] = c[3];
-}
-
 void rng_philox4x32_10(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4]) {
-    philox10(ctr, key, out);
+    rng_hd_philox(ctr[0], ctr[1], ctr[2], ctr[3], key[0], key[1], out);
 }
 
-static inline void block(uint64_t seed, uint64_t stream, uint64_t index, uint32_t out[4]) {
-    const uint32_t key[2] = {(uint32_t)seed, (uint32_t)(seed >> 32)};
-    const uint32_t ctr[4] = {(uint32_t)index, (uint32_t)(index >> 32), (uint32_t)stream,
-                             (uint32_t)(stream >> 32)};
-    philox10(ctr, key, out);
-}
-
-void rng_block(uint64_t seed, uint64_t stream, uint64_t index, uint32_t out[4]) {
-    block(seed, stream, index, out);
+void rng_block(uint64_t seed, uint64_t stream, uint64_t b, uint32_t out[4]) {
+    rng_hd_philox((uint32_t)b, (uint32_t)(b >> 32), (uint32_t)stream, (uint32_t)(stream >> 32), (uint32_t)seed,
+                  (uint32_t)(seed >> 32), out);
 }
 
 uint64_t rng_fnv1a64(const char *s) {
@@ -66,41 +38,8 @@ uint64_t rng_fnv1a64(const char *s) {
     return h;
 }
 
-/* ---- uniform and normal ------------------------------------------------------------- */
-
-/* 53 random bits as a double in (0,1): the odd multiples of 2^-54. */
-static inline double u53(uint32_t hi, uint32_t lo) {
-    uint64_t x = ((uint64_t)hi << 32 | lo) >> 11;
-    return ((double)x + 0.5) * 0x1p-53;
-}
-
-static inline double normal_of(const uint32_t x[4]) {
-    const double two_pi = 6.283185307179586476925286766559;
-    double u1 = u53(x[0], x[1]), u2 = u53(x[2], x[3]);
-    return sqrt(-2.0 * log(u1)) * cos(two_pi * u2);
-}
-
-double rng_uniform_at(uint64_t seed, uint64_t stream, uint64_t index) {
-    uint32_t x[4];
-    block(seed, stream, index, x);
-    return u53(x[0], x[1]);
-}
-
-static inline float uf32_of(const uint32_t x[4]) {
-    return ((float)(x[0] >> 9) + 0.5f) * 0x1p-23f;
-}
-
-float rng_uniform_f32_at(uint64_t seed, uint64_t stream, uint64_t index) {
-    uint32_t x[4];
-    block(seed, stream, index, x);
-    return uf32_of(x);
-}
-
-double rng_normal_at(uint64_t seed, uint64_t stream, uint64_t index) {
-    uint32_t x[4];
-    block(seed, stream, index, x);
-    return normal_of(x);
-}
+float rng_erfinvf(float x) { return rng_hd_erfinvf(x); }
+float rng_logf(float x) { return rng_hd_logf(x); }
 
 /* ---- erfinv ------------------------------------------------------------------------- */
 
@@ -141,77 +80,148 @@ double rng_norm_cdf(double x) {
     return (1.0 + erf(x / 1.41421356237309504880)) / 2.0;
 }
 
-/* ---- truncated normal --------------------------------------------------------------- */
+/* ---- distributions ------------------------------------------------------------------ */
 
-int rng_trunc_normal_init(rng_trunc_normal *t, double mean, double std, double a, double b,
-                          fsdp_err *err) {
-    if (!isfinite(mean) || !isfinite(std) || !(std > 0.0))
+void rng_dist_uniform(rng_dist *d) {
+    memset(d, 0, sizeof *d);
+    d->kind = RNG_DIST_UNIFORM;
+}
+
+void rng_dist_const(rng_dist *d, float value) {
+    memset(d, 0, sizeof *d);
+    d->kind = RNG_DIST_CONST;
+    d->mean = value;
+}
+
+static int float_ok(double v) { return isfinite(v) && fabs(v) <= 3.4028234663852886e38; }
+
+int rng_dist_normal(rng_dist *d, double mean, double std, fsdp_err *err) {
+    if (!float_ok(mean) || !float_ok(std) || !(std > 0.0) || !((float)std > 0.0f))
         return fsdp_err_set(err, FSDP_E_INVALID,
-                            "truncated normal: mean must be finite and std finite and > 0 "
+                            "normal: mean must be finite and std finite and > 0 in float32 "
                             "(got mean %g, std %g)", mean, std);
-    if (isnan(a) || isnan(b) || !(a < b))
-        return fsdp_err_set(err, FSDP_E_INVALID,
-                            "truncated normal: bounds must satisfy a < b (got a %g, b %g)", a, b);
-    double l = rng_norm_cdf((a - mean) / std);
-    double h = rng_norm_cdf((b - mean) / std);
-    t->mean = mean;
-    t->std = std;
-    t->a = a;
-    t->b = b;
-    t->lo = 2.0 * l - 1.0;
-    t->hi = 2.0 * h - 1.0;
-    if (!(t->hi > t->lo))
-        return fsdp_err_set(err, FSDP_E_INVALID,
-                            "truncated normal: [%g, %g] holds no probability mass of N(%g, %g^2) "
-                            "in double precision", a, b, mean, std);
+    memset(d, 0, sizeof *d);
+    d->kind = RNG_DIST_NORMAL;
+    d->mean = (float)mean;
+    d->std = (float)std;
     return FSDP_OK;
 }
 
-static inline double trunc_of(const rng_trunc_normal *t, const uint32_t x[4]) {
-    double v = t->lo + u53(x[0], x[1]) * (t->hi - t->lo);
-    double r = rng_erfinv(v) * (t->std * 1.41421356237309504880) + t->mean;
-    if (r < t->a) r = t->a; /* clamp_(a, b); NaN cannot occur: v is inside (-1, 1) */
-    if (r > t->b) r = t->b;
-    return r;
+int rng_dist_trunc_normal(rng_dist *d, double mean, double std, double a, double b, fsdp_err *err) {
+    if (!float_ok(mean) || !float_ok(std) || !(std > 0.0) || !((float)(std * 1.4142135623730951) > 0.0f) ||
+        !float_ok(std * 1.4142135623730951))
+        return fsdp_err_set(err, FSDP_E_INVALID,
+                            "truncated normal: mean must be finite and std finite and > 0 in float32 "
+                            "(got mean %g, std %g)", mean, std);
+    if (isnan(a) || isnan(b) || !(a < b))
+        return fsdp_err_set(err, FSDP_E_INVALID, "truncated normal: bounds must satisfy a < b (got a %g, b %g)",
+                            a, b);
+    double lo = 2.0 * rng_norm_cdf((a - mean) / std) - 1.0;
+    double hi = 2.0 * rng_norm_cdf((b - mean) / std) - 1.0;
+    float flo = (float)lo, fspan = (float)(hi - lo);
+    if (!(fspan > 0.0f) || !((float)hi > flo))
+        return fsdp_err_set(err, FSDP_E_INVALID,
+                            "truncated normal: [%g, %g] holds no probability mass of N(%g, %g^2) in float32", a, b,
+                            mean, std);
+    memset(d, 0, sizeof *d);
+    d->kind = RNG_DIST_TRUNC_NORMAL;
+    d->mean = (float)mean;
+    d->std = (float)std;
+    d->lo = flo;
+    d->span = fspan;
+    d->scale = (float)(std * 1.4142135623730951);
+    /* clamp_(a, b) in float: bounds outside float's range clamp nothing */
+    d->a = a < -3.4028234663852886e38 ? -INFINITY : (float)a;
+    d->b = b > 3.4028234663852886e38 ? INFINITY : (float)b;
+    return FSDP_OK;
 }
 
-double rng_trunc_normal_at(const rng_trunc_normal *t, uint64_t seed, uint64_t stream,
-                           uint64_t index) {
-    uint32_t x[4];
-    block(seed, stream, index, x);
-    return trunc_of(t, x);
+float rng_dist_at(const rng_dist *d, uint64_t seed, uint64_t stream, uint64_t index) {
+    float out[4];
+    rng_hd_dist_block(d, seed, stream, index >> 2, out);
+    return out[index & 3];
 }
 
-/* ---- fills -------------------------------------------------------------------------- */
+/* ---- vectorised fills --------------------------------------------------------------- */
 
-void rng_fill_uniform_f32(float *dst, uint64_t seed, uint64_t stream, uint64_t start, size_t n) {
-    const int64_t nn = (int64_t)n;
-#pragma omp parallel for schedule(static) if (n >= RNG_PAR_MIN)
-    for (int64_t k = 0; k < nn; k++) {
-        uint32_t x[4];
-        block(seed, stream, start + (uint64_t)k, x);
-        dst[k] = uf32_of(x);
+/* Elements 4 blk0 .. 4 blk0 + RNG_CHUNK - 1 into out. Loops over lanes with fixed trip counts so
+ * that gcc vectorises them. */
+RNG_CLONES static void chunk_f32(const rng_dist *dp, uint64_t seed, uint64_t stream, uint64_t blk0,
+                                 float out[RNG_CHUNK]) {
+    const rng_dist d = *dp;
+    uint32_t w[RNG_CHUNK];
+    const uint32_t lo0 = (uint32_t)blk0, hi0 = (uint32_t)(blk0 >> 32);
+    const uint32_t s0 = (uint32_t)stream, s1 = (uint32_t)(stream >> 32);
+    const uint32_t k0 = (uint32_t)seed, k1 = (uint32_t)(seed >> 32);
+    for (uint32_t i = 0; i < RNG_CHUNK_BLOCKS; i++) {
+        const uint32_t lo = lo0 + i, hi = hi0 + (lo < lo0);
+        uint32_t o[4];
+        rng_hd_philox(lo, hi, s0, s1, k0, k1, o);
+        w[4 * i] = o[0];
+        w[4 * i + 1] = o[1];
+        w[4 * i + 2] = o[2];
+        w[4 * i + 3] = o[3];
+    }
+    switch (d.kind) {
+    case RNG_DIST_UNIFORM:
+        for (int e = 0; e < RNG_CHUNK; e++) out[e] = rng_hd_u01(w[e]);
+        break;
+    case RNG_DIST_NORMAL:
+#pragma omp simd
+        for (int p = 0; p < RNG_CHUNK / 2; p++) {
+            float z0, z1;
+            rng_hd_normal_pair(w[2 * p], w[2 * p + 1], &z0, &z1);
+            out[2 * p] = RNG_FMA(z0, d.std, d.mean);
+            out[2 * p + 1] = RNG_FMA(z1, d.std, d.mean);
+        }
+        break;
+    case RNG_DIST_TRUNC_NORMAL:
+#pragma omp simd
+        for (int e = 0; e < RNG_CHUNK; e++) out[e] = rng_hd_trunc_of(&d, w[e]);
+        break;
+    default:
+        for (int e = 0; e < RNG_CHUNK; e++) out[e] = d.mean;
+        break;
     }
 }
 
-void rng_fill_normal(float *dst, uint64_t seed, uint64_t stream, uint64_t start, size_t n,
-                     double mean, double std) {
-    const int64_t nn = (int64_t)n;
-#pragma omp parallel for schedule(static) if (n >= RNG_PAR_MIN)
-    for (int64_t k = 0; k < nn; k++) {
-        uint32_t x[4];
-        block(seed, stream, start + (uint64_t)k, x);
-        dst[k] = (float)(mean + std * normal_of(x));
+void rng_fill_dist_serial(const rng_dist *d, float *dst, uint64_t seed, uint64_t stream, uint64_t start,
+                          size_t n) {
+    if (d->kind == RNG_DIST_CONST) {
+        for (size_t k = 0; k < n; k++) dst[k] = d->mean;
+        return;
+    }
+    float buf[RNG_CHUNK];
+    size_t k = 0;
+    while (k < n) {
+        const uint64_t e = start + k;
+        const uint64_t c0 = e - e % RNG_CHUNK; /* chunk of the stream holding e */
+        const size_t off = (size_t)(e - c0);
+        size_t m = RNG_CHUNK - off;
+        if (m > n - k) m = n - k;
+        if (off == 0 && m == RNG_CHUNK) {
+            chunk_f32(d, seed, stream, c0 / 4, dst + k);
+        } else {
+            chunk_f32(d, seed, stream, c0 / 4, buf);
+            memcpy(dst + k, buf + off, m * sizeof *dst);
+        }
+        k += m;
     }
 }
 
-void rng_fill_trunc_normal(float *dst, const rng_trunc_normal *t, uint64_t seed, uint64_t stream,
-                           uint64_t start, size_t n) {
-    const int64_t nn = (int64_t)n;
-#pragma omp parallel for schedule(static) if (n >= RNG_PAR_MIN)
-    for (int64_t k = 0; k < nn; k++) {
-        uint32_t x[4];
-        block(seed, stream, start + (uint64_t)k, x);
-        dst[k] = (float)trunc_of(t, x);
+void rng_fill_dist(const rng_dist *d, float *dst, uint64_t seed, uint64_t stream, uint64_t start, size_t n) {
+    if (n < RNG_PAR_MIN) {
+        rng_fill_dist_serial(d, dst, seed, stream, start, n);
+        return;
+    }
+    /* pieces of whole chunks of the stream (the first and last may be partial) */
+    const uint64_t first = start - start % RNG_CHUNK;
+    const int64_t pieces = (int64_t)((start + n - first + RNG_CHUNK * 16 - 1) / (RNG_CHUNK * 16));
+#pragma omp parallel for schedule(static)
+    for (int64_t q = 0; q < pieces; q++) {
+        uint64_t a = first + (uint64_t)q * RNG_CHUNK * 16, b = a + RNG_CHUNK * 16;
+        if (a < start) a = start;
+        if (b > start + n) b = start + n;
+        rng_fill_dist_serial(d, dst + (a - start), seed, stream, a, (size_t)(b - a));
     }
 }

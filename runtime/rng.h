@@ -1,25 +1,33 @@
 /* Counter-based random numbers: Philox4x32-10 (Salmon, Moraes, Dror, Shaw, "Parallel random
  * numbers: as easy as 1, 2, 3", SC'11), and the distributions the model init needs.
  *
- * Every value is a pure function of (seed, stream, index):
+ * Every value is a pure function of (seed, stream, index). Element i of a stream lies in Philox
+ * block b = i / 4, word j = i % 4, with
  *   key     = { seed & 0xffffffff, seed >> 32 }
- *   counter = { index & 0xffffffff, index >> 32, stream & 0xffffffff, stream >> 32 }
- * so element i of any stream can be generated alone, in any order, on any number of threads or
- * ranks, and always gives the same bits. For parameter init the stream is rng_fnv1a64(name) and the
- * index is the element's flat (row-major) index in the full, unsharded parameter.
+ *   counter = { b & 0xffffffff, b >> 32, stream & 0xffffffff, stream >> 32 }
+ * so any element can be generated alone, in any order, on any number of threads or ranks, on the
+ * host or on the GPU, and always gives the same bits. For parameter init the stream is
+ * rng_fnv1a64(name) and the index is the element's flat (row-major) index in the full, unsharded
+ * parameter.
  *
- * Each element uses exactly one Philox block (four 32-bit words x0..x3):
- *   uniform double in (0,1): u(a,b) = ((((uint64)a << 32 | b) >> 11) + 0.5) * 2^-53
- *                            rng_uniform_at uses u(x0, x1)
- *   uniform float in (0,1):  ((x0 >> 9) + 0.5) * 2^-23 (exact in float, never 0 or 1)
- *   standard normal:         Box-Muller, cosine branch, in double:
- *                            z = sqrt(-2 ln u(x0,x1)) * cos(2 pi u(x2,x3))
- *   truncated normal:        torch.nn.init.trunc_normal_'s inverse-CDF algorithm, in double:
- *                            l = Phi((a-mean)/std), h = Phi((b-mean)/std),
- *                            v = (2l-1) + u(x0,x1) * ((2h-1) - (2l-1)),
- *                            x = clamp(erfinv(v) * std * sqrt(2) + mean, a, b)
- * Values are computed in double and rounded to float (round to nearest even) at the end.
- * Results are bit-identical for a given libm (erf/erfc/log/cos/exp come from the C library). */
+ * The transforms are float32 and use only correctly rounded IEEE operations (runtime/rng_math.h,
+ * shared with the CUDA kernel), so the host and the GPU give identical bits:
+ *   uniform u(x) in (0,1) from a word x: ((x >> 9) + 0.5) * 2^-23, exact, in [2^-24, 1 - 2^-24].
+ *   uniform:          element 4b+j = u(x_j).
+ *   standard normal:  Box-Muller on the word pairs (x0, x1) -> elements 4b, 4b+1 and
+ *                     (x2, x3) -> elements 4b+2, 4b+3:
+ *                       r = sqrt(-2 ln u(x_even)), angle = 2 pi ((x_odd >> 8) + 0.5) 2^-24,
+ *                       element 4b+2p = r cos(angle), element 4b+2p+1 = r sin(angle);
+ *                     normal(mean, std) = fmaf(z, std, mean) with float mean and std.
+ *   truncated normal: torch.nn.init.trunc_normal_'s inverse-CDF algorithm:
+ *                       lo = 2 Phi((a-mean)/std) - 1, span = 2 Phi((b-mean)/std) - 1 - lo
+ *                       (in double on the host, then rounded to float), element 4b+j =
+ *                       clamp(fmaf(erfinv(fmaf(u(x_j), span, lo)), std sqrt(2), mean), a, b).
+ *   constant:         every element is the value.
+ * ln, cos/sin and erfinv are our own float implementations (rng_math.h: Taylor series for ln,
+ * cos and sin after exact reductions, fitted polynomials in ln(1-x^2) for erfinv), within a few
+ * float ulp of the exact functions. The largest |z| reachable is about 5.8 (normal) and 5.3 std
+ * (truncated normal, where the bounds allow it). */
 #ifndef FSDP_RUNTIME_RNG_H
 #define FSDP_RUNTIME_RNG_H
 
@@ -27,59 +35,57 @@
 #include <stdint.h>
 
 #include "fsdp/error.h"
+#include "runtime/rng_math.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-/* The Philox4x32 round constants (Salmon et al.). */
-#define RNG_PHILOX_M0 0xD2511F53u
-#define RNG_PHILOX_M1 0xCD9E8D57u
-#define RNG_PHILOX_W0 0x9E3779B9u /* golden ratio */
-#define RNG_PHILOX_W1 0xBB67AE85u /* sqrt(3) - 1 */
-
 /* One Philox4x32-10 block: out = philox(ctr, key). */
 void rng_philox4x32_10(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4]);
 
-/* The block for (seed, stream, index) with the counter/key layout described above. */
-void rng_block(uint64_t seed, uint64_t stream, uint64_t index, uint32_t out[4]);
+/* Block b of (seed, stream): philox({b lo, b hi, stream lo, stream hi}, {seed lo, seed hi}). */
+void rng_block(uint64_t seed, uint64_t stream, uint64_t b, uint32_t out[4]);
 
 /* 64-bit FNV-1a of a NUL-terminated string (offset basis 0xcbf29ce484222325,
  * prime 0x100000001b3): the stream id of a parameter name. */
 uint64_t rng_fnv1a64(const char *s);
 
-/* Single values (see the header comment for the exact transforms). */
-double rng_uniform_at(uint64_t seed, uint64_t stream, uint64_t index);   /* in (0,1) */
-float rng_uniform_f32_at(uint64_t seed, uint64_t stream, uint64_t index); /* in (0,1) */
-double rng_normal_at(uint64_t seed, uint64_t stream, uint64_t index);    /* N(0,1) */
-
-/* Inverse error function for x in (-1, 1), within 1.5 ulp of double (checked against mpmath
- * on 20000 points over the whole range and tails); +-inf at +-1,
- * NaN outside [-1, 1] or for NaN. */
+/* Inverse error function in double for x in (-1, 1), within 1.5 ulp of double (checked against
+ * mpmath on 20000 points over the whole range and tails); +-inf at +-1, NaN outside [-1, 1] or
+ * for NaN. The reference the float transforms are tested against. */
 double rng_erfinv(double x);
 
 /* Standard normal CDF, 0.5 * (1 + erf(x / sqrt(2))) (the formula torch's trunc_normal_ uses). */
 double rng_norm_cdf(double x);
 
-/* A truncated normal N(mean, std^2) restricted to [a, b], with torch's parametrisation. */
-typedef struct rng_trunc_normal {
-    double mean, std, a, b;
-    double lo, hi; /* 2*Phi((a-mean)/std) - 1 and 2*Phi((b-mean)/std) - 1 */
-} rng_trunc_normal;
+/* The float implementations of rng_math.h, as functions (tests, benchmarks). */
+float rng_erfinvf(float x); /* x in [-1, 1] */
+float rng_logf(float x);    /* x positive and normal */
 
-/* Checks (finite mean, std > 0, a < b, [a,b] not far outside the distribution) and fills t. */
-int rng_trunc_normal_init(rng_trunc_normal *t, double mean, double std, double a, double b,
-                          fsdp_err *err);
-double rng_trunc_normal_at(const rng_trunc_normal *t, uint64_t seed, uint64_t stream,
-                           uint64_t index);
+/* Distributions (rng_dist, rng_math.h). Each checks its arguments and fills d. */
+void rng_dist_uniform(rng_dist *d);
+void rng_dist_const(rng_dist *d, float value);
+/* normal(mean, std): finite mean, finite std > 0, both representable in float. */
+int rng_dist_normal(rng_dist *d, double mean, double std, fsdp_err *err);
+/* N(mean, std^2) restricted to [a, b], torch's parametrisation: finite mean, std > 0, a < b, and
+ * [a, b] must hold probability mass in float (else FSDP_E_INVALID). */
+int rng_dist_trunc_normal(rng_dist *d, double mean, double std, double a, double b, fsdp_err *err);
 
-/* Fill dst[k] with element start+k of the stream, k = 0..n-1. The result does not depend on
- * how a range is split into calls, nor on the number of OpenMP threads. */
-void rng_fill_uniform_f32(float *dst, uint64_t seed, uint64_t stream, uint64_t start, size_t n);
-void rng_fill_normal(float *dst, uint64_t seed, uint64_t stream, uint64_t start, size_t n,
-                     double mean, double std);
-void rng_fill_trunc_normal(float *dst, const rng_trunc_normal *t, uint64_t seed, uint64_t stream,
-                           uint64_t start, size_t n);
+/* Element `index` of (seed, stream) under d, one at a time (the reference of the fills). */
+float rng_dist_at(const rng_dist *d, uint64_t seed, uint64_t stream, uint64_t index);
+
+/* dst[k] = element start + k of (seed, stream) under d, k = 0..n-1: vectorised, on all OpenMP
+ * threads when n is large enough. The bits never depend on how a range is split into calls nor on
+ * the number of threads. rng_fill_dist_serial does the same on the calling thread only (for
+ * callers that run their own parallel region). */
+void rng_fill_dist(const rng_dist *d, float *dst, uint64_t seed, uint64_t stream, uint64_t start, size_t n);
+void rng_fill_dist_serial(const rng_dist *d, float *dst, uint64_t seed, uint64_t stream, uint64_t start,
+                          size_t n);
+
+/* Elements handled per vectorised step: fills of chunks aligned to this many elements of the
+ * stream (start % RNG_CHUNK == 0) avoid a copy; any range is allowed. */
+#define RNG_CHUNK 256
 
 #ifdef __cplusplus
 }

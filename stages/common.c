@@ -1,4 +1,6 @@
 /* Helpers shared by the built-in stages. */
+#include <stdlib.h>
+
 #include "runtime/ctx_impl.h"
 #include "stages/stages.h"
 
@@ -55,18 +57,25 @@ int stage_state_from_config(fsdp_ctx *ctx, const llama_config *cfg, state_layout
 }
 
 int stage_init_values(fsdp_state *s, const llama_params *table, uint64_t seed, fsdp_dtype dtype, fsdp_err *err) {
+    /* every local shard in one parallel fill (llama_init_jobs): small parameters side by side,
+     * bf16 rounding done by the same threads on the freshly written values */
+    llama_init_job *jobs = calloc((size_t)(table->n > 0 ? table->n : 1), sizeof *jobs);
+    if (!jobs) return fsdp_err_set(err, FSDP_E_NOMEM, "init: out of memory for %d parameters", table->n);
+    int n = 0;
     for (int i = 0; i < table->n; i++) {
         state_param *sp = &s->p[i];
-        if (sp->rows == 0) continue;
-        int rc = llama_init_rows_f32(&table->p[i], seed, sp->row0, sp->row0 + sp->rows, sp->data, err);
-        if (rc) return fsdp_err_prefix(err, "init %s", sp->name);
-        if (dtype == FSDP_DT_BF16) {
-            size_t n = state_param_local_numel(sp);
-            for (size_t k = 0; k < n; k++) sp->data[k] = fsdp_bf16_to_f32(fsdp_f32_to_bf16(sp->data[k]));
-        }
         sp->dtype = dtype;
+        if (sp->rows == 0) continue;
+        jobs[n].p = &table->p[i];
+        jobs[n].r0 = sp->row0;
+        jobs[n].r1 = sp->row0 + sp->rows;
+        jobs[n].f32 = sp->data;
+        jobs[n].round_bf16 = dtype == FSDP_DT_BF16;
+        n++;
     }
-    return 0;
+    int rc = llama_init_jobs(jobs, n, seed, err);
+    free(jobs);
+    return rc ? fsdp_err_prefix(err, "init") : 0;
 }
 
 static const char *const INIT_DTYPES[] = {"f32", "bf16", NULL};

@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include <omp.h>
+
 #include "test_util.h"
 
 extern "C" {
@@ -243,6 +245,76 @@ TEST(LlamaInit, WholeModel) {
     for (size_t k = 0; k < flat.size(); k++) ASSERT_EQ(flat16[k], fsdp_f32_to_bf16(flat[k])) << k;
 }
 
+TEST(LlamaInit, JobsEqualRowsAndIgnoreThreadCount) {
+    // llama_init_jobs over several parameters at once (small and large, f32, f32 rounded to
+    // bf16, bf16 bits, empty ranges) gives the bits of the one-parameter calls, whatever the
+    // number of threads.
+    llama_config c = stats_config();
+    Table tb(c);
+    struct Want {
+        const llama_param *p;
+        int64_t r0, r1;
+        int mode;  // 0 f32, 1 f32 rounded to bf16, 2 bf16 bits
+    };
+    std::vector<Want> want;
+    for (int i = 0; i < tb.t.n; i++) {
+        const llama_param &p = tb.t.p[i];
+        const int64_t r0 = p.shape[0] / 3, r1 = p.shape[0] - p.shape[0] / 5;
+        want.push_back({&p, r0, r1, i % 3});
+        if (i == 2) want.push_back({&p, 4, 4, 0});  // empty
+    }
+    auto run = [&](int threads) {
+        const int saved = omp_get_max_threads();
+        omp_set_num_threads(threads);
+        std::vector<std::vector<float>> f(want.size());
+        std::vector<std::vector<uint16_t>> h(want.size());
+        std::vector<llama_init_job> jobs(want.size());
+        for (size_t k = 0; k < want.size(); k++) {
+            const size_t n = (size_t)((want[k].r1 - want[k].r0) * want[k].p->row_numel);
+            jobs[k] = llama_init_job{want[k].p, want[k].r0, want[k].r1, nullptr, nullptr, want[k].mode == 1};
+            if (want[k].mode == 2) {
+                h[k].resize(n);
+                jobs[k].bf16 = h[k].data();
+            } else {
+                f[k].resize(n);
+                jobs[k].f32 = f[k].data();
+            }
+        }
+        fsdp_err err;
+        EXPECT_EQ(llama_init_jobs(jobs.data(), (int)jobs.size(), 31, &err), 0) << err.msg;
+        omp_set_num_threads(saved);
+        return std::make_pair(f, h);
+    };
+    auto one = run(1);
+    for (size_t k = 0; k < want.size(); k++) {
+        std::vector<float> ref = init_rows(*want[k].p, 31, want[k].r0, want[k].r1);
+        for (size_t e = 0; e < ref.size(); e++) {
+            if (want[k].mode == 0) {
+                ASSERT_EQ(one.first[k][e], ref[e]) << want[k].p->name << " " << e;
+            } else if (want[k].mode == 1) {
+                ASSERT_EQ(one.first[k][e], fsdp_bf16_to_f32(fsdp_f32_to_bf16(ref[e]))) << want[k].p->name;
+            } else {
+                ASSERT_EQ(one.second[k][e], fsdp_f32_to_bf16(ref[e])) << want[k].p->name;
+            }
+        }
+    }
+    for (int threads : {2, 3, 8}) {
+        auto many = run(threads);
+        EXPECT_TRUE(many.first == one.first) << threads << " threads";
+        EXPECT_TRUE(many.second == one.second) << threads << " threads";
+    }
+    // a bad job anywhere fails the whole call before anything is written
+    std::vector<float> buf(16, -5.0f);
+    llama_init_job bad[2] = {{want[0].p, 0, 1, buf.data(), nullptr, 0},
+                             {want[1].p, 0, want[1].p->shape[0] + 1, buf.data(), nullptr, 0}};
+    fsdp_err err;
+    EXPECT_EQ(llama_init_jobs(bad, 2, 0, &err), FSDP_E_INVALID);
+    EXPECT_NE(std::string(err.msg).find(want[1].p->name), std::string::npos) << err.msg;
+    EXPECT_EQ(buf[0], -5.0f);
+    EXPECT_EQ(llama_init_jobs(nullptr, 1, 0, &err), FSDP_E_INVALID);
+    EXPECT_EQ(llama_init_jobs(nullptr, 0, 0, &err), 0);
+}
+
 TEST(LlamaInit, Statistics) {
     // ~1M elements per parameter: mean and std within 5 standard errors of the exact values.
     llama_config c = stats_config();
@@ -303,10 +375,10 @@ TEST(LlamaInit, SeedsAndNamesGiveDifferentStreams) {
     EXPECT_LT(same_name, 3u);
     EXPECT_EQ(llama_init_stream(&a), rng_fnv1a64("layers.0.attention.wq.weight"));
     // element e of a parameter is rng element e of its stream
-    rng_trunc_normal t;
+    rng_dist t;
     fsdp_err err;
-    ASSERT_EQ(rng_trunc_normal_init(&t, 0, 0.02, -2, 2, &err), 0);
-    EXPECT_EQ(a0[100], (float)rng_trunc_normal_at(&t, 0, llama_init_stream(&a), 100));
+    ASSERT_EQ(rng_dist_trunc_normal(&t, 0, 0.02, -2, 2, &err), 0);
+    EXPECT_EQ(a0[100], rng_dist_at(&t, 0, llama_init_stream(&a), 100));
 }
 
 TEST(LlamaInit, BadArguments) {

@@ -24,6 +24,7 @@
 #include "fsdp/error.h"
 #include "fsdp/tensor.h"
 #include "kernels/cpu/kc.h"
+#include "runtime/rng_math.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -144,6 +145,14 @@ int kcu_adamw_step(const kcu_tensor_list *l, const kc_adamw_hparams *h, int64_t 
 int kcu_list_grad_sumsq(const kcu_tensor_list *l, double *d_out, kcu_stream stream, fsdp_err *err);
 /* g *= s over the list (clip_grad_norm_'s scaling; s from kc_clip_coef). */
 int kcu_list_grad_scale(const kcu_tensor_list *l, float s, kcu_stream stream, fsdp_err *err);
+
+/* ---- parameter init ------------------------------------------------------------------------------- */
+
+/* dst[k] = element start + k of the counter-based stream (seed, stream) under *dist, k = 0..n-1:
+ * the functions of runtime/rng_math.h, so the bits equal rng_fill_dist's on the host. dist is
+ * read on the host (passed by value to the kernel); dist->kind must be an rng_dist_kind. */
+int kcu_init_fill(float *dst, const rng_dist *dist, uint64_t seed, uint64_t stream, uint64_t start, int64_t n,
+                  kcu_stream s, fsdp_err *err);
 
 #ifdef __cplusplus
 }

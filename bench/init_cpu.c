@@ -1,0 +1,186 @@
+/* Host parameter-init benchmark: every parameter of a Llama-3 preset (default llama3_1b) generated
+ * on the CPU with all OpenMP threads by llama_init_model_f32 (the work of the init-cpu stage),
+ * next to a memory-bandwidth baseline measured in the same run.
+ *
+ *   build/bench/init_cpu [--preset NAME] [--threads N] [--torch-seconds S]
+ *
+ * Figures:
+ *   fresh  allocate the flat float buffer and initialise it (first touch: page faults included),
+ *          which is what init-cpu and PyTorch's CPU init (torch.empty + init_weights) both do;
+ *   warm   initialise the same buffer again (the generator alone);
+ *   memset the same bytes written by memset on the same threads, fresh and warm: what the memory
+ *          system allows, so fresh/memset-fresh shows how far the init is from the hardware.
+ * Wall seconds, elements/s, ns per element per thread (wall x threads / elements) and CPU ns per
+ * element (getrusage, robust to other load on the machine) are printed, then one JSON line.
+ *
+ * --torch-seconds S: PyTorch's CPU init of the same preset measured in the same device call
+ * (../shared/bench/torch_baseline.py --part init --cpu-init, figure torch_cpu_init_f32) on the same
+ * machine; the speedup is then a like-for-like ratio. Without it the comparison is against the
+ * issue's recorded anchor (17.4 s for llama3_1b with 16 threads on another machine), printed as
+ * such, with a per-thread extrapolation. */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <omp.h>
+
+#include "model/llama.h"
+#include "model/llama_init.h"
+#include "model/llama_params.h"
+
+#define ANCHOR_SECONDS 17.4
+#define ANCHOR_THREADS 16
+#define ANCHOR_PRESET "llama3_1b"
+#define ANCHOR_PARAMS 1498482688.0
+
+static double cpu_seconds(void) {
+    struct rusage r;
+    if (getrusage(RUSAGE_SELF, &r)) return 0.0;
+    return (double)r.ru_utime.tv_sec + r.ru_utime.tv_usec * 1e-6 + (double)r.ru_stime.tv_sec +
+           r.ru_stime.tv_usec * 1e-6;
+}
+
+typedef struct timing {
+    double wall, cpu;
+} timing;
+
+static void report(const char *what, timing t, double n, int threads) {
+    printf("%-14s %8.3f s  %7.3f Gelem/s  %6.2f ns/elem/thread (wall)  %6.2f ns/elem (cpu)\n", what, t.wall,
+           n / t.wall / 1e9, t.wall * threads / n * 1e9, t.cpu / n * 1e9);
+}
+
+/* Parallel memset of n floats in 1 MiB pieces (the same threads as the init). */
+static void par_memset(float *x, size_t n) {
+    const size_t piece = (size_t)1 << 18;
+    const int64_t pieces = (int64_t)((n + piece - 1) / piece);
+#pragma omp parallel for schedule(static)
+    for (int64_t q = 0; q < pieces; q++) {
+        size_t a = (size_t)q * piece, m = n - a < piece ? n - a : piece;
+        memset(x + a, 0, m * sizeof *x);
+    }
+}
+
+int main(int argc, char **argv) {
+    /* The library links OpenBLAS, whose threads start at load and spin for a while: they would be
+     * counted in the CPU time (the init does no BLAS). Keep it to one thread by re-executing once. */
+    if (!getenv("OPENBLAS_NUM_THREADS") && setenv("OPENBLAS_NUM_THREADS", "1", 0) == 0) {
+        execv("/proc/self/exe", argv);
+        /* exec failed: go on (the CPU figures may then include OpenBLAS's spinning) */
+    }
+    const char *preset = "llama3_1b";
+    int threads = 0;
+    double torch_s = 0.0;
+    for (int i = 1; i < argc; i++) {
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        char *end = NULL;
+        if (!strcmp(argv[i], "--preset") && v) {
+            preset = v;
+        } else if (!strcmp(argv[i], "--threads") && v) {
+            long t = strtol(v, &end, 10);
+            if (*end || t <= 0 || t > 4096) {
+                fprintf(stderr, "init_cpu: --threads needs a positive integer (got %s)\n", v);
+                return 2;
+            }
+            threads = (int)t;
+        } else if (!strcmp(argv[i], "--torch-seconds") && v) {
+            torch_s = strtod(v, &end);
+            if (*end || !(torch_s > 0.0)) {
+                fprintf(stderr, "init_cpu: --torch-seconds needs a positive number (got %s)\n", v);
+                return 2;
+            }
+        } else {
+            fprintf(stderr, "usage: %s [--preset NAME] [--threads N] [--torch-seconds S]\n", argv[0]);
+            return 2;
+        }
+        i++;
+    }
+    if (threads) omp_set_num_threads(threads);
+    threads = omp_get_max_threads();
+
+    fsdp_err err;
+    llama_config c;
+    llama_params t;
+    if (llama_config_preset(&c, preset, &err) || llama_params_build(&c, &t, &err)) {
+        fprintf(stderr, "init_cpu: %s\n", err.msg);
+        return 1;
+    }
+    const size_t n = (size_t)t.total;
+    const double dn = (double)n;
+    printf("init_cpu: %s, %zu parameters (%.2f GB of float32), %d threads, %ld CPUs online\n", preset, n,
+           dn * 4 / 1e9, threads, sysconf(_SC_NPROCESSORS_ONLN));
+
+    timing fresh, warm, ms_fresh, ms_warm;
+    double w0 = omp_get_wtime(), c0 = cpu_seconds();
+    float *flat = malloc(n * sizeof *flat);
+    int rc = flat ? llama_init_model_f32(&t, 0, flat, &err) : fsdp_err_set(&err, FSDP_E_NOMEM, "out of memory");
+    fresh = (timing){omp_get_wtime() - w0, cpu_seconds() - c0};
+    if (!rc) {
+        w0 = omp_get_wtime(), c0 = cpu_seconds();
+        rc = llama_init_model_f32(&t, 0, flat, &err);
+        warm = (timing){omp_get_wtime() - w0, cpu_seconds() - c0};
+    }
+    /* a checksum keeps the values alive and shows the run is the same from run to run */
+    double sum = 0.0;
+    if (!rc)
+        for (size_t k = 0; k < n; k += 4099) sum += flat[k];
+    free(flat);
+    if (rc) {
+        fprintf(stderr, "init_cpu: %s\n", err.msg);
+        llama_params_free(&t);
+        return 1;
+    }
+    w0 = omp_get_wtime(), c0 = cpu_seconds();
+    float *z = malloc(n * sizeof *z);
+    if (!z) {
+        fprintf(stderr, "init_cpu: out of memory for the memset baseline\n");
+        llama_params_free(&t);
+        return 1;
+    }
+    par_memset(z, n);
+    ms_fresh = (timing){omp_get_wtime() - w0, cpu_seconds() - c0};
+    w0 = omp_get_wtime(), c0 = cpu_seconds();
+    par_memset(z, n);
+    ms_warm = (timing){omp_get_wtime() - w0, cpu_seconds() - c0};
+    const volatile float keep = z[n / 2];
+    (void)keep;
+    free(z);
+
+    report("init fresh", fresh, dn, threads);
+    report("init warm", warm, dn, threads);
+    report("memset fresh", ms_fresh, dn, threads);
+    report("memset warm", ms_warm, dn, threads);
+    printf("init / memset: %.2fx (fresh), %.2fx (warm); write bandwidth of the fresh init %.2f GB/s\n",
+           fresh.wall / ms_fresh.wall, warm.wall / ms_warm.wall, dn * 4 / fresh.wall / 1e9);
+
+    const double ours_ns_thread = fresh.wall * threads / dn * 1e9;
+    double speedup = 0.0, per_thread = 0.0;
+    if (torch_s > 0.0) {
+        speedup = torch_s / fresh.wall;
+        printf("vs PyTorch measured in this run (%.3f s, %s): %.1fx faster\n", torch_s, preset, speedup);
+    } else {
+        const double anchor_ns_thread = ANCHOR_SECONDS * ANCHOR_THREADS / ANCHOR_PARAMS * 1e9;
+        per_thread = anchor_ns_thread / ours_ns_thread;
+        printf("no PyTorch figure from this run (--torch-seconds): the anchor is the issue's recorded %.1f s for "
+               "%s with %d threads on another machine (%.1f ns/elem/thread)\n",
+               ANCHOR_SECONDS, ANCHOR_PRESET, ANCHOR_THREADS, anchor_ns_thread);
+        if (!strcmp(preset, ANCHOR_PRESET)) {
+            speedup = ANCHOR_SECONDS / fresh.wall;
+            printf("  wall-clock ratio (different machines and thread counts): %.1fx\n", speedup);
+        }
+        printf("  per-thread extrapolation: %.1fx faster per thread; at %.2f ns/elem/thread, %d threads would "
+               "take %.2f s for %s (target < %.2f s)\n",
+               per_thread, ours_ns_thread, ANCHOR_THREADS, ours_ns_thread * ANCHOR_PARAMS / ANCHOR_THREADS / 1e9,
+               ANCHOR_PRESET, ANCHOR_SECONDS / 10);
+    }
+    printf("{\"bench\":\"init_cpu\",\"preset\":\"%s\",\"params\":%zu,\"threads\":%d,\"fresh_s\":%.4f,\"warm_s\":%.4f,"
+           "\"fresh_cpu_s\":%.4f,\"warm_cpu_s\":%.4f,\"memset_fresh_s\":%.4f,\"memset_warm_s\":%.4f,"
+           "\"ns_per_elem_thread\":%.3f,\"torch_s\":%.4f,\"speedup_vs_torch\":%.2f,\"per_thread_vs_anchor\":%.2f,"
+           "\"checksum\":%.9g}\n",
+           preset, n, threads, fresh.wall, warm.wall, fresh.cpu, warm.cpu, ms_fresh.wall, ms_warm.wall, ours_ns_thread,
+           torch_s, speedup, per_thread, sum);
+    llama_params_free(&t);
+    return 0;
+}
