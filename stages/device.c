@@ -188,28 +188,6 @@ int stage_place_state(fsdp_ctx *ctx, fsdp_state *s, int *on_gpu, fsdp_err *err) 
 
 /* ---- parameters materialised on the GPU -------------------------------------------------------- */
 
-int stage_init_rows_dev(dev_ctx *d, const llama_param *p, uint64_t seed, int64_t r0, int64_t r1, float *d_dst,
-                        fsdp_err *err) {
-    if (r1 <= r0) return 0;
-    size_t row_bytes = (size_t)p->row_numel * sizeof(float);
-    size_t chunk = DEV_XFER_CHUNK_DEFAULT > row_bytes ? DEV_XFER_CHUNK_DEFAULT : row_bytes;
-    int64_t per = (int64_t)(chunk / (row_bytes ? row_bytes : 1));
-    dev_xfer *x;
-    int rc = dev_xfer_create(d, chunk, &x, err);
-    if (rc) return rc;
-    /* rows are drawn into one staging buffer while the other is copied */
-    for (int64_t r = r0; r < r1 && !rc; r += per) {
-        int64_t k = r1 - r < per ? r1 - r : per;
-        void *buf;
-        if ((rc = dev_xfer_next(x, &buf, err))) break;
-        if ((rc = llama_init_rows_f32(p, seed, r, r + k, buf, err))) break;
-        rc = dev_xfer_push(x, (char *)d_dst + (size_t)(r - r0) * row_bytes, (size_t)k * row_bytes, err);
-    }
-    if (!rc) rc = dev_xfer_finish(x, err);
-    dev_xfer_free(x);
-    return rc;
-}
-
 /* x = bf16(x) in place on the device, through a bf16 buffer of at most `chunk` values. */
 static int round_bf16_dev(dev_ctx *d, float *x, int64_t n, fsdp_err *err) {
     const int64_t chunk = (int64_t)1 << 24;
@@ -236,7 +214,7 @@ int stage_init_values_dev(fsdp_state *s, const llama_params *table, dev_ctx *d, 
         /* the host rows were never touched: they are dropped, not copied */
         if ((rc = state_param_alloc(s, sp, STATE_DATA, STATE_DEVICE, 0, err))) break;
         if (sp->rows > 0 &&
-            (rc = stage_init_rows_dev(d, &table->p[i], seed, sp->row0, sp->row0 + sp->rows, sp->d_data, err)))
+            (rc = llama_init_rows_dev(d, &table->p[i], seed, sp->row0, sp->row0 + sp->rows, sp->d_data, err)))
             fsdp_err_prefix(err, "init %s on the GPU", sp->name);
         sp->dtype = dtype;
     }

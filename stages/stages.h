@@ -51,12 +51,8 @@ int stage_device_nccl(fsdp_ctx *ctx, fsdp_err *err);
  * the layout is STATE_SHARDED (full rank-0 parameters stay in host memory until `shard`), otherwise
  * in host memory. on_gpu may be NULL. */
 int stage_place_state(fsdp_ctx *ctx, fsdp_state *s, int *on_gpu, fsdp_err *err);
-/* Rows [r0, r1) of p drawn with the init rule straight into device memory d_dst (float32), the same
- * values as llama_init_rows_f32. Drawn on the host into pinned staging, copied while the next chunk
- * is drawn. */
-int stage_init_rows_dev(dev_ctx *d, const llama_param *p, uint64_t seed, int64_t r0, int64_t r1, float *d_dst,
-                        fsdp_err *err);
-/* stage_init_values on the GPU: every parameter's data becomes a device array holding its rows
+/* stage_init_values on the GPU: every parameter's data becomes a device array holding its rows,
+ * generated there by llama_init_rows_dev (the host's RNG code, compiled for the device)
  * (bf16-rounded on the device for dtype bf16); host rows are dropped without being copied. */
 int stage_init_values_dev(fsdp_state *s, const llama_params *table, dev_ctx *d, uint64_t seed, fsdp_dtype dtype,
                           fsdp_err *err);

@@ -534,7 +534,7 @@ TEST(StateDev, GpuInitRowsEqualTheHostDraw) {
         ASSERT_EQ(llama_init_rows_f32(p, 5, r0, r1, want.data(), &err), 0) << err.msg;
         void *d_dst;
         ASSERT_EQ(dev_alloc(g.d, n * sizeof(float), &d_dst, &err), 0) << err.msg;
-        ASSERT_EQ(stage_init_rows_dev(g.d, p, 5, r0, r1, (float *)d_dst, &err), 0) << err.msg;
+        ASSERT_EQ(llama_init_rows_dev(g.d, p, 5, r0, r1, (float *)d_dst, &err), 0) << err.msg;
         ASSERT_EQ(dev_download(g.d, got.data(), d_dst, n * sizeof(float), &err), 0) << err.msg;
         EXPECT_TRUE(same_bits(got, want)) << p->name;
         ASSERT_EQ(dev_free(g.d, d_dst, &err), 0);
