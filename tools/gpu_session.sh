@@ -4,10 +4,14 @@
 # GPU benchmarks with PyTorch's baseline from ../shared/bench/torch_baseline.py in the same call.
 # Everything is logged under $OUT (or ./gpu-out); the last lines printed are a summary.
 #
-#   sh tools/gpu_session.sh [tests|bench|all] [GTEST_FILTER]
+#   bash tools/gpu_session.sh [tests|bench|all|full] [GTEST_FILTER]
+#     tests: the GPU test suites (they skip without a GPU elsewhere); bench: build/bench/gpu_*;
+#     all: both; full: the whole test suite (runtime.device auto then picks the GPU in the
+#     end-to-end tests too)
 set -u
 what=${1:-all}
-filter=${2:-'Cuda*:*Gpu*:*GPU*:CommNccl*:StateDev*:*Cuda*'}
+filter=${2:-'Cuda*:CommNccl*:Kcu*:LlamaFsdpCuda*:LlamaInitCuda*:StageDevice*:StateDev*'}
+[ "$what" = full ] && filter=${2:-'*'}
 out=${OUT:-$PWD/gpu-out}
 mkdir -p "$out"
 kit=build/gpu-kit/kit.tar.xz
@@ -26,7 +30,7 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
 summary="$out/summary.txt"
 : >"$summary"
-if [ "$what" = tests ] || [ "$what" = all ]; then
+if [ "$what" = tests ] || [ "$what" = all ] || [ "$what" = full ]; then
     ./build/tests/fsdp_tests --gtest_filter="$filter" >"$out/gpu_tests.log" 2>&1
     echo "gpu tests ($filter): exit $?" >>"$summary"
     grep -E "^\[  (PASSED|FAILED|SKIPPED) |tests? ran" "$out/gpu_tests.log" | sort | uniq -c | head -40 >>"$summary"
