@@ -25,7 +25,9 @@
 #include "fsdp/tensor.h"
 #include "kernels/cpu/kc.h"
 
-#ifdef __cplusplus
+/* KCU_EMULATE (tests/kcu_emu.h): the host emulation declares these with C++ linkage, inside the
+ * namespace that holds the emulated kernel sources. */
+#if defined(__cplusplus) && !defined(KCU_EMULATE)
 extern "C" {
 #endif
 
@@ -145,7 +147,7 @@ int kcu_list_grad_sumsq(const kcu_tensor_list *l, double *d_out, kcu_stream stre
 /* g *= s over the list (clip_grad_norm_'s scaling; s from kc_clip_coef). */
 int kcu_list_grad_scale(const kcu_tensor_list *l, float s, kcu_stream stream, fsdp_err *err);
 
-#ifdef __cplusplus
+#if defined(__cplusplus) && !defined(KCU_EMULATE)
 }
 #endif
 #endif
