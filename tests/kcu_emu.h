@@ -3,8 +3,9 @@
 // global scope, with KCU_EMULATE defined, before a .cu file (kernels/cuda/kcu_common.cuh then skips
 // cuda_runtime.h and takes KCU_LAUNCH, KCU_SHARED, KCU_DYN_SHARED, KCU_API and KCU_UNROLL from here).
 //
-// Execution: a launch runs its blocks one after another; a block runs as blockDim.x*y*z real
-// std::threads (one per CUDA thread, threadIdx from x fastest, warps of 32 consecutive threads).
+// Execution: a launch runs its blocks one after another on blockDim.x*y*z real std::threads (one per
+// CUDA thread, threadIdx from x fastest, warps of 32 consecutive threads; shared memory is refilled
+// with the poison between blocks).
 //   __syncthreads   a real block barrier;
 //   __syncwarp, __shfl*_sync, __ballot/any/all_sync   warp collectives: a per-warp barrier through
 //                   which the lanes exchange their values. Only the full mask is accepted, and every
@@ -301,14 +302,6 @@ inline unsigned ballot(unsigned mask, int pred) {
     return r;
 }
 
-inline void thread_exit(Block &b, unsigned lin) {
-    std::lock_guard<std::mutex> l(b.m);
-    b.exited++;
-    b.warps[lin >> 5].exited++;
-    b.at[lin] = 0;
-    check_stuck_locked(b);
-}
-
 // Shared memory of the running block: the declaration `tag`'s static array (allocated on first use).
 inline void *static_smem(const void *tag, size_t bytes) {
     Block &b = *cur->b;
@@ -344,40 +337,80 @@ inline bool in_shared(const void *p, size_t bytes) {
     return false;
 }
 
-// Runs body() as every thread of one block. Returns "" or the failure.
-inline std::string run_block(uint3 bid, dim3 gdim, dim3 bdim, size_t smem, const std::function<void()> &body) {
+// Runs body() as every thread of every block of the grid, the blocks one after another on the same
+// blockDim.x*y*z std::threads. Returns "" or the first failure (the remaining blocks do not run).
+inline std::string run_grid(dim3 gdim, dim3 bdim, size_t smem, const std::function<void()> &body) {
     Block b;
-    b.bid = bid;
     b.gdim = gdim;
     b.bdim = bdim;
     b.n = bdim.x * bdim.y * bdim.z;
     b.at.assign(b.n, 0);
     b.warps = std::vector<Warp>((b.n + 31) / 32);
-    for (unsigned w = 0; w < b.warps.size(); w++) b.warps[w].size = std::min(32u, b.n - 32 * w);
     if (smem) {
         void *p = nullptr;
         if (posix_memalign(&p, 128, smem) != 0) return "cannot allocate emulated shared memory";
         b.dyn = static_cast<unsigned char *>(p);
-        std::memset(b.dyn, 0xff, smem);
     }
     b.dyn_bytes = smem;
+    // the host thread sets a block up and opens the gate (round++); the last thread to exit wakes it
+    std::condition_variable gate, host;
+    unsigned round = 0;
+    bool done = false;
     std::vector<std::thread> th;
     th.reserve(b.n);
     for (unsigned t = 0; t < b.n; t++)
-        th.emplace_back([&b, &body, t] {
+        th.emplace_back([&, t] {
             Thread me{{t % b.bdim.x, t / b.bdim.x % b.bdim.y, t / (b.bdim.x * b.bdim.y)}, t, &b};
-            cur = &me;
-            try {
-                body();
-            } catch (const Abort &) {
+            unsigned seen = 0;
+            for (;;) {
+                {
+                    std::unique_lock<std::mutex> l(b.m);
+                    gate.wait(l, [&] { return round != seen || done; });
+                    if (done) return;
+                    seen = round;
+                }
+                cur = &me;
+                try {
+                    body();
+                } catch (const Abort &) {
+                }
+                cur = nullptr;
+                std::lock_guard<std::mutex> l(b.m);
+                b.exited++;
+                b.warps[t >> 5].exited++;
+                b.at[t] = 0;
+                check_stuck_locked(b);
+                if (b.exited == b.n) host.notify_one();
             }
-            thread_exit(b, t);
-            cur = nullptr;
         });
+    std::string err;
+    for (unsigned z = 0; z < gdim.z && err.empty(); z++)
+        for (unsigned y = 0; y < gdim.y && err.empty(); y++)
+            for (unsigned x = 0; x < gdim.x && err.empty(); x++) {
+                std::unique_lock<std::mutex> l(b.m);
+                b.bid = {x, y, z};
+                b.arrived = b.exited = b.waiting = 0;
+                for (unsigned w = 0; w < b.warps.size(); w++) {
+                    Warp &wp = b.warps[w];
+                    wp.size = std::min(32u, b.n - 32 * w);
+                    wp.arrived = wp.exited = 0;
+                }
+                if (b.dyn) std::memset(b.dyn, 0xff, smem);
+                for (auto &s : b.statics) std::memset(s.second.first, 0xff, s.second.second);
+                round++;
+                gate.notify_all();
+                host.wait(l, [&] { return b.exited == b.n; });
+                err = b.err;
+            }
+    {
+        std::lock_guard<std::mutex> l(b.m);
+        done = true;
+        gate.notify_all();
+    }
     for (auto &t : th) t.join();
     std::free(b.dyn);
     for (auto &s : b.statics) std::free(s.second.first);
-    return b.err;
+    return err;
 }
 
 // ---- launches ----------------------------------------------------------------------------------------------
@@ -425,15 +458,11 @@ struct Launcher {
             return set_error(cudaErrorInvalidValue, std::string(name) + ": " + std::to_string(smem) +
                                                         " bytes of dynamic shared memory exceed the limit");
         const std::tuple<P...> params(pass<P>(std::forward<A>(args))...);
-        for (unsigned z = 0; z < grid.z; z++)
-            for (unsigned y = 0; y < grid.y; y++)
-                for (unsigned x = 0; x < grid.x; x++) {
-                    std::string e = run_block({x, y, z}, grid, block, smem, [&] {
-                        std::tuple<P...> own(params); // each thread has its own copy of the parameters
-                        std::apply(kernel, own);
-                    });
-                    if (!e.empty()) return set_error(cudaErrorLaunchFailure, std::string(name) + ": " + e);
-                }
+        std::string e = run_grid(grid, block, smem, [&] {
+            std::tuple<P...> own(params); // each thread has its own copy of the parameters
+            std::apply(kernel, own);
+        });
+        if (!e.empty()) set_error(cudaErrorLaunchFailure, std::string(name) + ": " + e);
     }
 };
 
