@@ -377,8 +377,8 @@ static int fwd_launch(const void *q, const void *k, const void *v, void *out, fl
     int rc = kcu_smem_optin(attn_fwd<T, DPL>, smem, "kcu_attention_forward: cudaFuncSetAttribute", err);
     if (rc) return rc;
     dim3 grid((unsigned)((Tn + AT_BR - 1) / AT_BR), (unsigned)H, (unsigned)B);
-    KCU_LAUNCH((attn_fwd<T, DPL>), grid, AT_THREADS, smem, stream)((const T *)q, (const T *)k, (const T *)v, (T *)out, lse, Tn, H,
-                                                         KV, hd, sq);
+    KCU_LAUNCH((attn_fwd<T, DPL>), grid, AT_THREADS, smem, stream)((const T *)q, (const T *)k, (const T *)v, (T *)out,
+                                                                   lse, Tn, H, KV, hd, sq);
     return kcu_launch_check(err, "kcu_attention_forward");
 }
 
@@ -425,8 +425,8 @@ static int attn_pick(kcu_attn_impl impl, fsdp_dtype dt, int hd, const void *cons
 KCU_API int kcu_attention_tc_supported(fsdp_dtype dt, int hd) { return kcu_attn_tc_shape_ok(dt, hd); }
 
 KCU_API int kcu_attention_forward_impl(kcu_attn_impl impl, fsdp_dtype dt, const void *q, const void *k, const void *v,
-                                          void *out, float *lse, int B, int T, int H, int KV, int hd, kcu_stream stream,
-                                          fsdp_err *err) {
+                                       void *out, float *lse, int B, int T, int H, int KV, int hd, kcu_stream stream,
+                                       fsdp_err *err) {
     if (attn_check(dt, B, T, H, KV, hd, "kcu_attention_forward", err)) return FSDP_E_INVALID;
     const void *ptrs[4] = {q, k, v, out};
     int tc = 0;
@@ -446,7 +446,7 @@ KCU_API int kcu_attention_forward_impl(kcu_attn_impl impl, fsdp_dtype dt, const 
 }
 
 KCU_API int kcu_attention_forward(fsdp_dtype dt, const void *q, const void *k, const void *v, void *out, float *lse,
-                                     int B, int T, int H, int KV, int hd, kcu_stream stream, fsdp_err *err) {
+                                  int B, int T, int H, int KV, int hd, kcu_stream stream, fsdp_err *err) {
     return kcu_attention_forward_impl(KCU_ATTN_AUTO, dt, q, k, v, out, lse, B, T, H, KV, hd, stream, err);
 }
 
@@ -456,9 +456,9 @@ KCU_API size_t kcu_attention_scratch_floats(int B, int T, int H) {
 }
 
 KCU_API int kcu_attention_backward_impl(kcu_attn_impl impl, fsdp_dtype dt, const void *q, const void *k,
-                                           const void *v, const void *out, const float *lse, const void *dout, void *dq,
-                                           void *dk, void *dv, int B, int T, int H, int KV, int hd, float *scratch,
-                                           kcu_stream stream, fsdp_err *err) {
+                                        const void *v, const void *out, const float *lse, const void *dout, void *dq,
+                                        void *dk, void *dv, int B, int T, int H, int KV, int hd, float *scratch,
+                                        kcu_stream stream, fsdp_err *err) {
     if (attn_check(dt, B, T, H, KV, hd, "kcu_attention_backward", err)) return FSDP_E_INVALID;
     if (!scratch) return fsdp_err_set(err, FSDP_E_INVALID, "kcu_attention_backward: no scratch buffer");
     const void *ptrs[7] = {q, k, v, dout, dq, dk, dv};
@@ -468,8 +468,8 @@ KCU_API int kcu_attention_backward_impl(kcu_attn_impl impl, fsdp_dtype dt, const
     const int64_t rows = (int64_t)B * T * H;
     int rc = FSDP_OK;
     KCU_DISPATCH(dt, Ty, {
-        KCU_LAUNCH(attn_bwd_dot<Ty>, kcu_blocks(rows * 32, 256), 256, 0, stream)((const Ty *)out, (const Ty *)dout, scratch,
-                                                                          rows, T, H, hd);
+        KCU_LAUNCH(attn_bwd_dot<Ty>, kcu_blocks(rows * 32, 256), 256, 0, stream)((const Ty *)out, (const Ty *)dout,
+                                                                                 scratch, rows, T, H, hd);
         rc = kcu_launch_check(err, "kcu_attention_backward (dO.O)");
         if (!rc) {
             if (tc)
@@ -486,8 +486,8 @@ KCU_API int kcu_attention_backward_impl(kcu_attn_impl impl, fsdp_dtype dt, const
 }
 
 KCU_API int kcu_attention_backward(fsdp_dtype dt, const void *q, const void *k, const void *v, const void *out,
-                                      const float *lse, const void *dout, void *dq, void *dk, void *dv, int B, int T,
-                                      int H, int KV, int hd, float *scratch, kcu_stream stream, fsdp_err *err) {
+                                   const float *lse, const void *dout, void *dq, void *dk, void *dv, int B, int T,
+                                   int H, int KV, int hd, float *scratch, kcu_stream stream, fsdp_err *err) {
     return kcu_attention_backward_impl(KCU_ATTN_AUTO, dt, q, k, v, out, lse, dout, dq, dk, dv, B, T, H, KV, hd, scratch,
                                        stream, err);
 }

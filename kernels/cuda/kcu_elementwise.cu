@@ -18,7 +18,7 @@ __global__ void cast_bf16_f32(float *dst, const kcu_bf16 *src, int64_t n) {
 }
 
 KCU_API int kcu_cast(void *dst, fsdp_dtype dst_dt, const void *src, fsdp_dtype src_dt, int64_t n,
-                        kcu_stream stream, fsdp_err *err) {
+                     kcu_stream stream, fsdp_err *err) {
     if (n < 0) return fsdp_err_set(err, FSDP_E_INVALID, "kcu_cast: negative length %lld", (long long)n);
     if (kcu_check_dt(dst_dt, "kcu_cast", err) || kcu_check_dt(src_dt, "kcu_cast", err)) return FSDP_E_INVALID;
     if (n == 0) return FSDP_OK;
@@ -27,9 +27,11 @@ KCU_API int kcu_cast(void *dst, fsdp_dtype dst_dt, const void *src, fsdp_dtype s
         return e == cudaSuccess ? FSDP_OK : kcu_cuda_fail(err, e, "kcu_cast: cudaMemcpyAsync");
     }
     if (dst_dt == FSDP_DT_BF16)
-        KCU_LAUNCH(cast_f32_bf16, kcu_blocks(n, KCU_THREADS), KCU_THREADS, 0, stream)((kcu_bf16 *)dst, (const float *)src, n);
+        KCU_LAUNCH(cast_f32_bf16, kcu_blocks(n, KCU_THREADS), KCU_THREADS, 0, stream)((kcu_bf16 *)dst,
+                                                                                      (const float *)src, n);
     else
-        KCU_LAUNCH(cast_bf16_f32, kcu_blocks(n, KCU_THREADS), KCU_THREADS, 0, stream)((float *)dst, (const kcu_bf16 *)src, n);
+        KCU_LAUNCH(cast_bf16_f32, kcu_blocks(n, KCU_THREADS), KCU_THREADS, 0, stream)((float *)dst,
+                                                                                      (const kcu_bf16 *)src, n);
     return kcu_launch_check(err, "kcu_cast");
 }
 
@@ -40,13 +42,13 @@ __global__ void add_kernel(const T *a, const T *b, T *out, int64_t n) {
 }
 
 KCU_API int kcu_add(fsdp_dtype dt, const void *a, const void *b, void *out, int64_t n, kcu_stream stream,
-                       fsdp_err *err) {
+                    fsdp_err *err) {
     if (kcu_check_dt(dt, "kcu_add", err)) return FSDP_E_INVALID;
     if (n < 0) return fsdp_err_set(err, FSDP_E_INVALID, "kcu_add: negative length %lld", (long long)n);
     if (n == 0) return FSDP_OK;
     KCU_DISPATCH(dt, T,
-                 KCU_LAUNCH(add_kernel<T>, kcu_blocks(n, KCU_THREADS), KCU_THREADS, 0, stream)((const T *)a, (const T *)b,
-                                                                                       (T *)out, n));
+                 KCU_LAUNCH(add_kernel<T>, kcu_blocks(n, KCU_THREADS), KCU_THREADS, 0, stream)(
+                     (const T *)a, (const T *)b, (T *)out, n));
     return kcu_launch_check(err, "kcu_add");
 }
 
@@ -81,8 +83,8 @@ KCU_API int kcu_sumsq(fsdp_dtype dt, const void *x, int64_t n, double *d_out, kc
     if (e != cudaSuccess) return kcu_cuda_fail(err, e, "kcu_sumsq: cudaMemsetAsync");
     if (n == 0) return FSDP_OK;
     KCU_DISPATCH(dt, T,
-                 KCU_LAUNCH(sumsq_kernel<T>, kcu_blocks(n, KCU_THREADS, 1024), KCU_THREADS, 0, stream)((const T *)x, n,
-                                                                                               d_out));
+                 KCU_LAUNCH(sumsq_kernel<T>, kcu_blocks(n, KCU_THREADS, 1024), KCU_THREADS, 0, stream)(
+                     (const T *)x, n, d_out));
     return kcu_launch_check(err, "kcu_sumsq");
 }
 
@@ -110,18 +112,18 @@ __global__ void swiglu_bwd(const T *a, const T *b, const T *dout, T *da, T *db, 
 }
 
 KCU_API int kcu_swiglu_forward(fsdp_dtype dt, const void *a, const void *b, void *out, int64_t n, kcu_stream stream,
-                                  fsdp_err *err) {
+                               fsdp_err *err) {
     if (kcu_check_dt(dt, "kcu_swiglu_forward", err)) return FSDP_E_INVALID;
     if (n < 0) return fsdp_err_set(err, FSDP_E_INVALID, "kcu_swiglu_forward: negative length %lld", (long long)n);
     if (n == 0) return FSDP_OK;
     KCU_DISPATCH(dt, T,
-                 KCU_LAUNCH(swiglu_fwd<T>, kcu_blocks(n, KCU_THREADS), KCU_THREADS, 0, stream)((const T *)a, (const T *)b,
-                                                                                       (T *)out, n));
+                 KCU_LAUNCH(swiglu_fwd<T>, kcu_blocks(n, KCU_THREADS), KCU_THREADS, 0, stream)(
+                     (const T *)a, (const T *)b, (T *)out, n));
     return kcu_launch_check(err, "kcu_swiglu_forward");
 }
 
 KCU_API int kcu_swiglu_backward(fsdp_dtype dt, const void *a, const void *b, const void *dout, void *da, void *db,
-                                   int64_t n, kcu_stream stream, fsdp_err *err) {
+                                int64_t n, kcu_stream stream, fsdp_err *err) {
     if (kcu_check_dt(dt, "kcu_swiglu_backward", err)) return FSDP_E_INVALID;
     if (n < 0) return fsdp_err_set(err, FSDP_E_INVALID, "kcu_swiglu_backward: negative length %lld", (long long)n);
     if (n == 0) return FSDP_OK;
@@ -163,12 +165,12 @@ static int rope_launch(fsdp_dtype dt, void *x, const float *cos_t, const float *
 }
 
 KCU_API int kcu_rope_forward(fsdp_dtype dt, void *x, const float *cos_t, const float *sin_t, int B, int T, int nh,
-                                int head_dim, kcu_stream stream, fsdp_err *err) {
+                             int head_dim, kcu_stream stream, fsdp_err *err) {
     return rope_launch(dt, x, cos_t, sin_t, B, T, nh, head_dim, 1.0f, stream, "kcu_rope_forward", err);
 }
 
 KCU_API int kcu_rope_backward(fsdp_dtype dt, void *dx, const float *cos_t, const float *sin_t, int B, int T, int nh,
-                                 int head_dim, kcu_stream stream, fsdp_err *err) {
+                              int head_dim, kcu_stream stream, fsdp_err *err) {
     return rope_launch(dt, dx, cos_t, sin_t, B, T, nh, head_dim, -1.0f, stream, "kcu_rope_backward", err);
 }
 
@@ -218,7 +220,7 @@ static int embedding_check(fsdp_dtype dt, int64_t n, int vocab, int dim, const c
 }
 
 KCU_API int kcu_embedding_forward(fsdp_dtype dt, const void *table, const int32_t *tokens, void *out, int64_t n,
-                                     int vocab, int dim, int *d_bad, kcu_stream stream, fsdp_err *err) {
+                                  int vocab, int dim, int *d_bad, kcu_stream stream, fsdp_err *err) {
     if (embedding_check(dt, n, vocab, dim, "kcu_embedding_forward", err)) return FSDP_E_INVALID;
     if (n == 0) return FSDP_OK;
     KCU_DISPATCH(dt, T,
@@ -228,7 +230,7 @@ KCU_API int kcu_embedding_forward(fsdp_dtype dt, const void *table, const int32_
 }
 
 KCU_API int kcu_embedding_backward(fsdp_dtype dt, const void *dout, const int32_t *tokens, float *dtable, int64_t n,
-                                      int vocab, int dim, int *d_bad, kcu_stream stream, fsdp_err *err) {
+                                   int vocab, int dim, int *d_bad, kcu_stream stream, fsdp_err *err) {
     if (embedding_check(dt, n, vocab, dim, "kcu_embedding_backward", err)) return FSDP_E_INVALID;
     if (n == 0) return FSDP_OK;
     KCU_DISPATCH(dt, T,

@@ -139,7 +139,7 @@ __global__ void __launch_bounds__(OPT_THREADS)
 }
 
 KCU_API int kcu_adamw_step(const kcu_tensor_list *l, const kc_adamw_hparams *h, int64_t step, kcu_stream stream,
-                              fsdp_err *err) {
+                           fsdp_err *err) {
     if (!l || !h) return fsdp_err_set(err, FSDP_E_INVALID, "kcu_adamw_step: no tensor list or hyperparameters");
     if (!l->has_state)
         return fsdp_err_set(err, FSDP_E_INVALID, "kcu_adamw_step: the tensor list has no exp_avg/exp_avg_sq buffers");
@@ -166,7 +166,8 @@ KCU_API int kcu_list_grad_sumsq(const kcu_tensor_list *l, double *d_out, kcu_str
     cudaError_t e = cudaMemsetAsync(d_out, 0, sizeof(double), stream);
     if (e != cudaSuccess) return kcu_cuda_fail(err, e, "kcu_list_grad_sumsq: cudaMemsetAsync");
     if (l->blocks == 0) return FSDP_OK;
-    KCU_LAUNCH(grad_sumsq_kernel, (unsigned)l->blocks, OPT_THREADS, 0, stream)(l->d_tensors, l->d_starts, l->count, d_out);
+    KCU_LAUNCH(grad_sumsq_kernel, (unsigned)l->blocks, OPT_THREADS, 0, stream)(l->d_tensors, l->d_starts, l->count,
+                                                                               d_out);
     return kcu_launch_check(err, "kcu_list_grad_sumsq");
 }
 

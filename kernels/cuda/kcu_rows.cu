@@ -66,18 +66,18 @@ static int norm_check(fsdp_dtype dt, int64_t n, int dim, const char *what, fsdp_
 }
 
 KCU_API int kcu_rmsnorm_forward(fsdp_dtype dt, const void *x, const void *w, void *y, float *rstd, int64_t n,
-                                   int dim, float eps, kcu_stream stream, fsdp_err *err) {
+                                int dim, float eps, kcu_stream stream, fsdp_err *err) {
     if (norm_check(dt, n, dim, "kcu_rmsnorm_forward", err)) return FSDP_E_INVALID;
     if (n == 0) return FSDP_OK;
     const unsigned blocks = n > (1 << 20) ? (1u << 20) : (unsigned)n;
     KCU_DISPATCH(dt, T,
-                 KCU_LAUNCH(rmsnorm_fwd<T>, blocks, row_threads(dim), 0, stream)((const T *)x, (const T *)w, (T *)y, rstd, n,
-                                                                         dim, eps));
+                 KCU_LAUNCH(rmsnorm_fwd<T>, blocks, row_threads(dim), 0, stream)((const T *)x, (const T *)w, (T *)y,
+                                                                                 rstd, n, dim, eps));
     return kcu_launch_check(err, "kcu_rmsnorm_forward");
 }
 
 KCU_API int kcu_rmsnorm_backward(fsdp_dtype dt, const void *dy, const void *x, const void *w, const float *rstd,
-                                    void *dx, float *dw, int64_t n, int dim, kcu_stream stream, fsdp_err *err) {
+                                 void *dx, float *dw, int64_t n, int dim, kcu_stream stream, fsdp_err *err) {
     if (norm_check(dt, n, dim, "kcu_rmsnorm_backward", err)) return FSDP_E_INVALID;
     const size_t smem = (size_t)dim * sizeof(float);
     if (smem > 200 * 1024)
@@ -148,8 +148,8 @@ __global__ void xent_bwd(const T *logits, const int32_t *labels, const float *ls
 }
 
 KCU_API int kcu_xent_forward(fsdp_dtype dt, const void *logits, const int32_t *labels, int64_t n, int vocab,
-                                int ignore_index, float *lse, double *d_sums, int *d_bad, kcu_stream stream,
-                                fsdp_err *err) {
+                             int ignore_index, float *lse, double *d_sums, int *d_bad, kcu_stream stream,
+                             fsdp_err *err) {
     if (norm_check(dt, n, vocab, "kcu_xent_forward", err)) return FSDP_E_INVALID;
     cudaError_t e = cudaMemsetAsync(d_sums, 0, 2 * sizeof(double), stream);
     if (e != cudaSuccess) return kcu_cuda_fail(err, e, "kcu_xent_forward: cudaMemsetAsync");
@@ -162,8 +162,8 @@ KCU_API int kcu_xent_forward(fsdp_dtype dt, const void *logits, const int32_t *l
 }
 
 KCU_API int kcu_xent_backward(fsdp_dtype dt, const void *logits, const int32_t *labels, const float *lse,
-                                 void *dlogits, int64_t n, int vocab, int ignore_index, float scale, kcu_stream stream,
-                                 fsdp_err *err) {
+                              void *dlogits, int64_t n, int vocab, int ignore_index, float scale, kcu_stream stream,
+                              fsdp_err *err) {
     if (norm_check(dt, n, vocab, "kcu_xent_backward", err)) return FSDP_E_INVALID;
     if (n == 0) return FSDP_OK;
     const unsigned blocks = n > (1 << 20) ? (1u << 20) : (unsigned)n;
