@@ -11,6 +11,8 @@
 //                   which the lanes exchange their values. Only the full mask is accepted, and every
 //                   lane of a full warp must take part with the same collective (real full-mask
 //                   semantics); anything else is an emulation failure.
+// A waiting thread yields a few times before it sleeps on a condition variable (most barriers
+// complete within a few scheduler slices; sleeping costs a futex wake-up per thread).
 // Misuse is reported, never a hang: a barrier that can no longer complete (some threads exited, or
 // are blocked in another barrier) aborts the block with a message naming what each side waits at.
 // Shared memory: dynamic (the launch's size, exactly) and static (KCU_SHARED, one allocation per
@@ -210,6 +212,11 @@ inline void syncthreads() {
     b.waiting++;
     b.at[cur->lin] = K_SYNCTHREADS;
     check_stuck_locked(b);
+    for (int spin = 0; spin < 32 && b.gen == g && !b.abort; spin++) { // as in warp_collective
+        l.unlock();
+        std::this_thread::yield();
+        l.lock();
+    }
     b.cv.wait(l, [&] { return b.gen != g || b.abort; });
     if (b.gen == g) throw Abort{};
 }
@@ -252,6 +259,13 @@ inline unsigned warp_collective(int k, unsigned mask, uint64_t v) {
     b.waiting++;
     b.at[cur->lin] = k;
     check_stuck_locked(b);
+    // the other lanes usually arrive within a few scheduler slices: yielding first is much cheaper
+    // than sleeping on the condition variable (one futex wake-up per lane)
+    for (int spin = 0; spin < 32 && w.gen == g && !b.abort; spin++) {
+        l.unlock();
+        std::this_thread::yield();
+        l.lock();
+    }
     w.cv.wait(l, [&] { return w.gen != g || b.abort; });
     if (w.gen == g) throw Abort{};
     return ph;

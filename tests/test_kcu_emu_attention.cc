@@ -74,8 +74,11 @@ TEST(KcuEmuAttention, SimtF32Gqa) { run_case({1, 17, 2, 1, 16}, FSDP_DT_F32, dev
 TEST(KcuEmuAttention, SimtBf16TwoKeyTiles) {
     run_case({1, 36, 1, 1, 40}, FSDP_DT_BF16, dev::KCU_ATTN_AUTO, 1e-2, "attn_fwd");
 }
-// hd 200: DPL 8.
-TEST(KcuEmuAttention, SimtLargeHeadDim) { run_case({1, 5, 1, 1, 200}, FSDP_DT_F32, dev::KCU_ATTN_SIMT, 1e-5, "attn_fwd"); }
+// hd 96: DPL 4 (lanes 0..31 own dims d, d+32, d+64; the fourth group idle); hd 200: DPL 8.
+TEST(KcuEmuAttention, SimtLargeHeadDims) {
+    run_case({1, 3, 1, 1, 96}, FSDP_DT_F32, dev::KCU_ATTN_SIMT, 1e-5, "attn_fwd");
+    run_case({1, 5, 1, 1, 200}, FSDP_DT_F32, dev::KCU_ATTN_SIMT, 1e-5, "attn_fwd");
+}
 
 // Tensor cores, chosen by AUTO for bf16 hd 64. T 70: two 64-row tiles, the second partial;
 // diagonal tiles with skipped blocks; GQA 2 query heads per kv head.

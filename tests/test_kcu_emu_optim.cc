@@ -1,6 +1,6 @@
 // kernels/cuda/kcu_optim.cu under the host emulation (tests/kcu_emu.h): the multi-tensor AdamW step,
 // gradient sum of squares and scaling through kcu_tensor_list, bit-exact against kc_adamw_step, with
-// empty tensors, tensors of several 4096-element chunks and a partial last chunk.
+// empty tensors (first, between, last), tensors of several 4096-element chunks and a partial last chunk.
 #include "tests/kcu_emu_test.h"
 
 namespace {
@@ -10,7 +10,7 @@ namespace dev = kcu_emu_dev;
 
 TEST(KcuEmuOptim, AdamWMultiTensorIsBitExact) {
     for (double beta1 : {0.9, 0.3}) { // both branches of torch's lerp
-        const int64_t sizes[] = {300, 0, 4097, 1};
+        const int64_t sizes[] = {0, 300, 0, 4097, 1, 0}; // empty tensors first, between and last
         std::vector<std::vector<float>> p, g, m, v, dp, dg, dm, dv;
         unsigned seed = 1;
         for (int64_t n : sizes) {
@@ -33,7 +33,7 @@ TEST(KcuEmuOptim, AdamWMultiTensorIsBitExact) {
             for (size_t t = 0; t < ts.size(); t++)
                 kc_adamw_step(p[t].data(), g[t].data(), m[t].data(), v[t].data(), sizes[t], &h, step);
         }
-        EXPECT_EQ(max_blocks(launches()), 4u); // 1 + 0 + 2 + 1 chunks
+        EXPECT_EQ(max_blocks(launches()), 4u); // 0 + 1 + 0 + 2 + 1 + 0 chunks
         for (size_t t = 0; t < ts.size(); t++)
             for (int64_t i = 0; i < sizes[t]; i++) {
                 ASSERT_EQ(memcmp(&dp[t][i], &p[t][i], 4), 0) << "param " << t << "[" << i << "]";
