@@ -26,7 +26,9 @@
 #include "kernels/cpu/kc.h"
 #include "runtime/rng_math.h"
 
-#ifdef __cplusplus
+/* KCU_EMULATE (tests/kcu_emu.h): the host emulation declares these with C++ linkage, inside the
+ * namespace that holds the emulated kernel sources. */
+#if defined(__cplusplus) && !defined(KCU_EMULATE)
 extern "C" {
 #endif
 
@@ -154,7 +156,7 @@ int kcu_list_grad_scale(const kcu_tensor_list *l, float s, kcu_stream stream, fs
 int kcu_init_fill(float *dst, const rng_dist *dist, uint64_t seed, uint64_t stream, uint64_t start, int64_t n,
                   kcu_stream s, fsdp_err *err);
 
-#ifdef __cplusplus
+#if defined(__cplusplus) && !defined(KCU_EMULATE)
 }
 #endif
 #endif

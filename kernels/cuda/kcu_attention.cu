@@ -34,7 +34,7 @@
 template <class T, int DPL>
 __global__ void __launch_bounds__(AT_THREADS)
     attn_fwd(const T *q, const T *k, const T *v, T *out, float *lse, int Tn, int H, int KV, int hd, float sq) {
-    extern __shared__ float sm[];
+    KCU_DYN_SHARED(float, sm);
     float *Qs = sm;                    // [AT_BR][hd]
     float *Ks = Qs + AT_BR * hd;       // [AT_BC][hd + 1]
     float *Vs = Ks + AT_BC * (hd + 1); // [AT_BC][hd]
@@ -51,11 +51,11 @@ __global__ void __launch_bounds__(AT_THREADS)
         Qs[e] = t < Tn ? kcu_ld(qb, (size_t)t * ldq + d) : 0.0f;
     }
     float m[AT_RPW], l[AT_RPW], o[AT_RPW][DPL];
-#pragma unroll
+KCU_UNROLL
     for (int rr = 0; rr < AT_RPW; rr++) {
         m[rr] = -INFINITY;
         l[rr] = 0.0f;
-#pragma unroll
+KCU_UNROLL
         for (int t = 0; t < DPL; t++) o[rr][t] = 0.0f;
     }
     const float *qr = Qs + warp * AT_RPW * hd;
@@ -76,15 +76,15 @@ __global__ void __launch_bounds__(AT_THREADS)
         const int kj = k0 + lane;
         const float *kr = Ks + lane * (hd + 1);
         float s[AT_RPW];
-#pragma unroll
+KCU_UNROLL
         for (int rr = 0; rr < AT_RPW; rr++) s[rr] = 0.0f;
         for (int d = 0; d < hd; d++) {
             const float kd = kr[d];
-#pragma unroll
+KCU_UNROLL
             for (int rr = 0; rr < AT_RPW; rr++) s[rr] = fmaf(qr[rr * hd + d], kd, s[rr]);
         }
         float p[AT_RPW];
-#pragma unroll
+KCU_UNROLL
         for (int rr = 0; rr < AT_RPW; rr++) {
             const int i = q0 + warp * AT_RPW + rr;
             const bool ok = kj <= i;
@@ -94,32 +94,32 @@ __global__ void __launch_bounds__(AT_THREADS)
             p[rr] = ok ? expf(sv - mnew) : 0.0f;
             const float alpha = expf(m[rr] - mnew); // 0 on the first tile (m = -inf)
             l[rr] = l[rr] * alpha + kcu_warp_sum(p[rr]);
-#pragma unroll
+KCU_UNROLL
             for (int t = 0; t < DPL; t++) o[rr][t] *= alpha;
             m[rr] = mnew;
         }
         for (int j = 0; j < AT_BC; j++) {
             float vv[DPL];
-#pragma unroll
+KCU_UNROLL
             for (int t = 0; t < DPL; t++) {
                 const int d = lane + 32 * t;
                 vv[t] = d < hd ? Vs[j * hd + d] : 0.0f;
             }
-#pragma unroll
+KCU_UNROLL
             for (int rr = 0; rr < AT_RPW; rr++) {
                 const float pj = __shfl_sync(KCU_FULL_MASK, p[rr], j);
-#pragma unroll
+KCU_UNROLL
                 for (int t = 0; t < DPL; t++) o[rr][t] = fmaf(pj, vv[t], o[rr][t]);
             }
         }
     }
     T *ob = out + (size_t)b * Tn * ldq + (size_t)h * hd;
-#pragma unroll
+KCU_UNROLL
     for (int rr = 0; rr < AT_RPW; rr++) {
         const int i = q0 + warp * AT_RPW + rr;
         if (i >= Tn) continue;
         const float inv = 1.0f / l[rr];
-#pragma unroll
+KCU_UNROLL
         for (int t = 0; t < DPL; t++) {
             const int d = lane + 32 * t;
             if (d < hd) kcu_st(ob, (size_t)i * ldq + d, o[rr][t] * inv);
@@ -155,7 +155,7 @@ template <class T, int DPL>
 __global__ void __launch_bounds__(AT_THREADS)
     attn_bwd_dq(const T *q, const T *k, const T *v, const float *lse, const float *D, const T *dout, T *dq, int Tn,
                 int H, int KV, int hd, float sq) {
-    extern __shared__ float sm[];
+    KCU_DYN_SHARED(float, sm);
     float *Qs = sm;                     // [AT_BR][hd]
     float *dOs = Qs + AT_BR * hd;       // [AT_BR][hd]
     float *Ks = dOs + AT_BR * hd;       // [AT_BC][hd + 1]
@@ -175,13 +175,13 @@ __global__ void __launch_bounds__(AT_THREADS)
         dOs[e] = in ? kcu_ld(dout, qoff + (size_t)t * ldq + d) : 0.0f;
     }
     float li[AT_RPW], Di[AT_RPW], acc[AT_RPW][DPL];
-#pragma unroll
+KCU_UNROLL
     for (int rr = 0; rr < AT_RPW; rr++) {
         const int i = q0 + warp * AT_RPW + rr;
         const size_t at = ((size_t)b * H + h) * Tn + i;
         li[rr] = i < Tn ? lse[at] : 0.0f;
         Di[rr] = i < Tn ? D[at] : 0.0f;
-#pragma unroll
+KCU_UNROLL
         for (int t = 0; t < DPL; t++) acc[rr][t] = 0.0f;
     }
     const float *qr = Qs + warp * AT_RPW * hd, *dor = dOs + warp * AT_RPW * hd;
@@ -202,18 +202,18 @@ __global__ void __launch_bounds__(AT_THREADS)
         const int kj = k0 + lane;
         const float *kr = Ks + lane * (hd + 1), *vr = Vs + lane * (hd + 1);
         float s[AT_RPW], dp[AT_RPW];
-#pragma unroll
+KCU_UNROLL
         for (int rr = 0; rr < AT_RPW; rr++) s[rr] = dp[rr] = 0.0f;
         for (int d = 0; d < hd; d++) {
             const float kd = kr[d], vd = vr[d];
-#pragma unroll
+KCU_UNROLL
             for (int rr = 0; rr < AT_RPW; rr++) {
                 s[rr] = fmaf(qr[rr * hd + d], kd, s[rr]);
                 dp[rr] = fmaf(dor[rr * hd + d], vd, dp[rr]);
             }
         }
         float ds[AT_RPW];
-#pragma unroll
+KCU_UNROLL
         for (int rr = 0; rr < AT_RPW; rr++) {
             const int i = q0 + warp * AT_RPW + rr;
             const bool ok = kj <= i && i < Tn;
@@ -222,24 +222,24 @@ __global__ void __launch_bounds__(AT_THREADS)
         }
         for (int j = 0; j < AT_BC; j++) {
             float kv[DPL];
-#pragma unroll
+KCU_UNROLL
             for (int t = 0; t < DPL; t++) {
                 const int d = lane + 32 * t;
                 kv[t] = d < hd ? Ks[j * (hd + 1) + d] : 0.0f;
             }
-#pragma unroll
+KCU_UNROLL
             for (int rr = 0; rr < AT_RPW; rr++) {
                 const float dsj = __shfl_sync(KCU_FULL_MASK, ds[rr], j);
-#pragma unroll
+KCU_UNROLL
                 for (int t = 0; t < DPL; t++) acc[rr][t] = fmaf(dsj, kv[t], acc[rr][t]);
             }
         }
     }
-#pragma unroll
+KCU_UNROLL
     for (int rr = 0; rr < AT_RPW; rr++) {
         const int i = q0 + warp * AT_RPW + rr;
         if (i >= Tn) continue;
-#pragma unroll
+KCU_UNROLL
         for (int t = 0; t < DPL; t++) {
             const int d = lane + 32 * t;
             if (d < hd) kcu_st(dq, qoff + (size_t)i * ldq + d, acc[rr][t]);
@@ -253,7 +253,7 @@ template <class T, int DPL>
 __global__ void __launch_bounds__(AT_THREADS)
     attn_bwd_dkdv(const T *q, const T *k, const T *v, const float *lse, const float *D, const T *dout, T *dk, T *dv,
                   int Tn, int H, int KV, int hd, float sq) {
-    extern __shared__ float sm[];
+    KCU_DYN_SHARED(float, sm);
     float *Ks = sm;                      // [AT_BR][hd]
     float *Vs = Ks + AT_BR * hd;         // [AT_BR][hd]
     float *Qs = Vs + AT_BR * hd;         // [AT_BC][hd + 1]
@@ -273,9 +273,9 @@ __global__ void __launch_bounds__(AT_THREADS)
         Vs[e] = in ? kcu_ld(v, koff + (size_t)t * ldk + d) : 0.0f;
     }
     float acc_k[AT_RPW][DPL], acc_v[AT_RPW][DPL];
-#pragma unroll
+KCU_UNROLL
     for (int rr = 0; rr < AT_RPW; rr++)
-#pragma unroll
+KCU_UNROLL
         for (int t = 0; t < DPL; t++) acc_k[rr][t] = acc_v[rr][t] = 0.0f;
     const float *kr = Ks + warp * AT_RPW * hd, *vr = Vs + warp * AT_RPW * hd;
     for (int g = 0; g < rep; g++) {
@@ -299,11 +299,11 @@ __global__ void __launch_bounds__(AT_THREADS)
             const int i = i0 + lane;
             const float *qrow = Qs + lane * (hd + 1), *dorow = dOs + lane * (hd + 1);
             float s[AT_RPW], dp[AT_RPW];
-#pragma unroll
+KCU_UNROLL
             for (int rr = 0; rr < AT_RPW; rr++) s[rr] = dp[rr] = 0.0f;
             for (int d = 0; d < hd; d++) {
                 const float qd = qrow[d], dd = dorow[d];
-#pragma unroll
+KCU_UNROLL
                 for (int rr = 0; rr < AT_RPW; rr++) {
                     s[rr] = fmaf(qd, kr[rr * hd + d], s[rr]);
                     dp[rr] = fmaf(dd, vr[rr * hd + d], dp[rr]);
@@ -311,7 +311,7 @@ __global__ void __launch_bounds__(AT_THREADS)
             }
             float p[AT_RPW], ds[AT_RPW];
             const float li = Ls[lane], Di = Ds[lane];
-#pragma unroll
+KCU_UNROLL
             for (int rr = 0; rr < AT_RPW; rr++) {
                 const int j = k0 + warp * AT_RPW + rr;
                 const bool ok = i >= j && i < Tn && j < Tn;
@@ -320,17 +320,17 @@ __global__ void __launch_bounds__(AT_THREADS)
             }
             for (int ii = 0; ii < AT_BC; ii++) {
                 float qv[DPL], dov[DPL];
-#pragma unroll
+KCU_UNROLL
                 for (int t = 0; t < DPL; t++) {
                     const int d = lane + 32 * t;
                     qv[t] = d < hd ? Qs[ii * (hd + 1) + d] : 0.0f;
                     dov[t] = d < hd ? dOs[ii * (hd + 1) + d] : 0.0f;
                 }
-#pragma unroll
+KCU_UNROLL
                 for (int rr = 0; rr < AT_RPW; rr++) {
                     const float pi = __shfl_sync(KCU_FULL_MASK, p[rr], ii);
                     const float dsi = __shfl_sync(KCU_FULL_MASK, ds[rr], ii);
-#pragma unroll
+KCU_UNROLL
                     for (int t = 0; t < DPL; t++) {
                         acc_v[rr][t] = fmaf(pi, dov[t], acc_v[rr][t]);
                         acc_k[rr][t] = fmaf(dsi, qv[t], acc_k[rr][t]);
@@ -339,11 +339,11 @@ __global__ void __launch_bounds__(AT_THREADS)
             }
         }
     }
-#pragma unroll
+KCU_UNROLL
     for (int rr = 0; rr < AT_RPW; rr++) {
         const int j = k0 + warp * AT_RPW + rr;
         if (j >= Tn) continue;
-#pragma unroll
+KCU_UNROLL
         for (int t = 0; t < DPL; t++) {
             const int d = lane + 32 * t;
             if (d < hd) {
@@ -377,8 +377,8 @@ static int fwd_launch(const void *q, const void *k, const void *v, void *out, fl
     int rc = kcu_smem_optin(attn_fwd<T, DPL>, smem, "kcu_attention_forward: cudaFuncSetAttribute", err);
     if (rc) return rc;
     dim3 grid((unsigned)((Tn + AT_BR - 1) / AT_BR), (unsigned)H, (unsigned)B);
-    attn_fwd<T, DPL><<<grid, AT_THREADS, smem, stream>>>((const T *)q, (const T *)k, (const T *)v, (T *)out, lse, Tn, H,
-                                                         KV, hd, sq);
+    KCU_LAUNCH((attn_fwd<T, DPL>), grid, AT_THREADS, smem, stream)((const T *)q, (const T *)k, (const T *)v, (T *)out,
+                                                                   lse, Tn, H, KV, hd, sq);
     return kcu_launch_check(err, "kcu_attention_forward");
 }
 
@@ -392,11 +392,11 @@ static int bwd_launch(const void *q, const void *k, const void *v, const float *
     if (!rc) rc = kcu_smem_optin(attn_bwd_dkdv<T, DPL>, smem_kv, "kcu_attention_backward: cudaFuncSetAttribute", err);
     if (rc) return rc;
     const unsigned tiles = (unsigned)((Tn + AT_BR - 1) / AT_BR);
-    attn_bwd_dq<T, DPL><<<dim3(tiles, (unsigned)H, (unsigned)B), AT_THREADS, smem_q, stream>>>(
+    KCU_LAUNCH((attn_bwd_dq<T, DPL>), dim3(tiles, (unsigned)H, (unsigned)B), AT_THREADS, smem_q, stream)(
         (const T *)q, (const T *)k, (const T *)v, lse, D, (const T *)dout, (T *)dq, Tn, H, KV, hd, sq);
     rc = kcu_launch_check(err, "kcu_attention_backward (dq)");
     if (rc) return rc;
-    attn_bwd_dkdv<T, DPL><<<dim3(tiles, (unsigned)KV, (unsigned)B), AT_THREADS, smem_kv, stream>>>(
+    KCU_LAUNCH((attn_bwd_dkdv<T, DPL>), dim3(tiles, (unsigned)KV, (unsigned)B), AT_THREADS, smem_kv, stream)(
         (const T *)q, (const T *)k, (const T *)v, lse, D, (const T *)dout, (T *)dk, (T *)dv, Tn, H, KV, hd, sq);
     return kcu_launch_check(err, "kcu_attention_backward (dk, dv)");
 }
@@ -422,11 +422,11 @@ static int attn_pick(kcu_attn_impl impl, fsdp_dtype dt, int hd, const void *cons
     return FSDP_OK;
 }
 
-extern "C" int kcu_attention_tc_supported(fsdp_dtype dt, int hd) { return kcu_attn_tc_shape_ok(dt, hd); }
+KCU_API int kcu_attention_tc_supported(fsdp_dtype dt, int hd) { return kcu_attn_tc_shape_ok(dt, hd); }
 
-extern "C" int kcu_attention_forward_impl(kcu_attn_impl impl, fsdp_dtype dt, const void *q, const void *k, const void *v,
-                                          void *out, float *lse, int B, int T, int H, int KV, int hd, kcu_stream stream,
-                                          fsdp_err *err) {
+KCU_API int kcu_attention_forward_impl(kcu_attn_impl impl, fsdp_dtype dt, const void *q, const void *k, const void *v,
+                                       void *out, float *lse, int B, int T, int H, int KV, int hd, kcu_stream stream,
+                                       fsdp_err *err) {
     if (attn_check(dt, B, T, H, KV, hd, "kcu_attention_forward", err)) return FSDP_E_INVALID;
     const void *ptrs[4] = {q, k, v, out};
     int tc = 0;
@@ -445,20 +445,20 @@ extern "C" int kcu_attention_forward_impl(kcu_attn_impl impl, fsdp_dtype dt, con
     return rc;
 }
 
-extern "C" int kcu_attention_forward(fsdp_dtype dt, const void *q, const void *k, const void *v, void *out, float *lse,
-                                     int B, int T, int H, int KV, int hd, kcu_stream stream, fsdp_err *err) {
+KCU_API int kcu_attention_forward(fsdp_dtype dt, const void *q, const void *k, const void *v, void *out, float *lse,
+                                  int B, int T, int H, int KV, int hd, kcu_stream stream, fsdp_err *err) {
     return kcu_attention_forward_impl(KCU_ATTN_AUTO, dt, q, k, v, out, lse, B, T, H, KV, hd, stream, err);
 }
 
-extern "C" size_t kcu_attention_scratch_floats(int B, int T, int H) {
+KCU_API size_t kcu_attention_scratch_floats(int B, int T, int H) {
     if (B <= 0 || T <= 0 || H <= 0) return 0;
     return (size_t)B * (size_t)T * (size_t)H;
 }
 
-extern "C" int kcu_attention_backward_impl(kcu_attn_impl impl, fsdp_dtype dt, const void *q, const void *k,
-                                           const void *v, const void *out, const float *lse, const void *dout, void *dq,
-                                           void *dk, void *dv, int B, int T, int H, int KV, int hd, float *scratch,
-                                           kcu_stream stream, fsdp_err *err) {
+KCU_API int kcu_attention_backward_impl(kcu_attn_impl impl, fsdp_dtype dt, const void *q, const void *k,
+                                        const void *v, const void *out, const float *lse, const void *dout, void *dq,
+                                        void *dk, void *dv, int B, int T, int H, int KV, int hd, float *scratch,
+                                        kcu_stream stream, fsdp_err *err) {
     if (attn_check(dt, B, T, H, KV, hd, "kcu_attention_backward", err)) return FSDP_E_INVALID;
     if (!scratch) return fsdp_err_set(err, FSDP_E_INVALID, "kcu_attention_backward: no scratch buffer");
     const void *ptrs[7] = {q, k, v, dout, dq, dk, dv};
@@ -468,8 +468,8 @@ extern "C" int kcu_attention_backward_impl(kcu_attn_impl impl, fsdp_dtype dt, co
     const int64_t rows = (int64_t)B * T * H;
     int rc = FSDP_OK;
     KCU_DISPATCH(dt, Ty, {
-        attn_bwd_dot<Ty><<<kcu_blocks(rows * 32, 256), 256, 0, stream>>>((const Ty *)out, (const Ty *)dout, scratch,
-                                                                          rows, T, H, hd);
+        KCU_LAUNCH(attn_bwd_dot<Ty>, kcu_blocks(rows * 32, 256), 256, 0, stream)((const Ty *)out, (const Ty *)dout,
+                                                                                 scratch, rows, T, H, hd);
         rc = kcu_launch_check(err, "kcu_attention_backward (dO.O)");
         if (!rc) {
             if (tc)
@@ -485,9 +485,9 @@ extern "C" int kcu_attention_backward_impl(kcu_attn_impl impl, fsdp_dtype dt, co
     return rc;
 }
 
-extern "C" int kcu_attention_backward(fsdp_dtype dt, const void *q, const void *k, const void *v, const void *out,
-                                      const float *lse, const void *dout, void *dq, void *dk, void *dv, int B, int T,
-                                      int H, int KV, int hd, float *scratch, kcu_stream stream, fsdp_err *err) {
+KCU_API int kcu_attention_backward(fsdp_dtype dt, const void *q, const void *k, const void *v, const void *out,
+                                   const float *lse, const void *dout, void *dq, void *dk, void *dv, int B, int T,
+                                   int H, int KV, int hd, float *scratch, kcu_stream stream, fsdp_err *err) {
     return kcu_attention_backward_impl(KCU_ATTN_AUTO, dt, q, k, v, out, lse, dout, dq, dk, dv, B, T, H, KV, hd, scratch,
                                        stream, err);
 }

@@ -29,20 +29,20 @@
 // Shared memory (bytes; hd 64 / hd 128): forward 54272 / 95232, dQ 80896 / 113664, dK dV 90624 /
 // 123392, all above 48 KiB (opted in with cudaFuncSetAttribute on every launch).
 //
-// KCU_TC_EMULATE (defined only by tests/test_kcu_attention_tc_emu.cc) compiles the kernels alone as
-// host C++ against tests/kcu_tc_emu.h, which runs a block as 128 threads with real barriers and a
-// reference WMMA, so that the kernel code itself is tested on machines without a GPU.
-#ifndef KCU_TC_EMULATE
+// KCU_EMULATE (tests/kcu_emu.h) compiles this file as host C++ against an emulation that runs a block
+// as 128 threads with real barriers and a reference WMMA, so that the kernel code itself is tested on
+// machines without a GPU (tests/test_kcu_emu_attention.cc).
 #include "kernels/cuda/kcu_attention_tc.cuh"
 #include "kernels/cuda/kcu_common.cuh"
 
+#ifndef KCU_EMULATE
 #include <cuda_bf16.h>
 #include <mma.h>
 #define TC_SMEM_DECL extern __shared__ __align__(128) unsigned char tc_smem[]
-#define TC_UNROLL _Pragma("unroll")
 #else
-#define TC_UNROLL
+#define TC_SMEM_DECL KCU_DYN_SHARED(unsigned char, tc_smem)
 #endif
+#define TC_UNROLL KCU_UNROLL
 #include <math.h>
 #include <stdint.h>
 
@@ -494,7 +494,6 @@ TC_UNROLL
     tc_store_rows<HD>(adv, St, dv + koff, ldk, k0 + w * 16, Tn);
 }
 
-#ifndef KCU_TC_EMULATE
 // ---- host side ------------------------------------------------------------------------------------------
 
 int kcu_attn_tc_shape_ok(fsdp_dtype dt, int hd) { return dt == FSDP_DT_BF16 && (hd == 64 || hd == 128); }
@@ -514,7 +513,7 @@ static int tc_forward(const void *q, const void *k, const void *v, void *out, fl
     if (rc) return rc;
     const float sl2 = (float)(1.4426950408889634 / sqrt((double)HD));
     const dim3 grid((unsigned)((Tn + TC_BR - 1) / TC_BR), (unsigned)H, (unsigned)B);
-    attn_tc_fwd<HD><<<grid, TC_THREADS, C::FWD_SMEM, stream>>>((const uint16_t *)q, (const uint16_t *)k,
+    KCU_LAUNCH(attn_tc_fwd<HD>, grid, TC_THREADS, C::FWD_SMEM, stream)((const uint16_t *)q, (const uint16_t *)k,
                                                                (const uint16_t *)v, (uint16_t *)out, lse, Tn, H, KV,
                                                                sl2);
     return kcu_launch_check(err, "kcu_attention_forward (tensor cores)");
@@ -533,12 +532,12 @@ static int tc_backward(const void *q, const void *k, const void *v, const float 
     const float scale = (float)(1.0 / sqrt((double)HD));
     const float sl2 = (float)(1.4426950408889634 / sqrt((double)HD));
     const unsigned tiles = (unsigned)((Tn + TC_BR - 1) / TC_BR);
-    attn_tc_bwd_dq<HD><<<dim3(tiles, (unsigned)H, (unsigned)B), TC_THREADS, C::DQ_SMEM, stream>>>(
+    KCU_LAUNCH(attn_tc_bwd_dq<HD>, dim3(tiles, (unsigned)H, (unsigned)B), TC_THREADS, C::DQ_SMEM, stream)(
         (const uint16_t *)q, (const uint16_t *)k, (const uint16_t *)v, lse, D, (const uint16_t *)dout, (uint16_t *)dq,
         Tn, H, KV, scale, sl2);
     rc = kcu_launch_check(err, "kcu_attention_backward (tensor cores, dq)");
     if (rc) return rc;
-    attn_tc_bwd_dkdv<HD><<<dim3(tiles, (unsigned)KV, (unsigned)B), TC_THREADS, C::DKDV_SMEM, stream>>>(
+    KCU_LAUNCH(attn_tc_bwd_dkdv<HD>, dim3(tiles, (unsigned)KV, (unsigned)B), TC_THREADS, C::DKDV_SMEM, stream)(
         (const uint16_t *)q, (const uint16_t *)k, (const uint16_t *)v, lse, D, (const uint16_t *)dout, (uint16_t *)dk,
         (uint16_t *)dv, Tn, H, KV, scale, sl2);
     return kcu_launch_check(err, "kcu_attention_backward (tensor cores, dk dv)");
@@ -559,4 +558,3 @@ int kcu_attn_tc_backward(const void *q, const void *k, const void *v, const floa
     return fsdp_err_set(err, FSDP_E_INVALID, "kcu_attention_backward (tensor cores): head_dim %d is not 64 or 128",
                         hd);
 }
-#endif // KCU_TC_EMULATE

@@ -3,7 +3,22 @@
 #ifndef FSDP_KERNELS_CUDA_KCU_COMMON_CUH
 #define FSDP_KERNELS_CUDA_KCU_COMMON_CUH
 
+#ifdef KCU_EMULATE
+// Host emulation (tests only): tests/kcu_emu.h, included first at global scope, supplies the CUDA
+// surface and the macros below.
+#ifndef FSDP_TESTS_KCU_EMU_H
+#error "KCU_EMULATE: include tests/kcu_emu.h before the kernel sources"
+#endif
+#else
 #include <cuda_runtime.h>
+// Spelled through macros so that the same source also compiles as host C++ under tests/kcu_emu.h.
+#define KCU_API extern "C"
+#define KCU_UNROLL _Pragma("unroll")
+// kernel<<<grid, block, smem, stream>>>(args...); a template-id with commas goes in parentheses.
+#define KCU_LAUNCH(kernel, grid, block, smem, stream) kernel<<<grid, block, smem, stream>>>
+#define KCU_SHARED(T, name, n) __shared__ T name[n]
+#define KCU_DYN_SHARED(T, name) extern __shared__ T name[]
+#endif
 #include <stdint.h>
 
 #include "kernels/cuda/kcu.h"

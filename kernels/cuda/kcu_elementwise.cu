@@ -17,8 +17,8 @@ __global__ void cast_bf16_f32(float *dst, const kcu_bf16 *src, int64_t n) {
         dst[i] = kcu_bf2f(src[i].bits);
 }
 
-extern "C" int kcu_cast(void *dst, fsdp_dtype dst_dt, const void *src, fsdp_dtype src_dt, int64_t n,
-                        kcu_stream stream, fsdp_err *err) {
+KCU_API int kcu_cast(void *dst, fsdp_dtype dst_dt, const void *src, fsdp_dtype src_dt, int64_t n,
+                     kcu_stream stream, fsdp_err *err) {
     if (n < 0) return fsdp_err_set(err, FSDP_E_INVALID, "kcu_cast: negative length %lld", (long long)n);
     if (kcu_check_dt(dst_dt, "kcu_cast", err) || kcu_check_dt(src_dt, "kcu_cast", err)) return FSDP_E_INVALID;
     if (n == 0) return FSDP_OK;
@@ -27,9 +27,11 @@ extern "C" int kcu_cast(void *dst, fsdp_dtype dst_dt, const void *src, fsdp_dtyp
         return e == cudaSuccess ? FSDP_OK : kcu_cuda_fail(err, e, "kcu_cast: cudaMemcpyAsync");
     }
     if (dst_dt == FSDP_DT_BF16)
-        cast_f32_bf16<<<kcu_blocks(n, KCU_THREADS), KCU_THREADS, 0, stream>>>((kcu_bf16 *)dst, (const float *)src, n);
+        KCU_LAUNCH(cast_f32_bf16, kcu_blocks(n, KCU_THREADS), KCU_THREADS, 0, stream)((kcu_bf16 *)dst,
+                                                                                      (const float *)src, n);
     else
-        cast_bf16_f32<<<kcu_blocks(n, KCU_THREADS), KCU_THREADS, 0, stream>>>((float *)dst, (const kcu_bf16 *)src, n);
+        KCU_LAUNCH(cast_bf16_f32, kcu_blocks(n, KCU_THREADS), KCU_THREADS, 0, stream)((float *)dst,
+                                                                                      (const kcu_bf16 *)src, n);
     return kcu_launch_check(err, "kcu_cast");
 }
 
@@ -39,14 +41,14 @@ __global__ void add_kernel(const T *a, const T *b, T *out, int64_t n) {
         kcu_st(out, i, __fadd_rn(kcu_ld(a, i), kcu_ld(b, i)));
 }
 
-extern "C" int kcu_add(fsdp_dtype dt, const void *a, const void *b, void *out, int64_t n, kcu_stream stream,
-                       fsdp_err *err) {
+KCU_API int kcu_add(fsdp_dtype dt, const void *a, const void *b, void *out, int64_t n, kcu_stream stream,
+                    fsdp_err *err) {
     if (kcu_check_dt(dt, "kcu_add", err)) return FSDP_E_INVALID;
     if (n < 0) return fsdp_err_set(err, FSDP_E_INVALID, "kcu_add: negative length %lld", (long long)n);
     if (n == 0) return FSDP_OK;
     KCU_DISPATCH(dt, T,
-                 add_kernel<T><<<kcu_blocks(n, KCU_THREADS), KCU_THREADS, 0, stream>>>((const T *)a, (const T *)b,
-                                                                                       (T *)out, n));
+                 KCU_LAUNCH(add_kernel<T>, kcu_blocks(n, KCU_THREADS), KCU_THREADS, 0, stream)(
+                     (const T *)a, (const T *)b, (T *)out, n));
     return kcu_launch_check(err, "kcu_add");
 }
 
@@ -55,16 +57,16 @@ __global__ void scale_kernel(float *x, int64_t n, float s) {
         x[i] = __fmul_rn(x[i], s);
 }
 
-extern "C" int kcu_scale(float *x, int64_t n, float s, kcu_stream stream, fsdp_err *err) {
+KCU_API int kcu_scale(float *x, int64_t n, float s, kcu_stream stream, fsdp_err *err) {
     if (n < 0) return fsdp_err_set(err, FSDP_E_INVALID, "kcu_scale: negative length %lld", (long long)n);
     if (n == 0) return FSDP_OK;
-    scale_kernel<<<kcu_blocks(n, KCU_THREADS), KCU_THREADS, 0, stream>>>(x, n, s);
+    KCU_LAUNCH(scale_kernel, kcu_blocks(n, KCU_THREADS), KCU_THREADS, 0, stream)(x, n, s);
     return kcu_launch_check(err, "kcu_scale");
 }
 
 template <class T>
 __global__ void sumsq_kernel(const T *x, int64_t n, double *out) {
-    __shared__ double sh[32];
+    KCU_SHARED(double, sh, 32);
     double s = 0.0;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         double v = kcu_ld(x, i);
@@ -74,15 +76,15 @@ __global__ void sumsq_kernel(const T *x, int64_t n, double *out) {
     if (threadIdx.x == 0) atomicAdd(out, s);
 }
 
-extern "C" int kcu_sumsq(fsdp_dtype dt, const void *x, int64_t n, double *d_out, kcu_stream stream, fsdp_err *err) {
+KCU_API int kcu_sumsq(fsdp_dtype dt, const void *x, int64_t n, double *d_out, kcu_stream stream, fsdp_err *err) {
     if (kcu_check_dt(dt, "kcu_sumsq", err)) return FSDP_E_INVALID;
     if (n < 0) return fsdp_err_set(err, FSDP_E_INVALID, "kcu_sumsq: negative length %lld", (long long)n);
     cudaError_t e = cudaMemsetAsync(d_out, 0, sizeof(double), stream);
     if (e != cudaSuccess) return kcu_cuda_fail(err, e, "kcu_sumsq: cudaMemsetAsync");
     if (n == 0) return FSDP_OK;
     KCU_DISPATCH(dt, T,
-                 sumsq_kernel<T><<<kcu_blocks(n, KCU_THREADS, 1024), KCU_THREADS, 0, stream>>>((const T *)x, n,
-                                                                                               d_out));
+                 KCU_LAUNCH(sumsq_kernel<T>, kcu_blocks(n, KCU_THREADS, 1024), KCU_THREADS, 0, stream)(
+                     (const T *)x, n, d_out));
     return kcu_launch_check(err, "kcu_sumsq");
 }
 
@@ -109,24 +111,24 @@ __global__ void swiglu_bwd(const T *a, const T *b, const T *dout, T *da, T *db, 
     }
 }
 
-extern "C" int kcu_swiglu_forward(fsdp_dtype dt, const void *a, const void *b, void *out, int64_t n, kcu_stream stream,
-                                  fsdp_err *err) {
+KCU_API int kcu_swiglu_forward(fsdp_dtype dt, const void *a, const void *b, void *out, int64_t n, kcu_stream stream,
+                               fsdp_err *err) {
     if (kcu_check_dt(dt, "kcu_swiglu_forward", err)) return FSDP_E_INVALID;
     if (n < 0) return fsdp_err_set(err, FSDP_E_INVALID, "kcu_swiglu_forward: negative length %lld", (long long)n);
     if (n == 0) return FSDP_OK;
     KCU_DISPATCH(dt, T,
-                 swiglu_fwd<T><<<kcu_blocks(n, KCU_THREADS), KCU_THREADS, 0, stream>>>((const T *)a, (const T *)b,
-                                                                                       (T *)out, n));
+                 KCU_LAUNCH(swiglu_fwd<T>, kcu_blocks(n, KCU_THREADS), KCU_THREADS, 0, stream)(
+                     (const T *)a, (const T *)b, (T *)out, n));
     return kcu_launch_check(err, "kcu_swiglu_forward");
 }
 
-extern "C" int kcu_swiglu_backward(fsdp_dtype dt, const void *a, const void *b, const void *dout, void *da, void *db,
-                                   int64_t n, kcu_stream stream, fsdp_err *err) {
+KCU_API int kcu_swiglu_backward(fsdp_dtype dt, const void *a, const void *b, const void *dout, void *da, void *db,
+                                int64_t n, kcu_stream stream, fsdp_err *err) {
     if (kcu_check_dt(dt, "kcu_swiglu_backward", err)) return FSDP_E_INVALID;
     if (n < 0) return fsdp_err_set(err, FSDP_E_INVALID, "kcu_swiglu_backward: negative length %lld", (long long)n);
     if (n == 0) return FSDP_OK;
     KCU_DISPATCH(dt, T,
-                 swiglu_bwd<T><<<kcu_blocks(n, KCU_THREADS), KCU_THREADS, 0, stream>>>(
+                 KCU_LAUNCH(swiglu_bwd<T>, kcu_blocks(n, KCU_THREADS), KCU_THREADS, 0, stream)(
                      (const T *)a, (const T *)b, (const T *)dout, (T *)da, (T *)db, n));
     return kcu_launch_check(err, "kcu_swiglu_backward");
 }
@@ -157,18 +159,18 @@ static int rope_launch(fsdp_dtype dt, void *x, const float *cos_t, const float *
                             "head_dim %d)", what, B, T, nh, hd);
     const int64_t pairs = (int64_t)B * T * nh * (hd / 2);
     KCU_DISPATCH(dt, Tp,
-                 rope_kernel<Tp><<<kcu_blocks(pairs, KCU_THREADS), KCU_THREADS, 0, stream>>>(
+                 KCU_LAUNCH(rope_kernel<Tp>, kcu_blocks(pairs, KCU_THREADS), KCU_THREADS, 0, stream)(
                      (Tp *)x, cos_t, sin_t, pairs, T, nh, hd / 2, sign));
     return kcu_launch_check(err, what);
 }
 
-extern "C" int kcu_rope_forward(fsdp_dtype dt, void *x, const float *cos_t, const float *sin_t, int B, int T, int nh,
-                                int head_dim, kcu_stream stream, fsdp_err *err) {
+KCU_API int kcu_rope_forward(fsdp_dtype dt, void *x, const float *cos_t, const float *sin_t, int B, int T, int nh,
+                             int head_dim, kcu_stream stream, fsdp_err *err) {
     return rope_launch(dt, x, cos_t, sin_t, B, T, nh, head_dim, 1.0f, stream, "kcu_rope_forward", err);
 }
 
-extern "C" int kcu_rope_backward(fsdp_dtype dt, void *dx, const float *cos_t, const float *sin_t, int B, int T, int nh,
-                                 int head_dim, kcu_stream stream, fsdp_err *err) {
+KCU_API int kcu_rope_backward(fsdp_dtype dt, void *dx, const float *cos_t, const float *sin_t, int B, int T, int nh,
+                              int head_dim, kcu_stream stream, fsdp_err *err) {
     return rope_launch(dt, dx, cos_t, sin_t, B, T, nh, head_dim, -1.0f, stream, "kcu_rope_backward", err);
 }
 
@@ -217,22 +219,22 @@ static int embedding_check(fsdp_dtype dt, int64_t n, int vocab, int dim, const c
     return FSDP_OK;
 }
 
-extern "C" int kcu_embedding_forward(fsdp_dtype dt, const void *table, const int32_t *tokens, void *out, int64_t n,
-                                     int vocab, int dim, int *d_bad, kcu_stream stream, fsdp_err *err) {
+KCU_API int kcu_embedding_forward(fsdp_dtype dt, const void *table, const int32_t *tokens, void *out, int64_t n,
+                                  int vocab, int dim, int *d_bad, kcu_stream stream, fsdp_err *err) {
     if (embedding_check(dt, n, vocab, dim, "kcu_embedding_forward", err)) return FSDP_E_INVALID;
     if (n == 0) return FSDP_OK;
     KCU_DISPATCH(dt, T,
-                 embedding_fwd<T><<<kcu_blocks(n * dim, KCU_THREADS), KCU_THREADS, 0, stream>>>(
+                 KCU_LAUNCH(embedding_fwd<T>, kcu_blocks(n * dim, KCU_THREADS), KCU_THREADS, 0, stream)(
                      (const T *)table, tokens, (T *)out, n, vocab, dim, d_bad));
     return kcu_launch_check(err, "kcu_embedding_forward");
 }
 
-extern "C" int kcu_embedding_backward(fsdp_dtype dt, const void *dout, const int32_t *tokens, float *dtable, int64_t n,
-                                      int vocab, int dim, int *d_bad, kcu_stream stream, fsdp_err *err) {
+KCU_API int kcu_embedding_backward(fsdp_dtype dt, const void *dout, const int32_t *tokens, float *dtable, int64_t n,
+                                   int vocab, int dim, int *d_bad, kcu_stream stream, fsdp_err *err) {
     if (embedding_check(dt, n, vocab, dim, "kcu_embedding_backward", err)) return FSDP_E_INVALID;
     if (n == 0) return FSDP_OK;
     KCU_DISPATCH(dt, T,
-                 embedding_bwd<T><<<kcu_blocks(n * dim, KCU_THREADS), KCU_THREADS, 0, stream>>>(
+                 KCU_LAUNCH(embedding_bwd<T>, kcu_blocks(n * dim, KCU_THREADS), KCU_THREADS, 0, stream)(
                      (const T *)dout, tokens, dtable, n, vocab, dim, d_bad));
     return kcu_launch_check(err, "kcu_embedding_backward");
 }

@@ -17,7 +17,7 @@ struct kcu_tensor_list {
     int has_state; // every non-empty tensor has m and v
 };
 
-extern "C" int kcu_tensor_list_create(const kcu_tensor *t, int count, kcu_tensor_list **out, fsdp_err *err) {
+KCU_API int kcu_tensor_list_create(const kcu_tensor *t, int count, kcu_tensor_list **out, fsdp_err *err) {
     *out = NULL;
     if (count < 0 || (count > 0 && !t))
         return fsdp_err_set(err, FSDP_E_INVALID, "kcu_tensor_list_create: bad tensor count %d", count);
@@ -65,7 +65,7 @@ extern "C" int kcu_tensor_list_create(const kcu_tensor *t, int count, kcu_tensor
     return FSDP_OK;
 }
 
-extern "C" void kcu_tensor_list_free(kcu_tensor_list *l) {
+KCU_API void kcu_tensor_list_free(kcu_tensor_list *l) {
     if (!l) return;
     if (l->d_tensors) cudaFree(l->d_tensors);
     if (l->d_starts) cudaFree(l->d_starts);
@@ -116,7 +116,7 @@ __global__ void __launch_bounds__(OPT_THREADS)
 
 __global__ void __launch_bounds__(OPT_THREADS)
     grad_sumsq_kernel(const kcu_tensor *ts, const int64_t *starts, int count, double *out) {
-    __shared__ double sh[32];
+    KCU_SHARED(double, sh, 32);
     const int64_t blk = blockIdx.x;
     const int t = opt_find(starts, count, blk);
     const kcu_tensor x = ts[t];
@@ -138,8 +138,8 @@ __global__ void __launch_bounds__(OPT_THREADS)
     for (int64_t i = i0 + threadIdx.x; i < i1; i += OPT_THREADS) x.g[i] = __fmul_rn(x.g[i], sc);
 }
 
-extern "C" int kcu_adamw_step(const kcu_tensor_list *l, const kc_adamw_hparams *h, int64_t step, kcu_stream stream,
-                              fsdp_err *err) {
+KCU_API int kcu_adamw_step(const kcu_tensor_list *l, const kc_adamw_hparams *h, int64_t step, kcu_stream stream,
+                           fsdp_err *err) {
     if (!l || !h) return fsdp_err_set(err, FSDP_E_INVALID, "kcu_adamw_step: no tensor list or hyperparameters");
     if (!l->has_state)
         return fsdp_err_set(err, FSDP_E_INVALID, "kcu_adamw_step: the tensor list has no exp_avg/exp_avg_sq buffers");
@@ -157,22 +157,23 @@ extern "C" int kcu_adamw_step(const kcu_tensor_list *l, const kc_adamw_hparams *
     c.eps = (float)h->eps;
     c.neg_step = (float)(-(h->lr / bc1));
     c.lerp_low = (1.0 - h->beta1) < 0.5;
-    adamw_kernel<<<(unsigned)l->blocks, OPT_THREADS, 0, stream>>>(l->d_tensors, l->d_starts, l->count, c);
+    KCU_LAUNCH(adamw_kernel, (unsigned)l->blocks, OPT_THREADS, 0, stream)(l->d_tensors, l->d_starts, l->count, c);
     return kcu_launch_check(err, "kcu_adamw_step");
 }
 
-extern "C" int kcu_list_grad_sumsq(const kcu_tensor_list *l, double *d_out, kcu_stream stream, fsdp_err *err) {
+KCU_API int kcu_list_grad_sumsq(const kcu_tensor_list *l, double *d_out, kcu_stream stream, fsdp_err *err) {
     if (!l) return fsdp_err_set(err, FSDP_E_INVALID, "kcu_list_grad_sumsq: no tensor list");
     cudaError_t e = cudaMemsetAsync(d_out, 0, sizeof(double), stream);
     if (e != cudaSuccess) return kcu_cuda_fail(err, e, "kcu_list_grad_sumsq: cudaMemsetAsync");
     if (l->blocks == 0) return FSDP_OK;
-    grad_sumsq_kernel<<<(unsigned)l->blocks, OPT_THREADS, 0, stream>>>(l->d_tensors, l->d_starts, l->count, d_out);
+    KCU_LAUNCH(grad_sumsq_kernel, (unsigned)l->blocks, OPT_THREADS, 0, stream)(l->d_tensors, l->d_starts, l->count,
+                                                                               d_out);
     return kcu_launch_check(err, "kcu_list_grad_sumsq");
 }
 
-extern "C" int kcu_list_grad_scale(const kcu_tensor_list *l, float s, kcu_stream stream, fsdp_err *err) {
+KCU_API int kcu_list_grad_scale(const kcu_tensor_list *l, float s, kcu_stream stream, fsdp_err *err) {
     if (!l) return fsdp_err_set(err, FSDP_E_INVALID, "kcu_list_grad_scale: no tensor list");
     if (l->blocks == 0) return FSDP_OK;
-    grad_scale_kernel<<<(unsigned)l->blocks, OPT_THREADS, 0, stream>>>(l->d_tensors, l->d_starts, l->count, s);
+    KCU_LAUNCH(grad_scale_kernel, (unsigned)l->blocks, OPT_THREADS, 0, stream)(l->d_tensors, l->d_starts, l->count, s);
     return kcu_launch_check(err, "kcu_list_grad_scale");
 }

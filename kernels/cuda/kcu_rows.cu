@@ -12,7 +12,7 @@ static int row_threads(int dim) {
 
 template <class T>
 __global__ void rmsnorm_fwd(const T *x, const T *w, T *y, float *rstd, int64_t n, int dim, float eps) {
-    __shared__ double sh[32];
+    KCU_SHARED(double, sh, 32);
     for (int64_t i = blockIdx.x; i < n; i += gridDim.x) {
         const size_t off = (size_t)i * dim;
         double ss = 0.0;
@@ -34,8 +34,8 @@ __global__ void rmsnorm_fwd(const T *x, const T *w, T *y, float *rstd, int64_t n
 template <class T>
 __global__ void rmsnorm_bwd(const T *dy, const T *x, const T *w, const float *rstd, T *dx, float *dw, int64_t n,
                             int dim) {
-    extern __shared__ float dwp[]; // [dim] this block's partial dw
-    __shared__ double sh[32];
+    KCU_DYN_SHARED(float, dwp); // [dim] this block's partial dw
+    KCU_SHARED(double, sh, 32);
     for (int j = threadIdx.x; j < dim; j += blockDim.x) dwp[j] = 0.0f;
     const int64_t i0 = (int64_t)blockIdx.x * KCU_NORM_ROWS;
     const int64_t i1 = i0 + KCU_NORM_ROWS < n ? i0 + KCU_NORM_ROWS : n;
@@ -65,19 +65,19 @@ static int norm_check(fsdp_dtype dt, int64_t n, int dim, const char *what, fsdp_
     return FSDP_OK;
 }
 
-extern "C" int kcu_rmsnorm_forward(fsdp_dtype dt, const void *x, const void *w, void *y, float *rstd, int64_t n,
-                                   int dim, float eps, kcu_stream stream, fsdp_err *err) {
+KCU_API int kcu_rmsnorm_forward(fsdp_dtype dt, const void *x, const void *w, void *y, float *rstd, int64_t n,
+                                int dim, float eps, kcu_stream stream, fsdp_err *err) {
     if (norm_check(dt, n, dim, "kcu_rmsnorm_forward", err)) return FSDP_E_INVALID;
     if (n == 0) return FSDP_OK;
     const unsigned blocks = n > (1 << 20) ? (1u << 20) : (unsigned)n;
     KCU_DISPATCH(dt, T,
-                 rmsnorm_fwd<T><<<blocks, row_threads(dim), 0, stream>>>((const T *)x, (const T *)w, (T *)y, rstd, n,
-                                                                         dim, eps));
+                 KCU_LAUNCH(rmsnorm_fwd<T>, blocks, row_threads(dim), 0, stream)((const T *)x, (const T *)w, (T *)y,
+                                                                                 rstd, n, dim, eps));
     return kcu_launch_check(err, "kcu_rmsnorm_forward");
 }
 
-extern "C" int kcu_rmsnorm_backward(fsdp_dtype dt, const void *dy, const void *x, const void *w, const float *rstd,
-                                    void *dx, float *dw, int64_t n, int dim, kcu_stream stream, fsdp_err *err) {
+KCU_API int kcu_rmsnorm_backward(fsdp_dtype dt, const void *dy, const void *x, const void *w, const float *rstd,
+                                 void *dx, float *dw, int64_t n, int dim, kcu_stream stream, fsdp_err *err) {
     if (norm_check(dt, n, dim, "kcu_rmsnorm_backward", err)) return FSDP_E_INVALID;
     const size_t smem = (size_t)dim * sizeof(float);
     if (smem > 200 * 1024)
@@ -90,7 +90,7 @@ extern "C" int kcu_rmsnorm_backward(fsdp_dtype dt, const void *dy, const void *x
     KCU_DISPATCH(dt, T, {
         rc = kcu_smem_optin(rmsnorm_bwd<T>, smem, "kcu_rmsnorm_backward: cudaFuncSetAttribute", err);
         if (!rc)
-            rmsnorm_bwd<T><<<(unsigned)blocks, row_threads(dim), smem, stream>>>(
+            KCU_LAUNCH(rmsnorm_bwd<T>, (unsigned)blocks, row_threads(dim), smem, stream)(
                 (const T *)dy, (const T *)x, (const T *)w, rstd, (T *)dx, dw, n, dim);
     });
     return rc ? rc : kcu_launch_check(err, "kcu_rmsnorm_backward");
@@ -101,8 +101,8 @@ extern "C" int kcu_rmsnorm_backward(fsdp_dtype dt, const void *dy, const void *x
 template <class T>
 __global__ void xent_fwd(const T *logits, const int32_t *labels, int64_t n, int vocab, int ignore_index, float *lse,
                          double *sums, int *d_bad) {
-    __shared__ float shf[32];
-    __shared__ double shd[32];
+    KCU_SHARED(float, shf, 32);
+    KCU_SHARED(double, shd, 32);
     for (int64_t i = blockIdx.x; i < n; i += gridDim.x) {
         const int32_t lab = labels[i]; // the same for the whole block: the branches below are uniform
         if (lab == ignore_index || lab < 0 || lab >= vocab) {
@@ -147,28 +147,28 @@ __global__ void xent_bwd(const T *logits, const int32_t *labels, const float *ls
     }
 }
 
-extern "C" int kcu_xent_forward(fsdp_dtype dt, const void *logits, const int32_t *labels, int64_t n, int vocab,
-                                int ignore_index, float *lse, double *d_sums, int *d_bad, kcu_stream stream,
-                                fsdp_err *err) {
+KCU_API int kcu_xent_forward(fsdp_dtype dt, const void *logits, const int32_t *labels, int64_t n, int vocab,
+                             int ignore_index, float *lse, double *d_sums, int *d_bad, kcu_stream stream,
+                             fsdp_err *err) {
     if (norm_check(dt, n, vocab, "kcu_xent_forward", err)) return FSDP_E_INVALID;
     cudaError_t e = cudaMemsetAsync(d_sums, 0, 2 * sizeof(double), stream);
     if (e != cudaSuccess) return kcu_cuda_fail(err, e, "kcu_xent_forward: cudaMemsetAsync");
     if (n == 0) return FSDP_OK;
     const unsigned blocks = n > (1 << 20) ? (1u << 20) : (unsigned)n;
     KCU_DISPATCH(dt, T,
-                 xent_fwd<T><<<blocks, 256, 0, stream>>>((const T *)logits, labels, n, vocab, ignore_index, lse,
+                 KCU_LAUNCH(xent_fwd<T>, blocks, 256, 0, stream)((const T *)logits, labels, n, vocab, ignore_index, lse,
                                                          d_sums, d_bad));
     return kcu_launch_check(err, "kcu_xent_forward");
 }
 
-extern "C" int kcu_xent_backward(fsdp_dtype dt, const void *logits, const int32_t *labels, const float *lse,
-                                 void *dlogits, int64_t n, int vocab, int ignore_index, float scale, kcu_stream stream,
-                                 fsdp_err *err) {
+KCU_API int kcu_xent_backward(fsdp_dtype dt, const void *logits, const int32_t *labels, const float *lse,
+                              void *dlogits, int64_t n, int vocab, int ignore_index, float scale, kcu_stream stream,
+                              fsdp_err *err) {
     if (norm_check(dt, n, vocab, "kcu_xent_backward", err)) return FSDP_E_INVALID;
     if (n == 0) return FSDP_OK;
     const unsigned blocks = n > (1 << 20) ? (1u << 20) : (unsigned)n;
     KCU_DISPATCH(dt, T,
-                 xent_bwd<T><<<blocks, 256, 0, stream>>>((const T *)logits, labels, lse, (T *)dlogits, n, vocab,
+                 KCU_LAUNCH(xent_bwd<T>, blocks, 256, 0, stream)((const T *)logits, labels, lse, (T *)dlogits, n, vocab,
                                                          ignore_index, scale));
     return kcu_launch_check(err, "kcu_xent_backward");
 }

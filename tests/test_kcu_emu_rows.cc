@@ -1,0 +1,90 @@
+// kernels/cuda/kcu_rows.cu under the host emulation (tests/kcu_emu.h): RMSNorm and cross-entropy
+// through their kcu_* host wrappers against the CPU kernels, f32 and bf16, with rows longer than a
+// block (strided loops), a partial warp of columns, and several blocks of the backward's dw atomics.
+#include "tests/kcu_emu_test.h"
+
+namespace {
+
+using namespace kcu_emu_test;
+namespace dev = kcu_emu_dev;
+
+typedef KcuEmuDt KcuEmuRows;
+
+TEST_P(KcuEmuRows, RmsNorm) {
+    // dim 300: 256 threads, two passes per row; dim 40: 64 threads, the second warp partly idle.
+    // n 35: the backward has 2 blocks of 32 rows (the second partial), both adding into dw.
+    // dim 13000 (n 3): the backward's 52000 bytes of dynamic shared memory need the opt-in.
+    for (int dim : {300, 40, 13000}) {
+        const int n = dim > 1000 ? 3 : 35;
+        auto x = in(randn((size_t)n * dim, 1)), w = in(randn(dim, 2)), dy = in(randn((size_t)n * dim, 3));
+        auto dx0 = in(randn((size_t)n * dim, 4)), dw0 = randn(dim, 5);
+        Buf X(x, dt()), W(w, dt()), Y((size_t)n * dim, dt()), DY(dy, dt()), DX(dx0, dt()), R(n, FSDP_DT_F32),
+            DW(dw0, FSDP_DT_F32);
+        fsdp_err err;
+        ASSERT_EQ(dev::kcu_rmsnorm_forward(dt(), X.ptr(), W.ptr(), Y.ptr(), R.f(), n, dim, 1e-5f, nullptr, &err), 0)
+            << err.msg;
+        ASSERT_EQ(dev::kcu_rmsnorm_backward(dt(), DY.ptr(), X.ptr(), W.ptr(), R.f(), DX.ptr(), DW.f(), n, dim, nullptr,
+                                            &err),
+                  0)
+            << err.msg;
+        std::vector<float> y((size_t)n * dim), r(n), dx(dx0), dw(dw0);
+        kc_rmsnorm_forward(x.data(), w.data(), y.data(), r.data(), n, dim, 1e-5f);
+        kc_rmsnorm_backward(dy.data(), x.data(), w.data(), r.data(), dx.data(), dw.data(), n, dim);
+        EXPECT_EQ(nonfinite(Y.get()) + nonfinite(R.get()), 0u);
+        EXPECT_LT(rel_err(Y.get(), y), tol()) << dim;
+        EXPECT_LT(rel_err(R.get(), r), 1e-6) << dim;
+        EXPECT_LT(rel_err(DX.get(), dx), tol()) << dim;
+        EXPECT_LT(rel_err(DW.get(), dw), 1e-5) << dim;
+        for (auto *b : {&X, &W, &Y, &DY, &DX, &R, &DW}) EXPECT_TRUE(b->guard_ok());
+    }
+    fsdp_err err;
+    EXPECT_EQ(dev::kcu_rmsnorm_backward(dt(), nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 4, 60000, nullptr,
+                                        &err),
+              FSDP_E_INVALID);
+}
+
+TEST_P(KcuEmuRows, CrossEntropy) {
+    const int n = 13, V = 300, ignore = -100;
+    auto logits = in(randn((size_t)n * V, 1, 2.0f));
+    std::vector<int32_t> lab(n);
+    std::mt19937 g(5);
+    for (int i = 0; i < n; i++) lab[i] = i % 7 == 3 ? ignore : (int32_t)(g() % V);
+    lab[1] = V - 1; // the last column
+    Buf X(logits, dt()), L(n, FSDP_DT_F32), D((size_t)n * V, dt());
+    double sums[2] = {NAN, NAN};
+    int bad = 0;
+    fsdp_err err;
+    ASSERT_EQ(dev::kcu_xent_forward(dt(), X.ptr(), lab.data(), n, V, ignore, L.f(), sums, &bad, nullptr, &err), 0)
+        << err.msg;
+    std::vector<float> lse(n);
+    double loss_sum = 0;
+    int64_t n_valid = 0;
+    ASSERT_EQ(kc_xent_forward(logits.data(), lab.data(), n, V, ignore, lse.data(), &loss_sum, &n_valid, &err), 0);
+    EXPECT_NEAR(sums[0], loss_sum, 1e-6 * std::fabs(loss_sum));
+    EXPECT_EQ(sums[1], (double)n_valid);
+    EXPECT_EQ(nonfinite(L.get()), 0u);
+    EXPECT_LT(rel_err(L.get(), lse), 1e-6);
+    EXPECT_EQ(bad, 0);
+    const float scale = 1.0f / (float)n_valid;
+    ASSERT_EQ(dev::kcu_xent_backward(dt(), X.ptr(), lab.data(), L.f(), D.ptr(), n, V, ignore, scale, nullptr, &err), 0)
+        << err.msg;
+    std::vector<float> dref((size_t)n * V);
+    kc_xent_backward(logits.data(), lab.data(), lse.data(), dref.data(), n, V, ignore, scale);
+    EXPECT_EQ(nonfinite(D.get()), 0u);
+    EXPECT_LT(rel_err(D.get(), dref), tol());
+    // in place
+    ASSERT_EQ(dev::kcu_xent_backward(dt(), X.ptr(), lab.data(), L.f(), X.ptr(), n, V, ignore, scale, nullptr, &err), 0);
+    EXPECT_LT(rel_err(X.get(), dref), tol());
+    // a label out of range is flagged and contributes nothing
+    lab[4] = V;
+    X.set(logits);
+    ASSERT_EQ(dev::kcu_xent_forward(dt(), X.ptr(), lab.data(), n, V, ignore, L.f(), sums, &bad, nullptr, &err), 0);
+    EXPECT_EQ(bad, 5);
+    EXPECT_EQ(sums[1], (double)(n_valid - 1));
+    EXPECT_EQ(L.get()[4], 0.0f);
+    EXPECT_TRUE(X.guard_ok() && L.guard_ok() && D.guard_ok());
+}
+
+INSTANTIATE_TEST_SUITE_P(KcuEmuDtypes, KcuEmuRows, ::testing::Values(FSDP_DT_F32, FSDP_DT_BF16), dt_name);
+
+} // namespace
