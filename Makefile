@@ -7,11 +7,16 @@
 #   make fuzz          build the libFuzzer harnesses (clang) in build-fuzz/
 #   make bench         build the benchmarks
 #   make bundle        build/bundle/: the binary and its non-system shared libraries
-#   make CUDA=0        force a CPU-only build (CUDA is used whenever nvcc is found)
+#   make CUDA=0        force a CPU-only build, in build-nocuda/ (CUDA is used whenever nvcc is found)
 #   make BUILD=dir     build into another directory
 
-BUILD ?= build
 CUDA ?= auto
+# a CPU-only build keeps its objects apart from the CUDA build's
+ifeq ($(CUDA),0)
+  BUILD ?= build-nocuda
+else
+  BUILD ?= build
+endif
 CC ?= gcc
 CXX ?= g++
 
