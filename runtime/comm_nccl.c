@@ -68,6 +68,17 @@ static int need(const comm *c, fsdp_err *err) {
     return fsdp_err_set(err, FSDP_E_INVALID, "device collective before comm_dev_init (no NCCL communicator)");
 }
 
+/* Sum of the per-rank block sizes; *equal when every rank's block has the same size. */
+static size_t blocks_total(const size_t *sizes, int world, int *equal) {
+    size_t total = 0;
+    *equal = 1;
+    for (int r = 0; r < world; r++) {
+        if (sizes[r] != sizes[0]) *equal = 0;
+        total += sizes[r];
+    }
+    return total;
+}
+
 static int group_end(fsdp_err *err, const char *what) {
     ncclResult_t r = ncclGroupEnd();
     return r == ncclSuccess ? 0 : nccl_fail(err, r, what);
@@ -78,13 +89,8 @@ int comm_dev_allgatherv(comm *c, const void *send, void *recv, const size_t *byt
     if (rc) return rc;
     ncclComm_t nc = (ncclComm_t)c->nccl;
     cudaStream_t st = (cudaStream_t)stream;
-    int equal = 1;
-    size_t total = 0;
-    for (int r = 0; r < c->size; r++) {
-        if (bytes[r] != bytes[0]) equal = 0;
-        total += bytes[r];
-    }
-    if (total == 0) return 0;
+    int equal;
+    if (blocks_total(bytes, c->size, &equal) == 0) return 0;
     uint8_t *out = (uint8_t *)recv;
     if (equal) {
         ncclResult_t r = ncclAllGather(send, out, bytes[0], ncclUint8, nc, st);
@@ -112,13 +118,8 @@ int comm_dev_reduce_scatterv_f32(comm *c, const float *send, float *recv, const 
     if (rc) return rc;
     ncclComm_t nc = (ncclComm_t)c->nccl;
     cudaStream_t st = (cudaStream_t)stream;
-    int equal = 1;
-    size_t total = 0;
-    for (int r = 0; r < c->size; r++) {
-        if (counts[r] != counts[0]) equal = 0;
-        total += counts[r];
-    }
-    if (total == 0) return 0;
+    int equal;
+    if (blocks_total(counts, c->size, &equal) == 0) return 0;
     if (equal) {
         ncclResult_t r = ncclReduceScatter(send, recv, counts[0], ncclFloat32, ncclSum, nc, st);
         return r == ncclSuccess ? 0 : nccl_fail(err, r, "ncclReduceScatter");

@@ -7,20 +7,10 @@ extern "C" {
 #include "runtime/comm.h"
 #include "runtime/device.h"
 }
+#include "gpu_util.h"
 #include "test_util.h"
 
 using namespace fsdp_test;
-
-namespace {
-
-int gpu_count() {
-    fsdp_err err;
-    int n = 0;
-    if (!dev_built_with_cuda() || dev_count(&n, &err) != FSDP_OK) return 0;
-    return n;
-}
-
-}  // namespace
 
 TEST(CommNccl, CollectiveBeforeInitIsAnError) {
     fsdp_err err;
@@ -39,11 +29,23 @@ TEST(CommNccl, CollectiveBeforeInitIsAnError) {
     comm_destroy(c);
 }
 
-TEST(CommNccl, InitWithoutGpuIsAClearError) {
-    if (gpu_count() > 0) GTEST_SKIP() << "a GPU is present (CommNccl.CollectivesOnGpus covers NCCL)";
+TEST(CommNccl, InitWorksWithAGpuAndIsAClearErrorWithout) {
     fsdp_err err;
     comm *c = nullptr;
     ASSERT_EQ(comm_create_single(&c, &err), FSDP_OK);
+    if (gpu_present()) {
+        // a world of 1 uses NCCL too: the same code at every size
+        dev_options opt = {0, 0};
+        dev_ctx *d = dev_ctx_create(&opt, &err);
+        ASSERT_NE(d, nullptr) << err.msg;
+        ASSERT_EQ(comm_dev_init(c, &err), FSDP_OK) << err.msg;
+        EXPECT_TRUE(comm_dev_ready(c));
+        EXPECT_STREQ(comm_dev_backend(c), "nccl");
+        EXPECT_EQ(comm_dev_init(c, &err), FSDP_OK) << "a second init is a no-op";
+        comm_destroy(c);  // the NCCL communicator before its device
+        dev_ctx_free(d);
+        return;
+    }
     EXPECT_EQ(comm_dev_init(c, &err), FSDP_E_DEVICE);
     std::string m = err.msg;
     EXPECT_TRUE(m.find("no usable GPU") != std::string::npos || m.find("ncclGetUniqueId") != std::string::npos ||
@@ -53,15 +55,20 @@ TEST(CommNccl, InitWithoutGpuIsAClearError) {
     comm_destroy(c);
 }
 
-TEST(CommNccl, CollectivesOnGpus) {
-    int n = gpu_count();
-    if (n == 0) GTEST_SKIP() << "no GPU";
+TEST(CommNccl, CollectivesOnOneGpu) {
+    if (!gpu_present()) GTEST_SKIP() << "no GPU";
     std::string bin = std::string(FSDP_BUILD_DIR) + "/tests/mpi/nccl_check";
     std::string out;
     ASSERT_EQ(run_cmd("timeout 120 " + bin, &out), 0) << out;  // world of 1, no launcher
     EXPECT_NE(out.find("nccl_check ok (world 1)"), std::string::npos) << out;
-    // NCCL needs one GPU per rank: uneven blocks across ranks need two or more GPUs
-    if (n < 2) GTEST_SKIP() << "world 1 passed; only one GPU, so the multi-rank NCCL run needs a 2-GPU machine";
+}
+
+// NCCL needs one GPU per rank: uneven blocks across ranks need two or more GPUs.
+TEST(CommNccl, CollectivesOneRankPerGpu) {
+    int n = gpu_count();
+    if (n < 2) GTEST_SKIP() << n << " GPU(s): one rank per GPU needs at least 2";
+    std::string bin = std::string(FSDP_BUILD_DIR) + "/tests/mpi/nccl_check";
+    std::string out;
     int np = n < 4 ? n : 4;
     ASSERT_EQ(run_cmd("timeout 120 " + mpirun_prefix(np) + " " + bin, &out), 0) << out;
     EXPECT_NE(out.find("nccl_check ok (world " + std::to_string(np) + ")"), std::string::npos) << out;

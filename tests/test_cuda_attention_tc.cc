@@ -4,6 +4,8 @@
 // GPU; the argument checks run wherever the build has CUDA.
 #include <gtest/gtest.h>
 
+#include "gpu_util.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -19,18 +21,10 @@
 #include "kernels/cuda/kcu.h"
 #include "runtime/device.h"
 
-namespace {
+using fsdp_test::gpu_count;
+using fsdp_test::gpu_present;
 
-bool tc_gpu_present(std::string *why) {
-    fsdp_err err;
-    fsdp_err_clear(&err);
-    int n = 0;
-    if (!dev_built_with_cuda() || dev_count(&n, &err) != FSDP_OK || n == 0) {
-        *why = err.msg;
-        return false;
-    }
-    return true;
-}
+namespace {
 
 // Normal values rounded to bf16 (what the kernels see), as float and as bf16 bits.
 struct Bf16Data {
@@ -149,7 +143,17 @@ protected:
 // ---- argument checks (no GPU needed: they fail before any CUDA call) -----------------------------------
 
 TEST(KcuAttentionTc, ArgumentChecks) {
-    if (!dev_built_with_cuda()) GTEST_SKIP() << "built without CUDA";
+    if (!dev_built_with_cuda()) {
+        // a CPU-only build has no tensor-core kernels: never chosen, and forcing them is a clear error
+        fsdp_err err;
+        void *fake = (void *)(uintptr_t)0x10000;
+        EXPECT_EQ(kcu_attention_tc_supported(FSDP_DT_BF16, 64), 0);
+        EXPECT_EQ(kcu_attention_forward_impl(KCU_ATTN_TC, FSDP_DT_BF16, fake, fake, fake, fake, (float *)fake, 1, 8, 2,
+                                             2, 64, nullptr, &err),
+                  FSDP_E_DEVICE);
+        EXPECT_NE(strstr(err.msg, "built without CUDA"), nullptr) << err.msg;
+        return;
+    }
     EXPECT_EQ(kcu_attention_tc_supported(FSDP_DT_BF16, 64), 1);
     EXPECT_EQ(kcu_attention_tc_supported(FSDP_DT_BF16, 128), 1);
     EXPECT_EQ(kcu_attention_tc_supported(FSDP_DT_BF16, 96), 0);
@@ -205,7 +209,7 @@ class KcuAttentionTcMatch : public ::testing::TestWithParam<TcCase>, public TcGp
 protected:
     void SetUp() override {
         std::string why;
-        if (!tc_gpu_present(&why)) GTEST_SKIP() << "no GPU: " << why;
+        if (!gpu_present(&why)) GTEST_SKIP() << "no GPU: " << why;
         ASSERT_TRUE(start());
     }
     void TearDown() override { stop(); }
@@ -301,7 +305,7 @@ class KcuAttentionTcGpu : public ::testing::Test, public TcGpu {
 protected:
     void SetUp() override {
         std::string why;
-        if (!tc_gpu_present(&why)) GTEST_SKIP() << "no GPU: " << why;
+        if (!gpu_present(&why)) GTEST_SKIP() << "no GPU: " << why;
         ASSERT_TRUE(start());
     }
     void TearDown() override { stop(); }

@@ -3,6 +3,8 @@
 // CUDA, or a CUDA build on a machine without a GPU, gives instead of crashing.
 #include <gtest/gtest.h>
 
+#include "gpu_util.h"
+
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -16,6 +18,9 @@
 #include "runtime/device.h"
 #include "runtime/device_cache.h"
 #include "runtime/device_gemm.h"
+
+using fsdp_test::gpu_count;
+using fsdp_test::gpu_present;
 
 namespace {
 
@@ -298,12 +303,6 @@ TEST(CudaDevice, LocalRankFromTheEnvironment) {
 }
 
 // ---- without CUDA, or without a GPU ---------------------------------------------------------------------
-
-bool gpu_present() {
-    fsdp_err err;
-    int n = 0;
-    return dev_built_with_cuda() && dev_count(&n, &err) == FSDP_OK && n > 0;
-}
 
 TEST(CudaDevice, NoCudaOrNoGpuIsAClearError) {
     if (gpu_present()) GTEST_SKIP() << "a GPU is present (the GPU tests cover the device)";

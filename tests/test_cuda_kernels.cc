@@ -3,6 +3,8 @@
 // bf16-rounded inputs). Skipped when no GPU is present.
 #include <gtest/gtest.h>
 
+#include "gpu_util.h"
+
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -14,6 +16,9 @@
 #include "kernels/cuda/kcu.h"
 #include "runtime/device.h"
 #include "runtime/device_gemm.h"
+
+using fsdp_test::gpu_count;
+using fsdp_test::gpu_present;
 
 namespace {
 
@@ -39,17 +44,6 @@ double rel_err(const std::vector<float> &a, const std::vector<float> &b) {
 std::vector<float> round_bf16(std::vector<float> v) {
     for (auto &x : v) x = fsdp_bf16_to_f32(fsdp_f32_to_bf16(x));
     return v;
-}
-
-bool gpu_present(std::string *why) {
-    fsdp_err err;
-    fsdp_err_clear(&err);
-    int n = 0;
-    if (!dev_built_with_cuda() || dev_count(&n, &err) != FSDP_OK || n == 0) {
-        *why = err.msg;
-        return false;
-    }
-    return true;
 }
 
 // A device context and helpers to move float data in a given storage dtype.

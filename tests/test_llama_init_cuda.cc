@@ -5,6 +5,8 @@
 // within 1 ulp and are expected to be identical. The GPU tests skip when no GPU is present.
 #include <gtest/gtest.h>
 
+#include "gpu_util.h"
+
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -20,14 +22,10 @@ extern "C" {
 #include "runtime/shard.h"
 }
 
-namespace {
+using fsdp_test::gpu_count;
+using fsdp_test::gpu_present;
 
-bool have_gpu() {
-    fsdp_err err;
-    fsdp_err_clear(&err);
-    int n = 0;
-    return dev_built_with_cuda() && dev_count(&n, &err) == FSDP_OK && n > 0;
-}
+namespace {
 
 // Distance in ulps between two floats of the same sign (order of their bit patterns).
 int64_t ulp_diff(float a, float b) {
@@ -57,7 +55,7 @@ Cmp compare(const std::vector<float> &dev, const std::vector<float> &host) {
 class LlamaInitCuda : public ::testing::Test {
 protected:
     void SetUp() override {
-        if (!have_gpu()) GTEST_SKIP() << "no GPU";
+        if (!gpu_present()) GTEST_SKIP() << "no GPU";
         fsdp_err err;
         d_ = dev_ctx_create(nullptr, &err);
         ASSERT_NE(d_, nullptr) << err.msg;

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "ckpt_compare.h"
+#include "gpu_util.h"
 #include "test_util.h"
 
 extern "C" {
@@ -28,21 +29,10 @@ using namespace fsdp_test;
 
 namespace {
 
-bool have_gpu(std::string *why) {
-    fsdp_err err;
-    fsdp_err_clear(&err);
-    int n = 0;
-    if (!dev_built_with_cuda() || dev_count(&n, &err) != FSDP_OK || n == 0) {
-        *why = dev_built_with_cuda() ? err.msg : "built without CUDA";
-        return false;
-    }
-    return true;
-}
-
 #define NEED_GPU()                                                   \
     do {                                                             \
         std::string why_;                                            \
-        if (!have_gpu(&why_)) GTEST_SKIP() << "no GPU: " << why_;    \
+        if (!gpu_present(&why_)) GTEST_SKIP() << "no GPU: " << why_;    \
     } while (0)
 
 // A world-of-1 sharded state outside any context (freed with state_free).
@@ -294,20 +284,30 @@ TEST(StageDevice, DeviceSlotIsDestroyedLast) {
     // no recipe: runtime.device is auto
     ASSERT_EQ(stage_on_gpu(ctx, &on_gpu, &err), 0) << err.msg;
     std::string why;
-    EXPECT_EQ(on_gpu, have_gpu(&why) ? 1 : 0);
+    EXPECT_EQ(on_gpu, gpu_present(&why) ? 1 : 0);
     ASSERT_GE(ctx->n_att, 2u);
     EXPECT_STREQ(ctx->att[0].name, "fsdp.device");
     EXPECT_EQ(fsdp_ctx_attached(ctx, STATE_ATTACH_NAME), s);
     ctx_free(ctx);
 }
 
-TEST(StageDevice, DeviceContextWithoutGpuIsAClearError) {
+TEST(StageDevice, DeviceContextOnlyWithAGpuElseAClearError) {
     std::string why;
-    if (have_gpu(&why)) GTEST_SKIP() << "a GPU is present";
     fsdp_ctx *ctx = ctx_new(nullptr, 0, stderr);
     ASSERT_NE(ctx, nullptr);
     dev_ctx *d = (dev_ctx *)&why; // overwritten
     fsdp_err err;
+    if (gpu_present(&why)) {
+        // one context per run, shared by every later call, and NCCL on top of it
+        ASSERT_EQ(stage_device(ctx, &d, &err), 0) << err.msg;
+        ASSERT_NE(d, nullptr);
+        dev_ctx *again = nullptr;
+        ASSERT_EQ(stage_device(ctx, &again, &err), 0) << err.msg;
+        EXPECT_EQ(again, d);
+        EXPECT_EQ(stage_device_nccl(ctx, &err), 0) << err.msg;
+        ctx_free(ctx);
+        return;
+    }
     EXPECT_EQ(stage_device(ctx, &d, &err), FSDP_E_DEVICE);
     EXPECT_EQ(d, nullptr);
     EXPECT_NE(strstr(err.msg, "runtime.device cuda: "), nullptr) << err.msg;
@@ -317,14 +317,18 @@ TEST(StageDevice, DeviceContextWithoutGpuIsAClearError) {
     ctx_free(ctx);
 }
 
-TEST(StageDevice, CudaWithoutGpuFailsBeforeAnyStageNamingTheKey) {
+TEST(StageDevice, CudaRunsOnAGpuAndWithoutOneFailsBeforeAnyStageNamingTheKey) {
     std::string why;
-    if (have_gpu(&why)) GTEST_SKIP() << "a GPU is present";
     Dir t;
     write_file(t / "r.yaml", "model: {preset: tiny}\nstages:\n  - {id: i, uses: init-meta}\n"
                              "  - {id: s, uses: save-dcp, with: {path: " + (t / "ck") + "}}\n");
     int rc;
     std::string o = run((t / "r.yaml") + " --set runtime.device=cuda --report " + (t / "rep.json"), &rc);
+    if (gpu_present(&why)) {
+        EXPECT_EQ(rc, 0) << o;
+        EXPECT_TRUE(exists(t / "ck/.metadata")) << o;
+        return;
+    }
     EXPECT_EQ(rc, 2) << o;
     EXPECT_NE(o.find("runtime.device is cuda, but"), std::string::npos) << o;
     EXPECT_NE(o.find(dev_built_with_cuda() ? "no GPU is usable here" : "built without CUDA"), std::string::npos) << o;
@@ -352,7 +356,7 @@ TEST(StageDevice, AutoPicksTheGpuOnlyWhenPresent) {
     std::string o = run((t / "r.yaml") + " --report " + (t / "rep.json"), &rc);
     ASSERT_EQ(rc, 0) << o;
     std::string why;
-    bool gpu = have_gpu(&why);
+    bool gpu = gpu_present(&why);
     EXPECT_EQ(report_metric(t / "rep.json", "i", "device"), gpu ? "cuda" : "cpu");
     EXPECT_NE(o.find(gpu ? "runtime.device auto: cuda" : "runtime.device auto: cpu"), std::string::npos) << o;
     // device: cpu never probes
