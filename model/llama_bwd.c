@@ -1,30 +1,8 @@
-/* Llama backward: head (cross-entropy, output, final norm), one transformer block, embedding.
+/* Llama backward: one transformer block, embedding (the head is in llama_head.c).
  * The gradient of the residual stream travels in ws->dres; parameter gradients accumulate. */
 #include "model/llama_model_internal.h"
 
 #include <string.h>
-
-int llama_bwd_head(const llama_config *c, const float *norm_w, const float *output_w, float *d_norm,
-                   float *d_output, double loss_denom, llama_model_ws *ws, fsdp_err *err) {
-    int rc = llama_model_ws_check(c, ws, "llama backward (head)", err);
-    if (rc) return rc;
-    if (ws->phase != LLAMA_PHASE_HEAD)
-        return fsdp_err_set(err, FSDP_E_INVALID, "llama backward: the head backward needs a completed forward");
-    if (!ws->has_labels)
-        return fsdp_err_set(err, FSDP_E_INVALID, "llama backward: the forward ran without labels, there is no loss");
-    const int n = ws->B * ws->T, d = c->dim, V = c->vocab_size;
-    double denom = loss_denom > 0.0 ? loss_denom : (double)ws->loss.n_valid;
-    float scale = denom > 0.0 ? (float)(1.0 / denom) : 0.0f;
-    /* logits -> dlogits in place */
-    kc_xent_backward(ws->logits, ws->labels, ws->lse_x, ws->logits, n, V, LLAMA_MODEL_IGNORE_INDEX, scale);
-    kc_linear_backward_input(ws->logits, output_w, ws->dxn, n, d, V, 0.0f, ws->stats);
-    kc_linear_backward_weight(ws->logits, ws->xnf, d_output, n, d, V, ws->stats);
-    memset(ws->dres, 0, (size_t)n * (size_t)d * sizeof(float));
-    kc_rmsnorm_backward(ws->dxn, ws->x_final, norm_w, ws->rstdf, ws->dres, d_norm, n, d);
-    ws->phase = LLAMA_PHASE_BWD;
-    ws->bwd_next = c->n_layers - 1;
-    return FSDP_OK;
-}
 
 int llama_bwd_layer(const llama_config *c, const llama_model_layer *lw, llama_model_layer *lg, int layer,
                     llama_model_ws *ws, fsdp_err *err) {

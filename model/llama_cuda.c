@@ -113,35 +113,6 @@ int llama_cuda_fwd_layer(const llama_config *c, const llama_cuda_layer *lw, int 
     return FSDP_OK;
 }
 
-int llama_cuda_fwd_head(const llama_config *c, const void *norm_w, const void *output_w, llama_cuda_ws *ws,
-                        llama_model_loss *loss, fsdp_err *err) {
-    int rc = llama_cuda_ws_check(c, ws, "llama (cuda) forward (head)", err);
-    if (rc) return rc;
-    if (ws->phase != LLAMA_CUDA_FWD || ws->fwd_next != c->n_layers)
-        return fsdp_err_set(err, FSDP_E_INVALID, "llama (cuda) forward: head run before all %d layers (next layer %d)",
-                            c->n_layers, ws->phase == LLAMA_CUDA_FWD ? ws->fwd_next : -1);
-    const int n = ws->B * ws->T, d = c->dim, V = c->vocab_size;
-    TRY(kcu_rmsnorm_forward(ws->dt, ws->x_final, norm_w, ws->xnf, ws->rstdf, n, d, (float)c->norm_eps, ws->s, err),
-        "llama (cuda) forward: norm");
-    TRY(dev_linear_forward(ws->d, ws->dt, ws->xnf, output_w, ws->logits, n, d, V, err), "llama (cuda) forward: output");
-    memset(&ws->loss, 0, sizeof ws->loss);
-    if (ws->has_labels) {
-        TRY(kcu_xent_forward(ws->dt, ws->logits, ws->labels, n, V, LLAMA_MODEL_IGNORE_INDEX, ws->lse_x, ws->sums,
-                             NULL, ws->s, err),
-            "llama (cuda) forward: cross-entropy");
-        ws->loss.n_valid = ws->n_valid;
-        if (loss) {
-            double sums[2];
-            TRY(dev_download(ws->d, sums, ws->sums, sizeof sums, err), "llama (cuda) forward: loss");
-            ws->loss.loss_sum = sums[0];
-            ws->loss.loss = ws->n_valid > 0 ? sums[0] / (double)ws->n_valid : 0.0;
-        }
-    }
-    if (loss) *loss = ws->loss;
-    ws->phase = LLAMA_CUDA_HEAD;
-    return FSDP_OK;
-}
-
 int llama_cuda_model_forward(const llama_config *c, const llama_cuda_weights *w, const int32_t *tokens,
                              const int32_t *labels, int B, int T, llama_cuda_ws *ws, llama_model_loss *loss,
                              fsdp_err *err) {
@@ -155,35 +126,6 @@ int llama_cuda_model_forward(const llama_config *c, const llama_cuda_weights *w,
 }
 
 /* ---- backward ------------------------------------------------------------------------------------ */
-
-int llama_cuda_bwd_head(const llama_config *c, const void *norm_w, const void *output_w, float *d_norm,
-                        float *d_output, double loss_denom, llama_cuda_ws *ws, fsdp_err *err) {
-    int rc = llama_cuda_ws_check(c, ws, "llama (cuda) backward (head)", err);
-    if (rc) return rc;
-    if (ws->phase != LLAMA_CUDA_HEAD)
-        return fsdp_err_set(err, FSDP_E_INVALID, "llama (cuda) backward: the head backward needs a completed forward");
-    if (!ws->has_labels)
-        return fsdp_err_set(err, FSDP_E_INVALID, "llama (cuda) backward: the forward ran without labels, there is no loss");
-    const int n = ws->B * ws->T, d = c->dim, V = c->vocab_size;
-    const fsdp_dtype dt = ws->dt;
-    double denom = loss_denom > 0.0 ? loss_denom : (double)ws->n_valid;
-    float scale = denom > 0.0 ? (float)(1.0 / denom) : 0.0f;
-    /* logits -> dlogits in place */
-    TRY(kcu_xent_backward(dt, ws->logits, ws->labels, ws->lse_x, ws->logits, n, V, LLAMA_MODEL_IGNORE_INDEX, scale, ws->s,
-                          err),
-        "llama (cuda) backward: cross-entropy");
-    TRY(dev_linear_backward_input(ws->d, dt, ws->logits, output_w, ws->dxn, n, d, V, 0.0f, err),
-        "llama (cuda) backward: output");
-    TRY(dev_linear_backward_weight(ws->d, dt, ws->logits, ws->xnf, d_output, n, d, V, err),
-        "llama (cuda) backward: output weight");
-    TRY(dev_memset0(ws->d, ws->dres, (size_t)n * (size_t)d * fsdp_dtype_size(dt), DEV_STREAM_COMPUTE, err),
-        "llama (cuda) backward");
-    TRY(kcu_rmsnorm_backward(dt, ws->dxn, ws->x_final, norm_w, ws->rstdf, ws->dres, d_norm, n, d, ws->s, err),
-        "llama (cuda) backward: norm");
-    ws->phase = LLAMA_CUDA_BWD;
-    ws->bwd_next = c->n_layers - 1;
-    return FSDP_OK;
-}
 
 int llama_cuda_bwd_layer(const llama_config *c, const llama_cuda_layer *lw, llama_model_layer *lg, int layer,
                          llama_cuda_ws *ws, fsdp_err *err) {

@@ -60,14 +60,26 @@ llama_cuda_ws *llama_cuda_ws_create(dev_ctx *d, const llama_config *cfg, int B_m
  * the layer's forward from its input before differentiating it (results identical to ac == 0). */
 llama_cuda_ws *llama_cuda_ws_create_ac(dev_ctx *d, const llama_config *cfg, int B_max, int T_max, fsdp_dtype dt,
                                        int ac, fsdp_err *err);
+/* The same with the options of the CPU workspace (llama_model.h: checkpointing and the rows per
+ * output-head chunk; opts NULL: neither checkpointing nor a chunk size, i.e. automatic chunks of
+ * LLAMA_HEAD_CHUNK_BYTES of logits). The logits buffer holds one chunk: [chunk, V], not [B*T, V]. */
+llama_cuda_ws *llama_cuda_ws_create_opts(dev_ctx *d, const llama_config *cfg, int B_max, int T_max, fsdp_dtype dt,
+                                         const llama_model_ws_opts *opts, fsdp_err *err);
+/* The device bytes llama_cuda_ws_create_opts would allocate and the rows per head chunk, without a
+ * device (sizing, tests); the same argument checks. bytes / head_chunk may be NULL. */
+int llama_cuda_ws_plan_bytes(const llama_config *cfg, int B_max, int T_max, fsdp_dtype dt,
+                             const llama_model_ws_opts *opts, size_t *bytes, int *head_chunk, fsdp_err *err);
+int llama_cuda_ws_head_chunk(const llama_cuda_ws *ws);
 void llama_cuda_ws_free(llama_cuda_ws *ws);
 size_t llama_cuda_ws_bytes(const llama_cuda_ws *ws);
 fsdp_dtype llama_cuda_ws_dtype(const llama_cuda_ws *ws);
-/* Device logits [B*T, V] (workspace dtype) of the last llama_cuda_fwd_head; NULL before it and after
- * llama_cuda_bwd_head (which overwrites them with their gradient). */
+/* Device logits [B*T, V] (workspace dtype) of the last llama_cuda_fwd_head; NULL before it, after
+ * llama_cuda_bwd_head (which overwrites them with their gradient) and when the batch is larger than
+ * one head chunk (the whole batch's logits are never held then). */
 const void *llama_cuda_ws_logits(const llama_cuda_ws *ws);
-/* Device double[2] written by llama_cuda_fwd_head (with labels): the sum of the token losses and
- * the number of labelled tokens, valid once the compute stream reached that point. */
+/* Device double[2] written by llama_cuda_fwd_head (with labels) or llama_cuda_head_train: the sum
+ * of the token losses and the number of labelled tokens, valid once the compute stream reached
+ * that point. */
 const double *llama_cuda_ws_loss_sums(const llama_cuda_ws *ws);
 
 /* ---- pieces (device weight pointers; labels may be NULL: no loss, no backward) -------------- */
@@ -76,13 +88,22 @@ int llama_cuda_fwd_embed(const llama_config *cfg, const void *tok_embeddings, co
                          const int32_t *labels, int B, int T, llama_cuda_ws *ws, fsdp_err *err);
 int llama_cuda_fwd_layer(const llama_config *cfg, const llama_cuda_layer *lw, int layer, llama_cuda_ws *ws,
                          fsdp_err *err);
-/* loss may be NULL; when not, the loss is copied to the host (a synchronisation). */
+/* Final norm and, chunk by chunk, logits and (with labels) the loss sums (llama_cuda_ws_loss_sums).
+ * loss may be NULL; when not, the loss is copied to the host (a synchronisation). Over several
+ * chunks the logits are not kept: llama_cuda_bwd_head computes them again. */
 int llama_cuda_fwd_head(const llama_config *cfg, const void *norm_w, const void *output_w, llama_cuda_ws *ws,
                         llama_model_loss *loss, fsdp_err *err);
 
 /* loss_denom <= 0: the batch's number of labelled tokens. */
 int llama_cuda_bwd_head(const llama_config *cfg, const void *norm_w, const void *output_w, float *d_norm,
                         float *d_output, double loss_denom, llama_cuda_ws *ws, fsdp_err *err);
+/* The training head in one pass instead of llama_cuda_fwd_head + llama_cuda_bwd_head (llama_model.h's
+ * llama_head_train): per chunk of rows, the logits GEMM, kcu_xent_chunk (lse, loss sums, dlogits in
+ * place with the scale 1/loss_denom known before), dxnf = dlogits W_out and d_output += dlogits^T
+ * xnf; then the final norm's backward. Labels needed. The loss sums are left on the device
+ * (llama_cuda_ws_loss_sums), nothing synchronises the host. llama_cuda_bwd_layer(L-1) follows. */
+int llama_cuda_head_train(const llama_config *cfg, const void *norm_w, const void *output_w, float *d_norm,
+                          float *d_output, double loss_denom, llama_cuda_ws *ws, fsdp_err *err);
 int llama_cuda_bwd_layer(const llama_config *cfg, const llama_cuda_layer *lw, llama_model_layer *lg, int layer,
                          llama_cuda_ws *ws, fsdp_err *err);
 int llama_cuda_bwd_embed(const llama_config *cfg, float *d_tok_embeddings, llama_cuda_ws *ws, fsdp_err *err);

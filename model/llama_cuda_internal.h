@@ -32,7 +32,9 @@ struct llama_cuda_ws {
     float *rope_cos, *rope_sin; /* device [T_max, hd/2] */
     float *attn_scratch;        /* kcu_attention_scratch_floats(B_max, T_max, H) */
     llama_cuda_acts *acts;      /* host array of n_layers */
-    void *x_final, *xnf, *logits;
+    int head_chunk;  /* rows per output-head chunk (1..B_max*T_max) */
+    int head_full;   /* the last llama_cuda_fwd_head left every row's logits in `logits` */
+    void *x_final, *xnf, *logits; /* logits: [head_chunk, V], one chunk (then its gradient) */
     float *rstdf, *lse_x;
     double *sums; /* [2] loss sum, count */
     void *dres, *dxn, *dq, *datt, *dk, *dv, *dg, *da, *db;

@@ -86,7 +86,7 @@ static int layout(llama_cuda_ws *ws, unsigned char *base, size_t *total) {
     if (!mul3(BT, (size_t)c->dim, es, &nd) || !mul3(BT, (size_t)c->n_heads * c->head_dim, es, &nq) ||
         !mul3(BT, (size_t)c->n_kv_heads * c->head_dim, es, &nkv) || !mul3(BT, (size_t)c->ffn_hidden, es, &nf) ||
         !mul3(BT, sizeof(float), 1, &nstat) || !mul3(BT, (size_t)c->n_heads, sizeof(float), &nlse) ||
-        !mul3(BT, (size_t)c->vocab_size, es, &nlog) ||
+        !mul3((size_t)ws->head_chunk, (size_t)c->vocab_size, es, &nlog) ||
         !mul3((size_t)ws->T_max, (size_t)(c->head_dim / 2), sizeof(float), &nrope) ||
         !mul3(BT, sizeof(int32_t), 1, &ntok))
         return 0;
@@ -149,31 +149,70 @@ static int layout(llama_cuda_ws *ws, unsigned char *base, size_t *total) {
 
 llama_cuda_ws *llama_cuda_ws_create(dev_ctx *d, const llama_config *cfg, int B_max, int T_max, fsdp_dtype dt,
                                     fsdp_err *err) {
-    return llama_cuda_ws_create_ac(d, cfg, B_max, T_max, dt, 0, err);
+    return llama_cuda_ws_create_opts(d, cfg, B_max, T_max, dt, NULL, err);
 }
 
 llama_cuda_ws *llama_cuda_ws_create_ac(dev_ctx *d, const llama_config *cfg, int B_max, int T_max, fsdp_dtype dt,
                                        int ac, fsdp_err *err) {
+    llama_model_ws_opts o = {ac, 0};
+    return llama_cuda_ws_create_opts(d, cfg, B_max, T_max, dt, &o, err);
+}
+
+/* The checks of llama_cuda_ws_create_opts that need no device. */
+static int ws_args(const llama_config *cfg, int B_max, int T_max, fsdp_dtype dt, const llama_model_ws_opts *o,
+                   fsdp_err *err) {
+    if (llama_model_check(cfg, err)) return err ? err->code : FSDP_E_INVALID;
+    if (llama_head_chunk_check(o->head_chunk_rows, "llama (cuda) workspace", err)) return FSDP_E_INVALID;
+    if (cfg->head_dim > KCU_ATTN_MAX_HEAD_DIM)
+        return fsdp_err_set(err, FSDP_E_INVALID,
+                            "llama (cuda) workspace: head_dim %d is larger than the attention kernel's %d",
+                            cfg->head_dim, KCU_ATTN_MAX_HEAD_DIM);
+    if (dt != FSDP_DT_F32 && dt != FSDP_DT_BF16)
+        return fsdp_err_set(err, FSDP_E_INVALID, "llama (cuda) workspace: dtype %s is not f32 or bf16",
+                            fsdp_dtype_name(dt));
+    if (B_max <= 0 || T_max <= 0 || B_max > 65535 || (int64_t)B_max * T_max > INT_MAX)
+        return fsdp_err_set(err, FSDP_E_INVALID,
+                            "llama (cuda) workspace: batch %d x %d must be positive with B <= 65535 and B*T <= %d",
+                            B_max, T_max, INT_MAX);
+    return FSDP_OK;
+}
+
+int llama_cuda_ws_plan_bytes(const llama_config *cfg, int B_max, int T_max, fsdp_dtype dt,
+                             const llama_model_ws_opts *opts, size_t *bytes, int *head_chunk, fsdp_err *err) {
+    llama_model_ws_opts o = {0, 0};
+    if (opts) o = *opts;
+    int rc = ws_args(cfg, B_max, T_max, dt, &o, err);
+    if (rc) return rc;
+    llama_cuda_ws ws;
+    memset(&ws, 0, sizeof ws);
+    ws.cfg = *cfg;
+    ws.dt = dt;
+    ws.ac = o.ac != 0;
+    ws.B_max = B_max;
+    ws.T_max = T_max;
+    ws.head_chunk = llama_head_chunk_resolve(cfg, (int64_t)B_max * T_max, o.head_chunk_rows, fsdp_dtype_size(dt));
+    if (!(ws.acts = calloc((size_t)cfg->n_layers, sizeof *ws.acts)))
+        return fsdp_err_set(err, FSDP_E_NOMEM, "llama (cuda) workspace: out of host memory");
+    size_t total = 0;
+    int ok = layout(&ws, NULL, &total);
+    free(ws.acts);
+    if (!ok)
+        return fsdp_err_set(err, FSDP_E_INVALID, "llama (cuda) workspace: activation size for batch %d x %d overflows",
+                            B_max, T_max);
+    if (bytes) *bytes = total;
+    if (head_chunk) *head_chunk = ws.head_chunk;
+    return FSDP_OK;
+}
+
+llama_cuda_ws *llama_cuda_ws_create_opts(dev_ctx *d, const llama_config *cfg, int B_max, int T_max, fsdp_dtype dt,
+                                         const llama_model_ws_opts *opts, fsdp_err *err) {
+    llama_model_ws_opts o = {0, 0};
+    if (opts) o = *opts;
     if (!d) {
         fsdp_err_set(err, FSDP_E_INVALID, "llama (cuda) workspace: no device context");
         return NULL;
     }
-    if (llama_model_check(cfg, err)) return NULL;
-    if (cfg->head_dim > KCU_ATTN_MAX_HEAD_DIM) {
-        fsdp_err_set(err, FSDP_E_INVALID, "llama (cuda) workspace: head_dim %d is larger than the attention kernel's %d",
-                     cfg->head_dim, KCU_ATTN_MAX_HEAD_DIM);
-        return NULL;
-    }
-    if (dt != FSDP_DT_F32 && dt != FSDP_DT_BF16) {
-        fsdp_err_set(err, FSDP_E_INVALID, "llama (cuda) workspace: dtype %s is not f32 or bf16", fsdp_dtype_name(dt));
-        return NULL;
-    }
-    if (B_max <= 0 || T_max <= 0 || B_max > 65535 || (int64_t)B_max * T_max > INT_MAX) {
-        fsdp_err_set(err, FSDP_E_INVALID,
-                     "llama (cuda) workspace: batch %d x %d must be positive with B <= 65535 and B*T <= %d", B_max,
-                     T_max, INT_MAX);
-        return NULL;
-    }
+    if (ws_args(cfg, B_max, T_max, dt, &o, err)) return NULL;
     llama_cuda_ws *ws = calloc(1, sizeof *ws);
     if (!ws || !(ws->acts = calloc((size_t)cfg->n_layers, sizeof *ws->acts))) {
         free(ws);
@@ -184,9 +223,10 @@ llama_cuda_ws *llama_cuda_ws_create_ac(dev_ctx *d, const llama_config *cfg, int 
     ws->s = dev_ctx_stream(d, DEV_STREAM_COMPUTE);
     ws->cfg = *cfg;
     ws->dt = dt;
-    ws->ac = ac != 0;
+    ws->ac = o.ac != 0;
     ws->B_max = B_max;
     ws->T_max = T_max;
+    ws->head_chunk = llama_head_chunk_resolve(cfg, (int64_t)B_max * T_max, o.head_chunk_rows, fsdp_dtype_size(dt));
     size_t total = 0;
     if (!layout(ws, NULL, &total)) {
         fsdp_err_set(err, FSDP_E_INVALID, "llama (cuda) workspace: activation size for batch %d x %d overflows", B_max,
@@ -246,8 +286,10 @@ size_t llama_cuda_ws_bytes(const llama_cuda_ws *ws) { return ws ? ws->arena_byte
 fsdp_dtype llama_cuda_ws_dtype(const llama_cuda_ws *ws) { return ws ? ws->dt : FSDP_DT_INVALID; }
 
 const void *llama_cuda_ws_logits(const llama_cuda_ws *ws) {
-    return ws && ws->phase == LLAMA_CUDA_HEAD ? ws->logits : NULL;
+    return ws && ws->phase == LLAMA_CUDA_HEAD && ws->head_full ? ws->logits : NULL;
 }
+
+int llama_cuda_ws_head_chunk(const llama_cuda_ws *ws) { return ws ? ws->head_chunk : 0; }
 
 const double *llama_cuda_ws_loss_sums(const llama_cuda_ws *ws) { return ws ? ws->sums : NULL; }
 

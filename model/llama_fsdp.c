@@ -63,7 +63,13 @@ int llama_fsdp_create(fsdp_state *s, comm *c, int B, int T, llama_fsdp **out, fs
 }
 
 int llama_fsdp_create_ac(fsdp_state *s, comm *c, int B, int T, int ac, llama_fsdp **out, fsdp_err *err) {
+    return llama_fsdp_create_opts(s, c, B, T, ac, 0, out, err);
+}
+
+int llama_fsdp_create_opts(fsdp_state *s, comm *c, int B, int T, int ac, int head_chunk_rows, llama_fsdp **out,
+                           fsdp_err *err) {
     *out = NULL;
+    if (llama_head_chunk_check(head_chunk_rows, "training", err)) return FSDP_E_INVALID;
     if (!s->has_cfg) return fsdp_err_set(err, FSDP_E_INVALID, "training: the state has no model config");
     if (s->layout != STATE_SHARDED)
         return fsdp_err_set(err, FSDP_E_INVALID, "training: parameters are not sharded (run `shard` after init-cpu)");
@@ -121,7 +127,8 @@ int llama_fsdp_create_ac(fsdp_state *s, comm *c, int B, int T, int ac, llama_fsd
         llama_fsdp_free(f);
         return rc;
     }
-    f->ws = llama_model_ws_create_ac(cfg, B, T, ac, err);
+    llama_model_ws_opts wo = {ac, head_chunk_rows};
+    f->ws = llama_model_ws_create_opts(cfg, B, T, &wo, err);
     if (!f->ws) {
         llama_fsdp_free(f);
         return err->code ? err->code : FSDP_E_NOMEM;
@@ -159,19 +166,19 @@ int llama_fsdp_grads(llama_fsdp *f, const int32_t *tokens, const int32_t *labels
     }
     if ((rc = state_unshard(f->norm, f->norm->data, f->c, f->full_norm, err))) return rc;
     if ((rc = state_unshard(f->output, f->output->data, f->c, f->full_output, err))) return rc;
+    /* the head's forward and backward in one pass over chunks of rows: the loss differentiated is
+     * the global sum / global count (known before the head) on every rank; reduce-scatter sums the
+     * ranks' contributions into each shard */
+    memset(f->grad_norm, 0, (size_t)d * sizeof(float));
+    memset(f->grad_output, 0, (size_t)(V * d) * sizeof(float));
     llama_model_loss loss;
-    if ((rc = llama_fwd_head(cfg, f->full_norm, f->full_output, f->ws, &loss, err))) return rc;
+    if ((rc = llama_head_train(cfg, f->full_norm, f->full_output, f->grad_norm, f->grad_output,
+                               (double)(nvalid > 0 ? nvalid : 1), f->ws, &loss, err)))
+        return rc;
     double lsum = loss.loss_sum;
     if ((rc = comm_allreduce(f->c, &lsum, 1, COMM_F64, COMM_SUM, err))) return rc;
     res->loss = nvalid > 0 ? lsum / (double)nvalid : 0.0;
     res->tokens = nvalid;
-    /* backward: the loss differentiated is the global sum / global count on every rank;
-     * reduce-scatter sums the ranks' contributions into each shard */
-    memset(f->grad_norm, 0, (size_t)d * sizeof(float));
-    memset(f->grad_output, 0, (size_t)(V * d) * sizeof(float));
-    if ((rc = llama_bwd_head(cfg, f->full_norm, f->full_output, f->grad_norm, f->grad_output,
-                             (double)(nvalid > 0 ? nvalid : 1), f->ws, err)))
-        return rc;
     if ((rc = state_reduce_scatter(f->norm, f->grad_norm, f->c, f->norm->grad, err))) return rc;
     if ((rc = state_reduce_scatter(f->output, f->grad_output, f->c, f->output->grad, err))) return rc;
     for (int i = cfg->n_layers - 1; i >= 0; i--) {

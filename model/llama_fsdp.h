@@ -31,6 +31,10 @@ int llama_fsdp_create(fsdp_state *s, comm *c, int local_batch, int seq_len, llam
 /* The same with full activation checkpointing when ac != 0 (llama_model_ws_create_ac). */
 int llama_fsdp_create_ac(fsdp_state *s, comm *c, int local_batch, int seq_len, int ac, llama_fsdp **out,
                          fsdp_err *err);
+/* The same with the output head in chunks of head_chunk_rows rows (0: automatic; llama_model.h's
+ * llama_model_ws_opts): the head runs as llama_head_train, so at most one chunk of logits exists. */
+int llama_fsdp_create_opts(fsdp_state *s, comm *c, int local_batch, int seq_len, int ac, int head_chunk_rows,
+                           llama_fsdp **out, fsdp_err *err);
 void llama_fsdp_free(llama_fsdp *f);
 /* Forward and backward only: the global loss and reduce-scattered gradients in p->grad. */
 int llama_fsdp_grads(llama_fsdp *f, const int32_t *tokens, const int32_t *labels, llama_fsdp_result *res,

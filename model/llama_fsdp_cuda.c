@@ -72,7 +72,9 @@ static int download_group(llama_fsdp_cuda *f, state_param *const *ps, int n, dev
     return llama_fsdp_cuda_event_record(f->d, f->ev_dl[g], DEV_STREAM_COPY, err);
 }
 
-static int forward(llama_fsdp_cuda *f, const int32_t *tokens, const int32_t *labels, fsdp_err *err) {
+/* Forward and the training head (loss and head gradients in one chunked pass; the loss's
+ * denominator, the global token count, is known before). */
+static int forward(llama_fsdp_cuda *f, const int32_t *tokens, const int32_t *labels, double denom, fsdp_err *err) {
     const llama_config *cfg = &f->cfg;
     dev_ctx *d = f->d;
     /* the embedding, final norm and output weights stay gathered for the whole step */
@@ -92,21 +94,22 @@ static int forward(llama_fsdp_cuda *f, const int32_t *tokens, const int32_t *lab
         TRY(llama_cuda_fwd_layer(cfg, &lw, i, f->ws, err));
         TRY(llama_fsdp_cuda_event_record(d, f->use_done[b], DEV_STREAM_COMPUTE, err));
     }
-    TRY(llama_cuda_fwd_head(cfg, f->full_norm, f->full_output, f->ws, NULL, err));
+    const size_t V = (size_t)cfg->vocab_size, dim = (size_t)cfg->dim;
+    TRY(dev_memset0(d, f->grad_norm, dim * sizeof(float), DEV_STREAM_COMPUTE, err));
+    TRY(dev_memset0(d, f->grad_output, V * dim * sizeof(float), DEV_STREAM_COMPUTE, err));
+    TRY(llama_cuda_head_train(cfg, f->full_norm, f->full_output, f->grad_norm, f->grad_output, denom, f->ws, err));
     /* this rank's loss sum, all-reduced with the gradient norm at the end */
     return dev_copy_d2d(d, f->d_stats, llama_cuda_ws_loss_sums(f->ws), sizeof(double), DEV_STREAM_COMPUTE, err);
 }
 
-static int backward(llama_fsdp_cuda *f, double denom, fsdp_err *err) {
+/* The backward after the training head: head gradients out, then the layers and the embedding. */
+static int backward(llama_fsdp_cuda *f, fsdp_err *err) {
     const llama_config *cfg = &f->cfg;
     dev_ctx *d = f->d;
     const int L = cfg->n_layers;
     const size_t V = (size_t)cfg->vocab_size, dim = (size_t)cfg->dim;
-    TRY(dev_memset0(d, f->grad_norm, dim * sizeof(float), DEV_STREAM_COMPUTE, err));
-    TRY(dev_memset0(d, f->grad_output, V * dim * sizeof(float), DEV_STREAM_COMPUTE, err));
     TRY(dev_memset0(d, f->grad_embed, V * dim * sizeof(float), DEV_STREAM_COMPUTE, err));
     TRY(issue_gather(f, L - 1, err));
-    TRY(llama_cuda_bwd_head(cfg, f->full_norm, f->full_output, f->grad_norm, f->grad_output, denom, f->ws, err));
     TRY(llama_fsdp_cuda_event_record(d, f->ev[LLAMA_FSDP_CUDA_EV_HEAD_G], DEV_STREAM_COMPUTE, err));
     TRY(llama_fsdp_cuda_event_wait(d, DEV_STREAM_COMM, f->ev[LLAMA_FSDP_CUDA_EV_HEAD_G], err));
     TRY(reduce_param(f, f->norm, f->grad_norm, err));
@@ -148,36 +151,60 @@ static int backward(llama_fsdp_cuda *f, double denom, fsdp_err *err) {
     return 0;
 }
 
-int llama_fsdp_cuda_grads(llama_fsdp_cuda *f, const int32_t *tokens, const int32_t *labels, llama_fsdp_result *res,
-                          fsdp_err *err) {
-    if (!f || !tokens || !labels || !res)
-        return fsdp_err_set(err, FSDP_E_INVALID, "training (cuda): no trainer, tokens, labels or result");
+/* Queues forward, backward, the global gradient sum of squares and its all-reduce with the loss
+ * sum (d_stats), then their copy to the pinned h_stats (event EV_STATS on COMM). No host
+ * synchronisation; *nvalid: the global token count (host labels, host all-reduce). */
+static int queue_grads(llama_fsdp_cuda *f, const int32_t *tokens, const int32_t *labels, int64_t *nvalid,
+                       fsdp_err *err) {
+    if (!f || !tokens || !labels)
+        return fsdp_err_set(err, FSDP_E_INVALID, "training (cuda): no trainer, tokens or labels");
     dev_ctx *d = f->d;
-    /* global number of tokens in the mean (host labels, host all-reduce) */
-    int64_t nvalid = 0;
-    for (int64_t i = 0; i < (int64_t)f->B * f->T; i++) nvalid += labels[i] != LLAMA_MODEL_IGNORE_INDEX;
-    TRY(comm_allreduce(f->c, &nvalid, 1, COMM_I64, COMM_SUM, err));
+    /* global number of tokens in the mean: the head's 1/denom is needed before its forward */
+    int64_t nv = 0;
+    for (int64_t i = 0; i < (int64_t)f->B * f->T; i++) nv += labels[i] != LLAMA_MODEL_IGNORE_INDEX;
+    TRY(comm_allreduce(f->c, &nv, 1, COMM_I64, COMM_SUM, err));
+    *nvalid = nv;
     /* every stream after the previous step (optimizer, uploads) and the other way round */
     TRY(dev_stream_wait(d, DEV_STREAM_COMPUTE, DEV_STREAM_COPY, err));
     TRY(dev_stream_wait(d, DEV_STREAM_COMPUTE, DEV_STREAM_COMM, err));
     TRY(dev_stream_wait(d, DEV_STREAM_COMM, DEV_STREAM_COMPUTE, err));
     TRY(dev_stream_wait(d, DEV_STREAM_COPY, DEV_STREAM_COMPUTE, err));
     for (int b = 0; b < f->nbuf; b++) f->buf_layer[b] = -1;
-    TRY(forward(f, tokens, labels, err));
-    TRY(backward(f, (double)(nvalid > 0 ? nvalid : 1), err));
-    /* global gradient norm: local sum of squares, all-reduced with the loss sum in one call;
-     * the one host synchronisation of the step */
+    TRY(forward(f, tokens, labels, (double)(nv > 0 ? nv : 1), err));
+    TRY(backward(f, err));
+    /* global gradient norm: local sum of squares, all-reduced with the loss sum in one call */
     TRY(dev_stream_wait(d, DEV_STREAM_COMPUTE, DEV_STREAM_COMM, err));
     TRY(kcu_list_grad_sumsq(f->list, f->d_stats + 1, dev_ctx_stream(d, DEV_STREAM_COMPUTE), err));
     TRY(dev_stream_wait(d, DEV_STREAM_COMM, DEV_STREAM_COMPUTE, err));
     int rc = comm_dev_allreduce(f->c, f->d_stats, 2, COMM_F64, COMM_SUM, comm_stream(f), err);
     if (rc) return fsdp_err_prefix(err, "training (cuda): all-reduce of the loss and gradient norm");
+    /* read back asynchronously: the host looks at it only once the rest of the step is queued */
     TRY(dev_copy_d2h(d, f->h_stats, f->d_stats, 2 * sizeof(double), DEV_STREAM_COMM, err));
-    TRY(dev_stream_sync(d, DEV_STREAM_COMM, err));
+    return llama_fsdp_cuda_event_record(d, f->ev[LLAMA_FSDP_CUDA_EV_STATS], DEV_STREAM_COMM, err);
+}
+
+/* Waits for the statistics queued by queue_grads (not for the rest of the step's work). */
+static int read_stats(llama_fsdp_cuda *f, int64_t nvalid, llama_fsdp_result *res, fsdp_err *err) {
+    int rc = llama_fsdp_cuda_event_sync(f->ev[LLAMA_FSDP_CUDA_EV_STATS], err);
+    if (rc) return fsdp_err_prefix(err, "training (cuda): reading the loss and gradient norm");
     res->loss = nvalid > 0 ? f->h_stats[0] / (double)nvalid : 0.0;
     res->tokens = nvalid;
     res->grad_norm = f->h_stats[1] >= 0 ? sqrt(f->h_stats[1]) : NAN;
     return 0;
+}
+
+int llama_fsdp_cuda_grads(llama_fsdp_cuda *f, const int32_t *tokens, const int32_t *labels, llama_fsdp_result *res,
+                          fsdp_err *err) {
+    if (!res) return fsdp_err_set(err, FSDP_E_INVALID, "training (cuda): no result");
+    int64_t nvalid = 0;
+    TRY(queue_grads(f, tokens, labels, &nvalid, err));
+    return read_stats(f, nvalid, res, err);
+}
+
+static int non_finite(const llama_fsdp_result *res, int64_t step, fsdp_err *err) {
+    return fsdp_err_set(err, FSDP_E_NUMERIC,
+                        "training step %lld: non-finite loss (%g) or gradient norm (%g); nothing was updated",
+                        (long long)step, res->loss, res->grad_norm);
 }
 
 /* AdamW on the CPU for each downloaded group, in the order the copies were queued; each updated
@@ -207,25 +234,32 @@ static int offloaded_adamw(llama_fsdp_cuda *f, double coef, const kc_adamw_hpara
 
 int llama_fsdp_cuda_step(llama_fsdp_cuda *f, const int32_t *tokens, const int32_t *labels,
                          const llama_fsdp_hparams *hp, llama_fsdp_result *res, fsdp_err *err) {
-    if (!hp) return fsdp_err_set(err, FSDP_E_INVALID, "training (cuda): no hyper-parameters");
-    TRY(llama_fsdp_cuda_grads(f, tokens, labels, res, err));
+    if (!hp || !res) return fsdp_err_set(err, FSDP_E_INVALID, "training (cuda): no hyper-parameters or result");
+    int64_t nvalid = 0;
+    TRY(queue_grads(f, tokens, labels, &nvalid, err));
     fsdp_state *s = f->s;
-    if (!isfinite(res->loss) || !isfinite(res->grad_norm))
-        return fsdp_err_set(err, FSDP_E_NUMERIC,
-                            "training step %lld: non-finite loss (%g) or gradient norm (%g); nothing was updated",
-                            (long long)s->opt_step + 1, res->loss, res->grad_norm);
-    double coef = hp->max_norm > 0 ? kc_clip_coef(res->grad_norm, hp->max_norm) : 1.0;
     int64_t step = s->opt_step + 1;
     kc_adamw_hparams ah = {hp->lr, hp->beta1, hp->beta2, hp->eps, hp->weight_decay};
     kcu_stream cs = dev_ctx_stream(f->d, DEV_STREAM_COMPUTE);
     if (f->offload) {
+        /* the CPU optimizer needs the clip coefficient on the host: wait for the statistics */
+        TRY(read_stats(f, nvalid, res, err));
+        if (!isfinite(res->loss) || !isfinite(res->grad_norm)) return non_finite(res, step, err);
+        double coef = hp->max_norm > 0 ? kc_clip_coef(res->grad_norm, hp->max_norm) : 1.0;
         TRY(state_alloc_optimizer(s, err)); /* host moments (zeroed) where missing */
         TRY(offloaded_adamw(f, coef, &ah, step, err));
         /* the device gradients end clipped too, like the CPU path's */
         if (coef < 1.0) TRY(kcu_list_grad_scale(f->list, (float)coef, cs, err));
     } else {
-        if (coef < 1.0) TRY(kcu_list_grad_scale(f->list, (float)coef, cs, err));
-        TRY(kcu_adamw_step(f->list, &ah, step, cs, err));
+        /* clipping and the update from the all-reduced statistics on the device, without a host
+         * round trip; a non-finite loss or norm makes both change nothing (kcu_clip_coef's flag) */
+        TRY(dev_stream_wait(f->d, DEV_STREAM_COMPUTE, DEV_STREAM_COMM, err));
+        TRY(kcu_clip_coef(f->d_stats, hp->max_norm, f->d_clip, cs, err));
+        TRY(kcu_list_grad_scale_dev(f->list, f->d_clip, cs, err));
+        TRY(kcu_adamw_step_guarded(f->list, &ah, step, f->d_clip, cs, err));
+        /* every piece of the step is queued: now the loss and norm (the optimizer may still run) */
+        TRY(read_stats(f, nvalid, res, err));
+        if (!isfinite(res->loss) || !isfinite(res->grad_norm)) return non_finite(res, step, err);
     }
     s->has_optimizer = 1;
     s->opt_step = step;

@@ -32,9 +32,21 @@
  * the following parameters). Both run the same float operations (kcu_adamw_step mirrors
  * kc_adamw_step exactly): bit-identical results from identical gradients.
  *
- * Host synchronisation: one per step, reading back the global loss sum and gradient sum of squares
- * (both all-reduced on the device in one call) to decide clipping and finiteness; the offloaded
- * optimizer additionally waits for each parameter's download.
+ * Output head: the logits, cross-entropy and their gradient are computed in chunks of rows
+ * (options.head_chunk_rows; llama_cuda_head_train), so the [B*T, vocab] logits never exist at once;
+ * the loss's denominator (the global token count) is counted on the host and all-reduced before the
+ * step, so each chunk's gradient is final when it is computed.
+ *
+ * Host synchronisation: none inside the step. The global loss sum and gradient sum of squares
+ * (all-reduced on the device in one call) are copied to pinned host memory asynchronously, with an
+ * event; clipping reads the norm on the device (kcu_clip_coef: the coefficient and a non-finite
+ * flag, computed by a kernel) and the multi-tensor scaling and AdamW launches follow it on the
+ * device. Only once the whole step is queued does llama_fsdp_cuda_step wait for that event (not for
+ * the optimizer) to return the loss and norm. A non-finite loss or norm makes the device's clipping
+ * and AdamW skip the update (the flag) and the step fail with FSDP_E_NUMERIC naming the step, so
+ * the detection happens in the same step, nothing being changed. The offloaded optimizer needs the
+ * clip coefficient on the host: it waits for the statistics before its CPU AdamW, and for each
+ * parameter's download.
  *
  * Requirements: every parameter's d_data on the device of `d` (no host master copy: the offload
  * of master weights is not supported here); gradients are allocated on the device when missing
@@ -66,6 +78,7 @@ typedef struct llama_fsdp_cuda_options {
     llama_fsdp_mixed mixed;
     llama_fsdp_ac ac;
     int keep_gathered; /* 1: keep every gathered layer from the forward for the backward */
+    int head_chunk_rows; /* output head in chunks of this many rows (0: automatic, LLAMA_HEAD_CHUNK_BYTES) */
 } llama_fsdp_cuda_options;
 
 /* "none" / "bf16" and "none" / "full" -> the enums; FSDP_E_INVALID naming the value otherwise. */
@@ -79,8 +92,8 @@ int llama_fsdp_cuda_create(fsdp_state *s, comm *c, dev_ctx *d, int local_batch, 
                            const llama_fsdp_cuda_options *opt, llama_fsdp_cuda **out, fsdp_err *err);
 /* Waits for the device work and frees the buffers (not the state's arrays). */
 void llama_fsdp_cuda_free(llama_fsdp_cuda *f);
-/* Forward and backward only: the global loss, token count and gradient norm; the reduce-scattered
- * gradients in every p->d_grad. */
+/* Forward and backward only: the global loss, token count and gradient norm (waits for them); the
+ * reduce-scattered gradients in every p->d_grad. */
 int llama_fsdp_cuda_grads(llama_fsdp_cuda *f, const int32_t *tokens, const int32_t *labels, llama_fsdp_result *res,
                           fsdp_err *err);
 /* A whole step (llama_fsdp_step's semantics): grads, then (if finite) clip and AdamW; s->opt_step

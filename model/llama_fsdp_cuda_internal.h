@@ -15,6 +15,7 @@ enum {
     LLAMA_FSDP_CUDA_EV_HEAD_RS,    /* COMM: head gradients reduce-scattered */
     LLAMA_FSDP_CUDA_EV_EMBED_G,    /* COMPUTE: embedding gradient written */
     LLAMA_FSDP_CUDA_EV_EMBED_RS,   /* COMM: embedding gradient reduce-scattered */
+    LLAMA_FSDP_CUDA_EV_STATS,      /* COMM: the step's loss and gradient statistics copied to h_stats */
     LLAMA_FSDP_CUDA_EV_COUNT
 };
 
@@ -50,7 +51,8 @@ struct llama_fsdp_cuda {
     size_t *bytes;    /* world: scratch for the all-gather sizes */
     kcu_tensor_list *list;
     double *d_stats; /* device [2]: loss sum, gradient sum of squares */
-    double *h_stats; /* pinned host copy */
+    double *h_stats; /* pinned host copy, valid once EV_STATS completed */
+    float *d_clip;   /* device [2]: clip coefficient, non-finite flag (kcu_clip_coef) */
     /* offloaded optimizer: pinned staging [grads | params] of stage_total floats each */
     int offload;
     float *h_stage;

@@ -49,6 +49,7 @@ void llama_fsdp_cuda_free(llama_fsdp_cuda *f) {
         dfree(f, f->grad_norm);
         dfree(f, f->grad_output);
         dfree(f, f->d_stats);
+        dfree(f, f->d_clip);
         if (f->h_stats) dev_host_free(f->d, f->h_stats, &e);
         if (f->h_stage) dev_host_free(f->d, f->h_stage, &e);
     }
@@ -232,7 +233,8 @@ static int make_buffers(llama_fsdp_cuda *f, fsdp_err *err) {
         (rc = dalloc(f, V * dim, sizeof(float), (void **)&f->grad_embed, "the embedding gradient", err)) ||
         (rc = dalloc(f, V * dim, sizeof(float), (void **)&f->grad_output, "the output gradient", err)) ||
         (rc = dalloc(f, dim, sizeof(float), (void **)&f->grad_norm, "the norm gradient", err)) ||
-        (rc = dalloc(f, 2, sizeof(double), (void **)&f->d_stats, "the step statistics", err)))
+        (rc = dalloc(f, 2, sizeof(double), (void **)&f->d_stats, "the step statistics", err)) ||
+        (rc = dalloc(f, 2, sizeof(float), (void **)&f->d_clip, "the clip coefficient", err)))
         return rc;
     if ((rc = dev_host_alloc(f->d, 2 * sizeof(double), (void **)&f->h_stats, err)))
         return fsdp_err_prefix(err, "training (cuda): pinned statistics");
@@ -271,8 +273,9 @@ int llama_fsdp_cuda_create(fsdp_state *s, comm *c, dev_ctx *d, int B, int T, con
         return fsdp_err_set(err, FSDP_E_INVALID, "training (cuda): batch %d x %d must be positive", B, T);
     int rc = llama_model_check(&s->cfg, err);
     if (rc) return rc;
-    llama_fsdp_cuda_options o = {LLAMA_FSDP_MIXED_NONE, LLAMA_FSDP_AC_NONE, 0};
+    llama_fsdp_cuda_options o = {LLAMA_FSDP_MIXED_NONE, LLAMA_FSDP_AC_NONE, 0, 0};
     if (opt) o = *opt;
+    if ((rc = llama_head_chunk_check(o.head_chunk_rows, "training (cuda)", err))) return rc;
     if ((o.mixed != LLAMA_FSDP_MIXED_NONE && o.mixed != LLAMA_FSDP_MIXED_BF16) ||
         (o.ac != LLAMA_FSDP_AC_NONE && o.ac != LLAMA_FSDP_AC_FULL))
         return fsdp_err_set(err, FSDP_E_INVALID, "training (cuda): unknown mixed (%d) or ac (%d) option", (int)o.mixed,
@@ -296,7 +299,8 @@ int llama_fsdp_cuda_create(fsdp_state *s, comm *c, dev_ctx *d, int B, int T, con
         llama_fsdp_cuda_free(f);
         return rc;
     }
-    f->ws = llama_cuda_ws_create_ac(d, &f->cfg, B, T, f->dt, o.ac == LLAMA_FSDP_AC_FULL, err);
+    llama_model_ws_opts wo = {o.ac == LLAMA_FSDP_AC_FULL, o.head_chunk_rows};
+    f->ws = llama_cuda_ws_create_opts(d, &f->cfg, B, T, f->dt, &wo, err);
     if (!f->ws) {
         llama_fsdp_cuda_free(f);
         return err->code ? err->code : FSDP_E_DEVICE;

@@ -1,4 +1,4 @@
-/* Llama forward: embedding, one transformer block, final norm + output + cross-entropy. */
+/* Llama forward: embedding, one transformer block (the head is in llama_head.c). */
 #include "model/llama_model_internal.h"
 
 #include <string.h>
@@ -68,28 +68,6 @@ int llama_fwd_layer(const llama_config *c, const llama_model_layer *lw, int laye
                             ws->phase == LLAMA_PHASE_FWD ? ws->fwd_next : -1);
     if ((rc = llama_fwd_layer_compute(c, lw, layer, ws, err))) return rc;
     ws->fwd_next = layer + 1;
-    return FSDP_OK;
-}
-
-int llama_fwd_head(const llama_config *c, const float *norm_w, const float *output_w, llama_model_ws *ws,
-                   llama_model_loss *loss, fsdp_err *err) {
-    int rc = llama_model_ws_check(c, ws, "llama forward (head)", err);
-    if (rc) return rc;
-    if (ws->phase != LLAMA_PHASE_FWD || ws->fwd_next != c->n_layers)
-        return fsdp_err_set(err, FSDP_E_INVALID, "llama forward: head run before all %d layers (next layer %d)",
-                            c->n_layers, ws->phase == LLAMA_PHASE_FWD ? ws->fwd_next : -1);
-    const int n = ws->B * ws->T, d = c->dim, V = c->vocab_size;
-    kc_rmsnorm_forward(ws->x_final, norm_w, ws->xnf, ws->rstdf, n, d, (float)c->norm_eps);
-    kc_linear_forward(ws->xnf, output_w, ws->logits, n, d, V, ws->stats);
-    memset(&ws->loss, 0, sizeof ws->loss);
-    if (ws->has_labels) {
-        rc = kc_xent_forward(ws->logits, ws->labels, n, V, LLAMA_MODEL_IGNORE_INDEX, ws->lse_x, &ws->loss.loss_sum,
-                             &ws->loss.n_valid, err);
-        if (rc) return fsdp_err_prefix(err, "llama forward: labels");
-        ws->loss.loss = ws->loss.n_valid > 0 ? ws->loss.loss_sum / (double)ws->loss.n_valid : 0.0;
-    }
-    if (loss) *loss = ws->loss;
-    ws->phase = LLAMA_PHASE_HEAD;
     return FSDP_OK;
 }
 

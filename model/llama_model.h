@@ -93,11 +93,31 @@ llama_model_ws *llama_model_ws_create(const llama_config *cfg, int B_max, int T_
  * layer (one set of intermediates shared by all layers) and llama_bwd_layer recomputes the layer's
  * forward from it before differentiating (bit-identical results, less memory). */
 llama_model_ws *llama_model_ws_create_ac(const llama_config *cfg, int B_max, int T_max, int ac, fsdp_err *err);
+/* Output head in chunks (training memory): the head computes logits, cross-entropy and their
+ * gradient head_chunk_rows rows at a time, so at most that many rows of logits exist at once.
+ * head_chunk_rows 0: automatic, LLAMA_HEAD_CHUNK_BYTES of logits per chunk; rows beyond the batch
+ * mean one chunk (the whole [B*T, V] logits, as without chunking). */
+#define LLAMA_HEAD_CHUNK_BYTES ((size_t)256 << 20)
+typedef struct llama_model_ws_opts {
+    int ac;              /* full activation checkpointing (llama_model_ws_create_ac) */
+    int head_chunk_rows; /* >= 0; 0 = auto */
+} llama_model_ws_opts;
+/* The rows per head chunk for a batch of `rows` rows, logits of elem_size bytes (head_chunk_rows
+ * resolved as above; between 1 and rows). */
+int llama_head_chunk_resolve(const llama_config *cfg, int64_t rows, int head_chunk_rows, size_t elem_size);
+/* FSDP_E_INVALID (naming `what`) unless head_chunk_rows >= 0. */
+int llama_head_chunk_check(int64_t head_chunk_rows, const char *what, fsdp_err *err);
+/* opts NULL: no checkpointing, automatic chunks. */
+llama_model_ws *llama_model_ws_create_opts(const llama_config *cfg, int B_max, int T_max,
+                                           const llama_model_ws_opts *opts, fsdp_err *err);
+/* The rows per head chunk of this workspace (for B_max x T_max). */
+int llama_model_ws_head_chunk(const llama_model_ws *ws);
 void llama_model_ws_free(llama_model_ws *ws);
 /* GEMM timing hook: every GEMM of the following calls adds to st (NULL turns it off). */
 void llama_model_ws_set_stats(llama_model_ws *ws, kc_stats *st);
-/* Logits [B*T, V] of the last llama_fwd_head; NULL before it and after llama_bwd_head (which
- * overwrites them with their gradient). */
+/* Logits [B*T, V] of the last llama_fwd_head; NULL before it, after llama_bwd_head (which
+ * overwrites them with their gradient) and when the batch is larger than one head chunk (the
+ * logits of the whole batch are never held then). */
 const float *llama_model_ws_logits(const llama_model_ws *ws);
 /* Bytes the workspace holds. */
 size_t llama_model_ws_bytes(const llama_model_ws *ws);
@@ -115,7 +135,9 @@ int llama_fwd_embed(const llama_config *cfg, const float *tok_embeddings, const 
                     const int32_t *labels, int B, int T, llama_model_ws *ws, fsdp_err *err);
 int llama_fwd_layer(const llama_config *cfg, const llama_model_layer *lw, int layer, llama_model_ws *ws,
                     fsdp_err *err);
-/* Final norm, logits and (with labels) the loss. loss may be NULL. */
+/* Final norm, logits and (with labels) the loss, chunk by chunk (forward only: when the batch is
+ * larger than a chunk, the logits are not kept and llama_bwd_head computes them again). loss may
+ * be NULL. */
 int llama_fwd_head(const llama_config *cfg, const float *norm_w, const float *output_w, llama_model_ws *ws,
                    llama_model_loss *loss, fsdp_err *err);
 
@@ -124,6 +146,14 @@ int llama_fwd_head(const llama_config *cfg, const float *norm_w, const float *ou
  * n_valid (the mean over this batch). Data-parallel callers pass the global token count. */
 int llama_bwd_head(const llama_config *cfg, const float *norm_w, const float *output_w, float *d_norm,
                    float *d_output, double loss_denom, llama_model_ws *ws, fsdp_err *err);
+/* Training head in one pass, instead of llama_fwd_head + llama_bwd_head, after the last layer's
+ * forward (labels needed): per chunk of rows, logits = xnf W_out^T, the loss and dlogits in place
+ * (the scale 1/loss_denom is known before: loss_denom <= 0 means this batch's labelled tokens),
+ * dxnf = dlogits W_out and d_output += dlogits^T xnf; then the final norm's backward. Same results
+ * as the two calls (the chunks change only the order of the d_output and loss sums). loss may be
+ * NULL. llama_bwd_layer(L-1) follows. */
+int llama_head_train(const llama_config *cfg, const float *norm_w, const float *output_w, float *d_norm,
+                     float *d_output, double loss_denom, llama_model_ws *ws, llama_model_loss *loss, fsdp_err *err);
 int llama_bwd_layer(const llama_config *cfg, const llama_model_layer *lw, llama_model_layer *lg, int layer,
                     llama_model_ws *ws, fsdp_err *err);
 int llama_bwd_embed(const llama_config *cfg, float *d_tok_embeddings, llama_model_ws *ws, fsdp_err *err);

@@ -46,7 +46,9 @@ struct llama_model_ws {
     float *x_final;             /* [BT, d] output of the last layer */
     float *rstdf;               /* [BT] */
     float *xnf;                 /* [BT, d] */
-    float *logits;              /* [BT, V], then its gradient */
+    int head_chunk;             /* rows per head chunk (1..B_max*T_max) */
+    int head_full;              /* the last llama_fwd_head left every row's logits in `logits` */
+    float *logits;              /* [head_chunk, V]: one chunk's logits, then their gradient */
     float *lse_x;               /* [BT] cross-entropy logsumexp */
     /* backward scratch */
     float *dres; /* [BT, d] gradient of the residual stream */

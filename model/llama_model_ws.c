@@ -26,7 +26,7 @@ static int layout(llama_model_ws *ws, float *base, size_t *total) {
     size_t nd, nq, nkv, nf, nlse, nlog, nrope;
     if (!mul3(BT, (size_t)c->dim, 1, &nd) || !mul3(BT, (size_t)c->n_heads, (size_t)c->head_dim, &nq) ||
         !mul3(BT, (size_t)c->n_kv_heads, (size_t)c->head_dim, &nkv) || !mul3(BT, (size_t)c->ffn_hidden, 1, &nf) ||
-        !mul3(BT, (size_t)c->n_heads, 1, &nlse) || !mul3(BT, (size_t)c->vocab_size, 1, &nlog) ||
+        !mul3(BT, (size_t)c->n_heads, 1, &nlse) || !mul3((size_t)ws->head_chunk, (size_t)c->vocab_size, 1, &nlog) ||
         !mul3((size_t)ws->T_max, (size_t)(c->head_dim / 2), 1, &nrope))
         return 0;
     size_t off = 0, at;
@@ -82,12 +82,42 @@ static int layout(llama_model_ws *ws, float *base, size_t *total) {
     return 1;
 }
 
+int llama_head_chunk_resolve(const llama_config *c, int64_t rows, int head_chunk_rows, size_t elem_size) {
+    int64_t r = head_chunk_rows;
+    if (r <= 0) {
+        size_t row_bytes = (size_t)(c->vocab_size > 0 ? c->vocab_size : 1) * (elem_size ? elem_size : 1);
+        r = (int64_t)(LLAMA_HEAD_CHUNK_BYTES / row_bytes);
+    }
+    if (r > rows) r = rows;
+    return r < 1 ? 1 : (int)r;
+}
+
+int llama_head_chunk_check(int64_t head_chunk_rows, const char *what, fsdp_err *err) {
+    if (head_chunk_rows < 0 || head_chunk_rows > INT_MAX)
+        return fsdp_err_set(err, FSDP_E_INVALID,
+                            "%s: head_chunk_rows is %lld, expected 0 (automatic: %zu MiB of logits per chunk) or a "
+                            "positive number of rows",
+                            what, (long long)head_chunk_rows, LLAMA_HEAD_CHUNK_BYTES >> 20);
+    return FSDP_OK;
+}
+
 llama_model_ws *llama_model_ws_create(const llama_config *cfg, int B_max, int T_max, fsdp_err *err) {
-    return llama_model_ws_create_ac(cfg, B_max, T_max, 0, err);
+    return llama_model_ws_create_opts(cfg, B_max, T_max, NULL, err);
 }
 
 llama_model_ws *llama_model_ws_create_ac(const llama_config *cfg, int B_max, int T_max, int ac, fsdp_err *err) {
+    llama_model_ws_opts o = {ac, 0};
+    return llama_model_ws_create_opts(cfg, B_max, T_max, &o, err);
+}
+
+int llama_model_ws_head_chunk(const llama_model_ws *ws) { return ws ? ws->head_chunk : 0; }
+
+llama_model_ws *llama_model_ws_create_opts(const llama_config *cfg, int B_max, int T_max,
+                                           const llama_model_ws_opts *opts, fsdp_err *err) {
+    llama_model_ws_opts o = {0, 0};
+    if (opts) o = *opts;
     if (llama_model_check(cfg, err)) return NULL;
+    if (llama_head_chunk_check(o.head_chunk_rows, "llama workspace", err)) return NULL;
     if (B_max <= 0 || T_max <= 0 || (int64_t)B_max * T_max > INT_MAX) {
         fsdp_err_set(err, FSDP_E_INVALID, "llama workspace: batch %d x %d must be positive with B*T <= %d", B_max,
                      T_max, INT_MAX);
@@ -99,9 +129,10 @@ llama_model_ws *llama_model_ws_create_ac(const llama_config *cfg, int B_max, int
         return NULL;
     }
     ws->cfg = *cfg;
-    ws->ac = ac != 0;
+    ws->ac = o.ac != 0;
     ws->B_max = B_max;
     ws->T_max = T_max;
+    ws->head_chunk = llama_head_chunk_resolve(cfg, (int64_t)B_max * T_max, o.head_chunk_rows, sizeof(float));
     size_t bt = (size_t)B_max * (size_t)T_max, total = 0;
     ws->acts = calloc((size_t)cfg->n_layers, sizeof *ws->acts);
     ws->tokens = malloc(bt * sizeof(int32_t));
@@ -156,7 +187,7 @@ void llama_model_ws_set_stats(llama_model_ws *ws, kc_stats *st) {
 }
 
 const float *llama_model_ws_logits(const llama_model_ws *ws) {
-    return ws && ws->phase == LLAMA_PHASE_HEAD ? ws->logits : NULL;
+    return ws && ws->phase == LLAMA_PHASE_HEAD && ws->head_full ? ws->logits : NULL;
 }
 
 size_t llama_model_ws_bytes(const llama_model_ws *ws) {

@@ -135,6 +135,14 @@ int kcu_xent_backward(fsdp_dtype dt, const void *logits, const int32_t *labels, 
     NOCUDA(kcu_xent_backward);
 }
 
+int kcu_xent_chunk(fsdp_dtype dt, const void *logits, const int32_t *labels, int64_t n, int vocab, int ignore_index,
+                   float scale, float *lse, double *d_sums, int *d_bad, void *dlogits, kcu_stream stream,
+                   fsdp_err *err) {
+    (void)dt, (void)logits, (void)labels, (void)n, (void)vocab, (void)ignore_index, (void)scale, (void)lse,
+        (void)d_sums, (void)d_bad, (void)dlogits, (void)stream;
+    NOCUDA(kcu_xent_chunk);
+}
+
 int kcu_tensor_list_create(const kcu_tensor *t, int count, kcu_tensor_list **out, fsdp_err *err) {
     (void)t, (void)count;
     *out = NULL;
@@ -157,6 +165,22 @@ int kcu_list_grad_sumsq(const kcu_tensor_list *l, double *d_out, kcu_stream stre
 int kcu_list_grad_scale(const kcu_tensor_list *l, float s, kcu_stream stream, fsdp_err *err) {
     (void)l, (void)s, (void)stream;
     NOCUDA(kcu_list_grad_scale);
+}
+
+int kcu_clip_coef(const double *d_stats, double max_norm, float *d_clip, kcu_stream stream, fsdp_err *err) {
+    (void)d_stats, (void)max_norm, (void)d_clip, (void)stream;
+    NOCUDA(kcu_clip_coef);
+}
+
+int kcu_list_grad_scale_dev(const kcu_tensor_list *l, const float *d_clip, kcu_stream stream, fsdp_err *err) {
+    (void)l, (void)d_clip, (void)stream;
+    NOCUDA(kcu_list_grad_scale_dev);
+}
+
+int kcu_adamw_step_guarded(const kcu_tensor_list *l, const kc_adamw_hparams *h, int64_t step, const float *d_clip,
+                           kcu_stream stream, fsdp_err *err) {
+    (void)l, (void)h, (void)step, (void)d_clip, (void)stream;
+    NOCUDA(kcu_adamw_step_guarded);
 }
 
 int kcu_init_fill(float *dst, const rng_dist *dist, uint64_t seed, uint64_t stream, uint64_t start, int64_t n,

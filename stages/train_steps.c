@@ -11,6 +11,7 @@
  *       decay (none|linear|cosine), min_lr_ratio, betas ([b1, b2]), eps, weight_decay,
  *       max_grad_norm, log_every, metrics (JSONL path), save_every, save_path,
  *       mixed (none|bf16, GPU), ac (none|full), reshard_after_forward (bool, GPU),
+ *       head_chunk_rows (rows of logits per output-head chunk, 0 = automatic: 256 MiB),
  *       peak_tflops (device peak for MFU; GPU default 989, the H100 SXM dense bf16 peak)
  *
  * Metrics (JSONL per logged step and the run report): loss, grad_norm, lr, tokens, tokens_per_s
@@ -18,6 +19,7 @@
  * tokens/s per rank over the peak; on the CPU only when peak_tflops is given), and the peak
  * memory: peak_device_mem_mib on the GPU, peak_rss_mib on the CPU. */
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -55,6 +57,9 @@ static const fsdp_param_spec PARAMS[] = {
      "activation checkpointing: none, or full (keep each layer's input, recompute its forward in the backward)"},
     {"reshard_after_forward", FSDP_T_BOOL, 0, "true", NULL,
      "GPU: free each gathered layer after its forward and gather it again in the backward (false: keep them all)"},
+    {"head_chunk_rows", FSDP_T_INT, 0, "0", NULL,
+     "rows of the output head (logits, cross-entropy and their gradient) per chunk, so that at most that many rows "
+     "of logits exist at once (0 = automatic: 256 MiB of logits per chunk)"},
     {"peak_tflops", FSDP_T_FLOAT, 0, NULL, NULL,
      "peak TFLOP/s of one device for mfu (GPU default 989, H100 SXM bf16 dense; CPU: no mfu unless given)"},
     {NULL, 0, 0, NULL, NULL, NULL}};
@@ -71,6 +76,12 @@ static int train_check(const fsdp_value *with, fsdp_err *err) {
         return fsdp_err_at(err, FSDP_E_INVALID, fsdp_value_get(with, "steps"), "train-steps: steps must be >= 0");
     if (fsdp_arg_int(with, "log_every", 1) < 1)
         return fsdp_err_at(err, FSDP_E_INVALID, fsdp_value_get(with, "log_every"), "train-steps: log_every must be >= 1");
+    int64_t hc = fsdp_arg_int(with, "head_chunk_rows", 0);
+    if (hc < 0 || hc > INT_MAX)
+        return fsdp_err_at(err, FSDP_E_INVALID, fsdp_value_get(with, "head_chunk_rows"),
+                           "train-steps: head_chunk_rows is %lld, expected 0 (automatic: 256 MiB of logits per chunk) "
+                           "or a positive number of rows",
+                           (long long)hc);
     if (fsdp_value_get(with, "peak_tflops") && !(fsdp_arg_float(with, "peak_tflops", 0) > 0))
         return fsdp_err_at(err, FSDP_E_INVALID, fsdp_value_get(with, "peak_tflops"),
                            "train-steps: peak_tflops must be > 0");
@@ -106,6 +117,7 @@ static int train_options(const fsdp_value *with, llama_fsdp_cuda_options *o, fsd
     int rc = llama_fsdp_mixed_from_name(fsdp_arg_str(with, "mixed", "none"), &o->mixed, err);
     if (!rc) rc = llama_fsdp_ac_from_name(fsdp_arg_str(with, "ac", "none"), &o->ac, err);
     o->keep_gathered = !fsdp_arg_bool(with, "reshard_after_forward", 1);
+    o->head_chunk_rows = (int)fsdp_arg_int(with, "head_chunk_rows", 0);
     return rc ? fsdp_err_prefix(err, "train-steps") : 0;
 }
 

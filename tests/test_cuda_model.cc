@@ -87,6 +87,48 @@ TEST(CudaModel, BindingFollowsTheCpuLayout) {
     EXPECT_EQ(err.code, FSDP_E_INVALID);
 }
 
+// The workspace holds one chunk of output-head logits: for llama3_1b at B=4, T=2048 in bf16 the
+// whole batch's logits would be 2.1 GB; the automatic chunk keeps at most 256 MiB of them. Sizes
+// from the layout itself (llama_cuda_ws_plan_bytes, no device needed).
+TEST(CudaModel, WorkspaceHoldsOneHeadChunkOfLogits) {
+    fsdp_err err;
+    llama_config c;
+    ASSERT_EQ(llama_config_preset(&c, "llama3_1b", &err), 0) << err.msg;
+    const int B = 4, T = 2048, V = c.vocab_size;
+    const size_t es = 2, whole = (size_t)B * T * V * es;
+    EXPECT_GT(whole, (size_t)2000 << 20);
+    size_t full = 0, chunked = 0, ac_chunked = 0;
+    int rows_full = 0, rows = 0;
+    llama_model_ws_opts one = {0, B * T}, aut = {0, 0}, ac = {1, 0};
+    ASSERT_EQ(llama_cuda_ws_plan_bytes(&c, B, T, FSDP_DT_BF16, &one, &full, &rows_full, &err), 0) << err.msg;
+    ASSERT_EQ(llama_cuda_ws_plan_bytes(&c, B, T, FSDP_DT_BF16, &aut, &chunked, &rows, &err), 0) << err.msg;
+    ASSERT_EQ(llama_cuda_ws_plan_bytes(&c, B, T, FSDP_DT_BF16, &ac, &ac_chunked, nullptr, &err), 0) << err.msg;
+    EXPECT_EQ(rows_full, B * T);
+    EXPECT_EQ(rows, (int)(LLAMA_HEAD_CHUNK_BYTES / ((size_t)V * es)));  // 1046 rows
+    EXPECT_LE((size_t)rows * V * es, LLAMA_HEAD_CHUNK_BYTES);
+    EXPECT_GT((size_t)(rows + 1) * V * es, LLAMA_HEAD_CHUNK_BYTES);
+    // the difference is exactly the logits rows that are no longer held (each carve rounds to 256)
+    auto r256 = [](size_t b) { return (b + 255) & ~(size_t)255; };
+    EXPECT_EQ(full - chunked, r256(whole) - r256((size_t)rows * V * es));
+    EXPECT_LT(ac_chunked, chunked);
+    // the tiny model: 5 rows instead of 64, in f32 and bf16
+    llama_config t = tiny_config();
+    for (fsdp_dtype dt : {FSDP_DT_F32, FSDP_DT_BF16}) {
+        const size_t e = fsdp_dtype_size(dt);
+        size_t a = 0, b = 0;
+        llama_model_ws_opts five = {0, 5};
+        ASSERT_EQ(llama_cuda_ws_plan_bytes(&t, 2, 32, dt, nullptr, &a, &rows, &err), 0) << err.msg;
+        EXPECT_EQ(rows, 64);
+        ASSERT_EQ(llama_cuda_ws_plan_bytes(&t, 2, 32, dt, &five, &b, &rows, &err), 0) << err.msg;
+        EXPECT_EQ(rows, 5);
+        EXPECT_EQ(a - b, r256((size_t)64 * t.vocab_size * e) - r256((size_t)5 * t.vocab_size * e));
+    }
+    llama_model_ws_opts bad = {0, -3};
+    EXPECT_EQ(llama_cuda_ws_plan_bytes(&t, 2, 32, FSDP_DT_F32, &bad, nullptr, nullptr, &err), FSDP_E_INVALID);
+    EXPECT_NE(std::string(err.msg).find("head_chunk_rows is -3"), std::string::npos) << err.msg;
+    EXPECT_EQ(llama_cuda_ws_plan_bytes(&t, 2, 32, FSDP_DT_F16, nullptr, nullptr, nullptr, &err), FSDP_E_INVALID);
+}
+
 class CudaModelGpu : public ::testing::Test {
 protected:
     void SetUp() override {
@@ -252,6 +294,61 @@ TEST_F(CudaModelGpu, Float32MatchesTheCpuModelAndPyTorch) {
     bad[3] = 256;
     EXPECT_EQ(llama_cuda_model_forward(&cfg, &w, bad.data(), labels.data(), 2, 32, ws, nullptr, &err), FSDP_E_INVALID);
     EXPECT_NE(strstr(err.msg, "input_ids: token 3 is 256"), nullptr) << err.msg;
+    llama_cuda_ws_free(ws);
+    llama_cuda_weights_unbind(&w);
+    llama_model_weights_unbind(&g);
+}
+
+// The output head in chunks of 5 rows (the last of the 64 rows partial): the whole-model forward
+// (loss only, no logits kept) and backward (logits again per chunk), and the one-pass training head
+// (llama_cuda_head_train), both against the CPU model's unchunked gradients.
+TEST_F(CudaModelGpu, ChunkedHeadMatchesTheCpuModel) {
+    fsdp_err err;
+    const size_t n = (size_t)st.numel;
+    llama_model_loss cpu_loss;
+    ASSERT_EQ(llama_model_forward(&cfg, &st.w, tokens.data(), labels.data(), 2, 32, st.ws, &cpu_loss, &err), 0) << err.msg;
+    memset(st.grads, 0, n * sizeof(float));
+    ASSERT_EQ(llama_model_backward(&cfg, &st.w, &st.g, 0.0, st.ws, &err), 0) << err.msg;
+    void *dparams = upload_params(FSDP_DT_F32);
+    float *dgrads = (float *)alloc(n * sizeof(float));
+    llama_cuda_weights w;
+    llama_model_weights g;
+    ASSERT_EQ(llama_cuda_weights_bind(&cfg, dparams, FSDP_DT_F32, &w, &err), 0) << err.msg;
+    ASSERT_EQ(llama_model_weights_bind(&cfg, dgrads, &g, &err), 0) << err.msg;
+    llama_model_ws_opts five = {0, 5};
+    llama_cuda_ws *ws = llama_cuda_ws_create_opts(d, &cfg, 2, 32, FSDP_DT_F32, &five, &err);
+    ASSERT_NE(ws, nullptr) << err.msg;
+    EXPECT_EQ(llama_cuda_ws_head_chunk(ws), 5);
+    size_t planned = 0;
+    ASSERT_EQ(llama_cuda_ws_plan_bytes(&cfg, 2, 32, FSDP_DT_F32, &five, &planned, nullptr, &err), 0);
+    EXPECT_EQ(llama_cuda_ws_bytes(ws), planned);
+    std::string name;
+    for (bool one_pass : {false, true}) {
+        ASSERT_EQ(dev_memset0(d, dgrads, n * sizeof(float), DEV_STREAM_COMPUTE, &err), 0) << err.msg;
+        double loss = 0;
+        if (!one_pass) {
+            llama_model_loss l;
+            ASSERT_EQ(llama_cuda_model_forward(&cfg, &w, tokens.data(), labels.data(), 2, 32, ws, &l, &err), 0)
+                << err.msg;
+            EXPECT_EQ(llama_cuda_ws_logits(ws), nullptr); // 64 rows > one chunk: never held
+            loss = l.loss;
+            ASSERT_EQ(llama_cuda_model_backward(&cfg, &w, &g, 0.0, ws, &err), 0) << err.msg;
+        } else {
+            ASSERT_EQ(llama_cuda_fwd_embed(&cfg, w.tok_embeddings, tokens.data(), labels.data(), 2, 32, ws, &err), 0);
+            for (int l = 0; l < cfg.n_layers; l++) ASSERT_EQ(llama_cuda_fwd_layer(&cfg, &w.layers[l], l, ws, &err), 0);
+            ASSERT_EQ(llama_cuda_head_train(&cfg, w.norm, w.output, g.norm, g.output, 0.0, ws, &err), 0) << err.msg;
+            for (int l = cfg.n_layers - 1; l >= 0; l--)
+                ASSERT_EQ(llama_cuda_bwd_layer(&cfg, &w.layers[l], &g.layers[l], l, ws, &err), 0) << err.msg;
+            ASSERT_EQ(llama_cuda_bwd_embed(&cfg, g.tok_embeddings, ws, &err), 0) << err.msg;
+            double sums[2];
+            ASSERT_EQ(dev_download(d, sums, llama_cuda_ws_loss_sums(ws), sizeof sums, &err), 0) << err.msg;
+            EXPECT_EQ(sums[1], (double)cpu_loss.n_valid);
+            loss = sums[0] / sums[1];
+        }
+        EXPECT_LT(std::fabs(loss - cpu_loss.loss) / cpu_loss.loss, 1e-5) << "one pass " << one_pass;
+        auto grads = download_f32(dgrads, n, FSDP_DT_F32);
+        EXPECT_LT(worst_rel(grads, st.grads, &name), 1e-4) << "one pass " << one_pass << ": " << name;
+    }
     llama_cuda_ws_free(ws);
     llama_cuda_weights_unbind(&w);
     llama_model_weights_unbind(&g);

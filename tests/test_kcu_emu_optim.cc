@@ -56,6 +56,72 @@ TEST(KcuEmuOptim, AdamWMultiTensorIsBitExact) {
     EXPECT_EQ(kcu_emu::live_allocs(), 0);
 }
 
+// Clipping on the device: the coefficient of kc_clip_coef from the all-reduced statistics, the
+// scaling by it, and the guard that makes a non-finite step change nothing.
+TEST(KcuEmuOptim, DeviceClipCoefScaleAndNonFiniteGuard) {
+    const int64_t sizes[] = {300, 0, 4097};
+    std::vector<std::vector<float>> p, g, m, v;
+    unsigned seed = 11;
+    for (int64_t n : sizes) {
+        p.push_back(randn(n, seed++));
+        g.push_back(randn(n, seed++, 0.5f));
+        m.push_back(randn(n, seed++, 0.001f));
+        v.push_back(randn(n, seed++, 0.001f));
+        for (auto &x : v.back()) x = x * x;
+    }
+    auto dp = p, dg = g, dm = m, dv = v;
+    std::vector<dev::kcu_tensor> ts;
+    for (size_t t = 0; t < p.size(); t++) ts.push_back({dp[t].data(), dg[t].data(), dm[t].data(), dv[t].data(), sizes[t]});
+    fsdp_err err;
+    dev::kcu_tensor_list *l = nullptr;
+    ASSERT_EQ(dev::kcu_tensor_list_create(ts.data(), (int)ts.size(), &l, &err), 0) << err.msg;
+    double sumsq = 0;
+    for (size_t t = 0; t < ts.size(); t++) sumsq += kc_sumsq(g[t].data(), sizes[t]);
+    const double norm = std::sqrt(sumsq);
+    float clip[2] = {NAN, NAN};
+    // no clipping needed, clipping off, clipping
+    for (double max_norm : {10 * norm, 0.0, 0.1 * norm}) {
+        double stats[2] = {3.5, sumsq};
+        ASSERT_EQ(dev::kcu_clip_coef(stats, max_norm, clip, nullptr, &err), 0) << err.msg;
+        const double ref = max_norm > 0 ? kc_clip_coef(norm, max_norm) : 1.0;
+        EXPECT_EQ(clip[0], (float)ref) << max_norm;
+        EXPECT_EQ(clip[1], 0.0f);
+    }
+    ASSERT_LT(clip[0], 1.0f);
+    ASSERT_EQ(dev::kcu_list_grad_scale_dev(l, clip, nullptr, &err), 0) << err.msg;
+    for (size_t t = 0; t < ts.size(); t++) {
+        kc_scale(g[t].data(), sizes[t], clip[0]);
+        EXPECT_EQ(dg[t], g[t]) << t;
+    }
+    kc_adamw_hparams h = {3e-3, 0.9, 0.95, 1e-8, 0.1};
+    ASSERT_EQ(dev::kcu_adamw_step_guarded(l, &h, 1, clip, nullptr, &err), 0) << err.msg;
+    for (size_t t = 0; t < ts.size(); t++) {
+        kc_adamw_step(p[t].data(), g[t].data(), m[t].data(), v[t].data(), sizes[t], &h, 1);
+        EXPECT_EQ(dp[t], p[t]) << t;
+        EXPECT_EQ(dm[t], m[t]) << t;
+    }
+    // a non-finite loss sum, a non-finite norm and a negative sum of squares: flagged, nothing changes
+    for (int k = 0; k < 3; k++) {
+        double stats[2] = {k == 0 ? NAN : 1.0, k == 1 ? INFINITY : k == 2 ? -1.0 : sumsq};
+        ASSERT_EQ(dev::kcu_clip_coef(stats, 0.01, clip, nullptr, &err), 0) << err.msg;
+        EXPECT_EQ(clip[1], 1.0f) << k;
+        EXPECT_EQ(clip[0], 1.0f) << k;
+        clip[0] = 0.5f; // even with a coefficient below 1, the guard wins
+        ASSERT_EQ(dev::kcu_list_grad_scale_dev(l, clip, nullptr, &err), 0);
+        ASSERT_EQ(dev::kcu_adamw_step_guarded(l, &h, 2, clip, nullptr, &err), 0);
+        for (size_t t = 0; t < ts.size(); t++) {
+            EXPECT_EQ(dg[t], g[t]) << t;
+            EXPECT_EQ(dp[t], p[t]) << t;
+            EXPECT_EQ(dm[t], m[t]) << t;
+            EXPECT_EQ(dv[t], v[t]) << t;
+        }
+    }
+    EXPECT_EQ(dev::kcu_clip_coef(nullptr, 1.0, clip, nullptr, &err), FSDP_E_INVALID);
+    EXPECT_EQ(dev::kcu_list_grad_scale_dev(l, nullptr, nullptr, &err), FSDP_E_INVALID);
+    dev::kcu_tensor_list_free(l);
+    EXPECT_EQ(kcu_emu::live_allocs(), 0);
+}
+
 TEST(KcuEmuOptim, ListErrors) {
     std::vector<float> a(16, 1.0f), b(16, 1.0f);
     dev::kcu_tensor t = {a.data(), b.data(), nullptr, nullptr, 16};

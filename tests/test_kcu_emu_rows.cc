@@ -85,6 +85,84 @@ TEST_P(KcuEmuRows, CrossEntropy) {
     EXPECT_TRUE(X.guard_ok() && L.guard_ok() && D.guard_ok());
 }
 
+// The training head's per-chunk kernel: rows processed in chunks (offsets into the same buffers),
+// sums added over the chunks, gradient in place; equal to the CPU forward + backward of the whole
+// batch, with ignored rows, a label in the last column and a chunk of a single row.
+TEST_P(KcuEmuRows, CrossEntropyChunkedForwardAndBackward) {
+    const int n = 7, V = 300, ignore = -100;
+    auto logits = in(randn((size_t)n * V, 7, 2.0f));
+    std::vector<int32_t> lab(n);
+    std::mt19937 g(9);
+    for (int i = 0; i < n; i++) lab[i] = i % 5 == 2 ? ignore : (int32_t)(g() % V);
+    lab[0] = V - 1;
+    std::vector<float> lse(n), dref((size_t)n * V);
+    double loss_sum = 0;
+    int64_t n_valid = 0;
+    fsdp_err err;
+    ASSERT_EQ(kc_xent_forward(logits.data(), lab.data(), n, V, ignore, lse.data(), &loss_sum, &n_valid, &err), 0);
+    const float scale = 1.0f / (float)n_valid;
+    kc_xent_backward(logits.data(), lab.data(), lse.data(), dref.data(), n, V, ignore, scale);
+    for (int chunk : {3, 1}) {
+        for (bool backward : {false, true}) {
+            if (chunk == 1 && !backward) continue;
+            Buf X(logits, dt()), L(n, FSDP_DT_F32);
+            double sums[2] = {0, 0};
+            int bad = 0;
+            const size_t es = fsdp_dtype_size(dt());
+            for (int r0 = 0; r0 < n; r0 += chunk) {
+                const int rows = r0 + chunk <= n ? chunk : n - r0;
+                void *xc = (char *)X.ptr() + (size_t)r0 * V * es;
+                ASSERT_EQ(dev::kcu_xent_chunk(dt(), xc, lab.data() + r0, rows, V, ignore, scale, L.f() + r0, sums, &bad,
+                                              backward ? xc : nullptr, nullptr, &err),
+                          0)
+                    << err.msg;
+            }
+            EXPECT_NEAR(sums[0], loss_sum, 1e-6 * std::fabs(loss_sum)) << chunk;
+            EXPECT_EQ(sums[1], (double)n_valid) << chunk;
+            EXPECT_EQ(bad, 0);
+            EXPECT_LT(rel_err(L.get(), lse), 1e-6) << chunk;
+            if (backward) {
+                EXPECT_EQ(nonfinite(X.get()), 0u);
+                EXPECT_LT(rel_err(X.get(), dref), tol()) << chunk;
+                const std::vector<float> got = X.get();
+                for (int i = 0; i < n; i++) {
+                    if (lab[i] != ignore) continue;
+                    for (int j = 0; j < V; j++) ASSERT_EQ(got[(size_t)i * V + j], 0.0f) << i;
+                }
+            } else {
+                EXPECT_EQ(X.get(), logits) << "forward only leaves the logits";
+            }
+            EXPECT_TRUE(X.guard_ok() && L.guard_ok());
+        }
+    }
+    // the same bits as kcu_xent_forward + kcu_xent_backward
+    Buf A(logits, dt()), B(logits, dt()), LA(n, FSDP_DT_F32), LB(n, FSDP_DT_F32);
+    double sa[2] = {0, 0}, sb[2];
+    ASSERT_EQ(dev::kcu_xent_chunk(dt(), A.ptr(), lab.data(), n, V, ignore, scale, LA.f(), sa, nullptr, A.ptr(), nullptr,
+                                  &err),
+              0);
+    ASSERT_EQ(dev::kcu_xent_forward(dt(), B.ptr(), lab.data(), n, V, ignore, LB.f(), sb, nullptr, nullptr, &err), 0);
+    ASSERT_EQ(dev::kcu_xent_backward(dt(), B.ptr(), lab.data(), LB.f(), B.ptr(), n, V, ignore, scale, nullptr, &err), 0);
+    EXPECT_EQ(A.get(), B.get());
+    EXPECT_EQ(LA.get(), LB.get());
+    EXPECT_EQ(sa[0], sb[0]);
+    // a label out of range is flagged, its row contributes nothing and gets a zero gradient
+    lab[3] = -7;
+    Buf Y(logits, dt()), LY(n, FSDP_DT_F32);
+    double sy[2] = {0, 0};
+    int bad = 0;
+    ASSERT_EQ(dev::kcu_xent_chunk(dt(), Y.ptr(), lab.data(), n, V, ignore, scale, LY.f(), sy, &bad, Y.ptr(), nullptr,
+                                  &err),
+              0);
+    EXPECT_EQ(bad, 4);
+    EXPECT_EQ(sy[1], (double)(n_valid - 1));
+    const std::vector<float> gy = Y.get();
+    for (int j = 0; j < V; j++) ASSERT_EQ(gy[(size_t)3 * V + j], 0.0f);
+    EXPECT_EQ(dev::kcu_xent_chunk(dt(), Y.ptr(), lab.data(), n, 0, ignore, scale, LY.f(), sy, &bad, nullptr, nullptr,
+                                  &err),
+              FSDP_E_INVALID);
+}
+
 INSTANTIATE_TEST_SUITE_P(KcuEmuDtypes, KcuEmuRows, ::testing::Values(FSDP_DT_F32, FSDP_DT_BF16), dt_name);
 
 } // namespace

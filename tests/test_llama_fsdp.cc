@@ -27,7 +27,9 @@ llama_config tiny() {
 }
 }  // namespace
 
-TEST(LlamaFsdp, FiveStepsMatchReferenceOnShardedState) {
+// Five steps on the tiny fixture against PyTorch's reference.json, with the output head in chunks
+// of head_chunk_rows rows (0: automatic, one chunk of the 64 rows here).
+static void five_steps_match_reference(int head_chunk_rows) {
     std::map<std::string, st_test::Tensor> init, batch;
     std::string why;
     ASSERT_TRUE(st_test::load(fsdp_test::tiny("model_init.safetensors"), &init, &why)) << why;
@@ -52,7 +54,7 @@ TEST(LlamaFsdp, FiveStepsMatchReferenceOnShardedState) {
         memcpy(state_find(s, n)->data, t.f32.data(), t.f32.size() * sizeof(float));
     }
     llama_fsdp *f;
-    ASSERT_EQ(llama_fsdp_create(s, c, 2, 32, &f, &err), 0) << err.msg;
+    ASSERT_EQ(llama_fsdp_create_opts(s, c, 2, 32, 0, head_chunk_rows, &f, &err), 0) << err.msg;
     std::vector<int32_t> in(batch.at("input_ids").i32), lab(batch.at("labels").i32);
     json_t *steps = json_object_get(ref, "steps");
     for (int k = 0; k < 5; k++) {
@@ -82,6 +84,28 @@ TEST(LlamaFsdp, FiveStepsMatchReferenceOnShardedState) {
     state_free(s);
     comm_destroy(c);
     json_decref(ref);
+}
+
+TEST(LlamaFsdp, FiveStepsMatchReferenceOnShardedState) { five_steps_match_reference(0); }
+
+// 7 rows per chunk: 10 chunks of the 64 rows, the last one partial.
+TEST(LlamaFsdp, ChunkedHeadFiveStepsMatchReference) { five_steps_match_reference(7); }
+
+TEST(LlamaFsdp, HeadChunkRowsMustNotBeNegative) {
+    comm *c;
+    fsdp_err err;
+    ASSERT_EQ(comm_create_single(&c, &err), 0);
+    fsdp_state *s = (fsdp_state *)calloc(1, sizeof(fsdp_state));
+    s->layout = STATE_SHARDED;
+    s->world = 1;
+    s->cfg = tiny();
+    s->has_cfg = 1;
+    llama_fsdp *f = nullptr;
+    EXPECT_EQ(llama_fsdp_create_opts(s, c, 2, 32, 0, -2, &f, &err), FSDP_E_INVALID);
+    EXPECT_EQ(f, nullptr);
+    EXPECT_NE(std::string(err.msg).find("head_chunk_rows is -2"), std::string::npos) << err.msg;
+    state_free(s);
+    comm_destroy(c);
 }
 
 TEST(LlamaFsdp, ActivationCheckpointingIsBitIdenticalAndSmaller) {

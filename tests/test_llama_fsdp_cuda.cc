@@ -176,7 +176,7 @@ protected:
     std::vector<fsdp_state *> states_;
 };
 
-const llama_fsdp_cuda_options F32 = {LLAMA_FSDP_MIXED_NONE, LLAMA_FSDP_AC_NONE, 0};
+const llama_fsdp_cuda_options F32 = {LLAMA_FSDP_MIXED_NONE, LLAMA_FSDP_AC_NONE, 0, 0};
 
 }  // namespace
 
@@ -223,7 +223,7 @@ TEST_F(LlamaFsdpCuda, F32FiveStepsMatchReferenceAndCpuPath) {
 TEST_F(LlamaFsdpCuda, Bf16MixedPrecisionWithinOnePercentOfF32) {
     fsdp_state *a = make_state(), *b = make_state();
     std::vector<llama_fsdp_result> fr = run_gpu(a, F32, 5);
-    llama_fsdp_cuda_options o = {LLAMA_FSDP_MIXED_BF16, LLAMA_FSDP_AC_NONE, 0};
+    llama_fsdp_cuda_options o = {LLAMA_FSDP_MIXED_BF16, LLAMA_FSDP_AC_NONE, 0, 0};
     std::vector<llama_fsdp_result> br = run_gpu(b, o, 5);
     ASSERT_EQ(fr.size(), 5u);
     ASSERT_EQ(br.size(), 5u);
@@ -292,9 +292,9 @@ TEST_F(LlamaFsdpCuda, OffloadedOptimizerBitIdenticalOnOneStepFromTheSameGradient
 
 TEST_F(LlamaFsdpCuda, ActivationCheckpointingAndKeptLayersMatchTheDefault) {
     fsdp_state *base = make_state(), *ac = make_state(), *keep = make_state(), *both = make_state();
-    llama_fsdp_cuda_options oac = {LLAMA_FSDP_MIXED_NONE, LLAMA_FSDP_AC_FULL, 0};
-    llama_fsdp_cuda_options okeep = {LLAMA_FSDP_MIXED_NONE, LLAMA_FSDP_AC_NONE, 1};
-    llama_fsdp_cuda_options oboth = {LLAMA_FSDP_MIXED_BF16, LLAMA_FSDP_AC_FULL, 1};
+    llama_fsdp_cuda_options oac = {LLAMA_FSDP_MIXED_NONE, LLAMA_FSDP_AC_FULL, 0, 0};
+    llama_fsdp_cuda_options okeep = {LLAMA_FSDP_MIXED_NONE, LLAMA_FSDP_AC_NONE, 1, 0};
+    llama_fsdp_cuda_options oboth = {LLAMA_FSDP_MIXED_BF16, LLAMA_FSDP_AC_FULL, 1, 0};
     std::vector<llama_fsdp_result> r0 = run_gpu(base, F32, 3), r1 = run_gpu(ac, oac, 3), r2 = run_gpu(keep, okeep, 3);
     std::vector<llama_fsdp_result> r3 = run_gpu(both, oboth, 3);
     ASSERT_EQ(r0.size(), 3u);
@@ -326,6 +326,36 @@ TEST_F(LlamaFsdpCuda, ActivationCheckpointingAndKeptLayersMatchTheDefault) {
     llama_fsdp_cuda_free(fk);
 }
 
+// The output head in chunks of 5 rows (13 chunks of the 64 rows, the last partial) gives the
+// one-chunk results to rounding (only the order of the output-gradient and loss sums changes), and
+// its workspace holds 5 rows of logits instead of 64.
+TEST_F(LlamaFsdpCuda, ChunkedHeadMatchesTheWholeBatchHead) {
+    fsdp_state *base = make_state(), *chunked = make_state(), *chunked16 = make_state();
+    llama_fsdp_cuda_options o5 = {LLAMA_FSDP_MIXED_NONE, LLAMA_FSDP_AC_NONE, 0, 5};
+    llama_fsdp_cuda_options o5b = {LLAMA_FSDP_MIXED_BF16, LLAMA_FSDP_AC_NONE, 0, 5};
+    std::vector<llama_fsdp_result> r0 = run_gpu(base, F32, 3), r1 = run_gpu(chunked, o5, 3);
+    std::vector<llama_fsdp_result> r2 = run_gpu(chunked16, o5b, 3);
+    ASSERT_EQ(r0.size(), 3u);
+    ASSERT_EQ(r1.size(), 3u);
+    ASSERT_EQ(r2.size(), 3u);
+    for (int k = 0; k < 3; k++) {
+        EXPECT_NEAR(r1[k].loss, r0[k].loss, 1e-6 * r0[k].loss) << "step " << k;
+        EXPECT_NEAR(r1[k].grad_norm, r0[k].grad_norm, 1e-5 * r0[k].grad_norm) << "step " << k;
+        EXPECT_NEAR(r2[k].loss, r0[k].loss, 1e-2 * r0[k].loss) << "bf16, step " << k;
+    }
+    std::vector<float> p0 = pull(base, 0);
+    EXPECT_LE(max_diff(p0, pull(chunked, 0)), 1e-5 * max_abs(p0));
+    llama_fsdp_cuda *fa = nullptr, *fb = nullptr;
+    ASSERT_EQ(llama_fsdp_cuda_create(base, c_, d_, 2, 32, &F32, &fa, &err_), 0) << err_.msg;
+    ASSERT_EQ(llama_fsdp_cuda_create(chunked, c_, d_, 2, 32, &o5, &fb, &err_), 0) << err_.msg;
+    EXPECT_LT(llama_fsdp_cuda_bytes(fb), llama_fsdp_cuda_bytes(fa));
+    llama_fsdp_cuda_free(fa);
+    llama_fsdp_cuda_free(fb);
+    llama_fsdp_cuda_options bad = {LLAMA_FSDP_MIXED_NONE, LLAMA_FSDP_AC_NONE, 0, -1};
+    EXPECT_EQ(llama_fsdp_cuda_create(base, c_, d_, 2, 32, &bad, &fa, &err_), FSDP_E_INVALID);
+    EXPECT_NE(std::string(err_.msg).find("head_chunk_rows"), std::string::npos) << err_.msg;
+}
+
 TEST_F(LlamaFsdpCuda, NonFiniteLossFailsAndChangesNothing) {
     for (bool offloaded : {false, true}) {
         fsdp_state *s = make_state(false, offloaded);
@@ -355,7 +385,7 @@ TEST_F(LlamaFsdpCuda, TrainStepsBackendPicksTheGpuAndReportsDeviceMemory) {
     EXPECT_TRUE(train_on_gpu(nullptr, s));
     EXPECT_FALSE(train_on_gpu(nullptr, h));
     train_backend b;
-    llama_fsdp_cuda_options o = {LLAMA_FSDP_MIXED_BF16, LLAMA_FSDP_AC_FULL, 0};
+    llama_fsdp_cuda_options o = {LLAMA_FSDP_MIXED_BF16, LLAMA_FSDP_AC_FULL, 0, 0};
     ASSERT_EQ(train_backend_open(nullptr, s, c_, 2, 32, &o, &b, &err_), 0) << err_.msg;
     EXPECT_TRUE(b.on_gpu);
     train_backend_reset_peak(&b);

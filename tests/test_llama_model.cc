@@ -224,6 +224,81 @@ TEST_F(LlamaModelTest, LayerByLayerMatchesWholeModel) {
     EXPECT_EQ(0, memcmp(got.data(), expect.data(), got.size() * sizeof(float)));
 }
 
+// The output head in chunks (the CPU path proves the chunked math the GPU path runs): the
+// whole-model forward (loss only) + backward (logits again per chunk) and the one-pass training head
+// equal the unchunked head to rounding (only the order of the d_output and loss sums changes), one
+// chunk of the whole batch exactly, and still match PyTorch; the workspace holds one chunk of logits.
+TEST_F(LlamaModelTest, ChunkedHeadMatchesTheWholeBatchHead) {
+    fsdp_err err;
+    memset(st.grads, 0, st.numel * sizeof(float));
+    llama_model_loss whole;
+    ASSERT_EQ(llama_model_forward(&cfg, &st.w, tokens.data(), labels.data(), 2, 32, st.ws, &whole, &err), 0);
+    ASSERT_EQ(llama_model_backward(&cfg, &st.w, &st.g, 0.0, st.ws, &err), 0);
+    const std::vector<float> expect(st.grads, st.grads + st.numel);
+    double gmax = 0;
+    for (float x : expect) gmax = std::max(gmax, (double)std::fabs(x));
+    const size_t full_bytes = llama_model_ws_bytes(st.ws);
+    const TensorMap pt = load_st("grads_step0.safetensors");
+    for (int chunk : {5, 1000}) {
+        llama_model_ws_opts o = {chunk % 2, chunk}; // with (5 rows: 13 chunks) and without checkpointing
+        llama_model_ws *ws = llama_model_ws_create_opts(&cfg, 2, 32, &o, &err);
+        ASSERT_NE(ws, nullptr) << err.msg;
+        const int rows = std::min(chunk, 64);
+        EXPECT_EQ(llama_model_ws_head_chunk(ws), rows);
+        if (!o.ac) {
+            EXPECT_EQ(full_bytes - llama_model_ws_bytes(ws), (size_t)(64 - rows) * 256 * sizeof(float)) << chunk;
+        }
+        for (bool one_pass : {false, true}) {
+            memset(st.grads, 0, st.numel * sizeof(float));
+            llama_model_loss loss;
+            if (!one_pass) {
+                ASSERT_EQ(llama_model_forward(&cfg, &st.w, tokens.data(), labels.data(), 2, 32, ws, &loss, &err), 0);
+                EXPECT_EQ(llama_model_ws_logits(ws) != nullptr, rows == 64) << chunk;
+                ASSERT_EQ(llama_model_backward(&cfg, &st.w, &st.g, 0.0, ws, &err), 0);
+            } else {
+                ASSERT_EQ(llama_fwd_embed(&cfg, st.w.tok_embeddings, tokens.data(), labels.data(), 2, 32, ws, &err), 0);
+                for (int l = 0; l < cfg.n_layers; l++) ASSERT_EQ(llama_fwd_layer(&cfg, &st.w.layers[l], l, ws, &err), 0);
+                ASSERT_EQ(llama_head_train(&cfg, st.w.norm, st.w.output, st.g.norm, st.g.output, 0.0, ws, &loss, &err),
+                          0)
+                    << err.msg;
+                EXPECT_EQ(llama_model_ws_logits(ws), nullptr);
+                for (int l = cfg.n_layers - 1; l >= 0; l--)
+                    ASSERT_EQ(llama_bwd_layer(&cfg, &st.w.layers[l], &st.g.layers[l], l, ws, &err), 0) << err.msg;
+                ASSERT_EQ(llama_bwd_embed(&cfg, st.g.tok_embeddings, ws, &err), 0);
+            }
+            EXPECT_EQ(loss.n_valid, whole.n_valid);
+            // a GEMM over fewer rows may round the logits differently (about 1e-9 here)
+            EXPECT_LE(std::fabs(loss.loss - whole.loss), 1e-7 * whole.loss) << chunk << " one pass " << one_pass;
+            if (rows == 64) {
+                EXPECT_EQ(loss.loss, whole.loss);
+                EXPECT_EQ(0, memcmp(st.grads, expect.data(), expect.size() * sizeof(float))) << chunk;
+            }
+            double worst = 0;
+            for (int64_t i = 0; i < st.numel; i++) worst = std::max(worst, (double)std::fabs(st.grads[i] - expect[i]));
+            EXPECT_LE(worst, 1e-6 * gmax) << chunk << " one pass " << one_pass;
+            EXPECT_LT(std::fabs(loss.loss - ref.step(0, "loss")) / ref.step(0, "loss"), 1e-5);
+            std::string name;
+            EXPECT_LT(worst_rel(cfg, &st.g, pt, &name), 1e-4) << "worst gradient " << name;
+        }
+        // a bad label names its row in the batch, not in its chunk
+        std::vector<int32_t> bad(labels);
+        bad[37] = 256;
+        EXPECT_EQ(llama_model_forward(&cfg, &st.w, tokens.data(), bad.data(), 2, 32, ws, nullptr, &err), FSDP_E_INVALID);
+        EXPECT_NE(std::string(err.msg).find("label 37 is 256"), std::string::npos) << err.msg;
+        llama_model_ws_free(ws);
+    }
+    llama_model_ws_opts neg = {0, -1};
+    EXPECT_EQ(llama_model_ws_create_opts(&cfg, 2, 32, &neg, &err), nullptr);
+    EXPECT_NE(std::string(err.msg).find("head_chunk_rows is -1"), std::string::npos) << err.msg;
+    // automatic: 256 MiB of logits (llama3_1b's vocabulary: 523 f32 rows, 1046 bf16 rows), at most the batch
+    llama_config big = cfg;
+    big.vocab_size = 128256;
+    EXPECT_EQ(llama_head_chunk_resolve(&big, 8192, 0, 4), 523);
+    EXPECT_EQ(llama_head_chunk_resolve(&big, 8192, 0, 2), 1046);
+    EXPECT_EQ(llama_head_chunk_resolve(&big, 100, 0, 2), 100);
+    EXPECT_EQ(llama_head_chunk_resolve(&big, 100, 7, 2), 7);
+}
+
 TEST_F(LlamaModelTest, GradientsAccumulateAndLossDenominatorScales) {
     fsdp_err err;
     memset(st.grads, 0, st.numel * sizeof(float));

@@ -150,6 +150,8 @@ TEST(TrainMetrics, GpuOptionsAreValidatedAndRejectedOnTheCpuPath) {
         {"mixed: fp16", "'mixed' must be one of: none, bf16 (got 'fp16')", 2},
         {"peak_tflops: 0", "peak_tflops must be > 0", 2},
         {"reshard_after_forward: maybe", "reshard_after_forward", 2},
+        {"head_chunk_rows: -4", "head_chunk_rows is -4, expected 0 (automatic", 2},
+        {"head_chunk_rows: many", "head_chunk_rows", 2},
         // a valid value the CPU path does not do: a runtime error naming the key
         {"mixed: bf16", "mixed: bf16 needs the model on the GPU", 1},
     };
@@ -160,6 +162,28 @@ TEST(TrainMetrics, GpuOptionsAreValidatedAndRejectedOnTheCpuPath) {
         std::string out;
         EXPECT_EQ(run(r, &out), c.rc) << c.with << ": " << out;
         EXPECT_NE(out.find(c.want), std::string::npos) << c.with << ": " << out;
+    }
+}
+
+// The output head in chunks of 5 rows (26 chunks of the 128, the last partial) trains like one chunk,
+// to rounding.
+TEST(TrainMetrics, CpuChunkedHeadTrainsLikeTheWholeBatchHead) {
+    Dir t;
+    write_file(t / "a.yaml", recipe("metrics: " + (t / "a.jsonl")));
+    write_file(t / "b.yaml", recipe("head_chunk_rows: 5, metrics: " + (t / "b.jsonl")));
+    std::string out;
+    ASSERT_EQ(run(t / "a.yaml", &out), 0) << out;
+    ASSERT_EQ(run(t / "b.yaml", &out), 0) << out;
+    auto a = lines(t / "a.jsonl"), b = lines(t / "b.jsonl");
+    ASSERT_EQ(a.size(), 3u);
+    ASSERT_EQ(b.size(), 3u);
+    for (size_t i = 0; i < 3; i++) {
+        for (const char *k : {"loss", "grad_norm"}) {
+            const double x = json_number_value(json_object_get(a[i], k)), y = json_number_value(json_object_get(b[i], k));
+            EXPECT_NEAR(y, x, 1e-6 * x) << k << " at step " << i + 1;
+        }
+        json_decref(a[i]);
+        json_decref(b[i]);
     }
 }
 

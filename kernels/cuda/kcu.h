@@ -123,6 +123,14 @@ int kcu_xent_forward(fsdp_dtype dt, const void *logits, const int32_t *labels, i
 int kcu_xent_backward(fsdp_dtype dt, const void *logits, const int32_t *labels, const float *lse, void *dlogits,
                       int64_t n, int vocab, int ignore_index, float scale, kcu_stream stream, fsdp_err *err);
 
+/* One chunk of rows of the training head: xent_forward's lse and loss, ADDED to d_sums (zero it
+ * before the first chunk), and when dlogits is not NULL xent_backward's gradient with the same
+ * float lse (dlogits may alias logits: the chunk's logits become their gradient in place). The
+ * results equal kcu_xent_forward followed by kcu_xent_backward. */
+int kcu_xent_chunk(fsdp_dtype dt, const void *logits, const int32_t *labels, int64_t n, int vocab, int ignore_index,
+                   float scale, float *lse, double *d_sums, int *d_bad, void *dlogits, kcu_stream stream,
+                   fsdp_err *err);
+
 /* ---- multi-tensor optimizer ------------------------------------------------------------------------
  * A list of float32 shards (param, grad, exp_avg, exp_avg_sq) copied to the device once; every
  * AdamW step, gradient norm or gradient scaling over the whole list is one kernel launch. */
@@ -147,6 +155,17 @@ int kcu_adamw_step(const kcu_tensor_list *l, const kc_adamw_hparams *h, int64_t 
 int kcu_list_grad_sumsq(const kcu_tensor_list *l, double *d_out, kcu_stream stream, fsdp_err *err);
 /* g *= s over the list (clip_grad_norm_'s scaling; s from kc_clip_coef). */
 int kcu_list_grad_scale(const kcu_tensor_list *l, float s, kcu_stream stream, fsdp_err *err);
+
+/* Clipping without a host round trip. d_stats: device double[2] {loss sum, gradient sum of
+ * squares}. One thread writes d_clip[0] = kc_clip_coef(sqrt(sumsq), max_norm) as a float (1 when
+ * max_norm <= 0) and d_clip[1] = 1.0f when the loss sum or the norm is not finite (the step must
+ * not update anything), 0.0f otherwise. */
+int kcu_clip_coef(const double *d_stats, double max_norm, float *d_clip, kcu_stream stream, fsdp_err *err);
+/* kcu_list_grad_scale by d_clip[0] read on the device, only where d_clip[0] < 1 and d_clip[1] == 0. */
+int kcu_list_grad_scale_dev(const kcu_tensor_list *l, const float *d_clip, kcu_stream stream, fsdp_err *err);
+/* kcu_adamw_step that changes nothing when d_clip[1] != 0 (a non-finite step); d_clip NULL: always. */
+int kcu_adamw_step_guarded(const kcu_tensor_list *l, const kc_adamw_hparams *h, int64_t step, const float *d_clip,
+                           kcu_stream stream, fsdp_err *err);
 
 /* ---- parameter init ------------------------------------------------------------------------------- */
 

@@ -93,7 +93,8 @@ struct adamw_consts {
 
 // kc_adamw_step's loop body, operation for operation (no contraction into FMAs).
 __global__ void __launch_bounds__(OPT_THREADS)
-    adamw_kernel(const kcu_tensor *ts, const int64_t *starts, int count, adamw_consts c) {
+    adamw_kernel(const kcu_tensor *ts, const int64_t *starts, int count, adamw_consts c, const float *guard) {
+    if (guard && guard[1] != 0.0f) return; // a non-finite step: nothing changes
     const int64_t blk = blockIdx.x;
     const int t = opt_find(starts, count, blk);
     const kcu_tensor x = ts[t];
@@ -129,7 +130,11 @@ __global__ void __launch_bounds__(OPT_THREADS)
 }
 
 __global__ void __launch_bounds__(OPT_THREADS)
-    grad_scale_kernel(const kcu_tensor *ts, const int64_t *starts, int count, float sc) {
+    grad_scale_kernel(const kcu_tensor *ts, const int64_t *starts, int count, float sc, const float *clip) {
+    if (clip) {
+        if (clip[1] != 0.0f || !(clip[0] < 1.0f)) return; // non-finite step, or no clipping needed
+        sc = clip[0];
+    }
     const int64_t blk = blockIdx.x;
     const int t = opt_find(starts, count, blk);
     const kcu_tensor x = ts[t];
@@ -138,8 +143,34 @@ __global__ void __launch_bounds__(OPT_THREADS)
     for (int64_t i = i0 + threadIdx.x; i < i1; i += OPT_THREADS) x.g[i] = __fmul_rn(x.g[i], sc);
 }
 
+// kc_clip_coef on the device from the all-reduced statistics (one thread).
+__global__ void clip_coef_kernel(const double *stats, double max_norm, float *clip) {
+    if (blockIdx.x != 0 || threadIdx.x != 0) return;
+    const double sumsq = stats[1];
+    const double norm = sumsq >= 0 ? sqrt(sumsq) : (double)NAN;
+    const int finite = isfinite(stats[0]) && isfinite(norm);
+    double c = 1.0;
+    if (max_norm > 0) {
+        c = max_norm / (norm + 1e-6);
+        c = c < 1.0 ? c : 1.0;
+    }
+    clip[0] = finite ? (float)c : 1.0f;
+    clip[1] = finite ? 0.0f : 1.0f;
+}
+
+KCU_API int kcu_clip_coef(const double *d_stats, double max_norm, float *d_clip, kcu_stream stream, fsdp_err *err) {
+    if (!d_stats || !d_clip) return fsdp_err_set(err, FSDP_E_INVALID, "kcu_clip_coef: no statistics or output");
+    KCU_LAUNCH(clip_coef_kernel, 1, 32, 0, stream)(d_stats, max_norm, d_clip);
+    return kcu_launch_check(err, "kcu_clip_coef");
+}
+
 KCU_API int kcu_adamw_step(const kcu_tensor_list *l, const kc_adamw_hparams *h, int64_t step, kcu_stream stream,
                            fsdp_err *err) {
+    return kcu_adamw_step_guarded(l, h, step, NULL, stream, err);
+}
+
+KCU_API int kcu_adamw_step_guarded(const kcu_tensor_list *l, const kc_adamw_hparams *h, int64_t step,
+                                   const float *d_clip, kcu_stream stream, fsdp_err *err) {
     if (!l || !h) return fsdp_err_set(err, FSDP_E_INVALID, "kcu_adamw_step: no tensor list or hyperparameters");
     if (!l->has_state)
         return fsdp_err_set(err, FSDP_E_INVALID, "kcu_adamw_step: the tensor list has no exp_avg/exp_avg_sq buffers");
@@ -157,7 +188,7 @@ KCU_API int kcu_adamw_step(const kcu_tensor_list *l, const kc_adamw_hparams *h, 
     c.eps = (float)h->eps;
     c.neg_step = (float)(-(h->lr / bc1));
     c.lerp_low = (1.0 - h->beta1) < 0.5;
-    KCU_LAUNCH(adamw_kernel, (unsigned)l->blocks, OPT_THREADS, 0, stream)(l->d_tensors, l->d_starts, l->count, c);
+    KCU_LAUNCH(adamw_kernel, (unsigned)l->blocks, OPT_THREADS, 0, stream)(l->d_tensors, l->d_starts, l->count, c, d_clip);
     return kcu_launch_check(err, "kcu_adamw_step");
 }
 
@@ -174,6 +205,15 @@ KCU_API int kcu_list_grad_sumsq(const kcu_tensor_list *l, double *d_out, kcu_str
 KCU_API int kcu_list_grad_scale(const kcu_tensor_list *l, float s, kcu_stream stream, fsdp_err *err) {
     if (!l) return fsdp_err_set(err, FSDP_E_INVALID, "kcu_list_grad_scale: no tensor list");
     if (l->blocks == 0) return FSDP_OK;
-    KCU_LAUNCH(grad_scale_kernel, (unsigned)l->blocks, OPT_THREADS, 0, stream)(l->d_tensors, l->d_starts, l->count, s);
+    KCU_LAUNCH(grad_scale_kernel, (unsigned)l->blocks, OPT_THREADS, 0, stream)(l->d_tensors, l->d_starts, l->count, s,
+                                                                               (const float *)NULL);
     return kcu_launch_check(err, "kcu_list_grad_scale");
+}
+
+KCU_API int kcu_list_grad_scale_dev(const kcu_tensor_list *l, const float *d_clip, kcu_stream stream, fsdp_err *err) {
+    if (!l || !d_clip) return fsdp_err_set(err, FSDP_E_INVALID, "kcu_list_grad_scale_dev: no tensor list or coefficient");
+    if (l->blocks == 0) return FSDP_OK;
+    KCU_LAUNCH(grad_scale_kernel, (unsigned)l->blocks, OPT_THREADS, 0, stream)(l->d_tensors, l->d_starts, l->count,
+                                                                               1.0f, d_clip);
+    return kcu_launch_check(err, "kcu_list_grad_scale_dev");
 }

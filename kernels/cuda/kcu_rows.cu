@@ -172,3 +172,60 @@ KCU_API int kcu_xent_backward(fsdp_dtype dt, const void *logits, const int32_t *
                                                          ignore_index, scale));
     return kcu_launch_check(err, "kcu_xent_backward");
 }
+
+// ---- cross-entropy on a chunk of rows: forward and, optionally, backward in one pass ----------------
+
+// xent_fwd's lse and loss then, when dlogits is set, xent_bwd's gradient from the same float lse, so
+// the results equal the two kernels' bit for bit. The label's logit is read before the first block
+// reduction: with dlogits == logits another thread may overwrite it in the last pass.
+template <class T>
+__global__ void xent_chunk(const T *logits, const int32_t *labels, int64_t n, int vocab, int ignore_index,
+                           float scale, float *lse, double *sums, int *d_bad, T *dlogits) {
+    KCU_SHARED(float, shf, 32);
+    KCU_SHARED(double, shd, 32);
+    for (int64_t i = blockIdx.x; i < n; i += gridDim.x) {
+        const int32_t lab = labels[i]; // uniform over the block
+        const size_t off = (size_t)i * vocab;
+        if (lab == ignore_index || lab < 0 || lab >= vocab) {
+            if (threadIdx.x == 0) {
+                lse[i] = 0.0f;
+                if (lab != ignore_index) kcu_set_bad(d_bad, i);
+            }
+            if (dlogits)
+                for (int j = threadIdx.x; j < vocab; j += blockDim.x) kcu_st(dlogits, off + j, 0.0f);
+            continue;
+        }
+        const float xl = kcu_ld(logits, off + lab);
+        float mx = -INFINITY;
+        for (int j = threadIdx.x; j < vocab; j += blockDim.x) mx = fmaxf(mx, kcu_ld(logits, off + j));
+        mx = kcu_block_max(mx, shf);
+        double s = 0.0;
+        for (int j = threadIdx.x; j < vocab; j += blockDim.x) s += (double)expf(__fsub_rn(kcu_ld(logits, off + j), mx));
+        s = kcu_block_sum(s, shd);
+        const double l = (double)mx + log(s);
+        const float lf = (float)l;
+        if (threadIdx.x == 0) {
+            lse[i] = lf;
+            atomicAdd(sums, l - (double)xl);
+            atomicAdd(sums + 1, 1.0);
+        }
+        if (dlogits)
+            for (int j = threadIdx.x; j < vocab; j += blockDim.x) {
+                float v = __fmul_rn(expf(__fsub_rn(kcu_ld(logits, off + j), lf)), scale);
+                if (j == lab) v = __fsub_rn(v, scale);
+                kcu_st(dlogits, off + j, v);
+            }
+    }
+}
+
+KCU_API int kcu_xent_chunk(fsdp_dtype dt, const void *logits, const int32_t *labels, int64_t n, int vocab,
+                           int ignore_index, float scale, float *lse, double *d_sums, int *d_bad, void *dlogits,
+                           kcu_stream stream, fsdp_err *err) {
+    if (norm_check(dt, n, vocab, "kcu_xent_chunk", err)) return FSDP_E_INVALID;
+    if (n == 0) return FSDP_OK;
+    const unsigned blocks = n > (1 << 20) ? (1u << 20) : (unsigned)n;
+    KCU_DISPATCH(dt, T,
+                 KCU_LAUNCH(xent_chunk<T>, blocks, 256, 0, stream)((const T *)logits, labels, n, vocab, ignore_index,
+                                                           scale, lse, d_sums, d_bad, (T *)dlogits));
+    return kcu_launch_check(err, "kcu_xent_chunk");
+}
