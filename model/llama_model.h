@@ -85,7 +85,8 @@ int llama_model_param_at(const llama_config *cfg, const llama_model_weights *w, 
 /* ---- workspace ----------------------------------------------------------------------------- */
 
 /* Saved activations for batches up to B_max x T_max, the RoPE tables for T_max positions and the
- * backward scratch. Size per layer about BT*(4d + 2(H+KV)hd + 3F) floats, plus BT*V logits. */
+ * backward scratch. Size per layer about BT*(4d + 2(H+KV)hd + 3F) floats, plus one head chunk of logits
+ * (at most BT*V, see head_chunk_rows below). */
 typedef struct llama_model_ws llama_model_ws;
 
 llama_model_ws *llama_model_ws_create(const llama_config *cfg, int B_max, int T_max, fsdp_err *err);
