@@ -74,3 +74,19 @@ int llama_model_backward(const llama_config *c, const llama_model_weights *w, ll
     if (!rc) rc = llama_bwd_embed(c, g->tok_embeddings, ws, err);
     return rc;
 }
+
+int llama_model_forward_backward(const llama_config *c, const llama_model_weights *w, llama_model_weights *g,
+                                 const int32_t *tokens, const int32_t *labels, int B, int T, double loss_denom,
+                                 llama_model_ws *ws, llama_model_loss *loss, fsdp_err *err) {
+    if (!c || !w || !g || w->n_layers != c->n_layers || g->n_layers != c->n_layers || !w->layers || !g->layers)
+        return fsdp_err_set(err, FSDP_E_INVALID,
+                            "llama forward/backward: weights or gradients do not match the config's %d layers",
+                            c ? c->n_layers : -1);
+    if (!labels) return fsdp_err_set(err, FSDP_E_INVALID, "llama forward/backward: no labels, there is no loss");
+    int rc = llama_fwd_embed(c, w->tok_embeddings, tokens, labels, B, T, ws, err);
+    for (int l = 0; !rc && l < c->n_layers; l++) rc = llama_fwd_layer(c, &w->layers[l], l, ws, err);
+    if (!rc) rc = llama_head_train(c, w->norm, w->output, g->norm, g->output, loss_denom, ws, loss, err);
+    for (int l = c->n_layers - 1; !rc && l >= 0; l--) rc = llama_bwd_layer(c, &w->layers[l], &g->layers[l], l, ws, err);
+    if (!rc) rc = llama_bwd_embed(c, g->tok_embeddings, ws, err);
+    return rc;
+}

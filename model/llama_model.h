@@ -167,6 +167,11 @@ int llama_model_forward(const llama_config *cfg, const llama_model_weights *w, c
 /* Gradients of every parameter, accumulated into g (same layout as w). */
 int llama_model_backward(const llama_config *cfg, const llama_model_weights *w, llama_model_weights *g,
                          double loss_denom, llama_model_ws *ws, fsdp_err *err);
+/* Training: forward and backward in one call, the head as llama_head_train (each chunk's logits
+ * computed once); the same results as llama_model_forward + llama_model_backward. */
+int llama_model_forward_backward(const llama_config *cfg, const llama_model_weights *w, llama_model_weights *g,
+                                 const int32_t *tokens, const int32_t *labels, int B, int T, double loss_denom,
+                                 llama_model_ws *ws, llama_model_loss *loss, fsdp_err *err);
 
 #ifdef __cplusplus
 }

@@ -71,8 +71,7 @@ int llama_train_step(llama_train_state *st, const int32_t *tokens, const int32_t
     const int64_t step = st->step + 1;
     memset(st->grads, 0, (size_t)st->numel * sizeof(float));
     llama_model_loss loss;
-    int rc = llama_model_forward(&st->cfg, &st->w, tokens, labels, B, T, st->ws, &loss, err);
-    if (!rc) rc = llama_model_backward(&st->cfg, &st->w, &st->g, 0.0, st->ws, err);
+    int rc = llama_model_forward_backward(&st->cfg, &st->w, &st->g, tokens, labels, B, T, 0.0, st->ws, &loss, err);
     if (rc) return fsdp_err_prefix(err, "llama train step %lld", (long long)step);
     double norm = sqrt(kc_sumsq(st->grads, st->numel));
     if (!isfinite(loss.loss) || !isfinite(norm))
