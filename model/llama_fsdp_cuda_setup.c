@@ -22,7 +22,9 @@ int llama_fsdp_mixed_from_name(const char *name, llama_fsdp_mixed *out, fsdp_err
 int llama_fsdp_ac_from_name(const char *name, llama_fsdp_ac *out, fsdp_err *err) {
     if (name && !strcmp(name, "none")) *out = LLAMA_FSDP_AC_NONE;
     else if (name && !strcmp(name, "full")) *out = LLAMA_FSDP_AC_FULL;
-    else return fsdp_err_set(err, FSDP_E_INVALID, "ac: '%s' is not none or full", name ? name : "(null)");
+    else if (name && !strcmp(name, "selective")) *out = LLAMA_FSDP_AC_SELECTIVE;
+    else
+        return fsdp_err_set(err, FSDP_E_INVALID, "ac: '%s' is not none, full or selective", name ? name : "(null)");
     return 0;
 }
 
@@ -274,7 +276,7 @@ int llama_fsdp_cuda_create(fsdp_state *s, comm *c, dev_ctx *d, int B, int T, con
     llama_fsdp_cuda_options o = {LLAMA_FSDP_MIXED_NONE, LLAMA_FSDP_AC_NONE, 0};
     if (opt) o = *opt;
     if ((o.mixed != LLAMA_FSDP_MIXED_NONE && o.mixed != LLAMA_FSDP_MIXED_BF16) ||
-        (o.ac != LLAMA_FSDP_AC_NONE && o.ac != LLAMA_FSDP_AC_FULL))
+        (o.ac != LLAMA_FSDP_AC_NONE && o.ac != LLAMA_FSDP_AC_FULL && o.ac != LLAMA_FSDP_AC_SELECTIVE))
         return fsdp_err_set(err, FSDP_E_INVALID, "training (cuda): unknown mixed (%d) or ac (%d) option", (int)o.mixed,
                             (int)o.ac);
     llama_fsdp_cuda *f = calloc(1, sizeof *f);
@@ -296,7 +298,7 @@ int llama_fsdp_cuda_create(fsdp_state *s, comm *c, dev_ctx *d, int B, int T, con
         llama_fsdp_cuda_free(f);
         return rc;
     }
-    f->ws = llama_cuda_ws_create_ac(d, &f->cfg, B, T, f->dt, o.ac == LLAMA_FSDP_AC_FULL, err);
+    f->ws = llama_cuda_ws_create_ac(d, &f->cfg, B, T, f->dt, (int)o.ac, err);
     if (!f->ws) {
         llama_fsdp_cuda_free(f);
         return err->code ? err->code : FSDP_E_DEVICE;

@@ -24,7 +24,7 @@ int train_backend_open(fsdp_ctx *ctx, fsdp_state *s, comm *c, int B, int T, cons
         return fsdp_err_set(err, FSDP_E_INVALID,
                             "train-steps: mixed: bf16 needs the model on the GPU (runtime.device: cuda); the CPU path "
                             "trains in float32 (mixed: none)");
-    return llama_fsdp_create_ac(s, c, B, T, opt && opt->ac == LLAMA_FSDP_AC_FULL, &b->cpu, err);
+    return llama_fsdp_create_ac(s, c, B, T, opt ? (int)opt->ac : LLAMA_AC_NONE, &b->cpu, err);
 }
 
 int train_backend_step(train_backend *b, const int32_t *tokens, const int32_t *labels, const llama_fsdp_hparams *hp,

@@ -72,6 +72,45 @@ TEST_P(KcuEmuElementwise, Rope) {
     EXPECT_EQ(dev::kcu_rope_forward(dt(), X.ptr(), c.data(), s.data(), B, T, nh, 15, nullptr, &err), FSDP_E_INVALID);
 }
 
+// q and k rotated in one launch: bit for bit what kcu_rope_forward / kcu_rope_backward give on each.
+TEST_P(KcuEmuElementwise, RopeQkOneLaunch) {
+    const int B = 2, T = 9, H = 4, KV = 2, hd = 16; // 576 + 288 pairs: 4 blocks, the k pairs start mid-block
+    kc_rope_params p = {500000.0, 1, 8.0, 1.0, 4.0, 16.0};
+    std::vector<float> c((size_t)T * hd / 2), s((size_t)T * hd / 2);
+    fsdp_err err;
+    ASSERT_EQ(kc_rope_tables(hd, T, &p, c.data(), s.data(), &err), 0);
+    auto q = in(randn((size_t)B * T * H * hd, 1)), k = in(randn((size_t)B * T * KV * hd, 2));
+    Buf Q(q, dt()), K(k, dt()), Q1(q, dt()), K1(k, dt());
+    ASSERT_EQ(dev::kcu_rope_qk_forward(dt(), Q.ptr(), K.ptr(), c.data(), s.data(), B, T, H, KV, hd, nullptr, &err), 0)
+        << err.msg;
+    auto ls = launches();
+    EXPECT_EQ(ls.size(), 1u);
+    EXPECT_EQ(max_blocks(ls), 4u);
+    ASSERT_EQ(dev::kcu_rope_forward(dt(), Q1.ptr(), c.data(), s.data(), B, T, H, hd, nullptr, &err), 0) << err.msg;
+    ASSERT_EQ(dev::kcu_rope_forward(dt(), K1.ptr(), c.data(), s.data(), B, T, KV, hd, nullptr, &err), 0) << err.msg;
+    EXPECT_EQ(Q.get(), Q1.get());
+    EXPECT_EQ(K.get(), K1.get());
+    std::vector<float> rq(q), rk(k);
+    kc_rope_forward(rq.data(), c.data(), s.data(), B, T, H, hd);
+    kc_rope_forward(rk.data(), c.data(), s.data(), B, T, KV, hd);
+    EXPECT_LT(rel_err(Q.get(), rq), dt() == FSDP_DT_F32 ? 1e-6 : 1e-2);
+    EXPECT_LT(rel_err(K.get(), rk), dt() == FSDP_DT_F32 ? 1e-6 : 1e-2);
+    ASSERT_EQ(dev::kcu_rope_qk_backward(dt(), Q.ptr(), K.ptr(), c.data(), s.data(), B, T, H, KV, hd, nullptr, &err), 0)
+        << err.msg;
+    ASSERT_EQ(dev::kcu_rope_backward(dt(), Q1.ptr(), c.data(), s.data(), B, T, H, hd, nullptr, &err), 0) << err.msg;
+    ASSERT_EQ(dev::kcu_rope_backward(dt(), K1.ptr(), c.data(), s.data(), B, T, KV, hd, nullptr, &err), 0) << err.msg;
+    EXPECT_EQ(Q.get(), Q1.get());
+    EXPECT_EQ(K.get(), K1.get());
+    EXPECT_LT(rel_err(Q.get(), q), dt() == FSDP_DT_F32 ? 1e-5 : 2e-2); // a rotation and its inverse
+    EXPECT_LT(rel_err(K.get(), k), dt() == FSDP_DT_F32 ? 1e-5 : 2e-2);
+    for (auto *b : {&Q, &K, &Q1, &K1}) EXPECT_TRUE(b->guard_ok());
+    EXPECT_EQ(dev::kcu_rope_qk_forward(dt(), Q.ptr(), K.ptr(), c.data(), s.data(), B, T, H, KV, 15, nullptr, &err),
+              FSDP_E_INVALID);
+    EXPECT_NE(std::string(err.msg).find("kcu_rope_qk_forward"), std::string::npos) << err.msg;
+    EXPECT_EQ(dev::kcu_rope_qk_backward(dt(), Q.ptr(), K.ptr(), c.data(), s.data(), B, T, H, 0, hd, nullptr, &err),
+              FSDP_E_INVALID);
+}
+
 TEST_P(KcuEmuElementwise, Embedding) {
     const int vocab = 50, dim = 24, n = 40; // 960 elements: 4 blocks
     auto table = in(randn((size_t)vocab * dim, 1));
