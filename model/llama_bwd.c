@@ -47,9 +47,14 @@ int llama_bwd_layer(const llama_config *c, const llama_model_layer *lw, llama_mo
 
     /* out = h + w2(g): dres is d(out); it also flows unchanged into d(h). */
     kc_linear_backward_input(ws->dres, lw->w2, ws->dg, n, F, d, 0.0f, st);
-    if (sel) kc_swiglu_forward(a->a, a->b, a->g, (int64_t)n * F);
-    kc_linear_backward_weight(ws->dres, a->g, lg->w2, n, F, d, st);
-    kc_swiglu_backward(a->a, a->b, ws->dg, ws->da, ws->db, (int64_t)n * F);
+    if (sel) {
+        /* g = silu(a)*b recomputed in the SwiGLU backward's pass, then w2's weight gradient */
+        kc_swiglu_backward_recompute(a->a, a->b, ws->dg, ws->da, ws->db, a->g, (int64_t)n * F);
+        kc_linear_backward_weight(ws->dres, a->g, lg->w2, n, F, d, st);
+    } else {
+        kc_linear_backward_weight(ws->dres, a->g, lg->w2, n, F, d, st);
+        kc_swiglu_backward(a->a, a->b, ws->dg, ws->da, ws->db, (int64_t)n * F);
+    }
     kc_linear_backward_input(ws->da, lw->w1, ws->dxn, n, d, F, 0.0f, st);
     kc_linear_backward_input(ws->db, lw->w3, ws->dxn, n, d, F, 1.0f, st);
     if (sel) kc_rmsnorm_apply(a->h, lw->ffn_norm, a->rstd2, a->xn2, n, d);

@@ -211,13 +211,18 @@ int llama_cuda_bwd_layer(const llama_config *c, const llama_cuda_layer *lw, llam
     /* out = h + w2(g): dres is d(out); it also flows unchanged into d(h). */
     TRY(dev_linear_backward_input(dc, dt, ws->dres, lw->w2, ws->dg, n, F, d, 0.0f, err),
         "llama (cuda) backward: layer %d w2", layer);
-    if (sel)
-        TRY(kcu_swiglu_forward(dt, a->a, a->b, a->g, (int64_t)n * F, s, err),
-            "llama (cuda) backward: layer %d swiglu recomputation", layer);
-    TRY(dev_linear_backward_weight(dc, dt, ws->dres, a->g, lg->w2, n, F, d, err), "llama (cuda) backward: layer %d w2",
-        layer);
-    TRY(kcu_swiglu_backward(dt, a->a, a->b, ws->dg, ws->da, ws->db, (int64_t)n * F, s, err),
-        "llama (cuda) backward: layer %d swiglu", layer);
+    if (sel) {
+        /* g = silu(a)*b recomputed in the SwiGLU backward's pass, then w2's weight gradient */
+        TRY(kcu_swiglu_backward_recompute(dt, a->a, a->b, ws->dg, ws->da, ws->db, a->g, (int64_t)n * F, s, err),
+            "llama (cuda) backward: layer %d swiglu", layer);
+        TRY(dev_linear_backward_weight(dc, dt, ws->dres, a->g, lg->w2, n, F, d, err),
+            "llama (cuda) backward: layer %d w2", layer);
+    } else {
+        TRY(dev_linear_backward_weight(dc, dt, ws->dres, a->g, lg->w2, n, F, d, err),
+            "llama (cuda) backward: layer %d w2", layer);
+        TRY(kcu_swiglu_backward(dt, a->a, a->b, ws->dg, ws->da, ws->db, (int64_t)n * F, s, err),
+            "llama (cuda) backward: layer %d swiglu", layer);
+    }
     TRY(dev_linear_backward_input(dc, dt, ws->da, lw->w1, ws->dxn, n, d, F, 0.0f, err),
         "llama (cuda) backward: layer %d w1", layer);
     TRY(dev_linear_backward_input(dc, dt, ws->db, lw->w3, ws->dxn, n, d, F, 1.0f, err),

@@ -68,7 +68,8 @@ llama_cuda_ws *llama_cuda_ws_create(dev_ctx *d, const llama_config *cfg, int B_m
 /* The same with activation checkpointing `ac` (a llama_ac of llama_model.h, the same definitions as
  * the CPU model): FULL keeps only each layer's input and llama_cuda_bwd_layer recomputes the
  * layer's forward from it; SELECTIVE keeps the GEMM and attention outputs and recomputes only the
- * RMSNorm outputs (kcu_rmsnorm_apply from x/h and the saved rstd) and SwiGLU's g. Results are
+ * RMSNorm outputs (kcu_rmsnorm_apply from x/h and the saved rstd) and SwiGLU's g (in the SwiGLU
+ * backward's pass, kcu_swiglu_backward_recompute). Results are
  * identical to LLAMA_AC_NONE (same kernels on the same inputs). */
 llama_cuda_ws *llama_cuda_ws_create_ac(dev_ctx *d, const llama_config *cfg, int B_max, int T_max, fsdp_dtype dt,
                                        int ac, fsdp_err *err);

@@ -97,8 +97,9 @@ typedef struct llama_model_ws llama_model_ws;
  *   attention output att with its logsumexp -- but not the cheap elementwise results: the RMSNorm
  *   outputs xn1 = attention_norm(x) and xn2 = ffn_norm(h) (one buffer shared by both norms and all
  *   layers) and SwiGLU's g = silu(a)*b (one buffer shared by all layers). The backward recomputes
- *   xn from x or h and the saved rstd (kc_rmsnorm_apply) and g from a and b right before the
- *   weight gradient that reads them: no GEMM and no attention is run twice.
+ *   xn from x or h and the saved rstd (kc_rmsnorm_apply) and g from a and b (in the SwiGLU
+ *   backward's own pass, kc_swiglu_backward_recompute) right before the weight gradients that
+ *   read them: no GEMM and no attention is run twice.
  * The three give bit-identical results (the same kernels on the same inputs); the workspace is
  * largest with NONE and smallest with FULL. The values are those of llama_fsdp_ac. */
 typedef enum llama_ac { LLAMA_AC_NONE = 0, LLAMA_AC_FULL = 1, LLAMA_AC_SELECTIVE = 2 } llama_ac;

@@ -141,6 +141,12 @@ int kcu_swiglu_backward(fsdp_dtype dt, const void *a, const void *b, const void 
     NOCUDA(kcu_swiglu_backward);
 }
 
+int kcu_swiglu_backward_recompute(fsdp_dtype dt, const void *a, const void *b, const void *dout, void *da, void *db,
+                                  void *out, int64_t n, kcu_stream stream, fsdp_err *err) {
+    (void)dt, (void)a, (void)b, (void)dout, (void)da, (void)db, (void)out, (void)n, (void)stream;
+    NOCUDA(kcu_swiglu_backward_recompute);
+}
+
 int kcu_xent_forward(fsdp_dtype dt, const void *logits, const int32_t *labels, int64_t n, int vocab, int ignore_index,
                      float *lse, double *d_sums, int *d_bad, kcu_stream stream, fsdp_err *err) {
     (void)dt, (void)logits, (void)labels, (void)n, (void)vocab, (void)ignore_index, (void)lse, (void)d_sums,

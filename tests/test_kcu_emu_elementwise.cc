@@ -51,6 +51,44 @@ TEST_P(KcuEmuElementwise, SwiGlu) {
     EXPECT_TRUE(O.guard_ok() && DA.guard_ok() && DB.guard_ok());
 }
 
+// The backward that recomputes the product (selective checkpointing): da and db of the backward,
+// out of the forward, bit for bit, on the device and on the CPU.
+TEST_P(KcuEmuElementwise, SwiGluBackwardRecompute) {
+    const int n = 700; // 3 blocks, the last partial
+    auto a = in(randn(n, 1, 3.0f)), b = in(randn(n, 2)), g = in(randn(n, 3));
+    Buf A(a, dt()), B(b, dt()), G(g, dt()), O(n, dt()), DA(n, dt()), DB(n, dt()), O2(n, dt()), DA2(n, dt()),
+        DB2(n, dt());
+    fsdp_err err;
+    ASSERT_EQ(dev::kcu_swiglu_forward(dt(), A.ptr(), B.ptr(), O.ptr(), n, nullptr, &err), 0) << err.msg;
+    ASSERT_EQ(dev::kcu_swiglu_backward(dt(), A.ptr(), B.ptr(), G.ptr(), DA.ptr(), DB.ptr(), n, nullptr, &err), 0)
+        << err.msg;
+    launches();
+    ASSERT_EQ(dev::kcu_swiglu_backward_recompute(dt(), A.ptr(), B.ptr(), G.ptr(), DA2.ptr(), DB2.ptr(), O2.ptr(), n,
+                                                 nullptr, &err),
+              0)
+        << err.msg;
+    auto ls = launches();
+    EXPECT_EQ(ls.size(), 1u);
+    EXPECT_EQ(max_blocks(ls), 3u);
+    EXPECT_EQ(nonfinite(O2.get()), 0u);
+    EXPECT_EQ(O2.get(), O.get());
+    EXPECT_EQ(DA2.get(), DA.get());
+    EXPECT_EQ(DB2.get(), DB.get());
+    std::vector<float> out(n), da(n), db(n), out2(n), da2(n), db2(n);
+    kc_swiglu_forward(a.data(), b.data(), out.data(), n);
+    kc_swiglu_backward(a.data(), b.data(), g.data(), da.data(), db.data(), n);
+    kc_swiglu_backward_recompute(a.data(), b.data(), g.data(), da2.data(), db2.data(), out2.data(), n);
+    EXPECT_EQ(out2, out);
+    EXPECT_EQ(da2, da);
+    EXPECT_EQ(db2, db);
+    EXPECT_LT(rel_err(O2.get(), out), tol());
+    EXPECT_LT(rel_err(DA2.get(), da), tol());
+    for (auto *p : {&O2, &DA2, &DB2}) EXPECT_TRUE(p->guard_ok());
+    EXPECT_EQ(dev::kcu_swiglu_backward_recompute(dt(), A.ptr(), B.ptr(), G.ptr(), DA2.ptr(), DB2.ptr(), O2.ptr(), -1,
+                                                 nullptr, &err),
+              FSDP_E_INVALID);
+}
+
 TEST_P(KcuEmuElementwise, Rope) {
     const int B = 2, T = 9, nh = 3, hd = 16; // 432 pairs: 2 blocks
     kc_rope_params p = {500000.0, 1, 8.0, 1.0, 4.0, 16.0};

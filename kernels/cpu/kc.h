@@ -113,6 +113,10 @@ int kc_attention_backward(const float *q, const float *k, const float *v, const 
 void kc_swiglu_forward(const float *a, const float *b, float *out, int64_t n);
 /* Overwrites da and db. */
 void kc_swiglu_backward(const float *a, const float *b, const float *dout, float *da, float *db, int64_t n);
+/* kc_swiglu_backward that also rewrites out = silu(a) * b with kc_swiglu_forward's operations (bit for
+ * bit): selective activation checkpointing recomputes the product in the same pass over a and b. */
+void kc_swiglu_backward_recompute(const float *a, const float *b, const float *dout, float *da, float *db, float *out,
+                                  int64_t n);
 
 /* ---- cross-entropy fused with softmax --------------------------------------------------------- */
 

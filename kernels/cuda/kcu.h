@@ -122,6 +122,10 @@ int kcu_swiglu_forward(fsdp_dtype dt, const void *a, const void *b, void *out, i
 /* Overwrites da and db. */
 int kcu_swiglu_backward(fsdp_dtype dt, const void *a, const void *b, const void *dout, void *da, void *db, int64_t n,
                         kcu_stream stream, fsdp_err *err);
+/* The backward that also rewrites out = silu(a) * b, kcu_swiglu_forward's values bit for bit, in the
+ * same pass (kc_swiglu_backward_recompute; selective activation checkpointing). */
+int kcu_swiglu_backward_recompute(fsdp_dtype dt, const void *a, const void *b, const void *dout, void *da, void *db,
+                                  void *out, int64_t n, kcu_stream stream, fsdp_err *err);
 
 /* ---- cross-entropy fused with softmax ------------------------------------------------------------ */
 

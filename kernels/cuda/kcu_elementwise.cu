@@ -112,6 +112,20 @@ __global__ void swiglu_bwd(const T *a, const T *b, const T *dout, T *da, T *db, 
     }
 }
 
+// swiglu_bwd that also rewrites out = silu(a) * b with swiglu_fwd's operations.
+template <class T>
+__global__ void swiglu_bwd_recompute(const T *a, const T *b, const T *dout, T *da, T *db, T *out, int64_t n) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        float ai = kcu_ld(a, i), bi = kcu_ld(b, i), go = kcu_ld(dout, i);
+        float den = __fadd_rn(1.0f, expf(-ai));
+        float sig = __fdiv_rn(1.0f, den);
+        kcu_st(out, i, __fmul_rn(__fdiv_rn(ai, den), bi));
+        float t = __fadd_rn(1.0f, __fmul_rn(ai, __fsub_rn(1.0f, sig)));
+        kcu_st(da, i, __fmul_rn(__fmul_rn(__fmul_rn(go, bi), sig), t));
+        kcu_st(db, i, __fmul_rn(go, __fmul_rn(ai, sig)));
+    }
+}
+
 KCU_API int kcu_swiglu_forward(fsdp_dtype dt, const void *a, const void *b, void *out, int64_t n, kcu_stream stream,
                                fsdp_err *err) {
     if (kcu_check_dt(dt, "kcu_swiglu_forward", err)) return FSDP_E_INVALID;
@@ -132,6 +146,18 @@ KCU_API int kcu_swiglu_backward(fsdp_dtype dt, const void *a, const void *b, con
                  KCU_LAUNCH(swiglu_bwd<T>, kcu_blocks(n, KCU_THREADS), KCU_THREADS, 0, stream)(
                      (const T *)a, (const T *)b, (const T *)dout, (T *)da, (T *)db, n));
     return kcu_launch_check(err, "kcu_swiglu_backward");
+}
+
+KCU_API int kcu_swiglu_backward_recompute(fsdp_dtype dt, const void *a, const void *b, const void *dout, void *da,
+                                          void *db, void *out, int64_t n, kcu_stream stream, fsdp_err *err) {
+    if (kcu_check_dt(dt, "kcu_swiglu_backward_recompute", err)) return FSDP_E_INVALID;
+    if (n < 0)
+        return fsdp_err_set(err, FSDP_E_INVALID, "kcu_swiglu_backward_recompute: negative length %lld", (long long)n);
+    if (n == 0) return FSDP_OK;
+    KCU_DISPATCH(dt, T,
+                 KCU_LAUNCH(swiglu_bwd_recompute<T>, kcu_blocks(n, KCU_THREADS), KCU_THREADS, 0, stream)(
+                     (const T *)a, (const T *)b, (const T *)dout, (T *)da, (T *)db, (T *)out, n));
+    return kcu_launch_check(err, "kcu_swiglu_backward_recompute");
 }
 
 // ---- RoPE on interleaved pairs ---------------------------------------------------------------------
