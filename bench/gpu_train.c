@@ -5,7 +5,7 @@
  *
  *   build/bench/gpu_train [--torch ../shared/bench/torch_baseline.py] [--bin build/fsdp-run]
  *       [--dir /tmp/fsdp-gpu-train] [--preset llama3_1b] [--batch 4] [--seq 2048] [--steps 20]
- *       [--mixed bf16|none] [--ac none|full] [--skip-eager] [--skip-compile] [--device cuda|cpu]
+ *       [--mixed bf16|none] [--ac none|full|selective] [--skip-eager] [--skip-compile] [--device cuda|cpu]
  *
  * Both sides: AdamW lr 3e-4 constant, betas (0.9, 0.95), eps 1e-8, weight decay 0.1, gradient
  * clipping at 1.0, world of 1; step s reads the s-th block of batch x (seq + 1) tokens of one
@@ -193,7 +193,7 @@ int main(int argc, char **argv) {
         else if (v && !strcmp(argv[i], "--steps")) steps = atoi(v), i++;
         else {
             fprintf(stderr, "usage: gpu_train [--torch torch_baseline.py] [--bin fsdp-run] [--dir DIR] [--preset P] "
-                            "[--batch B] [--seq T] [--steps N] [--mixed bf16|none] [--ac none|full] [--skip-eager] "
+                            "[--batch B] [--seq T] [--steps N] [--mixed bf16|none] [--ac none|full|selective] [--skip-eager] "
                             "[--skip-compile] [--device cuda|cpu]\n");
             return 2;
         }
@@ -240,6 +240,8 @@ int main(int argc, char **argv) {
     int have_torch = py && bench_sh("python3 -c 'import torch' >/dev/null 2>&1") == 0;
     if (py && !have_torch) printf("gpu_train: python3 cannot import torch: no PyTorch baseline in this run\n");
     char a[8192];
+    /* the baseline script knows none and full: `--ac selective` compares against PyTorch without
+     * checkpointing (selective recomputes no GEMM, so that is the step time it should approach) */
     snprintf(a, sizeof a, "--preset %s --batch %d --seq %d --steps %d --lr 3e-4 --init '%s' --tokens '%s'%s", preset, B,
              T, steps, w, toks, strcmp(ac, "full") ? "" : " --ac full");
     if (have_torch && !skip_eager) torch_train(py, a, &eager);

@@ -16,17 +16,26 @@ int llama_bwd_layer(const llama_config *c, const llama_model_layer *lw, llama_mo
     llama_model_acts *a = &ws->acts[layer];
     kc_stats *st = ws->stats;
 
-    /* activation checkpointing: the shared intermediates hold another layer's; recompute this
-     * layer's from its saved input (the output it rewrites is no longer needed) */
-    if (ws->ac && (rc = llama_fwd_layer_compute(c, lw, layer, ws, err)))
+    /* full activation checkpointing: the shared intermediates hold another layer's; recompute this
+     * layer's from its saved input (the output it rewrites is no longer needed). Selective
+     * checkpointing recomputes g and the norm outputs below, right before their use. */
+    const int sel = ws->ac == LLAMA_AC_SELECTIVE;
+    if (ws->ac == LLAMA_AC_FULL && (rc = llama_fwd_layer_compute(c, lw, layer, ws, err)))
         return fsdp_err_prefix(err, "llama backward: layer %d recomputation", layer);
 
     /* out = h + w2(g): dres is d(out); it also flows unchanged into d(h). */
     kc_linear_backward_input(ws->dres, lw->w2, ws->dg, n, F, d, 0.0f, st);
-    kc_linear_backward_weight(ws->dres, a->g, lg->w2, n, F, d, st);
-    kc_swiglu_backward(a->a, a->b, ws->dg, ws->da, ws->db, (int64_t)n * F);
+    if (sel) {
+        /* g = silu(a)*b recomputed in the SwiGLU backward's pass, then w2's weight gradient */
+        kc_swiglu_backward_recompute(a->a, a->b, ws->dg, ws->da, ws->db, a->g, (int64_t)n * F);
+        kc_linear_backward_weight(ws->dres, a->g, lg->w2, n, F, d, st);
+    } else {
+        kc_linear_backward_weight(ws->dres, a->g, lg->w2, n, F, d, st);
+        kc_swiglu_backward(a->a, a->b, ws->dg, ws->da, ws->db, (int64_t)n * F);
+    }
     kc_linear_backward_input(ws->da, lw->w1, ws->dxn, n, d, F, 0.0f, st);
     kc_linear_backward_input(ws->db, lw->w3, ws->dxn, n, d, F, 1.0f, st);
+    if (sel) kc_rmsnorm_apply(a->h, lw->ffn_norm, a->rstd2, a->xn2, n, d);
     kc_linear_backward_weight(ws->da, a->xn2, lg->w1, n, d, F, st);
     kc_linear_backward_weight(ws->db, a->xn2, lg->w3, n, d, F, st);
     kc_rmsnorm_backward(ws->dxn, a->h, lw->ffn_norm, a->rstd2, ws->dres, lg->ffn_norm, n, d);
@@ -42,6 +51,7 @@ int llama_bwd_layer(const llama_config *c, const llama_model_layer *lw, llama_mo
     kc_linear_backward_input(ws->dq, lw->wq, ws->dxn, n, d, qd, 0.0f, st);
     kc_linear_backward_input(ws->dk, lw->wk, ws->dxn, n, d, kvd, 1.0f, st);
     kc_linear_backward_input(ws->dv, lw->wv, ws->dxn, n, d, kvd, 1.0f, st);
+    if (sel) kc_rmsnorm_apply(a->x, lw->attention_norm, a->rstd1, a->xn1, n, d);
     kc_linear_backward_weight(ws->dq, a->xn1, lg->wq, n, d, qd, st);
     kc_linear_backward_weight(ws->dk, a->xn1, lg->wk, n, d, kvd, st);
     kc_linear_backward_weight(ws->dv, a->xn1, lg->wv, n, d, kvd, st);

@@ -62,7 +62,7 @@ int llama_cuda_fwd_embed(const llama_config *c, const void *tok_embeddings, cons
     return FSDP_OK;
 }
 
-/* The layer's forward from acts[layer].x (also the recomputation of activation checkpointing). */
+/* The layer's forward from acts[layer].x (also the recomputation of full activation checkpointing). */
 static int layer_forward(const llama_config *c, const llama_cuda_layer *lw, int layer, llama_cuda_ws *ws,
                          fsdp_err *err) {
     const int B = ws->B, T = ws->T, n = B * T, d = c->dim, H = c->n_heads, KV = c->n_kv_heads, hd = c->head_dim,
@@ -73,21 +73,19 @@ static int layer_forward(const llama_config *c, const llama_cuda_layer *lw, int 
     dev_ctx *dc = ws->d;
     kcu_stream s = ws->s;
     const float eps = (float)c->norm_eps;
-    const int64_t nd = (int64_t)n * d;
 
     TRY(kcu_rmsnorm_forward(dt, a->x, lw->attention_norm, a->xn1, a->rstd1, n, d, eps, s, err),
         "llama (cuda) forward: layer %d attention_norm", layer);
     TRY(dev_linear_forward(dc, dt, a->xn1, lw->wq, a->q, n, d, qd, err), "llama (cuda) forward: layer %d wq", layer);
     TRY(dev_linear_forward(dc, dt, a->xn1, lw->wk, a->k, n, d, kvd, err), "llama (cuda) forward: layer %d wk", layer);
     TRY(dev_linear_forward(dc, dt, a->xn1, lw->wv, a->v, n, d, kvd, err), "llama (cuda) forward: layer %d wv", layer);
-    TRY(kcu_rope_forward(dt, a->q, ws->rope_cos, ws->rope_sin, B, T, H, hd, s, err),
-        "llama (cuda) forward: layer %d rope", layer);
-    TRY(kcu_rope_forward(dt, a->k, ws->rope_cos, ws->rope_sin, B, T, KV, hd, s, err),
+    TRY(kcu_rope_qk_forward(dt, a->q, a->k, ws->rope_cos, ws->rope_sin, B, T, H, KV, hd, s, err),
         "llama (cuda) forward: layer %d rope", layer);
     TRY(kcu_attention_forward(dt, a->q, a->k, a->v, a->att, a->lse, B, T, H, KV, hd, s, err),
         "llama (cuda) forward: layer %d attention", layer);
-    TRY(dev_linear_forward(dc, dt, a->att, lw->wo, a->h, n, qd, d, err), "llama (cuda) forward: layer %d wo", layer);
-    TRY(kcu_add(dt, a->x, a->h, a->h, nd, s, err), "llama (cuda) forward: layer %d residual", layer); /* h = x + wo(.) */
+    /* h = x + wo(att): the residual add in the GEMM's epilogue */
+    TRY(dev_linear_forward_residual(dc, dt, a->att, lw->wo, a->x, a->h, n, qd, d, err),
+        "llama (cuda) forward: layer %d wo", layer);
 
     TRY(kcu_rmsnorm_forward(dt, a->h, lw->ffn_norm, a->xn2, a->rstd2, n, d, eps, s, err),
         "llama (cuda) forward: layer %d ffn_norm", layer);
@@ -95,8 +93,9 @@ static int layer_forward(const llama_config *c, const llama_cuda_layer *lw, int 
     TRY(dev_linear_forward(dc, dt, a->xn2, lw->w3, a->b, n, d, F, err), "llama (cuda) forward: layer %d w3", layer);
     TRY(kcu_swiglu_forward(dt, a->a, a->b, a->g, (int64_t)n * F, s, err), "llama (cuda) forward: layer %d swiglu",
         layer);
-    TRY(dev_linear_forward(dc, dt, a->g, lw->w2, out, n, F, d, err), "llama (cuda) forward: layer %d w2", layer);
-    TRY(kcu_add(dt, a->h, out, out, nd, s, err), "llama (cuda) forward: layer %d residual", layer); /* out = h + w2(.) */
+    /* out = h + w2(g), likewise */
+    TRY(dev_linear_forward_residual(dc, dt, a->g, lw->w2, a->h, out, n, F, d, err),
+        "llama (cuda) forward: layer %d w2", layer);
     return FSDP_OK;
 }
 
@@ -143,23 +142,36 @@ int llama_cuda_bwd_layer(const llama_config *c, const llama_cuda_layer *lw, llam
     dev_ctx *dc = ws->d;
     kcu_stream s = ws->s;
 
-    /* activation checkpointing: the shared intermediates hold another layer's; recompute this
+    /* full activation checkpointing: the shared intermediates hold another layer's; recompute this
      * layer's from its saved input (same kernels, same values; the output it rewrites is no
-     * longer needed by the backward) */
-    if (ws->ac && (rc = layer_forward(c, lw, layer, ws, err)))
+     * longer needed by the backward). Selective checkpointing recomputes g and the norm outputs
+     * below, right before the weight gradients that read them. */
+    const int sel = ws->ac == LLAMA_AC_SELECTIVE;
+    if (ws->ac == LLAMA_AC_FULL && (rc = layer_forward(c, lw, layer, ws, err)))
         return fsdp_err_prefix(err, "llama (cuda) backward: layer %d recomputation", layer);
 
     /* out = h + w2(g): dres is d(out); it also flows unchanged into d(h). */
     TRY(dev_linear_backward_input(dc, dt, ws->dres, lw->w2, ws->dg, n, F, d, 0.0f, err),
         "llama (cuda) backward: layer %d w2", layer);
-    TRY(dev_linear_backward_weight(dc, dt, ws->dres, a->g, lg->w2, n, F, d, err), "llama (cuda) backward: layer %d w2",
-        layer);
-    TRY(kcu_swiglu_backward(dt, a->a, a->b, ws->dg, ws->da, ws->db, (int64_t)n * F, s, err),
-        "llama (cuda) backward: layer %d swiglu", layer);
+    if (sel) {
+        /* g = silu(a)*b recomputed in the SwiGLU backward's pass, then w2's weight gradient */
+        TRY(kcu_swiglu_backward_recompute(dt, a->a, a->b, ws->dg, ws->da, ws->db, a->g, (int64_t)n * F, s, err),
+            "llama (cuda) backward: layer %d swiglu", layer);
+        TRY(dev_linear_backward_weight(dc, dt, ws->dres, a->g, lg->w2, n, F, d, err),
+            "llama (cuda) backward: layer %d w2", layer);
+    } else {
+        TRY(dev_linear_backward_weight(dc, dt, ws->dres, a->g, lg->w2, n, F, d, err),
+            "llama (cuda) backward: layer %d w2", layer);
+        TRY(kcu_swiglu_backward(dt, a->a, a->b, ws->dg, ws->da, ws->db, (int64_t)n * F, s, err),
+            "llama (cuda) backward: layer %d swiglu", layer);
+    }
     TRY(dev_linear_backward_input(dc, dt, ws->da, lw->w1, ws->dxn, n, d, F, 0.0f, err),
         "llama (cuda) backward: layer %d w1", layer);
     TRY(dev_linear_backward_input(dc, dt, ws->db, lw->w3, ws->dxn, n, d, F, 1.0f, err),
         "llama (cuda) backward: layer %d w3", layer);
+    if (sel)
+        TRY(kcu_rmsnorm_apply(dt, a->h, lw->ffn_norm, a->rstd2, a->xn2, n, d, s, err),
+            "llama (cuda) backward: layer %d ffn_norm recomputation", layer);
     TRY(dev_linear_backward_weight(dc, dt, ws->da, a->xn2, lg->w1, n, d, F, err), "llama (cuda) backward: layer %d w1",
         layer);
     TRY(dev_linear_backward_weight(dc, dt, ws->db, a->xn2, lg->w3, n, d, F, err), "llama (cuda) backward: layer %d w3",
@@ -175,9 +187,7 @@ int llama_cuda_bwd_layer(const llama_config *c, const llama_cuda_layer *lw, llam
     TRY(kcu_attention_backward(dt, a->q, a->k, a->v, a->att, a->lse, ws->datt, ws->dq, ws->dk, ws->dv, B, T, H, KV, hd,
                                ws->attn_scratch, s, err),
         "llama (cuda) backward: layer %d attention", layer);
-    TRY(kcu_rope_backward(dt, ws->dq, ws->rope_cos, ws->rope_sin, B, T, H, hd, s, err),
-        "llama (cuda) backward: layer %d rope", layer);
-    TRY(kcu_rope_backward(dt, ws->dk, ws->rope_cos, ws->rope_sin, B, T, KV, hd, s, err),
+    TRY(kcu_rope_qk_backward(dt, ws->dq, ws->dk, ws->rope_cos, ws->rope_sin, B, T, H, KV, hd, s, err),
         "llama (cuda) backward: layer %d rope", layer);
     TRY(dev_linear_backward_input(dc, dt, ws->dq, lw->wq, ws->dxn, n, d, qd, 0.0f, err),
         "llama (cuda) backward: layer %d wq", layer);
@@ -185,6 +195,9 @@ int llama_cuda_bwd_layer(const llama_config *c, const llama_cuda_layer *lw, llam
         "llama (cuda) backward: layer %d wk", layer);
     TRY(dev_linear_backward_input(dc, dt, ws->dv, lw->wv, ws->dxn, n, d, kvd, 1.0f, err),
         "llama (cuda) backward: layer %d wv", layer);
+    if (sel)
+        TRY(kcu_rmsnorm_apply(dt, a->x, lw->attention_norm, a->rstd1, a->xn1, n, d, s, err),
+            "llama (cuda) backward: layer %d attention_norm recomputation", layer);
     TRY(dev_linear_backward_weight(dc, dt, ws->dq, a->xn1, lg->wq, n, d, qd, err), "llama (cuda) backward: layer %d wq",
         layer);
     TRY(dev_linear_backward_weight(dc, dt, ws->dk, a->xn1, lg->wk, n, d, kvd, err),

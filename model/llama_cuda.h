@@ -5,7 +5,17 @@
  *   llama_cuda_fwd_embed -> llama_cuda_fwd_layer(0..L-1) -> llama_cuda_fwd_head
  *   llama_cuda_bwd_head -> llama_cuda_bwd_layer(L-1..0) -> llama_cuda_bwd_embed
  *
- * Same math and order of operations as the CPU model. Weights and activations are stored in the
+ * Same math and order of operations as the CPU model, with these launches fused:
+ * - the residual adds h = x + wo(att) and out = h + w2(g) are folded into their GEMMs (cuBLASLt's
+ *   epilogue reads the residual as C with beta = 1, dev_linear_forward_residual), so each is one
+ *   pass that writes h (or out) once instead of a GEMM output written, read back, added to the
+ *   residual and written again; the RMSNorm that follows stays its own kernel (unchanged
+ *   reduction order). A fused add+RMSNorm kernel would keep the GEMM's extra write and read, and
+ *   could not take the second add: the next norm belongs to the next layer, whose weights FSDP
+ *   gathers only later. In bf16 the sum is rounded once (the CPU/PyTorch order rounds the GEMM
+ *   output first); in f32 it is the same single addition.
+ * - RoPE on q and k is one launch (kcu_rope_qk_forward / _backward), bit-identical to two.
+ * - SwiGLU forward and backward are one kernel each. Weights and activations are stored in the
  * workspace's dtype (FSDP_DT_F32, or FSDP_DT_BF16 for bf16 compute with float32 accumulation);
  * gradients are always float32 device buffers (the llama_model_layer / llama_model_weights structs
  * of llama_model.h, pointing at device memory) and ACCUMULATE (+=) like the CPU model's.
@@ -55,9 +65,12 @@ typedef struct llama_cuda_ws llama_cuda_ws;
  * the kernels cannot run (llama_model_check, head_dim <= KCU_ATTN_MAX_HEAD_DIM) or without a GPU. */
 llama_cuda_ws *llama_cuda_ws_create(dev_ctx *d, const llama_config *cfg, int B_max, int T_max, fsdp_dtype dt,
                                     fsdp_err *err);
-/* The same with full activation checkpointing when ac != 0: only each layer's input is kept per
- * layer (one set of intermediates is shared by all layers) and llama_cuda_bwd_layer recomputes
- * the layer's forward from its input before differentiating it (results identical to ac == 0). */
+/* The same with activation checkpointing `ac` (a llama_ac of llama_model.h, the same definitions as
+ * the CPU model): FULL keeps only each layer's input and llama_cuda_bwd_layer recomputes the
+ * layer's forward from it; SELECTIVE keeps the GEMM and attention outputs and recomputes only the
+ * RMSNorm outputs (kcu_rmsnorm_apply from x/h and the saved rstd) and SwiGLU's g (in the SwiGLU
+ * backward's pass, kcu_swiglu_backward_recompute). Results are
+ * identical to LLAMA_AC_NONE (same kernels on the same inputs). */
 llama_cuda_ws *llama_cuda_ws_create_ac(dev_ctx *d, const llama_config *cfg, int B_max, int T_max, fsdp_dtype dt,
                                        int ac, fsdp_err *err);
 /* The same with the options of the CPU workspace (llama_model.h: checkpointing and the rows per

@@ -5,7 +5,9 @@
 #include "kernels/cuda/kcu.h"
 #include "model/llama_cuda.h"
 
-/* What one layer's forward saves for its backward (device; v_* in the workspace dtype). */
+/* What one layer's forward saves for its backward (device; the void * in the workspace dtype).
+ * With selective checkpointing xn1 and xn2 point at one buffer and g at another, both shared by
+ * every layer and recomputed in the backward. */
 typedef struct llama_cuda_acts {
     void *x, *xn1, *q, *k, *v, *att, *h, *xn2, *a, *b, *g;
     float *rstd1, *rstd2, *lse;
@@ -24,7 +26,7 @@ struct llama_cuda_ws {
     kcu_stream s;
     llama_config cfg;
     fsdp_dtype dt;
-    int ac; /* full activation checkpointing: acts[l] share every buffer but x */
+    llama_ac ac; /* FULL: acts[l] share every buffer but x; SELECTIVE: they share xn1 = xn2 and g */
     int B_max, T_max, B, T;
     int has_labels;
     int64_t n_valid; /* labelled tokens of the current batch (counted on the host) */

@@ -102,11 +102,17 @@ static int layout(llama_cuda_ws *ws, unsigned char *base, size_t *total) {
     CARVE(ws->rope_sin, nrope);
     CARVE(ws->attn_scratch, nlse);
     CARVE(ws->sums, 2 * sizeof(double));
+    /* selective checkpointing: the cheap intermediates, one buffer each for all layers */
+    void *sel_xn = NULL, *sel_g = NULL;
+    if (ws->ac == LLAMA_AC_SELECTIVE) {
+        CARVE(sel_xn, nd);
+        CARVE(sel_g, nf);
+    }
     for (int l = 0; l < c->n_layers; l++) {
         llama_cuda_acts *a = &ws->acts[l];
         CARVE(a->x, nd);
-        if (ws->ac && l > 0) {
-            /* checkpointing: one set of intermediates, recomputed per layer in the backward */
+        if (ws->ac == LLAMA_AC_FULL && l > 0) {
+            /* full checkpointing: one set of intermediates, recomputed per layer in the backward */
             if (base) {
                 void *x = a->x;
                 *a = ws->acts[0];
@@ -115,7 +121,8 @@ static int layout(llama_cuda_ws *ws, unsigned char *base, size_t *total) {
             continue;
         }
         CARVE(a->rstd1, nstat);
-        CARVE(a->xn1, nd);
+        if (ws->ac == LLAMA_AC_SELECTIVE) a->xn1 = sel_xn;
+        else CARVE(a->xn1, nd);
         CARVE(a->q, nq);
         CARVE(a->k, nkv);
         CARVE(a->v, nkv);
@@ -123,10 +130,12 @@ static int layout(llama_cuda_ws *ws, unsigned char *base, size_t *total) {
         CARVE(a->lse, nlse);
         CARVE(a->h, nd);
         CARVE(a->rstd2, nstat);
-        CARVE(a->xn2, nd);
+        if (ws->ac == LLAMA_AC_SELECTIVE) a->xn2 = sel_xn;
+        else CARVE(a->xn2, nd);
         CARVE(a->a, nf);
         CARVE(a->b, nf);
-        CARVE(a->g, nf);
+        if (ws->ac == LLAMA_AC_SELECTIVE) a->g = sel_g;
+        else CARVE(a->g, nf);
     }
     CARVE(ws->x_final, nd);
     CARVE(ws->rstdf, nstat);
@@ -170,6 +179,11 @@ static int ws_args(const llama_config *cfg, int B_max, int T_max, fsdp_dtype dt,
     if (dt != FSDP_DT_F32 && dt != FSDP_DT_BF16)
         return fsdp_err_set(err, FSDP_E_INVALID, "llama (cuda) workspace: dtype %s is not f32 or bf16",
                             fsdp_dtype_name(dt));
+    if (o->ac != LLAMA_AC_NONE && o->ac != LLAMA_AC_FULL && o->ac != LLAMA_AC_SELECTIVE)
+        return fsdp_err_set(err, FSDP_E_INVALID,
+                            "llama (cuda) workspace: activation checkpointing mode %d is not none (%d), full (%d) or "
+                            "selective (%d)",
+                            o->ac, LLAMA_AC_NONE, LLAMA_AC_FULL, LLAMA_AC_SELECTIVE);
     if (B_max <= 0 || T_max <= 0 || B_max > 65535 || (int64_t)B_max * T_max > INT_MAX)
         return fsdp_err_set(err, FSDP_E_INVALID,
                             "llama (cuda) workspace: batch %d x %d must be positive with B <= 65535 and B*T <= %d",
@@ -187,7 +201,7 @@ int llama_cuda_ws_plan_bytes(const llama_config *cfg, int B_max, int T_max, fsdp
     memset(&ws, 0, sizeof ws);
     ws.cfg = *cfg;
     ws.dt = dt;
-    ws.ac = o.ac != 0;
+    ws.ac = (llama_ac)o.ac;
     ws.B_max = B_max;
     ws.T_max = T_max;
     ws.head_chunk = llama_head_chunk_resolve(cfg, (int64_t)B_max * T_max, o.head_chunk_rows, fsdp_dtype_size(dt));
@@ -223,7 +237,7 @@ llama_cuda_ws *llama_cuda_ws_create_opts(dev_ctx *d, const llama_config *cfg, in
     ws->s = dev_ctx_stream(d, DEV_STREAM_COMPUTE);
     ws->cfg = *cfg;
     ws->dt = dt;
-    ws->ac = o.ac != 0;
+    ws->ac = (llama_ac)o.ac;
     ws->B_max = B_max;
     ws->T_max = T_max;
     ws->head_chunk = llama_head_chunk_resolve(cfg, (int64_t)B_max * T_max, o.head_chunk_rows, fsdp_dtype_size(dt));

@@ -28,7 +28,8 @@ typedef struct llama_fsdp_result {
 
 /* The state must hold every parameter of s->cfg under torchtitan names, sharded. */
 int llama_fsdp_create(fsdp_state *s, comm *c, int local_batch, int seq_len, llama_fsdp **out, fsdp_err *err);
-/* The same with full activation checkpointing when ac != 0 (llama_model_ws_create_ac). */
+/* The same with activation checkpointing ac, a llama_ac of llama_model.h: LLAMA_AC_NONE, _FULL or
+ * _SELECTIVE (llama_model_ws_create_ac; another value is FSDP_E_INVALID). */
 int llama_fsdp_create_ac(fsdp_state *s, comm *c, int local_batch, int seq_len, int ac, llama_fsdp **out,
                          fsdp_err *err);
 /* The same with the output head in chunks of head_chunk_rows rows (0: automatic; llama_model.h's

@@ -60,6 +60,7 @@
 
 #include "fsdp/error.h"
 #include "model/llama_fsdp.h"
+#include "model/llama_model.h"
 #include "runtime/comm.h"
 #include "runtime/device.h"
 #include "runtime/state.h"
@@ -70,9 +71,18 @@ extern "C" {
 
 typedef enum llama_fsdp_mixed { LLAMA_FSDP_MIXED_NONE = 0, LLAMA_FSDP_MIXED_BF16 = 1 } llama_fsdp_mixed;
 
-/* Activation checkpointing. FULL keeps only each layer's input and recomputes the layer's forward
- * in its backward (torchtitan's activation_checkpoint.mode = "full"). */
-typedef enum llama_fsdp_ac { LLAMA_FSDP_AC_NONE = 0, LLAMA_FSDP_AC_FULL = 1 } llama_fsdp_ac;
+/* Activation checkpointing (llama_ac of model/llama_model.h, the same values). FULL keeps only each
+ * layer's input and recomputes the layer's forward in its backward (torchtitan's
+ * activation_checkpoint.mode = "full"). SELECTIVE keeps the residual stream, the GEMM outputs
+ * (q and k after RoPE, v, w1's and w3's), the attention output with its logsumexp and the norms'
+ * rstd, and recomputes in the backward only the cheap elementwise results: the RMSNorm outputs
+ * (from the saved input and rstd) and SwiGLU's product (from the saved w1/w3 outputs). All three
+ * give the same numbers. */
+typedef enum llama_fsdp_ac {
+    LLAMA_FSDP_AC_NONE = LLAMA_AC_NONE,
+    LLAMA_FSDP_AC_FULL = LLAMA_AC_FULL,
+    LLAMA_FSDP_AC_SELECTIVE = LLAMA_AC_SELECTIVE
+} llama_fsdp_ac;
 
 typedef struct llama_fsdp_cuda_options {
     llama_fsdp_mixed mixed;
@@ -81,7 +91,8 @@ typedef struct llama_fsdp_cuda_options {
     int head_chunk_rows; /* output head in chunks of this many rows (0: automatic, LLAMA_HEAD_CHUNK_BYTES) */
 } llama_fsdp_cuda_options;
 
-/* "none" / "bf16" and "none" / "full" -> the enums; FSDP_E_INVALID naming the value otherwise. */
+/* "none" / "bf16" and "none" / "full" / "selective" -> the enums; FSDP_E_INVALID naming the key,
+ * the value and the valid values otherwise. */
 int llama_fsdp_mixed_from_name(const char *name, llama_fsdp_mixed *out, fsdp_err *err);
 int llama_fsdp_ac_from_name(const char *name, llama_fsdp_ac *out, fsdp_err *err);
 

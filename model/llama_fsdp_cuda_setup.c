@@ -22,7 +22,9 @@ int llama_fsdp_mixed_from_name(const char *name, llama_fsdp_mixed *out, fsdp_err
 int llama_fsdp_ac_from_name(const char *name, llama_fsdp_ac *out, fsdp_err *err) {
     if (name && !strcmp(name, "none")) *out = LLAMA_FSDP_AC_NONE;
     else if (name && !strcmp(name, "full")) *out = LLAMA_FSDP_AC_FULL;
-    else return fsdp_err_set(err, FSDP_E_INVALID, "ac: '%s' is not none or full", name ? name : "(null)");
+    else if (name && !strcmp(name, "selective")) *out = LLAMA_FSDP_AC_SELECTIVE;
+    else
+        return fsdp_err_set(err, FSDP_E_INVALID, "ac: '%s' is not none, full or selective", name ? name : "(null)");
     return 0;
 }
 
@@ -277,7 +279,7 @@ int llama_fsdp_cuda_create(fsdp_state *s, comm *c, dev_ctx *d, int B, int T, con
     if (opt) o = *opt;
     if ((rc = llama_head_chunk_check(o.head_chunk_rows, "training (cuda)", err))) return rc;
     if ((o.mixed != LLAMA_FSDP_MIXED_NONE && o.mixed != LLAMA_FSDP_MIXED_BF16) ||
-        (o.ac != LLAMA_FSDP_AC_NONE && o.ac != LLAMA_FSDP_AC_FULL))
+        (o.ac != LLAMA_FSDP_AC_NONE && o.ac != LLAMA_FSDP_AC_FULL && o.ac != LLAMA_FSDP_AC_SELECTIVE))
         return fsdp_err_set(err, FSDP_E_INVALID, "training (cuda): unknown mixed (%d) or ac (%d) option", (int)o.mixed,
                             (int)o.ac);
     llama_fsdp_cuda *f = calloc(1, sizeof *f);
@@ -299,7 +301,7 @@ int llama_fsdp_cuda_create(fsdp_state *s, comm *c, dev_ctx *d, int B, int T, con
         llama_fsdp_cuda_free(f);
         return rc;
     }
-    llama_model_ws_opts wo = {o.ac == LLAMA_FSDP_AC_FULL, o.head_chunk_rows};
+    llama_model_ws_opts wo = {(int)o.ac, o.head_chunk_rows};
     f->ws = llama_cuda_ws_create_opts(d, &f->cfg, B, T, f->dt, &wo, err);
     if (!f->ws) {
         llama_fsdp_cuda_free(f);

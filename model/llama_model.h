@@ -89,10 +89,24 @@ int llama_model_param_at(const llama_config *cfg, const llama_model_weights *w, 
  * (at most BT*V, see head_chunk_rows below). */
 typedef struct llama_model_ws llama_model_ws;
 
+/* Activation checkpointing: what each layer keeps from its forward for its backward.
+ * - NONE: every activation below, per layer.
+ * - FULL: only the layer's input x per layer; one set of intermediates is shared by all layers and
+ *   the backward recomputes the layer's whole forward from x before differentiating it.
+ * - SELECTIVE: per layer everything that is expensive to recompute -- the residual stream x and h,
+ *   the norms' rstd, the GEMM outputs q and k (after RoPE), v, a = w1(.) and b = w3(.), and the
+ *   attention output att with its logsumexp -- but not the cheap elementwise results: the RMSNorm
+ *   outputs xn1 = attention_norm(x) and xn2 = ffn_norm(h) (one buffer shared by both norms and all
+ *   layers) and SwiGLU's g = silu(a)*b (one buffer shared by all layers). The backward recomputes
+ *   xn from x or h and the saved rstd (kc_rmsnorm_apply) and g from a and b (in the SwiGLU
+ *   backward's own pass, kc_swiglu_backward_recompute) right before the weight gradients that
+ *   read them: no GEMM and no attention is run twice.
+ * The three give bit-identical results (the same kernels on the same inputs); the workspace is
+ * largest with NONE and smallest with FULL. The values are those of llama_fsdp_ac. */
+typedef enum llama_ac { LLAMA_AC_NONE = 0, LLAMA_AC_FULL = 1, LLAMA_AC_SELECTIVE = 2 } llama_ac;
+
 llama_model_ws *llama_model_ws_create(const llama_config *cfg, int B_max, int T_max, fsdp_err *err);
-/* The same with full activation checkpointing when ac != 0: only each layer's input is kept per
- * layer (one set of intermediates shared by all layers) and llama_bwd_layer recomputes the layer's
- * forward from it before differentiating (bit-identical results, less memory). */
+/* The same with activation checkpointing `ac` (a llama_ac; another value is FSDP_E_INVALID). */
 llama_model_ws *llama_model_ws_create_ac(const llama_config *cfg, int B_max, int T_max, int ac, fsdp_err *err);
 /* Output head in chunks (training memory): the head computes logits, cross-entropy and their
  * gradient head_chunk_rows rows at a time, so at most that many rows of logits exist at once.
@@ -100,7 +114,7 @@ llama_model_ws *llama_model_ws_create_ac(const llama_config *cfg, int B_max, int
  * mean one chunk (the whole [B*T, V] logits, as without chunking). */
 #define LLAMA_HEAD_CHUNK_BYTES ((size_t)256 << 20)
 typedef struct llama_model_ws_opts {
-    int ac;              /* full activation checkpointing (llama_model_ws_create_ac) */
+    int ac;              /* activation checkpointing mode (llama_ac: none, full, selective) */
     int head_chunk_rows; /* >= 0; 0 = auto */
 } llama_model_ws_opts;
 /* The rows per head chunk for a batch of `rows` rows, logits of elem_size bytes (head_chunk_rows

@@ -11,7 +11,7 @@
 typedef struct llama_model_acts {
     float *x;     /* [BT, d] layer input (residual stream) */
     float *rstd1; /* [BT] attention_norm rsqrt */
-    float *xn1;   /* [BT, d] attention_norm output */
+    float *xn1;   /* [BT, d] attention_norm output (SELECTIVE: shared, recomputed in the backward) */
     float *q;     /* [BT, H*hd] after RoPE */
     float *k;     /* [BT, KV*hd] after RoPE */
     float *v;     /* [BT, KV*hd] */
@@ -19,10 +19,10 @@ typedef struct llama_model_acts {
     float *lse;   /* [B, H, T] softmax logsumexp */
     float *h;     /* [BT, d] x + attention */
     float *rstd2; /* [BT] ffn_norm rsqrt */
-    float *xn2;   /* [BT, d] ffn_norm output */
+    float *xn2;   /* [BT, d] ffn_norm output (SELECTIVE: the same buffer as xn1) */
     float *a;     /* [BT, F] w1 output */
     float *b;     /* [BT, F] w3 output */
-    float *g;     /* [BT, F] silu(a)*b (input of w2) */
+    float *g;     /* [BT, F] silu(a)*b (input of w2; SELECTIVE: shared, recomputed in the backward) */
 } llama_model_acts;
 
 typedef enum llama_model_phase {
@@ -35,7 +35,7 @@ typedef enum llama_model_phase {
 
 struct llama_model_ws {
     llama_config cfg;
-    int ac; /* full activation checkpointing: acts[l] share every buffer but x */
+    llama_ac ac; /* FULL: acts[l] share every buffer but x; SELECTIVE: they share xn1 = xn2 and g */
     int B_max, T_max;
     int B, T; /* current batch */
     int has_labels;

@@ -37,11 +37,17 @@ static int layout(llama_model_ws *ws, float *base, size_t *total) {
     } while (0)
     CARVE(ws->rope_cos, nrope);
     CARVE(ws->rope_sin, nrope);
+    /* selective checkpointing: the cheap intermediates, one buffer each for all layers */
+    float *sel_xn = NULL, *sel_g = NULL;
+    if (ws->ac == LLAMA_AC_SELECTIVE) {
+        CARVE(sel_xn, nd);
+        CARVE(sel_g, nf);
+    }
     for (int l = 0; l < c->n_layers; l++) {
         llama_model_acts *a = &ws->acts[l];
         CARVE(a->x, nd);
-        if (ws->ac && l > 0) {
-            /* checkpointing: one set of intermediates, recomputed per layer in the backward */
+        if (ws->ac == LLAMA_AC_FULL && l > 0) {
+            /* full checkpointing: one set of intermediates, recomputed per layer in the backward */
             if (base) {
                 float *x = a->x;
                 *a = ws->acts[0];
@@ -50,7 +56,8 @@ static int layout(llama_model_ws *ws, float *base, size_t *total) {
             continue;
         }
         CARVE(a->rstd1, BT);
-        CARVE(a->xn1, nd);
+        if (ws->ac == LLAMA_AC_SELECTIVE) a->xn1 = sel_xn;
+        else CARVE(a->xn1, nd);
         CARVE(a->q, nq);
         CARVE(a->k, nkv);
         CARVE(a->v, nkv);
@@ -58,10 +65,12 @@ static int layout(llama_model_ws *ws, float *base, size_t *total) {
         CARVE(a->lse, nlse);
         CARVE(a->h, nd);
         CARVE(a->rstd2, BT);
-        CARVE(a->xn2, nd);
+        if (ws->ac == LLAMA_AC_SELECTIVE) a->xn2 = sel_xn;
+        else CARVE(a->xn2, nd);
         CARVE(a->a, nf);
         CARVE(a->b, nf);
-        CARVE(a->g, nf);
+        if (ws->ac == LLAMA_AC_SELECTIVE) a->g = sel_g;
+        else CARVE(a->g, nf);
     }
     CARVE(ws->x_final, nd);
     CARVE(ws->rstdf, BT);
@@ -123,13 +132,18 @@ llama_model_ws *llama_model_ws_create_opts(const llama_config *cfg, int B_max, i
                      T_max, INT_MAX);
         return NULL;
     }
+    if (o.ac != LLAMA_AC_NONE && o.ac != LLAMA_AC_FULL && o.ac != LLAMA_AC_SELECTIVE) {
+        fsdp_err_set(err, FSDP_E_INVALID, "llama workspace: activation checkpointing mode %d is not none (%d), full (%d) "
+                     "or selective (%d)", o.ac, LLAMA_AC_NONE, LLAMA_AC_FULL, LLAMA_AC_SELECTIVE);
+        return NULL;
+    }
     llama_model_ws *ws = calloc(1, sizeof *ws);
     if (!ws) {
         fsdp_err_set(err, FSDP_E_NOMEM, "llama workspace: out of memory");
         return NULL;
     }
     ws->cfg = *cfg;
-    ws->ac = o.ac != 0;
+    ws->ac = (llama_ac)o.ac;
     ws->B_max = B_max;
     ws->T_max = T_max;
     ws->head_chunk = llama_head_chunk_resolve(cfg, (int64_t)B_max * T_max, o.head_chunk_rows, sizeof(float));

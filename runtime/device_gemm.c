@@ -153,12 +153,13 @@ static int plan_get(dev_ctx *d, const dg_key *k, dg_plan **out, fsdp_err *err) {
     return FSDP_OK;
 }
 
-int dev_gemm(dev_ctx *d, int trans_a, int trans_b, int M, int N, int K, float alpha, fsdp_dtype ab_dt, const void *A,
-             int lda, const void *B, int ldb, float beta, fsdp_dtype c_dt, void *C, int ldc, fsdp_err *err) {
+int dev_gemm_cd(dev_ctx *d, int trans_a, int trans_b, int M, int N, int K, float alpha, fsdp_dtype ab_dt,
+                const void *A, int lda, const void *B, int ldb, float beta, fsdp_dtype c_dt, const void *C, void *D,
+                int ldc, fsdp_err *err) {
     if (!d) return fsdp_err_set(err, FSDP_E_INVALID, "dev_gemm: no device context");
     if (M <= 0 || N <= 0 || K <= 0)
         return fsdp_err_set(err, FSDP_E_INVALID, "dev_gemm: sizes must be positive (M %d, N %d, K %d)", M, N, K);
-    if (!A || !B || !C) return fsdp_err_set(err, FSDP_E_INVALID, "dev_gemm: NULL matrix pointer");
+    if (!A || !B || !C || !D) return fsdp_err_set(err, FSDP_E_INVALID, "dev_gemm: NULL matrix pointer");
     if (lda < (trans_a ? M : K) || ldb < (trans_b ? K : N) || ldc < N)
         return fsdp_err_set(err, FSDP_E_INVALID,
                             "dev_gemm: leading dimensions lda %d, ldb %d, ldc %d are smaller than the rows "
@@ -183,14 +184,21 @@ int dev_gemm(dev_ctx *d, int trans_a, int trans_b, int M, int N, int K, float al
     key.c_dt = (int)c_dt;
     key.align_a = ptr_align(A);
     key.align_b = ptr_align(B);
-    key.align_c = ptr_align(C);
+    /* C and D share one layout: the plan's alignment is the smaller of the two */
+    int al_c = ptr_align(C), al_d = ptr_align(D);
+    key.align_c = al_c < al_d ? al_c : al_d;
     dg_plan *p;
     int rc = plan_get(d, &key, &p, err);
     if (rc) return rc;
-    cublasStatus_t s = d->bl.cublasLtMatmul(d->lt, p->op, &alpha, B, p->la, A, p->lb, &beta, C, p->lc, C, p->lc, &p->algo,
+    cublasStatus_t s = d->bl.cublasLtMatmul(d->lt, p->op, &alpha, B, p->la, A, p->lb, &beta, C, p->lc, D, p->lc, &p->algo,
                                       d->blas_ws, d->blas_ws_bytes, d->streams[DEV_STREAM_COMPUTE]);
     if (s != CUBLAS_STATUS_SUCCESS) return lt_fail(&d->bl, err, s, "cublasLtMatmul", &key);
     return FSDP_OK;
+}
+
+int dev_gemm(dev_ctx *d, int trans_a, int trans_b, int M, int N, int K, float alpha, fsdp_dtype ab_dt, const void *A,
+             int lda, const void *B, int ldb, float beta, fsdp_dtype c_dt, void *C, int ldc, fsdp_err *err) {
+    return dev_gemm_cd(d, trans_a, trans_b, M, N, K, alpha, ab_dt, A, lda, B, ldb, beta, c_dt, C, C, ldc, err);
 }
 
 void dev_gemm_plan_stats(const dev_ctx *d, int *plans, uint64_t *heuristic_queries) {
@@ -200,11 +208,17 @@ void dev_gemm_plan_stats(const dev_ctx *d, int *plans, uint64_t *heuristic_queri
 
 #else /* !FSDP_HAVE_CUDA */
 
+int dev_gemm_cd(dev_ctx *d, int trans_a, int trans_b, int M, int N, int K, float alpha, fsdp_dtype ab_dt,
+                const void *A, int lda, const void *B, int ldb, float beta, fsdp_dtype c_dt, const void *C, void *D,
+                int ldc, fsdp_err *err) {
+    (void)d, (void)trans_a, (void)trans_b, (void)M, (void)N, (void)K, (void)alpha, (void)ab_dt, (void)A, (void)lda;
+    (void)B, (void)ldb, (void)beta, (void)c_dt, (void)C, (void)D, (void)ldc;
+    return dev_err_no_cuda(err, "dev_gemm");
+}
+
 int dev_gemm(dev_ctx *d, int trans_a, int trans_b, int M, int N, int K, float alpha, fsdp_dtype ab_dt, const void *A,
              int lda, const void *B, int ldb, float beta, fsdp_dtype c_dt, void *C, int ldc, fsdp_err *err) {
-    (void)d, (void)trans_a, (void)trans_b, (void)M, (void)N, (void)K, (void)alpha, (void)ab_dt, (void)A, (void)lda;
-    (void)B, (void)ldb, (void)beta, (void)c_dt, (void)C, (void)ldc;
-    return dev_err_no_cuda(err, "dev_gemm");
+    return dev_gemm_cd(d, trans_a, trans_b, M, N, K, alpha, ab_dt, A, lda, B, ldb, beta, c_dt, C, C, ldc, err);
 }
 
 void dev_gemm_plan_stats(const dev_ctx *d, int *plans, uint64_t *heuristic_queries) {
@@ -220,6 +234,11 @@ void dev_gemm_plan_stats(const dev_ctx *d, int *plans, uint64_t *heuristic_queri
 int dev_linear_forward(dev_ctx *d, fsdp_dtype dt, const void *x, const void *w, void *y, int n, int in, int out,
                        fsdp_err *err) {
     return dev_gemm(d, 0, 1, n, out, in, 1.0f, dt, x, in, w, in, 0.0f, dt, y, out, err);
+}
+
+int dev_linear_forward_residual(dev_ctx *d, fsdp_dtype dt, const void *x, const void *w, const void *res, void *y,
+                                int n, int in, int out, fsdp_err *err) {
+    return dev_gemm_cd(d, 0, 1, n, out, in, 1.0f, dt, x, in, w, in, 1.0f, dt, res, y, out, err);
 }
 
 int dev_linear_backward_input(dev_ctx *d, fsdp_dtype dt, const void *dy, const void *w, void *dx, int n, int in,

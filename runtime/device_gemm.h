@@ -27,6 +27,12 @@ int dev_gemm(dev_ctx *d, int trans_a, int trans_b, int M, int N, int K, float al
 /* y[n,out] = x[n,in] W^T, W [out,in]; x, w, y all of dtype dt (overwrites y). */
 int dev_linear_forward(dev_ctx *d, fsdp_dtype dt, const void *x, const void *w, void *y, int n, int in, int out,
                        fsdp_err *err);
+/* y[n,out] = res[n,out] + x[n,in] W^T in one GEMM: the residual is read by cuBLASLt's epilogue
+ * (C = res, beta = 1) and the sum is rounded once into dtype dt. res may be y. This is the
+ * transformer block's residual add fused into the projection before it (no separate add kernel,
+ * no pass over the GEMM output). */
+int dev_linear_forward_residual(dev_ctx *d, fsdp_dtype dt, const void *x, const void *w, const void *res, void *y,
+                                int n, int in, int out, fsdp_err *err);
 /* dx[n,in] = beta*dx + dy[n,out] W; dy, w, dx of dtype dt. */
 int dev_linear_backward_input(dev_ctx *d, fsdp_dtype dt, const void *dy, const void *w, void *dx, int n, int in,
                               int out, float beta, fsdp_err *err);

@@ -49,6 +49,12 @@ int kcu_rmsnorm_forward(fsdp_dtype dt, const void *x, const void *w, void *y, fl
     NOCUDA(kcu_rmsnorm_forward);
 }
 
+int kcu_rmsnorm_apply(fsdp_dtype dt, const void *x, const void *w, const float *rstd, void *y, int64_t n, int dim,
+                      kcu_stream stream, fsdp_err *err) {
+    (void)dt, (void)x, (void)w, (void)rstd, (void)y, (void)n, (void)dim, (void)stream;
+    NOCUDA(kcu_rmsnorm_apply);
+}
+
 int kcu_rmsnorm_backward(fsdp_dtype dt, const void *dy, const void *x, const void *w, const float *rstd, void *dx,
                          float *dw, int64_t n, int dim, kcu_stream stream, fsdp_err *err) {
     (void)dt, (void)dy, (void)x, (void)w, (void)rstd, (void)dx, (void)dw, (void)n, (void)dim, (void)stream;
@@ -65,6 +71,20 @@ int kcu_rope_backward(fsdp_dtype dt, void *dx, const float *cos_t, const float *
                       int head_dim, kcu_stream stream, fsdp_err *err) {
     (void)dt, (void)dx, (void)cos_t, (void)sin_t, (void)B, (void)T, (void)nh, (void)head_dim, (void)stream;
     NOCUDA(kcu_rope_backward);
+}
+
+int kcu_rope_qk_forward(fsdp_dtype dt, void *q, void *k, const float *cos_t, const float *sin_t, int B, int T, int H,
+                        int KV, int head_dim, kcu_stream stream, fsdp_err *err) {
+    (void)dt, (void)q, (void)k, (void)cos_t, (void)sin_t, (void)B, (void)T, (void)H, (void)KV, (void)head_dim,
+        (void)stream;
+    NOCUDA(kcu_rope_qk_forward);
+}
+
+int kcu_rope_qk_backward(fsdp_dtype dt, void *dq, void *dk, const float *cos_t, const float *sin_t, int B, int T,
+                         int H, int KV, int head_dim, kcu_stream stream, fsdp_err *err) {
+    (void)dt, (void)dq, (void)dk, (void)cos_t, (void)sin_t, (void)B, (void)T, (void)H, (void)KV, (void)head_dim,
+        (void)stream;
+    NOCUDA(kcu_rope_qk_backward);
 }
 
 int kcu_attention_forward(fsdp_dtype dt, const void *q, const void *k, const void *v, void *out, float *lse, int B,
@@ -119,6 +139,12 @@ int kcu_swiglu_backward(fsdp_dtype dt, const void *a, const void *b, const void 
                         kcu_stream stream, fsdp_err *err) {
     (void)dt, (void)a, (void)b, (void)dout, (void)da, (void)db, (void)n, (void)stream;
     NOCUDA(kcu_swiglu_backward);
+}
+
+int kcu_swiglu_backward_recompute(fsdp_dtype dt, const void *a, const void *b, const void *dout, void *da, void *db,
+                                  void *out, int64_t n, kcu_stream stream, fsdp_err *err) {
+    (void)dt, (void)a, (void)b, (void)dout, (void)da, (void)db, (void)out, (void)n, (void)stream;
+    NOCUDA(kcu_swiglu_backward_recompute);
 }
 
 int kcu_xent_forward(fsdp_dtype dt, const void *logits, const int32_t *labels, int64_t n, int vocab, int ignore_index,

@@ -24,7 +24,7 @@ int train_backend_open(fsdp_ctx *ctx, fsdp_state *s, comm *c, int B, int T, cons
         return fsdp_err_set(err, FSDP_E_INVALID,
                             "train-steps: mixed: bf16 needs the model on the GPU (runtime.device: cuda); the CPU path "
                             "trains in float32 (mixed: none)");
-    return llama_fsdp_create_opts(s, c, B, T, opt && opt->ac == LLAMA_FSDP_AC_FULL, opt ? opt->head_chunk_rows : 0,
+    return llama_fsdp_create_opts(s, c, B, T, opt ? (int)opt->ac : LLAMA_AC_NONE, opt ? opt->head_chunk_rows : 0,
                                   &b->cpu, err);
 }
 

@@ -5,12 +5,13 @@
  *
  * The state's placement picks the path (stages/train_backend.h): on the GPU the step of
  * model/llama_fsdp_cuda.h (f32 or FSDP2-style bf16 mixed precision), otherwise the CPU step of
- * model/llama_fsdp.h (f32); both with optional full activation checkpointing.
+ * model/llama_fsdp.h (f32); both with optional activation checkpointing, full or selective
+ * (llama_ac in model/llama_model.h).
  *
  * with: steps (int, required: train until this global step), lr, warmup_steps,
  *       decay (none|linear|cosine), min_lr_ratio, betas ([b1, b2]), eps, weight_decay,
  *       max_grad_norm, log_every, metrics (JSONL path), save_every, save_path,
- *       mixed (none|bf16, GPU), ac (none|full), reshard_after_forward (bool, GPU),
+ *       mixed (none|bf16, GPU), ac (none|full|selective), reshard_after_forward (bool, GPU),
  *       head_chunk_rows (rows of logits per output-head chunk, 0 = automatic: 256 MiB),
  *       peak_tflops (device peak for MFU; GPU default 989, the H100 SXM dense bf16 peak)
  *
@@ -35,7 +36,7 @@
 
 static const char *const DECAYS[] = {"none", "linear", "cosine", NULL};
 static const char *const MIXED[] = {"none", "bf16", NULL};
-static const char *const ACS[] = {"none", "full", NULL};
+static const char *const ACS[] = {"none", "full", "selective", NULL};
 static const fsdp_param_spec PARAMS[] = {
     {"steps", FSDP_T_INT, 1, NULL, NULL, "train until this global step (the schedule's length)"},
     {"lr", FSDP_T_FLOAT, 0, "8e-4", NULL, "peak learning rate"},
@@ -54,7 +55,9 @@ static const fsdp_param_spec PARAMS[] = {
      "GPU precision: none (float32) or bf16 (bf16 compute and all-gathers, fp32 master weights, optimizer and "
      "reduce-scatter)"},
     {"ac", FSDP_T_STRING, 0, "none", ACS,
-     "activation checkpointing: none, or full (keep each layer's input, recompute its forward in the backward)"},
+     "activation checkpointing: none; full (keep each layer's input, recompute its forward in the backward); or "
+     "selective (keep the GEMM and attention outputs and the residual stream, recompute only the RMSNorm outputs "
+     "and SwiGLU's product in the backward)"},
     {"reshard_after_forward", FSDP_T_BOOL, 0, "true", NULL,
      "GPU: free each gathered layer after its forward and gather it again in the backward (false: keep them all)"},
     {"head_chunk_rows", FSDP_T_INT, 0, "0", NULL,
@@ -109,6 +112,11 @@ static int write_metrics(FILE *f, const train_metrics *m) {
                    m->mem_mib, m->elapsed) < 0
                ? -1
                : fflush(f);
+}
+
+/* " ac=full" / " ac=selective" for the run's log line; "" without checkpointing. */
+static const char *train_ac_label(llama_fsdp_ac ac) {
+    return ac == LLAMA_FSDP_AC_FULL ? " ac=full" : ac == LLAMA_FSDP_AC_SELECTIVE ? " ac=selective" : "";
 }
 
 /* The GPU options of `with` (values checked by the schema). */
@@ -187,7 +195,7 @@ static int train_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
     fsdp_log(ctx, FSDP_LOG_INFO, "training steps %lld..%lld: global batch %lld x %lld tokens, %d ranks, %s%s%s",
              (long long)s->train_step + 1, (long long)steps, (long long)dc.batch_size, (long long)T, comm_size(c),
              be.on_gpu ? "GPU" : "CPU", be.on_gpu && gopt.mixed == LLAMA_FSDP_MIXED_BF16 ? " bf16" : "",
-             gopt.ac == LLAMA_FSDP_AC_FULL ? " ac=full" : "");
+             train_ac_label(gopt.ac));
     fsdp_progress *prog = fsdp_progress_begin(ctx, "train", (double)(steps - s->train_step), "steps");
     double t0 = stage_now(), t_last = t0;
     int64_t first = s->train_step, tok_since = 0;
@@ -232,6 +240,9 @@ static int train_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
         }
     }
     fsdp_progress_end(prog);
+    fsdp_ctx_metric_str(ctx, "ac", gopt.ac == LLAMA_FSDP_AC_FULL        ? "full"
+                                   : gopt.ac == LLAMA_FSDP_AC_SELECTIVE ? "selective"
+                                                                        : "none");
     fsdp_ctx_metric(ctx, "final_loss", loss);
     fsdp_ctx_metric(ctx, "final_grad_norm", gnorm);
     fsdp_ctx_metric(ctx, "steps", (double)(s->train_step - first));

@@ -206,6 +206,23 @@ TEST_P(CudaKernels, LinearMatchesCpuAndPlansAreCached) {
     EXPECT_EQ(q1, q0);
 }
 
+// The residual add folded into the GEMM: y = res + x W^T with C = res, D = y (and in place, y = res).
+TEST_P(CudaKernels, LinearForwardResidual) {
+    const int n = 37, inf = 70, outf = 45;
+    auto x = in(randn((size_t)n * inf, 1)), w = in(randn((size_t)outf * inf, 2, 0.1f)), r = in(randn((size_t)n * outf, 3));
+    fsdp_err err;
+    void *dX = up(x, dt()), *dW = up(w, dt()), *dR = up(r, dt()), *dY = alloc((size_t)n * outf * 4);
+    ASSERT_EQ(dev_linear_forward_residual(d_, dt(), dX, dW, dR, dY, n, inf, outf, &err), 0) << err.msg;
+    std::vector<float> y((size_t)n * outf);
+    kc_linear_forward(x.data(), w.data(), y.data(), n, inf, outf, nullptr);
+    for (size_t i = 0; i < y.size(); i++) y[i] = r[i] + y[i];
+    EXPECT_LT(rel_err(down(dY, y.size(), dt()), y), tol());
+    EXPECT_EQ(down(dR, r.size(), dt()), r); // the residual is only read
+    ASSERT_EQ(dev_linear_forward_residual(d_, dt(), dX, dW, dR, dR, n, inf, outf, &err), 0) << err.msg;
+    EXPECT_LT(rel_err(down(dR, y.size(), dt()), y), tol());
+    EXPECT_EQ(dev_linear_forward_residual(d_, dt(), dX, dW, nullptr, dY, n, inf, outf, &err), FSDP_E_INVALID);
+}
+
 // ---- embedding ------------------------------------------------------------------------------------------
 
 TEST_P(CudaKernels, Embedding) {
@@ -289,6 +306,38 @@ TEST_P(CudaKernels, Rope) {
     auto got2 = down(dX, x.size(), dt());
     EXPECT_LT(rel_err(got2, back), dt() == FSDP_DT_F32 ? 1e-6 : 1e-2);
     EXPECT_LT(rel_err(got2, x), dt() == FSDP_DT_F32 ? 1e-5 : 2e-2); // a rotation and its inverse
+}
+
+// q and k in one launch equal the per-tensor kernel bit for bit; the norm output from a saved rstd
+// equals the forward's.
+TEST_P(CudaKernels, RopeQkAndRmsNormApplyMatchTheUnfusedKernels) {
+    const int B = 2, T = 9, H = 4, KV = 2, hd = 16, n = 33, dim = 96;
+    kc_rope_params p = {500000.0, 1, 8.0, 1.0, 4.0, 16.0};
+    std::vector<float> c((size_t)T * hd / 2), s((size_t)T * hd / 2);
+    fsdp_err err;
+    ASSERT_EQ(kc_rope_tables(hd, T, &p, c.data(), s.data(), &err), 0);
+    auto q = in(randn((size_t)B * T * H * hd, 1)), k = in(randn((size_t)B * T * KV * hd, 2));
+    float *dC = (float *)up(c, FSDP_DT_F32), *dS = (float *)up(s, FSDP_DT_F32);
+    void *dQ = up(q, dt()), *dK = up(k, dt()), *dQ1 = up(q, dt()), *dK1 = up(k, dt());
+    for (int dir = 0; dir < 2; dir++) {
+        if (dir == 0) {
+            ASSERT_EQ(kcu_rope_qk_forward(dt(), dQ, dK, dC, dS, B, T, H, KV, hd, s_, &err), 0) << err.msg;
+            ASSERT_EQ(kcu_rope_forward(dt(), dQ1, dC, dS, B, T, H, hd, s_, &err), 0) << err.msg;
+            ASSERT_EQ(kcu_rope_forward(dt(), dK1, dC, dS, B, T, KV, hd, s_, &err), 0) << err.msg;
+        } else {
+            ASSERT_EQ(kcu_rope_qk_backward(dt(), dQ, dK, dC, dS, B, T, H, KV, hd, s_, &err), 0) << err.msg;
+            ASSERT_EQ(kcu_rope_backward(dt(), dQ1, dC, dS, B, T, H, hd, s_, &err), 0) << err.msg;
+            ASSERT_EQ(kcu_rope_backward(dt(), dK1, dC, dS, B, T, KV, hd, s_, &err), 0) << err.msg;
+        }
+        EXPECT_EQ(down(dQ, q.size(), dt()), down(dQ1, q.size(), dt())) << "direction " << dir;
+        EXPECT_EQ(down(dK, k.size(), dt()), down(dK1, k.size(), dt())) << "direction " << dir;
+    }
+    auto x = in(randn((size_t)n * dim, 3)), w = in(randn(dim, 4));
+    void *dX = up(x, dt()), *dW = up(w, dt()), *dY = alloc((size_t)n * dim * 4), *dY2 = alloc((size_t)n * dim * 4);
+    float *dR = (float *)alloc(n * 4);
+    ASSERT_EQ(kcu_rmsnorm_forward(dt(), dX, dW, dY, dR, n, dim, 1e-5f, s_, &err), 0) << err.msg;
+    ASSERT_EQ(kcu_rmsnorm_apply(dt(), dX, dW, dR, dY2, n, dim, s_, &err), 0) << err.msg;
+    EXPECT_EQ(down(dY2, x.size(), dt()), down(dY, x.size(), dt()));
 }
 
 // ---- attention ---------------------------------------------------------------------------------------------

@@ -51,6 +51,44 @@ TEST_P(KcuEmuElementwise, SwiGlu) {
     EXPECT_TRUE(O.guard_ok() && DA.guard_ok() && DB.guard_ok());
 }
 
+// The backward that recomputes the product (selective checkpointing): da and db of the backward,
+// out of the forward, bit for bit, on the device and on the CPU.
+TEST_P(KcuEmuElementwise, SwiGluBackwardRecompute) {
+    const int n = 700; // 3 blocks, the last partial
+    auto a = in(randn(n, 1, 3.0f)), b = in(randn(n, 2)), g = in(randn(n, 3));
+    Buf A(a, dt()), B(b, dt()), G(g, dt()), O(n, dt()), DA(n, dt()), DB(n, dt()), O2(n, dt()), DA2(n, dt()),
+        DB2(n, dt());
+    fsdp_err err;
+    ASSERT_EQ(dev::kcu_swiglu_forward(dt(), A.ptr(), B.ptr(), O.ptr(), n, nullptr, &err), 0) << err.msg;
+    ASSERT_EQ(dev::kcu_swiglu_backward(dt(), A.ptr(), B.ptr(), G.ptr(), DA.ptr(), DB.ptr(), n, nullptr, &err), 0)
+        << err.msg;
+    launches();
+    ASSERT_EQ(dev::kcu_swiglu_backward_recompute(dt(), A.ptr(), B.ptr(), G.ptr(), DA2.ptr(), DB2.ptr(), O2.ptr(), n,
+                                                 nullptr, &err),
+              0)
+        << err.msg;
+    auto ls = launches();
+    EXPECT_EQ(ls.size(), 1u);
+    EXPECT_EQ(max_blocks(ls), 3u);
+    EXPECT_EQ(nonfinite(O2.get()), 0u);
+    EXPECT_EQ(O2.get(), O.get());
+    EXPECT_EQ(DA2.get(), DA.get());
+    EXPECT_EQ(DB2.get(), DB.get());
+    std::vector<float> out(n), da(n), db(n), out2(n), da2(n), db2(n);
+    kc_swiglu_forward(a.data(), b.data(), out.data(), n);
+    kc_swiglu_backward(a.data(), b.data(), g.data(), da.data(), db.data(), n);
+    kc_swiglu_backward_recompute(a.data(), b.data(), g.data(), da2.data(), db2.data(), out2.data(), n);
+    EXPECT_EQ(out2, out);
+    EXPECT_EQ(da2, da);
+    EXPECT_EQ(db2, db);
+    EXPECT_LT(rel_err(O2.get(), out), tol());
+    EXPECT_LT(rel_err(DA2.get(), da), tol());
+    for (auto *p : {&O2, &DA2, &DB2}) EXPECT_TRUE(p->guard_ok());
+    EXPECT_EQ(dev::kcu_swiglu_backward_recompute(dt(), A.ptr(), B.ptr(), G.ptr(), DA2.ptr(), DB2.ptr(), O2.ptr(), -1,
+                                                 nullptr, &err),
+              FSDP_E_INVALID);
+}
+
 TEST_P(KcuEmuElementwise, Rope) {
     const int B = 2, T = 9, nh = 3, hd = 16; // 432 pairs: 2 blocks
     kc_rope_params p = {500000.0, 1, 8.0, 1.0, 4.0, 16.0};
@@ -70,6 +108,45 @@ TEST_P(KcuEmuElementwise, Rope) {
     EXPECT_LT(rel_err(X.get(), back), dt() == FSDP_DT_F32 ? 1e-6 : 1e-2);
     EXPECT_TRUE(X.guard_ok());
     EXPECT_EQ(dev::kcu_rope_forward(dt(), X.ptr(), c.data(), s.data(), B, T, nh, 15, nullptr, &err), FSDP_E_INVALID);
+}
+
+// q and k rotated in one launch: bit for bit what kcu_rope_forward / kcu_rope_backward give on each.
+TEST_P(KcuEmuElementwise, RopeQkOneLaunch) {
+    const int B = 2, T = 9, H = 4, KV = 2, hd = 16; // 576 + 288 pairs: 4 blocks, the k pairs start mid-block
+    kc_rope_params p = {500000.0, 1, 8.0, 1.0, 4.0, 16.0};
+    std::vector<float> c((size_t)T * hd / 2), s((size_t)T * hd / 2);
+    fsdp_err err;
+    ASSERT_EQ(kc_rope_tables(hd, T, &p, c.data(), s.data(), &err), 0);
+    auto q = in(randn((size_t)B * T * H * hd, 1)), k = in(randn((size_t)B * T * KV * hd, 2));
+    Buf Q(q, dt()), K(k, dt()), Q1(q, dt()), K1(k, dt());
+    ASSERT_EQ(dev::kcu_rope_qk_forward(dt(), Q.ptr(), K.ptr(), c.data(), s.data(), B, T, H, KV, hd, nullptr, &err), 0)
+        << err.msg;
+    auto ls = launches();
+    EXPECT_EQ(ls.size(), 1u);
+    EXPECT_EQ(max_blocks(ls), 4u);
+    ASSERT_EQ(dev::kcu_rope_forward(dt(), Q1.ptr(), c.data(), s.data(), B, T, H, hd, nullptr, &err), 0) << err.msg;
+    ASSERT_EQ(dev::kcu_rope_forward(dt(), K1.ptr(), c.data(), s.data(), B, T, KV, hd, nullptr, &err), 0) << err.msg;
+    EXPECT_EQ(Q.get(), Q1.get());
+    EXPECT_EQ(K.get(), K1.get());
+    std::vector<float> rq(q), rk(k);
+    kc_rope_forward(rq.data(), c.data(), s.data(), B, T, H, hd);
+    kc_rope_forward(rk.data(), c.data(), s.data(), B, T, KV, hd);
+    EXPECT_LT(rel_err(Q.get(), rq), dt() == FSDP_DT_F32 ? 1e-6 : 1e-2);
+    EXPECT_LT(rel_err(K.get(), rk), dt() == FSDP_DT_F32 ? 1e-6 : 1e-2);
+    ASSERT_EQ(dev::kcu_rope_qk_backward(dt(), Q.ptr(), K.ptr(), c.data(), s.data(), B, T, H, KV, hd, nullptr, &err), 0)
+        << err.msg;
+    ASSERT_EQ(dev::kcu_rope_backward(dt(), Q1.ptr(), c.data(), s.data(), B, T, H, hd, nullptr, &err), 0) << err.msg;
+    ASSERT_EQ(dev::kcu_rope_backward(dt(), K1.ptr(), c.data(), s.data(), B, T, KV, hd, nullptr, &err), 0) << err.msg;
+    EXPECT_EQ(Q.get(), Q1.get());
+    EXPECT_EQ(K.get(), K1.get());
+    EXPECT_LT(rel_err(Q.get(), q), dt() == FSDP_DT_F32 ? 1e-5 : 2e-2); // a rotation and its inverse
+    EXPECT_LT(rel_err(K.get(), k), dt() == FSDP_DT_F32 ? 1e-5 : 2e-2);
+    for (auto *b : {&Q, &K, &Q1, &K1}) EXPECT_TRUE(b->guard_ok());
+    EXPECT_EQ(dev::kcu_rope_qk_forward(dt(), Q.ptr(), K.ptr(), c.data(), s.data(), B, T, H, KV, 15, nullptr, &err),
+              FSDP_E_INVALID);
+    EXPECT_NE(std::string(err.msg).find("kcu_rope_qk_forward"), std::string::npos) << err.msg;
+    EXPECT_EQ(dev::kcu_rope_qk_backward(dt(), Q.ptr(), K.ptr(), c.data(), s.data(), B, T, H, 0, hd, nullptr, &err),
+              FSDP_E_INVALID);
 }
 
 TEST_P(KcuEmuElementwise, Embedding) {

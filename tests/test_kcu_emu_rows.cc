@@ -43,6 +43,40 @@ TEST_P(KcuEmuRows, RmsNorm) {
               FSDP_E_INVALID);
 }
 
+// The norm output from a saved rstd (selective activation checkpointing): the forward's y bit for bit,
+// and the CPU's kc_rmsnorm_apply on the same rstd.
+TEST_P(KcuEmuRows, RmsNormApplyEqualsForward) {
+    for (int dim : {300, 40}) { // 11 and 2 blocks of 256 elements, the last partial
+        const int n = 9;
+        auto x = in(randn((size_t)n * dim, 1)), w = in(randn(dim, 2));
+        Buf X(x, dt()), W(w, dt()), Y((size_t)n * dim, dt()), Y2((size_t)n * dim, dt()), R(n, FSDP_DT_F32);
+        fsdp_err err;
+        ASSERT_EQ(dev::kcu_rmsnorm_forward(dt(), X.ptr(), W.ptr(), Y.ptr(), R.f(), n, dim, 1e-5f, nullptr, &err), 0)
+            << err.msg;
+        launches();
+        ASSERT_EQ(dev::kcu_rmsnorm_apply(dt(), X.ptr(), W.ptr(), R.f(), Y2.ptr(), n, dim, nullptr, &err), 0) << err.msg;
+        auto ls = launches(); // one elementwise launch over n*dim, 256 threads a block
+        EXPECT_EQ(ls.size(), 1u);
+        EXPECT_EQ(max_blocks(ls), (unsigned)((n * dim + 255) / 256)) << dim;
+        auto y = Y.get(), y2 = Y2.get();
+        EXPECT_EQ(nonfinite(y2), 0u);
+        EXPECT_EQ(y2, y) << dim;
+        std::vector<float> ref((size_t)n * dim), yc((size_t)n * dim), rc(n);
+        auto r = R.get();
+        kc_rmsnorm_apply(x.data(), w.data(), r.data(), ref.data(), n, dim);
+        if (dt() == FSDP_DT_F32) EXPECT_EQ(y2, ref) << dim; // the same two float roundings
+        else EXPECT_LT(rel_err(y2, ref), 1e-2) << dim;       // then one to bf16
+        kc_rmsnorm_forward(x.data(), w.data(), yc.data(), rc.data(), n, dim, 1e-5f);
+        kc_rmsnorm_apply(x.data(), w.data(), rc.data(), ref.data(), n, dim);
+        EXPECT_EQ(ref, yc) << dim; // the CPU pair agrees bit for bit too
+        for (auto *b : {&X, &W, &Y, &Y2, &R}) EXPECT_TRUE(b->guard_ok());
+    }
+    fsdp_err err;
+    EXPECT_EQ(dev::kcu_rmsnorm_apply(dt(), nullptr, nullptr, nullptr, nullptr, 4, 0, nullptr, &err), FSDP_E_INVALID);
+    EXPECT_EQ(dev::kcu_rmsnorm_apply(FSDP_DT_I64, nullptr, nullptr, nullptr, nullptr, 4, 8, nullptr, &err),
+              FSDP_E_INVALID);
+}
+
 TEST_P(KcuEmuRows, CrossEntropy) {
     const int n = 13, V = 300, ignore = -100;
     auto logits = in(randn((size_t)n * V, 1, 2.0f));

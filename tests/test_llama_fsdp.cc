@@ -119,9 +119,11 @@ TEST(LlamaFsdp, ActivationCheckpointingIsBitIdenticalAndSmaller) {
     comm *c;
     fsdp_err err;
     ASSERT_EQ(comm_create_single(&c, &err), 0);
-    fsdp_state *st[2];
-    llama_fsdp *f[2];
-    for (int ac = 0; ac < 2; ac++) {
+    // none, full and selective checkpointing (llama_ac values 0, 1, 2)
+    const int NAC = 3;
+    fsdp_state *st[NAC];
+    llama_fsdp *f[NAC];
+    for (int ac = 0; ac < NAC; ac++) {
         fsdp_state *s = st[ac] = (fsdp_state *)calloc(1, sizeof(fsdp_state));
         s->layout = STATE_SHARDED;
         s->world = 1;
@@ -140,28 +142,46 @@ TEST(LlamaFsdp, ActivationCheckpointingIsBitIdenticalAndSmaller) {
     std::vector<int32_t> in(batch.at("input_ids").i32), lab(batch.at("labels").i32);
     for (int k = 0; k < 3; k++) {
         llama_fsdp_hparams hp = {1e-3, 0.9, 0.95, 1e-8, 0.1, 1.0};
-        llama_fsdp_result r[2];
-        for (int ac = 0; ac < 2; ac++) ASSERT_EQ(llama_fsdp_step(f[ac], in.data(), lab.data(), &hp, &r[ac], &err), 0);
-        EXPECT_EQ(r[0].loss, r[1].loss) << "step " << k;
-        EXPECT_EQ(r[0].grad_norm, r[1].grad_norm) << "step " << k;
+        llama_fsdp_result r[NAC];
+        for (int ac = 0; ac < NAC; ac++)
+            ASSERT_EQ(llama_fsdp_step(f[ac], in.data(), lab.data(), &hp, &r[ac], &err), 0);
+        for (int ac = 1; ac < NAC; ac++) {
+            EXPECT_EQ(r[0].loss, r[ac].loss) << "ac " << ac << " step " << k;
+            EXPECT_EQ(r[0].grad_norm, r[ac].grad_norm) << "ac " << ac << " step " << k;
+        }
     }
-    for (size_t i = 0; i < st[0]->n; i++) {
-        size_t n = state_param_local_numel(&st[0]->p[i]);
-        EXPECT_EQ(memcmp(st[0]->p[i].data, st[1]->p[i].data, n * sizeof(float)), 0) << st[0]->p[i].name;
-        EXPECT_EQ(memcmp(st[0]->p[i].grad, st[1]->p[i].grad, n * sizeof(float)), 0) << st[0]->p[i].name;
+    for (int ac = 1; ac < NAC; ac++) {
+        for (size_t i = 0; i < st[0]->n; i++) {
+            size_t n = state_param_local_numel(&st[0]->p[i]);
+            EXPECT_EQ(memcmp(st[0]->p[i].data, st[ac]->p[i].data, n * sizeof(float)), 0)
+                << "ac " << ac << " " << st[0]->p[i].name;
+            EXPECT_EQ(memcmp(st[0]->p[i].grad, st[ac]->p[i].grad, n * sizeof(float)), 0)
+                << "ac " << ac << " " << st[0]->p[i].name;
+        }
     }
-    for (int ac = 0; ac < 2; ac++) {
+    for (int ac = 0; ac < NAC; ac++) {
         llama_fsdp_free(f[ac]);
         state_free(st[ac]);
     }
-    // the checkpointing workspace keeps one layer's intermediates instead of one per layer
+    // full checkpointing keeps one layer's intermediates instead of one per layer; selective keeps
+    // all but the norm outputs and g: none > selective > full
     llama_config cfg = tiny();
     cfg.n_layers = 4;
-    llama_model_ws *w0 = llama_model_ws_create_ac(&cfg, 2, 32, 0, &err), *w1 = llama_model_ws_create_ac(&cfg, 2, 32, 1, &err);
-    ASSERT_TRUE(w0 && w1) << err.msg;
-    EXPECT_LT(llama_model_ws_bytes(w1), llama_model_ws_bytes(w0));
+    llama_model_ws *w0 = llama_model_ws_create_ac(&cfg, 2, 32, LLAMA_AC_NONE, &err),
+                   *w1 = llama_model_ws_create_ac(&cfg, 2, 32, LLAMA_AC_FULL, &err),
+                   *w2 = llama_model_ws_create_ac(&cfg, 2, 32, LLAMA_AC_SELECTIVE, &err);
+    ASSERT_TRUE(w0 && w1 && w2) << err.msg;
+    EXPECT_LT(llama_model_ws_bytes(w1), llama_model_ws_bytes(w2));
+    EXPECT_LT(llama_model_ws_bytes(w2), llama_model_ws_bytes(w0));
+    // selective saves (L-1) norm outputs for each norm plus one, and L-1 g's, of 2x32 rows
+    const size_t bt = 2 * 32, fl = sizeof(float);
+    EXPECT_EQ(llama_model_ws_bytes(w0) - llama_model_ws_bytes(w2),
+              ((2 * 4 - 1) * bt * (size_t)cfg.dim + 3 * bt * (size_t)cfg.ffn_hidden) * fl);
     llama_model_ws_free(w0);
     llama_model_ws_free(w1);
+    llama_model_ws_free(w2);
+    EXPECT_EQ(llama_model_ws_create_ac(&cfg, 2, 32, 3, &err), nullptr);
+    EXPECT_NE(std::string(err.msg).find("checkpointing mode 3"), std::string::npos) << err.msg;
     comm_destroy(c);
     json_decref(ref);
 }

@@ -291,12 +291,15 @@ TEST_F(LlamaFsdpCuda, OffloadedOptimizerBitIdenticalOnOneStepFromTheSameGradient
 }
 
 TEST_F(LlamaFsdpCuda, ActivationCheckpointingAndKeptLayersMatchTheDefault) {
-    fsdp_state *base = make_state(), *ac = make_state(), *keep = make_state(), *both = make_state();
+    fsdp_state *base = make_state(), *ac = make_state(), *keep = make_state(), *both = make_state(),
+               *sel = make_state();
     llama_fsdp_cuda_options oac = {LLAMA_FSDP_MIXED_NONE, LLAMA_FSDP_AC_FULL, 0, 0};
+    llama_fsdp_cuda_options osel = {LLAMA_FSDP_MIXED_NONE, LLAMA_FSDP_AC_SELECTIVE, 0, 0};
     llama_fsdp_cuda_options okeep = {LLAMA_FSDP_MIXED_NONE, LLAMA_FSDP_AC_NONE, 1, 0};
     llama_fsdp_cuda_options oboth = {LLAMA_FSDP_MIXED_BF16, LLAMA_FSDP_AC_FULL, 1, 0};
     std::vector<llama_fsdp_result> r0 = run_gpu(base, F32, 3), r1 = run_gpu(ac, oac, 3), r2 = run_gpu(keep, okeep, 3);
-    std::vector<llama_fsdp_result> r3 = run_gpu(both, oboth, 3);
+    std::vector<llama_fsdp_result> r3 = run_gpu(both, oboth, 3), r4 = run_gpu(sel, osel, 3);
+    ASSERT_EQ(r4.size(), 3u);
     ASSERT_EQ(r0.size(), 3u);
     ASSERT_EQ(r1.size(), 3u);
     ASSERT_EQ(r2.size(), 3u);
@@ -307,6 +310,8 @@ TEST_F(LlamaFsdpCuda, ActivationCheckpointingAndKeptLayersMatchTheDefault) {
         EXPECT_NEAR(r2[k].loss, r0[k].loss, 1e-6 * r0[k].loss) << "keep_gathered, step " << k;
         EXPECT_NEAR(r2[k].grad_norm, r0[k].grad_norm, 1e-6 * r0[k].grad_norm) << "keep_gathered, step " << k;
         EXPECT_NEAR(r3[k].loss, r0[k].loss, 1e-2 * r0[k].loss) << "bf16 + ac + keep, step " << k;
+        EXPECT_NEAR(r4[k].loss, r0[k].loss, 1e-6 * r0[k].loss) << "ac selective, step " << k;
+        EXPECT_NEAR(r4[k].grad_norm, r0[k].grad_norm, 1e-6 * r0[k].grad_norm) << "ac selective, step " << k;
     }
     std::vector<float> p0 = pull(base, 0), g0 = pull(base, 1);
     EXPECT_LE(max_diff(p0, pull(ac, 0)), 1e-5 * max_abs(p0));
@@ -314,16 +319,21 @@ TEST_F(LlamaFsdpCuda, ActivationCheckpointingAndKeptLayersMatchTheDefault) {
     // the last step's (clipped) gradients: recomputation reproduces the saved activations
     EXPECT_LE(max_diff(g0, pull(ac, 1)), 1e-5 * max_abs(g0));
     EXPECT_LE(max_diff(g0, pull(keep, 1)), 1e-5 * max_abs(g0));
+    EXPECT_LE(max_diff(p0, pull(sel, 0)), 1e-5 * max_abs(p0));
+    EXPECT_LE(max_diff(g0, pull(sel, 1)), 1e-5 * max_abs(g0));
     // checkpointing holds less activation memory, keeping the layers more gather memory
-    llama_fsdp_cuda *fa = nullptr, *fb = nullptr, *fk = nullptr;
+    llama_fsdp_cuda *fa = nullptr, *fb = nullptr, *fk = nullptr, *fs = nullptr;
     ASSERT_EQ(llama_fsdp_cuda_create(base, c_, d_, 2, 32, &F32, &fa, &err_), 0) << err_.msg;
     ASSERT_EQ(llama_fsdp_cuda_create(ac, c_, d_, 2, 32, &oac, &fb, &err_), 0) << err_.msg;
     ASSERT_EQ(llama_fsdp_cuda_create(keep, c_, d_, 2, 32, &okeep, &fk, &err_), 0) << err_.msg;
-    EXPECT_LT(llama_fsdp_cuda_bytes(fb), llama_fsdp_cuda_bytes(fa));
+    ASSERT_EQ(llama_fsdp_cuda_create(sel, c_, d_, 2, 32, &osel, &fs, &err_), 0) << err_.msg;
+    EXPECT_LT(llama_fsdp_cuda_bytes(fb), llama_fsdp_cuda_bytes(fs)); // full < selective < none
+    EXPECT_LT(llama_fsdp_cuda_bytes(fs), llama_fsdp_cuda_bytes(fa));
     EXPECT_GE(llama_fsdp_cuda_bytes(fk), llama_fsdp_cuda_bytes(fa));  // 2 layers: as many buffers as reshard's 2
     llama_fsdp_cuda_free(fa);
     llama_fsdp_cuda_free(fb);
     llama_fsdp_cuda_free(fk);
+    llama_fsdp_cuda_free(fs);
 }
 
 // The output head in chunks of 5 rows (13 chunks of the 64 rows, the last partial) gives the
@@ -420,8 +430,12 @@ TEST(LlamaFsdpCudaOptions, NamesAndMissingDevice) {
     EXPECT_NE(std::string(err.msg).find("mixed: 'fp16'"), std::string::npos) << err.msg;
     EXPECT_EQ(llama_fsdp_ac_from_name("full", &a, &err), 0);
     EXPECT_EQ(a, LLAMA_FSDP_AC_FULL);
-    EXPECT_EQ(llama_fsdp_ac_from_name("selective", &a, &err), FSDP_E_INVALID);
-    EXPECT_NE(std::string(err.msg).find("ac: 'selective'"), std::string::npos) << err.msg;
+    EXPECT_EQ(llama_fsdp_ac_from_name("selective", &a, &err), 0);
+    EXPECT_EQ(a, LLAMA_FSDP_AC_SELECTIVE);
+    EXPECT_EQ(llama_fsdp_ac_from_name("none", &a, &err), 0);
+    EXPECT_EQ(a, LLAMA_FSDP_AC_NONE);
+    EXPECT_EQ(llama_fsdp_ac_from_name("partial", &a, &err), FSDP_E_INVALID);
+    EXPECT_NE(std::string(err.msg).find("ac: 'partial' is not none, full or selective"), std::string::npos) << err.msg;
     fsdp_state s;
     memset(&s, 0, sizeof s);
     comm *c;

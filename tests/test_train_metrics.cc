@@ -146,7 +146,7 @@ TEST(TrainMetrics, GpuOptionsAreValidatedAndRejectedOnTheCpuPath) {
         const char *with, *want;
         int rc;
     } cases[] = {
-        {"ac: selective", "'ac' must be one of: none, full (got 'selective')", 2},
+        {"ac: partial", "'ac' must be one of: none, full, selective (got 'partial')", 2},
         {"mixed: fp16", "'mixed' must be one of: none, bf16 (got 'fp16')", 2},
         {"peak_tflops: 0", "peak_tflops must be > 0", 2},
         {"reshard_after_forward: maybe", "reshard_after_forward", 2},
@@ -190,20 +190,33 @@ TEST(TrainMetrics, CpuChunkedHeadTrainsLikeTheWholeBatchHead) {
 TEST(TrainMetrics, CpuActivationCheckpointingGivesIdenticalTraining) {
     Dir t;
     write_file(t / "a.yaml", recipe("metrics: " + (t / "a.jsonl")));
-    write_file(t / "b.yaml", recipe("ac: full, metrics: " + (t / "b.jsonl")));
     std::string out;
     ASSERT_EQ(run(t / "a.yaml", &out), 0) << out;
-    ASSERT_EQ(run("-v " + (t / "b.yaml"), &out), 0) << out;
-    EXPECT_NE(out.find("CPU ac=full"), std::string::npos) << out;
-    auto a = lines(t / "a.jsonl"), b = lines(t / "b.jsonl");
+    auto a = lines(t / "a.jsonl");
     ASSERT_EQ(a.size(), 3u);
-    ASSERT_EQ(b.size(), 3u);
-    for (size_t i = 0; i < 3; i++) {
-        // the recomputation repeats the same float operations: bit-identical losses and norms
-        for (const char *k : {"loss", "grad_norm"})
-            EXPECT_EQ(json_number_value(json_object_get(a[i], k)), json_number_value(json_object_get(b[i], k)))
-                << k << " at step " << i + 1;
-        json_decref(a[i]);
-        json_decref(b[i]);
+    for (const char *mode : {"full", "selective"}) {
+        SCOPED_TRACE(mode);
+        const std::string m = mode;
+        write_file(t / (m + ".yaml"), recipe("ac: " + m + ", metrics: " + (t / (m + ".jsonl"))));
+        ASSERT_EQ(run("-v --report " + (t / (m + ".rep.json")) + " " + (t / (m + ".yaml")), &out), 0) << out;
+        EXPECT_NE(out.find("CPU ac=" + m), std::string::npos) << out;
+        auto b = lines(t / (m + ".jsonl"));
+        ASSERT_EQ(b.size(), 3u);
+        for (size_t i = 0; i < 3; i++) {
+            // the recomputation repeats the same float operations: bit-identical losses and norms
+            for (const char *k : {"loss", "grad_norm"})
+                EXPECT_EQ(json_number_value(json_object_get(a[i], k)), json_number_value(json_object_get(b[i], k)))
+                    << k << " at step " << i + 1;
+            json_decref(b[i]);
+        }
+        // the run report names the mode
+        json_error_t je;
+        json_t *rep = json_load_file((t / (m + ".rep.json")).c_str(), 0, &je);
+        ASSERT_TRUE(rep) << je.text;
+        json_t *tm = train_metrics(rep);
+        ASSERT_TRUE(tm);
+        EXPECT_STREQ(json_string_value(json_object_get(tm, "ac")), mode);
+        json_decref(rep);
     }
+    for (json_t *j : a) json_decref(j);
 }

@@ -62,6 +62,9 @@ int kc_embedding_backward(const float *dout, const int32_t *tokens, float *dtabl
 
 /* Overwrites y[n,dim]; rstd[n] receives rsqrt(mean(x^2)+eps) for the backward. */
 void kc_rmsnorm_forward(const float *x, const float *w, float *y, float *rstd, int64_t n, int dim, float eps);
+/* y = (x * rstd[i]) * w with a saved rstd: the second half of kc_rmsnorm_forward, bit for bit
+ * (selective activation checkpointing recomputes the norm output from x and rstd). */
+void kc_rmsnorm_apply(const float *x, const float *w, const float *rstd, float *y, int64_t n, int dim);
 /* dx[n,dim] += d/dx, dw[dim] += d/dw (both accumulate). */
 void kc_rmsnorm_backward(const float *dy, const float *x, const float *w, const float *rstd, float *dx,
                          float *dw, int64_t n, int dim);
@@ -110,6 +113,10 @@ int kc_attention_backward(const float *q, const float *k, const float *v, const 
 void kc_swiglu_forward(const float *a, const float *b, float *out, int64_t n);
 /* Overwrites da and db. */
 void kc_swiglu_backward(const float *a, const float *b, const float *dout, float *da, float *db, int64_t n);
+/* kc_swiglu_backward that also rewrites out = silu(a) * b with kc_swiglu_forward's operations (bit for
+ * bit): selective activation checkpointing recomputes the product in the same pass over a and b. */
+void kc_swiglu_backward_recompute(const float *a, const float *b, const float *dout, float *da, float *db, float *out,
+                                  int64_t n);
 
 /* ---- cross-entropy fused with softmax --------------------------------------------------------- */
 

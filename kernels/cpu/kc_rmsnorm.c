@@ -17,6 +17,16 @@ void kc_rmsnorm_forward(const float *x, const float *w, float *y, float *rstd, i
     }
 }
 
+void kc_rmsnorm_apply(const float *x, const float *w, const float *rstd, float *y, int64_t n, int dim) {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; i++) {
+        const float *xr = x + (size_t)i * (size_t)dim;
+        float *yr = y + (size_t)i * (size_t)dim;
+        const float r = rstd[i];
+        for (int j = 0; j < dim; j++) yr[j] = (xr[j] * r) * w[j];
+    }
+}
+
 #define KC_NORM_COLS 64
 
 void kc_rmsnorm_backward(const float *dy, const float *x, const float *w, const float *rstd, float *dx, float *dw,

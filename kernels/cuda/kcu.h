@@ -61,6 +61,10 @@ int kcu_embedding_backward(fsdp_dtype dt, const void *dout, const int32_t *token
 /* y = x * rsqrt(mean(x^2) + eps) * w; rstd[n] (float32) for the backward. w has dtype dt. */
 int kcu_rmsnorm_forward(fsdp_dtype dt, const void *x, const void *w, void *y, float *rstd, int64_t n, int dim,
                         float eps, kcu_stream stream, fsdp_err *err);
+/* y = (x * rstd[row]) * w from a saved rstd: kcu_rmsnorm_forward's y bit for bit (kc_rmsnorm_apply;
+ * selective activation checkpointing recomputes the norm outputs with it). */
+int kcu_rmsnorm_apply(fsdp_dtype dt, const void *x, const void *w, const float *rstd, void *y, int64_t n, int dim,
+                      kcu_stream stream, fsdp_err *err);
 /* dx += d/dx (dtype dt), dw += d/dw (float32). */
 int kcu_rmsnorm_backward(fsdp_dtype dt, const void *dy, const void *x, const void *w, const float *rstd, void *dx,
                          float *dw, int64_t n, int dim, kcu_stream stream, fsdp_err *err);
@@ -71,6 +75,12 @@ int kcu_rope_forward(fsdp_dtype dt, void *x, const float *cos_t, const float *si
                      int head_dim, kcu_stream stream, fsdp_err *err);
 int kcu_rope_backward(fsdp_dtype dt, void *dx, const float *cos_t, const float *sin_t, int B, int T, int nh,
                       int head_dim, kcu_stream stream, fsdp_err *err);
+/* q [B,T,H,hd] and k [B,T,KV,hd] (or dq and dk) in one launch: the values of kcu_rope_forward /
+ * kcu_rope_backward on each, bit for bit. */
+int kcu_rope_qk_forward(fsdp_dtype dt, void *q, void *k, const float *cos_t, const float *sin_t, int B, int T, int H,
+                        int KV, int head_dim, kcu_stream stream, fsdp_err *err);
+int kcu_rope_qk_backward(fsdp_dtype dt, void *dq, void *dk, const float *cos_t, const float *sin_t, int B, int T,
+                         int H, int KV, int head_dim, kcu_stream stream, fsdp_err *err);
 
 /* ---- causal attention with GQA (fused, FlashAttention-style) ----------------------------------
  * q [B,T,H,hd], k/v [B,T,KV,hd], out [B,T,H,hd], lse [B,H,T] float32, as kc_attention_*. Scores
@@ -112,6 +122,10 @@ int kcu_swiglu_forward(fsdp_dtype dt, const void *a, const void *b, void *out, i
 /* Overwrites da and db. */
 int kcu_swiglu_backward(fsdp_dtype dt, const void *a, const void *b, const void *dout, void *da, void *db, int64_t n,
                         kcu_stream stream, fsdp_err *err);
+/* The backward that also rewrites out = silu(a) * b, kcu_swiglu_forward's values bit for bit, in the
+ * same pass (kc_swiglu_backward_recompute; selective activation checkpointing). */
+int kcu_swiglu_backward_recompute(fsdp_dtype dt, const void *a, const void *b, const void *dout, void *da, void *db,
+                                  void *out, int64_t n, kcu_stream stream, fsdp_err *err);
 
 /* ---- cross-entropy fused with softmax ------------------------------------------------------------ */
 

@@ -1,4 +1,5 @@
-// Elementwise kernels: casts, add, scale, sum of squares, SwiGLU, RoPE, embedding.
+// Elementwise kernels: casts, add, scale, sum of squares, SwiGLU, RoPE (one tensor, or q and k in one
+// launch), embedding.
 // Float operations use the _rn intrinsics where the CPU kernel's order of operations is mirrored,
 // so that the compiler does not contract them into fused multiply-adds.
 #include "kernels/cuda/kcu_common.cuh"
@@ -111,6 +112,20 @@ __global__ void swiglu_bwd(const T *a, const T *b, const T *dout, T *da, T *db, 
     }
 }
 
+// swiglu_bwd that also rewrites out = silu(a) * b with swiglu_fwd's operations.
+template <class T>
+__global__ void swiglu_bwd_recompute(const T *a, const T *b, const T *dout, T *da, T *db, T *out, int64_t n) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        float ai = kcu_ld(a, i), bi = kcu_ld(b, i), go = kcu_ld(dout, i);
+        float den = __fadd_rn(1.0f, expf(-ai));
+        float sig = __fdiv_rn(1.0f, den);
+        kcu_st(out, i, __fmul_rn(__fdiv_rn(ai, den), bi));
+        float t = __fadd_rn(1.0f, __fmul_rn(ai, __fsub_rn(1.0f, sig)));
+        kcu_st(da, i, __fmul_rn(__fmul_rn(__fmul_rn(go, bi), sig), t));
+        kcu_st(db, i, __fmul_rn(go, __fmul_rn(ai, sig)));
+    }
+}
+
 KCU_API int kcu_swiglu_forward(fsdp_dtype dt, const void *a, const void *b, void *out, int64_t n, kcu_stream stream,
                                fsdp_err *err) {
     if (kcu_check_dt(dt, "kcu_swiglu_forward", err)) return FSDP_E_INVALID;
@@ -133,21 +148,51 @@ KCU_API int kcu_swiglu_backward(fsdp_dtype dt, const void *a, const void *b, con
     return kcu_launch_check(err, "kcu_swiglu_backward");
 }
 
+KCU_API int kcu_swiglu_backward_recompute(fsdp_dtype dt, const void *a, const void *b, const void *dout, void *da,
+                                          void *db, void *out, int64_t n, kcu_stream stream, fsdp_err *err) {
+    if (kcu_check_dt(dt, "kcu_swiglu_backward_recompute", err)) return FSDP_E_INVALID;
+    if (n < 0)
+        return fsdp_err_set(err, FSDP_E_INVALID, "kcu_swiglu_backward_recompute: negative length %lld", (long long)n);
+    if (n == 0) return FSDP_OK;
+    KCU_DISPATCH(dt, T,
+                 KCU_LAUNCH(swiglu_bwd_recompute<T>, kcu_blocks(n, KCU_THREADS), KCU_THREADS, 0, stream)(
+                     (const T *)a, (const T *)b, (const T *)dout, (T *)da, (T *)db, (T *)out, n));
+    return kcu_launch_check(err, "kcu_swiglu_backward_recompute");
+}
+
 // ---- RoPE on interleaved pairs ---------------------------------------------------------------------
+
+// Rotates pair idx (row * nh + head, j) of x [B*T, nh, 2*half] in place.
+template <class T>
+__device__ __forceinline__ void rope_pair(T *x, int64_t idx, const float *cos_t, const float *sin_t, int T_, int nh,
+                                          int half, float sign) {
+    const int j = (int)(idx % half);
+    const int64_t rh = idx / half; // row * nh + head
+    const int t = (int)((rh / nh) % T_);
+    const size_t o = (size_t)rh * (size_t)(2 * half) + 2 * (size_t)j;
+    const float c = cos_t[(size_t)t * half + j], s = sign * sin_t[(size_t)t * half + j];
+    const float a = kcu_ld(x, o), b = kcu_ld(x, o + 1);
+    kcu_st(x, o, __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s)));
+    kcu_st(x, o + 1, __fadd_rn(__fmul_rn(a, s), __fmul_rn(b, c)));
+}
 
 template <class T>
 __global__ void rope_kernel(T *x, const float *cos_t, const float *sin_t, int64_t pairs, int T_, int nh, int half,
                             float sign) {
     for (int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; idx < pairs;
+         idx += (int64_t)gridDim.x * blockDim.x)
+        rope_pair(x, idx, cos_t, sin_t, T_, nh, half, sign);
+}
+
+// q and k in one launch: pairs [0, pairs_q) are q's (H heads), the rest k's (KV heads); each pair
+// gets rope_kernel's exact operations.
+template <class T>
+__global__ void rope_qk_kernel(T *q, T *k, const float *cos_t, const float *sin_t, int64_t pairs_q, int64_t pairs,
+                               int T_, int H, int KV, int half, float sign) {
+    for (int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; idx < pairs;
          idx += (int64_t)gridDim.x * blockDim.x) {
-        const int j = (int)(idx % half);
-        const int64_t rh = idx / half; // row * nh + head
-        const int t = (int)((rh / nh) % T_);
-        const size_t o = (size_t)rh * (size_t)(2 * half) + 2 * (size_t)j;
-        const float c = cos_t[(size_t)t * half + j], s = sign * sin_t[(size_t)t * half + j];
-        const float a = kcu_ld(x, o), b = kcu_ld(x, o + 1);
-        kcu_st(x, o, __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s)));
-        kcu_st(x, o + 1, __fadd_rn(__fmul_rn(a, s), __fmul_rn(b, c)));
+        if (idx < pairs_q) rope_pair(q, idx, cos_t, sin_t, T_, H, half, sign);
+        else rope_pair(k, idx - pairs_q, cos_t, sin_t, T_, KV, half, sign);
     }
 }
 
@@ -172,6 +217,31 @@ KCU_API int kcu_rope_forward(fsdp_dtype dt, void *x, const float *cos_t, const f
 KCU_API int kcu_rope_backward(fsdp_dtype dt, void *dx, const float *cos_t, const float *sin_t, int B, int T, int nh,
                               int head_dim, kcu_stream stream, fsdp_err *err) {
     return rope_launch(dt, dx, cos_t, sin_t, B, T, nh, head_dim, -1.0f, stream, "kcu_rope_backward", err);
+}
+
+static int rope_qk_launch(fsdp_dtype dt, void *q, void *k, const float *cos_t, const float *sin_t, int B, int T,
+                          int H, int KV, int hd, float sign, kcu_stream stream, const char *what, fsdp_err *err) {
+    if (kcu_check_dt(dt, what, err)) return FSDP_E_INVALID;
+    if (B <= 0 || T <= 0 || H <= 0 || KV <= 0 || hd <= 0 || hd % 2)
+        return fsdp_err_set(err, FSDP_E_INVALID,
+                            "%s: sizes must be positive with an even head_dim (B %d, T %d, q heads %d, k heads %d, "
+                            "head_dim %d)",
+                            what, B, T, H, KV, hd);
+    const int64_t pairs_q = (int64_t)B * T * H * (hd / 2), pairs = pairs_q + (int64_t)B * T * KV * (hd / 2);
+    KCU_DISPATCH(dt, Tp,
+                 KCU_LAUNCH(rope_qk_kernel<Tp>, kcu_blocks(pairs, KCU_THREADS), KCU_THREADS, 0, stream)(
+                     (Tp *)q, (Tp *)k, cos_t, sin_t, pairs_q, pairs, T, H, KV, hd / 2, sign));
+    return kcu_launch_check(err, what);
+}
+
+KCU_API int kcu_rope_qk_forward(fsdp_dtype dt, void *q, void *k, const float *cos_t, const float *sin_t, int B, int T,
+                                int H, int KV, int head_dim, kcu_stream stream, fsdp_err *err) {
+    return rope_qk_launch(dt, q, k, cos_t, sin_t, B, T, H, KV, head_dim, 1.0f, stream, "kcu_rope_qk_forward", err);
+}
+
+KCU_API int kcu_rope_qk_backward(fsdp_dtype dt, void *dq, void *dk, const float *cos_t, const float *sin_t, int B,
+                                 int T, int H, int KV, int head_dim, kcu_stream stream, fsdp_err *err) {
+    return rope_qk_launch(dt, dq, dk, cos_t, sin_t, B, T, H, KV, head_dim, -1.0f, stream, "kcu_rope_qk_backward", err);
 }
 
 // ---- embedding -----------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-// Row-reduction kernels: RMSNorm and cross-entropy fused with softmax. One thread block per row;
+// Row-reduction kernels: RMSNorm (and its output from a saved rstd) and cross-entropy fused with softmax. One thread block per row;
 // sums that the CPU kernels take in double are taken in double here too.
 #include "kernels/cuda/kcu_common.cuh"
 
@@ -26,6 +26,18 @@ __global__ void rmsnorm_fwd(const T *x, const T *w, T *y, float *rstd, int64_t n
         if (threadIdx.x == 0) rstd[i] = r;
         for (int j = threadIdx.x; j < dim; j += blockDim.x)
             kcu_st(y, off + j, __fmul_rn(__fmul_rn(kcu_ld(x, off + j), r), kcu_ld(w, j)));
+    }
+}
+
+// y = (x * rstd[row]) * w: rmsnorm_fwd's output from a saved rstd, the same two roundings.
+template <class T>
+__global__ void rmsnorm_apply(const T *x, const T *w, const float *rstd, T *y, int64_t n, int dim) {
+    const int64_t total = n * dim;
+    for (int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; idx < total;
+         idx += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t i = idx / dim;
+        const int j = (int)(idx % dim);
+        kcu_st(y, (size_t)idx, __fmul_rn(__fmul_rn(kcu_ld(x, (size_t)idx), rstd[i]), kcu_ld(w, j)));
     }
 }
 
@@ -74,6 +86,19 @@ KCU_API int kcu_rmsnorm_forward(fsdp_dtype dt, const void *x, const void *w, voi
                  KCU_LAUNCH(rmsnorm_fwd<T>, blocks, row_threads(dim), 0, stream)((const T *)x, (const T *)w, (T *)y,
                                                                                  rstd, n, dim, eps));
     return kcu_launch_check(err, "kcu_rmsnorm_forward");
+}
+
+KCU_API int kcu_rmsnorm_apply(fsdp_dtype dt, const void *x, const void *w, const float *rstd, void *y, int64_t n,
+                              int dim, kcu_stream stream, fsdp_err *err) {
+    if (norm_check(dt, n, dim, "kcu_rmsnorm_apply", err)) return FSDP_E_INVALID;
+    if (n > INT64_MAX / dim)
+        return fsdp_err_set(err, FSDP_E_INVALID, "kcu_rmsnorm_apply: %lld rows of %d overflow", (long long)n, dim);
+    if (n == 0) return FSDP_OK;
+    const int threads = 256;
+    KCU_DISPATCH(dt, T,
+                 KCU_LAUNCH(rmsnorm_apply<T>, kcu_blocks(n * dim, threads), threads, 0, stream)(
+                     (const T *)x, (const T *)w, rstd, (T *)y, n, dim));
+    return kcu_launch_check(err, "kcu_rmsnorm_apply");
 }
 
 KCU_API int kcu_rmsnorm_backward(fsdp_dtype dt, const void *dy, const void *x, const void *w, const float *rstd,
