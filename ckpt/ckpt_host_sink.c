@@ -2,6 +2,7 @@
  * of every operation and checks of the sink contract. */
 #include <stdlib.h>
 #include <string.h>
+#include <zlib.h>
 
 #include "ckpt/ckpt_pipe.h"
 
@@ -26,6 +27,18 @@ static void log_op(ckpt_host_sink *hs, ckpt_host_op op, int slot, ckpt_dir dir, 
     e->bytes = bytes;
 }
 
+static uint32_t buf_crc(const void *b, size_t n) {
+    uLong c = crc32(0L, Z_NULL, 0);
+    const unsigned char *p = b;
+    while (n) {
+        uInt k = n > (1u << 30) ? (1u << 30) : (uInt)n;
+        c = crc32(c, p, k);
+        p += k;
+        n -= k;
+    }
+    return (uint32_t)c;
+}
+
 /* Completes every pending transfer up to submission `upto`, oldest first. */
 static void complete_upto(ckpt_host_sink *hs, uint64_t upto) {
     while (hs->done_seq < upto) {
@@ -34,6 +47,8 @@ static void complete_upto(ckpt_host_sink *hs, uint64_t upto) {
             struct ckpt_host_pending *p = &hs->pend[i];
             if (!p->busy || p->seq != want) continue;
             if (p->dir == CKPT_TO_DEV) {
+                /* the buffer changed while its upload was in flight: a real copy may take either bytes */
+                if (buf_crc(hs->bufs[i], p->bytes) != p->crc) hs->violations++;
                 memcpy(p->dev, hs->bufs[i], p->bytes);
                 hs->bytes_to_dev += p->bytes;
             } else {
@@ -76,6 +91,7 @@ static int h_submit(void *self, int slot, ckpt_dir dir, void *dev, size_t bytes,
     p->dir = dir;
     p->dev = dev;
     p->bytes = bytes;
+    if (dir == CKPT_TO_DEV) p->crc = buf_crc(hs->bufs[slot], bytes);
     log_op(hs, CKPT_OP_SUBMIT, slot, dir, dev, bytes);
     int busy = 0;
     for (int i = 0; i < hs->sink.n_bufs; i++) busy += hs->pend[i].busy;

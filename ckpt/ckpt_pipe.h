@@ -103,9 +103,10 @@ int ckpt_down_host(const ckpt_sink *s, float *host, const float *dev, size_t n, 
 /* ---- the host sink ---------------------------------------------------------------------------
  * "Remote" addresses are host memory. A submitted copy happens only when it completes, i.e. when a
  * later acquire of a slot or drain waits for it (all earlier submissions complete first), so a
- * buffer changed while its upload is pending delivers the wrong bytes. Every operation is logged;
- * misuse (a submit to a busy buffer, a slot out of range, more bytes than a buffer) counts as a
- * violation and fails. fail_submit_at > 0 makes that submission (1-based) fail. */
+ * buffer changed while its upload is pending delivers the wrong bytes and counts as a violation
+ * (its CRC at completion differs from the one at submission). Every operation is logged; misuse
+ * (a submit to a busy buffer, a slot out of range, more bytes than a buffer) counts as a violation
+ * and fails. fail_submit_at > 0 makes that submission (1-based) fail. */
 
 typedef enum ckpt_host_op { CKPT_OP_ACQUIRE = 0, CKPT_OP_SUBMIT, CKPT_OP_COMPLETE } ckpt_host_op;
 
@@ -126,6 +127,7 @@ typedef struct ckpt_host_sink {
         ckpt_dir dir;
         void *dev;
         size_t bytes;
+        uint32_t crc; /* uploads: the buffer's bytes when submitted */
     } *pend;
     uint64_t seq, done_seq; /* submissions so far; submissions completed */
     int record;             /* log events */

@@ -162,6 +162,7 @@ TEST(CkptPipe, HostSinkCatchesABufferReusedBeforeItsUploadCompleted) {
     EXPECT_EQ(hs.violations, 1);
     ASSERT_EQ(hs.sink.ops->drain(hs.sink.self, &err), 0);
     EXPECT_NE(dst[0], 1.0f);
+    EXPECT_EQ(hs.violations, 2); // and the change in flight is counted
     ckpt_host_sink_free(&hs);
     // too few buffers, odd sizes
     EXPECT_NE(ckpt_host_sink_init(&hs, 1, 16, 0, &err), 0);
