@@ -141,10 +141,27 @@ static int run_pipeline(fsdp_state *s, fsdp_state *s2, comm *c, const char *ck, 
     }
     char ck2[4300], cmd[9000];
     snprintf(ck2, sizeof ck2, "%s/ckpt-staged", dir);
+    sio_load_opts lo;
+    memset(&lo, 0, sizeof lo);
+    lo.strict = 1;
+    lo.load_optimizer = opt ? 1 : 0;
+    lo.sink = &hs.sink;
+    sio_load_result res;
+    for (size_t i = 0; i < s2->n; i++) s2->p[i].data[0] = -1.0f; /* must be restored */
+    swap_slots(s2, 1);
+    double t0 = now();
+    int rc = sio_load(s2, ck, &lo, &res, &err);
+    double tl = now() - t0;
+    swap_slots(s2, 0);
+    if (rc) {
+        fprintf(stderr, "ckpt_state: staged load: %s\n", err.msg);
+        ckpt_host_sink_free(&hs);
+        return 1;
+    }
     sio_save_opts so = {opt, 1};
     swap_slots(s, 1);
-    double t0 = now();
-    int rc = sio_save_staged(s, c, ck2, &so, &hs.sink, &err);
+    t0 = now();
+    rc = sio_save_staged(s, c, ck2, &so, &hs.sink, &err);
     double ts = now() - t0;
     swap_slots(s, 0);
     if (rc) {
@@ -155,23 +172,7 @@ static int run_pipeline(fsdp_state *s, fsdp_state *s2, comm *c, const char *ck, 
     snprintf(cmd, sizeof cmd, "cmp -s '%s/__0_0.distcp' '%s/__0_0.distcp'", ck, ck2);
     int same_file = system(cmd) == 0;
     int in_flight = hs.max_in_flight;
-    sio_load_opts lo;
-    memset(&lo, 0, sizeof lo);
-    lo.strict = 1;
-    lo.load_optimizer = opt ? 1 : 0;
-    lo.sink = &hs.sink;
-    sio_load_result res;
-    for (size_t i = 0; i < s2->n; i++) s2->p[i].data[0] = -1.0f; /* must be restored */
-    swap_slots(s2, 1);
-    t0 = now();
-    rc = sio_load(s2, ck, &lo, &res, &err);
-    double tl = now() - t0;
-    swap_slots(s2, 0);
     ckpt_host_sink_free(&hs);
-    if (rc) {
-        fprintf(stderr, "ckpt_state: staged load: %s\n", err.msg);
-        return 1;
-    }
     int same = same_state(s, s2);
     double gb = file_bytes / 1e9;
     printf("staged save %5.2f s  %6.2f GB/s  (host sink, %d transfers in flight at most)  data file %s\n", ts,
