@@ -7,8 +7,13 @@
  * into an already allocated state (torch loads into allocated tensors) right after the save, so
  * from the page cache. Host side only: no device copies.
  *
+ * --pipeline 1 also runs the staged paths of a state on the GPU (ckpt/ckpt_pipe.h) with the host
+ * sink standing in for the device (3 buffers of 16 MiB, copies completed late like a stream): the
+ * staged save must write the same data file and the staged load must give the same state; their
+ * times show the pipeline's host-side cost (one more copy of every byte than the host paths).
+ *
  *   build/bench/ckpt_state [--preset llama3_1b] [--layers N] [--optimizer 0|1] [--dir DIR]
- *                          [--reps N] [--torch-save-gbps X --torch-load-gbps Y]
+ *                          [--reps N] [--torch-save-gbps X --torch-load-gbps Y] [--pipeline 0|1]
  *
  * Default: llama3_1b with 1 layer, no optimizer moments (~2.3 GB; under a minute on a small
  * host). --layers 0 keeps the preset's layer count (llama3_1b: 16, ~6 GB of fp32 weights). */
@@ -110,6 +115,75 @@ static int build_state(const llama_config *cfg, int opt, uint64_t salt, fsdp_sta
     return 0;
 }
 
+static int same_state(const fsdp_state *a, const fsdp_state *b);
+
+/* host arrays <-> "device" slots (the same memory), for the staged paths with the host sink */
+static void swap_slots(fsdp_state *s, int to_dev) {
+    for (size_t i = 0; i < s->n; i++)
+        for (int a = 0; a < STATE_ARRAYS; a++) {
+            float **h = state_param_host_slot(&s->p[i], (state_array)a), **d = state_param_dev_slot(&s->p[i], (state_array)a);
+            float **from = to_dev ? h : d, **to = to_dev ? d : h;
+            if (*from) {
+                *to = *from;
+                *from = NULL;
+            }
+        }
+}
+
+/* staged save and load through the host sink; 0 when both match the host paths */
+static int run_pipeline(fsdp_state *s, fsdp_state *s2, comm *c, const char *ck, const char *dir, int opt,
+                        double file_bytes) {
+    fsdp_err err;
+    ckpt_host_sink hs;
+    if (ckpt_host_sink_init(&hs, 3, (size_t)16 << 20, 0, &err)) {
+        fprintf(stderr, "ckpt_state: %s\n", err.msg);
+        return 1;
+    }
+    char ck2[4300], cmd[9000];
+    snprintf(ck2, sizeof ck2, "%s/ckpt-staged", dir);
+    sio_load_opts lo;
+    memset(&lo, 0, sizeof lo);
+    lo.strict = 1;
+    lo.load_optimizer = opt ? 1 : 0;
+    lo.sink = &hs.sink;
+    sio_load_result res;
+    for (size_t i = 0; i < s2->n; i++) s2->p[i].data[0] = -1.0f; /* must be restored */
+    swap_slots(s2, 1);
+    double t0 = now();
+    int rc = sio_load(s2, ck, &lo, &res, &err);
+    double tl = now() - t0;
+    swap_slots(s2, 0);
+    if (rc) {
+        fprintf(stderr, "ckpt_state: staged load: %s\n", err.msg);
+        ckpt_host_sink_free(&hs);
+        return 1;
+    }
+    sio_save_opts so = {opt, 1};
+    swap_slots(s, 1);
+    t0 = now();
+    rc = sio_save_staged(s, c, ck2, &so, &hs.sink, &err);
+    double ts = now() - t0;
+    swap_slots(s, 0);
+    if (rc) {
+        fprintf(stderr, "ckpt_state: staged save: %s\n", err.msg);
+        ckpt_host_sink_free(&hs);
+        return 1;
+    }
+    snprintf(cmd, sizeof cmd, "cmp -s '%s/__0_0.distcp' '%s/__0_0.distcp'", ck, ck2);
+    int same_file = system(cmd) == 0;
+    int in_flight = hs.max_in_flight;
+    ckpt_host_sink_free(&hs);
+    int same = same_state(s, s2);
+    double gb = file_bytes / 1e9;
+    printf("staged save %5.2f s  %6.2f GB/s  (host sink, %d transfers in flight at most)  data file %s\n", ts,
+           gb / ts, in_flight, same_file ? "identical" : "DIFFERS");
+    printf("staged load %5.2f s  %6.2f GB/s  (host sink)  loaded state %s\n", tl, gb / tl,
+           same ? "identical" : "DIFFERS");
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", ck2);
+    sh_timed(cmd);
+    return same && same_file ? 0 : 1;
+}
+
 static int same_state(const fsdp_state *a, const fsdp_state *b) {
     for (size_t i = 0; i < a->n; i++) {
         size_t n = state_param_local_numel(&a->p[i]) * sizeof(float);
@@ -122,7 +196,7 @@ static int same_state(const fsdp_state *a, const fsdp_state *b) {
 
 int main(int argc, char **argv) {
     const char *preset = "llama3_1b", *dir = "/tmp/fsdp-ckpt-state";
-    int layers = 1, opt = 0, reps = 1;
+    int layers = 1, opt = 0, reps = 1, pipeline = 0;
     double torch_save = 0, torch_load = 0;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--preset")) preset = argv[i + 1];
@@ -130,6 +204,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--optimizer")) opt = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--dir")) dir = argv[i + 1];
         else if (!strcmp(argv[i], "--reps")) reps = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--pipeline")) pipeline = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--torch-save-gbps")) torch_save = atof(argv[i + 1]);
         else if (!strcmp(argv[i], "--torch-load-gbps")) torch_load = atof(argv[i + 1]);
         else {
@@ -229,6 +304,7 @@ int main(int argc, char **argv) {
         snprintf(cmd, sizeof cmd, "rm -rf '%s.copy'", ck);
         sh_timed(cmd);
     }
+    int pipe_rc = pipeline ? run_pipeline(s, s2, c, ck, dir, opt, file_bytes) : 0;
     double gb = file_bytes / 1e9;
     double save_gbps = gb / best_save, load_gbps = gb / best_load, cp_gbps = gb / best_cp, cat_gbps = gb / best_cat;
     printf("files      %.3f GB\n", gb);
@@ -246,5 +322,5 @@ int main(int argc, char **argv) {
     comm_destroy(c);
     state_free(s);
     state_free(s2);
-    return equal ? 0 : 1;
+    return equal && !pipe_rc ? 0 : 1;
 }

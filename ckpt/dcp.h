@@ -9,6 +9,7 @@
 #include <stdio.h>
 
 #include "ckpt/pickle.h"
+#include "ckpt/torchsave.h"
 #include "fsdp/error.h"
 #include "fsdp/tensor.h"
 
@@ -96,6 +97,11 @@ int dcp_file_open(dcp_file_writer *w, const char *dir, int rank, fsdp_err *err);
 int dcp_file_add_tensor(dcp_file_writer *w, const char *fqn, fsdp_dtype dt, int ndim, const int64_t *global_shape,
                         const int64_t *offsets, const int64_t *sizes, const void *data, dcp_record *rec,
                         fsdp_err *err);
+/* The same with the payload streamed: fill() writes exactly numel(sizes) * dtype size bytes
+ * through zip_writer_data / zip_writer_data_par (the same file as dcp_file_add_tensor of them). */
+int dcp_file_add_tensor_fill(dcp_file_writer *w, const char *fqn, fsdp_dtype dt, int ndim,
+                             const int64_t *global_shape, const int64_t *offsets, const int64_t *sizes,
+                             ts_fill_fn fill, void *user, dcp_record *rec, fsdp_err *err);
 /* A non-tensor value, given as protocol-2 pickle bytes of the value (no PROTO/STOP needed:
  * pass the opcodes of the value only; see dcp_pickle_* helpers). */
 int dcp_file_add_value(dcp_file_writer *w, const char *fqn, const void *value_ops, size_t n, dcp_record *rec,

@@ -54,9 +54,9 @@ static void fill_rec(dcp_record *r, const char *fqn, int is_tensor) {
     r->is_tensor = is_tensor;
 }
 
-int dcp_file_add_tensor(dcp_file_writer *w, const char *fqn, fsdp_dtype dt, int ndim, const int64_t *global_shape,
-                        const int64_t *offsets, const int64_t *sizes, const void *data, dcp_record *rec,
-                        fsdp_err *err) {
+static int add_tensor(dcp_file_writer *w, const char *fqn, fsdp_dtype dt, int ndim, const int64_t *global_shape,
+                      const int64_t *offsets, const int64_t *sizes, const void *data, ts_fill_fn fill, void *user,
+                      dcp_record *rec, fsdp_err *err) {
     if (strlen(fqn) >= sizeof rec->fqn) return fsdp_err_set(err, FSDP_E_INVALID, "DCP: key too long: %s", fqn);
     fill_rec(rec, fqn, 1);
     rec->dtype = dt;
@@ -65,13 +65,26 @@ int dcp_file_add_tensor(dcp_file_writer *w, const char *fqn, fsdp_dtype dt, int 
     memcpy(rec->offsets, offsets, (size_t)ndim * sizeof *offsets);
     memcpy(rec->sizes, sizes, (size_t)ndim * sizeof *sizes);
     uint64_t len;
-    int rc = ts_write_tensor(w->f, dt, ndim, sizes, data, NULL, NULL, &len, err);
+    int rc = ts_write_tensor(w->f, dt, ndim, sizes, data, fill, user, &len, err);
     if (rc) return fsdp_err_prefix(err, "writing %s to %s", fqn, w->tmp);
     snprintf(rec->where.relative_path, sizeof rec->where.relative_path, "%s", w->rel);
     rec->where.offset = w->pos;
     rec->where.length = len;
     w->pos += len;
     return 0;
+}
+
+int dcp_file_add_tensor(dcp_file_writer *w, const char *fqn, fsdp_dtype dt, int ndim, const int64_t *global_shape,
+                        const int64_t *offsets, const int64_t *sizes, const void *data, dcp_record *rec,
+                        fsdp_err *err) {
+    return add_tensor(w, fqn, dt, ndim, global_shape, offsets, sizes, data, NULL, NULL, rec, err);
+}
+
+int dcp_file_add_tensor_fill(dcp_file_writer *w, const char *fqn, fsdp_dtype dt, int ndim,
+                             const int64_t *global_shape, const int64_t *offsets, const int64_t *sizes,
+                             ts_fill_fn fill, void *user, dcp_record *rec, fsdp_err *err) {
+    if (!fill) return fsdp_err_set(err, FSDP_E_INVALID, "DCP: no fill function for %s", fqn);
+    return add_tensor(w, fqn, dt, ndim, global_shape, offsets, sizes, NULL, fill, user, rec, err);
 }
 
 int dcp_file_add_value(dcp_file_writer *w, const char *fqn, const void *value_ops, size_t n, dcp_record *rec,

@@ -13,6 +13,7 @@
 #ifndef FSDP_CKPT_STATE_IO_H
 #define FSDP_CKPT_STATE_IO_H
 
+#include "ckpt/ckpt_pipe.h"
 #include "ckpt/reader.h"
 #include "runtime/comm.h"
 #include "runtime/state.h"
@@ -24,12 +25,22 @@ typedef struct sio_save_opts {
 
 /* Synchronous save (collective over c). */
 int sio_save(fsdp_state *s, comm *c, const char *path, const sio_save_opts *o, fsdp_err *err);
+/* The same for a state whose arrays may be on the device (STATE_DEVICE): those are downloaded chunk
+ * by chunk through the sink's staging buffers while the previous chunk is written (sink NULL: every
+ * array must be in host memory). The files are byte for byte those of sio_save of a host copy. */
+int sio_save_staged(fsdp_state *s, comm *c, const char *path, const sio_save_opts *o, const ckpt_sink *sink,
+                    fsdp_err *err);
 
 /* Asynchronous save: sio_save_begin snapshots this rank's shards to host memory and starts
  * writing its data file in a background thread; sio_save_finish (collective) waits for it and
  * writes `.metadata`. */
 typedef struct sio_async sio_async;
 int sio_save_begin(fsdp_state *s, comm *c, const char *path, const sio_save_opts *o, sio_async **out, fsdp_err *err);
+/* The same for a state with device arrays: the snapshot is downloaded through the sink (every
+ * download has completed when it returns; s may change at once). A failed snapshot is agreed on
+ * by every rank (FSDP_E_* on all of them, no thread started). */
+int sio_save_begin_staged(fsdp_state *s, comm *c, const char *path, const sio_save_opts *o, const ckpt_sink *sink,
+                          sio_async **out, fsdp_err *err);
 int sio_save_finish(sio_async *a, fsdp_err *err);
 void sio_async_free(sio_async *a);
 
@@ -47,6 +58,13 @@ typedef struct sio_load_opts {
     int load_optimizer;       /* -1 auto (when present), 0 no, 1 required */
     const char *const *only;  /* when not NULL: load just the parameters matching these globs */
     size_t n_only;
+    /* When not NULL: every array whose place is (or, for a state with a device, whose
+     * state_device_target is) STATE_DEVICE is read chunk by chunk into the sink's staging buffers
+     * and uploaded from there while the next chunk is read; no host copy of it is made (one
+     * parameter's rows for Hugging Face q/k rows and rows larger than a buffer). Arrays targeted
+     * at pinned memory are allocated there and read in place. */
+    const ckpt_sink *sink;
+    int round_bf16;           /* keep every parameter rounded to bf16 (its dtype becomes bf16) */
 } sio_load_opts;
 
 typedef struct sio_load_result {

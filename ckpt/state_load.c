@@ -97,6 +97,127 @@ static int has_nan(const float *d, size_t n) {
     return bad;
 }
 
+/* ---- staged loading of device arrays (o->sink) ------------------------------------------------ */
+
+typedef struct loader {
+    fsdp_state *s;
+    const sio_load_opts *o;
+    ckpt_up up;
+} loader;
+
+/* per staged chunk of a parameter's data: NaN check (strict) and bf16 rounding */
+typedef struct chunk_xf {
+    int check_nan, round, nan;
+} chunk_xf;
+
+static void round_bf16(float *d, size_t n) {
+#pragma omp parallel for schedule(static) if (n >= PAR_NUMEL)
+    for (size_t k = 0; k < n; k++) d[k] = fsdp_bf16_to_f32(fsdp_f32_to_bf16(d[k]));
+}
+
+static int chunk_fn(void *user, float *c, size_t n, size_t first, fsdp_err *err) {
+    (void)first, (void)err;
+    chunk_xf *x = user;
+    if (x->check_nan && !x->nan && has_nan(c, n)) x->nan = 1;
+    if (x->round) round_bf16(c, n);
+    return 0;
+}
+
+/* Where array a of p is loaded: with a sink, a host array bound for the device (or pinned memory)
+ * gets its new storage there first (its values are about to be replaced). */
+static int load_place(loader *L, state_param *p, state_array a, state_place *where, fsdp_err *err) {
+    state_place cur = state_place_of(p, a);
+    *where = cur;
+    if (!L->o->sink || cur == STATE_DEVICE || cur == STATE_ABSENT || !L->s->dev) return 0;
+    state_place tgt = state_device_target(L->s, a);
+    if (tgt == cur) return 0;
+    int rc = state_param_alloc(L->s, p, a, tgt, 0, err);
+    if (!rc) *where = tgt;
+    return rc;
+}
+
+/* Rows of checkpoint tensor ci into the device array dev of p, chunk by chunk through the staging
+ * buffers: reading chunk k+1 overlaps the upload of chunk k. */
+static int read_staged(loader *L, ckpt_reader *r, size_t ci, const state_param *p, const nmap_info *info,
+                       float *dev, chunk_xf *x, fsdp_err *err) {
+    if (p->rows == 0) return 0;
+    size_t row_bytes = (size_t)p->row_numel * sizeof(float), n = state_param_local_numel(p);
+    int rc = 0;
+    if ((info && info->qk != NMAP_QK_NONE) || row_bytes > L->o->sink->buf_bytes) {
+        /* permuted rows, or rows larger than a buffer: this parameter's rows in host memory first */
+        float *tmp = malloc(n * sizeof(float));
+        if (!tmp) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory: %zu values of %s", n, p->name);
+        uint64_t ignored = 0;
+        rc = info ? read_local(r, ci, p, info, tmp, &ignored, err)
+                  : ckpt_read_rows(r, ci, p->row0, p->row0 + p->rows, tmp, FSDP_DT_F32, err);
+        if (!rc) rc = ckpt_up_host(&L->up, dev, tmp, n, chunk_fn, x, err);
+        free(tmp);
+        return rc;
+    }
+    int64_t per = (int64_t)(L->o->sink->buf_bytes / row_bytes);
+    for (int64_t a0 = 0; a0 < p->rows && !rc; a0 += per) {
+        int64_t k = p->rows - a0 < per ? p->rows - a0 : per;
+        void *buf;
+        if ((rc = ckpt_up_get(&L->up, &buf, err))) break;
+        rc = ckpt_read_rows(r, ci, p->row0 + a0, p->row0 + a0 + k, buf, FSDP_DT_F32, err);
+        if (!rc) rc = chunk_fn(x, buf, (size_t)(k * p->row_numel), (size_t)(a0 * p->row_numel), err);
+        if (rc) {
+            ckpt_up_release(&L->up);
+            break;
+        }
+        rc = ckpt_up_put(&L->up, dev + a0 * p->row_numel, (size_t)k * row_bytes, err);
+    }
+    return rc;
+}
+
+/* Checkpoint tensor ci into array a of p, wherever it lives; *nan: NaN seen in staged data. */
+static int load_array(loader *L, ckpt_reader *r, size_t ci, state_param *p, state_array a, const nmap_info *info,
+                      uint64_t *bytes, int *nan, fsdp_err *err) {
+    state_place where;
+    int rc = load_place(L, p, a, &where, err);
+    if (rc) return rc;
+    /* bytes: the parameter's stored dtype (HF q/k: every source row read); optimizer moments: f32 */
+    if (where == STATE_DEVICE) {
+        if (a == STATE_DATA) {
+            const ckpt_entry *e = ckpt_entry_at(r, ci);
+            if (p->rows > 0 && info && info->qk != NMAP_QK_NONE) {
+                int64_t lo, hi;
+                if ((rc = nmap_perm_src_range(NMAP_HF_TO_TT, p->shape[0], info->heads, p->row0, p->row0 + p->rows, &lo,
+                                              &hi, err)))
+                    return rc;
+                *bytes += (uint64_t)(hi - lo) * (uint64_t)p->row_numel * fsdp_dtype_size(e->dtype);
+            } else if (p->rows > 0) {
+                *bytes += (uint64_t)p->rows * (uint64_t)p->row_numel * fsdp_dtype_size(e->dtype);
+            }
+        } else {
+            *bytes += (uint64_t)p->rows * (uint64_t)p->row_numel * 4;
+        }
+        chunk_xf x = {a == STATE_DATA && L->o->strict, a == STATE_DATA && L->o->round_bf16, 0};
+        rc = read_staged(L, r, ci, p, a == STATE_DATA ? info : NULL, *state_param_dev_slot(p, a), &x, err);
+        if (x.nan) *nan = 1;
+        return rc;
+    }
+    float *dst = *state_param_host_slot(p, a);
+    if (a == STATE_DATA) return read_local(r, ci, p, info, dst, bytes, err);
+    rc = ckpt_read_rows(r, ci, p->row0, p->row0 + p->rows, dst, FSDP_DT_F32, err);
+    *bytes += (uint64_t)p->rows * (uint64_t)p->row_numel * 4;
+    return rc;
+}
+
+/* bf16 rounding of a device array in place (read-modify-write through the staging buffers) */
+static int round_dev(loader *L, float *dev, size_t n, fsdp_err *err) {
+    size_t per = L->o->sink->buf_bytes / sizeof(float);
+    for (size_t off = 0; off < n; off += per) {
+        size_t k = n - off < per ? n - off : per;
+        void *buf;
+        int rc = ckpt_up_get_from(&L->up, dev + off, k * sizeof(float), &buf, err);
+        if (rc) return rc;
+        round_bf16(buf, k);
+        if ((rc = ckpt_up_put(&L->up, dev + off, k * sizeof(float), err))) return rc;
+    }
+    return 0;
+}
+
 static int shape_eq(const ckpt_entry *e, const state_param *p) {
     if (e->ndim != p->ndim) return 0;
     for (int d = 0; d < p->ndim; d++)
@@ -112,6 +233,12 @@ static void append(char *buf, size_t cap, const char *fmt, const char *a, const 
 
 int sio_load(fsdp_state *s, const char *path, const sio_load_opts *o, sio_load_result *res, fsdp_err *err) {
     memset(res, 0, sizeof *res);
+    loader L = {s, o, {0}};
+    if (o->sink) {
+        int rc = ckpt_sink_check(o->sink, err);
+        if (rc) return rc;
+        ckpt_up_init(&L.up, o->sink);
+    }
     ckpt_reader *r;
     int rc = ckpt_open(path, o->format, &r, err);
     if (rc) return rc;
@@ -123,10 +250,12 @@ int sio_load(fsdp_state *s, const char *path, const sio_load_opts *o, sio_load_r
     }
     size_t nck = ckpt_count(r);
     int *loaded = calloc(s->n ? s->n : 1, sizeof *loaded);
+    int *nan_dev = calloc(s->n ? s->n : 1, sizeof *nan_dev); /* NaN seen in staged data */
     int *used = calloc(nck ? nck : 1, sizeof *used);
     char *problems = calloc(1, 8192);
-    if (!loaded || !used || !problems) {
+    if (!loaded || !nan_dev || !used || !problems) {
         free(loaded);
+        free(nan_dev);
         free(used);
         free(problems);
         rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
@@ -173,7 +302,7 @@ int sio_load(fsdp_state *s, const char *path, const sio_load_opts *o, sio_load_r
             append(problems, 8192, "\n  %s%s", msg, "");
             continue;
         }
-        if ((rc = read_local(r, ci, p, &info, p->data, &res->bytes_read, err))) break;
+        if ((rc = load_array(&L, r, ci, p, STATE_DATA, &info, &res->bytes_read, &nan_dev[p - s->p], err))) break;
         loaded[p - s->p] = 1;
         res->params_loaded++;
     }
@@ -182,7 +311,7 @@ int sio_load(fsdp_state *s, const char *path, const sio_load_opts *o, sio_load_r
             state_param *p = &s->p[i];
             if (!loaded[i] && o->only) continue;
             const char *kinds[2] = {"exp_avg", "exp_avg_sq"};
-            float *dst[2] = {p->exp_avg, p->exp_avg_sq};
+            const state_array arr[2] = {STATE_EXP_AVG, STATE_EXP_AVG_SQ};
             for (int k = 0; k < 2 && !rc; k++) {
                 char key[NAME_CAP + 64];
                 snprintf(key, sizeof key, "optimizer.state.%s.%s", p->name, kinds[k]);
@@ -196,8 +325,8 @@ int sio_load(fsdp_state *s, const char *path, const sio_load_opts *o, sio_load_r
                     append(problems, 8192, "\n  %s has the wrong shape%s", key, "");
                     continue;
                 }
-                rc = ckpt_read_rows(r, (size_t)ci, p->row0, p->row0 + p->rows, dst[k], FSDP_DT_F32, err);
-                res->bytes_read += (uint64_t)p->rows * (uint64_t)p->row_numel * 4;
+                int ignored = 0;
+                rc = load_array(&L, r, (size_t)ci, p, arr[k], NULL, &res->bytes_read, &ignored, err);
             }
             if (rc) break;
             char key[NAME_CAP + 64];
@@ -226,6 +355,8 @@ int sio_load(fsdp_state *s, const char *path, const sio_load_opts *o, sio_load_r
         }
         if (!rc) s->has_optimizer = 1;
     }
+    /* every staged upload has landed before anything is reported as loaded */
+    if (!rc && o->sink) rc = ckpt_up_finish(&L.up, err);
     if (!rc) {
         const char *keys[3] = {"train_state.step", "train_state.ntokens_seen", "train_state.data_pos"};
         int64_t vals[3] = {-1, -1, -1};
@@ -251,7 +382,8 @@ int sio_load(fsdp_state *s, const char *path, const sio_load_opts *o, sio_load_r
         /* NaN left over in a restored parameter means the checkpoint itself holds NaN */
         for (size_t i = 0; i < s->n; i++) {
             if (!loaded[i]) continue;
-            if (has_nan(s->p[i].data, state_param_local_numel(&s->p[i])))
+            if (state_place_of(&s->p[i], STATE_DATA) == STATE_DEVICE ? nan_dev[i]
+                                                                      : has_nan(s->p[i].data, state_param_local_numel(&s->p[i])))
                 append(problems, 8192, "\n  %s holds NaN after loading%s", s->p[i].name, "");
         }
     }
@@ -263,11 +395,45 @@ done:
     /* strict: every parameter not restored (or whose read failed) ends as NaN, so that a
      * missed one cannot pass unnoticed; a restored one was written whole by its reader (the
      * readers check that the stored chunks tile each tensor), so it needs no NaN pass first */
+    if (o->sink) {
+        /* after a failure: the uploads already queued land first, then the NaN fill below */
+        fsdp_err e2;
+        ckpt_up_release(&L.up);
+        ckpt_up_finish(&L.up, &e2);
+    }
     if (o->strict)
-        for (size_t i = 0; i < s->n; i++)
-            if (!loaded[i] && matches_only(o, s->p[i].name))
-                fill_nan(s->p[i].data, state_param_local_numel(&s->p[i]));
+        for (size_t i = 0; i < s->n; i++) {
+            if (loaded[i] || !matches_only(o, s->p[i].name)) continue;
+            size_t n = state_param_local_numel(&s->p[i]);
+            if (state_place_of(&s->p[i], STATE_DATA) != STATE_DEVICE) {
+                fill_nan(s->p[i].data, n);
+                continue;
+            }
+            fsdp_err e2;
+            int frc = o->sink ? ckpt_up_fill(&L.up, s->p[i].d_data, NAN, n, rc ? &e2 : err)
+                              : fsdp_err_set(rc ? &e2 : err, FSDP_E_INVALID,
+                                             "load-ckpt: %s is on the device and no staging sink was given", s->p[i].name);
+            if (!rc) rc = frc;
+        }
+    if (!rc && o->round_bf16)
+        for (size_t i = 0; i < s->n && !rc; i++) {
+            state_param *p = &s->p[i];
+            p->dtype = FSDP_DT_BF16;
+            size_t n = state_param_local_numel(p);
+            if (state_place_of(p, STATE_DATA) != STATE_DEVICE) round_bf16(p->data, n);
+            else if (!loaded[i]) /* loaded ones were rounded in staging */
+                rc = o->sink ? round_dev(&L, p->d_data, n, err)
+                             : fsdp_err_set(err, FSDP_E_INVALID, "load-ckpt: %s is on the device and no staging "
+                                                                 "sink was given", p->name);
+        }
+    if (o->sink) {
+        fsdp_err e2;
+        ckpt_up_release(&L.up);
+        int frc = ckpt_up_finish(&L.up, rc ? &e2 : err);
+        if (!rc) rc = frc;
+    }
     free(loaded);
+    free(nan_dev);
     free(used);
     free(problems);
 out:

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "ckpt/ckpt_pio.h"
+#include "ckpt/ckpt_pipe.h"
 #include "ckpt/dcp.h"
 #include "ckpt/pickle.h"
 #include "ckpt/state_io.h"
@@ -20,6 +21,7 @@ typedef struct save_item {
     int ndim;
     int64_t shape[FSDP_MAX_DIMS], offsets[FSDP_MAX_DIMS], sizes[FSDP_MAX_DIMS];
     const float *data;     /* f32 values (converted to dtype when written) */
+    int on_dev;            /* data is a device array (downloaded through the staging sink) */
     unsigned char *value;  /* pickled value opcodes */
     size_t value_len;
 } save_item;
@@ -72,7 +74,7 @@ static int add_value(save_plan *p, const char *fqn, pkl_w *w, fsdp_err *err) {
     return 0;
 }
 
-static int add_chunk(save_plan *p, const state_param *sp, const char *fqn, const float *data, fsdp_dtype dt,
+static int add_chunk(save_plan *p, const state_param *sp, const char *fqn, state_array a, fsdp_dtype dt,
                      int world, fsdp_err *err) {
     save_item *it = plan_add(p, err);
     if (!it) return err->code;
@@ -87,7 +89,8 @@ static int add_chunk(save_plan *p, const state_param *sp, const char *fqn, const
         /* an empty shard records the dimension size as its offset (PyTorch >= 2.8) */
         it->offsets[0] = sp->rows == 0 && world > 1 ? sp->shape[0] : sp->row0;
     }
-    it->data = data;
+    it->on_dev = state_place_of(sp, a) == STATE_DEVICE;
+    it->data = it->on_dev ? *state_param_dev_slot((state_param *)sp, a) : *state_param_host_slot((state_param *)sp, a);
     return 0;
 }
 
@@ -139,13 +142,13 @@ static int build_plan(fsdp_state *s, int rank, int world, const sio_save_opts *o
     for (size_t i = 0; i < s->n && !rc; i++) {
         state_param *sp = &s->p[i];
         if (full && rank != 0) break;
-        rc = add_chunk(p, sp, sp->name, sp->data, sp->dtype, full ? 1 : world, err);
+        rc = add_chunk(p, sp, sp->name, STATE_DATA, sp->dtype, full ? 1 : world, err);
         if (!rc && with_opt) {
             snprintf(key, sizeof key, "optimizer.state.%s.exp_avg", sp->name);
-            rc = add_chunk(p, sp, key, sp->exp_avg, FSDP_DT_F32, full ? 1 : world, err);
+            rc = add_chunk(p, sp, key, STATE_EXP_AVG, FSDP_DT_F32, full ? 1 : world, err);
             if (!rc) {
                 snprintf(key, sizeof key, "optimizer.state.%s.exp_avg_sq", sp->name);
-                rc = add_chunk(p, sp, key, sp->exp_avg_sq, FSDP_DT_F32, full ? 1 : world, err);
+                rc = add_chunk(p, sp, key, STATE_EXP_AVG_SQ, FSDP_DT_F32, full ? 1 : world, err);
             }
         }
     }
@@ -166,34 +169,125 @@ static int build_plan(fsdp_state *s, int rank, int world, const sio_save_opts *o
     return rc;
 }
 
-/* snapshot every tensor's values so the state may change while the file is written */
-static int snapshot(save_plan *p, fsdp_err *err) {
+static size_t item_numel(const save_item *it) { return (size_t)fsdp_numel(it->ndim, it->sizes); }
+
+/* The downloads of every device item, in the order write_file writes the tensors. */
+static int plan_downloads(const save_plan *p, const ckpt_sink *sink, ckpt_down *d, int *any, fsdp_err *err) {
+    *any = 0;
+    for (size_t i = 0; i < p->n; i++)
+        if (p->items[i].is_tensor && p->items[i].on_dev) *any = 1;
+    if (!*any) return 0;
+    if (!sink) return fsdp_err_set(err, FSDP_E_INVALID, "save-dcp: %s is on the device and no staging sink was given",
+                                   p->items[0].fqn);
+    int rc = ckpt_sink_check(sink, err);
+    if (rc) return rc;
+    ckpt_down_init(d, sink);
+    for (size_t i = 0; i < p->n && !rc; i++) {
+        const save_item *it = &p->items[i];
+        if (it->is_tensor && it->on_dev) rc = ckpt_down_add(d, (void *)it->data, item_numel(it) * sizeof(float), err);
+    }
+    if (rc) ckpt_down_free(d);
+    return rc;
+}
+
+/* snapshot every tensor's values so the state may change while the file is written; device items
+ * are downloaded through the sink (every download has completed on return) */
+static int snapshot(save_plan *p, const ckpt_sink *sink, fsdp_err *err) {
+    ckpt_down d;
+    int any_dev;
+    int rc = plan_downloads(p, sink, &d, &any_dev, err);
+    if (rc) return rc;
     size_t total = 0;
     for (size_t i = 0; i < p->n; i++)
         if (p->items[i].is_tensor && p->items[i].data)
             total += (size_t)fsdp_numel(p->items[i].ndim, p->items[i].sizes);
     p->snapshot = malloc((total ? total : 1) * sizeof(float));
-    if (!p->snapshot) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory snapshotting %zu values", total);
+    if (!p->snapshot) rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory snapshotting %zu values", total);
     size_t off = 0;
-    for (size_t i = 0; i < p->n; i++) {
+    for (size_t i = 0; i < p->n && !rc; i++) {
         save_item *it = &p->items[i];
         if (!it->is_tensor || !it->data) continue;
-        size_t n = (size_t)fsdp_numel(it->ndim, it->sizes);
-        ckpt_copy_par(p->snapshot + off, it->data, n * sizeof(float), NULL);
+        size_t n = item_numel(it);
+        if (!it->on_dev) {
+            ckpt_copy_par(p->snapshot + off, it->data, n * sizeof(float), NULL);
+        } else {
+            /* this item's chunks, in plan order: item i+1's first download runs while these are copied */
+            char *dst = (char *)(p->snapshot + off);
+            for (size_t left = n * sizeof(float); left && !rc;) {
+                void *buf;
+                size_t b;
+                if ((rc = ckpt_down_next(&d, &buf, &b, err))) break;
+                ckpt_copy_par(dst, buf, b, NULL);
+                dst += b;
+                left -= b;
+            }
+            if (rc) break;
+            it->on_dev = 0;
+        }
         it->data = p->snapshot + off;
         off += n;
     }
-    return 0;
+    if (any_dev) {
+        fsdp_err e2;
+        int frc = ckpt_down_finish(&d, rc ? &e2 : err);
+        if (!rc) rc = frc;
+        ckpt_down_free(&d);
+    }
+    return rc;
 }
 
-static int write_file(const char *path, int rank, save_plan *p, float opt_step, dcp_record **recs, size_t *nrec,
-                      fsdp_err *err) {
+/* Streams one device item's payload: its chunks from the download pipeline, converted to the
+ * item's dtype, appended to the zip record (the bytes dcp_file_add_tensor would write). */
+typedef struct dev_fill {
+    ckpt_down *down;
+    const save_item *it;
+    void *scratch;
+    size_t scratch_cap;
+} dev_fill;
+
+static int fill_from_dev(void *user, zip_writer *zw, fsdp_err *err) {
+    dev_fill *f = user;
+    size_t esz = fsdp_dtype_size(f->it->dtype);
+    int rc = 0;
+    for (size_t left = item_numel(f->it) * sizeof(float); left && !rc;) {
+        void *buf;
+        size_t b;
+        if ((rc = ckpt_down_next(f->down, &buf, &b, err))) break;
+        if (b > left) return fsdp_err_set(err, FSDP_E_INVALID, "save-dcp: download plan out of step at %s", f->it->fqn);
+        left -= b;
+        const void *src = buf;
+        size_t n = b / sizeof(float), out = b;
+        if (f->it->dtype != FSDP_DT_F32) {
+            out = n * esz;
+            if (out > f->scratch_cap) {
+                void *s2 = realloc(f->scratch, out);
+                if (!s2) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory converting %s", f->it->fqn);
+                f->scratch = s2;
+                f->scratch_cap = out;
+            }
+            if ((rc = ckpt_convert_par(f->scratch, f->it->dtype, buf, FSDP_DT_F32, n, NULL, err))) break;
+            src = f->scratch;
+        }
+        rc = out >= ((size_t)1 << 20) ? zip_writer_data_par(zw, src, out, err) : zip_writer_data(zw, src, out, err);
+    }
+    return rc;
+}
+
+static int write_file(const char *path, int rank, save_plan *p, float opt_step, const ckpt_sink *sink,
+                      dcp_record **recs, size_t *nrec, fsdp_err *err) {
     *recs = calloc(p->n ? p->n : 1, sizeof **recs);
     *nrec = 0;
     if (!*recs) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
-    dcp_file_writer fw;
-    int rc = dcp_file_open(&fw, path, rank, err);
+    ckpt_down down;
+    int any_dev;
+    int rc = plan_downloads(p, sink, &down, &any_dev, err);
     if (rc) return rc;
+    dev_fill fill = {&down, NULL, NULL, 0};
+    dcp_file_writer fw;
+    if ((rc = dcp_file_open(&fw, path, rank, err))) {
+        if (any_dev) ckpt_down_free(&down);
+        return rc;
+    }
     /* values first, then tensors (PyTorch's order inside a file) */
     for (int pass = 0; pass < 2 && !rc; pass++) {
         for (size_t i = 0; i < p->n && !rc; i++) {
@@ -204,7 +298,13 @@ static int write_file(const char *path, int rank, save_plan *p, float opt_step, 
                 rc = dcp_file_add_value(&fw, it->fqn, it->value, it->value_len, r, err);
                 continue;
             }
-            size_t n = (size_t)fsdp_numel(it->ndim, it->sizes);
+            if (it->on_dev) {
+                fill.it = it;
+                rc = dcp_file_add_tensor_fill(&fw, it->fqn, it->dtype, it->ndim, it->shape, it->offsets, it->sizes,
+                                              fill_from_dev, &fill, r, err);
+                continue;
+            }
+            size_t n = item_numel(it);
             const float *src = it->data ? it->data : &opt_step;
             void *buf = (void *)src;
             if (it->dtype != FSDP_DT_F32) {
@@ -221,6 +321,13 @@ static int write_file(const char *path, int rank, save_plan *p, float opt_step, 
             if (buf != src) free(buf);
         }
     }
+    if (any_dev) {
+        fsdp_err e2;
+        int frc = ckpt_down_finish(&down, rc ? &e2 : err);
+        if (!rc) rc = frc;
+        ckpt_down_free(&down);
+    }
+    free(fill.scratch);
     if (rc) {
         dcp_file_abort(&fw);
         return rc;
@@ -318,6 +425,11 @@ static int commit(comm *c, const char *path, int local_rc, fsdp_err *local_err, 
 }
 
 int sio_save(fsdp_state *s, comm *c, const char *path, const sio_save_opts *o, fsdp_err *err) {
+    return sio_save_staged(s, c, path, o, NULL, err);
+}
+
+int sio_save_staged(fsdp_state *s, comm *c, const char *path, const sio_save_opts *o, const ckpt_sink *sink,
+                    fsdp_err *err) {
     int rank = comm_rank(c);
     int rc = prepare_dir(path, rank, c, o->overwrite, err);
     if (rc) return rc;
@@ -327,7 +439,7 @@ int sio_save(fsdp_state *s, comm *c, const char *path, const sio_save_opts *o, f
     dcp_record *recs = NULL;
     size_t n = 0;
     int lrc = build_plan(s, rank, comm_size(c), o, &p, &lerr);
-    if (!lrc) lrc = write_file(path, rank, &p, (float)s->opt_step, &recs, &n, &lerr);
+    if (!lrc) lrc = write_file(path, rank, &p, (float)s->opt_step, sink, &recs, &n, &lerr);
     plan_free(&p);
     rc = commit(c, path, lrc, &lerr, recs, n, err);
     free(recs);
@@ -337,23 +449,31 @@ int sio_save(fsdp_state *s, comm *c, const char *path, const sio_save_opts *o, f
 static void *async_main(void *arg) {
     sio_async *a = arg;
     fsdp_err_clear(&a->err);
-    a->rc = write_file(a->path, comm_rank(a->c), &a->plan, 0, &a->recs, &a->n_recs, &a->err);
+    a->rc = write_file(a->path, comm_rank(a->c), &a->plan, 0, NULL, &a->recs, &a->n_recs, &a->err);
     return NULL;
 }
 
 int sio_save_begin(fsdp_state *s, comm *c, const char *path, const sio_save_opts *o, sio_async **out, fsdp_err *err) {
+    return sio_save_begin_staged(s, c, path, o, NULL, out, err);
+}
+
+int sio_save_begin_staged(fsdp_state *s, comm *c, const char *path, const sio_save_opts *o, const ckpt_sink *sink,
+                          sio_async **out, fsdp_err *err) {
     *out = NULL;
     int rc = prepare_dir(path, comm_rank(c), c, o->overwrite, err);
     if (rc) return rc;
     sio_async *a = calloc(1, sizeof *a);
     if (!a || !(a->path = strdup(path))) {
         free(a);
-        return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+        a = NULL;
+        rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
     }
-    a->c = c;
-    rc = build_plan(s, comm_rank(c), comm_size(c), o, &a->plan, err);
+    if (!rc) {
+        a->c = c;
+        rc = build_plan(s, comm_rank(c), comm_size(c), o, &a->plan, err);
+    }
     /* the optimizer step (0-d tensors) is captured now too */
-    if (!rc) rc = snapshot(&a->plan, err);
+    if (!rc) rc = snapshot(&a->plan, sink, err);
     if (!rc) {
         for (size_t i = 0; i < a->plan.n; i++) {
             save_item *it = &a->plan.items[i];
@@ -370,6 +490,12 @@ int sio_save_begin(fsdp_state *s, comm *c, const char *path, const sio_save_opts
             }
         }
     }
+    /* every rank learns whether all snapshots were taken before any writes */
+    int who = -1;
+    fsdp_err e2;
+    fsdp_err_clear(&e2);
+    int agreed = comm_agree(c, rc, &who, &e2);
+    if (!rc && agreed) rc = fsdp_err_set(err, agreed, "save-dcp: rank %d could not snapshot its shards", who);
     if (!rc && pthread_create(&a->th, NULL, async_main, a) != 0)
         rc = fsdp_err_set(err, FSDP_E_RUNTIME, "save-dcp: cannot start the writer thread");
     if (rc) {

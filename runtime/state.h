@@ -132,6 +132,9 @@ int state_attach_device(fsdp_state *s, struct dev_ctx *d, fsdp_err *err);
  * copies - except the arrays `offload` keeps on the host (s->offloaded: exp_avg / exp_avg_sq;
  * s->offload_params: data / grad too), which move to pinned host memory of d instead. */
 int state_to_device(fsdp_state *s, struct dev_ctx *d, fsdp_err *err);
+/* Where state_to_device puts array a: STATE_PINNED for the arrays `offload` keeps on the host,
+ * else STATE_DEVICE. */
+state_place state_device_target(const fsdp_state *s, state_array a);
 /* Downloads every device array into (pageable) host memory and frees the device copies; pinned
  * arrays stay where they are. s->dev is cleared when nothing uses the device any more. */
 int state_to_host(fsdp_state *s, fsdp_err *err);

@@ -206,7 +206,7 @@ int state_param_move(fsdp_state *s, state_param *p, state_array a, state_place w
     return finish(x, rc, err);
 }
 
-static state_place device_target(const fsdp_state *s, state_array a) {
+state_place state_device_target(const fsdp_state *s, state_array a) {
     if (s->offloaded && (a == STATE_EXP_AVG || a == STATE_EXP_AVG_SQ)) return STATE_PINNED;
     if (s->offload_params && (a == STATE_DATA || a == STATE_GRAD)) return STATE_PINNED;
     return STATE_DEVICE;
@@ -219,7 +219,7 @@ int state_to_device(fsdp_state *s, struct dev_ctx *d, fsdp_err *err) {
     if ((rc = dev_xfer_create(d, 0, &x, err))) return rc;
     for (size_t i = 0; i < s->n && !rc; i++)
         for (int a = 0; a < STATE_ARRAYS && !rc; a++)
-            rc = move_with(s, &s->p[i], (state_array)a, device_target(s, (state_array)a), x, err);
+            rc = move_with(s, &s->p[i], (state_array)a, state_device_target(s, (state_array)a), x, err);
     return finish(x, rc, err);
 }
 

@@ -4,10 +4,12 @@
  * model in the context it declares one from the recipe's `model:` section (like init-meta,
  * without drawing weights). Strict loading fails naming every parameter not restored (those
  * are left NaN; restored ones are written in full, their chunks checked to cover them), every
- * tensor of the wrong shape and every unexpected key, and checks that no NaN was loaded. On runtime.device cuda the checkpoint is read into host memory and the
- * sharded state then uploaded to the GPU (pipelined through pinned staging); a state already on
- * the GPU comes back to the host for the read (parameters absent from a non-strict load keep
- * their values).
+ * tensor of the wrong shape and every unexpected key, and checks that no NaN was loaded. On
+ * runtime.device cuda (sharded state) every array is read chunk by chunk into a ring of pinned
+ * staging buffers and uploaded from there on the COPY stream while the next chunk is read
+ * (ckpt/ckpt_pipe.h): no host copy of the state is made; the arrays the checkpoint does not hold
+ * (a fresh model's gradients, parameters absent from a non-strict load) are placed afterwards, and
+ * a state already on the GPU is overwritten in place (absent parameters keep their values).
  *
  * with: path (required), format (auto|dcp|safetensors|pt), names (torchtitan|hf),
  *       strip_prefix, add_prefix, rename (map of glob -> replacement on checkpoint keys),
@@ -40,14 +42,24 @@ static int load_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
     int rc, on_gpu = 0;
     /* the device choice first: it is collective, and reading may fail on one rank only */
     if ((rc = stage_on_gpu(ctx, &on_gpu, err))) return rc;
-    /* the checkpoint readers fill host arrays */
-    if (s && (rc = state_to_host(s, err))) return rc;
     if (!s) {
         llama_config cfg;
         if ((rc = stage_model_config(ctx, &cfg, err))) return rc;
         llama_params table;
         if ((rc = stage_state_from_config(ctx, &cfg, STATE_SHARDED, &table, &s, err))) return rc;
         llama_params_free(&table);
+    }
+    /* staged straight into device arrays, or the checkpoint readers fill host arrays */
+    int staged = on_gpu && s->layout == STATE_SHARDED;
+    stage_ckpt_sink sink;
+    memset(&sink, 0, sizeof sink);
+    if (staged) {
+        dev_ctx *d;
+        if ((rc = stage_device(ctx, &d, err))) return rc;
+        if ((rc = state_attach_device(s, d, err))) return rc;
+        if ((rc = stage_ckpt_sink_create(d, &sink, err))) return rc;
+    } else if ((rc = state_to_host(s, err))) {
+        return rc;
     }
     sio_load_opts o;
     memset(&o, 0, sizeof o);
@@ -64,6 +76,7 @@ static int load_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
     if (!from || !to) {
         free(from);
         free(to);
+        stage_ckpt_sink_free(&sink);
         return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
     }
     for (size_t i = 0; i < nr; i++) {
@@ -74,21 +87,16 @@ static int load_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
     o.rename_from = from;
     o.rename_to = to;
     o.n_rename = nr;
+    o.sink = staged ? &sink.sink : NULL;
+    o.round_bf16 = !strcmp(fsdp_arg_str(with, "dtype", "auto"), "bf16");
     const char *path = fsdp_arg_str(with, "path", "");
     double t0 = stage_now();
     sio_load_result res;
     rc = sio_load(s, path, &o, &res, err);
     free(from);
     free(to);
+    stage_ckpt_sink_free(&sink);
     if (rc) return rc;
-    const char *dt = fsdp_arg_str(with, "dtype", "auto");
-    if (!strcmp(dt, "bf16")) {
-        for (size_t i = 0; i < s->n; i++) {
-            size_t n = state_param_local_numel(&s->p[i]);
-            for (size_t k = 0; k < n; k++) s->p[i].data[k] = fsdp_bf16_to_f32(fsdp_f32_to_bf16(s->p[i].data[k]));
-            s->p[i].dtype = FSDP_DT_BF16;
-        }
-    }
     double t_up = stage_now();
     if ((rc = stage_place_state(ctx, s, &on_gpu, err))) return rc;
     on_gpu = on_gpu && s->layout == STATE_SHARDED;

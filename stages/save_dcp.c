@@ -3,11 +3,15 @@
  * atomically, so an interrupted save never looks like a checkpoint. Refuses to overwrite an
  * existing checkpoint unless asked. `async: true` snapshots the shards to host memory and
  * writes in a background thread while later stages run; the run waits for it at the end
- * and reports its errors. A state on the GPU is downloaded to a host view first (through pinned
- * staging, one array at a time); with `async` the writer's snapshot is taken from that view, which
- * is freed before the stage returns, so later stages may change the device state at once.
+ * and reports its errors. A state on the GPU is downloaded chunk by chunk into a ring of pinned
+ * staging buffers (ckpt/ckpt_pipe.h): synchronously, each chunk is written to the data file while
+ * the next ones download; with `async` the chunks are copied into the writer's host snapshot, and
+ * the stage returns once every download has completed, so later stages may change the device state
+ * at once.
  *
  * with: path (required), optimizer (bool, true), overwrite (bool, false), async (bool, false) */
+#include <string.h>
+
 #include "ckpt/state_io.h"
 #include "runtime/ctx_impl.h"
 #include "stages/stages.h"
@@ -30,35 +34,31 @@ static int async_finish(fsdp_ctx *ctx, void *p, fsdp_err *err) {
     return rc;
 }
 
-/* The state as the checkpoint writers read it: s itself, or a host view of a state on the GPU.
- * Every rank takes part in the saves, so a failed download is agreed on before any collective. */
-static int host_state(fsdp_ctx *ctx, fsdp_state *s, fsdp_state **out, fsdp_err *err) {
-    *out = s;
+/* The staging sink for a state on the GPU (*sink NULL for a host state). Every rank takes part in
+ * the saves, so a failure to set it up is agreed on before any collective. */
+static int staging(fsdp_ctx *ctx, fsdp_state *s, stage_ckpt_sink *st, const ckpt_sink **sink, fsdp_err *err) {
+    memset(st, 0, sizeof *st);
+    *sink = NULL;
     if (!state_on_device(s)) return 0; /* the same on every rank */
-    double t0 = stage_now();
-    int rc = state_host_view(s, out, err);
-    if (!rc) fsdp_ctx_metric(ctx, "seconds_download", stage_now() - t0);
+    int rc = stage_ckpt_sink_create(s->dev, st, err);
     int who;
     fsdp_err e2;
     int agreed = comm_agree(stage_comm(ctx), rc, &who, &e2);
-    if (!rc && agreed) rc = fsdp_err_set(err, agreed, "save-dcp: rank %d could not copy its shards from the GPU", who);
-    if (rc && *out != s) state_host_view_free(*out);
-    if (rc) *out = NULL;
+    if (!rc && agreed) rc = fsdp_err_set(err, agreed, "save-dcp: rank %d could not set up its GPU staging", who);
+    if (rc) stage_ckpt_sink_free(st);
+    else *sink = &st->sink;
     return rc;
-}
-
-static void host_state_done(fsdp_state *s, fsdp_state *h) {
-    if (h && h != s) state_host_view_free(h);
 }
 
 int stage_save_dcp_to(fsdp_ctx *ctx, fsdp_state *s, const char *path, int optimizer, int overwrite, fsdp_err *err) {
     sio_save_opts o = {optimizer, overwrite};
     double t0 = stage_now();
-    fsdp_state *h;
-    int rc = host_state(ctx, s, &h, err);
+    stage_ckpt_sink st;
+    const ckpt_sink *sink;
+    int rc = staging(ctx, s, &st, &sink, err);
     if (rc) return rc;
-    rc = sio_save(h, stage_comm(ctx), path, &o, err);
-    host_state_done(s, h);
+    rc = sio_save_staged(s, stage_comm(ctx), path, &o, sink, err);
+    stage_ckpt_sink_free(&st);
     if (!rc) {
         size_t bytes = 0;
         for (size_t i = 0; i < s->n; i++)
@@ -84,11 +84,13 @@ static int save_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
     sio_save_opts o = {opt, ow};
     sio_async *a;
     double t0 = stage_now();
-    fsdp_state *h;
-    if ((rc = host_state(ctx, s, &h, err))) return rc;
-    rc = sio_save_begin(h, stage_comm(ctx), path, &o, &a, err);
-    host_state_done(s, h);
+    stage_ckpt_sink st;
+    const ckpt_sink *sink;
+    if ((rc = staging(ctx, s, &st, &sink, err))) return rc;
+    rc = sio_save_begin_staged(s, stage_comm(ctx), path, &o, sink, &a, err);
+    stage_ckpt_sink_free(&st);
     if (rc) return rc;
+    if (sink) fsdp_ctx_metric(ctx, "seconds_download", stage_now() - t0);
     fsdp_ctx_metric(ctx, "seconds_blocking", stage_now() - t0);
     fsdp_log(ctx, FSDP_LOG_INFO, "save-dcp %s continues in the background", path);
     return ctx_add_finisher(ctx, "save-dcp.async", a, async_finish, async_destroy, err);

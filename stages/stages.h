@@ -2,6 +2,7 @@
 #ifndef FSDP_STAGES_STAGES_H
 #define FSDP_STAGES_STAGES_H
 
+#include "ckpt/ckpt_pipe.h"
 #include "fsdp/stage.h"
 #include "model/llama.h"
 #include "model/llama_init.h"
@@ -56,6 +57,17 @@ int stage_place_state(fsdp_ctx *ctx, fsdp_state *s, int *on_gpu, fsdp_err *err);
  * (bf16-rounded on the device for dtype bf16); host rows are dropped without being copied. */
 int stage_init_values_dev(fsdp_state *s, const llama_params *table, dev_ctx *d, uint64_t seed, fsdp_dtype dtype,
                           fsdp_err *err);
+
+/* Pinned staging of checkpoint transfers on the GPU (stages/ckpt_sink.c): a ckpt_sink over
+ * STAGE_CKPT_SINK_BUFS pinned buffers of STAGE_CKPT_SINK_BYTES, an event each, on the COPY stream. */
+#define STAGE_CKPT_SINK_BUFS 3
+#define STAGE_CKPT_SINK_BYTES ((size_t)16 << 20)
+typedef struct stage_ckpt_sink {
+    ckpt_sink sink;
+    struct dev_ring *ring;
+} stage_ckpt_sink;
+int stage_ckpt_sink_create(dev_ctx *d, stage_ckpt_sink *out, fsdp_err *err);
+void stage_ckpt_sink_free(stage_ckpt_sink *s);
 
 extern const fsdp_stage_desc stage_shard;
 extern const fsdp_stage_desc stage_offload;

@@ -18,6 +18,7 @@
 #include "test_util.h"
 
 extern "C" {
+#include "ckpt/state_io.h"
 #include "runtime/ctx_impl.h"
 #include "runtime/device.h"
 #include "runtime/device_xfer.h"
@@ -560,6 +561,78 @@ void run_both(const std::string &recipe, const std::string &tag, const std::stri
 }
 
 }  // namespace
+
+TEST(StateDev, GpuStagedLoadAndSaveEqualTheHostPaths) {
+    NEED_GPU();
+    Gpu g;
+    ASSERT_NE(g.d, nullptr);
+    fsdp_err err;
+    comm *c;
+    ASSERT_EQ(comm_create_single(&c, &err), 0);
+    Dir t;
+    // a parameter of several 16 MiB staging chunks (not a multiple of one), a small one, a 1-D one
+    auto build = [](HostState &h) {
+        h.add("big.weight", {(int64_t)(STAGE_CKPT_SINK_BYTES / 4 / 512) * 2 + 5, 512});
+        h.add("small.weight", {7, 5});
+        h.add("norm.weight", {1000});
+        fsdp_err e;
+        EXPECT_EQ(state_alloc_optimizer(h.s, &e), 0) << e.msg;
+        h.s->has_optimizer = 1;
+        h.s->opt_step = 4;
+    };
+    HostState src;
+    build(src);
+    unsigned seed = 7;
+    for (size_t i = 0; i < src.s->n; i++)
+        for (state_array a : {STATE_DATA, STATE_EXP_AVG, STATE_EXP_AVG_SQ})
+            fill(src.s, &src.s->p[i], a, random_values(state_param_local_numel(&src.s->p[i]), seed++));
+    sio_save_opts so = {1, 0};
+    std::string ck = t / "host";
+    ASSERT_EQ(sio_save(src.s, c, ck.c_str(), &so, &err), 0) << err.msg;
+    stage_ckpt_sink sink;
+    ASSERT_EQ(stage_ckpt_sink_create(g.d, &sink, &err), 0) << err.msg;
+    for (int round = 0; round < 2; round++) {
+        // a fresh host state bound to the GPU: every array lands on the device without a host copy
+        HostState dst, ref;
+        build(dst);
+        build(ref);
+        ASSERT_EQ(state_attach_device(dst.s, g.d, &err), 0) << err.msg;
+        sio_load_opts lo;
+        memset(&lo, 0, sizeof lo);
+        lo.strict = 1;
+        lo.load_optimizer = 1;
+        lo.round_bf16 = round;
+        sio_load_result rr, rd;
+        ASSERT_EQ(sio_load(ref.s, ck.c_str(), &lo, &rr, &err), 0) << err.msg;
+        lo.sink = &sink.sink;
+        ASSERT_EQ(sio_load(dst.s, ck.c_str(), &lo, &rd, &err), 0) << err.msg;
+        EXPECT_EQ(rr.bytes_read, rd.bytes_read);
+        EXPECT_EQ(rr.params_loaded, rd.params_loaded);
+        for (size_t i = 0; i < dst.s->n; i++)
+            for (state_array a : {STATE_DATA, STATE_EXP_AVG, STATE_EXP_AVG_SQ}) {
+                state_param *p = &dst.s->p[i];
+                EXPECT_EQ(state_place_of(p, a), STATE_DEVICE) << p->name;
+                EXPECT_TRUE(same_bits(get(dst.s, p, a), get(ref.s, &ref.s->p[i], a))) << p->name << " " << a;
+            }
+        // loaded again in place (the state already on the GPU), then saved through the staging
+        ASSERT_EQ(sio_load(dst.s, ck.c_str(), &lo, &rd, &err), 0) << err.msg;
+        std::string a = t / ("ref" + std::to_string(round)), b = t / ("staged" + std::to_string(round)),
+                    e = t / ("async" + std::to_string(round));
+        ASSERT_EQ(sio_save(ref.s, c, a.c_str(), &so, &err), 0) << err.msg;
+        ASSERT_EQ(sio_save_staged(dst.s, c, b.c_str(), &so, &sink.sink, &err), 0) << err.msg;
+        EXPECT_TRUE(read_file(a + "/__0_0.distcp") == read_file(b + "/__0_0.distcp"));
+        sio_async *as;
+        ASSERT_EQ(sio_save_begin_staged(dst.s, c, e.c_str(), &so, &sink.sink, &as, &err), 0) << err.msg;
+        // the snapshot is complete: the device state may change at once
+        std::vector<float> z(state_param_local_numel(&dst.s->p[0]), 0.0f);
+        fill(dst.s, &dst.s->p[0], STATE_DATA, z);
+        ASSERT_EQ(sio_save_finish(as, &err), 0) << err.msg;
+        sio_async_free(as);
+        EXPECT_TRUE(read_file(a + "/__0_0.distcp") == read_file(e + "/__0_0.distcp"));
+    }
+    stage_ckpt_sink_free(&sink);
+    comm_destroy(c);
+}
 
 TEST(StageDevice, GpuInitMetaEqualsCpuWithinOneUlp) {
     NEED_GPU();
