@@ -123,33 +123,13 @@ KCU_API int kcu_rmsnorm_backward(fsdp_dtype dt, const void *dy, const void *x, c
 
 // ---- cross-entropy ------------------------------------------------------------------------------------
 
+// d(loss)/d(logits) of one labelled row from its float lse: scale * (softmax - onehot(lab)).
 template <class T>
-__global__ void xent_fwd(const T *logits, const int32_t *labels, int64_t n, int vocab, int ignore_index, float *lse,
-                         double *sums, int *d_bad) {
-    KCU_SHARED(float, shf, 32);
-    KCU_SHARED(double, shd, 32);
-    for (int64_t i = blockIdx.x; i < n; i += gridDim.x) {
-        const int32_t lab = labels[i]; // the same for the whole block: the branches below are uniform
-        if (lab == ignore_index || lab < 0 || lab >= vocab) {
-            if (threadIdx.x == 0) {
-                lse[i] = 0.0f;
-                if (lab != ignore_index) kcu_set_bad(d_bad, i);
-            }
-            continue;
-        }
-        const size_t off = (size_t)i * vocab;
-        float mx = -INFINITY;
-        for (int j = threadIdx.x; j < vocab; j += blockDim.x) mx = fmaxf(mx, kcu_ld(logits, off + j));
-        mx = kcu_block_max(mx, shf);
-        double s = 0.0;
-        for (int j = threadIdx.x; j < vocab; j += blockDim.x) s += (double)expf(__fsub_rn(kcu_ld(logits, off + j), mx));
-        s = kcu_block_sum(s, shd);
-        if (threadIdx.x == 0) {
-            const double l = (double)mx + log(s);
-            lse[i] = (float)l;
-            atomicAdd(sums, l - (double)kcu_ld(logits, off + lab));
-            atomicAdd(sums + 1, 1.0);
-        }
+__device__ void xent_row_grad(const T *logits, size_t off, int vocab, int lab, float lse, float scale, T *dlogits) {
+    for (int j = threadIdx.x; j < vocab; j += blockDim.x) {
+        float v = __fmul_rn(expf(__fsub_rn(kcu_ld(logits, off + j), lse)), scale);
+        if (j == lab) v = __fsub_rn(v, scale);
+        kcu_st(dlogits, off + j, v);
     }
 }
 
@@ -163,27 +143,8 @@ __global__ void xent_bwd(const T *logits, const int32_t *labels, const float *ls
             for (int j = threadIdx.x; j < vocab; j += blockDim.x) kcu_st(dlogits, off + j, 0.0f);
             continue;
         }
-        const float l = lse[i];
-        for (int j = threadIdx.x; j < vocab; j += blockDim.x) {
-            float v = __fmul_rn(expf(__fsub_rn(kcu_ld(logits, off + j), l)), scale);
-            if (j == lab) v = __fsub_rn(v, scale);
-            kcu_st(dlogits, off + j, v);
-        }
+        xent_row_grad(logits, off, vocab, lab, lse[i], scale, dlogits);
     }
-}
-
-KCU_API int kcu_xent_forward(fsdp_dtype dt, const void *logits, const int32_t *labels, int64_t n, int vocab,
-                             int ignore_index, float *lse, double *d_sums, int *d_bad, kcu_stream stream,
-                             fsdp_err *err) {
-    if (norm_check(dt, n, vocab, "kcu_xent_forward", err)) return FSDP_E_INVALID;
-    cudaError_t e = cudaMemsetAsync(d_sums, 0, 2 * sizeof(double), stream);
-    if (e != cudaSuccess) return kcu_cuda_fail(err, e, "kcu_xent_forward: cudaMemsetAsync");
-    if (n == 0) return FSDP_OK;
-    const unsigned blocks = n > (1 << 20) ? (1u << 20) : (unsigned)n;
-    KCU_DISPATCH(dt, T,
-                 KCU_LAUNCH(xent_fwd<T>, blocks, 256, 0, stream)((const T *)logits, labels, n, vocab, ignore_index, lse,
-                                                         d_sums, d_bad));
-    return kcu_launch_check(err, "kcu_xent_forward");
 }
 
 KCU_API int kcu_xent_backward(fsdp_dtype dt, const void *logits, const int32_t *labels, const float *lse,
@@ -200,9 +161,11 @@ KCU_API int kcu_xent_backward(fsdp_dtype dt, const void *logits, const int32_t *
 
 // ---- cross-entropy on a chunk of rows: forward and, optionally, backward in one pass ----------------
 
-// xent_fwd's lse and loss then, when dlogits is set, xent_bwd's gradient from the same float lse, so
-// the results equal the two kernels' bit for bit. The label's logit is read before the first block
-// reduction: with dlogits == logits another thread may overwrite it in the last pass.
+// Per row the lse (double sum of exp, rounded to float) and the loss sums; when dlogits is set, also
+// xent_bwd's gradient from the same float lse, so a chunk gives the separate forward and backward's
+// results bit for bit (kcu_xent_forward is this kernel without dlogits). The label's logit is read
+// before the first block reduction: with dlogits == logits another thread may overwrite it in the
+// last pass.
 template <class T>
 __global__ void xent_chunk(const T *logits, const int32_t *labels, int64_t n, int vocab, int ignore_index,
                            float scale, float *lse, double *sums, int *d_bad, T *dlogits) {
@@ -234,13 +197,22 @@ __global__ void xent_chunk(const T *logits, const int32_t *labels, int64_t n, in
             atomicAdd(sums, l - (double)xl);
             atomicAdd(sums + 1, 1.0);
         }
-        if (dlogits)
-            for (int j = threadIdx.x; j < vocab; j += blockDim.x) {
-                float v = __fmul_rn(expf(__fsub_rn(kcu_ld(logits, off + j), lf)), scale);
-                if (j == lab) v = __fsub_rn(v, scale);
-                kcu_st(dlogits, off + j, v);
-            }
+        if (dlogits) xent_row_grad(logits, off, vocab, lab, lf, scale, dlogits);
     }
+}
+
+KCU_API int kcu_xent_forward(fsdp_dtype dt, const void *logits, const int32_t *labels, int64_t n, int vocab,
+                             int ignore_index, float *lse, double *d_sums, int *d_bad, kcu_stream stream,
+                             fsdp_err *err) {
+    if (norm_check(dt, n, vocab, "kcu_xent_forward", err)) return FSDP_E_INVALID;
+    cudaError_t e = cudaMemsetAsync(d_sums, 0, 2 * sizeof(double), stream);
+    if (e != cudaSuccess) return kcu_cuda_fail(err, e, "kcu_xent_forward: cudaMemsetAsync");
+    if (n == 0) return FSDP_OK;
+    const unsigned blocks = n > (1 << 20) ? (1u << 20) : (unsigned)n;
+    KCU_DISPATCH(dt, T,
+                 KCU_LAUNCH(xent_chunk<T>, blocks, 256, 0, stream)((const T *)logits, labels, n, vocab, ignore_index,
+                                                           0.0f, lse, d_sums, d_bad, (T *)NULL));
+    return kcu_launch_check(err, "kcu_xent_forward");
 }
 
 KCU_API int kcu_xent_chunk(fsdp_dtype dt, const void *logits, const int32_t *labels, int64_t n, int vocab,
