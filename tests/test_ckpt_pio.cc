@@ -4,6 +4,7 @@
 // tensors (partial boxes, dtype conversions) read the right values.
 #include <gtest/gtest.h>
 
+#include "state_fixture.h"
 #include "test_util.h"
 
 #include <cmath>
@@ -33,45 +34,12 @@ std::string pattern(size_t n, uint32_t seed) {
     return s;
 }
 
-fsdp_state *new_state(int rank, int world) {
-    fsdp_state *s = (fsdp_state *)calloc(1, sizeof *s);
-    s->layout = STATE_SHARDED;
-    s->rank = rank;
-    s->world = world;
-    s->beta1 = 0.9;
-    s->beta2 = 0.95;
-    s->eps = 1e-8;
-    return s;
-}
-
 // a state with a large 2-D parameter (3 MiB, above the parallel-write threshold), a small
 // one and a 1-D one, values derived from the global element index
 fsdp_state *make_state(int rank, int world, bool fill, bool opt) {
-    fsdp_state *s = new_state(rank, world);
-    fsdp_err err;
-    int64_t big[2] = {768, 1024}, small[2] = {7, 5}, vec[1] = {1000};
-    EXPECT_EQ(state_add_param(s, "big.weight", 2, big, -1, &err), 0) << err.msg;
-    EXPECT_EQ(state_add_param(s, "small.weight", 2, small, 0, &err), 0) << err.msg;
-    EXPECT_EQ(state_add_param(s, "norm.weight", 1, vec, -1, &err), 0) << err.msg;
-    if (opt) {
-        EXPECT_EQ(state_alloc_optimizer(s, &err), 0) << err.msg;
-        s->has_optimizer = 1;
-        s->opt_step = 3;
-    }
-    if (!fill) return s;
-    for (size_t i = 0; i < s->n; i++) {
-        state_param *p = &s->p[i];
-        size_t n = state_param_local_numel(p);
-        for (size_t k = 0; k < n; k++) {
-            double g = (double)(p->row0 * p->row_numel + (int64_t)k);
-            p->data[k] = (float)(std::sin(g * 0.001 + (double)i) * 3.0);
-            if (opt) {
-                p->exp_avg[k] = (float)(g * 1e-6);
-                p->exp_avg_sq[k] = (float)(1.0 / (g + 1.0));
-            }
-        }
-    }
-    return s;
+    const std::vector<StateParamSpec> specs = {
+        {"big.weight", 2, {768, 1024}, -1}, {"small.weight", 2, {7, 5}, 0}, {"norm.weight", 1, {1000, 0}, -1}};
+    return make_spec_state(rank, world, specs, StateValues{0.001, 3.0, 1e-6, 1.0, 3}, fill, opt);
 }
 }  // namespace
 

@@ -5,6 +5,7 @@
 // give: the same values, byte counts and error messages, byte-identical data files.
 #include <gtest/gtest.h>
 
+#include "state_fixture.h"
 #include "test_util.h"
 
 #include <algorithm>
@@ -24,36 +25,9 @@ using namespace fsdp_test;
 namespace {
 
 fsdp_state *make_state(int rank, int world, bool fill, bool opt) {
-    fsdp_state *s = (fsdp_state *)calloc(1, sizeof *s);
-    s->layout = STATE_SHARDED;
-    s->rank = rank;
-    s->world = world;
-    s->beta1 = 0.9;
-    s->beta2 = 0.95;
-    s->eps = 1e-8;
-    fsdp_err err;
-    int64_t a[2] = {96, 256}, b[2] = {7, 5}, v[1] = {1000};
-    EXPECT_EQ(state_add_param(s, "a.weight", 2, a, 0, &err), 0) << err.msg;
-    EXPECT_EQ(state_add_param(s, "b.weight", 2, b, 0, &err), 0) << err.msg;
-    EXPECT_EQ(state_add_param(s, "norm.weight", 1, v, -1, &err), 0) << err.msg;
-    if (opt) {
-        EXPECT_EQ(state_alloc_optimizer(s, &err), 0) << err.msg;
-        s->has_optimizer = 1;
-        s->opt_step = 5;
-    }
-    if (!fill) return s;
-    for (size_t i = 0; i < s->n; i++) {
-        state_param *p = &s->p[i];
-        for (size_t k = 0; k < state_param_local_numel(p); k++) {
-            double g = (double)(p->row0 * p->row_numel + (int64_t)k);
-            p->data[k] = (float)(std::sin(g * 0.013 + (double)i) * 2.5);
-            if (opt) {
-                p->exp_avg[k] = (float)(g * 1e-5);
-                p->exp_avg_sq[k] = (float)(1.0 / (g + 2.0));
-            }
-        }
-    }
-    return s;
+    const std::vector<StateParamSpec> specs = {
+        {"a.weight", 2, {96, 256}, 0}, {"b.weight", 2, {7, 5}, 0}, {"norm.weight", 1, {1000, 0}, -1}};
+    return make_spec_state(rank, world, specs, StateValues{0.013, 2.5, 1e-5, 2.0, 5}, fill, opt);
 }
 
 // Host arrays become "device" arrays (the same memory in the device slots): the staged paths must
