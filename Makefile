@@ -78,7 +78,7 @@ LIB_C_SRCS := $(filter-out pipeline/main.c,$(wildcard pipeline/*.c runtime/*.c m
 CU_SRCS    := $(if $(filter 1,$(HAVE_CUDA)),$(if $(filter 1,$(EMU)),,$(wildcard kernels/cuda/*.cu)))
 # the emulated-device build: the fake runtime, NCCL and the kernels compiled as host C++ (tests/emu/)
 EMU_SRCS   := $(if $(filter 1,$(EMU)),tests/emu/emu_cudart.cc tests/emu/emu_kernels.cc tests/emu/emu_nccl.cc)
-TEST_SRCS  := $(wildcard tests/*.cc)
+TEST_SRCS  := $(wildcard tests/*.cc) $(if $(filter 1,$(EMU)),$(wildcard tests/emu/test_*.cc))
 FUZZ_SRCS  := $(wildcard tests/fuzz/fuzz_*.c)
 PLUGIN_SRCS := $(wildcard examples/plugins/*.c)
 TEST_PLUGIN_SRCS := $(wildcard tests/plugins/*.c)
@@ -161,18 +161,20 @@ bench: $(BIN) $(BENCHES)
 test: $(BIN) $(PLUGINS) $(TEST_PLUGINS) $(TEST_MPI_BINS) $(TEST_BIN)
 	FSDP_RUN_BIN=$(BIN) FSDP_PLUGIN_DIR=$(BUILD)/plugins OMP_NUM_THREADS=2 $(TEST_BIN) $(GTEST_ARGS)
 ifeq ($(HAVE_CUDA)$(EMU)$(SAN_FLAGS),10)
-	$(MAKE) EMU=1 test-emu-run
+	$(MAKE) EMU=1 test-emu-run EMU_SUITES='$(EMU_QUICK)'
 endif
 
 # The GPU suites (their tests skip in a build without a GPU) run in the emulated-device build.
-EMU_SUITES := CommNccl*:CudaBlas*:CudaBundle*:CudaCache*:CudaDevice*:CudaModel*:*KcuAttentionTc*:LlamaFsdpCuda*:LlamaInitCuda*:StageDevice*:StateDev*:CudaExact*:*CudaKernels*
+EMU_SUITES := EmuCudart*:CommNccl*:CudaBlas*:CudaBundle*:CudaCache*:CudaDevice*:CudaModel*:*KcuAttentionTc*:LlamaFsdpCuda*:LlamaInitCuda*:StageDevice*:StateDev*:CudaExact*:*CudaKernels*
+# What `make test` runs of them: the suites that take seconds, not minutes, under emulation.
+EMU_QUICK := EmuCudart*:CommNccl*:CudaBlas*:CudaCache*:CudaDevice*:CudaModel.*:StateDev*:StageDevice*:LlamaFsdpCudaOptions*:LlamaInitCudaArgs*:KcuAttentionTc.*-StateDev.GpuInitRowsEqualTheHostDraw:StageDevice.GpuInitMetaEqualsCpuWithinOneUlp
 emu:
 	$(MAKE) EMU=1 all $(addprefix build-emu/,tests/fsdp_tests $(TEST_PLUGIN_SRCS:tests/plugins/%.c=tests/plugins/lib%.so) \
 	  $(TEST_MPI_SRCS:tests/mpi/%.c=tests/mpi/%))
 test-emu:
 	$(MAKE) EMU=1 test-emu-run
 test-emu-run: $(BIN) $(PLUGINS) $(TEST_PLUGINS) $(TEST_MPI_BINS) $(TEST_BIN)
-	FSDP_RUN_BIN=$(BIN) FSDP_PLUGIN_DIR=$(BUILD)/plugins OMP_NUM_THREADS=2 $(TEST_BIN) \
+	FSDP_EMU_DEVICES=2 FSDP_RUN_BIN=$(BIN) FSDP_PLUGIN_DIR=$(BUILD)/plugins OMP_NUM_THREADS=2 $(TEST_BIN) \
 	  --gtest_filter='$(EMU_SUITES)' $(GTEST_ARGS)
 
 asan:

@@ -22,7 +22,11 @@
 // cudaFuncSetAttribute(MaxDynamicSharedMemorySize), 227 KiB in all. A failed launch or kernel sets
 // the error cudaGetLastError returns (the message names the check), so the host wrappers' own
 // error paths report it. Memory (cudaMalloc) is host memory; streams are ignored (launches are
-// synchronous). WMMA (16x16x16 bf16 -> float) is a reference implementation run by lane 0 only,
+// synchronous). With KCU_EMU_DEVICE (the emulated-device build, tests/emu/emu_kernels.cc) the types
+// and the runtime API come from the CUDA headers and the fake runtime of tests/emu/emu_cudart.cc
+// instead, a launch is checked at once but queued on its stream (arguments captured by value) and
+// runs when that stream is forced, and everything here lives in an inline namespace so that both
+// modes link into one test binary. WMMA (16x16x16 bf16 -> float) is a reference implementation run by lane 0 only,
 // with alignment, leading-dimension and shared-memory bounds checks.
 #ifndef FSDP_TESTS_KCU_EMU_H
 #define FSDP_TESTS_KCU_EMU_H
