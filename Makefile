@@ -9,11 +9,18 @@
 #   make bundle        build/bundle/: the binary and its non-system shared libraries
 #   make CUDA=0        force a CPU-only build, in build-nocuda/ (CUDA is used whenever nvcc is found)
 #   make BUILD=dir     build into another directory
+#   make emu           the emulated-device build in build-emu/ (needs nvcc's headers only): fsdp-run, the
+#                      plugins and the tests with FSDP_HAVE_CUDA=1 against the fake CUDA runtime, cuBLASLt
+#                      and NCCL of tests/emu/ (see tests/emu/emu_cudart.cc), so the GPU code runs on the CPU
+#   make test-emu      build it and run the GPU test suites in it (`make test` does too when nvcc exists)
 
 CUDA ?= auto
+EMU ?= 0
 # a CPU-only build keeps its objects apart from the CUDA build's
 ifeq ($(CUDA),0)
   BUILD ?= build-nocuda
+else ifeq ($(EMU),1)
+  BUILD ?= build-emu
 else
   BUILD ?= build
 endif
@@ -45,7 +52,19 @@ CXXFLAGS += -std=c++17 $(OPT) -g $(WARN) -fopenmp $(SAN_FLAGS) -MMD -MP
 LDLIBS   += -lyaml -ljansson -lopenblas -lz -ldl -lm -lpthread $(MPI_LIBS)
 LDFLAGS  += -fopenmp $(SAN_FLAGS) -rdynamic
 
-ifeq ($(HAVE_CUDA),1)
+ifeq ($(EMU),1)
+  ifneq ($(HAVE_CUDA),1)
+    $(error make EMU=1 needs the CUDA headers (nvcc was not found))
+  endif
+  # the fakes replace libcudart and libnccl (linked in) and cuBLAS(Lt) (dlopened by name from $(BUILD)/lib,
+  # the executables' RPATH, which the loader searches before LD_LIBRARY_PATH and the system)
+  CPPFLAGS += -I$(CUDA_HOME)/include
+  CUBLAS_MAJOR := $(shell sed -n 's/^\#define CUBLAS_VER_MAJOR \([0-9]*\).*/\1/p' $(CUDA_HOME)/include/cublas_api.h)
+  EMU_LIBDIR := $(abspath $(BUILD)/lib)
+  EMU_SOS := $(BUILD)/lib/libcublasLt.so.$(CUBLAS_MAJOR) $(BUILD)/lib/libcublas.so.$(CUBLAS_MAJOR)
+  LDLIBS += -lstdc++
+  LDFLAGS += -Wl,--disable-new-dtags,-rpath,$(EMU_LIBDIR)
+else ifeq ($(HAVE_CUDA),1)
   CPPFLAGS += -I$(CUDA_HOME)/include
   NVCCFLAGS ?= -O3 -arch=sm_90 -std=c++17 -Xcompiler -fPIC,-Wall -Iinclude -I. -DFSDP_HAVE_CUDA=1 \
                --expt-relaxed-constexpr -lineinfo
@@ -56,15 +75,17 @@ endif
 # --- sources -----------------------------------------------------------------
 LIB_C_SRCS := $(filter-out pipeline/main.c,$(wildcard pipeline/*.c runtime/*.c model/*.c \
                kernels/cpu/*.c ckpt/*.c stages/*.c))
-CU_SRCS    := $(if $(filter 1,$(HAVE_CUDA)),$(wildcard kernels/cuda/*.cu))
-TEST_SRCS  := $(wildcard tests/*.cc)
+CU_SRCS    := $(if $(filter 1,$(HAVE_CUDA)),$(if $(filter 1,$(EMU)),,$(wildcard kernels/cuda/*.cu)))
+# the emulated-device build: the fake runtime, NCCL and the kernels compiled as host C++ (tests/emu/)
+EMU_SRCS   := $(if $(filter 1,$(EMU)),tests/emu/emu_cudart.cc tests/emu/emu_kernels.cc tests/emu/emu_nccl.cc)
+TEST_SRCS  := $(wildcard tests/*.cc) $(if $(filter 1,$(EMU)),$(wildcard tests/emu/test_*.cc))
 FUZZ_SRCS  := $(wildcard tests/fuzz/fuzz_*.c)
 PLUGIN_SRCS := $(wildcard examples/plugins/*.c)
 TEST_PLUGIN_SRCS := $(wildcard tests/plugins/*.c)
 TEST_MPI_SRCS := $(wildcard tests/mpi/*.c)
 BENCH_SRCS := $(wildcard bench/*.c)
 
-LIB_OBJS  := $(LIB_C_SRCS:%.c=$(BUILD)/obj/%.o) $(CU_SRCS:%.cu=$(BUILD)/obj/%.cu.o)
+LIB_OBJS  := $(LIB_C_SRCS:%.c=$(BUILD)/obj/%.o) $(CU_SRCS:%.cu=$(BUILD)/obj/%.cu.o) $(EMU_SRCS:%.cc=$(BUILD)/obj/%.o)
 TEST_OBJS := $(TEST_SRCS:%.cc=$(BUILD)/obj/%.o) $(FUZZ_SRCS:%.c=$(BUILD)/obj/%.o)
 LIBFSDP   := $(BUILD)/libfsdp.a
 BIN       := $(BUILD)/fsdp-run
@@ -77,8 +98,8 @@ BENCHES   := $(BENCH_SRCS:bench/%.c=$(BUILD)/bench/%)
 # Executables take the whole library so that plugins (dlopen) resolve every public symbol.
 WHOLE_LIB := -Wl,--whole-archive $(LIBFSDP) -Wl,--no-whole-archive
 
-.PHONY: all test setup asan fuzz bench bundle gpu-kit clean check-deps
-all: $(BIN) $(PLUGINS)
+.PHONY: all test setup asan fuzz bench bundle gpu-kit clean check-deps emu test-emu test-emu-run
+all: $(BIN) $(PLUGINS) $(EMU_SOS)
 
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
@@ -101,7 +122,17 @@ $(LIBFSDP): $(LIB_OBJS)
 	rm -f $@
 	ar rcs $@ $^
 
-$(BIN): $(BUILD)/obj/pipeline/main.o $(LIBFSDP)
+ifeq ($(EMU),1)
+$(BUILD)/lib/libcublasLt.so.$(CUBLAS_MAJOR): tests/emu/emu_cublaslt.cc
+	@mkdir -p $(dir $@)
+	$(CXX) $(CPPFLAGS) $(CXXFLAGS) -MF $(BUILD)/lib/emu_cublaslt.d -fPIC -shared -Wl,-soname,$(notdir $@) $< -o $@
+
+$(BUILD)/lib/libcublas.so.$(CUBLAS_MAJOR): tests/emu/emu_cublas.cc
+	@mkdir -p $(dir $@)
+	$(CXX) $(CPPFLAGS) $(CXXFLAGS) -MF $(BUILD)/lib/emu_cublas.d -fPIC -shared -Wl,-soname,$(notdir $@) $< -o $@
+endif
+
+$(BIN): $(BUILD)/obj/pipeline/main.o $(LIBFSDP) | $(EMU_SOS)
 	$(CC) $(LDFLAGS) $< $(WHOLE_LIB) $(LDLIBS) -o $@
 
 $(BUILD)/plugins/lib%.so: examples/plugins/%.c include/fsdp/*.h
@@ -112,11 +143,11 @@ $(BUILD)/tests/plugins/lib%.so: tests/plugins/%.c include/fsdp/*.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) $(CFLAGS) -shared $< -o $@
 
-$(BUILD)/tests/mpi/%: tests/mpi/%.c $(LIBFSDP)
+$(BUILD)/tests/mpi/%: tests/mpi/%.c $(LIBFSDP) | $(EMU_SOS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) $(CFLAGS) $(LDFLAGS) $< $(WHOLE_LIB) $(LDLIBS) -o $@
 
-$(TEST_BIN): $(TEST_OBJS) $(LIBFSDP)
+$(TEST_BIN): $(TEST_OBJS) $(LIBFSDP) | $(EMU_SOS)
 	@mkdir -p $(dir $@)
 	$(CXX) $(LDFLAGS) $(TEST_OBJS) $(WHOLE_LIB) -lgtest -lgtest_main $(LDLIBS) -o $@
 
@@ -129,6 +160,24 @@ bench: $(BIN) $(BENCHES)
 # The suite runs from the project root; fixtures are read from ../shared/fixtures.
 test: $(BIN) $(PLUGINS) $(TEST_PLUGINS) $(TEST_MPI_BINS) $(TEST_BIN)
 	FSDP_RUN_BIN=$(BIN) FSDP_PLUGIN_DIR=$(BUILD)/plugins OMP_NUM_THREADS=2 $(TEST_BIN) $(GTEST_ARGS)
+ifeq ($(HAVE_CUDA)$(EMU)$(SAN_FLAGS),10)
+	$(MAKE) EMU=1 test-emu-run EMU_SUITES='$(EMU_QUICK)'
+endif
+
+# The GPU suites (their tests skip in a build without a GPU) run in the emulated-device build.
+EMU_SUITES := EmuCudart*:CommNccl*:CudaBlas*:CudaBundle*:CudaCache*:CudaDevice*:CudaModel*:*KcuAttentionTc*:LlamaFsdpCuda*:LlamaInitCuda*:StageDevice*:StateDev*:CudaExact*:*CudaKernels*
+# What `make test` runs of them: the tests that take seconds, not minutes, under emulation (left out:
+# the kernel sweeps, the model and FSDP steps, the init kernels and the bagel recipe, 20 s to > 300 s each
+# on 2 cores: the kernel emulation runs one OS thread per CUDA thread).
+EMU_QUICK := EmuCudart*:CommNccl*:CudaBlas*:CudaCache*:CudaDevice*:CudaModel.*:StateDev*:StageDevice*:LlamaFsdpCudaOptions*:LlamaInitCudaArgs*:KcuAttentionTc.*-StateDev.GpuInitRowsEqualTheHostDraw:StageDevice.GpuInitMetaEqualsCpuWithinOneUlp:StageDevice.GpuBagelBootstrapEqualsCpu
+emu:
+	$(MAKE) EMU=1 all $(addprefix build-emu/,tests/fsdp_tests $(TEST_PLUGIN_SRCS:tests/plugins/%.c=tests/plugins/lib%.so) \
+	  $(TEST_MPI_SRCS:tests/mpi/%.c=tests/mpi/%))
+test-emu:
+	$(MAKE) EMU=1 test-emu-run
+test-emu-run: $(BIN) $(PLUGINS) $(TEST_PLUGINS) $(TEST_MPI_BINS) $(TEST_BIN)
+	FSDP_EMU_DEVICES=2 FSDP_RUN_BIN=$(BIN) FSDP_PLUGIN_DIR=$(BUILD)/plugins OMP_NUM_THREADS=2 $(TEST_BIN) \
+	  --gtest_filter='$(EMU_SUITES)' $(GTEST_ARGS)
 
 asan:
 	LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp:print_suppressions=0 \
@@ -153,6 +202,6 @@ setup:
 	$(MAKE) all
 
 clean:
-	rm -rf $(BUILD) build-asan build-fuzz
+	rm -rf $(BUILD) build-asan build-fuzz build-emu
 
--include $(LIB_OBJS:.o=.d) $(TEST_OBJS:.o=.d) $(BUILD)/obj/pipeline/main.d
+-include $(if $(EMU_SOS),$(BUILD)/lib/emu_cublaslt.d $(BUILD)/lib/emu_cublas.d) $(LIB_OBJS:.o=.d) $(TEST_OBJS:.o=.d) $(BUILD)/obj/pipeline/main.d

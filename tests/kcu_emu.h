@@ -22,7 +22,11 @@
 // cudaFuncSetAttribute(MaxDynamicSharedMemorySize), 227 KiB in all. A failed launch or kernel sets
 // the error cudaGetLastError returns (the message names the check), so the host wrappers' own
 // error paths report it. Memory (cudaMalloc) is host memory; streams are ignored (launches are
-// synchronous). WMMA (16x16x16 bf16 -> float) is a reference implementation run by lane 0 only,
+// synchronous). With KCU_EMU_DEVICE (the emulated-device build, tests/emu/emu_kernels.cc) the types
+// and the runtime API come from the CUDA headers and the fake runtime of tests/emu/emu_cudart.cc
+// instead, a launch is checked at once but queued on its stream (arguments captured by value) and
+// runs when that stream is forced, and everything here lives in an inline namespace so that both
+// modes link into one test binary. WMMA (16x16x16 bf16 -> float) is a reference implementation run by lane 0 only,
 // with alignment, leading-dimension and shared-memory bounds checks.
 #ifndef FSDP_TESTS_KCU_EMU_H
 #define FSDP_TESTS_KCU_EMU_H
@@ -55,6 +59,19 @@
 #include "fsdp/tensor.h"
 #include "kernels/cpu/kc.h"
 
+#ifdef KCU_EMU_DEVICE
+// The emulated-device build: the types and runtime API are those of the CUDA headers, implemented by
+// the fake runtime (tests/emu/emu_cudart.cc), which runs launches as deferred stream operations.
+#include <cuda_runtime_api.h>
+#include <vector_functions.h>
+
+#include "tests/emu/emu_cudart.h"
+#undef __global__
+#undef __device__
+#undef __host__
+#undef __forceinline__
+#undef __launch_bounds__
+#else
 struct uint3 {
     unsigned x, y, z;
 };
@@ -82,6 +99,15 @@ typedef enum cudaMemcpyKind {
     cudaMemcpyDefault = 4
 } cudaMemcpyKind;
 typedef enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 } cudaFuncAttribute;
+
+#endif // KCU_EMU_DEVICE
+
+#ifdef KCU_EMU_DEVICE
+// Everything below has other definitions (synchronous launches) in the tests' emulation
+// (tests/kcu_emu_kernels.cc), which the same test binary links: an inline namespace keeps the two
+// apart for the linker while the names stay usable unqualified.
+inline namespace kcu_emu_streams {
+#endif
 
 namespace kcu_emu {
 
@@ -150,6 +176,9 @@ struct Device {
     }
 };
 
+#ifdef KCU_EMU_DEVICE
+inline void set_error(cudaError_t e, const std::string &detail) { emucu::set_error(e, detail); }
+#else
 inline thread_local cudaError_t last_error = cudaSuccess;
 inline thread_local std::string last_detail; // what failed, for cudaGetErrorString
 
@@ -157,6 +186,7 @@ inline void set_error(cudaError_t e, const std::string &detail) {
     last_error = e;
     last_detail = detail;
 }
+#endif
 
 // ---- block execution ------------------------------------------------------------------------------------
 
@@ -472,18 +502,43 @@ struct Launcher {
             return set_error(cudaErrorInvalidValue, std::string(name) + ": " + std::to_string(smem) +
                                                         " bytes of dynamic shared memory exceed the limit");
         const std::tuple<P...> params(pass<P>(std::forward<A>(args))...);
+#ifdef KCU_EMU_DEVICE
+        // queued on the stream with the arguments captured by value; runs when the stream is forced
+        void (*k)(P...) = kernel;
+        const dim3 g = grid, b = block;
+        const size_t sm = smem;
+        std::string nm = name;
+        emucu::enqueue(stream, name, [k, g, b, sm, params, nm]() -> std::string {
+            std::string e = run_grid(g, b, sm, [&] {
+                std::tuple<P...> own(params); // each thread has its own copy of the parameters
+                std::apply(k, own);
+            });
+            return e;
+        });
+#else
         std::string e = run_grid(grid, block, smem, [&] {
             std::tuple<P...> own(params); // each thread has its own copy of the parameters
             std::apply(kernel, own);
         });
         if (!e.empty()) set_error(cudaErrorLaunchFailure, std::string(name) + ": " + e);
+#endif
     }
+#ifdef KCU_EMU_DEVICE
+    cudaStream_t stream;
+#endif
 };
 
+#ifdef KCU_EMU_DEVICE
+template <class... P>
+inline Launcher<P...> launcher(void (*k)(P...), const char *name, dim3 grid, dim3 block, size_t smem, cudaStream_t s) {
+    return Launcher<P...>{k, name, grid, block, smem, s};
+}
+#else
 template <class... P>
 inline Launcher<P...> launcher(void (*k)(P...), const char *name, dim3 grid, dim3 block, size_t smem, const void *) {
     return Launcher<P...>{k, name, grid, block, smem};
 }
+#endif
 
 // The launches since the last call (and forgets them).
 inline std::vector<LaunchRecord> take_launches() {
@@ -732,6 +787,8 @@ inline void store_matrix_sync(float *p, const fragment<accumulator, 16, 16, 16, 
 } // namespace nvcuda
 
 // ---- the CUDA surface: runtime API ---------------------------------------------------------------------------
+// (in the emulated-device build: the fake runtime's, but for the per-kernel cudaFuncSetAttribute)
+#ifndef KCU_EMU_DEVICE
 
 inline cudaError_t cudaGetLastError() {
     const cudaError_t e = kcu_emu::last_error;
@@ -785,6 +842,7 @@ inline cudaError_t cudaMemset(void *p, int v, size_t bytes) {
     return cudaSuccess;
 }
 inline cudaError_t cudaMemsetAsync(void *p, int v, size_t bytes, const void *) { return cudaMemset(p, v, bytes); }
+#endif // !KCU_EMU_DEVICE
 template <class... P>
 inline cudaError_t cudaFuncSetAttribute(void (*k)(P...), cudaFuncAttribute attr, int value) {
     if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize || value < 0 || (size_t)value > kcu_emu::kSmemMax) {
@@ -797,9 +855,17 @@ inline cudaError_t cudaFuncSetAttribute(void (*k)(P...), cudaFuncAttribute attr,
     return cudaSuccess;
 }
 
+#ifdef KCU_EMU_DEVICE
+} // inline namespace kcu_emu_streams
+#endif
+
 // ---- what kernels/cuda/kcu_common.cuh takes from here under KCU_EMULATE ---------------------------------------
 
+#ifdef KCU_EMU_DEVICE
+#define KCU_API extern "C"
+#else
 #define KCU_API
+#endif
 #define KCU_UNROLL
 #define KCU_LAUNCH(kernel, grid, block, smem, stream) kcu_emu::launcher(kernel, #kernel, grid, block, smem, stream)
 #define KCU_SHARED(T, name, n)                 \
