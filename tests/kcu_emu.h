@@ -3,16 +3,21 @@
 // global scope, with KCU_EMULATE defined, before a .cu file (kernels/cuda/kcu_common.cuh then skips
 // cuda_runtime.h and takes KCU_LAUNCH, KCU_SHARED, KCU_DYN_SHARED, KCU_API and KCU_UNROLL from here).
 //
-// Execution: a launch runs its blocks one after another on blockDim.x*y*z real std::threads (one per
-// CUDA thread, threadIdx from x fastest, warps of 32 consecutive threads; shared memory is refilled
-// with the poison between blocks).
-//   __syncthreads   a real block barrier;
+// Execution: a launch runs its blocks one after another (threadIdx from x fastest, warps of 32
+// consecutive threads; shared memory is refilled with the poison between blocks). The threads of a
+// block are fibers (ucontext, 256 KiB stacks with a guard page, mapped once per OS thread and reused)
+// that one OS thread runs, resumed round-robin by thread index by the block scheduler of run_grid: a
+// thread runs until it waits at a barrier or exits, so the interleaving is deterministic. Under ASan or
+// TSan (which track stacks and would need fiber-switch annotations) the block runs instead on
+// blockDim.x*y*z real std::threads.
+//   __syncthreads   a block barrier;
 //   __syncwarp, __shfl*_sync, __ballot/any/all_sync   warp collectives: a per-warp barrier through
 //                   which the lanes exchange their values. Only the full mask is accepted, and every
 //                   lane of a full warp must take part with the same collective (real full-mask
 //                   semantics); anything else is an emulation failure.
-// A waiting thread yields a few times before it sleeps on a condition variable (most barriers
-// complete within a few scheduler slices; sleeping costs a futex wake-up per thread).
+// Each is a scheduling point: the waiting fiber goes back to the scheduler, which resumes it once the
+// barrier completed (with std::threads: a waiting thread yields a few times, then sleeps on a
+// condition variable).
 // Misuse is reported, never a hang: a barrier that can no longer complete (some threads exited, or
 // are blocked in another barrier) aborts the block with a message naming what each side waits at.
 // Shared memory: dynamic (the launch's size, exactly) and static (KCU_SHARED, one allocation per
@@ -36,6 +41,29 @@
 #endif
 
 #include <math.h>
+#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define KCU_EMU_SANITIZED 1
+#endif
+#endif
+#else
+#define KCU_EMU_SANITIZED 1
+#endif
+// Fibers (one OS thread runs a whole block) unless a sanitizer that tracks stacks is on: ASan and TSan
+// would need their fiber-switch annotations, so the sanitized builds keep one std::thread per CUDA thread.
+#ifndef KCU_EMU_FIBERS
+#ifdef KCU_EMU_SANITIZED
+#define KCU_EMU_FIBERS 0
+#else
+#define KCU_EMU_FIBERS 1
+#endif
+#endif
+#if KCU_EMU_FIBERS
+#include <sys/mman.h>
+#include <ucontext.h>
+#include <unistd.h>
+#endif
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -152,6 +180,12 @@ struct Thread {
     uint3 tid;
     unsigned lin; // linear thread index
     Block *b;
+#if KCU_EMU_FIBERS
+    ucontext_t ctx;                           // this CUDA thread's fiber
+    ucontext_t *sched = nullptr;              // the block scheduler's context
+    const std::function<void()> *body = nullptr;
+    bool done = false;                        // the fiber returned
+#endif
 };
 
 inline thread_local Thread *cur = nullptr;
@@ -225,6 +259,38 @@ inline void check_stuck_locked(Block &b) {
     abort_locked(b, what);
 }
 
+#if KCU_EMU_FIBERS
+// Back to the block scheduler; returns when the scheduler resumes this fiber.
+inline void fiber_yield() {
+    Thread *me = cur;
+    swapcontext(&me->ctx, me->sched);
+    cur = me;
+}
+#endif
+
+// Blocks the calling CUDA thread (l holds b.m) until done() (evaluated with b.m held).
+// Fibers: back to the scheduler, which resumes the thread only once its barrier completed or the block
+// aborted. Threads: a waiting thread yields a few times before it sleeps on the condition variable (most
+// barriers complete within a few scheduler slices; sleeping costs a futex wake-up per thread).
+template <class Done>
+inline void block_wait(std::unique_lock<std::mutex> &l, std::condition_variable &cv, Done done) {
+#if KCU_EMU_FIBERS
+    (void)cv;
+    while (!done()) {
+        l.unlock(); // never switch with the lock held: the next fiber runs on this OS thread
+        fiber_yield();
+        l.lock();
+    }
+#else
+    for (int spin = 0; spin < 32 && !done(); spin++) {
+        l.unlock();
+        std::this_thread::yield();
+        l.lock();
+    }
+    cv.wait(l, done);
+#endif
+}
+
 inline void syncthreads() {
     Block &b = *cur->b;
     std::unique_lock<std::mutex> l(b.m);
@@ -242,12 +308,7 @@ inline void syncthreads() {
     b.waiting++;
     b.at[cur->lin] = K_SYNCTHREADS;
     check_stuck_locked(b);
-    for (int spin = 0; spin < 32 && b.gen == g && !b.abort; spin++) { // as in warp_collective
-        l.unlock();
-        std::this_thread::yield();
-        l.lock();
-    }
-    b.cv.wait(l, [&] { return b.gen != g || b.abort; });
+    block_wait(l, b.cv, [&] { return b.gen != g || b.abort; });
     if (b.gen == g) throw Abort{};
 }
 
@@ -289,14 +350,7 @@ inline unsigned warp_collective(int k, unsigned mask, uint64_t v) {
     b.waiting++;
     b.at[cur->lin] = k;
     check_stuck_locked(b);
-    // the other lanes usually arrive within a few scheduler slices: yielding first is much cheaper
-    // than sleeping on the condition variable (one futex wake-up per lane)
-    for (int spin = 0; spin < 32 && w.gen == g && !b.abort; spin++) {
-        l.unlock();
-        std::this_thread::yield();
-        l.lock();
-    }
-    w.cv.wait(l, [&] { return w.gen != g || b.abort; });
+    block_wait(l, w.cv, [&] { return w.gen != g || b.abort; });
     if (w.gen == g) throw Abort{};
     return ph;
 }
@@ -381,10 +435,9 @@ inline bool in_shared(const void *p, size_t bytes) {
     return false;
 }
 
-// Runs body() as every thread of every block of the grid, the blocks one after another on the same
-// blockDim.x*y*z std::threads. Returns "" or the first failure (the remaining blocks do not run).
-inline std::string run_grid(dim3 gdim, dim3 bdim, size_t smem, const std::function<void()> &body) {
-    Block b;
+// A block's shared state for a launch of `bdim` threads with `smem` bytes of dynamic shared memory;
+// "" or why it cannot be set up.
+inline std::string block_init(Block &b, dim3 gdim, dim3 bdim, size_t smem) {
     b.gdim = gdim;
     b.bdim = bdim;
     b.n = bdim.x * bdim.y * bdim.z;
@@ -396,6 +449,153 @@ inline std::string run_grid(dim3 gdim, dim3 bdim, size_t smem, const std::functi
         b.dyn = static_cast<unsigned char *>(p);
     }
     b.dyn_bytes = smem;
+    return "";
+}
+
+// With b.m held: block `bid` starts (counters reset, shared memory poisoned again).
+inline void block_reset_locked(Block &b, uint3 bid) {
+    b.bid = bid;
+    b.arrived = b.exited = b.waiting = 0;
+    for (unsigned w = 0; w < b.warps.size(); w++) {
+        Warp &wp = b.warps[w];
+        wp.size = std::min(32u, b.n - 32 * w);
+        wp.arrived = wp.exited = 0;
+    }
+    if (b.dyn) std::memset(b.dyn, 0xff, b.dyn_bytes);
+    for (auto &s : b.statics) std::memset(s.second.first, 0xff, s.second.second);
+}
+
+inline void block_free(Block &b) {
+    std::free(b.dyn);
+    for (auto &s : b.statics) std::free(s.second.first);
+}
+
+// With b.m held: thread t of the block returned from the kernel (or unwound).
+inline void thread_exit_locked(Block &b, unsigned t) {
+    b.exited++;
+    b.warps[t >> 5].exited++;
+    b.at[t] = 0;
+    check_stuck_locked(b);
+}
+
+#if KCU_EMU_FIBERS
+constexpr size_t kFiberStack = 256 * 1024; // per CUDA thread
+
+// The fiber stacks of one OS thread, mapped once and reused by every block and launch run on it; a
+// PROT_NONE guard page below each stack makes an overflow fault at once instead of corrupting memory.
+struct FiberStacks {
+    std::vector<unsigned char *> base; // guard page, then the stack
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    ~FiberStacks() {
+        for (unsigned char *p : base) munmap(p, page + kFiberStack);
+    }
+    // The stack of fiber i, nullptr when it cannot be mapped.
+    unsigned char *get(unsigned i) {
+        while (base.size() <= i) {
+            void *p = mmap(nullptr, page + kFiberStack, PROT_READ | PROT_WRITE,
+                           MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_STACK, -1, 0);
+            if (p == MAP_FAILED) return nullptr;
+            if (mprotect(p, page, PROT_NONE) != 0) {
+                munmap(p, page + kFiberStack);
+                return nullptr;
+            }
+            base.push_back(static_cast<unsigned char *>(p));
+        }
+        return base[i] + page;
+    }
+};
+inline thread_local FiberStacks fiber_stacks;
+
+// A CUDA thread's fiber: runs the kernel, then records the exit and goes back to the scheduler for
+// good. No exception leaves it (none may cross a context switch): Abort ends the thread, anything else
+// fails the block.
+inline void fiber_entry() {
+    Thread *me = cur;
+    try {
+        (*me->body)();
+    } catch (const Abort &) {
+    } catch (...) {
+        cur = me;
+        fail("C++ exception thrown by the kernel");
+    }
+    Block &b = *me->b;
+    {
+        std::lock_guard<std::mutex> l(b.m);
+        thread_exit_locked(b, me->lin);
+    }
+    me->done = true;
+    setcontext(me->sched);
+}
+
+// Sets f's fiber up to run the kernel from the start on `stack`. Apart from run_grid: getcontext
+// returns twice, which would make the compiler assume the scheduler's locals clobbered.
+__attribute__((noinline)) inline void fiber_make(Thread &f, unsigned char *stack) {
+    f.done = false;
+    getcontext(&f.ctx);
+    f.ctx.uc_stack.ss_sp = stack;
+    f.ctx.uc_stack.ss_size = kFiberStack;
+    f.ctx.uc_link = f.sched;
+    makecontext(&f.ctx, fiber_entry, 0);
+}
+
+// Runs body() as every thread of every block of the grid, the blocks one after another on the calling
+// OS thread, the threads of a block as fibers (ucontext) that a scheduler resumes round-robin by thread
+// index: a thread runs until it waits at a barrier or exits, and a waiting thread is resumed once its
+// barrier completed (or the block aborted, so that it unwinds). Deterministic: the same launch always
+// interleaves the same way. Returns "" or the first failure (the remaining blocks do not run).
+inline std::string run_grid(dim3 gdim, dim3 bdim, size_t smem, const std::function<void()> &body) {
+    Block b;
+    std::string err = block_init(b, gdim, bdim, smem);
+    if (!err.empty()) return err;
+    ucontext_t sched;
+    std::vector<Thread> th(b.n);
+    for (unsigned t = 0; t < b.n && err.empty(); t++) {
+        th[t].tid = {t % b.bdim.x, t / b.bdim.x % b.bdim.y, t / (b.bdim.x * b.bdim.y)};
+        th[t].lin = t;
+        th[t].b = &b;
+        th[t].sched = &sched;
+        th[t].body = &body;
+        if (!fiber_stacks.get(t)) err = "cannot map the emulated threads' stacks";
+    }
+    Thread *const caller = cur;
+    for (unsigned z = 0; z < gdim.z && err.empty(); z++)
+        for (unsigned y = 0; y < gdim.y && err.empty(); y++)
+            for (unsigned x = 0; x < gdim.x && err.empty(); x++) {
+                {
+                    std::lock_guard<std::mutex> l(b.m);
+                    block_reset_locked(b, {x, y, z});
+                }
+                for (unsigned t = 0; t < b.n; t++) fiber_make(th[t], fiber_stacks.get(t));
+                for (;;) {
+                    bool ran = false, left = false;
+                    for (unsigned t = 0; t < b.n; t++) {
+                        if (th[t].done) continue;
+                        left = true;
+                        if (b.at[t] && !b.abort) continue; // waits at a barrier that has not completed
+                        cur = &th[t];
+                        swapcontext(&sched, &th[t].ctx);
+                        ran = true;
+                    }
+                    if (!left) break;
+                    if (!ran) { // cannot happen: check_stuck_locked aborts a block before all threads wait
+                        std::lock_guard<std::mutex> l(b.m);
+                        abort_locked(b, "emulation scheduler: no runnable thread");
+                    }
+                }
+                cur = caller;
+                err = b.err;
+            }
+    cur = caller;
+    block_free(b);
+    return err;
+}
+#else
+// Runs body() as every thread of every block of the grid, the blocks one after another on the same
+// blockDim.x*y*z std::threads. Returns "" or the first failure (the remaining blocks do not run).
+inline std::string run_grid(dim3 gdim, dim3 bdim, size_t smem, const std::function<void()> &body) {
+    Block b;
+    const std::string bad = block_init(b, gdim, bdim, smem);
+    if (!bad.empty()) return bad;
     // the host thread sets a block up and opens the gate (round++); the last thread to exit wakes it
     std::condition_variable gate, host;
     unsigned round = 0;
@@ -420,10 +620,7 @@ inline std::string run_grid(dim3 gdim, dim3 bdim, size_t smem, const std::functi
                 }
                 cur = nullptr;
                 std::lock_guard<std::mutex> l(b.m);
-                b.exited++;
-                b.warps[t >> 5].exited++;
-                b.at[t] = 0;
-                check_stuck_locked(b);
+                thread_exit_locked(b, t);
                 if (b.exited == b.n) host.notify_one();
             }
         });
@@ -432,15 +629,7 @@ inline std::string run_grid(dim3 gdim, dim3 bdim, size_t smem, const std::functi
         for (unsigned y = 0; y < gdim.y && err.empty(); y++)
             for (unsigned x = 0; x < gdim.x && err.empty(); x++) {
                 std::unique_lock<std::mutex> l(b.m);
-                b.bid = {x, y, z};
-                b.arrived = b.exited = b.waiting = 0;
-                for (unsigned w = 0; w < b.warps.size(); w++) {
-                    Warp &wp = b.warps[w];
-                    wp.size = std::min(32u, b.n - 32 * w);
-                    wp.arrived = wp.exited = 0;
-                }
-                if (b.dyn) std::memset(b.dyn, 0xff, smem);
-                for (auto &s : b.statics) std::memset(s.second.first, 0xff, s.second.second);
+                block_reset_locked(b, {x, y, z});
                 round++;
                 gate.notify_all();
                 host.wait(l, [&] { return b.exited == b.n; });
@@ -452,10 +641,10 @@ inline std::string run_grid(dim3 gdim, dim3 bdim, size_t smem, const std::functi
         gate.notify_all();
     }
     for (auto &t : th) t.join();
-    std::free(b.dyn);
-    for (auto &s : b.statics) std::free(s.second.first);
+    block_free(b);
     return err;
 }
+#endif
 
 // ---- launches ----------------------------------------------------------------------------------------------
 
