@@ -71,7 +71,7 @@ int ckpt_up_host(ckpt_up *u, float *dev, const float *host, size_t n, ckpt_chunk
         void *buf;
         int rc = ckpt_up_get(u, &buf, err);
         if (rc) return rc;
-        memcpy(buf, host + off, k * sizeof(float));
+        if (host) memcpy(buf, host + off, k * sizeof(float));
         if (fn && (rc = fn(user, buf, k, off, err))) {
             ckpt_up_release(u); /* the buffer goes back unsubmitted */
             return rc;
@@ -81,18 +81,16 @@ int ckpt_up_host(ckpt_up *u, float *dev, const float *host, size_t n, ckpt_chunk
     return 0;
 }
 
-int ckpt_up_fill(ckpt_up *u, float *dev, float v, size_t n, fsdp_err *err) {
-    size_t per = u->s->buf_bytes / sizeof(float);
-    for (size_t off = 0; off < n; off += per) {
-        size_t k = n - off < per ? n - off : per;
-        void *buf;
-        int rc = ckpt_up_get(u, &buf, err);
-        if (rc) return rc;
-        float *f = buf;
-        for (size_t i = 0; i < k; i++) f[i] = v;
-        if ((rc = ckpt_up_put(u, dev + off, k * sizeof(float), err))) return rc;
-    }
+static int fill_chunk(void *user, float *chunk, size_t n, size_t first, fsdp_err *err) {
+    (void)first;
+    (void)err;
+    const float v = *(const float *)user;
+    for (size_t i = 0; i < n; i++) chunk[i] = v;
     return 0;
+}
+
+int ckpt_up_fill(ckpt_up *u, float *dev, float v, size_t n, fsdp_err *err) {
+    return ckpt_up_host(u, dev, NULL, n, fill_chunk, &v, err);
 }
 
 /* ---- downloads --------------------------------------------------------------------------------- */

@@ -67,8 +67,8 @@ int ckpt_up_finish(ckpt_up *u, fsdp_err *err);
  * the transfer. */
 typedef int (*ckpt_chunk_fn)(void *user, float *chunk, size_t n, size_t first, fsdp_err *err);
 
-/* Uploads n floats of host memory to dev through the staging buffers (fn, when not NULL, sees each
- * staged chunk with the index of its first value). */
+/* Uploads n floats to dev through the staging buffers: each chunk is copied from host (when not
+ * NULL), then passed to fn (when not NULL) with the index of its first value, then submitted. */
 int ckpt_up_host(ckpt_up *u, float *dev, const float *host, size_t n, ckpt_chunk_fn fn, void *user,
                  fsdp_err *err);
 /* Writes n copies of v to dev through the staging buffers. */
