@@ -26,6 +26,7 @@ else
 endif
 CC ?= gcc
 CXX ?= g++
+CLANG ?= clang
 
 NVCC_FOUND := $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
 ifeq ($(CUDA),0)
@@ -162,6 +163,12 @@ test: $(BIN) $(PLUGINS) $(TEST_PLUGINS) $(TEST_MPI_BINS) $(TEST_BIN)
 	FSDP_RUN_BIN=$(BIN) FSDP_PLUGIN_DIR=$(BUILD)/plugins OMP_NUM_THREADS=2 $(TEST_BIN) $(GTEST_ARGS)
 ifeq ($(HAVE_CUDA)$(EMU)$(SAN_FLAGS),10)
 	$(MAKE) EMU=1 test-emu-run EMU_SUITES='$(EMU_QUICK)'
+endif
+ifeq ($(EMU)$(SAN_FLAGS),0)
+	@if echo 'int LLVMFuzzerTestOneInput(const char *d, long n) { return (int)(d[0] * 0) + (int)n * 0; }' | \
+	    $(CLANG) -x c - -fsanitize=fuzzer -o /dev/null 2>/dev/null; then \
+	  $(MAKE) -f tests/fuzz/fuzz.mk BUILD=build-fuzz replay; \
+	else echo "test: the fuzz harnesses were not built: $(CLANG) with libFuzzer is not installed (make fuzz installs it)"; fi
 endif
 
 # The GPU suites (their tests skip in a build without a GPU) run in the emulated-device build.
