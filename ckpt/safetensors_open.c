@@ -187,8 +187,13 @@ static int open_index(st_reader *r, const char *ip, fsdp_err *err) {
                     break;
                 }
             }
-            rc = fsdp_err_set(err, FSDP_E_IO, "%s: shard file %s (listed for tensor '%s') is missing", ip, p,
-                              who);
+            struct stat st;
+            if (stat(p, &st) == 0)
+                rc = fsdp_err_set(err, FSDP_E_IO, "%s: shard file %s (listed for tensor '%s') is a %s, not a regular file",
+                                  ip, p, who, fio_type_name(st.st_mode));
+            else
+                rc = fsdp_err_set(err, FSDP_E_IO, "%s: shard file %s (listed for tensor '%s') is missing", ip, p,
+                                  who);
             free(p);
             goto out;
         }
