@@ -19,13 +19,18 @@
  * lowest generation none of whose files (or temporaries) exists, so it never writes over a file
  * the current `.metadata` may reference. The sequence, with its crash points:
  *
+ *   rank 0:     dcp_prepare_dir (save.prepared / convert.prepared once every rank knows the generation)
  *   every rank: data file -> `<name>.tmp` (dcp.data.item per item, dcp.data.written), fsync
  *               (dcp.data.synced), rename onto `<name>` (dcp.data.renamed), fsync of the directory
- *   rank 0:     `.metadata.tmp` (dcp.meta.written), fsync (dcp.meta.synced), rename onto `.metadata`
- *               (dcp.meta.renamed), fsync of the directory: the new checkpoint is in place
+ *   rank 0:     gathers the records (save.gathered), `.metadata.tmp` (dcp.meta.written), fsync
+ *               (dcp.meta.synced), rename onto `.metadata` (dcp.meta.renamed), fsync of the
+ *               directory: the new checkpoint is in place (save.committed / convert.committed)
  *   rank 0:     remove the old generation (dcp.cleanup.unlink before each file): data files that
  *               the new `.metadata` does not reference and that are not of the new generation,
- *               rank-local `__<r>.metadata` files, stale temporaries
+ *               rank-local `__<r>.metadata` files, stale temporaries (save.cleaned)
+ *
+ * (Crash points: runtime/crash.h; the names above in parentheses, dcp.data.* with the writing
+ * rank, the others on rank 0.)
  *
  * A kill before the `.metadata` rename leaves the old checkpoint (plus new files that no
  * `.metadata` references, removed by the next save); a kill after it leaves the new one (plus old

@@ -8,7 +8,12 @@
  * whose files exists), the index is replaced last by rename, and only then are the replaced
  * checkpoint's shards removed. A directory without an index gets the usual
  * `<base>-0000k-of-0000n.safetensors` names (generation 0). The same choice as for DCP (see
- * ckpt/dcp_commit.c): renames of single files inside one directory, atomic everywhere. */
+ * ckpt/dcp_commit.c): renames of single files inside one directory, atomic everywhere.
+ *
+ * Crash points (runtime/crash.h), per shard file as for a single .safetensors file: st.data.tensor
+ * (the n-th tensor of a file complete), st.data.written, st.data.synced, st.data.renamed; then for
+ * the index: st.index.written, st.index.synced, st.index.renamed, st.index.durable, and
+ * st.cleanup.unlink before each old shard removed. */
 #include <dirent.h>
 #include <errno.h>
 #include <stdio.h>
