@@ -136,11 +136,11 @@ int dcp_tmp_owned(const char *name);
 int dcp_prepare_dir(const char *dir, int overwrite, const char *who, const char *hint, unsigned *gen,
                     tmpf_note_fn note, void *user, fsdp_err *err);
 /* After the new `.metadata` (from recs) is durable: removes the replaced checkpoint's files (data
- * files neither referenced by recs nor of generation gen, rank-local metadata, stale temporaries).
- * Failures are reported through note only: the new checkpoint is complete either way. Returns the
- * number of files removed. */
-int dcp_remove_old_generations(const char *dir, unsigned gen, const dcp_record *recs, size_t n, tmpf_note_fn note,
-                               void *user);
+ * files neither referenced by recs nor generation gen's of ranks < world, rank-local metadata, stale
+ * temporaries). Failures are reported through note only: the new checkpoint is complete either way.
+ * Returns the number of files removed. */
+int dcp_remove_old_generations(const char *dir, unsigned gen, int world, const dcp_record *recs, size_t n,
+                               tmpf_note_fn note, void *user);
 
 /* Records <-> bytes, for gathering them from every rank. */
 int dcp_records_pack(const dcp_record *recs, size_t n, void **out, size_t *len, fsdp_err *err);

@@ -59,8 +59,9 @@ static int has_suffix(const char *s, const char *suf) {
     return a >= b && !strcmp(s + a - b, suf);
 }
 
-/* the generation of a data file (or its temporary) named by dcp_data_file_name; -1 otherwise */
-static long name_gen(const char *name) {
+/* the generation of a data file (or its temporary) named by dcp_data_file_name (its rank in *rank
+ * when not NULL); -1 otherwise */
+static long name_gen(const char *name, int *rank_out) {
     int rank, used = 0;
     if (sscanf(name, "__%d_0%n", &rank, &used) != 1 || used == 0 || rank < 0) return -1;
     const char *p = name + used;
@@ -72,6 +73,7 @@ static long name_gen(const char *name) {
         gen = (unsigned)g;
         p = end;
     }
+    if (rank_out) *rank_out = rank;
     return !strcmp(p, ".distcp") || !strcmp(p, ".distcp.tmp") ? (long)gen : -1;
 }
 
@@ -108,7 +110,7 @@ static int free_generation(const char *dir, unsigned *gen, fsdp_err *err) {
     }
     struct dirent *de;
     while ((de = readdir(d))) {
-        long g = name_gen(de->d_name);
+        long g = name_gen(de->d_name, NULL);
         if (g >= 0 && (unsigned long)g < GEN_MAX) used[g] = 1;
     }
     closedir(d);
@@ -145,6 +147,7 @@ static int mkdir_p(const char *path, const char *who, fsdp_err *err) {
 int dcp_prepare_dir(const char *dir, int overwrite, const char *who, const char *hint, unsigned *gen,
                     tmpf_note_fn note, void *user, fsdp_err *err) {
     *gen = 0;
+    if (!dir || !*dir) return fsdp_err_set(err, FSDP_E_INVALID, "%s: empty checkpoint path", who);
     int rc = mkdir_p(dir, who, err);
     if (rc) return rc;
     int exists = dcp_dir_has_checkpoint(dir);
@@ -169,16 +172,17 @@ static const char **referenced(const dcp_record *recs, size_t n, size_t *nref) {
     return v;
 }
 
-/* 1 when name is a file of the replaced checkpoint */
-static int is_old(const char *name, unsigned gen, const char **ref, size_t nref) {
+/* 1 when name is a file of the replaced checkpoint (or a stray data file) */
+static int is_old(const char *name, unsigned gen, int world, const char **ref, size_t nref) {
     if (is_rank_local_metadata(name)) return 1;
     if (!has_suffix(name, ".distcp")) return 0;
-    if (name_gen(name) == (long)gen) return 0; /* this save's files (a rank's may hold no record) */
+    int rank = -1;
+    if (name_gen(name, &rank) == (long)gen && rank < world) return 0; /* this save's (a rank's may hold no record) */
     return !bsearch(&name, ref, nref, sizeof *ref, cmp_str);
 }
 
-int dcp_remove_old_generations(const char *dir, unsigned gen, const dcp_record *recs, size_t n, tmpf_note_fn note,
-                               void *user) {
+int dcp_remove_old_generations(const char *dir, unsigned gen, int world, const dcp_record *recs, size_t n,
+                               tmpf_note_fn note, void *user) {
     size_t nref = 0;
     const char **ref = referenced(recs, n, &nref);
     DIR *d = ref ? opendir(dir) : NULL;
@@ -197,7 +201,7 @@ int dcp_remove_old_generations(const char *dir, unsigned gen, const dcp_record *
             if (dcp_tmp_owned(de->d_name)) tmpf_remove_if_stale(p, note, user);
             continue;
         }
-        if (!is_old(de->d_name, gen, ref, nref)) continue;
+        if (!is_old(de->d_name, gen, world, ref, nref)) continue;
         crash_point("dcp.cleanup.unlink", ++k, 0);
         if (unlink(p) == 0) removed++;
         else tmpf_notef(note, user, "cannot remove %s of the replaced checkpoint: %s", p, strerror(errno));

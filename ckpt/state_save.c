@@ -375,6 +375,16 @@ static int commit(comm *c, const char *path, unsigned gen, int local_rc, fsdp_er
     fsdp_err_clear(&e2);
     int agreed = comm_agree(c, local_rc, &who, &e2);
     if (agreed) {
+        /* no .metadata will name this save's data files: a rank that completed its own removes it
+         * (the generation is this save's, or the directory holds no checkpoint: ckpt/dcp_commit.c) */
+        if (!local_rc) {
+            char name[64], p[4200];
+            dcp_data_file_name(name, sizeof name, rank, gen);
+            snprintf(p, sizeof p, "%s/%s", path, name);
+            unlink(p);
+        }
+        /* before any rank returns (a failed rank may end the job at once) */
+        comm_barrier(c, &e2);
         if (local_rc) {
             if (err != local_err) *err = *local_err;
             return local_rc;
@@ -402,7 +412,7 @@ static int commit(comm *c, const char *path, unsigned gen, int local_rc, fsdp_er
             /* the new checkpoint is in place and durable: the replaced one's files go */
             if (!mrc) {
                 crash_point("save.committed", 1, rank);
-                dcp_remove_old_generations(path, gen, allr, nall, NULL, NULL);
+                dcp_remove_old_generations(path, gen, comm_size(c), allr, nall, NULL, NULL);
                 crash_point("save.cleaned", 1, rank);
             }
             free(allr);

@@ -395,7 +395,7 @@ static int convert_to_dcp(const conv *c, conv_out *o, FILE *log, fsdp_err *err) 
     if (!rc) rc = dcp_write_metadata(o->dst, recs, nr, err);
     if (!rc) {
         crash_point("convert.committed", 1, 0);
-        dcp_remove_old_generations(o->dst, gen, recs, nr, note_log, log);
+        dcp_remove_old_generations(o->dst, gen, 1, recs, nr, note_log, log);
     }
     free(recs);
     return rc;

@@ -291,6 +291,26 @@ TEST(HardenAtomic, FullDiskDuringOverwriteKeepsTheOldCheckpoint) {
     for (auto &f : list_dir(dst)) EXPECT_EQ(f.find(".tmp"), std::string::npos) << f;
 }
 
+// Data files no .metadata will name do not outlive their save: when one rank fails, the others remove
+// the files they completed; stray data files of ranks this save does not have are removed after it.
+TEST(HardenAtomic, FailedAndStraySavesLeaveNoOrphanDataFiles) {
+    std::string t = make_tmpdir("fsdp-orphan"), d = t + "/ck", out;
+    ASSERT_EQ(mkdir(d.c_str(), 0755), 0);
+    ASSERT_EQ(mkfifo((d + "/__1_0.distcp.tmp").c_str(), 0644), 0);  // rank 1 cannot create its file
+    write_file(t + "/s.yaml", save_recipe(0, d));
+    EXPECT_EQ(run_cmd("timeout -s KILL 60 " + launch(2) + " -q " + t + "/s.yaml", &out), 1) << out;
+    // (whichever rank ends the job first prints its message: rank 1's or rank 0's)
+    EXPECT_TRUE(out.find("__1_0.distcp.tmp is a FIFO, not a regular file") != std::string::npos ||
+                out.find("rank 1 failed writing its part of " + d) != std::string::npos)
+        << out;
+    EXPECT_EQ(list_dir(d), std::vector<std::string>{"__1_0.distcp.tmp"});  // rank 0's complete file is gone
+    unlink((d + "/__1_0.distcp.tmp").c_str());
+    write_file(d + "/__3_0.distcp", "left by a 4-rank save that was killed");
+    ASSERT_EQ(run_cmd(fsdp_run_bin() + " -q " + t + "/s.yaml", &out), 0) << out;
+    EXPECT_EQ(list_dir(d), (std::vector<std::string>{".metadata", "__0_0.distcp"}));
+    rm_rf(t);
+}
+
 // async: true over a checkpoint: killed in the writer thread, the old one stays; finished, the new one.
 TEST(HardenAtomic, AsyncOverwriteReplacesAtCommitOnly) {
     Refs refs;
