@@ -540,8 +540,8 @@ TEST(HardenAtomicFifo, OpenHelperNamesTheType) {
 // ---- stale temporaries ------------------------------------------------------------------------
 
 namespace {
-std::vector<std::string> notes;
-void collect(void *, const char *msg) { notes.push_back(msg); }
+// note callback: appends to the std::vector<std::string> passed as user
+void collect(void *user, const char *msg) { static_cast<std::vector<std::string> *>(user)->push_back(msg); }
 }  // namespace
 
 // A temporary whose writer holds its lock is being written: left alone. Once the writer is gone
@@ -550,17 +550,17 @@ TEST(HardenAtomicStale, LockedTemporariesAreLiveUnlockedOnesStale) {
     std::string t = make_tmpdir("fsdp-stale"), p = t + "/__0_0.distcp.tmp";
     int fd = -1, fd2 = -1;
     fsdp_err err;
-    notes.clear();
-    ASSERT_EQ(tmpf_create(p.c_str(), &fd, collect, nullptr, &err), 0) << err.msg;
+    std::vector<std::string> notes;
+    ASSERT_EQ(tmpf_create(p.c_str(), &fd, collect, &notes, &err), 0) << err.msg;
     ASSERT_EQ(write(fd, "12345", 5), 5);
-    EXPECT_EQ(tmpf_sweep(t.c_str(), ckpt_stale_owned, collect, nullptr), 0);
-    EXPECT_EQ(ckpt_stale_sweep(t.c_str(), collect, nullptr), 0);
+    EXPECT_EQ(tmpf_sweep(t.c_str(), ckpt_stale_owned, collect, &notes), 0);
+    EXPECT_EQ(ckpt_stale_sweep(t.c_str(), collect, &notes), 0);
     EXPECT_TRUE(exists(p));
-    EXPECT_EQ(tmpf_create(p.c_str(), &fd2, collect, nullptr, &err), FSDP_E_IO);
+    EXPECT_EQ(tmpf_create(p.c_str(), &fd2, collect, &notes, &err), FSDP_E_IO);
     EXPECT_NE(std::string(err.msg).find("is being written by another process"), std::string::npos) << err.msg;
     EXPECT_TRUE(notes.empty());
     close(fd);  // the writer dies
-    EXPECT_EQ(ckpt_stale_sweep(t.c_str(), collect, nullptr), 1);
+    EXPECT_EQ(ckpt_stale_sweep(t.c_str(), collect, &notes), 1);
     EXPECT_FALSE(exists(p));
     ASSERT_EQ(notes.size(), 1u);
     EXPECT_EQ(notes[0], "removed stale temporary " + p + " (5 bytes) left by an interrupted save");
@@ -568,12 +568,12 @@ TEST(HardenAtomicStale, LockedTemporariesAreLiveUnlockedOnesStale) {
     ASSERT_EQ(tmpf_create(p.c_str(), &fd, nullptr, nullptr, &err), 0);
     close(fd);
     notes.clear();
-    ASSERT_EQ(tmpf_create(p.c_str(), &fd, collect, nullptr, &err), 0) << err.msg;
+    ASSERT_EQ(tmpf_create(p.c_str(), &fd, collect, &notes, &err), 0) << err.msg;
     EXPECT_EQ(notes.size(), 1u);
     close(fd);
     // files the writers do not own are never touched
     write_file(t + "/notes.txt.tmp", "mine");
-    EXPECT_EQ(ckpt_stale_sweep(t.c_str(), collect, nullptr), 1);  // only the .distcp.tmp
+    EXPECT_EQ(ckpt_stale_sweep(t.c_str(), collect, &notes), 1);  // only the .distcp.tmp
     EXPECT_TRUE(exists(t + "/notes.txt.tmp"));
     rm_rf(t);
 }
