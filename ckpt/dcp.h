@@ -12,6 +12,7 @@
 #include "ckpt/torchsave.h"
 #include "fsdp/error.h"
 #include "fsdp/tensor.h"
+#include "runtime/tmpfile.h"
 
 typedef struct dcp_storage {
     char relative_path[256];
@@ -83,16 +84,23 @@ typedef struct dcp_record {
     dcp_storage where;
 } dcp_record;
 
-/* One rank's data file `__<rank>_0.distcp`, written into dir as a temporary name and
- * renamed by dcp_file_close (fsynced). Items are appended; each append returns its record. */
+/* One rank's data file (dcp_data_file_name), written into dir as `<name>.tmp` (created by
+ * tmpf_create: locked by this writer until it is closed) and renamed by dcp_file_close (fsynced,
+ * then the directory). Items are appended; each append returns its record. */
 typedef struct dcp_file_writer {
     FILE *f;
     char *path, *tmp;
     char rel[64];
     uint64_t pos;
+    int rank;
+    long items;
 } dcp_file_writer;
 
+/* Generation 0 (`__<rank>_0.distcp`). */
 int dcp_file_open(dcp_file_writer *w, const char *dir, int rank, fsdp_err *err);
+/* Generation gen of rank's data file (see dcp_commit.c); note reports a stale temporary removed. */
+int dcp_file_open_gen(dcp_file_writer *w, const char *dir, int rank, unsigned gen, tmpf_note_fn note, void *user,
+                      fsdp_err *err);
 /* A tensor chunk (C-contiguous data of dtype dt with shape sizes) at global offsets. */
 int dcp_file_add_tensor(dcp_file_writer *w, const char *fqn, fsdp_dtype dt, int ndim, const int64_t *global_shape,
                         const int64_t *offsets, const int64_t *sizes, const void *data, dcp_record *rec,
@@ -112,6 +120,27 @@ void dcp_file_abort(dcp_file_writer *w);
 /* Writes `.metadata` from all ranks' records (any order; chunks are listed per tensor in the
  * order given): to `.metadata.tmp`, fsync, rename, fsync of the directory. */
 int dcp_write_metadata(const char *dir, const dcp_record *recs, size_t n, fsdp_err *err);
+
+/* ---- replacing a checkpoint (dcp_commit.c: why and how) ---------------------------------- */
+
+/* The data file name of rank in generation gen: `__<rank>_0.distcp` (gen 0), `__<rank>_0.g<gen>.distcp`. */
+void dcp_data_file_name(char *out, size_t cap, int rank, unsigned gen);
+/* 1 when dir holds `.metadata` or a rank-local `__<r>.metadata` (a checkpoint, complete or not). */
+int dcp_dir_has_checkpoint(const char *dir);
+/* 1 for the temporaries DCP writers create (`*.distcp.tmp`, `*.metadata.tmp`). */
+int dcp_tmp_owned(const char *name);
+/* Before a save into dir: creates it (mkdir -p; an existing non-directory is an error), refuses an
+ * existing checkpoint unless overwrite ("<who>: <dir> already holds a checkpoint (<hint>)",
+ * FSDP_E_INVALID), removes stale temporaries (reported through note) and picks the generation of the
+ * new data files: 0 when there is no checkpoint, else the lowest one with no file in dir. */
+int dcp_prepare_dir(const char *dir, int overwrite, const char *who, const char *hint, unsigned *gen,
+                    tmpf_note_fn note, void *user, fsdp_err *err);
+/* After the new `.metadata` (from recs) is durable: removes the replaced checkpoint's files (data
+ * files neither referenced by recs nor generation gen's of ranks < world, rank-local metadata, stale
+ * temporaries). Failures are reported through note only: the new checkpoint is complete either way.
+ * Returns the number of files removed. */
+int dcp_remove_old_generations(const char *dir, unsigned gen, int world, const dcp_record *recs, size_t n,
+                               tmpf_note_fn note, void *user);
 
 /* Records <-> bytes, for gathering them from every rank. */
 int dcp_records_pack(const dcp_record *recs, size_t n, void **out, size_t *len, fsdp_err *err);

@@ -11,10 +11,17 @@
 #include "ckpt/dcp.h"
 #include "ckpt/torchsave.h"
 #include "ckpt/zip.h"
+#include "runtime/fileio.h"
 
 static int read_file(const char *path, void **buf, size_t *len, fsdp_err *err) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return fsdp_err_set(err, FSDP_E_IO, "%s: cannot open: %s", path, strerror(errno));
+    /* named as "checkpoint <dir>: <file>" (a FIFO or another non-regular file is an error, not a hang) */
+    char label[4400];
+    const char *slash = strrchr(path, '/');
+    if (slash) snprintf(label, sizeof label, "checkpoint %.*s: %s", (int)(slash - path), path, slash + 1);
+    else snprintf(label, sizeof label, "checkpoint .: %s", path);
+    FILE *f;
+    int rc = fio_fopen_read(path, label, &f, err);
+    if (rc) return rc;
     struct stat st;
     if (fstat(fileno(f), &st) != 0 || st.st_size > ((off_t)1 << 34)) {
         fclose(f);
@@ -59,9 +66,12 @@ static struct dcp_file *get_file(dcp_ckpt *c, const char *rel, fsdp_err *err) {
     struct dcp_file *f = &c->files[c->n_files];
     char path[4096];
     snprintf(path, sizeof path, "%s/%s", c->dir, rel);
-    f->fd = open(path, O_RDONLY);
-    if (f->fd < 0) {
-        fsdp_err_set(err, FSDP_E_IO, "checkpoint %s: cannot open %s: %s", c->dir, rel, strerror(errno));
+    mode_t mode = 0;
+    int e = fio_open_raw(path, O_RDONLY, &f->fd, &mode); /* never blocks on a FIFO */
+    if (e) {
+        if (e < 0)
+            fsdp_err_set(err, FSDP_E_IO, "checkpoint %s: %s is a %s, not a regular file", c->dir, rel, fio_type_name(mode));
+        else fsdp_err_set(err, FSDP_E_IO, "checkpoint %s: cannot open %s: %s", c->dir, rel, strerror(e));
         return NULL;
     }
     struct stat st;

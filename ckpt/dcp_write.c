@@ -10,6 +10,7 @@
 
 #include "ckpt/dcp.h"
 #include "ckpt/torchsave.h"
+#include "runtime/crash.h"
 
 #define META_MOD "torch.distributed.checkpoint.metadata"
 
@@ -22,9 +23,11 @@ static int fsync_path(const char *path, int dir, fsdp_err *err) {
     return 0;
 }
 
-int dcp_file_open(dcp_file_writer *w, const char *dir, int rank, fsdp_err *err) {
+int dcp_file_open_gen(dcp_file_writer *w, const char *dir, int rank, unsigned gen, tmpf_note_fn note, void *user,
+                      fsdp_err *err) {
     memset(w, 0, sizeof *w);
-    snprintf(w->rel, sizeof w->rel, "__%d_0.distcp", rank);
+    w->rank = rank;
+    dcp_data_file_name(w->rel, sizeof w->rel, rank, gen);
     size_t n = strlen(dir) + 96;
     w->path = malloc(n);
     w->tmp = malloc(n);
@@ -35,17 +38,26 @@ int dcp_file_open(dcp_file_writer *w, const char *dir, int rank, fsdp_err *err) 
     }
     snprintf(w->path, n, "%s/%s", dir, w->rel);
     snprintf(w->tmp, n, "%s/%s.tmp", dir, w->rel);
-    w->f = fopen(w->tmp, "wb");
-    if (!w->f) {
-        int e = errno;
+    int fd;
+    int rc = tmpf_create(w->tmp, &fd, note, user, err);
+    if (!rc && !(w->f = fdopen(fd, "wb"))) {
+        rc = fsdp_err_set(err, FSDP_E_IO, "cannot create %s: %s", w->tmp, strerror(errno));
+        close(fd);
+        unlink(w->tmp);
+    }
+    if (rc) {
         free(w->path);
         free(w->tmp);
         memset(w, 0, sizeof *w);
-        return fsdp_err_set(err, FSDP_E_IO, "cannot create %s/%s.tmp: %s", dir, "__<rank>_0.distcp", strerror(e));
+        return rc;
     }
     /* large sequential writes */
     setvbuf(w->f, NULL, _IOFBF, 8 << 20);
     return 0;
+}
+
+int dcp_file_open(dcp_file_writer *w, const char *dir, int rank, fsdp_err *err) {
+    return dcp_file_open_gen(w, dir, rank, 0, NULL, NULL, err);
 }
 
 static void fill_rec(dcp_record *r, const char *fqn, int is_tensor) {
@@ -71,6 +83,7 @@ static int add_tensor(dcp_file_writer *w, const char *fqn, fsdp_dtype dt, int nd
     rec->where.offset = w->pos;
     rec->where.length = len;
     w->pos += len;
+    crash_point("dcp.data.item", ++w->items, w->rank);
     return 0;
 }
 
@@ -111,18 +124,36 @@ int dcp_file_add_value(dcp_file_writer *w, const char *fqn, const void *value_op
     rec->where.offset = w->pos;
     rec->where.length = len;
     w->pos += len;
+    crash_point("dcp.data.item", ++w->items, w->rank);
     return 0;
 }
 
+/* The temporary is renamed while it is still open, so its lock (tmpfile.h) covers it until it has
+ * its final name. */
 int dcp_file_close(dcp_file_writer *w, fsdp_err *err) {
-    int rc = 0;
-    if (fflush(w->f) != 0 || fsync(fileno(w->f)) != 0)
-        rc = fsdp_err_set(err, FSDP_E_IO, "%s: write failed: %s", w->tmp, strerror(errno));
-    if (fclose(w->f) != 0 && !rc) rc = fsdp_err_set(err, FSDP_E_IO, "%s: close failed: %s", w->tmp, strerror(errno));
-    w->f = NULL;
+    int rc = 0, renamed = 0;
+    if (fflush(w->f) != 0) rc = fsdp_err_set(err, FSDP_E_IO, "%s: write failed: %s", w->tmp, strerror(errno));
+    if (!rc) crash_point("dcp.data.written", 1, w->rank);
+    if (!rc && fsync(fileno(w->f)) != 0) rc = fsdp_err_set(err, FSDP_E_IO, "%s: fsync failed: %s", w->tmp, strerror(errno));
+    if (!rc) crash_point("dcp.data.synced", 1, w->rank);
     if (!rc && rename(w->tmp, w->path) != 0)
         rc = fsdp_err_set(err, FSDP_E_IO, "cannot rename %s: %s", w->tmp, strerror(errno));
-    if (rc) unlink(w->tmp);
+    renamed = !rc;
+    if (renamed) crash_point("dcp.data.renamed", 1, w->rank);
+    if (fclose(w->f) != 0 && !rc) rc = fsdp_err_set(err, FSDP_E_IO, "%s: close failed: %s", w->path, strerror(errno));
+    w->f = NULL;
+    if (!rc) {
+        /* the new name must be durable before any .metadata refers to it */
+        char *dir = strdup(w->path);
+        char *slash = dir ? strrchr(dir, '/') : NULL;
+        if (!dir) rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+        else {
+            if (slash) *slash = '\0';
+            rc = fsync_path(slash ? dir : ".", 1, err);
+        }
+        free(dir);
+    }
+    if (rc) unlink(renamed ? w->path : w->tmp);
     free(w->path);
     free(w->tmp);
     w->path = w->tmp = NULL;
@@ -348,16 +379,8 @@ int dcp_write_metadata(const char *dir, const dcp_record *recs, size_t n, fsdp_e
     if (!rc) {
         snprintf(tmp, plen, "%s/.metadata.tmp", dir);
         snprintf(fin, plen, "%s/.metadata", dir);
-        FILE *f = fopen(tmp, "wb");
-        if (!f) rc = fsdp_err_set(err, FSDP_E_IO, "cannot create %s: %s", tmp, strerror(errno));
-        else {
-            if (fwrite(w.buf, 1, w.len, f) != w.len || fflush(f) != 0 || fsync(fileno(f)) != 0)
-                rc = fsdp_err_set(err, FSDP_E_IO, "cannot write %s: %s", tmp, strerror(errno));
-            if (fclose(f) != 0 && !rc) rc = fsdp_err_set(err, FSDP_E_IO, "cannot write %s: %s", tmp, strerror(errno));
-        }
-        if (!rc && rename(tmp, fin) != 0) rc = fsdp_err_set(err, FSDP_E_IO, "cannot rename %s: %s", tmp, strerror(errno));
-        if (rc) unlink(tmp);
-        else rc = fsync_path(dir, 1, err);
+        rc = tmpf_write_replace(tmp, fin, w.buf, w.len, "dcp.meta", err);
+        if (!rc) rc = fsync_path(dir, 1, err);
     }
     free(tmp);
     free(fin);

@@ -1,13 +1,16 @@
 /* Format dispatch of ckpt_reader; each format lives in its own ckpt/reader_<fmt>.c. */
 #include "ckpt/reader.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
+#include "ckpt/ckpt_stale.h"
 #include "ckpt/reader_impl.h"
+#include "runtime/fileio.h"
 
 static int has_suffix(const char *s, const char *suf) {
     size_t a = strlen(s), b = strlen(suf);
@@ -40,6 +43,25 @@ int ckpt_format_from_name(const char *name, ckpt_format *out) {
     return -1;
 }
 
+/* A directory with DCP data files or checkpoint writers' temporaries but no .metadata: a save that
+ * did not finish (an error naming what is there), else 0. */
+static int incomplete_save(const char *path, fsdp_err *err) {
+    DIR *d = opendir(path);
+    if (!d) return 0;
+    size_t data = 0, tmps = 0;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        if (has_suffix(de->d_name, ".distcp")) data++;
+        else if (ckpt_stale_owned(de->d_name)) tmps++;
+    }
+    closedir(d);
+    if (!data && !tmps) return 0;
+    return fsdp_err_set(err, FSDP_E_FORMAT,
+                        "checkpoint %s is an incomplete save: it has %zu data file%s (.distcp) and %zu temporary "
+                        "file%s (.tmp) but no .metadata (a save that did not finish, or one still running)",
+                        path, data, data == 1 ? "" : "s", tmps, tmps == 1 ? "" : "s");
+}
+
 static int detect(const char *path, ckpt_format *fmt, fsdp_err *err) {
     struct stat st;
     if (stat(path, &st) != 0)
@@ -53,11 +75,8 @@ static int detect(const char *path, ckpt_format *fmt, fsdp_err *err) {
             *fmt = CKPT_SAFETENSORS;
             return 0;
         }
-        if (file_exists(path, "__0_0.distcp"))
-            return fsdp_err_set(err, FSDP_E_FORMAT,
-                                "checkpoint %s is incomplete: it has .distcp files but no .metadata (a save that did "
-                                "not finish)",
-                                path);
+        int rc = incomplete_save(path, err);
+        if (rc) return rc;
         return fsdp_err_set(err, FSDP_E_FORMAT,
                             "checkpoint %s: not a DCP checkpoint (no .metadata) nor a safetensors directory", path);
     }
@@ -70,10 +89,14 @@ static int detect(const char *path, ckpt_format *fmt, fsdp_err *err) {
         return 0;
     }
     /* sniff: a zip (torch.save) or a safetensors header */
-    FILE *f = fopen(path, "rb");
+    FILE *f;
+    char label[4200];
+    snprintf(label, sizeof label, "checkpoint %s", path);
+    int rc = fio_fopen_read(path, label, &f, err);
+    if (rc) return rc;
     unsigned char head[8] = {0};
-    size_t n = f ? fread(head, 1, 8, f) : 0;
-    if (f) fclose(f);
+    size_t n = fread(head, 1, 8, f);
+    fclose(f);
     if (n >= 4 && head[0] == 'P' && head[1] == 'K') {
         *fmt = CKPT_PT;
         return 0;

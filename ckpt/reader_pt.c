@@ -10,6 +10,7 @@
 
 #include "ckpt/reader_impl.h"
 #include "ckpt/torchsave.h"
+#include "runtime/fileio.h"
 
 typedef struct pt_impl {
     int fd;
@@ -111,10 +112,10 @@ static int walk(pt_impl *p, const char *prefix, const pkl_obj *o, int depth, fsd
 int ckpt_open_pt(const char *path, ckpt_reader **out, fsdp_err *err) {
     pt_impl *p = calloc(1, sizeof *p);
     if (!p) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
-    p->fd = open(path, O_RDONLY);
-    if (p->fd < 0) {
+    int orc = fio_open_read(path, NULL, &p->fd, err); /* never blocks on a FIFO */
+    if (orc) {
         free(p);
-        return fsdp_err_set(err, FSDP_E_IO, "%s: cannot open: %s", path, strerror(errno));
+        return orc;
     }
     struct stat st;
     fstat(p->fd, &st);

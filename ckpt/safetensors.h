@@ -20,8 +20,12 @@
  * pieces per tensor (pieces of one tensor arrive in order); nothing is buffered. The layout and
  * header bytes match safetensors' own writer (tensors sorted by descending dtype alignment, then
  * by name; compact JSON with __metadata__ first; padded with spaces to a multiple of 8). The file
- * is written to `<path>.tmp`, fsync'ed and renamed onto `<path>` by st_writer_finish().
- * st_shards_* does the same for a Hugging Face sharded checkpoint directory.
+ * is written to `<path>.tmp` (locked by its writer while it exists: runtime/tmpfile.h; a FIFO there
+ * is an error, never a hang), fsync'ed and renamed onto `<path>` by st_writer_finish(), which
+ * replaces an existing file atomically.
+ * st_shards_* does the same for a Hugging Face sharded checkpoint directory; over an existing one
+ * (an index is there) the shards get new names and the index is replaced last
+ * (safetensors_gen.c).
  */
 #ifndef FSDP_CKPT_SAFETENSORS_H
 #define FSDP_CKPT_SAFETENSORS_H

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "ckpt/safetensors_internal.h"
+#include "runtime/fileio.h"
 
 typedef struct {
     const char *name; /* borrowed from the JSON tree */
@@ -153,8 +154,9 @@ static int check_tiling(const st_file *f, const entry *es, size_t n, uint64_t he
 }
 
 static int map_file(st_file *f, fsdp_err *err) {
-    int fd = open(f->path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return fsdp_err_set(err, FSDP_E_IO, "%s: cannot open: %s", f->path, strerror(errno));
+    int fd;
+    int rc = fio_open_read(f->path, NULL, &fd, err); /* never blocks on a FIFO */
+    if (rc) return rc;
     struct stat st;
     if (fstat(fd, &st) != 0) {
         int e = errno;

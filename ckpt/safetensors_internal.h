@@ -36,4 +36,12 @@ char *st_int_join(const char *dir, const char *name);
 /* fsyncs the directory holding path (best effort is not enough: errors are reported). */
 int st_int_fsync_dir_of(const char *path, fsdp_err *err);
 
+/* Shard generations of an HF directory (safetensors_gen.c): the file name of shard k (0-based) of
+ * ns in generation gen (malloc'd; NULL when out of memory); the generation for a new split of ns
+ * shards (0 when dir holds no `<base>.safetensors.index.json`); after the new index is in place,
+ * removal of every other shard file of base and of stale temporaries. */
+char *st_int_shard_name(const char *base, size_t k, size_t ns, unsigned gen);
+int st_int_shard_gen(const char *dir, const char *base, size_t ns, unsigned *gen, fsdp_err *err);
+void st_int_shard_cleanup(const char *dir, const char *base, size_t ns, unsigned gen);
+
 #endif

@@ -6,8 +6,10 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "ckpt/safetensors_internal.h"
+#include "runtime/fileio.h"
 
 #define INDEX_NAME "model.safetensors.index.json"
 #define SINGLE_NAME "model.safetensors"
@@ -123,7 +125,11 @@ static int open_index(st_reader *r, const char *ip, fsdp_err *err) {
     r->index_path = strdup(ip);
     if (!r->index_path) return fsdp_err_set(err, FSDP_E_NOMEM, "%s: out of memory", ip);
     json_error_t je;
-    json_t *root = json_load_file(ip, JSON_REJECT_DUPLICATES, &je);
+    int fd;
+    int frc = fio_open_read(ip, NULL, &fd, err); /* never blocks on a FIFO */
+    if (frc) return frc;
+    json_t *root = json_loadfd(fd, JSON_REJECT_DUPLICATES, &je);
+    close(fd);
     if (!root) {
         if (!is_regular(ip)) return fsdp_err_set(err, FSDP_E_IO, "%s: cannot read the index: %s", ip, je.text);
         return fsdp_err_set(err, FSDP_E_FORMAT, "%s: invalid JSON index: %s (line %d, column %d)", ip,
@@ -181,8 +187,13 @@ static int open_index(st_reader *r, const char *ip, fsdp_err *err) {
                     break;
                 }
             }
-            rc = fsdp_err_set(err, FSDP_E_IO, "%s: shard file %s (listed for tensor '%s') is missing", ip, p,
-                              who);
+            struct stat st;
+            if (stat(p, &st) == 0)
+                rc = fsdp_err_set(err, FSDP_E_IO, "%s: shard file %s (listed for tensor '%s') is a %s, not a regular file",
+                                  ip, p, who, fio_type_name(st.st_mode));
+            else
+                rc = fsdp_err_set(err, FSDP_E_IO, "%s: shard file %s (listed for tensor '%s') is missing", ip, p,
+                                  who);
             free(p);
             goto out;
         }

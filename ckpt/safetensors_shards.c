@@ -9,6 +9,8 @@
 #include <unistd.h>
 
 #include "ckpt/safetensors_internal.h"
+#include "runtime/crash.h"
+#include "runtime/tmpfile.h"
 
 typedef struct sdecl {
     char *name;
@@ -36,6 +38,7 @@ struct st_shards {
     shard *s;
     size_t ns;
     int begun, finished, failed;
+    unsigned gen; /* of the shard names (safetensors_gen.c) */
 };
 
 int st_shards_new(st_shards **out, const char *dir, const char *base, uint64_t max_shard_bytes, fsdp_err *err) {
@@ -178,16 +181,15 @@ int st_shards_begin(st_shards *s, fsdp_err *err) {
     int rc = mkdirs(s->dir, err);
     if (rc) return rc;
     size_t ns = plan(s);
+    if ((rc = st_int_shard_gen(s->dir, s->base, ns, &s->gen, err))) return rc;
     s->s = (shard *)calloc(ns ? ns : 1, sizeof *s->s);
     if (!s->s) return fsdp_err_set(err, FSDP_E_NOMEM, "%s: out of memory", s->dir);
     s->begun = 1;
     for (size_t k = 0; k < ns; k++) {
         shard *sh = &s->s[k];
         s->ns++;
-        int len = snprintf(NULL, 0, "%s-%05zu-of-%05zu.safetensors", s->base, k + 1, ns);
-        sh->file = (char *)malloc((size_t)len + 1);
+        sh->file = st_int_shard_name(s->base, k, ns, s->gen);
         if (!sh->file) return fsdp_err_set(err, FSDP_E_NOMEM, "%s: out of memory", s->dir);
-        snprintf(sh->file, (size_t)len + 1, "%s-%05zu-of-%05zu.safetensors", s->base, k + 1, ns);
         char *path = st_int_join(s->dir, sh->file);
         if (!path) return fsdp_err_set(err, FSDP_E_NOMEM, "%s: out of memory", s->dir);
         rc = st_writer_new(&sh->w, path, err);
@@ -270,23 +272,10 @@ static int write_index(st_shards *s, fsdp_err *err) {
         return fsdp_err_set(err, FSDP_E_NOMEM, "%s: out of memory writing the index", s->dir);
     }
     sprintf(tmp, "%s.tmp", path);
-    int rc = FSDP_OK;
-    FILE *f = fopen(tmp, "wb");
-    if (!f) {
-        rc = fsdp_err_set(err, FSDP_E_IO, "%s: cannot create: %s", tmp, strerror(errno));
-    } else {
-        int bad = fputs(text, f) < 0 || fputc('\n', f) == EOF || fflush(f) != 0 || fsync(fileno(f)) != 0;
-        int e = errno;
-        if (fclose(f) != 0 && !bad) {
-            bad = 1;
-            e = errno;
-        }
-        if (bad)
-            rc = fsdp_err_set(err, FSDP_E_IO, "%s: write failed: %s", tmp, strerror(e));
-        else if (rename(tmp, path) != 0)
-            rc = fsdp_err_set(err, FSDP_E_IO, "%s: cannot rename to %s: %s", tmp, path, strerror(errno));
-        if (rc) unlink(tmp);
-    }
+    /* the index names the new shards: replacing it is the commit (safetensors_gen.c) */
+    size_t tl = strlen(text);
+    text[tl] = '\n'; /* the terminating NUL becomes the final newline (the length is passed on) */
+    int rc = tmpf_write_replace(tmp, path, text, tl + 1, "st.index", err);
     if (!rc) rc = st_int_fsync_dir_of(path, err);
     free(text);
     free(path);
@@ -312,9 +301,15 @@ int st_shards_finish(st_shards *s, fsdp_err *err) {
         }
     }
     int rc = write_index(s, err);
-    if (rc) s->failed = 1;
-    else s->finished = 1;
-    return rc;
+    if (rc) {
+        s->failed = 1;
+        return rc;
+    }
+    s->finished = 1;
+    /* the new index is durable: the replaced checkpoint's shards go */
+    crash_point("st.index.durable", 1, -1);
+    st_int_shard_cleanup(s->dir, s->base, s->ns, s->gen);
+    return FSDP_OK;
 }
 
 size_t st_shards_count(const st_shards *s) { return s->ns; }

@@ -8,6 +8,8 @@
 #include <unistd.h>
 
 #include "ckpt/safetensors_internal.h"
+#include "runtime/crash.h"
+#include "runtime/tmpfile.h"
 
 enum { W_DECLARE = 0, W_WRITING, W_DONE, W_FAILED };
 
@@ -22,6 +24,8 @@ typedef struct wtensor {
 struct st_writer {
     char *path, *tmp;
     int fd, state;
+    int tmp_created; /* tmp is this writer's (created and locked by it) */
+    long tensors_done;
     wtensor *t;
     size_t n, cap;
     char **meta; /* key, value, ... */
@@ -51,8 +55,9 @@ int st_writer_new(st_writer **out, const char *path, fsdp_err *err) {
 
 void st_writer_free(st_writer *w) {
     if (!w) return;
+    /* unlinked while still locked (runtime/tmpfile.h), then closed */
+    if ((w->state == W_WRITING || w->state == W_FAILED) && w->tmp_created) unlink(w->tmp);
     if (w->fd >= 0) close(w->fd);
-    if (w->state == W_WRITING || w->state == W_FAILED) unlink(w->tmp);
     for (size_t i = 0; i < w->n; i++) free(w->t[i].name);
     for (size_t i = 0; i < 2 * w->nmeta; i++) free(w->meta[i]);
     free(w->meta);
@@ -250,11 +255,12 @@ int st_writer_begin(st_writer *w, fsdp_err *err) {
         return fsdp_err_set(err, FSDP_E_INVALID, "%s: header of %zu bytes exceeds the safetensors limit", w->path, hlen);
     }
     w->header_len = hlen;
-    w->fd = open(w->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (w->fd < 0) {
+    rc = tmpf_create(w->tmp, &w->fd, NULL, NULL, err);
+    if (rc) {
         free(h);
-        return fsdp_err_set(err, FSDP_E_IO, "%s: cannot create: %s", w->tmp, strerror(errno));
+        return rc;
     }
+    w->tmp_created = 1;
     w->state = W_WRITING;
     unsigned char le[8];
     for (int i = 0; i < 8; i++) le[i] = (unsigned char)((uint64_t)hlen >> (8 * i));
@@ -277,6 +283,7 @@ int st_writer_write(st_writer *w, size_t idx, const void *data, size_t len, fsdp
     if (!data) return fsdp_err_set(err, FSDP_E_INVALID, "%s: tensor '%s': NULL data", w->path, t->name);
     int rc = pwrite_all(w, data, len, 8 + w->header_len + t->begin + t->written, err);
     if (!rc) t->written += len;
+    if (!rc && t->written == t->nbytes) crash_point("st.data.tensor", ++w->tensors_done, -1);
     return rc;
 }
 
@@ -312,23 +319,23 @@ int st_writer_finish(st_writer *w, fsdp_err *err) {
             return fsdp_err_set(err, FSDP_E_INVALID, "%s: tensor '%s' incomplete: %llu of %llu bytes written",
                                 w->path, t->name, (unsigned long long)t->written, (unsigned long long)t->nbytes);
     }
-    int fd = w->fd;
-    w->fd = -1;
-    if (fsync(fd) != 0) {
-        int e = errno;
-        close(fd);
+    crash_point("st.data.written", 1, -1);
+    if (fsync(w->fd) != 0) {
         w->state = W_FAILED;
-        return fsdp_err_set(err, FSDP_E_IO, "%s: fsync failed: %s", w->tmp, strerror(e));
+        return fsdp_err_set(err, FSDP_E_IO, "%s: fsync failed: %s", w->tmp, strerror(errno));
     }
-    if (close(fd) != 0) {
-        w->state = W_FAILED;
-        return fsdp_err_set(err, FSDP_E_IO, "%s: close failed: %s", w->tmp, strerror(errno));
-    }
+    crash_point("st.data.synced", 1, -1);
+    /* renamed while still open: the lock (runtime/tmpfile.h) covers the temporary until it has its
+     * final name; rename replaces an existing file atomically */
     if (rename(w->tmp, w->path) != 0) {
         w->state = W_FAILED;
         return fsdp_err_set(err, FSDP_E_IO, "%s: cannot rename to %s: %s", w->tmp, w->path, strerror(errno));
     }
     w->state = W_DONE;
+    crash_point("st.data.renamed", 1, -1);
+    int fd = w->fd;
+    w->fd = -1;
+    if (close(fd) != 0) return fsdp_err_set(err, FSDP_E_IO, "%s: close failed: %s", w->path, strerror(errno));
     return st_int_fsync_dir_of(w->path, err);
 }
 

@@ -1,4 +1,6 @@
-/* Saving the sharded state as a PyTorch DCP checkpoint (see state_io.h). */
+/* Saving the sharded state as a PyTorch DCP checkpoint (see state_io.h). An existing checkpoint at
+ * the path is replaced without ever leaving the path without a complete one: see ckpt/dcp_commit.c
+ * for the file generations and the crash points of the sequence. */
 #include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -12,6 +14,7 @@
 #include "ckpt/dcp.h"
 #include "ckpt/pickle.h"
 #include "ckpt/state_io.h"
+#include "runtime/crash.h"
 
 /* One item to write: a tensor chunk (data in f32 unless raw) or a pickled value. */
 typedef struct save_item {
@@ -36,6 +39,7 @@ typedef struct save_plan {
 struct sio_async {
     comm *c;
     char *path;
+    unsigned gen; /* of the data files (ckpt/dcp_commit.c) */
     save_plan plan;
     pthread_t th;
     int started;
@@ -273,7 +277,7 @@ static int fill_from_dev(void *user, zip_writer *zw, fsdp_err *err) {
     return rc;
 }
 
-static int write_file(const char *path, int rank, save_plan *p, float opt_step, const ckpt_sink *sink,
+static int write_file(const char *path, int rank, unsigned gen, save_plan *p, float opt_step, const ckpt_sink *sink,
                       dcp_record **recs, size_t *nrec, fsdp_err *err) {
     *recs = calloc(p->n ? p->n : 1, sizeof **recs);
     *nrec = 0;
@@ -284,7 +288,7 @@ static int write_file(const char *path, int rank, save_plan *p, float opt_step, 
     if (rc) return rc;
     dev_fill fill = {&down, NULL, NULL, 0};
     dcp_file_writer fw;
-    if ((rc = dcp_file_open(&fw, path, rank, err))) {
+    if ((rc = dcp_file_open_gen(&fw, path, rank, gen, NULL, NULL, err))) {
         if (any_dev) ckpt_down_free(&down);
         return rc;
     }
@@ -335,35 +339,16 @@ static int write_file(const char *path, int rank, save_plan *p, float opt_step, 
     return dcp_file_close(&fw, err);
 }
 
-static int prepare_dir(const char *path, int rank, comm *c, int overwrite, fsdp_err *err) {
-    int rc = 0;
-    if (rank == 0) {
-        char meta[4200];
-        snprintf(meta, sizeof meta, "%s/.metadata", path);
-        struct stat st;
-        if (stat(meta, &st) == 0) {
-            if (!overwrite)
-                rc = fsdp_err_set(err, FSDP_E_INVALID,
-                                  "save-dcp: %s already holds a checkpoint (set overwrite: true to replace it)", path);
-            else if (unlink(meta) != 0)
-                rc = fsdp_err_set(err, FSDP_E_IO, "save-dcp: cannot remove the old %s: %s", meta, strerror(errno));
-        }
-        if (!rc) {
-            /* mkdir -p */
-            char tmp[4096];
-            snprintf(tmp, sizeof tmp, "%s", path);
-            for (char *q = tmp + 1; *q && !rc; q++) {
-                if (*q != '/') continue;
-                *q = '\0';
-                if (mkdir(tmp, 0755) != 0 && errno != EEXIST)
-                    rc = fsdp_err_set(err, FSDP_E_IO, "save-dcp: cannot create %s: %s", tmp, strerror(errno));
-                *q = '/';
-            }
-            if (!rc && mkdir(tmp, 0755) != 0 && errno != EEXIST)
-                rc = fsdp_err_set(err, FSDP_E_IO, "save-dcp: cannot create %s: %s", tmp, strerror(errno));
-        }
-    }
-    /* everyone learns rank 0's verdict before writing */
+/* Rank 0 prepares the directory (dcp_prepare_dir: refuses a checkpoint unless overwrite, removes
+ * stale temporaries, picks the generation of the new data files); everyone learns its verdict and
+ * the generation before writing. Nothing of an existing checkpoint is touched here: it is replaced
+ * by the rename of the new .metadata in commit (see ckpt/dcp_commit.c). */
+static int prepare_dir(const char *path, comm *c, const sio_save_opts *o, unsigned *gen, fsdp_err *err) {
+    int rc = 0, rank = comm_rank(c);
+    *gen = 0;
+    if (rank == 0)
+        rc = dcp_prepare_dir(path, o->overwrite, "save-dcp", "set overwrite: true to replace it", gen, NULL, NULL,
+                             err);
     int who;
     fsdp_err e2;
     fsdp_err_clear(&e2);
@@ -373,18 +358,33 @@ static int prepare_dir(const char *path, int rank, comm *c, int overwrite, fsdp_
         snprintf(msg, sizeof msg, "save-dcp: rank %d could not prepare %s", who, path);
         return fsdp_err_set(err, agreed, "%s", msg);
     }
-    return rc;
+    if (rc) return rc;
+    uint32_t g = *gen;
+    if ((rc = comm_bcast(c, &g, sizeof g, 0, err))) return rc;
+    *gen = g;
+    crash_point("save.prepared", 1, rank);
+    return 0;
 }
 
 /* gather every rank's records, rank 0 writes .metadata, everyone waits for it */
-static int commit(comm *c, const char *path, int local_rc, fsdp_err *local_err, dcp_record *recs, size_t n,
-                  fsdp_err *err) {
+static int commit(comm *c, const char *path, unsigned gen, int local_rc, fsdp_err *local_err, dcp_record *recs,
+                  size_t n, fsdp_err *err) {
     int rank = comm_rank(c);
     int who = -1;
     fsdp_err e2;
     fsdp_err_clear(&e2);
     int agreed = comm_agree(c, local_rc, &who, &e2);
     if (agreed) {
+        /* no .metadata will name this save's data files: a rank that completed its own removes it
+         * (the generation is this save's, or the directory holds no checkpoint: ckpt/dcp_commit.c) */
+        if (!local_rc) {
+            char name[64], p[4200];
+            dcp_data_file_name(name, sizeof name, rank, gen);
+            snprintf(p, sizeof p, "%s/%s", path, name);
+            unlink(p);
+        }
+        /* before any rank returns (a failed rank may end the job at once) */
+        comm_barrier(c, &e2);
         if (local_rc) {
             if (err != local_err) *err = *local_err;
             return local_rc;
@@ -407,7 +407,14 @@ static int commit(comm *c, const char *path, int local_rc, fsdp_err *local_err, 
         size_t nall;
         mrc = dcp_records_unpack(all, total, &allr, &nall, &merr);
         if (!mrc) {
+            crash_point("save.gathered", 1, rank);
             mrc = dcp_write_metadata(path, allr, nall, &merr);
+            /* the new checkpoint is in place and durable: the replaced one's files go */
+            if (!mrc) {
+                crash_point("save.committed", 1, rank);
+                dcp_remove_old_generations(path, gen, comm_size(c), allr, nall, NULL, NULL);
+                crash_point("save.cleaned", 1, rank);
+            }
             free(allr);
         }
     }
@@ -431,7 +438,8 @@ int sio_save(fsdp_state *s, comm *c, const char *path, const sio_save_opts *o, f
 int sio_save_staged(fsdp_state *s, comm *c, const char *path, const sio_save_opts *o, const ckpt_sink *sink,
                     fsdp_err *err) {
     int rank = comm_rank(c);
-    int rc = prepare_dir(path, rank, c, o->overwrite, err);
+    unsigned gen;
+    int rc = prepare_dir(path, c, o, &gen, err);
     if (rc) return rc;
     save_plan p = {0};
     fsdp_err lerr;
@@ -439,9 +447,9 @@ int sio_save_staged(fsdp_state *s, comm *c, const char *path, const sio_save_opt
     dcp_record *recs = NULL;
     size_t n = 0;
     int lrc = build_plan(s, rank, comm_size(c), o, &p, &lerr);
-    if (!lrc) lrc = write_file(path, rank, &p, (float)s->opt_step, sink, &recs, &n, &lerr);
+    if (!lrc) lrc = write_file(path, rank, gen, &p, (float)s->opt_step, sink, &recs, &n, &lerr);
     plan_free(&p);
-    rc = commit(c, path, lrc, &lerr, recs, n, err);
+    rc = commit(c, path, gen, lrc, &lerr, recs, n, err);
     free(recs);
     return rc;
 }
@@ -449,7 +457,7 @@ int sio_save_staged(fsdp_state *s, comm *c, const char *path, const sio_save_opt
 static void *async_main(void *arg) {
     sio_async *a = arg;
     fsdp_err_clear(&a->err);
-    a->rc = write_file(a->path, comm_rank(a->c), &a->plan, 0, NULL, &a->recs, &a->n_recs, &a->err);
+    a->rc = write_file(a->path, comm_rank(a->c), a->gen, &a->plan, 0, NULL, &a->recs, &a->n_recs, &a->err);
     return NULL;
 }
 
@@ -460,7 +468,8 @@ int sio_save_begin(fsdp_state *s, comm *c, const char *path, const sio_save_opts
 int sio_save_begin_staged(fsdp_state *s, comm *c, const char *path, const sio_save_opts *o, const ckpt_sink *sink,
                           sio_async **out, fsdp_err *err) {
     *out = NULL;
-    int rc = prepare_dir(path, comm_rank(c), c, o->overwrite, err);
+    unsigned gen;
+    int rc = prepare_dir(path, c, o, &gen, err);
     if (rc) return rc;
     sio_async *a = calloc(1, sizeof *a);
     if (!a || !(a->path = strdup(path))) {
@@ -470,6 +479,7 @@ int sio_save_begin_staged(fsdp_state *s, comm *c, const char *path, const sio_sa
     }
     if (!rc) {
         a->c = c;
+        a->gen = gen;
         rc = build_plan(s, comm_rank(c), comm_size(c), o, &a->plan, err);
     }
     /* the optimizer step (0-d tensors) is captured now too */
@@ -512,7 +522,7 @@ int sio_save_finish(sio_async *a, fsdp_err *err) {
         pthread_join(a->th, NULL);
         a->started = 0;
     }
-    return commit(a->c, a->path, a->rc, &a->err, a->recs, a->n_recs, err);
+    return commit(a->c, a->path, a->gen, a->rc, &a->err, a->recs, a->n_recs, err);
 }
 
 void sio_async_free(sio_async *a) {

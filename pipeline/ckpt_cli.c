@@ -7,28 +7,36 @@
 
 #include <jansson.h>
 
+#include "ckpt/ckpt_stale.h"
 #include "ckpt/dcp.h"
 #include "ckpt/namemap.h"
 #include "ckpt/reader.h"
 #include "ckpt/safetensors.h"
 #include "pipeline/ckpt_cli.h"
+#include "runtime/crash.h"
 
 static void ckpt_usage(FILE *f) {
     fputs("usage: fsdp-run ckpt inspect PATH [--json]\n"
           "       fsdp-run ckpt convert SRC DST [--to dcp|safetensors] [--names hf|torchtitan] [--dtype f32|bf16|f16]\n"
           "                             [--keys PREFIX] [--strip-prefix P] [--add-prefix P] [--n-heads H --n-kv-heads K]\n"
+          "                             [--overwrite]\n"
           "       fsdp-run ckpt diff A B [--rtol R] [--atol A]\n"
-          "PATH: a DCP directory, a .safetensors file, an HF directory or model.safetensors.index.json, or a .pt file.\n",
+          "PATH: a DCP directory, a .safetensors file, an HF directory or model.safetensors.index.json, or a .pt file.\n"
+          "convert refuses an existing DST (a DCP checkpoint or a file) unless --overwrite, which replaces it\n"
+          "atomically: DST holds the old or the new checkpoint at every instant.\n",
           f);
 }
 
+static void note_log(void *log, const char *msg) { fprintf(log, "fsdp-run ckpt: %s\n", msg); }
+
+/* Opens path; then removes (and reports) the stale temporaries of interrupted saves there, after the
+ * open so that a directory holding only those is still reported as an incomplete save. */
 static int open_or_say(const char *path, ckpt_reader **r, FILE *log) {
     fsdp_err err;
-    if (ckpt_open(path, CKPT_AUTO, r, &err)) {
-        fprintf(log, "fsdp-run ckpt: error: %s\n", err.msg);
-        return 1;
-    }
-    return 0;
+    int rc = ckpt_open(path, CKPT_AUTO, r, &err);
+    if (rc) fprintf(log, "fsdp-run ckpt: error: %s\n", err.msg);
+    ckpt_stale_sweep(path, note_log, log);
+    return rc ? 1 : 0;
 }
 
 static int64_t numel_of(const ckpt_entry *e) { return fsdp_numel(e->ndim, e->shape); }
@@ -248,122 +256,169 @@ static int read_converted(const conv *c, size_t i, const nmap_info *info, fsdp_d
     return 0;
 }
 
-static int cmd_convert(int argc, char **argv, FILE *out, FILE *log) {
-    const char *src = NULL, *dst = NULL, *to = NULL;
-    conv c;
-    memset(&c, 0, sizeof c);
+typedef struct conv_out {
+    const char *src, *dst, *to;
+    int overwrite;
+    size_t written;
+    uint64_t bytes;
+} conv_out;
+
+/* options of convert into c and o; 0, or the exit code of a usage error */
+static int convert_args(int argc, char **argv, conv *c, conv_out *o, FILE *log) {
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--to") && v) to = v, i++;
-        else if (!strcmp(a, "--names") && v) c.names = v, i++;
+        if (!strcmp(a, "--to") && v) o->to = v, i++;
+        else if (!strcmp(a, "--names") && v) c->names = v, i++;
         else if (!strcmp(a, "--dtype") && v) {
-            c.dtype = fsdp_dtype_from_name(v);
+            c->dtype = fsdp_dtype_from_name(v);
             i++;
-            if (c.dtype != FSDP_DT_F32 && c.dtype != FSDP_DT_BF16 && c.dtype != FSDP_DT_F16) {
+            if (c->dtype != FSDP_DT_F32 && c->dtype != FSDP_DT_BF16 && c->dtype != FSDP_DT_F16) {
                 fprintf(log, "fsdp-run ckpt convert: --dtype must be f32, bf16 or f16\n");
                 return 2;
             }
-        } else if (!strcmp(a, "--keys") && v) c.keys = v, i++;
-        else if (!strcmp(a, "--strip-prefix") && v) c.strip = v, i++;
-        else if (!strcmp(a, "--add-prefix") && v) c.add = v, i++;
-        else if (!strcmp(a, "--n-heads") && v) c.heads = atoi(v), i++;
-        else if (!strcmp(a, "--n-kv-heads") && v) c.kv_heads = atoi(v), i++;
+        } else if (!strcmp(a, "--keys") && v) c->keys = v, i++;
+        else if (!strcmp(a, "--strip-prefix") && v) c->strip = v, i++;
+        else if (!strcmp(a, "--add-prefix") && v) c->add = v, i++;
+        else if (!strcmp(a, "--n-heads") && v) c->heads = atoi(v), i++;
+        else if (!strcmp(a, "--n-kv-heads") && v) c->kv_heads = atoi(v), i++;
+        else if (!strcmp(a, "--overwrite")) o->overwrite = 1;
         else if (a[0] == '-') {
             fprintf(log, "fsdp-run ckpt convert: unknown option %s\n", a);
             return 2;
-        } else if (!src) src = a;
-        else if (!dst) dst = a;
+        } else if (!o->src) o->src = a;
+        else if (!o->dst) o->dst = a;
         else {
             ckpt_usage(log);
             return 2;
         }
     }
-    if (!src || !dst || (to && strcmp(to, "dcp") && strcmp(to, "safetensors")) ||
-        (c.names && strcmp(c.names, "hf") && strcmp(c.names, "torchtitan"))) {
+    if (!o->src || !o->dst || (o->to && strcmp(o->to, "dcp") && strcmp(o->to, "safetensors")) ||
+        (c->names && strcmp(c->names, "hf") && strcmp(c->names, "torchtitan"))) {
         ckpt_usage(log);
         return 2;
     }
-    if (!to) {
-        size_t l = strlen(dst);
-        to = l > 12 && !strcmp(dst + l - 12, ".safetensors") ? "safetensors" : "dcp";
+    if (!o->to) {
+        size_t l = strlen(o->dst);
+        o->to = l > 12 && !strcmp(o->dst + l - 12, ".safetensors") ? "safetensors" : "dcp";
     }
-    if (c.kv_heads <= 0) c.kv_heads = c.heads;
-    if (open_or_say(src, &c.r, log)) return 1;
+    if (c->kv_heads <= 0) c->kv_heads = c->heads;
+    return 0;
+}
+
+/* A safetensors file replaces an existing one by rename (st_writer_finish) only with --overwrite. */
+static int check_st_dest(const conv_out *o, FILE *log, fsdp_err *err) {
+    struct stat st;
+    if (lstat(o->dst, &st) != 0) return 0;
+    if (S_ISDIR(st.st_mode))
+        return fsdp_err_set(err, FSDP_E_INVALID, "%s is a directory, not a .safetensors file (use --to dcp for a DCP "
+                            "directory)", o->dst);
+    if (!o->overwrite)
+        return fsdp_err_set(err, FSDP_E_INVALID, "%s already exists (pass --overwrite to replace it)", o->dst);
+    ckpt_stale_sweep(o->dst, note_log, log);
+    return 0;
+}
+
+static int convert_to_safetensors(const conv *c, conv_out *o, FILE *log, fsdp_err *err) {
+    int rc = check_st_dest(o, log, err);
+    if (rc) return rc;
+    size_t n = ckpt_count(c->r);
+    st_writer *w = NULL;
+    size_t *idx = calloc(n ? n : 1, sizeof *idx);
+    nmap_info *info = calloc(n ? n : 1, sizeof *info);
+    char *skip = calloc(n ? n : 1, 1);
+    if (!idx || !info || !skip) rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+    if (!rc) rc = st_writer_new(&w, o->dst, err);
+    if (!rc) rc = st_writer_set_metadata(w, "format", "pt", err);
+    for (size_t i = 0; i < n && !rc; i++) {
+        const ckpt_entry *e = ckpt_entry_at(c->r, i);
+        char name[1024];
+        skip[i] = 1;
+        if (!e->is_tensor) continue;
+        if ((rc = out_name(c, e->name, name, sizeof name, &info[i], err))) break;
+        if (!name[0]) continue;
+        skip[i] = 0;
+        rc = st_writer_declare(w, name, c->dtype ? c->dtype : e->dtype, e->ndim, e->shape, &idx[i], err);
+    }
+    if (!rc) rc = st_writer_begin(w, err);
+    for (size_t i = 0; i < n && !rc; i++) {
+        if (skip[i]) continue;
+        const ckpt_entry *e = ckpt_entry_at(c->r, i);
+        fsdp_dtype dt = c->dtype ? c->dtype : e->dtype;
+        void *buf;
+        if ((rc = read_converted(c, i, &info[i], dt, &buf, err))) break;
+        size_t len = (size_t)numel_of(e) * fsdp_dtype_size(dt);
+        rc = st_writer_write(w, idx[i], buf, len, err);
+        free(buf);
+        o->written++;
+        o->bytes += len;
+    }
+    if (!rc) rc = st_writer_finish(w, err);
+    st_writer_free(w);
+    free(idx);
+    free(info);
+    free(skip);
+    return rc;
+}
+
+/* Into a DCP directory: new data file of a fresh generation, .metadata replaced last, then the
+ * replaced checkpoint's files removed (ckpt/dcp_commit.c); crash points convert.* and dcp.*. */
+static int convert_to_dcp(const conv *c, conv_out *o, FILE *log, fsdp_err *err) {
+    unsigned gen;
+    int rc = dcp_prepare_dir(o->dst, o->overwrite, "fsdp-run ckpt convert", "pass --overwrite to replace it", &gen,
+                             note_log, log, err);
+    if (rc) return rc;
+    crash_point("convert.prepared", 1, 0);
+    size_t n = ckpt_count(c->r), nr = 0;
+    dcp_file_writer fw;
+    memset(&fw, 0, sizeof fw);
+    dcp_record *recs = calloc(n ? n : 1, sizeof *recs);
+    if (!recs) rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+    if (!rc) rc = dcp_file_open_gen(&fw, o->dst, 0, gen, note_log, log, err);
+    for (size_t i = 0; i < n && !rc; i++) {
+        const ckpt_entry *e = ckpt_entry_at(c->r, i);
+        if (!e->is_tensor) continue;
+        char name[1024];
+        nmap_info info;
+        if ((rc = out_name(c, e->name, name, sizeof name, &info, err))) break;
+        if (!name[0]) continue;
+        fsdp_dtype dt = c->dtype ? c->dtype : e->dtype;
+        void *buf;
+        if ((rc = read_converted(c, i, &info, dt, &buf, err))) break;
+        int64_t zero[FSDP_MAX_DIMS] = {0};
+        rc = dcp_file_add_tensor(&fw, name, dt, e->ndim, e->shape, zero, e->shape, buf, &recs[nr++], err);
+        o->bytes += (uint64_t)numel_of(e) * fsdp_dtype_size(dt);
+        o->written++;
+        free(buf);
+    }
+    if (!rc) rc = dcp_file_close(&fw, err);
+    else if (fw.f) dcp_file_abort(&fw);
+    if (!rc) rc = dcp_write_metadata(o->dst, recs, nr, err);
+    if (!rc) {
+        crash_point("convert.committed", 1, 0);
+        dcp_remove_old_generations(o->dst, gen, 1, recs, nr, note_log, log);
+    }
+    free(recs);
+    return rc;
+}
+
+static int cmd_convert(int argc, char **argv, FILE *out, FILE *log) {
+    conv c;
+    conv_out o;
+    memset(&c, 0, sizeof c);
+    memset(&o, 0, sizeof o);
+    int rc = convert_args(argc, argv, &c, &o, log);
+    if (rc) return rc;
+    if (open_or_say(o.src, &c.r, log)) return 1;
     fsdp_err err;
     fsdp_err_clear(&err);
-    int rc = 0;
-    size_t n = ckpt_count(c.r), written = 0;
-    uint64_t bytes = 0;
-    if (!strcmp(to, "safetensors")) {
-        st_writer *w = NULL;
-        size_t *idx = calloc(n ? n : 1, sizeof *idx);
-        nmap_info *info = calloc(n ? n : 1, sizeof *info);
-        char *skip = calloc(n ? n : 1, 1);
-        if (!idx || !info || !skip) rc = fsdp_err_set(&err, FSDP_E_NOMEM, "out of memory");
-        if (!rc) rc = st_writer_new(&w, dst, &err);
-        if (!rc) rc = st_writer_set_metadata(w, "format", "pt", &err);
-        for (size_t i = 0; i < n && !rc; i++) {
-            const ckpt_entry *e = ckpt_entry_at(c.r, i);
-            char name[1024];
-            skip[i] = 1;
-            if (!e->is_tensor) continue;
-            if ((rc = out_name(&c, e->name, name, sizeof name, &info[i], &err))) break;
-            if (!name[0]) continue;
-            skip[i] = 0;
-            rc = st_writer_declare(w, name, c.dtype ? c.dtype : e->dtype, e->ndim, e->shape, &idx[i], &err);
-        }
-        if (!rc) rc = st_writer_begin(w, &err);
-        for (size_t i = 0; i < n && !rc; i++) {
-            if (skip[i]) continue;
-            const ckpt_entry *e = ckpt_entry_at(c.r, i);
-            fsdp_dtype dt = c.dtype ? c.dtype : e->dtype;
-            void *buf;
-            if ((rc = read_converted(&c, i, &info[i], dt, &buf, &err))) break;
-            size_t len = (size_t)numel_of(e) * fsdp_dtype_size(dt);
-            rc = st_writer_write(w, idx[i], buf, len, &err);
-            free(buf);
-            written++;
-            bytes += len;
-        }
-        if (!rc) rc = st_writer_finish(w, &err);
-        st_writer_free(w);
-        free(idx);
-        free(info);
-        free(skip);
-    } else {
-        mkdir(dst, 0755);
-        dcp_file_writer fw;
-        dcp_record *recs = calloc(n ? n : 1, sizeof *recs);
-        size_t nr = 0;
-        if (!recs) rc = fsdp_err_set(&err, FSDP_E_NOMEM, "out of memory");
-        if (!rc) rc = dcp_file_open(&fw, dst, 0, &err);
-        for (size_t i = 0; i < n && !rc; i++) {
-            const ckpt_entry *e = ckpt_entry_at(c.r, i);
-            if (!e->is_tensor) continue;
-            char name[1024];
-            nmap_info info;
-            if ((rc = out_name(&c, e->name, name, sizeof name, &info, &err))) break;
-            if (!name[0]) continue;
-            fsdp_dtype dt = c.dtype ? c.dtype : e->dtype;
-            void *buf;
-            if ((rc = read_converted(&c, i, &info, dt, &buf, &err))) break;
-            int64_t zero[FSDP_MAX_DIMS] = {0};
-            rc = dcp_file_add_tensor(&fw, name, dt, e->ndim, e->shape, zero, e->shape, buf, &recs[nr++], &err);
-            bytes += (uint64_t)numel_of(e) * fsdp_dtype_size(dt);
-            written++;
-            free(buf);
-        }
-        if (!rc) rc = dcp_file_close(&fw, &err);
-        else if (fw.f) dcp_file_abort(&fw);
-        if (!rc) rc = dcp_write_metadata(dst, recs, nr, &err);
-        free(recs);
-    }
+    rc = !strcmp(o.to, "safetensors") ? convert_to_safetensors(&c, &o, log, &err) : convert_to_dcp(&c, &o, log, &err);
     ckpt_close(c.r);
     if (rc) {
         fprintf(log, "fsdp-run ckpt convert: error: %s\n", err.msg);
         return fsdp_err_exit_code(rc);
     }
-    fprintf(out, "converted %zu tensors (%.1f MB) from %s to %s (%s)\n", written, (double)bytes / 1e6, src, dst, to);
+    fprintf(out, "converted %zu tensors (%.1f MB) from %s to %s (%s)\n", o.written, (double)o.bytes / 1e6, o.src, o.dst,
+            o.to);
     return 0;
 }
 

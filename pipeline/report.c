@@ -8,6 +8,7 @@
 #include <time.h>
 
 #include "fsdp/stage.h"
+#include "runtime/tmpfile.h"
 
 int report_add_record(run_result *r, const char *recipe, const char *id, const char *stage) {
     if (r->n == r->cap) {
@@ -124,13 +125,12 @@ int report_write(const run_result *r, const char *path, fsdp_err *err) {
     }
     snprintf(tmp, plen + 8, "%s.tmp", path);
     int rc = 0;
-    if (json_dump_file(root, tmp, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(10)) != 0) {
-        rc = fsdp_err_set(err, FSDP_E_IO, "report %s: cannot write: %s", path, strerror(errno));
-        remove(tmp);
-    } else if (rename(tmp, path) != 0) {
-        rc = fsdp_err_set(err, FSDP_E_IO, "report %s: cannot rename %s: %s", path, tmp, strerror(errno));
-        remove(tmp);
-    }
+    /* tmp + rename, never blocking on a FIFO where tmp should go (runtime/tmpfile.h) */
+    char *text = json_dumps(root, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(10));
+    if (!text) rc = fsdp_err_set(err, FSDP_E_NOMEM, "report %s: out of memory", path);
+    else if ((rc = tmpf_write_replace(tmp, path, text, strlen(text), "report", err)))
+        fsdp_err_prefix(err, "report %s", path);
+    free(text);
     free(tmp);
     json_decref(root);
     return rc;

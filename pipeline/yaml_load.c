@@ -2,10 +2,14 @@
 #include "pipeline/yaml_load.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <yaml.h>
+
+#include "runtime/fileio.h"
 
 #define YL_MAX_DEPTH 64
 
@@ -249,8 +253,16 @@ int yaml_load_string(const char *text, size_t len, const char *name, int line0, 
 
 int yaml_load_file(const char *path, fsdp_value **out, fsdp_err *err) {
     *out = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f) return fsdp_err_set(err, FSDP_E_IO, "%s: cannot open recipe: %s", path, strerror(errno));
+    int fd;
+    mode_t mode = 0;
+    int e = fio_open_raw(path, O_RDONLY, &fd, &mode); /* never blocks on a FIFO */
+    if (e < 0) return fsdp_err_set(err, FSDP_E_IO, "recipe %s is a %s, not a regular file", path, fio_type_name(mode));
+    FILE *f = e ? NULL : fdopen(fd, "rb");
+    if (!e && !f) {
+        e = errno;
+        close(fd);
+    }
+    if (!f) return fsdp_err_set(err, FSDP_E_IO, "%s: cannot open recipe: %s", path, strerror(e));
     yl_state s = {0};
     s.file = path;
     s.err = err;

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "ckpt/safetensors.h"
+#include "runtime/fileio.h"
 
 struct data_source {
     data_config cfg;
@@ -99,8 +100,11 @@ int data_config_from_value(const fsdp_value *sec, uint64_t default_seed, data_co
 }
 
 static int map_file(data_source *d, fsdp_err *err) {
-    int fd = open(d->cfg.path, O_RDONLY);
-    if (fd < 0) return fsdp_err_set(err, FSDP_E_IO, "data %s: cannot open: %s", d->cfg.path, strerror(errno));
+    int fd;
+    char label[4200];
+    snprintf(label, sizeof label, "data %s", d->cfg.path);
+    int rc = fio_open_read(d->cfg.path, label, &fd, err); /* never blocks on a FIFO */
+    if (rc) return rc;
     struct stat st;
     if (fstat(fd, &st) != 0) {
         close(fd);

@@ -1,6 +1,7 @@
 /* Helpers shared by the built-in stages. */
 #include <stdlib.h>
 
+#include "ckpt/ckpt_stale.h"
 #include "runtime/ctx_impl.h"
 #include "stages/stages.h"
 
@@ -22,6 +23,13 @@ comm *stage_comm(fsdp_ctx *ctx) {
 }
 
 double stage_now(void) { return ctx_now(); }
+
+static void note_warn(void *ctx, const char *msg) { fsdp_log(ctx, FSDP_LOG_WARN, "%s", msg); }
+
+void stage_sweep_stale(fsdp_ctx *ctx, const char *path) {
+    comm *c = stage_comm(ctx);
+    if (!c || comm_rank(c) == 0) ckpt_stale_sweep(path, note_warn, ctx);
+}
 
 int stage_model_config(fsdp_ctx *ctx, llama_config *cfg, fsdp_err *err) {
     return llama_config_from_value(cfg, fsdp_ctx_section(ctx, "model"), err);

@@ -1,7 +1,9 @@
 /* Stage `save-dcp`: a PyTorch-loadable DCP checkpoint of the model (and optimizer) in
  * torchtitan's key layout. Every rank writes its shards; rank 0 writes `.metadata` last and
  * atomically, so an interrupted save never looks like a checkpoint. Refuses to overwrite an
- * existing checkpoint unless asked. `async: true` snapshots the shards to host memory and
+ * existing checkpoint unless asked; an overwrite writes the new data files beside the old ones and
+ * replaces `.metadata` last, so the path holds the old or the new checkpoint at every instant
+ * (ckpt/dcp_commit.c). Stale temporaries of interrupted saves to the path are removed and logged. `async: true` snapshots the shards to host memory and
  * writes in a background thread while later stages run; the run waits for it at the end
  * and reports its errors. A state on the GPU is downloaded chunk by chunk into a ring of pinned
  * staging buffers (ckpt/ckpt_pipe.h): synchronously, each chunk is written to the data file while
@@ -55,6 +57,7 @@ int stage_save_dcp_to(fsdp_ctx *ctx, fsdp_state *s, const char *path, int optimi
     double t0 = stage_now();
     stage_ckpt_sink st;
     const ckpt_sink *sink;
+    stage_sweep_stale(ctx, path);
     int rc = staging(ctx, s, &st, &sink, err);
     if (rc) return rc;
     rc = sio_save_staged(s, stage_comm(ctx), path, &o, sink, err);
@@ -86,6 +89,7 @@ static int save_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
     double t0 = stage_now();
     stage_ckpt_sink st;
     const ckpt_sink *sink;
+    stage_sweep_stale(ctx, path);
     if ((rc = staging(ctx, s, &st, &sink, err))) return rc;
     rc = sio_save_begin_staged(s, stage_comm(ctx), path, &o, sink, &a, err);
     stage_ckpt_sink_free(&st);

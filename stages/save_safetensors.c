@@ -1,7 +1,10 @@
 /* Stage `save-safetensors`: consolidated weights in one safetensors file (or HF shards with
  * an index). Rank 0 gathers one tensor at a time, so memory stays near the largest tensor.
  * Optional Hugging Face names (with the q/k RoPE row permutation) and bf16. Shards on the GPU are
- * downloaded one parameter at a time.
+ * downloaded one parameter at a time. An existing file is replaced atomically (written as `.tmp`,
+ * renamed over it); over an existing HF directory the new shards get names of their own and the
+ * index is replaced last (ckpt/safetensors_gen.c). Stale temporaries of interrupted saves there are
+ * removed and logged.
  *
  * with: path (required; a .safetensors file, or a directory when shard_mb > 0),
  *       names (torchtitan|hf), dtype (auto|f32|bf16), shard_mb (int, 0 = one file) */
@@ -37,6 +40,7 @@ static int sst_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
     nmap_info *info = calloc(s->n ? s->n : 1, sizeof *info);
     if (!idx || !info) rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
     /* rank 0 declares every tensor; every rank takes part in the gathers */
+    stage_sweep_stale(ctx, path);
     if (!rc && rank == 0) {
         rc = shard_mb > 0 ? st_shards_new(&sh, path, "model", (uint64_t)shard_mb << 20, err) : st_writer_new(&w, path, err);
         if (!rc) rc = sh ? st_shards_set_metadata(sh, "format", "pt", err) : st_writer_set_metadata(w, "format", "pt", err);

@@ -14,6 +14,9 @@
 /* The context's communicator (a world of 1 when none). */
 comm *stage_comm(fsdp_ctx *ctx);
 double stage_now(void);
+/* Before a checkpoint save to path: rank 0 removes the stale temporaries of earlier interrupted
+ * saves there (ckpt/ckpt_stale.h) and logs each removal as a warning. */
+void stage_sweep_stale(fsdp_ctx *ctx, const char *path);
 /* The recipe's `model:` section as a finalized config. */
 int stage_model_config(fsdp_ctx *ctx, llama_config *cfg, fsdp_err *err);
 /* `with: seed` when given, else runtime.seed. */

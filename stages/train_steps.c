@@ -28,6 +28,7 @@
 
 #include "model/lr_schedule.h"
 #include "runtime/data.h"
+#include "runtime/fileio.h"
 #include "stages/stages.h"
 #include "stages/train_backend.h"
 
@@ -188,8 +189,9 @@ static int train_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
     /* MFU: model FLOPs per token against one device's peak (given, or the GPU default) */
     double peak_tflops = fsdp_arg_float(with, "peak_tflops", be.on_gpu ? TRAIN_GPU_PEAK_TFLOPS : 0);
     double flops_tok = llama_flops_per_token(&s->cfg, T);
-    if (metrics_path && comm_rank(c) == 0 && !(mf = fopen(metrics_path, "a"))) {
-        rc = fsdp_err_set(err, FSDP_E_IO, "train-steps: cannot open metrics file %s: %s", metrics_path, strerror(errno));
+    /* never blocks on a FIFO where the metrics file should be */
+    if (metrics_path && comm_rank(c) == 0 && (rc = fio_fopen_append(metrics_path, NULL, &mf, err))) {
+        fsdp_err_prefix(err, "train-steps: metrics file");
         goto out;
     }
     fsdp_log(ctx, FSDP_LOG_INFO, "training steps %lld..%lld: global batch %lld x %lld tokens, %d ranks, %s%s%s",

@@ -15,7 +15,7 @@ TEST(E2ECkptCli, InspectConvertDiffRoundTrips) {
     // every fixture converted to DCP and to safetensors reads back identical
     for (const char *src : {"dcp_seed_ws1", "dcp_model_ws2", "model_step5.pt", "model.safetensors.index.json"}) {
         const char *want = std::string(src) == "dcp_seed_ws1" ? "model_init.safetensors" : "model_step5.safetensors";
-        ASSERT_EQ(run_cmd(bin + "convert " + tiny(src) + " " + t + "/x.safetensors", &out), 0) << out;
+        ASSERT_EQ(run_cmd(bin + "convert " + tiny(src) + " " + t + "/x.safetensors --overwrite", &out), 0) << out;
         ASSERT_EQ(run_cmd(bin + "diff " + t + "/x.safetensors " + tiny(want), &out), 0) << src << ": " << out;
         rm_rf(t + "/d");
         ASSERT_EQ(run_cmd(bin + "convert " + tiny(src) + " " + t + "/d --to dcp", &out), 0) << out;

@@ -1,0 +1,36 @@
+/* Crash points (see crash.h). */
+#include "runtime/crash.h"
+
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* 1 when spec ("<point>[:<n>][@<rank>]") names this point, occurrence and rank */
+static int crash_spec_matches(const char *spec, const char *point, long nth, int rank) {
+    size_t n = strlen(point);
+    if (strncmp(spec, point, n)) return 0;
+    const char *p = spec + n;
+    long want = 1;
+    if (*p == ':') {
+        char *end;
+        want = strtol(p + 1, &end, 10);
+        if (end == p + 1) return 0;
+        p = end;
+    }
+    if (*p == '@') {
+        char *end;
+        long r = strtol(p + 1, &end, 10);
+        if (end == p + 1 || *end || r != rank) return 0;
+        p = end;
+    }
+    return *p == '\0' && want == nth;
+}
+
+void crash_point(const char *point, long nth, int rank) {
+    const char *spec = getenv("FSDP_CRASH_AT");
+    if (!spec || !*spec || !crash_spec_matches(spec, point, nth, rank)) return;
+    kill(getpid(), SIGKILL);
+    /* SIGKILL cannot be caught; should it be delayed, nothing past this point runs */
+    for (;;) pause();
+}

@@ -1,0 +1,34 @@
+/* Opening files that must be regular files, without ever blocking on a FIFO or a device.
+ *
+ * open(2) of a FIFO blocks until a writer (or reader) appears, so every file the project reads
+ * (checkpoints, indexes, data, recipes) is opened with O_NONBLOCK first, checked with fstat, and
+ * only then switched back to blocking I/O. A non-regular file is an error naming the file and
+ * its type: "<label> is a FIFO, not a regular file". */
+#ifndef FSDP_RUNTIME_FILEIO_H
+#define FSDP_RUNTIME_FILEIO_H
+
+#include <stdio.h>
+#include <sys/types.h>
+
+#include "fsdp/error.h"
+
+/* "FIFO", "directory", "socket", "character device", "block device", "symbolic link",
+ * "regular file" or "special file". */
+const char *fio_type_name(mode_t mode);
+
+/* The primitive: open(path, flags | O_NONBLOCK | O_CLOEXEC, 0644), require a regular file, clear
+ * O_NONBLOCK. Returns 0 (*fd set), open's errno value, or -1 when path is not a regular file (its
+ * mode in *mode; nothing stays open). For callers with messages of their own. */
+int fio_open_raw(const char *path, int flags, int *fd, mode_t *mode);
+
+/* Opens path read-only (O_CLOEXEC) after checking that it is a regular file. label names the file
+ * in messages (NULL: the path): "<label> is a FIFO, not a regular file", "<label>: cannot open:
+ * <strerror>" (FSDP_E_IO). On success *fd is a blocking descriptor. */
+int fio_open_read(const char *path, const char *label, int *fd, fsdp_err *err);
+/* The same as a stdio stream ("rb"). */
+int fio_fopen_read(const char *path, const char *label, FILE **f, fsdp_err *err);
+/* Opens path for appending (created 0644 when missing), refusing a FIFO or another special file
+ * instead of blocking on it. */
+int fio_fopen_append(const char *path, const char *label, FILE **f, fsdp_err *err);
+
+#endif
