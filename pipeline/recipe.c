@@ -84,7 +84,8 @@ static int include_cycle(const include_state *st, int from, int depth, const cha
     for (int j = from; j < depth && off < sizeof chain; j++)
         off += (size_t)snprintf(chain + off, sizeof chain - off, "%s -> ", st->stack[j]);
     if (off < sizeof chain) snprintf(chain + off, sizeof chain - off, "%s", real);
-    return fsdp_err_at(err, FSDP_E_INVALID, at, "include cycle: %s", chain);
+    return fsdp_err_at(err, FSDP_E_INVALID, at, "include cycle: %s (the file refers to itself through its includes)",
+                       chain);
 }
 
 static int load_tree(const char *path, const fsdp_value *from_val, include_state *st, int depth, fsdp_value **out,
