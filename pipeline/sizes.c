@@ -168,11 +168,13 @@ typedef struct {
     char detail[512];
 } stage_need;
 
-/* Whether train-steps keeps the state in host memory: device cpu, or auto resolved to it. -1: unknown. */
+/* Whether train-steps keeps the state in host memory: device cpu, or auto resolved to it (always in a
+ * build without CUDA; else by the device probe of a real run). -1: unknown (auto under validate). */
 static int trains_on_host(const recipe *r, const sizes_host *h) {
     const char *dev = fsdp_value_text(fsdp_value_path(r->root, "runtime.device"));
     if (!dev || !strcmp(dev, "cpu")) return 1;
     if (!strcmp(dev, "cuda")) return 0; /* the device's memory is checked when the device is known */
+    if (!dev_built_with_cuda()) return 1;
     if (!h->probe_device) return -1;
     int n = 0;
     fsdp_err e;
