@@ -84,6 +84,9 @@ int llama_config_finalize(llama_config *cfg, fsdp_err *err);
 
 /* Total number of parameters of a finalized config (untied output), -1 when invalid. */
 int64_t llama_param_count(const llama_config *cfg);
+/* Parameter elements rank 0 holds when every parameter is Shard(0) over `world` ranks (the largest
+ * shard: ceil(rows / world) rows of each); world 1 gives llama_param_count. -1 when invalid. */
+int64_t llama_param_count_shard(const llama_config *cfg, int world);
 
 /* torchtitan's MFU FLOPs per token: 6 * (N - vocab*dim) + 12 * n_layers * n_heads * head_dim *
  * seq_len, with N = llama_param_count (tok_embeddings excluded, output.weight included).

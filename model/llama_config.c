@@ -131,6 +131,35 @@ static int64_t count_params(const llama_config *c) {
     return total;
 }
 
+/* Sum over the parameters of ceil(rows / world) * cols: what rank 0 (the largest shard) holds. */
+static int64_t count_shard(const llama_config *c, int64_t world) {
+    const int64_t d = c->dim, hd = c->head_dim, H = c->n_heads, KV = c->n_kv_heads;
+    const int64_t F = c->ffn_hidden, V = c->vocab_size, L = c->n_layers;
+    /* {rows, cols, how many}: wq, wk/wv, wo, w1/w3, w2, the two norms; then tok_embeddings/output, norm */
+    const int64_t layer_terms[][3] = {{H * hd, d, 1}, {KV * hd, d, 2}, {d, H * hd, 1}, {F, d, 2}, {d, F, 1}, {d, 1, 2}};
+    const int64_t model_terms[][3] = {{V, d, 2}, {d, 1, 1}};
+    int64_t layer = 0, total = 0, t;
+    for (size_t i = 0; i < sizeof layer_terms / sizeof *layer_terms; i++) {
+        int64_t rows = (layer_terms[i][0] + world - 1) / world;
+        if (__builtin_mul_overflow(rows, layer_terms[i][1], &t) ||
+            __builtin_mul_overflow(t, layer_terms[i][2], &t) || __builtin_add_overflow(layer, t, &layer))
+            return -1;
+    }
+    if (__builtin_mul_overflow(layer, L, &total)) return -1;
+    for (size_t i = 0; i < sizeof model_terms / sizeof *model_terms; i++) {
+        int64_t rows = (model_terms[i][0] + world - 1) / world;
+        if (__builtin_mul_overflow(rows, model_terms[i][1], &t) ||
+            __builtin_mul_overflow(t, model_terms[i][2], &t) || __builtin_add_overflow(total, t, &total))
+            return -1;
+    }
+    return total;
+}
+
+int64_t llama_param_count_shard(const llama_config *cfg, int world) {
+    if (world < 1 || llama_param_count(cfg) < 0) return -1;
+    return count_shard(cfg, world);
+}
+
 int64_t llama_param_count(const llama_config *cfg) {
     if (!cfg || cfg->dim <= 0 || cfg->n_layers <= 0 || cfg->n_heads <= 0 || cfg->n_kv_heads <= 0 ||
         cfg->vocab_size <= 0 || cfg->head_dim <= 0 || cfg->ffn_hidden <= 0 ||

@@ -125,6 +125,11 @@ int llama_head_chunk_check(int64_t head_chunk_rows, const char *what, fsdp_err *
 /* opts NULL: no checkpointing, automatic chunks. */
 llama_model_ws *llama_model_ws_create_opts(const llama_config *cfg, int B_max, int T_max,
                                            const llama_model_ws_opts *opts, fsdp_err *err);
+/* Bytes llama_model_ws_create_opts allocates for B_max x T_max (activations, backward scratch, RoPE
+ * tables, tokens and labels), without allocating; -1 when the sizes are invalid or overflow. For
+ * checking a recipe against the host's memory before anything runs. */
+int llama_model_ws_size(const llama_config *cfg, int B_max, int T_max, const llama_model_ws_opts *opts,
+                        size_t *bytes);
 /* The rows per head chunk of this workspace (for B_max x T_max). */
 int llama_model_ws_head_chunk(const llama_model_ws *ws);
 void llama_model_ws_free(llama_model_ws *ws);

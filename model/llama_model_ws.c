@@ -43,8 +43,9 @@ static int layout(llama_model_ws *ws, float *base, size_t *total) {
         CARVE(sel_xn, nd);
         CARVE(sel_g, nf);
     }
+    llama_model_acts scratch; /* the sizing pass (base NULL) may run without acts */
     for (int l = 0; l < c->n_layers; l++) {
-        llama_model_acts *a = &ws->acts[l];
+        llama_model_acts *a = base ? &ws->acts[l] : &scratch;
         CARVE(a->x, nd);
         if (ws->ac == LLAMA_AC_FULL && l > 0) {
             /* full checkpointing: one set of intermediates, recomputed per layer in the backward */
@@ -108,6 +109,26 @@ int llama_head_chunk_check(int64_t head_chunk_rows, const char *what, fsdp_err *
                             "positive number of rows",
                             what, (long long)head_chunk_rows, LLAMA_HEAD_CHUNK_BYTES >> 20);
     return FSDP_OK;
+}
+
+int llama_model_ws_size(const llama_config *cfg, int B_max, int T_max, const llama_model_ws_opts *opts,
+                        size_t *bytes) {
+    llama_model_ws_opts o = {0, 0};
+    if (opts) o = *opts;
+    if (B_max <= 0 || T_max <= 0 || (int64_t)B_max * T_max > INT_MAX || o.head_chunk_rows < 0) return -1;
+    llama_model_ws ws;
+    memset(&ws, 0, sizeof ws);
+    ws.cfg = *cfg;
+    ws.ac = (llama_ac)o.ac;
+    ws.B_max = B_max;
+    ws.T_max = T_max;
+    ws.head_chunk = llama_head_chunk_resolve(cfg, (int64_t)B_max * T_max, o.head_chunk_rows, sizeof(float));
+    size_t total = 0, bt = (size_t)B_max * (size_t)T_max, b;
+    if (!layout(&ws, NULL, &total) || __builtin_mul_overflow(total, sizeof(float), &b) ||
+        __builtin_add_overflow(b, 2 * bt * sizeof(int32_t), &b))
+        return -1;
+    *bytes = b;
+    return 0;
 }
 
 llama_model_ws *llama_model_ws_create(const llama_config *cfg, int B_max, int T_max, fsdp_err *err) {

@@ -10,13 +10,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "pipeline/strmap.h"
 #include "pipeline/yaml_load.h"
 
 static const char *const TOP_KEYS[] = {"version", "name", "description", "include", "vars", "runtime",
                                        "model",   "data", "plugins",     "stages",  NULL};
 static const char *const STAGE_KEYS[] = {"id", "uses", "after", "with", "description", NULL};
 
-#define MAX_INCLUDE_DEPTH 32
 
 static int in_list(const char *const *list, const char *s) {
     for (; *list; list++)
@@ -51,71 +51,6 @@ static int check_top_keys(const fsdp_value *root, fsdp_err *err) {
     return 0;
 }
 
-/* Merge of two recipe trees: `stages` merge by id (same id: deep-merged in place; new ids
- * appended), `plugins` concatenate without duplicates, everything else deep-merges. */
-static const char *stage_id_of(const fsdp_value *st) {
-    return fsdp_value_text(fsdp_value_get(st, "id"));
-}
-
-static fsdp_value *merge_stages(fsdp_value *dst, fsdp_value *src) {
-    if (!dst || dst->kind != FSDP_V_LIST || !src || src->kind != FSDP_V_LIST) return val_merge(dst, src);
-    for (size_t i = 0; i < src->n; i++) {
-        fsdp_value *s = src->items[i];
-        src->items[i] = NULL;
-        const char *id = stage_id_of(s);
-        size_t j = 0;
-        for (; id && j < dst->n; j++) {
-            const char *did = stage_id_of(dst->items[j]);
-            if (did && !strcmp(did, id)) break;
-        }
-        if (id && j < dst->n)
-            dst->items[j] = val_merge(dst->items[j], s);
-        else if (val_list_push(dst, s))
-            break;
-    }
-    val_free(src);
-    return dst;
-}
-
-static fsdp_value *merge_plugins(fsdp_value *dst, fsdp_value *src) {
-    if (!dst || dst->kind != FSDP_V_LIST || !src || src->kind != FSDP_V_LIST) return val_merge(dst, src);
-    for (size_t i = 0; i < src->n; i++) {
-        const char *t = fsdp_value_text(src->items[i]);
-        int dup = 0;
-        for (size_t j = 0; t && j < dst->n; j++) {
-            const char *d = fsdp_value_text(dst->items[j]);
-            if (d && !strcmp(d, t)) dup = 1;
-        }
-        if (dup) continue;
-        fsdp_value *s = src->items[i];
-        src->items[i] = NULL;
-        if (val_list_push(dst, s)) break;
-    }
-    val_free(src);
-    return dst;
-}
-
-static fsdp_value *merge_recipe(fsdp_value *dst, fsdp_value *src) {
-    if (!dst) return src;
-    for (size_t i = 0; i < src->n; i++) {
-        const char *k = src->keys[i];
-        fsdp_value *s = src->items[i];
-        src->items[i] = NULL;
-        long j = val_map_find(dst, k);
-        if (j < 0) {
-            if (val_map_set(dst, k, s, src->key_line[i], src->key_col[i])) break;
-        } else if (!strcmp(k, "stages")) {
-            dst->items[j] = merge_stages(dst->items[j], s);
-        } else if (!strcmp(k, "plugins")) {
-            dst->items[j] = merge_plugins(dst->items[j], s);
-        } else {
-            dst->items[j] = val_merge(dst->items[j], s);
-        }
-    }
-    val_free(src);
-    return dst;
-}
-
 /* Include paths are relative to the including file's directory; when no such file exists
  * there, relative to the working directory (so `include: [recipes/common/x.yaml]` works
  * from the project root too). */
@@ -134,7 +69,47 @@ static int resolve_include(const char *from, const char *inc, char *out, size_t 
     return 0;
 }
 
-static int load_tree(const char *path, const fsdp_value *from_val, char **stack, int depth, fsdp_value **out,
+/* What the loading of one recipe has used up: the chain of files being included (for cycles), the
+ * files loaded through includes, and the value budget of the whole tree. */
+typedef struct {
+    const char *stack[RECIPE_MAX_INCLUDE_DEPTH + 1];
+    size_t loads;
+    val_budget *budget;
+} include_state;
+
+static int include_cycle(const include_state *st, int from, int depth, const char *real, const fsdp_value *at,
+                         fsdp_err *err) {
+    char chain[2048];
+    size_t off = 0;
+    for (int j = from; j < depth && off < sizeof chain; j++)
+        off += (size_t)snprintf(chain + off, sizeof chain - off, "%s -> ", st->stack[j]);
+    if (off < sizeof chain) snprintf(chain + off, sizeof chain - off, "%s", real);
+    return fsdp_err_at(err, FSDP_E_INVALID, at, "include cycle: %s (the file refers to itself through its includes)",
+                       chain);
+}
+
+static int load_tree(const char *path, const fsdp_value *from_val, include_state *st, int depth, fsdp_value **out,
+                     fsdp_err *err);
+
+/* Loads the files `include:` names (relative to `path`) and merges them in order into *base. */
+static int load_includes(const char *path, const fsdp_value *inc, include_state *st, int depth, fsdp_value **base,
+                         fsdp_err *err) {
+    size_t n = inc->kind == FSDP_V_LIST ? inc->n : 1;
+    for (size_t i = 0; i < n; i++) {
+        const fsdp_value *item = inc->kind == FSDP_V_LIST ? inc->items[i] : inc;
+        const char *p = fsdp_value_text(item);
+        if (!p) return fsdp_err_at(err, FSDP_E_INVALID, item, "include: expected a file path or a list of paths");
+        char resolved[PATH_MAX];
+        if (resolve_include(path, p, resolved, sizeof resolved)) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+        fsdp_value *sub;
+        int rc = load_tree(resolved, item, st, depth + 1, &sub, err);
+        if (rc) return rc;
+        *base = *base ? recipe_merge(*base, sub) : sub;
+    }
+    return 0;
+}
+
+static int load_tree(const char *path, const fsdp_value *from_val, include_state *st, int depth, fsdp_value **out,
                      fsdp_err *err) {
     *out = NULL;
     char real[PATH_MAX];
@@ -143,20 +118,18 @@ static int load_tree(const char *path, const fsdp_value *from_val, char **stack,
             return fsdp_err_at(err, FSDP_E_INVALID, from_val, "cannot include '%s': %s", path, strerror(errno));
         return fsdp_err_set(err, FSDP_E_IO, "%s: cannot open recipe: %s", path, strerror(errno));
     }
-    for (int i = 0; i < depth; i++) {
-        if (!strcmp(stack[i], real)) {
-            char chain[2048];
-            size_t off = 0;
-            for (int j = i; j < depth && off < sizeof chain; j++)
-                off += (size_t)snprintf(chain + off, sizeof chain - off, "%s -> ", stack[j]);
-            if (off < sizeof chain) snprintf(chain + off, sizeof chain - off, "%s", real);
-            return fsdp_err_at(err, FSDP_E_INVALID, from_val, "include cycle: %s", chain);
-        }
-    }
-    if (depth >= MAX_INCLUDE_DEPTH)
-        return fsdp_err_at(err, FSDP_E_INVALID, from_val, "includes nested deeper than %d", MAX_INCLUDE_DEPTH);
+    for (int i = 0; i < depth; i++)
+        if (!strcmp(st->stack[i], real)) return include_cycle(st, i, depth, real, from_val, err);
+    if (depth > RECIPE_MAX_INCLUDE_DEPTH)
+        return fsdp_err_at(err, FSDP_E_INVALID, from_val, "includes nested deeper than %d (including '%s')",
+                           RECIPE_MAX_INCLUDE_DEPTH, fsdp_value_text(from_val));
+    if (depth > 0 && ++st->loads > RECIPE_MAX_INCLUDE_LOADS)
+        return fsdp_err_at(err, FSDP_E_INVALID, from_val,
+                           "the recipe's includes load more than %d files in all (each `include:` entry loads its "
+                           "file again, with everything that file includes)",
+                           RECIPE_MAX_INCLUDE_LOADS);
     fsdp_value *tree;
-    int rc = yaml_load_file(path, &tree, err);
+    int rc = yaml_load_file(path, st->budget, &tree, err);
     if (rc) return rc;
     if ((rc = check_top_keys(tree, err))) {
         val_free(tree);
@@ -168,32 +141,16 @@ static int load_tree(const char *path, const fsdp_value *from_val, char **stack,
         *out = tree;
         return 0;
     }
-    stack[depth] = real;
+    st->stack[depth] = real;
     fsdp_value *base = NULL;
-    size_t n = inc->kind == FSDP_V_LIST ? inc->n : 1;
-    for (size_t i = 0; i < n; i++) {
-        const fsdp_value *item = inc->kind == FSDP_V_LIST ? inc->items[i] : inc;
-        const char *p = fsdp_value_text(item);
-        if (!p) {
-            rc = fsdp_err_at(err, FSDP_E_INVALID, item, "include: expected a file path or a list of paths");
-            break;
-        }
-        char resolved[PATH_MAX];
-        if (resolve_include(path, p, resolved, sizeof resolved)) {
-            rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
-            break;
-        }
-        fsdp_value *sub;
-        if ((rc = load_tree(resolved, item, stack, depth + 1, &sub, err))) break;
-        base = base ? merge_recipe(base, sub) : sub;
-    }
+    rc = load_includes(path, inc, st, depth, &base, err);
     if (rc) {
         val_free(base);
         val_free(tree);
         return rc;
     }
     val_map_remove(tree, "include");
-    *out = base ? merge_recipe(base, tree) : tree;
+    *out = base ? recipe_merge(base, tree) : tree;
     return 0;
 }
 
@@ -273,7 +230,7 @@ int recipe_apply_override(fsdp_value *root, const char *arg, fsdp_err *err) {
                 }
             } else {
                 for (size_t i = 0; i < cur->n && !child; i++) {
-                    const char *id = stage_id_of(cur->items[i]);
+                    const char *id = recipe_stage_id(cur->items[i]);
                     if (id && !strcmp(id, part)) child = cur->items[i];
                 }
                 if (!child) {
@@ -327,210 +284,6 @@ out:
     return rc;
 }
 
-/* ---- variables -------------------------------------------------------------------- */
-
-#define MAX_VAR_DEPTH 16
-
-static int subst_text(const fsdp_value *vars, const fsdp_value *where, const char *text, int depth, char **out,
-                      const fsdp_value **whole, fsdp_err *err);
-
-/* ${env:NAME} is the environment variable NAME (an error when unset), ${env:NAME:-default} the
- * default when NAME is unset or empty: per-rank or per-job paths under mpirun/srun, e.g.
- * ${env:OMPI_COMM_WORLD_RANK} or ${env:SLURM_JOB_ID}. The value is taken literally. */
-static int env_value(const fsdp_value *where, const char *spec, char **out, fsdp_err *err) {
-    char name[128];
-    const char *dflt = strstr(spec, ":-");
-    size_t nlen = dflt ? (size_t)(dflt - spec) : strlen(spec);
-    if (nlen == 0 || nlen >= sizeof name)
-        return fsdp_err_at(err, FSDP_E_INVALID, where, "bad environment reference '${env:%s}'", spec);
-    memcpy(name, spec, nlen);
-    name[nlen] = '\0';
-    for (size_t i = 0; i < nlen; i++)
-        if (!(name[i] == '_' || (name[i] >= 'A' && name[i] <= 'Z') || (name[i] >= 'a' && name[i] <= 'z') ||
-              (i > 0 && name[i] >= '0' && name[i] <= '9')))
-            return fsdp_err_at(err, FSDP_E_INVALID, where,
-                               "bad environment variable name '%s' in '${env:%s}' (letters, digits, '_')", name, spec);
-    const char *v = getenv(name);
-    if (!v || (!*v && dflt)) {
-        if (!dflt)
-            return fsdp_err_at(err, FSDP_E_INVALID, where,
-                               "environment variable %s is not set (referenced as '${env:%s}'; "
-                               "give a default with '${env:%s:-value}')",
-                               name, spec, name);
-        v = dflt + 2;
-    }
-    *out = strdup(v);
-    return *out ? 0 : fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
-}
-
-static int var_value(const fsdp_value *vars, const fsdp_value *where, const char *name, int depth, char **out,
-                     const fsdp_value **node, fsdp_err *err) {
-    if (strncmp(name, "env:", 4) == 0) {
-        *node = NULL;
-        return env_value(where, name + 4, out, err);
-    }
-    const fsdp_value *v = fsdp_value_get(vars, name);
-    if (!v) {
-        char known[512] = "";
-        size_t off = 0;
-        for (size_t i = 0; i < fsdp_value_size(vars) && off < sizeof known; i++)
-            off += (size_t)snprintf(known + off, sizeof known - off, "%s%s", i ? ", " : "", fsdp_value_key(vars, i));
-        return fsdp_err_at(err, FSDP_E_INVALID, where, "undefined variable '${%s}' (defined in vars: %s)", name,
-                           off ? known : "none");
-    }
-    if (depth > MAX_VAR_DEPTH)
-        return fsdp_err_at(err, FSDP_E_INVALID, where, "variable '${%s}' refers to itself (through other variables)",
-                           name);
-    if (v->kind == FSDP_V_LIST || v->kind == FSDP_V_MAP) {
-        *node = v;
-        *out = NULL;
-        return 0;
-    }
-    const char *t = v->kind == FSDP_V_SCALAR ? v->text : "";
-    const fsdp_value *dummy = NULL;
-    return subst_text(vars, where, t, depth + 1, out, &dummy, err);
-}
-
-/* Expands ${name} in text. If the whole text is one reference to a list/map variable,
- * *whole is set to it and *out is NULL. `$${` is a literal `${`. */
-static int subst_text(const fsdp_value *vars, const fsdp_value *where, const char *text, int depth, char **out,
-                      const fsdp_value **whole, fsdp_err *err) {
-    size_t cap = strlen(text) + 64, len = 0;
-    char *buf = malloc(cap);
-    if (!buf) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
-    const char *p = text;
-    *whole = NULL;
-    while (*p) {
-        const char *piece = NULL;
-        char *owned = NULL;
-        size_t plen = 0;
-        if (p[0] == '$' && p[1] == '$' && p[2] == '{') {
-            piece = "${";
-            plen = 2;
-            p += 3;
-        } else if (p[0] == '$' && p[1] == '{') {
-            const char *end = strchr(p + 2, '}');
-            if (!end) {
-                free(buf);
-                return fsdp_err_at(err, FSDP_E_INVALID, where, "unterminated '${' in '%s'", text);
-            }
-            size_t nlen = (size_t)(end - p - 2);
-            char name[128];
-            if (nlen == 0 || nlen >= sizeof name) {
-                free(buf);
-                return fsdp_err_at(err, FSDP_E_INVALID, where, "bad variable reference in '%s'", text);
-            }
-            memcpy(name, p + 2, nlen);
-            name[nlen] = '\0';
-            const fsdp_value *node = NULL;
-            int rc = var_value(vars, where, name, depth, &owned, &node, err);
-            if (rc) {
-                free(buf);
-                return rc;
-            }
-            if (node) {
-                if (p == text && end[1] == '\0') {
-                    free(buf);
-                    *whole = node;
-                    *out = NULL;
-                    return 0;
-                }
-                free(buf);
-                return fsdp_err_at(err, FSDP_E_INVALID, where,
-                                   "variable '${%s}' is a list or map and can only stand alone as a value", name);
-            }
-            piece = owned;
-            plen = strlen(owned);
-            p = end + 1;
-        } else {
-            piece = p;
-            plen = 1;
-            p++;
-        }
-        if (len + plen + 1 > cap) {
-            while (len + plen + 1 > cap) cap *= 2;
-            char *nb = realloc(buf, cap);
-            if (!nb) {
-                free(owned);
-                free(buf);
-                return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
-            }
-            buf = nb;
-        }
-        memcpy(buf + len, piece, plen);
-        len += plen;
-        free(owned);
-    }
-    buf[len] = '\0';
-    *out = buf;
-    return 0;
-}
-
-static int subst_tree(const fsdp_value *vars, fsdp_value *v, fsdp_err *err) {
-    for (size_t i = 0; i < v->n; i++) {
-        fsdp_value *c = v->items[i];
-        if (c->kind == FSDP_V_SCALAR && strchr(c->text, '$')) {
-            char *t;
-            const fsdp_value *whole;
-            int rc = subst_text(vars, c, c->text, 0, &t, &whole, err);
-            if (rc) return rc;
-            if (whole) {
-                fsdp_value *cl = val_clone(whole);
-                if (!cl) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
-                free(cl->file);
-                cl->file = strdup(c->file);
-                cl->line = c->line;
-                cl->col = c->col;
-                if (!cl->file) {
-                    val_free(cl);
-                    return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
-                }
-                val_free(c);
-                v->items[i] = cl;
-            } else {
-                free(c->text);
-                c->text = t;
-            }
-        } else if (c->kind == FSDP_V_LIST || c->kind == FSDP_V_MAP) {
-            int rc = subst_tree(vars, c, err);
-            if (rc) return rc;
-        }
-    }
-    return 0;
-}
-
-int recipe_substitute_vars(fsdp_value *root, fsdp_err *err) {
-    const fsdp_value *vars = fsdp_value_get(root, "vars");
-    if (vars && fsdp_value_type(vars) != FSDP_V_NULL && vars->kind != FSDP_V_MAP)
-        return fsdp_err_at(err, FSDP_E_INVALID, vars, "vars: expected a map of name: value");
-    /* Resolve the variables among themselves first, then everything else. */
-    if (vars && vars->kind == FSDP_V_MAP) {
-        fsdp_value *mv = val_get_mut(root, "vars");
-        fsdp_value *copy = val_clone(mv);
-        if (!copy) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
-        int rc = subst_tree(copy, mv, err);
-        val_free(copy);
-        if (rc) return rc;
-    }
-    for (size_t i = 0; i < root->n; i++) {
-        if (!strcmp(root->keys[i], "vars")) continue;
-        fsdp_value *c = root->items[i];
-        if (c->kind == FSDP_V_SCALAR && strchr(c->text, '$')) {
-            /* wrap to reuse subst_tree on a single scalar */
-            fsdp_value tmp = {0};
-            tmp.kind = FSDP_V_LIST;
-            tmp.n = 1;
-            tmp.items = &root->items[i];
-            int rc = subst_tree(vars, &tmp, err);
-            if (rc) return rc;
-        } else if (c->kind == FSDP_V_LIST || c->kind == FSDP_V_MAP) {
-            int rc = subst_tree(vars, c, err);
-            if (rc) return rc;
-        }
-    }
-    return 0;
-}
-
 /* ---- structure ------------------------------------------------------------------ */
 
 static int expect_kind(const fsdp_value *root, const char *key, fsdp_value_kind kind, const char *what,
@@ -538,6 +291,71 @@ static int expect_kind(const fsdp_value *root, const char *key, fsdp_value_kind 
     const fsdp_value *v = fsdp_value_get(root, key);
     if (!v || fsdp_value_type(v) == FSDP_V_NULL) return 0;
     if (v->kind != kind) return fsdp_err_at(err, FSDP_E_INVALID, v, "%s: expected %s", key, what);
+    return 0;
+}
+
+/* Stage i of the list: keys, id (unique: ids maps each id to its stage), uses, with, after. */
+static int build_stage(recipe *r, fsdp_value *stages, size_t i, strmap *ids, fsdp_err *err) {
+    fsdp_value *st = stages->items[i];
+    recipe_stage *rs = &r->stages[i];
+    rs->index = i;
+    rs->node = st;
+    if (st->kind != FSDP_V_MAP)
+        return fsdp_err_at(err, FSDP_E_INVALID, st, "stages[%zu]: expected a map with id, uses, after, with", i);
+    for (size_t k = 0; k < st->n; k++) {
+        if (!in_list(STAGE_KEYS, st->keys[k]))
+            return key_error(err, st, k, "unknown stage key '%s' (expected one of: id, uses, after, with, description)",
+                             st->keys[k]);
+    }
+    const fsdp_value *id = fsdp_value_get(st, "id");
+    if (!id) return fsdp_err_at(err, FSDP_E_INVALID, st, "stages[%zu]: missing `id`", i);
+    if (!fsdp_value_text(id) || !*fsdp_value_text(id))
+        return fsdp_err_at(err, FSDP_E_INVALID, id, "stages[%zu]: `id` must be a non-empty string", i);
+    rs->id = id->text;
+    size_t j;
+    if (strmap_get(ids, rs->id, &j))
+        return fsdp_err_at(err, FSDP_E_INVALID, id, "duplicate stage id '%s' (first used at line %d)", rs->id,
+                           r->stages[j].node->line);
+    if (strmap_put(ids, rs->id, i)) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+    const fsdp_value *uses = fsdp_value_get(st, "uses");
+    if (!uses) return fsdp_err_at(err, FSDP_E_INVALID, st, "stage '%s': missing `uses` (the stage to run)", rs->id);
+    if (!fsdp_value_text(uses))
+        return fsdp_err_at(err, FSDP_E_INVALID, uses, "stage '%s': `uses` must be a stage name", rs->id);
+    rs->uses = uses->text;
+    rs->uses_node = uses;
+    fsdp_value *with = val_get_mut(st, "with");
+    if (!with || fsdp_value_type(with) == FSDP_V_NULL) {
+        fsdp_value *m = val_new(FSDP_V_MAP, st->file, st->line, st->col);
+        if (!m || val_map_set(st, "with", m, st->line, st->col))
+            return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+        with = val_get_mut(st, "with");
+    } else if (with->kind != FSDP_V_MAP) {
+        return fsdp_err_at(err, FSDP_E_INVALID, with, "stage '%s': `with` must be a map of parameters", rs->id);
+    }
+    rs->with = with;
+    const fsdp_value *after = fsdp_value_get(st, "after");
+    rs->after_node = after;
+    if (!after) {
+        if (i > 0) {
+            rs->after = calloc(1, sizeof *rs->after);
+            if (!rs->after) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+            rs->after[0] = r->stages[i - 1].id;
+            rs->n_after = 1;
+        }
+        return 0;
+    }
+    size_t n = after->kind == FSDP_V_LIST ? after->n : (fsdp_value_type(after) == FSDP_V_NULL ? 0 : 1);
+    rs->after = calloc(n ? n : 1, sizeof *rs->after);
+    rs->after_vals = calloc(n ? n : 1, sizeof *rs->after_vals);
+    if (!rs->after || !rs->after_vals) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+    for (size_t k = 0; k < n; k++) {
+        const fsdp_value *a = after->kind == FSDP_V_LIST ? after->items[k] : after;
+        if (!fsdp_value_text(a))
+            return fsdp_err_at(err, FSDP_E_INVALID, a, "stage '%s': `after` must list stage ids", rs->id);
+        rs->after[k] = a->text;
+        rs->after_vals[k] = a;
+    }
+    rs->n_after = n;
     return 0;
 }
 
@@ -551,69 +369,12 @@ static int build_stages(recipe *r, fsdp_err *err) {
     r->stages = calloc(stages->n, sizeof *r->stages);
     if (!r->stages) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
     r->n_stages = stages->n;
-    for (size_t i = 0; i < stages->n; i++) {
-        fsdp_value *st = stages->items[i];
-        recipe_stage *rs = &r->stages[i];
-        rs->index = i;
-        rs->node = st;
-        if (st->kind != FSDP_V_MAP)
-            return fsdp_err_at(err, FSDP_E_INVALID, st, "stages[%zu]: expected a map with id, uses, after, with", i);
-        for (size_t k = 0; k < st->n; k++) {
-            if (!in_list(STAGE_KEYS, st->keys[k]))
-                return key_error(err, st, k, "unknown stage key '%s' (expected one of: id, uses, after, with, description)",
-                                 st->keys[k]);
-        }
-        const fsdp_value *id = fsdp_value_get(st, "id");
-        if (!id) return fsdp_err_at(err, FSDP_E_INVALID, st, "stages[%zu]: missing `id`", i);
-        if (!fsdp_value_text(id) || !*fsdp_value_text(id))
-            return fsdp_err_at(err, FSDP_E_INVALID, id, "stages[%zu]: `id` must be a non-empty string", i);
-        rs->id = id->text;
-        for (size_t j = 0; j < i; j++) {
-            if (!strcmp(r->stages[j].id, rs->id))
-                return fsdp_err_at(err, FSDP_E_INVALID, id, "duplicate stage id '%s' (first used at line %d)", rs->id,
-                                   r->stages[j].node->line);
-        }
-        const fsdp_value *uses = fsdp_value_get(st, "uses");
-        if (!uses) return fsdp_err_at(err, FSDP_E_INVALID, st, "stage '%s': missing `uses` (the stage to run)", rs->id);
-        if (!fsdp_value_text(uses))
-            return fsdp_err_at(err, FSDP_E_INVALID, uses, "stage '%s': `uses` must be a stage name", rs->id);
-        rs->uses = uses->text;
-        rs->uses_node = uses;
-        fsdp_value *with = val_get_mut(st, "with");
-        if (!with || fsdp_value_type(with) == FSDP_V_NULL) {
-            fsdp_value *m = val_new(FSDP_V_MAP, st->file, st->line, st->col);
-            if (!m || val_map_set(st, "with", m, st->line, st->col))
-                return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
-            with = val_get_mut(st, "with");
-        } else if (with->kind != FSDP_V_MAP) {
-            return fsdp_err_at(err, FSDP_E_INVALID, with, "stage '%s': `with` must be a map of parameters", rs->id);
-        }
-        rs->with = with;
-        const fsdp_value *after = fsdp_value_get(st, "after");
-        rs->after_node = after;
-        if (!after) {
-            if (i > 0) {
-                rs->after = calloc(1, sizeof *rs->after);
-                if (!rs->after) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
-                rs->after[0] = r->stages[i - 1].id;
-                rs->n_after = 1;
-            }
-            continue;
-        }
-        size_t n = after->kind == FSDP_V_LIST ? after->n : (fsdp_value_type(after) == FSDP_V_NULL ? 0 : 1);
-        rs->after = calloc(n ? n : 1, sizeof *rs->after);
-        rs->after_vals = calloc(n ? n : 1, sizeof *rs->after_vals);
-        if (!rs->after || !rs->after_vals) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
-        for (size_t k = 0; k < n; k++) {
-            const fsdp_value *a = after->kind == FSDP_V_LIST ? after->items[k] : after;
-            if (!fsdp_value_text(a))
-                return fsdp_err_at(err, FSDP_E_INVALID, a, "stage '%s': `after` must list stage ids", rs->id);
-            rs->after[k] = a->text;
-            rs->after_vals[k] = a;
-        }
-        rs->n_after = n;
-    }
-    return 0;
+    strmap ids;
+    strmap_init(&ids);
+    int rc = 0;
+    for (size_t i = 0; i < stages->n && !rc; i++) rc = build_stage(r, stages, i, &ids, err);
+    strmap_free(&ids);
+    return rc;
 }
 
 static int check_structure(recipe *r, fsdp_err *err) {
@@ -683,14 +444,15 @@ int recipe_load(const char *path, recipe_override *ovr, size_t n_ovr, recipe **o
         free(r);
         return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
     }
-    char *stack[MAX_INCLUDE_DEPTH + 1];
-    int rc = load_tree(path, NULL, stack, 0, &r->root, err);
+    val_budget budget = {0, 0};
+    include_state st = {{0}, 0, &budget};
+    int rc = load_tree(path, NULL, &st, 0, &r->root, err);
     for (size_t i = 0; !rc && i < n_ovr; i++) {
         rc = recipe_apply_override(r->root, ovr[i].arg, err);
         if (rc == 0) ovr[i].applied = 1;
         else if (rc == 1) rc = 0;
     }
-    if (!rc) rc = recipe_substitute_vars(r->root, err);
+    if (!rc) rc = recipe_substitute_vars(r->root, &budget, err);
     if (!rc) rc = check_structure(r, err);
     if (rc) {
         recipe_free(r);

@@ -46,7 +46,25 @@ void recipe_free(recipe *r);
 /* Applies one override to a recipe tree. Returns 0 when applied, 1 when it names a stage
  * id this recipe does not have (not an error by itself when chaining), else an error. */
 int recipe_apply_override(fsdp_value *root, const char *arg, fsdp_err *err);
-/* Substitutes ${var} everywhere but in `vars` (vars may reference each other). */
-int recipe_substitute_vars(fsdp_value *root, fsdp_err *err);
+/* Bounds of one recipe's loading: include nesting and the number of files its includes load in all
+ * (a fan-out of includes multiplies), ${var} nesting, the length of one substituted value and the
+ * bytes all substitutions produce. */
+#define RECIPE_MAX_INCLUDE_DEPTH 16
+#define RECIPE_MAX_INCLUDE_LOADS 256
+#define VARS_MAX_DEPTH 16
+#define VARS_MAX_TEXT (1 << 20)
+#define VARS_MAX_WORK (64 << 20)
+
+/* Substitutes ${var} everywhere (pipeline/recipe_vars.c); variables may reference each other (each
+ * is resolved once, in place in `vars`). Copies of list/map variables count against budget
+ * (NULL: a fresh one). */
+int recipe_substitute_vars(fsdp_value *root, val_budget *budget, fsdp_err *err);
+
+/* Merge of two recipe trees (pipeline/recipe_merge.c); takes ownership of both, returns the merged
+ * one: `stages` merge by id (same id: deep-merged in place; new ids appended), `plugins` concatenate
+ * without duplicates, everything else deep-merges (later keys win). */
+fsdp_value *recipe_merge(fsdp_value *dst, fsdp_value *src);
+/* The `id` text of a stage map, or NULL. */
+const char *recipe_stage_id(const fsdp_value *st);
 
 #endif

@@ -13,6 +13,7 @@
 #include "runtime/device.h"
 #include "pipeline/report.h"
 #include "pipeline/schema.h"
+#include "pipeline/sizes.h"
 #include "runtime/ctx_impl.h"
 
 static const char *const DEVICES[] = {"auto", "cpu", "cuda", NULL};
@@ -57,29 +58,26 @@ static int check_device(const fsdp_value *rt, fsdp_err *err) {
     return 0;
 }
 
-static int check_runtime(recipe *r, int probe_device, fsdp_err *err) {
+/* The runtime section (schema, device), then the sizes of the runtime, model and data sections
+ * against their bounds and the host (pipeline/sizes.h): every error found, one per line. */
+static int check_runtime(recipe *r, int probe_device, const sizes_host *host, sizes_chain *chain, fsdp_err *err) {
     fsdp_value *rt = val_get_mut(r->root, "runtime");
     if (!rt || fsdp_value_type(rt) == FSDP_V_NULL) {
         fsdp_value *m = val_new(FSDP_V_MAP, r->path, 1, 1);
         if (!m || val_map_set(r->root, "runtime", m, 1, 1)) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
         rt = val_get_mut(r->root, "runtime");
     }
-    int rc = schema_check_map("runtime", RUNTIME_SPEC, rt, rt, err);
-    if (rc) return rc;
-    if (probe_device && (rc = check_device(rt, err))) return rc;
-    /* the model and data sections are checked now too, so that `validate` and the plan catch
-     * their errors (with file:line:col) before any stage runs */
-    const fsdp_value *model = fsdp_value_get(r->root, "model");
-    if (model && fsdp_value_type(model) != FSDP_V_NULL) {
-        llama_config cfg;
-        if ((rc = llama_config_from_value(&cfg, model, err))) return rc;
+    errlist el;
+    errlist_init(&el);
+    fsdp_err e;
+    fsdp_err_clear(&e);
+    if (schema_check_map("runtime", RUNTIME_SPEC, rt, rt, &e)) {
+        errlist_add(&el, &e);
+    } else if (probe_device && check_device(rt, &e)) {
+        errlist_add(&el, &e);
     }
-    const fsdp_value *data = fsdp_value_get(r->root, "data");
-    if (data && fsdp_value_type(data) != FSDP_V_NULL) {
-        data_config dc;
-        if ((rc = data_config_from_value(data, 0, &dc, err))) return rc;
-    }
-    return 0;
+    sizes_check(r, host, chain, &el);
+    return errlist_finish(&el, err);
 }
 
 int run_plan_build(fsdp_registry *reg, const char *const *paths, size_t n, const run_opts *o, run_plan *plan,
@@ -95,6 +93,11 @@ int run_plan_build(fsdp_registry *reg, const char *const *paths, size_t n, const
     for (size_t i = 0; i < o->n_sets; i++) ovr[i].arg = o->sets[i];
     dag_state state = {0};
     int rc = 0;
+    /* `validate` and --dry-run check recipes meant for another machine: no device probe */
+    int probe = !o->validate_only && !o->dry_run;
+    sizes_host host;
+    sizes_host_probe(&host, o->comm ? comm_size(o->comm) : 1, probe);
+    sizes_chain chain = {0};
     for (size_t i = 0; i < n && !rc; i++) {
         recipe *r;
         if ((rc = recipe_load(paths[i], ovr, o->n_sets, &r, err))) break;
@@ -109,8 +112,7 @@ int run_plan_build(fsdp_registry *reg, const char *const *paths, size_t n, const
                 rc = fsdp_err_at(err, FSDP_E_INVALID, pv, "%s", msg);
             }
         }
-        /* `validate` and --dry-run check recipes meant for another machine: no device probe */
-        if (!rc) rc = check_runtime(r, !o->validate_only && !o->dry_run, err);
+        if (!rc) rc = check_runtime(r, probe, &host, &chain, err);
         for (size_t s = 0; s < r->n_stages && !rc; s++) {
             recipe_stage *st = &r->stages[s];
             st->desc = registry_find(reg, st->uses);

@@ -44,6 +44,8 @@ void val_free(fsdp_value *v) {
     free(v->keys);
     free(v->key_line);
     free(v->key_col);
+    if (v->index) strmap_free(v->index);
+    free(v->index);
     free(v->text);
     free(v->file);
     free(v);
@@ -89,6 +91,18 @@ fsdp_value *val_clone(const fsdp_value *v) {
     return c;
 }
 
+size_t val_count(const fsdp_value *v, int *height) {
+    int h = 0;
+    size_t n = v ? 1 : 0;
+    for (size_t i = 0; v && i < v->n; i++) {
+        int hi;
+        n += val_count(v->items[i], &hi);
+        if (hi + 1 > h) h = hi + 1;
+    }
+    if (height) *height = h;
+    return n;
+}
+
 int val_list_push(fsdp_value *list, fsdp_value *item) {
     if (grow(list)) {
         val_free(item);
@@ -100,9 +114,33 @@ int val_list_push(fsdp_value *list, fsdp_value *item) {
 
 long val_map_find(const fsdp_value *map, const char *key) {
     if (!map || map->kind != FSDP_V_MAP) return -1;
+    if (map->index) {
+        size_t i;
+        return strmap_get(map->index, key, &i) ? (long)i : -1;
+    }
     for (size_t i = 0; i < map->n; i++)
         if (!strcmp(map->keys[i], key)) return (long)i;
     return -1;
+}
+
+/* Drops the map's index and builds it again from its keys when it is large enough. Out of memory
+ * leaves the map without an index: lookups scan then, slower but correct. */
+static void reindex(fsdp_value *map) {
+    if (map->index) strmap_free(map->index);
+    free(map->index);
+    map->index = NULL;
+    if (map->n < VAL_INDEX_MIN) return;
+    strmap *m = malloc(sizeof *m);
+    if (!m) return;
+    strmap_init(m);
+    for (size_t i = 0; i < map->n; i++) {
+        if (strmap_put(m, map->keys[i], i)) {
+            strmap_free(m);
+            free(m);
+            return;
+        }
+    }
+    map->index = m;
 }
 
 int val_map_set(fsdp_value *map, const char *key, fsdp_value *item, int key_line, int key_col) {
@@ -120,10 +158,16 @@ int val_map_set(fsdp_value *map, const char *key, fsdp_value *item, int key_line
         val_free(item);
         return -1;
     }
+    if (map->index && strmap_put(map->index, k, map->n)) {
+        free(k);
+        val_free(item);
+        return -1;
+    }
     map->keys[map->n] = k;
     map->key_line[map->n] = key_line;
     map->key_col[map->n] = key_col;
     map->items[map->n++] = item;
+    if (map->n == VAL_INDEX_MIN && !map->index) reindex(map);
     return 0;
 }
 
@@ -139,6 +183,7 @@ int val_map_remove(fsdp_value *map, const char *key) {
         map->key_col[j - 1] = map->key_col[j];
     }
     map->n--;
+    reindex(map);
     return 1;
 }
 

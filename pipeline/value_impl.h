@@ -5,6 +5,20 @@
 #include <stddef.h>
 
 #include "fsdp/value.h"
+#include "pipeline/strmap.h"
+
+/* Maps of at least this many keys carry a hash index of their keys (smaller ones are scanned). */
+#define VAL_INDEX_MIN 16
+
+/* What one recipe (the file, its includes and their expansions) may grow to: values copied by YAML
+ * aliases and by ${var} references to lists and maps (each use copies), and values read from the
+ * files. Far above any real recipe; a "billion laughs" file hits the first within a million copies. */
+#define VAL_MAX_COPIES 1000000
+#define VAL_MAX_VALUES 16777216
+typedef struct val_budget {
+    size_t copies; /* values copied so far (aliases, ${var} lists and maps) */
+    size_t values; /* values read from YAML so far */
+} val_budget;
 
 struct fsdp_value {
     fsdp_value_kind kind;
@@ -14,6 +28,7 @@ struct fsdp_value {
     char **keys;    /* map keys (FSDP_V_MAP) */
     fsdp_value **items; /* list items or map values */
     int *key_line, *key_col; /* map key positions */
+    strmap *index;  /* key -> position, for maps of VAL_INDEX_MIN keys or more (else NULL) */
     char *file;
     int line, col;  /* 1-based position of the value */
     int is_default; /* filled in from a schema default */
@@ -23,6 +38,8 @@ fsdp_value *val_new(fsdp_value_kind kind, const char *file, int line, int col);
 fsdp_value *val_scalar(const char *text, int quoted, const char *file, int line, int col);
 void val_free(fsdp_value *v);
 fsdp_value *val_clone(const fsdp_value *v);
+/* Number of values in v's tree (v itself included; 0 for NULL) and its height (0 for a scalar). */
+size_t val_count(const fsdp_value *v, int *height);
 /* Append to a list; takes ownership. Returns 0 or -1 (out of memory). */
 int val_list_push(fsdp_value *list, fsdp_value *item);
 /* Set key in a map (replacing and freeing an existing value); takes ownership of item. */

@@ -71,11 +71,11 @@ int state_add_param(fsdp_state *s, const char *name, int ndim, const int64_t *sh
     } else {
         shard_rows(d0, s->world, s->rank, &p->row0, &p->rows);
     }
-    p->data = alloc_floats(state_param_local_numel(p));
+    size_t want = state_param_local_numel(p); /* free_param clears p: the count is kept for the message */
+    p->data = alloc_floats(want);
     if (!p->name || !p->data) {
         free_param(s, p);
-        return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory allocating %s (%zu floats)", name,
-                            state_param_local_numel(p));
+        return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory allocating %s (%zu floats)", name, want);
     }
     s->n++;
     return 0;

@@ -1,6 +1,7 @@
-/* libFuzzer harnesses of the checkpoint parsers. Each harness is a plain function so that
- * `make test` can replay the committed corpus through it with gcc; `make fuzz` builds the
- * same files with clang's -fsanitize=fuzzer, where FSDP_LIBFUZZER defines the entry point. */
+/* libFuzzer harnesses of the checkpoint parsers and of the recipe text path. Each harness is a
+ * plain function so that `make test` can replay the committed corpus through it with gcc; `make
+ * fuzz` builds the same files with clang's -fsanitize=fuzzer, where FSDP_LIBFUZZER defines the
+ * entry point. */
 #ifndef FSDP_TESTS_FUZZ_H
 #define FSDP_TESTS_FUZZ_H
 
@@ -14,6 +15,7 @@ int fsdp_fuzz_pickle(const uint8_t *data, size_t size);
 int fsdp_fuzz_zip(const uint8_t *data, size_t size);
 int fsdp_fuzz_safetensors(const uint8_t *data, size_t size);
 int fsdp_fuzz_dcp_meta(const uint8_t *data, size_t size);
+int fsdp_fuzz_recipe(const uint8_t *data, size_t size);
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,41 @@
+/* Sizes from recipes, validated before anything is allocated: the numeric keys with a natural
+ * bound (runtime.threads, model.dim, model.n_layers, data.seq_len against model.max_seq_len and
+ * 2^31, data.batch_size, ...), and the memory the recipe's stages will hold on rank 0 (parameters,
+ * gradients, AdamW moments, training buffers and activations, computed with checked arithmetic)
+ * against the host's memory. Each error names the file:line:col of the key. */
+#ifndef FSDP_PIPELINE_SIZES_H
+#define FSDP_PIPELINE_SIZES_H
+
+#include <stdint.h>
+
+#include "model/llama.h"
+#include "pipeline/errlist.h"
+#include "pipeline/recipe.h"
+
+#define SIZES_MAX_THREADS 4096       /* runtime.threads: OpenMP threads per rank */
+#define SIZES_MAX_DIM (1 << 20)      /* model.dim (the largest released Llama: 16384) */
+#define SIZES_MAX_LAYERS (1 << 16)   /* model.n_layers (the largest released Llama: 126) */
+
+/* What the recipe is checked against. */
+typedef struct sizes_host {
+    uint64_t mem_bytes; /* the host's physical memory; 0: unknown (no memory check) */
+    long cores;         /* online CPU cores (for messages) */
+    int world;          /* ranks the recipe runs on */
+    int probe_device;   /* a real run: device auto is resolved here (validate leaves it unknown) */
+} sizes_host;
+
+/* Fills h for this machine: physical memory (sysconf), cores, world. */
+void sizes_host_probe(sizes_host *h, int world, int probe_device);
+
+/* The model of a chain of recipes: a recipe without a `model:` section trains or loads the model of
+ * the last earlier recipe that had one. */
+typedef struct sizes_chain {
+    llama_config model;
+    const fsdp_value *model_node; /* that recipe's model section (error positions), NULL: none yet */
+} sizes_chain;
+
+/* Parses and checks runtime.threads, the model and data sections and the memory of r's stages on
+ * host h; adds every error found to el. chain carries the model from recipe to recipe. */
+void sizes_check(const recipe *r, const sizes_host *h, sizes_chain *chain, errlist *el);
+
+#endif
