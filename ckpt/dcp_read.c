@@ -207,6 +207,13 @@ static int open_blob(dcp_ckpt *c, const dcp_storage *s, zip_reader *z, fsdp_err 
     return zip_open_fd(z, f->fd, s->offset, s->length, what, err);
 }
 
+/* An error of reading tensor fqn names it (once). */
+static int name_tensor(fsdp_err *err, const char *fqn, int rc) {
+    char tag[1100];
+    snprintf(tag, sizeof tag, "tensor %s", fqn);
+    return strstr(err->msg, tag) ? rc : fsdp_err_prefix(err, "%s", tag);
+}
+
 int dcp_read_box(dcp_ckpt *c, size_t i, const int64_t *off, const int64_t *len, void *dst, fsdp_dtype dst_dt,
                  fsdp_err *err) {
     dcp_item *x = &c->items[i];
@@ -244,12 +251,13 @@ int dcp_read_box(dcp_ckpt *c, size_t i, const int64_t *off, const int64_t *len, 
             rc = ts_tensor_from_pickle(root, z.what, &t, err);
             pkl_free(doc);
         }
+        if (!rc) rc = ts_check_record(&z, &t, x->fqn, err);
         if (!rc && (t.ndim != nd || memcmp(t.shape, ch->sizes, (size_t)nd * sizeof *t.shape)))
             rc = fsdp_err_set(err, FSDP_E_FORMAT, "checkpoint %s: %s: stored piece has another shape than its chunk",
                               c->dir, x->fqn);
         if (rc) {
             zip_close(&z);
-            return rc;
+            return name_tensor(err, x->fqn, rc);
         }
         int64_t so[FSDP_MAX_DIMS];
         for (int d = 0; d < nd; d++) so[d] = io[d] - ch->offsets[d];
@@ -281,7 +289,7 @@ int dcp_read_box(dcp_ckpt *c, size_t i, const int64_t *off, const int64_t *len, 
             free(tmp);
         }
         zip_close(&z);
-        if (rc) return rc;
+        if (rc) return name_tensor(err, x->fqn, rc);
     }
     return 0;
 }

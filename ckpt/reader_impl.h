@@ -16,6 +16,7 @@ struct ckpt_reader {
     char *path;
     ckpt_entry *entries;
     size_t n;
+    size_t *by_name; /* entry indices sorted by (name, index), built by ckpt_open; NULL: search linearly */
     void *impl;
 };
 
