@@ -317,3 +317,25 @@ const char *dcp_value_text(dcp_ckpt *c, size_t i) {
     pkl_free(doc);
     return x->value_text;
 }
+
+/* Every record of the archive at s, checked. */
+static int verify_blob(dcp_ckpt *c, const dcp_storage *s, size_t *records, fsdp_err *err) {
+    zip_reader z;
+    int rc = open_blob(c, s, &z, err);
+    if (rc) return rc;
+    for (size_t k = 0; !rc && k < z.n; k++, ++*records) rc = zip_verify(&z, &z.entries[k], err);
+    zip_close(&z);
+    return rc;
+}
+
+int dcp_verify(dcp_ckpt *c, size_t *records, fsdp_err *err) {
+    *records = 0;
+    for (size_t i = 0; i < c->n; i++) {
+        dcp_item *x = &c->items[i];
+        int rc = x->is_tensor ? 0 : verify_blob(c, &x->where, records, err);
+        for (size_t k = 0; !rc && x->is_tensor && k < x->n_chunks; k++)
+            rc = verify_blob(c, &x->chunks[k].where, records, err);
+        if (rc) return fsdp_err_prefix(err, "%s %s", x->is_tensor ? "tensor" : "value", x->fqn);
+    }
+    return 0;
+}

@@ -7,6 +7,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "ckpt/dcp.h"
 #include "ckpt/reader_impl.h"
 
 static int has_suffix(const char *s, const char *suf) {
@@ -159,6 +160,15 @@ long ckpt_find(const ckpt_reader *r, const char *name) {
         else hi = mid;
     }
     return lo < r->n && !strcmp(r->entries[r->by_name[lo]].name, name) ? (long)r->by_name[lo] : -1;
+}
+
+int ckpt_verify(ckpt_reader *r, size_t *records, fsdp_err *err) {
+    *records = 0;
+    switch (r->format) {
+    case CKPT_PT: return ckpt_verify_pt(r, records, err);
+    case CKPT_DCP: return dcp_verify(r->impl, records, err);
+    default: return 0; /* safetensors: no checksums */
+    }
 }
 
 int ckpt_read_rows(ckpt_reader *r, size_t i, int64_t r0, int64_t r1, void *dst, fsdp_dtype dst_dt, fsdp_err *err) {

@@ -168,6 +168,9 @@ int ckpt_open_pt(const char *path, ckpt_reader **out, fsdp_err *err) {
         else if (root->kind == PKL_REDUCE) rc = walk(p, "tensor", root, 0, err);
         else rc = fsdp_err_set(err, FSDP_E_FORMAT, "%s: not a state dict (the pickle's top is not a dict)", path);
     }
+    /* the records no tensor named (a tensor's own broken record failed the walk, naming it) */
+    for (size_t i = 0; !rc && i < p->z.n; i++)
+        if (p->z.entries[i].bad) rc = fsdp_err_set(err, FSDP_E_FORMAT, "%s", p->z.entries[i].bad);
     ckpt_reader *r = rc ? NULL : ckpt_reader_alloc(path, p->n, &PT_OPS, CKPT_PT, p);
     if (!rc && !r) rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
     if (rc) {
@@ -187,5 +190,22 @@ int ckpt_open_pt(const char *path, ckpt_reader **out, fsdp_err *err) {
         }
     }
     *out = r;
+    return 0;
+}
+
+int ckpt_verify_pt(ckpt_reader *r, size_t *records, fsdp_err *err) {
+    pt_impl *p = r->impl;
+    *records = 0;
+    for (size_t k = 0; k < p->z.n; k++, ++*records) {
+        zip_entry *e = &p->z.entries[k];
+        int rc = zip_verify(&p->z, e, err);
+        if (!rc) continue;
+        /* name the tensor whose storage the record holds */
+        const char *key = e->name + strlen(p->z.prefix);
+        for (size_t i = 0; i < p->n; i++)
+            if (!p->texts[i] && !strncmp(key, "data/", 5) && !strcmp(key + 5, p->t[i].key))
+                return fsdp_err_prefix(err, "tensor %s", p->names[i]);
+        return rc;
+    }
     return 0;
 }

@@ -108,6 +108,7 @@ int ts_check_record(zip_reader *z, const ts_tensor *t, const char *name, fsdp_er
     else snprintf(who, sizeof who, "the tensor in record %s", rec);
     zip_entry *e = zip_find(z, rec);
     if (!e) return fsdp_err_set(err, FSDP_E_FORMAT, "%s: corrupt: %s: missing record %s", z->what, who, rec);
+    if (e->bad) return fsdp_err_set(err, FSDP_E_FORMAT, "%s: %s", who, e->bad);
     if (t->need <= e->size) return 0;
     char need[48];
     if (t->need == UINT64_MAX) snprintf(need, sizeof need, "more than %llu", (unsigned long long)UINT64_MAX);

@@ -4,7 +4,8 @@
  *
  * Opening checks every record's local header against the central directory (signature,
  * name, method, and sizes and CRC unless a data descriptor defers them) and that no payload
- * overlaps another record or the directory. Reads check the CRC-32 of every record they cover
+ * overlaps another record or the directory; a record that fails keeps the error in .bad and
+ * every read of it returns that error. Reads check the CRC-32 of every record they cover
  * whole, in the same pass as the copy; zip_read_checked and zip_verify also cover the rest of a
  * record. A read of only part of a record through zip_read cannot check it: the bytes it does
  * not read take part in the CRC. A reader (with its entries) is used by one thread at a time. */
@@ -26,6 +27,7 @@ typedef struct zip_entry {
     uint16_t method;
     uint16_t flags;
     int crc_checked;     /* a read has checked the CRC of the whole record */
+    char *bad;           /* why the record is unusable (local header, overlap), or NULL */
 } zip_entry;
 
 typedef struct zip_reader {

@@ -4,8 +4,11 @@
  * checks them against each other: a local header must carry the central directory's name and
  * method (and, unless deferred to a data descriptor, its sizes and CRC), every payload must lie
  * in the archive, and no payload may overlap another record or the central directory (a shifted
- * payload offset would otherwise hand out bytes of the neighbouring record). Records are
- * indexed by name (sorted: zip_find is a binary search; two records of one name are an error).
+ * payload offset would otherwise hand out bytes of the neighbouring record). A broken directory
+ * fails the open; a record that fails these checks keeps its error (zip_entry.bad), which every
+ * read of it returns, so that the caller can name what the record holds (a tensor). Records
+ * are indexed by name (sorted: zip_find is a binary search; two records of one name are an
+ * error).
  *
  * CRC-32: a read that covers a whole record checks the record's CRC in the same pass as the
  * copy (zlib's crc32 over each piece while it is in cache); zip_read_checked also checks it for
@@ -202,6 +205,46 @@ static int read_directory(zip_reader *z, uint64_t count, uint64_t cd_size, uint6
     return rc;
 }
 
+static int corrupt(zip_reader *z, const zip_entry *e, const char *what, uint64_t at, fsdp_err *err) {
+    return fsdp_err_set(err, FSDP_E_FORMAT, "%s: zip record %s: %s (at byte %llu): the archive is corrupt", z->what,
+                        e->name, what, (unsigned long long)at);
+}
+
+/* A local header's extra field: whole (id, size, data) fields, then at most zero padding (what
+ * zip aligners add); the zip64 sizes when the header's 32-bit ones are 0xffffffff. A shifted
+ * payload offset (a wrong extra length) leaves payload bytes here that seldom parse. */
+static int check_extra(zip_reader *z, const zip_entry *e, uint64_t at, size_t xl, uint64_t *usize, uint64_t *csize,
+                       fsdp_err *err) {
+    unsigned char *x = malloc(xl ? xl : 1);
+    if (!x) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+    int rc = rd(z, at, x, xl, err);
+    size_t q = 0;
+    while (!rc && q + 4 <= xl && q + 4 + le(x + q + 2, 2) <= xl && (le(x + q, 2) || le(x + q + 2, 2))) q += 4 + le(x + q + 2, 2);
+    for (size_t r = q; !rc && r < xl; r++)
+        if (x[r]) rc = corrupt(z, e, "the local header's extra field is malformed", at + q, err);
+    if (!rc && (*usize == 0xffffffffu || *csize == 0xffffffffu) && zip64_extra(x, xl, usize, csize, NULL))
+        rc = corrupt(z, e, "the local header lacks its zip64 sizes", at, err);
+    free(x);
+    return rc;
+}
+
+/* The data descriptor after the payload (flag bit 3): [signature] CRC-32, sizes. Its CRC must be
+ * the directory's, so a payload found at a shifted offset is caught before any read. */
+static int check_descriptor(zip_reader *z, const zip_entry *e, fsdp_err *err) {
+    uint64_t at = e->data_off + e->size;
+    unsigned char d[24] = {0};
+    size_t n = z->len - at < sizeof d ? (size_t)(z->len - at) : sizeof d;
+    int rc = rd(z, at, d, n, err);
+    if (rc) return rc;
+    int sig = n >= 4 && le(d, 4) == 0x08074b50u;
+    const unsigned char *c = d + (sig ? 4 : 0);
+    size_t have = n - (sig ? 4 : 0);
+    uint64_t sz32 = have >= 12 ? le(c + 8, 4) : 0, sz64 = have >= 20 ? le(c + 12, 8) : 0;
+    if (have < 12 || le(c, 4) != e->crc || (sz32 != e->size && sz64 != e->size))
+        return corrupt(z, e, "no data descriptor with the directory's CRC-32 and size after the payload", at, err);
+    return 0;
+}
+
 /* Checks a record's local header against its directory entry and sets data_off. */
 static int check_local(zip_reader *z, zip_entry *e, fsdp_err *err) {
     size_t nl = strlen(e->name);
@@ -219,30 +262,20 @@ static int check_local(zip_reader *z, zip_entry *e, fsdp_err *err) {
     else if (le(h + 26, 2) != nl || memcmp(h + 30, e->name, nl)) bad = "the local header names another record";
     else if (le(h + 8, 2) != e->method) bad = "the local header gives another compression method";
     free(h);
-    if (bad)
-        return fsdp_err_set(err, FSDP_E_FORMAT, "%s: zip record %s: %s (at byte %llu): the archive is corrupt", z->what,
-                            e->name, bad, (unsigned long long)e->header_off);
+    if (bad) return corrupt(z, e, bad, e->header_off, err);
     uint64_t off = e->header_off + 30 + nl + xl;
     if (off > z->len || e->size > z->len - off)
         return fsdp_err_set(err, FSDP_E_FORMAT, "%s: zip record %s: payload past the end of the archive", z->what,
                             e->name);
-    if (!(flags & ZIP_FLAG_DESCRIPTOR)) {
-        if ((csize == 0xffffffffu || usize == 0xffffffffu) && xl) {
-            unsigned char *x = malloc(xl);
-            if (!x) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
-            rc = rd(z, e->header_off + 30 + nl, x, xl, err);
-            if (!rc && zip64_extra(x, xl, &usize, &csize, NULL)) usize = csize = 0xffffffffu;
-            free(x);
-            if (rc) return rc;
-        }
-        if (crc != e->crc || usize != e->size || (e->method == 0 && csize != e->size))
-            return fsdp_err_set(err, FSDP_E_FORMAT,
-                                "%s: zip record %s: the local header (size %llu, CRC-32 0x%08llx) disagrees with the "
-                                "central directory (size %llu, CRC-32 0x%08x): the archive is corrupt",
-                                z->what, e->name, (unsigned long long)usize, (unsigned long long)crc,
-                                (unsigned long long)e->size, e->crc);
-    }
+    if ((rc = check_extra(z, e, e->header_off + 30 + nl, (size_t)xl, &usize, &csize, err))) return rc;
     e->data_off = off;
+    if (flags & ZIP_FLAG_DESCRIPTOR) return check_descriptor(z, e, err);
+    if (crc != e->crc || usize != e->size || (e->method == 0 && csize != e->size))
+        return fsdp_err_set(err, FSDP_E_FORMAT,
+                            "%s: zip record %s: the local header (size %llu, CRC-32 0x%08llx) disagrees with the "
+                            "central directory (size %llu, CRC-32 0x%08x): the archive is corrupt",
+                            z->what, e->name, (unsigned long long)usize, (unsigned long long)crc,
+                            (unsigned long long)e->size, e->crc);
     return 0;
 }
 
@@ -259,28 +292,39 @@ static int cmp_name(const void *a, const void *b, void *entries) {
     return c ? c : (*(const size_t *)a > *(const size_t *)b) - (*(const size_t *)a < *(const size_t *)b);
 }
 
+/* Marks e broken with the message in err (a format error); other errors stay fatal. */
+static int mark_bad(zip_entry *e, int rc, const fsdp_err *err) {
+    if (rc != FSDP_E_FORMAT) return rc;
+    if (!e->bad) e->bad = strdup(err->msg);
+    return e->bad ? 0 : FSDP_E_NOMEM;
+}
+
 /* Local headers, overlaps (records sorted by offset: each one's payload ends before the next
  * record and the directory) and the name index. */
 static int check_records(zip_reader *z, uint64_t cd_off, fsdp_err *err) {
-    int rc = 0;
-    for (size_t i = 0; i < z->n && !rc; i++) rc = check_local(z, &z->entries[i], err);
-    if (rc) return rc;
+    fsdp_err rec_err;
+    for (size_t i = 0; i < z->n; i++) {
+        int rc = mark_bad(&z->entries[i], check_local(z, &z->entries[i], &rec_err), &rec_err);
+        if (rc) return rc == FSDP_E_NOMEM ? fsdp_err_set(err, rc, "out of memory") : fsdp_err_set(err, rc, "%s", rec_err.msg);
+    }
     z->by_name = malloc((z->n ? z->n : 1) * sizeof *z->by_name);
     if (!z->by_name) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
-    for (size_t i = 0; i < z->n; i++) z->by_name[i] = i;
-    qsort_r(z->by_name, z->n, sizeof *z->by_name, cmp_header_off, z->entries);
-    for (size_t k = 0; k < z->n; k++) {
-        const zip_entry *e = &z->entries[z->by_name[k]];
-        const zip_entry *next = k + 1 < z->n ? &z->entries[z->by_name[k + 1]] : NULL;
+    size_t m = 0;
+    for (size_t i = 0; i < z->n; i++)
+        if (!z->entries[i].bad) z->by_name[m++] = i;
+    qsort_r(z->by_name, m, sizeof *z->by_name, cmp_header_off, z->entries);
+    for (size_t k = 0; k < m; k++) {
+        zip_entry *e = &z->entries[z->by_name[k]];
+        const zip_entry *next = k + 1 < m ? &z->entries[z->by_name[k + 1]] : NULL;
         uint64_t end = e->data_off + e->size, limit = next ? next->header_off : cd_off;
-        if (end > limit)
-            return fsdp_err_set(err, FSDP_E_FORMAT,
-                                "%s: zip record %s: its payload [%llu, %llu) overlaps %s%s at byte %llu: the archive "
-                                "is corrupt",
-                                z->what, e->name, (unsigned long long)e->data_off, (unsigned long long)end,
-                                next ? "record " : "the central directory", next ? next->name : "",
-                                (unsigned long long)limit);
+        if (end <= limit) continue;
+        fsdp_err_set(&rec_err, FSDP_E_FORMAT,
+                     "%s: zip record %s: its payload [%llu, %llu) overlaps %s%s at byte %llu: the archive is corrupt",
+                     z->what, e->name, (unsigned long long)e->data_off, (unsigned long long)end,
+                     next ? "record " : "the central directory", next ? next->name : "", (unsigned long long)limit);
+        if (mark_bad(e, FSDP_E_FORMAT, &rec_err)) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
     }
+    for (size_t i = 0; i < z->n; i++) z->by_name[i] = i;
     qsort_r(z->by_name, z->n, sizeof *z->by_name, cmp_name, z->entries);
     for (size_t k = 1; k < z->n; k++)
         if (!strcmp(z->entries[z->by_name[k]].name, z->entries[z->by_name[k - 1]].name))
@@ -334,7 +378,10 @@ int zip_open_fd(zip_reader *z, int fd, uint64_t base, uint64_t len, const char *
 }
 
 void zip_close(zip_reader *z) {
-    for (size_t i = 0; i < z->n; i++) free(z->entries[i].name);
+    for (size_t i = 0; i < z->n; i++) {
+        free(z->entries[i].name);
+        free(z->entries[i].bad);
+    }
     free(z->entries);
     free(z->by_name);
     free(z->what);
@@ -365,6 +412,7 @@ static int crc_mismatch(zip_reader *z, const zip_entry *e, uint32_t got, fsdp_er
 }
 
 static int check_range(zip_reader *z, const zip_entry *e, uint64_t off, size_t n, fsdp_err *err) {
+    if (e->bad) return fsdp_err_set(err, FSDP_E_FORMAT, "%s", e->bad);
     if (e->method != 0)
         return fsdp_err_set(err, FSDP_E_FORMAT,
                             "%s: zip record %s is compressed (method %u); torch.save archives are stored, not compressed",
@@ -424,7 +472,7 @@ int zip_read_checked(zip_reader *z, zip_entry *e, uint64_t off, void *dst, size_
 }
 
 int zip_verify(zip_reader *z, zip_entry *e, fsdp_err *err) {
-    if (e->method != 0) return check_range(z, e, 0, 0, err);
+    if (e->bad || e->method != 0) return check_range(z, e, 0, 0, err);
     uint32_t c;
     int rc = crc_of_range(z, e, 0, e->size, &c, err);
     if (rc) return rc;
