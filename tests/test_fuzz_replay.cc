@@ -29,3 +29,4 @@ TEST(FuzzReplay, Pickle) { EXPECT_GT(replay("pickle", fsdp_fuzz_pickle), 0u); }
 TEST(FuzzReplay, Zip) { EXPECT_GT(replay("zip", fsdp_fuzz_zip), 0u); }
 TEST(FuzzReplay, Safetensors) { EXPECT_GT(replay("safetensors", fsdp_fuzz_safetensors), 0u); }
 TEST(FuzzReplay, DcpMetadata) { EXPECT_GT(replay("dcp_meta", fsdp_fuzz_dcp_meta), 0u); }
+TEST(FuzzReplay, Pt) { EXPECT_GT(replay("pt", fsdp_fuzz_pt), 0u); }
