@@ -75,6 +75,15 @@ void tensor(Pk &p, const std::string &cls, const std::string &key, int64_t stora
     p.op('t').op('R');
 }
 
+// the same as _rebuild_tensor_v3 over an UntypedStorage of nbytes bytes
+void tensor_v3(Pk &p, const std::string &dtype, const std::string &key, int64_t nbytes, int64_t offset,
+               const std::vector<int64_t> &shape, const std::vector<int64_t> &stride) {
+    p.global("torch._utils", "_rebuild_tensor_v3").mark();
+    p.mark().str("storage").global("torch.storage", "UntypedStorage").str(key).str("cpu").integer(nbytes).op('t').op('Q');
+    p.integer(offset).ints(shape).ints(stride).op(0x89).global("collections", "OrderedDict").op(')').op('R');
+    p.global("torch", dtype).op('t').op('R');
+}
+
 // {name: value...} where each value is written by a callback
 std::string state_dict(const std::vector<std::pair<std::string, std::function<void(Pk &)>>> &items) {
     Pk p;
@@ -182,6 +191,28 @@ std::string valid_pt() {
                                   {"step", [](Pk &p) { p.integer(7); }}});
     return make_pt(pkl, {{"0", floats(a)}, {"1", floats(b)}});
 }
+// a fuzzing seed of every kind the reader takes: v3 (bf16), i64, a 0-d bool, an empty f16, a
+// nested optimizer-like dict with integer keys, a value
+std::string valid_mixed_pt() {
+    Pk p;
+    p.proto().op('}').mark();
+    p.str("bf");
+    tensor_v3(p, "bfloat16", "0", 8, 0, {2, 2}, {2, 1});
+    p.str("ids");
+    tensor(p, "LongStorage", "1", 3, 0, {3}, {1});
+    p.str("flag");
+    tensor(p, "BoolStorage", "2", 1, 0, {}, {});
+    p.str("empty");
+    tensor(p, "HalfStorage", "3", 0, 0, {0, 4}, {4, 1});
+    p.str("opt").op('}').mark().str("state").op('}').mark().integer(0).op('}').mark().str("step");
+    tensor(p, "FloatStorage", "4", 1, 0, {}, {});
+    p.str("lr").integer(3).op('u').op('u').op('u');
+    p.op('u').stop();
+    std::string bf(8, '\0'), ids(24, '\0');
+    for (int i = 0; i < 4; i++) bf[(size_t)(2 * i + 1)] = (char)(0x3f + i);  // bf16 0.5.., little-endian
+    for (int i = 0; i < 3; i++) ids[(size_t)(8 * i)] = (char)(i + 7);
+    return make_pt(p.b, {{"0", bf}, {"1", ids}, {"2", std::string(1, '\1')}, {"3", ""}, {"4", floats({5})}});
+}
 // item 3: one payload bit flipped / the local header's extra length + 4
 std::string item3_flipped_bit() {
     std::string z = valid_pt();
@@ -208,6 +239,7 @@ const Crafted CRAFTED[] = {
     {"pt", "item9-os-system.pt", item9_os_system},
     {"pt", "item9-stack-global-builtins-eval.pt", item9_stack_global_eval},
     {"pt", "valid-state-dict.pt", valid_pt},
+    {"pt", "valid-mixed-dtypes-nested.pt", valid_mixed_pt},
     {"zip", "item1-numel-2p62.pt", item1_numel_2p62},
     {"zip", "item3-flipped-payload-bit.pt", item3_flipped_bit},
     {"zip", "item3-local-extra-length-plus-4.pt", item3_extra_plus4},
@@ -518,6 +550,22 @@ TEST(HardenPtCrc, RealAndOwnArchivesVerify) {
     }
     std::string p = write_tmp(t, "v.pt", valid_pt());
     EXPECT_EQ(read_all_error(p), "");
+    p = write_tmp(t, "m.pt", valid_mixed_pt());
+    EXPECT_EQ(read_all_error(p), "");
+    ckpt_reader *r;
+    fsdp_err err;
+    ASSERT_EQ(ckpt_open(p.c_str(), CKPT_AUTO, &r, &err), 0) << err.msg;
+    EXPECT_EQ(ckpt_count(r), 6u);
+    long i = ckpt_find(r, "opt.state.0.step");
+    ASSERT_GE(i, 0);
+    float step = 0;
+    ASSERT_EQ(ckpt_read_rows(r, (size_t)i, 0, 1, &step, FSDP_DT_F32, &err), 0) << err.msg;
+    EXPECT_EQ(step, 5.0f);
+    EXPECT_STREQ(ckpt_value_text(r, (size_t)ckpt_find(r, "opt.state.0.lr")), "3");
+    size_t n = 0;
+    EXPECT_EQ(ckpt_verify(r, &n, &err), 0) << err.msg;
+    EXPECT_EQ(n, 8u);
+    ckpt_close(r);
     rm_rf(t);
 }
 
