@@ -27,6 +27,11 @@ typedef struct ckpt_pio_opts {
 int ckpt_pread_all(int fd, void *dst, size_t n, uint64_t off, const char *what, const ckpt_pio_opts *o,
                    fsdp_err *err);
 
+/* The same, and *crc receives zlib's CRC32 of the bytes read, computed by each thread over
+ * each 1 MiB it has just read (while in cache), the pieces combined with crc32_combine. */
+int ckpt_pread_crc(int fd, void *dst, size_t n, uint64_t off, uint32_t *crc, const char *what,
+                   const ckpt_pio_opts *o, fsdp_err *err);
+
 /* Writes n bytes of src at file offset off; *crc (when not NULL) receives zlib's CRC32 of
  * them (the same value as crc32(0, src, n)). */
 int ckpt_pwrite_all(int fd, const void *src, size_t n, uint64_t off, uint32_t *crc, const char *what,

@@ -65,6 +65,9 @@ int dcp_read_box(dcp_ckpt *c, size_t i, const int64_t *off, const int64_t *len, 
 int dcp_read_value(dcp_ckpt *c, size_t i, pkl_doc **doc, const pkl_obj **root, fsdp_err *err);
 /* The byte item as text (ints "5", floats "0.001", tuples "(0.9, 0.95)", strings "'x'"). */
 const char *dcp_value_text(dcp_ckpt *c, size_t i);
+/* Checks the CRC-32 of every record of every torch.save piece the items point at (each read
+ * once, nothing kept); *records counts them. An error names the tensor or value, file and record. */
+int dcp_verify(dcp_ckpt *c, size_t *records, fsdp_err *err);
 /* Decodes a Metadata pickle buffer into items (used by dcp_open and the fuzzer). */
 int dcp_parse_metadata(const void *buf, size_t len, const char *what, dcp_item **items, size_t *n, char *version,
                        size_t vcap, fsdp_err *err);

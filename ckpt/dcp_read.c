@@ -217,6 +217,13 @@ static int open_blob(dcp_ckpt *c, const dcp_storage *s, zip_reader *z, fsdp_err 
     return zip_open_fd(z, f->fd, s->offset, s->length, what, err);
 }
 
+/* An error of reading tensor fqn names it (once). */
+static int name_tensor(fsdp_err *err, const char *fqn, int rc) {
+    char tag[1100];
+    snprintf(tag, sizeof tag, "tensor %s", fqn);
+    return strstr(err->msg, tag) ? rc : fsdp_err_prefix(err, "%s", tag);
+}
+
 int dcp_read_box(dcp_ckpt *c, size_t i, const int64_t *off, const int64_t *len, void *dst, fsdp_dtype dst_dt,
                  fsdp_err *err) {
     dcp_item *x = &c->items[i];
@@ -254,12 +261,13 @@ int dcp_read_box(dcp_ckpt *c, size_t i, const int64_t *off, const int64_t *len, 
             rc = ts_tensor_from_pickle(root, z.what, &t, err);
             pkl_free(doc);
         }
+        if (!rc) rc = ts_check_record(&z, &t, x->fqn, err);
         if (!rc && (t.ndim != nd || memcmp(t.shape, ch->sizes, (size_t)nd * sizeof *t.shape)))
             rc = fsdp_err_set(err, FSDP_E_FORMAT, "checkpoint %s: %s: stored piece has another shape than its chunk",
                               c->dir, x->fqn);
         if (rc) {
             zip_close(&z);
-            return rc;
+            return name_tensor(err, x->fqn, rc);
         }
         int64_t so[FSDP_MAX_DIMS];
         for (int d = 0; d < nd; d++) so[d] = io[d] - ch->offsets[d];
@@ -291,7 +299,7 @@ int dcp_read_box(dcp_ckpt *c, size_t i, const int64_t *off, const int64_t *len, 
             free(tmp);
         }
         zip_close(&z);
-        if (rc) return rc;
+        if (rc) return name_tensor(err, x->fqn, rc);
     }
     return 0;
 }
@@ -318,4 +326,26 @@ const char *dcp_value_text(dcp_ckpt *c, size_t i) {
     x->value_text = pkl_repr(root);
     pkl_free(doc);
     return x->value_text;
+}
+
+/* Every record of the archive at s, checked. */
+static int verify_blob(dcp_ckpt *c, const dcp_storage *s, size_t *records, fsdp_err *err) {
+    zip_reader z;
+    int rc = open_blob(c, s, &z, err);
+    if (rc) return rc;
+    for (size_t k = 0; !rc && k < z.n; k++, ++*records) rc = zip_verify(&z, &z.entries[k], err);
+    zip_close(&z);
+    return rc;
+}
+
+int dcp_verify(dcp_ckpt *c, size_t *records, fsdp_err *err) {
+    *records = 0;
+    for (size_t i = 0; i < c->n; i++) {
+        dcp_item *x = &c->items[i];
+        int rc = x->is_tensor ? 0 : verify_blob(c, &x->where, records, err);
+        for (size_t k = 0; !rc && x->is_tensor && k < x->n_chunks; k++)
+            rc = verify_blob(c, &x->chunks[k].where, records, err);
+        if (rc) return fsdp_err_prefix(err, "%s %s", x->is_tensor ? "tensor" : "value", x->fqn);
+    }
+    return 0;
 }

@@ -51,6 +51,10 @@ int pkl_parse(const void *buf, size_t len, const char *what, pkl_doc **out, cons
 void pkl_free(pkl_doc *doc);
 
 int pkl_is_global(const pkl_obj *o, const char *module, const char *name);
+/* Whether module.name (lengths given: the names may hold any byte) is a global the reader
+ * accepts (ckpt/pickle_allow.c: what PyTorch's weights_only loader allows, and DCP's
+ * .metadata classes); pkl_parse refuses every other one where the pickle names it. */
+int pkl_global_allowed(const char *module, size_t module_len, const char *name, size_t name_len);
 /* A dict value by string key (NULL when absent or not a dict). */
 const pkl_obj *pkl_dict_get(const pkl_obj *dict, const char *key);
 /* The state dict of an object built with NEWOBJ/REDUCE + BUILD (NULL otherwise). */
@@ -60,8 +64,12 @@ const pkl_obj *pkl_callable(const pkl_obj *o);
 /* Reads a torch.Size (REDUCE(torch.Size, ((d0, d1, ...),))) or a tuple of ints. */
 int pkl_int_tuple(const pkl_obj *o, int64_t *out, int max, int *n);
 /* Renders a value as Python-like text ("5", "0.001", "(0.9, 0.95)", "'tiny'", "{...}") into
- * a malloc'd string; deep trees are abbreviated. */
+ * a malloc'd string; long, deep or shared (memo DAG) trees are abbreviated with "...": at most
+ * about 4 KiB of text from at most 4096 values, whatever the tree expands to. */
 char *pkl_repr(const pkl_obj *o);
+/* The same, visiting at most *budget values (each visit decrements it; at 0 the text ends
+ * with "..."), for callers that bound the work of many reprs together. */
+char *pkl_repr_budget(const pkl_obj *o, size_t *budget);
 
 /* ---- writer ---------------------------------------------------------------------------- */
 

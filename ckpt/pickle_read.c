@@ -8,10 +8,17 @@
 
 #define PKL_MAX_STACK 1000000
 #define PKL_MAX_MEMO 10000000
+#define PKL_SLAB_MIN 64
+#define PKL_SLAB_MAX 65536 /* PKL_SLAB_MIN << 10 */
 
+/* The objects live in slabs (each object owns its items array); strings and bytes are
+ * separate blocks. Freeing walks both lists once: nothing is ever searched. */
 struct pkl_doc {
-    void **allocs;
-    size_t n_allocs, cap_allocs;
+    pkl_obj **slabs;
+    size_t n_slabs, cap_slabs;
+    size_t slab_used, slab_cap; /* objects used / room in the last slab */
+    void **blocks;
+    size_t n_blocks, cap_blocks;
 };
 
 typedef struct {
@@ -23,32 +30,61 @@ typedef struct {
     size_t *marks;
     size_t nm, mcap;
     pkl_obj **memo;
-    size_t nmemo;
+    size_t nmemo, memo_cap;
     fsdp_err *err;
 } vm;
 
 static pkl_obj MARK_OBJ = {.kind = PKL_MARK};
 
+/* Appends p to a growable pointer array; 0, or -1 when out of memory. */
+static int grow_push(void ***arr, size_t *n, size_t *cap, void *p) {
+    if (*n == *cap) {
+        size_t nc = *cap ? *cap * 2 : 64;
+        void **na = realloc(*arr, nc * sizeof *na);
+        if (!na) return -1;
+        *arr = na;
+        *cap = nc;
+    }
+    (*arr)[(*n)++] = p;
+    return 0;
+}
+
 static void *track(pkl_doc *d, void *p) {
     if (!p) return NULL;
-    if (d->n_allocs == d->cap_allocs) {
-        size_t cap = d->cap_allocs ? d->cap_allocs * 2 : 256;
-        void **na = realloc(d->allocs, cap * sizeof *na);
-        if (!na) {
-            free(p);
+    if (grow_push(&d->blocks, &d->n_blocks, &d->cap_blocks, p)) {
+        free(p);
+        return NULL;
+    }
+    return p;
+}
+
+/* objects in slab i: 64, 128, ... up to 65536 */
+static size_t slab_size(size_t i) { return i >= 10 ? PKL_SLAB_MAX : (size_t)PKL_SLAB_MIN << i; }
+
+static pkl_obj *doc_obj(pkl_doc *d) {
+    if (d->slab_used == d->slab_cap) {
+        size_t cap = slab_size(d->n_slabs);
+        pkl_obj *s = calloc(cap, sizeof *s);
+        if (!s || grow_push((void ***)&d->slabs, &d->n_slabs, &d->cap_slabs, s)) {
+            free(s);
             return NULL;
         }
-        d->allocs = na;
-        d->cap_allocs = cap;
+        d->slab_used = 0;
+        d->slab_cap = cap;
     }
-    d->allocs[d->n_allocs++] = p;
-    return p;
+    return &d->slabs[d->n_slabs - 1][d->slab_used++];
 }
 
 void pkl_free(pkl_doc *d) {
     if (!d) return;
-    for (size_t i = 0; i < d->n_allocs; i++) free(d->allocs[i]);
-    free(d->allocs);
+    for (size_t i = 0; i < d->n_slabs; i++) {
+        size_t used = i + 1 == d->n_slabs ? d->slab_used : slab_size(i);
+        for (size_t k = 0; k < used; k++) free(d->slabs[i][k].items);
+        free(d->slabs[i]);
+    }
+    free(d->slabs);
+    for (size_t i = 0; i < d->n_blocks; i++) free(d->blocks[i]);
+    free(d->blocks);
     free(d);
 }
 
@@ -60,7 +96,7 @@ static int fail(vm *v, const char *fmt, const char *detail) {
 }
 
 static pkl_obj *new_obj(vm *v, pkl_kind k) {
-    pkl_obj *o = track(v->doc, calloc(1, sizeof *o));
+    pkl_obj *o = doc_obj(v->doc);
     if (o) o->kind = k;
     return o;
 }
@@ -100,50 +136,37 @@ static uint64_t rd_le(const unsigned char *p, int n) {
     return x;
 }
 
+/* Grows a tuple/list (per = 1) or dict (per = 2) items array to hold one more. */
+static int reserve_one(vm *v, pkl_obj *c, size_t per) {
+    if (c->n < c->cap) return 0;
+    size_t cap = c->cap ? c->cap * 2 : 4;
+    if (cap > SIZE_MAX / (per * sizeof *c->items))
+        return fsdp_err_set(v->err, FSDP_E_NOMEM, "%s: pickle: out of memory", v->what);
+    pkl_obj **ni = realloc(c->items, cap * per * sizeof *ni);
+    if (!ni) return fsdp_err_set(v->err, FSDP_E_NOMEM, "%s: pickle: out of memory", v->what);
+    c->items = ni;
+    c->cap = cap;
+    return 0;
+}
+
 static int add_item(vm *v, pkl_obj *c, pkl_obj *it) {
-    if (c->n == c->cap) {
-        size_t cap = c->cap ? c->cap * 2 : 4;
-        pkl_obj **ni = realloc(c->items, cap * sizeof *ni * (c->kind == PKL_DICT ? 2 : 1));
-        if (!ni) return fsdp_err_set(v->err, FSDP_E_NOMEM, "%s: pickle: out of memory", v->what);
-        if (!c->items) track(v->doc, ni);
-        else {
-            /* replace the tracked pointer */
-            for (size_t i = v->doc->n_allocs; i-- > 0;)
-                if (v->doc->allocs[i] == c->items) {
-                    v->doc->allocs[i] = ni;
-                    break;
-                }
-        }
-        c->items = ni;
-        c->cap = cap;
-    }
+    int rc = reserve_one(v, c, 1);
+    if (rc) return rc;
     c->items[c->n++] = it;
     if (it->depth + 1 > c->depth) c->depth = it->depth + 1;
-    if (c->depth > PKL_MAX_DEPTH) return fail(v, "nesting deeper than the limit", NULL);
+    if (c->depth > PKL_MAX_DEPTH) return fail(v, "nesting deeper than the limit%s", NULL);
     return 0;
 }
 
 static int dict_set(vm *v, pkl_obj *d, pkl_obj *k, pkl_obj *val) {
-    if (d->n == d->cap) {
-        size_t cap = d->cap ? d->cap * 2 : 4;
-        pkl_obj **ni = realloc(d->items, cap * 2 * sizeof *ni);
-        if (!ni) return fsdp_err_set(v->err, FSDP_E_NOMEM, "%s: pickle: out of memory", v->what);
-        if (!d->items) track(v->doc, ni);
-        else
-            for (size_t i = v->doc->n_allocs; i-- > 0;)
-                if (v->doc->allocs[i] == d->items) {
-                    v->doc->allocs[i] = ni;
-                    break;
-                }
-        d->items = ni;
-        d->cap = cap;
-    }
+    int rc = reserve_one(v, d, 2);
+    if (rc) return rc;
     d->items[2 * d->n] = k;
     d->items[2 * d->n + 1] = val;
     d->n++;
     int dd = (k->depth > val->depth ? k->depth : val->depth) + 1;
     if (dd > d->depth) d->depth = dd;
-    if (d->depth > PKL_MAX_DEPTH) return fail(v, "nesting deeper than the limit", NULL);
+    if (d->depth > PKL_MAX_DEPTH) return fail(v, "nesting deeper than the limit%s", NULL);
     return 0;
 }
 
@@ -167,6 +190,20 @@ static pkl_obj *mk_str(vm *v, pkl_kind k, const unsigned char *s, size_t n) {
     o->s = c;
     o->len = n;
     return o;
+}
+
+/* A global outside the allow-list (pickle_allow.c) is an error naming it. */
+static int check_global(vm *v, const unsigned char *mod, size_t ml, const unsigned char *name, size_t nl) {
+    if (pkl_global_allowed((const char *)mod, ml, (const char *)name, nl)) return 0;
+    char g[200];
+    snprintf(g, sizeof g, "%.*s.%.*s", (int)(ml > 96 ? 96 : ml), (const char *)mod, (int)(nl > 96 ? 96 : nl),
+             (const char *)name);
+    for (char *c = g; *c; c++)
+        if ((unsigned char)*c < 0x20 || (unsigned char)*c == 0x7f) *c = '?';
+    return fail(v,
+                "global %s is not allowed (not a tensor, storage or container PyTorch's weights_only loader "
+                "accepts)",
+                g);
 }
 
 static int as_dict_target(pkl_obj *o) {
@@ -294,8 +331,9 @@ static int run(vm *v, const pkl_obj **root) {
             if ((rc = pop_mark(v, &items, &n))) return rc;
             pkl_obj *o = new_obj(v, op == 't' ? PKL_TUPLE : PKL_LIST);
             if (!o) return fsdp_err_set(v->err, FSDP_E_NOMEM, "out of memory");
-            pkl_obj **copy = n ? track(v->doc, malloc(n * sizeof *copy)) : NULL;
+            pkl_obj **copy = n ? malloc(n * sizeof *copy) : NULL; /* owned by o */
             if (n && !copy) return fsdp_err_set(v->err, FSDP_E_NOMEM, "out of memory");
+            o->items = copy;
             if (n) memcpy(copy, items, n * sizeof *copy);
             for (size_t i = 0; i < n; i++) {
                 if (copy[i] == &MARK_OBJ) return fail(v, "MARK inside a tuple%s", NULL);
@@ -318,8 +356,9 @@ static int run(vm *v, const pkl_obj **root) {
             size_t n = (size_t)(op - 0x84);
             if (v->sp < n || (v->nm && v->sp - n < v->marks[v->nm - 1])) return fail(v, "stack underflow in TUPLE%s", "N");
             pkl_obj *o = new_obj(v, PKL_TUPLE);
-            pkl_obj **copy = track(v->doc, malloc(n * sizeof *copy));
-            if (!o || !copy) return fsdp_err_set(v->err, FSDP_E_NOMEM, "out of memory");
+            if (!o) return fsdp_err_set(v->err, FSDP_E_NOMEM, "out of memory");
+            pkl_obj **copy = o->items = malloc(n * sizeof *copy); /* owned by o */
+            if (!copy) return fsdp_err_set(v->err, FSDP_E_NOMEM, "out of memory");
             memcpy(copy, v->stack + v->sp - n, n * sizeof *copy);
             v->sp -= n;
             for (size_t i = 0; i < n; i++)
@@ -382,6 +421,9 @@ static int run(vm *v, const pkl_obj **root) {
             if (!nl1) return fail(v, "truncated GLOBAL%s", NULL);
             const unsigned char *nl2 = memchr(nl1 + 1, '\n', (size_t)(v->end - nl1 - 1));
             if (!nl2) return fail(v, "truncated GLOBAL%s", NULL);
+            v->p--; /* the error points at this opcode */
+            if ((rc = check_global(v, v->p + 1, (size_t)(nl1 - v->p - 1), nl1 + 1, (size_t)(nl2 - nl1 - 1)))) return rc;
+            v->p++;
             pkl_obj *o = mk_str(v, PKL_GLOBAL, v->p, (size_t)(nl1 - v->p));
             pkl_obj *nm = mk_str(v, PKL_STR, nl1 + 1, (size_t)(nl2 - nl1 - 1));
             if (!o || !nm) return fsdp_err_set(v->err, FSDP_E_NOMEM, "out of memory");
@@ -394,6 +436,10 @@ static int run(vm *v, const pkl_obj **root) {
             pkl_obj *nm = pop(v), *mod = pop(v);
             if (!nm || !mod || nm->kind != PKL_STR || mod->kind != PKL_STR)
                 return fail(v, "STACK_GLOBAL needs two strings%s", NULL);
+            v->p--; /* the error points at this opcode */
+            if ((rc = check_global(v, (const unsigned char *)mod->s, mod->len, (const unsigned char *)nm->s, nm->len)))
+                return rc;
+            v->p++;
             pkl_obj *o = new_obj(v, PKL_GLOBAL);
             if (!o) return fsdp_err_set(v->err, FSDP_E_NOMEM, "out of memory");
             o->s = mod->s;
@@ -463,14 +509,22 @@ static int run(vm *v, const pkl_obj **root) {
             }
             pkl_obj *o = top(v);
             if (!o) return fail(v, "memo store with an empty stack%s", NULL);
-            if (idx >= PKL_MAX_MEMO) return fail(v, "memo index beyond the limit%s", NULL);
-            if (idx >= v->nmemo) {
-                pkl_obj **nmemo = realloc(v->memo, (idx + 1) * sizeof *nmemo);
-                if (!nmemo) return fsdp_err_set(v->err, FSDP_E_NOMEM, "out of memory");
-                for (size_t i = v->nmemo; i <= idx; i++) nmemo[i] = NULL;
-                v->memo = nmemo;
-                v->nmemo = idx + 1;
+            /* a writer numbers its memo entries from 0; each costs at least two bytes of input */
+            if (idx >= PKL_MAX_MEMO || idx > (size_t)(v->end - v->start)) {
+                char d[32];
+                snprintf(d, sizeof d, "%zu", idx);
+                return fail(v, "memo index %s beyond the limit (the input's size)", d);
             }
+            if (idx >= v->memo_cap) {
+                size_t cap = v->memo_cap ? v->memo_cap : 64;
+                while (cap <= idx) cap *= 2;
+                pkl_obj **nmemo = realloc(v->memo, cap * sizeof *nmemo);
+                if (!nmemo) return fsdp_err_set(v->err, FSDP_E_NOMEM, "out of memory");
+                v->memo = nmemo;
+                v->memo_cap = cap;
+            }
+            for (size_t i = v->nmemo; i <= idx; i++) v->memo[i] = NULL;
+            if (idx >= v->nmemo) v->nmemo = idx + 1;
             v->memo[idx] = o;
             break;
         }
@@ -572,10 +626,19 @@ int pkl_int_tuple(const pkl_obj *o, int64_t *out, int max, int *n) {
     return 0;
 }
 
+/* pkl_repr's bounds: the text stops after REPR_MAX_CHARS characters, REPR_MAX_NODES values
+ * or REPR_MAX_DEPTH levels ("..."): a memo DAG (a value shared at every level) is never
+ * expanded further than that. */
+#define REPR_MAX_CHARS 4096
+#define REPR_MAX_NODES 4096
+#define REPR_MAX_DEPTH 32
+
 typedef struct {
     char *b;
     size_t len, cap;
-    int bad;
+    size_t nodes;
+    size_t *budget; /* the caller's node budget, or NULL */
+    int bad, stop;
 } rbuf;
 
 static void rput(rbuf *r, const char *s) {
@@ -596,13 +659,35 @@ static void rput(rbuf *r, const char *s) {
     r->len += n;
 }
 
-static void repr(rbuf *r, const pkl_obj *o, int depth) {
-    char t[64];
-    if (r->len > 4096) {
-        rput(r, "...");
+/* A string's text, cut where the whole text would pass REPR_MAX_CHARS. */
+static void rput_str(rbuf *r, const char *s, size_t n) {
+    size_t room = r->len < REPR_MAX_CHARS ? REPR_MAX_CHARS - r->len : 0;
+    if (n <= room) {
+        rput(r, s);
         return;
     }
-    if (depth > 32) {
+    char *c = malloc(room + 1);
+    if (!c) {
+        r->bad = 1;
+        return;
+    }
+    memcpy(c, s, room);
+    c[room] = '\0';
+    rput(r, c);
+    free(c);
+    rput(r, "...");
+}
+
+static void repr(rbuf *r, const pkl_obj *o, int depth) {
+    char t[64];
+    if (r->stop) return;
+    if (r->len > REPR_MAX_CHARS || ++r->nodes > REPR_MAX_NODES || (r->budget && *r->budget == 0)) {
+        rput(r, "...");
+        r->stop = 1;
+        return;
+    }
+    if (r->budget) --*r->budget;
+    if (depth > REPR_MAX_DEPTH) {
         rput(r, "...");
         return;
     }
@@ -612,12 +697,16 @@ static void repr(rbuf *r, const pkl_obj *o, int depth) {
     case PKL_INT: snprintf(t, sizeof t, "%lld", (long long)o->i); rput(r, t); break;
     case PKL_BIGINT: rput(r, "<big int>"); break;
     case PKL_FLOAT: snprintf(t, sizeof t, "%.17g", o->f); rput(r, t); break;
-    case PKL_STR: rput(r, "'"); rput(r, o->s); rput(r, "'"); break;
+    case PKL_STR:
+        rput(r, "'");
+        rput_str(r, o->s, strlen(o->s));
+        rput(r, "'");
+        break;
     case PKL_BYTES: snprintf(t, sizeof t, "<%zu bytes>", o->len); rput(r, t); break;
     case PKL_TUPLE:
     case PKL_LIST:
         rput(r, o->kind == PKL_TUPLE ? "(" : "[");
-        for (size_t i = 0; i < o->n; i++) {
+        for (size_t i = 0; i < o->n && !r->stop; i++) {
             if (i) rput(r, ", ");
             repr(r, o->items[i], depth + 1);
         }
@@ -626,7 +715,7 @@ static void repr(rbuf *r, const pkl_obj *o, int depth) {
         break;
     case PKL_DICT:
         rput(r, "{");
-        for (size_t i = 0; i < o->n; i++) {
+        for (size_t i = 0; i < o->n && !r->stop; i++) {
             if (i) rput(r, ", ");
             repr(r, o->items[2 * i], depth + 1);
             rput(r, ": ");
@@ -634,7 +723,11 @@ static void repr(rbuf *r, const pkl_obj *o, int depth) {
         }
         rput(r, "}");
         break;
-    case PKL_GLOBAL: rput(r, o->s); rput(r, "."); rput(r, o->name); break;
+    case PKL_GLOBAL:
+        rput_str(r, o->s, strlen(o->s));
+        rput(r, ".");
+        rput_str(r, o->name, strlen(o->name));
+        break;
     case PKL_REDUCE:
     case PKL_OBJ:
         if (o->fn) repr(r, o->fn, depth + 1);
@@ -650,8 +743,11 @@ static void repr(rbuf *r, const pkl_obj *o, int depth) {
     }
 }
 
-char *pkl_repr(const pkl_obj *o) {
+char *pkl_repr(const pkl_obj *o) { return pkl_repr_budget(o, NULL); }
+
+char *pkl_repr_budget(const pkl_obj *o, size_t *budget) {
     rbuf r = {0};
+    r.budget = budget;
     repr(&r, o, 0);
     if (r.bad) {
         free(r.b);

@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 
 #include "ckpt/ckpt_stale.h"
+#include "ckpt/dcp.h"
 #include "ckpt/reader_impl.h"
 #include "runtime/fileio.h"
 
@@ -108,16 +109,33 @@ static int detect(const char *path, ckpt_format *fmt, fsdp_err *err) {
     return fsdp_err_set(err, FSDP_E_FORMAT, "checkpoint %s: unknown format (use format: dcp|safetensors|pt)", path);
 }
 
+static int cmp_by_name(const void *a, const void *b, void *entries) {
+    size_t i = *(const size_t *)a, j = *(const size_t *)b;
+    const ckpt_entry *e = entries;
+    int c = strcmp(e[i].name, e[j].name);
+    return c ? c : (i > j) - (i < j);
+}
+
+/* The name index of ckpt_find (left NULL when out of memory: ckpt_find then searches linearly). */
+static void index_names(ckpt_reader *r) {
+    r->by_name = malloc((r->n ? r->n : 1) * sizeof *r->by_name);
+    if (!r->by_name) return;
+    for (size_t i = 0; i < r->n; i++) r->by_name[i] = i;
+    qsort_r(r->by_name, r->n, sizeof *r->by_name, cmp_by_name, r->entries);
+}
+
 int ckpt_open(const char *path, ckpt_format fmt, ckpt_reader **out, fsdp_err *err) {
     *out = NULL;
     int rc = 0;
     if (fmt == CKPT_AUTO && (rc = detect(path, &fmt, err))) return rc;
     switch (fmt) {
-    case CKPT_SAFETENSORS: return ckpt_open_safetensors(path, out, err);
-    case CKPT_DCP: return ckpt_open_dcp(path, out, err);
-    case CKPT_PT: return ckpt_open_pt(path, out, err);
+    case CKPT_SAFETENSORS: rc = ckpt_open_safetensors(path, out, err); break;
+    case CKPT_DCP: rc = ckpt_open_dcp(path, out, err); break;
+    case CKPT_PT: rc = ckpt_open_pt(path, out, err); break;
     default: return fsdp_err_set(err, FSDP_E_INVALID, "checkpoint %s: unknown format", path);
     }
+    if (!rc) index_names(*out);
+    return rc;
 }
 
 ckpt_reader *ckpt_reader_alloc(const char *path, size_t n, const ckpt_ops *ops, ckpt_format format, void *impl) {
@@ -138,6 +156,7 @@ ckpt_reader *ckpt_reader_alloc(const char *path, size_t n, const ckpt_ops *ops, 
 
 void ckpt_reader_free(ckpt_reader *r) {
     if (!r) return;
+    free(r->by_name);
     free(r->entries);
     free(r->path);
     free(r);
@@ -151,9 +170,28 @@ size_t ckpt_count(const ckpt_reader *r) { return r->n; }
 const ckpt_entry *ckpt_entry_at(const ckpt_reader *r, size_t i) { return i < r->n ? &r->entries[i] : NULL; }
 
 long ckpt_find(const ckpt_reader *r, const char *name) {
-    for (size_t i = 0; i < r->n; i++)
-        if (!strcmp(r->entries[i].name, name)) return (long)i;
-    return -1;
+    if (!r->by_name) {
+        for (size_t i = 0; i < r->n; i++)
+            if (!strcmp(r->entries[i].name, name)) return (long)i;
+        return -1;
+    }
+    /* the first index of the name: the lowest of equal names sorts first */
+    size_t lo = 0, hi = r->n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (strcmp(r->entries[r->by_name[mid]].name, name) < 0) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo < r->n && !strcmp(r->entries[r->by_name[lo]].name, name) ? (long)r->by_name[lo] : -1;
+}
+
+int ckpt_verify(ckpt_reader *r, size_t *records, fsdp_err *err) {
+    *records = 0;
+    switch (r->format) {
+    case CKPT_PT: return ckpt_verify_pt(r, records, err);
+    case CKPT_DCP: return dcp_verify(r->impl, records, err);
+    default: return 0; /* safetensors: no checksums */
+    }
 }
 
 int ckpt_read_rows(ckpt_reader *r, size_t i, int64_t r0, int64_t r1, void *dst, fsdp_dtype dst_dt, fsdp_err *err) {

@@ -36,9 +36,17 @@ int ckpt_format_from_name(const char *name, ckpt_format *out);
 
 size_t ckpt_count(const ckpt_reader *r);
 const ckpt_entry *ckpt_entry_at(const ckpt_reader *r, size_t i);
-/* Index of a name, or -1. */
+/* Index of a name (the first entry of that name), or -1; a binary search over an index
+ * ckpt_open builds. */
 long ckpt_find(const ckpt_reader *r, const char *name);
-/* Rows [r0, r1) of dim 0 (a 0-d tensor has one row) of tensor i into dst as dst_dt. */
+/* Checks every checksum the checkpoint carries, reading each record once without keeping it:
+ * the CRC-32 of every record of its torch.save archives (a .pt file, the .distcp pieces of a
+ * DCP checkpoint). *records counts them (0 for safetensors, which carries none). An error names
+ * the tensor, the file and the record. */
+int ckpt_verify(ckpt_reader *r, size_t *records, fsdp_err *err);
+/* Rows [r0, r1) of dim 0 (a 0-d tensor has one row) of tensor i into dst as dst_dt. Reading all
+ * rows of a .pt or DCP tensor checks the CRC-32 of the records it comes from; reading some rows
+ * cannot (the CRC covers bytes the read skips): ckpt_verify checks a whole checkpoint. */
 int ckpt_read_rows(ckpt_reader *r, size_t i, int64_t r0, int64_t r1, void *dst, fsdp_dtype dst_dt, fsdp_err *err);
 /* A non-tensor value as text ("5", "0.001", "(0.9, 0.95)", "'tiny'"); NULL when not available. */
 const char *ckpt_value_text(ckpt_reader *r, size_t i);

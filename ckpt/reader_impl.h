@@ -16,6 +16,7 @@ struct ckpt_reader {
     char *path;
     ckpt_entry *entries;
     size_t n;
+    size_t *by_name; /* entry indices sorted by (name, index), built by ckpt_open; NULL: search linearly */
     void *impl;
 };
 
@@ -27,5 +28,7 @@ void ckpt_reader_free(ckpt_reader *r);
 int ckpt_open_safetensors(const char *path, ckpt_reader **out, fsdp_err *err);
 int ckpt_open_dcp(const char *path, ckpt_reader **out, fsdp_err *err);
 int ckpt_open_pt(const char *path, ckpt_reader **out, fsdp_err *err);
+/* ckpt_verify of a reader opened by ckpt_open_pt */
+int ckpt_verify_pt(ckpt_reader *r, size_t *records, fsdp_err *err);
 
 #endif

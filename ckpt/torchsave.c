@@ -77,20 +77,48 @@ int ts_tensor_from_pickle(const pkl_obj *o, const char *what, ts_tensor *t, fsdp
     for (int d = 0; d < nd; d++) {
         if (t->shape[d] < 0 || t->stride[d] < 0)
             return fsdp_err_set(err, FSDP_E_FORMAT, "%s: negative size or stride", what);
-        if (t->shape[d] == 0) numel_t = 0;
-        else {
-            if (numel_t && t->shape[d] > INT64_MAX / numel_t)
-                return fsdp_err_set(err, FSDP_E_FORMAT, "%s: tensor size overflows", what);
-            numel_t *= t->shape[d];
-            if (t->stride[d] && (t->shape[d] - 1) > (INT64_MAX - maxoff) / t->stride[d])
-                return fsdp_err_set(err, FSDP_E_FORMAT, "%s: stride overflows", what);
-            maxoff += (t->shape[d] - 1) * t->stride[d];
-        }
+        if (__builtin_mul_overflow(numel_t, t->shape[d], &numel_t))
+            return fsdp_err_set(err, FSDP_E_FORMAT, "%s: corrupt: the tensor's size overflows 64 bits", what);
+    }
+    for (int d = 0; d < nd && numel_t > 0; d++) {
+        int64_t reach;
+        if (__builtin_mul_overflow(t->shape[d] - 1, t->stride[d], &reach) ||
+            __builtin_add_overflow(maxoff, reach, &maxoff))
+            return fsdp_err_set(err, FSDP_E_FORMAT, "%s: corrupt: the tensor's strides overflow 64 bits", what);
     }
     if (numel_t > 0 && maxoff >= t->storage_numel)
         return fsdp_err_set(err, FSDP_E_FORMAT, "%s: size/stride/offset reach element %lld of a %lld-element storage",
                             what, (long long)maxoff, (long long)t->storage_numel);
+    t->numel = numel_t;
+    /* bytes: the storage's, and the tensor's own (more when strides repeat elements) */
+    uint64_t sb, tb;
+    esz = fsdp_dtype_size(t->dtype);
+    if (__builtin_mul_overflow((uint64_t)t->storage_numel, (uint64_t)esz, &sb) ||
+        __builtin_mul_overflow((uint64_t)numel_t, (uint64_t)esz, &tb))
+        t->need = UINT64_MAX;
+    else
+        t->need = sb > tb ? sb : tb;
     return 0;
+}
+
+int ts_check_record(zip_reader *z, const ts_tensor *t, const char *name, fsdp_err *err) {
+    char rec[80], who[200];
+    snprintf(rec, sizeof rec, "data/%s", t->key);
+    if (name) snprintf(who, sizeof who, "tensor %s", name);
+    else snprintf(who, sizeof who, "the tensor in record %s", rec);
+    zip_entry *e = zip_find(z, rec);
+    if (!e) return fsdp_err_set(err, FSDP_E_FORMAT, "%s: corrupt: %s: missing record %s", z->what, who, rec);
+    if (e->bad) return fsdp_err_set(err, FSDP_E_FORMAT, "%s: %s", who, e->bad);
+    if (t->need <= e->size) return 0;
+    char need[48];
+    if (t->need == UINT64_MAX) snprintf(need, sizeof need, "more than %llu", (unsigned long long)UINT64_MAX);
+    else snprintf(need, sizeof need, "%llu", (unsigned long long)t->need);
+    uint64_t sb;
+    int repeats = !__builtin_mul_overflow((uint64_t)t->storage_numel, (uint64_t)fsdp_dtype_size(t->dtype), &sb) &&
+                  sb <= e->size;
+    return fsdp_err_set(err, FSDP_E_FORMAT, "%s: corrupt: %s needs %s bytes, the record has %llu (%s)%s", z->what, who,
+                        need, (unsigned long long)e->size, e->name,
+                        repeats ? "; its strides repeat elements (a broadcast view: save it .contiguous())" : "");
 }
 
 int ts_load_pickle(zip_reader *z, pkl_doc **doc, const pkl_obj **root, fsdp_err *err) {
@@ -107,26 +135,46 @@ int ts_load_pickle(zip_reader *z, pkl_doc **doc, const pkl_obj **root, fsdp_err 
     return rc;
 }
 
+/* Gathers the box (off, len: n elements) of the storage bytes tmp (which start at element lo). */
+static void gather(const ts_tensor *t, const int64_t *off, const int64_t *len, int64_t n, int64_t lo,
+                   const unsigned char *tmp, unsigned char *g) {
+    size_t esz = fsdp_dtype_size(t->dtype);
+    int64_t idx[FSDP_MAX_DIMS] = {0};
+    for (int64_t k = 0; k < n; k++) {
+        int64_t so = t->storage_offset - lo;
+        for (int d = 0; d < t->ndim; d++) so += (off[d] + idx[d]) * t->stride[d];
+        memcpy(g + (size_t)k * esz, tmp + (size_t)so * esz, esz);
+        for (int d = t->ndim - 1; d >= 0; d--) {
+            if (++idx[d] < len[d]) break;
+            idx[d] = 0;
+        }
+    }
+}
+
 int ts_read_box(zip_reader *z, const ts_tensor *t, const int64_t *off, const int64_t *len, void *dst,
                 fsdp_dtype dst_dt, fsdp_err *err) {
+    int rc = ts_check_record(z, t, NULL, err);
+    if (rc) return rc;
     char rec[80];
     snprintf(rec, sizeof rec, "data/%s", t->key);
     zip_entry *e = zip_find(z, rec);
-    if (!e) return fsdp_err_set(err, FSDP_E_FORMAT, "%s: missing record %s", z->what, rec);
     size_t esz = fsdp_dtype_size(t->dtype);
-    if (e->size < (uint64_t)t->storage_numel * esz)
-        return fsdp_err_set(err, FSDP_E_FORMAT, "%s: record %s has %llu bytes, the tensor's storage needs %llu",
-                            z->what, rec, (unsigned long long)e->size, (unsigned long long)t->storage_numel * esz);
+    /* every product below is at most the tensor's bytes (t->need <= the record's size) */
     int64_t n = 1, lo = t->storage_offset, hi = t->storage_offset;
+    int whole = 1;
     for (int d = 0; d < t->ndim; d++) {
-        if (off[d] < 0 || len[d] < 0 || off[d] + len[d] > t->shape[d])
+        if (off[d] < 0 || len[d] < 0 || off[d] > t->shape[d] || len[d] > t->shape[d] - off[d])
             return fsdp_err_set(err, FSDP_E_INVALID, "%s: box outside the tensor", z->what);
+        if (off[d] != 0 || len[d] != t->shape[d]) whole = 0;
         n *= len[d];
-        lo += off[d] * t->stride[d];
-        if (len[d]) hi += (off[d] + len[d] - 1) * t->stride[d];
     }
     if (n == 0) return 0;
+    for (int d = 0; d < t->ndim; d++) {
+        lo += off[d] * t->stride[d];
+        hi += (off[d] + len[d] - 1) * t->stride[d];
+    }
     size_t span = (size_t)(hi - lo + 1) * esz;
+    uint64_t at = (uint64_t)lo * esz;
     /* contiguous box in storage: read straight into a buffer of the right layout */
     int contiguous = 1;
     int64_t expect = 1;
@@ -136,10 +184,11 @@ int ts_read_box(zip_reader *z, const ts_tensor *t, const int64_t *off, const int
         expect = t->stride[d] * len[d];
     }
     if (contiguous && span == (size_t)n * esz) {
-        if (dst_dt == t->dtype) return zip_read(z, e, (uint64_t)lo * esz, dst, span, err);
+        if (dst_dt == t->dtype)
+            return whole ? zip_read_checked(z, e, at, dst, span, err) : zip_read(z, e, at, dst, span, err);
         void *tmp = malloc(span);
-        if (!tmp) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
-        int rc = zip_read(z, e, (uint64_t)lo * esz, tmp, span, err);
+        if (!tmp) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory reading %s", z->what);
+        rc = whole ? zip_read_checked(z, e, at, tmp, span, err) : zip_read(z, e, at, tmp, span, err);
         if (!rc) rc = ckpt_convert_par(dst, dst_dt, tmp, t->dtype, (size_t)n, NULL, err);
         free(tmp);
         return rc;
@@ -152,19 +201,9 @@ int ts_read_box(zip_reader *z, const ts_tensor *t, const int64_t *off, const int
         free(g);
         return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory reading %s", z->what);
     }
-    int rc = zip_read(z, e, (uint64_t)lo * esz, tmp, span, err);
+    rc = whole ? zip_read_checked(z, e, at, tmp, span, err) : zip_read(z, e, at, tmp, span, err);
     if (!rc) {
-        int64_t idx[FSDP_MAX_DIMS] = {0};
-        for (int64_t k = 0; k < n; k++) {
-            int64_t so = 0;
-            for (int d = 0; d < t->ndim; d++) so += (off[d] + idx[d]) * t->stride[d];
-            so += t->storage_offset - lo;
-            memcpy(g + (size_t)k * esz, tmp + (size_t)so * esz, esz);
-            for (int d = t->ndim - 1; d >= 0; d--) {
-                if (++idx[d] < len[d]) break;
-                idx[d] = 0;
-            }
-        }
+        gather(t, off, len, n, lo, tmp, g);
         rc = fsdp_convert(dst, dst_dt, g, t->dtype, (size_t)n, err);
     }
     free(tmp);

@@ -19,13 +19,22 @@ typedef struct ts_tensor {
     int64_t stride[FSDP_MAX_DIMS]; /* in elements */
     int64_t storage_offset;        /* in elements */
     int64_t storage_numel;
+    int64_t numel;                 /* elements of the tensor */
+    uint64_t need;                 /* bytes of its record it needs: its storage's bytes, and at least
+                                      numel x element size (a reader returns that many); UINT64_MAX
+                                      when that does not fit 64 bits */
     char key[64];                  /* record data/<key> */
 } ts_tensor;
 
-/* Decodes a rebuild call (REDUCE(_rebuild_tensor_v2|_v3, args)) into *t; what names it. */
+/* Decodes a rebuild call (REDUCE(_rebuild_tensor_v2|_v3, args)) into *t; what names it. Every
+ * size, stride and offset is checked (no overflow; the elements lie in the storage). */
 int ts_tensor_from_pickle(const pkl_obj *o, const char *what, ts_tensor *t, fsdp_err *err);
+/* Checks that the tensor's record exists and holds the bytes it needs: "<what>: corrupt:
+ * tensor <name> needs N bytes, the record has M (archive/data/K)". Allocates nothing. */
+int ts_check_record(zip_reader *z, const ts_tensor *t, const char *name, fsdp_err *err);
 /* Reads the box [off[d], off[d]+len[d]) of the tensor into dst (C order) as dst_dt. Reads only
- * the storage range the box spans. */
+ * the storage range the box spans; ts_check_record first. When the box is the whole tensor the
+ * CRC-32 of its whole record is checked (zip_read_checked); a smaller box is read unchecked. */
 int ts_read_box(zip_reader *z, const ts_tensor *t, const int64_t *off, const int64_t *len, void *dst,
                 fsdp_dtype dst_dt, fsdp_err *err);
 

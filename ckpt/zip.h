@@ -1,6 +1,14 @@
 /* The zip subset of torch.save archives: STORED records only, zip64 aware; reading works
  * over a memory buffer or over a byte range of a file (pread: only the central directory,
- * the local headers and the records asked for are read). */
+ * the local headers and the records asked for are read).
+ *
+ * Opening checks every record's local header against the central directory (signature,
+ * name, method, and sizes and CRC unless a data descriptor defers them) and that no payload
+ * overlaps another record or the directory; a record that fails keeps the error in .bad and
+ * every read of it returns that error. Reads check the CRC-32 of every record they cover
+ * whole, in the same pass as the copy; zip_read_checked and zip_verify also cover the rest of a
+ * record. A read of only part of a record through zip_read cannot check it: the bytes it does
+ * not read take part in the CRC. A reader (with its entries) is used by one thread at a time. */
 #ifndef FSDP_CKPT_ZIP_H
 #define FSDP_CKPT_ZIP_H
 
@@ -14,10 +22,12 @@ typedef struct zip_entry {
     char *name;          /* full record name, e.g. "archive/data/0" */
     uint64_t size;       /* uncompressed == stored size */
     uint64_t header_off; /* local header offset, relative to the archive start */
-    uint64_t data_off;   /* payload offset, relative to the archive start (resolved lazily) */
-    int data_resolved;
-    uint32_t crc;
+    uint64_t data_off;   /* payload offset, relative to the archive start (from the local header) */
+    uint32_t crc;        /* CRC-32 from the central directory */
     uint16_t method;
+    uint16_t flags;
+    int crc_checked;     /* a read has checked the CRC of the whole record */
+    char *bad;           /* why the record is unusable (local header, overlap), or NULL */
 } zip_entry;
 
 typedef struct zip_reader {
@@ -27,17 +37,26 @@ typedef struct zip_reader {
     char *what;               /* name for messages */
     zip_entry *entries;
     size_t n;
+    size_t *by_name;          /* entry indices sorted by name */
     char prefix[256];         /* common record prefix ("archive/") */
 } zip_reader;
 
 int zip_open_mem(zip_reader *z, const void *buf, size_t len, const char *what, fsdp_err *err);
 int zip_open_fd(zip_reader *z, int fd, uint64_t base, uint64_t len, const char *what, fsdp_err *err);
 void zip_close(zip_reader *z);
-/* Finds a record by its name after the common prefix ("data.pkl", "data/0"); NULL if absent. */
+/* Finds a record by its name after the common prefix ("data.pkl", "data/0"); NULL if absent.
+ * A binary search. */
 zip_entry *zip_find(zip_reader *z, const char *suffix);
-/* Reads [off, off+n) of a record's payload into dst (STORED only; compressed: error). */
+/* Reads [off, off+n) of a record's payload into dst (STORED only; compressed: error). When the
+ * range is the whole record its CRC-32 is checked (a mismatch is an error naming the file and
+ * record); a part of a record is read unchecked. */
 int zip_read(zip_reader *z, zip_entry *e, uint64_t off, void *dst, size_t n, fsdp_err *err);
-/* The whole record into a malloc'd buffer (records up to 1 GiB). */
+/* The same, and checks the whole record's CRC-32 whatever the range: the bytes outside it are
+ * read through a bounded buffer, once per record (not again once a read has checked it). */
+int zip_read_checked(zip_reader *z, zip_entry *e, uint64_t off, void *dst, size_t n, fsdp_err *err);
+/* Checks a record's CRC-32 (reads it through a bounded buffer). */
+int zip_verify(zip_reader *z, zip_entry *e, fsdp_err *err);
+/* The whole record into a malloc'd buffer (records up to 1 GiB), CRC checked. */
 int zip_read_all(zip_reader *z, zip_entry *e, void **out, size_t *len, fsdp_err *err);
 
 /* ---- writer: stored records, 64-byte aligned payloads, data descriptors, zip64 ---------- */

@@ -16,7 +16,7 @@
 #include "runtime/crash.h"
 
 static void ckpt_usage(FILE *f) {
-    fputs("usage: fsdp-run ckpt inspect PATH [--json]\n"
+    fputs("usage: fsdp-run ckpt inspect PATH [--json] [--verify]\n"
           "       fsdp-run ckpt convert SRC DST [--to dcp|safetensors] [--names hf|torchtitan] [--dtype f32|bf16|f16]\n"
           "                             [--keys PREFIX] [--strip-prefix P] [--add-prefix P] [--n-heads H --n-kv-heads K]\n"
           "                             [--overwrite]\n"
@@ -41,11 +41,22 @@ static int open_or_say(const char *path, ckpt_reader **r, FILE *log) {
 
 static int64_t numel_of(const ckpt_entry *e) { return fsdp_numel(e->ndim, e->shape); }
 
+/* Bytes of a buffer for the whole tensor e as elements of esz bytes (at least 1), checked: the
+ * readers only list tensors whose bytes their files hold, this keeps a wrap from ever reaching
+ * malloc. */
+static int whole_bytes(const ckpt_entry *e, size_t esz, size_t *bytes, fsdp_err *err) {
+    int64_t n = numel_of(e);
+    if (n < 0 || __builtin_mul_overflow((uint64_t)(n ? n : 1), (uint64_t)esz, bytes))
+        return fsdp_err_set(err, FSDP_E_FORMAT, "corrupt: tensor %s: its size overflows 64 bits", e->name);
+    return 0;
+}
+
 static int cmd_inspect(int argc, char **argv, FILE *out, FILE *log) {
     const char *path = NULL;
-    int json = 0;
+    int json = 0, verify = 0;
     for (int i = 0; i < argc; i++) {
         if (!strcmp(argv[i], "--json")) json = 1;
+        else if (!strcmp(argv[i], "--verify")) verify = 1;
         else if (!path) path = argv[i];
         else {
             ckpt_usage(log);
@@ -58,6 +69,14 @@ static int cmd_inspect(int argc, char **argv, FILE *out, FILE *log) {
     }
     ckpt_reader *r;
     if (open_or_say(path, &r, log)) return 1;
+    /* --verify: every checksum the format has (the CRC-32 of each record of .pt / .distcp archives) */
+    size_t records = 0;
+    fsdp_err verr;
+    if (verify && ckpt_verify(r, &records, &verr)) {
+        fprintf(log, "fsdp-run ckpt: error: %s\n", verr.msg);
+        ckpt_close(r);
+        return 1;
+    }
     size_t n = ckpt_count(r);
     uint64_t total = 0;
     json_t *arr = json ? json_array() : NULL;
@@ -92,6 +111,7 @@ static int cmd_inspect(int argc, char **argv, FILE *out, FILE *log) {
     if (json) {
         json_t *o = json_object();
         json_object_set_new(o, "path", json_string(path));
+        if (verify) json_object_set_new(o, "verified_records", json_integer((json_int_t)records));
         json_object_set_new(o, "format", json_string(ckpt_format_name(ckpt_reader_format(r))));
         json_object_set_new(o, "tensor_bytes", json_integer((json_int_t)total));
         json_object_set_new(o, "keys", arr);
@@ -100,6 +120,9 @@ static int cmd_inspect(int argc, char **argv, FILE *out, FILE *log) {
         json_decref(o);
     } else {
         fprintf(out, "total tensor bytes: %llu\n", (unsigned long long)total);
+        if (verify && records) fprintf(out, "verified: the CRC-32 of all %zu records matches\n", records);
+        else if (verify) fprintf(out, "verified: nothing to check (%s files carry no checksums)\n",
+                                 ckpt_format_name(ckpt_reader_format(r)));
     }
     ckpt_close(r);
     return 0;
@@ -166,9 +189,15 @@ static int cmd_diff(int argc, char **argv, FILE *out, FILE *log) {
         }
         if (ea->dtype != eb->dtype) fprintf(out, "%s: dtype %s vs %s\n", ea->name, fsdp_dtype_name(ea->dtype), fsdp_dtype_name(eb->dtype));
         int64_t n = numel_of(ea), rows = ea->ndim ? ea->shape[0] : 1;
-        double *xa = malloc((size_t)(n ? n : 1) * sizeof *xa), *xb = malloc((size_t)(n ? n : 1) * sizeof *xb);
         fsdp_err err;
-        if (!xa || !xb) rc = 1, fprintf(log, "fsdp-run ckpt: error: out of memory\n");
+        size_t bytes = 0;
+        if (whole_bytes(ea, sizeof(double), &bytes, &err)) {
+            fprintf(log, "fsdp-run ckpt: error: %s\n", err.msg);
+            rc = 1;
+            break;
+        }
+        double *xa = malloc(bytes), *xb = malloc(bytes);
+        if (!xa || !xb) rc = 1, fprintf(log, "fsdp-run ckpt: error: out of memory (%zu bytes for tensor %s)\n", bytes, ea->name);
         else if (ckpt_read_rows(ra, i, 0, rows, xa, FSDP_DT_F64, &err) ||
                  ckpt_read_rows(rb, (size_t)j, 0, rows, xb, FSDP_DT_F64, &err)) {
             fprintf(log, "fsdp-run ckpt: error: %s\n", err.msg);
@@ -234,12 +263,14 @@ static int out_name(const conv *c, const char *in, char *out, size_t cap, nmap_i
 static int read_converted(const conv *c, size_t i, const nmap_info *info, fsdp_dtype dt, void **buf, fsdp_err *err) {
     const ckpt_entry *e = ckpt_entry_at(c->r, i);
     int64_t n = numel_of(e), rows = e->ndim ? e->shape[0] : 1;
-    size_t esz = fsdp_dtype_size(dt);
-    void *b = malloc((size_t)(n ? n : 1) * esz);
-    if (!b) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory (%s)", e->name);
-    int rc = ckpt_read_rows(c->r, i, 0, rows, b, dt, err);
+    size_t esz = fsdp_dtype_size(dt), bytes = 0;
+    int rc = whole_bytes(e, esz, &bytes, err);
+    if (rc) return rc;
+    void *b = malloc(bytes);
+    if (!b) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory (%zu bytes for tensor %s)", bytes, e->name);
+    rc = ckpt_read_rows(c->r, i, 0, rows, b, dt, err);
     if (!rc && info->qk != NMAP_QK_NONE) {
-        void *p = malloc((size_t)(n ? n : 1) * esz);
+        void *p = malloc(bytes);
         if (!p) rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
         else {
             nmap_dir dir = !strcmp(c->names, "hf") ? NMAP_TT_TO_HF : NMAP_HF_TO_TT;

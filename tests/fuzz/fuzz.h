@@ -16,6 +16,7 @@ int fsdp_fuzz_zip(const uint8_t *data, size_t size);
 int fsdp_fuzz_safetensors(const uint8_t *data, size_t size);
 int fsdp_fuzz_dcp_meta(const uint8_t *data, size_t size);
 int fsdp_fuzz_recipe(const uint8_t *data, size_t size);
+int fsdp_fuzz_pt(const uint8_t *data, size_t size);
 #ifdef __cplusplus
 }
 #endif
