@@ -85,16 +85,29 @@ static int detect(const char *path, ckpt_format *fmt, fsdp_err *err) {
     return fsdp_err_set(err, FSDP_E_FORMAT, "checkpoint %s: unknown format (use format: dcp|safetensors|pt)", path);
 }
 
+/* The name index behind ckpt_find: the first entry of each name (O(n log n) to build). */
+static int index_names(ckpt_reader *r, fsdp_err *err) {
+    for (size_t i = 0; i < r->n; i++)
+        if (nidx_add(&r->names, r->entries[i].name, i, NULL) < 0)
+            return fsdp_err_set(err, FSDP_E_NOMEM, "checkpoint %s: out of memory indexing %zu names", r->path, r->n);
+    return 0;
+}
+
 int ckpt_open(const char *path, ckpt_format fmt, ckpt_reader **out, fsdp_err *err) {
     *out = NULL;
     int rc = 0;
     if (fmt == CKPT_AUTO && (rc = detect(path, &fmt, err))) return rc;
     switch (fmt) {
-    case CKPT_SAFETENSORS: return ckpt_open_safetensors(path, out, err);
-    case CKPT_DCP: return ckpt_open_dcp(path, out, err);
-    case CKPT_PT: return ckpt_open_pt(path, out, err);
+    case CKPT_SAFETENSORS: rc = ckpt_open_safetensors(path, out, err); break;
+    case CKPT_DCP: rc = ckpt_open_dcp(path, out, err); break;
+    case CKPT_PT: rc = ckpt_open_pt(path, out, err); break;
     default: return fsdp_err_set(err, FSDP_E_INVALID, "checkpoint %s: unknown format", path);
     }
+    if (!rc && (rc = index_names(*out, err))) {
+        ckpt_close(*out);
+        *out = NULL;
+    }
+    return rc;
 }
 
 ckpt_reader *ckpt_reader_alloc(const char *path, size_t n, const ckpt_ops *ops, ckpt_format format, void *impl) {
@@ -115,6 +128,7 @@ ckpt_reader *ckpt_reader_alloc(const char *path, size_t n, const ckpt_ops *ops, 
 
 void ckpt_reader_free(ckpt_reader *r) {
     if (!r) return;
+    nidx_free(&r->names);
     free(r->entries);
     free(r->path);
     free(r);
@@ -128,7 +142,8 @@ size_t ckpt_count(const ckpt_reader *r) { return r->n; }
 const ckpt_entry *ckpt_entry_at(const ckpt_reader *r, size_t i) { return i < r->n ? &r->entries[i] : NULL; }
 
 long ckpt_find(const ckpt_reader *r, const char *name) {
-    for (size_t i = 0; i < r->n; i++)
+    if (r->names.n) return nidx_get(&r->names, name);
+    for (size_t i = 0; i < r->n; i++) /* a reader not made by ckpt_open */
         if (!strcmp(r->entries[i].name, name)) return (long)i;
     return -1;
 }

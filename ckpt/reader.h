@@ -36,7 +36,7 @@ int ckpt_format_from_name(const char *name, ckpt_format *out);
 
 size_t ckpt_count(const ckpt_reader *r);
 const ckpt_entry *ckpt_entry_at(const ckpt_reader *r, size_t i);
-/* Index of a name, or -1. */
+/* Index of a name (its first entry), or -1: O(log n). */
 long ckpt_find(const ckpt_reader *r, const char *name);
 /* Rows [r0, r1) of dim 0 (a 0-d tensor has one row) of tensor i into dst as dst_dt. */
 int ckpt_read_rows(ckpt_reader *r, size_t i, int64_t r0, int64_t r1, void *dst, fsdp_dtype dst_dt, fsdp_err *err);
