@@ -228,13 +228,17 @@ static int tiling_error(const char *what, const dcp_item *it, size_t *ne, size_t
     if (found == 1) {
         char o1[200], s1[200], o2[200], s2[200];
         const dcp_chunk *x = &it->chunks[a], *y = &it->chunks[b];
-        snprintf(m, sizeof m, "two chunks overlap: chunk %zu (offsets %s, sizes %s) and chunk %zu (offsets %s, sizes %s)",
-                 a, fsdp_shape_str(it->ndim, x->offsets, o1, sizeof o1), fsdp_shape_str(it->ndim, x->sizes, s1, sizeof s1),
-                 b, fsdp_shape_str(it->ndim, y->offsets, o2, sizeof o2), fsdp_shape_str(it->ndim, y->sizes, s2, sizeof s2));
-    } else if (covered_ovf || covered >= total) {
-        /* more elements stored than the tensor has and no tiling: some of them overlap */
-        snprintf(m, sizeof m, "two chunks overlap (the chunks hold %s%lld elements for %lld)", covered_ovf ? "over " : "",
-                 (long long)covered, (long long)total);
+        snprintf(m, sizeof m,
+                 "two chunks overlap: chunk %zu (offsets %s, sizes %s) and chunk %zu (offsets %s, sizes %s)", a,
+                 fsdp_shape_str(it->ndim, x->offsets, o1, sizeof o1), fsdp_shape_str(it->ndim, x->sizes, s1, sizeof s1),
+                 b, fsdp_shape_str(it->ndim, y->offsets, o2, sizeof o2),
+                 fsdp_shape_str(it->ndim, y->sizes, s2, sizeof s2));
+    } else if (covered_ovf) {
+        snprintf(m, sizeof m, "two chunks overlap (the chunks hold more than 2^63 elements for %lld)", (long long)total);
+    } else if (covered >= total) {
+        /* as many elements stored as the tensor has, or more, and no tiling: some of them overlap */
+        snprintf(m, sizeof m, "two chunks overlap (the chunks hold %lld elements for %lld)", (long long)covered,
+                 (long long)total);
     } else if (found == 0) {
         snprintf(m, sizeof m, "the chunks cover %lld of %lld elements (the checkpoint is missing pieces)",
                  (long long)covered, (long long)total);

@@ -147,7 +147,8 @@ static int sort_chunks(const dcp_item *it, size_t cnt, chunk_orders *o, fsdp_err
 static int storage_entry(const char *what, const pkl_obj *k, const pkl_obj *v, dcp_item *it, const nidx *names,
                          const chunk_orders *o, fsdp_err *err) {
     const pkl_obj *ks = pkl_state(k);
-    if (!is_meta_class(k, "MetadataIndex") || !ks) return bad(err, what, NULL, "storage_data key is not a MetadataIndex");
+    if (!is_meta_class(k, "MetadataIndex") || !ks)
+        return bad(err, what, NULL, "storage_data key is not a MetadataIndex");
     const pkl_obj *f = pkl_dict_get(ks, "fqn"), *off = pkl_dict_get(ks, "offset");
     if (!f || f->kind != PKL_STR) return bad(err, what, NULL, "MetadataIndex without fqn");
     dcp_storage s;
