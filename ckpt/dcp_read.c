@@ -266,9 +266,11 @@ int dcp_open(const char *dir, dcp_ckpt **out, fsdp_err *err) {
             rc = dcp_parse_metadata(buf, len, path, &c->items, &c->n, c->version, sizeof c->version, err);
             free(buf);
         }
-        for (size_t i = 0; !rc && i < c->n; i++) { /* fqns are unique: dcp_parse_metadata checked */
+        for (size_t i = 0; !rc && i < c->n; i++) {
             int dup = nidx_add(&c->item_names, c->items[i].fqn, i, NULL);
-            if (dup) rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+            if (dup < 0) rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+            else if (dup) /* dcp_parse_metadata refuses them: cannot happen */
+                rc = fsdp_err_set(err, FSDP_E_FORMAT, "%s: %s: key listed twice", path, c->items[i].fqn);
         }
     } else {
         rc = merge_rank_local(dir, c, err);
