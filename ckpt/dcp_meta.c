@@ -91,7 +91,6 @@ static int storage_of(const char *what, const pkl_obj *si, dcp_storage *s, fsdp_
     return 0;
 }
 
-
 /* state_dict_metadata -> items (in file order) and the name index over them. */
 static int parse_items(const char *what, const pkl_obj *sdm, dcp_item *it, size_t *cnt, nidx *names, fsdp_err *err) {
     int rc = 0;
