@@ -315,9 +315,7 @@ TEST(HardenDcpOverflow, VolumeOverflowIsCorruptMetadata) {
     Tensor b{"b", {(int64_t)1 << 61}, {}, "float64"};
     b.chunks.push_back(Chunk{{0}, {(int64_t)1 << 61}});
     e = parse_err(meta_pickle({b}));
-    EXPECT_TRUE(has(e, "b: corrupt .metadata: size [2305843009213693952] of torch.float64 is more than 2^63 bytes") ||
-                has(e, "of float64 is more than 2^63 bytes"))
-        << e;
+    EXPECT_TRUE(has(e, "b: corrupt .metadata: size [2305843009213693952] of float64 is more than 2^63 bytes")) << e;
     // a negative dim
     Tensor n{"n", {-4}, {}};
     e = parse_err(meta_pickle({n}));
@@ -415,9 +413,8 @@ TEST(HardenDcpSizes, DcpClaimOf2p40ElementsOver24BytesIsCorrupt) {
     // `ckpt inspect` reported 4 TiB; a read then asked malloc for 4 TiB
     std::string d = meta_dir(item7_2p40_over_24_bytes(), 24);
     std::string e = open_err(d);
-    EXPECT_TRUE(has(e, d + "/.metadata: w: corrupt .metadata: chunk 0 (sizes [1099511627776] of torch.float32) needs "
-                           "4398046511104 bytes, but its storage in __0_0.distcp holds only 24") ||
-                has(e, "float32) needs 4398046511104 bytes, but its storage in __0_0.distcp holds only 24"))
+    EXPECT_TRUE(has(e, d + "/.metadata: w: corrupt .metadata: chunk 0 (sizes [1099511627776] of float32) needs "
+                           "4398046511104 bytes, but its storage in __0_0.distcp holds only 24"))
         << e;
     ckpt_reader *r = nullptr;
     fsdp_err err;
@@ -577,8 +574,8 @@ TEST(HardenDcpTiling, FortyThousandChunksInSeveralLayouts) {
     Layout holed = mixed;
     holed.chunks.erase(holed.chunks.begin() + 12345);
     std::string e = holed.check();
-    EXPECT_TRUE(has(e, "the chunks do not tile the tensor: they hold 799980000 elements for 800000000") ||
-                has(e, "the chunks cover 799980000 of 800000000 elements"))
+    EXPECT_TRUE(has(e, "t: the chunks do not tile the tensor: they hold 799980000 elements for 800000000 (pieces are "
+                       "missing or overlap)"))
         << e;
     // one extra chunk overlapping two rows of the 40k: found and named
     rows.add({n - 3, 2}, {2, 1});
@@ -695,12 +692,12 @@ TEST(HardenDcpMetadata, StorageLookupByOffsetsAndDuplicateKeys) {
     dcp_items_free(items, n);
     // a chunk without a storage entry
     t.chunks[500].storage = false;
-    EXPECT_TRUE(has(parse_err(meta_pickle({t})), "x: w: a chunk has no storage entry") ||
-                has(parse_err(meta_pickle({t})), "w: a chunk has no storage entry"));
+    std::string e = parse_err(meta_pickle({t}), "x");
+    EXPECT_TRUE(has(e, "x: w: a chunk has no storage entry")) << e;
     // a key listed twice in state_dict_metadata
     Tensor s{"s", {2}, {}};
     s.chunks.push_back(Chunk{{0}, {2}});
-    std::string e = parse_err(meta_pickle({s, s}));
+    e = parse_err(meta_pickle({s, s}));
     EXPECT_TRUE(has(e, "s: corrupt .metadata: the key is listed twice in state_dict_metadata")) << e;
 }
 
