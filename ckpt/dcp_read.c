@@ -316,6 +316,9 @@ int dcp_read_box(dcp_ckpt *c, size_t i, const int64_t *off, const int64_t *len, 
     if (s == 0) return 0;
     for (size_t k = 0; k < x->n_chunks; k++) {
         dcp_chunk *ch = &x->chunks[k];
+        /* an empty chunk may carry any offset (only non-empty ones were bounds-checked): skip it
+         * before offsets + sizes is formed */
+        if (fsdp_numel(nd, ch->sizes) == 0) continue;
         int64_t io[FSDP_MAX_DIMS], il[FSDP_MAX_DIMS], vol = 1;
         for (int d = 0; d < nd; d++) {
             int64_t a = off[d] > ch->offsets[d] ? off[d] : ch->offsets[d];

@@ -345,6 +345,32 @@ TEST(HardenDcpOverflow, RankLocalMergeOfOverflowingSizes) {
     rm_rf(d);
 }
 
+TEST(HardenDcpOverflow, EmptyChunkWithAHugeOffsetIsSkippedOnRead) {
+    // empty chunks may carry any offset; before, dcp_read_box still formed offsets + sizes of such
+    // a chunk (INT64_MAX + 4: UB, which UBSan reports in `make asan`)
+    std::string d = make_tmpdir("fsdp-hdcp");
+    fsdp_err err;
+    dcp_file_writer w;
+    ASSERT_EQ(dcp_file_open(&w, d.c_str(), 0, &err), 0) << err.msg;
+    float v[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    int64_t shape[2] = {2, 4}, off[2] = {0, 0};
+    dcp_record rec;
+    ASSERT_EQ(dcp_file_add_tensor(&w, "w", FSDP_DT_F32, 2, shape, off, shape, v, &rec, &err), 0) << err.msg;
+    ASSERT_EQ(dcp_file_close(&w, &err), 0) << err.msg;
+    Tensor t{"w", {2, 4}, {}};
+    t.chunks.push_back(Chunk{{0, INT64_MAX}, {0, 4}, "", 0, 0, false});
+    t.chunks.push_back(Chunk{{0, 0}, {2, 4}, rec.where.relative_path, rec.where.offset, rec.where.length});
+    write_file(d + "/.metadata", meta_pickle({t}));
+    dcp_ckpt *c;
+    ASSERT_EQ(dcp_open(d.c_str(), &c, &err), 0) << err.msg;
+    int64_t o[2] = {0, 0}, len[2] = {2, 4};
+    float back[8];
+    ASSERT_EQ(dcp_read_box(c, 0, o, len, back, FSDP_DT_F32, &err), 0) << err.msg;
+    for (int i = 0; i < 8; i++) EXPECT_EQ(back[i], v[i]);
+    dcp_close(c);
+    rm_rf(d);
+}
+
 TEST(HardenDcpOverflow, ShardRowsOfHugeDims) {
     // before: (d0 + world - 1) overflowed for d0 near INT64_MAX (UB; negative rows)
     for (int64_t d0 : {INT64_MAX, INT64_MAX - 1, (int64_t)1 << 62, (int64_t)7}) {
