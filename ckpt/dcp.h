@@ -13,6 +13,7 @@
 #include "fsdp/error.h"
 #include "fsdp/tensor.h"
 #include "runtime/tmpfile.h"
+#include "runtime/name_index.h"
 
 typedef struct dcp_storage {
     char relative_path[256];
@@ -48,7 +49,8 @@ typedef struct dcp_ckpt {
         int fd;
         uint64_t size;
     } *files;
-    size_t n_files;
+    size_t n_files, files_cap;
+    nidx item_names, file_names; /* fqn -> index in items, rel -> index in files */
 } dcp_ckpt;
 
 /* Reads `.metadata` (or merges rank-local `__<r>.metadata` files); a directory without
@@ -56,6 +58,7 @@ typedef struct dcp_ckpt {
  * overlap, full coverage) and that every storage range lies inside its file. */
 int dcp_open(const char *dir, dcp_ckpt **out, fsdp_err *err);
 void dcp_close(dcp_ckpt *c);
+/* Index of the item named fqn, or -1: O(log n). */
 long dcp_find(const dcp_ckpt *c, const char *fqn);
 /* Reads the box [off, off+len) of tensor item i into dst (C order) converted to dst_dt,
  * reading only the byte ranges of the chunks it intersects. */

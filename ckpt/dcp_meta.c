@@ -4,6 +4,8 @@
 #include <string.h>
 
 #include "ckpt/dcp.h"
+#include "ckpt/dcp_chunks.h"
+#include "runtime/name_index.h"
 
 #define META_MOD "torch.distributed.checkpoint.metadata"
 
@@ -48,6 +50,8 @@ static int tensor_meta(const char *what, const char *fqn, const pkl_obj *tsm, dc
         return bad(err, what, fqn, m);
     }
     if (pkl_int_tuple(size, it->shape, FSDP_MAX_DIMS, &it->ndim)) return bad(err, what, fqn, "bad tensor size");
+    int rc = dcp_check_tensor_size(what, it, err);
+    if (rc) return rc;
     it->n_chunks = chunks->n;
     it->chunks = calloc(chunks->n ? chunks->n : 1, sizeof *it->chunks);
     if (!it->chunks) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
@@ -87,49 +91,127 @@ static int storage_of(const char *what, const pkl_obj *si, dcp_storage *s, fsdp_
     return 0;
 }
 
-static int64_t volume(const int64_t *sizes, int nd) {
-    int64_t v = 1;
-    for (int d = 0; d < nd; d++) v *= sizes[d];
-    return v;
+/* state_dict_metadata -> items (in file order) and the name index over them. */
+static int parse_items(const char *what, const pkl_obj *sdm, dcp_item *it, size_t *cnt, nidx *names, fsdp_err *err) {
+    int rc = 0;
+    for (size_t i = 0; i < sdm->n && !rc; i++) {
+        const pkl_obj *k = sdm->items[2 * i], *v = sdm->items[2 * i + 1];
+        if (k->kind != PKL_STR) return bad(err, what, NULL, "state_dict_metadata key is not a string");
+        dcp_item *x = &it[*cnt];
+        x->fqn = strdup(k->s);
+        if (!x->fqn) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+        (*cnt)++;
+        int dup = nidx_add(names, x->fqn, *cnt - 1, NULL);
+        if (dup < 0) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+        if (dup) return bad(err, what, k->s, "corrupt .metadata: the key is listed twice in state_dict_metadata");
+        if (is_meta_class(v, "TensorStorageMetadata")) {
+            x->is_tensor = 1;
+            rc = tensor_meta(what, k->s, v, x, err);
+        } else if (is_meta_class(v, "BytesStorageMetadata")) {
+            x->is_tensor = 0;
+        } else {
+            const pkl_obj *c = pkl_callable(v);
+            char m[256];
+            snprintf(m, sizeof m, "unknown storage metadata class %s.%s", c ? c->s : "?", c ? c->name : "?");
+            rc = bad(err, what, k->s, m);
+        }
+    }
+    return rc;
 }
 
-static int check_chunks(const char *what, dcp_item *it, fsdp_err *err) {
-    int64_t total = volume(it->shape, it->ndim), covered = 0;
-    for (size_t a = 0; a < it->n_chunks; a++) {
-        dcp_chunk *c = &it->chunks[a];
-        int64_t v = volume(c->sizes, it->ndim);
-        for (int d = 0; d < it->ndim; d++)
-            if (c->sizes[d] < 0 || c->offsets[d] < 0) return bad(err, what, it->fqn, "negative chunk offset or size");
-        if (v == 0) continue; /* empty shards may carry any offset */
-        for (int d = 0; d < it->ndim; d++)
-            if (c->offsets[d] + c->sizes[d] > it->shape[d]) {
-                char m[160];
-                snprintf(m, sizeof m, "chunk %zu reaches index %lld of dim %d (size %lld)", a,
-                         (long long)(c->offsets[d] + c->sizes[d]), d, (long long)it->shape[d]);
-                return bad(err, what, it->fqn, m);
-            }
-        for (size_t b = 0; b < a; b++) {
-            dcp_chunk *o = &it->chunks[b];
-            if (volume(o->sizes, it->ndim) == 0) continue;
-            int overlap = 1;
-            for (int d = 0; d < it->ndim && overlap; d++)
-                if (c->offsets[d] >= o->offsets[d] + o->sizes[d] || o->offsets[d] >= c->offsets[d] + c->sizes[d])
-                    overlap = 0;
-            if (overlap) return bad(err, what, it->fqn, "two chunks overlap");
-        }
-        covered += v;
-    }
-    if (covered != total) {
-        char m[160];
-        snprintf(m, sizeof m, "the chunks cover %lld of %lld elements (the checkpoint is missing pieces)",
-                 (long long)covered, (long long)total);
-        return bad(err, what, it->fqn, m);
+/* Chunk orders by offsets for every tensor: ord[base[j] ...] lists item j's chunks. */
+typedef struct chunk_orders {
+    size_t *ord, *base;
+} chunk_orders;
+
+static int sort_chunks(const dcp_item *it, size_t cnt, chunk_orders *o, fsdp_err *err) {
+    size_t total = 0;
+    for (size_t j = 0; j < cnt; j++) total += it[j].is_tensor ? it[j].n_chunks : 0;
+    o->ord = malloc((total ? total : 1) * sizeof *o->ord);
+    o->base = malloc((cnt ? cnt : 1) * sizeof *o->base);
+    if (!o->ord || !o->base) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory sorting %zu chunks", total);
+    for (size_t j = 0, at = 0; j < cnt; j++) {
+        o->base[j] = at;
+        if (!it[j].is_tensor) continue;
+        dcp_chunks_sort(&it[j], o->ord + at);
+        at += it[j].n_chunks;
     }
     return 0;
 }
 
-int dcp_parse_metadata(const void *buf, size_t len, const char *what, dcp_item **items, size_t *n, char *version,
-                       size_t vcap, fsdp_err *err) {
+/* One storage_data entry: (MetadataIndex(fqn, offset), _StorageInfo) onto its item or chunk. A
+ * storage entry goes to the first chunk (in offsets order) that starts at its offset; the other
+ * chunks with the same offsets (empty shards) get it from spread_storage. Later entries for the
+ * same key win, as in a Python dict. */
+static int storage_entry(const char *what, const pkl_obj *k, const pkl_obj *v, dcp_item *it, const nidx *names,
+                         const chunk_orders *o, fsdp_err *err) {
+    const pkl_obj *ks = pkl_state(k);
+    if (!is_meta_class(k, "MetadataIndex") || !ks)
+        return bad(err, what, NULL, "storage_data key is not a MetadataIndex");
+    const pkl_obj *f = pkl_dict_get(ks, "fqn"), *off = pkl_dict_get(ks, "offset");
+    if (!f || f->kind != PKL_STR) return bad(err, what, NULL, "MetadataIndex without fqn");
+    dcp_storage s;
+    int rc = storage_of(what, v, &s, err);
+    if (rc) return rc;
+    long j = nidx_get(names, f->s);
+    if (j < 0) return 0; /* storage of an unknown key: ignored, like torch */
+    dcp_item *x = &it[j];
+    if (!x->is_tensor) {
+        x->where = s;
+        return 0;
+    }
+    int64_t ofs[FSDP_MAX_DIMS];
+    int no = 0;
+    if (!off || off->kind == PKL_NONE || pkl_int_tuple(off, ofs, FSDP_MAX_DIMS, &no) || no != x->ndim)
+        return bad(err, what, f->s, "tensor storage index without matching offsets");
+    size_t lo, hi;
+    dcp_chunks_find(x, o->ord + o->base[j], ofs, &lo, &hi);
+    if (lo < hi) x->chunks[o->ord[o->base[j] + lo]].where = s;
+    return 0;
+}
+
+static void spread_storage(dcp_item *x, const size_t *ord) {
+    for (size_t i = 1, first = 0; i < x->n_chunks; i++) {
+        if (memcmp(x->chunks[ord[i]].offsets, x->chunks[ord[first]].offsets, (size_t)x->ndim * sizeof(int64_t))) {
+            first = i;
+            continue;
+        }
+        x->chunks[ord[i]].where = x->chunks[ord[first]].where;
+    }
+}
+
+static int assign_storage(const char *what, const pkl_obj *sd, dcp_item *it, size_t cnt, const nidx *names,
+                          fsdp_err *err) {
+    chunk_orders o = {NULL, NULL};
+    int rc = sort_chunks(it, cnt, &o, err);
+    for (size_t i = 0; i < sd->n && !rc; i++)
+        rc = storage_entry(what, sd->items[2 * i], sd->items[2 * i + 1], it, names, &o, err);
+    for (size_t j = 0; j < cnt && !rc; j++)
+        if (it[j].is_tensor) spread_storage(&it[j], o.ord + o.base[j]);
+    free(o.ord);
+    free(o.base);
+    return rc;
+}
+
+static int check_items(const char *what, dcp_item *it, size_t cnt, int whole, fsdp_err *err) {
+    int rc = 0;
+    for (size_t j = 0; j < cnt && !rc; j++) {
+        dcp_item *x = &it[j];
+        if (!x->is_tensor) {
+            if (!x->where.relative_path[0]) rc = bad(err, what, x->fqn, "no storage entry for this value");
+            continue;
+        }
+        for (size_t c = 0; c < x->n_chunks && !rc; c++)
+            if (!x->chunks[c].where.relative_path[0] && fsdp_numel(x->ndim, x->chunks[c].sizes) != 0)
+                rc = bad(err, what, x->fqn, "a chunk has no storage entry");
+        if (!rc) rc = dcp_check_chunk_bounds(what, x, err);
+        if (!rc && whole) rc = dcp_check_tiling(what, x, err);
+    }
+    return rc;
+}
+
+int dcp_parse_metadata_ex(const void *buf, size_t len, const char *what, int whole, dcp_item **items, size_t *n,
+                          char *version, size_t vcap, fsdp_err *err) {
     *items = NULL;
     *n = 0;
     pkl_doc *doc;
@@ -157,73 +239,12 @@ int dcp_parse_metadata(const void *buf, size_t len, const char *what, dcp_item *
         return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
     }
     size_t cnt = 0;
-    for (size_t i = 0; i < sdm->n && !rc; i++) {
-        const pkl_obj *k = sdm->items[2 * i], *v = sdm->items[2 * i + 1];
-        if (k->kind != PKL_STR) {
-            rc = bad(err, what, NULL, "state_dict_metadata key is not a string");
-            break;
-        }
-        dcp_item *x = &it[cnt++];
-        x->fqn = strdup(k->s);
-        if (!x->fqn) {
-            rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
-            break;
-        }
-        if (is_meta_class(v, "TensorStorageMetadata")) {
-            x->is_tensor = 1;
-            rc = tensor_meta(what, k->s, v, x, err);
-        } else if (is_meta_class(v, "BytesStorageMetadata")) {
-            x->is_tensor = 0;
-        } else {
-            const pkl_obj *c = pkl_callable(v);
-            char m[256];
-            snprintf(m, sizeof m, "unknown storage metadata class %s.%s", c ? c->s : "?", c ? c->name : "?");
-            rc = bad(err, what, k->s, m);
-        }
-    }
-    /* storage: (fqn, offsets) -> where */
-    for (size_t i = 0; i < sd->n && !rc; i++) {
-        const pkl_obj *k = sd->items[2 * i], *v = sd->items[2 * i + 1];
-        const pkl_obj *ks = pkl_state(k);
-        if (!is_meta_class(k, "MetadataIndex") || !ks) {
-            rc = bad(err, what, NULL, "storage_data key is not a MetadataIndex");
-            break;
-        }
-        const pkl_obj *f = pkl_dict_get(ks, "fqn"), *off = pkl_dict_get(ks, "offset");
-        if (!f || f->kind != PKL_STR) {
-            rc = bad(err, what, NULL, "MetadataIndex without fqn");
-            break;
-        }
-        dcp_storage s;
-        if ((rc = storage_of(what, v, &s, err))) break;
-        size_t j = 0;
-        while (j < cnt && strcmp(it[j].fqn, f->s)) j++;
-        if (j == cnt) continue; /* storage of an unknown key: ignored, like torch */
-        dcp_item *x = &it[j];
-        if (!x->is_tensor) {
-            x->where = s;
-            continue;
-        }
-        int64_t o[FSDP_MAX_DIMS];
-        int no = 0;
-        if (!off || off->kind == PKL_NONE || pkl_int_tuple(off, o, FSDP_MAX_DIMS, &no) || no != x->ndim) {
-            rc = bad(err, what, f->s, "tensor storage index without matching offsets");
-            break;
-        }
-        for (size_t c = 0; c < x->n_chunks; c++)
-            if (!memcmp(x->chunks[c].offsets, o, (size_t)no * sizeof *o)) x->chunks[c].where = s;
-    }
-    for (size_t j = 0; j < cnt && !rc; j++) {
-        dcp_item *x = &it[j];
-        if (!x->is_tensor) {
-            if (!x->where.relative_path[0]) rc = bad(err, what, x->fqn, "no storage entry for this value");
-            continue;
-        }
-        for (size_t c = 0; c < x->n_chunks && !rc; c++)
-            if (!x->chunks[c].where.relative_path[0] && volume(x->chunks[c].sizes, x->ndim) > 0)
-                rc = bad(err, what, x->fqn, "a chunk has no storage entry");
-        if (!rc) rc = check_chunks(what, x, err);
-    }
+    nidx names;
+    nidx_init(&names);
+    rc = parse_items(what, sdm, it, &cnt, &names, err);
+    if (!rc) rc = assign_storage(what, sd, it, cnt, &names, err);
+    if (!rc) rc = check_items(what, it, cnt, whole, err);
+    nidx_free(&names);
     pkl_free(doc);
     if (rc) {
         dcp_items_free(it, cnt);
@@ -232,4 +253,9 @@ int dcp_parse_metadata(const void *buf, size_t len, const char *what, dcp_item *
     *items = it;
     *n = cnt;
     return 0;
+}
+
+int dcp_parse_metadata(const void *buf, size_t len, const char *what, dcp_item **items, size_t *n, char *version,
+                       size_t vcap, fsdp_err *err) {
+    return dcp_parse_metadata_ex(buf, len, what, 1, items, n, version, vcap, err);
 }

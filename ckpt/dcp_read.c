@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "ckpt/dcp.h"
+#include "ckpt/dcp_chunks.h"
 #include "ckpt/torchsave.h"
 #include "ckpt/zip.h"
 #include "runtime/fileio.h"
@@ -50,19 +51,25 @@ void dcp_close(dcp_ckpt *c) {
         free(c->files[i].rel);
     }
     free(c->files);
+    nidx_free(&c->item_names);
+    nidx_free(&c->file_names);
     free(c->dir);
     free(c);
 }
 
 static struct dcp_file *get_file(dcp_ckpt *c, const char *rel, fsdp_err *err) {
-    for (size_t i = 0; i < c->n_files; i++)
-        if (!strcmp(c->files[i].rel, rel)) return &c->files[i];
-    struct dcp_file *nf = realloc(c->files, (c->n_files + 1) * sizeof *nf);
-    if (!nf) {
-        fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
-        return NULL;
+    long known = nidx_get(&c->file_names, rel);
+    if (known >= 0) return &c->files[known];
+    if (c->n_files == c->files_cap) {
+        size_t cap = c->files_cap ? 2 * c->files_cap : 8;
+        struct dcp_file *nf = realloc(c->files, cap * sizeof *nf);
+        if (!nf) {
+            fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+            return NULL;
+        }
+        c->files = nf;
+        c->files_cap = cap;
     }
-    c->files = nf;
     struct dcp_file *f = &c->files[c->n_files];
     char path[4096];
     snprintf(path, sizeof path, "%s/%s", c->dir, rel);
@@ -78,6 +85,12 @@ static struct dcp_file *get_file(dcp_ckpt *c, const char *rel, fsdp_err *err) {
     fstat(f->fd, &st);
     f->size = (uint64_t)st.st_size;
     f->rel = strdup(rel);
+    if (!f->rel || nidx_add(&c->file_names, f->rel, c->n_files, NULL) != 0) {
+        close(f->fd);
+        free(f->rel);
+        fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+        return NULL;
+    }
     c->n_files++;
     return f;
 }
@@ -94,60 +107,152 @@ static int check_range(dcp_ckpt *c, const char *fqn, const dcp_storage *s, fsdp_
     return 0;
 }
 
-static int merge_rank_local(const char *dir, dcp_item **items, size_t *n, char *ver, fsdp_err *err) {
+/* The rank-local metadata files of dir (`__<r>.metadata`), sorted by rank. */
+typedef struct rank_meta {
+    int rank;
+    char *name;
+    dcp_item *items;
+    size_t n;
+} rank_meta;
+
+static int cmp_rank_meta(const void *a, const void *b) {
+    const rank_meta *x = a, *y = b;
+    if (x->rank != y->rank) return x->rank < y->rank ? -1 : 1;
+    return strcmp(x->name, y->name);
+}
+
+static void free_rank_metas(rank_meta *m, size_t n) {
+    for (size_t i = 0; m && i < n; i++) {
+        free(m[i].name);
+        dcp_items_free(m[i].items, m[i].n);
+    }
+    free(m);
+}
+
+static int list_rank_local(const char *dir, rank_meta **out, size_t *n, fsdp_err *err) {
+    *out = NULL;
+    *n = 0;
     DIR *d = opendir(dir);
     if (!d) return fsdp_err_set(err, FSDP_E_IO, "checkpoint %s: %s", dir, strerror(errno));
     struct dirent *de;
-    int rc = 0, found = 0;
+    size_t cap = 0;
+    int rc = 0;
     while ((de = readdir(d)) && !rc) {
         int r;
         char tail[8];
         if (sscanf(de->d_name, "__%d.metadat%1s", &r, tail) != 2 || strcmp(strrchr(de->d_name, '.'), ".metadata"))
             continue;
-        found = 1;
+        if (*n == cap) {
+            cap = cap ? 2 * cap : 16;
+            rank_meta *m = realloc(*out, cap * sizeof *m);
+            if (!m) {
+                rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+                break;
+            }
+            *out = m;
+        }
+        rank_meta *m = &(*out)[*n];
+        memset(m, 0, sizeof *m);
+        m->rank = r;
+        if (!(m->name = strdup(de->d_name))) rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+        else (*n)++;
+    }
+    closedir(d);
+    if (!rc) qsort(*out, *n, sizeof **out, cmp_rank_meta);
+    return rc;
+}
+
+/* An item of part m that merges into x: they must describe the same value. */
+static int same_kind(const char *dir, const rank_meta *m, const dcp_item *x, const dcp_item *y, fsdp_err *err) {
+    if (x->is_tensor == y->is_tensor &&
+        (!x->is_tensor || (x->dtype == y->dtype && x->ndim == y->ndim &&
+                           !memcmp(x->shape, y->shape, (size_t)x->ndim * sizeof *x->shape))))
+        return 0;
+    return fsdp_err_set(err, FSDP_E_FORMAT,
+                        "checkpoint %s: %s: corrupt rank-local metadata: %s describes it differently (%s) than an "
+                        "earlier rank", dir, y->fqn, m->name,
+                        x->is_tensor != y->is_tensor ? "tensor vs value" : "dtype or size");
+}
+
+/* Every part's items into one list: the first occurrence of a key (in rank order) keeps its place;
+ * the chunks of a tensor listed by several ranks are concatenated in rank order. */
+static int merge_parts(const char *dir, rank_meta *parts, size_t np, dcp_ckpt *c, fsdp_err *err) {
+    size_t total = 0;
+    for (size_t p = 0; p < np; p++) total += parts[p].n;
+    c->items = calloc(total ? total : 1, sizeof *c->items);
+    size_t *where = malloc((total ? total : 1) * sizeof *where); /* part item -> merged item */
+    int rc = c->items && where ? 0 : fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+    /* pass 1: merged keys and chunk counts */
+    for (size_t p = 0, k = 0; p < np && !rc; p++)
+        for (size_t i = 0; i < parts[p].n && !rc; i++, k++) {
+            dcp_item *y = &parts[p].items[i];
+            size_t prev;
+            int dup = nidx_add(&c->item_names, y->fqn, c->n, &prev);
+            if (dup < 0) {
+                rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+            } else if (!dup) {
+                where[k] = c->n;
+                c->items[c->n] = *y; /* takes fqn and chunks; the chunks are re-laid in pass 2 */
+                c->items[c->n].chunks = NULL; /* the part keeps (and frees) its own chunk array */
+                c->items[c->n].n_chunks = 0;
+                y->fqn = NULL, y->value_text = NULL;
+                c->n++;
+            } else {
+                where[k] = prev;
+                rc = same_kind(dir, &parts[p], &c->items[prev], y, err);
+            }
+            if (!rc && y->is_tensor) c->items[where[k]].n_chunks += y->n_chunks;
+        }
+    /* pass 2: each merged tensor's chunks in one array */
+    for (size_t j = 0; j < c->n && !rc; j++) {
+        dcp_item *x = &c->items[j];
+        if (!x->is_tensor) continue;
+        x->chunks = calloc(x->n_chunks ? x->n_chunks : 1, sizeof *x->chunks);
+        if (!x->chunks) rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+        x->n_chunks = 0;
+    }
+    for (size_t p = 0, k = 0; p < np && !rc; p++)
+        for (size_t i = 0; i < parts[p].n; i++, k++) {
+            dcp_item *y = &parts[p].items[i], *x = &c->items[where[k]];
+            if (!y->is_tensor) continue;
+            memcpy(x->chunks + x->n_chunks, y->chunks, y->n_chunks * sizeof *y->chunks);
+            x->n_chunks += y->n_chunks;
+        }
+    free(where);
+    return rc;
+}
+
+/* Merges the rank-local `__<r>.metadata` files of a checkpoint without `.metadata` into c->items
+ * (O(N log N) for N items and chunks in all). Each file lists its rank's chunks only; a chunk
+ * several ranks list alike (a replicated value) is kept once; the merged chunks must tile each
+ * tensor. */
+static int merge_rank_local(const char *dir, dcp_ckpt *c, fsdp_err *err) {
+    rank_meta *parts;
+    size_t np;
+    int rc = list_rank_local(dir, &parts, &np, err);
+    for (size_t p = 0; p < np && !rc; p++) {
         char path[4096];
-        snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
+        snprintf(path, sizeof path, "%s/%s", dir, parts[p].name);
         void *buf;
         size_t len;
         if ((rc = read_file(path, &buf, &len, err))) break;
-        dcp_item *part;
-        size_t np;
-        rc = dcp_parse_metadata(buf, len, path, &part, &np, ver, 32, err);
+        rc = dcp_parse_metadata_ex(buf, len, path, 0, &parts[p].items, &parts[p].n, c->version, sizeof c->version, err);
         free(buf);
-        if (rc) break;
-        /* merge: same fqn -> concatenate chunks */
-        for (size_t i = 0; i < np; i++) {
-            size_t j = 0;
-            while (j < *n && strcmp((*items)[j].fqn, part[i].fqn)) j++;
-            if (j == *n) {
-                dcp_item *ni = realloc(*items, (*n + 1) * sizeof *ni);
-                if (!ni) {
-                    rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
-                    break;
-                }
-                *items = ni;
-                (*items)[(*n)++] = part[i];
-                memset(&part[i], 0, sizeof part[i]);
-            } else if (part[i].is_tensor) {
-                dcp_item *x = &(*items)[j];
-                dcp_chunk *nc = realloc(x->chunks, (x->n_chunks + part[i].n_chunks) * sizeof *nc);
-                if (!nc) {
-                    rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
-                    break;
-                }
-                memcpy(nc + x->n_chunks, part[i].chunks, part[i].n_chunks * sizeof *nc);
-                x->chunks = nc;
-                x->n_chunks += part[i].n_chunks;
-            }
-        }
-        dcp_items_free(part, np);
     }
-    closedir(d);
-    if (!rc && !found)
+    if (!rc && np == 0)
         rc = fsdp_err_set(err, FSDP_E_FORMAT,
                           "checkpoint %s is incomplete: there is no .metadata (the save did not finish, or this is not "
                           "a DCP checkpoint)",
                           dir);
+    if (!rc) rc = merge_parts(dir, parts, np, c, err);
+    free_rank_metas(parts, np);
+    char what[4200];
+    snprintf(what, sizeof what, "%s/__*.metadata", dir);
+    for (size_t i = 0; !rc && i < c->n; i++) {
+        dcp_item *x = &c->items[i];
+        if (!x->is_tensor) continue;
+        if (!(rc = dcp_chunks_dedup(x, err))) rc = dcp_check_tiling(what, x, err);
+    }
     return rc;
 }
 
@@ -171,23 +276,14 @@ int dcp_open(const char *dir, dcp_ckpt **out, fsdp_err *err) {
             rc = dcp_parse_metadata(buf, len, path, &c->items, &c->n, c->version, sizeof c->version, err);
             free(buf);
         }
-    } else {
-        rc = merge_rank_local(dir, &c->items, &c->n, c->version, err);
-        /* merged chunks must still tile each tensor */
         for (size_t i = 0; !rc && i < c->n; i++) {
-            dcp_item *x = &c->items[i];
-            if (!x->is_tensor) continue;
-            int64_t tot = 1, cov = 0;
-            for (int d = 0; d < x->ndim; d++) tot *= x->shape[d];
-            for (size_t k = 0; k < x->n_chunks; k++) {
-                int64_t v = 1;
-                for (int d = 0; d < x->ndim; d++) v *= x->chunks[k].sizes[d];
-                cov += v;
-            }
-            if (cov != tot)
-                rc = fsdp_err_set(err, FSDP_E_FORMAT, "checkpoint %s: %s: the rank-local chunks cover %lld of %lld elements",
-                                  dir, x->fqn, (long long)cov, (long long)tot);
+            int dup = nidx_add(&c->item_names, c->items[i].fqn, i, NULL);
+            if (dup < 0) rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+            else if (dup) /* dcp_parse_metadata refuses them: cannot happen */
+                rc = fsdp_err_set(err, FSDP_E_FORMAT, "%s: %s: key listed twice", path, c->items[i].fqn);
         }
+    } else {
+        rc = merge_rank_local(dir, c, err);
     }
     for (size_t i = 0; !rc && i < c->n; i++) {
         dcp_item *x = &c->items[i];
@@ -203,11 +299,7 @@ int dcp_open(const char *dir, dcp_ckpt **out, fsdp_err *err) {
     return 0;
 }
 
-long dcp_find(const dcp_ckpt *c, const char *fqn) {
-    for (size_t i = 0; i < c->n; i++)
-        if (!strcmp(c->items[i].fqn, fqn)) return (long)i;
-    return -1;
-}
+long dcp_find(const dcp_ckpt *c, const char *fqn) { return nidx_get(&c->item_names, fqn); }
 
 static int open_blob(dcp_ckpt *c, const dcp_storage *s, zip_reader *z, fsdp_err *err) {
     struct dcp_file *f = get_file(c, s->relative_path, err);
@@ -241,6 +333,9 @@ int dcp_read_box(dcp_ckpt *c, size_t i, const int64_t *off, const int64_t *len, 
     if (s == 0) return 0;
     for (size_t k = 0; k < x->n_chunks; k++) {
         dcp_chunk *ch = &x->chunks[k];
+        /* an empty chunk may carry any offset (only non-empty ones were bounds-checked): skip it
+         * before offsets + sizes is formed */
+        if (fsdp_numel(nd, ch->sizes) == 0) continue;
         int64_t io[FSDP_MAX_DIMS], il[FSDP_MAX_DIMS], vol = 1;
         for (int d = 0; d < nd; d++) {
             int64_t a = off[d] > ch->offsets[d] ? off[d] : ch->offsets[d];

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "ckpt/dcp.h"
+#include "ckpt/dcp_group.h"
 #include "ckpt/torchsave.h"
 #include "runtime/crash.h"
 
@@ -224,19 +225,10 @@ static int64_t vol(const dcp_record *r) {
 }
 
 int dcp_write_metadata(const char *dir, const dcp_record *recs, size_t n, fsdp_err *err) {
-    /* unique keys in first-seen order */
-    size_t *first = malloc((n ? n : 1) * sizeof *first), nk = 0;
-    if (!first) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
-    for (size_t i = 0; i < n; i++) {
-        size_t k = 0;
-        while (k < nk && strcmp(recs[first[k]].fqn, recs[i].fqn)) k++;
-        if (k == nk) first[nk++] = i;
-        else if (recs[first[k]].is_tensor != recs[i].is_tensor || (!recs[i].is_tensor)) {
-            int rc = fsdp_err_set(err, FSDP_E_INVALID, "DCP save: key %s written twice", recs[i].fqn);
-            free(first);
-            return rc;
-        }
-    }
+    /* unique keys in first-seen order: group k is order[starts[k] .. starts[k + 1]) */
+    size_t *order, *starts, nk;
+    int grc = dcp_records_group(recs, n, &order, &starts, &nk, err);
+    if (grc) return grc;
     pkl_w w;
     pkl_w_init(&w);
     pkl_w_proto(&w, 2);
@@ -247,7 +239,7 @@ int dcp_write_metadata(const char *dir, const dcp_record *recs, size_t n, fsdp_e
     pkl_w_str(&w, "state_dict_metadata");
     pkl_w_empty_dict(&w);
     for (size_t k = 0; k < nk; k++) {
-        const dcp_record *r = &recs[first[k]];
+        const dcp_record *r = &recs[order[starts[k]]];
         pkl_w_mark(&w);
         pkl_w_str(&w, r->fqn);
         if (!r->is_tensor) {
@@ -278,8 +270,8 @@ int dcp_write_metadata(const char *dir, const dcp_record *recs, size_t n, fsdp_e
             pkl_w_str(&w, "chunks");
             pkl_w_empty_list(&w);
             pkl_w_mark(&w);
-            for (size_t i = 0; i < n; i++) {
-                if (strcmp(recs[i].fqn, r->fqn)) continue;
+            for (size_t q = starts[k]; q < starts[k + 1]; q++) {
+                size_t i = order[q];
                 dataclass_begin(&w, META_MOD, "ChunkStorageMetadata");
                 pkl_w_empty_dict(&w);
                 pkl_w_mark(&w);
@@ -301,19 +293,17 @@ int dcp_write_metadata(const char *dir, const dcp_record *recs, size_t n, fsdp_e
     pkl_w_empty_dict(&w);
     for (size_t k = 0; k < nk; k++) {
         pkl_w_mark(&w);
-        pkl_w_str(&w, recs[first[k]].fqn);
-        key_path(&w, recs[first[k]].fqn);
+        pkl_w_str(&w, recs[order[starts[k]]].fqn);
+        key_path(&w, recs[order[starts[k]]].fqn);
         pkl_w_setitems(&w);
     }
     /* storage_data */
     pkl_w_str(&w, "storage_data");
     pkl_w_empty_dict(&w);
     for (size_t k = 0; k < nk; k++) {
-        const dcp_record *r0 = &recs[first[k]];
         int64_t idx = 0;
-        for (size_t i = 0; i < n; i++) {
-            const dcp_record *r = &recs[i];
-            if (strcmp(r->fqn, r0->fqn)) continue;
+        for (size_t q = starts[k]; q < starts[k + 1]; q++) {
+            const dcp_record *r = &recs[order[q]];
             pkl_w_mark(&w);
             dataclass_begin(&w, META_MOD, "MetadataIndex");
             pkl_w_empty_dict(&w);
@@ -366,7 +356,8 @@ int dcp_write_metadata(const char *dir, const dcp_record *recs, size_t n, fsdp_e
     pkl_w_setitems(&w);
     pkl_w_build(&w);
     pkl_w_stop(&w);
-    free(first);
+    free(order);
+    free(starts);
     if (w.oom) {
         pkl_w_free(&w);
         return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");

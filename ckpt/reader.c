@@ -109,19 +109,12 @@ static int detect(const char *path, ckpt_format *fmt, fsdp_err *err) {
     return fsdp_err_set(err, FSDP_E_FORMAT, "checkpoint %s: unknown format (use format: dcp|safetensors|pt)", path);
 }
 
-static int cmp_by_name(const void *a, const void *b, void *entries) {
-    size_t i = *(const size_t *)a, j = *(const size_t *)b;
-    const ckpt_entry *e = entries;
-    int c = strcmp(e[i].name, e[j].name);
-    return c ? c : (i > j) - (i < j);
-}
-
-/* The name index of ckpt_find (left NULL when out of memory: ckpt_find then searches linearly). */
-static void index_names(ckpt_reader *r) {
-    r->by_name = malloc((r->n ? r->n : 1) * sizeof *r->by_name);
-    if (!r->by_name) return;
-    for (size_t i = 0; i < r->n; i++) r->by_name[i] = i;
-    qsort_r(r->by_name, r->n, sizeof *r->by_name, cmp_by_name, r->entries);
+/* The name index behind ckpt_find: the first entry of each name (O(n log n) to build). */
+static int index_names(ckpt_reader *r, fsdp_err *err) {
+    for (size_t i = 0; i < r->n; i++)
+        if (nidx_add(&r->names, r->entries[i].name, i, NULL) < 0)
+            return fsdp_err_set(err, FSDP_E_NOMEM, "checkpoint %s: out of memory indexing %zu names", r->path, r->n);
+    return 0;
 }
 
 int ckpt_open(const char *path, ckpt_format fmt, ckpt_reader **out, fsdp_err *err) {
@@ -134,7 +127,10 @@ int ckpt_open(const char *path, ckpt_format fmt, ckpt_reader **out, fsdp_err *er
     case CKPT_PT: rc = ckpt_open_pt(path, out, err); break;
     default: return fsdp_err_set(err, FSDP_E_INVALID, "checkpoint %s: unknown format", path);
     }
-    if (!rc) index_names(*out);
+    if (!rc && (rc = index_names(*out, err))) {
+        ckpt_close(*out);
+        *out = NULL;
+    }
     return rc;
 }
 
@@ -156,7 +152,7 @@ ckpt_reader *ckpt_reader_alloc(const char *path, size_t n, const ckpt_ops *ops, 
 
 void ckpt_reader_free(ckpt_reader *r) {
     if (!r) return;
-    free(r->by_name);
+    nidx_free(&r->names);
     free(r->entries);
     free(r->path);
     free(r);
@@ -170,19 +166,10 @@ size_t ckpt_count(const ckpt_reader *r) { return r->n; }
 const ckpt_entry *ckpt_entry_at(const ckpt_reader *r, size_t i) { return i < r->n ? &r->entries[i] : NULL; }
 
 long ckpt_find(const ckpt_reader *r, const char *name) {
-    if (!r->by_name) {
-        for (size_t i = 0; i < r->n; i++)
-            if (!strcmp(r->entries[i].name, name)) return (long)i;
-        return -1;
-    }
-    /* the first index of the name: the lowest of equal names sorts first */
-    size_t lo = 0, hi = r->n;
-    while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        if (strcmp(r->entries[r->by_name[mid]].name, name) < 0) lo = mid + 1;
-        else hi = mid;
-    }
-    return lo < r->n && !strcmp(r->entries[r->by_name[lo]].name, name) ? (long)r->by_name[lo] : -1;
+    if (r->names.n) return nidx_get(&r->names, name);
+    for (size_t i = 0; i < r->n; i++) /* a reader not made by ckpt_open */
+        if (!strcmp(r->entries[i].name, name)) return (long)i;
+    return -1;
 }
 
 int ckpt_verify(ckpt_reader *r, size_t *records, fsdp_err *err) {

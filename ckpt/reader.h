@@ -36,8 +36,7 @@ int ckpt_format_from_name(const char *name, ckpt_format *out);
 
 size_t ckpt_count(const ckpt_reader *r);
 const ckpt_entry *ckpt_entry_at(const ckpt_reader *r, size_t i);
-/* Index of a name (the first entry of that name), or -1; a binary search over an index
- * ckpt_open builds. */
+/* Index of a name (its first entry), or -1: O(log n). */
 long ckpt_find(const ckpt_reader *r, const char *name);
 /* Checks every checksum the checkpoint carries, reading each record once without keeping it:
  * the CRC-32 of every record of its torch.save archives (a .pt file, the .distcp pieces of a

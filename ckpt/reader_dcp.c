@@ -4,6 +4,7 @@
 
 #include "ckpt/dcp.h"
 #include "ckpt/reader_impl.h"
+#include "runtime/checked.h"
 
 static int dcp_rows_op(ckpt_reader *r, size_t i, int64_t r0, int64_t r1, void *dst, fsdp_dtype dt, fsdp_err *err) {
     dcp_ckpt *c = r->impl;
@@ -45,8 +46,13 @@ int ckpt_open_dcp(const char *path, ckpt_reader **out, fsdp_err *err) {
         memcpy(e->shape, x->shape, sizeof e->shape);
         e->chunks = (int)x->n_chunks;
         if (x->is_tensor) {
-            int64_t numel = fsdp_numel(x->ndim, x->shape);
-            e->nbytes = (uint64_t)numel * fsdp_dtype_size(x->dtype);
+            int64_t nbytes;
+            if (chk_shape_bytes(x->ndim, x->shape, fsdp_dtype_size(x->dtype), &nbytes)) { /* dcp_open checked it */
+                ckpt_close(r);
+                return fsdp_err_set(err, FSDP_E_FORMAT, "checkpoint %s: %s: corrupt .metadata: the size overflows",
+                                    path, x->fqn);
+            }
+            e->nbytes = (uint64_t)nbytes;
         } else {
             e->nbytes = x->where.length;
         }

@@ -3,6 +3,7 @@
 #define FSDP_CKPT_READER_IMPL_H
 
 #include "ckpt/reader.h"
+#include "runtime/name_index.h"
 
 typedef struct ckpt_ops {
     int (*read_rows)(ckpt_reader *r, size_t i, int64_t r0, int64_t r1, void *dst, fsdp_dtype dst_dt, fsdp_err *err);
@@ -16,8 +17,8 @@ struct ckpt_reader {
     char *path;
     ckpt_entry *entries;
     size_t n;
-    size_t *by_name; /* entry indices sorted by (name, index), built by ckpt_open; NULL: search linearly */
     void *impl;
+    nidx names; /* entry name -> index of its first entry (built by ckpt_open) */
 };
 
 /* A reader with room for n entries (zeroed) over impl; NULL when out of memory. */

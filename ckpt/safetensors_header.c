@@ -11,6 +11,7 @@
 
 #include "ckpt/safetensors_internal.h"
 #include "runtime/fileio.h"
+#include "runtime/checked.h"
 
 typedef struct {
     const char *name; /* borrowed from the JSON tree */
@@ -103,19 +104,19 @@ static int parse_entry(const st_file *f, const char *name, const json_t *v, entr
     if (e->end < e->begin)
         return fsdp_err_set(err, FSDP_E_FORMAT, "%s: tensor '%s': data_offsets [%llu, %llu] end before begin",
                             p, name, (unsigned long long)e->begin, (unsigned long long)e->end);
-    int64_t numel = fsdp_numel(e->ndim, e->shape);
-    size_t esz = fsdp_dtype_size(e->dtype);
-    if (numel < 0 || (uint64_t)numel > (uint64_t)INT64_MAX / esz) {
+    int64_t nb;
+    if (chk_shape_bytes(e->ndim, e->shape, fsdp_dtype_size(e->dtype), &nb)) {
         char sb[256];
-        return fsdp_err_set(err, FSDP_E_FORMAT, "%s: tensor '%s': shape %s overflows", p, name,
-                            fsdp_shape_str(e->ndim, e->shape, sb, sizeof sb));
+        return fsdp_err_set(err, FSDP_E_FORMAT,
+                            "%s: tensor '%s': corrupt header: shape %s of %s overflows (more than 2^63 bytes)", p,
+                            name, fsdp_shape_str(e->ndim, e->shape, sb, sizeof sb), ds);
     }
-    uint64_t nbytes = (uint64_t)numel * esz;
+    uint64_t nbytes = (uint64_t)nb;
     if (e->end - e->begin != nbytes) {
         char sb[256];
         return fsdp_err_set(err, FSDP_E_FORMAT,
-                            "%s: tensor '%s': shape %s of %s needs %llu bytes but data_offsets [%llu, %llu] "
-                            "hold %llu",
+                            "%s: tensor '%s': corrupt header: shape %s of %s needs %llu bytes but data_offsets "
+                            "[%llu, %llu] hold %llu",
                             p, name, fsdp_shape_str(e->ndim, e->shape, sb, sizeof sb), ds,
                             (unsigned long long)nbytes, (unsigned long long)e->begin,
                             (unsigned long long)e->end, (unsigned long long)(e->end - e->begin));

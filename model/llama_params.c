@@ -124,9 +124,24 @@ int llama_params_index(const llama_params *t, llama_param_kind kind, int layer) 
     }
 }
 
+/* O(1) in the number of layers: the name's layer and kind give its index (llama_params_index),
+ * and the entry there must carry exactly that name. */
 int llama_params_find(const llama_params *t, const char *name) {
     if (!t || !name) return -1;
-    for (int i = 0; i < t->n; i++)
-        if (!strcmp(t->p[i].name, name)) return i;
+    int layer = -1;
+    const char *rest = name;
+    if (!strncmp(name, "layers.", 7)) {
+        const char *d = name + 7;
+        long v = 0;
+        while (*d >= '0' && *d <= '9' && v <= INT32_MAX) v = v * 10 + (*d++ - '0');
+        if (d == name + 7 || *d != '.' || v > INT32_MAX) return -1;
+        layer = (int)v;
+        rest = d + 1;
+    }
+    for (int k = 0; k < LLAMA_P_KIND_COUNT; k++) {
+        if (strcmp(rest, KIND_NAMES[k])) continue;
+        int i = llama_params_index(t, (llama_param_kind)k, layer);
+        return i >= 0 && !strcmp(t->p[i].name, name) ? i : -1;
+    }
     return -1;
 }

@@ -36,6 +36,7 @@ void state_free(fsdp_state *s) {
     if (!s) return;
     for (size_t i = 0; i < s->n; i++) free_param(s, &s->p[i]);
     free(s->p);
+    nidx_free(&s->names);
     free(s);
 }
 
@@ -50,9 +51,13 @@ int state_add_param(fsdp_state *s, const char *name, int ndim, const int64_t *sh
     if (fsdp_numel(ndim, shape) < 0)
         return fsdp_err_set(err, FSDP_E_INVALID, "parameter %s: invalid shape", name);
     if (state_find(s, name)) return fsdp_err_set(err, FSDP_E_INVALID, "parameter %s declared twice", name);
-    state_param *np = realloc(s->p, (s->n + 1) * sizeof *np);
-    if (!np) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
-    s->p = np;
+    if (s->n == s->cap) {
+        size_t cap = s->cap ? 2 * s->cap : 64;
+        state_param *np = cap < SIZE_MAX / sizeof *np ? realloc(s->p, cap * sizeof *np) : NULL;
+        if (!np) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory for %zu parameters", cap);
+        s->p = np;
+        s->cap = cap;
+    }
     state_param *p = &s->p[s->n];
     memset(p, 0, sizeof *p);
     p->name = strdup(name);
@@ -77,14 +82,17 @@ int state_add_param(fsdp_state *s, const char *name, int ndim, const int64_t *sh
         free_param(s, p);
         return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory allocating %s (%zu floats)", name, want);
     }
+    if (nidx_add(&s->names, p->name, s->n, NULL) != 0) {
+        free_param(s, p);
+        return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory indexing parameter %s", name);
+    }
     s->n++;
     return 0;
 }
 
 state_param *state_find(fsdp_state *s, const char *name) {
-    for (size_t i = 0; s && i < s->n; i++)
-        if (!strcmp(s->p[i].name, name)) return &s->p[i];
-    return NULL;
+    long i = s ? nidx_get(&s->names, name) : -1;
+    return i >= 0 && (size_t)i < s->n ? &s->p[i] : NULL;
 }
 
 /* Host memory of a state with a device is pinned (fast copies to and from the GPU). */

@@ -11,6 +11,7 @@
 #include "fsdp/tensor.h"
 #include "model/llama.h"
 #include "runtime/comm.h"
+#include "runtime/name_index.h"
 
 #define STATE_ATTACH_NAME "fsdp.state"
 
@@ -53,6 +54,9 @@ typedef struct state_param {
 typedef struct fsdp_state {
     state_param *p;
     size_t n;
+    size_t cap;  /* entries allocated in p (state_add_param grows it geometrically) */
+    nidx names;  /* name -> index in p of every parameter (state_add_param keeps it; a zeroed
+                  * state is an empty one, and state_free frees it) */
     state_layout layout;
     int rank, world;
     llama_config cfg;
@@ -80,8 +84,10 @@ int state_create(fsdp_ctx *ctx, state_layout layout, fsdp_state **out, fsdp_err 
 void state_free(fsdp_state *s);
 
 /* Adds a parameter of the given global shape; allocates its local rows per the layout
- * (rows filled with zeros). */
+ * (rows filled with zeros). Amortised O(log n) for n parameters (a name seen twice is an error).
+ * Pointers into s->p are invalidated by the next state_add_param. */
 int state_add_param(fsdp_state *s, const char *name, int ndim, const int64_t *shape, int layer, fsdp_err *err);
+/* The parameter of that name, or NULL: O(log n) (through s->names). */
 state_param *state_find(fsdp_state *s, const char *name);
 size_t state_param_local_numel(const state_param *p);
 int64_t state_param_numel(const state_param *p);

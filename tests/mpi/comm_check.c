@@ -108,6 +108,7 @@ static int run(comm *c) {
         free(s.p[i].grad);
     }
     free(s.p);
+    nidx_free(&s.names);
     if (rank == 0) printf("comm_check ok (%s, world %d)\n", comm_backend(c), world);
     return 0;
 }
