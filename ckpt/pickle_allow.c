@@ -1,6 +1,6 @@
 /* The globals a pickle may name (GLOBAL / STACK_GLOBAL): what PyTorch 2.11's weights_only
  * unpickler (torch/_weights_only_unpickler.py, _get_allowed_globals) accepts by default, plus
- * the classes of DCP's `.metadata` and of its byte items. Anything else (os.system,
+ * the classes of DCP's `.metadata` and of its byte items, and argparse.Namespace. Anything else (os.system,
  * builtins.eval, ...) is refused by the parser where the global is created, so no code
  * downstream ever sees one. The reader never calls anything either way: the list only keeps
  * files PyTorch itself would refuse to load with weights_only=True from being accepted,
@@ -72,6 +72,9 @@ static const char *const DCP_SHARDED_METADATA[] = {"TensorProperties", "MEM_FORM
 static const char *const DCP_FILESYSTEM[] = {"_StorageInfo", NULL};
 static const char *const PATHLIB[] = {"PosixPath", "PurePosixPath", "WindowsPath", "PureWindowsPath", NULL};
 static const char *const IO[] = {"BytesIO", NULL};
+/* training scripts' saved arguments (fairseq, older Lightning): a plain attribute container, built
+ * from its state dict; listed in PyTorch's documentation of torch.serialization.add_safe_globals */
+static const char *const ARGPARSE[] = {"Namespace", NULL};
 
 static const allow_mod ALLOWED[] = {
     {"torch", TORCH},
@@ -91,6 +94,7 @@ static const allow_mod ALLOWED[] = {
     {"pathlib", PATHLIB},
     {"_io", IO},
     {"io", IO},
+    {"argparse", ARGPARSE},
 };
 
 int pkl_global_allowed(const char *module, size_t module_len, const char *name, size_t name_len) {

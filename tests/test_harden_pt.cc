@@ -718,7 +718,7 @@ TEST(HardenPtGlobals, ForbiddenGlobalsAreRefusedWhereTheyAreNamed) {
              {"torch._utils", "_rebuild_tensor_v2"}, {"torch._utils", "_rebuild_parameter"}, {"torch", "FloatStorage"},
              {"torch", "bfloat16"}, {"torch", "Size"}, {"collections", "OrderedDict"},
              {"torch.distributed.checkpoint.metadata", "Metadata"}, {"torch.serialization", "_get_layout"},
-             {"pathlib", "PosixPath"}, {"_codecs", "encode"}}) {
+             {"pathlib", "PosixPath"}, {"_codecs", "encode"}, {"argparse", "Namespace"}}) {
         Pk a;
         a.proto().global(g.first, g.second).stop();
         EXPECT_EQ(pkl_parse(a.b.data(), a.b.size(), "g", &doc, &root, &err), 0) << err.msg;
