@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <dirent.h>
+#include <chrono>
 #include <random>
 #include <set>
 #include <string>
@@ -275,6 +276,33 @@ TEST(HardenAtomicKill, OverwritesKilledAtRandomMomentsKeepOneCheckpoint) {
     }
     std::cout << "[atomic] " << olds << " overwrites cut (old checkpoint kept), " << news << " completed\n";
     EXPECT_GT(olds, 0);
+}
+
+// ckpt convert --overwrite into an existing DCP killed at random moments (timeout -s KILL after a
+// delay drawn over the length of a whole convert): the old or the new checkpoint, every time.
+TEST(HardenAtomicKill, ConvertsKilledAtRandomMomentsKeepOneCheckpoint) {
+    Refs refs;
+    std::string dst = refs.t + "/ck", out;
+    std::string conv = fsdp_run_bin() + " ckpt convert " + refs.new_ref + " " + dst + " --overwrite";
+    // how long a whole convert takes here, to spread the kills over it
+    copy_dir(refs.old_ref, dst);
+    auto t0 = std::chrono::steady_clock::now();
+    ASSERT_EQ(run_cmd(conv, &out), 0) << out;
+    double whole = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::mt19937 rng(8765);
+    int olds = 0, news = 0;
+    for (int k = 0; k < 8; k++) {
+        copy_dir(refs.old_ref, dst);
+        double delay = 0.001 + (rng() % 1000) / 1000.0 * whole * 1.2;
+        run_cmd("timeout -s KILL " + std::to_string(delay) + " " + conv + "; true", &out);
+        std::string v = classify(dst, refs.old_ref, refs.new_ref);
+        EXPECT_TRUE(v == "old" || v == "new") << "run " << k << " (killed after " << delay << " s): " << v << "; left "
+                                              << joined(list_dir(dst));
+        olds += v == "old";
+        news += v == "new";
+    }
+    std::cout << "[atomic] converts of " << whole << " s: " << olds << " cut (old checkpoint kept), " << news
+              << " completed\n";
 }
 
 // A full disk (a 2 MB file-size limit) during an overwrite: a clear error, the old checkpoint intact.
