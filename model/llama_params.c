@@ -17,8 +17,12 @@ const char *llama_param_kind_name(llama_param_kind kind) {
     return kind >= 0 && kind < LLAMA_P_KIND_COUNT ? KIND_NAMES[kind] : NULL;
 }
 
-static llama_init_rule trunc_rule(double std, double a, double b) {
-    llama_init_rule r = {LLAMA_INIT_TRUNC_NORMAL, 0.0, std, a, b};
+static init_rule trunc_rule(double std, double a, double b) {
+    init_rule r;
+    init_rule_default(INIT_TRUNC_NORMAL, &r);
+    r.std = std;
+    r.a = a;
+    r.b = b;
     return r;
 }
 
@@ -42,8 +46,7 @@ static void describe(const llama_config *c, llama_param_kind kind, int layer, ll
     switch (kind) {
     case LLAMA_P_TOK_EMBEDDINGS:
         r = V, cols = d;
-        p->init.kind = LLAMA_INIT_NORMAL;
-        p->init.std = 1.0;
+        init_rule_default(INIT_NORMAL, &p->init); /* normal(0, 1) */
         break;
     case LLAMA_P_WQ: r = qd, cols = d, p->init = trunc_rule(0.02, -2.0, 2.0); break;
     case LLAMA_P_WK:
@@ -56,7 +59,7 @@ static void describe(const llama_config *c, llama_param_kind kind, int layer, ll
     case LLAMA_P_FFN_NORM:
     case LLAMA_P_NORM:
         r = d, p->ndim = 1;
-        p->init.kind = LLAMA_INIT_ONES;
+        init_rule_default(INIT_ONES, &p->init);
         break;
     case LLAMA_P_OUTPUT: {
         double s = pow((double)d, -0.5);

@@ -21,6 +21,7 @@
 #include <stdint.h>
 
 #include "fsdp/error.h"
+#include "model/init_rule.h"
 #include "model/llama.h"
 
 #ifdef __cplusplus
@@ -46,17 +47,6 @@ typedef enum llama_param_kind {
 /* Parameters per transformer layer, in table order (LLAMA_P_WQ .. LLAMA_P_FFN_NORM). */
 #define LLAMA_PARAMS_PER_LAYER 9
 
-typedef enum llama_init_kind {
-    LLAMA_INIT_NORMAL = 0,   /* normal(mean, std) */
-    LLAMA_INIT_TRUNC_NORMAL, /* trunc_normal(mean, std, a, b) */
-    LLAMA_INIT_ONES
-} llama_init_kind;
-
-typedef struct llama_init_rule {
-    llama_init_kind kind;
-    double mean, std, a, b; /* a, b: absolute truncation bounds (trunc_normal only) */
-} llama_init_rule;
-
 #define LLAMA_PARAM_NAME_MAX 64
 
 typedef struct llama_param {
@@ -68,7 +58,7 @@ typedef struct llama_param {
     int64_t numel;
     int64_t row_numel; /* elements per row of dim 0 (shape[1], or 1 for 1-D) */
     int64_t offset;    /* elements before this parameter in table order */
-    llama_init_rule init;
+    init_rule init;   /* model/init_rule.h */
 } llama_param;
 
 typedef struct llama_params {

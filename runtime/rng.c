@@ -136,6 +136,21 @@ int rng_dist_trunc_normal(rng_dist *d, double mean, double std, double a, double
     return FSDP_OK;
 }
 
+int rng_dist_uniform_ab(rng_dist *d, double a, double b, fsdp_err *err) {
+    if (!float_ok(a) || !float_ok(b) || !(a < b) || !float_ok((double)(float)b - (double)(float)a) ||
+        !((float)b > (float)a))
+        return fsdp_err_set(err, FSDP_E_INVALID,
+                            "uniform: the bounds must be finite float32 values with a < b (got a %g, b %g)", a, b);
+    memset(d, 0, sizeof *d);
+    d->kind = RNG_DIST_UNIFORM_AB;
+    d->lo = d->a = (float)a;
+    d->b = (float)b;
+    d->span = (float)((double)d->b - (double)d->a);
+    if (!isfinite(d->span))
+        return fsdp_err_set(err, FSDP_E_INVALID, "uniform: b - a overflows float32 (a %g, b %g)", a, b);
+    return FSDP_OK;
+}
+
 float rng_dist_at(const rng_dist *d, uint64_t seed, uint64_t stream, uint64_t index) {
     float out[4];
     rng_hd_dist_block(d, seed, stream, index >> 2, out);
@@ -178,6 +193,10 @@ RNG_CLONES static void chunk_f32(const rng_dist *dp, uint64_t seed, uint64_t str
     case RNG_DIST_TRUNC_NORMAL:
 #pragma omp simd
         for (int e = 0; e < RNG_CHUNK; e++) out[e] = rng_hd_trunc_of(&d, w[e]);
+        break;
+    case RNG_DIST_UNIFORM_AB:
+#pragma omp simd
+        for (int e = 0; e < RNG_CHUNK; e++) out[e] = rng_hd_uniform_ab_of(&d, w[e]);
         break;
     default:
         for (int e = 0; e < RNG_CHUNK; e++) out[e] = d.mean;

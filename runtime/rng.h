@@ -23,6 +23,7 @@
  *                       lo = 2 Phi((a-mean)/std) - 1, span = 2 Phi((b-mean)/std) - 1 - lo
  *                       (in double on the host, then rounded to float), element 4b+j =
  *                       clamp(fmaf(erfinv(fmaf(u(x_j), span, lo)), std sqrt(2), mean), a, b).
+ *   uniform(a, b):    element 4b+j = clamp(fmaf(u(x_j), b - a, a), a, b).
  *   constant:         every element is the value.
  * ln, cos/sin and erfinv are our own float implementations (rng_math.h: Taylor series for ln,
  * cos and sin after exact reductions, fitted polynomials in ln(1-x^2) for erfinv), within a few
@@ -71,6 +72,10 @@ int rng_dist_normal(rng_dist *d, double mean, double std, fsdp_err *err);
 /* N(mean, std^2) restricted to [a, b], torch's parametrisation: finite mean, std > 0, a < b, and
  * [a, b] must hold probability mass in float (else FSDP_E_INVALID). */
 int rng_dist_trunc_normal(rng_dist *d, double mean, double std, double a, double b, fsdp_err *err);
+
+/* U(a, b): lo + u (b - a) in float32 with u in (0, 1), clamped to [a, b] (torch.nn.init.uniform_'s
+ * distribution): finite float32 bounds with a < b and b - a finite. */
+int rng_dist_uniform_ab(rng_dist *d, double a, double b, fsdp_err *err);
 
 /* Element `index` of (seed, stream) under d, one at a time (the reference of the fills). */
 float rng_dist_at(const rng_dist *d, uint64_t seed, uint64_t stream, uint64_t index);

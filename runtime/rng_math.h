@@ -186,15 +186,18 @@ typedef enum rng_dist_kind {
     RNG_DIST_UNIFORM = 0,  /* u in (0,1) */
     RNG_DIST_NORMAL,       /* mean + std z */
     RNG_DIST_TRUNC_NORMAL, /* inverse CDF, clamped to [a, b] */
-    RNG_DIST_CONST         /* mean */
+    RNG_DIST_CONST,        /* mean */
+    RNG_DIST_UNIFORM_AB    /* clamp(fma(u, span, lo), lo, hi) with u in (0,1): U(lo, hi) */
 } rng_dist_kind;
 
 /* A distribution with its float32 parameters (rng_dist_* in rng.h build and check it). */
 typedef struct rng_dist {
     int kind;          /* rng_dist_kind */
     float mean, std;   /* NORMAL, TRUNC_NORMAL (CONST: the value is mean) */
-    float lo, span;    /* TRUNC_NORMAL: v = lo + u span, lo = 2 Phi(alpha) - 1, span = 2 Phi(beta) - 1 - lo */
-    float scale, a, b; /* TRUNC_NORMAL: x = clamp(erfinv(v) scale + mean, a, b), scale = std sqrt(2) */
+    float lo, span;    /* TRUNC_NORMAL: v = lo + u span, lo = 2 Phi(alpha) - 1, span = 2 Phi(beta) - 1 - lo;
+                        * UNIFORM_AB: x = lo + u span (span = hi - lo) */
+    float scale, a, b; /* TRUNC_NORMAL: x = clamp(erfinv(v) scale + mean, a, b), scale = std sqrt(2);
+                        * UNIFORM_AB: x clamped to [a, b] = [lo, hi] */
 } rng_dist;
 
 /* Standard normals from two words: r = sqrt(-2 ln u(xu)), (z0, z1) = r (cos, sin)(2 pi U(xa)). */
@@ -204,6 +207,14 @@ RNG_HD void rng_hd_normal_pair(uint32_t xu, uint32_t xa, float *z0, float *z1) {
     rng_hd_cossin_turn(xa, &c, &s);
     *z0 = RNG_MUL(r, c);
     *z1 = RNG_MUL(r, s);
+}
+
+/* U(lo, hi) from one word: lo + u (hi - lo), clamped so that rounding never leaves [lo, hi]. */
+RNG_HD float rng_hd_uniform_ab_of(const rng_dist *d, uint32_t x) {
+    float r = RNG_FMA(rng_hd_u01(x), d->span, d->lo);
+    r = r < d->a ? d->a : r;
+    r = r > d->b ? d->b : r;
+    return r;
 }
 
 RNG_HD float rng_hd_trunc_of(const rng_dist *d, uint32_t x) {
@@ -232,6 +243,9 @@ RNG_HD void rng_hd_dist_block(const rng_dist *d, uint64_t seed, uint64_t stream,
     }
     case RNG_DIST_TRUNC_NORMAL:
         for (int j = 0; j < 4; j++) out[j] = rng_hd_trunc_of(d, x[j]);
+        break;
+    case RNG_DIST_UNIFORM_AB:
+        for (int j = 0; j < 4; j++) out[j] = rng_hd_uniform_ab_of(d, x[j]);
         break;
     default:
         for (int j = 0; j < 4; j++) out[j] = d->mean;

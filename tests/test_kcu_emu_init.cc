@@ -1,5 +1,5 @@
 // kernels/cuda/kcu_init.cu under the host emulation (tests/kcu_emu.h): kcu_init_fill through its
-// host wrapper equals the host's rng_fill_dist bit for bit for every distribution, at ranges that
+// host wrapper equals the host's rng_fill_dist bit for bit for every distribution (uniform(a, b) and constants included), at ranges that
 // start and end inside a Philox block, span several blocks of threads, and leave the bytes around
 // them untouched.
 #include "tests/kcu_emu_test.h"
@@ -15,11 +15,13 @@ namespace dev = kcu_emu_dev;
 
 TEST(KcuEmuInit, FillEqualsTheHostForEveryDistribution) {
     fsdp_err err;
-    rng_dist dists[4];
+    rng_dist dists[6];
     ASSERT_EQ(rng_dist_normal(&dists[0], 0.0, 0.02, &err), 0) << err.msg;
     ASSERT_EQ(rng_dist_trunc_normal(&dists[1], 0.0, 0.02, -0.04, 0.04, &err), 0) << err.msg;
     ASSERT_EQ(rng_dist_trunc_normal(&dists[2], 1.5, 2.0, -1.0, 3.0, &err), 0) << err.msg;
     rng_dist_uniform(&dists[3]);
+    ASSERT_EQ(rng_dist_uniform_ab(&dists[4], -0.125, 0.0625, &err), 0) << err.msg;
+    rng_dist_const(&dists[5], 0.5f);
     const uint64_t seed = 0x1234abcdULL, stream = rng_fnv1a64("layers.3.attention.wq.weight");
     struct Range {
         uint64_t start;

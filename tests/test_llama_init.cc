@@ -105,14 +105,14 @@ TEST(LlamaParams, InitRules) {
     {
         Table tb(c);
         const llama_param &emb = tb["tok_embeddings.weight"];
-        EXPECT_EQ(emb.init.kind, LLAMA_INIT_NORMAL);
+        EXPECT_EQ(emb.init.kind, INIT_NORMAL);
         EXPECT_EQ(emb.init.mean, 0.0);
         EXPECT_EQ(emb.init.std, 1.0);
         EXPECT_EQ(emb.layer, -1);
         for (const char *n : {"layers.0.attention.wq.weight", "layers.1.attention.wk.weight",
                               "layers.1.attention.wv.weight", "layers.1.feed_forward.w1.weight"}) {
             const llama_param &p = tb[n];
-            EXPECT_EQ(p.init.kind, LLAMA_INIT_TRUNC_NORMAL) << n;
+            EXPECT_EQ(p.init.kind, INIT_TRUNC_NORMAL) << n;
             EXPECT_EQ(p.init.std, 0.02) << n;
             EXPECT_EQ(p.init.a, -2.0) << n;  // absolute bounds, not multiples of std
             EXPECT_EQ(p.init.b, 2.0) << n;
@@ -122,7 +122,7 @@ TEST(LlamaParams, InitRules) {
                               "feed_forward.w3.weight"}) {
             const llama_param &p0 = tb[("layers.0." + std::string(n)).c_str()];
             const llama_param &p1 = tb[("layers.1." + std::string(n)).c_str()];
-            EXPECT_EQ(p0.init.kind, LLAMA_INIT_TRUNC_NORMAL);
+            EXPECT_EQ(p0.init.kind, INIT_TRUNC_NORMAL);
             EXPECT_DOUBLE_EQ(p0.init.std, 0.02 / std::sqrt(2.0));
             EXPECT_DOUBLE_EQ(p1.init.std, 0.01);
             EXPECT_EQ(p1.layer, 1);
@@ -131,11 +131,11 @@ TEST(LlamaParams, InitRules) {
         }
         for (const char *n : {"layers.0.attention_norm.weight", "layers.1.ffn_norm.weight",
                               "norm.weight"}) {
-            EXPECT_EQ(tb[n].init.kind, LLAMA_INIT_ONES) << n;
+            EXPECT_EQ(tb[n].init.kind, INIT_ONES) << n;
             EXPECT_EQ(tb[n].ndim, 1) << n;
         }
         const llama_param &out = tb["output.weight"];
-        EXPECT_EQ(out.init.kind, LLAMA_INIT_TRUNC_NORMAL);
+        EXPECT_EQ(out.init.kind, INIT_TRUNC_NORMAL);
         EXPECT_EQ(out.init.std, 0.125);  // 64 ** -0.5
         EXPECT_EQ(out.init.a, -0.375);
         EXPECT_EQ(out.init.b, 0.375);
@@ -238,7 +238,7 @@ TEST(LlamaInit, WholeModel) {
         const llama_param &p = tb.t.p[i];
         std::vector<float> v = init_rows(p, 0, 0, p.shape[0]);
         EXPECT_EQ(0, memcmp(v.data(), flat.data() + p.offset, v.size() * sizeof(float))) << p.name;
-        if (p.init.kind == LLAMA_INIT_ONES) {
+        if (p.init.kind == INIT_ONES) {
             for (float x : v) ASSERT_EQ(x, 1.0f) << p.name;
         }
     }
@@ -396,12 +396,12 @@ TEST(LlamaInit, BadArguments) {
     EXPECT_EQ(llama_init_rows_f32(nullptr, 0, 0, 1, buf, &err), FSDP_E_INVALID);
     EXPECT_EQ(llama_init_rows_f32(&p, 0, 5, 5, nullptr, &err), 0);  // empty shard
     llama_param q = p;
-    q.init.kind = LLAMA_INIT_TRUNC_NORMAL;
+    q.init.kind = INIT_TRUNC_NORMAL;
     q.init.std = 0.0;
     EXPECT_EQ(llama_init_rows_f32(&q, 0, 0, 1, buf, &err), FSDP_E_INVALID);
     EXPECT_NE(std::string(err.msg).find("llama init: tok_embeddings.weight"), std::string::npos)
         << err.msg;
-    q.init.kind = LLAMA_INIT_NORMAL;
+    q.init.kind = INIT_NORMAL;
     EXPECT_EQ(llama_init_rows_f32(&q, 0, 0, 1, buf, &err), FSDP_E_INVALID);
     EXPECT_EQ(llama_init_model_f32(&tb.t, 0, nullptr, &err), FSDP_E_INVALID);
 }
@@ -423,7 +423,7 @@ TEST(LlamaInit, Speed) {
         double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         double ns = sec * 1e9 / (double)p.numel;
         printf("[ speed    ] %s (%s): %.1f ns/element wall\n", name,
-               p.init.kind == LLAMA_INIT_NORMAL ? "normal" : "trunc_normal", ns);
+               p.init.kind == INIT_NORMAL ? "normal" : "trunc_normal", ns);
 #if defined(__OPTIMIZE__) && !defined(__SANITIZE_ADDRESS__)
         EXPECT_LT(ns, 1000.0) << name;  // a sanity bound only; sanitizer builds are slower
 #else

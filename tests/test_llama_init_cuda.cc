@@ -98,7 +98,7 @@ TEST_F(LlamaInitCuda, EveryRuleAndShardEqualsHost) {
     llama_params t;
     fsdp_err err;
     ASSERT_EQ(llama_params_build(&c, &t, &err), 0) << err.msg;
-    bool rules[3] = {false, false, false};
+    bool rules[INIT_KIND_COUNT] = {};
     for (int i = 0; i < t.n; i++) {
         const llama_param &p = t.p[i];
         rules[p.init.kind] = true;
@@ -122,7 +122,7 @@ TEST_F(LlamaInitCuda, EveryRuleAndShardEqualsHost) {
                 << p.name << " world " << world;
         }
     }
-    EXPECT_TRUE(rules[LLAMA_INIT_NORMAL] && rules[LLAMA_INIT_TRUNC_NORMAL] && rules[LLAMA_INIT_ONES]);
+    EXPECT_TRUE(rules[INIT_NORMAL] && rules[INIT_TRUNC_NORMAL] && rules[INIT_ONES]);
     llama_params_free(&t);
 }
 

@@ -22,7 +22,7 @@ KCU_API int kcu_init_fill(float *dst, const rng_dist *dist, uint64_t seed, uint6
                           int64_t n, kcu_stream s, fsdp_err *err) {
     if (n < 0) return fsdp_err_set(err, FSDP_E_INVALID, "kcu_init_fill: negative length %lld", (long long)n);
     if (!dist) return fsdp_err_set(err, FSDP_E_INVALID, "kcu_init_fill: no distribution");
-    if (dist->kind < RNG_DIST_UNIFORM || dist->kind > RNG_DIST_CONST)
+    if (dist->kind < RNG_DIST_UNIFORM || dist->kind > RNG_DIST_UNIFORM_AB)
         return fsdp_err_set(err, FSDP_E_INVALID, "kcu_init_fill: unknown distribution kind %d", dist->kind);
     if (n == 0) return FSDP_OK;
     if (!dst) return fsdp_err_set(err, FSDP_E_INVALID, "kcu_init_fill: no output buffer");

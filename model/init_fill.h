@@ -1,0 +1,38 @@
+/* Filling parameter values from their init distributions (runtime/rng.h), on all OpenMP threads:
+ * many (parameter, element range) pieces in one parallel region, so small parameters are filled
+ * side by side. Element e (flat row-major index in the FULL parameter) of a parameter is element e
+ * of its stream (init_stream(name), see init_rule.h) under its distribution: the values never
+ * depend on how a parameter is sharded, on the world size or on the number of threads. The GPU
+ * generates the same bits with kcu_init_fill (kernels/cuda/kcu.h). */
+#ifndef FSDP_MODEL_INIT_FILL_H
+#define FSDP_MODEL_INIT_FILL_H
+
+#include <stdint.h>
+
+#include "fsdp/error.h"
+#include "fsdp/tensor.h"
+#include "runtime/rng.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Elements [e0, e0 + n) of a parameter's stream under dist. Output: f32 (values as float, rounded
+ * to bf16 / f16 precision when dtype is FSDP_DT_BF16 / FSDP_DT_F16), or, when f32 is NULL, half:
+ * the bf16 / f16 bits (dtype must then be one of those). */
+typedef struct init_job {
+    uint64_t stream;
+    rng_dist dist;
+    int64_t e0, n;
+    float *f32;
+    uint16_t *half;
+    fsdp_dtype dtype; /* FSDP_DT_F32 (or 0), FSDP_DT_BF16, FSDP_DT_F16 */
+} init_job;
+
+/* Runs every job (each checked before any runs; `what` names the work in errors). */
+int init_fill_jobs(const init_job *jobs, int n, uint64_t seed, const char *what, fsdp_err *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

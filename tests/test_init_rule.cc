@@ -1,0 +1,295 @@
+// Init rules with torch.nn.init's definitions (model/init_rule.h) and the generic parallel fill
+// (model/init_fill.h): parsing and formatting, torch's fans and gains from the FULL shape, and the
+// distributions of large draws (mean, variance, bounds) against the formulas torch documents.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+extern "C" {
+#include "model/init_fill.h"
+#include "model/init_rule.h"
+}
+
+namespace {
+
+init_rule parse_ok(const char *text) {
+    init_rule r;
+    fsdp_err err;
+    EXPECT_EQ(init_rule_parse(text, &r, &err), 0) << text << ": " << err.msg;
+    return r;
+}
+
+std::string parse_err(const char *text) {
+    init_rule r;
+    fsdp_err err;
+    if (init_rule_parse(text, &r, &err) == 0) return "(accepted)";
+    return err.msg;
+}
+
+// n values of rule r for a parameter of FULL shape `shape` (elements [e0, e0 + n)).
+std::vector<float> draw(const init_rule &r, std::vector<int64_t> shape, int64_t n, const char *name = "p",
+                        int64_t e0 = 0) {
+    init_job j = {};
+    fsdp_err err;
+    EXPECT_EQ(init_rule_dist(&r, (int)shape.size(), shape.data(), name, &j.dist, &err), 0) << err.msg;
+    std::vector<float> v((size_t)n);
+    j.stream = init_stream(name);
+    j.e0 = e0;
+    j.n = n;
+    j.f32 = v.data();
+    j.dtype = FSDP_DT_F32;
+    EXPECT_EQ(init_fill_jobs(&j, 1, 1234, "test", &err), 0) << err.msg;
+    return v;
+}
+
+struct Moments {
+    double mean, var, lo, hi;
+};
+Moments moments(const std::vector<float> &v) {
+    double s = 0, s2 = 0, lo = INFINITY, hi = -INFINITY;
+    for (float x : v) {
+        s += x;
+        s2 += (double)x * x;
+        lo = std::min(lo, (double)x);
+        hi = std::max(hi, (double)x);
+    }
+    double m = s / v.size();
+    return {m, s2 / v.size() - m * m, lo, hi};
+}
+
+// Sample mean and variance within 6 standard errors of the distribution's (4th moment given as
+// kurtosis * var^2), bounds inside [a, b] and reaching near them.
+void expect_dist(const std::vector<float> &v, double mean, double var, double kurt, const char *what) {
+    Moments m = moments(v);
+    double n = (double)v.size();
+    EXPECT_NEAR(m.mean, mean, 6 * std::sqrt(var / n) + 1e-12) << what;
+    EXPECT_NEAR(m.var, var, 6 * var * std::sqrt((kurt - 1) / n) + 1e-15) << what;
+}
+
+void expect_uniform(const std::vector<float> &v, double a, double b, const char *what) {
+    double var = (b - a) * (b - a) / 12;
+    expect_dist(v, (a + b) / 2, var, 1.8, what);
+    Moments m = moments(v);
+    EXPECT_GE(m.lo, (float)a) << what;
+    EXPECT_LE(m.hi, (float)b) << what;
+    EXPECT_LT(m.lo, a + (b - a) * 1e-3) << what;  // reaches both ends
+    EXPECT_GT(m.hi, b - (b - a) * 1e-3) << what;
+}
+
+void expect_normal(const std::vector<float> &v, double mean, double std, const char *what) {
+    expect_dist(v, mean, std * std, 3.0, what);
+    Moments m = moments(v);
+    EXPECT_GT(m.hi, mean + 4 * std) << what;  // tails present at n = 1M
+    EXPECT_LT(m.lo, mean - 4 * std) << what;
+}
+
+const int64_t N = 1 << 20;
+
+TEST(InitRule, ParsesTorchSignaturesPositionalAndKeyword) {
+    init_rule r = parse_ok("trunc_normal(0, 0.02, a=-0.04, b=0.04)");
+    EXPECT_EQ(r.kind, INIT_TRUNC_NORMAL);
+    EXPECT_EQ(r.mean, 0.0);
+    EXPECT_EQ(r.std, 0.02);
+    EXPECT_EQ(r.a, -0.04);
+    EXPECT_EQ(r.b, 0.04);
+    r = parse_ok("trunc_normal");  // torch defaults
+    EXPECT_EQ(r.std, 1.0);
+    EXPECT_EQ(r.a, -2.0);
+    EXPECT_EQ(r.b, 2.0);
+    r = parse_ok(" kaiming_uniform( a = sqrt(5), mode='fan_out', nonlinearity=relu ) ");
+    EXPECT_EQ(r.kind, INIT_KAIMING_UNIFORM);
+    EXPECT_DOUBLE_EQ(r.a, std::sqrt(5.0));
+    EXPECT_EQ(r.fan_out_mode, 1);
+    EXPECT_EQ(r.nonlin, INIT_NL_RELU);
+    EXPECT_EQ(parse_ok("uniform(-1, 1)").b, 1.0);
+    EXPECT_EQ(parse_ok("constant(0.5)").value, 0.5);
+    EXPECT_EQ(parse_ok("xavier_normal(gain=2)").gain, 2.0);
+    EXPECT_EQ(parse_ok("zeros").kind, INIT_ZEROS);
+    EXPECT_EQ(parse_ok("ones()").kind, INIT_ONES);
+    EXPECT_EQ(parse_ok("default_linear").kind, INIT_DEFAULT_LINEAR);
+    EXPECT_EQ(parse_ok("default_embedding").kind, INIT_DEFAULT_EMBEDDING);
+    EXPECT_EQ(parse_ok("none").kind, INIT_NONE);
+    EXPECT_EQ(parse_ok("kaiming_normal(0, fan_in, conv2d)").nonlin, INIT_NL_LINEAR);
+}
+
+TEST(InitRule, FormatParsesBackToTheSameRule) {
+    for (const char *t : {"normal(0.5, 0.25)", "trunc_normal(0, 0.02, -0.04, 0.04)", "uniform(-3, 7)", "zeros",
+                          "ones", "constant(-2.5)", "kaiming_uniform(0.1, fan_out, tanh)", "kaiming_normal",
+                          "xavier_uniform(1.5)", "xavier_normal", "default_linear", "default_embedding", "none"}) {
+        init_rule a = parse_ok(t), b;
+        char buf[256];
+        init_rule_format(&a, buf, sizeof buf);
+        fsdp_err err;
+        ASSERT_EQ(init_rule_parse(buf, &b, &err), 0) << buf << ": " << err.msg;
+        EXPECT_EQ(0, memcmp(&a, &b, sizeof a)) << t << " -> " << buf;
+    }
+}
+
+TEST(InitRule, BadRulesNameWhatIsWrong) {
+    EXPECT_NE(parse_err("gaussian(0, 1)").find("unknown rule 'gaussian'"), std::string::npos);
+    EXPECT_NE(parse_err("normal(0, 1, 2)").find("too many arguments"), std::string::npos);
+    EXPECT_NE(parse_err("normal(mean=0, sd=1)").find("normal takes no argument 'sd'"), std::string::npos);
+    EXPECT_NE(parse_err("normal(0, -1)").find("std must be > 0"), std::string::npos);
+    EXPECT_NE(parse_err("normal(std=1, 0)").find("positional argument after a keyword"), std::string::npos);
+    EXPECT_NE(parse_err("normal(0, std=1, std=2)").find("given twice"), std::string::npos);
+    EXPECT_NE(parse_err("uniform(1, 0)").find("a <= b"), std::string::npos);
+    EXPECT_NE(parse_err("trunc_normal(0, 1, 2, 2)").find("a < b"), std::string::npos);
+    EXPECT_NE(parse_err("constant").find("needs its value"), std::string::npos);
+    EXPECT_NE(parse_err("zeros(1)").find("takes no arguments"), std::string::npos);
+    EXPECT_NE(parse_err("kaiming_uniform(mode=fan_both)").find("fan_in or fan_out"), std::string::npos);
+    EXPECT_NE(parse_err("kaiming_uniform(nonlinearity=gelu)").find("nonlinearity must be"), std::string::npos);
+    EXPECT_NE(parse_err("normal(0, 1) x").find("unexpected text"), std::string::npos);
+    EXPECT_NE(parse_err("normal(0, 1e999)").find("finite number"), std::string::npos);
+    EXPECT_NE(parse_err("normal(0, 1").find("expected ',' or ')'"), std::string::npos);
+    EXPECT_NE(parse_err("").find("expected a rule name"), std::string::npos);
+    // the message quotes the text
+    EXPECT_NE(parse_err("normal(0, -1)").find("init rule 'normal(0, -1)'"), std::string::npos);
+}
+
+TEST(InitRule, FansAreTorchsFromTheFullShape) {
+    int64_t fi, fo;
+    fsdp_err err;
+    int64_t lin[2] = {300, 70}, conv[4] = {16, 3, 5, 7};
+    ASSERT_EQ(init_fans(2, lin, &fi, &fo, "w", &err), 0);
+    EXPECT_EQ(fi, 70);
+    EXPECT_EQ(fo, 300);
+    ASSERT_EQ(init_fans(4, conv, &fi, &fo, "c", &err), 0);
+    EXPECT_EQ(fi, 3 * 35);
+    EXPECT_EQ(fo, 16 * 35);
+    int64_t bias[1] = {300};
+    EXPECT_EQ(init_fans(1, bias, &fi, &fo, "layer.bias", &err), FSDP_E_INVALID);
+    EXPECT_NE(std::string(err.msg).find("layer.bias: fan in and fan out can not be computed"), std::string::npos);
+    // a rule that needs fans on a 1-D tensor is an error naming it, as in torch
+    init_rule r = parse_ok("xavier_uniform");
+    rng_dist d;
+    EXPECT_EQ(init_rule_dist(&r, 1, bias, "norm.weight", &d, &err), FSDP_E_INVALID);
+    EXPECT_NE(std::string(err.msg).find("norm.weight"), std::string::npos) << err.msg;
+    r = parse_ok("none");
+    EXPECT_EQ(init_rule_dist(&r, 2, lin, "x.weight", &d, &err), FSDP_E_INVALID);
+    EXPECT_NE(std::string(err.msg).find("x.weight has no init rule"), std::string::npos) << err.msg;
+}
+
+TEST(InitRule, SimpleDistributionsHaveTorchsMomentsAndBounds) {
+    expect_normal(draw(parse_ok("normal(0.5, 0.02)"), {1024, 1024}, N), 0.5, 0.02, "normal");
+    expect_normal(draw(parse_ok("default_embedding"), {1024, 1024}, N), 0.0, 1.0, "default_embedding");
+    expect_uniform(draw(parse_ok("uniform(-0.3, 0.1)"), {N}, N), -0.3, 0.1, "uniform");
+    // trunc_normal(0, 1, -1, 2): moments of the truncated normal
+    {
+        double a = -1, b = 2, pa = std::exp(-a * a / 2) / std::sqrt(2 * M_PI), pb = std::exp(-b * b / 2) / std::sqrt(2 * M_PI);
+        double Z = 0.5 * (std::erf(b / std::sqrt(2.0)) - std::erf(a / std::sqrt(2.0)));
+        double mean = (pa - pb) / Z, var = 1 + (a * pa - b * pb) / Z - mean * mean;
+        std::vector<float> v = draw(parse_ok("trunc_normal(0, 1, -1, 2)"), {N}, N);
+        expect_dist(v, mean, var, 3.0, "trunc_normal");
+        Moments m = moments(v);
+        EXPECT_GE(m.lo, -1.0f);
+        EXPECT_LE(m.hi, 2.0f);
+        EXPECT_LT(m.lo, -0.999);
+        EXPECT_GT(m.hi, 1.99);
+    }
+    for (auto c : std::vector<std::pair<const char *, float>>{{"zeros", 0.f}, {"ones", 1.f}, {"constant(-2.5)", -2.5f}}) {
+        std::vector<float> v = draw(parse_ok(c.first), {33, 7}, 231);
+        for (float x : v) ASSERT_EQ(x, c.second) << c.first;
+    }
+}
+
+TEST(InitRule, FanRulesUseTheFullShapeOfTheParameter) {
+    // [out, in] = [2048, 512]: fan_in 512, fan_out 2048
+    const std::vector<int64_t> w = {2048, 512};
+    double fi = 512, fo = 2048;
+    expect_uniform(draw(parse_ok("kaiming_uniform"), w, N), -std::sqrt(2.0) * std::sqrt(3 / fi),
+                   std::sqrt(2.0) * std::sqrt(3 / fi), "kaiming_uniform");
+    expect_uniform(draw(parse_ok("kaiming_uniform(mode=fan_out, nonlinearity=tanh)"), w, N),
+                   -5.0 / 3 * std::sqrt(3 / fo), 5.0 / 3 * std::sqrt(3 / fo), "kaiming_uniform fan_out tanh");
+    expect_normal(draw(parse_ok("kaiming_normal(a=0.2)"), w, N), 0, std::sqrt(2 / (1 + 0.04)) / std::sqrt(fi),
+                  "kaiming_normal");
+    expect_uniform(draw(parse_ok("xavier_uniform(gain=2)"), w, N), -2 * std::sqrt(6 / (fi + fo)),
+                   2 * std::sqrt(6 / (fi + fo)), "xavier_uniform");
+    expect_normal(draw(parse_ok("xavier_normal"), w, N), 0, std::sqrt(2 / (fi + fo)), "xavier_normal");
+    // nn.Linear: weight U(+-1/sqrt(fan_in)) (kaiming_uniform(a=sqrt(5))), bias U(+-1/sqrt(fan_in of the weight))
+    expect_uniform(draw(parse_ok("default_linear"), w, N), -1 / std::sqrt(fi), 1 / std::sqrt(fi), "linear weight");
+    init_rule b = parse_ok("default_linear");
+    b.fan_in = 512;
+    expect_uniform(draw(b, {2048}, 2048 * 64, "fc.bias"), -1 / std::sqrt(fi), 1 / std::sqrt(fi), "linear bias");
+    b.fan_in = 0;
+    rng_dist d;
+    fsdp_err err;
+    int64_t bs[1] = {2048};
+    EXPECT_EQ(init_rule_dist(&b, 1, bs, "fc.bias", &d, &err), FSDP_E_INVALID);
+    EXPECT_NE(std::string(err.msg).find("fc.bias: default_linear on a bias needs its layer's weight"),
+              std::string::npos)
+        << err.msg;
+    // conv weights: receptive field counts
+    expect_uniform(draw(parse_ok("default_linear"), {64, 16, 4, 4}, 64 * 16 * 16), -1 / std::sqrt(256.0),
+                   1 / std::sqrt(256.0), "conv weight");
+}
+
+// The shape the rule sees is the parameter's, never a shard's: rows [r0, r1) drawn alone are the
+// same bits as those rows of the whole parameter.
+TEST(InitRule, ShardsAreRowsOfTheWholeParameter) {
+    init_rule r = parse_ok("kaiming_uniform(a=sqrt(5))");
+    std::vector<int64_t> shape = {37, 129};
+    std::vector<float> whole = draw(r, shape, 37 * 129, "layers.0.w");
+    for (int64_t r0 : {0, 5, 36}) {
+        int64_t r1 = std::min<int64_t>(37, r0 + 13);
+        std::vector<float> part = draw(r, shape, (r1 - r0) * 129, "layers.0.w", r0 * 129);
+        EXPECT_EQ(0, memcmp(part.data(), whole.data() + r0 * 129, part.size() * sizeof(float))) << r0;
+    }
+}
+
+TEST(InitFill, HalfOutputsAndRoundingMatchTheFloatDraw) {
+    init_rule r = parse_ok("normal(0, 3)");
+    int64_t shape[2] = {100, 100};
+    init_job j[3] = {};
+    fsdp_err err;
+    std::vector<float> f(10000), fr(10000);
+    std::vector<uint16_t> h(10000), bf(10000);
+    for (auto &x : j) {
+        ASSERT_EQ(init_rule_dist(&r, 2, shape, "p", &x.dist, &err), 0);
+        x.stream = init_stream("p");
+        x.n = 10000;
+    }
+    j[0].f32 = f.data();
+    j[1].f32 = fr.data(), j[1].dtype = FSDP_DT_F16;
+    j[2].half = h.data(), j[2].dtype = FSDP_DT_F16;
+    ASSERT_EQ(init_fill_jobs(j, 3, 7, "t", &err), 0) << err.msg;
+    init_job k = j[2];
+    k.half = bf.data(), k.dtype = FSDP_DT_BF16;
+    ASSERT_EQ(init_fill_jobs(&k, 1, 7, "t", &err), 0) << err.msg;
+    for (int i = 0; i < 10000; i++) {
+        ASSERT_EQ(h[i], fsdp_f32_to_f16(f[i])) << i;
+        ASSERT_EQ(fr[i], fsdp_f16_to_f32(h[i])) << i;
+        ASSERT_EQ(bf[i], fsdp_f32_to_bf16(f[i])) << i;
+    }
+    // bad jobs are refused before anything runs
+    init_job bad = j[0];
+    bad.f32 = nullptr;
+    EXPECT_EQ(init_fill_jobs(&bad, 1, 7, "t", &err), FSDP_E_INVALID);
+    bad = j[0];
+    bad.dtype = FSDP_DT_I32;
+    EXPECT_EQ(init_fill_jobs(&bad, 1, 7, "t", &err), FSDP_E_INVALID);
+    bad = j[0];
+    bad.n = -1;
+    EXPECT_EQ(init_fill_jobs(&bad, 1, 7, "t", &err), FSDP_E_INVALID);
+}
+
+TEST(InitRule, UniformBoundsAreCheckedAndDegenerateRulesAreConstants) {
+    rng_dist d;
+    fsdp_err err;
+    EXPECT_EQ(rng_dist_uniform_ab(&d, 1, 1, &err), FSDP_E_INVALID);
+    EXPECT_EQ(rng_dist_uniform_ab(&d, -3e38, 3e38, &err), FSDP_E_INVALID);  // b - a overflows float
+    EXPECT_EQ(rng_dist_uniform_ab(&d, 0, INFINITY, &err), FSDP_E_INVALID);
+    // uniform(a, a) is the constant a (torch fills a); a zero fan rule gives zeros
+    std::vector<float> v = draw(parse_ok("uniform(2, 2)"), {10}, 10);
+    for (float x : v) EXPECT_EQ(x, 2.0f);
+    v = draw(parse_ok("default_linear"), {8, 0}, 0);
+    EXPECT_TRUE(v.empty());
+    // every element of the host fill is rng_dist_at's
+    ASSERT_EQ(rng_dist_uniform_ab(&d, -0.5, 0.25, &err), 0);
+    std::vector<float> w(1000);
+    rng_fill_dist(&d, w.data(), 9, 77, 3, w.size());
+    for (size_t i = 0; i < w.size(); i++) ASSERT_EQ(w[i], rng_dist_at(&d, 9, 77, 3 + i)) << i;
+}
+
+}  // namespace
