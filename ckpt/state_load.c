@@ -53,7 +53,9 @@ static int map_key(const fsdp_state *s, const sio_load_opts *o, nmap_rules *rule
     return 0;
 }
 
-static int matches_only(const sio_load_opts *o, const char *name) {
+static int matches_only(const sio_load_opts *o, const fsdp_state *s, const state_param *p) {
+    if (o->select && !o->select[p - s->p]) return 0;
+    const char *name = p->name;
     if (!o->only) return 1;
     for (size_t i = 0; i < o->n_only; i++)
         if (nmap_glob_match(o->only[i], name, NULL) >= 0) return 1;
@@ -105,9 +107,11 @@ typedef struct loader {
     ckpt_up up;
 } loader;
 
-/* per staged chunk of a parameter's data: NaN check (strict) and bf16 rounding */
+/* per staged chunk of a parameter's data: NaN check (strict) and rounding to bf16 / f16 */
 typedef struct chunk_xf {
-    int check_nan, round, nan;
+    int check_nan;
+    fsdp_dtype round; /* FSDP_DT_BF16, FSDP_DT_F16, or 0: none */
+    int nan;
 } chunk_xf;
 
 static void round_bf16(float *d, size_t n) {
@@ -115,11 +119,28 @@ static void round_bf16(float *d, size_t n) {
     for (size_t k = 0; k < n; k++) d[k] = fsdp_bf16_to_f32(fsdp_f32_to_bf16(d[k]));
 }
 
+static void round_f16(float *d, size_t n) {
+#pragma omp parallel for schedule(static) if (n >= PAR_NUMEL)
+    for (size_t k = 0; k < n; k++) d[k] = fsdp_f16_to_f32(fsdp_f32_to_f16(d[k]));
+}
+
+static void round_to(float *d, size_t n, fsdp_dtype dt) {
+    if (dt == FSDP_DT_BF16) round_bf16(d, n);
+    else if (dt == FSDP_DT_F16) round_f16(d, n);
+}
+
+/* What the loaded values of p are rounded to: every parameter to bf16 (round_bf16), else each to its
+ * own dtype, so that a bf16 / f16 parameter keeps values of its dtype. */
+static fsdp_dtype round_of(const sio_load_opts *o, const state_param *p) {
+    if (o->round_bf16) return FSDP_DT_BF16;
+    return p->dtype == FSDP_DT_BF16 || p->dtype == FSDP_DT_F16 ? p->dtype : FSDP_DT_INVALID;
+}
+
 static int chunk_fn(void *user, float *c, size_t n, size_t first, fsdp_err *err) {
     (void)first, (void)err;
     chunk_xf *x = user;
     if (x->check_nan && !x->nan && has_nan(c, n)) x->nan = 1;
-    if (x->round) round_bf16(c, n);
+    round_to(c, n, x->round);
     return 0;
 }
 
@@ -192,13 +213,17 @@ static int load_array(loader *L, ckpt_reader *r, size_t ci, state_param *p, stat
         } else {
             *bytes += (uint64_t)p->rows * (uint64_t)p->row_numel * 4;
         }
-        chunk_xf x = {a == STATE_DATA && L->o->strict, a == STATE_DATA && L->o->round_bf16, 0};
+        chunk_xf x = {a == STATE_DATA && L->o->strict, a == STATE_DATA ? round_of(L->o, p) : FSDP_DT_INVALID, 0};
         rc = read_staged(L, r, ci, p, a == STATE_DATA ? info : NULL, *state_param_dev_slot(p, a), &x, err);
         if (x.nan) *nan = 1;
         return rc;
     }
     float *dst = *state_param_host_slot(p, a);
-    if (a == STATE_DATA) return read_local(r, ci, p, info, dst, bytes, err);
+    if (a == STATE_DATA) {
+        rc = read_local(r, ci, p, info, dst, bytes, err);
+        if (!rc) round_to(dst, state_param_local_numel(p), round_of(L->o, p));
+        return rc;
+    }
     rc = ckpt_read_rows(r, ci, p->row0, p->row0 + p->rows, dst, FSDP_DT_F32, err);
     *bytes += (uint64_t)p->rows * (uint64_t)p->row_numel * 4;
     return rc;
@@ -215,6 +240,35 @@ static int round_dev(loader *L, float *dev, size_t n, fsdp_err *err) {
         round_bf16(buf, k);
         if ((rc = ckpt_up_put(&L->up, dev + off, k * sizeof(float), err))) return rc;
     }
+    return 0;
+}
+
+/* The checkpoint's model keys under o->detect_prefix ("model.", as a torchtitan-style checkpointer
+ * saves {"model": model.state_dict()}): *strip becomes that prefix when no model key of the checkpoint
+ * names a parameter as it is and some do once it is stripped; else it stays o->strip_prefix. Reads
+ * only the header. */
+static int detect_prefix(const fsdp_state *s, const sio_load_opts *o, nmap_rules *rules, ckpt_reader *r,
+                         const char **strip, fsdp_err *err) {
+    *strip = o->strip_prefix;
+    if (!o->detect_prefix || !*o->detect_prefix || (o->strip_prefix && *o->strip_prefix)) return 0;
+    sio_load_opts as_is = *o, stripped = *o;
+    stripped.strip_prefix = o->detect_prefix;
+    size_t direct = 0, under = 0;
+    for (size_t ci = 0; ci < ckpt_count(r) && !direct; ci++) {
+        const ckpt_entry *e = ckpt_entry_at(r, ci);
+        if (!e->is_tensor || !strncmp(e->name, "optimizer.", 10) || !strncmp(e->name, "train_state.", 12)) continue;
+        char name[NAME_CAP];
+        nmap_info info;
+        int rc = map_key(s, &as_is, rules, e->name, name, &info, err);
+        if (rc) return rc;
+        if (name[0] && state_find((fsdp_state *)s, name)) {
+            direct++;
+            continue;
+        }
+        if ((rc = map_key(s, &stripped, rules, e->name, name, &info, err))) return rc;
+        if (name[0] && state_find((fsdp_state *)s, name)) under++;
+    }
+    if (!direct && under) *strip = o->detect_prefix;
     return 0;
 }
 
@@ -248,6 +302,10 @@ int sio_load(fsdp_state *s, const char *path, const sio_load_opts *o, sio_load_r
         for (size_t i = 0; i < o->n_rename && !rc; i++) rc = nmap_rules_add(rules, o->rename_from[i], o->rename_to[i], err);
         if (rc) goto out;
     }
+    sio_load_opts eff = *o; /* with the detected key prefix, when there is one */
+    if ((rc = detect_prefix(s, o, rules, r, &eff.strip_prefix, err))) goto out;
+    if (eff.strip_prefix != o->strip_prefix) res->stripped_prefix = eff.strip_prefix;
+    o = &eff;
     size_t nck = ckpt_count(r);
     int *loaded = calloc(s->n ? s->n : 1, sizeof *loaded);
     int *nan_dev = calloc(s->n ? s->n : 1, sizeof *nan_dev); /* NaN seen in staged data */
@@ -289,7 +347,7 @@ int sio_load(fsdp_state *s, const char *path, const sio_load_opts *o, sio_load_r
         }
         state_param *p = name[0] ? state_find(s, name) : NULL;
         if (!p || !e->is_tensor) continue;
-        if (!matches_only(o, p->name)) {
+        if (!matches_only(o, s, p)) {
             used[ci] = 1;
             continue;
         }
@@ -309,7 +367,7 @@ int sio_load(fsdp_state *s, const char *path, const sio_load_opts *o, sio_load_r
     if (!rc && do_opt) {
         for (size_t i = 0; i < s->n && !rc; i++) {
             state_param *p = &s->p[i];
-            if (!loaded[i] && o->only) continue;
+            if (!loaded[i] && (o->only || o->select)) continue;
             const char *kinds[2] = {"exp_avg", "exp_avg_sq"};
             const state_array arr[2] = {STATE_EXP_AVG, STATE_EXP_AVG_SQ};
             for (int k = 0; k < 2 && !rc; k++) {
@@ -372,7 +430,7 @@ int sio_load(fsdp_state *s, const char *path, const sio_load_opts *o, sio_load_r
     }
     if (!rc && o->strict) {
         for (size_t i = 0; i < s->n; i++) {
-            if (loaded[i] || !matches_only(o, s->p[i].name)) continue;
+            if (loaded[i] || !matches_only(o, s, &s->p[i])) continue;
             append(problems, 8192, "\n  %s not restored (no such key in the checkpoint%s)", s->p[i].name,
                    o->names == SIO_NAMES_HF ? " under its Hugging Face name" : "");
         }
@@ -403,7 +461,7 @@ done:
     }
     if (o->strict)
         for (size_t i = 0; i < s->n; i++) {
-            if (loaded[i] || !matches_only(o, s->p[i].name)) continue;
+            if (loaded[i] || !matches_only(o, s, &s->p[i])) continue;
             size_t n = state_param_local_numel(&s->p[i]);
             if (state_place_of(&s->p[i], STATE_DATA) != STATE_DEVICE) {
                 fill_nan(s->p[i].data, n);
@@ -432,6 +490,8 @@ done:
         int frc = ckpt_up_finish(&L.up, rc ? &e2 : err);
         if (!rc) rc = frc;
     }
+    for (size_t i = 0; !rc && i < s->n; i++)
+        if (loaded[i]) s->p[i].no_value = 0;
     free(loaded);
     free(nan_dev);
     free(used);

@@ -80,6 +80,9 @@ static int add_value(save_plan *p, const char *fqn, pkl_w *w, fsdp_err *err) {
 
 static int add_chunk(save_plan *p, const state_param *sp, const char *fqn, state_array a, fsdp_dtype dt,
                      int world, fsdp_err *err) {
+    if (strlen(fqn) >= sizeof p->items[0].fqn)
+        return fsdp_err_set(err, FSDP_E_INVALID, "save-dcp: key %.64s... is %zu bytes long (a DCP key holds at most %zu)",
+                            fqn, strlen(fqn), sizeof p->items[0].fqn - 1);
     save_item *it = plan_add(p, err);
     if (!it) return err->code;
     snprintf(it->fqn, sizeof it->fqn, "%s", fqn);
@@ -111,7 +114,7 @@ static int build_plan(fsdp_state *s, int rank, int world, const sio_save_opts *o
     int full = s->layout == STATE_FULL;
     pkl_w w;
     pkl_w_init(&w);
-    char key[600];
+    char key[1024];
     if (rank == 0) {
         for (size_t i = 0; with_opt && i < s->n && !rc; i++) {
             const char *fqn = s->p[i].name;
@@ -146,7 +149,8 @@ static int build_plan(fsdp_state *s, int rank, int world, const sio_save_opts *o
     for (size_t i = 0; i < s->n && !rc; i++) {
         state_param *sp = &s->p[i];
         if (full && rank != 0) break;
-        rc = add_chunk(p, sp, sp->name, STATE_DATA, sp->dtype, full ? 1 : world, err);
+        snprintf(key, sizeof key, "%s%s", o->key_prefix ? o->key_prefix : "", sp->name);
+        rc = add_chunk(p, sp, key, STATE_DATA, sp->dtype, full ? 1 : world, err);
         if (!rc && with_opt) {
             snprintf(key, sizeof key, "optimizer.state.%s.exp_avg", sp->name);
             rc = add_chunk(p, sp, key, STATE_EXP_AVG, FSDP_DT_F32, full ? 1 : world, err);

@@ -6,6 +6,9 @@
  * index is replaced last (ckpt/safetensors_gen.c). Stale temporaries of interrupted saves there are
  * removed and logged.
  *
+ * Any model: the parameters under their own names (names: hf needs a Llama-family model), each in its
+ * own dtype unless `dtype` says otherwise; every parameter must hold a value.
+ *
  * with: path (required; a .safetensors file, or a directory when shard_mb > 0),
  *       names (torchtitan|hf), dtype (auto|f32|bf16), shard_mb (int, 0 = one file) */
 #include <stdio.h>
@@ -33,7 +36,13 @@ static int sst_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
     int rank = comm_rank(c), hf = !strcmp(fsdp_arg_str(with, "names", "torchtitan"), "hf");
     const char *dts = fsdp_arg_str(with, "dtype", "auto"), *path = fsdp_arg_str(with, "path", "");
     int64_t shard_mb = fsdp_arg_int(with, "shard_mb", 0);
-    int rc = 0;
+    int rc = state_check_values(s, "save-safetensors", err);
+    if (rc) return rc;
+    if (hf && !s->has_cfg)
+        return fsdp_err_set(err, FSDP_E_INVALID,
+                            "save-safetensors: names: hf maps Llama-family names, and the model is a %s (its names are "
+                            "written as they are without names: hf)",
+                            s->model ? mt_kind(s->model) : "model without a Llama config");
     st_writer *w = NULL;
     st_shards *sh = NULL;
     size_t *idx = calloc(s->n ? s->n : 1, sizeof *idx);

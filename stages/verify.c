@@ -27,7 +27,8 @@ static int verify_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
     const char *against = fsdp_arg_str(with, "against", NULL);
     double rtol = fsdp_arg_float(with, "rtol", 0), atol = fsdp_arg_float(with, "atol", 0);
     ckpt_reader *r = NULL;
-    int rc = 0;
+    int rc = state_check_values(s, "verify", err);
+    if (rc) return rc;
     if (against && (rc = ckpt_open(against, CKPT_AUTO, &r, err))) return rc;
     int64_t bad_total = 0, mismatched = 0;
     char first_bad[256] = "";
