@@ -149,6 +149,9 @@ static int build_plan(fsdp_state *s, int rank, int world, const sio_save_opts *o
     for (size_t i = 0; i < s->n && !rc; i++) {
         state_param *sp = &s->p[i];
         if (full && rank != 0) break;
+        /* a 0-d value is replicated on every rank: written once, by rank 0 (as PyTorch's planner
+         * dedups replicated items) */
+        if (sp->ndim == 0 && rank != 0) continue;
         snprintf(key, sizeof key, "%s%s", o->key_prefix ? o->key_prefix : "", sp->name);
         rc = add_chunk(p, sp, key, STATE_DATA, sp->dtype, full ? 1 : world, err);
         if (!rc && with_opt) {

@@ -398,3 +398,206 @@ TEST(ModelTableValidate, TrainStepsRefusesAModelItCannotTrainAndMemoryUsesTheTab
         << out;
     rm_rf(dir);
 }
+
+// ---- the stages on a table -----------------------------------------------------------------------
+
+namespace {
+
+// A table with every dtype, a 0-d and a 4-D tensor, first dims that shard unevenly or not at all over
+// 2 and 3 ranks, and big random tensors (moments).
+const char *const TABLE =
+    "model:\n"
+    "  dims: {d: 512}\n"
+    "  params:\n"
+    "    - {name: lin.weight, shape: [d, 2*d], init: default_linear}\n"
+    "    - {name: lin.bias, shape: [d], init: default_linear, dtype: bf16}\n"
+    "    - {name: emb.weight, shape: [1000, d], init: \"normal(0, 0.02)\", dtype: bf16}\n"
+    "    - {name: tn, shape: [d, d], init: \"trunc_normal(0.1, 1, a=-1, b=2)\", dtype: f16}\n"
+    "    - {name: kn, shape: [d, d], init: \"kaiming_normal(mode=fan_out, nonlinearity=relu)\"}\n"
+    "    - {name: conv, shape: [5, 3, 4, 4], init: xavier_uniform}\n"
+    "    - {name: probe, shape: [1, 1, 7], init: ones}\n"
+    "    - {name: \"scale\", shape: [], init: \"constant(0.5)\"}\n";
+
+void moments(const std::vector<float> &v, double *mean, double *sd, double *lo, double *hi) {
+    double s = 0, s2 = 0;
+    *lo = 1e30, *hi = -1e30;
+    for (float x : v) {
+        s += x;
+        s2 += (double)x * x;
+        *lo = std::min(*lo, (double)x);
+        *hi = std::max(*hi, (double)x);
+    }
+    *mean = s / (double)v.size();
+    *sd = std::sqrt(s2 / (double)v.size() - *mean * *mean);
+}
+
+}  // namespace
+
+TEST(ModelTableStages, InitMetaAndInitCpuGiveTheSameTableOnAnyWorldSizeInEachDtype) {
+    std::string dir = make_tmpdir("fsdp-mt");
+    write_file(dir + "/meta.yaml", std::string("runtime: {device: cpu, seed: 3}\n") + TABLE +
+                                       "stages:\n  - {id: i, uses: init-meta}\n"
+                                       "  - {id: s, uses: save-dcp, with: {path: \"${out}\"}}\n"
+                                       "  - {id: t, uses: save-safetensors, with: {path: \"${out}.safetensors\"}}\n");
+    write_file(dir + "/cpu.yaml", std::string("runtime: {device: cpu, seed: 3}\n") + TABLE +
+                                      "stages:\n  - {id: i, uses: init-cpu}\n  - {id: sh, uses: shard}\n"
+                                      "  - {id: s, uses: save-dcp, with: {path: \"${out}\"}}\n");
+    std::string log;
+    ASSERT_EQ(run_cmd(fsdp_run_bin() + " " + dir + "/meta.yaml --set vars.out=" + dir + "/m1", &log), 0) << log;
+    ASSERT_EQ(run_cmd("timeout 120 " + mpirun_prefix(3) + " " + fsdp_run_bin() + " " + dir + "/meta.yaml --set vars.out=" +
+                          dir + "/m3", &log), 0) << log;
+    ASSERT_EQ(run_cmd("timeout 120 " + mpirun_prefix(2) + " " + fsdp_run_bin() + " " + dir + "/cpu.yaml --set vars.out=" +
+                          dir + "/c2", &log), 0) << log;
+    for (const char *o : {"/m3", "/c2"})
+        EXPECT_EQ(run_cmd(fsdp_run_bin() + " ckpt diff " + dir + "/m1 " + dir + o, &log), 0) << o << ": " << log;
+    ASSERT_EQ(run_cmd(fsdp_run_bin() + " ckpt diff " + dir + "/m1.safetensors " + dir + "/m3.safetensors", &log), 0) << log;
+    Reader r(dir + "/m1.safetensors");
+    struct {
+        const char *name;
+        fsdp_dtype dt;
+    } dts[] = {{"lin.weight", FSDP_DT_F32}, {"lin.bias", FSDP_DT_BF16}, {"emb.weight", FSDP_DT_BF16},
+               {"tn", FSDP_DT_F16},         {"scale", FSDP_DT_F32}};
+    for (auto &d : dts) {
+        const ckpt_entry *e = nullptr;
+        read_tensor(r.r, d.name, &e);
+        ASSERT_NE(e, nullptr);
+        EXPECT_EQ(e->dtype, d.dt) << d.name;
+    }
+    // nn.Linear's init: U(+-1/sqrt(fan_in)) for the weight and (its fan_in) for the bias
+    expect_uniform(read_tensor(r.r, "lin.weight"), 1 / std::sqrt(1024.0), "lin.weight");
+    for (float x : read_tensor(r.r, "lin.bias")) EXPECT_LE(std::fabs(x), 1 / std::sqrt(1024.0));
+    double m, sd, lo, hi;
+    moments(read_tensor(r.r, "emb.weight"), &m, &sd, &lo, &hi);
+    EXPECT_NEAR(m, 0, 0.001);
+    EXPECT_NEAR(sd, 0.02, 0.0005);
+    moments(read_tensor(r.r, "tn"), &m, &sd, &lo, &hi);
+    EXPECT_GE(lo, -1.0);
+    EXPECT_LE(hi, 2.0);
+    // the mean of N(0.1, 1) truncated to [-1, 2]: mu + (phi(alpha) - phi(beta)) / (Phi(beta) - Phi(alpha))
+    double al = -1.1, be = 1.9, z = 0.5 * (std::erf(be / std::sqrt(2.0)) - std::erf(al / std::sqrt(2.0)));
+    EXPECT_NEAR(m, 0.1 + (std::exp(-0.5 * al * al) - std::exp(-0.5 * be * be)) / std::sqrt(2 * M_PI) / z, 0.005);
+    moments(read_tensor(r.r, "kn"), &m, &sd, &lo, &hi);
+    EXPECT_NEAR(sd, std::sqrt(2.0) / std::sqrt(512.0), 0.002);  // gain sqrt(2) / sqrt(fan_out)
+    moments(read_tensor(r.r, "conv"), &m, &sd, &lo, &hi);       // fans 3*16, 5*16
+    EXPECT_LE(std::max(-lo, hi), std::sqrt(6.0 / (48 + 80)));
+    EXPECT_EQ(read_tensor(r.r, "probe"), std::vector<float>(7, 1.0f));
+    EXPECT_EQ(read_tensor(r.r, "scale"), std::vector<float>(1, 0.5f));
+    rm_rf(dir);
+}
+
+TEST(ModelTableStages, LoadsIntoPartsStrictlyAndReadsBothKeyLayouts) {
+    std::string dir = make_tmpdir("fsdp-mt");
+    write_st(dir + "/a.safetensors", {st_tensor("x.weight", FSDP_DT_F32, {6, 4}, 1), st_tensor("x.bias", FSDP_DT_F32, {6}, 2)});
+    write_st(dir + "/b.safetensors", {st_tensor("y", FSDP_DT_BF16, {5, 3}, 3)});
+    // the model: part a from a's header, part b declared by a table in bf16 / f16; loads fill each
+    std::string model = "model:\n  parts:\n    - {name: a, prefix: enc., from: " + dir + "/a.safetensors}\n"
+                        "    - {name: b, prefix: dec., params: [{name: y, shape: [5, 3], dtype: f16}]}\n";
+    write_file(dir + "/save.yaml", "runtime: {device: cpu}\n" + model +
+               "stages:\n  - {id: i, uses: init-meta}\n"
+               "  - {id: la, uses: load-ckpt, with: {path: " + dir + "/a.safetensors, parts: [a]}}\n"
+               "  - {id: lb, uses: load-ckpt, with: {path: " + dir + "/b.safetensors, parts: [b]}}\n"
+               "  - {id: s, uses: save-dcp, with: {path: \"${out}\", prefix: \"model.\"}}\n");
+    std::string log;
+    ASSERT_EQ(run_cmd("timeout 120 " + mpirun_prefix(2) + " " + fsdp_run_bin() + " " + dir + "/save.yaml --set vars.out=" +
+                          dir + "/p", &log), 0) << log;
+    Reader p(dir + "/p");
+    const ckpt_entry *e = nullptr;
+    EXPECT_EQ(read_tensor(p.r, "model.enc.x.weight", &e), st_tensor("x.weight", FSDP_DT_F32, {6, 4}, 1).vals);
+    // a bf16 checkpoint into an f16 parameter: kept in f16, the values rounded to it
+    std::vector<float> y = read_tensor(p.r, "model.dec.y", &e);
+    ASSERT_NE(e, nullptr);
+    EXPECT_EQ(e->dtype, FSDP_DT_F16);
+    std::vector<float> want = st_tensor("y", FSDP_DT_BF16, {5, 3}, 3).vals;
+    for (float &v : want) v = fsdp_f16_to_f32(fsdp_f32_to_f16(v));
+    EXPECT_EQ(y, want);
+    // a run that starts from that checkpoint: the "model." layout is recognised, strict over the model
+    write_file(dir + "/load.yaml", "runtime: {device: cpu}\n" + model +
+               "stages:\n  - {id: l, uses: load-ckpt, with: {path: " + dir + "/p}}\n"
+               "  - {id: v, uses: verify, with: {against: " + dir + "/u}}\n");
+    ASSERT_EQ(run_cmd(fsdp_run_bin() + " ckpt convert " + dir + "/p " + dir + "/u --strip-prefix model.", &log), 0) << log;
+    ASSERT_EQ(run_cmd("timeout 120 " + mpirun_prefix(3) + " " + fsdp_run_bin() + " " + dir + "/load.yaml", &log), 0) << log;
+    EXPECT_NE(log.find("the checkpoint's parameters are under the prefix 'model.' (removed)"), std::string::npos) << log;
+    // strict over the parts it is responsible for: a missing tensor, an unknown part
+    write_file(dir + "/bad.yaml", "runtime: {device: cpu}\n" + model +
+               "stages:\n  - {id: i, uses: init-meta}\n"
+               "  - {id: la, uses: load-ckpt, with: {path: " + dir + "/b.safetensors, parts: [a]}}\n");
+    int rc = run_cmd(fsdp_run_bin() + " " + dir + "/bad.yaml", &log);
+    EXPECT_EQ(rc, 1) << log;
+    EXPECT_NE(log.find("enc.x.weight not restored"), std::string::npos) << log;
+    EXPECT_NE(log.find("unexpected key y in the checkpoint"), std::string::npos) << log;
+    write_file(dir + "/bad2.yaml", "runtime: {device: cpu}\n" + model +
+               "stages:\n  - {id: la, uses: load-ckpt, with: {path: " + dir + "/a.safetensors, parts: [c]}}\n");
+    rc = run_cmd(fsdp_run_bin() + " " + dir + "/bad2.yaml", &log);
+    EXPECT_NE(log.find("load-ckpt: the model has no part 'c' (parts: a, b)"), std::string::npos) << log;
+    rm_rf(dir);
+}
+
+TEST(ModelTableStages, TransformCopyReplaceAndWhatItRefuses) {
+    std::string dir = make_tmpdir("fsdp-mt");
+    std::string model = "runtime: {device: cpu}\nmodel:\n  params:\n"
+                        "    - {name: \"l.{0..1}.attn.w\", shape: [4, 4], init: \"normal(0, 1)\"}\n"
+                        "    - {name: \"l.{0..1}.attn_moe_gen.w\", shape: [4, 4], dtype: bf16}\n"
+                        "    - {name: odd_moe_gen, shape: [3]}\n    - {name: odd, shape: [2], init: ones}\n"
+                        "    - {name: ghost, shape: [3]}\n    - {name: ghost2_moe_gen, shape: [3]}\n";
+    auto run = [&](const std::string &ops, std::string *log) {
+        write_file(dir + "/r.yaml", model + "stages:\n  - {id: i, uses: init-cpu}\n"
+                   "  - {id: t, uses: transform, with: {ops: " + ops + "}}\n"
+                   "  - {id: s, uses: save-safetensors, with: {path: " + dir + "/o.safetensors}}\n");
+        return run_cmd(fsdp_run_bin() + " " + dir + "/r.yaml", log);
+    };
+    std::string log;
+    EXPECT_EQ(run("[{copy: {to: \"l.**_moe_gen**\", replace: {_moe_gen: \"\"}}}]", &log), 1) << log;
+    // the copies were made; the untouched parameters without a value stop the save, named
+    EXPECT_NE(log.find("save-safetensors: 3 parameters hold no value: odd_moe_gen, ghost, ghost2_moe_gen"),
+              std::string::npos) << log;
+    EXPECT_EQ(run("[{copy: {to: \"*_moe_gen\", replace: {_moe_gen: \"\"}}}]", &log), 1);
+    EXPECT_NE(log.find("transform copy: odd [2] and odd_moe_gen [3] have different shapes"), std::string::npos) << log;
+    EXPECT_EQ(run("[{copy: {to: \"ghost2_moe_gen\", replace: {_moe_gen: \"\"}}}]", &log), 1);
+    EXPECT_NE(log.find("transform copy: no parameter ghost2 (source of ghost2_moe_gen)"), std::string::npos) << log;
+    EXPECT_EQ(run("[{copy: {to: odd_moe_gen, from: ghost}}]", &log), 1);
+    EXPECT_NE(log.find("transform copy: ghost (source of odd_moe_gen) holds no value yet"), std::string::npos) << log;
+    EXPECT_EQ(run("[{copy: {to: x, from: y, replace: {a: b}}}]", &log), 2);
+    EXPECT_NE(log.find("copy takes either 'from' or 'replace', not both"), std::string::npos) << log;
+    // every parameter given a value: the bf16 copies are the f32 sources rounded, cast to f16 works
+    EXPECT_EQ(run("[{copy: {to: \"l.**_moe_gen**\", replace: {_moe_gen: \"\"}}}, {fill: {keys: [odd_moe_gen, ghost], "
+                  "value: 0.1}}, {copy: {to: ghost2_moe_gen, from: ghost}}, {cast: {keys: odd, dtype: f16}}]",
+                  &log), 0) << log;
+    Reader r(dir + "/o.safetensors");
+    const ckpt_entry *e = nullptr;
+    std::vector<float> src = read_tensor(r.r, "l.1.attn.w"), dst = read_tensor(r.r, "l.1.attn_moe_gen.w", &e);
+    ASSERT_EQ(src.size(), dst.size());
+    for (size_t i = 0; i < src.size(); i++) EXPECT_EQ(dst[i], fsdp_bf16_to_f32(fsdp_f32_to_bf16(src[i])));
+    EXPECT_EQ(e->dtype, FSDP_DT_BF16);
+    read_tensor(r.r, "odd", &e);
+    EXPECT_EQ(e->dtype, FSDP_DT_F16);
+    EXPECT_EQ(read_tensor(r.r, "ghost2_moe_gen"), std::vector<float>(3, 0.1f));
+    rm_rf(dir);
+}
+
+TEST(ModelTableStages, SavesAndCheckpointToolsWorkOnATable) {
+    std::string dir = make_tmpdir("fsdp-mt");
+    write_file(dir + "/r.yaml", std::string("runtime: {device: cpu}\n") + TABLE +
+               "stages:\n  - {id: i, uses: init-meta}\n"
+               "  - {id: s, uses: save-safetensors, with: {path: " + dir + "/hf, shard_mb: 1}}\n"
+               "  - {id: d, uses: save-dcp, with: {path: " + dir + "/d}}\n"
+               "  - {id: v, uses: verify, with: {against: " + dir + "/hf}}\n");
+    std::string log;
+    ASSERT_EQ(run_cmd("timeout 120 " + mpirun_prefix(2) + " " + fsdp_run_bin() + " " + dir + "/r.yaml", &log), 0) << log;
+    ASSERT_EQ(run_cmd(fsdp_run_bin() + " ckpt convert " + dir + "/d " + dir + "/c.safetensors --to safetensors", &log), 0);
+    ASSERT_EQ(run_cmd(fsdp_run_bin() + " ckpt diff " + dir + "/hf " + dir + "/c.safetensors", &log), 0) << log;
+    ASSERT_EQ(run_cmd(fsdp_run_bin() + " ckpt inspect " + dir + "/c.safetensors", &log), 0) << log;
+    EXPECT_NE(log.find("tn                                                       f16"), std::string::npos) << log;
+    // Llama's HF names need a Llama model
+    write_file(dir + "/hf.yaml", std::string("runtime: {device: cpu}\n") + TABLE +
+               "stages:\n  - {id: i, uses: init-meta}\n"
+               "  - {id: s, uses: save-safetensors, with: {path: " + dir + "/x.safetensors, names: hf}}\n");
+    EXPECT_EQ(run_cmd(fsdp_run_bin() + " " + dir + "/hf.yaml", &log), 1);
+    EXPECT_NE(log.find("save-safetensors: names: hf maps Llama-family names, and the model is a parameter table"),
+              std::string::npos) << log;
+    // nothing reads a parameter that has no value
+    write_file(dir + "/none.yaml", "runtime: {device: cpu}\nmodel: {params: [{name: w, shape: [2]}]}\n"
+               "stages:\n  - {id: i, uses: init-meta}\n  - {id: v, uses: verify}\n");
+    EXPECT_EQ(run_cmd(fsdp_run_bin() + " " + dir + "/none.yaml", &log), 1);
+    EXPECT_NE(log.find("verify: 1 parameter holds no value: w"), std::string::npos) << log;
+    rm_rf(dir);
+}
