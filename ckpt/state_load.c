@@ -53,13 +53,16 @@ static int map_key(const fsdp_state *s, const sio_load_opts *o, nmap_rules *rule
     return 0;
 }
 
-static int matches_only(const sio_load_opts *o, const fsdp_state *s, const state_param *p) {
-    if (o->select && !o->select[p - s->p]) return 0;
-    const char *name = p->name;
-    if (!o->only) return 1;
+/* name matches one of o->only's globs */
+static int glob_any(const sio_load_opts *o, const char *name) {
     for (size_t i = 0; i < o->n_only; i++)
         if (nmap_glob_match(o->only[i], name, NULL) >= 0) return 1;
     return 0;
+}
+
+static int matches_only(const sio_load_opts *o, const fsdp_state *s, const state_param *p) {
+    if (o->select && !o->select[p - s->p]) return 0;
+    return !o->only || glob_any(o, p->name);
 }
 
 /* Rows [row0, row0+rows) of checkpoint tensor ci into dst (f32), un-permuting HF q/k rows. */
@@ -346,6 +349,10 @@ int sio_load(fsdp_state *s, const char *path, const sio_load_opts *o, sio_load_r
             continue;
         }
         state_param *p = name[0] ? state_find(s, name) : NULL;
+        if (!p && name[0] && o->only && !glob_any(o, name)) {
+            used[ci] = 1; /* outside the keys this load was asked for */
+            continue;
+        }
         if (!p || !e->is_tensor) continue;
         if (!matches_only(o, s, p)) {
             used[ci] = 1;

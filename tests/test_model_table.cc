@@ -517,6 +517,12 @@ TEST(ModelTableStages, LoadsIntoPartsStrictlyAndReadsBothKeyLayouts) {
     ASSERT_EQ(run_cmd(fsdp_run_bin() + " ckpt convert " + dir + "/p " + dir + "/u --strip-prefix model.", &log), 0) << log;
     ASSERT_EQ(run_cmd("timeout 120 " + mpirun_prefix(3) + " " + fsdp_run_bin() + " " + dir + "/load.yaml", &log), 0) << log;
     EXPECT_NE(log.find("the checkpoint's parameters are under the prefix 'model.' (removed)"), std::string::npos) << log;
+    // keys: only those, strict over them; the checkpoint's other tensors are not this load's business
+    write_file(dir + "/keys.yaml", "runtime: {device: cpu}\nmodel: {params: [{name: enc.x.bias, shape: [6]}]}\n"
+               "stages:\n  - {id: l, uses: load-ckpt, with: {path: " + dir + "/u, keys: [\"enc.**\"]}}\n");
+    EXPECT_EQ(run_cmd(fsdp_run_bin() + " " + dir + "/keys.yaml", &log), 1) << log;
+    EXPECT_NE(log.find("unexpected key enc.x.weight in the checkpoint"), std::string::npos) << log;
+    EXPECT_EQ(log.find("unexpected key dec.y"), std::string::npos) << log;
     // strict over the parts it is responsible for: a missing tensor, an unknown part
     write_file(dir + "/bad.yaml", "runtime: {device: cpu}\n" + model +
                "stages:\n  - {id: i, uses: init-meta}\n"
@@ -599,5 +605,80 @@ TEST(ModelTableStages, SavesAndCheckpointToolsWorkOnATable) {
                "stages:\n  - {id: i, uses: init-meta}\n  - {id: v, uses: verify}\n");
     EXPECT_EQ(run_cmd(fsdp_run_bin() + " " + dir + "/none.yaml", &log), 1);
     EXPECT_NE(log.find("verify: 1 parameter holds no value: w"), std::string::npos) << log;
+    rm_rf(dir);
+}
+
+// ---- on the GPU (the emulated device in `make test`; skipped without one) -----------------------------
+
+namespace {
+
+// Every tensor of a and b within one unit in the last place of its dtype (the GPU's libm may differ by
+// one ulp from the host's in the transforms), with the same dtypes and shapes.
+void expect_within_one_ulp(const std::string &a, const std::string &b) {
+    Reader ra(a), rb(b);
+    ASSERT_TRUE(ra.r && rb.r);
+    size_t n = 0;
+    for (size_t i = 0; i < ckpt_count(rb.r); i++) {
+        const ckpt_entry *eb = ckpt_entry_at(rb.r, i), *ea = nullptr;
+        if (!eb->is_tensor) continue;
+        std::vector<float> x = read_tensor(ra.r, eb->name, &ea), y = read_tensor(rb.r, eb->name);
+        ASSERT_NE(ea, nullptr) << eb->name;
+        EXPECT_EQ(ea->dtype, eb->dtype) << eb->name;
+        ASSERT_EQ(x.size(), y.size()) << eb->name;
+        size_t bad = 0;
+        for (size_t k = 0; k < x.size(); k++) {
+            int64_t u, v;
+            if (eb->dtype == FSDP_DT_F32) {
+                int32_t p, q;
+                memcpy(&p, &x[k], 4);
+                memcpy(&q, &y[k], 4);
+                u = p, v = q;
+            } else {
+                u = eb->dtype == FSDP_DT_BF16 ? fsdp_f32_to_bf16(x[k]) : fsdp_f32_to_f16(x[k]);
+                v = eb->dtype == FSDP_DT_BF16 ? fsdp_f32_to_bf16(y[k]) : fsdp_f32_to_f16(y[k]);
+            }
+            if (std::llabs(u - v) > 1) bad++;
+        }
+        EXPECT_EQ(bad, 0u) << eb->name;
+        n++;
+    }
+    EXPECT_GT(n, 5u);
+}
+
+}  // namespace
+
+TEST(ModelTableDevice, InitMetaOnTheGpuEqualsTheHostForAnyTable) {
+    std::string why;
+    if (!gpu_present(&why)) GTEST_SKIP() << "no GPU: " << why;
+    std::string dir = make_tmpdir("fsdp-mt");
+    write_file(dir + "/r.yaml", std::string("runtime: {seed: 5}\n") + TABLE +
+               "    - {name: later, shape: [3, 2], dtype: f16}\n"
+               "stages:\n  - {id: i, uses: init-meta}\n"
+               "  - {id: t, uses: transform, with: {ops: [{fill: {keys: later, value: 0.1}}]}}\n"
+               "  - {id: s, uses: save-dcp, with: {path: \"${out}\"}}\n");
+    std::string log;
+    for (const char *dev : {"cpu", "cuda"})
+        ASSERT_EQ(run_cmd(fsdp_run_bin() + " " + dir + "/r.yaml --set runtime.device=" + dev + " --set vars.out=" + dir +
+                              "/" + dev, &log), 0) << dev << ": " << log;
+    expect_within_one_ulp(dir + "/cuda", dir + "/cpu");
+    if (gpu_count() >= 2) {
+        std::string x = getenv("FSDP_EMU_DEVICES") ? " -x FSDP_EMU_DEVICES" : "";
+        ASSERT_EQ(run_cmd("timeout 300 " + mpirun_prefix(2) + x + " " + fsdp_run_bin() + " " + dir +
+                              "/r.yaml --set runtime.device=cuda --set vars.out=" + dir + "/cuda2", &log), 0) << log;
+        expect_within_one_ulp(dir + "/cuda2", dir + "/cpu");
+    }
+    // a staged load on the GPU rounds into each parameter's dtype like the host load
+    write_file(dir + "/l.yaml", "model:\n  params:\n    - {name: lin.weight, shape: [512, 1024], dtype: f16}\n"
+               "    - {name: kn, shape: [512, 512], dtype: bf16}\n"
+               "stages:\n  - {id: l, uses: load-ckpt, with: {path: " + dir + "/cpu, keys: [lin.weight, kn]}}\n"
+               "  - {id: s, uses: save-dcp, with: {path: \"${out}\"}}\n");
+    for (const char *dev : {"cpu", "cuda"})
+        ASSERT_EQ(run_cmd(fsdp_run_bin() + " " + dir + "/l.yaml --set runtime.device=" + dev + " --set vars.out=" + dir +
+                              "/l-" + dev, &log), 0) << dev << ": " << log;
+    ASSERT_EQ(run_cmd(fsdp_run_bin() + " ckpt diff " + dir + "/l-cpu " + dir + "/l-cuda", &log), 0) << log;
+    Reader r(dir + "/l-cuda");
+    const ckpt_entry *e = nullptr;
+    read_tensor(r.r, "lin.weight", &e);
+    EXPECT_EQ(e->dtype, FSDP_DT_F16);
     rm_rf(dir);
 }
