@@ -119,6 +119,9 @@ int mt_add(mt_table *t, const mt_param *p, fsdp_err *err) {
         return fsdp_err_set(err, FSDP_E_INVALID, "model: parameter %s is declared twice: by %s and by %s", p->name, a,
                             b);
     }
+    if (t->n >= MT_PARAMS_MAX)
+        return fsdp_err_set(err, FSDP_E_INVALID, "model: parameter %s: the model has %d parameters already (at most %d)",
+                            p->name, MT_PARAMS_MAX, MT_PARAMS_MAX);
     if (t->n == t->cap) {
         size_t cap = t->cap ? 2 * t->cap : 64;
         mt_param *np = cap < SIZE_MAX / sizeof *np ? realloc(t->p, cap * sizeof *np) : NULL;

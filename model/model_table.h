@@ -55,6 +55,9 @@ extern "C" {
 /* The longest parameter name a table accepts (a longer one is refused by name): DCP's keys hold 511
  * bytes, and a parameter's optimizer keys add up to 36 to its name. */
 #define MT_NAME_MAX 400
+/* The most parameters a table holds (the largest real models have a few thousand tensors; a bound
+ * keeps a mistyped range from exhausting memory). */
+#define MT_PARAMS_MAX (1 << 22)
 
 typedef struct mt_param {
     char *name;                   /* owned; never moves (the index points at it) */
@@ -100,7 +103,7 @@ int mt_add_part(mt_table *t, const char *name, const char *prefix, const char *s
 
 /* Adds a parameter (p->name is copied; p->part must be a part of t). Checks: a non-empty name of at
  * most MT_NAME_MAX bytes, 0..FSDP_MAX_DIMS dims, no negative dim, a numel that fits int64, dtype
- * f32/bf16/f16. A name already in the table is FSDP_E_INVALID naming both parts and, when the shapes
+ * f32/bf16/f16, at most MT_PARAMS_MAX parameters in all. A name already in the table is FSDP_E_INVALID naming both parts and, when the shapes
  * differ, both shapes ("shape conflict"). */
 int mt_add(mt_table *t, const mt_param *p, fsdp_err *err);
 

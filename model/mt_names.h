@@ -18,7 +18,7 @@
 extern "C" {
 #endif
 
-#define MT_NAMES_MAX (1 << 22)
+#define MT_NAMES_MAX (1 << 20)
 
 typedef struct mt_names {
     char **v;
