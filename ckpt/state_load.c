@@ -288,51 +288,22 @@ static void append(char *buf, size_t cap, const char *fmt, const char *a, const 
     snprintf(buf + l, cap - l, fmt, a, b);
 }
 
-int sio_load(fsdp_state *s, const char *path, const sio_load_opts *o, sio_load_result *res, fsdp_err *err) {
-    memset(res, 0, sizeof *res);
-    loader L = {s, o, {0}};
-    if (o->sink) {
-        int rc = ckpt_sink_check(o->sink, err);
-        if (rc) return rc;
-        ckpt_up_init(&L.up, o->sink);
-    }
-    ckpt_reader *r;
-    int rc = ckpt_open(path, o->format, &r, err);
-    if (rc) return rc;
-    nmap_rules *rules = NULL;
-    if (o->n_rename) {
-        if ((rc = nmap_rules_new(&rules, err))) goto out;
-        for (size_t i = 0; i < o->n_rename && !rc; i++) rc = nmap_rules_add(rules, o->rename_from[i], o->rename_to[i], err);
-        if (rc) goto out;
-    }
-    sio_load_opts eff = *o; /* with the detected key prefix, when there is one */
-    if ((rc = detect_prefix(s, o, rules, r, &eff.strip_prefix, err))) goto out;
-    if (eff.strip_prefix != o->strip_prefix) res->stripped_prefix = eff.strip_prefix;
-    o = &eff;
+/* What one load is doing: the parameters restored, NaN seen in staged data, the checkpoint entries
+ * used, and the problems a strict load reports. */
+typedef struct load_marks {
+    int *loaded, *nan_dev, *used;
+    char *problems;
+} load_marks;
+
+/* Every model tensor of the checkpoint into the parameter it names (the first pass of sio_load). */
+static int load_params(loader *L, ckpt_reader *r, nmap_rules *rules, load_marks *m, sio_load_result *res,
+                       fsdp_err *err) {
+    fsdp_state *s = L->s;
+    const sio_load_opts *o = L->o;
+    int *loaded = m->loaded, *nan_dev = m->nan_dev, *used = m->used;
+    char *problems = m->problems;
     size_t nck = ckpt_count(r);
-    int *loaded = calloc(s->n ? s->n : 1, sizeof *loaded);
-    int *nan_dev = calloc(s->n ? s->n : 1, sizeof *nan_dev); /* NaN seen in staged data */
-    int *used = calloc(nck ? nck : 1, sizeof *used);
-    char *problems = calloc(1, 8192);
-    if (!loaded || !nan_dev || !used || !problems) {
-        free(loaded);
-        free(nan_dev);
-        free(used);
-        free(problems);
-        rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
-        goto out;
-    }
-    int want_opt = o->load_optimizer;
-    int has_opt = 0;
-    for (size_t ci = 0; ci < nck; ci++)
-        if (!strncmp(ckpt_entry_at(r, ci)->name, "optimizer.state.", 16)) has_opt = 1;
-    if (want_opt == 1 && !has_opt) {
-        rc = fsdp_err_set(err, FSDP_E_INVALID, "load-ckpt %s: load_optimizer is true but the checkpoint has no "
-                                               "optimizer.state.* keys", path);
-        goto done;
-    }
-    int do_opt = want_opt == 1 || (want_opt == -1 && has_opt);
-    if (do_opt && (rc = state_alloc_optimizer(s, err))) goto done;
+    int rc = 0;
     for (size_t ci = 0; ci < nck && !rc; ci++) {
         const ckpt_entry *e = ckpt_entry_at(r, ci);
         const char *key = e->name;
@@ -367,59 +338,144 @@ int sio_load(fsdp_state *s, const char *path, const sio_load_opts *o, sio_load_r
             append(problems, 8192, "\n  %s%s", msg, "");
             continue;
         }
-        if ((rc = load_array(&L, r, ci, p, STATE_DATA, &info, &res->bytes_read, &nan_dev[p - s->p], err))) break;
+        if ((rc = load_array(L, r, ci, p, STATE_DATA, &info, &res->bytes_read, &nan_dev[p - s->p], err))) break;
         loaded[p - s->p] = 1;
         res->params_loaded++;
     }
-    if (!rc && do_opt) {
-        for (size_t i = 0; i < s->n && !rc; i++) {
-            state_param *p = &s->p[i];
-            if (!loaded[i] && (o->only || o->select)) continue;
-            const char *kinds[2] = {"exp_avg", "exp_avg_sq"};
-            const state_array arr[2] = {STATE_EXP_AVG, STATE_EXP_AVG_SQ};
-            for (int k = 0; k < 2 && !rc; k++) {
-                char key[NAME_CAP + 64];
-                snprintf(key, sizeof key, "optimizer.state.%s.%s", p->name, kinds[k]);
-                long ci = ckpt_find(r, key);
-                if (ci < 0) {
-                    append(problems, 8192, "\n  optimizer state %s%s missing", key, "");
-                    continue;
-                }
-                const ckpt_entry *e = ckpt_entry_at(r, (size_t)ci);
-                if (!shape_eq(e, p)) {
-                    append(problems, 8192, "\n  %s has the wrong shape%s", key, "");
-                    continue;
-                }
-                int ignored = 0;
-                rc = load_array(&L, r, (size_t)ci, p, arr[k], NULL, &res->bytes_read, &ignored, err);
-            }
-            if (rc) break;
+    return rc;
+}
+
+/* The AdamW state of every parameter loaded (all of them when nothing is selected). */
+static int load_optimizer_state(loader *L, ckpt_reader *r, load_marks *m, sio_load_result *res, fsdp_err *err) {
+    fsdp_state *s = L->s;
+    const sio_load_opts *o = L->o;
+    int *loaded = m->loaded;
+    char *problems = m->problems;
+    int rc = 0;
+    for (size_t i = 0; i < s->n && !rc; i++) {
+        state_param *p = &s->p[i];
+        if (!loaded[i] && (o->only || o->select)) continue;
+        const char *kinds[2] = {"exp_avg", "exp_avg_sq"};
+        const state_array arr[2] = {STATE_EXP_AVG, STATE_EXP_AVG_SQ};
+        for (int k = 0; k < 2 && !rc; k++) {
             char key[NAME_CAP + 64];
-            snprintf(key, sizeof key, "optimizer.state.%s.step", p->name);
+            snprintf(key, sizeof key, "optimizer.state.%s.%s", p->name, kinds[k]);
             long ci = ckpt_find(r, key);
-            if (ci >= 0) {
-                double st = 0;
-                if ((rc = ckpt_read_rows(r, (size_t)ci, 0, 1, &st, FSDP_DT_F64, err))) break;
-                s->opt_step = (int64_t)llround(st);
+            if (ci < 0) {
+                append(problems, 8192, "\n  optimizer state %s%s missing", key, "");
+                continue;
             }
-            struct {
-                const char *k;
-                double *dst;
-            } hyper[] = {{"lr", &s->lr}, {"eps", &s->eps}, {"weight_decay", &s->weight_decay}};
-            for (int h = 0; h < 3; h++) {
-                snprintf(key, sizeof key, "optimizer.param_groups.%s.%s", p->name, hyper[h].k);
-                long hi = ckpt_find(r, key);
-                const char *t = hi >= 0 ? ckpt_value_text(r, (size_t)hi) : NULL;
-                if (t) *hyper[h].dst = strtod(t, NULL);
+            const ckpt_entry *e = ckpt_entry_at(r, (size_t)ci);
+            if (!shape_eq(e, p)) {
+                append(problems, 8192, "\n  %s has the wrong shape%s", key, "");
+                continue;
             }
-            snprintf(key, sizeof key, "optimizer.param_groups.%s.betas", p->name);
-            long bi = ckpt_find(r, key);
-            const char *bt = bi >= 0 ? ckpt_value_text(r, (size_t)bi) : NULL;
-            if (bt) sscanf(bt, "(%lf, %lf)", &s->beta1, &s->beta2);
-            res->optimizer_loaded++;
+            int ignored = 0;
+            rc = load_array(L, r, (size_t)ci, p, arr[k], NULL, &res->bytes_read, &ignored, err);
         }
-        if (!rc) s->has_optimizer = 1;
+        if (rc) break;
+        char key[NAME_CAP + 64];
+        snprintf(key, sizeof key, "optimizer.state.%s.step", p->name);
+        long ci = ckpt_find(r, key);
+        if (ci >= 0) {
+            double st = 0;
+            if ((rc = ckpt_read_rows(r, (size_t)ci, 0, 1, &st, FSDP_DT_F64, err))) break;
+            s->opt_step = (int64_t)llround(st);
+        }
+        struct {
+            const char *k;
+            double *dst;
+        } hyper[] = {{"lr", &s->lr}, {"eps", &s->eps}, {"weight_decay", &s->weight_decay}};
+        for (int h = 0; h < 3; h++) {
+            snprintf(key, sizeof key, "optimizer.param_groups.%s.%s", p->name, hyper[h].k);
+            long hi = ckpt_find(r, key);
+            const char *t = hi >= 0 ? ckpt_value_text(r, (size_t)hi) : NULL;
+            if (t) *hyper[h].dst = strtod(t, NULL);
+        }
+        snprintf(key, sizeof key, "optimizer.param_groups.%s.betas", p->name);
+        long bi = ckpt_find(r, key);
+        const char *bt = bi >= 0 ? ckpt_value_text(r, (size_t)bi) : NULL;
+        if (bt) sscanf(bt, "(%lf, %lf)", &s->beta1, &s->beta2);
+        res->optimizer_loaded++;
     }
+    if (!rc) s->has_optimizer = 1;
+    return rc;
+}
+
+/* A strict load's findings: every selected parameter not restored, every unexpected tensor, NaN in a
+ * restored parameter. */
+static void strict_report(const loader *L, ckpt_reader *r, const load_marks *m) {
+    const fsdp_state *s = L->s;
+    const sio_load_opts *o = L->o;
+    const int *loaded = m->loaded, *nan_dev = m->nan_dev, *used = m->used;
+    char *problems = m->problems;
+    size_t nck = ckpt_count(r);
+    for (size_t i = 0; i < s->n; i++) {
+        if (loaded[i] || !matches_only(o, s, &s->p[i])) continue;
+        append(problems, 8192, "\n  %s not restored (no such key in the checkpoint%s)", s->p[i].name,
+               o->names == SIO_NAMES_HF ? " under its Hugging Face name" : "");
+    }
+    for (size_t ci = 0; ci < nck; ci++)
+        if (!used[ci] && ckpt_entry_at(r, ci)->is_tensor)
+            append(problems, 8192, "\n  unexpected key %s in the checkpoint%s", ckpt_entry_at(r, ci)->name, "");
+    /* NaN left over in a restored parameter means the checkpoint itself holds NaN */
+    for (size_t i = 0; i < s->n; i++) {
+        if (!loaded[i]) continue;
+        if (state_place_of(&s->p[i], STATE_DATA) == STATE_DEVICE ? nan_dev[i]
+                                                                  : has_nan(s->p[i].data, state_param_local_numel(&s->p[i])))
+            append(problems, 8192, "\n  %s holds NaN after loading%s", s->p[i].name, "");
+    }
+}
+
+int sio_load(fsdp_state *s, const char *path, const sio_load_opts *o, sio_load_result *res, fsdp_err *err) {
+    memset(res, 0, sizeof *res);
+    loader L = {s, o, {0}};
+    if (o->sink) {
+        int rc = ckpt_sink_check(o->sink, err);
+        if (rc) return rc;
+        ckpt_up_init(&L.up, o->sink);
+    }
+    ckpt_reader *r;
+    int rc = ckpt_open(path, o->format, &r, err);
+    if (rc) return rc;
+    nmap_rules *rules = NULL;
+    if (o->n_rename) {
+        if ((rc = nmap_rules_new(&rules, err))) goto out;
+        for (size_t i = 0; i < o->n_rename && !rc; i++) rc = nmap_rules_add(rules, o->rename_from[i], o->rename_to[i], err);
+        if (rc) goto out;
+    }
+    sio_load_opts eff = *o; /* with the detected key prefix, when there is one */
+    if ((rc = detect_prefix(s, o, rules, r, &eff.strip_prefix, err))) goto out;
+    if (eff.strip_prefix != o->strip_prefix) res->stripped_prefix = eff.strip_prefix;
+    o = &eff;
+    L.o = o;
+    size_t nck = ckpt_count(r);
+    int *loaded = calloc(s->n ? s->n : 1, sizeof *loaded);
+    int *nan_dev = calloc(s->n ? s->n : 1, sizeof *nan_dev); /* NaN seen in staged data */
+    int *used = calloc(nck ? nck : 1, sizeof *used);
+    char *problems = calloc(1, 8192);
+    if (!loaded || !nan_dev || !used || !problems) {
+        free(loaded);
+        free(nan_dev);
+        free(used);
+        free(problems);
+        rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+        goto out;
+    }
+    int want_opt = o->load_optimizer;
+    int has_opt = 0;
+    for (size_t ci = 0; ci < nck; ci++)
+        if (!strncmp(ckpt_entry_at(r, ci)->name, "optimizer.state.", 16)) has_opt = 1;
+    if (want_opt == 1 && !has_opt) {
+        rc = fsdp_err_set(err, FSDP_E_INVALID, "load-ckpt %s: load_optimizer is true but the checkpoint has no "
+                                               "optimizer.state.* keys", path);
+        goto done;
+    }
+    int do_opt = want_opt == 1 || (want_opt == -1 && has_opt);
+    if (do_opt && (rc = state_alloc_optimizer(s, err))) goto done;
+    load_marks marks = {loaded, nan_dev, used, problems};
+    rc = load_params(&L, r, rules, &marks, res, err);
+    if (!rc && do_opt) rc = load_optimizer_state(&L, r, &marks, res, err);
     /* every staged upload has landed before anything is reported as loaded */
     if (!rc && o->sink) rc = ckpt_up_finish(&L.up, err);
     if (!rc) {
@@ -435,23 +491,7 @@ int sio_load(fsdp_state *s, const char *path, const sio_load_opts *o, sio_load_r
             if (vals[1] >= 0) s->tokens_seen = vals[1];
         }
     }
-    if (!rc && o->strict) {
-        for (size_t i = 0; i < s->n; i++) {
-            if (loaded[i] || !matches_only(o, s, &s->p[i])) continue;
-            append(problems, 8192, "\n  %s not restored (no such key in the checkpoint%s)", s->p[i].name,
-                   o->names == SIO_NAMES_HF ? " under its Hugging Face name" : "");
-        }
-        for (size_t ci = 0; ci < nck; ci++)
-            if (!used[ci] && ckpt_entry_at(r, ci)->is_tensor)
-                append(problems, 8192, "\n  unexpected key %s in the checkpoint%s", ckpt_entry_at(r, ci)->name, "");
-        /* NaN left over in a restored parameter means the checkpoint itself holds NaN */
-        for (size_t i = 0; i < s->n; i++) {
-            if (!loaded[i]) continue;
-            if (state_place_of(&s->p[i], STATE_DATA) == STATE_DEVICE ? nan_dev[i]
-                                                                      : has_nan(s->p[i].data, state_param_local_numel(&s->p[i])))
-                append(problems, 8192, "\n  %s holds NaN after loading%s", s->p[i].name, "");
-        }
-    }
+    if (!rc && o->strict) strict_report(&L, r, &marks);
     if (!rc && problems[0]) {
         if (o->strict || strstr(problems, "shape"))
             rc = fsdp_err_set(err, FSDP_E_INVALID, "load-ckpt %s (strict) failed:%s", path, problems);
