@@ -105,10 +105,11 @@ int hf_config_to_json(const llama_config *c, fsdp_dtype dtype, char **text, fsdp
     /* a switch the architecture does not have cannot be described to transformers */
     if (c->qkv_bias != a->qkv_bias || c->qk_norm != a->qk_norm)
         return fsdp_err_set(err, FSDP_E_INVALID,
-                            "config.json: model_type '%s' has %s q/k/v biases and %s q/k norms, this model %s and %s; "
-                            "transformers could not load it",
-                            a->model_type, a->qkv_bias ? "" : "no", a->qk_norm ? "" : "no",
-                            c->qkv_bias ? "has them" : "has no biases", c->qk_norm ? "has them" : "has no norms");
+                            "config.json: model_type '%s' has %s and %s, this model has %s and %s: transformers could "
+                            "not load it",
+                            a->model_type, a->qkv_bias ? "q/k/v biases" : "no q/k/v biases",
+                            a->qk_norm ? "q/k norms" : "no q/k norms", c->qkv_bias ? "q/k/v biases" : "no q/k/v biases",
+                            c->qk_norm ? "q/k norms" : "no q/k norms");
     json_t *o = config_object(c, a, dt);
     char *s = o ? json_dumps(o, JSON_INDENT(2) | JSON_SORT_KEYS | JSON_REAL_PRECISION(real_precision(c))) : NULL;
     json_decref(o);
