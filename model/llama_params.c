@@ -86,7 +86,10 @@ static init_rule torchtitan_rule(const llama_config *c, llama_param_kind kind, i
     const double layer_std = c->depth_init ? 0.02 / pow(2.0 * (layer + 1), 0.5) : 0.02 / pow(2.0 * c->n_layers, 0.5);
     init_rule r;
     switch (kind) {
-    case LLAMA_P_TOK_EMBEDDINGS: init_rule_default(INIT_NORMAL, &r); return r; /* normal(0, 1) */
+    case LLAMA_P_TOK_EMBEDDINGS:
+        if (c->tie_embeddings) return torchtitan_rule(c, LLAMA_P_OUTPUT, layer); /* the head's (torchtitan skips it) */
+        init_rule_default(INIT_NORMAL, &r); /* normal(0, 1) */
+        return r;
     case LLAMA_P_WQ:
     case LLAMA_P_WK:
     case LLAMA_P_WV:

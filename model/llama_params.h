@@ -18,7 +18,8 @@
  * (ckpt/namemap.h permutes them to and from Hugging Face's).
  *
  * Init rules, torchtitan (cfg->init_std == 0; init_weights of refmodel.py):
- *   tok_embeddings            normal(0, 1)
+ *   tok_embeddings            normal(0, 1); tied: output's rule (torchtitan skips the embedding's
+ *                             init when it is the output head's weight)
  *   wq, wk, wv, w1            trunc_normal(0, 0.02, a=-2, b=2)   (absolute bounds, torch defaults)
  *   wo, w2, w3                trunc_normal(0, init_std, a=-2, b=2), init_std = 0.02/sqrt(2(i+1))
  *                             with depth_init, else 0.02/sqrt(2 n_layers)

@@ -497,5 +497,17 @@ TEST(HfArchParams, TableOfEachArchitecture) {
     EXPECT_EQ(t.n, 3 + 9 * 2);
     EXPECT_STREQ(t.p[t.n - 1].name, "output.weight");
     EXPECT_EQ(t.p[llama_params_index(&t, LLAMA_P_WQ, 0)].init.kind, INIT_TRUNC_NORMAL);
+    EXPECT_EQ(t.p[0].init.kind, INIT_NORMAL);
+    EXPECT_EQ(t.p[0].init.std, 1.0);
+    llama_params_free(&t);
+    // tied torchtitan Llama (llama3_1b): the one embedding gets the output head's init, as torchtitan
+    // skips the embedding's own when the two are tied
+    ASSERT_EQ(llama_config_preset(&c, "llama3_1b", &err), 0) << err.msg;
+    ASSERT_EQ(llama_params_build(&c, &t, &err), 0) << err.msg;
+    EXPECT_STREQ(t.p[0].name, "tok_embeddings.weight");
+    EXPECT_EQ(t.p[0].init.kind, INIT_TRUNC_NORMAL);
+    EXPECT_EQ(t.p[0].init.std, std::pow(2048.0, -0.5));
+    EXPECT_EQ(t.p[0].init.b, 3 * std::pow(2048.0, -0.5));
+    EXPECT_STREQ(t.p[t.n - 1].name, "norm.weight");
     llama_params_free(&t);
 }
