@@ -13,6 +13,7 @@
 #include "test_util.h"
 
 extern "C" {
+#include "ckpt/namemap.h"
 #include "model/hf_config.h"
 #include "model/llama.h"
 #include "model/llama_arch.h"
@@ -510,4 +511,65 @@ TEST(HfArchParams, TableOfEachArchitecture) {
     EXPECT_EQ(t.p[0].init.b, 3 * std::pow(2048.0, -0.5));
     EXPECT_STREQ(t.p[t.n - 1].name, "norm.weight");
     llama_params_free(&t);
+}
+
+// HF names of the new parameters and their RoPE-layout permutation: q/k biases move with their
+// weights' rows (n_heads / n_kv_heads heads), q/k norms as one head of head_dim.
+TEST(HfArchParams, HfNamesAndPermutationOfBiasesAndNorms) {
+    struct {
+        const char *tt, *hf;
+        nmap_qk qk;
+        int heads;
+    } want[] = {{"layers.3.attention.wq.bias", "model.layers.3.self_attn.q_proj.bias", NMAP_QK_Q, 16},
+                {"layers.3.attention.wk.bias", "model.layers.3.self_attn.k_proj.bias", NMAP_QK_K, 8},
+                {"layers.3.attention.wv.bias", "model.layers.3.self_attn.v_proj.bias", NMAP_QK_NONE, 0},
+                {"layers.3.attention.q_norm.weight", "model.layers.3.self_attn.q_norm.weight", NMAP_QK_HEAD, 1},
+                {"layers.3.attention.k_norm.weight", "model.layers.3.self_attn.k_norm.weight", NMAP_QK_HEAD, 1}};
+    for (const auto &w : want) {
+        char out[NMAP_NAME_MAX];
+        nmap_info info;
+        fsdp_err err;
+        ASSERT_EQ(nmap_map(NMAP_TT_TO_HF, w.tt, 16, 8, out, sizeof out, &info, &err), 0) << err.msg;
+        EXPECT_STREQ(out, w.hf);
+        EXPECT_EQ(info.qk, w.qk) << w.tt;
+        EXPECT_EQ(info.heads, w.heads) << w.tt;
+        ASSERT_EQ(nmap_map(NMAP_HF_TO_TT, w.hf, 16, 8, out, sizeof out, &info, &err), 0) << err.msg;
+        EXPECT_STREQ(out, w.tt);
+        EXPECT_EQ(info.qk, w.qk) << w.hf;
+        EXPECT_EQ(info.layer, 3);
+    }
+    // a q_norm weight of head_dim 8 in HF's layout (rotate_half pairs (j, j+4)) -> interleaved (2j, 2j+1)
+    const float hfw[8] = {0, 1, 2, 3, 10, 11, 12, 13};
+    float tt[8], back[8];
+    fsdp_err err;
+    ASSERT_EQ(nmap_permute_rows(NMAP_HF_TO_TT, tt, hfw, 8, 1, sizeof(float), 1, &err), 0) << err.msg;
+    const float want_tt[8] = {0, 10, 1, 11, 2, 12, 3, 13};
+    for (int i = 0; i < 8; i++) EXPECT_EQ(tt[i], want_tt[i]) << i;
+    ASSERT_EQ(nmap_permute_rows(NMAP_TT_TO_HF, back, tt, 8, 1, sizeof(float), 1, &err), 0) << err.msg;
+    EXPECT_EQ(memcmp(back, hfw, sizeof back), 0);
+}
+
+// An unsupported architecture stops the recipe at validation, before any stage: exit 2, naming it.
+TEST(HfArchRecipe, UnsupportedModelTypeFailsValidation) {
+    Dir t;
+    std::string cfg = read_file(hf("llama32_tiny") + "/config.json");
+    size_t at = cfg.find("\"model_type\": \"llama\"");
+    ASSERT_NE(at, std::string::npos);
+    cfg.replace(at, strlen("\"model_type\": \"llama\""), "\"model_type\": \"mixtral\"");
+    at = cfg.find("LlamaForCausalLM");
+    ASSERT_NE(at, std::string::npos);
+    cfg.replace(at, strlen("LlamaForCausalLM"), "MixtralForCausalLM");
+    write_file(t / "config.json", cfg);
+    write_file(t / "r.yaml", "model: {from_hf: " + t.d + "}\nstages:\n  - {id: l, uses: load-ckpt, with: {path: " +
+                                 t.d + ", names: hf}}\n  - {id: s, uses: save-dcp, with: {path: " + (t / "out") +
+                                 "}}\n");
+    std::string o;
+    int rc = run_cmd(fsdp_run_bin() + " " + (t / "r.yaml"), &o);
+    EXPECT_EQ(rc, 2) << o;
+    EXPECT_NE(o.find("r.yaml:1:18: model.from_hf: " + (t / "config.json") +
+                     ": model_type 'mixtral' (MixtralForCausalLM) is not an architecture fsdp-run trains"),
+              std::string::npos)
+        << o;
+    EXPECT_EQ(o.find("stage l"), std::string::npos) << o;
+    EXPECT_FALSE(exists(t / "out"));
 }
