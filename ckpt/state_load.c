@@ -47,6 +47,12 @@ static int map_key(const fsdp_state *s, const sio_load_opts *o, nmap_rules *rule
             return 0;
         }
         if (info->dropped) out[0] = '\0';
+        /* tied embeddings: transformers ties lm_head to embed_tokens after loading, so a stored
+         * lm_head.weight is not a parameter of its own (save_pretrained leaves it out) */
+        if (s->has_cfg && s->cfg.tie_embeddings && !strcmp(out, "output.weight")) {
+            info->dropped = 1;
+            out[0] = '\0';
+        }
         return 0;
     }
     snprintf(out, NAME_CAP, "%s", k);

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "model/llama_arch.h"
 #include "model/llama_params.h"
 
 int llama_table_add(const llama_config *cfg, mt_table *t, int part, fsdp_err *err) {
@@ -33,11 +34,13 @@ int llama_table_add(const llama_config *cfg, mt_table *t, int part, fsdp_err *er
 }
 
 int llama_table_build(const llama_config *cfg, const char *where, mt_table *t, fsdp_err *err) {
+    const llama_arch_info *a = llama_arch_get(cfg->arch);
+    const char *arch = a ? a->name : "llama3";
     char source[96];
-    snprintf(source, sizeof source, "llama3 (%s%s)", cfg->preset[0] ? "preset " : "custom",
+    snprintf(source, sizeof source, "%s (%s%s)", arch, cfg->preset[0] ? "preset " : "custom",
              cfg->preset[0] ? cfg->preset : "");
     int part;
-    int rc = mt_add_part(t, "llama3", "", source, where, &part, err);
+    int rc = mt_add_part(t, arch, "", source, where, &part, err);
     if (!rc) rc = llama_table_add(cfg, t, part, err);
     if (!rc) rc = mt_finalize(t, err);
     if (rc) return rc;
