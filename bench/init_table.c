@@ -18,6 +18,7 @@
  *    ViT): the peak resident memory of fsdp-run (wait4's ru_maxrss) against the size of its float32
  *    state (the table's parameters x 4 bytes).
  * Every figure is a ratio of two times or sizes measured here; seconds are printed for reference. */
+#include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -350,6 +351,10 @@ int main(int argc, char **argv) {
     }
     char work[] = "/tmp/init_table-XXXXXX";
     if (!o.work && !(o.work = mkdtemp(work))) return 1;
+    if (mkdir(o.work, 0755) && errno != EEXIST) {
+        fprintf(stderr, "init_table: cannot create --work %s: %s\n", o.work, strerror(errno));
+        return 1;
+    }
     const char *bin = FSDP_BUILD_DIR "/fsdp-run";
     part_one_two(&o, bin);
     if (o.mot) part_three_four(&o, bin);
