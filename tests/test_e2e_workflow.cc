@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "ckpt_compare.h"
+#include "jsonl_util.h"
 #include "test_util.h"
 
 using namespace fsdp_test;
@@ -17,31 +18,7 @@ struct Dir {
     std::string operator/(const std::string &n) const { return d + "/" + n; }
 };
 
-std::string run_np(int np, const std::string &args, int *rc) {
-    std::string out;
-    std::string cmd = (np > 1 ? "timeout 300 " + mpirun_prefix(np) + " " : std::string("timeout 300 ")) + fsdp_run_bin() +
-                      " -q " + args;
-    *rc = run_cmd(cmd, &out);
-    return out;
-}
 
-std::vector<double> field(const std::string &jsonl, const char *key) {
-    std::vector<double> v;
-    std::string s = read_file(jsonl);
-    size_t p = 0;
-    while (p < s.size()) {
-        size_t e = s.find('\n', p);
-        if (e == std::string::npos) e = s.size();
-        json_error_t je;
-        json_t *j = json_loadb(s.data() + p, e - p, 0, &je);
-        if (j) {
-            v.push_back(json_number_value(json_object_get(j, key)));
-            json_decref(j);
-        }
-        p = e + 1;
-    }
-    return v;
-}
 
 void expect_close(const std::vector<double> &a, const std::vector<double> &b, double rel) {
     ASSERT_EQ(a.size(), b.size());
@@ -79,7 +56,7 @@ TEST(E2EWorkflow, BagelBootstrapOnTwoRanksThenTrainOnThreeEqualsOneRank) {
                       " --set vars.metrics=" + (t / "m1.jsonl") + common,
                &rc);
     ASSERT_EQ(rc, 0) << o;
-    expect_close(field(t / "m3.jsonl", "loss"), field(t / "m1.jsonl", "loss"), 1e-6);
+    expect_close(jsonl_field(t / "m3.jsonl", "loss"), jsonl_field(t / "m1.jsonl", "loss"), 1e-6);
     expect_same_ckpt(t / "b2", t / "b1");  // the step-0 checkpoint does not depend on the world size
 }
 
@@ -118,14 +95,14 @@ TEST(E2EWorkflow, BitExactResume) {
     ASSERT_TRUE(exists(t / "ck/step-4/.metadata") && exists(t / "ck/step-8/.metadata"));
     o = run_np(2, res, &rc);  // resumed on another world size
     ASSERT_EQ(rc, 0) << o;
-    auto full = field(t / "full.jsonl", "loss"), resumed = field(t / "res.jsonl", "loss");
+    auto full = jsonl_field(t / "full.jsonl", "loss"), resumed = jsonl_field(t / "res.jsonl", "loss");
     ASSERT_EQ(full.size(), 10u);
     ASSERT_EQ(resumed.size(), 6u);
     std::vector<double> tail(full.begin() + 4, full.end());
     expect_close(resumed, tail, 1e-6);
     o = run_np(1, res + " --set stages.s.with.path=" + (t / "end_res1") + " --set stages.t.with.metrics=" + (t / "r1.jsonl"), &rc);
     ASSERT_EQ(rc, 0) << o;
-    EXPECT_EQ(field(t / "r1.jsonl", "loss"), tail);  // same world size: identical
+    EXPECT_EQ(jsonl_field(t / "r1.jsonl", "loss"), tail);  // same world size: identical
     expect_same_ckpt(t / "end_res1", t / "end_full");
 }
 
@@ -142,7 +119,7 @@ TEST(E2EWorkflow, OffloadOnAndOffIdentical) {
     ASSERT_EQ(rc, 0) << o;
     o = run_np(1, t / "on.yaml", &rc);
     ASSERT_EQ(rc, 0) << o;
-    EXPECT_EQ(field(t / "a.jsonl", "loss"), field(t / "b.jsonl", "loss"));
+    EXPECT_EQ(jsonl_field(t / "a.jsonl", "loss"), jsonl_field(t / "b.jsonl", "loss"));
     expect_same_ckpt(t / "a", t / "b");
 }
 
@@ -169,8 +146,8 @@ TEST(E2EWorkflow, FixtureDcpReproducesReferenceOnOneAndTwoRanks) {
         int rc;
         std::string o = run_np(np, r + " --set vars.m=" + m + " --set vars.out=" + out, &rc);
         ASSERT_EQ(rc, 0) << o;
-        expect_close(field(m, "loss"), want, 1e-5);
-        expect_close(field(m, "lr"), lrs, 1e-12);
+        expect_close(jsonl_field(m, "loss"), want, 1e-5);
+        expect_close(jsonl_field(m, "lr"), lrs, 1e-12);
         // the saved step-5 state is PyTorch's step-5 state (float32 vs float64 run: 1e-4)
         Ckpt got(out), st(tiny("model_step5.safetensors"));
         for (size_t i = 0; i < ckpt_count(st.r); i++) {
@@ -333,7 +310,7 @@ TEST(E2EWorkflow, QuickstartRunsShowsProgressAndLearns) {
     ASSERT_EQ(rc, 0) << out;
     EXPECT_NE(out.find("train: "), std::string::npos) << "progress lines: " << out;
     EXPECT_NE(out.find("ETA"), std::string::npos) << out;
-    auto loss = field(t / "q/metrics.jsonl", "loss");
+    auto loss = jsonl_field(t / "q/metrics.jsonl", "loss");
     ASSERT_EQ(loss.size(), 15u);  // 10 logged steps to 200, 5 more to 250
     EXPECT_GT(loss.front(), 2.5);
     EXPECT_LT(loss[9], 1.6);      // step 200

@@ -29,6 +29,7 @@ extern "C" {
 #include "ckpt_compare.h"
 #include "gpu_util.h"
 #include "st_test_reader.h"
+#include "jsonl_util.h"
 #include "test_util.h"
 
 using namespace fsdp_test;
@@ -37,9 +38,6 @@ namespace {
 
 const char *const MODELS[] = {"qwen2_tiny", "qwen3_tiny", "llama32_tiny"};
 
-std::string hf(const std::string &model, const std::string &file = "") {
-    return fixtures_dir() + "/hf-5.24/" + model + (file.empty() ? "" : "/" + file);
-}
 
 typedef std::map<std::string, st_test::Tensor> Tensors;
 
@@ -62,29 +60,12 @@ struct Dir {
     std::string operator/(const std::string &n) const { return d + "/" + n; }
 };
 
-std::vector<double> field(const std::string &jsonl, const char *key) {
-    std::vector<double> v;
-    std::string s = read_file(jsonl);
-    size_t p = 0;
-    while (p < s.size()) {
-        size_t e = s.find('\n', p);
-        if (e == std::string::npos) e = s.size();
-        json_error_t je;
-        json_t *j = json_loadb(s.data() + p, e - p, 0, &je);
-        if (j) {
-            v.push_back(json_number_value(json_object_get(j, key)));
-            json_decref(j);
-        }
-        p = e + 1;
-    }
-    return v;
-}
 
 // The fixture's batch twice along the batch: 2 rows per rank on 2 ranks, the same mean loss.
 void write_batch_twice(const std::string &model, const std::string &path) {
     Tensors b;
     std::string why;
-    ASSERT_TRUE(st_test::load(hf(model, "batch.safetensors"), &b, &why)) << why;
+    ASSERT_TRUE(st_test::load(hf_fixture(model, "batch.safetensors"), &b, &why)) << why;
     st_writer *w;
     fsdp_err err;
     ASSERT_EQ(st_writer_new(&w, path.c_str(), &err), 0) << err.msg;
@@ -121,7 +102,7 @@ protected:
     // The fixture loaded strictly under HF names (one rank), on the device unless host.
     fsdp_state *make_state(const std::string &model, bool host = false, bool offloaded = false) {
         llama_config cfg;
-        EXPECT_EQ(hf_config_read(hf(model).c_str(), &cfg, &err_), 0) << err_.msg;
+        EXPECT_EQ(hf_config_read(hf_fixture(model).c_str(), &cfg, &err_), 0) << err_.msg;
         llama_params t;
         EXPECT_EQ(llama_params_build(&cfg, &t, &err_), 0) << err_.msg;
         fsdp_state *s = (fsdp_state *)calloc(1, sizeof(fsdp_state));
@@ -139,7 +120,7 @@ protected:
         o.strict = 1;
         o.load_optimizer = 0;
         sio_load_result res;
-        EXPECT_EQ(sio_load(s, hf(model).c_str(), &o, &res, &err_), 0) << err_.msg;
+        EXPECT_EQ(sio_load(s, hf_fixture(model).c_str(), &o, &res, &err_), 0) << err_.msg;
         s->offloaded = offloaded;
         if (!host) {
             EXPECT_EQ(state_to_device(s, d_, &err_), 0) << err_.msg;
@@ -150,12 +131,12 @@ protected:
     void load_fixture(const std::string &model) {
         std::string why;
         batch_.clear();
-        ASSERT_TRUE(st_test::load(hf(model, "batch.safetensors"), &batch_, &why)) << why;
+        ASSERT_TRUE(st_test::load(hf_fixture(model, "batch.safetensors"), &batch_, &why)) << why;
         in_ = batch_.at("input_ids").i32;
         lab_ = batch_.at("labels").i32;
         if (ref_) json_decref(ref_);
         json_error_t je;
-        ref_ = json_load_file(hf(model, "reference.json").c_str(), 0, &je);
+        ref_ = json_load_file(hf_fixture(model, "reference.json").c_str(), 0, &je);
         ASSERT_TRUE(ref_) << je.text;
     }
     llama_fsdp_hparams hparams(int k) {
@@ -370,11 +351,11 @@ TEST_F(HfArchCuda, TwoRanksMatchTheCpuPath) {
         load_fixture(m);
         std::string batch = t / (std::string(m) + "_batch2.safetensors"), r = t / (std::string(m) + ".yaml");
         write_batch_twice(m, batch);
-        write_file(r, "model: {from_hf: " + hf(m) + "}\n"
+        write_file(r, "model: {from_hf: " + hf_fixture(m) + "}\n"
                       "data: {kind: safetensors, path: " + batch + ", batch_size: 4, seq_len: 32}\n"
                       "vars: {m: x, out: y}\n"
                       "stages:\n"
-                      "  - {id: l, uses: load-ckpt, with: {path: " + hf(m) + ", names: hf}}\n"
+                      "  - {id: l, uses: load-ckpt, with: {path: " + hf_fixture(m) + ", names: hf}}\n"
                       "  - {id: t, uses: train-steps, with: {steps: 3, lr: 1e-3, warmup_steps: 2, metrics: \"${m}\"}}\n"
                       "  - {id: e, uses: save-safetensors, with: {path: \"${out}\", names: hf, shard_mb: 1}}\n");
         for (const char *dev : {"cuda", "cpu"}) {
@@ -386,8 +367,8 @@ TEST_F(HfArchCuda, TwoRanksMatchTheCpuPath) {
             ASSERT_EQ(rc, 0) << dev << ": " << o;
         }
         const std::string gj = t / (std::string(m) + "cuda.jsonl"), cj = t / (std::string(m) + "cpu.jsonl");
-        std::vector<double> gl = field(gj, "loss"), cl = field(cj, "loss"), gg = field(gj, "grad_norm"),
-                            cg = field(cj, "grad_norm");
+        std::vector<double> gl = jsonl_field(gj, "loss"), cl = jsonl_field(cj, "loss"), gg = jsonl_field(gj, "grad_norm"),
+                            cg = jsonl_field(cj, "grad_norm");
         ASSERT_EQ(gl.size(), 3u);
         ASSERT_EQ(cl.size(), 3u);
         for (int k = 0; k < 3; k++) {

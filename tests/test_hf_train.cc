@@ -16,6 +16,7 @@
 
 #include "ckpt_compare.h"
 #include "st_test_reader.h"
+#include "jsonl_util.h"
 #include "test_util.h"
 
 extern "C" {
@@ -36,9 +37,6 @@ namespace {
 
 const char *const MODELS[] = {"qwen2_tiny", "qwen3_tiny", "llama32_tiny"};
 
-std::string hf(const std::string &model, const std::string &file = "") {
-    return fixtures_dir() + "/hf-5.24/" + model + (file.empty() ? "" : "/" + file);
-}
 
 struct Dir {
     std::string d = make_tmpdir("fsdp-hftrain");
@@ -61,7 +59,7 @@ struct Ref {
     double f32diff = 0;
     explicit Ref(const std::string &model) {
         json_error_t je;
-        json_t *r = json_load_file(hf(model, "reference.json").c_str(), 0, &je);
+        json_t *r = json_load_file(hf_fixture(model, "reference.json").c_str(), 0, &je);
         EXPECT_TRUE(r) << je.text;
         if (!r) return;
         json_t *steps = json_object_get(r, "steps");
@@ -79,7 +77,7 @@ struct Ref {
 llama_config read_cfg(const std::string &model) {
     llama_config c;
     fsdp_err err;
-    EXPECT_EQ(hf_config_read(hf(model).c_str(), &c, &err), 0) << err.msg;
+    EXPECT_EQ(hf_config_read(hf_fixture(model).c_str(), &c, &err), 0) << err.msg;
     return c;
 }
 
@@ -103,7 +101,7 @@ fsdp_state *hf_state(const std::string &model, const llama_config &cfg) {
     o.strict = 1;
     o.load_optimizer = 0;
     sio_load_result res;
-    EXPECT_EQ(sio_load(s, hf(model).c_str(), &o, &res, &err), 0) << err.msg;
+    EXPECT_EQ(sio_load(s, hf_fixture(model).c_str(), &o, &res, &err), 0) << err.msg;
     EXPECT_EQ(res.params_loaded, s->n);
     return s;
 }
@@ -165,36 +163,12 @@ double state_vs(const fsdp_state *s, int which, const Tensors &want, const std::
     return worst;
 }
 
-std::string run_np(int np, const std::string &args, int *rc) {
-    std::string out;
-    std::string cmd = (np > 1 ? "timeout 300 " + mpirun_prefix(np) + " " : std::string("timeout 300 ")) + fsdp_run_bin() +
-                      " -q " + args;
-    *rc = run_cmd(cmd, &out);
-    return out;
-}
 
-std::vector<double> field(const std::string &jsonl, const char *key) {
-    std::vector<double> v;
-    std::string s = read_file(jsonl);
-    size_t p = 0;
-    while (p < s.size()) {
-        size_t e = s.find('\n', p);
-        if (e == std::string::npos) e = s.size();
-        json_error_t je;
-        json_t *j = json_loadb(s.data() + p, e - p, 0, &je);
-        if (j) {
-            v.push_back(json_number_value(json_object_get(j, key)));
-            json_decref(j);
-        }
-        p = e + 1;
-    }
-    return v;
-}
 
 // The fixture's batch repeated `times` times along the batch (rows b, b+2, ... are sample b): the
 // same mean loss and gradients, split over `times` ranks of 2 rows each.
 void write_tiled_batch(const std::string &model, int times, const std::string &path) {
-    Tensors b = load_st(hf(model, "batch.safetensors"));
+    Tensors b = load_st(hf_fixture(model, "batch.safetensors"));
     st_writer *w;
     fsdp_err err;
     ASSERT_EQ(st_writer_new(&w, path.c_str(), &err), 0) << err.msg;
@@ -216,12 +190,12 @@ void write_tiled_batch(const std::string &model, int times, const std::string &p
 // The recipe of the Done-when: from_hf, strict load under HF names, 5 AdamW steps of the fixture's
 // optimizer, a DCP checkpoint with the optimizer state and an HF export.
 std::string fixture_recipe(const std::string &model, const std::string &batch, int global_batch) {
-    return "model: {from_hf: " + hf(model) + "}\n"
+    return "model: {from_hf: " + hf_fixture(model) + "}\n"
            "data: {kind: safetensors, path: " + batch + ", batch_size: " + std::to_string(global_batch) +
            ", seq_len: 32}\n"
            "vars: {m: x, out: y}\n"
            "stages:\n"
-           "  - {id: l, uses: load-ckpt, with: {path: " + hf(model) + ", names: hf}}\n"
+           "  - {id: l, uses: load-ckpt, with: {path: " + hf_fixture(model) + ", names: hf}}\n"
            "  - {id: t, uses: train-steps, with: {steps: 5, lr: 1e-3, warmup_steps: 2, decay: linear, min_lr_ratio: 0.1,"
            " betas: [0.9, 0.95], eps: 1e-8, weight_decay: 0.1, max_grad_norm: 1.0, metrics: \"${m}\"}}\n"
            "  - {id: s, uses: save-dcp, with: {path: \"${out}/dcp\"}}\n"
@@ -242,7 +216,7 @@ TEST(HfTrain, FixturesFiveStepsOnOneRank) {
         llama_config cfg = read_cfg(m);
         Ref ref(m);
         ASSERT_EQ(ref.loss.size(), 5u);
-        Tensors batch = load_st(hf(m, "batch.safetensors"));
+        Tensors batch = load_st(hf_fixture(m, "batch.safetensors"));
         fsdp_state *s = hf_state(m, cfg);
         llama_fsdp *f;
         ASSERT_EQ(llama_fsdp_create(s, c, 2, 32, &f, &err), 0) << err.msg;
@@ -255,8 +229,8 @@ TEST(HfTrain, FixturesFiveStepsOnOneRank) {
             EXPECT_NEAR(r.loss, ref.loss[k], 1e-5 * ref.loss[k]) << "step " << k + 1;
             EXPECT_NEAR(r.grad_norm, ref.gn[k], 1e-4 * ref.gn[k]) << "step " << k + 1;
         }
-        double w = state_vs(s, 0, load_st(hf(m, "model_step5.safetensors")), "");
-        Tensors adam = load_st(hf(m, "adam_step5.safetensors"));
+        double w = state_vs(s, 0, load_st(hf_fixture(m, "model_step5.safetensors")), "");
+        Tensors adam = load_st(hf_fixture(m, "adam_step5.safetensors"));
         double m1 = state_vs(s, 2, adam, ".exp_avg"), m2 = state_vs(s, 3, adam, ".exp_avg_sq");
         EXPECT_LE(w, 3 * ref.f32diff) << "weights";
         EXPECT_LE(m1, 3 * ref.f32diff) << "exp_avg";
@@ -278,7 +252,7 @@ TEST(HfTrain, StepZeroGradientsMatchPyTorch) {
         SCOPED_TRACE(m);
         llama_config cfg = read_cfg(m);
         Ref ref(m);
-        Tensors batch = load_st(hf(m, "batch.safetensors")), want = load_st(hf(m, "grads_step0.safetensors"));
+        Tensors batch = load_st(hf_fixture(m, "batch.safetensors")), want = load_st(hf_fixture(m, "grads_step0.safetensors"));
         fsdp_state *s = hf_state(m, cfg);
         llama_fsdp *f;
         ASSERT_EQ(llama_fsdp_create(s, c, 2, 32, &f, &err), 0) << err.msg;
@@ -313,7 +287,7 @@ TEST(HfTrain, CheckpointingAndChunkedHeadAgreeForEveryArchitecture) {
     for (const char *m : MODELS) {
         SCOPED_TRACE(m);
         llama_config cfg = read_cfg(m);
-        Tensors batch = load_st(hf(m, "batch.safetensors"));
+        Tensors batch = load_st(hf_fixture(m, "batch.safetensors"));
         // ac none, full, selective with automatic chunks; then none with 7-row chunks
         const int ac[4] = {0, 1, 2, 0}, chunk[4] = {0, 0, 0, 7};
         fsdp_state *s[4];
@@ -360,7 +334,7 @@ TEST(HfTrain, FixturesOnOneAndThreeRanks) {
         Ref ref(m);
         llama_config cfg = read_cfg(m);
         for (int np : {1, 3}) {
-            std::string batch = hf(m, "batch.safetensors");
+            std::string batch = hf_fixture(m, "batch.safetensors");
             if (np > 1) {
                 batch = t / (std::string(m) + "_batch3.safetensors");
                 write_tiled_batch(m, np, batch);
@@ -371,14 +345,14 @@ TEST(HfTrain, FixturesOnOneAndThreeRanks) {
             int rc;
             std::string o = run_np(np, r + " --set vars.m=" + met + " --set vars.out=" + out, &rc);
             ASSERT_EQ(rc, 0) << o;
-            std::vector<double> loss = field(met, "loss"), gn = field(met, "grad_norm");
+            std::vector<double> loss = jsonl_field(met, "loss"), gn = jsonl_field(met, "grad_norm");
             ASSERT_EQ(loss.size(), 5u);
             for (int k = 0; k < 5; k++) {
                 EXPECT_NEAR(loss[k], ref.loss[k], 1e-5 * ref.loss[k]) << np << " ranks, step " << k + 1;
                 EXPECT_NEAR(gn[k], ref.gn[k], 1e-4 * ref.gn[k]) << np << " ranks, step " << k + 1;
             }
             // the export: weights, keys and shapes
-            Ckpt ex(out + "/hf"), want(hf(m, "model_step5.safetensors")), init(hf(m, "model.safetensors"));
+            Ckpt ex(out + "/hf"), want(hf_fixture(m, "model_step5.safetensors")), init(hf_fixture(m, "model.safetensors"));
             ASSERT_TRUE(ex.r && want.r && init.r);
             ASSERT_EQ(ckpt_count(ex.r), ckpt_count(init.r));
             double wd = 0;
@@ -400,7 +374,7 @@ TEST(HfTrain, FixturesOnOneAndThreeRanks) {
             // the DCP's AdamW moments (torchtitan names and layout) vs PyTorch's
             Ckpt dcp(out + "/dcp");
             ASSERT_TRUE(dcp.r);
-            Tensors adam = load_st(hf(m, "adam_step5.safetensors"));
+            Tensors adam = load_st(hf_fixture(m, "adam_step5.safetensors"));
             double md = 0;
             size_t nm = 0;
             for (size_t i = 0; i < ckpt_count(dcp.r); i++) {
@@ -468,9 +442,9 @@ TEST(HfTrain, RoundTripThroughDcpIsBitExact) {
         SCOPED_TRACE(m);
         std::string a = t / (std::string(m) + "_a.yaml"), b = t / (std::string(m) + "_b.yaml");
         std::string dcp = t / (std::string(m) + "_dcp"), out = t / (std::string(m) + "_hf");
-        write_file(a, "model: {from_hf: " + hf(m) + "}\nstages:\n  - {id: l, uses: load-ckpt, with: {path: " + hf(m) +
+        write_file(a, "model: {from_hf: " + hf_fixture(m) + "}\nstages:\n  - {id: l, uses: load-ckpt, with: {path: " + hf_fixture(m) +
                           ", names: hf}}\n  - {id: s, uses: save-dcp, with: {path: " + dcp + "}}\n");
-        write_file(b, "model: {from_hf: " + hf(m) + "}\nstages:\n  - {id: l, uses: load-ckpt, with: {path: " + dcp +
+        write_file(b, "model: {from_hf: " + hf_fixture(m) + "}\nstages:\n  - {id: l, uses: load-ckpt, with: {path: " + dcp +
                           "}}\n  - {id: e, uses: save-safetensors, with: {path: " + out +
                           "/model.safetensors, names: hf}}\n");
         int rc;
@@ -481,7 +455,7 @@ TEST(HfTrain, RoundTripThroughDcpIsBitExact) {
         o = run_np(2, b, &rc);
         ASSERT_EQ(rc, 0) << o;
         {
-            Ckpt got(out + "/model.safetensors"), want(hf(m, "model.safetensors"));
+            Ckpt got(out + "/model.safetensors"), want(hf_fixture(m, "model.safetensors"));
             ASSERT_TRUE(got.r && want.r);
             EXPECT_EQ(ckpt_count(got.r), ckpt_count(want.r));
             expect_same_tensors(got.r, want.r);
@@ -495,9 +469,9 @@ TEST(HfTrain, RoundTripThroughDcpIsBitExact) {
         o = "";
         ASSERT_EQ(run_cmd("mkdir -p " + conv, &o), 0);
         rc = run_cmd(fsdp_run_bin() + " ckpt convert " + dcp + " " + conv + "/model.safetensors --to safetensors "
-                     "--names hf --model " + hf(m), &o);
+                     "--names hf --model " + hf_fixture(m), &o);
         ASSERT_EQ(rc, 0) << o;
-        Ckpt got(conv + "/model.safetensors"), want(hf(m, "model.safetensors"));
+        Ckpt got(conv + "/model.safetensors"), want(hf_fixture(m, "model.safetensors"));
         ASSERT_TRUE(got.r && want.r);
         EXPECT_EQ(ckpt_count(got.r), ckpt_count(want.r));
         expect_same_tensors(got.r, want.r);
@@ -516,20 +490,20 @@ TEST(HfTrain, RoundTripThroughDcpIsBitExact) {
 TEST(HfTrain, ConvertChecksTheModel) {
     Dir t;
     std::string o;
-    int rc = run_cmd(fsdp_run_bin() + " ckpt convert " + hf("qwen3_tiny") + " " + (t / "x.safetensors") +
+    int rc = run_cmd(fsdp_run_bin() + " ckpt convert " + hf_fixture("qwen3_tiny") + " " + (t / "x.safetensors") +
                          " --names torchtitan --model qwen3_tiny",
                      &o);
     EXPECT_EQ(rc, 1) << o;  // neither a preset nor a directory with a config.json
     EXPECT_NE(o.find("--model qwen3_tiny (neither a preset nor a Hugging Face model directory)"), std::string::npos)
         << o;
     // torchtitan names of the Qwen3 fixture, exported again with HF names against the Qwen2 fixture's model
-    ASSERT_EQ(run_cmd(fsdp_run_bin() + " ckpt convert " + hf("qwen3_tiny") + " " + (t / "tt.safetensors") +
-                          " --names torchtitan --model " + hf("qwen3_tiny"),
+    ASSERT_EQ(run_cmd(fsdp_run_bin() + " ckpt convert " + hf_fixture("qwen3_tiny") + " " + (t / "tt.safetensors") +
+                          " --names torchtitan --model " + hf_fixture("qwen3_tiny"),
                       &o),
               0)
         << o;
     rc = run_cmd(fsdp_run_bin() + " ckpt convert " + (t / "tt.safetensors") + " " + (t / "bad.safetensors") +
-                     " --names hf --model " + hf("qwen2_tiny"),
+                     " --names hf --model " + hf_fixture("qwen2_tiny"),
                  &o);
     EXPECT_EQ(rc, 2) << o;
     EXPECT_NE(o.find("is not a parameter of the --model"), std::string::npos) << o;
@@ -540,7 +514,7 @@ TEST(HfTrain, ConvertChecksTheModel) {
                  &o);
     EXPECT_EQ(rc, 0) << o;
     EXPECT_NE(o.find("no config.json written (pass --model PRESET|HF_DIR to write one)"), std::string::npos) << o;
-    Ckpt a(t / "ok.safetensors"), b(hf("qwen3_tiny", "model.safetensors"));
+    Ckpt a(t / "ok.safetensors"), b(hf_fixture("qwen3_tiny", "model.safetensors"));
     expect_same_tensors(a.r, b.r);
 }
 
@@ -550,8 +524,8 @@ TEST(HfTrain, ConvertChecksTheModel) {
 TEST(HfTrain, TiedEmbeddingsLoadStrictly) {
     Dir t;
     std::string r = t / "u.yaml";
-    write_file(r, "model: {from_hf: " + hf("llama32_tiny") + ", tie_embeddings: false}\nstages:\n  - {id: l, uses: "
-                  "load-ckpt, with: {path: " + hf("llama32_tiny") + ", names: hf}}\n");
+    write_file(r, "model: {from_hf: " + hf_fixture("llama32_tiny") + ", tie_embeddings: false}\nstages:\n  - {id: l, uses: "
+                  "load-ckpt, with: {path: " + hf_fixture("llama32_tiny") + ", names: hf}}\n");
     int rc;
     std::string o = run_np(1, r, &rc);
     EXPECT_EQ(rc, 1) << o;
@@ -559,11 +533,11 @@ TEST(HfTrain, TiedEmbeddingsLoadStrictly) {
               std::string::npos)
         << o;
     // the fixture with an extra lm_head.weight (zeros), as some tools save tied models
-    Tensors init = load_st(hf("llama32_tiny", "model.safetensors"));
+    Tensors init = load_st(hf_fixture("llama32_tiny", "model.safetensors"));
     st_writer *w;
     fsdp_err err;
     std::string dir = t / "withhead";
-    ASSERT_EQ(run_cmd("mkdir -p " + dir + " && cp " + hf("llama32_tiny", "config.json") + " " + dir, &o), 0);
+    ASSERT_EQ(run_cmd("mkdir -p " + dir + " && cp " + hf_fixture("llama32_tiny", "config.json") + " " + dir, &o), 0);
     ASSERT_EQ(st_writer_new(&w, (dir + "/model.safetensors").c_str(), &err), 0) << err.msg;
     std::vector<std::string> names;
     std::vector<size_t> idx;
@@ -589,7 +563,7 @@ TEST(HfTrain, TiedEmbeddingsLoadStrictly) {
                       ", names: hf}}\n");
     o = run_np(1, r, &rc);
     ASSERT_EQ(rc, 0) << o;
-    Ckpt got(t / "o.safetensors"), want(hf("llama32_tiny", "model.safetensors"));
+    Ckpt got(t / "o.safetensors"), want(hf_fixture("llama32_tiny", "model.safetensors"));
     expect_same_tensors(got.r, want.r);
     EXPECT_LT(ckpt_find(got.r, "lm_head.weight"), 0);
 }
@@ -606,7 +580,7 @@ TEST(HfTrain, FinetuneRecipe) {
     }
     write_file(t / "train.bin", toks);
     int rc;
-    std::string o = run_np(2, "recipes/finetune_hf.yaml --set vars.hf=" + hf("qwen3_tiny") + " --set vars.tokens=" +
+    std::string o = run_np(2, "recipes/finetune_hf.yaml --set vars.hf=" + hf_fixture("qwen3_tiny") + " --set vars.tokens=" +
                                   (t / "train.bin") + " --set vars.out=" + (t / "run") +
                                   " --set vars.steps=4 --set vars.save_every=2 --set vars.batch_size=2"
                                   " --set vars.seq_len=32 --set vars.warmup_steps=1 --set vars.token_dtype=uint16 --set vars.lr=3e-3"
@@ -617,7 +591,7 @@ TEST(HfTrain, FinetuneRecipe) {
     EXPECT_TRUE(exists(t / "run/dcp/step-4/.metadata"));
     EXPECT_TRUE(exists(t / "run/hf/config.json"));
     EXPECT_TRUE(exists(t / "run/hf/model.safetensors.index.json"));
-    std::vector<double> loss = field(t / "metrics.jsonl", "loss");
+    std::vector<double> loss = jsonl_field(t / "metrics.jsonl", "loss");
     ASSERT_EQ(loss.size(), 4u);
     EXPECT_LT(loss[3], loss[0]);
     // the export loads strictly as a Hugging Face model and holds the last checkpoint's weights

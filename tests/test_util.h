@@ -86,4 +86,17 @@ inline std::string mpirun_prefix(int np) {
     return p;
 }
 
+// Runs `fsdp-run -q ARGS` on np ranks (mpirun when np > 1) under a 300 s timeout; the output and *rc.
+inline std::string run_np(int np, const std::string &args, int *rc) {
+    std::string out;
+    std::string cmd = "timeout 300 " + (np > 1 ? mpirun_prefix(np) + " " : std::string()) + fsdp_run_bin() + " -q " + args;
+    *rc = run_cmd(cmd, &out);
+    return out;
+}
+
+// A Hugging Face fixture directory of ../shared/fixtures/hf-5.24 (or a file in it).
+inline std::string hf_fixture(const std::string &model, const std::string &file = "") {
+    return fixtures_dir() + "/hf-5.24/" + model + (file.empty() ? "" : "/" + file);
+}
+
 }  // namespace fsdp_test
