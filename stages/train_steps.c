@@ -32,6 +32,7 @@
 #include "ckpt/ckpt_steps.h"
 #include "ckpt/dcp.h"
 #include "model/lr_schedule.h"
+#include "runtime/crash.h"
 #include "runtime/ctx_impl.h"
 #include "runtime/data.h"
 #include "runtime/fileio.h"
@@ -292,6 +293,7 @@ static int train_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
             (rc = stage_save_dcp_step(ctx, s, save_path, &save_pol, err)))
             break;
         if ((rc = poll_saves(ctx, err))) break;
+        crash_point("train.step", (long)s->train_step, comm_rank(c));
     }
     fsdp_progress_end(prog);
     fsdp_ctx_metric_str(ctx, "ac", gopt.ac == LLAMA_FSDP_AC_FULL        ? "full"
