@@ -210,7 +210,8 @@ static int load_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
     int missing = 0;
     if ((rc = resolve_path(ctx, fsdp_arg_str(with, "path", ""), path, sizeof path, &missing, err))) return rc;
     if (missing) {
-        if (!strcmp(fsdp_arg_str(with, "if_missing", "error"), "init")) return init_instead(ctx, with, path, err);
+        if (!strcmp(fsdp_arg_str(with, "if_missing", "error"), "init"))
+            return init_instead(ctx, with, fsdp_arg_str(with, "path", ""), err);
         char base[4200];
         if (ckpt_steps_is_latest(fsdp_arg_str(with, "path", ""), base, sizeof base))
             return fsdp_err_set(err, FSDP_E_IO, "load-ckpt: %s holds no committed step-<N> checkpoint (a directory "

@@ -8,6 +8,7 @@
 
 #include <sys/stat.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -156,20 +157,20 @@ TEST(CkptLifecycle, AsyncPeriodicSaveLoadableInRunAndSurvivesKillAfterCommit) {
         int rc = run_recipe(np, t / "ref.yaml",
                             std::string(HEAD) + "  - {id: i, uses: init-meta}\n"
                                                 "  - {id: t, uses: train-steps, after: [i], with: " +
-                                train_with(4, t / "ref", "") + "}\n",
+                                train_with(6, t / "ref", "") + "}\n",
                             &out);
         ASSERT_EQ(rc, 0) << out;
         // async, then a later stage loads step-2 (a committed async save, not the current state)
         rc = run_recipe(np, t / "a.yaml",
                         std::string(HEAD) + "  - {id: i, uses: init-meta}\n"
                                             "  - {id: t, uses: train-steps, after: [i], with: " +
-                            train_with(4, t / "a", ", save_async: true") +
+                            train_with(6, t / "a", ", save_async: true") +
                             "}\n"
                             "  - {id: l, uses: load-ckpt, after: [t], with: {path: " + (t / "a/step-2") + "}}\n",
                         &out);
         ASSERT_EQ(rc, 0) << np << " ranks:\n" << out;
         EXPECT_NE(out.find("(step 2)"), std::string::npos) << out;
-        for (int s = 1; s <= 4; s++)
+        for (int s = 1; s <= 6; s++)
             EXPECT_EQ(same_tensors(t / ("a/step-" + std::to_string(s)), t / ("ref/step-" + std::to_string(s))), "")
                 << "step " << s;
         // killed (SIGKILL, no cleanup) once step 4 is trained: step-3's save was committed when step-4's
@@ -208,19 +209,24 @@ TEST(CkptLifecycle, KeepLastNeverLeavesFewerThanKEvenWhenKilled) {
     ASSERT_EQ(committed_steps(base), (std::vector<int64_t>{1, 2}));
     // crash points of the save, commit and prune sequence (the 2-rank runs are ended by mpirun when one
     // rank is killed), then kills of 1-rank runs at random moments
-    const char *points[] = {"save.committed",     "steps.uncommitted", "dcp.data.written", "train.step:5",
-                            "dcp.meta.renamed",   "dcp.cleanup.unlink:2"};
+    const char *points[] = {"save.committed",     "steps.uncommitted", "dcp.data.written", "dcp.data.item:7",
+                            "dcp.meta.renamed",   "save.cleaned"};
     std::mt19937 rng(1616);
-    int steps = 2;
+    int steps = 2, killed = 0;
+    // how long a whole 3-step run takes here, to spread the random kills over it
+    auto t0 = std::chrono::steady_clock::now();
+    rc = run_recipe(1, t / "r.yaml", recipe(steps += 3, true), &out);
+    ASSERT_EQ(rc, 0) << out;
+    double whole = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     for (int k = 0; k < 12; k++) {
         int np = k < 6 ? 1 + k % 2 : 1;
         bool async = k % 3 != 2;
         steps += 3;
         std::string crash = k < 6 ? points[k] : "";
         // the kill: SIGKILL of the (1-rank) process itself after a random delay
-        std::string kill = "timeout -s KILL " + (k < 6 ? std::string("120") : std::to_string(0.3 + (rng() % 1000) / 1000.0 * 2.5));
+        std::string kill = "timeout -s KILL " + (k < 6 ? std::string("120") : std::to_string(0.05 + (rng() % 1000) / 1000.0 * whole));
         write_file(t / "k.yaml", recipe(steps, async));
-        run_cmd(kill + " " + launch(np, crash) + " " + (t / "k.yaml"), &out);
+        killed += run_cmd(kill + " " + launch(np, crash) + " " + (t / "k.yaml"), &out) != 0;
         std::vector<int64_t> c = committed_steps(base);
         ASSERT_GE(c.size(), 2u) << "run " << k << " (" << crash << kill << np << " ranks) left " << c.size()
                                 << " committed checkpoints\n" << out;
@@ -234,6 +240,8 @@ TEST(CkptLifecycle, KeepLastNeverLeavesFewerThanKEvenWhenKilled) {
             ckpt_close(r);
         }
     }
+    std::cout << "[lifecycle] " << killed << " of 12 runs killed\n";
+    EXPECT_GE(killed, 6);
     // a run that completes: exactly the 2 newest, incomplete leftovers gone
     steps += 2;
     rc = run_recipe(2, t / "k.yaml", recipe(steps, true), &out);
