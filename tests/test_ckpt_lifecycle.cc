@@ -190,6 +190,34 @@ TEST(CkptLifecycle, AsyncPeriodicSaveLoadableInRunAndSurvivesKillAfterCommit) {
     }
 }
 
+// The commit waits neither for the next save nor for the end of the run: step-50's commit is logged
+// before step 100 (whose save would commit it otherwise), and a run SIGKILLed (by its pid) as soon as
+// it logs it, while it still trains, keeps step-50 (before: .metadata came only at the run's end).
+TEST(CkptLifecycle, AsyncSaveCommittedWhileTrainingSurvivesSigkill) {
+    Tmp t;
+    std::string out;
+    write_file(t / "r.yaml", std::string(HEAD) + "  - {id: i, uses: init-meta}\n"
+                                                  "  - {id: t, uses: train-steps, after: [i], with: {steps: 200, "
+                                                  "save_every: 50, save_path: " + (t / "k") + ", save_async: true, "
+                                                  "decay: none, log_every: 1}}\n");
+    std::string log = t / "log", d = t / "k/step-50";
+    std::string cmd = "sh -c '" + fsdp_run_bin() + " " + (t / "r.yaml") + " > " + log + " 2>&1 & echo $! > " +
+                      (t / "pid") + "'; for i in $(seq 1 1200); do grep -q '" + d + " committed' " + log +
+                      " && break; sleep 0.05; done; kill -KILL $(cat " + (t / "pid") + "); sleep 0.2";
+    run_cmd(cmd, &out);
+    std::string l = read_file(log);
+    ASSERT_NE(l.find(d + " committed"), std::string::npos) << l;
+    EXPECT_LT(l.find(d + " committed"), l.find("step 100/200")) << "committed only by the next save:\n" << l;
+    EXPECT_TRUE(committed(d)) << l;
+    int rc = run_recipe(1, t / "ref.yaml",
+                        std::string(HEAD) + "  - {id: i, uses: init-meta}\n"
+                                            "  - {id: t, uses: train-steps, after: [i], with: {steps: 50, "
+                                            "save_every: 50, save_path: " + (t / "ref") + ", decay: none}}\n",
+                        &out);
+    ASSERT_EQ(rc, 0) << out;
+    EXPECT_EQ(same_tensors(d, t / "ref/step-50"), "");
+}
+
 // keep_last 2, run killed at deterministic points of the save/commit/prune sequence and at random
 // moments: at every end at least 2 committed checkpoints remain, each readable whole; a run that
 // completes leaves exactly the 2 newest.
