@@ -256,7 +256,8 @@ TEST(CkptLifecycle, KeepLastNeverLeavesFewerThanKEvenWhenKilled) {
         write_file(t / "k.yaml", recipe(steps, async));
         killed += run_cmd(kill + " " + launch(np, crash) + " " + (t / "k.yaml"), &out) != 0;
         std::vector<int64_t> c = committed_steps(base);
-        ASSERT_GE(c.size(), 2u) << "run " << k << " (" << crash << kill << np << " ranks) left " << c.size()
+        ASSERT_GE(c.size(), 2u) << "run " << k << " (crash point \"" << crash << "\", " << kill << ", " << np
+                                << " ranks) left " << c.size()
                                 << " committed checkpoints\n" << out;
         for (int64_t s : c) {
             ckpt_reader *r = nullptr;
