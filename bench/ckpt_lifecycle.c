@@ -1,10 +1,11 @@
 /* bench/ckpt_lifecycle: what periodic saves cost the training loop. For debugmodel states of L and 2L
  * layers it times (best of --reps, the train-steps stage from the run report) --steps steps with no
- * save, with a synchronous save every step, and with save_async: true every step (one save in flight,
- * committed as soon as written, keep_last: 2), and prints sync/none and async/none per size, all
- * measured in the same run: async/none near 1 means the writes are hidden behind the steps.
+ * save, with a synchronous save every --every steps, and with save_async: true (one save in flight,
+ * committed as soon as written; keep_last: 2 in both), and prints sync/none and async/none per size,
+ * all measured in the same run: async/none near 1 means the writes are hidden behind the steps (on a
+ * CPU run the writer thread competes with the step's threads for the same cores).
  *
- *   build/bench/ckpt_lifecycle [--dir DIR] [--bin build/fsdp-run] [--layers L] [--steps N] [--reps N] */
+ *   build/bench/ckpt_lifecycle [--dir DIR] [--bin build/fsdp-run] [--layers L] [--steps N] [--every N] [--reps N] */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,13 +30,14 @@ static double best_train(const char *bin, const char *recipe, const char *dir, i
 
 int main(int argc, char **argv) {
     const char *dir = "/tmp/fsdp-ckpt-lifecycle", *bin = "build/fsdp-run";
-    int layers = 2, reps = 2, steps = 6;
+    int layers = 2, reps = 2, steps = 12, every = 3;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--dir")) dir = argv[i + 1];
         else if (!strcmp(argv[i], "--bin")) bin = argv[i + 1];
         else if (!strcmp(argv[i], "--layers")) layers = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--steps")) steps = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--reps")) reps = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--every")) every = atoi(argv[i + 1]);
     }
     char cmd[8400], recipe[4300], text[2048];
     snprintf(cmd, sizeof cmd, "rm -rf '%s' && mkdir -p '%s'", dir, dir);
@@ -49,10 +51,12 @@ int main(int argc, char **argv) {
              "keep_last: 2, save_async: false}}\n",
              steps);
     if (bench_write_text(recipe, text)) return 1;
-    const char *modes[3] = {"", "--set stages.t.with.save_every=1",
-                            "--set stages.t.with.save_every=1 --set stages.t.with.save_async=true"};
-    printf("ckpt_lifecycle: debugmodel, %d train steps: no save / a save every step / an async save every step "
-           "(best of %d)\n", steps, reps);
+    char sync_mode[128], async_mode[160];
+    snprintf(sync_mode, sizeof sync_mode, "--set stages.t.with.save_every=%d", every);
+    snprintf(async_mode, sizeof async_mode, "%s --set stages.t.with.save_async=true", sync_mode);
+    const char *modes[3] = {"", sync_mode, async_mode};
+    printf("ckpt_lifecycle: debugmodel, %d train steps: no save / a save every %d steps / an async save every %d "
+           "steps (best of %d)\n", steps, every, every, reps);
     for (int k = 0, l = layers; k < 2; k++, l *= 2) {
         double t[3];
         for (int m = 0; m < 3; m++)
