@@ -180,6 +180,27 @@ static int init_instead(fsdp_ctx *ctx, const fsdp_value *with, const char *path,
     return 0;
 }
 
+/* What to load: the run's async save committed first (it may be the one to load), DIR/latest resolved;
+ * with nothing to load, if_missing: init initialises instead (*done set). */
+static int load_target(fsdp_ctx *ctx, const fsdp_value *with, char *path, size_t cap, int *done, fsdp_err *err) {
+    *done = 0;
+    int rc = stage_wait_saves(ctx, err);
+    if (rc) return rc;
+    const char *given = fsdp_arg_str(with, "path", "");
+    int missing = 0;
+    if ((rc = resolve_path(ctx, given, path, cap, &missing, err)) || !missing) return rc;
+    if (!strcmp(fsdp_arg_str(with, "if_missing", "error"), "init")) {
+        *done = 1;
+        return init_instead(ctx, with, given, err);
+    }
+    char base[4200];
+    if (ckpt_steps_is_latest(given, base, sizeof base))
+        return fsdp_err_set(err, FSDP_E_IO, "load-ckpt: %s holds no committed step-<N> checkpoint (a directory "
+                            "without .metadata is an interrupted save); set if_missing: init to initialise instead",
+                            base);
+    return 0; /* the load names what is wrong with path */
+}
+
 /* strict: false: every parameter this load did not restore, and what it holds instead */
 static void report_not_restored(fsdp_ctx *ctx, const fsdp_state *s, const unsigned char *restored, const char *path) {
     size_t n = 0;
@@ -203,21 +224,10 @@ static void report_not_restored(fsdp_ctx *ctx, const fsdp_state *s, const unsign
 }
 
 static int load_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
-    /* an async save of this run is committed before anything is read (it may be the one to load) */
-    int rc = stage_wait_saves(ctx, err);
-    if (rc) return rc;
     char path[4400];
-    int missing = 0;
-    if ((rc = resolve_path(ctx, fsdp_arg_str(with, "path", ""), path, sizeof path, &missing, err))) return rc;
-    if (missing) {
-        if (!strcmp(fsdp_arg_str(with, "if_missing", "error"), "init"))
-            return init_instead(ctx, with, fsdp_arg_str(with, "path", ""), err);
-        char base[4200];
-        if (ckpt_steps_is_latest(fsdp_arg_str(with, "path", ""), base, sizeof base))
-            return fsdp_err_set(err, FSDP_E_IO, "load-ckpt: %s holds no committed step-<N> checkpoint (a directory "
-                                "without .metadata is an interrupted save); set if_missing: init to initialise instead",
-                                base);
-    }
+    int done = 0;
+    int rc = load_target(ctx, with, path, sizeof path, &done, err);
+    if (rc || done) return rc;
     fsdp_state *s = state_get(ctx);
     int on_gpu = 0;
     /* the device choice first: it is collective, and reading may fail on one rank only */

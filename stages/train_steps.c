@@ -154,12 +154,18 @@ static int check_save_targets(fsdp_ctx *ctx, const fsdp_state *s, const fsdp_val
     if (every <= 0 || fsdp_arg_bool(with, "save_overwrite", 0)) return 0;
     comm *c = stage_comm(ctx);
     int64_t found = -1;
-    if (comm_rank(c) == 0)
-        for (int64_t n = (s->train_step / every + 1) * every; n <= steps && found < 0; n += every) {
+    ckpt_step_dir *v = NULL;
+    size_t n = 0;
+    fsdp_err lerr;
+    /* the step-<N> directories there (a listing error is the save's to report) */
+    if (comm_rank(c) == 0 && !ckpt_steps_list(base, &v, &n, &lerr))
+        for (size_t i = 0; i < n && found < 0; i++) {
             char dir[4200];
-            ckpt_steps_dir(dir, sizeof dir, base, n);
-            if (dcp_dir_has_checkpoint(dir)) found = n;
+            ckpt_steps_dir(dir, sizeof dir, base, v[i].step);
+            if (v[i].step > s->train_step && v[i].step <= steps && v[i].step % every == 0 && dcp_dir_has_checkpoint(dir))
+                found = v[i].step;
         }
+    free(v);
     int rc = comm_bcast(c, &found, sizeof found, 0, err);
     if (rc || found < 0) return rc;
     char dir[4200];
