@@ -31,9 +31,9 @@ void ckpt_steps_dir(char *out, size_t cap, const char *base, int64_t step) {
     snprintf(out, cap, "%s/step-%" PRId64, base, step);
 }
 
-/* N of a name step-<N> (digits only, no sign, no leading junk); -1 otherwise */
+/* N of a name step-<N> as ckpt_steps_dir writes it (digits only, no sign, no leading zero); -1 otherwise */
 static int64_t name_step(const char *name) {
-    if (strncmp(name, "step-", 5) || !name[5]) return -1;
+    if (strncmp(name, "step-", 5) || !name[5] || (name[5] == '0' && name[6])) return -1;
     int64_t v = 0;
     for (const char *p = name + 5; *p; p++) {
         if (*p < '0' || *p > '9' || v > (INT64_MAX - 9) / 10) return -1;

@@ -413,3 +413,48 @@ TEST(CkptLifecycle, NonStrictLoadListsEveryParameterNotRestored) {
         EXPECT_NE(out.find(n + " not restored from " + ck + "; it holds no value"), std::string::npos) << n << "\n"
                                                                                                         << out;
 }
+
+// The step directories themselves: which names count, which are committed, what keep_last removes.
+TEST(CkptLifecycleSteps, ListLatestAndPrune) {
+    Tmp t;
+    char base[4200];
+    EXPECT_EQ(ckpt_steps_is_latest((t / "latest").c_str(), base, sizeof base), 1);
+    EXPECT_EQ(std::string(base), t.t);
+    EXPECT_EQ(ckpt_steps_is_latest("latest", base, sizeof base), 1);
+    EXPECT_EQ(std::string(base), ".");
+    EXPECT_EQ(ckpt_steps_is_latest((t / "step-3").c_str(), base, sizeof base), 0);
+    mkdir((t / "latest").c_str(), 0755);  // a real directory of that name is a path like any other
+    EXPECT_EQ(ckpt_steps_is_latest((t / "latest").c_str(), base, sizeof base), 0);
+    // committed: 1 2 4 5 7; incomplete: 3 6 8; not step directories: step-01, step-x, a file step-9
+    for (int s : {1, 2, 3, 4, 5, 6, 7, 8}) {
+        std::string d = t / ("step-" + std::to_string(s));
+        mkdir(d.c_str(), 0755);
+        write_file(d + "/__0_0.distcp", "data");
+        if (s != 3 && s != 6 && s != 8) write_file(d + "/.metadata", "meta");
+    }
+    mkdir((t / "step-01").c_str(), 0755);
+    mkdir((t / "step-x").c_str(), 0755);
+    write_file(t / "step-9", "a file");
+    int64_t latest = 0;
+    fsdp_err err;
+    ASSERT_EQ(ckpt_steps_latest(t.t.c_str(), &latest, &err), 0) << err.msg;
+    EXPECT_EQ(latest, 7);
+    EXPECT_EQ(committed_steps(t.t), (std::vector<int64_t>{1, 2, 4, 5, 7}));
+    // keep 2 after step 5 was committed: 7 (newer) and 5 are the two kept; 4, 2, 1 and the incomplete 3
+    // go; the incomplete 6 and 8 are newer than 5 (a save of another run may be writing them): left
+    EXPECT_EQ(ckpt_steps_prune(t.t.c_str(), 2, 5, nullptr, nullptr), 4);
+    EXPECT_EQ(committed_steps(t.t), (std::vector<int64_t>{5, 7}));
+    EXPECT_TRUE(exists(t / "step-6") && exists(t / "step-8") && exists(t / "step-01") && exists(t / "step-x"));
+    EXPECT_FALSE(exists(t / "step-3"));
+    // keep 0: nothing removed
+    EXPECT_EQ(ckpt_steps_prune(t.t.c_str(), 0, 7, nullptr, nullptr), 0);
+    int64_t none = 0;
+    ASSERT_EQ(ckpt_steps_latest((t / "absent").c_str(), &none, &err), 0);
+    EXPECT_EQ(none, -1);
+    // step-010 is not the directory of step 10 (that is step-10, which does not exist)
+    mkdir((t / "z").c_str(), 0755);
+    mkdir((t / "z/step-010").c_str(), 0755);
+    write_file(t / "z/step-010/.metadata", "meta");
+    ASSERT_EQ(ckpt_steps_latest((t / "z").c_str(), &none, &err), 0);
+    EXPECT_EQ(none, -1);
+}
