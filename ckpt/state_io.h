@@ -48,6 +48,13 @@ int sio_save_begin(fsdp_state *s, comm *c, const char *path, const sio_save_opts
 int sio_save_begin_staged(fsdp_state *s, comm *c, const char *path, const sio_save_opts *o, const ckpt_sink *sink,
                           sio_async **out, fsdp_err *err);
 int sio_save_finish(sio_async *a, fsdp_err *err);
+/* Collective, and cheap while the writers run (one all-reduce of a flag): once every rank's writer
+ * has written its data file, commits the save as sio_save_finish does (.metadata written and
+ * durable) and sets *done; otherwise *done = 0 and nothing waits. The commit's own result comes
+ * from sio_save_finish, which then no longer waits; a nonzero return is a failed all-reduce. */
+int sio_save_poll(sio_async *a, int *done, fsdp_err *err);
+/* The checkpoint directory the save writes. */
+const char *sio_async_path(const sio_async *a);
 void sio_async_free(sio_async *a);
 
 typedef enum sio_names { SIO_NAMES_TORCHTITAN = 0, SIO_NAMES_HF = 1 } sio_names;
@@ -78,6 +85,8 @@ typedef struct sio_load_opts {
     /* When not NULL and strip_prefix is unset: a checkpoint whose model keys name no parameter as they
      * are but do once this prefix (e.g. "model.") is removed is read with it removed. */
     const char *detect_prefix;
+    /* When not NULL (s->n entries): restored[i] is set to 1 for every parameter this load restored. */
+    unsigned char *restored;
 } sio_load_opts;
 
 typedef struct sio_load_result {

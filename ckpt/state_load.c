@@ -545,6 +545,7 @@ done:
     }
     for (size_t i = 0; !rc && i < s->n; i++)
         if (loaded[i]) s->p[i].no_value = 0;
+    for (size_t i = 0; !rc && o->restored && i < s->n; i++) o->restored[i] = loaded[i] != 0;
     free(loaded);
     free(nan_dev);
     free(used);

@@ -3,6 +3,7 @@
  * for the file generations and the crash points of the sequence. */
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,6 +48,10 @@ struct sio_async {
     fsdp_err err;
     dcp_record *recs;
     size_t n_recs;
+    atomic_int written;  /* the writer thread has returned (its file written, or failed) */
+    int committed;       /* commit ran (sio_save_poll or sio_save_finish): its result is commit_rc */
+    int commit_rc;
+    fsdp_err commit_err;
 };
 
 static save_item *plan_add(save_plan *p, fsdp_err *err) {
@@ -465,6 +470,7 @@ static void *async_main(void *arg) {
     sio_async *a = arg;
     fsdp_err_clear(&a->err);
     a->rc = write_file(a->path, comm_rank(a->c), a->gen, &a->plan, 0, NULL, &a->recs, &a->n_recs, &a->err);
+    atomic_store(&a->written, 1);
     return NULL;
 }
 
@@ -524,13 +530,37 @@ int sio_save_begin_staged(fsdp_state *s, comm *c, const char *path, const sio_sa
     return 0;
 }
 
-int sio_save_finish(sio_async *a, fsdp_err *err) {
+/* joins the writer and commits (collective); once */
+static int finish_now(sio_async *a) {
     if (a->started) {
         pthread_join(a->th, NULL);
         a->started = 0;
     }
-    return commit(a->c, a->path, a->gen, a->rc, &a->err, a->recs, a->n_recs, err);
+    fsdp_err_clear(&a->commit_err);
+    a->commit_rc = commit(a->c, a->path, a->gen, a->rc, &a->err, a->recs, a->n_recs, &a->commit_err);
+    a->committed = 1;
+    return a->commit_rc;
 }
+
+int sio_save_poll(sio_async *a, int *done, fsdp_err *err) {
+    *done = a->committed;
+    if (a->committed) return 0;
+    /* every rank's writer has returned: the minimum of the flags over the ranks */
+    int64_t all = atomic_load(&a->written);
+    int rc = comm_allreduce(a->c, &all, 1, COMM_I64, COMM_MIN, err);
+    if (rc || !all) return rc;
+    *done = 1;
+    finish_now(a);
+    return 0;
+}
+
+int sio_save_finish(sio_async *a, fsdp_err *err) {
+    if (!a->committed) finish_now(a);
+    if (a->commit_rc) *err = a->commit_err;
+    return a->commit_rc;
+}
+
+const char *sio_async_path(const sio_async *a) { return a->path; }
 
 void sio_async_free(sio_async *a) {
     if (!a) return;

@@ -243,6 +243,14 @@ static int execute(fsdp_ctx *ctx, const run_plan *plan, run_result *res, const r
                 continue;
             }
             rr->status = "ok";
+            /* an async save whose files are all written is committed now, before the next stage */
+            if (ctx->n_fin && ctx_poll_finishers(ctx, &err)) {
+                rr->status = "failed";
+                rr->error = strdup(err.msg);
+                fsdp_log(ctx, FSDP_LOG_ERROR, "background save after stage %s failed: %s", s->id, err.msg);
+                failed = 1;
+                continue;
+            }
             for (const char *const *p = s->desc->provides; p && *p; p++) fsdp_ctx_set_state(ctx, *p, 1);
             fsdp_log(ctx, FSDP_LOG_INFO, "stage %s (%s) done in %.2fs", s->id, s->uses, rr->seconds);
         }

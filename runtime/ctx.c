@@ -40,6 +40,7 @@ int ctx_add_finisher(fsdp_ctx *ctx, const char *name, void *ptr, ctx_finish_fn f
     ctx->fin[ctx->n_fin].ptr = ptr;
     ctx->fin[ctx->n_fin].fn = fn;
     ctx->fin[ctx->n_fin].destroy = destroy;
+    ctx->fin[ctx->n_fin].poll = NULL;
     ctx->n_fin++;
     return 0;
 }
@@ -52,6 +53,27 @@ static int run_one(fsdp_ctx *ctx, size_t i, fsdp_err *err) {
     if (f.destroy) f.destroy(f.ptr);
     free(f.name);
     return rc;
+}
+
+void ctx_set_finisher_poll(fsdp_ctx *ctx, ctx_poll_fn poll) {
+    if (ctx->n_fin) ctx->fin[ctx->n_fin - 1].poll = poll;
+}
+
+int ctx_poll_finishers(fsdp_ctx *ctx, fsdp_err *err) {
+    int first = 0;
+    for (size_t i = 0; i < ctx->n_fin;) {
+        int done = 0, rc = 0;
+        fsdp_err e2;
+        fsdp_err_clear(&e2);
+        if (ctx->fin[i].poll) rc = ctx->fin[i].poll(ctx, ctx->fin[i].ptr, &done, &e2);
+        if (!rc && done) rc = run_one(ctx, i, &e2);
+        else i++;
+        if (rc && !first) {
+            first = rc;
+            *err = e2;
+        }
+    }
+    return first;
 }
 
 int ctx_run_finisher(fsdp_ctx *ctx, const char *name, fsdp_err *err) {

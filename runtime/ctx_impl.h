@@ -21,10 +21,14 @@ typedef struct ctx_metrics {
 
 typedef int (*ctx_finish_fn)(fsdp_ctx *ctx, void *ptr, fsdp_err *err);
 
+/* Collective: sets *done when the work can be completed now without waiting. */
+typedef int (*ctx_poll_fn)(fsdp_ctx *ctx, void *ptr, int *done, fsdp_err *err);
+
 typedef struct ctx_finisher {
     char *name;
     void *ptr;
     ctx_finish_fn fn;
+    ctx_poll_fn poll; /* NULL: completed only by ctx_run_finisher(s) */
     void (*destroy)(void *);
 } ctx_finisher;
 
@@ -63,6 +67,12 @@ void ctx_metrics_free(ctx_metrics *m);
  * ends, or earlier through ctx_run_finisher; destroy frees it. */
 int ctx_add_finisher(fsdp_ctx *ctx, const char *name, void *ptr, ctx_finish_fn fn, void (*destroy)(void *),
                      fsdp_err *err);
+/* Gives the last finisher added a poll function (ctx_poll_finishers). */
+void ctx_set_finisher_poll(fsdp_ctx *ctx, ctx_poll_fn poll);
+/* Collective (every rank calls it at the same points: between stages, between training steps):
+ * completes each finisher whose poll says it is ready, without waiting for the others. The first
+ * error is returned. */
+int ctx_poll_finishers(fsdp_ctx *ctx, fsdp_err *err);
 /* Completes the named finisher now (no-op when there is none). */
 int ctx_run_finisher(fsdp_ctx *ctx, const char *name, fsdp_err *err);
 /* Completes every finisher in order; the first error is returned, the rest still run. */

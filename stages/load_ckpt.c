@@ -22,11 +22,26 @@
  * with: path (required), format (auto|dcp|safetensors|pt), names (torchtitan|hf),
  *       strip_prefix, add_prefix, rename (map of glob -> replacement on checkpoint keys),
  *       strict (bool, true), load_optimizer (auto|true|false), dtype (auto|f32|bf16),
- *       parts (list of part names), keys (list of globs) */
+ *       parts (list of part names), keys (list of globs), if_missing (error|init), seed (for init)
+ *
+ * Resume: `path: DIR/latest` (when DIR/latest itself does not exist) is the newest committed
+ * DIR/step-<N> (ckpt/ckpt_steps.h; directories without .metadata, interrupted saves, are skipped).
+ * `if_missing: init` makes "load if there is a checkpoint, else initialise" one stage: with no
+ * committed checkpoint to load it declares the model and draws its weights as init-meta does. It is a
+ * parameter of load-ckpt rather than a condition on stages because the DAG is checked whole before
+ * anything runs (pipeline/dag.c): a stage that may or may not run would make what later stages need
+ * unknowable; this stage provides params either way. Any async save of the run is committed first.
+ * strict: false logs (and reports as `not_restored`) every parameter it did not restore and what it
+ * holds instead. */
+#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include <sys/stat.h>
+
+#include "ckpt/ckpt_steps.h"
+#include "ckpt/dcp.h"
 #include "ckpt/state_io.h"
 #include "stages/stages.h"
 
@@ -34,6 +49,7 @@ static const char *const FORMATS[] = {"auto", "dcp", "safetensors", "pt", NULL};
 static const char *const NAMES[] = {"torchtitan", "hf", NULL};
 static const char *const OPTS[] = {"auto", "true", "false", NULL};
 static const char *const DTYPES[] = {"auto", "f32", "bf16", NULL};
+static const char *const IF_MISSING[] = {"error", "init", NULL};
 static const fsdp_param_spec PARAMS[] = {
     {"path", FSDP_T_STRING, 1, NULL, NULL, "checkpoint: DCP directory, .safetensors / HF directory / index, .pt"},
     {"format", FSDP_T_STRING, 0, "auto", FORMATS, "checkpoint format (auto detects it)"},
@@ -48,6 +64,10 @@ static const fsdp_param_spec PARAMS[] = {
     {"parts", FSDP_T_LIST, 0, NULL, NULL,
      "load only these parts of the model (strict over them); keys are relative to their prefix"},
     {"keys", FSDP_T_LIST, 0, NULL, NULL, "load only the parameters matching these globs (strict over them)"},
+    {"if_missing", FSDP_T_STRING, 0, "error", IF_MISSING,
+     "when path holds no committed checkpoint: error, or init (declare the model and draw its weights as "
+     "init-meta does: one recipe for the first run and every restart)"},
+    {"seed", FSDP_T_INT, 0, NULL, NULL, "if_missing: init: the init seed (default runtime.seed)"},
     {NULL, 0, 0, NULL, NULL, NULL}};
 static const char *const PROVIDES[] = {"params", NULL};
 
@@ -93,9 +113,123 @@ static int select_parts(const fsdp_state *s, const fsdp_value *parts, unsigned c
     return rc;
 }
 
-static int load_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
+/* a DCP checkpoint (committed) or safetensors files in dir */
+static int dir_holds_checkpoint(const char *dir) {
+    if (dcp_dir_has_checkpoint(dir)) return 1;
+    DIR *d = opendir(dir);
+    if (!d) return 0;
+    int found = 0;
+    struct dirent *de;
+    while (!found && (de = readdir(d))) {
+        size_t n = strlen(de->d_name);
+        found = (n > 12 && !strcmp(de->d_name + n - 12, ".safetensors")) ||
+                (n > 23 && !strcmp(de->d_name + n - 23, ".safetensors.index.json"));
+    }
+    closedir(d);
+    return found;
+}
+
+/* path, or for DIR/latest the newest committed DIR/step-<N> (rank 0 looks, every rank gets its
+ * answer); *missing when there is no committed checkpoint to load (none under DIR, or nothing at
+ * path). */
+static int resolve_path(fsdp_ctx *ctx, const char *path, char *out, size_t cap, int *missing, fsdp_err *err) {
+    comm *c = stage_comm(ctx);
+    char base[4200];
+    int latest = ckpt_steps_is_latest(path, base, sizeof base);
+    int64_t step = -1, have = 1;
+    int rc = 0;
+    if (comm_rank(c) == 0) {
+        struct stat st;
+        if (latest) rc = ckpt_steps_latest(base, &step, err);
+        else have = stat(path, &st) == 0 && (!S_ISDIR(st.st_mode) || dir_holds_checkpoint(path));
+    }
+    int who;
+    fsdp_err e2;
+    int agreed = comm_agree(c, rc, &who, &e2);
+    if (!rc && agreed) return fsdp_err_set(err, agreed, "load-ckpt: rank %d could not list %s", who, base);
+    if (rc) return rc;
+    int64_t msg[2] = {step, have};
+    if ((rc = comm_bcast(c, msg, sizeof msg, 0, err))) return rc;
+    if (latest) {
+        *missing = msg[0] < 0;
+        if (!*missing) {
+            ckpt_steps_dir(out, cap, base, msg[0]);
+            fsdp_log(ctx, FSDP_LOG_INFO, "load-ckpt: %s is %s (the newest committed step)", path, out);
+        }
+        return 0;
+    }
+    *missing = !msg[1];
+    snprintf(out, cap, "%s", path);
+    return 0;
+}
+
+/* if_missing: init (no checkpoint to load): the model drawn as init-meta draws it, unless the context
+ * already holds one (kept as it is). */
+static int init_instead(fsdp_ctx *ctx, const fsdp_value *with, const char *path, fsdp_err *err) {
     fsdp_state *s = state_get(ctx);
-    int rc, on_gpu = 0;
+    if (s) {
+        fsdp_log(ctx, FSDP_LOG_INFO, "load-ckpt: no checkpoint at %s; keeping the model in the context (if_missing: init)",
+                 path);
+        return 0;
+    }
+    int rc = stage_init_model(ctx, with, STATE_SHARDED, &s, err);
+    if (rc) return rc;
+    fsdp_ctx_metric_str(ctx, "loaded", "none (initialised)");
+    fsdp_log(ctx, FSDP_LOG_INFO, "load-ckpt: no checkpoint at %s; initialised %s, %zu tensors (if_missing: init)", path,
+             mt_kind(s->model), s->n);
+    return 0;
+}
+
+/* What to load: the run's async save committed first (it may be the one to load), DIR/latest resolved;
+ * with nothing to load, if_missing: init initialises instead (*done set). */
+static int load_target(fsdp_ctx *ctx, const fsdp_value *with, char *path, size_t cap, int *done, fsdp_err *err) {
+    *done = 0;
+    int rc = stage_wait_saves(ctx, err);
+    if (rc) return rc;
+    const char *given = fsdp_arg_str(with, "path", "");
+    int missing = 0;
+    if ((rc = resolve_path(ctx, given, path, cap, &missing, err)) || !missing) return rc;
+    if (!strcmp(fsdp_arg_str(with, "if_missing", "error"), "init")) {
+        *done = 1;
+        return init_instead(ctx, with, given, err);
+    }
+    char base[4200];
+    if (ckpt_steps_is_latest(given, base, sizeof base))
+        return fsdp_err_set(err, FSDP_E_IO, "load-ckpt: %s holds no committed step-<N> checkpoint (a directory "
+                            "without .metadata is an interrupted save); set if_missing: init to initialise instead",
+                            base);
+    return 0; /* the load names what is wrong with path */
+}
+
+/* strict: false: every parameter this load did not restore, and what it holds instead */
+static void report_not_restored(fsdp_ctx *ctx, const fsdp_state *s, const unsigned char *restored, const char *path) {
+    size_t n = 0;
+    for (size_t i = 0; i < s->n; i++) n += !restored[i];
+    fsdp_ctx_metric(ctx, "params_not_restored", (double)n);
+    if (!n) return;
+    size_t cap = 64 + n * 96, o = 0;
+    char *list = malloc(cap);
+    for (size_t i = 0; list && i < s->n; i++) {
+        if (restored[i]) continue;
+        const char *holds = s->p[i].no_value ? "no value (declared only: initialise or load it before it is used)"
+                                             : "its value from before this load";
+        fsdp_log(ctx, FSDP_LOG_WARN, "load-ckpt (strict: false): %s not restored from %s; it holds %s", s->p[i].name,
+                 path, holds);
+        int k = snprintf(list + o, cap - o, "%s%s: %s", o ? "; " : "", s->p[i].name,
+                         s->p[i].no_value ? "no value" : "value from before this load");
+        if (k > 0 && (size_t)k < cap - o) o += (size_t)k;
+    }
+    if (list) fsdp_ctx_metric_str(ctx, "not_restored", list);
+    free(list);
+}
+
+static int load_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
+    char path[4400];
+    int done = 0;
+    int rc = load_target(ctx, with, path, sizeof path, &done, err);
+    if (rc || done) return rc;
+    fsdp_state *s = state_get(ctx);
+    int on_gpu = 0;
     /* the device choice first: it is collective, and reading may fail on one rank only */
     if ((rc = stage_on_gpu(ctx, &on_gpu, err))) return rc;
     if (!s) {
@@ -163,15 +297,19 @@ static int load_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
     o.round_bf16 = !strcmp(dts, "bf16");
     if (!strcmp(dts, "f32"))
         for (size_t i = 0; i < s->n; i++) s->p[i].dtype = FSDP_DT_F32;
-    const char *path = fsdp_arg_str(with, "path", "");
     double t0 = stage_now();
     sio_load_result res;
-    rc = sio_load(s, path, &o, &res, err);
+    unsigned char *restored = o.strict ? NULL : calloc(s->n ? s->n : 1, 1);
+    if (!o.strict && !restored) rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+    o.restored = restored;
+    if (!rc) rc = sio_load(s, path, &o, &res, err);
     free(from);
     free(to);
     free(only);
     free(select);
     stage_ckpt_sink_free(&sink);
+    if (!rc && restored) report_not_restored(ctx, s, restored, path);
+    free(restored);
     if (rc) return rc;
     double t_up = stage_now();
     if ((rc = stage_place_state(ctx, s, &on_gpu, err))) return rc;

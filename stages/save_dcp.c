@@ -4,8 +4,11 @@
  * existing checkpoint unless asked; an overwrite writes the new data files beside the old ones and
  * replaces `.metadata` last, so the path holds the old or the new checkpoint at every instant
  * (ckpt/dcp_commit.c). Stale temporaries of interrupted saves to the path are removed and logged. `async: true` snapshots the shards to host memory and
- * writes in a background thread while later stages run; the run waits for it at the end
- * and reports its errors. A state on the GPU is downloaded chunk by chunk into a ring of pinned
+ * writes in a background thread while later stages run; the save is committed (`.metadata` written
+ * and durable) at the first stage boundary or training step after every rank has written its file
+ * (ctx_poll_finishers), so a later stage may load it and a kill after that point keeps it; a
+ * load-ckpt waits for it, the next async save commits it first (one in flight), and the run's end
+ * reports its errors. A state on the GPU is downloaded chunk by chunk into a ring of pinned
  * staging buffers (ckpt/ckpt_pipe.h): synchronously, each chunk is written to the data file while
  * the next ones download; with `async` the chunks are copied into the writer's host snapshot, and
  * the stage returns once every download has completed, so later stages may change the device state
@@ -17,8 +20,10 @@
  * error naming it, before anything is written); each is written in its own dtype.
  *
  * with: path (required), optimizer (bool, true), overwrite (bool, false), async (bool, false), prefix */
+#include <stdlib.h>
 #include <string.h>
 
+#include "ckpt/ckpt_steps.h"
 #include "ckpt/state_io.h"
 #include "runtime/ctx_impl.h"
 #include "stages/stages.h"
@@ -35,13 +40,45 @@ static const fsdp_param_spec PARAMS[] = {
 static const char *const NEEDS[] = {"params|full_params", NULL};
 static const char *const PROVIDES[] = {"checkpoint", NULL};
 
-static void async_destroy(void *p) { sio_async_free(p); }
+/* An async save in flight: the writer, and for a periodic save its keep_last policy. */
+typedef struct save_job {
+    sio_async *a;
+    char *base;        /* keep_last: the directory of the step-<N> checkpoints (NULL: none) */
+    int64_t keep_last, step;
+    double t_begin;
+} save_job;
+
+static void async_destroy(void *p) {
+    save_job *j = p;
+    sio_async_free(j->a);
+    free(j->base);
+    free(j);
+}
+
+static void note_warn(void *ctx, const char *msg) { fsdp_log(ctx, FSDP_LOG_WARN, "%s", msg); }
+
+/* keep_last after step `step` of base was committed: rank 0 removes what goes (ckpt/ckpt_steps.h) */
+static void prune(fsdp_ctx *ctx, const char *base, int64_t keep, int64_t step) {
+    if (keep <= 0 || comm_rank(stage_comm(ctx)) != 0) return;
+    int n = ckpt_steps_prune(base, keep, step, note_warn, ctx);
+    if (n) fsdp_log(ctx, FSDP_LOG_INFO, "keep_last %lld: removed %d older checkpoint(s) from %s", (long long)keep, n, base);
+}
 
 static int async_finish(fsdp_ctx *ctx, void *p, fsdp_err *err) {
+    save_job *j = p;
     double t0 = stage_now();
-    int rc = sio_save_finish(p, err);
-    if (!rc) fsdp_log(ctx, FSDP_LOG_INFO, "async save-dcp finished (waited %.2fs)", stage_now() - t0);
+    int rc = sio_save_finish(j->a, err);
+    if (!rc) {
+        fsdp_log(ctx, FSDP_LOG_INFO, "async save-dcp %s committed (%.2fs after it began, waited %.2fs)",
+                 sio_async_path(j->a), stage_now() - j->t_begin, stage_now() - t0);
+        if (j->base) prune(ctx, j->base, j->keep_last, j->step);
+    }
     return rc;
+}
+
+static int async_poll(fsdp_ctx *ctx, void *p, int *done, fsdp_err *err) {
+    (void)ctx;
+    return sio_save_poll(((save_job *)p)->a, done, err);
 }
 
 /* The staging sink for a state on the GPU (*sink NULL for a host state). Every rank takes part in
@@ -91,6 +128,52 @@ int stage_save_dcp_to(fsdp_ctx *ctx, fsdp_state *s, const char *path, int optimi
     return save_to(ctx, s, path, &o, err);
 }
 
+/* Starts an async save of s to path (a previous one of this run is committed first: one save in
+ * flight); it is committed by ctx_poll_finishers as soon as every rank has written its file. */
+static int save_async(fsdp_ctx *ctx, fsdp_state *s, const char *path, const sio_save_opts *o, const char *base,
+                      int64_t keep_last, fsdp_err *err) {
+    int rc = state_check_values(s, "save-dcp", err);
+    if (!rc) rc = ctx_run_finisher(ctx, "save-dcp.async", err);
+    if (rc) return rc;
+    save_job *j = calloc(1, sizeof *j);
+    if (!j || (base && !(j->base = strdup(base)))) {
+        free(j);
+        return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+    }
+    j->keep_last = keep_last;
+    j->step = s->train_step;
+    double t0 = j->t_begin = stage_now();
+    stage_ckpt_sink st;
+    const ckpt_sink *sink;
+    stage_sweep_stale(ctx, path);
+    if (!(rc = staging(ctx, s, &st, &sink, err))) {
+        rc = sio_save_begin_staged(s, stage_comm(ctx), path, o, sink, &j->a, err);
+        stage_ckpt_sink_free(&st);
+    }
+    if (rc) {
+        async_destroy(j);
+        return rc;
+    }
+    if (sink) fsdp_ctx_metric(ctx, "seconds_download", stage_now() - t0);
+    fsdp_ctx_metric(ctx, "seconds_blocking", stage_now() - t0);
+    fsdp_log(ctx, FSDP_LOG_INFO, "save-dcp %s continues in the background", path);
+    if ((rc = ctx_add_finisher(ctx, "save-dcp.async", j, async_finish, async_destroy, err))) return rc;
+    ctx_set_finisher_poll(ctx, async_poll);
+    return 0;
+}
+
+int stage_save_dcp_step(fsdp_ctx *ctx, fsdp_state *s, const char *base, const stage_save_policy *p, fsdp_err *err) {
+    char dir[4200];
+    ckpt_steps_dir(dir, sizeof dir, base, s->train_step);
+    sio_save_opts o = {1, p->overwrite, NULL};
+    if (p->async) return save_async(ctx, s, dir, &o, base, p->keep_last, err);
+    int rc = save_to(ctx, s, dir, &o, err);
+    if (!rc) prune(ctx, base, p->keep_last, s->train_step);
+    return rc;
+}
+
+int stage_wait_saves(fsdp_ctx *ctx, fsdp_err *err) { return ctx_run_finisher(ctx, "save-dcp.async", err); }
+
 static int save_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
     fsdp_state *s = state_get(ctx);
     if (!s) return fsdp_err_set(err, FSDP_E_INVALID, "save-dcp: no model in the context");
@@ -98,23 +181,7 @@ static int save_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
     int opt = fsdp_arg_bool(with, "optimizer", 1), ow = fsdp_arg_bool(with, "overwrite", 0);
     sio_save_opts o = {opt, ow, fsdp_arg_str(with, "prefix", NULL)};
     if (!fsdp_arg_bool(with, "async", 0)) return save_to(ctx, s, path, &o, err);
-    /* a previous async save of this run finishes first */
-    int rc = state_check_values(s, "save-dcp", err);
-    if (!rc) rc = ctx_run_finisher(ctx, "save-dcp.async", err);
-    if (rc) return rc;
-    sio_async *a;
-    double t0 = stage_now();
-    stage_ckpt_sink st;
-    const ckpt_sink *sink;
-    stage_sweep_stale(ctx, path);
-    if ((rc = staging(ctx, s, &st, &sink, err))) return rc;
-    rc = sio_save_begin_staged(s, stage_comm(ctx), path, &o, sink, &a, err);
-    stage_ckpt_sink_free(&st);
-    if (rc) return rc;
-    if (sink) fsdp_ctx_metric(ctx, "seconds_download", stage_now() - t0);
-    fsdp_ctx_metric(ctx, "seconds_blocking", stage_now() - t0);
-    fsdp_log(ctx, FSDP_LOG_INFO, "save-dcp %s continues in the background", path);
-    return ctx_add_finisher(ctx, "save-dcp.async", a, async_finish, async_destroy, err);
+    return save_async(ctx, s, path, &o, NULL, 0, err);
 }
 
 const fsdp_stage_desc stage_save_dcp = {

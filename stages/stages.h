@@ -91,5 +91,15 @@ extern const fsdp_stage_desc stage_save_safetensors;
 extern const fsdp_stage_desc stage_verify;
 /* Synchronous DCP save of the state (used by save-dcp and train-steps' save_every). */
 int stage_save_dcp_to(fsdp_ctx *ctx, fsdp_state *s, const char *path, int optimizer, int overwrite, fsdp_err *err);
+/* A periodic save of train-steps: base/step-<train_step>, async or not (async: committed by
+ * ctx_poll_finishers, one in flight); keep_last > 0 removes older step-<N> directories once it is
+ * committed (ckpt/ckpt_steps.h). */
+typedef struct stage_save_policy {
+    int async, overwrite;
+    int64_t keep_last;
+} stage_save_policy;
+int stage_save_dcp_step(fsdp_ctx *ctx, fsdp_state *s, const char *base, const stage_save_policy *p, fsdp_err *err);
+/* Waits for the run's async save in flight, if any, and commits it. */
+int stage_wait_saves(fsdp_ctx *ctx, fsdp_err *err);
 
 #endif

@@ -10,7 +10,10 @@
  *
  * with: steps (int, required: train until this global step), lr, warmup_steps,
  *       decay (none|linear|cosine), min_lr_ratio, betas ([b1, b2]), eps, weight_decay,
- *       max_grad_norm, log_every, metrics (JSONL path), save_every, save_path,
+ *       max_grad_norm, log_every, metrics (JSONL path), save_every, save_path, save_async (periodic saves
+ *       in the background, one in flight, each committed as soon as written), keep_last (K newest committed
+ *       step-<N> kept), save_overwrite (a periodic save may replace an existing step-<N>; otherwise an error
+ *       before the first step),
  *       mixed (none|bf16, GPU), ac (none|full|selective), reshard_after_forward (bool, GPU),
  *       head_chunk_rows (rows of logits per output-head chunk, 0 = automatic: 256 MiB),
  *       peak_tflops (device peak for MFU; GPU default 989, the H100 SXM dense bf16 peak)
@@ -26,7 +29,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ckpt/ckpt_steps.h"
+#include "ckpt/dcp.h"
 #include "model/lr_schedule.h"
+#include "runtime/crash.h"
+#include "runtime/ctx_impl.h"
 #include "runtime/data.h"
 #include "runtime/fileio.h"
 #include "stages/stages.h"
@@ -52,6 +59,12 @@ static const fsdp_param_spec PARAMS[] = {
     {"metrics", FSDP_T_STRING, 0, NULL, NULL, "append one JSON line per logged step to this file"},
     {"save_every", FSDP_T_INT, 0, "0", NULL, "write a DCP checkpoint save_path/step-<N> every N steps (0 = never)"},
     {"save_path", FSDP_T_STRING, 0, NULL, NULL, "directory of the periodic checkpoints"},
+    {"save_async", FSDP_T_BOOL, 0, "false", NULL,
+     "periodic saves in the background (one in flight; each committed as soon as its files are written)"},
+    {"keep_last", FSDP_T_INT, 0, "0", NULL,
+     "keep the K newest committed step-<N> checkpoints, removing older ones once a newer one is committed (0 = all)"},
+    {"save_overwrite", FSDP_T_BOOL, 0, "false", NULL,
+     "let a periodic save replace an existing save_path/step-<N> checkpoint (otherwise: an error before training)"},
     {"mixed", FSDP_T_STRING, 0, "none", MIXED,
      "GPU precision: none (float32) or bf16 (bf16 compute and all-gathers, fp32 master weights, optimizer and "
      "reduce-scatter)"},
@@ -89,6 +102,9 @@ static int train_check(const fsdp_value *with, fsdp_err *err) {
     if (fsdp_value_get(with, "peak_tflops") && !(fsdp_arg_float(with, "peak_tflops", 0) > 0))
         return fsdp_err_at(err, FSDP_E_INVALID, fsdp_value_get(with, "peak_tflops"),
                            "train-steps: peak_tflops must be > 0");
+    if (fsdp_arg_int(with, "keep_last", 0) < 0)
+        return fsdp_err_at(err, FSDP_E_INVALID, fsdp_value_get(with, "keep_last"),
+                           "train-steps: keep_last must be >= 0 (0 keeps every checkpoint)");
     if (fsdp_arg_int(with, "save_every", 0) > 0 && !fsdp_arg_str(with, "save_path", NULL))
         return fsdp_err_at(err, FSDP_E_INVALID, fsdp_value_get(with, "save_every"),
                            "train-steps: save_every needs save_path");
@@ -130,6 +146,42 @@ static int train_options(const fsdp_value *with, llama_fsdp_cuda_options *o, fsd
     return rc ? fsdp_err_prefix(err, "train-steps") : 0;
 }
 
+/* Before any step: no periodic save of this stage may land on an existing checkpoint unless
+ * save_overwrite (rank 0 looks, every rank learns the verdict). */
+static int check_save_targets(fsdp_ctx *ctx, const fsdp_state *s, const fsdp_value *with, int64_t steps, fsdp_err *err) {
+    int64_t every = fsdp_arg_int(with, "save_every", 0);
+    const char *base = fsdp_arg_str(with, "save_path", "");
+    if (every <= 0 || fsdp_arg_bool(with, "save_overwrite", 0)) return 0;
+    comm *c = stage_comm(ctx);
+    int64_t found = -1;
+    ckpt_step_dir *v = NULL;
+    size_t n = 0;
+    fsdp_err lerr;
+    /* the step-<N> directories there (a listing error is the save's to report) */
+    if (comm_rank(c) == 0 && !ckpt_steps_list(base, &v, &n, &lerr))
+        for (size_t i = 0; i < n && found < 0; i++) {
+            char dir[4200];
+            ckpt_steps_dir(dir, sizeof dir, base, v[i].step);
+            if (v[i].step > s->train_step && v[i].step <= steps && v[i].step % every == 0 && dcp_dir_has_checkpoint(dir))
+                found = v[i].step;
+        }
+    free(v);
+    int rc = comm_bcast(c, &found, sizeof found, 0, err);
+    if (rc || found < 0) return rc;
+    char dir[4200];
+    ckpt_steps_dir(dir, sizeof dir, base, found);
+    return fsdp_err_at(err, FSDP_E_INVALID, fsdp_value_get(with, "save_every"),
+                       "train-steps: the periodic save of step %lld would replace the checkpoint %s; resume from it "
+                       "(load-ckpt path: %s/latest), choose another save_path, or set save_overwrite: true",
+                       (long long)found, dir, base);
+}
+
+/* The run's async save (if any) is committed as soon as every rank has written its file. */
+static int poll_saves(fsdp_ctx *ctx, fsdp_err *err) {
+    int rc = ctx_poll_finishers(ctx, err);
+    return rc ? fsdp_err_prefix(err, "train-steps: periodic save") : 0;
+}
+
 static int train_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
     fsdp_state *s = state_get(ctx);
     if (!s) return fsdp_err_set(err, FSDP_E_INVALID, "train-steps: no model in the context");
@@ -166,6 +218,9 @@ static int train_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
     const char *metrics_path = fsdp_arg_str(with, "metrics", NULL);
     int64_t save_every = fsdp_arg_int(with, "save_every", 0);
     const char *save_path = fsdp_arg_str(with, "save_path", "");
+    stage_save_policy save_pol = {fsdp_arg_bool(with, "save_async", 0), fsdp_arg_bool(with, "save_overwrite", 0),
+                                  fsdp_arg_int(with, "keep_last", 0)};
+    if ((rc = check_save_targets(ctx, s, with, steps, err))) return rc;
     if (s->train_step >= steps) {
         fsdp_log(ctx, FSDP_LOG_INFO, "already at step %lld of %lld: nothing to train", (long long)s->train_step,
                  (long long)steps);
@@ -240,11 +295,11 @@ static int train_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
         char status[64];
         snprintf(status, sizeof status, "loss %.4f", loss);
         fsdp_progress_update(prog, (double)(s->train_step - first), status);
-        if (save_every > 0 && s->train_step % save_every == 0) {
-            char dir[4200];
-            snprintf(dir, sizeof dir, "%s/step-%lld", save_path, (long long)s->train_step);
-            if ((rc = stage_save_dcp_to(ctx, s, dir, 1, 1, err))) break;
-        }
+        if (save_every > 0 && s->train_step % save_every == 0 &&
+            (rc = stage_save_dcp_step(ctx, s, save_path, &save_pol, err)))
+            break;
+        if ((rc = poll_saves(ctx, err))) break;
+        crash_point("train.step", (long)s->train_step, comm_rank(c));
     }
     fsdp_progress_end(prog);
     fsdp_ctx_metric_str(ctx, "ac", gopt.ac == LLAMA_FSDP_AC_FULL        ? "full"
