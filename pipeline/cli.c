@@ -3,6 +3,7 @@
  * fsdp-run stages [--json] [--plugin SO]...
  * fsdp-run --help | --version */
 #include "pipeline/cli.h"
+#include "pipeline/launch.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -196,6 +197,14 @@ int fsdp_cli_run_comm(fsdp_registry *reg, int argc, char **argv, FILE *out, FILE
     if (rc < 0 && np == 0) {
         fprintf(log, "fsdp-run: error: no recipe given (see fsdp-run --help)\n");
         rc = 2;
+    }
+    if (rc < 0 && !validate && !o.dry_run) {
+        /* under Slurm with several tasks, a plain fsdp-run would train alone as one rank */
+        fsdp_err le;
+        if (launch_check_slurm(cm && comm_size(cm) > 1 ? 1 : comm_launched_by_mpi(), &le)) {
+            fprintf(log, "fsdp-run: error: %s\n", le.msg);
+            rc = 2;
+        }
     }
     if (rc < 0) {
         o.sets = sets;
