@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "pipeline/ckpt_cli.h"
+#include "pipeline/plot.h"
 #include "pipeline/run.h"
 #include "pipeline/schema.h"
 
@@ -20,6 +21,7 @@ static void usage(FILE *f) {
           "       fsdp-run validate [--set K=V]... RECIPE.yaml...   check only (exit 0 valid, 2 invalid)\n"
           "       fsdp-run stages [--json] [--plugin LIB.so]...     list every stage and its parameters\n"
           "       fsdp-run ckpt inspect|convert|diff ...            checkpoint tools (fsdp-run ckpt --help)\n"
+          "       fsdp-run plot METRICS.jsonl... -o OUT.png|.svg    loss, lr, grad norm, tokens/s against step\n"
           "       fsdp-run --help | --version\n"
           "\n"
           "options:\n"
@@ -137,6 +139,7 @@ int fsdp_cli_run_comm(fsdp_registry *reg, int argc, char **argv, FILE *out, FILE
     int validate = 0;
     if (!strcmp(argv[1], "stages")) return cmd_stages(reg, argc - 2, argv + 2, out, log);
     if (!strcmp(argv[1], "ckpt")) return ckpt_cli_main(argc - 2, argv + 2, out, log);
+    if (!strcmp(argv[1], "plot")) return plot_cli_main(argc - 2, argv + 2, out, log);
     if (!strcmp(argv[1], "validate")) {
         validate = 1;
         first = 2;
