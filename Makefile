@@ -112,7 +112,7 @@ $(BUILD)/obj/%.o: %.c
 # The RNG fill loops vectorise only without errno handling of sqrtf and with FP compares treated
 # as non-trapping (neither changes a value).
 $(BUILD)/obj/runtime/rng.o: CFLAGS += -fno-math-errno -fno-trapping-math
-$(BUILD)/obj/pipeline/plot_draw.o: CPPFLAGS += $(CAIRO_CFLAGS)
+$(BUILD)/obj/pipeline/plot_draw.o $(BUILD)/obj/tests/test_observe.o: CPPFLAGS += $(CAIRO_CFLAGS)
 
 $(BUILD)/obj/%.cu.o: %.cu
 	@mkdir -p $(dir $@)
