@@ -9,6 +9,7 @@
 #include "model/llama_model.h"
 #include "model/llama_table.h"
 #include "model/mt_spec.h"
+#include "pipeline/checks.h"
 #include "runtime/data.h"
 #include "runtime/device.h"
 
@@ -121,6 +122,7 @@ static int model_of(const recipe *r, const sizes_host *h, sizes_chain *chain, er
     memset(chain, 0, sizeof *chain);
     chain_from_table(chain, &t, h->world);
     chain->model_node = model;
+    checks_transform(r, &t, el); /* transform globs against the model's names */
     mt_free(&t);
     return 0;
 }

@@ -180,3 +180,25 @@ TEST(ValidateAll, ChainedRecipeWithAnotherModelThanItsState) {
                              "stages:\n  - {id: i2, uses: init-meta}\n  - {id: t, uses: train-steps, with: {steps: 1}}\n");
     EXPECT_EQ(run("", "validate " + d / "a.yaml " + d / "e.yaml", &out), 0) << out;
 }
+
+TEST(ValidateAll, TransformGlobsThatMatchNothing) {
+    // before: found only at run time, after init ("the keys match no parameter")
+    Dir d;
+    const std::string p = d / "t.yaml";
+    write_file(p, "model: {preset: tiny}\n"
+                  "stages:\n  - {id: i, uses: init-cpu}\n"
+                  "  - id: x\n    uses: transform\n    with:\n      ops:\n"
+                  "        - {copy: {from: output.weight, to: tok_embeddings.weight}}\n"
+                  "        - {scale: {keys: 'layers.*.attention.wq.weight', by: 0.5}}\n"
+                  "        - {fill: {keys: [layers.*.feed_forward.w9.weight, nope.*], value: 0}}\n"
+                  "        - {copy: {from: output.weight, to: 'tok_embedings.weight'}}\n");
+    std::string out;
+    EXPECT_EQ(run("", "validate " + p, &out), 2) << out;
+    EXPECT_NE(out.find(p + ":10:25: stage 'x' (transform): fill keys matches no parameter of the model"),
+              std::string::npos)
+        << out;
+    EXPECT_NE(out.find(p + ":11:44: stage 'x' (transform): copy target matches no parameter of the model"),
+              std::string::npos)
+        << out;
+    EXPECT_EQ(count_lines_with(out, p + ":"), 2u) << out;  // the first two ops match
+}
