@@ -105,14 +105,32 @@ static int size_seg(const data_config *cfg, int esz, data_seg *s, fsdp_err *err)
     return 0;
 }
 
+/* The largest token id of s (a max reduction that vectorises; the files are little-endian, as the host). */
+static uint32_t max_token(const data_seg *s, int esz) {
+    const unsigned char *base = s->map + s->hdr;
+    size_t n = s->n_tokens;
+    uint32_t mx = 0;
+    if (esz == 1) {
+#pragma omp parallel for reduction(max : mx) schedule(static)
+        for (size_t i = 0; i < n; i++) mx = base[i] > mx ? base[i] : mx;
+    } else if (esz == 2) {
+        const uint16_t *t = (const uint16_t *)(const void *)base; /* the header is 1024 bytes: aligned */
+#pragma omp parallel for reduction(max : mx) schedule(static)
+        for (size_t i = 0; i < n; i++) mx = t[i] > mx ? t[i] : mx;
+    } else {
+        const uint32_t *t = (const uint32_t *)(const void *)base;
+#pragma omp parallel for reduction(max : mx) schedule(static)
+        for (size_t i = 0; i < n; i++) mx = t[i] > mx ? t[i] : mx;
+    }
+    return mx;
+}
+
 /* Every token id < vocab; the first one that is not is the error. */
 static int scan_seg(const data_config *cfg, const data_seg *s, int esz, int vocab, fsdp_err *err) {
     if (esz == 1 ? vocab >= 256 : esz == 2 ? vocab >= 65536 : 0) return 0; /* every id fits */
-    size_t bad = SIZE_MAX;
-#pragma omp parallel for reduction(min : bad) schedule(static)
-    for (size_t i = 0; i < s->n_tokens; i++)
-        if (data_seg_token(s, esz, i) >= (uint32_t)vocab && i < bad) bad = i;
-    if (bad == SIZE_MAX) return 0;
+    if (max_token(s, esz) < (uint32_t)vocab) return 0;
+    size_t bad = 0;
+    while (bad < s->n_tokens && data_seg_token(s, esz, bad) < (uint32_t)vocab) bad++;
     char hint[160] = "";
     if (cfg->kind == DATA_TOKENS && s->map_len >= 4 && le32_at(s->map) == DATA_LLMC_MAGIC)
         snprintf(hint, sizeof hint, " (the file starts with the llm.c header magic %d: use kind: llmc)",
