@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "ckpt/safetensors.h"
 #include "runtime/data_files.h"
@@ -128,6 +129,12 @@ int data_check_files(const data_config *cfg, fsdp_err *err) {
 /* kind safetensors: `input_ids` and `labels`, [B, T] integer tensors, read whole. */
 static int load_fixed(data_source *d, fsdp_err *err) {
     st_reader *r;
+    /* like the other kinds: the working directory, then the recipe's directory */
+    if (d->cfg.path[0] != '/' && d->cfg.base[0] && access(d->cfg.path, F_OK) != 0) {
+        char alt[sizeof d->cfg.path];
+        if (snprintf(alt, sizeof alt, "%s/%s", d->cfg.base, d->cfg.path) < (int)sizeof alt && access(alt, F_OK) == 0)
+            memcpy(d->cfg.path, alt, sizeof alt);
+    }
     int rc = st_open(&r, d->cfg.path, err);
     if (rc) return rc;
     const char *names[2] = {"input_ids", "labels"};

@@ -268,6 +268,12 @@ TEST(DataBin, RelativePathsResolveFromTheWorkingDirectoryThenTheRecipe) {
     std::string out;
     EXPECT_EQ(run("validate " + d / "r.yaml", &out), 0) << out;
     EXPECT_EQ(run("-q " + d / "r.yaml", &out), 0) << out;
+    // the same for kind safetensors (before: "cannot open", relative to the working directory only)
+    write_file(d / "batch.safetensors", read_file(tiny("batch.safetensors")));
+    write_file(d / "st.yaml", "model: {preset: tiny}\nruntime: {device: cpu}\n"
+                              "data: {kind: safetensors, path: batch.safetensors, batch_size: 2, seq_len: 32}\n"
+                              "stages:\n  - {id: i, uses: init-meta}\n  - {id: t, uses: train-steps, with: {steps: 1}}\n");
+    EXPECT_EQ(run("-q " + d / "st.yaml", &out), 0) << out;
     // a file that exists nowhere: a validation error at the key, naming both places looked in
     write_file(d / "m.yaml", "model: {preset: tiny}\n"
                              "data: {kind: llmc, path: missing.bin, batch_size: 2, seq_len: 8}\n"
