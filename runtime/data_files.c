@@ -32,6 +32,8 @@ static int resolve_glob(const data_config *cfg, glob_t *g, fsdp_err *err) {
         memset(g, 0, sizeof *g);
     }
     if (rc == GLOB_NOSPACE) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+    if (rc == GLOB_ABORTED)
+        return fsdp_err_set(err, FSDP_E_IO, "data.path '%s': a directory of the pattern cannot be read", cfg->path);
     if (cfg->path[0] != '/' && cfg->base[0])
         return fsdp_err_set(err, FSDP_E_IO,
                             "data.path '%s': no file matches (kind %s; a relative path is looked up in the working "
