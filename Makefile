@@ -42,6 +42,9 @@ CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC_FOUND))
 MPI_CFLAGS := $(shell mpicc --showme:compile 2>/dev/null)
 MPI_LIBS   := $(shell mpicc --showme:link 2>/dev/null)
 BLAS_CFLAGS := $(shell pkg-config --cflags openblas 2>/dev/null)
+# cairo draws `fsdp-run plot` (libcairo2-dev, tools/setup.sh)
+CAIRO_CFLAGS := $(shell pkg-config --cflags cairo 2>/dev/null)
+CAIRO_LIBS   := $(or $(shell pkg-config --libs cairo 2>/dev/null),-lcairo)
 
 SAN_FLAGS ?=
 OPT ?= -O2
@@ -50,7 +53,7 @@ CPPFLAGS += -Iinclude -I. -D_GNU_SOURCE $(MPI_CFLAGS) $(BLAS_CFLAGS) \
             -DFSDP_HAVE_CUDA=$(HAVE_CUDA) -DFSDP_BUILD_DIR=\"$(BUILD)\"
 CFLAGS   += -std=c11 $(OPT) -g $(WARN) -fopenmp -fPIC $(SAN_FLAGS) -MMD -MP
 CXXFLAGS += -std=c++17 $(OPT) -g $(WARN) -fopenmp $(SAN_FLAGS) -MMD -MP
-LDLIBS   += -lyaml -ljansson -lopenblas -lz -ldl -lm -lpthread $(MPI_LIBS)
+LDLIBS   += -lyaml -ljansson -lopenblas -lz -ldl -lm -lpthread $(MPI_LIBS) $(CAIRO_LIBS)
 LDFLAGS  += -fopenmp $(SAN_FLAGS) -rdynamic
 
 ifeq ($(EMU),1)
@@ -109,6 +112,7 @@ $(BUILD)/obj/%.o: %.c
 # The RNG fill loops vectorise only without errno handling of sqrtf and with FP compares treated
 # as non-trapping (neither changes a value).
 $(BUILD)/obj/runtime/rng.o: CFLAGS += -fno-math-errno -fno-trapping-math
+$(BUILD)/obj/pipeline/plot_draw.o $(BUILD)/obj/tests/test_observe.o: CPPFLAGS += $(CAIRO_CFLAGS)
 
 $(BUILD)/obj/%.cu.o: %.cu
 	@mkdir -p $(dir $@)

@@ -3,6 +3,7 @@
  * fsdp-run stages [--json] [--plugin SO]...
  * fsdp-run --help | --version */
 #include "pipeline/cli.h"
+#include "pipeline/launch.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -11,6 +12,7 @@
 #include <unistd.h>
 
 #include "pipeline/ckpt_cli.h"
+#include "pipeline/plot.h"
 #include "pipeline/run.h"
 #include "pipeline/schema.h"
 
@@ -19,6 +21,7 @@ static void usage(FILE *f) {
           "       fsdp-run validate [--set K=V]... RECIPE.yaml...   check only (exit 0 valid, 2 invalid)\n"
           "       fsdp-run stages [--json] [--plugin LIB.so]...     list every stage and its parameters\n"
           "       fsdp-run ckpt inspect|convert|diff ...            checkpoint tools (fsdp-run ckpt --help)\n"
+          "       fsdp-run plot METRICS.jsonl... -o OUT.png|.svg    loss, lr, grad norm, tokens/s against step\n"
           "       fsdp-run --help | --version\n"
           "\n"
           "options:\n"
@@ -136,6 +139,7 @@ int fsdp_cli_run_comm(fsdp_registry *reg, int argc, char **argv, FILE *out, FILE
     int validate = 0;
     if (!strcmp(argv[1], "stages")) return cmd_stages(reg, argc - 2, argv + 2, out, log);
     if (!strcmp(argv[1], "ckpt")) return ckpt_cli_main(argc - 2, argv + 2, out, log);
+    if (!strcmp(argv[1], "plot")) return plot_cli_main(argc - 2, argv + 2, out, log);
     if (!strcmp(argv[1], "validate")) {
         validate = 1;
         first = 2;
@@ -196,6 +200,14 @@ int fsdp_cli_run_comm(fsdp_registry *reg, int argc, char **argv, FILE *out, FILE
     if (rc < 0 && np == 0) {
         fprintf(log, "fsdp-run: error: no recipe given (see fsdp-run --help)\n");
         rc = 2;
+    }
+    if (rc < 0 && !validate && !o.dry_run) {
+        /* under Slurm with several tasks, a plain fsdp-run would train alone as one rank */
+        fsdp_err le;
+        if (launch_check_slurm(cm && comm_size(cm) > 1 ? 1 : comm_launched_by_mpi(), &le)) {
+            fprintf(log, "fsdp-run: error: %s\n", le.msg);
+            rc = 2;
+        }
     }
     if (rc < 0) {
         o.sets = sets;

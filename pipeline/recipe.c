@@ -174,8 +174,11 @@ int recipe_apply_override(fsdp_value *root, const char *arg, fsdp_err *err) {
     size_t klen = (size_t)(eq - arg);
     char *key = strndup(arg, klen);
     if (!key) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+    /* the value's positions name the --set argument: "--set 'KEY=VALUE':1:COL: ..." */
+    char where[512];
+    snprintf(where, sizeof where, "--set '%.480s'", arg);
     fsdp_value *val;
-    int rc = yaml_load_string(eq + 1, strlen(eq + 1), "--set", 0, (int)klen + 1, &val, err);
+    int rc = yaml_load_string(eq + 1, strlen(eq + 1), where, 0, (int)klen + 1, &val, err);
     if (rc) {
         free(key);
         return rc;
@@ -183,7 +186,7 @@ int recipe_apply_override(fsdp_value *root, const char *arg, fsdp_err *err) {
     /* An empty value is the empty string, not an empty document. */
     if (!eq[1]) {
         val_free(val);
-        val = val_scalar("", 1, "--set", 1, (int)klen + 2);
+        val = val_scalar("", 1, where, 1, (int)klen + 2);
         if (!val) {
             free(key);
             return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
@@ -192,7 +195,7 @@ int recipe_apply_override(fsdp_value *root, const char *arg, fsdp_err *err) {
     if (val->kind == FSDP_V_MAP && val->n == 0 && eq[1] && strcmp(eq + 1, "{}") != 0) {
         /* yaml_load_string returns an empty map for a document with only comments */
         val_free(val);
-        val = val_scalar(eq + 1, 1, "--set", 1, (int)klen + 2);
+        val = val_scalar(eq + 1, 1, where, 1, (int)klen + 2);
     }
     if (!val) {
         free(key);

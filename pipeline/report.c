@@ -54,6 +54,8 @@ void report_free(run_result *r) {
         free(r->recs[i].stage);
         free(r->recs[i].error);
         ctx_metrics_free(&r->recs[i].metrics);
+        for (size_t k = 0; k < r->recs[i].n_ranks; k++) free(r->recs[i].ranks[k].name);
+        free(r->recs[i].ranks);
     }
     free(r->recs);
     for (size_t i = 0; i < r->n_recipes; i++) {
@@ -62,6 +64,7 @@ void report_free(run_result *r) {
     }
     free(r->recipes);
     free(r->recipe_paths);
+    free(r->error);
     memset(r, 0, sizeof *r);
 }
 
@@ -86,6 +89,7 @@ int report_write(const run_result *r, const char *path, fsdp_err *err) {
         return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
     }
     json_object_set_new(root, "fsdp_run_version", json_string(FSDP_VERSION_STRING));
+    if (r->run_id[0]) json_object_set_new(root, "run_id", json_string(r->run_id));
     for (size_t i = 0; i < r->n_recipes; i++) {
         json_t *o = json_object();
         json_object_set_new(o, "name", json_string(r->recipes[i]));
@@ -98,7 +102,8 @@ int report_write(const run_result *r, const char *path, fsdp_err *err) {
     json_object_set_new(root, "seconds", json_real(r->end_wall - r->start_wall));
     json_object_set_new(root, "world_size", json_integer(r->world_size));
     json_object_set_new(root, "exit_code", json_integer(r->exit_code));
-    json_object_set_new(root, "status", json_string(r->exit_code == 0 ? "ok" : "failed"));
+    json_object_set_new(root, "status", json_string(r->exit_code == 0 ? "ok" : r->error ? "invalid" : "failed"));
+    if (r->error) json_object_set_new(root, "error", json_string(r->error));
     for (size_t i = 0; i < r->n; i++) {
         const run_record *rec = &r->recs[i];
         json_t *o = json_object();
@@ -113,6 +118,16 @@ int report_write(const run_result *r, const char *path, fsdp_err *err) {
             json_object_set_new(m, cm->name, cm->is_str ? json_string(cm->str) : json_real(cm->num));
         }
         json_object_set_new(o, "metrics", m);
+        if (rec->n_ranks) {
+            /* every rank's metrics: min / max / mean over the ranks that reported each */
+            json_t *rk = json_object();
+            for (size_t k = 0; k < rec->n_ranks; k++) {
+                const report_rank_stat *s = &rec->ranks[k];
+                json_object_set_new(rk, s->name, json_pack("{s:f, s:f, s:f, s:i}", "min", s->min, "max", s->max, "mean",
+                                                           s->sum / s->n, "ranks", s->n));
+            }
+            json_object_set_new(o, "ranks", rk);
+        }
         if (rec->error) json_object_set_new(o, "error", json_string(rec->error));
         json_array_append_new(stages, o);
     }

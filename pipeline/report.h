@@ -7,13 +7,22 @@
 #include "fsdp/error.h"
 #include "runtime/ctx_impl.h"
 
+/* One metric over the ranks (world > 1). */
+typedef struct report_rank_stat {
+    char *name;
+    double min, max, sum;
+    int n; /* ranks that reported it */
+} report_rank_stat;
+
 typedef struct run_record {
     char *recipe;   /* recipe name */
     char *id;       /* stage id */
     char *stage;    /* stage name (uses) */
     const char *status; /* "ok", "failed", "skipped", "pending" */
     double seconds;
-    ctx_metrics metrics;
+    ctx_metrics metrics;  /* rank 0's */
+    report_rank_stat *ranks; /* every rank's (pipeline/report_ranks.h); none on one rank */
+    size_t n_ranks;
     char *error;
 } run_record;
 
@@ -26,6 +35,8 @@ typedef struct run_result {
     double start_wall, end_wall; /* UNIX time */
     int exit_code;
     int world_size;
+    char run_id[48];      /* "" when the run did not start */
+    char *error;          /* the validation error(s) when the recipes were refused before running */
 } run_result;
 
 int report_add_record(run_result *r, const char *recipe, const char *id, const char *stage);

@@ -5,13 +5,19 @@
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/time.h>
+#include <unistd.h>
 
 #include "model/llama.h"
+#include "pipeline/checks.h"
 #include "pipeline/dag.h"
+#include "pipeline/launch.h"
 #include "runtime/data.h"
 #include "runtime/device.h"
+#include "pipeline/registry.h"
 #include "pipeline/report.h"
+#include "pipeline/report_ranks.h"
 #include "pipeline/schema.h"
 #include "pipeline/sizes.h"
 #include "runtime/ctx_impl.h"
@@ -80,6 +86,47 @@ static int check_runtime(recipe *r, int probe_device, const sizes_host *host, si
     return errlist_finish(&el, err);
 }
 
+/* Every stage's kind and schema; 0 when every stage is known (so the recipe can be planned). */
+static int check_stages(fsdp_registry *reg, recipe *r, errlist *el) {
+    int unknown = 0;
+    fsdp_err e;
+    for (size_t s = 0; s < r->n_stages; s++) {
+        recipe_stage *st = &r->stages[s];
+        fsdp_err_clear(&e);
+        st->desc = registry_find(reg, st->uses);
+        if (!st->desc) {
+            char known[2048] = "";
+            size_t off = 0;
+            for (size_t k = 0; k < registry_count(reg) && off < sizeof known; k++)
+                off += (size_t)snprintf(known + off, sizeof known - off, "%s%s", k ? ", " : "", registry_at(reg, k)->name);
+            fsdp_err_at(&e, FSDP_E_INVALID, st->uses_node,
+                        "stage '%s': unknown stage '%s' (registered stages: %s; plugins add more)", st->id, st->uses,
+                        off ? known : "none");
+            errlist_add(el, &e);
+            unknown = 1;
+            continue;
+        }
+        if (schema_check(st->desc, st->id, st->node, st->with, &e)) errlist_add(el, &e);
+    }
+    return unknown;
+}
+
+static void check_plugins(fsdp_registry *reg, const recipe *r, errlist *el) {
+    fsdp_err e;
+    for (size_t p = 0; p < r->n_plugins; p++) {
+        fsdp_err_clear(&e);
+        if (registry_load_plugin(reg, r->plugins[p], &e)) {
+            char msg[FSDP_ERR_MSG_MAX];
+            snprintf(msg, sizeof msg, "%s", e.msg);
+            fsdp_err_at(&e, FSDP_E_INVALID, r->plugin_vals[p], "%s", msg);
+            errlist_add(el, &e);
+        }
+    }
+}
+
+/* Validates every recipe of the chain and plans it: every error found is reported (one per line),
+ * not only the first; the chain stops at a recipe that cannot be loaded or planned (the recipes after
+ * it continue a state that is not known). */
 int run_plan_build(fsdp_registry *reg, const char *const *paths, size_t n, const run_opts *o, run_plan *plan,
                    fsdp_err *err) {
     memset(plan, 0, sizeof *plan);
@@ -92,66 +139,61 @@ int run_plan_build(fsdp_registry *reg, const char *const *paths, size_t n, const
     }
     for (size_t i = 0; i < o->n_sets; i++) ovr[i].arg = o->sets[i];
     dag_state state = {0};
-    int rc = 0;
+    errlist el;
+    errlist_init(&el);
+    fsdp_err e;
+    int stop = 0;
     /* `validate` and --dry-run check recipes meant for another machine: no device probe */
     int probe = !o->validate_only && !o->dry_run;
     sizes_host host;
-    sizes_host_probe(&host, o->comm ? comm_size(o->comm) : 1, probe);
+    sizes_host_probe(&host, launch_world(o->comm ? comm_size(o->comm) : 1), probe);
     sizes_chain chain = {0};
-    for (size_t i = 0; i < n && !rc; i++) {
+    for (size_t i = 0; i < n && !stop; i++) {
         recipe *r;
-        if ((rc = recipe_load(paths[i], ovr, o->n_sets, &r, err))) break;
+        fsdp_err_clear(&e);
+        if (recipe_load(paths[i], ovr, o->n_sets, &r, &e)) {
+            errlist_add(&el, &e);
+            break;
+        }
         plan->recipes[plan->n] = r;
         plan->n++;
-        for (size_t p = 0; p < r->n_plugins && !rc; p++) {
-            rc = registry_load_plugin(reg, r->plugins[p], err);
-            if (rc) {
-                const fsdp_value *pv = r->plugin_vals[p];
-                char msg[FSDP_ERR_MSG_MAX];
-                snprintf(msg, sizeof msg, "%s", err->msg);
-                rc = fsdp_err_at(err, FSDP_E_INVALID, pv, "%s", msg);
-            }
-        }
-        if (!rc) rc = check_runtime(r, probe, &host, &chain, err);
-        for (size_t s = 0; s < r->n_stages && !rc; s++) {
-            recipe_stage *st = &r->stages[s];
-            st->desc = registry_find(reg, st->uses);
-            if (!st->desc) {
-                char known[2048] = "";
-                size_t off = 0;
-                for (size_t k = 0; k < registry_count(reg) && off < sizeof known; k++)
-                    off += (size_t)snprintf(known + off, sizeof known - off, "%s%s", k ? ", " : "",
-                                            registry_at(reg, k)->name);
-                rc = fsdp_err_at(err, FSDP_E_INVALID, st->uses_node,
-                                 "stage '%s': unknown stage '%s' (registered stages: %s; plugins add more)", st->id,
-                                 st->uses, off ? known : "none");
-                break;
-            }
-            rc = schema_check(st->desc, st->id, st->node, st->with, err);
-        }
-        if (rc) break;
-        plan->orders[i] = calloc(r->n_stages, sizeof(size_t));
+        check_plugins(reg, r, &el);
+        const fsdp_value *prev_model = chain.model_node;
+        fsdp_err_clear(&e);
+        if (check_runtime(r, probe, &host, &chain, &e)) errlist_add(&el, &e);
+        stop = check_stages(reg, r, &el);
+        checks_recipe(r, &host, prev_model, &el);
+        if (stop) break;
+        plan->orders[i] = calloc(r->n_stages ? r->n_stages : 1, sizeof(size_t));
         if (!plan->orders[i]) {
-            rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+            fsdp_err_set(&e, FSDP_E_NOMEM, "out of memory");
+            errlist_add(&el, &e);
             break;
         }
         dag_state next = {0};
         for (size_t k = 0; k < state.n; k++) dag_state_add(&next, state.names[k]);
-        rc = dag_plan(r, reg, &state, plan->orders[i], &next, err);
+        fsdp_err_clear(&e);
+        if (dag_plan(r, reg, &state, plan->orders[i], &next, &e)) {
+            errlist_add(&el, &e);
+            stop = 1;
+        }
         dag_state_free(&state);
         state = next;
     }
-    for (size_t i = 0; !rc && i < o->n_sets; i++) {
+    for (size_t i = 0; plan->n == n && i < o->n_sets; i++) {
         if (!ovr[i].applied) {
             const char *eq = strchr(ovr[i].arg, '=');
-            rc = fsdp_err_set(err, FSDP_E_INVALID, "--set %s: no recipe has a stage with the id in '%.*s'", ovr[i].arg,
-                              eq ? (int)(eq - ovr[i].arg) : (int)strlen(ovr[i].arg), ovr[i].arg);
+            fsdp_err_set(&e, FSDP_E_INVALID, "--set %s: no recipe has a stage with the id in '%.*s'", ovr[i].arg,
+                         eq ? (int)(eq - ovr[i].arg) : (int)strlen(ovr[i].arg), ovr[i].arg);
+            errlist_add(&el, &e);
         }
     }
     dag_state_free(&state);
     free(ovr);
+    int rc = errlist_finish(&el, err);
     if (rc) {
         if (err->code != FSDP_E_NOMEM) err->code = FSDP_E_INVALID;
+        rc = err->code;
         run_plan_free(plan);
     }
     return rc;
@@ -181,6 +223,19 @@ void run_plan_print(const run_plan *plan, FILE *out) {
             free(t);
         }
     }
+}
+
+/* The run's id and start time, rank 0's on every rank. */
+static void set_run_id(fsdp_ctx *ctx, comm *cm, double start) {
+    struct {
+        double start;
+        uint32_t random;
+    } id = {start, 0};
+    if (getrandom(&id.random, sizeof id.random, GRND_NONBLOCK) != (ssize_t)sizeof id.random)
+        id.random = (uint32_t)getpid() ^ (uint32_t)((start - (double)(long)start) * 4294967296.0);
+    fsdp_err e;
+    if (cm && comm_size(cm) > 1) comm_bcast(cm, &id, sizeof id, 0, &e); /* on failure: this rank's own */
+    ctx_set_run(ctx, id.start, id.random);
 }
 
 static int execute(fsdp_ctx *ctx, const run_plan *plan, run_result *res, const run_opts *o) {
@@ -243,6 +298,13 @@ static int execute(fsdp_ctx *ctx, const run_plan *plan, run_result *res, const r
                 continue;
             }
             rr->status = "ok";
+            if (ctx->world > 1) {
+                /* every rank's metrics of the stage, to rank 0's report (collective) */
+                fsdp_err ge;
+                if (report_gather_ranks(ctx->comm, &rr->metrics, rr, &ge))
+                    fsdp_log(ctx, FSDP_LOG_WARN, "stage %s: the other ranks' metrics are not in the report: %s", s->id,
+                             ge.msg);
+            }
             /* an async save whose files are all written is committed now, before the next stage */
             if (ctx->n_fin && ctx_poll_finishers(ctx, &err)) {
                 rr->status = "failed";
@@ -300,6 +362,7 @@ int run_main(fsdp_registry *reg, const char *const *paths, size_t n, const run_o
             res.end_wall = wall_now();
             res.exit_code = fsdp_err_exit_code(err.code);
             res.world_size = 1;
+            res.error = strdup(err.msg);
             fsdp_err e2;
             report_write(&res, o->report, &e2);
             report_free(&res);
@@ -331,6 +394,8 @@ int run_main(fsdp_registry *reg, const char *const *paths, size_t n, const run_o
     run_result res = {0};
     res.start_wall = start;
     res.world_size = ctx->world;
+    set_run_id(ctx, o->comm, start);
+    snprintf(res.run_id, sizeof res.run_id, "%s", ctx->run_id);
     int rc = execute(ctx, &plan, &res, o);
     res.end_wall = wall_now();
     res.exit_code = rc ? 1 : 0;

@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "pipeline/errlist.h"
 #include "pipeline/yaml_load.h"
 
 const char *schema_type_name(fsdp_param_type t) {
@@ -63,29 +64,38 @@ static int check_type(const char *label, const fsdp_param_spec *p, const fsdp_va
     return 0;
 }
 
+/* Every error of the map is reported (one per line), not only the first. */
 int schema_check_map(const char *label, const fsdp_param_spec *params, const fsdp_value *node_for_missing,
                      fsdp_value *with, fsdp_err *err) {
+    errlist el;
+    errlist_init(&el);
+    fsdp_err e;
     for (size_t k = 0; k < with->n; k++) {
         const fsdp_param_spec *p = params;
         while (p && p->name && strcmp(p->name, with->keys[k])) p++;
+        fsdp_err_clear(&e);
         if (!p || !p->name) {
             char known[1024] = "";
             size_t off = 0;
             for (const fsdp_param_spec *q = params; q && q->name && off < sizeof known; q++)
                 off += (size_t)snprintf(known + off, sizeof known - off, "%s%s", off ? ", " : "", q->name);
-            return fsdp_err_set(err, FSDP_E_INVALID, "%s:%d:%d: %s: unknown parameter '%s' (known: %s)", with->file,
-                                with->key_line[k], with->key_col[k], label, with->keys[k], off ? known : "none");
+            fsdp_err_set(&e, FSDP_E_INVALID, "%s:%d:%d: %s: unknown parameter '%s' (known: %s)", with->file,
+                         with->key_line[k], with->key_col[k], label, with->keys[k], off ? known : "none");
+            errlist_add(&el, &e);
+            continue;
         }
         if (fsdp_value_type(with->items[k]) == FSDP_V_NULL) continue; /* null = not given */
-        int rc = check_type(label, p, with->items[k], err);
-        if (rc) return rc;
+        if (check_type(label, p, with->items[k], &e)) errlist_add(&el, &e);
     }
     for (const fsdp_param_spec *p = params; p && p->name; p++) {
         long k = val_map_find(with, p->name);
         if (k >= 0 && fsdp_value_type(with->items[k]) != FSDP_V_NULL) continue;
-        if (p->required)
-            return fsdp_err_at(err, FSDP_E_INVALID, node_for_missing, "%s: missing required parameter '%s' (%s%s%s)",
-                               label, p->name, schema_type_name(p->type), p->help ? ": " : "", p->help ? p->help : "");
+        if (p->required) {
+            fsdp_err_at(&e, FSDP_E_INVALID, node_for_missing, "%s: missing required parameter '%s' (%s%s%s)", label,
+                        p->name, schema_type_name(p->type), p->help ? ": " : "", p->help ? p->help : "");
+            errlist_add(&el, &e);
+            continue;
+        }
         if (!p->dflt) continue;
         fsdp_value *v;
         char where[160];
@@ -96,7 +106,7 @@ int schema_check_map(const char *label, const fsdp_param_spec *params, const fsd
         if (val_map_set(with, p->name, v, with->line, with->col))
             return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
     }
-    return 0;
+    return errlist_finish(&el, err);
 }
 
 int schema_check(const fsdp_stage_desc *d, const char *id, const fsdp_value *stage_node, fsdp_value *with,

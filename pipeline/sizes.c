@@ -9,6 +9,7 @@
 #include "model/llama_model.h"
 #include "model/llama_table.h"
 #include "model/mt_spec.h"
+#include "pipeline/checks.h"
 #include "runtime/data.h"
 #include "runtime/device.h"
 
@@ -121,6 +122,7 @@ static int model_of(const recipe *r, const sizes_host *h, sizes_chain *chain, er
     memset(chain, 0, sizeof *chain);
     chain_from_table(chain, &t, h->world);
     chain->model_node = model;
+    checks_transform(r, &t, el); /* transform globs against the model's names */
     mt_free(&t);
     return 0;
 }
@@ -156,20 +158,34 @@ static const fsdp_value *data_at(const fsdp_value *data, const char *key, const 
 static int check_data(const recipe *r, const sizes_host *h, const sizes_chain *chain, int has_model,
                       data_config *dc, errlist *el) {
     const fsdp_value *data = fsdp_value_get(r->root, "data");
+    const recipe_stage *train = first_stage(r, "train-steps");
+    int has_data = data && fsdp_value_type(data) != FSDP_V_NULL;
     fsdp_err e;
     fsdp_err_clear(&e);
-    if (data_config_from_value(fsdp_value_type(data) == FSDP_V_NULL ? NULL : data, 0, dc, &e)) {
+    if (!has_data && !train) return -1; /* nothing reads data */
+    if (!has_data) {
+        add_at(el, train->uses_node,
+               "stage '%s' (train-steps): the recipe has no `data:` section (kind: text, tokens, llmc or safetensors "
+               "with a path; kind: synthetic for seeded random tokens)",
+               train->id);
+        return -1;
+    }
+    if (data_config_from_value(data, 0, dc, &e)) {
         errlist_add(el, &e);
         return -1;
     }
-    const recipe_stage *train = first_stage(r, "train-steps");
     int n0 = el->n;
+    /* the files exist, are readable and have valid headers (their tokens are scanned when opened) */
+    data_config_set_base(dc, r->path);
+    int files_bad = data_check_files(dc, &e) != 0;
+    if (files_bad) add_at(el, data_at(data, "path", train), "%s", e.msg);
+    n0 = el->n; /* the sizes below are checked whatever the files */
     const fsdp_value *at_t = data_at(data, "seq_len", train), *at_b = data_at(data, "batch_size", train);
     if (dc->seq_len > INT32_MAX)
         add_at(el, at_t, "data.seq_len: %lld is more than %d (2^31 - 1)", (long long)dc->seq_len, INT32_MAX);
     if (dc->batch_size > INT32_MAX)
         add_at(el, at_b, "data.batch_size: %lld is more than %d (2^31 - 1)", (long long)dc->batch_size, INT32_MAX);
-    if (!train || el->n > n0) return el->n > n0 ? -1 : 0;
+    if (!train || el->n > n0) return el->n > n0 || files_bad ? -1 : 0;
     if (has_model && chain->has_llama && dc->seq_len > chain->model.max_seq_len)
         add_at(el, at_t,
                "data.seq_len: %lld is more than model.max_seq_len %d (the longest sequence the model is configured "
@@ -183,7 +199,7 @@ static int check_data(const recipe *r, const sizes_host *h, const sizes_chain *c
                "data: batch_size %lld over %d ranks x seq_len %lld is %lld tokens per rank, more than %d (2^31 - 1)",
                (long long)dc->batch_size, h->world, (long long)dc->seq_len,
                (long long)(dc->batch_size / h->world * dc->seq_len), INT_MAX);
-    return el->n > n0 ? -1 : 0;
+    return el->n > n0 || files_bad ? -1 : 0;
 }
 
 /* ---- memory ---------------------------------------------------------------------------------------- */

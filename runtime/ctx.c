@@ -129,6 +129,18 @@ int fsdp_ctx_rank(const fsdp_ctx *ctx) { return ctx->rank; }
 int fsdp_ctx_world_size(const fsdp_ctx *ctx) { return ctx->world; }
 const char *fsdp_ctx_recipe_name(const fsdp_ctx *ctx) { return ctx->recipe_name; }
 const char *fsdp_ctx_recipe_path(const fsdp_ctx *ctx) { return ctx->recipe_path; }
+const char *fsdp_ctx_run_id(const fsdp_ctx *ctx) { return ctx->run_id; }
+const char *fsdp_ctx_run_start(const fsdp_ctx *ctx) { return ctx->run_start; }
+
+void ctx_set_run(fsdp_ctx *ctx, double start, uint32_t random) {
+    time_t s = (time_t)start;
+    struct tm tm;
+    gmtime_r(&s, &tm);
+    snprintf(ctx->run_id, sizeof ctx->run_id, "%04d%02d%02dT%02d%02d%02dZ-%08x", tm.tm_year + 1900, tm.tm_mon + 1,
+             tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, (unsigned)random);
+    snprintf(ctx->run_start, sizeof ctx->run_start, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900,
+             tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, (int)((start - (double)s) * 1000));
+}
 const char *fsdp_ctx_stage_id(const fsdp_ctx *ctx) { return ctx->stage_id; }
 
 const fsdp_value *fsdp_ctx_section(const fsdp_ctx *ctx, const char *name) {

@@ -2,6 +2,7 @@
 #ifndef FSDP_RUNTIME_CTX_IMPL_H
 #define FSDP_RUNTIME_CTX_IMPL_H
 
+#include <stdint.h>
 #include <stdio.h>
 
 #include "fsdp/ctx.h"
@@ -57,10 +58,14 @@ struct fsdp_ctx {
     fsdp_progress *progress; /* the active progress display, if any */
     ctx_finisher *fin;       /* work to complete before the run ends (async saves) */
     size_t n_fin;
+    char run_id[48];      /* fsdp_ctx_run_id ("" outside a run) */
+    char run_start[32];   /* fsdp_ctx_run_start */
 };
 
 fsdp_ctx *ctx_new(comm *c, int verbosity, FILE *log);
 void ctx_free(fsdp_ctx *ctx);
+/* Sets the run's id and start time from start (UNIX time); random: 32 random bits. */
+void ctx_set_run(fsdp_ctx *ctx, double start, uint32_t random);
 double ctx_now(void); /* monotonic seconds */
 void ctx_metrics_free(ctx_metrics *m);
 /* Background work a stage leaves running: `fn` completes it (collectively) before the run

@@ -1,29 +1,27 @@
 #include "runtime/data.h"
 
-#include <errno.h>
-#include <fcntl.h>
+#include <libgen.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "ckpt/safetensors.h"
-#include "runtime/fileio.h"
+#include "runtime/data_files.h"
 
 struct data_source {
     data_config cfg;
     int vocab;
     int world, rank;
     int64_t local_batch;
-    const unsigned char *map; /* text / tokens file */
-    size_t map_len;
-    size_t n_tokens;
+    data_files files;   /* text / tokens / llmc: the mapped files */
+    uint64_t span;      /* random windows: sum over files of n_tokens - seq_len (files long enough) */
+    uint64_t blocks;    /* sequential: sum over files of n_tokens / (seq_len + 1) */
     int32_t *fixed_in, *fixed_lab; /* safetensors: the whole global batch */
 };
 
-static const char *const KIND_NAMES[] = {"text", "tokens", "safetensors", "synthetic"};
+#define N_KINDS 5
+static const char *const KIND_NAMES[N_KINDS] = {"text", "tokens", "safetensors", "synthetic", "llmc"};
 
 static uint64_t mix64(uint64_t x) {
     x += 0x9e3779b97f4a7c15ull;
@@ -36,6 +34,12 @@ static uint64_t hash3(uint64_t seed, uint64_t a, uint64_t b) { return mix64(mix6
 int data_config_from_value(const fsdp_value *sec, uint64_t default_seed, data_config *cfg, fsdp_err *err) {
     memset(cfg, 0, sizeof *cfg);
     cfg->kind = DATA_SYNTHETIC;
+    if (!sec || fsdp_value_type(sec) == FSDP_V_NULL)
+        return fsdp_err_set(err, FSDP_E_INVALID,
+                            "no `data:` section: train-steps needs one (kind: text, tokens, llmc or safetensors with a "
+                            "path; kind: synthetic for seeded random tokens)");
+    if (fsdp_value_type(sec) != FSDP_V_MAP)
+        return fsdp_err_at(err, FSDP_E_INVALID, sec, "data: expected a map (kind, path, batch_size, seq_len, ...)");
     cfg->batch_size = 8;
     cfg->seq_len = 64;
     cfg->token_bytes = 2;
@@ -50,16 +54,20 @@ int data_config_from_value(const fsdp_value *sec, uint64_t default_seed, data_co
                                "data: unknown key '%s' (expected kind, path, batch_size, seq_len, dtype, seed, order)", k);
     }
     const fsdp_value *v;
-    if ((v = fsdp_value_get(sec, "kind")) && fsdp_value_type(v) != FSDP_V_NULL) {
+    if (!(v = fsdp_value_get(sec, "kind")) || fsdp_value_type(v) == FSDP_V_NULL)
+        return fsdp_err_at(err, FSDP_E_INVALID, sec,
+                           "data: no `kind` (text, tokens, llmc or safetensors with a path; kind: synthetic for seeded "
+                           "random tokens: synthetic data is used only when asked)");
+    {
         const char *t = fsdp_value_text(v);
         int found = 0;
-        for (int k = 0; k < 4 && t; k++)
+        for (int k = 0; k < N_KINDS && t; k++)
             if (!strcmp(t, KIND_NAMES[k])) {
                 cfg->kind = (data_kind)k;
                 found = 1;
             }
         if (!found)
-            return fsdp_err_at(err, FSDP_E_INVALID, v, "data.kind must be one of: text, tokens, safetensors, synthetic");
+            return fsdp_err_at(err, FSDP_E_INVALID, v, "data.kind must be one of: text, tokens, llmc, safetensors, synthetic");
     }
     if ((v = fsdp_value_get(sec, "path")) && fsdp_value_type(v) != FSDP_V_NULL) {
         if (!fsdp_value_text(v)) return fsdp_err_at(err, FSDP_E_INVALID, v, "data.path: expected a file path");
@@ -91,40 +99,42 @@ int data_config_from_value(const fsdp_value *sec, uint64_t default_seed, data_co
         if (t && !strcmp(t, "random")) cfg->sequential = 0;
         else if (t && !strcmp(t, "sequential")) cfg->sequential = 1;
         else return fsdp_err_at(err, FSDP_E_INVALID, v, "data.order must be random or sequential");
-        if (cfg->sequential && cfg->kind != DATA_TEXT && cfg->kind != DATA_TOKENS)
-            return fsdp_err_at(err, FSDP_E_INVALID, v, "data.order: sequential applies to kind text or tokens only");
+        if (cfg->sequential && cfg->kind != DATA_TEXT && cfg->kind != DATA_TOKENS && cfg->kind != DATA_LLMC)
+            return fsdp_err_at(err, FSDP_E_INVALID, v, "data.order: sequential applies to kind text, tokens or llmc only");
     }
     if (cfg->kind != DATA_SYNTHETIC && !cfg->path[0])
         return fsdp_err_at(err, FSDP_E_INVALID, sec, "data: kind %s needs a `path`", KIND_NAMES[cfg->kind]);
     return 0;
 }
 
-static int map_file(data_source *d, fsdp_err *err) {
-    int fd;
-    char label[4200];
-    snprintf(label, sizeof label, "data %s", d->cfg.path);
-    int rc = fio_open_read(d->cfg.path, label, &fd, err); /* never blocks on a FIFO */
-    if (rc) return rc;
-    struct stat st;
-    if (fstat(fd, &st) != 0) {
-        close(fd);
-        return fsdp_err_set(err, FSDP_E_IO, "data %s: %s", d->cfg.path, strerror(errno));
-    }
-    d->map_len = (size_t)st.st_size;
-    if (d->map_len == 0) {
-        close(fd);
-        return fsdp_err_set(err, FSDP_E_FORMAT, "data %s: the file is empty", d->cfg.path);
-    }
-    void *m = mmap(NULL, d->map_len, PROT_READ, MAP_PRIVATE, fd, 0);
-    close(fd);
-    if (m == MAP_FAILED) return fsdp_err_set(err, FSDP_E_IO, "data %s: mmap: %s", d->cfg.path, strerror(errno));
-    d->map = m;
-    return 0;
+void data_config_set_base(data_config *cfg, const char *recipe_path) {
+    cfg->base[0] = '\0';
+    if (!recipe_path) return;
+    char *dup = strdup(recipe_path);
+    if (!dup) return;
+    snprintf(cfg->base, sizeof cfg->base, "%s", dirname(dup));
+    free(dup);
+}
+
+static int is_file_kind(data_kind k) { return k == DATA_TEXT || k == DATA_TOKENS || k == DATA_LLMC; }
+
+int data_check_files(const data_config *cfg, fsdp_err *err) {
+    if (!is_file_kind(cfg->kind)) return 0;
+    data_files f;
+    int rc = data_files_open(cfg, 0, 0, &f, err);
+    if (!rc) data_files_close(&f);
+    return rc;
 }
 
 /* kind safetensors: `input_ids` and `labels`, [B, T] integer tensors, read whole. */
 static int load_fixed(data_source *d, fsdp_err *err) {
     st_reader *r;
+    /* like the other kinds: the working directory, then the recipe's directory */
+    if (d->cfg.path[0] != '/' && d->cfg.base[0] && access(d->cfg.path, F_OK) != 0) {
+        char alt[sizeof d->cfg.path];
+        if (snprintf(alt, sizeof alt, "%s/%s", d->cfg.base, d->cfg.path) < (int)sizeof alt && access(alt, F_OK) == 0)
+            memcpy(d->cfg.path, alt, sizeof alt);
+    }
     int rc = st_open(&r, d->cfg.path, err);
     if (rc) return rc;
     const char *names[2] = {"input_ids", "labels"};
@@ -191,23 +201,24 @@ int data_open(const data_config *cfg, int vocab, int world, int rank, data_sourc
     d->rank = rank;
     d->local_batch = cfg->batch_size / world;
     int rc = 0;
-    if (cfg->kind == DATA_TEXT || cfg->kind == DATA_TOKENS) {
-        if ((rc = map_file(d, err))) goto fail;
-        size_t esz = cfg->kind == DATA_TEXT ? 1 : (size_t)cfg->token_bytes;
-        if (d->map_len % esz) {
-            rc = fsdp_err_set(err, FSDP_E_FORMAT, "data %s: %zu bytes is not a whole number of uint%d tokens",
-                              cfg->path, d->map_len, (int)esz * 8);
-            goto fail;
+    if (cfg->kind == DATA_TEXT && vocab < 256) {
+        rc = fsdp_err_set(err, FSDP_E_INVALID, "data %s: text data has 256 byte values but the model's vocab_size is %d",
+                          cfg->path, vocab);
+        goto fail;
+    }
+    if (is_file_kind(cfg->kind)) {
+        if ((rc = data_files_open(cfg, vocab, 1, &d->files, err))) goto fail;
+        size_t longest = 0;
+        for (size_t i = 0; i < d->files.n; i++) {
+            size_t n = d->files.seg[i].n_tokens;
+            if (n > longest) longest = n;
+            if ((int64_t)n >= cfg->seq_len + 1) d->span += n - (uint64_t)cfg->seq_len;
+            d->blocks += n / (uint64_t)(cfg->seq_len + 1);
         }
-        d->n_tokens = d->map_len / esz;
-        if (cfg->kind == DATA_TEXT && vocab < 256) {
-            rc = fsdp_err_set(err, FSDP_E_INVALID, "data %s: text data has 256 byte values but the model's vocab_size is %d",
-                              cfg->path, vocab);
-            goto fail;
-        }
-        if ((int64_t)d->n_tokens < cfg->seq_len + 1) {
-            rc = fsdp_err_set(err, FSDP_E_INVALID, "data %s: %zu tokens is fewer than seq_len + 1 = %lld", cfg->path,
-                              d->n_tokens, (long long)cfg->seq_len + 1);
+        if (!d->span) {
+            rc = fsdp_err_set(err, FSDP_E_INVALID,
+                              "data %s: %zu tokens%s is fewer than seq_len + 1 = %lld", d->files.n == 1 ? d->files.seg[0].path : cfg->path,
+                              longest, d->files.n > 1 ? " in the longest matching file" : "", (long long)cfg->seq_len + 1);
             goto fail;
         }
     }
@@ -221,7 +232,7 @@ fail:
 
 void data_close(data_source *d) {
     if (!d) return;
-    if (d->map) munmap((void *)d->map, d->map_len);
+    data_files_close(&d->files);
     free(d->fixed_in);
     free(d->fixed_lab);
     free(d);
@@ -229,16 +240,21 @@ void data_close(data_source *d) {
 
 int64_t data_local_batch(const data_source *d) { return d->local_batch; }
 
-static uint32_t token_at(const data_source *d, size_t i) {
-    if (d->cfg.kind == DATA_TEXT) return d->map[i];
-    if (d->cfg.token_bytes == 2) {
-        uint16_t v;
-        memcpy(&v, d->map + 2 * i, 2);
-        return v;
+/* Global position x of the window stream (random: a start among the files' valid starts; sequential:
+ * a block of seq_len + 1 tokens) to its file and token index. */
+static const data_seg *locate(const data_source *d, uint64_t x, int blocks, size_t *start) {
+    uint64_t T = (uint64_t)d->cfg.seq_len;
+    for (size_t i = 0; i < d->files.n; i++) {
+        const data_seg *s = &d->files.seg[i];
+        uint64_t n = blocks ? s->n_tokens / (T + 1) : (s->n_tokens >= T + 1 ? s->n_tokens - T : 0);
+        if (x < n) {
+            *start = (size_t)(blocks ? x * (T + 1) : x);
+            return s;
+        }
+        x -= n;
     }
-    uint32_t v;
-    memcpy(&v, d->map + 4 * i, 4);
-    return v;
+    *start = 0;
+    return &d->files.seg[0]; /* not reached: x < the sum */
 }
 
 int data_batch(data_source *d, uint64_t pos, int32_t *inputs, int32_t *labels, fsdp_err *err) {
@@ -259,23 +275,20 @@ int data_batch(data_source *d, uint64_t pos, int32_t *inputs, int32_t *labels, f
             }
             continue;
         }
+        uint64_t x;
+        if (d->cfg.sequential) /* consecutive blocks of T+1 tokens, sample b of batch pos is block pos*B + b (wrapping) */
+            x = (uint64_t)(((unsigned __int128)pos * (uint64_t)d->cfg.batch_size + b) % d->blocks);
+        else
+            x = hash3(d->cfg.seed, pos, b) % d->span;
         size_t start;
-        if (d->cfg.sequential) {
-            /* consecutive blocks of T+1 tokens, sample b of batch pos is block pos*B + b (wrapping) */
-            uint64_t nblocks = d->n_tokens / (uint64_t)(T + 1);
-            uint64_t blk = (uint64_t)(((unsigned __int128)pos * (uint64_t)d->cfg.batch_size + b) % nblocks);
-            start = (size_t)(blk * (uint64_t)(T + 1));
-        } else {
-            size_t span = d->n_tokens - (size_t)T; /* valid window starts: [0, span) */
-            start = (size_t)(hash3(d->cfg.seed, pos, b) % span);
-        }
+        const data_seg *sg = locate(d, x, d->cfg.sequential, &start);
         for (int64_t t = 0; t <= T; t++) {
             size_t idx = start + (size_t)t;
-            uint32_t tok = token_at(d, idx);
-            if (tok >= (uint32_t)d->vocab)
+            uint32_t tok = data_seg_token(sg, d->files.token_bytes, idx);
+            if (tok >= (uint32_t)d->vocab) /* scanned at open: only a file changed under the run gets here */
                 return fsdp_err_set(err, FSDP_E_FORMAT,
-                                    "data %s: token id %u at byte offset %zu is >= the model's vocab_size %d", d->cfg.path,
-                                    tok, idx * (d->cfg.kind == DATA_TEXT ? 1 : (size_t)d->cfg.token_bytes), d->vocab);
+                                    "data %s: token id %u at byte offset %zu is >= the model's vocab_size %d", sg->path,
+                                    tok, sg->hdr + idx * (size_t)d->files.token_bytes, d->vocab);
             if (t < T) in[t] = (int32_t)tok;
             if (t > 0) lab[t - 1] = (int32_t)tok;
         }

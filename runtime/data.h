@@ -1,8 +1,13 @@
 /* Training data: the recipe's `data:` section.
  *   kind: text         a UTF-8 file read as bytes (vocabulary 256)
- *   kind: tokens       a flat binary of uint16 or uint32 token ids (nanoGPT / llm.c), mmapped
+ *   kind: tokens       a flat binary of uint16 or uint32 token ids (nanoGPT's train.bin), mmapped
+ *   kind: llmc         llm.c .bin shards (256 x int32 header: magic 20240520, version 1, token count;
+ *                      then uint16 tokens), several by glob (runtime/data_files.h)
  *   kind: safetensors  fixed `input_ids` / `labels` tensors [B, T] (every step the same batch)
- *   kind: synthetic    seeded random tokens (benchmarks)
+ *   kind: synthetic    seeded random tokens (benchmarks; only when asked: `kind` is required)
+ * path may be a glob (text, tokens, llmc: the matches in sorted order are one stream; a window never
+ * spans two files); a relative path is looked up in the working directory, then in the recipe's
+ * directory (data_config_set_base). Every token id is checked against the vocabulary at open time.
  * batch_size is the global batch; each rank takes its contiguous slice of it. Sample b of
  * batch `pos` starts at a window chosen by a counter-based hash of (seed, pos, b), so the
  * stream is the same for every world size and a resumed run continues it from `pos`. */
@@ -15,13 +20,14 @@
 #include "fsdp/error.h"
 #include "fsdp/value.h"
 
-typedef enum data_kind { DATA_TEXT = 0, DATA_TOKENS, DATA_SAFETENSORS, DATA_SYNTHETIC } data_kind;
+typedef enum data_kind { DATA_TEXT = 0, DATA_TOKENS, DATA_SAFETENSORS, DATA_SYNTHETIC, DATA_LLMC } data_kind;
 
 typedef struct data_source data_source;
 
 typedef struct data_config {
     data_kind kind;
     char path[4096];
+    char base[4096];     /* the recipe's directory: where a relative path is looked up second ("": none) */
     int64_t batch_size;  /* global */
     int64_t seq_len;
     int token_bytes;     /* tokens: 2 (uint16) or 4 (uint32) */
@@ -31,8 +37,14 @@ typedef struct data_config {
                           * around at the end; default random windows */
 } data_config;
 
-/* Parses and checks a `data:` map (errors point at the key). default_seed is runtime.seed. */
+/* Parses and checks a `data:` map (errors point at the key; a missing section or `kind` is an error).
+ * default_seed is runtime.seed. */
 int data_config_from_value(const fsdp_value *section, uint64_t default_seed, data_config *cfg, fsdp_err *err);
+/* Sets cfg->base to the directory of recipe_path (NULL: none). */
+void data_config_set_base(data_config *cfg, const char *recipe_path);
+/* The files of cfg exist, are readable and have valid headers (text, tokens, llmc; no token scan):
+ * the static check of `validate`. 0 for the other kinds. */
+int data_check_files(const data_config *cfg, fsdp_err *err);
 /* Opens the source for this rank; the global batch must divide evenly by world. */
 int data_open(const data_config *cfg, int vocab_size, int world, int rank, data_source **out, fsdp_err *err);
 void data_close(data_source *d);

@@ -117,6 +117,7 @@ typedef struct train_metrics {
     double mfu; /* < 0: not reported */
     const char *mem_name;
     double mem_mib;
+    const char *run_id, *run_start; /* which run wrote the line (fsdp_ctx_run_id) */
 } train_metrics;
 
 static int write_metrics(FILE *f, const train_metrics *m) {
@@ -124,9 +125,10 @@ static int write_metrics(FILE *f, const train_metrics *m) {
     if (m->mfu >= 0) snprintf(mfu, sizeof mfu, ", \"mfu\": %.6g", m->mfu);
     return fprintf(f,
                    "{\"step\": %lld, \"loss\": %.9g, \"grad_norm\": %.9g, \"lr\": %.9g, \"tokens\": %lld, "
-                   "\"tokens_per_s\": %.6g%s, \"%s\": %.6g, \"elapsed_s\": %.6g}\n",
+                   "\"tokens_per_s\": %.6g%s, \"%s\": %.6g, \"elapsed_s\": %.6g, \"run_id\": \"%s\", "
+                   "\"run_start\": \"%s\"}\n",
                    (long long)m->step, m->loss, m->gnorm, m->lr, (long long)m->tokens, m->tps, mfu, m->mem_name,
-                   m->mem_mib, m->elapsed) < 0
+                   m->mem_mib, m->elapsed, m->run_id ? m->run_id : "", m->run_start ? m->run_start : "") < 0
                ? -1
                : fflush(f);
 }
@@ -231,6 +233,7 @@ static int train_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
     data_config dc;
     rc = data_config_from_value(fsdp_ctx_section(ctx, "data"), (uint64_t)fsdp_arg_int(rt, "seed", 0), &dc, err);
     if (rc) return rc;
+    data_config_set_base(&dc, fsdp_ctx_recipe_path(ctx));
     data_source *data;
     if ((rc = data_open(&dc, s->cfg.vocab_size, comm_size(c), comm_rank(c), &data, err))) return rc;
     int64_t B = data_local_batch(data), T = dc.seq_len;
@@ -280,9 +283,11 @@ static int train_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
         if (s->train_step % log_every == 0 || s->train_step == steps) {
             double now = stage_now();
             double tps = now > t_last ? (double)tok_since / (now - t_last) : 0;
-            train_metrics m = {s->train_step, s->tokens_seen, loss, gnorm, hp.lr, tps, now - t0, -1, NULL, 0};
+            train_metrics m = {s->train_step, s->tokens_seen, loss, gnorm, hp.lr, tps, now - t0, -1, NULL, 0, NULL, NULL};
             if (peak_tflops > 0) m.mfu = train_mfu_percent(flops_tok, tps / comm_size(c), peak_tflops);
             m.mem_mib = train_backend_peak_mib(&be, &m.mem_name);
+            m.run_id = fsdp_ctx_run_id(ctx);
+            m.run_start = fsdp_ctx_run_start(ctx);
             fsdp_log(ctx, FSDP_LOG_INFO, "step %lld/%lld  loss %.4f  grad_norm %.4f  lr %.3g  %.0f tok/s",
                      (long long)s->train_step, (long long)steps, loss, gnorm, hp.lr, tps);
             if (mf && write_metrics(mf, &m)) {

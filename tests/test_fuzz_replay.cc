@@ -33,3 +33,4 @@ TEST(FuzzReplay, Recipe) { EXPECT_GT(replay("recipe", fsdp_fuzz_recipe), 0u); }
 TEST(FuzzReplay, Model) { EXPECT_GT(replay("model", fsdp_fuzz_model), 0u); }
 TEST(FuzzReplay, HfConfig) { EXPECT_GT(replay("hf_config", fsdp_fuzz_hf_config), 0u); }
 TEST(FuzzReplay, Pt) { EXPECT_GT(replay("pt", fsdp_fuzz_pt), 0u); }
+TEST(FuzzReplay, Llmc) { EXPECT_GT(replay("llmc", fsdp_fuzz_llmc), 0u); }

@@ -518,7 +518,8 @@ TEST(HardenAtomicFifo, RecipeDataAndOutputFifosAreErrors) {
         write_file(t + "/d.yaml", "model: {preset: tiny}\ndata: {kind: tokens, path: " + t +
                                       "/tok.bin, batch_size: 2, seq_len: 8}\nstages:\n  - {id: i, uses: init-meta}\n"
                                       "  - {id: t, uses: train-steps, with: {steps: 1}, after: [i]}\n");
-        EXPECT_EQ(run_bounded(fsdp_run_bin() + " -q " + t + "/d.yaml", &out), 1) << out;
+        // found when the recipe is validated (issue 16: data files are a static check), exit 2
+        EXPECT_EQ(run_bounded(fsdp_run_bin() + " -q " + t + "/d.yaml", &out), 2) << out;
         EXPECT_NE(out.find("tok.bin is a FIFO, not a regular file"), std::string::npos) << out;
     }
     {   // where a writer's temporary goes: save-dcp, convert to safetensors, the run report

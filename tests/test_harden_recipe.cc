@@ -326,6 +326,7 @@ TEST(HardenRecipeSizes, ModelLargerThanTheHostIsAValidationError) {
         << r.out;
     // training it: parameters, gradients and AdamW moments
     p = d.put("train.yaml", "runtime: {device: cpu}\nmodel: {preset: debugmodel, dim: 1048576}\n"
+                            "data: {kind: synthetic, batch_size: 8, seq_len: 64}\n"
                             "stages:\n  - {id: init, uses: init-meta}\n  - {id: t, uses: train-steps, with: {steps: 1}}\n");
     r = validate(p);
     EXPECT_EQ(r.rc, 2) << r.out;

@@ -184,7 +184,7 @@ TEST(Recipe, SetOverridesAnyKey) {
     // a mistyped override is reported like a recipe error
     CliResult bad = cli({"validate", "--set", "stages.b.with.steps=lots", p});
     EXPECT_EQ(bad.rc, 2);
-    EXPECT_NE(bad.log.find("--set:1:21: stage 'b' (t-train): parameter 'steps' expects int, got 'lots'"),
+    EXPECT_NE(bad.log.find("--set 'stages.b.with.steps=lots':1:21: stage 'b' (t-train): parameter 'steps' expects int, got 'lots'"),
               std::string::npos)
         << bad.log;
     CliResult nokey = cli({"validate", "--set", "stages.zz.with.steps=1", p});

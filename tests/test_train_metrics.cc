@@ -152,8 +152,8 @@ TEST(TrainMetrics, GpuOptionsAreValidatedAndRejectedOnTheCpuPath) {
         {"reshard_after_forward: maybe", "reshard_after_forward", 2},
         {"head_chunk_rows: -4", "head_chunk_rows is -4, expected 0 (automatic", 2},
         {"head_chunk_rows: many", "head_chunk_rows", 2},
-        // a valid value the CPU path does not do: a runtime error naming the key
-        {"mixed: bf16", "mixed: bf16 needs the model on the GPU", 1},
+        // a valid value the CPU path does not do: a validation error naming the key (issue 16: static)
+        {"mixed: bf16", "mixed: bf16 is the GPU path's precision, but this run trains on the CPU", 2},
     };
     int i = 0;
     for (const Case &c : cases) {

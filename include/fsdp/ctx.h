@@ -31,6 +31,10 @@ const fsdp_value *fsdp_ctx_section(const fsdp_ctx *ctx, const char *name);
 const char *fsdp_ctx_recipe_name(const fsdp_ctx *ctx);
 const char *fsdp_ctx_recipe_path(const fsdp_ctx *ctx);
 const char *fsdp_ctx_stage_id(const fsdp_ctx *ctx);
+/* This run's id ("20261125T043512Z-1a2b3c4d": its start time and 32 random bits, the same on every
+ * rank) and its start time (ISO 8601, UTC, milliseconds): in every metrics line and the report. */
+const char *fsdp_ctx_run_id(const fsdp_ctx *ctx);
+const char *fsdp_ctx_run_start(const fsdp_ctx *ctx);
 
 /* Log a line on stderr, prefixed with the rank, honouring -q / -v. */
 void fsdp_log(fsdp_ctx *ctx, fsdp_log_level level, const char *fmt, ...) FSDP_PRINTF(3, 4);

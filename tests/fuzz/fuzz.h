@@ -20,6 +20,7 @@ int fsdp_fuzz_recipe(const uint8_t *data, size_t size);
 int fsdp_fuzz_pt(const uint8_t *data, size_t size);
 int fsdp_fuzz_model(const uint8_t *data, size_t size);
 int fsdp_fuzz_hf_config(const uint8_t *data, size_t size);
+int fsdp_fuzz_llmc(const uint8_t *data, size_t size);
 #ifdef __cplusplus
 }
 #endif

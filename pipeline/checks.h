@@ -1,0 +1,26 @@
+/* Static checks of a recipe that need no state, run by `validate` and at the start of every run
+ * beside the schema and size checks, each error with the file:line:col of its key:
+ *   - train-steps: warmup_steps <= steps (and <= schedule_steps when given);
+ *   - train-steps: the metrics file's directory exists or can be created (a real run creates it);
+ *     the metrics path is not a directory;
+ *   - train-steps: mixed: bf16 on a run that trains on the CPU (device cpu, a build without CUDA,
+ *     or auto on a host without a GPU);
+ *   - transform globs that match no parameter of the recipe's model;
+ *   - a chained recipe whose model: differs from the model of the state it continues (it has no
+ *     init-meta or init-cpu stage of its own). */
+#ifndef FSDP_PIPELINE_CHECKS_H
+#define FSDP_PIPELINE_CHECKS_H
+
+#include "model/model_table.h"
+#include "pipeline/errlist.h"
+#include "pipeline/recipe.h"
+#include "pipeline/sizes.h"
+
+/* prev_model: the model section of the state r continues (NULL: none yet); prev_path its file. */
+void checks_recipe(const recipe *r, const sizes_host *h, const fsdp_value *prev_model, errlist *el);
+
+/* `transform` stages of r whose target globs (copy.to; scale, fill and cast keys) match no parameter
+ * of t, the model r declares (pipeline/checks_transform.c; called with the table sizes.c builds). */
+void checks_transform(const recipe *r, const mt_table *t, errlist *el);
+
+#endif

@@ -1,0 +1,48 @@
+/* The files of a `data:` section: data.path resolved (a glob; relative paths against the working
+ * directory, then the recipe's directory), each match mapped, llm.c headers checked, and the token
+ * ids scanned against the vocabulary once, at open time.
+ *
+ * kind llmc: an llm.c / nanoGPT-style shard: a header of 256 little-endian int32 (magic 20240520,
+ * version 1, token count), then that many uint16 tokens; several shards by glob, read as one
+ * stream in sorted order (a window never spans two shards). */
+#ifndef FSDP_RUNTIME_DATA_FILES_H
+#define FSDP_RUNTIME_DATA_FILES_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "fsdp/error.h"
+#include "runtime/data.h"
+
+#define DATA_LLMC_MAGIC 20240520
+#define DATA_LLMC_VERSION 1
+#define DATA_LLMC_HEADER_BYTES 1024 /* 256 x int32 */
+
+typedef struct data_seg {
+    char *path;
+    const unsigned char *map; /* the whole file */
+    size_t map_len;
+    size_t hdr;       /* bytes before the first token */
+    size_t n_tokens;
+} data_seg;
+
+typedef struct data_files {
+    data_seg *seg;
+    size_t n;
+    int token_bytes; /* 1 (text), 2 or 4 */
+} data_files;
+
+/* Resolves cfg->path (against cfg->base when the working directory has no match), maps every
+ * matching file and checks its header and size. vocab > 0 and scan: every token id must be < vocab
+ * (the error names the file, the token index and its byte offset). */
+int data_files_open(const data_config *cfg, int vocab, int scan, data_files *f, fsdp_err *err);
+void data_files_close(data_files *f);
+
+static inline uint32_t data_seg_token(const data_seg *s, int token_bytes, size_t i) {
+    const unsigned char *p = s->map + s->hdr + i * (size_t)token_bytes;
+    if (token_bytes == 1) return p[0];
+    if (token_bytes == 2) return (uint32_t)p[0] | (uint32_t)p[1] << 8;
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+#endif

@@ -1,0 +1,204 @@
+// Issue 16 item 6: `validate` and the start of a run report every error they find, each with its
+// file:line:col, and the checks that can be static are: data files, the global batch over the world
+// (MPI, --nproc or SLURM_NTASKS), warmup_steps <= steps, the metrics file's directory, mixed: bf16 on
+// a CPU run, a chained recipe whose model differs from the state it continues; --set errors point at
+// the --set argument. (Recipes that would exhaust the machine are tests/test_harden_recipe.cc.)
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "test_util.h"
+
+using namespace fsdp_test;
+
+namespace {
+
+struct Dir {
+    std::string d = make_tmpdir("fsdp-valall");
+    ~Dir() { rm_rf(d); }
+    std::string operator/(const std::string &n) const { return d + "/" + n; }
+};
+
+// fsdp-run without any MPI or Slurm variables of the environment the tests run in, plus `env`.
+int run(const std::string &env, const std::string &args, std::string *out) {
+    return run_cmd("env -u SLURM_NTASKS -u OMPI_COMM_WORLD_SIZE -u PMI_SIZE -u PMIX_RANK -u PMI_RANK " + env +
+                       " timeout 300 " + fsdp_run_bin() + " " + args,
+                   out);
+}
+
+size_t count_lines_with(const std::string &s, const std::string &what) {
+    size_t n = 0;
+    for (size_t p = s.find(what); p != std::string::npos; p = s.find(what, p + 1)) n++;
+    return n;
+}
+
+}  // namespace
+
+TEST(ValidateAll, FiveIndependentMistakesAreAllReported) {
+    Dir d;
+    write_file(d / "plain.txt", "x");
+    // 1. a misspelt stage parameter      (line 6)
+    // 2. warmup longer than the run      (line 7)
+    // 3. a data file that does not exist (line 3)
+    // 4. a batch of 3 over 2 Slurm tasks (line 3)
+    // 5. mixed: bf16 on a CPU run        (line 8)
+    // 6. a metrics directory under a regular file (line 9)
+    const std::string p = d / "five.yaml";
+    write_file(p, "runtime: {device: cpu}\n"
+                  "model: {preset: tiny}\n"
+                  "data: {kind: tokens, path: " + d / "nope.bin" + ", batch_size: 3, seq_len: 8}\n"
+                  "stages:\n"
+                  "  - {id: i, uses: init-meta}\n"
+                  "  - id: t\n    uses: train-steps\n    with: {steps: 10, warmup_step: 2,\n"
+                  "           warmup_steps: 50,\n"
+                  "           mixed: bf16,\n"
+                  "           metrics: " + d / "plain.txt/m.jsonl" + "}\n");
+    std::string out;
+    EXPECT_EQ(run("SLURM_NTASKS=2", "validate " + p, &out), 2) << out;
+    const std::string datacol = std::to_string(std::string("data: {kind: tokens, path: ").size() + 1);
+    const std::string bcol = std::to_string(std::string("data: {kind: tokens, path: " + d / "nope.bin" + ", batch_size: ").size() + 1);
+    const std::vector<std::string> expect = {
+        p + ":8:23: stage 't' (train-steps): unknown parameter 'warmup_step'",
+        p + ":9:26: stage 't' (train-steps): warmup_steps 50 is more than steps 10",
+        p + ":3:" + datacol + ": data.path '" + d / "nope.bin" + "': no file matches",
+        p + ":3:" + bcol + ": data.batch_size: the global batch of 3 does not divide evenly over 2 ranks",
+        p + ":10:19: stage 't' (train-steps): mixed: bf16 is the GPU path's precision, but this run trains on the "
+            "CPU (runtime.device: cpu)",
+        p + ":11:21: stage 't' (train-steps): metrics: cannot create the directory " + d / "plain.txt" + " of " +
+            d / "plain.txt/m.jsonl" + " at " + d / "plain.txt" + ": Not a directory",
+    };
+    for (const auto &e : expect) EXPECT_NE(out.find(e), std::string::npos) << "missing: " << e << "\nin:\n" << out;
+    EXPECT_EQ(count_lines_with(out, p + ":"), expect.size()) << out;
+    // a run stops at the same errors before anything runs (no stage starts)
+    EXPECT_EQ(run("", p, &out), 2) << out;
+    EXPECT_NE(out.find(expect[0]), std::string::npos) << out;
+    EXPECT_NE(out.find(expect[1]), std::string::npos) << out;
+    EXPECT_EQ(out.find("stage i (init-meta)"), std::string::npos) << out;
+}
+
+TEST(ValidateAll, ErrorsOfEveryStageAndEverySectionTogether) {
+    Dir d;
+    const std::string p = d / "many.yaml";
+    write_file(p, "runtime: {threads: -2, colour: blue}\n"
+                  "model: {preset: tiny}\n"
+                  "data: {kind: synthetic, batch_size: 2, seq_len: 8}\n"
+                  "stages:\n"
+                  "  - {id: i, uses: init-meta, with: {sed: 1}}\n"
+                  "  - {id: t, uses: train-steps, with: {steps: many, lr: fast}}\n"
+                  "  - {id: s, uses: save-dcp}\n");
+    std::string out;
+    EXPECT_EQ(run("", "validate " + p, &out), 2) << out;
+    for (const char *e : {":1:24: runtime: unknown parameter 'colour'", ":5:37: stage 'i' (init-meta): unknown parameter 'sed'",
+                          ":6:46: stage 't' (train-steps): parameter 'steps' expects int, got 'many'",
+                          ":6:56: stage 't' (train-steps): parameter 'lr' expects float, got 'fast'",
+                          ":7:5: stage 's' (save-dcp): missing required parameter 'path'",
+                          ":1:20: runtime.threads: -2 is negative"})
+        EXPECT_NE(out.find(p + e), std::string::npos) << "missing: " << e << "\nin:\n" << out;
+}
+
+TEST(ValidateAll, SetErrorsPointAtTheSetArgument) {
+    Dir d;
+    const std::string p = d / "r.yaml";
+    write_file(p, "model: {preset: tiny}\ndata: {kind: synthetic, batch_size: 2, seq_len: 8}\n"
+                  "stages:\n  - {id: i, uses: init-meta}\n  - {id: t, uses: train-steps, with: {steps: 4}}\n");
+    std::string out;
+    EXPECT_EQ(run("", "validate --set stages.t.with.lr=fast --set stages.t.with.warmup_steps=9 " + p, &out), 2) << out;
+    EXPECT_NE(out.find("--set 'stages.t.with.lr=fast':1:18: stage 't' (train-steps): parameter 'lr' expects float, "
+                       "got 'fast'"),
+              std::string::npos)
+        << out;
+    EXPECT_NE(out.find("--set 'stages.t.with.warmup_steps=9':1:28: stage 't' (train-steps): warmup_steps 9 is more "
+                       "than steps 4"),
+              std::string::npos)
+        << out;
+}
+
+TEST(ValidateAll, BatchDividesOverTheSlurmTasks) {
+    Dir d;
+    const std::string p = d / "r.yaml";
+    write_file(p, "model: {preset: tiny}\ndata: {kind: synthetic, batch_size: 4, seq_len: 8}\n"
+                  "stages:\n  - {id: i, uses: init-meta}\n  - {id: t, uses: train-steps, with: {steps: 4}}\n");
+    std::string out;
+    EXPECT_EQ(run("SLURM_NTASKS=3", "validate " + p, &out), 2) << out;
+    EXPECT_NE(out.find(p + ":2:37: data.batch_size: the global batch of 4 does not divide evenly over 3 ranks"),
+              std::string::npos)
+        << out;
+    EXPECT_EQ(run("SLURM_NTASKS=2", "validate " + p, &out), 0) << out;
+    EXPECT_EQ(run("", "validate " + p, &out), 0) << out;
+}
+
+TEST(ValidateAll, MetricsDirectoryIsCreatedByTheRun) {
+    Dir d;
+    const std::string m = d / "runs/a/b/metrics.jsonl";
+    const std::string p = d / "r.yaml";
+    write_file(p, "runtime: {device: cpu}\nmodel: {preset: tiny}\ndata: {kind: synthetic, batch_size: 2, seq_len: 8}\n"
+                  "stages:\n  - {id: i, uses: init-meta}\n  - {id: t, uses: train-steps, with: {steps: 2, metrics: " +
+                      m + "}}\n");
+    std::string out;
+    // validate creates nothing
+    EXPECT_EQ(run("", "validate " + p, &out), 0) << out;
+    EXPECT_FALSE(exists(d / "runs"));
+    // before: "cannot open ... No such file or directory" after init
+    EXPECT_EQ(run("", "-q " + p, &out), 0) << out;
+    EXPECT_EQ(count_lines_with(read_file(m), "\"step\""), 2u) << read_file(m);
+}
+
+TEST(ValidateAll, MixedBf16OnTheCpuPath) {
+    Dir d;
+    const std::string p = d / "r.yaml";
+    write_file(p, "runtime: {device: cpu}\nmodel: {preset: tiny}\ndata: {kind: synthetic, batch_size: 2, seq_len: 8}\n"
+                  "stages:\n  - {id: i, uses: init-meta}\n"
+                  "  - {id: t, uses: train-steps, with: {steps: 2, mixed: bf16}}\n");
+    std::string out;
+    EXPECT_EQ(run("", "validate " + p, &out), 2) << out;
+    EXPECT_NE(out.find(p + ":6:56: stage 't' (train-steps): mixed: bf16 is the GPU path's precision"), std::string::npos)
+        << out;
+    // mixed: none, and bf16 on device auto under validate (the run's host decides), are fine
+    write_file(p, "runtime: {device: auto}\nmodel: {preset: tiny}\ndata: {kind: synthetic, batch_size: 2, seq_len: 8}\n"
+                  "stages:\n  - {id: i, uses: init-meta}\n"
+                  "  - {id: t, uses: train-steps, with: {steps: 2, mixed: none}}\n");
+    EXPECT_EQ(run("", "validate " + p, &out), 0) << out;
+}
+
+TEST(ValidateAll, ChainedRecipeWithAnotherModelThanItsState) {
+    Dir d;
+    write_file(d / "a.yaml", "model: {preset: tiny}\nstages:\n  - {id: i, uses: init-meta}\n");
+    write_file(d / "b.yaml", "model: {preset: tiny, dim: 128}\ndata: {kind: synthetic, batch_size: 2, seq_len: 8}\n"
+                             "stages:\n  - {id: t, uses: train-steps, with: {steps: 1}}\n");
+    std::string out;
+    EXPECT_EQ(run("", "validate " + d / "a.yaml " + d / "b.yaml", &out), 2) << out;
+    EXPECT_NE(out.find(d / "b.yaml:1:8: model: {preset: tiny, dim: 128} differs from the model {preset: tiny} of " +
+                       d / "a.yaml:1:8, whose state this recipe continues"),
+              std::string::npos)
+        << out;
+    // the same model, or none (it continues the earlier one), or its own init: valid
+    write_file(d / "c.yaml", "model: {preset: tiny}\ndata: {kind: synthetic, batch_size: 2, seq_len: 8}\n"
+                             "stages:\n  - {id: t, uses: train-steps, with: {steps: 1}}\n");
+    EXPECT_EQ(run("", "validate " + d / "a.yaml " + d / "c.yaml", &out), 0) << out;
+    write_file(d / "e.yaml", "model: {preset: tiny, dim: 128}\ndata: {kind: synthetic, batch_size: 2, seq_len: 8}\n"
+                             "stages:\n  - {id: i2, uses: init-meta}\n  - {id: t, uses: train-steps, with: {steps: 1}}\n");
+    EXPECT_EQ(run("", "validate " + d / "a.yaml " + d / "e.yaml", &out), 0) << out;
+}
+
+TEST(ValidateAll, TransformGlobsThatMatchNothing) {
+    // before: found only at run time, after init ("the keys match no parameter")
+    Dir d;
+    const std::string p = d / "t.yaml";
+    write_file(p, "model: {preset: tiny}\n"
+                  "stages:\n  - {id: i, uses: init-cpu}\n"
+                  "  - id: x\n    uses: transform\n    with:\n      ops:\n"
+                  "        - {copy: {from: output.weight, to: tok_embeddings.weight}}\n"
+                  "        - {scale: {keys: 'layers.*.attention.wq.weight', by: 0.5}}\n"
+                  "        - {fill: {keys: [layers.*.feed_forward.w9.weight, nope.*], value: 0}}\n"
+                  "        - {copy: {from: output.weight, to: 'tok_embedings.weight'}}\n");
+    std::string out;
+    EXPECT_EQ(run("", "validate " + p, &out), 2) << out;
+    EXPECT_NE(out.find(p + ":10:25: stage 'x' (transform): fill keys matches no parameter of the model"),
+              std::string::npos)
+        << out;
+    EXPECT_NE(out.find(p + ":11:44: stage 'x' (transform): copy target matches no parameter of the model"),
+              std::string::npos)
+        << out;
+    EXPECT_EQ(count_lines_with(out, p + ":"), 2u) << out;  // the first two ops match
+}
