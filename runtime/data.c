@@ -34,12 +34,18 @@ static uint64_t mix64(uint64_t x) {
 static uint64_t hash3(uint64_t seed, uint64_t a, uint64_t b) { return mix64(mix64(mix64(seed) ^ a) ^ b); }
 
 int data_config_from_value(const fsdp_value *sec, uint64_t default_seed, data_config *cfg, fsdp_err *err) {
-    memset(cfg, 0, sizeof *cfg);
-    cfg->kind = DATA_SYNTHETIC;
-    cfg->batch_size = 8;
-    cfg->seq_len = 64;
-    cfg->token_bytes = 2;
-    cfg->seed = default_seed;
+    data_config base;
+    memset(&base, 0, sizeof base);
+    base.kind = DATA_SYNTHETIC;
+    base.batch_size = 8;
+    base.seq_len = 64;
+    base.token_bytes = 2;
+    base.seed = default_seed;
+    return data_config_over(sec, &base, cfg, err);
+}
+
+int data_config_over(const fsdp_value *sec, const data_config *base, data_config *cfg, fsdp_err *err) {
+    *cfg = *base;
     const char *keys[] = {"kind", "path", "batch_size", "seq_len", "dtype", "seed", "order", NULL};
     for (size_t i = 0; i < fsdp_value_size(sec); i++) {
         const char *k = fsdp_value_key(sec, i);

@@ -33,6 +33,8 @@ typedef struct data_config {
 
 /* Parses and checks a `data:` map (errors point at the key). default_seed is runtime.seed. */
 int data_config_from_value(const fsdp_value *section, uint64_t default_seed, data_config *cfg, fsdp_err *err);
+/* The same with the keys `section` leaves out taken from `base` (eval_data over data:). */
+int data_config_over(const fsdp_value *section, const data_config *base, data_config *cfg, fsdp_err *err);
 /* Opens the source for this rank; the global batch must divide evenly by world. */
 int data_open(const data_config *cfg, int vocab_size, int world, int rank, data_source **out, fsdp_err *err);
 void data_close(data_source *d);

@@ -37,9 +37,11 @@ static int eval_check(const fsdp_value *with, fsdp_err *err) {
                            (long long)fsdp_arg_int(with, "micro_batch", 1));
     const fsdp_value *ed = fsdp_value_get(with, "eval_data");
     data_config dc;
-    if (ed && data_config_from_value(ed, 0, &dc, err)) return fsdp_err_prefix(err, "eval: eval_data");
+    /* without its own kind the keys are checked with data:'s when the stage runs */
+    if (fsdp_value_get(ed, "kind") && data_config_from_value(ed, 0, &dc, err))
+        return fsdp_err_prefix(err, "eval: eval_data");
     const fsdp_value *path = fsdp_value_get(ed, "path");
-    if (path && fsdp_value_text(path) && dc.kind != DATA_SYNTHETIC) {
+    if (path && fsdp_value_text(path)) {
         FILE *f = fopen(fsdp_value_text(path), "rb");
         if (!f)
             return fsdp_err_at(err, FSDP_E_IO, path, "eval: eval_data.path: cannot read %s", fsdp_value_text(path));

@@ -82,7 +82,8 @@ static int check_eval(const fsdp_value *with, fsdp_err *err) {
                            "{kind: tokens, path: val.bin})");
     if (!ed) return 0;
     data_config dc;
-    int rc = data_config_from_value(ed, 0, &dc, err);
+    /* without its own kind the keys are checked with data:'s when the stage runs */
+    int rc = fsdp_value_get(ed, "kind") ? data_config_from_value(ed, 0, &dc, err) : 0;
     if (rc) return fsdp_err_prefix(err, "train-steps: eval_data");
     const fsdp_value *path = fsdp_value_get(ed, "path");
     if (path && fsdp_value_text(path)) {
@@ -168,16 +169,11 @@ int train_micro_count(const fsdp_value *with, int64_t local_batch, int *n_micro,
 
 int train_eval_open(fsdp_ctx *ctx, const fsdp_value *eval_data, int vocab, int world, int rank,
                     const data_config *train_dc, data_source **out, fsdp_err *err) {
+    (void)ctx;
     data_config dc;
-    const fsdp_value *rt = fsdp_ctx_section(ctx, "runtime");
-    int rc = data_config_from_value(eval_data, (uint64_t)fsdp_arg_int(rt, "seed", 0), &dc, err);
-    if (rc) return fsdp_err_prefix(err, "eval_data");
     /* keys eval_data leaves out are the training data's */
-    if (!fsdp_value_get(eval_data, "kind")) dc.kind = train_dc->kind;
-    if (!fsdp_value_get(eval_data, "path")) memcpy(dc.path, train_dc->path, sizeof dc.path);
-    if (!fsdp_value_get(eval_data, "dtype")) dc.token_bytes = train_dc->token_bytes;
-    if (!fsdp_value_get(eval_data, "seed")) dc.seed = train_dc->seed;
-    if (!fsdp_value_get(eval_data, "order")) dc.sequential = train_dc->sequential;
+    int rc = data_config_over(eval_data, train_dc, &dc, err);
+    if (rc) return fsdp_err_prefix(err, "eval_data");
     const char *keys[] = {"batch_size", "seq_len"};
     int64_t want[] = {train_dc->batch_size, train_dc->seq_len}, *got[] = {&dc.batch_size, &dc.seq_len};
     for (int i = 0; i < 2; i++) {

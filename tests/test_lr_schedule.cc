@@ -127,7 +127,9 @@ TEST(LrsSchedule, Validation) {
     EXPECT_EQ(d, LRS_DECAY_LINEAR);
     EXPECT_EQ(lrs_decay_from_name("none", &d), 0);
     EXPECT_EQ(d, LRS_DECAY_NONE);
-    EXPECT_EQ(lrs_decay_from_name("wsd", &d), -1);
+    EXPECT_EQ(lrs_decay_from_name("wsd", &d), 0);
+    EXPECT_EQ(d, LRS_DECAY_WSD);
+    EXPECT_EQ(lrs_decay_from_name("step", &d), -1);
     EXPECT_EQ(lrs_decay_from_name(nullptr, &d), -1);
     EXPECT_STREQ(lrs_decay_name(LRS_DECAY_COSINE), "cosine");
 }
