@@ -147,9 +147,13 @@ int train_no_decay_mask(const fsdp_value *with, const fsdp_state *s, unsigned ch
 int train_micro_count(const fsdp_value *with, int64_t local_batch, int *n_micro, fsdp_err *err) {
     const fsdp_value *ga = fsdp_value_get(with, "grad_accum"), *mb = fsdp_value_get(with, "micro_batch");
     int64_t n = 1;
+    *n_micro = 1;
+    if (mb && ga) return fsdp_err_at(err, FSDP_E_INVALID, mb, "train-steps: give grad_accum or micro_batch, not both");
+    if ((mb && check_positive(with, "micro_batch", 1, err)) || (ga && check_positive(with, "grad_accum", 1, err)))
+        return FSDP_E_INVALID;
     if (mb) {
         int64_t rows = fsdp_arg_int(with, "micro_batch", 1);
-        if (local_batch % rows)
+        if (rows > local_batch || local_batch % rows)
             return fsdp_err_at(err, FSDP_E_INVALID, mb,
                                "train-steps: micro_batch %lld does not divide this rank's batch of %lld rows "
                                "(data.batch_size over the ranks)",
@@ -157,7 +161,7 @@ int train_micro_count(const fsdp_value *with, int64_t local_batch, int *n_micro,
         n = local_batch / rows;
     } else if (ga) {
         n = fsdp_arg_int(with, "grad_accum", 1);
-        if (local_batch % n)
+        if (n > local_batch || local_batch % n)
             return fsdp_err_at(err, FSDP_E_INVALID, ga,
                                "train-steps: grad_accum %lld does not divide this rank's batch of %lld rows "
                                "(data.batch_size over the ranks): each micro-batch needs as many rows",
