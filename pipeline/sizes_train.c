@@ -9,7 +9,7 @@
 int sizes_micro_count(const fsdp_value *with, int64_t local_batch) {
     int n = 1;
     fsdp_err e;
-    if (local_batch < 1 || train_micro_count(with, local_batch, &n, &e)) return 1;
+    if (local_batch < 1 || train_micro_count(with, "train-steps", local_batch, &n, &e)) return 1;
     return n;
 }
 
@@ -18,9 +18,13 @@ void sizes_check_micro(const recipe *r, const sizes_host *h, const data_config *
     for (size_t i = 0; i < r->n_stages; i++) {
         const recipe_stage *s = &r->stages[i];
         if (strcmp(s->uses, "train-steps") && strcmp(s->uses, "eval")) continue;
+        const fsdp_value *ga = fsdp_value_get(s->with, "grad_accum"), *mb = fsdp_value_get(s->with, "micro_batch");
+        if ((ga && mb) || (ga && fsdp_arg_int(s->with, "grad_accum", 1) < 1) ||
+            (mb && fsdp_arg_int(s->with, "micro_batch", 1) < 1))
+            continue; /* the stage's own check reports those */
         int n;
         fsdp_err e;
         fsdp_err_clear(&e);
-        if (train_micro_count(s->with, dc->batch_size / h->world, &n, &e)) errlist_add(el, &e);
+        if (train_micro_count(s->with, s->uses, dc->batch_size / h->world, &n, &e)) errlist_add(el, &e);
     }
 }

@@ -54,12 +54,16 @@ static int check_wsd_keys(const fsdp_value *with, fsdp_err *err) {
     return 0;
 }
 
-static int check_positive(const fsdp_value *with, const char *key, int64_t min, fsdp_err *err) {
+static int check_positive_in(const fsdp_value *with, const char *stage, const char *key, int64_t min, fsdp_err *err) {
     const fsdp_value *v = fsdp_value_get(with, key);
     if (v && fsdp_arg_int(with, key, min) < min)
-        return fsdp_err_at(err, FSDP_E_INVALID, v, "train-steps: %s is %lld, expected an integer >= %lld", key,
+        return fsdp_err_at(err, FSDP_E_INVALID, v, "%s: %s is %lld, expected an integer >= %lld", stage, key,
                            (long long)fsdp_arg_int(with, key, min), (long long)min);
     return 0;
+}
+
+static int check_positive(const fsdp_value *with, const char *key, int64_t min, fsdp_err *err) {
+    return check_positive_in(with, "train-steps", key, min, err);
 }
 
 static int check_no_decay(const fsdp_value *with, fsdp_err *err) {
@@ -144,28 +148,29 @@ int train_no_decay_mask(const fsdp_value *with, const fsdp_state *s, unsigned ch
     return 0;
 }
 
-int train_micro_count(const fsdp_value *with, int64_t local_batch, int *n_micro, fsdp_err *err) {
+int train_micro_count(const fsdp_value *with, const char *stage, int64_t local_batch, int *n_micro, fsdp_err *err) {
     const fsdp_value *ga = fsdp_value_get(with, "grad_accum"), *mb = fsdp_value_get(with, "micro_batch");
     int64_t n = 1;
     *n_micro = 1;
-    if (mb && ga) return fsdp_err_at(err, FSDP_E_INVALID, mb, "train-steps: give grad_accum or micro_batch, not both");
-    if ((mb && check_positive(with, "micro_batch", 1, err)) || (ga && check_positive(with, "grad_accum", 1, err)))
+    if (mb && ga) return fsdp_err_at(err, FSDP_E_INVALID, mb, "%s: give grad_accum or micro_batch, not both", stage);
+    if ((mb && check_positive_in(with, stage, "micro_batch", 1, err)) ||
+        (ga && check_positive_in(with, stage, "grad_accum", 1, err)))
         return FSDP_E_INVALID;
     if (mb) {
         int64_t rows = fsdp_arg_int(with, "micro_batch", 1);
         if (rows > local_batch || local_batch % rows)
             return fsdp_err_at(err, FSDP_E_INVALID, mb,
-                               "train-steps: micro_batch %lld does not divide this rank's batch of %lld rows "
+                               "%s: micro_batch %lld does not divide this rank's batch of %lld rows "
                                "(data.batch_size over the ranks)",
-                               (long long)rows, (long long)local_batch);
+                               stage, (long long)rows, (long long)local_batch);
         n = local_batch / rows;
     } else if (ga) {
         n = fsdp_arg_int(with, "grad_accum", 1);
         if (n > local_batch || local_batch % n)
             return fsdp_err_at(err, FSDP_E_INVALID, ga,
-                               "train-steps: grad_accum %lld does not divide this rank's batch of %lld rows "
+                               "%s: grad_accum %lld does not divide this rank's batch of %lld rows "
                                "(data.batch_size over the ranks): each micro-batch needs as many rows",
-                               (long long)n, (long long)local_batch);
+                               stage, (long long)n, (long long)local_batch);
     }
     *n_micro = (int)n;
     return 0;

@@ -25,8 +25,8 @@ int train_opts_check(const fsdp_value *with, fsdp_err *err);
 int train_no_decay_mask(const fsdp_value *with, const fsdp_state *s, unsigned char **mask, fsdp_err *err);
 
 /* Micro-batches per optimizer step: grad_accum, or local_batch / micro_batch; the local batch must
- * divide evenly. */
-int train_micro_count(const fsdp_value *with, int64_t local_batch, int *n_micro, fsdp_err *err);
+ * divide evenly. stage: the stage's name for the messages. */
+int train_micro_count(const fsdp_value *with, const char *stage, int64_t local_batch, int *n_micro, fsdp_err *err);
 
 /* The held-out data: `eval_data` (a map with the keys of data:; keys it omits come from the data:
  * section, and its batch_size and seq_len must be the training ones) opened for this rank.

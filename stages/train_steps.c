@@ -229,7 +229,7 @@ static int train_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
         rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
         goto out;
     }
-    if ((rc = train_micro_count(with, B, &n_micro, err)) || (rc = train_no_decay_mask(with, s, &no_decay, err)))
+    if ((rc = train_micro_count(with, "train-steps", B, &n_micro, err)) || (rc = train_no_decay_mask(with, s, &no_decay, err)))
         goto out;
     hp.no_decay = no_decay;
     if (fsdp_value_get(with, "eval_data") &&
