@@ -10,6 +10,7 @@
 extern "C" {
 #include "model/lr_schedule.h"
 }
+#include "gpu_util.h"
 #include "test_util.h"
 #include "train_run_util.h"
 
@@ -173,4 +174,25 @@ TEST(Schedules, KeysAreCheckedBeforeAnythingRuns) {
     EXPECT_NE(o.find("no_decay glob '*.bias' matches no parameter of the model"), std::string::npos) << o;
     EXPECT_FALSE(exists(t / "x.safetensors"));
     EXPECT_FALSE(exists(t / "x.jsonl"));
+}
+
+// no_decay on the GPU (two AdamW launches, with and without weight decay), and wsd: the CPU's weights.
+TEST(SchedulesGpu, NoDecayAndWsdOnTheGpuMatchTheCpu) {
+    std::string why;
+    if (!gpu_present(&why)) GTEST_SKIP() << why;
+    Dir t;
+    std::string o;
+    std::string w = "steps: 3, lr: 1e-2, weight_decay: 0.5, no_decay: [\"*norm*\"], decay: wsd, decay_ratio: 0.5";
+    write_file(t / "cpu.yaml", recipe(w, t / "cpu"));
+    write_file(t / "gpu.yaml", "runtime: {device: cuda}\n" + recipe(w, t / "gpu"));
+    write_file(t / "gwd.yaml", "runtime: {device: cuda}\n" +
+                                   recipe("steps: 3, lr: 1e-2, weight_decay: 0.5, decay: wsd, decay_ratio: 0.5", t / "gwd"));
+    for (const char *n : {"cpu", "gpu", "gwd"})
+        ASSERT_EQ(train_test::run("-q " + (t / (std::string(n) + ".yaml")), &o), 0) << n << ": " << o;
+    std::string worst;
+    EXPECT_LT(train_test::max_rel_diff(t / "gpu.safetensors", t / "cpu.safetensors", &worst), 1e-5) << worst;
+    std::map<std::string, st_test::Tensor> g, gwd;
+    ASSERT_TRUE(st_test::load(t / "gpu.safetensors", &g, &why)) << why;
+    ASSERT_TRUE(st_test::load(t / "gwd.safetensors", &gwd, &why)) << why;
+    EXPECT_NE(g.at("norm.weight").f32, gwd.at("norm.weight").f32);
 }

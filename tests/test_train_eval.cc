@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "gpu_util.h"
 #include "test_util.h"
 #include "train_run_util.h"
 
@@ -137,4 +138,38 @@ TEST(TrainEval, KeysAreCheckedBeforeAnythingRuns) {
     EXPECT_NE(o.find("eval_data.seq_len is 16, the training data's is 32"), std::string::npos) << o;
     EXPECT_NE(o.find(t / "r.yaml:5:"), std::string::npos) << o;
     EXPECT_FALSE(exists(t / "m.jsonl")); // before any step
+}
+
+// The GPU path (the emulated device in build-emu): the eval stage and eval_every give the CPU path's
+// values; eval runs between steps without disturbing them.
+TEST(TrainEvalGpu, EvalOnTheGpuEqualsTheCpu) {
+    std::string why;
+    if (!gpu_present(&why)) GTEST_SKIP() << why;
+    Dir t;
+    std::string o;
+    std::string r = std::string("model: {preset: tiny}\n") + DATA +
+                    "stages:\n  - {id: i, uses: init-meta}\n"
+                    "  - {id: t, uses: train-steps, with: {steps: 3, lr: 1e-3, eval_every: 2, "
+                    "eval_data: {order: sequential}, metrics: \"${m}\"}}\n"
+                    "  - {id: e, uses: eval, with: {eval_batches: 2, micro_batch: 2}}\n"
+                    "vars: {m: x}\n";
+    write_file(t / "r.yaml", r);
+    for (const char *dev : {"cpu", "cuda"})
+        ASSERT_EQ(train_test::run("-q " + (t / "r.yaml") + " --set runtime.device=" + dev + " --set vars.m=" +
+                                      (t / (std::string(dev) + ".jsonl")) + " --report " +
+                                      (t / (std::string(dev) + ".json")),
+                                  &o),
+                  0)
+            << dev << ": " << o;
+    std::vector<double> c = train_test::column(t / "cpu.jsonl", "eval_loss"),
+                        g = train_test::column(t / "cuda.jsonl", "eval_loss");
+    ASSERT_EQ(c.size(), 2u);
+    ASSERT_EQ(g.size(), 2u);
+    for (size_t k = 0; k < 2; k++) EXPECT_NEAR(g[k], c[k], 1e-5 * c[k]);
+    std::vector<double> lc = train_test::column(t / "cpu.jsonl", "loss"), lg = train_test::column(t / "cuda.jsonl", "loss");
+    ASSERT_EQ(lg.size(), 3u);
+    EXPECT_NEAR(lg[2], lc[2], 1e-5 * lc[2]); // the step after an evaluation
+    double ec = train_test::report_metric(t / "cpu.json", "eval", "eval_loss"),
+           eg = train_test::report_metric(t / "cuda.json", "eval", "eval_loss");
+    EXPECT_NEAR(eg, ec, 1e-5 * ec);
 }
