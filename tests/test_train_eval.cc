@@ -74,7 +74,16 @@ TEST(TrainEval, EveryNStepsInTheMetricsTheLogAndTheReport) {
     }
     double last = json_number_value(json_object_get(ev[2], "eval_loss"));
     for (json_t *j : ev) json_decref(j);
-    EXPECT_EQ(train_test::column(t / "m.jsonl", "loss").size(), 5u); // the step lines are still there
+    // the step lines are still there, and evaluating between steps changes none of them
+    std::vector<double> with_eval = train_test::column(t / "m.jsonl", "loss");
+    EXPECT_EQ(with_eval.size(), 5u);
+    write_file(t / "n.yaml", std::string("model: {preset: tiny}\n") + DATA +
+                                 "stages:\n  - {id: i, uses: init-meta}\n"
+                                 "  - {id: t, uses: train-steps, with: {steps: 5, lr: 1e-3, metrics: " + (t / "n.jsonl") +
+                                 "}}\n");
+    std::string o2;
+    ASSERT_EQ(train_test::run("-q " + (t / "n.yaml"), &o2), 0) << o2;
+    EXPECT_EQ(train_test::column(t / "n.jsonl", "loss"), with_eval);
     EXPECT_NE(o.find("step 4  eval_loss"), std::string::npos) << o;
     EXPECT_NEAR(train_test::report_metric(t / "rep.json", "train-steps", "eval_loss"), last, 1e-8 * last);
     // load-ckpt then eval on the same held-out batches: the same value from the checkpoint
