@@ -171,6 +171,29 @@ static int train_options(const fsdp_value *with, llama_fsdp_cuda_options *o, fsd
     return rc ? fsdp_err_prefix(err, "train-steps") : 0;
 }
 
+/* The run report's metrics of the stage: the last loss and norm, steps, tokens/s over the whole
+ * stage (global), FLOPs per token, MFU and the peak memory. */
+static void train_final_metrics(fsdp_ctx *ctx, const train_backend *be, llama_fsdp_ac ac, double loss, double gnorm,
+                                int64_t steps, double seconds, int64_t tokens_per_step, int world, double flops_tok,
+                                double peak_tflops) {
+    fsdp_ctx_metric_str(ctx, "ac", ac == LLAMA_FSDP_AC_FULL        ? "full"
+                                   : ac == LLAMA_FSDP_AC_SELECTIVE ? "selective"
+                                                                   : "none");
+    fsdp_ctx_metric(ctx, "final_loss", loss);
+    fsdp_ctx_metric(ctx, "final_grad_norm", gnorm);
+    fsdp_ctx_metric(ctx, "steps", (double)steps);
+    double tps_all = seconds > 0 ? (double)(steps * tokens_per_step) / seconds : 0;
+    fsdp_ctx_metric(ctx, "tokens_per_s", tps_all);
+    fsdp_ctx_metric(ctx, "flops_per_token", flops_tok);
+    if (peak_tflops > 0) {
+        fsdp_ctx_metric(ctx, "peak_tflops", peak_tflops);
+        fsdp_ctx_metric(ctx, "mfu", train_mfu_percent(flops_tok, tps_all / world, peak_tflops));
+    }
+    const char *mem_name;
+    double mem = train_backend_peak_mib(be, &mem_name);
+    fsdp_ctx_metric(ctx, mem_name, mem);
+}
+
 static int train_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
     fsdp_state *s = state_get(ctx);
     if (!s) return fsdp_err_set(err, FSDP_E_INVALID, "train-steps: no model in the context");
@@ -302,23 +325,8 @@ static int train_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
         }
     }
     fsdp_progress_end(prog);
-    fsdp_ctx_metric_str(ctx, "ac", gopt.ac == LLAMA_FSDP_AC_FULL        ? "full"
-                                   : gopt.ac == LLAMA_FSDP_AC_SELECTIVE ? "selective"
-                                                                        : "none");
-    fsdp_ctx_metric(ctx, "final_loss", loss);
-    fsdp_ctx_metric(ctx, "final_grad_norm", gnorm);
-    fsdp_ctx_metric(ctx, "steps", (double)(s->train_step - first));
-    double el = stage_now() - t0;
-    double tps_all = el > 0 ? (double)((s->train_step - first) * dc.batch_size * T) / el : 0;
-    fsdp_ctx_metric(ctx, "tokens_per_s", tps_all);
-    fsdp_ctx_metric(ctx, "flops_per_token", flops_tok);
-    if (peak_tflops > 0) {
-        fsdp_ctx_metric(ctx, "peak_tflops", peak_tflops);
-        fsdp_ctx_metric(ctx, "mfu", train_mfu_percent(flops_tok, tps_all / comm_size(c), peak_tflops));
-    }
-    const char *mem_name;
-    double mem = train_backend_peak_mib(&be, &mem_name);
-    fsdp_ctx_metric(ctx, mem_name, mem);
+    train_final_metrics(ctx, &be, gopt.ac, loss, gnorm, s->train_step - first, stage_now() - t0,
+                        dc.batch_size * T, comm_size(c), flops_tok, peak_tflops);
 out:
     free(no_decay);
     data_close(eval);
