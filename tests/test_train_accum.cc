@@ -152,7 +152,7 @@ TEST(TrainAccumGpu, OffloadedOptimizerWithAccumulationMatchesTheCpu) {
     Dir t;
     std::string o;
     std::string r = recipe(8, "grad_accum: 4", t / "off", "cuda");
-    r.replace(r.find("  - {id: t,"), 0, "  - {id: o, uses: offload, with: {what: optimizer}}\n");
+    r.replace(r.find("  - {id: t,"), 0, "  - {id: o, uses: offload}\n");
     write_file(t / "off.yaml", r);
     write_file(t / "cpu.yaml", recipe(8, "", t / "cpu"));
     ASSERT_EQ(train_test::run("-q " + (t / "cpu.yaml"), &o), 0) << o;
