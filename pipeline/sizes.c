@@ -231,7 +231,9 @@ static void train_need(const recipe_stage *s, const llama_config *c, const sizes
     uint64_t vd = sat_mul((uint64_t)c->vocab_size, (uint64_t)c->dim);
     uint64_t bufs = sat_add(sat_mul(2, (uint64_t)(layer > 0 ? layer : 0)), sat_add(sat_mul(4, vd), 2 * (uint64_t)c->dim));
     int64_t B = dc->batch_size / h->world, T = dc->seq_len;
-    B /= sizes_micro_count(s->with, B); /* one micro-batch's activations at a time */
+    int n_micro = sizes_micro_count(s->with, B);
+    B /= n_micro; /* one micro-batch's activations at a time, and every layer's gradient accumulated */
+    if (n_micro > 1) bufs = sat_add(bufs, sat_mul((uint64_t)c->n_layers, (uint64_t)(layer > 0 ? layer : 0)));
     int64_t hc = fsdp_arg_int(s->with, "head_chunk_rows", 0); /* its own errors come with the stage's schema */
     llama_model_ws_opts o = {ac_of(s->with), hc > 0 && hc <= INT_MAX ? (int)hc : 0};
     size_t ws = 0;

@@ -255,7 +255,7 @@ static int train_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
     if ((rc = train_micro_count(with, "train-steps", B, &n_micro, err)) || (rc = train_no_decay_mask(with, s, &no_decay, err)))
         goto out;
     hp.no_decay = no_decay;
-    if (fsdp_value_get(with, "eval_data") &&
+    if (eval_every > 0 && fsdp_value_get(with, "eval_data") &&
         (rc = train_eval_open(ctx, fsdp_value_get(with, "eval_data"), s->cfg.vocab_size, comm_size(c), comm_rank(c),
                               &dc, &eval, err)))
         goto out;
