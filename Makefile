@@ -176,7 +176,7 @@ ifeq ($(EMU)$(SAN_FLAGS),0)
 endif
 
 # The GPU suites (their tests skip in a build without a GPU) run in the emulated-device build.
-EMU_SUITES := EmuCudart*:ModelTableDevice*:CommNccl*:CudaBlas*:CudaBundle*:CudaCache*:CudaDevice*:CudaModel*:*KcuAttentionTc*:LlamaFsdpCuda*:LlamaInitCuda*:StageDevice*:StateDev*:CudaExact*:*CudaKernels*:HfArchCuda*
+EMU_SUITES := EmuCudart*:ModelTableDevice*:CommNccl*:CudaBlas*:CudaBundle*:CudaCache*:CudaDevice*:CudaModel*:*KcuAttentionTc*:LlamaFsdpCuda*:LlamaInitCuda*:StageDevice*:StateDev*:CudaExact*:*CudaKernels*:HfArchCuda*:TrainAccumGpu*:TrainEvalGpu*:SchedulesGpu*
 # What `make test` runs of them: the tests that take seconds under emulation (measured on 2 loaded
 # cores with the fiber emulation of tests/kcu_emu.h: *CudaKernels* 11 s, CudaModelGpu* 12 s, the
 # LlamaFsdpCuda steps 3-23 s each, LlamaInitCuda* 21 s, StageDevice.GpuInitMetaEqualsCpuWithinOneUlp 13 s;

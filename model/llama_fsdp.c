@@ -24,12 +24,14 @@ struct llama_fsdp {
     float *full_layer, *grad_layer; /* one gathered layer and its gradient */
     float *full_embed, *full_norm, *full_output; /* full_output == full_embed when tied */
     float *grad_embed, *grad_norm, *grad_output; /* grad_output == grad_embed when tied */
+    float *acc; /* gradient accumulation: every layer's full gradient (n_layers x layer_numel), or NULL */
 };
 
 void llama_fsdp_free(llama_fsdp *f) {
     if (!f) return;
     llama_model_ws_free(f->ws);
     free(f->layer);
+    free(f->acc);
     free(f->full_layer);
     free(f->grad_layer);
     if (f->full_output != f->full_embed) free(f->full_output);
@@ -147,15 +149,14 @@ static int gather_layer(llama_fsdp *f, int i, llama_model_layer *lw, fsdp_err *e
     return 0;
 }
 
-int llama_fsdp_grads(llama_fsdp *f, const int32_t *tokens, const int32_t *labels, llama_fsdp_result *res,
-                     fsdp_err *err) {
+/* Forward and the training head of one micro-batch (tokens, labels: B x T): the head's gradients
+ * accumulate into grad_norm / grad_output (zeroed by the caller before the first micro-batch);
+ * *lsum += this rank's loss sum. denom: the global token count of the whole step. */
+static int micro_forward(llama_fsdp *f, const int32_t *tokens, const int32_t *labels, double denom, int first,
+                         double *lsum, fsdp_err *err) {
     const llama_config *cfg = &f->cfg;
     int64_t V = cfg->vocab_size, d = cfg->dim;
     int rc;
-    /* global number of tokens in the mean */
-    int64_t nvalid = 0;
-    for (int64_t i = 0; i < (int64_t)f->B * f->T; i++) nvalid += labels[i] != LLAMA_MODEL_IGNORE_INDEX;
-    if ((rc = comm_allreduce(f->c, &nvalid, 1, COMM_I64, COMM_SUM, err))) return rc;
     /* forward: gather each piece right before it runs */
     if ((rc = state_unshard(f->embed, f->embed->data, f->c, f->full_embed, err))) return rc;
     if ((rc = llama_fwd_embed(cfg, f->full_embed, tokens, labels, f->B, f->T, f->ws, err))) return rc;
@@ -170,32 +171,80 @@ int llama_fsdp_grads(llama_fsdp *f, const int32_t *tokens, const int32_t *labels
      * the global sum / global count (known before the head) on every rank; reduce-scatter sums the
      * ranks' contributions into each shard. Tied: the head's gradient is the first half of the
      * embedding's, which the embedding backward adds to before the one reduce-scatter. */
-    memset(f->grad_norm, 0, (size_t)d * sizeof(float));
-    memset(f->grad_output, 0, (size_t)(V * d) * sizeof(float));
+    if (first) {
+        memset(f->grad_norm, 0, (size_t)d * sizeof(float));
+        memset(f->grad_output, 0, (size_t)(V * d) * sizeof(float));
+    }
     llama_model_loss loss;
-    if ((rc = llama_head_train(cfg, f->full_norm, f->full_output, f->grad_norm, f->grad_output,
-                               (double)(nvalid > 0 ? nvalid : 1), f->ws, &loss, err)))
+    if ((rc = llama_head_train(cfg, f->full_norm, f->full_output, f->grad_norm, f->grad_output, denom, f->ws, &loss,
+                               err)))
         return rc;
-    double lsum = loss.loss_sum;
-    if ((rc = comm_allreduce(f->c, &lsum, 1, COMM_F64, COMM_SUM, err))) return rc;
-    res->loss = nvalid > 0 ? lsum / (double)nvalid : 0.0;
-    res->tokens = nvalid;
-    if ((rc = state_reduce_scatter(f->norm, f->grad_norm, f->c, f->norm->grad, err))) return rc;
-    if (f->output && (rc = state_reduce_scatter(f->output, f->grad_output, f->c, f->output->grad, err))) return rc;
+    *lsum += loss.loss_sum;
+    return 0;
+}
+
+/* The backward of one micro-batch after its head. With accumulation (f->acc: every layer's full
+ * gradient) the layers' gradients add up there over the step's micro-batches; the reduce-scatters
+ * (one per parameter and step, as FSDP2 with set_requires_gradient_sync(False) until the last
+ * micro-batch) run only on the last micro-batch. */
+static int micro_backward(llama_fsdp *f, int first, int last, fsdp_err *err) {
+    const llama_config *cfg = &f->cfg;
+    int64_t V = cfg->vocab_size, d = cfg->dim;
+    int rc;
+    if (last && (rc = state_reduce_scatter(f->norm, f->grad_norm, f->c, f->norm->grad, err))) return rc;
+    if (last && f->output && (rc = state_reduce_scatter(f->output, f->grad_output, f->c, f->output->grad, err)))
+        return rc;
     for (int i = cfg->n_layers - 1; i >= 0; i--) {
         llama_model_layer lw, lg;
         if ((rc = gather_layer(f, i, &lw, err))) return rc;
-        memset(f->grad_layer, 0, (size_t)f->layer_numel * sizeof(float));
-        llama_model_layer_bind(cfg, f->grad_layer, &lg);
+        float *g = f->acc ? f->acc + (size_t)i * (size_t)f->layer_numel : f->grad_layer;
+        if (!f->acc || first) memset(g, 0, (size_t)f->layer_numel * sizeof(float));
+        llama_model_layer_bind(cfg, g, &lg);
         if ((rc = llama_bwd_layer(cfg, &lw, &lg, i, f->ws, err))) return rc;
-        for (int k = 0; k < f->per_layer; k++) {
+        for (int k = 0; last && k < f->per_layer; k++) {
             state_param *p = f->layer[i * f->per_layer + k];
-            if ((rc = state_reduce_scatter(p, f->grad_layer + f->layer_off[k], f->c, p->grad, err))) return rc;
+            if ((rc = state_reduce_scatter(p, g + f->layer_off[k], f->c, p->grad, err))) return rc;
         }
     }
-    if (!cfg->tie_embeddings) memset(f->grad_embed, 0, (size_t)(V * d) * sizeof(float));
+    if (first && !cfg->tie_embeddings) memset(f->grad_embed, 0, (size_t)(V * d) * sizeof(float));
     if ((rc = llama_bwd_embed(cfg, f->grad_embed, f->ws, err))) return rc;
-    if ((rc = state_reduce_scatter(f->embed, f->grad_embed, f->c, f->embed->grad, err))) return rc;
+    if (last && (rc = state_reduce_scatter(f->embed, f->grad_embed, f->c, f->embed->grad, err))) return rc;
+    return 0;
+}
+
+/* The full-gradient accumulator of every layer (n_layers x layer_numel floats), allocated once. */
+static int ensure_acc(llama_fsdp *f, fsdp_err *err) {
+    if (f->acc) return 0;
+    size_t n = (size_t)f->cfg.n_layers * (size_t)f->layer_numel;
+    f->acc = malloc(n * sizeof(float));
+    if (!f->acc)
+        return fsdp_err_set(err, FSDP_E_NOMEM,
+                            "out of memory: gradient accumulation keeps every layer's full gradient (%zu floats)", n);
+    return 0;
+}
+
+int llama_fsdp_grads_accum(llama_fsdp *f, const int32_t *tokens, const int32_t *labels, int n_micro,
+                           llama_fsdp_result *res, fsdp_err *err) {
+    if (n_micro < 1) return fsdp_err_set(err, FSDP_E_INVALID, "training: %d micro-batches, expected >= 1", n_micro);
+    int rc;
+    const int64_t mb = (int64_t)f->B * f->T;
+    /* global number of tokens in the mean: every micro-batch of every rank */
+    int64_t nvalid = 0;
+    for (int64_t i = 0; i < mb * n_micro; i++) nvalid += labels[i] != LLAMA_MODEL_IGNORE_INDEX;
+    if ((rc = comm_allreduce(f->c, &nvalid, 1, COMM_I64, COMM_SUM, err))) return rc;
+    if (n_micro > 1 && (rc = ensure_acc(f, err))) return rc;
+    float *acc = f->acc;
+    if (n_micro == 1) f->acc = NULL; /* one micro-batch: the rotating layer buffer and no copy */
+    double lsum = 0, denom = (double)(nvalid > 0 ? nvalid : 1);
+    for (int m = 0; m < n_micro && !rc; m++) {
+        rc = micro_forward(f, tokens + m * mb, labels + m * mb, denom, m == 0, &lsum, err);
+        if (!rc) rc = micro_backward(f, m == 0, m == n_micro - 1, err);
+    }
+    f->acc = acc;
+    if (rc) return rc;
+    if ((rc = comm_allreduce(f->c, &lsum, 1, COMM_F64, COMM_SUM, err))) return rc;
+    res->loss = nvalid > 0 ? lsum / (double)nvalid : 0.0;
+    res->tokens = nvalid;
     /* global gradient norm over every rank's shards */
     double sumsq = 0;
     for (size_t k = 0; k < f->s->n; k++) {
@@ -207,9 +256,19 @@ int llama_fsdp_grads(llama_fsdp *f, const int32_t *tokens, const int32_t *labels
     return 0;
 }
 
+int llama_fsdp_grads(llama_fsdp *f, const int32_t *tokens, const int32_t *labels, llama_fsdp_result *res,
+                     fsdp_err *err) {
+    return llama_fsdp_grads_accum(f, tokens, labels, 1, res, err);
+}
+
 int llama_fsdp_step(llama_fsdp *f, const int32_t *tokens, const int32_t *labels, const llama_fsdp_hparams *hp,
                     llama_fsdp_result *res, fsdp_err *err) {
-    int rc = llama_fsdp_grads(f, tokens, labels, res, err);
+    return llama_fsdp_step_accum(f, tokens, labels, 1, hp, res, err);
+}
+
+int llama_fsdp_step_accum(llama_fsdp *f, const int32_t *tokens, const int32_t *labels, int n_micro,
+                          const llama_fsdp_hparams *hp, llama_fsdp_result *res, fsdp_err *err) {
+    int rc = llama_fsdp_grads_accum(f, tokens, labels, n_micro, res, err);
     if (rc) return rc;
     fsdp_state *s = f->s;
     if (!isfinite(res->loss) || !isfinite(res->grad_norm))
@@ -224,6 +283,7 @@ int llama_fsdp_step(llama_fsdp *f, const int32_t *tokens, const int32_t *labels,
         state_param *p = &s->p[k];
         int64_t n = (int64_t)state_param_local_numel(p);
         if (coef < 1.0) kc_scale(p->grad, n, (float)coef);
+        ah.weight_decay = hp->no_decay && hp->no_decay[k] ? 0.0 : hp->weight_decay;
         kc_adamw_step(p->data, p->grad, p->exp_avg, p->exp_avg_sq, n, &ah, step);
     }
     s->opt_step = step;

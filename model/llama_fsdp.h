@@ -18,6 +18,9 @@ typedef struct llama_fsdp llama_fsdp;
 typedef struct llama_fsdp_hparams {
     double lr, beta1, beta2, eps, weight_decay;
     double max_norm; /* <= 0: no clipping */
+    /* NULL, or one flag per state parameter (s->p[k]): nonzero = no weight decay for it (train-steps'
+     * no_decay globs) */
+    const unsigned char *no_decay;
 } llama_fsdp_hparams;
 
 typedef struct llama_fsdp_result {
@@ -40,9 +43,19 @@ void llama_fsdp_free(llama_fsdp *f);
 /* Forward and backward only: the global loss and reduce-scattered gradients in p->grad. */
 int llama_fsdp_grads(llama_fsdp *f, const int32_t *tokens, const int32_t *labels, llama_fsdp_result *res,
                      fsdp_err *err);
+/* Gradient accumulation: tokens and labels hold n_micro micro-batches of local_batch x seq_len, one
+ * after the other. The loss is the mean over every token of all micro-batches of all ranks (one
+ * denominator: exactly the loss and gradient of one batch n_micro times as large); the full gradients
+ * add up over the micro-batches and are reduce-scattered once (each parameter once per call). With
+ * n_micro > 1 every layer's full gradient is kept (n_layers x layer numel floats more). */
+int llama_fsdp_grads_accum(llama_fsdp *f, const int32_t *tokens, const int32_t *labels, int n_micro,
+                           llama_fsdp_result *res, fsdp_err *err);
 /* A whole step: grads, then (if finite) norm, clip and AdamW; s->opt_step advances.
  * A non-finite loss or gradient fails with FSDP_E_NUMERIC and changes nothing. */
 int llama_fsdp_step(llama_fsdp *f, const int32_t *tokens, const int32_t *labels, const llama_fsdp_hparams *hp,
                     llama_fsdp_result *res, fsdp_err *err);
+/* llama_fsdp_step over n_micro accumulated micro-batches (llama_fsdp_grads_accum). */
+int llama_fsdp_step_accum(llama_fsdp *f, const int32_t *tokens, const int32_t *labels, int n_micro,
+                          const llama_fsdp_hparams *hp, llama_fsdp_result *res, fsdp_err *err);
 
 #endif

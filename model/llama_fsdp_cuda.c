@@ -74,7 +74,8 @@ static int download_group(llama_fsdp_cuda *f, state_param *const *ps, int n, dev
 
 /* Forward and the training head (loss and head gradients in one chunked pass; the loss's
  * denominator, the global token count, is known before). */
-static int forward(llama_fsdp_cuda *f, const int32_t *tokens, const int32_t *labels, double denom, fsdp_err *err) {
+static int forward(llama_fsdp_cuda *f, const int32_t *tokens, const int32_t *labels, double denom, int first,
+                   fsdp_err *err) {
     const llama_config *cfg = &f->cfg;
     dev_ctx *d = f->d;
     /* the embedding, final norm and output weights stay gathered for the whole step */
@@ -95,27 +96,36 @@ static int forward(llama_fsdp_cuda *f, const int32_t *tokens, const int32_t *lab
         TRY(llama_fsdp_cuda_event_record(d, f->use_done[b], DEV_STREAM_COMPUTE, err));
     }
     const size_t V = (size_t)cfg->vocab_size, dim = (size_t)cfg->dim;
-    TRY(dev_memset0(d, f->grad_norm, dim * sizeof(float), DEV_STREAM_COMPUTE, err));
-    /* tied: the head's gradient is the first half of the embedding's (grad_output == grad_embed) */
-    TRY(dev_memset0(d, f->grad_output, V * dim * sizeof(float), DEV_STREAM_COMPUTE, err));
+    if (first) { /* later micro-batches of the step add to the head's gradients */
+        TRY(dev_memset0(d, f->grad_norm, dim * sizeof(float), DEV_STREAM_COMPUTE, err));
+        /* tied: the head's gradient is the first half of the embedding's (grad_output == grad_embed) */
+        TRY(dev_memset0(d, f->grad_output, V * dim * sizeof(float), DEV_STREAM_COMPUTE, err));
+    }
     TRY(llama_cuda_head_train(cfg, f->full_norm, f->full_output, f->grad_norm, f->grad_output, denom, f->ws, err));
-    /* this rank's loss sum, all-reduced with the gradient norm at the end */
-    return dev_copy_d2d(d, f->d_stats, llama_cuda_ws_loss_sums(f->ws), sizeof(double), DEV_STREAM_COMPUTE, err);
+    /* this rank's loss sum (summed over the micro-batches), all-reduced with the gradient norm at the end */
+    const double *ls = llama_cuda_ws_loss_sums(f->ws);
+    if (first) return dev_copy_d2d(d, f->d_stats, ls, sizeof(double), DEV_STREAM_COMPUTE, err);
+    return kcu_acc_f64(f->d_stats, ls, 1, dev_ctx_stream(d, DEV_STREAM_COMPUTE), err);
 }
 
-/* The backward after the training head: head gradients out, then the layers and the embedding. */
-static int backward(llama_fsdp_cuda *f, fsdp_err *err) {
+/* The backward after the training head: head gradients out, then the layers and the embedding.
+ * Gradient accumulation (f->gacc: every layer's full gradient): the gradients of each micro-batch add
+ * up there (and in the head's and embedding's full buffers); the reduce-scatters and the offloaded
+ * optimizer's downloads run only with the last micro-batch, once per parameter and step. */
+static int backward(llama_fsdp_cuda *f, int first, int last, fsdp_err *err) {
     const llama_config *cfg = &f->cfg;
     dev_ctx *d = f->d;
     const int L = cfg->n_layers;
     const size_t V = (size_t)cfg->vocab_size, dim = (size_t)cfg->dim;
-    if (f->output) TRY(dev_memset0(d, f->grad_embed, V * dim * sizeof(float), DEV_STREAM_COMPUTE, err));
+    if (f->output && first) TRY(dev_memset0(d, f->grad_embed, V * dim * sizeof(float), DEV_STREAM_COMPUTE, err));
     TRY(issue_gather(f, L - 1, err));
-    TRY(llama_fsdp_cuda_event_record(d, f->ev[LLAMA_FSDP_CUDA_EV_HEAD_G], DEV_STREAM_COMPUTE, err));
-    TRY(llama_fsdp_cuda_event_wait(d, DEV_STREAM_COMM, f->ev[LLAMA_FSDP_CUDA_EV_HEAD_G], err));
-    TRY(reduce_param(f, f->norm, f->grad_norm, err));
-    if (f->output) TRY(reduce_param(f, f->output, f->grad_output, err));
-    if (f->offload) {
+    if (last) {
+        TRY(llama_fsdp_cuda_event_record(d, f->ev[LLAMA_FSDP_CUDA_EV_HEAD_G], DEV_STREAM_COMPUTE, err));
+        TRY(llama_fsdp_cuda_event_wait(d, DEV_STREAM_COMM, f->ev[LLAMA_FSDP_CUDA_EV_HEAD_G], err));
+        TRY(reduce_param(f, f->norm, f->grad_norm, err));
+        if (f->output) TRY(reduce_param(f, f->output, f->grad_output, err));
+    }
+    if (last && f->offload) {
         state_param *head[2] = {f->norm, f->output};
         TRY(llama_fsdp_cuda_event_record(d, f->ev[LLAMA_FSDP_CUDA_EV_HEAD_RS], DEV_STREAM_COMM, err));
         TRY(download_group(f, head, f->output ? 2 : 1, f->ev[LLAMA_FSDP_CUDA_EV_HEAD_RS], L, err));
@@ -123,25 +133,28 @@ static int backward(llama_fsdp_cuda *f, fsdp_err *err) {
     for (int i = L - 1; i >= 0; i--) {
         if (i >= 1) TRY(issue_gather(f, i - 1, err)); /* prefetch, overlaps layer i */
         int b = buf_of(f, i), gb = i % 2;
+        float *g = f->gacc ? f->gacc + (size_t)i * (size_t)f->layer_numel : f->gbuf[gb];
         TRY(llama_fsdp_cuda_event_wait(d, DEV_STREAM_COMPUTE, f->g_done[b], err));
         /* the gradient buffer's previous reduce-scatter (layer i+2) must be done */
-        TRY(llama_fsdp_cuda_event_wait(d, DEV_STREAM_COMPUTE, f->rs_done[gb], err));
-        TRY(dev_memset0(d, f->gbuf[gb], (size_t)f->layer_numel * sizeof(float), DEV_STREAM_COMPUTE, err));
+        if (!f->gacc) TRY(llama_fsdp_cuda_event_wait(d, DEV_STREAM_COMPUTE, f->rs_done[gb], err));
+        if (!f->gacc || first)
+            TRY(dev_memset0(d, g, (size_t)f->layer_numel * sizeof(float), DEV_STREAM_COMPUTE, err));
         llama_cuda_layer lw;
         llama_model_layer lg;
         llama_cuda_layer_bind(cfg, f->wbuf[b], f->dt, &lw);
-        llama_model_layer_bind(cfg, f->gbuf[gb], &lg);
+        llama_model_layer_bind(cfg, g, &lg);
         TRY(llama_cuda_bwd_layer(cfg, &lw, &lg, i, f->ws, err));
         TRY(llama_fsdp_cuda_event_record(d, f->use_done[b], DEV_STREAM_COMPUTE, err));
+        if (!last) continue;
         TRY(llama_fsdp_cuda_event_record(d, f->gl_ready[gb], DEV_STREAM_COMPUTE, err));
         TRY(llama_fsdp_cuda_event_wait(d, DEV_STREAM_COMM, f->gl_ready[gb], err));
         state_param **ps = f->layer + (size_t)i * f->per_layer;
-        for (int k = 0; k < f->per_layer; k++)
-            TRY(reduce_param(f, ps[k], f->gbuf[gb] + f->layer_off[k], err));
+        for (int k = 0; k < f->per_layer; k++) TRY(reduce_param(f, ps[k], g + f->layer_off[k], err));
         TRY(llama_fsdp_cuda_event_record(d, f->rs_done[gb], DEV_STREAM_COMM, err));
         if (f->offload) TRY(download_group(f, ps, f->per_layer, f->rs_done[gb], i, err));
     }
     TRY(llama_cuda_bwd_embed(cfg, f->grad_embed, f->ws, err));
+    if (!last) return 0;
     TRY(llama_fsdp_cuda_event_record(d, f->ev[LLAMA_FSDP_CUDA_EV_EMBED_G], DEV_STREAM_COMPUTE, err));
     TRY(llama_fsdp_cuda_event_wait(d, DEV_STREAM_COMM, f->ev[LLAMA_FSDP_CUDA_EV_EMBED_G], err));
     TRY(reduce_param(f, f->embed, f->grad_embed, err));
@@ -152,32 +165,49 @@ static int backward(llama_fsdp_cuda *f, fsdp_err *err) {
     return 0;
 }
 
-/* Queues forward, backward, the global gradient sum of squares and its all-reduce with the loss
- * sum (d_stats), then their copy to the pinned h_stats (event EV_STATS on COMM). No host
- * synchronisation; *nvalid: the global token count (host labels, host all-reduce). */
-static int queue_grads(llama_fsdp_cuda *f, const int32_t *tokens, const int32_t *labels, int64_t *nvalid,
-                       fsdp_err *err) {
-    if (!f || !tokens || !labels)
-        return fsdp_err_set(err, FSDP_E_INVALID, "training (cuda): no trainer, tokens or labels");
-    dev_ctx *d = f->d;
-    /* global number of tokens in the mean: the head's 1/denom is needed before its forward */
-    int64_t nv = 0;
-    for (int64_t i = 0; i < (int64_t)f->B * f->T; i++) nv += labels[i] != LLAMA_MODEL_IGNORE_INDEX;
-    TRY(comm_allreduce(f->c, &nv, 1, COMM_I64, COMM_SUM, err));
-    *nvalid = nv;
-    /* every stream after the previous step (optimizer, uploads) and the other way round */
+/* Every stream after the work queued so far on the others (the previous step's optimizer and
+ * uploads, the previous micro-batch's backward) and the other way round. */
+static int join_streams(dev_ctx *d, fsdp_err *err) {
     TRY(dev_stream_wait(d, DEV_STREAM_COMPUTE, DEV_STREAM_COPY, err));
     TRY(dev_stream_wait(d, DEV_STREAM_COMPUTE, DEV_STREAM_COMM, err));
     TRY(dev_stream_wait(d, DEV_STREAM_COMM, DEV_STREAM_COMPUTE, err));
-    TRY(dev_stream_wait(d, DEV_STREAM_COPY, DEV_STREAM_COMPUTE, err));
+    return dev_stream_wait(d, DEV_STREAM_COPY, DEV_STREAM_COMPUTE, err);
+}
+
+/* Queues forward, backward, the global gradient sum of squares and its all-reduce with the loss
+ * sum (d_stats), then their copy to the pinned h_stats (event EV_STATS on COMM). No host
+ * synchronisation; *nvalid: the global token count (host labels, host all-reduce). */
+static int queue_grads(llama_fsdp_cuda *f, const int32_t *tokens, const int32_t *labels, int n_micro,
+                       int64_t *nvalid, fsdp_err *err) {
+    if (!f || !tokens || !labels)
+        return fsdp_err_set(err, FSDP_E_INVALID, "training (cuda): no trainer, tokens or labels");
+    dev_ctx *d = f->d;
+    if (n_micro < 1)
+        return fsdp_err_set(err, FSDP_E_INVALID, "training (cuda): %d micro-batches, expected >= 1", n_micro);
+    /* global number of tokens in the mean (every micro-batch of every rank): the head's 1/denom is
+     * needed before its forward */
+    const int64_t mb = (int64_t)f->B * f->T;
+    int64_t nv = 0;
+    for (int64_t i = 0; i < mb * n_micro; i++) nv += labels[i] != LLAMA_MODEL_IGNORE_INDEX;
+    TRY(comm_allreduce(f->c, &nv, 1, COMM_I64, COMM_SUM, err));
+    *nvalid = nv;
+    if (n_micro > 1) TRY(llama_fsdp_cuda_alloc_acc(f, err));
+    float *gacc = f->gacc;
+    if (n_micro == 1) f->gacc = NULL; /* one micro-batch: the two rotating layer buffers */
     for (int b = 0; b < f->nbuf; b++) f->buf_layer[b] = -1;
-    TRY(forward(f, tokens, labels, (double)(nv > 0 ? nv : 1), err));
-    TRY(backward(f, err));
+    int rc = 0;
+    for (int m = 0; m < n_micro && !rc; m++) {
+        rc = join_streams(d, err);
+        if (!rc) rc = forward(f, tokens + m * mb, labels + m * mb, (double)(nv > 0 ? nv : 1), m == 0, err);
+        if (!rc) rc = backward(f, m == 0, m == n_micro - 1, err);
+    }
+    f->gacc = gacc;
+    if (rc) return rc;
     /* global gradient norm: local sum of squares, all-reduced with the loss sum in one call */
     TRY(dev_stream_wait(d, DEV_STREAM_COMPUTE, DEV_STREAM_COMM, err));
     TRY(kcu_list_grad_sumsq(f->list, f->d_stats + 1, dev_ctx_stream(d, DEV_STREAM_COMPUTE), err));
     TRY(dev_stream_wait(d, DEV_STREAM_COMM, DEV_STREAM_COMPUTE, err));
-    int rc = comm_dev_allreduce(f->c, f->d_stats, 2, COMM_F64, COMM_SUM, comm_stream(f), err);
+    rc = comm_dev_allreduce(f->c, f->d_stats, 2, COMM_F64, COMM_SUM, comm_stream(f), err);
     if (rc) return fsdp_err_prefix(err, "training (cuda): all-reduce of the loss and gradient norm");
     /* read back asynchronously: the host looks at it only once the rest of the step is queued */
     TRY(dev_copy_d2h(d, f->h_stats, f->d_stats, 2 * sizeof(double), DEV_STREAM_COMM, err));
@@ -196,9 +226,14 @@ static int read_stats(llama_fsdp_cuda *f, int64_t nvalid, llama_fsdp_result *res
 
 int llama_fsdp_cuda_grads(llama_fsdp_cuda *f, const int32_t *tokens, const int32_t *labels, llama_fsdp_result *res,
                           fsdp_err *err) {
+    return llama_fsdp_cuda_grads_accum(f, tokens, labels, 1, res, err);
+}
+
+int llama_fsdp_cuda_grads_accum(llama_fsdp_cuda *f, const int32_t *tokens, const int32_t *labels, int n_micro,
+                                llama_fsdp_result *res, fsdp_err *err) {
     if (!res) return fsdp_err_set(err, FSDP_E_INVALID, "training (cuda): no result");
     int64_t nvalid = 0;
-    TRY(queue_grads(f, tokens, labels, &nvalid, err));
+    TRY(queue_grads(f, tokens, labels, n_micro, &nvalid, err));
     return read_stats(f, nvalid, res, err);
 }
 
@@ -210,8 +245,8 @@ static int non_finite(const llama_fsdp_result *res, int64_t step, fsdp_err *err)
 
 /* AdamW on the CPU for each downloaded group, in the order the copies were queued; each updated
  * parameter is uploaded at once on the COPY stream. */
-static int offloaded_adamw(llama_fsdp_cuda *f, double coef, const kc_adamw_hparams *ah, int64_t step,
-                           fsdp_err *err) {
+static int offloaded_adamw(llama_fsdp_cuda *f, double coef, const kc_adamw_hparams *ah,
+                           const unsigned char *no_decay, int64_t step, fsdp_err *err) {
     const int L = f->cfg.n_layers;
     for (int j = 0; j < L + 2; j++) {
         int g = j == 0 ? L : j <= L ? L - j : L + 1; /* head, layers L-1..0, embedding */
@@ -225,7 +260,9 @@ static int offloaded_adamw(llama_fsdp_cuda *f, double coef, const kc_adamw_hpara
             if (!cnt) continue;
             float *hg = f->h_stage + f->h_off[k], *hp = f->h_stage + f->stage_total + f->h_off[k];
             if (coef < 1.0) kc_scale(hg, (int64_t)cnt, (float)coef);
-            kc_adamw_step(hp, hg, p->exp_avg, p->exp_avg_sq, (int64_t)cnt, ah, step);
+            kc_adamw_hparams h = *ah;
+            if (no_decay && no_decay[k]) h.weight_decay = 0.0;
+            kc_adamw_step(hp, hg, p->exp_avg, p->exp_avg_sq, (int64_t)cnt, &h, step);
             TRY(dev_copy_h2d(f->d, p->d_data, hp, cnt * sizeof(float), DEV_STREAM_COPY, err));
         }
     }
@@ -235,9 +272,14 @@ static int offloaded_adamw(llama_fsdp_cuda *f, double coef, const kc_adamw_hpara
 
 int llama_fsdp_cuda_step(llama_fsdp_cuda *f, const int32_t *tokens, const int32_t *labels,
                          const llama_fsdp_hparams *hp, llama_fsdp_result *res, fsdp_err *err) {
+    return llama_fsdp_cuda_step_accum(f, tokens, labels, 1, hp, res, err);
+}
+
+int llama_fsdp_cuda_step_accum(llama_fsdp_cuda *f, const int32_t *tokens, const int32_t *labels, int n_micro,
+                               const llama_fsdp_hparams *hp, llama_fsdp_result *res, fsdp_err *err) {
     if (!hp || !res) return fsdp_err_set(err, FSDP_E_INVALID, "training (cuda): no hyper-parameters or result");
     int64_t nvalid = 0;
-    TRY(queue_grads(f, tokens, labels, &nvalid, err));
+    TRY(queue_grads(f, tokens, labels, n_micro, &nvalid, err));
     fsdp_state *s = f->s;
     int64_t step = s->opt_step + 1;
     kc_adamw_hparams ah = {hp->lr, hp->beta1, hp->beta2, hp->eps, hp->weight_decay};
@@ -248,7 +290,7 @@ int llama_fsdp_cuda_step(llama_fsdp_cuda *f, const int32_t *tokens, const int32_
         if (!isfinite(res->loss) || !isfinite(res->grad_norm)) return non_finite(res, step, err);
         double coef = hp->max_norm > 0 ? kc_clip_coef(res->grad_norm, hp->max_norm) : 1.0;
         TRY(state_alloc_optimizer(s, err)); /* host moments (zeroed) where missing */
-        TRY(offloaded_adamw(f, coef, &ah, step, err));
+        TRY(offloaded_adamw(f, coef, &ah, hp->no_decay, step, err));
         /* the device gradients end clipped too, like the CPU path's */
         if (coef < 1.0) TRY(kcu_list_grad_scale(f->list, (float)coef, cs, err));
     } else {
@@ -257,7 +299,15 @@ int llama_fsdp_cuda_step(llama_fsdp_cuda *f, const int32_t *tokens, const int32_
         TRY(dev_stream_wait(f->d, DEV_STREAM_COMPUTE, DEV_STREAM_COMM, err));
         TRY(kcu_clip_coef(f->d_stats, hp->max_norm, f->d_clip, cs, err));
         TRY(kcu_list_grad_scale_dev(f->list, f->d_clip, cs, err));
-        TRY(kcu_adamw_step_guarded(f->list, &ah, step, f->d_clip, cs, err));
+        if (hp->no_decay) { /* AdamW in two launches: with weight decay, and without for the no_decay ones */
+            TRY(llama_fsdp_cuda_split_lists(f, hp->no_decay, err));
+            kc_adamw_hparams ah0 = ah;
+            ah0.weight_decay = 0.0;
+            if (f->list_wd) TRY(kcu_adamw_step_guarded(f->list_wd, &ah, step, f->d_clip, cs, err));
+            if (f->list_nowd) TRY(kcu_adamw_step_guarded(f->list_nowd, &ah0, step, f->d_clip, cs, err));
+        } else {
+            TRY(kcu_adamw_step_guarded(f->list, &ah, step, f->d_clip, cs, err));
+        }
         /* every piece of the step is queued: now the loss and norm (the optimizer may still run) */
         TRY(read_stats(f, nvalid, res, err));
         if (!isfinite(res->loss) || !isfinite(res->grad_norm)) return non_finite(res, step, err);

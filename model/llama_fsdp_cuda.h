@@ -112,6 +112,14 @@ int llama_fsdp_cuda_grads(llama_fsdp_cuda *f, const int32_t *tokens, const int32
  * moment or counter. */
 int llama_fsdp_cuda_step(llama_fsdp_cuda *f, const int32_t *tokens, const int32_t *labels,
                          const llama_fsdp_hparams *hp, llama_fsdp_result *res, fsdp_err *err);
+/* Gradient accumulation (llama_fsdp_grads_accum's semantics): tokens and labels hold n_micro
+ * micro-batches of B x T; one loss denominator (the global token count of all of them), the full
+ * gradients summed on the device (every layer's: n_layers x layer numel floats more, allocated at
+ * the first such call) and reduce-scattered once per parameter with the last micro-batch. */
+int llama_fsdp_cuda_grads_accum(llama_fsdp_cuda *f, const int32_t *tokens, const int32_t *labels, int n_micro,
+                                llama_fsdp_result *res, fsdp_err *err);
+int llama_fsdp_cuda_step_accum(llama_fsdp_cuda *f, const int32_t *tokens, const int32_t *labels, int n_micro,
+                               const llama_fsdp_hparams *hp, llama_fsdp_result *res, fsdp_err *err);
 /* Bytes of device memory this module holds (gather/gradient buffers, workspace). */
 size_t llama_fsdp_cuda_bytes(const llama_fsdp_cuda *f);
 

@@ -55,6 +55,12 @@ struct llama_fsdp_cuda {
     int64_t *own_off; /* s->n: element offset of this rank's block in the full parameter */
     size_t *bytes;    /* world: scratch for the all-gather sizes */
     kcu_tensor_list *list;
+    /* no_decay: the parameters with weight decay and those without (built from the mask at the first
+     * step that has one, rebuilt when it changes), NULL when empty */
+    kcu_tensor_list *list_wd, *list_nowd;
+    unsigned char *split_mask; /* s->n flags the lists were built from */
+    /* gradient accumulation: every layer's full f32 gradient (n_layers x layer_numel), or NULL */
+    float *gacc;
     double *d_stats; /* device [2]: loss sum, gradient sum of squares */
     double *h_stats; /* pinned host copy, valid once EV_STATS completed */
     float *d_clip;   /* device [2]: clip coefficient, non-finite flag (kcu_clip_coef) */
@@ -66,5 +72,10 @@ struct llama_fsdp_cuda {
     dev_event *ev_dl; /* n_layers + 2 download groups: layers, head (n_layers), embedding (+1) */
     size_t dev_bytes;
 };
+
+/* Allocates f->gacc once (llama_fsdp_cuda_setup.c). */
+int llama_fsdp_cuda_alloc_acc(llama_fsdp_cuda *f, fsdp_err *err);
+/* (Re)builds list_wd / list_nowd from the no_decay flags (one per state parameter). */
+int llama_fsdp_cuda_split_lists(llama_fsdp_cuda *f, const unsigned char *no_decay, fsdp_err *err);
 
 #endif

@@ -46,6 +46,7 @@ void llama_fsdp_cuda_free(llama_fsdp_cuda *f) {
         dfree(f, f->grad_embed);
         dfree(f, f->grad_norm);
         dfree(f, f->d_stats);
+        dfree(f, f->gacc);
         dfree(f, f->d_clip);
         if (f->h_stats) dev_host_free(f->d, f->h_stats, &e);
         if (f->h_stage) dev_host_free(f->d, f->h_stage, &e);
@@ -61,6 +62,9 @@ void llama_fsdp_cuda_free(llama_fsdp_cuda *f) {
     for (int k = 0; k < LLAMA_FSDP_CUDA_EV_COUNT; k++) llama_fsdp_cuda_event_destroy(f->ev[k]);
     for (int g = 0; f->ev_dl && g < f->cfg.n_layers + 2; g++) llama_fsdp_cuda_event_destroy(f->ev_dl[g]);
     kcu_tensor_list_free(f->list);
+    kcu_tensor_list_free(f->list_wd);
+    kcu_tensor_list_free(f->list_nowd);
+    free(f->split_mask);
     llama_cuda_ws_free(f->ws);
     free(f->wbuf);
     free(f->buf_layer);
@@ -309,4 +313,46 @@ int llama_fsdp_cuda_create(fsdp_state *s, comm *c, dev_ctx *d, int B, int T, con
     }
     *out = f;
     return 0;
+}
+
+int llama_fsdp_cuda_alloc_acc(llama_fsdp_cuda *f, fsdp_err *err) {
+    if (f->gacc) return 0;
+    return dalloc(f, (size_t)f->cfg.n_layers * (size_t)f->layer_numel, sizeof(float), (void **)&f->gacc,
+                  "the accumulated gradients of every layer (grad_accum)", err);
+}
+
+/* The optimizer descriptors of the parameters whose no_decay flag is `want`; *out NULL when none. */
+static int subset_list(llama_fsdp_cuda *f, const unsigned char *no_decay, int want, kcu_tensor_list **out,
+                       fsdp_err *err) {
+    fsdp_state *s = f->s;
+    kcu_tensor *t = calloc(s->n ? s->n : 1, sizeof *t);
+    if (!t) return fsdp_err_set(err, FSDP_E_NOMEM, "training (cuda): out of memory");
+    int n = 0;
+    for (size_t k = 0; k < s->n; k++) {
+        state_param *p = &s->p[k];
+        if (!no_decay[k] != !want) continue;
+        t[n++] = (kcu_tensor){p->d_data, p->d_grad, p->d_exp_avg, p->d_exp_avg_sq, (int64_t)state_param_local_numel(p)};
+    }
+    int rc = n ? kcu_tensor_list_create(t, n, out, err) : 0;
+    free(t);
+    return rc ? fsdp_err_prefix(err, "training (cuda): optimizer tensor list (no_decay)") : 0;
+}
+
+int llama_fsdp_cuda_split_lists(llama_fsdp_cuda *f, const unsigned char *no_decay, fsdp_err *err) {
+    size_t n = f->s->n;
+    if (f->split_mask && !memcmp(f->split_mask, no_decay, n)) return 0;
+    kcu_tensor_list_free(f->list_wd);
+    kcu_tensor_list_free(f->list_nowd);
+    f->list_wd = f->list_nowd = NULL;
+    free(f->split_mask);
+    f->split_mask = malloc(n ? n : 1);
+    if (!f->split_mask) return fsdp_err_set(err, FSDP_E_NOMEM, "training (cuda): out of memory");
+    memcpy(f->split_mask, no_decay, n);
+    int rc = subset_list(f, no_decay, 0, &f->list_wd, err);
+    if (!rc) rc = subset_list(f, no_decay, 1, &f->list_nowd, err);
+    if (rc) {
+        free(f->split_mask);
+        f->split_mask = NULL;
+    }
+    return rc;
 }

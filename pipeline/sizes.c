@@ -247,6 +247,9 @@ static void train_need(const recipe_stage *s, const llama_config *c, const sizes
     uint64_t vd = sat_mul((uint64_t)c->vocab_size, (uint64_t)c->dim);
     uint64_t bufs = sat_add(sat_mul(2, (uint64_t)(layer > 0 ? layer : 0)), sat_add(sat_mul(4, vd), 2 * (uint64_t)c->dim));
     int64_t B = dc->batch_size / h->world, T = dc->seq_len;
+    int n_micro = sizes_micro_count(s->with, B);
+    B /= n_micro; /* one micro-batch's activations at a time, and every layer's gradient accumulated */
+    if (n_micro > 1) bufs = sat_add(bufs, sat_mul((uint64_t)c->n_layers, (uint64_t)(layer > 0 ? layer : 0)));
     int64_t hc = fsdp_arg_int(s->with, "head_chunk_rows", 0); /* its own errors come with the stage's schema */
     llama_model_ws_opts o = {ac_of(s->with), hc > 0 && hc <= INT_MAX ? (int)hc : 0};
     size_t ws = 0;
@@ -344,6 +347,7 @@ void sizes_check(const recipe *r, const sizes_host *h, sizes_chain *chain, errli
     if (has_model) check_trainer(r, chain, el);
     data_config dc;
     int data_ok = check_data(r, h, chain, has_model, &dc, el) == 0;
+    if (data_ok) sizes_check_micro(r, h, &dc, el);
     /* the memory of a model whose own keys are valid; train-steps only with a valid data section */
     if (has_model) check_memory(r, h, chain, data_ok ? &dc : NULL, el);
 }

@@ -14,6 +14,7 @@
 #include "model/llama.h"
 #include "pipeline/errlist.h"
 #include "pipeline/recipe.h"
+#include "runtime/data.h"
 
 #define SIZES_MAX_THREADS 4096       /* runtime.threads: OpenMP threads per rank */
 #define SIZES_MAX_DIM (1 << 20)      /* model.dim (the largest released Llama: 16384) */
@@ -45,5 +46,11 @@ typedef struct sizes_chain {
 /* Parses and checks runtime.threads, the model and data sections and the memory of r's stages on
  * host h; adds every error found to el. chain carries the model from recipe to recipe. */
 void sizes_check(const recipe *r, const sizes_host *h, sizes_chain *chain, errlist *el);
+
+/* Gradient accumulation (pipeline/sizes_train.c): every train-steps / eval stage's grad_accum or
+ * micro_batch divides the rank's batch of dc (batch_size / world); errors point at the key. */
+void sizes_check_micro(const recipe *r, const sizes_host *h, const data_config *dc, errlist *el);
+/* The micro-batches per step of a stage's `with` for a rank's batch (1 when invalid). */
+int sizes_micro_count(const fsdp_value *with, int64_t local_batch);
 
 #endif

@@ -32,18 +32,33 @@ static uint64_t mix64(uint64_t x) {
 static uint64_t hash3(uint64_t seed, uint64_t a, uint64_t b) { return mix64(mix64(mix64(seed) ^ a) ^ b); }
 
 int data_config_from_value(const fsdp_value *sec, uint64_t default_seed, data_config *cfg, fsdp_err *err) {
-    memset(cfg, 0, sizeof *cfg);
-    cfg->kind = DATA_SYNTHETIC;
-    if (!sec || fsdp_value_type(sec) == FSDP_V_NULL)
+    if (!sec || fsdp_value_type(sec) == FSDP_V_NULL) {
+        memset(cfg, 0, sizeof *cfg);
         return fsdp_err_set(err, FSDP_E_INVALID,
                             "no `data:` section: train-steps needs one (kind: text, tokens, llmc or safetensors with a "
                             "path; kind: synthetic for seeded random tokens)");
-    if (fsdp_value_type(sec) != FSDP_V_MAP)
+    }
+    const fsdp_value *kind = fsdp_value_type(sec) == FSDP_V_MAP ? fsdp_value_get(sec, "kind") : NULL;
+    if (fsdp_value_type(sec) == FSDP_V_MAP && (!kind || fsdp_value_type(kind) == FSDP_V_NULL)) {
+        memset(cfg, 0, sizeof *cfg);
+        return fsdp_err_at(err, FSDP_E_INVALID, sec,
+                           "data: no `kind` (text, tokens, llmc or safetensors with a path; kind: synthetic for seeded "
+                           "random tokens: synthetic data is used only when asked)");
+    }
+    data_config base;
+    memset(&base, 0, sizeof base);
+    base.kind = DATA_SYNTHETIC;
+    base.batch_size = 8;
+    base.seq_len = 64;
+    base.token_bytes = 2;
+    base.seed = default_seed;
+    return data_config_over(sec, &base, cfg, err);
+}
+
+int data_config_over(const fsdp_value *sec, const data_config *base, data_config *cfg, fsdp_err *err) {
+    *cfg = *base;
+    if (!sec || fsdp_value_type(sec) != FSDP_V_MAP)
         return fsdp_err_at(err, FSDP_E_INVALID, sec, "data: expected a map (kind, path, batch_size, seq_len, ...)");
-    cfg->batch_size = 8;
-    cfg->seq_len = 64;
-    cfg->token_bytes = 2;
-    cfg->seed = default_seed;
     const char *keys[] = {"kind", "path", "batch_size", "seq_len", "dtype", "seed", "order", NULL};
     for (size_t i = 0; i < fsdp_value_size(sec); i++) {
         const char *k = fsdp_value_key(sec, i);
@@ -54,11 +69,7 @@ int data_config_from_value(const fsdp_value *sec, uint64_t default_seed, data_co
                                "data: unknown key '%s' (expected kind, path, batch_size, seq_len, dtype, seed, order)", k);
     }
     const fsdp_value *v;
-    if (!(v = fsdp_value_get(sec, "kind")) || fsdp_value_type(v) == FSDP_V_NULL)
-        return fsdp_err_at(err, FSDP_E_INVALID, sec,
-                           "data: no `kind` (text, tokens, llmc or safetensors with a path; kind: synthetic for seeded "
-                           "random tokens: synthetic data is used only when asked)");
-    {
+    if ((v = fsdp_value_get(sec, "kind")) && fsdp_value_type(v) != FSDP_V_NULL) {
         const char *t = fsdp_value_text(v);
         int found = 0;
         for (int k = 0; k < N_KINDS && t; k++)

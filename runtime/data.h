@@ -45,6 +45,8 @@ void data_config_set_base(data_config *cfg, const char *recipe_path);
 /* The files of cfg exist, are readable and have valid headers (text, tokens, llmc; no token scan):
  * the static check of `validate`. 0 for the other kinds. */
 int data_check_files(const data_config *cfg, fsdp_err *err);
+/* The same with the keys `section` leaves out taken from `base` (eval_data over data:). */
+int data_config_over(const fsdp_value *section, const data_config *base, data_config *cfg, fsdp_err *err);
 /* Opens the source for this rank; the global batch must divide evenly by world. */
 int data_open(const data_config *cfg, int vocab_size, int world, int rank, data_source **out, fsdp_err *err);
 void data_close(data_source *d);

@@ -21,6 +21,11 @@ int kcu_add(fsdp_dtype dt, const void *a, const void *b, void *out, int64_t n, k
     NOCUDA(kcu_add);
 }
 
+int kcu_acc_f64(double *acc, const double *x, int64_t n, kcu_stream stream, fsdp_err *err) {
+    (void)acc, (void)x, (void)n, (void)stream;
+    NOCUDA(kcu_acc_f64);
+}
+
 int kcu_scale(float *x, int64_t n, float s, kcu_stream stream, fsdp_err *err) {
     (void)x, (void)n, (void)s, (void)stream;
     NOCUDA(kcu_scale);

@@ -10,6 +10,7 @@ static const fsdp_stage_desc *const BUILTINS[] = {
     &stage_load_ckpt,
     &stage_shard,
     &stage_train_steps,
+    &stage_eval,
     &stage_offload,
     &stage_save_dcp,
     &stage_save_safetensors,

@@ -84,6 +84,7 @@ extern const fsdp_stage_desc stage_offload;
 extern const fsdp_stage_desc stage_init_meta;
 extern const fsdp_stage_desc stage_init_cpu;
 extern const fsdp_stage_desc stage_train_steps;
+extern const fsdp_stage_desc stage_eval;
 extern const fsdp_stage_desc stage_save_dcp;
 extern const fsdp_stage_desc stage_load_ckpt;
 extern const fsdp_stage_desc stage_transform;

@@ -34,6 +34,18 @@ int train_backend_step(train_backend *b, const int32_t *tokens, const int32_t *l
                      : llama_fsdp_step(b->cpu, tokens, labels, hp, res, err);
 }
 
+int train_backend_step_accum(train_backend *b, const int32_t *tokens, const int32_t *labels, int n_micro,
+                             const llama_fsdp_hparams *hp, llama_fsdp_result *res, fsdp_err *err) {
+    return b->on_gpu ? llama_fsdp_cuda_step_accum(b->gpu, tokens, labels, n_micro, hp, res, err)
+                     : llama_fsdp_step_accum(b->cpu, tokens, labels, n_micro, hp, res, err);
+}
+
+int train_backend_grads(train_backend *b, const int32_t *tokens, const int32_t *labels, llama_fsdp_result *res,
+                        fsdp_err *err) {
+    return b->on_gpu ? llama_fsdp_cuda_grads(b->gpu, tokens, labels, res, err)
+                     : llama_fsdp_grads(b->cpu, tokens, labels, res, err);
+}
+
 void train_backend_close(train_backend *b) {
     llama_fsdp_cuda_free(b->gpu);
     llama_fsdp_free(b->cpu);

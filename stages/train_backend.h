@@ -26,6 +26,14 @@ int train_backend_open(fsdp_ctx *ctx, fsdp_state *s, comm *c, int B, int T, cons
                        train_backend *b, fsdp_err *err);
 int train_backend_step(train_backend *b, const int32_t *tokens, const int32_t *labels, const llama_fsdp_hparams *hp,
                        llama_fsdp_result *res, fsdp_err *err);
+/* The same over n_micro micro-batches of B x T (gradient accumulation: one loss denominator, one
+ * reduce-scatter per parameter; llama_fsdp_step_accum / llama_fsdp_cuda_step_accum). */
+int train_backend_step_accum(train_backend *b, const int32_t *tokens, const int32_t *labels, int n_micro,
+                             const llama_fsdp_hparams *hp, llama_fsdp_result *res, fsdp_err *err);
+/* Forward and backward of one batch without an update: the global loss (evaluation). The gradients
+ * it leaves are overwritten by the next step's. */
+int train_backend_grads(train_backend *b, const int32_t *tokens, const int32_t *labels, llama_fsdp_result *res,
+                        fsdp_err *err);
 void train_backend_close(train_backend *b);
 /* Resets the device's peak-memory counter (GPU; nothing on the CPU). */
 void train_backend_reset_peak(train_backend *b);

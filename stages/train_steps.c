@@ -9,7 +9,10 @@
  * (llama_ac in model/llama_model.h).
  *
  * with: steps (int, required: train until this global step), lr, warmup_steps,
- *       decay (none|linear|cosine), min_lr_ratio, betas ([b1, b2]), eps, weight_decay,
+ *       schedule_steps (the schedule's length, default steps), decay (none|linear|cosine|wsd),
+ *       min_lr_ratio, decay_ratio / decay_type / min_lr_factor (wsd), no_decay (globs),
+ *       grad_accum or micro_batch, eval_every / eval_batches / eval_data (stages/train_opts.h),
+ *       betas ([b1, b2]), eps, weight_decay,
  *       max_grad_norm, log_every, metrics (JSONL path), save_every, save_path, save_async (periodic saves
  *       in the background, one in flight, each committed as soon as written), keep_last (K newest committed
  *       step-<N> kept), save_overwrite (a periodic save may replace an existing step-<N>; otherwise an error
@@ -38,19 +41,38 @@
 #include "runtime/fileio.h"
 #include "stages/stages.h"
 #include "stages/train_backend.h"
+#include "stages/train_opts.h"
 
 /* The default peak for MFU on the GPU: H100 SXM dense bf16 (TFLOP/s). */
 #define TRAIN_GPU_PEAK_TFLOPS 989.0
 
-static const char *const DECAYS[] = {"none", "linear", "cosine", NULL};
+static const char *const DECAYS[] = {"none", "linear", "cosine", "wsd", NULL};
+static const char *const WSD_TYPES[] = {"linear", "sqrt", "cosine", NULL};
 static const char *const MIXED[] = {"none", "bf16", NULL};
 static const char *const ACS[] = {"none", "full", "selective", NULL};
 static const fsdp_param_spec PARAMS[] = {
-    {"steps", FSDP_T_INT, 1, NULL, NULL, "train until this global step (the schedule's length)"},
+    {"steps", FSDP_T_INT, 1, NULL, NULL, "train until this global step (the schedule's length unless schedule_steps)"},
+    {"schedule_steps", FSDP_T_INT, 0, NULL, NULL,
+     "length of the lr schedule (default steps): steps 1000 with schedule_steps 10000 runs the first 1000 steps of a "
+     "10000-step curve"},
     {"lr", FSDP_T_FLOAT, 0, "8e-4", NULL, "peak learning rate"},
     {"warmup_steps", FSDP_T_INT, 0, "0", NULL, "linear warmup lr*(s+1)/warmup_steps for s < warmup_steps"},
-    {"decay", FSDP_T_STRING, 0, "linear", DECAYS, "after warmup: none, linear or cosine to min_lr_ratio*lr"},
-    {"min_lr_ratio", FSDP_T_FLOAT, 0, "0.1", NULL, "final lr as a fraction of lr"},
+    {"decay", FSDP_T_STRING, 0, "linear", DECAYS,
+     "after warmup: none, linear or cosine to min_lr_ratio*lr; or wsd (warmup-stable-decay, torchtitan's schedule)"},
+    {"min_lr_ratio", FSDP_T_FLOAT, 0, "0.1", NULL, "final lr as a fraction of lr (linear, cosine)"},
+    {"decay_ratio", FSDP_T_FLOAT, 0, NULL, NULL,
+     "wsd: fraction of schedule_steps spent decaying (default: all steps after warmup)"},
+    {"decay_type", FSDP_T_STRING, 0, NULL, WSD_TYPES, "wsd: shape of the decay, linear (default), sqrt or cosine"},
+    {"min_lr_factor", FSDP_T_FLOAT, 0, NULL, NULL, "wsd: final lr as a fraction of lr (default 0)"},
+    {"no_decay", FSDP_T_LIST, 0, NULL, NULL,
+     "globs of parameter names trained without weight decay, e.g. [\"*norm*\", \"*.bias\"]"},
+    {"grad_accum", FSDP_T_INT, 0, NULL, NULL,
+     "micro-batches per optimizer step (the rank's batch split in as many; one reduce-scatter per step)"},
+    {"micro_batch", FSDP_T_INT, 0, NULL, NULL, "rows per micro-batch on each rank (instead of grad_accum)"},
+    {"eval_every", FSDP_T_INT, 0, "0", NULL, "evaluate on eval_data every N steps and after the last (0 = never)"},
+    {"eval_batches", FSDP_T_INT, 0, "1", NULL, "global batches of eval_data per evaluation (the same ones each time)"},
+    {"eval_data", FSDP_T_MAP, 0, NULL, NULL,
+     "held-out data: a map with data:'s keys (kind, path, dtype, order, seed); the rest is data:'s"},
     {"betas", FSDP_T_LIST, 0, "[0.9, 0.95]", NULL, "AdamW betas"},
     {"eps", FSDP_T_FLOAT, 0, "1e-8", NULL, "AdamW eps"},
     {"weight_decay", FSDP_T_FLOAT, 0, "0.1", NULL, "AdamW decoupled weight decay"},
@@ -108,7 +130,7 @@ static int train_check(const fsdp_value *with, fsdp_err *err) {
     if (fsdp_arg_int(with, "save_every", 0) > 0 && !fsdp_arg_str(with, "save_path", NULL))
         return fsdp_err_at(err, FSDP_E_INVALID, fsdp_value_get(with, "save_every"),
                            "train-steps: save_every needs save_path");
-    return 0;
+    return train_opts_check(with, err);
 }
 
 typedef struct train_metrics {
@@ -131,6 +153,27 @@ static int write_metrics(FILE *f, const train_metrics *m) {
                    m->mem_mib, m->elapsed, m->run_id ? m->run_id : "", m->run_start ? m->run_start : "") < 0
                ? -1
                : fflush(f);
+}
+
+/* One evaluation at `step` on the held-out data: the log line, a metrics line {"step", "eval_loss",
+ * "eval_tokens", "run_id", "run_start"} and the report's eval_loss / eval_tokens (the last evaluation's). */
+static int train_eval_report(fsdp_ctx *ctx, train_backend *be, data_source *eval, int64_t batches, int n_micro,
+                             int64_t micro_elems, int32_t *tokens, int32_t *labels, FILE *mf, int64_t step,
+                             fsdp_err *err) {
+    double loss;
+    int64_t n;
+    int rc = train_eval_loss(be, eval, batches, n_micro, micro_elems, tokens, labels, &loss, &n, err);
+    if (rc) return fsdp_err_prefix(err, "train-steps: step %lld", (long long)step);
+    fsdp_log(ctx, FSDP_LOG_INFO, "step %lld  eval_loss %.4f  (%lld tokens)", (long long)step, loss, (long long)n);
+    fsdp_ctx_metric(ctx, "eval_loss", loss);
+    fsdp_ctx_metric(ctx, "eval_tokens", (double)n);
+    const char *id = fsdp_ctx_run_id(ctx), *start = fsdp_ctx_run_start(ctx);
+    if (mf && (fprintf(mf, "{\"step\": %lld, \"eval_loss\": %.9g, \"eval_tokens\": %lld, \"run_id\": \"%s\", "
+                           "\"run_start\": \"%s\"}\n",
+                       (long long)step, loss, (long long)n, id ? id : "", start ? start : "") < 0 ||
+               fflush(mf)))
+        return fsdp_err_set(err, FSDP_E_IO, "train-steps: cannot write the metrics file");
+    return 0;
 }
 
 /* " ac=full" / " ac=selective" for the run's log line; "" without checkpointing. */
@@ -184,6 +227,29 @@ static int poll_saves(fsdp_ctx *ctx, fsdp_err *err) {
     return rc ? fsdp_err_prefix(err, "train-steps: periodic save") : 0;
 }
 
+/* The run report's metrics of the stage: the last loss and norm, steps, tokens/s over the whole
+ * stage (global), FLOPs per token, MFU and the peak memory. */
+static void train_final_metrics(fsdp_ctx *ctx, const train_backend *be, llama_fsdp_ac ac, double loss, double gnorm,
+                                int64_t steps, double seconds, int64_t tokens_per_step, int world, double flops_tok,
+                                double peak_tflops) {
+    fsdp_ctx_metric_str(ctx, "ac", ac == LLAMA_FSDP_AC_FULL        ? "full"
+                                   : ac == LLAMA_FSDP_AC_SELECTIVE ? "selective"
+                                                                   : "none");
+    fsdp_ctx_metric(ctx, "final_loss", loss);
+    fsdp_ctx_metric(ctx, "final_grad_norm", gnorm);
+    fsdp_ctx_metric(ctx, "steps", (double)steps);
+    double tps_all = seconds > 0 ? (double)(steps * tokens_per_step) / seconds : 0;
+    fsdp_ctx_metric(ctx, "tokens_per_s", tps_all);
+    fsdp_ctx_metric(ctx, "flops_per_token", flops_tok);
+    if (peak_tflops > 0) {
+        fsdp_ctx_metric(ctx, "peak_tflops", peak_tflops);
+        fsdp_ctx_metric(ctx, "mfu", train_mfu_percent(flops_tok, tps_all / world, peak_tflops));
+    }
+    const char *mem_name;
+    double mem = train_backend_peak_mib(be, &mem_name);
+    fsdp_ctx_metric(ctx, mem_name, mem);
+}
+
 static int train_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
     fsdp_state *s = state_get(ctx);
     if (!s) return fsdp_err_set(err, FSDP_E_INVALID, "train-steps: no model in the context");
@@ -203,19 +269,15 @@ static int train_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
     int64_t steps = fsdp_arg_int(with, "steps", 0);
     const fsdp_value *betas = fsdp_value_get(with, "betas");
     llama_fsdp_hparams hp;
+    memset(&hp, 0, sizeof hp);
     fsdp_value_float(fsdp_value_item(betas, 0), &hp.beta1);
     fsdp_value_float(fsdp_value_item(betas, 1), &hp.beta2);
     hp.eps = fsdp_arg_float(with, "eps", 1e-8);
     hp.weight_decay = fsdp_arg_float(with, "weight_decay", 0.1);
     hp.max_norm = fsdp_arg_float(with, "max_grad_norm", 1.0);
     lrs_config sched;
-    sched.lr = fsdp_arg_float(with, "lr", 8e-4);
-    sched.warmup_steps = fsdp_arg_int(with, "warmup_steps", 0);
-    sched.steps = steps > 0 ? steps : 1;
-    sched.min_lr_ratio = fsdp_arg_float(with, "min_lr_ratio", 0.1);
-    lrs_decay_from_name(fsdp_arg_str(with, "decay", "linear"), &sched.decay);
-    int rc = lrs_validate(&sched, err);
-    if (rc) return fsdp_err_prefix(err, "train-steps");
+    int rc = train_sched_from_with(with, &sched, err);
+    if (rc) return rc;
     int64_t log_every = fsdp_arg_int(with, "log_every", 1);
     const char *metrics_path = fsdp_arg_str(with, "metrics", NULL);
     int64_t save_every = fsdp_arg_int(with, "save_every", 0);
@@ -241,13 +303,24 @@ static int train_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
     memset(&be, 0, sizeof be);
     llama_fsdp_cuda_options gopt;
     FILE *mf = NULL;
+    int n_micro = 1;
+    unsigned char *no_decay = NULL;
+    data_source *eval = NULL;
+    int64_t eval_every = fsdp_arg_int(with, "eval_every", 0), eval_batches = fsdp_arg_int(with, "eval_batches", 1);
     int32_t *tokens = malloc((size_t)(B * T) * sizeof *tokens), *labels = malloc((size_t)(B * T) * sizeof *labels);
     if (!tokens || !labels) {
         rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
         goto out;
     }
+    if ((rc = train_micro_count(with, "train-steps", B, &n_micro, err)) || (rc = train_no_decay_mask(with, s, &no_decay, err)))
+        goto out;
+    hp.no_decay = no_decay;
+    if (eval_every > 0 && fsdp_value_get(with, "eval_data") &&
+        (rc = train_eval_open(ctx, fsdp_value_get(with, "eval_data"), s->cfg.vocab_size, comm_size(c), comm_rank(c),
+                              &dc, &eval, err)))
+        goto out;
     if ((rc = train_options(with, &gopt, err))) goto out;
-    if ((rc = train_backend_open(ctx, s, c, (int)B, (int)T, &gopt, &be, err))) goto out;
+    if ((rc = train_backend_open(ctx, s, c, (int)(B / n_micro), (int)T, &gopt, &be, err))) goto out;
     train_backend_reset_peak(&be);
     /* MFU: model FLOPs per token against one device's peak (given, or the GPU default) */
     double peak_tflops = fsdp_arg_float(with, "peak_tflops", be.on_gpu ? TRAIN_GPU_PEAK_TFLOPS : 0);
@@ -261,6 +334,9 @@ static int train_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
              (long long)s->train_step + 1, (long long)steps, (long long)dc.batch_size, (long long)T, comm_size(c),
              be.on_gpu ? "GPU" : "CPU", be.on_gpu && gopt.mixed == LLAMA_FSDP_MIXED_BF16 ? " bf16" : "",
              train_ac_label(gopt.ac));
+    if (n_micro > 1)
+        fsdp_log(ctx, FSDP_LOG_INFO, "gradient accumulation: %d micro-batches of %lld rows per rank and step", n_micro,
+                 (long long)(B / n_micro));
     fsdp_progress *prog = fsdp_progress_begin(ctx, "train", (double)(steps - s->train_step), "steps");
     double t0 = stage_now(), t_last = t0;
     int64_t first = s->train_step, tok_since = 0;
@@ -270,7 +346,7 @@ static int train_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
         hp.lr = lrs_at(&sched, step);
         if ((rc = data_batch(data, s->data_pos, tokens, labels, err))) break;
         llama_fsdp_result r;
-        if ((rc = train_backend_step(&be, tokens, labels, &hp, &r, err))) {
+        if ((rc = train_backend_step_accum(&be, tokens, labels, n_micro, &hp, &r, err))) {
             fsdp_err_prefix(err, "train-steps: step %lld", (long long)step + 1);
             break;
         }
@@ -297,6 +373,10 @@ static int train_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
             t_last = now;
             tok_since = 0;
         }
+        if (eval && eval_every > 0 && (s->train_step % eval_every == 0 || s->train_step == steps) &&
+            (rc = train_eval_report(ctx, &be, eval, eval_batches, n_micro, (B / n_micro) * T, tokens, labels, mf,
+                                    s->train_step, err)))
+            break;
         char status[64];
         snprintf(status, sizeof status, "loss %.4f", loss);
         fsdp_progress_update(prog, (double)(s->train_step - first), status);
@@ -307,24 +387,11 @@ static int train_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
         crash_point("train.step", (long)s->train_step, comm_rank(c));
     }
     fsdp_progress_end(prog);
-    fsdp_ctx_metric_str(ctx, "ac", gopt.ac == LLAMA_FSDP_AC_FULL        ? "full"
-                                   : gopt.ac == LLAMA_FSDP_AC_SELECTIVE ? "selective"
-                                                                        : "none");
-    fsdp_ctx_metric(ctx, "final_loss", loss);
-    fsdp_ctx_metric(ctx, "final_grad_norm", gnorm);
-    fsdp_ctx_metric(ctx, "steps", (double)(s->train_step - first));
-    double el = stage_now() - t0;
-    double tps_all = el > 0 ? (double)((s->train_step - first) * dc.batch_size * T) / el : 0;
-    fsdp_ctx_metric(ctx, "tokens_per_s", tps_all);
-    fsdp_ctx_metric(ctx, "flops_per_token", flops_tok);
-    if (peak_tflops > 0) {
-        fsdp_ctx_metric(ctx, "peak_tflops", peak_tflops);
-        fsdp_ctx_metric(ctx, "mfu", train_mfu_percent(flops_tok, tps_all / comm_size(c), peak_tflops));
-    }
-    const char *mem_name;
-    double mem = train_backend_peak_mib(&be, &mem_name);
-    fsdp_ctx_metric(ctx, mem_name, mem);
+    train_final_metrics(ctx, &be, gopt.ac, loss, gnorm, s->train_step - first, stage_now() - t0,
+                        dc.batch_size * T, comm_size(c), flops_tok, peak_tflops);
 out:
+    free(no_decay);
+    data_close(eval);
     if (mf) fclose(mf);
     train_backend_close(&be);
     free(tokens);

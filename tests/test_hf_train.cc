@@ -221,7 +221,7 @@ TEST(HfTrain, FixturesFiveStepsOnOneRank) {
         llama_fsdp *f;
         ASSERT_EQ(llama_fsdp_create(s, c, 2, 32, &f, &err), 0) << err.msg;
         for (int k = 0; k < 5; k++) {
-            llama_fsdp_hparams hp = {ref.lr[k], 0.9, 0.95, 1e-8, 0.1, 1.0};
+            llama_fsdp_hparams hp = {ref.lr[k], 0.9, 0.95, 1e-8, 0.1, 1.0, nullptr};
             llama_fsdp_result r;
             ASSERT_EQ(llama_fsdp_step(f, batch.at("input_ids").i32.data(), batch.at("labels").i32.data(), &hp, &r, &err),
                       0)

@@ -106,14 +106,14 @@ TEST(LrsSchedule, Validation) {
         lrs_config c;
         const char *needle;
     } cases[] = {
-        {{-1.0, 0, 10, LRS_DECAY_NONE, 0.0}, "lr must be"},
-        {{NAN, 0, 10, LRS_DECAY_NONE, 0.0}, "lr must be"},
-        {{1.0, 0, 0, LRS_DECAY_NONE, 0.0}, "steps must be >= 1"},
-        {{1.0, 11, 10, LRS_DECAY_NONE, 0.0}, "warmup_steps must be in [0, steps = 10]"},
-        {{1.0, -1, 10, LRS_DECAY_NONE, 0.0}, "warmup_steps"},
-        {{1.0, 0, 10, LRS_DECAY_LINEAR, 1.5}, "min_lr_ratio"},
-        {{1.0, 0, 10, LRS_DECAY_LINEAR, NAN}, "min_lr_ratio"},
-        {{1.0, 0, 10, (lrs_decay)9, 0.0}, "unknown"},
+        {{-1.0, 0, 10, LRS_DECAY_NONE, 0.0, -1.0, LRS_WSD_LINEAR, 0.0}, "lr must be"},
+        {{NAN, 0, 10, LRS_DECAY_NONE, 0.0, -1.0, LRS_WSD_LINEAR, 0.0}, "lr must be"},
+        {{1.0, 0, 0, LRS_DECAY_NONE, 0.0, -1.0, LRS_WSD_LINEAR, 0.0}, "steps must be >= 1"},
+        {{1.0, 11, 10, LRS_DECAY_NONE, 0.0, -1.0, LRS_WSD_LINEAR, 0.0}, "warmup_steps must be in [0, steps = 10]"},
+        {{1.0, -1, 10, LRS_DECAY_NONE, 0.0, -1.0, LRS_WSD_LINEAR, 0.0}, "warmup_steps"},
+        {{1.0, 0, 10, LRS_DECAY_LINEAR, 1.5, -1.0, LRS_WSD_LINEAR, 0.0}, "min_lr_ratio"},
+        {{1.0, 0, 10, LRS_DECAY_LINEAR, NAN, -1.0, LRS_WSD_LINEAR, 0.0}, "min_lr_ratio"},
+        {{1.0, 0, 10, (lrs_decay)9, 0.0, -1.0, LRS_WSD_LINEAR, 0.0}, "unknown"},
     };
     for (const auto &k : cases) {
         fsdp_err err;
@@ -127,7 +127,9 @@ TEST(LrsSchedule, Validation) {
     EXPECT_EQ(d, LRS_DECAY_LINEAR);
     EXPECT_EQ(lrs_decay_from_name("none", &d), 0);
     EXPECT_EQ(d, LRS_DECAY_NONE);
-    EXPECT_EQ(lrs_decay_from_name("wsd", &d), -1);
+    EXPECT_EQ(lrs_decay_from_name("wsd", &d), 0);
+    EXPECT_EQ(d, LRS_DECAY_WSD);
+    EXPECT_EQ(lrs_decay_from_name("step", &d), -1);
     EXPECT_EQ(lrs_decay_from_name(nullptr, &d), -1);
     EXPECT_STREQ(lrs_decay_name(LRS_DECAY_COSINE), "cosine");
 }

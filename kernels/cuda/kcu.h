@@ -42,6 +42,8 @@ int kcu_cast(void *dst, fsdp_dtype dst_dt, const void *src, fsdp_dtype src_dt, i
              fsdp_err *err);
 /* out = a + b (out may alias a or b). */
 int kcu_add(fsdp_dtype dt, const void *a, const void *b, void *out, int64_t n, kcu_stream stream, fsdp_err *err);
+/* acc[i] += x[i] in double (a running sum of device statistics). */
+int kcu_acc_f64(double *acc, const double *x, int64_t n, kcu_stream stream, fsdp_err *err);
 /* x *= s (float32). */
 int kcu_scale(float *x, int64_t n, float s, kcu_stream stream, fsdp_err *err);
 /* *d_out = sum of x[i]^2 accumulated in double (overwrites the one double at d_out). */

@@ -53,6 +53,18 @@ KCU_API int kcu_add(fsdp_dtype dt, const void *a, const void *b, void *out, int6
     return kcu_launch_check(err, "kcu_add");
 }
 
+__global__ void acc_f64_kernel(double *acc, const double *x, int64_t n) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        acc[i] = __dadd_rn(acc[i], x[i]);
+}
+
+KCU_API int kcu_acc_f64(double *acc, const double *x, int64_t n, kcu_stream stream, fsdp_err *err) {
+    if (n < 0) return fsdp_err_set(err, FSDP_E_INVALID, "kcu_acc_f64: negative length %lld", (long long)n);
+    if (n == 0) return FSDP_OK;
+    KCU_LAUNCH(acc_f64_kernel, kcu_blocks(n, KCU_THREADS), KCU_THREADS, 0, stream)(acc, x, n);
+    return kcu_launch_check(err, "kcu_acc_f64");
+}
+
 __global__ void scale_kernel(float *x, int64_t n, float s) {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
         x[i] = __fmul_rn(x[i], s);
