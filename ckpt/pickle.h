@@ -63,6 +63,9 @@ const pkl_obj *pkl_state(const pkl_obj *o);
 const pkl_obj *pkl_callable(const pkl_obj *o);
 /* Reads a torch.Size (REDUCE(torch.Size, ((d0, d1, ...),))) or a tuple of ints. */
 int pkl_int_tuple(const pkl_obj *o, int64_t *out, int max, int *n);
+/* The bytes a value holds when it is bytes: BINBYTES (protocol 3+) or _codecs.encode(text,
+ * 'latin1') (how protocol 2 pickles bytes); 1 with *out (malloc'd) and *n set, else 0. */
+int pkl_bytes_value(const pkl_obj *o, unsigned char **out, size_t *n);
 /* Renders a value as Python-like text ("5", "0.001", "(0.9, 0.95)", "'tiny'", "{...}") into
  * a malloc'd string; long, deep or shared (memo DAG) trees are abbreviated with "...": at most
  * about 4 KiB of text from at most 4096 values, whatever the tree expands to. */

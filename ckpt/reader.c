@@ -98,7 +98,7 @@ static int detect(const char *path, ckpt_format *fmt, fsdp_err *err) {
     unsigned char head[8] = {0};
     size_t n = fread(head, 1, 8, f);
     fclose(f);
-    if (n >= 4 && head[0] == 'P' && head[1] == 'K') {
+    if ((n >= 4 && head[0] == 'P' && head[1] == 'K') || ckpt_pt_is_legacy(path)) {
         *fmt = CKPT_PT;
         return 0;
     }
