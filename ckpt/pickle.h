@@ -104,6 +104,13 @@ void pkl_w_reduce(pkl_w *w);
 void pkl_w_newobj(pkl_w *w);
 void pkl_w_build(pkl_w *w);
 void pkl_w_binpersid(pkl_w *w);
+/* bytes as protocol 2 writes them: _codecs.encode(<the bytes as latin-1 text>, 'latin1') */
+void pkl_w_bytes(pkl_w *w, const void *b, size_t n);
+/* A whole protocol-2 pickle (PROTO ... STOP) of a parsed value that PyTorch's torch.load
+ * reads back as the same value (an OrderedDict stays one, BUILD states are kept; every global in
+ * it passed the allow-list when it was parsed). -1 when the value holds a persistent id (a
+ * storage) or more than budget nodes (a memo DAG is written expanded). */
+int pkl_w_obj(pkl_w *w, const pkl_obj *o, size_t budget);
 /* torch.Size((d...)) */
 void pkl_w_size(pkl_w *w, const int64_t *d, int n);
 /* A tuple of ints (d...) */

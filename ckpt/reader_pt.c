@@ -338,3 +338,26 @@ int ckpt_verify_pt(ckpt_reader *r, size_t *records, fsdp_err *err) {
     }
     return 0;
 }
+
+/* a value's pickle: at most this many nodes (a memo DAG is written expanded) */
+#define PT_VALUE_NODES ((size_t)1 << 20)
+
+int ckpt_pt_value_pickle(ckpt_reader *r, size_t i, void **buf, size_t *len, fsdp_err *err) {
+    pt_impl *p = r->impl;
+    if (i >= p->n || !p->values[i])
+        return fsdp_err_set(err, FSDP_E_INVALID, "%s: entry #%zu is not a value", p->z.what, i);
+    pkl_w w;
+    pkl_w_init(&w);
+    int bad = pkl_w_obj(&w, p->values[i], PT_VALUE_NODES);
+    if (bad || w.oom) {
+        pkl_w_free(&w);
+        return w.oom ? fsdp_err_set(err, FSDP_E_NOMEM, "out of memory")
+                     : fsdp_err_set(err, FSDP_E_FORMAT,
+                                    "%s: value %s cannot be copied: it holds a tensor storage or expands to more than "
+                                    "%zu values",
+                                    p->z.what, p->names[i], PT_VALUE_NODES);
+    }
+    *buf = w.buf;
+    *len = w.len;
+    return 0;
+}

@@ -218,6 +218,28 @@ static int round_dev(loader *L, float *dev, size_t n, fsdp_err *err) {
     return 0;
 }
 
+/* A train_state counter: an int value, or a one-element tensor (older torchtitan saves the step
+ * as a 0-d tensor); *got 0 when it is neither. A value that does not decode (e.g. its pickle names
+ * a forbidden global) is an error. */
+static int train_state_int(ckpt_reader *r, size_t ci, int64_t *out, int *got, fsdp_err *err) {
+    const ckpt_entry *e = ckpt_entry_at(r, ci);
+    *got = 0;
+    if (e->is_tensor) {
+        if (fsdp_numel(e->ndim, e->shape) != 1) return 0;
+        double v = 0;
+        int rc = ckpt_read_rows(r, ci, 0, 1, &v, FSDP_DT_F64, err);
+        if (rc) return rc;
+        *out = (int64_t)llround(v);
+        *got = 1;
+        return 0;
+    }
+    const char *t;
+    int rc = ckpt_value(r, ci, &t, err);
+    if (rc) return rc;
+    *got = ckpt_value_int(r, ci, out) == 0;
+    return 0;
+}
+
 static int shape_eq(const ckpt_entry *e, const state_param *p) {
     if (e->ndim != p->ndim) return 0;
     for (int d = 0; d < p->ndim; d++)
@@ -360,11 +382,13 @@ int sio_load(fsdp_state *s, const char *path, const sio_load_opts *o, sio_load_r
     if (!rc) {
         const char *keys[3] = {"train_state.step", "train_state.ntokens_seen", "train_state.data_pos"};
         int64_t vals[3] = {-1, -1, -1};
-        for (int k = 0; k < 3; k++) {
+        for (int k = 0; k < 3 && !rc; k++) {
             long ci = ckpt_find(r, keys[k]);
-            if (ci >= 0 && ckpt_value_int(r, (size_t)ci, &vals[k]) == 0 && k == 0) res->has_train_state = 1;
+            int got = 0;
+            if (ci >= 0) rc = train_state_int(r, (size_t)ci, &vals[k], &got, err);
+            if (got && k == 0) res->has_train_state = 1;
         }
-        if (vals[0] >= 0) {
+        if (!rc && vals[0] >= 0) {
             s->train_step = vals[0];
             s->data_pos = (uint64_t)(vals[2] >= 0 ? vals[2] : vals[0]);
             if (vals[1] >= 0) s->tokens_seen = vals[1];
