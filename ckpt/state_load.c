@@ -369,6 +369,15 @@ int sio_load(fsdp_state *s, const char *path, const sio_load_opts *o, sio_load_r
                 const char *t = hi >= 0 ? ckpt_value_text(r, (size_t)hi) : NULL;
                 if (t) *hyper[h].dst = strtod(t, NULL);
             }
+            /* the LR schedule as PyTorch holds it (ckpt/state_resume.c): lr is the next step's */
+            snprintf(key, sizeof key, "optimizer.param_groups.%s.initial_lr", p->name);
+            long ii = ckpt_find(r, key);
+            const char *it = ii >= 0 ? ckpt_value_text(r, (size_t)ii) : NULL;
+            if (it) {
+                s->lr_initial = strtod(it, NULL);
+                s->lr_next = s->lr;
+                s->has_lr_schedule = 1;
+            }
             snprintf(key, sizeof key, "optimizer.param_groups.%s.betas", p->name);
             long bi = ckpt_find(r, key);
             const char *bt = bi >= 0 ? ckpt_value_text(r, (size_t)bi) : NULL;
