@@ -126,6 +126,10 @@ int dcp_file_add_tensor_fill(dcp_file_writer *w, const char *fqn, fsdp_dtype dt,
  * pass the opcodes of the value only; see dcp_pickle_* helpers). */
 int dcp_file_add_value(dcp_file_writer *w, const char *fqn, const void *value_ops, size_t n, dcp_record *rec,
                        fsdp_err *err);
+/* A non-tensor value given as a whole pickle (PROTO ... STOP, e.g. from ckpt_value_pickle),
+ * stored as it is. */
+int dcp_file_add_pickle(dcp_file_writer *w, const char *fqn, const void *pickle, size_t n, dcp_record *rec,
+                        fsdp_err *err);
 int dcp_file_close(dcp_file_writer *w, fsdp_err *err);
 void dcp_file_abort(dcp_file_writer *w);
 
