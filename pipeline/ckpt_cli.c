@@ -84,7 +84,14 @@ static int cmd_inspect(int argc, char **argv, FILE *out, FILE *log) {
         const ckpt_entry *e = ckpt_entry_at(r, i);
         char shp[256];
         fsdp_shape_str(e->ndim, e->shape, shp, sizeof shp);
-        const char *val = e->is_tensor ? NULL : ckpt_value_text(r, i);
+        const char *val = NULL;
+        fsdp_err verr2;
+        if (!e->is_tensor && ckpt_value(r, i, &val, &verr2)) { /* e.g. a global outside the allow-list */
+            fprintf(log, "fsdp-run ckpt: error: %s\n", verr2.msg);
+            json_decref(arr);
+            ckpt_close(r);
+            return 1;
+        }
         if (e->is_tensor) total += e->nbytes;
         if (json) {
             json_t *o = json_object();
@@ -97,14 +104,14 @@ static int cmd_inspect(int argc, char **argv, FILE *out, FILE *log) {
                 json_object_set_new(o, "chunks", json_integer(e->chunks));
                 json_object_set_new(o, "bytes", json_integer((json_int_t)e->nbytes));
             } else {
-                json_object_set_new(o, "value", val ? json_string(val) : json_null());
+                json_object_set_new(o, "value", json_string(val));
             }
             json_array_append_new(arr, o);
         } else if (e->is_tensor) {
             fprintf(out, "  %-56s %-5s %-16s %3d chunk%s %12llu B\n", e->name, fsdp_dtype_name(e->dtype), shp, e->chunks,
                     e->chunks == 1 ? " " : "s", (unsigned long long)e->nbytes);
         } else {
-            fprintf(out, "  %-56s = %s\n", e->name, val ? val : "(not decodable)");
+            fprintf(out, "  %-56s = %s\n", e->name, val);
         }
     }
     if (json) {

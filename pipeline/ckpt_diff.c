@@ -183,10 +183,15 @@ static int diff_one(const diff_opts *o, diff_side *A, const diff_key *ka, diff_s
         fprintf(out, "%s: a tensor in one, a value in the other\n", ka->name);
         return 1;
     }
+    fsdp_err err;
     if (!ea->is_tensor) {
-        const char *va = ckpt_value_text(A->r, ka->idx), *vb = ckpt_value_text(B->r, kb->idx);
-        if (va && vb && !strcmp(va, vb)) return 0;
-        fprintf(out, "%s: %s != %s\n", ka->name, va ? va : "?", vb ? vb : "?");
+        const char *va, *vb;
+        if (ckpt_value(A->r, ka->idx, &va, &err) || ckpt_value(B->r, kb->idx, &vb, &err)) {
+            fprintf(log, "fsdp-run ckpt: error: %s\n", err.msg);
+            return -1;
+        }
+        if (!strcmp(va, vb)) return 0;
+        fprintf(out, "%s: %s != %s\n", ka->name, va, vb);
         return 1;
     }
     char sa[128], sb[128];
@@ -199,7 +204,6 @@ static int diff_one(const diff_opts *o, diff_side *A, const diff_key *ka, diff_s
     if (ea->dtype != eb->dtype)
         fprintf(out, "%s: dtype %s vs %s%s%s\n", ka->name, fsdp_dtype_name(ea->dtype), fsdp_dtype_name(eb->dtype),
                 dt != FSDP_DT_F64 ? ", compared rounded to " : "", dt != FSDP_DT_F64 ? fsdp_dtype_name(dt) : "");
-    fsdp_err err;
     double *xa = NULL, *xb = NULL;
     int rc = read_f64(o, A->r, ka, dt, &xa, &err);
     if (!rc) rc = read_f64(o, B->r, kb, dt, &xb, &err);
