@@ -7,6 +7,7 @@
 // Before: param groups held lr, betas, eps and weight_decay only; no lr_scheduler.* or dataloader.*.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <string>
