@@ -21,6 +21,13 @@ static const pair LAYER[] = {
     {"feed_forward.w3.weight", "mlp.up_proj.weight", NMAP_QK_NONE},
     {"attention_norm.weight", "input_layernorm.weight", NMAP_QK_NONE},
     {"ffn_norm.weight", "post_attention_layernorm.weight", NMAP_QK_NONE},
+    /* Qwen2's q/k/v biases (rows permuted like their weights) and Qwen3's per-head q/k norms (one
+     * head_dim vector each, permuted as a single head) */
+    {"attention.wq.bias", "self_attn.q_proj.bias", NMAP_QK_Q},
+    {"attention.wk.bias", "self_attn.k_proj.bias", NMAP_QK_K},
+    {"attention.wv.bias", "self_attn.v_proj.bias", NMAP_QK_NONE},
+    {"attention.q_norm.weight", "self_attn.q_norm.weight", NMAP_QK_HEAD},
+    {"attention.k_norm.weight", "self_attn.k_norm.weight", NMAP_QK_HEAD},
 };
 
 static const pair GLOBAL[] = {
@@ -88,7 +95,10 @@ static void set_info(nmap_info *info, int dropped, nmap_qk qk, int n_heads, int 
     if (!info) return;
     info->dropped = dropped;
     info->qk = qk;
-    info->heads = qk == NMAP_QK_Q ? n_heads : qk == NMAP_QK_K ? (n_kv_heads > 0 ? n_kv_heads : n_heads) : 0;
+    info->heads = qk == NMAP_QK_Q      ? n_heads
+                  : qk == NMAP_QK_K    ? (n_kv_heads > 0 ? n_kv_heads : n_heads)
+                  : qk == NMAP_QK_HEAD ? 1
+                                       : 0;
     if (info->heads < 0) info->heads = 0;
     info->layer = layer;
 }

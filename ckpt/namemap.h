@@ -12,6 +12,11 @@
  *   layers.{i}.feed_forward.w3.weight        model.layers.{i}.mlp.up_proj.weight
  *   layers.{i}.attention_norm.weight         model.layers.{i}.input_layernorm.weight
  *   layers.{i}.ffn_norm.weight               model.layers.{i}.post_attention_layernorm.weight
+ *   layers.{i}.attention.wq.bias             model.layers.{i}.self_attn.q_proj.bias     (rows permuted, Qwen2)
+ *   layers.{i}.attention.wk.bias             model.layers.{i}.self_attn.k_proj.bias     (rows permuted, Qwen2)
+ *   layers.{i}.attention.wv.bias             model.layers.{i}.self_attn.v_proj.bias     (Qwen2)
+ *   layers.{i}.attention.q_norm.weight       model.layers.{i}.self_attn.q_norm.weight   (permuted, Qwen3)
+ *   layers.{i}.attention.k_norm.weight       model.layers.{i}.self_attn.k_norm.weight   (permuted, Qwen3)
  *   norm.weight                              model.norm.weight
  *   output.weight                            lm_head.weight
  *   (freqs_cis: dropped)                     model.layers.{i}.self_attn.rotary_emb.inv_freq,
@@ -21,8 +26,11 @@
  *   lm_head.weight                                   -> output.weight
  *
  * RoPE layouts: torchtitan/Meta rotate interleaved pairs (x[2j], x[2j+1]) of each head, HF rotates
- * (x[j], x[j+hd/2]) ("rotate_half"). Converting wq (heads = n_heads) and wk (heads = n_kv_heads)
- * permutes rows inside each head of hd = rows/heads rows:
+ * (x[j], x[j+hd/2]) ("rotate_half"). fsdp-run's kernels use the interleaved layout for every
+ * architecture, so everything indexed by q's or k's position within a head moves with the rows:
+ * wq and its bias (heads = n_heads), wk and its bias (heads = n_kv_heads), and the q_norm / k_norm
+ * weights (one head: heads = 1; the norm's mean of squares over a head does not depend on the
+ * order). Converting permutes rows inside each head of hd = rows/heads rows:
  *   to HF:   w.view(heads, hd/2, 2, cols).transpose(1, 2).reshape(rows, cols)
  *            HF row h*hd + t*hd/2 + j  <-  torchtitan row h*hd + 2j + t
  *   from HF: w.view(heads, 2, hd/2, cols).transpose(1, 2).reshape(rows, cols)   (the inverse)
@@ -55,12 +63,14 @@ extern "C" {
 
 typedef enum nmap_dir { NMAP_TT_TO_HF = 0, NMAP_HF_TO_TT = 1 } nmap_dir;
 
-typedef enum nmap_qk { NMAP_QK_NONE = 0, NMAP_QK_Q = 1, NMAP_QK_K = 2 } nmap_qk;
+/* Which rows need the RoPE permutation: Q (wq and its bias: n_heads heads), K (wk and its bias:
+ * n_kv_heads heads), HEAD (q_norm / k_norm weights: one head of head_dim rows). */
+typedef enum nmap_qk { NMAP_QK_NONE = 0, NMAP_QK_Q = 1, NMAP_QK_K = 2, NMAP_QK_HEAD = 3 } nmap_qk;
 
 typedef struct nmap_info {
     int dropped; /* 1: the tensor has no counterpart on the other side; skip it (out is "") */
-    nmap_qk qk;  /* wq / q_proj or wk / k_proj: rows need nmap_permute_rows in the same direction */
-    int heads;   /* the head count for the permutation: n_heads (Q) or n_kv_heads (K); 0 if none */
+    nmap_qk qk;  /* rows need nmap_permute_rows in the same direction */
+    int heads;   /* the head count for the permutation: n_heads (Q), n_kv_heads (K), 1 (HEAD); 0 if none */
     int layer;   /* layer index, -1 for global tensors */
 } nmap_info;
 

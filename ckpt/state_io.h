@@ -7,6 +7,8 @@
  * optimizer.state.<fqn>.{exp_avg,exp_avg_sq,step}, optimizer.param_groups.<fqn>.<hyper>,
  * train_state.{step,ntokens_seen,data_pos}.
  *
+ * A parameter that was loaded no longer lacks a value (state_param.no_value = 0).
+ *
  * Load: every rank intersects its own rows of each parameter (and optimizer moment) with the
  * stored chunks and reads only those bytes, from DCP (any source world size), safetensors
  * (single or HF-sharded) or torch.save files. */
@@ -21,6 +23,10 @@
 typedef struct sio_save_opts {
     int optimizer; /* include optimizer state (when present) */
     int overwrite; /* replace an existing checkpoint at path */
+    /* NULL or "": parameters under their names, as model.state_dict() gives them; else under this
+     * prefix ("model.": dcp.load({"model": model.state_dict()}) in PyTorch). Optimizer and train_state
+     * keys are not prefixed. */
+    const char *key_prefix;
 } sio_save_opts;
 
 /* Synchronous save (collective over c). */
@@ -64,13 +70,21 @@ typedef struct sio_load_opts {
      * parameter's rows for Hugging Face q/k rows and rows larger than a buffer). Arrays targeted
      * at pinned memory are allocated there and read in place. */
     const ckpt_sink *sink;
-    int round_bf16;           /* keep every parameter rounded to bf16 (its dtype becomes bf16) */
+    int round_bf16;           /* keep every parameter rounded to bf16 (its dtype becomes bf16); otherwise
+                               * a bf16 / f16 parameter's loaded values are rounded to its own dtype */
+    /* When not NULL: only parameters i with select[i] != 0 are loaded (and, strict, required), on top
+     * of `only`. */
+    const unsigned char *select;
+    /* When not NULL and strip_prefix is unset: a checkpoint whose model keys name no parameter as they
+     * are but do once this prefix (e.g. "model.") is removed is read with it removed. */
+    const char *detect_prefix;
 } sio_load_opts;
 
 typedef struct sio_load_result {
     size_t params_loaded, optimizer_loaded;
     uint64_t bytes_read;
     int has_train_state;
+    const char *stripped_prefix; /* the detected key prefix that was removed (o->detect_prefix), or NULL */
 } sio_load_result;
 
 /* Loads into an existing state (its layout decides which rows each rank reads). */

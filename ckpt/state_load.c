@@ -47,17 +47,28 @@ static int map_key(const fsdp_state *s, const sio_load_opts *o, nmap_rules *rule
             return 0;
         }
         if (info->dropped) out[0] = '\0';
+        /* tied embeddings: transformers ties lm_head to embed_tokens after loading, so a stored
+         * lm_head.weight is not a parameter of its own (save_pretrained leaves it out) */
+        if (s->has_cfg && s->cfg.tie_embeddings && !strcmp(out, "output.weight")) {
+            info->dropped = 1;
+            out[0] = '\0';
+        }
         return 0;
     }
     snprintf(out, NAME_CAP, "%s", k);
     return 0;
 }
 
-static int matches_only(const sio_load_opts *o, const char *name) {
-    if (!o->only) return 1;
+/* name matches one of o->only's globs */
+static int glob_any(const sio_load_opts *o, const char *name) {
     for (size_t i = 0; i < o->n_only; i++)
         if (nmap_glob_match(o->only[i], name, NULL) >= 0) return 1;
     return 0;
+}
+
+static int matches_only(const sio_load_opts *o, const fsdp_state *s, const state_param *p) {
+    if (o->select && !o->select[p - s->p]) return 0;
+    return !o->only || glob_any(o, p->name);
 }
 
 /* Rows [row0, row0+rows) of checkpoint tensor ci into dst (f32), un-permuting HF q/k rows. */
@@ -105,9 +116,11 @@ typedef struct loader {
     ckpt_up up;
 } loader;
 
-/* per staged chunk of a parameter's data: NaN check (strict) and bf16 rounding */
+/* per staged chunk of a parameter's data: NaN check (strict) and rounding to bf16 / f16 */
 typedef struct chunk_xf {
-    int check_nan, round, nan;
+    int check_nan;
+    fsdp_dtype round; /* FSDP_DT_BF16, FSDP_DT_F16, or 0: none */
+    int nan;
 } chunk_xf;
 
 static void round_bf16(float *d, size_t n) {
@@ -115,11 +128,28 @@ static void round_bf16(float *d, size_t n) {
     for (size_t k = 0; k < n; k++) d[k] = fsdp_bf16_to_f32(fsdp_f32_to_bf16(d[k]));
 }
 
+static void round_f16(float *d, size_t n) {
+#pragma omp parallel for schedule(static) if (n >= PAR_NUMEL)
+    for (size_t k = 0; k < n; k++) d[k] = fsdp_f16_to_f32(fsdp_f32_to_f16(d[k]));
+}
+
+static void round_to(float *d, size_t n, fsdp_dtype dt) {
+    if (dt == FSDP_DT_BF16) round_bf16(d, n);
+    else if (dt == FSDP_DT_F16) round_f16(d, n);
+}
+
+/* What the loaded values of p are rounded to: every parameter to bf16 (round_bf16), else each to its
+ * own dtype, so that a bf16 / f16 parameter keeps values of its dtype. */
+static fsdp_dtype round_of(const sio_load_opts *o, const state_param *p) {
+    if (o->round_bf16) return FSDP_DT_BF16;
+    return p->dtype == FSDP_DT_BF16 || p->dtype == FSDP_DT_F16 ? p->dtype : FSDP_DT_INVALID;
+}
+
 static int chunk_fn(void *user, float *c, size_t n, size_t first, fsdp_err *err) {
     (void)first, (void)err;
     chunk_xf *x = user;
     if (x->check_nan && !x->nan && has_nan(c, n)) x->nan = 1;
-    if (x->round) round_bf16(c, n);
+    round_to(c, n, x->round);
     return 0;
 }
 
@@ -192,13 +222,17 @@ static int load_array(loader *L, ckpt_reader *r, size_t ci, state_param *p, stat
         } else {
             *bytes += (uint64_t)p->rows * (uint64_t)p->row_numel * 4;
         }
-        chunk_xf x = {a == STATE_DATA && L->o->strict, a == STATE_DATA && L->o->round_bf16, 0};
+        chunk_xf x = {a == STATE_DATA && L->o->strict, a == STATE_DATA ? round_of(L->o, p) : FSDP_DT_INVALID, 0};
         rc = read_staged(L, r, ci, p, a == STATE_DATA ? info : NULL, *state_param_dev_slot(p, a), &x, err);
         if (x.nan) *nan = 1;
         return rc;
     }
     float *dst = *state_param_host_slot(p, a);
-    if (a == STATE_DATA) return read_local(r, ci, p, info, dst, bytes, err);
+    if (a == STATE_DATA) {
+        rc = read_local(r, ci, p, info, dst, bytes, err);
+        if (!rc) round_to(dst, state_param_local_numel(p), round_of(L->o, p));
+        return rc;
+    }
     rc = ckpt_read_rows(r, ci, p->row0, p->row0 + p->rows, dst, FSDP_DT_F32, err);
     *bytes += (uint64_t)p->rows * (uint64_t)p->row_numel * 4;
     return rc;
@@ -240,6 +274,35 @@ static int train_state_int(ckpt_reader *r, size_t ci, int64_t *out, int *got, fs
     return 0;
 }
 
+/* The checkpoint's model keys under o->detect_prefix ("model.", as a torchtitan-style checkpointer
+ * saves {"model": model.state_dict()}): *strip becomes that prefix when no model key of the checkpoint
+ * names a parameter as it is and some do once it is stripped; else it stays o->strip_prefix. Reads
+ * only the header. */
+static int detect_prefix(const fsdp_state *s, const sio_load_opts *o, nmap_rules *rules, ckpt_reader *r,
+                         const char **strip, fsdp_err *err) {
+    *strip = o->strip_prefix;
+    if (!o->detect_prefix || !*o->detect_prefix || (o->strip_prefix && *o->strip_prefix)) return 0;
+    sio_load_opts as_is = *o, stripped = *o;
+    stripped.strip_prefix = o->detect_prefix;
+    size_t direct = 0, under = 0;
+    for (size_t ci = 0; ci < ckpt_count(r) && !direct; ci++) {
+        const ckpt_entry *e = ckpt_entry_at(r, ci);
+        if (!e->is_tensor || !strncmp(e->name, "optimizer.", 10) || !strncmp(e->name, "train_state.", 12)) continue;
+        char name[NAME_CAP];
+        nmap_info info;
+        int rc = map_key(s, &as_is, rules, e->name, name, &info, err);
+        if (rc) return rc;
+        if (name[0] && state_find((fsdp_state *)s, name)) {
+            direct++;
+            continue;
+        }
+        if ((rc = map_key(s, &stripped, rules, e->name, name, &info, err))) return rc;
+        if (name[0] && state_find((fsdp_state *)s, name)) under++;
+    }
+    if (!direct && under) *strip = o->detect_prefix;
+    return 0;
+}
+
 static int shape_eq(const ckpt_entry *e, const state_param *p) {
     if (e->ndim != p->ndim) return 0;
     for (int d = 0; d < p->ndim; d++)
@@ -251,6 +314,154 @@ static void append(char *buf, size_t cap, const char *fmt, const char *a, const 
     size_t l = strlen(buf);
     if (l + 8 >= cap) return;
     snprintf(buf + l, cap - l, fmt, a, b);
+}
+
+/* What one load is doing: the parameters restored, NaN seen in staged data, the checkpoint entries
+ * used, and the problems a strict load reports. */
+typedef struct load_marks {
+    int *loaded, *nan_dev, *used;
+    char *problems;
+} load_marks;
+
+/* Every model tensor of the checkpoint into the parameter it names (the first pass of sio_load). */
+static int load_params(loader *L, ckpt_reader *r, nmap_rules *rules, load_marks *m, sio_load_result *res,
+                       fsdp_err *err) {
+    fsdp_state *s = L->s;
+    const sio_load_opts *o = L->o;
+    int *loaded = m->loaded, *nan_dev = m->nan_dev, *used = m->used;
+    char *problems = m->problems;
+    size_t nck = ckpt_count(r);
+    int rc = 0;
+    for (size_t ci = 0; ci < nck && !rc; ci++) {
+        const ckpt_entry *e = ckpt_entry_at(r, ci);
+        const char *key = e->name;
+        if (!strncmp(key, "optimizer.", 10) || !strncmp(key, "train_state.", 12) || !strncmp(key, "lr_scheduler.", 13) ||
+            !strncmp(key, "dataloader.", 11)) {
+            used[ci] = 1; /* handled below */
+            continue;
+        }
+        char name[NAME_CAP];
+        nmap_info info;
+        if ((rc = map_key(s, o, rules, key, name, &info, err))) break;
+        if (info.dropped) {
+            used[ci] = 1;
+            continue;
+        }
+        state_param *p = name[0] ? state_find(s, name) : NULL;
+        if (!p && name[0] && o->only && !glob_any(o, name)) {
+            used[ci] = 1; /* outside the keys this load was asked for */
+            continue;
+        }
+        if (!p || !e->is_tensor) continue;
+        if (!matches_only(o, s, p)) {
+            used[ci] = 1;
+            continue;
+        }
+        used[ci] = 1;
+        if (!shape_eq(e, p)) {
+            char a[128], b[128];
+            char msg[600];
+            snprintf(msg, sizeof msg, "%s has shape %s in the checkpoint, the model needs %s",
+                     key, fsdp_shape_str(e->ndim, e->shape, a, sizeof a), fsdp_shape_str(p->ndim, p->shape, b, sizeof b));
+            append(problems, 8192, "\n  %s%s", msg, "");
+            continue;
+        }
+        if ((rc = load_array(L, r, ci, p, STATE_DATA, &info, &res->bytes_read, &nan_dev[p - s->p], err))) break;
+        loaded[p - s->p] = 1;
+        res->params_loaded++;
+    }
+    return rc;
+}
+
+/* The AdamW state of every parameter loaded (all of them when nothing is selected). */
+static int load_optimizer_state(loader *L, ckpt_reader *r, load_marks *m, sio_load_result *res, fsdp_err *err) {
+    fsdp_state *s = L->s;
+    const sio_load_opts *o = L->o;
+    int *loaded = m->loaded;
+    char *problems = m->problems;
+    int rc = 0;
+    for (size_t i = 0; i < s->n && !rc; i++) {
+        state_param *p = &s->p[i];
+        if (!loaded[i] && (o->only || o->select)) continue;
+        const char *kinds[2] = {"exp_avg", "exp_avg_sq"};
+        const state_array arr[2] = {STATE_EXP_AVG, STATE_EXP_AVG_SQ};
+        for (int k = 0; k < 2 && !rc; k++) {
+            char key[NAME_CAP + 64];
+            snprintf(key, sizeof key, "optimizer.state.%s.%s", p->name, kinds[k]);
+            long ci = ckpt_find(r, key);
+            if (ci < 0) {
+                append(problems, 8192, "\n  optimizer state %s%s missing", key, "");
+                continue;
+            }
+            const ckpt_entry *e = ckpt_entry_at(r, (size_t)ci);
+            if (!shape_eq(e, p)) {
+                append(problems, 8192, "\n  %s has the wrong shape%s", key, "");
+                continue;
+            }
+            int ignored = 0;
+            rc = load_array(L, r, (size_t)ci, p, arr[k], NULL, &res->bytes_read, &ignored, err);
+        }
+        if (rc) break;
+        char key[NAME_CAP + 64];
+        snprintf(key, sizeof key, "optimizer.state.%s.step", p->name);
+        long ci = ckpt_find(r, key);
+        if (ci >= 0) {
+            double st = 0;
+            if ((rc = ckpt_read_rows(r, (size_t)ci, 0, 1, &st, FSDP_DT_F64, err))) break;
+            s->opt_step = (int64_t)llround(st);
+        }
+        struct {
+            const char *k;
+            double *dst;
+        } hyper[] = {{"lr", &s->lr}, {"eps", &s->eps}, {"weight_decay", &s->weight_decay}};
+        for (int h = 0; h < 3; h++) {
+            snprintf(key, sizeof key, "optimizer.param_groups.%s.%s", p->name, hyper[h].k);
+            long hi = ckpt_find(r, key);
+            const char *t = hi >= 0 ? ckpt_value_text(r, (size_t)hi) : NULL;
+            if (t) *hyper[h].dst = strtod(t, NULL);
+        }
+        /* the LR schedule as PyTorch holds it (ckpt/state_resume.c): lr is the next step's */
+        snprintf(key, sizeof key, "optimizer.param_groups.%s.initial_lr", p->name);
+        long ii = ckpt_find(r, key);
+        const char *it = ii >= 0 ? ckpt_value_text(r, (size_t)ii) : NULL;
+        if (it) {
+            s->lr_initial = strtod(it, NULL);
+            s->lr_next = s->lr;
+            s->has_lr_schedule = 1;
+        }
+        snprintf(key, sizeof key, "optimizer.param_groups.%s.betas", p->name);
+        long bi = ckpt_find(r, key);
+        const char *bt = bi >= 0 ? ckpt_value_text(r, (size_t)bi) : NULL;
+        if (bt) sscanf(bt, "(%lf, %lf)", &s->beta1, &s->beta2);
+        res->optimizer_loaded++;
+    }
+    if (!rc) s->has_optimizer = 1;
+    return rc;
+}
+
+/* A strict load's findings: every selected parameter not restored, every unexpected tensor, NaN in a
+ * restored parameter. */
+static void strict_report(const loader *L, ckpt_reader *r, const load_marks *m) {
+    const fsdp_state *s = L->s;
+    const sio_load_opts *o = L->o;
+    const int *loaded = m->loaded, *nan_dev = m->nan_dev, *used = m->used;
+    char *problems = m->problems;
+    size_t nck = ckpt_count(r);
+    for (size_t i = 0; i < s->n; i++) {
+        if (loaded[i] || !matches_only(o, s, &s->p[i])) continue;
+        append(problems, 8192, "\n  %s not restored (no such key in the checkpoint%s)", s->p[i].name,
+               o->names == SIO_NAMES_HF ? " under its Hugging Face name" : "");
+    }
+    for (size_t ci = 0; ci < nck; ci++)
+        if (!used[ci] && ckpt_entry_at(r, ci)->is_tensor)
+            append(problems, 8192, "\n  unexpected key %s in the checkpoint%s", ckpt_entry_at(r, ci)->name, "");
+    /* NaN left over in a restored parameter means the checkpoint itself holds NaN */
+    for (size_t i = 0; i < s->n; i++) {
+        if (!loaded[i]) continue;
+        if (state_place_of(&s->p[i], STATE_DATA) == STATE_DEVICE ? nan_dev[i]
+                                                                  : has_nan(s->p[i].data, state_param_local_numel(&s->p[i])))
+            append(problems, 8192, "\n  %s holds NaN after loading%s", s->p[i].name, "");
+    }
 }
 
 int sio_load(fsdp_state *s, const char *path, const sio_load_opts *o, sio_load_result *res, fsdp_err *err) {
@@ -270,6 +481,11 @@ int sio_load(fsdp_state *s, const char *path, const sio_load_opts *o, sio_load_r
         for (size_t i = 0; i < o->n_rename && !rc; i++) rc = nmap_rules_add(rules, o->rename_from[i], o->rename_to[i], err);
         if (rc) goto out;
     }
+    sio_load_opts eff = *o; /* with the detected key prefix, when there is one */
+    if ((rc = detect_prefix(s, o, rules, r, &eff.strip_prefix, err))) goto out;
+    if (eff.strip_prefix != o->strip_prefix) res->stripped_prefix = eff.strip_prefix;
+    o = &eff;
+    L.o = o;
     size_t nck = ckpt_count(r);
     int *loaded = calloc(s->n ? s->n : 1, sizeof *loaded);
     int *nan_dev = calloc(s->n ? s->n : 1, sizeof *nan_dev); /* NaN seen in staged data */
@@ -294,98 +510,9 @@ int sio_load(fsdp_state *s, const char *path, const sio_load_opts *o, sio_load_r
     }
     int do_opt = want_opt == 1 || (want_opt == -1 && has_opt);
     if (do_opt && (rc = state_alloc_optimizer(s, err))) goto done;
-    for (size_t ci = 0; ci < nck && !rc; ci++) {
-        const ckpt_entry *e = ckpt_entry_at(r, ci);
-        const char *key = e->name;
-        if (!strncmp(key, "optimizer.", 10) || !strncmp(key, "train_state.", 12) || !strncmp(key, "lr_scheduler.", 13) ||
-            !strncmp(key, "dataloader.", 11)) {
-            used[ci] = 1; /* handled below */
-            continue;
-        }
-        char name[NAME_CAP];
-        nmap_info info;
-        if ((rc = map_key(s, o, rules, key, name, &info, err))) break;
-        if (info.dropped) {
-            used[ci] = 1;
-            continue;
-        }
-        state_param *p = name[0] ? state_find(s, name) : NULL;
-        if (!p || !e->is_tensor) continue;
-        if (!matches_only(o, p->name)) {
-            used[ci] = 1;
-            continue;
-        }
-        used[ci] = 1;
-        if (!shape_eq(e, p)) {
-            char a[128], b[128];
-            char msg[600];
-            snprintf(msg, sizeof msg, "%s has shape %s in the checkpoint, the model needs %s",
-                     key, fsdp_shape_str(e->ndim, e->shape, a, sizeof a), fsdp_shape_str(p->ndim, p->shape, b, sizeof b));
-            append(problems, 8192, "\n  %s%s", msg, "");
-            continue;
-        }
-        if ((rc = load_array(&L, r, ci, p, STATE_DATA, &info, &res->bytes_read, &nan_dev[p - s->p], err))) break;
-        loaded[p - s->p] = 1;
-        res->params_loaded++;
-    }
-    if (!rc && do_opt) {
-        for (size_t i = 0; i < s->n && !rc; i++) {
-            state_param *p = &s->p[i];
-            if (!loaded[i] && o->only) continue;
-            const char *kinds[2] = {"exp_avg", "exp_avg_sq"};
-            const state_array arr[2] = {STATE_EXP_AVG, STATE_EXP_AVG_SQ};
-            for (int k = 0; k < 2 && !rc; k++) {
-                char key[NAME_CAP + 64];
-                snprintf(key, sizeof key, "optimizer.state.%s.%s", p->name, kinds[k]);
-                long ci = ckpt_find(r, key);
-                if (ci < 0) {
-                    append(problems, 8192, "\n  optimizer state %s%s missing", key, "");
-                    continue;
-                }
-                const ckpt_entry *e = ckpt_entry_at(r, (size_t)ci);
-                if (!shape_eq(e, p)) {
-                    append(problems, 8192, "\n  %s has the wrong shape%s", key, "");
-                    continue;
-                }
-                int ignored = 0;
-                rc = load_array(&L, r, (size_t)ci, p, arr[k], NULL, &res->bytes_read, &ignored, err);
-            }
-            if (rc) break;
-            char key[NAME_CAP + 64];
-            snprintf(key, sizeof key, "optimizer.state.%s.step", p->name);
-            long ci = ckpt_find(r, key);
-            if (ci >= 0) {
-                double st = 0;
-                if ((rc = ckpt_read_rows(r, (size_t)ci, 0, 1, &st, FSDP_DT_F64, err))) break;
-                s->opt_step = (int64_t)llround(st);
-            }
-            struct {
-                const char *k;
-                double *dst;
-            } hyper[] = {{"lr", &s->lr}, {"eps", &s->eps}, {"weight_decay", &s->weight_decay}};
-            for (int h = 0; h < 3; h++) {
-                snprintf(key, sizeof key, "optimizer.param_groups.%s.%s", p->name, hyper[h].k);
-                long hi = ckpt_find(r, key);
-                const char *t = hi >= 0 ? ckpt_value_text(r, (size_t)hi) : NULL;
-                if (t) *hyper[h].dst = strtod(t, NULL);
-            }
-            /* the LR schedule as PyTorch holds it (ckpt/state_resume.c): lr is the next step's */
-            snprintf(key, sizeof key, "optimizer.param_groups.%s.initial_lr", p->name);
-            long ii = ckpt_find(r, key);
-            const char *it = ii >= 0 ? ckpt_value_text(r, (size_t)ii) : NULL;
-            if (it) {
-                s->lr_initial = strtod(it, NULL);
-                s->lr_next = s->lr;
-                s->has_lr_schedule = 1;
-            }
-            snprintf(key, sizeof key, "optimizer.param_groups.%s.betas", p->name);
-            long bi = ckpt_find(r, key);
-            const char *bt = bi >= 0 ? ckpt_value_text(r, (size_t)bi) : NULL;
-            if (bt) sscanf(bt, "(%lf, %lf)", &s->beta1, &s->beta2);
-            res->optimizer_loaded++;
-        }
-        if (!rc) s->has_optimizer = 1;
-    }
+    load_marks marks = {loaded, nan_dev, used, problems};
+    rc = load_params(&L, r, rules, &marks, res, err);
+    if (!rc && do_opt) rc = load_optimizer_state(&L, r, &marks, res, err);
     /* every staged upload has landed before anything is reported as loaded */
     if (!rc && o->sink) rc = ckpt_up_finish(&L.up, err);
     if (!rc) {
@@ -403,23 +530,7 @@ int sio_load(fsdp_state *s, const char *path, const sio_load_opts *o, sio_load_r
             if (vals[1] >= 0) s->tokens_seen = vals[1];
         }
     }
-    if (!rc && o->strict) {
-        for (size_t i = 0; i < s->n; i++) {
-            if (loaded[i] || !matches_only(o, s->p[i].name)) continue;
-            append(problems, 8192, "\n  %s not restored (no such key in the checkpoint%s)", s->p[i].name,
-                   o->names == SIO_NAMES_HF ? " under its Hugging Face name" : "");
-        }
-        for (size_t ci = 0; ci < nck; ci++)
-            if (!used[ci] && ckpt_entry_at(r, ci)->is_tensor)
-                append(problems, 8192, "\n  unexpected key %s in the checkpoint%s", ckpt_entry_at(r, ci)->name, "");
-        /* NaN left over in a restored parameter means the checkpoint itself holds NaN */
-        for (size_t i = 0; i < s->n; i++) {
-            if (!loaded[i]) continue;
-            if (state_place_of(&s->p[i], STATE_DATA) == STATE_DEVICE ? nan_dev[i]
-                                                                      : has_nan(s->p[i].data, state_param_local_numel(&s->p[i])))
-                append(problems, 8192, "\n  %s holds NaN after loading%s", s->p[i].name, "");
-        }
-    }
+    if (!rc && o->strict) strict_report(&L, r, &marks);
     if (!rc && problems[0]) {
         if (o->strict || strstr(problems, "shape"))
             rc = fsdp_err_set(err, FSDP_E_INVALID, "load-ckpt %s (strict) failed:%s", path, problems);
@@ -436,7 +547,7 @@ done:
     }
     if (o->strict)
         for (size_t i = 0; i < s->n; i++) {
-            if (loaded[i] || !matches_only(o, s->p[i].name)) continue;
+            if (loaded[i] || !matches_only(o, s, &s->p[i])) continue;
             size_t n = state_param_local_numel(&s->p[i]);
             if (state_place_of(&s->p[i], STATE_DATA) != STATE_DEVICE) {
                 fill_nan(s->p[i].data, n);
@@ -465,6 +576,8 @@ done:
         int frc = ckpt_up_finish(&L.up, rc ? &e2 : err);
         if (!rc) rc = frc;
     }
+    for (size_t i = 0; !rc && i < s->n; i++)
+        if (loaded[i]) s->p[i].no_value = 0;
     free(loaded);
     free(nan_dev);
     free(used);

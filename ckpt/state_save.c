@@ -83,6 +83,9 @@ static int add_entry(void *user, const char *key, pkl_w *w, fsdp_err *err) { ret
 
 static int add_chunk(save_plan *p, const state_param *sp, const char *fqn, state_array a, fsdp_dtype dt,
                      int world, fsdp_err *err) {
+    if (strlen(fqn) >= sizeof p->items[0].fqn)
+        return fsdp_err_set(err, FSDP_E_INVALID, "save-dcp: key %.64s... is %zu bytes long (a DCP key holds at most %zu)",
+                            fqn, strlen(fqn), sizeof p->items[0].fqn - 1);
     save_item *it = plan_add(p, err);
     if (!it) return err->code;
     snprintf(it->fqn, sizeof it->fqn, "%s", fqn);
@@ -135,7 +138,11 @@ static int build_plan(fsdp_state *s, int rank, int world, const sio_save_opts *o
     for (size_t i = 0; i < s->n && !rc; i++) {
         state_param *sp = &s->p[i];
         if (full && rank != 0) break;
-        rc = add_chunk(p, sp, sp->name, STATE_DATA, sp->dtype, full ? 1 : world, err);
+        /* a 0-d value is replicated on every rank: written once, by rank 0 (as PyTorch's planner
+         * dedups replicated items) */
+        if (sp->ndim == 0 && rank != 0) continue;
+        snprintf(key, sizeof key, "%s%s", o->key_prefix ? o->key_prefix : "", sp->name);
+        rc = add_chunk(p, sp, key, STATE_DATA, sp->dtype, full ? 1 : world, err);
         if (!rc && with_opt) {
             snprintf(key, sizeof key, "optimizer.state.%s.exp_avg", sp->name);
             rc = add_chunk(p, sp, key, STATE_EXP_AVG, FSDP_DT_F32, full ? 1 : world, err);

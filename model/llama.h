@@ -15,9 +15,15 @@ extern "C" {
 
 typedef enum llama_rope_scaling { LLAMA_ROPE_NONE = 0, LLAMA_ROPE_LLAMA3 = 1 } llama_rope_scaling;
 
+/* The trainable architecture families (model/llama_arch.c holds their table: names, the Hugging
+ * Face model_type and class, defaults). They differ only in data: the switches of llama_config
+ * below (qkv_bias, qk_norm, tie_embeddings, head_dim, rope scaling, norm_eps) feed one forward and
+ * backward. LLAMA_ARCH_LLAMA3 is torchtitan's Llama 3.x (and Hugging Face's `llama`). */
+typedef enum llama_arch { LLAMA_ARCH_LLAMA3 = 0, LLAMA_ARCH_QWEN2 = 1, LLAMA_ARCH_QWEN3 = 2, LLAMA_ARCH_COUNT } llama_arch;
+
 typedef struct llama_config {
-    char preset[32];           /* "tiny", "debugmodel", "llama3_1b", "llama3_8b", "llama3_70b",
-                                  "llama3_405b", or "" */
+    char preset[32];           /* a preset's name (llama_config_preset_name), or "" */
+    llama_arch arch;           /* the family (names, defaults, the HF config.json it writes) */
     int dim;
     int n_layers;
     int n_heads;
@@ -30,13 +36,21 @@ typedef struct llama_config {
     int max_seq_len;
     int depth_init;            /* 1: init std of wo/w2/w3 = 0.02/sqrt(2*(layer+1)) */
     llama_rope_scaling rope_scaling;
-    double rope_factor;            /* llama3 scaling: 8 */
+    double rope_factor;            /* llama3 scaling: 8 (Llama 3.1), 32 (Llama 3.2) */
     double rope_low_freq_factor;   /* 1 */
     double rope_high_freq_factor;  /* 4 */
     int rope_original_max_pos;     /* 8192 */
+    /* architecture switches (0 everywhere: torchtitan's Llama 3) */
+    int qkv_bias;          /* wq, wk, wv carry a bias (Qwen2); wo never does */
+    int qk_norm;           /* RMSNorm over head_dim on q and on k, per head, before RoPE (Qwen3) */
+    int tie_embeddings;    /* the output head uses tok_embeddings.weight: ONE parameter, no output.weight */
+    int head_dim_set;      /* explicit head_dim (Qwen3, HF head_dim); 0: dim / n_heads */
+    int ffn_hidden_set;    /* explicit FFN width (HF intermediate_size); 0: torchtitan's formula */
+    double init_std;       /* > 0: Hugging Face init (normal(0, init_std) matrices and embedding, zero
+                              biases, unit norms); 0: torchtitan's init (llama_params.h) */
     /* derived by llama_config_finalize() */
-    int head_dim;              /* dim / n_heads */
-    int ffn_hidden;            /* multiple_of * ceil(int(mult * int(2*4*dim/3)) / multiple_of) */
+    int head_dim;              /* head_dim_set, or dim / n_heads */
+    int ffn_hidden;            /* ffn_hidden_set, or multiple_of * ceil(int(mult * int(2*4*dim/3)) / multiple_of) */
 } llama_config;
 
 /* ---- model/llama_config.c ----------------------------------------------------------------

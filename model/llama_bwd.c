@@ -48,12 +48,27 @@ int llama_bwd_layer(const llama_config *c, const llama_model_layer *lw, llama_mo
     if (rc) return fsdp_err_prefix(err, "llama backward: layer %d", layer);
     kc_rope_backward(ws->dq, ws->rope_cos, ws->rope_sin, B, T, H, hd);
     kc_rope_backward(ws->dk, ws->rope_cos, ws->rope_sin, B, T, KV, hd);
-    kc_linear_backward_input(ws->dq, lw->wq, ws->dxn, n, d, qd, 0.0f, st);
-    kc_linear_backward_input(ws->dk, lw->wk, ws->dxn, n, d, kvd, 1.0f, st);
+    /* q/k norms: the gradients before them (into zeroed dqr/dkr; the norms' weight gradients +=) */
+    float *dq = ws->dq, *dk = ws->dk;
+    if (c->qk_norm) {
+        memset(ws->dqr, 0, (size_t)n * (size_t)qd * sizeof(float));
+        memset(ws->dkr, 0, (size_t)n * (size_t)kvd * sizeof(float));
+        kc_rmsnorm_backward(ws->dq, a->qr, lw->q_norm, a->rstdq, ws->dqr, lg->q_norm, (int64_t)n * H, hd);
+        kc_rmsnorm_backward(ws->dk, a->kr, lw->k_norm, a->rstdk, ws->dkr, lg->k_norm, (int64_t)n * KV, hd);
+        dq = ws->dqr;
+        dk = ws->dkr;
+    }
+    if (c->qkv_bias) {
+        kc_bias_backward(dq, lg->wq_b, n, qd);
+        kc_bias_backward(dk, lg->wk_b, n, kvd);
+        kc_bias_backward(ws->dv, lg->wv_b, n, kvd);
+    }
+    kc_linear_backward_input(dq, lw->wq, ws->dxn, n, d, qd, 0.0f, st);
+    kc_linear_backward_input(dk, lw->wk, ws->dxn, n, d, kvd, 1.0f, st);
     kc_linear_backward_input(ws->dv, lw->wv, ws->dxn, n, d, kvd, 1.0f, st);
     if (sel) kc_rmsnorm_apply(a->x, lw->attention_norm, a->rstd1, a->xn1, n, d);
-    kc_linear_backward_weight(ws->dq, a->xn1, lg->wq, n, d, qd, st);
-    kc_linear_backward_weight(ws->dk, a->xn1, lg->wk, n, d, kvd, st);
+    kc_linear_backward_weight(dq, a->xn1, lg->wq, n, d, qd, st);
+    kc_linear_backward_weight(dk, a->xn1, lg->wk, n, d, kvd, st);
     kc_linear_backward_weight(ws->dv, a->xn1, lg->wv, n, d, kvd, st);
     kc_rmsnorm_backward(ws->dxn, a->x, lw->attention_norm, a->rstd1, ws->dres, lg->attention_norm, n, d);
 

@@ -5,34 +5,55 @@
 #include <string.h>
 
 #include "model/llama.h"
+#include "model/llama_arch.h"
+#include "model/llama_params.h"
+#include "model/hf_config.h"
 
 /* ---- presets ------------------------------------------------------------------------- */
 
 typedef struct preset {
     const char *name;
+    llama_arch arch;
     int dim, n_layers, n_heads, n_kv_heads, vocab_size, multiple_of;
     double ffn_dim_multiplier; /* 0 = None */
+    int ffn_hidden;            /* 0: torchtitan's formula */
+    int head_dim;              /* 0: dim / n_heads */
     double rope_theta;
     int max_seq_len;
     llama_rope_scaling scaling;
+    double rope_factor;
+    int tie;
 } preset;
 
-/* torchtitan models/llama3/__init__.py (v0.2.2 for debugmodel/8B/70B/405B; the "1B" flavor exists
- * from 2026-04 on HEAD: dim 2048, 16 layers, 32/8 heads, multiple_of 1024, mult 1.5, and RoPE
- * "llama" scaling with RoPE.Config's defaults 8/1/4/8192, not the factor 32 of Meta's
- * Llama-3.2-1B config.json; it also ties output to tok_embeddings, which this table does not). */
+/* torchtitan models/llama3/__init__.py (v0.2.2) for debugmodel/8B/70B/405B, checked against Meta's
+ * published config.json files: Llama-3.1-8B/70B/405B (intermediate_size 14336/28672/53248, llama3
+ * RoPE scaling factor 8, untied). llama3_1b and llama3_3b are Meta's Llama-3.2-1B and -3B
+ * (intermediate_size 8192, factor 32, tie_word_embeddings true; torchtitan's "1B" flavor has the
+ * same sizes through multiple_of 256 and multiplier 1.5). The Qwen presets are the published
+ * Qwen/Qwen2.5-0.5B and Qwen/Qwen3-0.6B config.json files (norm_eps 1e-6 from the arch). */
 static const preset PRESETS[] = {
-    {"tiny", 64, 2, 4, 2, 256, 32, 0.0, 10000.0, 64, LLAMA_ROPE_NONE},
-    {"debugmodel", 256, 6, 16, 16, 2048, 256, 0.0, 500000.0, 131072, LLAMA_ROPE_LLAMA3},
-    {"llama3_1b", 2048, 16, 32, 8, 128256, 256, 1.5, 500000.0, 131072, LLAMA_ROPE_LLAMA3},
-    {"llama3_8b", 4096, 32, 32, 8, 128256, 1024, 1.3, 500000.0, 131072, LLAMA_ROPE_LLAMA3},
-    {"llama3_70b", 8192, 80, 64, 8, 128256, 4096, 1.3, 500000.0, 131072, LLAMA_ROPE_LLAMA3},
-    {"llama3_405b", 16384, 126, 128, 8, 128256, 4096, 1.2, 500000.0, 131072, LLAMA_ROPE_LLAMA3},
+    {"tiny", LLAMA_ARCH_LLAMA3, 64, 2, 4, 2, 256, 32, 0.0, 0, 0, 10000.0, 64, LLAMA_ROPE_NONE, 8.0, 0},
+    {"debugmodel", LLAMA_ARCH_LLAMA3, 256, 6, 16, 16, 2048, 256, 0.0, 0, 0, 500000.0, 131072, LLAMA_ROPE_LLAMA3, 8.0, 0},
+    {"llama3_1b", LLAMA_ARCH_LLAMA3, 2048, 16, 32, 8, 128256, 256, 1.5, 0, 0, 500000.0, 131072, LLAMA_ROPE_LLAMA3, 32.0,
+     1},
+    {"llama3_3b", LLAMA_ARCH_LLAMA3, 3072, 28, 24, 8, 128256, 256, 0.0, 0, 0, 500000.0, 131072, LLAMA_ROPE_LLAMA3, 32.0,
+     1},
+    {"llama3_8b", LLAMA_ARCH_LLAMA3, 4096, 32, 32, 8, 128256, 1024, 1.3, 0, 0, 500000.0, 131072, LLAMA_ROPE_LLAMA3, 8.0,
+     0},
+    {"llama3_70b", LLAMA_ARCH_LLAMA3, 8192, 80, 64, 8, 128256, 4096, 1.3, 0, 0, 500000.0, 131072, LLAMA_ROPE_LLAMA3, 8.0,
+     0},
+    {"llama3_405b", LLAMA_ARCH_LLAMA3, 16384, 126, 128, 8, 128256, 4096, 1.2, 0, 0, 500000.0, 131072,
+     LLAMA_ROPE_LLAMA3, 8.0, 0},
+    {"qwen2.5_0.5b", LLAMA_ARCH_QWEN2, 896, 24, 14, 2, 151936, 256, 0.0, 4864, 0, 1000000.0, 32768, LLAMA_ROPE_NONE,
+     8.0, 1},
+    {"qwen3_0.6b", LLAMA_ARCH_QWEN3, 1024, 28, 16, 8, 151936, 256, 0.0, 3072, 128, 1000000.0, 40960, LLAMA_ROPE_NONE,
+     8.0, 1},
 };
 #define N_PRESETS ((int)(sizeof PRESETS / sizeof *PRESETS))
 
 void llama_config_defaults(llama_config *cfg) {
     memset(cfg, 0, sizeof *cfg);
+    cfg->arch = LLAMA_ARCH_LLAMA3;
     cfg->multiple_of = 256;
     cfg->ffn_dim_multiplier = 0.0;
     cfg->norm_eps = 1e-5;
@@ -68,7 +89,7 @@ static void preset_names(char *buf, size_t cap) {
 
 /* Overwrites cfg with the preset p (not finalized). */
 static void apply_preset(llama_config *cfg, const preset *p) {
-    llama_config_defaults(cfg);
+    llama_arch_defaults(llama_arch_get(p->arch), cfg);
     snprintf(cfg->preset, sizeof cfg->preset, "%s", p->name);
     cfg->dim = p->dim;
     cfg->n_layers = p->n_layers;
@@ -77,15 +98,19 @@ static void apply_preset(llama_config *cfg, const preset *p) {
     cfg->vocab_size = p->vocab_size;
     cfg->multiple_of = p->multiple_of;
     cfg->ffn_dim_multiplier = p->ffn_dim_multiplier;
+    cfg->ffn_hidden_set = p->ffn_hidden;
+    cfg->head_dim_set = p->head_dim;
     cfg->rope_theta = p->rope_theta;
     cfg->max_seq_len = p->max_seq_len;
     cfg->rope_scaling = p->scaling;
+    cfg->rope_factor = p->rope_factor;
+    cfg->tie_embeddings = p->tie;
 }
 
 int llama_config_preset(llama_config *cfg, const char *name, fsdp_err *err) {
     const preset *p = name ? find_preset(name) : NULL;
     if (!p) {
-        char names[256];
+        char names[512];
         preset_names(names, sizeof names);
         return fsdp_err_set(err, FSDP_E_INVALID, "model.preset: unknown preset '%s' (known: %s)",
                             name ? name : "(null)", names);
@@ -111,69 +136,36 @@ static int64_t ffn_hidden_of(const llama_config *cfg) {
     return f > INT32_MAX ? -1 : f;
 }
 
-/* Sum of the parameter sizes of cfg (derived fields filled); -1 on int64 overflow. */
-static int64_t count_params(const llama_config *c) {
-    const int64_t d = c->dim, hd = c->head_dim, H = c->n_heads, KV = c->n_kv_heads;
-    const int64_t F = c->ffn_hidden, V = c->vocab_size, L = c->n_layers;
-    int64_t layer = 0, t, total = 0;
-    /* wq [H*hd, d], wk/wv [KV*hd, d], wo [d, H*hd], w1/w3 [F, d], w2 [d, F], 2 norms [d] */
-    const int64_t terms[][3] = {{H * hd, d, 2}, {KV * hd, d, 2}, {F, d, 3}, {d, 1, 2}};
-    for (size_t i = 0; i < sizeof terms / sizeof *terms; i++) {
-        if (__builtin_mul_overflow(terms[i][0], terms[i][1], &t) ||
-            __builtin_mul_overflow(t, terms[i][2], &t) || __builtin_add_overflow(layer, t, &layer))
-            return -1;
-    }
-    if (__builtin_mul_overflow(layer, L, &total)) return -1;
-    if (__builtin_mul_overflow(V, d, &t)) return -1; /* tok_embeddings and output */
-    if (__builtin_add_overflow(total, t, &total) || __builtin_add_overflow(total, t, &total) ||
-        __builtin_add_overflow(total, d, &total)) /* final norm */
-        return -1;
-    return total;
-}
-
-/* Sum over the parameters of ceil(rows / world) * cols: what rank 0 (the largest shard) holds. */
-static int64_t count_shard(const llama_config *c, int64_t world) {
-    const int64_t d = c->dim, hd = c->head_dim, H = c->n_heads, KV = c->n_kv_heads;
-    const int64_t F = c->ffn_hidden, V = c->vocab_size, L = c->n_layers;
-    /* {rows, cols, how many}: wq, wk/wv, wo, w1/w3, w2, the two norms; then tok_embeddings/output, norm */
-    const int64_t layer_terms[][3] = {{H * hd, d, 1}, {KV * hd, d, 2}, {d, H * hd, 1}, {F, d, 2}, {d, F, 1}, {d, 1, 2}};
-    const int64_t model_terms[][3] = {{V, d, 2}, {d, 1, 1}};
-    int64_t layer = 0, total = 0, t;
-    for (size_t i = 0; i < sizeof layer_terms / sizeof *layer_terms; i++) {
-        int64_t rows = (layer_terms[i][0] + world - 1) / world;
-        if (__builtin_mul_overflow(rows, layer_terms[i][1], &t) ||
-            __builtin_mul_overflow(t, layer_terms[i][2], &t) || __builtin_add_overflow(layer, t, &layer))
-            return -1;
-    }
-    if (__builtin_mul_overflow(layer, L, &total)) return -1;
-    for (size_t i = 0; i < sizeof model_terms / sizeof *model_terms; i++) {
-        int64_t rows = (model_terms[i][0] + world - 1) / world;
-        if (__builtin_mul_overflow(rows, model_terms[i][1], &t) ||
-            __builtin_mul_overflow(t, model_terms[i][2], &t) || __builtin_add_overflow(total, t, &total))
-            return -1;
-    }
-    return total;
-}
-
-int64_t llama_param_count_shard(const llama_config *cfg, int world) {
-    if (world < 1 || llama_param_count(cfg) < 0) return -1;
-    return count_shard(cfg, world);
-}
-
-int64_t llama_param_count(const llama_config *cfg) {
-    if (!cfg || cfg->dim <= 0 || cfg->n_layers <= 0 || cfg->n_heads <= 0 || cfg->n_kv_heads <= 0 ||
-        cfg->vocab_size <= 0 || cfg->head_dim <= 0 || cfg->ffn_hidden <= 0 ||
-        cfg->head_dim * cfg->n_heads != cfg->dim)
-        return -1;
-    return count_params(cfg);
-}
-
 double llama_flops_per_token(const llama_config *cfg, int64_t seq_len) {
     int64_t n = llama_param_count(cfg);
     if (n < 0 || seq_len < 0) return -1.0;
     double emb = (double)cfg->vocab_size * (double)cfg->dim;
-    return 6.0 * ((double)n - emb) +
-           12.0 * cfg->n_layers * (double)cfg->n_heads * cfg->head_dim * (double)seq_len;
+    /* a tied embedding is one parameter in n, but the output projection's FLOPs are spent all the
+     * same: count them as if output.weight were separate */
+    double nonemb = (double)n - (cfg->tie_embeddings ? 0.0 : emb);
+    return 6.0 * nonemb + 12.0 * cfg->n_layers * (double)cfg->n_heads * cfg->head_dim * (double)seq_len;
+}
+
+/* The architecture switches and explicit sizes (finalize's second half of checks). */
+static int check_switches(const llama_config *c, fsdp_err *err) {
+    if (!llama_arch_get(c->arch))
+        return fsdp_err_set(err, FSDP_E_INVALID, "model.arch: unknown architecture %d", (int)c->arch);
+    const struct {
+        const char *key;
+        int v;
+    } bools[] = {{"qkv_bias", c->qkv_bias}, {"qk_norm", c->qk_norm}, {"tie_embeddings", c->tie_embeddings},
+                 {"depth_init", c->depth_init}};
+    for (size_t i = 0; i < sizeof bools / sizeof *bools; i++)
+        if (bools[i].v != 0 && bools[i].v != 1)
+            return fsdp_err_set(err, FSDP_E_INVALID, "model.%s must be true or false", bools[i].key);
+    if (c->head_dim_set < 0 || c->ffn_hidden_set < 0)
+        return fsdp_err_set(err, FSDP_E_INVALID, "model.%s must be > 0 (got %d)",
+                            c->head_dim_set < 0 ? "head_dim" : "ffn_hidden",
+                            c->head_dim_set < 0 ? c->head_dim_set : c->ffn_hidden_set);
+    if (!isfinite(c->init_std) || c->init_std < 0)
+        return fsdp_err_set(err, FSDP_E_INVALID, "model.init_std must be null (torchtitan init) or finite and > 0 "
+                            "(got %g)", c->init_std);
+    return FSDP_OK;
 }
 
 int llama_config_finalize(llama_config *c, fsdp_err *err) {
@@ -195,7 +187,9 @@ int llama_config_finalize(llama_config *c, fsdp_err *err) {
     if (c->n_kv_heads < 0)
         return fsdp_err_set(err, FSDP_E_INVALID, "model.n_kv_heads must be > 0 (got %d)",
                             c->n_kv_heads);
-    if (c->dim % c->n_heads)
+    int rc = check_switches(c, err);
+    if (rc) return rc;
+    if (!c->head_dim_set && c->dim % c->n_heads)
         return fsdp_err_set(err, FSDP_E_INVALID,
                             "model.dim (%d) must be divisible by model.n_heads (%d)", c->dim,
                             c->n_heads);
@@ -203,7 +197,10 @@ int llama_config_finalize(llama_config *c, fsdp_err *err) {
         return fsdp_err_set(err, FSDP_E_INVALID,
                             "model.n_heads (%d) must be divisible by model.n_kv_heads (%d)",
                             c->n_heads, c->n_kv_heads);
-    if ((c->dim / c->n_heads) % 2)
+    if (c->head_dim_set % 2)
+        return fsdp_err_set(err, FSDP_E_INVALID, "model.head_dim %d must be even (RoPE rotates pairs)",
+                            c->head_dim_set);
+    if (!c->head_dim_set && (c->dim / c->n_heads) % 2)
         return fsdp_err_set(err, FSDP_E_INVALID,
                             "model: head_dim = dim / n_heads = %d / %d = %d must be even (RoPE "
                             "rotates pairs)", c->dim, c->n_heads, c->dim / c->n_heads);
@@ -239,8 +236,11 @@ int llama_config_finalize(llama_config *c, fsdp_err *err) {
         return fsdp_err_set(err, FSDP_E_INVALID, "model.rope_scaling: unknown value %d",
                             (int)c->rope_scaling);
     }
-    c->head_dim = c->dim / c->n_heads;
-    int64_t f = ffn_hidden_of(c);
+    c->head_dim = c->head_dim_set ? c->head_dim_set : c->dim / c->n_heads;
+    if ((int64_t)c->n_heads * c->head_dim > INT32_MAX)
+        return fsdp_err_set(err, FSDP_E_INVALID, "model: n_heads * head_dim = %d * %d does not fit a 32-bit int",
+                            c->n_heads, c->head_dim);
+    int64_t f = c->ffn_hidden_set ? c->ffn_hidden_set : ffn_hidden_of(c);
     if (f <= 0)
         return fsdp_err_set(err, FSDP_E_INVALID,
                             "model: FFN hidden size from dim %d, ffn_dim_multiplier %g and "
@@ -248,7 +248,7 @@ int llama_config_finalize(llama_config *c, fsdp_err *err) {
                             c->dim, c->ffn_dim_multiplier, c->multiple_of,
                             f == 0 ? "0" : "too large for a 32-bit int");
     c->ffn_hidden = (int)f;
-    if (count_params(c) < 0)
+    if (llama_param_count(c) < 0)
         return fsdp_err_set(err, FSDP_E_INVALID,
                             "model: the parameter count overflows a 64-bit integer");
     return FSDP_OK;
@@ -262,11 +262,12 @@ typedef struct key_desc {
     const char *name;
     key_kind kind;
     size_t off;   /* offset of the int / double field */
-    int nullable; /* null stores 0 (None / same as n_heads) */
+    int nullable; /* null stores 0 (None / same as n_heads / derived) */
 } key_desc;
 
 #define KI(n) {#n, K_INT, offsetof(llama_config, n), 0}
 #define KF(n) {#n, K_FLOAT, offsetof(llama_config, n), 0}
+#define KB(n) {#n, K_BOOL, offsetof(llama_config, n), 0}
 static const key_desc KEYS[] = {
     KI(dim),
     KI(n_layers),
@@ -275,17 +276,29 @@ static const key_desc KEYS[] = {
     KI(vocab_size),
     KI(multiple_of),
     {"ffn_dim_multiplier", K_FLOAT, offsetof(llama_config, ffn_dim_multiplier), 1},
+    {"ffn_hidden", K_INT, offsetof(llama_config, ffn_hidden_set), 1},
+    {"head_dim", K_INT, offsetof(llama_config, head_dim_set), 1},
     KF(norm_eps),
     KF(rope_theta),
     KI(max_seq_len),
-    {"depth_init", K_BOOL, offsetof(llama_config, depth_init), 0},
+    KB(depth_init),
     KF(rope_factor),
     KF(rope_low_freq_factor),
     KF(rope_high_freq_factor),
     KI(rope_original_max_pos),
+    KB(qkv_bias),
+    KB(qk_norm),
+    KB(tie_embeddings),
+    {"init_std", K_FLOAT, offsetof(llama_config, init_std), 1},
 };
 #undef KI
 #undef KF
+#undef KB
+#define KNOWN_KEYS                                                                                          \
+    "from_hf, arch, preset, dim, n_layers, n_heads, n_kv_heads, vocab_size, multiple_of, ffn_dim_multiplier, " \
+    "ffn_hidden, head_dim, norm_eps, rope_theta, max_seq_len, depth_init, rope_scaling, rope_factor, "         \
+    "rope_low_freq_factor, rope_high_freq_factor, rope_original_max_pos, qkv_bias, qk_norm, tie_embeddings, "   \
+    "init_std"
 
 static int set_key(llama_config *cfg, const key_desc *k, const fsdp_value *v, fsdp_err *err) {
     char *base = (char *)cfg;
@@ -327,30 +340,23 @@ static int set_key(llama_config *cfg, const key_desc *k, const fsdp_value *v, fs
     return FSDP_OK;
 }
 
-static int set_text_key(llama_config *cfg, const char *key, const fsdp_value *v, fsdp_err *err) {
+static int set_rope_scaling(llama_config *cfg, const fsdp_value *v, fsdp_err *err) {
     const char *text = fsdp_value_text(v);
-    if (!strcmp(key, "arch")) {
-        if (!text || strcmp(text, "llama3"))
-            return fsdp_err_at(err, FSDP_E_INVALID, v,
-                               "model.arch: unsupported architecture '%s' (supported: llama3)",
-                               text ? text : "null");
-        return FSDP_OK;
-    }
-    if (!strcmp(key, "rope_scaling")) {
-        if (fsdp_value_type(v) == FSDP_V_NULL || (text && !strcmp(text, "none")))
-            cfg->rope_scaling = LLAMA_ROPE_NONE;
-        else if (text && !strcmp(text, "llama3"))
-            cfg->rope_scaling = LLAMA_ROPE_LLAMA3;
-        else
-            return fsdp_err_at(err, FSDP_E_INVALID, v,
-                               "model.rope_scaling must be none or llama3, got '%s'",
-                               text ? text : "a list or map");
-        return FSDP_OK;
-    }
-    /* preset */
+    if (fsdp_value_type(v) == FSDP_V_NULL || (text && !strcmp(text, "none")))
+        cfg->rope_scaling = LLAMA_ROPE_NONE;
+    else if (text && !strcmp(text, "llama3"))
+        cfg->rope_scaling = LLAMA_ROPE_LLAMA3;
+    else
+        return fsdp_err_at(err, FSDP_E_INVALID, v, "model.rope_scaling must be none or llama3, got '%s'",
+                           text ? text : "a list or map");
+    return FSDP_OK;
+}
+
+static int set_preset(llama_config *cfg, const fsdp_value *v, fsdp_err *err) {
+    const char *text = fsdp_value_text(v);
     const preset *p = text ? find_preset(text) : NULL;
     if (!p) {
-        char names[256];
+        char names[512];
         preset_names(names, sizeof names);
         return fsdp_err_at(err, FSDP_E_INVALID, v, "model.preset: unknown preset '%s' (known: %s)",
                            text ? text : "null", names);
@@ -365,33 +371,63 @@ static const key_desc *find_key(const char *name) {
     return NULL;
 }
 
+/* The model's base: from_hf's config.json, else a preset, else an arch's defaults (llama3 when
+ * none is named). `arch` next to from_hf or a preset must agree with theirs. */
+static int apply_base(llama_config *cfg, const fsdp_value *model, fsdp_err *err) {
+    const fsdp_value *hv = fsdp_value_get(model, "from_hf"), *pv = fsdp_value_get(model, "preset"),
+                     *av = fsdp_value_get(model, "arch");
+    int rc;
+    if (hv && pv)
+        return fsdp_err_at(err, FSDP_E_INVALID, pv, "model: from_hf and preset both give the whole model; keep one");
+    const llama_arch_info *a = NULL;
+    if (av) {
+        const char *text = fsdp_value_text(av);
+        if (!(a = llama_arch_by_name(text))) {
+            char names[128];
+            llama_arch_list(0, names, sizeof names);
+            return fsdp_err_at(err, FSDP_E_INVALID, av, "model.arch: unsupported architecture '%s' (supported: %s)",
+                               text ? text : "null", names);
+        }
+    }
+    if (hv) {
+        const char *dir = fsdp_value_text(hv);
+        if (fsdp_value_type(hv) != FSDP_V_SCALAR || !dir || !*dir)
+            return fsdp_err_at(err, FSDP_E_INVALID, hv, "model.from_hf must be the path of a Hugging Face model "
+                                                        "directory (or its config.json)");
+        if ((rc = hf_config_read(dir, cfg, err))) {
+            char msg[FSDP_ERR_MSG_MAX - 512];
+            snprintf(msg, sizeof msg, "%s", err->msg);
+            return fsdp_err_at(err, rc, hv, "model.from_hf: %s", msg);
+        }
+    } else if (pv) {
+        if ((rc = set_preset(cfg, pv, err))) return rc;
+    } else {
+        llama_arch_defaults(a ? a : llama_arch_get(LLAMA_ARCH_LLAMA3), cfg);
+    }
+    if (a && a->arch != cfg->arch)
+        return fsdp_err_at(err, FSDP_E_INVALID, av, "model.arch is %s but the %s is %s", a->name,
+                           hv ? "config.json of from_hf" : "preset", llama_arch_get(cfg->arch)->name);
+    return FSDP_OK;
+}
+
 int llama_config_from_value(llama_config *cfg, const fsdp_value *model, fsdp_err *err) {
     llama_config_defaults(cfg);
     fsdp_value_kind t = fsdp_value_type(model);
     if (t != FSDP_V_NULL && t != FSDP_V_MAP)
         return fsdp_err_at(err, FSDP_E_INVALID, model, "model must be a map of model settings");
-    int rc;
-    const fsdp_value *pv = fsdp_value_get(model, "preset");
-    if (pv && (rc = set_text_key(cfg, "preset", pv, err))) return rc;
+    int rc = apply_base(cfg, model, err);
+    if (rc) return rc;
     size_t n = fsdp_value_size(model);
     for (size_t i = 0; i < n; i++) {
         const char *key = fsdp_value_key(model, i);
         const fsdp_value *v = fsdp_value_item(model, i);
-        if (!key) continue;
-        if (!strcmp(key, "preset")) continue;
-        if (!strcmp(key, "arch") || !strcmp(key, "rope_scaling")) {
-            if ((rc = set_text_key(cfg, key, v, err))) return rc;
+        if (!key || !strcmp(key, "preset") || !strcmp(key, "arch") || !strcmp(key, "from_hf")) continue;
+        if (!strcmp(key, "rope_scaling")) {
+            if ((rc = set_rope_scaling(cfg, v, err))) return rc;
             continue;
         }
         const key_desc *k = find_key(key);
-        if (!k)
-            return fsdp_err_at(err, FSDP_E_INVALID, v,
-                               "model: unknown key '%s' (known: arch, preset, dim, n_layers, "
-                               "n_heads, n_kv_heads, vocab_size, multiple_of, ffn_dim_multiplier, "
-                               "norm_eps, rope_theta, max_seq_len, depth_init, rope_scaling, "
-                               "rope_factor, rope_low_freq_factor, rope_high_freq_factor, "
-                               "rope_original_max_pos)",
-                               key);
+        if (!k) return fsdp_err_at(err, FSDP_E_INVALID, v, "model: unknown key '%s' (known: " KNOWN_KEYS ")", key);
         if ((rc = set_key(cfg, k, v, err))) return rc;
     }
     rc = llama_config_finalize(cfg, err);

@@ -76,9 +76,22 @@ static int layer_forward(const llama_config *c, const llama_cuda_layer *lw, int 
 
     TRY(kcu_rmsnorm_forward(dt, a->x, lw->attention_norm, a->xn1, a->rstd1, n, d, eps, s, err),
         "llama (cuda) forward: layer %d attention_norm", layer);
-    TRY(dev_linear_forward(dc, dt, a->xn1, lw->wq, a->q, n, d, qd, err), "llama (cuda) forward: layer %d wq", layer);
-    TRY(dev_linear_forward(dc, dt, a->xn1, lw->wk, a->k, n, d, kvd, err), "llama (cuda) forward: layer %d wk", layer);
+    /* with q/k norms the projections land in qr/kr and the per-head norms write q/k */
+    void *qp = c->qk_norm ? a->qr : a->q, *kp = c->qk_norm ? a->kr : a->k;
+    TRY(dev_linear_forward(dc, dt, a->xn1, lw->wq, qp, n, d, qd, err), "llama (cuda) forward: layer %d wq", layer);
+    TRY(dev_linear_forward(dc, dt, a->xn1, lw->wk, kp, n, d, kvd, err), "llama (cuda) forward: layer %d wk", layer);
     TRY(dev_linear_forward(dc, dt, a->xn1, lw->wv, a->v, n, d, kvd, err), "llama (cuda) forward: layer %d wv", layer);
+    if (c->qkv_bias) {
+        TRY(kcu_bias_forward(dt, qp, lw->wq_b, n, qd, s, err), "llama (cuda) forward: layer %d wq bias", layer);
+        TRY(kcu_bias_forward(dt, kp, lw->wk_b, n, kvd, s, err), "llama (cuda) forward: layer %d wk bias", layer);
+        TRY(kcu_bias_forward(dt, a->v, lw->wv_b, n, kvd, s, err), "llama (cuda) forward: layer %d wv bias", layer);
+    }
+    if (c->qk_norm) {
+        TRY(kcu_rmsnorm_forward(dt, a->qr, lw->q_norm, a->q, a->rstdq, (int64_t)n * H, hd, eps, s, err),
+            "llama (cuda) forward: layer %d q_norm", layer);
+        TRY(kcu_rmsnorm_forward(dt, a->kr, lw->k_norm, a->k, a->rstdk, (int64_t)n * KV, hd, eps, s, err),
+            "llama (cuda) forward: layer %d k_norm", layer);
+    }
     TRY(kcu_rope_qk_forward(dt, a->q, a->k, ws->rope_cos, ws->rope_sin, B, T, H, KV, hd, s, err),
         "llama (cuda) forward: layer %d rope", layer);
     TRY(kcu_attention_forward(dt, a->q, a->k, a->v, a->att, a->lse, B, T, H, KV, hd, s, err),
@@ -125,6 +138,35 @@ int llama_cuda_model_forward(const llama_config *c, const llama_cuda_weights *w,
 }
 
 /* ---- backward ------------------------------------------------------------------------------------ */
+
+/* After RoPE's backward: the gradients before the q/k norms (into zeroed dqr/dkr; the norms' weight
+ * gradients accumulate) and the q/k/v bias gradients. *dq / *dk: the q/k gradients the projections'
+ * backward reads. */
+static int qk_pre_grads(const llama_config *c, const llama_cuda_layer *lw, llama_model_layer *lg, llama_cuda_acts *a,
+                        int layer, llama_cuda_ws *ws, void **dq, void **dk, fsdp_err *err) {
+    const int n = ws->B * ws->T, H = c->n_heads, KV = c->n_kv_heads, hd = c->head_dim, qd = H * hd, kvd = KV * hd;
+    const fsdp_dtype dt = ws->dt;
+    const size_t es = fsdp_dtype_size(dt);
+    kcu_stream s = ws->s;
+    if (c->qk_norm) {
+        TRY(dev_memset0(ws->d, ws->dqr, (size_t)n * qd * es, DEV_STREAM_COMPUTE, err), "llama (cuda) backward");
+        TRY(dev_memset0(ws->d, ws->dkr, (size_t)n * kvd * es, DEV_STREAM_COMPUTE, err), "llama (cuda) backward");
+        TRY(kcu_rmsnorm_backward(dt, ws->dq, a->qr, lw->q_norm, a->rstdq, ws->dqr, lg->q_norm, (int64_t)n * H, hd, s,
+                                 err),
+            "llama (cuda) backward: layer %d q_norm", layer);
+        TRY(kcu_rmsnorm_backward(dt, ws->dk, a->kr, lw->k_norm, a->rstdk, ws->dkr, lg->k_norm, (int64_t)n * KV, hd, s,
+                                 err),
+            "llama (cuda) backward: layer %d k_norm", layer);
+        *dq = ws->dqr;
+        *dk = ws->dkr;
+    }
+    if (c->qkv_bias) {
+        TRY(kcu_bias_backward(dt, *dq, lg->wq_b, n, qd, s, err), "llama (cuda) backward: layer %d wq bias", layer);
+        TRY(kcu_bias_backward(dt, *dk, lg->wk_b, n, kvd, s, err), "llama (cuda) backward: layer %d wk bias", layer);
+        TRY(kcu_bias_backward(dt, ws->dv, lg->wv_b, n, kvd, s, err), "llama (cuda) backward: layer %d wv bias", layer);
+    }
+    return FSDP_OK;
+}
 
 int llama_cuda_bwd_layer(const llama_config *c, const llama_cuda_layer *lw, llama_model_layer *lg, int layer,
                          llama_cuda_ws *ws, fsdp_err *err) {
@@ -189,19 +231,21 @@ int llama_cuda_bwd_layer(const llama_config *c, const llama_cuda_layer *lw, llam
         "llama (cuda) backward: layer %d attention", layer);
     TRY(kcu_rope_qk_backward(dt, ws->dq, ws->dk, ws->rope_cos, ws->rope_sin, B, T, H, KV, hd, s, err),
         "llama (cuda) backward: layer %d rope", layer);
-    TRY(dev_linear_backward_input(dc, dt, ws->dq, lw->wq, ws->dxn, n, d, qd, 0.0f, err),
+    void *dq = ws->dq, *dk = ws->dk;
+    if ((rc = qk_pre_grads(c, lw, lg, a, layer, ws, &dq, &dk, err))) return rc;
+    TRY(dev_linear_backward_input(dc, dt, dq, lw->wq, ws->dxn, n, d, qd, 0.0f, err),
         "llama (cuda) backward: layer %d wq", layer);
-    TRY(dev_linear_backward_input(dc, dt, ws->dk, lw->wk, ws->dxn, n, d, kvd, 1.0f, err),
+    TRY(dev_linear_backward_input(dc, dt, dk, lw->wk, ws->dxn, n, d, kvd, 1.0f, err),
         "llama (cuda) backward: layer %d wk", layer);
     TRY(dev_linear_backward_input(dc, dt, ws->dv, lw->wv, ws->dxn, n, d, kvd, 1.0f, err),
         "llama (cuda) backward: layer %d wv", layer);
     if (sel)
         TRY(kcu_rmsnorm_apply(dt, a->x, lw->attention_norm, a->rstd1, a->xn1, n, d, s, err),
             "llama (cuda) backward: layer %d attention_norm recomputation", layer);
-    TRY(dev_linear_backward_weight(dc, dt, ws->dq, a->xn1, lg->wq, n, d, qd, err), "llama (cuda) backward: layer %d wq",
+    TRY(dev_linear_backward_weight(dc, dt, dq, a->xn1, lg->wq, n, d, qd, err), "llama (cuda) backward: layer %d wq",
         layer);
-    TRY(dev_linear_backward_weight(dc, dt, ws->dk, a->xn1, lg->wk, n, d, kvd, err),
-        "llama (cuda) backward: layer %d wk", layer);
+    TRY(dev_linear_backward_weight(dc, dt, dk, a->xn1, lg->wk, n, d, kvd, err), "llama (cuda) backward: layer %d wk",
+        layer);
     TRY(dev_linear_backward_weight(dc, dt, ws->dv, a->xn1, lg->wv, n, d, kvd, err),
         "llama (cuda) backward: layer %d wv", layer);
     TRY(kcu_rmsnorm_backward(dt, ws->dxn, a->x, lw->attention_norm, a->rstd1, ws->dres, lg->attention_norm, n, d, s,

@@ -38,13 +38,15 @@
 extern "C" {
 #endif
 
-/* One block's weights on the device, in the workspace dtype (torchtitan names as llama_model_layer). */
+/* One block's weights on the device, in the workspace dtype (torchtitan names as llama_model_layer;
+ * the biases and q/k norms NULL when the config has none). */
 typedef struct llama_cuda_layer {
     const void *wq, *wk, *wv, *wo, *w1, *w2, *w3, *attention_norm, *ffn_norm;
+    const void *wq_b, *wk_b, *wv_b, *q_norm, *k_norm;
 } llama_cuda_layer;
 
 typedef struct llama_cuda_weights {
-    const void *tok_embeddings;
+    const void *tok_embeddings; /* also the output head's weight with tied embeddings (output == it) */
     int n_layers;
     llama_cuda_layer *layers; /* n_layers entries, owned when made by llama_cuda_weights_bind */
     const void *norm;

@@ -11,6 +11,8 @@
 typedef struct llama_cuda_acts {
     void *x, *xn1, *q, *k, *v, *att, *h, *xn2, *a, *b, *g;
     float *rstd1, *rstd2, *lse;
+    void *qr, *kr;        /* q and k before q_norm / k_norm (qk_norm only) */
+    float *rstdq, *rstdk; /* their rsqrt per row and head */
 } llama_cuda_acts;
 
 typedef enum llama_cuda_phase {
@@ -40,6 +42,7 @@ struct llama_cuda_ws {
     float *rstdf, *lse_x;
     double *sums; /* [2] loss sum, count */
     void *dres, *dxn, *dq, *datt, *dk, *dv, *dg, *da, *db;
+    void *dqr, *dkr; /* gradients before q_norm / k_norm (qk_norm only) */
     llama_cuda_phase phase;
     int fwd_next, bwd_next;
     llama_model_loss loss;

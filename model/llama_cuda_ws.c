@@ -9,27 +9,28 @@
 /* ---- binding ------------------------------------------------------------------------------------ */
 
 void llama_cuda_layer_bind(const llama_config *c, const void *flat_layer, fsdp_dtype dt, llama_cuda_layer *lw) {
-    const size_t d = (size_t)c->dim, qd = (size_t)c->n_heads * c->head_dim, kvd = (size_t)c->n_kv_heads * c->head_dim,
-                 F = (size_t)c->ffn_hidden, es = fsdp_dtype_size(dt);
+    /* the flat layout of llama_model_layer_bind (table order) in elements of dt */
+    llama_model_layer f;
+    float *base = (float *)(uintptr_t)64; /* only differences are used */
+    llama_model_layer_bind(c, base, &f);
+    const size_t es = fsdp_dtype_size(dt);
     const unsigned char *p = flat_layer;
-    /* named_parameters() order within a block: wq, wk, wv, wo, w1, w2, w3, attention_norm, ffn_norm */
-    lw->wq = p;
-    p += qd * d * es;
-    lw->wk = p;
-    p += kvd * d * es;
-    lw->wv = p;
-    p += kvd * d * es;
-    lw->wo = p;
-    p += d * qd * es;
-    lw->w1 = p;
-    p += F * d * es;
-    lw->w2 = p;
-    p += d * F * es;
-    lw->w3 = p;
-    p += F * d * es;
-    lw->attention_norm = p;
-    p += d * es;
-    lw->ffn_norm = p;
+#define AT(field) (f.field ? p + (size_t)(f.field - base) * es : NULL)
+    lw->wq = AT(wq);
+    lw->wk = AT(wk);
+    lw->wv = AT(wv);
+    lw->wo = AT(wo);
+    lw->w1 = AT(w1);
+    lw->w2 = AT(w2);
+    lw->w3 = AT(w3);
+    lw->attention_norm = AT(attention_norm);
+    lw->ffn_norm = AT(ffn_norm);
+    lw->wq_b = AT(wq_b);
+    lw->wk_b = AT(wk_b);
+    lw->wv_b = AT(wv_b);
+    lw->q_norm = AT(q_norm);
+    lw->k_norm = AT(k_norm);
+#undef AT
 }
 
 int llama_cuda_weights_bind(const llama_config *c, const void *flat, fsdp_dtype dt, llama_cuda_weights *w,
@@ -51,7 +52,7 @@ int llama_cuda_weights_bind(const llama_config *c, const void *flat, fsdp_dtype 
     }
     w->norm = p;
     p += (size_t)c->dim * es;
-    w->output = p;
+    w->output = c->tie_embeddings ? w->tok_embeddings : p;
     w->n_layers = c->n_layers;
     return FSDP_OK;
 }
@@ -82,10 +83,11 @@ static int mul3(size_t a, size_t b, size_t c, size_t *out) {
 static int layout(llama_cuda_ws *ws, unsigned char *base, size_t *total) {
     const llama_config *c = &ws->cfg;
     const size_t BT = (size_t)ws->B_max * (size_t)ws->T_max, es = fsdp_dtype_size(ws->dt);
-    size_t nd, nq, nkv, nf, nstat, nlse, nlog, nrope, ntok;
+    size_t nd, nq, nkv, nf, nstat, nlse, nlsek, nlog, nrope, ntok;
     if (!mul3(BT, (size_t)c->dim, es, &nd) || !mul3(BT, (size_t)c->n_heads * c->head_dim, es, &nq) ||
         !mul3(BT, (size_t)c->n_kv_heads * c->head_dim, es, &nkv) || !mul3(BT, (size_t)c->ffn_hidden, es, &nf) ||
         !mul3(BT, sizeof(float), 1, &nstat) || !mul3(BT, (size_t)c->n_heads, sizeof(float), &nlse) ||
+        !mul3(BT, (size_t)c->n_kv_heads, sizeof(float), &nlsek) ||
         !mul3((size_t)ws->head_chunk, (size_t)c->vocab_size, es, &nlog) ||
         !mul3((size_t)ws->T_max, (size_t)(c->head_dim / 2), sizeof(float), &nrope) ||
         !mul3(BT, sizeof(int32_t), 1, &ntok))
@@ -123,6 +125,12 @@ static int layout(llama_cuda_ws *ws, unsigned char *base, size_t *total) {
         CARVE(a->rstd1, nstat);
         if (ws->ac == LLAMA_AC_SELECTIVE) a->xn1 = sel_xn;
         else CARVE(a->xn1, nd);
+        if (c->qk_norm) {
+            CARVE(a->qr, nq);
+            CARVE(a->kr, nkv);
+            CARVE(a->rstdq, nlse);
+            CARVE(a->rstdk, nlsek);
+        }
         CARVE(a->q, nq);
         CARVE(a->k, nkv);
         CARVE(a->v, nkv);
@@ -148,6 +156,10 @@ static int layout(llama_cuda_ws *ws, unsigned char *base, size_t *total) {
     CARVE(ws->datt, nq);
     CARVE(ws->dk, nkv);
     CARVE(ws->dv, nkv);
+    if (c->qk_norm) {
+        CARVE(ws->dqr, nq);
+        CARVE(ws->dkr, nkv);
+    }
     CARVE(ws->dg, nf);
     CARVE(ws->da, nf);
     CARVE(ws->db, nf);
@@ -315,7 +327,8 @@ int llama_cuda_ws_check(const llama_config *c, const llama_cuda_ws *ws, const ch
         c->ffn_hidden != w->ffn_hidden || c->norm_eps != w->norm_eps || c->rope_theta != w->rope_theta ||
         c->rope_scaling != w->rope_scaling || c->rope_factor != w->rope_factor ||
         c->rope_low_freq_factor != w->rope_low_freq_factor || c->rope_high_freq_factor != w->rope_high_freq_factor ||
-        c->rope_original_max_pos != w->rope_original_max_pos)
+        c->rope_original_max_pos != w->rope_original_max_pos || c->qkv_bias != w->qkv_bias ||
+        c->qk_norm != w->qk_norm || c->tie_embeddings != w->tie_embeddings)
         return fsdp_err_set(err, FSDP_E_INVALID, "%s: the config does not match the one the workspace was made for",
                             what);
     return FSDP_OK;

@@ -7,12 +7,7 @@
 
 #include "kernels/cpu/kc.h"
 #include "model/llama_model.h"
-
-#define LAYER_PARAMS 9
-static const char *const LAYER_NAMES[LAYER_PARAMS] = {
-    "attention.wq.weight",    "attention.wk.weight",    "attention.wv.weight",
-    "attention.wo.weight",    "feed_forward.w1.weight", "feed_forward.w2.weight",
-    "feed_forward.w3.weight", "attention_norm.weight",  "ffn_norm.weight"};
+#include "model/llama_params.h"
 
 struct llama_fsdp {
     fsdp_state *s;
@@ -20,13 +15,15 @@ struct llama_fsdp {
     llama_config cfg;
     int B, T;
     llama_model_ws *ws;
-    state_param *embed, *norm, *output;
-    state_param **layer; /* n_layers * 9, in the flat layer order */
-    int64_t layer_off[LAYER_PARAMS];
+    state_param *embed, *norm, *output; /* output NULL with tied embeddings */
+    int per_layer;                      /* parameters per layer (the table's) */
+    llama_param_kind kinds[LLAMA_PARAMS_PER_LAYER_MAX];
+    state_param **layer; /* n_layers * per_layer, in the flat layer order */
+    int64_t layer_off[LLAMA_PARAMS_PER_LAYER_MAX];
     int64_t layer_numel;
     float *full_layer, *grad_layer; /* one gathered layer and its gradient */
-    float *full_embed, *full_norm, *full_output;
-    float *grad_embed, *grad_norm, *grad_output;
+    float *full_embed, *full_norm, *full_output; /* full_output == full_embed when tied */
+    float *grad_embed, *grad_norm, *grad_output; /* grad_output == grad_embed when tied */
 };
 
 void llama_fsdp_free(llama_fsdp *f) {
@@ -35,12 +32,12 @@ void llama_fsdp_free(llama_fsdp *f) {
     free(f->layer);
     free(f->full_layer);
     free(f->grad_layer);
+    if (f->full_output != f->full_embed) free(f->full_output);
+    if (f->grad_output != f->grad_embed) free(f->grad_output);
     free(f->full_embed);
     free(f->full_norm);
-    free(f->full_output);
     free(f->grad_embed);
     free(f->grad_norm);
-    free(f->grad_output);
     free(f);
 }
 
@@ -84,24 +81,22 @@ int llama_fsdp_create_opts(fsdp_state *s, comm *c, int B, int T, int ac, int hea
     f->T = T;
     const llama_config *cfg = &f->cfg;
     int64_t V = cfg->vocab_size, d = cfg->dim;
+    const int tied = cfg->tie_embeddings;
     f->layer_numel = llama_model_layer_numel(cfg);
-    /* offsets of the nine tensors inside a layer block, from the model's own layout */
+    f->per_layer = llama_params_layer_kinds(cfg, f->kinds);
+    /* offsets of a layer's tensors inside its block, from the model's own layout */
     llama_model_layer lw;
     float *base = (float *)(uintptr_t)64; /* only differences are used */
     llama_model_layer_bind(cfg, base, &lw);
-    float *ptrs[LAYER_PARAMS] = {lw.wq, lw.wk, lw.wv, lw.wo, lw.w1, lw.w2, lw.w3, lw.attention_norm, lw.ffn_norm};
-    for (int k = 0; k < LAYER_PARAMS; k++) f->layer_off[k] = ptrs[k] - base;
-    int64_t sizes[LAYER_PARAMS];
-    for (int k = 0; k < LAYER_PARAMS; k++)
-        sizes[k] = (k + 1 < LAYER_PARAMS ? f->layer_off[k + 1] : f->layer_numel) - f->layer_off[k];
-    f->layer = calloc((size_t)cfg->n_layers * LAYER_PARAMS, sizeof *f->layer);
+    for (int k = 0; k < f->per_layer; k++) f->layer_off[k] = *llama_model_layer_slot(&lw, f->kinds[k]) - base;
+    f->layer = calloc((size_t)cfg->n_layers * (size_t)f->per_layer, sizeof *f->layer);
     f->full_layer = malloc((size_t)f->layer_numel * sizeof(float));
     f->grad_layer = malloc((size_t)f->layer_numel * sizeof(float));
     f->full_embed = malloc((size_t)(V * d) * sizeof(float));
-    f->full_output = malloc((size_t)(V * d) * sizeof(float));
+    f->full_output = tied ? f->full_embed : malloc((size_t)(V * d) * sizeof(float));
     f->full_norm = malloc((size_t)d * sizeof(float));
     f->grad_embed = malloc((size_t)(V * d) * sizeof(float));
-    f->grad_output = malloc((size_t)(V * d) * sizeof(float));
+    f->grad_output = tied ? f->grad_embed : malloc((size_t)(V * d) * sizeof(float));
     f->grad_norm = malloc((size_t)d * sizeof(float));
     if (!f->layer || !f->full_layer || !f->grad_layer || !f->full_embed || !f->full_output || !f->full_norm ||
         !f->grad_embed || !f->grad_output || !f->grad_norm) {
@@ -109,15 +104,20 @@ int llama_fsdp_create_opts(fsdp_state *s, comm *c, int B, int T, int ac, int hea
         return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory (training buffers)");
     }
     if (!(f->embed = need(s, "tok_embeddings.weight", V * d, err)) || !(f->norm = need(s, "norm.weight", d, err)) ||
-        !(f->output = need(s, "output.weight", V * d, err))) {
+        (!tied && !(f->output = need(s, "output.weight", V * d, err)))) {
         llama_fsdp_free(f);
         return err->code;
     }
+    if (tied && state_find(s, "output.weight")) {
+        llama_fsdp_free(f);
+        return fsdp_err_set(err, FSDP_E_INVALID, "training: the model ties output to tok_embeddings.weight, but the "
+                            "state also holds an output.weight");
+    }
     for (int i = 0; i < cfg->n_layers; i++) {
-        for (int k = 0; k < LAYER_PARAMS; k++) {
-            char name[128];
-            snprintf(name, sizeof name, "layers.%d.%s", i, LAYER_NAMES[k]);
-            if (!(f->layer[i * LAYER_PARAMS + k] = need(s, name, sizes[k], err))) {
+        for (int k = 0; k < f->per_layer; k++) {
+            llama_param p;
+            llama_param_describe(cfg, f->kinds[k], i, &p);
+            if (!(f->layer[i * f->per_layer + k] = need(s, p.name, p.numel, err))) {
                 llama_fsdp_free(f);
                 return err->code;
             }
@@ -138,8 +138,8 @@ int llama_fsdp_create_opts(fsdp_state *s, comm *c, int B, int T, int ac, int hea
 }
 
 static int gather_layer(llama_fsdp *f, int i, llama_model_layer *lw, fsdp_err *err) {
-    for (int k = 0; k < LAYER_PARAMS; k++) {
-        state_param *p = f->layer[i * LAYER_PARAMS + k];
+    for (int k = 0; k < f->per_layer; k++) {
+        state_param *p = f->layer[i * f->per_layer + k];
         int rc = state_unshard(p, p->data, f->c, f->full_layer + f->layer_off[k], err);
         if (rc) return rc;
     }
@@ -165,10 +165,11 @@ int llama_fsdp_grads(llama_fsdp *f, const int32_t *tokens, const int32_t *labels
         if ((rc = llama_fwd_layer(cfg, &lw, i, f->ws, err))) return rc;
     }
     if ((rc = state_unshard(f->norm, f->norm->data, f->c, f->full_norm, err))) return rc;
-    if ((rc = state_unshard(f->output, f->output->data, f->c, f->full_output, err))) return rc;
+    if (f->output && (rc = state_unshard(f->output, f->output->data, f->c, f->full_output, err))) return rc;
     /* the head's forward and backward in one pass over chunks of rows: the loss differentiated is
      * the global sum / global count (known before the head) on every rank; reduce-scatter sums the
-     * ranks' contributions into each shard */
+     * ranks' contributions into each shard. Tied: the head's gradient is the first half of the
+     * embedding's, which the embedding backward adds to before the one reduce-scatter. */
     memset(f->grad_norm, 0, (size_t)d * sizeof(float));
     memset(f->grad_output, 0, (size_t)(V * d) * sizeof(float));
     llama_model_loss loss;
@@ -180,19 +181,19 @@ int llama_fsdp_grads(llama_fsdp *f, const int32_t *tokens, const int32_t *labels
     res->loss = nvalid > 0 ? lsum / (double)nvalid : 0.0;
     res->tokens = nvalid;
     if ((rc = state_reduce_scatter(f->norm, f->grad_norm, f->c, f->norm->grad, err))) return rc;
-    if ((rc = state_reduce_scatter(f->output, f->grad_output, f->c, f->output->grad, err))) return rc;
+    if (f->output && (rc = state_reduce_scatter(f->output, f->grad_output, f->c, f->output->grad, err))) return rc;
     for (int i = cfg->n_layers - 1; i >= 0; i--) {
         llama_model_layer lw, lg;
         if ((rc = gather_layer(f, i, &lw, err))) return rc;
         memset(f->grad_layer, 0, (size_t)f->layer_numel * sizeof(float));
         llama_model_layer_bind(cfg, f->grad_layer, &lg);
         if ((rc = llama_bwd_layer(cfg, &lw, &lg, i, f->ws, err))) return rc;
-        for (int k = 0; k < LAYER_PARAMS; k++) {
-            state_param *p = f->layer[i * LAYER_PARAMS + k];
+        for (int k = 0; k < f->per_layer; k++) {
+            state_param *p = f->layer[i * f->per_layer + k];
             if ((rc = state_reduce_scatter(p, f->grad_layer + f->layer_off[k], f->c, p->grad, err))) return rc;
         }
     }
-    memset(f->grad_embed, 0, (size_t)(V * d) * sizeof(float));
+    if (!cfg->tie_embeddings) memset(f->grad_embed, 0, (size_t)(V * d) * sizeof(float));
     if ((rc = llama_bwd_embed(cfg, f->grad_embed, f->ws, err))) return rc;
     if ((rc = state_reduce_scatter(f->embed, f->grad_embed, f->c, f->embed->grad, err))) return rc;
     /* global gradient norm over every rank's shards */

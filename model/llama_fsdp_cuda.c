@@ -49,8 +49,8 @@ static int issue_gather(llama_fsdp_cuda *f, int i, fsdp_err *err) {
     int b = buf_of(f, i);
     if (f->buf_layer[b] == i) return 0;
     TRY(llama_fsdp_cuda_event_wait(f->d, DEV_STREAM_COMM, f->use_done[b], err)); /* its last reader */
-    for (int k = 0; k < LLAMA_FSDP_CUDA_LAYER_PARAMS; k++)
-        TRY(gather_param(f, f->layer[i * LLAMA_FSDP_CUDA_LAYER_PARAMS + k],
+    for (int k = 0; k < f->per_layer; k++)
+        TRY(gather_param(f, f->layer[i * f->per_layer + k],
                          (char *)f->wbuf[b] + (size_t)f->layer_off[k] * f->es, err));
     TRY(llama_fsdp_cuda_event_record(f->d, f->g_done[b], DEV_STREAM_COMM, err));
     f->buf_layer[b] = i;
@@ -80,7 +80,7 @@ static int forward(llama_fsdp_cuda *f, const int32_t *tokens, const int32_t *lab
     /* the embedding, final norm and output weights stay gathered for the whole step */
     TRY(gather_param(f, f->embed, f->full_embed, err));
     TRY(gather_param(f, f->norm, f->full_norm, err));
-    TRY(gather_param(f, f->output, f->full_output, err));
+    if (f->output) TRY(gather_param(f, f->output, f->full_output, err));
     TRY(llama_fsdp_cuda_event_record(d, f->ev[LLAMA_FSDP_CUDA_EV_HEAD_W], DEV_STREAM_COMM, err));
     TRY(issue_gather(f, 0, err));
     TRY(llama_fsdp_cuda_event_wait(d, DEV_STREAM_COMPUTE, f->ev[LLAMA_FSDP_CUDA_EV_HEAD_W], err));
@@ -96,6 +96,7 @@ static int forward(llama_fsdp_cuda *f, const int32_t *tokens, const int32_t *lab
     }
     const size_t V = (size_t)cfg->vocab_size, dim = (size_t)cfg->dim;
     TRY(dev_memset0(d, f->grad_norm, dim * sizeof(float), DEV_STREAM_COMPUTE, err));
+    /* tied: the head's gradient is the first half of the embedding's (grad_output == grad_embed) */
     TRY(dev_memset0(d, f->grad_output, V * dim * sizeof(float), DEV_STREAM_COMPUTE, err));
     TRY(llama_cuda_head_train(cfg, f->full_norm, f->full_output, f->grad_norm, f->grad_output, denom, f->ws, err));
     /* this rank's loss sum, all-reduced with the gradient norm at the end */
@@ -108,16 +109,16 @@ static int backward(llama_fsdp_cuda *f, fsdp_err *err) {
     dev_ctx *d = f->d;
     const int L = cfg->n_layers;
     const size_t V = (size_t)cfg->vocab_size, dim = (size_t)cfg->dim;
-    TRY(dev_memset0(d, f->grad_embed, V * dim * sizeof(float), DEV_STREAM_COMPUTE, err));
+    if (f->output) TRY(dev_memset0(d, f->grad_embed, V * dim * sizeof(float), DEV_STREAM_COMPUTE, err));
     TRY(issue_gather(f, L - 1, err));
     TRY(llama_fsdp_cuda_event_record(d, f->ev[LLAMA_FSDP_CUDA_EV_HEAD_G], DEV_STREAM_COMPUTE, err));
     TRY(llama_fsdp_cuda_event_wait(d, DEV_STREAM_COMM, f->ev[LLAMA_FSDP_CUDA_EV_HEAD_G], err));
     TRY(reduce_param(f, f->norm, f->grad_norm, err));
-    TRY(reduce_param(f, f->output, f->grad_output, err));
+    if (f->output) TRY(reduce_param(f, f->output, f->grad_output, err));
     if (f->offload) {
         state_param *head[2] = {f->norm, f->output};
         TRY(llama_fsdp_cuda_event_record(d, f->ev[LLAMA_FSDP_CUDA_EV_HEAD_RS], DEV_STREAM_COMM, err));
-        TRY(download_group(f, head, 2, f->ev[LLAMA_FSDP_CUDA_EV_HEAD_RS], L, err));
+        TRY(download_group(f, head, f->output ? 2 : 1, f->ev[LLAMA_FSDP_CUDA_EV_HEAD_RS], L, err));
     }
     for (int i = L - 1; i >= 0; i--) {
         if (i >= 1) TRY(issue_gather(f, i - 1, err)); /* prefetch, overlaps layer i */
@@ -134,11 +135,11 @@ static int backward(llama_fsdp_cuda *f, fsdp_err *err) {
         TRY(llama_fsdp_cuda_event_record(d, f->use_done[b], DEV_STREAM_COMPUTE, err));
         TRY(llama_fsdp_cuda_event_record(d, f->gl_ready[gb], DEV_STREAM_COMPUTE, err));
         TRY(llama_fsdp_cuda_event_wait(d, DEV_STREAM_COMM, f->gl_ready[gb], err));
-        state_param **ps = f->layer + (size_t)i * LLAMA_FSDP_CUDA_LAYER_PARAMS;
-        for (int k = 0; k < LLAMA_FSDP_CUDA_LAYER_PARAMS; k++)
+        state_param **ps = f->layer + (size_t)i * f->per_layer;
+        for (int k = 0; k < f->per_layer; k++)
             TRY(reduce_param(f, ps[k], f->gbuf[gb] + f->layer_off[k], err));
         TRY(llama_fsdp_cuda_event_record(d, f->rs_done[gb], DEV_STREAM_COMM, err));
-        if (f->offload) TRY(download_group(f, ps, LLAMA_FSDP_CUDA_LAYER_PARAMS, f->rs_done[gb], i, err));
+        if (f->offload) TRY(download_group(f, ps, f->per_layer, f->rs_done[gb], i, err));
     }
     TRY(llama_cuda_bwd_embed(cfg, f->grad_embed, f->ws, err));
     TRY(llama_fsdp_cuda_event_record(d, f->ev[LLAMA_FSDP_CUDA_EV_EMBED_G], DEV_STREAM_COMPUTE, err));
@@ -215,8 +216,8 @@ static int offloaded_adamw(llama_fsdp_cuda *f, double coef, const kc_adamw_hpara
     for (int j = 0; j < L + 2; j++) {
         int g = j == 0 ? L : j <= L ? L - j : L + 1; /* head, layers L-1..0, embedding */
         state_param *head[2] = {f->norm, f->output};
-        state_param **ps = g == L ? head : g == L + 1 ? &f->embed : f->layer + (size_t)g * LLAMA_FSDP_CUDA_LAYER_PARAMS;
-        int n = g == L ? 2 : g == L + 1 ? 1 : LLAMA_FSDP_CUDA_LAYER_PARAMS;
+        state_param **ps = g == L ? head : g == L + 1 ? &f->embed : f->layer + (size_t)g * f->per_layer;
+        int n = g == L ? (f->output ? 2 : 1) : g == L + 1 ? 1 : f->per_layer;
         TRY(llama_fsdp_cuda_event_sync(f->ev_dl[g], err));
         for (int q = 0; q < n; q++) {
             state_param *p = ps[q];

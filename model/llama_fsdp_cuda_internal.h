@@ -7,7 +7,10 @@
 #include "model/llama_fsdp_cuda.h"
 #include "model/llama_fsdp_cuda_event.h"
 
-#define LLAMA_FSDP_CUDA_LAYER_PARAMS 9
+#include "model/llama_params.h"
+
+/* The most parameters a layer's block holds (llama_params.h); f->per_layer is the config's. */
+#define LLAMA_FSDP_CUDA_LAYER_PARAMS LLAMA_PARAMS_PER_LAYER_MAX
 
 enum {
     LLAMA_FSDP_CUDA_EV_HEAD_W = 0, /* COMM: embedding, norm, output gathered */
@@ -30,8 +33,10 @@ struct llama_fsdp_cuda {
     fsdp_dtype dt; /* compute / all-gather dtype */
     size_t es;     /* its size */
     llama_cuda_ws *ws;
-    state_param *embed, *norm, *output;
-    state_param **layer; /* n_layers * 9 in the flat layer order */
+    state_param *embed, *norm, *output; /* output NULL with tied embeddings */
+    int per_layer;                      /* parameters per layer (the table's) */
+    llama_param_kind kinds[LLAMA_FSDP_CUDA_LAYER_PARAMS];
+    state_param **layer; /* n_layers * per_layer in the flat layer order */
     int64_t layer_off[LLAMA_FSDP_CUDA_LAYER_PARAMS];
     int64_t layer_numel;
     /* gathered layers: nbuf buffers (2, or n_layers with keep_gathered), what each holds, and
@@ -43,8 +48,8 @@ struct llama_fsdp_cuda {
     /* full-layer f32 gradients, two rotating: written (COMPUTE), reduce-scattered (COMM) */
     float *gbuf[2];
     dev_event gl_ready[2], rs_done[2];
-    void *full_embed, *full_norm, *full_output;   /* gathered, dtype dt */
-    float *grad_embed, *grad_norm, *grad_output; /* full f32 gradients */
+    void *full_embed, *full_norm, *full_output;   /* gathered, dtype dt (full_output == full_embed when tied) */
+    float *grad_embed, *grad_norm, *grad_output; /* full f32 gradients (grad_output == grad_embed when tied) */
     dev_event ev[LLAMA_FSDP_CUDA_EV_COUNT];
     size_t *blocks;   /* s->n * world: elements of each rank's block of each parameter */
     int64_t *own_off; /* s->n: element offset of this rank's block in the full parameter */

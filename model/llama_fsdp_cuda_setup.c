@@ -7,11 +7,6 @@
 #include "model/llama_fsdp_cuda_internal.h"
 #include "runtime/shard.h"
 
-static const char *const LAYER_NAMES[LLAMA_FSDP_CUDA_LAYER_PARAMS] = {
-    "attention.wq.weight",    "attention.wk.weight",    "attention.wv.weight",
-    "attention.wo.weight",    "feed_forward.w1.weight", "feed_forward.w2.weight",
-    "feed_forward.w3.weight", "attention_norm.weight",  "ffn_norm.weight"};
-
 int llama_fsdp_mixed_from_name(const char *name, llama_fsdp_mixed *out, fsdp_err *err) {
     if (name && !strcmp(name, "none")) *out = LLAMA_FSDP_MIXED_NONE;
     else if (name && !strcmp(name, "bf16")) *out = LLAMA_FSDP_MIXED_BF16;
@@ -46,10 +41,10 @@ void llama_fsdp_cuda_free(llama_fsdp_cuda *f) {
         for (int b = 0; b < 2; b++) dfree(f, f->gbuf[b]);
         dfree(f, f->full_embed);
         dfree(f, f->full_norm);
-        dfree(f, f->full_output);
+        if (f->full_output != f->full_embed) dfree(f, f->full_output);
+        if (f->grad_output != f->grad_embed) dfree(f, f->grad_output);
         dfree(f, f->grad_embed);
         dfree(f, f->grad_norm);
-        dfree(f, f->grad_output);
         dfree(f, f->d_stats);
         dfree(f, f->d_clip);
         if (f->h_stats) dev_host_free(f->d, f->h_stats, &e);
@@ -109,31 +104,29 @@ static int find_params(llama_fsdp_cuda *f, fsdp_err *err) {
     fsdp_state *s = f->s;
     const llama_config *cfg = &f->cfg;
     int64_t V = cfg->vocab_size, dim = cfg->dim;
+    const int tied = cfg->tie_embeddings;
     llama_model_layer lw;
     float *base = (float *)(uintptr_t)64; /* only differences are used */
     llama_model_layer_bind(cfg, base, &lw);
-    float *ptrs[LLAMA_FSDP_CUDA_LAYER_PARAMS] = {lw.wq, lw.wk, lw.wv, lw.wo, lw.w1,
-                                                 lw.w2, lw.w3, lw.attention_norm, lw.ffn_norm};
     f->layer_numel = llama_model_layer_numel(cfg);
-    for (int k = 0; k < LLAMA_FSDP_CUDA_LAYER_PARAMS; k++) f->layer_off[k] = ptrs[k] - base;
+    f->per_layer = llama_params_layer_kinds(cfg, f->kinds);
+    for (int k = 0; k < f->per_layer; k++) f->layer_off[k] = *llama_model_layer_slot(&lw, f->kinds[k]) - base;
     if (!(f->embed = need(s, "tok_embeddings.weight", V * dim, err)) || !(f->norm = need(s, "norm.weight", dim, err)) ||
-        !(f->output = need(s, "output.weight", V * dim, err)))
+        (!tied && !(f->output = need(s, "output.weight", V * dim, err))))
         return err->code;
-    if (!(f->layer = calloc((size_t)cfg->n_layers * LLAMA_FSDP_CUDA_LAYER_PARAMS, sizeof *f->layer)))
+    if (!(f->layer = calloc((size_t)cfg->n_layers * (size_t)f->per_layer, sizeof *f->layer)))
         return fsdp_err_set(err, FSDP_E_NOMEM, "training (cuda): out of memory");
     for (int i = 0; i < cfg->n_layers; i++) {
-        for (int k = 0; k < LLAMA_FSDP_CUDA_LAYER_PARAMS; k++) {
-            int64_t size =
-                (k + 1 < LLAMA_FSDP_CUDA_LAYER_PARAMS ? f->layer_off[k + 1] : f->layer_numel) - f->layer_off[k];
-            char name[128];
-            snprintf(name, sizeof name, "layers.%d.%s", i, LAYER_NAMES[k]);
-            if (!(f->layer[i * LLAMA_FSDP_CUDA_LAYER_PARAMS + k] = need(s, name, size, err))) return err->code;
+        for (int k = 0; k < f->per_layer; k++) {
+            llama_param p;
+            llama_param_describe(cfg, f->kinds[k], i, &p);
+            if (!(f->layer[i * f->per_layer + k] = need(s, p.name, p.numel, err))) return err->code;
         }
     }
-    size_t want = 3 + (size_t)cfg->n_layers * LLAMA_FSDP_CUDA_LAYER_PARAMS;
+    size_t want = (size_t)llama_model_param_count(cfg);
     if (s->n != want)
-        return fsdp_err_set(err, FSDP_E_INVALID, "training (cuda): the state has %zu parameters, the model config %zu",
-                            s->n, want);
+        return fsdp_err_set(err, FSDP_E_INVALID, "training (cuda): the state has %zu parameters, the model config %zu%s",
+                            s->n, want, tied && state_find(s, "output.weight") ? " (it ties output to tok_embeddings)" : "");
     return 0;
 }
 
@@ -230,14 +223,21 @@ static int make_buffers(llama_fsdp_cuda *f, fsdp_err *err) {
     for (int k = 0; k < LLAMA_FSDP_CUDA_EV_COUNT; k++)
         if ((rc = llama_fsdp_cuda_event_create(&f->ev[k], err))) return rc;
     if ((rc = dalloc(f, V * dim, es, &f->full_embed, "the gathered embedding", err)) ||
-        (rc = dalloc(f, V * dim, es, &f->full_output, "the gathered output weight", err)) ||
+
         (rc = dalloc(f, dim, es, &f->full_norm, "the gathered norm", err)) ||
         (rc = dalloc(f, V * dim, sizeof(float), (void **)&f->grad_embed, "the embedding gradient", err)) ||
-        (rc = dalloc(f, V * dim, sizeof(float), (void **)&f->grad_output, "the output gradient", err)) ||
+
         (rc = dalloc(f, dim, sizeof(float), (void **)&f->grad_norm, "the norm gradient", err)) ||
         (rc = dalloc(f, 2, sizeof(double), (void **)&f->d_stats, "the step statistics", err)) ||
         (rc = dalloc(f, 2, sizeof(float), (void **)&f->d_clip, "the clip coefficient", err)))
         return rc;
+    if (f->cfg.tie_embeddings) {
+        f->full_output = f->full_embed;
+        f->grad_output = f->grad_embed;
+    } else if ((rc = dalloc(f, V * dim, es, &f->full_output, "the gathered output weight", err)) ||
+               (rc = dalloc(f, V * dim, sizeof(float), (void **)&f->grad_output, "the output gradient", err))) {
+        return rc;
+    }
     if ((rc = dev_host_alloc(f->d, 2 * sizeof(double), (void **)&f->h_stats, err)))
         return fsdp_err_prefix(err, "training (cuda): pinned statistics");
     if (f->offload) {

@@ -37,9 +37,20 @@ int llama_fwd_layer_compute(const llama_config *c, const llama_model_layer *lw, 
     const float eps = (float)c->norm_eps;
 
     kc_rmsnorm_forward(a->x, lw->attention_norm, a->xn1, a->rstd1, n, d, eps);
-    kc_linear_forward(a->xn1, lw->wq, a->q, n, d, qd, st);
-    kc_linear_forward(a->xn1, lw->wk, a->k, n, d, kvd, st);
+    /* with q/k norms the projections land in qr/kr and the per-head norms write q/k */
+    float *qp = c->qk_norm ? a->qr : a->q, *kp = c->qk_norm ? a->kr : a->k;
+    kc_linear_forward(a->xn1, lw->wq, qp, n, d, qd, st);
+    kc_linear_forward(a->xn1, lw->wk, kp, n, d, kvd, st);
     kc_linear_forward(a->xn1, lw->wv, a->v, n, d, kvd, st);
+    if (c->qkv_bias) {
+        kc_bias_forward(qp, lw->wq_b, n, qd);
+        kc_bias_forward(kp, lw->wk_b, n, kvd);
+        kc_bias_forward(a->v, lw->wv_b, n, kvd);
+    }
+    if (c->qk_norm) {
+        kc_rmsnorm_forward(a->qr, lw->q_norm, a->q, a->rstdq, (int64_t)n * H, hd, eps);
+        kc_rmsnorm_forward(a->kr, lw->k_norm, a->k, a->rstdk, (int64_t)n * KV, hd, eps);
+    }
     kc_rope_forward(a->q, ws->rope_cos, ws->rope_sin, B, T, H, hd);
     kc_rope_forward(a->k, ws->rope_cos, ws->rope_sin, B, T, KV, hd);
     rc = kc_attention_forward(a->q, a->k, a->v, a->att, a->lse, B, T, H, KV, hd, st, err);

@@ -29,7 +29,8 @@ extern "C" {
 
 #define LLAMA_MODEL_IGNORE_INDEX (-100)
 
-/* One transformer block's parameters (torchtitan names under layers.{i}.). Also used for gradients. */
+/* One transformer block's parameters (torchtitan names under layers.{i}.). Also used for gradients.
+ * The optional ones are NULL when the config has none (qkv_bias, qk_norm). */
 typedef struct llama_model_layer {
     float *wq;             /* attention.wq.weight       [H*hd, d] */
     float *wk;             /* attention.wk.weight       [KV*hd, d] */
@@ -40,16 +41,22 @@ typedef struct llama_model_layer {
     float *w3;             /* feed_forward.w3.weight    [F, d] */
     float *attention_norm; /* attention_norm.weight     [d] */
     float *ffn_norm;       /* ffn_norm.weight           [d] */
+    float *wq_b, *wk_b, *wv_b; /* attention.w{q,k,v}.bias [H*hd], [KV*hd], [KV*hd] (qkv_bias) */
+    float *q_norm, *k_norm;    /* attention.{q,k}_norm.weight [hd] (qk_norm) */
 } llama_model_layer;
 
-/* All parameters (or all gradients, or an optimizer moment) of the model. */
+/* All parameters (or all gradients, or an optimizer moment) of the model. With tied embeddings
+ * output == tok_embeddings: the head reads (and its gradient accumulates into) the same buffer. */
 typedef struct llama_model_weights {
     float *tok_embeddings; /* tok_embeddings.weight [V, d] */
     int n_layers;
     llama_model_layer *layers; /* n_layers entries (owned when made by llama_model_weights_bind) */
     float *norm;               /* norm.weight [d] */
-    float *output;             /* output.weight [V, d] */
+    float *output;             /* output.weight [V, d], or tok_embeddings when tied */
 } llama_model_weights;
+
+/* The pointer of a layer kind (llama_params.h's llama_param_kind) in l, NULL for a non-layer kind. */
+float **llama_model_layer_slot(llama_model_layer *l, int kind);
 
 /* Checks that cfg describes a model these kernels can run (positive sizes, H % KV == 0, even
  * head_dim, eps and theta > 0, valid rope scaling, GEMM sizes that fit in int, a parameter count
@@ -57,9 +64,10 @@ typedef struct llama_model_weights {
 int llama_model_check(const llama_config *cfg, fsdp_err *err);
 
 /* ---- flat parameter layout ------------------------------------------------------------------
- * Parameters in torchtitan's named_parameters() order, back to back: tok_embeddings, then for
- * each layer wq, wk, wv, wo, w1, w2, w3, attention_norm, ffn_norm (one contiguous block per
- * layer), then norm and output. */
+ * Parameters in the order of the parameter table (llama_params.h, torchtitan's named_parameters()),
+ * back to back: tok_embeddings, then each layer's block (wq, wk, wv, wo, w1, w2, w3,
+ * attention_norm, ffn_norm, with the biases and q/k norms of the config where the table puts
+ * them), then norm and output (none when tied). */
 int64_t llama_model_numel(const llama_config *cfg);       /* all parameters; -1 on a bad config */
 int64_t llama_model_layer_numel(const llama_config *cfg); /* one layer's block */
 /* Points lw at the layer block that starts at flat_layer. */
@@ -78,7 +86,7 @@ typedef struct llama_model_param {
     float *data;
 } llama_model_param;
 
-int llama_model_param_count(const llama_config *cfg); /* 3 + 9 * n_layers */
+int llama_model_param_count(const llama_config *cfg); /* the table's: 3 + 9 * n_layers for Llama 3 */
 int llama_model_param_at(const llama_config *cfg, const llama_model_weights *w, int index, llama_model_param *out,
                          fsdp_err *err);
 

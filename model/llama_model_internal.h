@@ -12,8 +12,12 @@ typedef struct llama_model_acts {
     float *x;     /* [BT, d] layer input (residual stream) */
     float *rstd1; /* [BT] attention_norm rsqrt */
     float *xn1;   /* [BT, d] attention_norm output (SELECTIVE: shared, recomputed in the backward) */
-    float *q;     /* [BT, H*hd] after RoPE */
-    float *k;     /* [BT, KV*hd] after RoPE */
+    float *qr;    /* [BT, H*hd] q before its norm (qk_norm only; wq's output with its bias) */
+    float *kr;    /* [BT, KV*hd] */
+    float *rstdq; /* [BT*H] q_norm rsqrt per head (qk_norm only) */
+    float *rstdk; /* [BT*KV] */
+    float *q;     /* [BT, H*hd] after (q_norm and) RoPE */
+    float *k;     /* [BT, KV*hd] after (k_norm and) RoPE */
     float *v;     /* [BT, KV*hd] */
     float *att;   /* [BT, H*hd] attention output (input of wo) */
     float *lse;   /* [B, H, T] softmax logsumexp */
@@ -55,6 +59,7 @@ struct llama_model_ws {
     float *dxn;  /* [BT, d] */
     float *dq, *datt; /* [BT, H*hd] */
     float *dk, *dv;   /* [BT, KV*hd] */
+    float *dqr, *dkr; /* [BT, H*hd], [BT, KV*hd]: gradients before q_norm / k_norm (qk_norm only) */
     float *dg, *da, *db; /* [BT, F] */
     llama_model_phase phase;
     int fwd_next, bwd_next;

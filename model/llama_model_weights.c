@@ -1,5 +1,6 @@
 /* Llama model: config checks, the flat parameter layout and parameter enumeration. */
 #include "model/llama_model.h"
+#include "model/llama_params.h"
 
 #include <limits.h>
 #include <math.h>
@@ -41,54 +42,69 @@ int llama_model_check(const llama_config *c, fsdp_err *err) {
                             "%g and original_max_pos %d positive, with low != high",
                             c->rope_factor, c->rope_low_freq_factor, c->rope_high_freq_factor,
                             c->rope_original_max_pos);
+    if ((c->qkv_bias | c->qk_norm | c->tie_embeddings) & ~1)
+        return fsdp_err_set(err, FSDP_E_INVALID, "llama model: qkv_bias %d, qk_norm %d and tie_embeddings %d must be 0 or 1",
+                            c->qkv_bias, c->qk_norm, c->tie_embeddings);
     if (llama_model_numel(c) < 0)
         return fsdp_err_set(err, FSDP_E_INVALID, "llama model: the parameter count overflows int64");
     return FSDP_OK;
 }
 
-/* Sizes of the nine tensors of a layer, in layout order. */
-static void layer_sizes(const llama_config *c, int64_t sz[9]) {
-    int64_t d = c->dim, qd = (int64_t)c->n_heads * c->head_dim, kvd = (int64_t)c->n_kv_heads * c->head_dim,
-            F = c->ffn_hidden;
-    sz[0] = qd * d;  /* wq */
-    sz[1] = kvd * d; /* wk */
-    sz[2] = kvd * d; /* wv */
-    sz[3] = d * qd;  /* wo */
-    sz[4] = F * d;   /* w1 */
-    sz[5] = d * F;   /* w2 */
-    sz[6] = F * d;   /* w3 */
-    sz[7] = d;       /* attention_norm */
-    sz[8] = d;       /* ffn_norm */
+float **llama_model_layer_slot(llama_model_layer *l, int kind) {
+    switch (kind) {
+    case LLAMA_P_WQ: return &l->wq;
+    case LLAMA_P_WK: return &l->wk;
+    case LLAMA_P_WV: return &l->wv;
+    case LLAMA_P_WO: return &l->wo;
+    case LLAMA_P_W1: return &l->w1;
+    case LLAMA_P_W2: return &l->w2;
+    case LLAMA_P_W3: return &l->w3;
+    case LLAMA_P_ATTENTION_NORM: return &l->attention_norm;
+    case LLAMA_P_FFN_NORM: return &l->ffn_norm;
+    case LLAMA_P_WQ_BIAS: return &l->wq_b;
+    case LLAMA_P_WK_BIAS: return &l->wk_b;
+    case LLAMA_P_WV_BIAS: return &l->wv_b;
+    case LLAMA_P_Q_NORM: return &l->q_norm;
+    case LLAMA_P_K_NORM: return &l->k_norm;
+    default: return NULL;
+    }
+}
+
+/* The sizes of a layer's tensors in table order; returns their number. */
+static int layer_sizes(const llama_config *c, llama_param_kind *kinds, int64_t *sz) {
+    int n = llama_params_layer_kinds(c, kinds);
+    for (int i = 0; i < n; i++) {
+        llama_param p;
+        llama_param_describe(c, kinds[i], 0, &p);
+        sz[i] = p.numel;
+    }
+    return n;
 }
 
 int64_t llama_model_layer_numel(const llama_config *c) {
     if (!c || c->dim <= 0 || c->n_heads <= 0 || c->n_kv_heads <= 0 || c->head_dim <= 0 || c->ffn_hidden <= 0)
         return -1;
-    int64_t sz[9], total = 0;
-    layer_sizes(c, sz);
-    for (int i = 0; i < 9; i++)
+    llama_param_kind k[LLAMA_PARAMS_PER_LAYER_MAX];
+    int64_t sz[LLAMA_PARAMS_PER_LAYER_MAX], total = 0;
+    int n = layer_sizes(c, k, sz);
+    for (int i = 0; i < n; i++)
         if (__builtin_add_overflow(total, sz[i], &total)) return -1;
     return total;
 }
 
 int64_t llama_model_numel(const llama_config *c) {
-    int64_t layer = llama_model_layer_numel(c);
-    if (layer < 0 || c->n_layers <= 0 || c->vocab_size <= 0) return -1;
-    int64_t layers, total;
-    if (__builtin_mul_overflow(layer, (int64_t)c->n_layers, &layers)) return -1;
-    /* vocab_size, dim < 2^31: 2*V*d + d < 2^63 */
-    if (__builtin_add_overflow(layers, 2 * (int64_t)c->vocab_size * c->dim + c->dim, &total)) return -1;
-    return total;
+    if (llama_model_layer_numel(c) < 0 || c->n_layers <= 0 || c->vocab_size <= 0) return -1;
+    return llama_param_count(c);
 }
 
 void llama_model_layer_bind(const llama_config *c, float *flat_layer, llama_model_layer *lw) {
-    int64_t sz[9];
-    layer_sizes(c, sz);
-    float **slots[9] = {&lw->wq, &lw->wk, &lw->wv, &lw->wo, &lw->w1, &lw->w2, &lw->w3, &lw->attention_norm,
-                        &lw->ffn_norm};
+    llama_param_kind k[LLAMA_PARAMS_PER_LAYER_MAX];
+    int64_t sz[LLAMA_PARAMS_PER_LAYER_MAX];
+    int n = layer_sizes(c, k, sz);
+    memset(lw, 0, sizeof *lw);
     float *p = flat_layer;
-    for (int i = 0; i < 9; i++) {
-        *slots[i] = p;
+    for (int i = 0; i < n; i++) {
+        *llama_model_layer_slot(lw, k[i]) = p;
         p += sz[i];
     }
 }
@@ -111,7 +127,7 @@ int llama_model_weights_bind(const llama_config *c, float *flat, llama_model_wei
     }
     w->norm = p;
     p += c->dim;
-    w->output = p;
+    w->output = c->tie_embeddings ? w->tok_embeddings : p;
     return FSDP_OK;
 }
 
@@ -122,21 +138,9 @@ void llama_model_weights_unbind(llama_model_weights *w) {
 }
 
 int llama_model_param_count(const llama_config *c) {
-    return c && c->n_layers > 0 ? 3 + 9 * c->n_layers : 0;
-}
-
-static void set2(llama_model_param *o, int64_t a, int64_t b) {
-    o->ndim = 2;
-    o->shape[0] = a;
-    o->shape[1] = b;
-    o->numel = a * b;
-}
-
-static void set1(llama_model_param *o, int64_t a) {
-    o->ndim = 1;
-    o->shape[0] = a;
-    o->shape[1] = 0;
-    o->numel = a;
+    if (!c || c->n_layers <= 0) return 0;
+    llama_param_kind k[LLAMA_PARAMS_PER_LAYER_MAX];
+    return 1 + llama_params_layer_kinds(c, k) * c->n_layers + (c->tie_embeddings ? 1 : 2);
 }
 
 int llama_model_param_at(const llama_config *c, const llama_model_weights *w, int index, llama_model_param *o,
@@ -147,43 +151,30 @@ int llama_model_param_at(const llama_config *c, const llama_model_weights *w, in
     if (!w || w->n_layers != c->n_layers || !w->layers)
         return fsdp_err_set(err, FSDP_E_INVALID, "llama model: weights have %d layers, config has %d",
                             w ? w->n_layers : -1, c->n_layers);
-    memset(o, 0, sizeof *o);
-    int64_t d = c->dim, V = c->vocab_size, qd = (int64_t)c->n_heads * c->head_dim,
-            kvd = (int64_t)c->n_kv_heads * c->head_dim, F = c->ffn_hidden;
+    llama_param_kind k[LLAMA_PARAMS_PER_LAYER_MAX];
+    const int per = llama_params_layer_kinds(c, k);
+    llama_param p;
+    float *data;
     if (index == 0) {
-        snprintf(o->name, sizeof o->name, "tok_embeddings.weight");
-        set2(o, V, d);
-        o->data = w->tok_embeddings;
-        return FSDP_OK;
+        llama_param_describe(c, LLAMA_P_TOK_EMBEDDINGS, -1, &p);
+        data = w->tok_embeddings;
+    } else if (index == 1 + per * c->n_layers) {
+        llama_param_describe(c, LLAMA_P_NORM, -1, &p);
+        data = w->norm;
+    } else if (index == 2 + per * c->n_layers) {
+        llama_param_describe(c, LLAMA_P_OUTPUT, -1, &p);
+        data = w->output;
+    } else {
+        int layer = (index - 1) / per;
+        llama_param_describe(c, k[(index - 1) % per], layer, &p);
+        data = *llama_model_layer_slot(&w->layers[layer], p.kind);
     }
-    if (index == n - 2) {
-        snprintf(o->name, sizeof o->name, "norm.weight");
-        set1(o, d);
-        o->data = w->norm;
-        return FSDP_OK;
-    }
-    if (index == n - 1) {
-        snprintf(o->name, sizeof o->name, "output.weight");
-        set2(o, V, d);
-        o->data = w->output;
-        return FSDP_OK;
-    }
-    int layer = (index - 1) / 9, k = (index - 1) % 9;
-    const llama_model_layer *l = &w->layers[layer];
-    static const char *const names[9] = {"attention.wq",      "attention.wk",      "attention.wv",
-                                         "attention.wo",      "feed_forward.w1",   "feed_forward.w2",
-                                         "feed_forward.w3",   "attention_norm",    "ffn_norm"};
-    snprintf(o->name, sizeof o->name, "layers.%d.%s.weight", layer, names[k]);
-    switch (k) {
-    case 0: set2(o, qd, d); o->data = l->wq; break;
-    case 1: set2(o, kvd, d); o->data = l->wk; break;
-    case 2: set2(o, kvd, d); o->data = l->wv; break;
-    case 3: set2(o, d, qd); o->data = l->wo; break;
-    case 4: set2(o, F, d); o->data = l->w1; break;
-    case 5: set2(o, d, F); o->data = l->w2; break;
-    case 6: set2(o, F, d); o->data = l->w3; break;
-    case 7: set1(o, d); o->data = l->attention_norm; break;
-    default: set1(o, d); o->data = l->ffn_norm; break;
-    }
+    memset(o, 0, sizeof *o);
+    snprintf(o->name, sizeof o->name, "%s", p.name);
+    o->ndim = p.ndim;
+    o->shape[0] = p.shape[0];
+    o->shape[1] = p.ndim == 2 ? p.shape[1] : 0;
+    o->numel = p.numel;
+    o->data = data;
     return FSDP_OK;
 }

@@ -23,10 +23,10 @@ static int mul3(size_t a, size_t b, size_t c, size_t *out) {
 static int layout(llama_model_ws *ws, float *base, size_t *total) {
     const llama_config *c = &ws->cfg;
     size_t BT = (size_t)ws->B_max * (size_t)ws->T_max;
-    size_t nd, nq, nkv, nf, nlse, nlog, nrope;
+    size_t nd, nq, nkv, nf, nlse, nlsek, nlog, nrope;
     if (!mul3(BT, (size_t)c->dim, 1, &nd) || !mul3(BT, (size_t)c->n_heads, (size_t)c->head_dim, &nq) ||
         !mul3(BT, (size_t)c->n_kv_heads, (size_t)c->head_dim, &nkv) || !mul3(BT, (size_t)c->ffn_hidden, 1, &nf) ||
-        !mul3(BT, (size_t)c->n_heads, 1, &nlse) || !mul3((size_t)ws->head_chunk, (size_t)c->vocab_size, 1, &nlog) ||
+        !mul3(BT, (size_t)c->n_heads, 1, &nlse) || !mul3(BT, (size_t)c->n_kv_heads, 1, &nlsek) || !mul3((size_t)ws->head_chunk, (size_t)c->vocab_size, 1, &nlog) ||
         !mul3((size_t)ws->T_max, (size_t)(c->head_dim / 2), 1, &nrope))
         return 0;
     size_t off = 0, at;
@@ -59,6 +59,12 @@ static int layout(llama_model_ws *ws, float *base, size_t *total) {
         CARVE(a->rstd1, BT);
         if (ws->ac == LLAMA_AC_SELECTIVE) a->xn1 = sel_xn;
         else CARVE(a->xn1, nd);
+        if (c->qk_norm) {
+            CARVE(a->qr, nq);
+            CARVE(a->kr, nkv);
+            CARVE(a->rstdq, nlse);
+            CARVE(a->rstdk, nlsek);
+        }
         CARVE(a->q, nq);
         CARVE(a->k, nkv);
         CARVE(a->v, nkv);
@@ -84,6 +90,10 @@ static int layout(llama_model_ws *ws, float *base, size_t *total) {
     CARVE(ws->datt, nq);
     CARVE(ws->dk, nkv);
     CARVE(ws->dv, nkv);
+    if (c->qk_norm) {
+        CARVE(ws->dqr, nq);
+        CARVE(ws->dkr, nkv);
+    }
     CARVE(ws->dg, nf);
     CARVE(ws->da, nf);
     CARVE(ws->db, nf);
@@ -238,7 +248,8 @@ int llama_model_ws_check(const llama_config *c, const llama_model_ws *ws, const 
         c->ffn_hidden != w->ffn_hidden || c->norm_eps != w->norm_eps || c->rope_theta != w->rope_theta ||
         c->rope_scaling != w->rope_scaling || c->rope_factor != w->rope_factor ||
         c->rope_low_freq_factor != w->rope_low_freq_factor || c->rope_high_freq_factor != w->rope_high_freq_factor ||
-        c->rope_original_max_pos != w->rope_original_max_pos)
+        c->rope_original_max_pos != w->rope_original_max_pos || c->qkv_bias != w->qkv_bias ||
+        c->qk_norm != w->qk_norm || c->tie_embeddings != w->tie_embeddings)
         return fsdp_err_set(err, FSDP_E_INVALID, "%s: the config does not match the one the workspace was made for",
                             what);
     return FSDP_OK;

@@ -1,20 +1,33 @@
-/* The Llama-3 parameter table: every parameter of a config in torchtitan's order and names, with
- * its global shape and init rule. Sharding, checkpoints, init and the optimizer walk this table.
+/* The parameter table of a Llama-family config (llama3, qwen2, qwen3): every parameter in
+ * torchtitan's order and names, with its global shape and init rule. Sharding, checkpoints, init,
+ * the model's flat layout and the optimizer walk this table: it is the single source of a config's
+ * parameter list.
  *
  * Order (torchtitan's named_parameters(), as in the fixtures' reference.json "param_names"):
  *   tok_embeddings.weight
- *   for each layer i: layers.{i}.attention.wq/wk/wv/wo.weight,
+ *   for each layer i: layers.{i}.attention.wq.weight  [+ layers.{i}.attention.wq.bias]   (qkv_bias)
+ *                     layers.{i}.attention.wk.weight  [+ .bias], layers.{i}.attention.wv.weight [+ .bias],
+ *                     layers.{i}.attention.wo.weight,
+ *                     [layers.{i}.attention.q_norm.weight, layers.{i}.attention.k_norm.weight]  (qk_norm)
  *                     layers.{i}.feed_forward.w1/w2/w3.weight,
  *                     layers.{i}.attention_norm.weight, layers.{i}.ffn_norm.weight
- *   norm.weight, output.weight
+ *   norm.weight, output.weight (absent with tie_embeddings: the head uses tok_embeddings.weight)
+ * Shapes: wq [H*hd, d], wk/wv [KV*hd, d], wo [d, H*hd] (hd = head_dim, which may differ from
+ * d / H), biases [rows of their weight], q_norm/k_norm [hd], w1/w3 [F, d], w2 [d, F], norms [d].
+ * q/k rows (and the q/k biases and q/k-norm weights) are in torchtitan's interleaved RoPE layout
+ * (ckpt/namemap.h permutes them to and from Hugging Face's).
  *
- * Init rules (torchtitan init_weights, refmodel.py):
- *   tok_embeddings            normal(0, 1)
+ * Init rules, torchtitan (cfg->init_std == 0; init_weights of refmodel.py):
+ *   tok_embeddings            normal(0, 1); tied: output's rule (torchtitan skips the embedding's
+ *                             init when it is the output head's weight)
  *   wq, wk, wv, w1            trunc_normal(0, 0.02, a=-2, b=2)   (absolute bounds, torch defaults)
  *   wo, w2, w3                trunc_normal(0, init_std, a=-2, b=2), init_std = 0.02/sqrt(2(i+1))
  *                             with depth_init, else 0.02/sqrt(2 n_layers)
- *   attention_norm, ffn_norm, norm   ones
- *   output                    trunc_normal(0, dim^-0.5, a=-3 dim^-0.5, b=3 dim^-0.5) */
+ *   attention_norm, ffn_norm, norm, q_norm, k_norm   ones
+ *   wq/wk/wv biases           zeros
+ *   output                    trunc_normal(0, dim^-0.5, a=-3 dim^-0.5, b=3 dim^-0.5)
+ * Hugging Face (cfg->init_std > 0, _init_weights of transformers' Llama/Qwen2/Qwen3): every matrix
+ * and the embedding normal(0, init_std), biases zeros, norms ones. */
 #ifndef FSDP_MODEL_LLAMA_PARAMS_H
 #define FSDP_MODEL_LLAMA_PARAMS_H
 
@@ -41,11 +54,16 @@ typedef enum llama_param_kind {
     LLAMA_P_FFN_NORM,
     LLAMA_P_NORM,
     LLAMA_P_OUTPUT,
+    LLAMA_P_WQ_BIAS, /* qkv_bias */
+    LLAMA_P_WK_BIAS,
+    LLAMA_P_WV_BIAS,
+    LLAMA_P_Q_NORM, /* qk_norm */
+    LLAMA_P_K_NORM,
     LLAMA_P_KIND_COUNT
 } llama_param_kind;
 
-/* Parameters per transformer layer, in table order (LLAMA_P_WQ .. LLAMA_P_FFN_NORM). */
-#define LLAMA_PARAMS_PER_LAYER 9
+/* Parameters per transformer layer: 9 (Llama), 12 with q/k/v biases, 11 with q/k norms. */
+#define LLAMA_PARAMS_PER_LAYER_MAX 14
 
 #define LLAMA_PARAM_NAME_MAX 64
 
@@ -63,8 +81,12 @@ typedef struct llama_param {
 
 typedef struct llama_params {
     llama_param *p;
-    int n;         /* 3 + LLAMA_PARAMS_PER_LAYER * n_layers */
+    int n;         /* 1 + per_layer * n_layers + (tied ? 1 : 2) */
     int64_t total; /* sum of numel == llama_param_count(cfg) */
+    int n_layers;
+    int per_layer;                  /* parameters in each layer's block */
+    int slot[LLAMA_P_KIND_COUNT];   /* a layer kind's position in its block; -1 when the config has none */
+    int tied;                       /* no output.weight: the head uses tok_embeddings.weight */
 } llama_params;
 
 /* Builds the table of a finalized config. Free with llama_params_free. */
@@ -73,8 +95,17 @@ void llama_params_free(llama_params *t);
 
 /* Table index of a name, -1 when absent. */
 int llama_params_find(const llama_params *t, const char *name);
-/* Table index of (kind, layer); layer is ignored for the non-layer kinds. -1 when out of range. */
+/* Table index of (kind, layer); layer is ignored for the non-layer kinds. -1 when out of range or
+ * when the config has no such parameter (a bias without qkv_bias, output with tied embeddings). */
 int llama_params_index(const llama_params *t, llama_param_kind kind, int layer);
+
+/* The kinds of one layer's block in table order (kinds has room for LLAMA_PARAMS_PER_LAYER_MAX);
+ * returns their number. */
+int llama_params_layer_kinds(const llama_config *cfg, llama_param_kind *kinds);
+/* Name, shape and init rule of (kind, layer) of a finalized cfg into p (offset 0). */
+void llama_param_describe(const llama_config *cfg, llama_param_kind kind, int layer, llama_param *p);
+/* Whether kind is a per-layer kind. */
+int llama_param_kind_is_layer(llama_param_kind kind);
 
 /* "tok_embeddings.weight", "attention.wq.weight", ... : the FQN suffix of a kind. */
 const char *llama_param_kind_name(llama_param_kind kind);

@@ -15,13 +15,14 @@
 #include "pipeline/ckpt_cli.h"
 #include "pipeline/ckpt_keys.h"
 #include "pipeline/ckpt_tool.h"
+#include "pipeline/ckpt_cli_model.h"
 #include "runtime/crash.h"
 
 static void ckpt_usage(FILE *f) {
     fputs("usage: fsdp-run ckpt inspect PATH [--json] [--verify]\n"
           "       fsdp-run ckpt convert SRC DST [--to dcp|safetensors] [--names hf|torchtitan] [--dtype f32|bf16|f16]\n"
           "                             [--keys GLOB[,GLOB...]]... [--exclude GLOB[,GLOB...]]... [--strip-prefix P]\n"
-          "                             [--add-prefix P] [--n-heads H --n-kv-heads K] [--overwrite]\n"
+          "                             [--add-prefix P] [--n-heads H --n-kv-heads K] [--model PRESET|HF_DIR] [--overwrite]\n"
           "       fsdp-run ckpt diff A B [--rtol R] [--atol A] [--round] [--ignore GLOB[,GLOB...]]...\n"
           "                              [--names hf|torchtitan [--n-heads H --n-kv-heads K]]\n"
           "GLOB: `*` matches within one dotted component, `**` across them (optimizer.**); a pattern\n"
@@ -32,7 +33,9 @@ static void ckpt_usage(FILE *f) {
           "rounding both to the less precise one.\n"
           "PATH: a DCP directory, a .safetensors file, an HF directory or model.safetensors.index.json, or a .pt file.\n"
           "convert refuses an existing DST (a DCP checkpoint or a file) unless --overwrite, which replaces it\n"
-          "atomically: DST holds the old or the new checkpoint at every instant.\n",
+          "atomically: DST holds the old or the new checkpoint at every instant. --model names the model the\n"
+          "checkpoint holds (its heads for the q/k permutation); with --to safetensors --names hf the tensors are\n"
+          "checked against it and its config.json is written next to DST, so transformers opens the directory.\n",
           f);
 }
 
@@ -136,10 +139,11 @@ static int cmd_inspect(int argc, char **argv, FILE *out, FILE *log) {
 
 typedef struct conv {
     ckpt_reader *r;
-    const char *names, *strip, *add;
+    const char *names, *strip, *add, *model;
     ckpt_keys keys, exclude;
     fsdp_dtype dtype;
     int heads, kv_heads;
+    llama_config cfg; /* --model's, when given */
 } conv;
 
 /* output name of input entry i, "" to skip */
@@ -207,6 +211,7 @@ static int convert_args(int argc, char **argv, conv *c, conv_out *o, FILE *log) 
         else if (!strcmp(a, "--add-prefix") && v) c->add = v, i++;
         else if (!strcmp(a, "--n-heads") && v) c->heads = atoi(v), i++;
         else if (!strcmp(a, "--n-kv-heads") && v) c->kv_heads = atoi(v), i++;
+        else if (!strcmp(a, "--model") && v) c->model = v, i++;
         else if (!strcmp(a, "--overwrite")) o->overwrite = 1;
         else if (a[0] == '-') {
             fprintf(log, "fsdp-run ckpt convert: unknown option %s\n", a);
@@ -244,6 +249,28 @@ static int check_st_dest(const conv_out *o, FILE *log, fsdp_err *err) {
     return 0;
 }
 
+/* The tensors being exported under HF names (out_name's) against --model. */
+static int check_model(const conv *c, const char *skip, fsdp_err *err) {
+    size_t n = ckpt_count(c->r), k = 0;
+    ckpt_cli_tensor *t = calloc(n ? n : 1, sizeof *t);
+    char (*names)[1024] = calloc(n ? n : 1, sizeof *names);
+    int rc = t && names ? 0 : fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+    for (size_t i = 0; i < n && !rc; i++) {
+        if (skip[i]) continue;
+        const ckpt_entry *e = ckpt_entry_at(c->r, i);
+        nmap_info ignored;
+        if ((rc = out_name(c, e->name, names[k], sizeof names[k], &ignored, err))) break;
+        t[k].name = names[k];
+        t[k].ndim = e->ndim;
+        t[k].shape = e->shape;
+        k++;
+    }
+    if (!rc) rc = ckpt_cli_model_check(&c->cfg, t, k, err);
+    free(t);
+    free(names);
+    return rc ? fsdp_err_prefix(err, "--model %s", c->model) : 0;
+}
+
 static int convert_to_safetensors(const conv *c, conv_out *o, FILE *log, fsdp_err *err) {
     int rc = check_st_dest(o, log, err);
     if (rc) return rc;
@@ -265,6 +292,7 @@ static int convert_to_safetensors(const conv *c, conv_out *o, FILE *log, fsdp_er
         skip[i] = 0;
         rc = st_writer_declare(w, name, c->dtype ? c->dtype : e->dtype, e->ndim, e->shape, &idx[i], err);
     }
+    if (!rc && c->model && c->names && !strcmp(c->names, "hf")) rc = check_model(c, skip, err);
     if (!rc) rc = st_writer_begin(w, err);
     for (size_t i = 0; i < n && !rc; i++) {
         if (skip[i]) continue;
@@ -279,6 +307,15 @@ static int convert_to_safetensors(const conv *c, conv_out *o, FILE *log, fsdp_er
         o->bytes += len;
     }
     if (!rc) rc = st_writer_finish(w, err);
+    if (!rc && c->model && c->names && !strcmp(c->names, "hf")) {
+        /* the dtype written: --dtype, else the first tensor's */
+        fsdp_dtype dt = c->dtype;
+        for (size_t i = 0; i < n && !dt; i++)
+            if (!skip[i]) dt = ckpt_entry_at(c->r, i)->dtype;
+        rc = ckpt_cli_model_write_config(&c->cfg, dt, o->dst, err);
+    } else if (!rc && c->names && !strcmp(c->names, "hf")) {
+        fprintf(log, "fsdp-run ckpt convert: no config.json written (pass --model PRESET|HF_DIR to write one)\n");
+    }
     st_writer_free(w);
     free(idx);
     free(info);
@@ -370,7 +407,6 @@ static int cmd_convert(int argc, char **argv, FILE *out, FILE *log) {
     memset(&c, 0, sizeof c);
     memset(&o, 0, sizeof o);
     int rc = convert_args(argc, argv, &c, &o, log);
-    if (!rc && open_or_say(o.src, &c.r, log)) rc = 1;
     if (rc) {
         ckpt_keys_free(&c.keys);
         ckpt_keys_free(&c.exclude);
@@ -378,6 +414,20 @@ static int cmd_convert(int argc, char **argv, FILE *out, FILE *log) {
     }
     fsdp_err err;
     fsdp_err_clear(&err);
+    if (c.model) {
+        if ((rc = ckpt_cli_model_load(c.model, &c.cfg, &err))) {
+            fprintf(log, "fsdp-run ckpt convert: error: %s\n", err.msg);
+            ckpt_keys_free(&c.keys);
+            ckpt_keys_free(&c.exclude);
+            return fsdp_err_exit_code(rc);
+        }
+        if (c.heads <= 0) c.heads = c.cfg.n_heads, c.kv_heads = c.cfg.n_kv_heads;
+    }
+    if (open_or_say(o.src, &c.r, log)) {
+        ckpt_keys_free(&c.keys);
+        ckpt_keys_free(&c.exclude);
+        return 1;
+    }
     rc = !strcmp(o.to, "safetensors") ? convert_to_safetensors(&c, &o, log, &err) : convert_to_dcp(&c, &o, log, &err);
     if (!rc) convert_report(&c, &o, out);
     ckpt_close(c.r);

@@ -7,6 +7,8 @@
 #include <unistd.h>
 
 #include "model/llama_model.h"
+#include "model/llama_table.h"
+#include "model/mt_spec.h"
 #include "runtime/data.h"
 #include "runtime/device.h"
 
@@ -80,23 +82,58 @@ static int check_model_bounds(const fsdp_value *model, errlist *el) {
     return bad;
 }
 
+/* The chain's model from a table (counts over `world` ranks). */
+static void chain_from_table(sizes_chain *chain, const mt_table *t, int world) {
+    chain->trainable = mt_can_train(t);
+    chain->has_llama = t->trainer == MT_TRAIN_LLAMA;
+    if (chain->has_llama) chain->model = t->cfg;
+    chain->full = t->incomplete ? -1 : mt_total(t);
+    chain->shard = t->incomplete ? -1 : mt_shard_numel(t, world);
+    snprintf(chain->kind, sizeof chain->kind, "%s", mt_kind(t));
+}
+
 /* The recipe's model into chain (0), or the chain's earlier model; -1 when there is none or it is invalid. */
-static int model_of(const recipe *r, sizes_chain *chain, errlist *el) {
+static int model_of(const recipe *r, const sizes_host *h, sizes_chain *chain, errlist *el) {
     const fsdp_value *model = fsdp_value_get(r->root, "model");
-    if (model && fsdp_value_type(model) != FSDP_V_NULL) {
-        if (check_model_bounds(model, el)) return -1;
-        fsdp_err e;
-        fsdp_err_clear(&e);
+    if (!model || fsdp_value_type(model) == FSDP_V_NULL) return chain->model_node ? 0 : -1;
+    if (check_model_bounds(model, el)) return -1;
+    fsdp_err e;
+    fsdp_err_clear(&e);
+    mt_table t;
+    mt_init(&t);
+    int rc;
+    if (!mt_spec_is_table(model)) {
+        /* the built-in arch form: the trainer's config, and its table */
         llama_config cfg;
-        if (llama_config_from_value(&cfg, model, &e)) {
-            errlist_add(el, &e);
-            return -1;
-        }
-        chain->model = cfg;
-        chain->model_node = model;
-        return 0;
+        rc = mt_spec_check_arch_keys(model, &e);
+        if (!rc) rc = llama_config_from_value(&cfg, model, &e);
+        if (!rc) rc = llama_table_build(&cfg, NULL, &t, &e);
+    } else {
+        /* any table: built as the run will (sources that do not exist yet are skipped) */
+        mt_spec_opts o = {1};
+        rc = mt_spec_build(model, &o, &t, &e);
     }
-    return chain->model_node ? 0 : -1;
+    if (rc) {
+        errlist_add(el, &e);
+        mt_free(&t);
+        return -1;
+    }
+    memset(chain, 0, sizeof *chain);
+    chain_from_table(chain, &t, h->world);
+    chain->model_node = model;
+    mt_free(&t);
+    return 0;
+}
+
+/* train-steps only for a model it can train (the built-in archs). */
+static void check_trainer(const recipe *r, const sizes_chain *chain, errlist *el) {
+    if (!chain->model_node || chain->trainable) return;
+    for (size_t i = 0; i < r->n_stages; i++)
+        if (!strcmp(r->stages[i].uses, "train-steps"))
+            add_at(el, r->stages[i].uses_node,
+                   "stage '%s' (train-steps): cannot train the model: it is a %s; train-steps trains the built-in "
+                   "architectures (model: {arch: llama3, ...}); every other stage works on any model",
+                   r->stages[i].id, chain->kind);
 }
 
 /* ---- data ---------------------------------------------------------------------------------------- */
@@ -133,7 +170,7 @@ static int check_data(const recipe *r, const sizes_host *h, const sizes_chain *c
     if (dc->batch_size > INT32_MAX)
         add_at(el, at_b, "data.batch_size: %lld is more than %d (2^31 - 1)", (long long)dc->batch_size, INT32_MAX);
     if (!train || el->n > n0) return el->n > n0 ? -1 : 0;
-    if (has_model && dc->seq_len > chain->model.max_seq_len)
+    if (has_model && chain->has_llama && dc->seq_len > chain->model.max_seq_len)
         add_at(el, at_t,
                "data.seq_len: %lld is more than model.max_seq_len %d (the longest sequence the model is configured "
                "for: shorten data.seq_len or raise model.max_seq_len)",
@@ -211,10 +248,11 @@ static void train_need(const recipe_stage *s, const llama_config *c, const sizes
 }
 
 /* What stage s holds on rank 0 at its peak in host memory (bytes 0: nothing the check knows of). */
-static void stage_need_of(const recipe_stage *s, const llama_config *c, const sizes_host *h, const data_config *dc,
+static void stage_need_of(const recipe_stage *s, const sizes_chain *chain, const sizes_host *h, const data_config *dc,
                           int on_host, stage_need *n) {
     memset(n, 0, sizeof *n);
-    int64_t full = llama_param_count(c), shard = llama_param_count_shard(c, h->world);
+    const llama_config *c = &chain->model;
+    int64_t full = chain->full, shard = chain->shard;
     if (full < 0 || shard < 0) return;
     n->what = "parameters";
     if (!strcmp(s->uses, "init-cpu")) {
@@ -231,7 +269,7 @@ static void stage_need_of(const recipe_stage *s, const llama_config *c, const si
                  "stage '%s' (shard) holds the whole model and rank 0's shard of it while it scatters: %lld + %lld "
                  "parameters as float32",
                  s->id, (long long)full, (long long)shard);
-    } else if (!strcmp(s->uses, "train-steps") && on_host == 1 && dc) {
+    } else if (!strcmp(s->uses, "train-steps") && on_host == 1 && dc && chain->has_llama) {
         train_need(s, c, h, dc, shard, n);
     }
 }
@@ -259,7 +297,7 @@ static void check_memory(const recipe *r, const sizes_host *h, const sizes_chain
     stage_need worst = {0}, n;
     const recipe_stage *ws = NULL;
     for (size_t i = 0; i < r->n_stages; i++) {
-        stage_need_of(&r->stages[i], &chain->model, h, dc, on_host, &n);
+        stage_need_of(&r->stages[i], chain, h, dc, on_host, &n);
         if (n.bytes > worst.bytes) {
             worst = n;
             ws = &r->stages[i];
@@ -286,7 +324,8 @@ static void check_memory(const recipe *r, const sizes_host *h, const sizes_chain
 
 void sizes_check(const recipe *r, const sizes_host *h, sizes_chain *chain, errlist *el) {
     check_threads(r, h, el);
-    int has_model = model_of(r, chain, el) == 0;
+    int has_model = model_of(r, h, chain, el) == 0;
+    if (has_model) check_trainer(r, chain, el);
     data_config dc;
     int data_ok = check_data(r, h, chain, has_model, &dc, el) == 0;
     /* the memory of a model whose own keys are valid; train-steps only with a valid data section */

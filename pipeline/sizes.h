@@ -1,8 +1,11 @@
 /* Sizes from recipes, validated before anything is allocated: the numeric keys with a natural
  * bound (runtime.threads, model.dim, model.n_layers, data.seq_len against model.max_seq_len and
- * 2^31, data.batch_size, ...), and the memory the recipe's stages will hold on rank 0 (parameters,
- * gradients, AdamW moments, training buffers and activations, computed with checked arithmetic)
- * against the host's memory. Each error names the file:line:col of the key. */
+ * 2^31, data.batch_size, ...), the model (its table, model/mt_spec.h: the section's syntax, names,
+ * shapes, dims, init rules, and its parts and their conflicts when the sources exist already; and
+ * train-steps only for a model it can train), and the memory the recipe's stages will hold on rank 0
+ * (parameters of the model's table, gradients, AdamW moments, training buffers and activations,
+ * computed with checked arithmetic) against the host's memory. Each error names the file:line:col of
+ * the key. */
 #ifndef FSDP_PIPELINE_SIZES_H
 #define FSDP_PIPELINE_SIZES_H
 
@@ -30,7 +33,12 @@ void sizes_host_probe(sizes_host *h, int world, int probe_device);
 /* The model of a chain of recipes: a recipe without a `model:` section trains or loads the model of
  * the last earlier recipe that had one. */
 typedef struct sizes_chain {
-    llama_config model;
+    llama_config model;           /* the Llama-family trainer's config (has_llama) */
+    int has_llama;
+    int trainable;                /* train-steps can train the model */
+    int64_t full, shard;          /* parameter elements of the whole model and of rank 0's shard; -1:
+                                   * unknown (a source of the table cannot be read yet) */
+    char kind[256];               /* the model kind (mt_kind) */
     const fsdp_value *model_node; /* that recipe's model section (error positions), NULL: none yet */
 } sizes_chain;
 

@@ -31,6 +31,16 @@ int kcu_sumsq(fsdp_dtype dt, const void *x, int64_t n, double *d_out, kcu_stream
     NOCUDA(kcu_sumsq);
 }
 
+int kcu_bias_forward(fsdp_dtype dt, void *y, const void *b, int64_t n, int out, kcu_stream stream, fsdp_err *err) {
+    (void)dt, (void)y, (void)b, (void)n, (void)out, (void)stream;
+    NOCUDA(kcu_bias_forward);
+}
+
+int kcu_bias_backward(fsdp_dtype dt, const void *dy, float *db, int64_t n, int out, kcu_stream stream, fsdp_err *err) {
+    (void)dt, (void)dy, (void)db, (void)n, (void)out, (void)stream;
+    NOCUDA(kcu_bias_backward);
+}
+
 int kcu_embedding_forward(fsdp_dtype dt, const void *table, const int32_t *tokens, void *out, int64_t n, int vocab,
                           int dim, int *d_bad, kcu_stream stream, fsdp_err *err) {
     (void)dt, (void)table, (void)tokens, (void)out, (void)n, (void)vocab, (void)dim, (void)d_bad, (void)stream;

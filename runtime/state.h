@@ -10,6 +10,7 @@
 #include "fsdp/ctx.h"
 #include "fsdp/tensor.h"
 #include "model/llama.h"
+#include "model/model_table.h"
 #include "runtime/comm.h"
 #include "runtime/name_index.h"
 
@@ -49,6 +50,10 @@ typedef struct state_param {
      * `offload` exp_avg/exp_avg_sq are host (pinned) while d_data stays on the device. */
     float *d_data, *d_grad, *d_exp_avg, *d_exp_avg_sq;
     unsigned pinned; /* bit (1u << state_array): that host array is pinned memory of s->dev */
+    /* 1 while the parameter holds no value: declared with init rule none (or for a load) and not yet
+     * loaded, copied or filled. Its rows then hold NaN; the stages that read values (save-dcp,
+     * save-safetensors, verify, transform's sources, train-steps) refuse it, naming it. */
+    int no_value;
 } state_param;
 
 typedef struct fsdp_state {
@@ -59,6 +64,10 @@ typedef struct fsdp_state {
                   * state is an empty one, and state_free frees it) */
     state_layout layout;
     int rank, world;
+    /* The model's description (model/model_table.h): every parameter's declared shape, dtype, init
+     * rule and part, in the order of p (owned; NULL for states built without one). */
+    mt_table *model;
+    /* The Llama-family trainer's config: set (has_cfg) only when the model's trainer is MT_TRAIN_LLAMA. */
     llama_config cfg;
     int has_cfg;
     int has_optimizer;
@@ -104,6 +113,11 @@ int state_alloc_optimizer(fsdp_state *s, fsdp_err *err);
 /* Allocates (zeroed) gradients for every parameter that has none, next to its data (pinned host
  * memory when the data is on the host of a state with a device). */
 int state_alloc_grads(fsdp_state *s, fsdp_err *err);
+
+/* FSDP_E_INVALID naming the parameters that hold no value (no_value), for `what` ("save-dcp", ...):
+ * the first few by name, with the part each belongs to when the state has a model. 0 when all hold
+ * values. The flags are the same on every rank. */
+int state_check_values(const fsdp_state *s, const char *what, fsdp_err *err);
 
 /* STATE_FULL on rank 0 -> STATE_SHARDED on every rank (scatter through the communicator);
  * frees the full copy. Optimizer moments move too when present. The full state must be in host

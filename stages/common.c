@@ -1,7 +1,12 @@
 /* Helpers shared by the built-in stages. */
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "ckpt/ckpt_stale.h"
+#include "model/init_fill.h"
+#include "model/llama_table.h"
+#include "model/mt_spec.h"
 #include "runtime/ctx_impl.h"
 #include "stages/stages.h"
 
@@ -42,72 +47,113 @@ uint64_t stage_seed(fsdp_ctx *ctx, const fsdp_value *with) {
     return (uint64_t)fsdp_arg_int(fsdp_ctx_section(ctx, "runtime"), "seed", 0);
 }
 
-int stage_state_from_config(fsdp_ctx *ctx, const llama_config *cfg, state_layout layout, llama_params *table,
-                            fsdp_state **out, fsdp_err *err) {
-    int rc = llama_params_build(cfg, table, err);
-    if (rc) return rc;
+int stage_model_table(fsdp_ctx *ctx, mt_table *out, fsdp_err *err) {
+    const fsdp_value *m = fsdp_ctx_section(ctx, "model");
+    if (mt_spec_is_table(m)) return mt_spec_build(m, NULL, out, err);
+    /* the built-in arch form: the Llama-family config of the recipe, as a table */
+    mt_init(out);
+    llama_config cfg;
+    int rc = mt_spec_check_arch_keys(m, err);
+    if (!rc) rc = stage_model_config(ctx, &cfg, err);
+    char where[512] = "";
+    if (m) {
+        const char *file;
+        int line, col;
+        fsdp_value_where(m, &file, &line, &col);
+        snprintf(where, sizeof where, "%s:%d:%d", file, line, col);
+    }
+    if (!rc) rc = llama_table_build(&cfg, m ? where : NULL, out, err);
+    if (rc) mt_free(out);
+    return rc;
+}
+
+int stage_state_from_table(fsdp_ctx *ctx, mt_table *t, state_layout layout, fsdp_state **out, fsdp_err *err) {
     fsdp_state *s;
-    if ((rc = state_create(ctx, layout, &s, err))) {
-        llama_params_free(table);
+    mt_table *own = malloc(sizeof *own);
+    if (!own) {
+        mt_free(t);
+        return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+    }
+    mt_move(own, t);
+    int rc = state_create(ctx, layout, &s, err);
+    if (rc) {
+        mt_free(own);
+        free(own);
         return rc;
     }
-    s->cfg = *cfg;
-    s->has_cfg = 1;
-    for (int i = 0; i < table->n; i++) {
-        const llama_param *p = &table->p[i];
-        if ((rc = state_add_param(s, p->name, p->ndim, p->shape, p->layer, err))) {
-            llama_params_free(table);
-            return rc;
-        }
+    s->model = own;
+    if (own->trainer == MT_TRAIN_LLAMA) {
+        s->cfg = own->cfg;
+        s->has_cfg = 1;
+    }
+    for (size_t i = 0; i < own->n; i++) {
+        const mt_param *p = &own->p[i];
+        if ((rc = state_add_param(s, p->name, p->ndim, p->shape, p->layer, err))) return rc;
+        state_param *sp = &s->p[s->n - 1];
+        sp->dtype = p->dtype;
+        sp->no_value = 1; /* until an init, a load or a copy gives it one */
     }
     *out = s;
     return 0;
 }
 
-int stage_init_values(fsdp_state *s, const llama_params *table, uint64_t seed, fsdp_dtype dtype, fsdp_err *err) {
-    /* every local shard in one parallel fill (llama_init_jobs): small parameters side by side,
-     * bf16 rounding done by the same threads on the freshly written values */
-    llama_init_job *jobs = calloc((size_t)(table->n > 0 ? table->n : 1), sizeof *jobs);
-    if (!jobs) return fsdp_err_set(err, FSDP_E_NOMEM, "init: out of memory for %d parameters", table->n);
-    int n = 0;
-    for (int i = 0; i < table->n; i++) {
+/* The dtype a parameter is initialised in: the stage's `dtype` when not auto, else its own. */
+static fsdp_dtype init_dtype(const state_param *sp, fsdp_dtype over) { return over ? over : sp->dtype; }
+
+int stage_init_values(fsdp_state *s, uint64_t seed, fsdp_dtype over, fsdp_err *err) {
+    /* every local shard in one parallel fill (init_fill_jobs): small parameters side by side, the
+     * rounding to bf16 / f16 done by the same threads on the freshly written values */
+    const mt_table *t = s->model;
+    if (!t || t->n != s->n) return fsdp_err_set(err, FSDP_E_INVALID, "init: the state has no model table");
+    init_job *jobs = calloc(s->n ? s->n : 1, sizeof *jobs);
+    if (!jobs) return fsdp_err_set(err, FSDP_E_NOMEM, "init: out of memory for %zu parameters", s->n);
+    int n = 0, rc = 0;
+    for (size_t i = 0; i < s->n && !rc; i++) {
         state_param *sp = &s->p[i];
-        sp->dtype = dtype;
-        if (sp->rows == 0) continue;
-        jobs[n].p = &table->p[i];
-        jobs[n].r0 = sp->row0;
-        jobs[n].r1 = sp->row0 + sp->rows;
+        const mt_param *p = &t->p[i];
+        sp->dtype = init_dtype(sp, over);
+        sp->no_value = p->init.kind == INIT_NONE;
+        if (sp->no_value) memset(sp->data, 0xff, state_param_local_numel(sp) * sizeof(float)); /* NaN */
+        if (sp->no_value || sp->rows == 0) continue;
+        if ((rc = mt_param_dist(p, &jobs[n].dist, err))) break;
+        jobs[n].stream = init_stream(p->name);
+        jobs[n].e0 = sp->row0 * sp->row_numel;
+        jobs[n].n = (int64_t)state_param_local_numel(sp);
         jobs[n].f32 = sp->data;
-        jobs[n].round_bf16 = dtype == FSDP_DT_BF16;
+        jobs[n].dtype = sp->dtype;
         n++;
     }
-    int rc = llama_init_jobs(jobs, n, seed, err);
+    if (!rc) rc = init_fill_jobs(jobs, n, seed, "init", err);
     free(jobs);
-    return rc ? fsdp_err_prefix(err, "init") : 0;
+    return rc;
 }
 
-static const char *const INIT_DTYPES[] = {"f32", "bf16", NULL};
+static const char *const INIT_DTYPES[] = {"auto", "f32", "bf16", "f16", NULL};
 const fsdp_param_spec stage_init_params[] = {
     {"seed", FSDP_T_INT, 0, NULL, NULL, "init seed (default: runtime.seed)"},
-    {"dtype", FSDP_T_STRING, 0, "f32", INIT_DTYPES, "parameter dtype (bf16 rounds the f32 draw)"},
+    {"dtype", FSDP_T_STRING, 0, "auto", INIT_DTYPES,
+     "dtype of every parameter (auto: each its own from the model; bf16 / f16 round the f32 draw)"},
     {NULL, 0, 0, NULL, NULL, NULL}};
 
-int stage_init_model(fsdp_ctx *ctx, const fsdp_value *with, state_layout layout, llama_config *cfg, int64_t *total,
-                     fsdp_err *err) {
-    int rc = stage_model_config(ctx, cfg, err);
+int stage_init_model(fsdp_ctx *ctx, const fsdp_value *with, state_layout layout, fsdp_state **out, fsdp_err *err) {
+    mt_table t;
+    int rc = stage_model_table(ctx, &t, err);
     if (rc) return rc;
     int on_gpu = 0;
     dev_ctx *d = NULL;
-    if (layout == STATE_SHARDED && (rc = stage_on_gpu(ctx, &on_gpu, err))) return rc;
-    if (on_gpu && (rc = stage_device(ctx, &d, err))) return rc;
+    if (layout == STATE_SHARDED && !rc) rc = stage_on_gpu(ctx, &on_gpu, err);
+    if (on_gpu && !rc) rc = stage_device(ctx, &d, err);
+    if (rc) {
+        mt_free(&t);
+        return rc;
+    }
     fsdp_ctx_metric_str(ctx, "device", on_gpu ? "cuda" : "cpu");
-    llama_params table;
     fsdp_state *s;
-    if ((rc = stage_state_from_config(ctx, cfg, layout, &table, &s, err))) return rc;
-    fsdp_dtype dt = fsdp_dtype_from_name(fsdp_arg_str(with, "dtype", "f32"));
-    rc = d ? stage_init_values_dev(s, &table, d, stage_seed(ctx, with), dt, err)
-           : stage_init_values(s, &table, stage_seed(ctx, with), dt, err);
-    *total = table.total;
-    llama_params_free(&table);
+    if ((rc = stage_state_from_table(ctx, &t, layout, &s, err))) return rc;
+    const char *dts = fsdp_arg_str(with, "dtype", "auto");
+    fsdp_dtype over = strcmp(dts, "auto") ? fsdp_dtype_from_name(dts) : FSDP_DT_INVALID;
+    rc = d ? stage_init_values_dev(s, d, stage_seed(ctx, with), over, err)
+           : stage_init_values(s, stage_seed(ctx, with), over, err);
+    *out = s;
     return rc;
 }

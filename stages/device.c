@@ -1,6 +1,7 @@
 /* The run's device: runtime.device resolved once per run (auto = cuda when every rank has a GPU of
  * its own), the device context and NCCL communicator shared by every stage, placing the state, and
  * materialising parameters on the GPU. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -206,21 +207,44 @@ static int round_bf16_dev(dev_ctx *d, float *x, int64_t n, fsdp_err *err) {
     return rc;
 }
 
-int stage_init_values_dev(fsdp_state *s, const llama_params *table, dev_ctx *d, uint64_t seed, fsdp_dtype dtype,
-                          fsdp_err *err) {
+/* x = f16(x) in place through the host (kcu_cast has no f16 path): download, round, upload. */
+static int round_f16_host(fsdp_state *s, state_param *sp, fsdp_err *err) {
+    float *h;
+    int rc = state_param_map(s, sp, STATE_DATA, &h, err);
+    if (rc) return rc;
+    size_t n = state_param_local_numel(sp);
+    for (size_t k = 0; k < n; k++) h[k] = fsdp_f16_to_f32(fsdp_f32_to_f16(h[k]));
+    return state_param_unmap(s, sp, STATE_DATA, h, 1, err);
+}
+
+int stage_init_values_dev(fsdp_state *s, dev_ctx *d, uint64_t seed, fsdp_dtype over, fsdp_err *err) {
+    const mt_table *t = s->model;
+    if (!t || t->n != s->n) return fsdp_err_set(err, FSDP_E_INVALID, "init (cuda): the state has no model table");
     int rc = state_attach_device(s, d, err);
-    for (int i = 0; i < table->n && !rc; i++) {
+    kcu_stream st = dev_ctx_stream(d, DEV_STREAM_COMPUTE);
+    for (size_t i = 0; i < s->n && !rc; i++) {
         state_param *sp = &s->p[i];
+        const mt_param *p = &t->p[i];
+        sp->dtype = over ? over : sp->dtype;
+        sp->no_value = p->init.kind == INIT_NONE;
         /* the host rows were never touched: they are dropped, not copied */
         if ((rc = state_param_alloc(s, sp, STATE_DATA, STATE_DEVICE, 0, err))) break;
-        if (sp->rows > 0 &&
-            (rc = llama_init_rows_dev(d, &table->p[i], seed, sp->row0, sp->row0 + sp->rows, sp->d_data, err)))
+        if (sp->rows == 0) continue;
+        rng_dist dist;
+        if (sp->no_value) rng_dist_const(&dist, NAN);
+        else if ((rc = mt_param_dist(p, &dist, err))) break;
+        int64_t n = (int64_t)state_param_local_numel(sp);
+        if ((rc = kcu_init_fill(sp->d_data, &dist, seed, init_stream(p->name), (uint64_t)(sp->row0 * sp->row_numel), n,
+                                st, err)))
             fsdp_err_prefix(err, "init %s on the GPU", sp->name);
-        sp->dtype = dtype;
     }
     if (!rc) rc = dev_sync(d, err);
-    for (int i = 0; i < table->n && !rc && dtype == FSDP_DT_BF16; i++)
-        rc = round_bf16_dev(d, s->p[i].d_data, (int64_t)state_param_local_numel(&s->p[i]), err);
+    for (size_t i = 0; i < s->n && !rc; i++) {
+        state_param *sp = &s->p[i];
+        if (sp->no_value) continue;
+        if (sp->dtype == FSDP_DT_BF16) rc = round_bf16_dev(d, sp->d_data, (int64_t)state_param_local_numel(sp), err);
+        else if (sp->dtype == FSDP_DT_F16) rc = round_f16_host(s, sp, err);
+    }
     if (!rc) rc = dev_stream_sync(d, DEV_STREAM_COMPUTE, err);
     return rc;
 }

@@ -3,23 +3,26 @@
  * ranks hold nothing until `shard`. Post-init weight copies (`transform`) run on the full
  * parameters in between.
  *
- * with: seed (int, default runtime.seed), dtype (f32|bf16) */
+ * Any model (model/mt_spec.h): parameters whose init rule is none are left without a value (NaN
+ * rows) for a load-ckpt or a transform to fill.
+ *
+ * with: seed (int, default runtime.seed), dtype (auto|f32|bf16|f16; auto: each parameter's own) */
 #include "stages/stages.h"
 
 static const char *const PROVIDES[] = {"full_params", NULL};
 
 static int init_cpu_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
-    llama_config cfg;
-    int64_t total = 0;
+    fsdp_state *s = NULL;
     double t0 = stage_now();
-    int rc = stage_init_model(ctx, with, STATE_FULL, &cfg, &total, err);
+    int rc = stage_init_model(ctx, with, STATE_FULL, &s, err);
     if (!rc) {
         double el = stage_now() - t0;
+        int64_t total = mt_total(s->model);
         fsdp_ctx_metric(ctx, "params", (double)total);
         fsdp_ctx_metric(ctx, "seconds_init", el);
         if (fsdp_ctx_rank(ctx) == 0)
-            fsdp_log(ctx, FSDP_LOG_INFO, "init-cpu: %s, %lld parameters materialised on rank 0 in %.2fs (%.2f GB/s)",
-                     cfg.preset[0] ? cfg.preset : "custom", (long long)total, el,
+            fsdp_log(ctx, FSDP_LOG_INFO, "init-cpu: %s, %zu tensors, %lld parameters materialised on rank 0 in %.2fs "
+                     "(%.2f GB/s)", mt_kind(s->model), s->n, (long long)total, el,
                      el > 0 ? (double)total * 4 / el / 1e9 : 0);
     }
     return rc;

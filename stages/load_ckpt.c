@@ -11,9 +11,19 @@
  * (a fresh model's gradients, parameters absent from a non-strict load) are placed afterwards, and
  * a state already on the GPU is overwritten in place (absent parameters keep their values).
  *
+ * Any model (model/mt_spec.h): several loads can fill different parts of one model, each strict over
+ * what it is responsible for: `parts: [NAME...]` (the checkpoint's keys are then relative to the parts'
+ * prefix unless add_prefix / strip_prefix say otherwise) and/or `keys: [GLOB...]` (on the model's
+ * names). Every parameter a load restores gets a value (state_param.no_value cleared) in its own
+ * dtype: a bf16 / f16 parameter's loaded values are rounded to it. A checkpoint whose parameters are
+ * all under `model.` (torchtitan's checkpointer, dcp.save({"model": ...})) is read with that prefix
+ * removed when no key names a parameter as it is.
+ *
  * with: path (required), format (auto|dcp|safetensors|pt), names (torchtitan|hf),
  *       strip_prefix, add_prefix, rename (map of glob -> replacement on checkpoint keys),
- *       strict (bool, true), load_optimizer (auto|true|false), dtype (auto|f32|bf16) */
+ *       strict (bool, true), load_optimizer (auto|true|false), dtype (auto|f32|bf16),
+ *       parts (list of part names), keys (list of globs) */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -33,9 +43,55 @@ static const fsdp_param_spec PARAMS[] = {
     {"rename", FSDP_T_MAP, 0, NULL, NULL, "rename rules on checkpoint keys: {glob: replacement}, * = one component"},
     {"strict", FSDP_T_BOOL, 0, "true", NULL, "every parameter restored, no unexpected keys"},
     {"load_optimizer", FSDP_T_STRING, 0, "auto", OPTS, "restore optimizer state (auto: when present)"},
-    {"dtype", FSDP_T_STRING, 0, "auto", DTYPES, "dtype the parameters are kept in (auto: f32)"},
+    {"dtype", FSDP_T_STRING, 0, "auto", DTYPES,
+     "dtype the parameters are kept in (auto: each its own, loaded values rounded to it)"},
+    {"parts", FSDP_T_LIST, 0, NULL, NULL,
+     "load only these parts of the model (strict over them); keys are relative to their prefix"},
+    {"keys", FSDP_T_LIST, 0, NULL, NULL, "load only the parameters matching these globs (strict over them)"},
     {NULL, 0, 0, NULL, NULL, NULL}};
 static const char *const PROVIDES[] = {"params", NULL};
+
+/* `parts`: a mask of the state's parameters in those parts of its model, and the parts' common
+ * prefix (the checkpoint's keys are relative to it); nothing selected without `parts`. */
+static int select_parts(const fsdp_state *s, const fsdp_value *parts, unsigned char **mask, const char **prefix,
+                        fsdp_err *err) {
+    *mask = NULL;
+    *prefix = NULL;
+    if (!parts) return 0;
+    const mt_table *t = s->model;
+    if (!t) return fsdp_err_at(err, FSDP_E_INVALID, parts, "load-ckpt: parts: the model in the context has no parts");
+    unsigned char *want = calloc(t->n_parts + 1, 1);
+    if (!want) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+    int rc = 0;
+    for (size_t k = 0; k < fsdp_value_size(parts) && !rc; k++) {
+        const fsdp_value *v = fsdp_value_item(parts, k);
+        const char *name = fsdp_value_text(v);
+        size_t i = 0;
+        while (name && i < t->n_parts && strcmp(t->parts[i].name, name)) i++;
+        if (!name || i == t->n_parts) {
+            char known[1024] = "";
+            size_t o = 0;
+            for (size_t j = 0; j < t->n_parts && o < sizeof known; j++)
+                o += (size_t)snprintf(known + o, sizeof known - o, "%s%s", j ? ", " : "", t->parts[j].name);
+            rc = fsdp_err_at(err, FSDP_E_INVALID, v, "load-ckpt: the model has no part '%s' (parts: %s)",
+                             name ? name : "(not a name)", known);
+            break;
+        }
+        if (*prefix && strcmp(*prefix, t->parts[i].prefix))
+            rc = fsdp_err_at(err, FSDP_E_INVALID, v, "load-ckpt: parts '%s' and earlier ones have different prefixes "
+                             "('%s', '%s'): load them separately, or give add_prefix / strip_prefix",
+                             name, t->parts[i].prefix, *prefix);
+        *prefix = t->parts[i].prefix;
+        want[i] = 1;
+    }
+    if (!rc && !(*mask = calloc(s->n + 1, 1))) rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+    for (size_t i = 0; !rc && i < s->n; i++) {
+        long m = mt_find(t, s->p[i].name);
+        (*mask)[i] = m >= 0 && want[t->p[m].part];
+    }
+    free(want);
+    return rc;
+}
 
 static int load_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
     fsdp_state *s = state_get(ctx);
@@ -43,11 +99,9 @@ static int load_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
     /* the device choice first: it is collective, and reading may fail on one rank only */
     if ((rc = stage_on_gpu(ctx, &on_gpu, err))) return rc;
     if (!s) {
-        llama_config cfg;
-        if ((rc = stage_model_config(ctx, &cfg, err))) return rc;
-        llama_params table;
-        if ((rc = stage_state_from_config(ctx, &cfg, STATE_SHARDED, &table, &s, err))) return rc;
-        llama_params_free(&table);
+        mt_table t;
+        if ((rc = stage_model_table(ctx, &t, err))) return rc;
+        if ((rc = stage_state_from_table(ctx, &t, STATE_SHARDED, &s, err))) return rc;
     }
     /* staged straight into device arrays, or the checkpoint readers fill host arrays */
     int staged = on_gpu && s->layout == STATE_SHARDED;
@@ -63,21 +117,38 @@ static int load_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
     }
     sio_load_opts o;
     memset(&o, 0, sizeof o);
+    unsigned char *select = NULL;
+    const char *part_prefix = NULL;
+    if ((rc = select_parts(s, fsdp_value_get(with, "parts"), &select, &part_prefix, err))) {
+        stage_ckpt_sink_free(&sink);
+        return rc;
+    }
+    o.select = select;
+    o.detect_prefix = "model.";
     ckpt_format_from_name(fsdp_arg_str(with, "format", "auto"), &o.format);
     o.names = !strcmp(fsdp_arg_str(with, "names", "torchtitan"), "hf") ? SIO_NAMES_HF : SIO_NAMES_TORCHTITAN;
     o.strip_prefix = fsdp_arg_str(with, "strip_prefix", NULL);
     o.add_prefix = fsdp_arg_str(with, "add_prefix", NULL);
+    if (!o.add_prefix && !o.strip_prefix && part_prefix && *part_prefix) o.add_prefix = part_prefix;
     o.strict = fsdp_arg_bool(with, "strict", 1);
     const char *lo = fsdp_arg_str(with, "load_optimizer", "auto");
     o.load_optimizer = !strcmp(lo, "auto") ? -1 : !strcmp(lo, "true");
-    const fsdp_value *ren = fsdp_value_get(with, "rename");
-    size_t nr = fsdp_value_size(ren);
-    const char **from = calloc(nr ? nr : 1, sizeof *from), **to = calloc(nr ? nr : 1, sizeof *to);
-    if (!from || !to) {
+    const fsdp_value *ren = fsdp_value_get(with, "rename"), *keys = fsdp_value_get(with, "keys");
+    size_t nr = fsdp_value_size(ren), nk = fsdp_value_size(keys);
+    const char **from = calloc(nr ? nr : 1, sizeof *from), **to = calloc(nr ? nr : 1, sizeof *to),
+               **only = calloc(nk ? nk : 1, sizeof *only);
+    if (!from || !to || !only) {
         free(from);
         free(to);
+        free(only);
+        free(select);
         stage_ckpt_sink_free(&sink);
         return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+    }
+    for (size_t i = 0; i < nk; i++) only[i] = fsdp_value_text(fsdp_value_item(keys, i));
+    if (keys) {
+        o.only = only;
+        o.n_only = nk;
     }
     for (size_t i = 0; i < nr; i++) {
         from[i] = fsdp_value_key(ren, i);
@@ -88,13 +159,18 @@ static int load_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
     o.rename_to = to;
     o.n_rename = nr;
     o.sink = staged ? &sink.sink : NULL;
-    o.round_bf16 = !strcmp(fsdp_arg_str(with, "dtype", "auto"), "bf16");
+    const char *dts = fsdp_arg_str(with, "dtype", "auto");
+    o.round_bf16 = !strcmp(dts, "bf16");
+    if (!strcmp(dts, "f32"))
+        for (size_t i = 0; i < s->n; i++) s->p[i].dtype = FSDP_DT_F32;
     const char *path = fsdp_arg_str(with, "path", "");
     double t0 = stage_now();
     sio_load_result res;
     rc = sio_load(s, path, &o, &res, err);
     free(from);
     free(to);
+    free(only);
+    free(select);
     stage_ckpt_sink_free(&sink);
     if (rc) return rc;
     double t_up = stage_now();
@@ -107,6 +183,9 @@ static int load_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
     fsdp_ctx_metric(ctx, "bytes_read", (double)res.bytes_read);
     fsdp_ctx_metric(ctx, "seconds_read", el);
     fsdp_ctx_metric(ctx, "params_loaded", (double)res.params_loaded);
+    if (res.stripped_prefix)
+        fsdp_log(ctx, FSDP_LOG_INFO, "load-ckpt: the checkpoint's parameters are under the prefix '%s' (removed)",
+                 res.stripped_prefix);
     fsdp_log(ctx, FSDP_LOG_INFO, "loaded %zu parameters%s from %s (step %lld) in %.2fs, %.1f MB read by this rank",
              res.params_loaded, res.optimizer_loaded ? " and optimizer state" : "", path, (long long)s->train_step, el,
              (double)res.bytes_read / 1e6);

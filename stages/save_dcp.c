@@ -11,7 +11,12 @@
  * the stage returns once every download has completed, so later stages may change the device state
  * at once.
  *
- * with: path (required), optimizer (bool, true), overwrite (bool, false), async (bool, false) */
+ * Keys: parameters as model.state_dict() names them, or under `prefix` ("model.": what
+ * dcp.load({"model": model.state_dict()}) reads); optimizer.* and train_state.* keys as torchtitan's.
+ * Every parameter must hold a value (one declared with init none and never loaded or copied is an
+ * error naming it, before anything is written); each is written in its own dtype.
+ *
+ * with: path (required), optimizer (bool, true), overwrite (bool, false), async (bool, false), prefix */
 #include <string.h>
 
 #include "ckpt/state_io.h"
@@ -23,6 +28,9 @@ static const fsdp_param_spec PARAMS[] = {
     {"optimizer", FSDP_T_BOOL, 0, "true", NULL, "include the optimizer state when there is one"},
     {"overwrite", FSDP_T_BOOL, 0, "false", NULL, "replace an existing checkpoint at path"},
     {"async", FSDP_T_BOOL, 0, "false", NULL, "write in the background after a host snapshot"},
+    {"prefix", FSDP_T_STRING, 0, NULL, NULL,
+     "key prefix of the parameters (none: as model.state_dict() names them; 'model.': "
+     "dcp.load({'model': model.state_dict()}))"},
     {NULL, 0, 0, NULL, NULL, NULL}};
 static const char *const NEEDS[] = {"params|full_params", NULL};
 static const char *const PROVIDES[] = {"checkpoint", NULL};
@@ -52,20 +60,23 @@ static int staging(fsdp_ctx *ctx, fsdp_state *s, stage_ckpt_sink *st, const ckpt
     return rc;
 }
 
-int stage_save_dcp_to(fsdp_ctx *ctx, fsdp_state *s, const char *path, int optimizer, int overwrite, fsdp_err *err) {
-    sio_save_opts o = {optimizer, overwrite};
+/* The synchronous save with the parameters' key prefix (NULL: none). */
+static int save_to(fsdp_ctx *ctx, fsdp_state *s, const char *path, const sio_save_opts *o, fsdp_err *err) {
+    int rc = state_check_values(s, "save-dcp", err);
+    if (rc) return rc;
     double t0 = stage_now();
     stage_ckpt_sink st;
     const ckpt_sink *sink;
     stage_sweep_stale(ctx, path);
-    int rc = staging(ctx, s, &st, &sink, err);
-    if (rc) return rc;
-    rc = sio_save_staged(s, stage_comm(ctx), path, &o, sink, err);
+    if ((rc = staging(ctx, s, &st, &sink, err))) return rc;
+    rc = sio_save_staged(s, stage_comm(ctx), path, o, sink, err);
     stage_ckpt_sink_free(&st);
     if (!rc) {
+        /* each parameter in its dtype, the AdamW moments in f32 */
         size_t bytes = 0;
         for (size_t i = 0; i < s->n; i++)
-            bytes += state_param_local_numel(&s->p[i]) * 4 * (optimizer && s->has_optimizer ? 3 : 1);
+            bytes += state_param_local_numel(&s->p[i]) *
+                     (fsdp_dtype_size(s->p[i].dtype) + (o->optimizer && s->has_optimizer ? 8 : 0));
         double el = stage_now() - t0;
         fsdp_log(ctx, FSDP_LOG_INFO, "saved %s (step %lld) in %.2fs, %.2f GB/s from this rank", path,
                  (long long)s->train_step, el, el > 0 ? (double)bytes / el / 1e9 : 0);
@@ -75,16 +86,22 @@ int stage_save_dcp_to(fsdp_ctx *ctx, fsdp_state *s, const char *path, int optimi
     return rc;
 }
 
+int stage_save_dcp_to(fsdp_ctx *ctx, fsdp_state *s, const char *path, int optimizer, int overwrite, fsdp_err *err) {
+    sio_save_opts o = {optimizer, overwrite, NULL};
+    return save_to(ctx, s, path, &o, err);
+}
+
 static int save_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
     fsdp_state *s = state_get(ctx);
     if (!s) return fsdp_err_set(err, FSDP_E_INVALID, "save-dcp: no model in the context");
     const char *path = fsdp_arg_str(with, "path", "");
     int opt = fsdp_arg_bool(with, "optimizer", 1), ow = fsdp_arg_bool(with, "overwrite", 0);
-    if (!fsdp_arg_bool(with, "async", 0)) return stage_save_dcp_to(ctx, s, path, opt, ow, err);
+    sio_save_opts o = {opt, ow, fsdp_arg_str(with, "prefix", NULL)};
+    if (!fsdp_arg_bool(with, "async", 0)) return save_to(ctx, s, path, &o, err);
     /* a previous async save of this run finishes first */
-    int rc = ctx_run_finisher(ctx, "save-dcp.async", err);
+    int rc = state_check_values(s, "save-dcp", err);
+    if (!rc) rc = ctx_run_finisher(ctx, "save-dcp.async", err);
     if (rc) return rc;
-    sio_save_opts o = {opt, ow};
     sio_async *a;
     double t0 = stage_now();
     stage_ckpt_sink st;

@@ -6,6 +6,11 @@
  * index is replaced last (ckpt/safetensors_gen.c). Stale temporaries of interrupted saves there are
  * removed and logged.
  *
+ * Any model: the parameters under their own names (names: hf needs a Llama-family model), each in its
+ * own dtype unless `dtype` says otherwise; every parameter must hold a value.
+ * With Hugging Face names the model's config.json is written next to the weights (atomically, after
+ * them), so that transformers' from_pretrained opens the directory as it is.
+ *
  * with: path (required; a .safetensors file, or a directory when shard_mb > 0),
  *       names (torchtitan|hf), dtype (auto|f32|bf16), shard_mb (int, 0 = one file) */
 #include <stdio.h>
@@ -14,6 +19,7 @@
 
 #include "ckpt/namemap.h"
 #include "ckpt/safetensors.h"
+#include "model/hf_config.h"
 #include "stages/stages.h"
 
 static const char *const NAMES[] = {"torchtitan", "hf", NULL};
@@ -26,6 +32,22 @@ static const fsdp_param_spec PARAMS[] = {
     {NULL, 0, 0, NULL, NULL, NULL}};
 static const char *const NEEDS[] = {"params|full_params", NULL};
 
+/* config.json next to the weights (in the directory of a file, or in the shards' directory), for
+ * the dtype the weights were written in (the first parameter's). */
+static int sst_write_config(const fsdp_state *s, const char *dts, const char *path, int is_dir, fsdp_err *err) {
+    char dir[4200];
+    snprintf(dir, sizeof dir, "%s", path);
+    if (!is_dir) {
+        char *slash = strrchr(dir, '/');
+        if (!slash) snprintf(dir, sizeof dir, ".");
+        else if (slash == dir) dir[1] = '\0';
+        else *slash = '\0';
+    }
+    fsdp_dtype dt = !strcmp(dts, "auto") ? s->p[0].dtype : fsdp_dtype_from_name(dts);
+    int rc = hf_config_write(&s->cfg, dt, dir, err);
+    return rc ? fsdp_err_prefix(err, "save-safetensors: %s", path) : 0;
+}
+
 static int sst_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
     fsdp_state *s = state_get(ctx);
     if (!s) return fsdp_err_set(err, FSDP_E_INVALID, "save-safetensors: no model in the context");
@@ -33,7 +55,13 @@ static int sst_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
     int rank = comm_rank(c), hf = !strcmp(fsdp_arg_str(with, "names", "torchtitan"), "hf");
     const char *dts = fsdp_arg_str(with, "dtype", "auto"), *path = fsdp_arg_str(with, "path", "");
     int64_t shard_mb = fsdp_arg_int(with, "shard_mb", 0);
-    int rc = 0;
+    int rc = state_check_values(s, "save-safetensors", err);
+    if (rc) return rc;
+    if (hf && !s->has_cfg)
+        return fsdp_err_set(err, FSDP_E_INVALID,
+                            "save-safetensors: names: hf maps Llama-family names, and the model is a %s (its names are "
+                            "written as they are without names: hf)",
+                            s->model ? mt_kind(s->model) : "model without a Llama config");
     st_writer *w = NULL;
     st_shards *sh = NULL;
     size_t *idx = calloc(s->n ? s->n : 1, sizeof *idx);
@@ -41,6 +69,14 @@ static int sst_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
     if (!idx || !info) rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
     /* rank 0 declares every tensor; every rank takes part in the gathers */
     stage_sweep_stale(ctx, path);
+    if (!rc && rank == 0 && hf && s->has_cfg && s->n > 0) {
+        /* a model transformers cannot describe fails before any weight is written */
+        char *text = NULL;
+        fsdp_dtype dt = !strcmp(dts, "auto") ? s->p[0].dtype : fsdp_dtype_from_name(dts);
+        rc = hf_config_to_json(&s->cfg, dt, &text, err);
+        free(text);
+        if (rc) fsdp_err_prefix(err, "save-safetensors: %s", path);
+    }
     if (!rc && rank == 0) {
         rc = shard_mb > 0 ? st_shards_new(&sh, path, "model", (uint64_t)shard_mb << 20, err) : st_writer_new(&w, path, err);
         if (!rc) rc = sh ? st_shards_set_metadata(sh, "format", "pt", err) : st_writer_set_metadata(w, "format", "pt", err);
@@ -102,6 +138,9 @@ static int sst_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
         state_param_unmap(s, p, STATE_DATA, local, 0, &e3);
     }
     if (!rc && rank == 0) rc = sh ? st_shards_finish(sh, err) : st_writer_finish(w, err);
+    /* Hugging Face names: the config.json transformers opens the directory with */
+    if (!rc && rank == 0 && hf && s->has_cfg && s->n > 0)
+        rc = sst_write_config(s, dts, path, sh != NULL, err);
     if (w) st_writer_free(w);
     if (sh) st_shards_free(sh);
     free(idx);

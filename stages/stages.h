@@ -7,6 +7,7 @@
 #include "model/llama.h"
 #include "model/llama_init.h"
 #include "model/llama_params.h"
+#include "model/model_table.h"
 #include "runtime/comm.h"
 #include "runtime/device.h"
 #include "runtime/state.h"
@@ -21,18 +22,24 @@ void stage_sweep_stale(fsdp_ctx *ctx, const char *path);
 int stage_model_config(fsdp_ctx *ctx, llama_config *cfg, fsdp_err *err);
 /* `with: seed` when given, else runtime.seed. */
 uint64_t stage_seed(fsdp_ctx *ctx, const fsdp_value *with);
-/* A new state holding every parameter of cfg (allocated per layout); fills the table. */
-int stage_state_from_config(fsdp_ctx *ctx, const llama_config *cfg, state_layout layout, llama_params *table,
-                            fsdp_state **out, fsdp_err *err);
-/* Fills every local row with the model's init rule (counter-based: the same values for every
- * world size); dtype bf16 rounds the values to bf16 and records it for checkpoints. */
-int stage_init_values(fsdp_state *s, const llama_params *table, uint64_t seed, fsdp_dtype dtype, fsdp_err *err);
+/* The recipe's `model:` section as a table (model/mt_spec.h): the built-in arch form through
+ * stage_model_config (the Llama-family trainer's config) and llama_table_build, the table forms through
+ * mt_spec_build. */
+int stage_model_table(fsdp_ctx *ctx, mt_table *out, fsdp_err *err);
+/* A new state (allocated per layout) with every parameter of t, each with its declared dtype and no
+ * value yet (state_param.no_value); t moves into the state (s->model) and is left empty, also on
+ * failure. s->cfg / has_cfg are set when t's trainer is Llama's. */
+int stage_state_from_table(fsdp_ctx *ctx, mt_table *t, state_layout layout, fsdp_state **out, fsdp_err *err);
+/* Fills every local row with its parameter's init rule (s->model; counter-based: the same values for
+ * every world size), in its dtype (rounded to bf16 / f16 precision), or in `over` for every parameter
+ * when not FSDP_DT_INVALID. A parameter whose rule is none keeps NaN rows and no_value. */
+int stage_init_values(fsdp_state *s, uint64_t seed, fsdp_dtype over, fsdp_err *err);
 /* init-meta / init-cpu: the model of the recipe, declared in `layout` and initialised per
- * `with: {seed, dtype}` (stage_init_params); *total is the parameter count. A sharded layout is
- * materialised on the GPU when the recipe runs there (stage_on_gpu), a full one on the host. */
+ * `with: {seed, dtype}` (stage_init_params). A sharded layout is materialised on the GPU when the
+ * recipe runs there (stage_on_gpu), a full one on the host. *out: the new state (also on failure
+ * when it was created). */
 extern const fsdp_param_spec stage_init_params[];
-int stage_init_model(fsdp_ctx *ctx, const fsdp_value *with, state_layout layout, llama_config *cfg, int64_t *total,
-                     fsdp_err *err);
+int stage_init_model(fsdp_ctx *ctx, const fsdp_value *with, state_layout layout, fsdp_state **out, fsdp_err *err);
 
 /* ---- the device (stages/device.c) --------------------------------------------------------------
  * runtime.device of the current recipe: cpu, cuda, or auto = cuda when this build has CUDA and every
@@ -56,10 +63,10 @@ int stage_device_nccl(fsdp_ctx *ctx, fsdp_err *err);
  * in host memory. on_gpu may be NULL. */
 int stage_place_state(fsdp_ctx *ctx, fsdp_state *s, int *on_gpu, fsdp_err *err);
 /* stage_init_values on the GPU: every parameter's data becomes a device array holding its rows,
- * generated there by llama_init_rows_dev (the host's RNG code, compiled for the device)
- * (bf16-rounded on the device for dtype bf16); host rows are dropped without being copied. */
-int stage_init_values_dev(fsdp_state *s, const llama_params *table, dev_ctx *d, uint64_t seed, fsdp_dtype dtype,
-                          fsdp_err *err);
+ * generated there by kcu_init_fill (the host's RNG code, compiled for the device; the same bits), then
+ * rounded to bf16 on the device (f16: on the host, through a download and an upload); host rows are
+ * dropped without being copied. Parameters without an init rule get NaN rows. */
+int stage_init_values_dev(fsdp_state *s, dev_ctx *d, uint64_t seed, fsdp_dtype over, fsdp_err *err);
 
 /* Pinned staging of checkpoint transfers on the GPU (stages/ckpt_sink.c): a ckpt_sink over
  * STAGE_CKPT_SINK_BUFS pinned buffers of STAGE_CKPT_SINK_BYTES, an event each, on the COPY stream. */

@@ -132,7 +132,12 @@ static int train_options(const fsdp_value *with, llama_fsdp_cuda_options *o, fsd
 
 static int train_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
     fsdp_state *s = state_get(ctx);
-    if (!s || !s->has_cfg) return fsdp_err_set(err, FSDP_E_INVALID, "train-steps: no model in the context");
+    if (!s) return fsdp_err_set(err, FSDP_E_INVALID, "train-steps: no model in the context");
+    if (!s->has_cfg)
+        return fsdp_err_set(err, FSDP_E_INVALID, "train-steps: cannot train a %s (it trains the built-in archs: "
+                            "model: {arch: llama3, ...})", s->model ? mt_kind(s->model) : "model without a Llama config");
+    int vrc = state_check_values(s, "train-steps", err);
+    if (vrc) return vrc;
     comm *c = stage_comm(ctx);
     /* the state goes where the run's device is (runtime.device): the GPU step needs every
      * parameter on the device and the NCCL communicator (at every world size), the CPU step

@@ -9,14 +9,22 @@
  *                                    target (so `from: output.weight, to: tok_embeddings.weight`
  *                                    ties, and `from: layers.0.**, to: layers.*.**` copies layer 0
  *                                    into every layer)
+ *   {copy: {to: GLOB, replace: {TEXT: NEW, ...}}}
+ *                                    every parameter matching `to` gets the values of the parameter
+ *                                    whose name is its own with each TEXT replaced by NEW (every
+ *                                    occurrence, in order): Bagel's init_moe is
+ *                                    `{copy: {to: "**_moe_gen**", replace: {_moe_gen: ""}}}`
  *   {scale: {keys: GLOB|[GLOB...], by: FLOAT}}
  *   {fill: {keys: GLOB|[GLOB...], value: FLOAT}}
- *   {cast: {keys: GLOB|[GLOB...], dtype: f32|bf16}}  rounds the values, saved in that dtype
+ *   {cast: {keys: GLOB|[GLOB...], dtype: f32|bf16|f16}}  rounds the values, saved in that dtype
  *   {load: {path: CKPT, keys: GLOB|[GLOB...], map: {GLOB: NAME}}}  take these parameters from
  *                                    another checkpoint (map renames its keys)
  * Globs: `*` matches one dotted component, `**` one or more. A pattern that matches nothing
- * or a copy between different shapes is an error. Shards on the GPU are changed by download,
- * change, upload per parameter (copy between two device shards stays on the device). */
+ * or a copy between different shapes is an error, and so is a source (of a copy or a scale) that holds
+ * no value yet (declared with init none, not loaded). A copy, fill or load gives its targets a value;
+ * every parameter keeps its dtype (values written into a bf16 / f16 parameter are rounded to it).
+ * Shards on the GPU are changed by download, change, upload per parameter (copy between two device
+ * shards of the same dtype stays on the device). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -47,6 +55,32 @@ static int key_matches(const fsdp_value *keys, const char *name) {
     return 0;
 }
 
+/* copy: {from, to} or {to, replace: {TEXT: NEW, ...}}. */
+static int check_copy(const fsdp_value *b, fsdp_err *err) {
+    const fsdp_value *from = fsdp_value_get(b, "from"), *rep = fsdp_value_get(b, "replace");
+    for (size_t i = 0; i < fsdp_value_size(b); i++) {
+        const char *k = fsdp_value_key(b, i);
+        if (strcmp(k, "from") && strcmp(k, "to") && strcmp(k, "replace"))
+            return fsdp_err_at(err, FSDP_E_INVALID, fsdp_value_item(b, i),
+                               "transform: copy: unknown key '%s' (from, to, replace)", k);
+    }
+    if (from && rep)
+        return fsdp_err_at(err, FSDP_E_INVALID, rep, "transform: copy takes either 'from' or 'replace', not both");
+    if (!fsdp_value_text(fsdp_value_get(b, "to")) || (from && !fsdp_value_text(from)))
+        return fsdp_err_at(err, FSDP_E_INVALID, b, "transform: copy.from and copy.to are names or globs");
+    if (rep && (fsdp_value_type(rep) != FSDP_V_MAP || !fsdp_value_size(rep)))
+        return fsdp_err_at(err, FSDP_E_INVALID, rep, "transform: copy.replace is a map {TEXT: NEW, ...}");
+    for (size_t i = 0; rep && i < fsdp_value_size(rep); i++) {
+        const fsdp_value *v = fsdp_value_item(rep, i);
+        if (!*fsdp_value_key(rep, i))
+            return fsdp_err_at(err, FSDP_E_INVALID, rep, "transform: copy.replace: the text to replace is empty");
+        if (fsdp_value_type(v) != FSDP_V_SCALAR && fsdp_value_type(v) != FSDP_V_NULL)
+            return fsdp_err_at(err, FSDP_E_INVALID, v, "transform: copy.replace: '%s' must be replaced by text",
+                               fsdp_value_key(rep, i));
+    }
+    return 0;
+}
+
 static int transform_check(const fsdp_value *with, fsdp_err *err) {
     const fsdp_value *ops = fsdp_value_get(with, "ops");
     for (size_t i = 0; i < fsdp_value_size(ops); i++) {
@@ -55,7 +89,7 @@ static int transform_check(const fsdp_value *with, fsdp_err *err) {
         if (!n)
             return fsdp_err_at(err, FSDP_E_INVALID, op, "transform: each op is a map with one key: copy, scale, fill, cast or load");
         const char *need[3] = {NULL, NULL, NULL};
-        if (!strcmp(n, "copy")) need[0] = "from", need[1] = "to";
+        if (!strcmp(n, "copy")) need[0] = "to", need[1] = fsdp_value_get(b, "replace") ? "replace" : "from";
         else if (!strcmp(n, "scale")) need[0] = "keys", need[1] = "by";
         else if (!strcmp(n, "fill")) need[0] = "keys", need[1] = "value";
         else if (!strcmp(n, "cast")) need[0] = "keys", need[1] = "dtype";
@@ -71,11 +105,12 @@ static int transform_check(const fsdp_value *with, fsdp_err *err) {
         if (!strcmp(n, "fill") && fsdp_value_float(fsdp_value_get(b, "value"), &x))
             return fsdp_err_at(err, FSDP_E_INVALID, fsdp_value_get(b, "value"), "transform: fill.value must be a number");
         const char *dt = fsdp_value_text(fsdp_value_get(b, "dtype"));
-        if (!strcmp(n, "cast") && (!dt || (strcmp(dt, "f32") && strcmp(dt, "bf16"))))
-            return fsdp_err_at(err, FSDP_E_INVALID, fsdp_value_get(b, "dtype"), "transform: cast.dtype must be f32 or bf16");
+        if (!strcmp(n, "cast") && (!dt || (strcmp(dt, "f32") && strcmp(dt, "bf16") && strcmp(dt, "f16"))))
+            return fsdp_err_at(err, FSDP_E_INVALID, fsdp_value_get(b, "dtype"),
+                               "transform: cast.dtype must be f32, bf16 or f16");
         if (!strcmp(n, "copy")) {
-            const char *f = fsdp_value_text(fsdp_value_get(b, "from")), *t = fsdp_value_text(fsdp_value_get(b, "to"));
-            if (!f || !t) return fsdp_err_at(err, FSDP_E_INVALID, b, "transform: copy.from and copy.to are names or globs");
+            int rc = check_copy(b, err);
+            if (rc) return rc;
         }
     }
     return 0;
@@ -112,10 +147,44 @@ static int source_name(const char *from, const char *to, const char *name, char 
     return 0;
 }
 
-/* dst's rows = src's rows (same shape, so the same local rows), wherever each lives */
+/* The source of `name` under copy.replace: every occurrence of each key replaced by its value, the
+ * keys in order. -1 when the result does not fit. */
+static int replaced_name(const fsdp_value *rep, const char *name, char *out, size_t cap) {
+    char cur[1024], next[1024];
+    snprintf(cur, sizeof cur, "%s", name);
+    for (size_t i = 0; i < fsdp_value_size(rep); i++) {
+        const char *from = fsdp_value_key(rep, i), *to = fsdp_value_text(fsdp_value_item(rep, i));
+        size_t lf = strlen(from), o = 0;
+        if (!to) to = "";
+        for (const char *p = cur; *p;) {
+            const char *hit = strstr(p, from);
+            size_t keep = hit ? (size_t)(hit - p) : strlen(p);
+            int w = snprintf(next + o, sizeof next - o, "%.*s%s", (int)keep, p, hit ? to : "");
+            if (w < 0 || (size_t)w >= sizeof next - o) return -1;
+            o += (size_t)w;
+            p += keep + (hit ? lf : 0);
+        }
+        next[o] = '\0';
+        memcpy(cur, next, o + 1);
+    }
+    if (strlen(cur) >= cap) return -1;
+    memcpy(out, cur, strlen(cur) + 1);
+    return 0;
+}
+
+static void round_values(float *v, size_t n, fsdp_dtype dt) {
+    if (dt == FSDP_DT_BF16)
+        for (size_t k = 0; k < n; k++) v[k] = fsdp_bf16_to_f32(fsdp_f32_to_bf16(v[k]));
+    else if (dt == FSDP_DT_F16)
+        for (size_t k = 0; k < n; k++) v[k] = fsdp_f16_to_f32(fsdp_f32_to_f16(v[k]));
+}
+
+/* dst's rows = src's rows (same shape, so the same local rows), wherever each lives, rounded to dst's
+ * dtype when it is narrower than src's */
 static int copy_values(fsdp_state *s, const state_param *src, state_param *dst, fsdp_err *err) {
     size_t bytes = state_param_local_numel(dst) * sizeof(float);
-    if (state_place_of(src, STATE_DATA) == STATE_DEVICE && state_place_of(dst, STATE_DATA) == STATE_DEVICE) {
+    int narrow = (dst->dtype == FSDP_DT_BF16 || dst->dtype == FSDP_DT_F16) && src->dtype != dst->dtype;
+    if (!narrow && state_place_of(src, STATE_DATA) == STATE_DEVICE && state_place_of(dst, STATE_DATA) == STATE_DEVICE) {
         int rc = dev_copy_d2d(s->dev, dst->d_data, src->d_data, bytes, DEV_STREAM_COMPUTE, err);
         if (!rc) rc = dev_stream_sync(s->dev, DEV_STREAM_COMPUTE, err);
         return rc ? fsdp_err_prefix(err, "transform copy %s -> %s", src->name, dst->name) : 0;
@@ -128,34 +197,58 @@ static int copy_values(fsdp_state *s, const state_param *src, state_param *dst, 
         return rc;
     }
     memcpy(to, from, bytes);
+    if (narrow) round_values(to, state_param_local_numel(dst), dst->dtype);
     rc = state_param_unmap(s, dst, STATE_DATA, to, 1, err);
     fsdp_err e2;
     state_param_unmap(s, (state_param *)src, STATE_DATA, from, 0, &e2);
     return rc;
 }
 
-static int do_copy(fsdp_state *s, const fsdp_value *b, fsdp_err *err) {
+/* The source parameter of copy target dst (NULL with *skip when dst is not a target). */
+static int copy_source(fsdp_state *s, const fsdp_value *b, const state_param *dst, state_param **src, fsdp_err *err) {
     const char *from = fsdp_value_text(fsdp_value_get(b, "from")), *to = fsdp_value_text(fsdp_value_get(b, "to"));
-    size_t hits = 0;
-    for (size_t i = 0; i < s->n; i++) {
-        state_param *dst = &s->p[i];
-        char src_name[1024];
+    const fsdp_value *rep = fsdp_value_get(b, "replace");
+    char src_name[1024];
+    *src = NULL;
+    if (rep) {
+        if (nmap_glob_match(to, dst->name, NULL) < 0) return 0;
+        if (replaced_name(rep, dst->name, src_name, sizeof src_name))
+            return fsdp_err_at(err, FSDP_E_INVALID, rep, "transform copy: the source name of %s is too long", dst->name);
+    } else {
         int m = source_name(from, to, dst->name, src_name, sizeof src_name);
-        if (m == -1) continue;
+        if (m == -1) return 0;
         if (m == -2)
             return fsdp_err_at(err, FSDP_E_INVALID, b, "transform copy: '%s' has more wildcards than '%s'", from, to);
-        state_param *src = state_find(s, src_name);
-        if (!src) return fsdp_err_at(err, FSDP_E_INVALID, b, "transform copy: no parameter %s (source of %s)", src_name, dst->name);
+    }
+    *src = state_find(s, src_name);
+    if (!*src)
+        return fsdp_err_at(err, FSDP_E_INVALID, b, "transform copy: no parameter %s (source of %s)", src_name, dst->name);
+    return 0;
+}
+
+static int do_copy(fsdp_state *s, const fsdp_value *b, fsdp_err *err) {
+    const char *to = fsdp_value_text(fsdp_value_get(b, "to"));
+    size_t hits = 0;
+    for (size_t i = 0; i < s->n; i++) {
+        state_param *dst = &s->p[i], *src;
+        int rc = copy_source(s, b, dst, &src, err);
+        if (rc) return rc;
+        if (!src) continue;
         if (!same_shape(src, dst)) {
             char a[96], c[96];
             return fsdp_err_at(err, FSDP_E_INVALID, b, "transform copy: %s %s and %s %s have different shapes", src->name,
                                fsdp_shape_str(src->ndim, src->shape, a, sizeof a), dst->name,
                                fsdp_shape_str(dst->ndim, dst->shape, c, sizeof c));
         }
+        if (src->no_value)
+            return fsdp_err_at(err, FSDP_E_INVALID, b,
+                               "transform copy: %s (source of %s) holds no value yet (init none, not loaded: load it "
+                               "or give it an init rule before this copy)",
+                               src->name, dst->name);
         hits++;
         if (src == dst) continue;
-        int rc = copy_values(s, src, dst, err);
-        if (rc) return rc;
+        if ((rc = copy_values(s, src, dst, err))) return rc;
+        dst->no_value = 0;
     }
     if (!hits) return fsdp_err_at(err, FSDP_E_INVALID, b, "transform copy: '%s' matches no parameter", to);
     return 0;
@@ -171,6 +264,14 @@ static int do_elementwise(fsdp_state *s, const char *op, const fsdp_value *b, fs
         state_param *p = &s->p[i];
         if (!key_matches(keys, p->name)) continue;
         hits++;
+        if (p->no_value && strcmp(op, "fill")) {
+            if (!strcmp(op, "cast")) {
+                p->dtype = fsdp_dtype_from_name(dt); /* a value loaded later is rounded to it */
+                continue;
+            }
+            return fsdp_err_at(err, FSDP_E_INVALID, keys, "transform %s: %s holds no value yet (init none, not loaded)",
+                               op, p->name);
+        }
         size_t n = state_param_local_numel(p);
         float *v; /* the rows in host memory: downloaded, changed and uploaded when on the GPU */
         int rc = state_param_map(s, p, STATE_DATA, &v, err);
@@ -179,11 +280,10 @@ static int do_elementwise(fsdp_state *s, const char *op, const fsdp_value *b, fs
             for (size_t k = 0; k < n; k++) v[k] = (float)(v[k] * x);
         else if (!strcmp(op, "fill"))
             for (size_t k = 0; k < n; k++) v[k] = (float)x;
-        else {
+        else
             p->dtype = fsdp_dtype_from_name(dt);
-            if (p->dtype == FSDP_DT_BF16)
-                for (size_t k = 0; k < n; k++) v[k] = fsdp_bf16_to_f32(fsdp_f32_to_bf16(v[k]));
-        }
+        round_values(v, n, p->dtype);
+        p->no_value = 0;
         if ((rc = state_param_unmap(s, p, STATE_DATA, v, 1, err))) return rc;
     }
     if (!hits) return fsdp_err_at(err, FSDP_E_INVALID, keys, "transform %s: the keys match no parameter", op);

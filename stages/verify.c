@@ -27,13 +27,15 @@ static int verify_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
     const char *against = fsdp_arg_str(with, "against", NULL);
     double rtol = fsdp_arg_float(with, "rtol", 0), atol = fsdp_arg_float(with, "atol", 0);
     ckpt_reader *r = NULL;
-    int rc = 0;
+    int rc = state_check_values(s, "verify", err);
+    if (rc) return rc;
     if (against && (rc = ckpt_open(against, CKPT_AUTO, &r, err))) return rc;
     int64_t bad_total = 0, mismatched = 0;
     char first_bad[256] = "";
     for (size_t i = 0; i < s->n && !rc; i++) {
         state_param *p = &s->p[i];
-        size_t n = state_param_local_numel(p);
+        /* a 0-d value is replicated on every rank of a sharded state: rank 0 counts it */
+        size_t n = p->ndim == 0 && s->layout == STATE_SHARDED && comm_rank(c) != 0 ? 0 : state_param_local_numel(p);
         float *data; /* this rank's rows in host memory (downloaded from the GPU when there) */
         if ((rc = state_param_map(s, p, STATE_DATA, &data, err))) break;
         /* [sum, sumsq, nonfinite, maxabs, maxdiff, maxrel, out-of-tolerance] */

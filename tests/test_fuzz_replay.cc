@@ -30,4 +30,6 @@ TEST(FuzzReplay, Zip) { EXPECT_GT(replay("zip", fsdp_fuzz_zip), 0u); }
 TEST(FuzzReplay, Safetensors) { EXPECT_GT(replay("safetensors", fsdp_fuzz_safetensors), 0u); }
 TEST(FuzzReplay, DcpMetadata) { EXPECT_GT(replay("dcp_meta", fsdp_fuzz_dcp_meta), 0u); }
 TEST(FuzzReplay, Recipe) { EXPECT_GT(replay("recipe", fsdp_fuzz_recipe), 0u); }
+TEST(FuzzReplay, Model) { EXPECT_GT(replay("model", fsdp_fuzz_model), 0u); }
+TEST(FuzzReplay, HfConfig) { EXPECT_GT(replay("hf_config", fsdp_fuzz_hf_config), 0u); }
 TEST(FuzzReplay, Pt) { EXPECT_GT(replay("pt", fsdp_fuzz_pt), 0u); }

@@ -99,7 +99,8 @@ TEST(LlamaConfig, PresetSizesAndCounts) {
             EXPECT_EQ(llama_param_count(&c), w.params) << w.name;
         }
         EXPECT_EQ(c.rope_scaling, LLAMA_ROPE_LLAMA3) << w.name;
-        EXPECT_EQ(c.rope_factor, 8.0);
+        // Meta's Llama-3.2-1B config.json: factor 32; the Llama 3.1 models: 8
+        EXPECT_EQ(c.rope_factor, strcmp(w.name, "llama3_1b") ? 8.0 : 32.0) << w.name;
         EXPECT_EQ(c.rope_low_freq_factor, 1.0);
         EXPECT_EQ(c.rope_high_freq_factor, 4.0);
         EXPECT_EQ(c.rope_original_max_pos, 8192);
@@ -114,8 +115,10 @@ TEST(LlamaConfig, PresetSizesAndCounts) {
     llama_config b = preset("llama3_1b");
     EXPECT_EQ(b.head_dim, 64);
     EXPECT_EQ(b.n_kv_heads, 8);
-    // 1B untied: 2 * 128256 * 2048 + 16 * (2*2048*2048 + 2*512*2048 + 3*8192*2048 + 2*2048) + 2048
-    EXPECT_EQ(llama_param_count(&b), 1498482688LL);
+    // 1B, tied as Meta's Llama-3.2-1B (one 128256 x 2048 embedding):
+    // 128256 * 2048 + 16 * (2*2048*2048 + 2*512*2048 + 3*8192*2048 + 2*2048) + 2048
+    EXPECT_EQ(b.tie_embeddings, 1);
+    EXPECT_EQ(llama_param_count(&b), 1235814400LL);
     llama_config e = preset("llama3_70b");
     EXPECT_EQ(e.head_dim, 128);
     EXPECT_EQ(e.n_layers, 80);
@@ -124,7 +127,7 @@ TEST(LlamaConfig, PresetSizesAndCounts) {
     // every listed preset loads
     int n = 0;
     for (const char *name; (name = llama_config_preset_name(n)); n++) preset(name);
-    EXPECT_EQ(n, 6);
+    EXPECT_EQ(n, 9);
 }
 
 TEST(LlamaConfig, UnknownPreset) {

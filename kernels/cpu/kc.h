@@ -49,6 +49,13 @@ void kc_linear_backward_input(const float *dy, const float *w, float *dx, int n,
 void kc_linear_backward_weight(const float *dy, const float *x, float *dw, int n, int in, int out,
                                kc_stats *st);
 
+/* ---- bias of a linear layer: y = x W^T + b ---------------------------------------------------- */
+
+/* y[i,:] += b for every row i of y[n,out]. */
+void kc_bias_forward(float *y, const float *b, int64_t n, int out);
+/* db[j] += sum over rows of dy[:, j] (summed in double per column, always accumulates). */
+void kc_bias_backward(const float *dy, float *db, int64_t n, int out);
+
 /* ---- embedding ------------------------------------------------------------------------------ */
 
 /* out[i,:] = table[tokens[i],:]. Fails (FSDP_E_INVALID) on a token outside [0, vocab). */
@@ -58,7 +65,8 @@ int kc_embedding_forward(const float *table, const int32_t *tokens, float *out, 
 int kc_embedding_backward(const float *dout, const int32_t *tokens, float *dtable, int64_t n, int vocab,
                           int dim, fsdp_err *err);
 
-/* ---- RMSNorm: y = x * rsqrt(mean(x^2) + eps) * w ------------------------------------------- */
+/* ---- RMSNorm: y = x * rsqrt(mean(x^2) + eps) * w ------------------------------------------- *
+ * A per-head norm (Qwen3's q_norm / k_norm over head_dim) is the same kernel on [n*heads, head_dim]. */
 
 /* Overwrites y[n,dim]; rstd[n] receives rsqrt(mean(x^2)+eps) for the backward. */
 void kc_rmsnorm_forward(const float *x, const float *w, float *y, float *rstd, int64_t n, int dim, float eps);

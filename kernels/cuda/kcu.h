@@ -47,6 +47,14 @@ int kcu_scale(float *x, int64_t n, float s, kcu_stream stream, fsdp_err *err);
 /* *d_out = sum of x[i]^2 accumulated in double (overwrites the one double at d_out). */
 int kcu_sumsq(fsdp_dtype dt, const void *x, int64_t n, double *d_out, kcu_stream stream, fsdp_err *err);
 
+/* ---- bias of a linear layer (Qwen2's q/k/v projections) ---------------------------------------- */
+
+/* y[i,:] += b for every row of y [n, out]; y and b of dtype dt (one rounding per element). */
+int kcu_bias_forward(fsdp_dtype dt, void *y, const void *b, int64_t n, int out, kcu_stream stream, fsdp_err *err);
+/* db[j] += sum over the rows of dy[:, j] (float32 db; each column summed in double in row order,
+ * kc_bias_backward's operations: the same bits from the same float32 dy). */
+int kcu_bias_backward(fsdp_dtype dt, const void *dy, float *db, int64_t n, int out, kcu_stream stream, fsdp_err *err);
+
 /* ---- embedding ---------------------------------------------------------------------------------- */
 
 /* out[i,:] = table[tokens[i],:] (a bad token gives a zero row). */
@@ -56,7 +64,7 @@ int kcu_embedding_forward(fsdp_dtype dt, const void *table, const int32_t *token
 int kcu_embedding_backward(fsdp_dtype dt, const void *dout, const int32_t *tokens, float *dtable, int64_t n,
                            int vocab, int dim, int *d_bad, kcu_stream stream, fsdp_err *err);
 
-/* ---- RMSNorm ------------------------------------------------------------------------------------ */
+/* ---- RMSNorm (a per-head norm, Qwen3's q_norm / k_norm, is the same kernel on [n*heads, head_dim]) -- */
 
 /* y = x * rsqrt(mean(x^2) + eps) * w; rstd[n] (float32) for the backward. w has dtype dt. */
 int kcu_rmsnorm_forward(fsdp_dtype dt, const void *x, const void *w, void *y, float *rstd, int64_t n, int dim,

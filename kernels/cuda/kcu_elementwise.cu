@@ -89,6 +89,28 @@ KCU_API int kcu_sumsq(fsdp_dtype dt, const void *x, int64_t n, double *d_out, kc
     return kcu_launch_check(err, "kcu_sumsq");
 }
 
+// ---- bias of a linear layer --------------------------------------------------------------------------
+
+template <class T>
+__global__ void bias_fwd(T *y, const T *b, int64_t n, int out) {
+    const int64_t total = n * out;
+    for (int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; idx < total;
+         idx += (int64_t)gridDim.x * blockDim.x)
+        kcu_st(y, (size_t)idx, __fadd_rn(kcu_ld(y, (size_t)idx), kcu_ld(b, (size_t)(idx % out))));
+}
+
+KCU_API int kcu_bias_forward(fsdp_dtype dt, void *y, const void *b, int64_t n, int out, kcu_stream stream,
+                             fsdp_err *err) {
+    if (kcu_check_dt(dt, "kcu_bias_forward", err)) return FSDP_E_INVALID;
+    if (n < 0 || out <= 0 || n > INT64_MAX / out)
+        return fsdp_err_set(err, FSDP_E_INVALID, "kcu_bias_forward: bad sizes (n %lld, out %d)", (long long)n, out);
+    if (n == 0) return FSDP_OK;
+    KCU_DISPATCH(dt, T,
+                 KCU_LAUNCH(bias_fwd<T>, kcu_blocks(n * out, KCU_THREADS), KCU_THREADS, 0, stream)(
+                     (T *)y, (const T *)b, n, out));
+    return kcu_launch_check(err, "kcu_bias_forward");
+}
+
 // ---- SwiGLU ----------------------------------------------------------------------------------------
 
 template <class T>

@@ -121,6 +121,29 @@ KCU_API int kcu_rmsnorm_backward(fsdp_dtype dt, const void *dy, const void *x, c
     return rc ? rc : kcu_launch_check(err, "kcu_rmsnorm_backward");
 }
 
+// ---- bias gradient: column sums -------------------------------------------------------------------------
+
+// One thread per column, its rows summed in double in row order (kc_bias_backward's order): no
+// atomics, the same bits as the CPU kernel.
+template <class T>
+__global__ void bias_bwd(const T *dy, float *db, int64_t n, int out) {
+    for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < out; j += gridDim.x * blockDim.x) {
+        double acc = 0.0;
+        for (int64_t i = 0; i < n; i++) acc += (double)kcu_ld(dy, (size_t)i * out + j);
+        db[j] = __fadd_rn(db[j], (float)acc);
+    }
+}
+
+KCU_API int kcu_bias_backward(fsdp_dtype dt, const void *dy, float *db, int64_t n, int out, kcu_stream stream,
+                              fsdp_err *err) {
+    if (norm_check(dt, n, out, "kcu_bias_backward", err)) return FSDP_E_INVALID;
+    if (n == 0) return FSDP_OK;
+    const int threads = 128;
+    const unsigned blocks = (unsigned)((out + threads - 1) / threads);
+    KCU_DISPATCH(dt, T, KCU_LAUNCH(bias_bwd<T>, blocks, threads, 0, stream)((const T *)dy, db, n, out));
+    return kcu_launch_check(err, "kcu_bias_backward");
+}
+
 // ---- cross-entropy ------------------------------------------------------------------------------------
 
 // d(loss)/d(logits) of one labelled row from its float lse: scale * (softmax - onehot(lab)).

@@ -1,4 +1,5 @@
-/* libFuzzer harnesses of the checkpoint parsers and of the recipe text path. Each harness is a
+/* libFuzzer harnesses of the checkpoint parsers, of the recipe text path, of the model section and of
+ * the Hugging Face config.json reader. Each harness is a
  * plain function so that `make test` can replay the committed corpus through it with gcc; `make
  * fuzz` builds the same files with clang's -fsanitize=fuzzer, where FSDP_LIBFUZZER defines the
  * entry point. */
@@ -17,6 +18,8 @@ int fsdp_fuzz_safetensors(const uint8_t *data, size_t size);
 int fsdp_fuzz_dcp_meta(const uint8_t *data, size_t size);
 int fsdp_fuzz_recipe(const uint8_t *data, size_t size);
 int fsdp_fuzz_pt(const uint8_t *data, size_t size);
+int fsdp_fuzz_model(const uint8_t *data, size_t size);
+int fsdp_fuzz_hf_config(const uint8_t *data, size_t size);
 #ifdef __cplusplus
 }
 #endif
