@@ -78,6 +78,10 @@ typedef struct sio_load_opts {
     /* When not NULL and strip_prefix is unset: a checkpoint whose model keys name no parameter as they
      * are but do once this prefix (e.g. "model.") is removed is read with it removed. */
     const char *detect_prefix;
+    /* The checkpoint's key layout (ckpt/key_layout.h): NULL detects it. model_prefix: before every
+     * parameter name ("" top level; removed like strip_prefix, no detection); optim_prefix: before
+     * state.<fqn>.<kind> and param_groups.<fqn>.<option> ("optimizer." torchtitan, "optim." ...). */
+    const char *model_prefix, *optim_prefix;
 } sio_load_opts;
 
 typedef struct sio_load_result {
@@ -85,6 +89,10 @@ typedef struct sio_load_result {
     uint64_t bytes_read;
     int has_train_state;
     const char *stripped_prefix; /* the detected key prefix that was removed (o->detect_prefix), or NULL */
+    /* a non-strict load's optimizer moments not restored (unmapped or missing): how many, and their
+     * keys ("\n  KEY" each, truncated with "...") */
+    size_t optim_omitted;
+    char optim_omitted_keys[1024];
 } sio_load_result;
 
 /* Loads into an existing state (its layout decides which rows each rank reads). */

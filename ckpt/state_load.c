@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ckpt/key_layout.h"
 #include "ckpt/namemap.h"
 #include "ckpt/state_io.h"
 
@@ -316,11 +317,22 @@ static void append(char *buf, size_t cap, const char *fmt, const char *a, const 
     snprintf(buf + l, cap - l, fmt, a, b);
 }
 
+/* A key of an optimizer moment not restored, listed in res (non-strict loads report them). */
+static void sio_list_omitted(sio_load_result *res, const char *key) {
+    res->optim_omitted++;
+    size_t l = strlen(res->optim_omitted_keys), cap = sizeof res->optim_omitted_keys;
+    if (l + 8 >= cap) return;
+    if (l + strlen(key) + 8 >= cap) snprintf(res->optim_omitted_keys + l, cap - l, "\n  ...");
+    else snprintf(res->optim_omitted_keys + l, cap - l, "\n  %s", key);
+}
+
 /* What one load is doing: the parameters restored, NaN seen in staged data, the checkpoint entries
  * used, and the problems a strict load reports. */
 typedef struct load_marks {
     int *loaded, *nan_dev, *used;
     char *problems;
+    const ckl_layout *lay; /* where the optimizer's state is (ckpt/key_layout.h) */
+    sio_load_result *res;  /* non-strict: optimizer moments not restored are listed there */
 } load_marks;
 
 /* Every model tensor of the checkpoint into the parameter it names (the first pass of sio_load). */
@@ -335,8 +347,7 @@ static int load_params(loader *L, ckpt_reader *r, nmap_rules *rules, load_marks 
     for (size_t ci = 0; ci < nck && !rc; ci++) {
         const ckpt_entry *e = ckpt_entry_at(r, ci);
         const char *key = e->name;
-        if (!strncmp(key, "optimizer.", 10) || !strncmp(key, "train_state.", 12) || !strncmp(key, "lr_scheduler.", 13) ||
-            !strncmp(key, "dataloader.", 11)) {
+        if (ckl_is_training(m->lay, key)) {
             used[ci] = 1; /* handled below */
             continue;
         }
@@ -387,10 +398,11 @@ static int load_optimizer_state(loader *L, ckpt_reader *r, load_marks *m, sio_lo
         const state_array arr[2] = {STATE_EXP_AVG, STATE_EXP_AVG_SQ};
         for (int k = 0; k < 2 && !rc; k++) {
             char key[NAME_CAP + 64];
-            snprintf(key, sizeof key, "optimizer.state.%s.%s", p->name, kinds[k]);
+            snprintf(key, sizeof key, "%sstate.%s.%s", m->lay->optim, p->name, kinds[k]);
             long ci = ckpt_find(r, key);
             if (ci < 0) {
                 append(problems, 8192, "\n  optimizer state %s%s missing", key, "");
+                sio_list_omitted(m->res, key);
                 continue;
             }
             const ckpt_entry *e = ckpt_entry_at(r, (size_t)ci);
@@ -403,7 +415,7 @@ static int load_optimizer_state(loader *L, ckpt_reader *r, load_marks *m, sio_lo
         }
         if (rc) break;
         char key[NAME_CAP + 64];
-        snprintf(key, sizeof key, "optimizer.state.%s.step", p->name);
+        snprintf(key, sizeof key, "%sstate.%s.step", m->lay->optim, p->name);
         long ci = ckpt_find(r, key);
         if (ci >= 0) {
             double st = 0;
@@ -415,13 +427,13 @@ static int load_optimizer_state(loader *L, ckpt_reader *r, load_marks *m, sio_lo
             double *dst;
         } hyper[] = {{"lr", &s->lr}, {"eps", &s->eps}, {"weight_decay", &s->weight_decay}};
         for (int h = 0; h < 3; h++) {
-            snprintf(key, sizeof key, "optimizer.param_groups.%s.%s", p->name, hyper[h].k);
+            snprintf(key, sizeof key, "%sparam_groups.%s.%s", m->lay->optim, p->name, hyper[h].k);
             long hi = ckpt_find(r, key);
             const char *t = hi >= 0 ? ckpt_value_text(r, (size_t)hi) : NULL;
             if (t) *hyper[h].dst = strtod(t, NULL);
         }
         /* the LR schedule as PyTorch holds it (ckpt/state_resume.c): lr is the next step's */
-        snprintf(key, sizeof key, "optimizer.param_groups.%s.initial_lr", p->name);
+        snprintf(key, sizeof key, "%sparam_groups.%s.initial_lr", m->lay->optim, p->name);
         long ii = ckpt_find(r, key);
         const char *it = ii >= 0 ? ckpt_value_text(r, (size_t)ii) : NULL;
         if (it) {
@@ -429,7 +441,7 @@ static int load_optimizer_state(loader *L, ckpt_reader *r, load_marks *m, sio_lo
             s->lr_next = s->lr;
             s->has_lr_schedule = 1;
         }
-        snprintf(key, sizeof key, "optimizer.param_groups.%s.betas", p->name);
+        snprintf(key, sizeof key, "%sparam_groups.%s.betas", m->lay->optim, p->name);
         long bi = ckpt_find(r, key);
         const char *bt = bi >= 0 ? ckpt_value_text(r, (size_t)bi) : NULL;
         if (bt) sscanf(bt, "(%lf, %lf)", &s->beta1, &s->beta2);
@@ -464,6 +476,41 @@ static void strict_report(const loader *L, ckpt_reader *r, const load_marks *m) 
     }
 }
 
+/* The checkpoint's key layout (ckpt/key_layout.h): o's explicit prefixes, the rest detected; an
+ * explicit model prefix is stripped (no detection), a detected one is tried as detect_prefix. */
+static int sio_layout(ckpt_reader *r, const char *path, const sio_load_opts *o, ckl_layout *lay, sio_load_opts *eff,
+                      fsdp_err *err) {
+    int rc = ckl_detect(r, o->model_prefix, o->optim_prefix, lay, err);
+    if (rc) return fsdp_err_prefix(err, "load-ckpt %s", path);
+    if (lay->model_given) {
+        eff->detect_prefix = NULL;
+        if (lay->model[0] && !(o->strip_prefix && *o->strip_prefix)) eff->strip_prefix = lay->model;
+    } else if (o->detect_prefix && *o->detect_prefix) {
+        eff->detect_prefix = lay->model;
+    }
+    return 0;
+}
+
+static int has_param(void *user, const char *fqn) { return state_find(user, fqn) != NULL; }
+
+/* Optimizer moments the layout cannot map onto a parameter: strict, an error naming them; else
+ * listed in res. Never left to become zeros unnoticed. */
+static int sio_check_moments(fsdp_state *s, ckpt_reader *r, const ckl_layout *lay, const char *path, int strict,
+                             sio_load_result *res, fsdp_err *err) {
+    char keys[1024] = "";
+    size_t n = ckl_unmapped_moments(r, lay, has_param, s, keys, sizeof keys);
+    if (!n) return 0;
+    if (strict)
+        return fsdp_err_set(err, FSDP_E_INVALID,
+                            "load-ckpt %s: %zu optimizer moment(s) under a key layout that does not map onto the "
+                            "model's parameters (expected %sstate.<parameter>.<kind>):%s\n(give prefixes: {optim: "
+                            "...}, or load_optimizer: false to start the optimizer afresh)",
+                            path, n, lay->optim, keys);
+    res->optim_omitted += n;
+    snprintf(res->optim_omitted_keys, sizeof res->optim_omitted_keys, "%s", keys);
+    return 0;
+}
+
 int sio_load(fsdp_state *s, const char *path, const sio_load_opts *o, sio_load_result *res, fsdp_err *err) {
     memset(res, 0, sizeof *res);
     loader L = {s, o, {0}};
@@ -482,7 +529,9 @@ int sio_load(fsdp_state *s, const char *path, const sio_load_opts *o, sio_load_r
         if (rc) goto out;
     }
     sio_load_opts eff = *o; /* with the detected key prefix, when there is one */
-    if ((rc = detect_prefix(s, o, rules, r, &eff.strip_prefix, err))) goto out;
+    ckl_layout lay;
+    if ((rc = sio_layout(r, path, o, &lay, &eff, err))) goto out;
+    if ((rc = detect_prefix(s, &eff, rules, r, &eff.strip_prefix, err))) goto out;
     if (eff.strip_prefix != o->strip_prefix) res->stripped_prefix = eff.strip_prefix;
     o = &eff;
     L.o = o;
@@ -502,15 +551,18 @@ int sio_load(fsdp_state *s, const char *path, const sio_load_opts *o, sio_load_r
     int want_opt = o->load_optimizer;
     int has_opt = 0;
     for (size_t ci = 0; ci < nck; ci++)
-        if (!strncmp(ckpt_entry_at(r, ci)->name, "optimizer.state.", 16)) has_opt = 1;
+        if (!strncmp(ckpt_entry_at(r, ci)->name, lay.optim, strlen(lay.optim)) &&
+            !strncmp(ckpt_entry_at(r, ci)->name + strlen(lay.optim), "state.", 6))
+            has_opt = 1;
     if (want_opt == 1 && !has_opt) {
         rc = fsdp_err_set(err, FSDP_E_INVALID, "load-ckpt %s: load_optimizer is true but the checkpoint has no "
-                                               "optimizer.state.* keys", path);
+                                               "%sstate.* keys", path, lay.optim);
         goto done;
     }
+    if (want_opt && (rc = sio_check_moments(s, r, &lay, path, o->strict, res, err))) goto done;
     int do_opt = want_opt == 1 || (want_opt == -1 && has_opt);
     if (do_opt && (rc = state_alloc_optimizer(s, err))) goto done;
-    load_marks marks = {loaded, nan_dev, used, problems};
+    load_marks marks = {loaded, nan_dev, used, problems, &lay, res};
     rc = load_params(&L, r, rules, &marks, res, err);
     if (!rc && do_opt) rc = load_optimizer_state(&L, r, &marks, res, err);
     /* every staged upload has landed before anything is reported as loaded */
