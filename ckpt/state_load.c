@@ -384,6 +384,20 @@ static int load_params(loader *L, ckpt_reader *r, nmap_rules *rules, load_marks 
     return rc;
 }
 
+/* 1 when the checkpoint's optimizer knows the parameter: a state or param_groups entry under its
+ * name (PyTorch's flattened optimizer state dict has param_groups.<fqn>.* for every parameter the
+ * optimizer holds; a buffer such as a LayerNorm's running stats, or a frozen parameter, has none). */
+static int under_optimizer(ckpt_reader *r, const ckl_layout *lay, const char *name) {
+    char key[NAME_CAP + 160];
+    const char *probe[] = {"state.%s.exp_avg", "state.%s.exp_avg_sq", "state.%s.step", "param_groups.%s.lr"};
+    for (size_t i = 0; i < sizeof probe / sizeof *probe; i++) {
+        int n = snprintf(key, sizeof key, "%s", lay->optim);
+        snprintf(key + n, sizeof key - (size_t)n, probe[i], name);
+        if (ckpt_find(r, key) >= 0) return 1;
+    }
+    return 0;
+}
+
 /* The AdamW state of every parameter loaded (all of them when nothing is selected). */
 static int load_optimizer_state(loader *L, ckpt_reader *r, load_marks *m, sio_load_result *res, fsdp_err *err) {
     fsdp_state *s = L->s;
@@ -394,6 +408,7 @@ static int load_optimizer_state(loader *L, ckpt_reader *r, load_marks *m, sio_lo
     for (size_t i = 0; i < s->n && !rc; i++) {
         state_param *p = &s->p[i];
         if (!loaded[i] && (o->only || o->select)) continue;
+        if (!under_optimizer(r, m->lay, p->name)) continue; /* a buffer or frozen: no state, no group */
         const char *kinds[2] = {"exp_avg", "exp_avg_sq"};
         const state_array arr[2] = {STATE_EXP_AVG, STATE_EXP_AVG_SQ};
         for (int k = 0; k < 2 && !rc; k++) {

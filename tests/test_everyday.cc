@@ -526,3 +526,94 @@ TEST(EverydayGlobals, FuzzCorpusKeepsTheRefusedGlobals) {
         EXPECT_EQ(!strcmp(f.dir, "pt") ? fsdp_fuzz_pt(d, f.bytes.size()) : fsdp_fuzz_pickle(d, f.bytes.size()), 0);
     }
 }
+
+// ---- load-ckpt recipes on the everyday files (a model declared `from:` the file itself) ----------
+
+namespace {
+
+// `fsdp-run RECIPE` with recipe text; exit code, output in *out
+int run_recipe(const std::string &dir, const std::string &yaml, std::string *out) {
+    write_file(dir + "/r.yaml", yaml);
+    return run_cmd(fsdp_run_bin() + " " + dir + "/r.yaml", out);
+}
+
+// model from the file (under the prefix its parameters have), strict load-ckpt, save-safetensors, save-dcp
+std::string load_recipe(const std::string &src, const char *prefix, const std::string &dir, const char *load_opt) {
+    return "model: {from: \"" + src + "\"" + (prefix ? std::string(", strip_prefix: ") + prefix : "") +
+           "}\nstages:\n  - {id: l, uses: load-ckpt, with: {path: \"" + src + "\", load_optimizer: " + load_opt +
+           "}}\n  - {id: s, uses: save-safetensors, with: {path: \"" + dir + "/o.safetensors\"}}\n"
+           "  - {id: d, uses: save-dcp, with: {path: \"" + dir + "/dcp\"}}\n";
+}
+
+}  // namespace
+
+TEST(EverydayRecipe, ModelFromEachFileLoadsStrictlyWithTheExactValues) {
+    std::string t = make_tmpdir("every-recipe"), out;
+    struct {
+        const char *file, *prefix;
+    } cases[] = {{"state_dict.pt", nullptr},       {"keep_vars.pt", nullptr},
+                 {"named_parameters.pt", nullptr}, {"dcp_safetensors_serialization", nullptr},
+                 {"train_ckpt.pt", "model."},      {"dcp_tutorial_layout", "model."},
+                 {"dcp_tensor_step_and_bytes", "model."}};
+    for (auto &c : cases) {
+        rm_rf(t + "/o.safetensors");
+        rm_rf(t + "/dcp");
+        ASSERT_EQ(run_recipe(t, load_recipe(everyday(c.file), c.prefix, t, "false"), &out), 0) << c.file << ": " << out;
+        // named_parameters.pt has no buffer: its model has no `scale`
+        EXPECT_EQ(run_cmd(fsdp_run_bin() + " ckpt diff " + t + "/o.safetensors " +
+                              everyday("expected_state_dict.safetensors") +
+                              (!strcmp(c.file, "named_parameters.pt") ? " --ignore scale" : ""), &out), 0)
+            << c.file << ": " << out;
+        Reader got(t + "/o.safetensors");
+        expect_state_dict(got, "", strcmp(c.file, "named_parameters.pt") != 0, c.file);
+    }
+    rm_rf(t);
+}
+
+TEST(EverydayRecipe, TrainingCheckpointOptimizerStateIsKeptThroughSaveDcp) {
+    // the table model cannot train (train-steps refuses a parameter table), but load-ckpt restores the
+    // AdamW moments into its state and save-dcp writes them: they must be the checkpoint's own
+    std::string t = make_tmpdir("every-optim"), out;
+    ASSERT_EQ(run_recipe(t, load_recipe(everyday("train_ckpt.pt"), "model.", t, "true"), &out), 0) << out;
+    Reader got(t + "/dcp");
+    ASSERT_TRUE(got.r) << got.err;
+    for (int i = 0; i < 5; i++) {
+        Reader want(everyday("expected_optim_state_" + std::to_string(i) + ".safetensors"));
+        for (const char *k : {"exp_avg", "exp_avg_sq"})
+            expect_bits(got.f32(std::string("optimizer.state.") + PARAMS[i] + "." + k), want.f32(k),
+                        std::string(PARAMS[i]) + "." + k);
+        // and the hyper-parameters of its param group (lr 1e-3, weight_decay 0.01, betas (0.9, 0.999))
+        EXPECT_EQ(got.value(std::string("optimizer.param_groups.") + PARAMS[i] + ".lr"), "0.001") << PARAMS[i];
+        EXPECT_EQ(got.value(std::string("optimizer.param_groups.") + PARAMS[i] + ".weight_decay"), "0.01");
+    }
+    rm_rf(t);
+}
+
+TEST(EverydayRecipe, TensorStepIsRestored) {
+    std::string t = make_tmpdir("every-step"), out;
+    ASSERT_EQ(run_recipe(t, load_recipe(everyday("dcp_tensor_step_and_bytes"), "model.", t, "auto"), &out), 0) << out;
+    EXPECT_TRUE(has(out, "(step 7)")) << out;
+    Reader got(t + "/dcp");
+    EXPECT_EQ(got.value("train_state.step"), "7");
+    rm_rf(t);
+}
+
+TEST(EverydayRecipe, LegacyAndForbiddenGlobalsFailTheRecipeNamingThem) {
+    std::string t = make_tmpdir("every-refuse"), out;
+    // the model declared from the file refuses it first (validation reads its header): exit 1 or 2
+    int rc = run_recipe(t, load_recipe(everyday("legacy_format.pt"), nullptr, t, "auto"), &out);
+    EXPECT_TRUE(rc == 1 || rc == 2) << rc << out;
+    EXPECT_TRUE(has(out, "legacy format of PyTorch < 1.6")) << out;
+    // a table declared inline, the file only loaded: load-ckpt fails with exit 1
+    std::string inl = "model:\n  params: [{name: w, shape: [2]}]\nstages:\n  - {id: l, uses: load-ckpt, with: {path: \"";
+    EXPECT_EQ(run_recipe(t, inl + everyday("legacy_format.pt") + "\"}}\n", &out), 1) << out;
+    EXPECT_TRUE(has(out, "legacy format of PyTorch < 1.6")) << out;
+    std::string p = t + "/x.pt";
+    write_file(p, pt_of(os_system_pickle(false)));
+    EXPECT_EQ(run_recipe(t, inl + p + "\"}}\n", &out), 1) << out;
+    EXPECT_TRUE(has(out, "global os.system is not allowed")) << out;
+    rc = run_recipe(t, load_recipe(p, nullptr, t, "auto"), &out);
+    EXPECT_TRUE(rc == 1 || rc == 2) << rc << out;
+    EXPECT_TRUE(has(out, "global os.system is not allowed")) << out;
+    rm_rf(t);
+}
