@@ -10,6 +10,7 @@
 #include "ckpt/ckpt_stale.h"
 #include "ckpt/dcp.h"
 #include "ckpt/namemap.h"
+#include "ckpt/key_layout.h"
 #include "ckpt/reader.h"
 #include "ckpt/safetensors.h"
 #include "pipeline/ckpt_cli.h"
@@ -23,6 +24,7 @@ static void ckpt_usage(FILE *f) {
           "       fsdp-run ckpt convert SRC DST [--to dcp|safetensors] [--names hf|torchtitan] [--dtype f32|bf16|f16]\n"
           "                             [--keys GLOB[,GLOB...]]... [--exclude GLOB[,GLOB...]]... [--strip-prefix P]\n"
           "                             [--add-prefix P] [--n-heads H --n-kv-heads K] [--model PRESET|HF_DIR] [--overwrite]\n"
+          "                             [--prefixes model=P,optim=P] [--layout torchtitan|keep]\n"
           "       fsdp-run ckpt diff A B [--rtol R] [--atol A] [--round] [--ignore GLOB[,GLOB...]]...\n"
           "                              [--names hf|torchtitan [--n-heads H --n-kv-heads K]]\n"
           "GLOB: `*` matches within one dotted component, `**` across them (optimizer.**); a pattern\n"
@@ -141,6 +143,9 @@ typedef struct conv {
     ckpt_reader *r;
     const char *names, *strip, *add, *model;
     ckpt_keys keys, exclude;
+    const char *pre_model, *pre_optim; /* --prefixes model=P,optim=P */
+    int relayout;                      /* --layout torchtitan */
+    ckl_layout lay;                    /* the source's key layout; lay.model "" unless it is stripped */
     fsdp_dtype dtype;
     int heads, kv_heads;
     llama_config cfg; /* --model's, when given */
@@ -151,7 +156,12 @@ static int out_name(const conv *c, const char *in, char *out, size_t cap, nmap_i
     memset(info, 0, sizeof *info);
     out[0] = '\0';
     if ((c->keys.n && !ckpt_keys_match(&c->keys, in)) || ckpt_keys_match(&c->exclude, in)) return 0;
-    if (c->names && ckpt_key_is_training(in)) return 0; /* --names exports the model keys */
+    if (c->names && ckl_is_training(&c->lay, in)) return 0; /* --names exports the model keys */
+    char re[1024];
+    if (c->relayout || c->names) { /* into torchtitan's layout: the model prefix off, optimizer. */
+        if (ckl_to_torchtitan(&c->lay, in, re, sizeof re, err)) return err->code;
+        in = re;
+    }
     const char *k = in;
     if (c->strip) {
         const char *s = nmap_strip_prefix(k, c->strip);
@@ -190,6 +200,48 @@ static int keys_arg(ckpt_keys *k, const char *opt, const char *v, FILE *log) {
     return 2;
 }
 
+/* --prefixes model=P,optim=P (either or both); 0, or the exit code of a usage error */
+static int prefixes_arg(conv *c, char *v, FILE *log) {
+    for (char *save = NULL, *tok = strtok_r(v, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        char *eq = strchr(tok, '=');
+        const char **dst = NULL;
+        if (eq && !strncmp(tok, "model=", 6)) dst = &c->pre_model;
+        else if (eq && !strncmp(tok, "optim=", 6)) dst = &c->pre_optim;
+        fsdp_err err;
+        if (!dst) {
+            fprintf(log, "fsdp-run ckpt convert: --prefixes %s: expected model=PREFIX or optim=PREFIX\n", tok);
+            return 2;
+        }
+        if (ckl_prefix_check(dst == &c->pre_model ? "--prefixes model" : "--prefixes optim", eq + 1, &err)) {
+            fprintf(log, "fsdp-run ckpt convert: %s\n", err.msg);
+            return 2;
+        }
+        *dst = eq + 1;
+    }
+    return 0;
+}
+
+/* The source's key layout (ckpt/key_layout.h). The model prefix is taken off (with --names or --layout
+ * torchtitan) when given, or when every model tensor of the source is under it: an HF checkpoint's
+ * model.* keys beside lm_head.weight stay as they are. */
+static int convert_layout(conv *c, fsdp_err *err) {
+    int rc = ckl_detect(c->r, c->pre_model, c->pre_optim, &c->lay, err);
+    if (rc || c->lay.model_given || !c->lay.model[0] || c->strip) {
+        if (!rc && !c->lay.model_given) c->lay.model[0] = '\0';
+        return rc;
+    }
+    size_t under = 0, other = 0, ml = strlen(c->lay.model);
+    for (size_t i = 0; i < ckpt_count(c->r); i++) {
+        const ckpt_entry *e = ckpt_entry_at(c->r, i);
+        if (!e->is_tensor || ckl_is_training(&c->lay, e->name)) continue;
+        if (!strncmp(e->name, c->lay.model, ml)) under++;
+        else other++;
+    }
+    /* --names torchtitan reads HF names, whose model.* keys are not a prefix to take off */
+    if (other || !under || (c->names && !strcmp(c->names, "torchtitan"))) c->lay.model[0] = '\0';
+    return 0;
+}
+
 /* options of convert into c and o; 0, or the exit code of a usage error */
 static int convert_args(int argc, char **argv, conv *c, conv_out *o, FILE *log) {
     for (int i = 0; i < argc; i++) {
@@ -212,6 +264,17 @@ static int convert_args(int argc, char **argv, conv *c, conv_out *o, FILE *log) 
         else if (!strcmp(a, "--n-heads") && v) c->heads = atoi(v), i++;
         else if (!strcmp(a, "--n-kv-heads") && v) c->kv_heads = atoi(v), i++;
         else if (!strcmp(a, "--model") && v) c->model = v, i++;
+        else if (!strcmp(a, "--prefixes") && v) {
+            if (prefixes_arg(c, argv[i + 1], log)) return 2;
+            i++;
+        } else if (!strcmp(a, "--layout") && v) {
+            if (strcmp(v, "torchtitan") && strcmp(v, "keep")) {
+                fprintf(log, "fsdp-run ckpt convert: --layout must be torchtitan or keep\n");
+                return 2;
+            }
+            c->relayout = !strcmp(v, "torchtitan");
+            i++;
+        }
         else if (!strcmp(a, "--overwrite")) o->overwrite = 1;
         else if (a[0] == '-') {
             fprintf(log, "fsdp-run ckpt convert: unknown option %s\n", a);
@@ -387,7 +450,7 @@ static void convert_report(const conv *c, const conv_out *o, FILE *out) {
     for (size_t i = 0; i < ckpt_count(c->r); i++) {
         const ckpt_entry *e = ckpt_entry_at(c->r, i);
         if ((c->keys.n && !ckpt_keys_match(&c->keys, e->name)) || ckpt_keys_match(&c->exclude, e->name)) continue;
-        if (c->names && ckpt_key_is_training(e->name)) training++;
+        if (c->names && ckl_is_training(&c->lay, e->name)) training++;
         else if (!e->is_tensor && (c->names || !strcmp(o->to, "safetensors"))) values++;
     }
     fprintf(out, "converted %zu tensors (%.1f MB)", o->written, (double)o->bytes / 1e6);
@@ -427,6 +490,13 @@ static int cmd_convert(int argc, char **argv, FILE *out, FILE *log) {
         ckpt_keys_free(&c.keys);
         ckpt_keys_free(&c.exclude);
         return 1;
+    }
+    if ((rc = convert_layout(&c, &err))) {
+        fprintf(log, "fsdp-run ckpt convert: error: %s: %s\n", o.src, err.msg);
+        ckpt_close(c.r);
+        ckpt_keys_free(&c.keys);
+        ckpt_keys_free(&c.exclude);
+        return fsdp_err_exit_code(rc);
     }
     rc = !strcmp(o.to, "safetensors") ? convert_to_safetensors(&c, &o, log, &err) : convert_to_dcp(&c, &o, log, &err);
     if (!rc) convert_report(&c, &o, out);

@@ -209,3 +209,33 @@ TEST(KeyLayouts, DetectionAndRewriting) {
     ckpt_close(r);
     rm_rf(t);
 }
+
+TEST(KeyLayouts, ConvertRewritesAnyLayoutIntoTorchtitans) {
+    // before: convert had no --layout / --prefixes (usage error, exit 2)
+    std::string t = make_tmpdir("layouts-c"), out, bin = fsdp_run_bin() + " ckpt ";
+    write_layout(t + "/tt", "", "optimizer.");
+    struct {
+        const char *model, *optim, *args;
+    } cases[] = {{"app.model.", "app.optim.", ""}, {"model.", "optim.", ""}, {"net.", "opt.", " --prefixes model=net.,optim=opt."}};
+    for (auto &c : cases) {
+        write_layout(t + "/src", c.model, c.optim);
+        rm_rf(t + "/dst");
+        ASSERT_EQ(run_cmd(bin + "convert " + t + "/src " + t + "/dst --layout torchtitan" + c.args, &out), 0) << out;
+        EXPECT_EQ(run_cmd(bin + "diff " + t + "/dst " + t + "/tt", &out), 0) << c.model << c.optim << ": " << out;
+    }
+    // --layout keep (the default) leaves the keys as they are
+    rm_rf(t + "/dst");
+    ASSERT_EQ(run_cmd(bin + "convert " + t + "/src " + t + "/dst", &out), 0) << out;
+    EXPECT_EQ(run_cmd(bin + "diff " + t + "/dst " + t + "/src", &out), 0) << out;
+    // an HF-style checkpoint whose model.* keys sit beside top-level ones keeps them
+    EXPECT_EQ(run_cmd(bin + "convert " + everyday("expected_state_dict.safetensors") + " " + t + "/e.safetensors --layout "
+                          "torchtitan --add-prefix model.", &out), 0) << out;
+    // bad options: usage errors naming what was expected
+    EXPECT_EQ(run_cmd(bin + "convert " + t + "/src " + t + "/x --prefixes model=net", &out), 2);
+    EXPECT_TRUE(has(out, "prefix 'net' must be")) << out;
+    EXPECT_EQ(run_cmd(bin + "convert " + t + "/src " + t + "/x --prefixes foo=net.", &out), 2);
+    EXPECT_TRUE(has(out, "expected model=PREFIX or optim=PREFIX")) << out;
+    EXPECT_EQ(run_cmd(bin + "convert " + t + "/src " + t + "/x --layout hf", &out), 2);
+    EXPECT_TRUE(has(out, "--layout must be torchtitan or keep")) << out;
+    rm_rf(t);
+}
