@@ -48,6 +48,7 @@ typedef struct dcp_ckpt {
         char *rel;
         int fd;
         uint64_t size;
+        struct dcp_st_blob *st; /* parsed safetensors header (dcp_st.h), when its tensors are one */
     } *files;
     size_t n_files, files_cap;
     nidx item_names, file_names; /* fqn -> index in items, rel -> index in files */
@@ -66,8 +67,13 @@ int dcp_read_box(dcp_ckpt *c, size_t i, const int64_t *off, const int64_t *len, 
                  fsdp_err *err);
 /* Decodes byte item i: its pickled value as a tree (the caller frees *doc). */
 int dcp_read_value(dcp_ckpt *c, size_t i, pkl_doc **doc, const pkl_obj **root, fsdp_err *err);
-/* The byte item as text (ints "5", floats "0.001", tuples "(0.9, 0.95)", strings "'x'"). */
+/* The byte item as text (ints "5", floats "0.001", tuples "(0.9, 0.95)", strings "'x'"); an error
+ * naming the value when it does not decode (e.g. its pickle names a global outside the allow-list). */
+int dcp_value(dcp_ckpt *c, size_t i, const char **text, fsdp_err *err);
+/* The same, NULL when it does not decode. */
 const char *dcp_value_text(dcp_ckpt *c, size_t i);
+/* The byte item's pickle (its data.pkl record, byte for byte, after it decoded); *buf malloc'd. */
+int dcp_value_pickle(dcp_ckpt *c, size_t i, void **buf, size_t *len, fsdp_err *err);
 /* Checks the CRC-32 of every record of every torch.save piece the items point at (each read
  * once, nothing kept); *records counts them. An error names the tensor or value, file and record. */
 int dcp_verify(dcp_ckpt *c, size_t *records, fsdp_err *err);
@@ -120,6 +126,10 @@ int dcp_file_add_tensor_fill(dcp_file_writer *w, const char *fqn, fsdp_dtype dt,
  * pass the opcodes of the value only; see dcp_pickle_* helpers). */
 int dcp_file_add_value(dcp_file_writer *w, const char *fqn, const void *value_ops, size_t n, dcp_record *rec,
                        fsdp_err *err);
+/* A non-tensor value given as a whole pickle (PROTO ... STOP, e.g. from ckpt_value_pickle),
+ * stored as it is. */
+int dcp_file_add_pickle(dcp_file_writer *w, const char *fqn, const void *pickle, size_t n, dcp_record *rec,
+                        fsdp_err *err);
 int dcp_file_close(dcp_file_writer *w, fsdp_err *err);
 void dcp_file_abort(dcp_file_writer *w);
 

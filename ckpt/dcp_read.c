@@ -10,6 +10,7 @@
 
 #include "ckpt/dcp.h"
 #include "ckpt/dcp_chunks.h"
+#include "ckpt/dcp_st.h"
 #include "ckpt/torchsave.h"
 #include "ckpt/zip.h"
 #include "runtime/fileio.h"
@@ -49,6 +50,7 @@ void dcp_close(dcp_ckpt *c) {
     for (size_t i = 0; i < c->n_files; i++) {
         if (c->files[i].fd >= 0) close(c->files[i].fd);
         free(c->files[i].rel);
+        dcp_st_blob_free(c->files[i].st);
     }
     free(c->files);
     nidx_free(&c->item_names);
@@ -84,6 +86,7 @@ static struct dcp_file *get_file(dcp_ckpt *c, const char *rel, fsdp_err *err) {
     struct stat st;
     fstat(f->fd, &st);
     f->size = (uint64_t)st.st_size;
+    f->st = NULL;
     f->rel = strdup(rel);
     if (!f->rel || nidx_add(&c->file_names, f->rel, c->n_files, NULL) != 0) {
         close(f->fd);
@@ -316,6 +319,50 @@ static int name_tensor(fsdp_err *err, const char *fqn, int rc) {
     return strstr(err->msg, tag) ? rc : fsdp_err_prefix(err, "%s", tag);
 }
 
+/* Copies a box of vol elements in C order (il) into dst's box layout (dst_stride) at tgt. */
+static void scatter_box(int nd, const int64_t *il, int64_t vol, const int64_t *dst_stride, size_t esz,
+                        const char *tmp, char *tgt) {
+    int64_t idx[FSDP_MAX_DIMS] = {0};
+    int64_t inner = nd ? il[nd - 1] : 1;
+    for (int64_t e = 0; e < vol; e += inner) {
+        size_t doff = 0;
+        for (int d = 0; d < nd; d++) doff += (size_t)(idx[d] * dst_stride[d]);
+        memcpy(tgt + doff * esz, tmp + (size_t)e * esz, (size_t)inner * esz);
+        for (int d = nd - 2; d >= 0; d--) {
+            if (++idx[d] < il[d]) break;
+            idx[d] = 0;
+        }
+    }
+}
+
+/* The intersection (so, il: in the chunk's coordinates) of a chunk stored in a safetensors piece. */
+static int read_st_chunk(dcp_ckpt *c, struct dcp_file *f, const dcp_item *x, const dcp_chunk *ch, const int64_t *so,
+                         const int64_t *il, const int64_t *len, const int64_t *dst_stride, char *tgt,
+                         fsdp_dtype dst_dt, fsdp_err *err) {
+    char what[4400];
+    snprintf(what, sizeof what, "%s/%s", c->dir, ch->where.relative_path);
+    dcp_st_tensor t;
+    int nd = x->ndim;
+    int rc = dcp_st_locate(&f->st, f->fd, f->size, ch->where.offset, x->fqn, nd, ch->offsets, what, &t, err);
+    if (!rc && (t.ndim != nd || t.dtype != x->dtype || memcmp(t.shape, ch->sizes, (size_t)nd * sizeof *t.shape)))
+        rc = fsdp_err_set(err, FSDP_E_FORMAT, "%s: stored piece of %s has another dtype or shape than its chunk in "
+                                              ".metadata", what, x->fqn);
+    if (rc) return rc;
+    int64_t vol = 1, full_rows = 1;
+    for (int d = 0; d < nd; d++) {
+        vol *= il[d];
+        if (d > 0 && il[d] != len[d]) full_rows = 0;
+    }
+    if (full_rows) return dcp_st_read_box(f->fd, &t, so, il, tgt, dst_dt, what, err);
+    size_t esz = fsdp_dtype_size(dst_dt);
+    char *tmp = malloc((size_t)vol * esz);
+    if (!tmp) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+    rc = dcp_st_read_box(f->fd, &t, so, il, tmp, dst_dt, what, err);
+    if (!rc) scatter_box(nd, il, vol, dst_stride, esz, tmp, tgt);
+    free(tmp);
+    return rc;
+}
+
 int dcp_read_box(dcp_ckpt *c, size_t i, const int64_t *off, const int64_t *len, void *dst, fsdp_dtype dst_dt,
                  fsdp_err *err) {
     dcp_item *x = &c->items[i];
@@ -345,6 +392,17 @@ int dcp_read_box(dcp_ckpt *c, size_t i, const int64_t *off, const int64_t *len, 
             vol *= il[d];
         }
         if (vol == 0) continue;
+        int64_t so[FSDP_MAX_DIMS];
+        for (int d = 0; d < nd; d++) so[d] = io[d] - ch->offsets[d];
+        char *tgt = (char *)dst;
+        for (int d = 0; d < nd; d++) tgt += (size_t)((io[d] - off[d]) * dst_stride[d]) * esz;
+        struct dcp_file *sf = get_file(c, ch->where.relative_path, err);
+        if (!sf) return name_tensor(err, x->fqn, err->code);
+        if (dcp_st_is_piece(sf->fd, ch->where.offset)) {
+            int rc = read_st_chunk(c, sf, x, ch, so, il, len, dst_stride, tgt, dst_dt, err);
+            if (rc) return name_tensor(err, x->fqn, rc);
+            continue;
+        }
         zip_reader z;
         int rc = open_blob(c, &ch->where, &z, err);
         if (rc) return rc;
@@ -364,33 +422,17 @@ int dcp_read_box(dcp_ckpt *c, size_t i, const int64_t *off, const int64_t *len, 
             zip_close(&z);
             return name_tensor(err, x->fqn, rc);
         }
-        int64_t so[FSDP_MAX_DIMS];
-        for (int d = 0; d < nd; d++) so[d] = io[d] - ch->offsets[d];
         /* read the intersection into a temporary then scatter into dst's box layout */
         int full_rows = 1; /* intersection spans whole trailing dims of the destination box */
         for (int d = 1; d < nd; d++)
             if (il[d] != len[d]) full_rows = 0;
-        char *tgt = (char *)dst;
-        for (int d = 0; d < nd; d++) tgt += (size_t)((io[d] - off[d]) * dst_stride[d]) * esz;
         if (full_rows) {
             rc = ts_read_box(&z, &t, so, il, tgt, dst_dt, err);
         } else {
             void *tmp = malloc((size_t)vol * esz);
             if (!tmp) rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
             else rc = ts_read_box(&z, &t, so, il, tmp, dst_dt, err);
-            if (!rc) {
-                int64_t idx[FSDP_MAX_DIMS] = {0};
-                int64_t inner = il[nd - 1];
-                for (int64_t e = 0; e < vol; e += inner) {
-                    size_t doff = 0;
-                    for (int d = 0; d < nd; d++) doff += (size_t)(idx[d] * dst_stride[d]);
-                    memcpy(tgt + doff * esz, (char *)tmp + (size_t)e * esz, (size_t)inner * esz);
-                    for (int d = nd - 2; d >= 0; d--) {
-                        if (++idx[d] < il[d]) break;
-                        idx[d] = 0;
-                    }
-                }
-            }
+            if (!rc) scatter_box(nd, il, vol, dst_stride, esz, tmp, tgt);
             free(tmp);
         }
         zip_close(&z);
@@ -410,21 +452,54 @@ int dcp_read_value(dcp_ckpt *c, size_t i, pkl_doc **doc, const pkl_obj **root, f
     return rc;
 }
 
-const char *dcp_value_text(dcp_ckpt *c, size_t i) {
+int dcp_value(dcp_ckpt *c, size_t i, const char **text, fsdp_err *err) {
     dcp_item *x = &c->items[i];
-    if (x->is_tensor) return NULL;
-    if (x->value_text) return x->value_text;
-    pkl_doc *doc;
-    const pkl_obj *root;
-    fsdp_err err;
-    if (dcp_read_value(c, i, &doc, &root, &err)) return NULL;
-    x->value_text = pkl_repr(root);
-    pkl_free(doc);
-    return x->value_text;
+    *text = NULL;
+    if (x->is_tensor) return fsdp_err_set(err, FSDP_E_INVALID, "checkpoint %s: %s is a tensor", c->dir, x->fqn);
+    if (!x->value_text) {
+        pkl_doc *doc;
+        const pkl_obj *root;
+        int rc = dcp_read_value(c, i, &doc, &root, err);
+        if (rc) return fsdp_err_prefix(err, "value %s", x->fqn);
+        x->value_text = pkl_repr(root);
+        pkl_free(doc);
+        if (!x->value_text) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+    }
+    *text = x->value_text;
+    return 0;
 }
 
-/* Every record of the archive at s, checked. */
+const char *dcp_value_text(dcp_ckpt *c, size_t i) {
+    const char *t;
+    fsdp_err err;
+    return dcp_value(c, i, &t, &err) ? NULL : t;
+}
+
+int dcp_value_pickle(dcp_ckpt *c, size_t i, void **buf, size_t *len, fsdp_err *err) {
+    dcp_item *x = &c->items[i];
+    *buf = NULL;
+    if (x->is_tensor) return fsdp_err_set(err, FSDP_E_INVALID, "checkpoint %s: %s is a tensor", c->dir, x->fqn);
+    const char *t;
+    int rc = dcp_value(c, i, &t, err); /* parses: a global outside the allow-list is refused here */
+    if (rc) return rc;
+    zip_reader z;
+    if ((rc = open_blob(c, &x->where, &z, err))) return fsdp_err_prefix(err, "value %s", x->fqn);
+    zip_entry *e = zip_find(&z, "data.pkl");
+    for (size_t k = 0; !rc && k < z.n; k++)
+        if (!strncmp(z.entries[k].name + strlen(z.prefix), "data/", 5))
+            rc = fsdp_err_set(err, FSDP_E_FORMAT, "checkpoint %s: value %s holds tensor storages (record %s)", c->dir,
+                              x->fqn, z.entries[k].name);
+    if (!rc) rc = e ? zip_read_all(&z, e, buf, len, err)
+                    : fsdp_err_set(err, FSDP_E_FORMAT, "checkpoint %s: value %s has no data.pkl", c->dir, x->fqn);
+    zip_close(&z);
+    return rc;
+}
+
+/* Every record of the archive at s, checked (a safetensors piece carries no checksum). */
 static int verify_blob(dcp_ckpt *c, const dcp_storage *s, size_t *records, fsdp_err *err) {
+    struct dcp_file *f = get_file(c, s->relative_path, err);
+    if (!f) return err->code;
+    if (dcp_st_is_piece(f->fd, s->offset)) return 0;
     zip_reader z;
     int rc = open_blob(c, s, &z, err);
     if (rc) return rc;

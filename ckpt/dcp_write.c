@@ -101,10 +101,22 @@ int dcp_file_add_tensor_fill(dcp_file_writer *w, const char *fqn, fsdp_dtype dt,
     return add_tensor(w, fqn, dt, ndim, global_shape, offsets, sizes, NULL, fill, user, rec, err);
 }
 
-int dcp_file_add_value(dcp_file_writer *w, const char *fqn, const void *value_ops, size_t n, dcp_record *rec,
-                       fsdp_err *err) {
+int dcp_file_add_pickle(dcp_file_writer *w, const char *fqn, const void *pickle, size_t n, dcp_record *rec,
+                        fsdp_err *err) {
     if (strlen(fqn) >= sizeof rec->fqn) return fsdp_err_set(err, FSDP_E_INVALID, "DCP: key too long: %s", fqn);
     fill_rec(rec, fqn, 0);
+    uint64_t len;
+    if (ts_write_value(w->f, pickle, n, &len, err)) return fsdp_err_prefix(err, "writing %s to %s", fqn, w->tmp);
+    snprintf(rec->where.relative_path, sizeof rec->where.relative_path, "%s", w->rel);
+    rec->where.offset = w->pos;
+    rec->where.length = len;
+    w->pos += len;
+    crash_point("dcp.data.item", ++w->items, w->rank);
+    return 0;
+}
+
+int dcp_file_add_value(dcp_file_writer *w, const char *fqn, const void *value_ops, size_t n, dcp_record *rec,
+                       fsdp_err *err) {
     pkl_w pw;
     pkl_w_init(&pw);
     pkl_w_proto(&pw, 2);
@@ -116,17 +128,10 @@ int dcp_file_add_value(dcp_file_writer *w, const char *fqn, const void *value_op
     memcpy(b, pw.buf, pw.len);
     memcpy(b + pw.len, value_ops, n);
     b[pw.len + n] = '.';
-    uint64_t len;
-    int rc = ts_write_value(w->f, b, pw.len + n + 1, &len, err);
+    int rc = dcp_file_add_pickle(w, fqn, b, pw.len + n + 1, rec, err);
     free(b);
     pkl_w_free(&pw);
-    if (rc) return fsdp_err_prefix(err, "writing %s to %s", fqn, w->tmp);
-    snprintf(rec->where.relative_path, sizeof rec->where.relative_path, "%s", w->rel);
-    rec->where.offset = w->pos;
-    rec->where.length = len;
-    w->pos += len;
-    crash_point("dcp.data.item", ++w->items, w->rank);
-    return 0;
+    return rc;
 }
 
 /* The temporary is renamed while it is still open, so its lock (tmpfile.h) covers it until it has

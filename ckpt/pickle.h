@@ -63,6 +63,9 @@ const pkl_obj *pkl_state(const pkl_obj *o);
 const pkl_obj *pkl_callable(const pkl_obj *o);
 /* Reads a torch.Size (REDUCE(torch.Size, ((d0, d1, ...),))) or a tuple of ints. */
 int pkl_int_tuple(const pkl_obj *o, int64_t *out, int max, int *n);
+/* The bytes a value holds when it is bytes: BINBYTES (protocol 3+) or _codecs.encode(text,
+ * 'latin1') (how protocol 2 pickles bytes); 1 with *out (malloc'd) and *n set, else 0. */
+int pkl_bytes_value(const pkl_obj *o, unsigned char **out, size_t *n);
 /* Renders a value as Python-like text ("5", "0.001", "(0.9, 0.95)", "'tiny'", "{...}") into
  * a malloc'd string; long, deep or shared (memo DAG) trees are abbreviated with "...": at most
  * about 4 KiB of text from at most 4096 values, whatever the tree expands to. */
@@ -101,6 +104,13 @@ void pkl_w_reduce(pkl_w *w);
 void pkl_w_newobj(pkl_w *w);
 void pkl_w_build(pkl_w *w);
 void pkl_w_binpersid(pkl_w *w);
+/* bytes as protocol 2 writes them: _codecs.encode(<the bytes as latin-1 text>, 'latin1') */
+void pkl_w_bytes(pkl_w *w, const void *b, size_t n);
+/* A whole protocol-2 pickle (PROTO ... STOP) of a parsed value that PyTorch's torch.load
+ * reads back as the same value (an OrderedDict stays one, BUILD states are kept; every global in
+ * it passed the allow-list when it was parsed). -1 when the value holds a persistent id (a
+ * storage) or more than budget nodes (a memo DAG is written expanded). */
+int pkl_w_obj(pkl_w *w, const pkl_obj *o, size_t budget);
 /* torch.Size((d...)) */
 void pkl_w_size(pkl_w *w, const int64_t *d, int n);
 /* A tuple of ints (d...) */

@@ -478,7 +478,10 @@ static int run(vm *v, const pkl_obj **root) {
         case 'b': { /* BUILD */
             pkl_obj *st = pop(v), *o = top(v);
             if (!st || !o) return fail(v, "BUILD with an empty stack%s", NULL);
-            if (o->kind != PKL_OBJ && o->kind != PKL_REDUCE && o->kind != PKL_GLOBAL)
+            /* a dict too: an OrderedDict with attributes (torch's state_dict() carries
+             * `_metadata`) is REDUCE + SETITEMS (which made it a dict) + BUILD of its __dict__ */
+            if (o->kind != PKL_OBJ && o->kind != PKL_REDUCE && o->kind != PKL_GLOBAL &&
+                !(o->kind == PKL_DICT && o->fn))
                 return fail(v, "BUILD on a value that is not an object%s", NULL);
             o->state = st;
             if (st->depth + 1 > o->depth) o->depth = st->depth + 1;
@@ -678,6 +681,88 @@ static void rput_str(rbuf *r, const char *s, size_t n) {
     rput(r, "...");
 }
 
+/* Length of the valid UTF-8 sequence at s (at most n bytes), 0 when it is not one. */
+static size_t utf8_len(const unsigned char *s, size_t n) {
+    unsigned c = s[0];
+    size_t k = c >= 0xf0 && c <= 0xf4 ? 4 : c >= 0xe0 ? 3 : c >= 0xc2 && c < 0xe0 ? 2 : 0;
+    if (!k || k > n) return 0;
+    for (size_t i = 1; i < k; i++)
+        if ((s[i] & 0xc0) != 0x80) return 0;
+    if ((c == 0xe0 && s[1] < 0xa0) || (c == 0xed && s[1] >= 0xa0) || (c == 0xf0 && s[1] < 0x90) ||
+        (c == 0xf4 && s[1] >= 0x90))
+        return 0; /* overlong, surrogate or past U+10FFFF */
+    return k;
+}
+
+/* n bytes quoted as Python writes them: 'text' for a str (valid UTF-8 kept), b'..' for bytes;
+ * quotes, backslashes, control bytes and (bytes, or a str's invalid UTF-8) bytes >= 0x80 are
+ * escaped, so every byte is visible (a NUL does not end the text). Cut with "..." where the
+ * whole text would pass REPR_MAX_CHARS. */
+static void rput_quoted(rbuf *r, const unsigned char *s, size_t n, int bytes) {
+    rput(r, bytes ? "b'" : "'");
+    char t[8];
+    for (size_t i = 0; i < n && !r->bad; i++) {
+        if (r->len > REPR_MAX_CHARS) {
+            rput(r, "...");
+            break;
+        }
+        unsigned c = s[i];
+        size_t k = !bytes && c >= 0x80 ? utf8_len(s + i, n - i) : 0;
+        if (k) {
+            memcpy(t, s + i, k);
+            t[k] = '\0';
+            i += k - 1;
+        } else if (c == '\'' || c == '\\') {
+            t[0] = '\\', t[1] = (char)c, t[2] = '\0';
+        } else if (c == '\n' || c == '\r' || c == '\t') {
+            t[0] = '\\', t[1] = c == '\n' ? 'n' : c == '\r' ? 'r' : 't', t[2] = '\0';
+        } else if (c < 0x20 || c >= 0x7f) {
+            snprintf(t, sizeof t, "\\x%02x", c);
+        } else {
+            t[0] = (char)c, t[1] = '\0';
+        }
+        rput(r, t);
+    }
+    rput(r, "'");
+}
+
+/* The bytes of a protocol-2 pickle of bytes: _codecs.encode(text, 'latin1') with every code point
+ * of the UTF-8 text < 256; 0 when o is not one. *out (malloc'd) holds *n bytes. */
+static int latin1_bytes(const pkl_obj *o, unsigned char **out, size_t *n) {
+    if (!o || o->kind != PKL_REDUCE || !pkl_is_global(o->fn, "_codecs", "encode") || !o->args || o->args->n != 2 ||
+        o->args->items[0]->kind != PKL_STR || o->args->items[1]->kind != PKL_STR ||
+        (strcmp(o->args->items[1]->s, "latin1") && strcmp(o->args->items[1]->s, "latin-1")))
+        return 0;
+    const unsigned char *s = (const unsigned char *)o->args->items[0]->s;
+    size_t len = o->args->items[0]->len, k = 0;
+    unsigned char *b = malloc(len + 1);
+    if (!b) return 0;
+    for (size_t i = 0; i < len; i++) {
+        if (s[i] < 0x80) b[k++] = s[i];
+        else if ((s[i] == 0xc2 || s[i] == 0xc3) && i + 1 < len && (s[i + 1] & 0xc0) == 0x80)
+            b[k++] = (unsigned char)(((s[i] & 3) << 6) | (s[i + 1] & 0x3f)), i++;
+        else {
+            free(b);
+            return 0;
+        }
+    }
+    *out = b;
+    *n = k;
+    return 1;
+}
+
+int pkl_bytes_value(const pkl_obj *o, unsigned char **out, size_t *n) {
+    if (o && o->kind == PKL_BYTES) {
+        unsigned char *b = malloc(o->len + 1);
+        if (!b) return 0;
+        memcpy(b, o->s, o->len);
+        *out = b;
+        *n = o->len;
+        return 1;
+    }
+    return latin1_bytes(o, out, n);
+}
+
 static void repr(rbuf *r, const pkl_obj *o, int depth) {
     char t[64];
     if (r->stop) return;
@@ -697,12 +782,8 @@ static void repr(rbuf *r, const pkl_obj *o, int depth) {
     case PKL_INT: snprintf(t, sizeof t, "%lld", (long long)o->i); rput(r, t); break;
     case PKL_BIGINT: rput(r, "<big int>"); break;
     case PKL_FLOAT: snprintf(t, sizeof t, "%.17g", o->f); rput(r, t); break;
-    case PKL_STR:
-        rput(r, "'");
-        rput_str(r, o->s, strlen(o->s));
-        rput(r, "'");
-        break;
-    case PKL_BYTES: snprintf(t, sizeof t, "<%zu bytes>", o->len); rput(r, t); break;
+    case PKL_STR: rput_quoted(r, (const unsigned char *)o->s, o->len, 0); break;
+    case PKL_BYTES: rput_quoted(r, (const unsigned char *)o->s, o->len, 1); break;
     case PKL_TUPLE:
     case PKL_LIST:
         rput(r, o->kind == PKL_TUPLE ? "(" : "[");
@@ -729,7 +810,14 @@ static void repr(rbuf *r, const pkl_obj *o, int depth) {
         rput_str(r, o->name, strlen(o->name));
         break;
     case PKL_REDUCE:
-    case PKL_OBJ:
+    case PKL_OBJ: {
+        unsigned char *b;
+        size_t n;
+        if (latin1_bytes(o, &b, &n)) { /* bytes, as protocol 2 writes them */
+            rput_quoted(r, b, n, 1);
+            free(b);
+            break;
+        }
         if (o->fn) repr(r, o->fn, depth + 1);
         if (o->args) repr(r, o->args, depth + 1);
         if (o->state) {
@@ -738,6 +826,7 @@ static void repr(rbuf *r, const pkl_obj *o, int depth) {
             rput(r, ">");
         }
         break;
+    }
     case PKL_PERSID: rput(r, "persid"); repr(r, o->args, depth + 1); break;
     default: rput(r, "?"); break;
     }

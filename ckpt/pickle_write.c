@@ -123,3 +123,93 @@ void pkl_w_size(pkl_w *w, const int64_t *d, int n) {
     pkl_w_tuple_n(w, 1);
     pkl_w_reduce(w);
 }
+
+void pkl_w_bytes(pkl_w *w, const void *b, size_t n) {
+    /* protocol 2 has no bytes opcodes: _codecs.encode(<latin-1 text>, 'latin1'), as Python writes it */
+    unsigned char *t = malloc(2 * n + 1);
+    if (!t) {
+        w->oom = 1;
+        return;
+    }
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = ((const unsigned char *)b)[i];
+        if (c < 0x80) t[k++] = c;
+        else t[k++] = (unsigned char)(0xc0 | (c >> 6)), t[k++] = (unsigned char)(0x80 | (c & 0x3f));
+    }
+    pkl_w_global(w, "_codecs", "encode");
+    op(w, 'X');
+    le(w, k, 4);
+    put(w, t, k);
+    pkl_w_str(w, "latin1");
+    pkl_w_tuple_n(w, 2);
+    pkl_w_reduce(w);
+    free(t);
+}
+
+/* One node of pkl_w_obj; -1 when the tree cannot be written (a persistent id: storage) or holds
+ * more than *budget nodes. */
+static int w_obj(pkl_w *w, const pkl_obj *o, size_t *budget) {
+    if (*budget == 0) return -1;
+    --*budget;
+    int rc = 0;
+    switch (o->kind) {
+    case PKL_NONE: pkl_w_none(w); break;
+    case PKL_BOOL: pkl_w_bool(w, (int)o->i); break;
+    case PKL_INT: pkl_w_int(w, o->i); break;
+    case PKL_BIGINT:
+        if (o->len < 256) op(w, 0x8a), le(w, o->len, 1);
+        else op(w, 0x8b), le(w, o->len, 4);
+        put(w, o->s, o->len);
+        break;
+    case PKL_FLOAT: pkl_w_float(w, o->f); break;
+    case PKL_STR:
+        op(w, 'X');
+        le(w, o->len, 4);
+        put(w, o->s, o->len);
+        break;
+    case PKL_BYTES: pkl_w_bytes(w, o->s, o->len); break;
+    case PKL_TUPLE:
+        op(w, '(');
+        for (size_t i = 0; i < o->n && !rc; i++) rc = w_obj(w, o->items[i], budget);
+        op(w, 't');
+        break;
+    case PKL_LIST:
+        op(w, ']');
+        if (o->n) op(w, '(');
+        for (size_t i = 0; i < o->n && !rc; i++) rc = w_obj(w, o->items[i], budget);
+        if (o->n) op(w, 'e');
+        break;
+    case PKL_DICT:
+        if (o->fn && o->args) { /* an OrderedDict (REDUCE, then SETITEMS made it a dict) */
+            if (!(rc = w_obj(w, o->fn, budget))) rc = w_obj(w, o->args, budget);
+            op(w, 'R');
+        } else {
+            op(w, '}');
+        }
+        if (o->n) op(w, '(');
+        for (size_t i = 0; i < 2 * o->n && !rc; i++) rc = w_obj(w, o->items[i], budget);
+        if (o->n) op(w, 'u');
+        break;
+    case PKL_GLOBAL: pkl_w_global(w, o->s, o->name); break;
+    case PKL_REDUCE:
+    case PKL_OBJ:
+        if (!o->fn || !o->args) return -1;
+        if (!(rc = w_obj(w, o->fn, budget))) rc = w_obj(w, o->args, budget);
+        op(w, o->kind == PKL_REDUCE ? 'R' : 0x81);
+        break;
+    default: return -1; /* a persistent id (a storage), or MARK */
+    }
+    if (!rc && o->state && (o->kind == PKL_REDUCE || o->kind == PKL_OBJ || o->kind == PKL_DICT)) {
+        rc = w_obj(w, o->state, budget);
+        op(w, 'b');
+    }
+    return rc;
+}
+
+int pkl_w_obj(pkl_w *w, const pkl_obj *o, size_t budget) {
+    pkl_w_proto(w, 2);
+    int rc = w_obj(w, o, &budget);
+    pkl_w_stop(w);
+    return rc;
+}

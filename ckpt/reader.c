@@ -98,7 +98,7 @@ static int detect(const char *path, ckpt_format *fmt, fsdp_err *err) {
     unsigned char head[8] = {0};
     size_t n = fread(head, 1, 8, f);
     fclose(f);
-    if (n >= 4 && head[0] == 'P' && head[1] == 'K') {
+    if ((n >= 4 && head[0] == 'P' && head[1] == 'K') || ckpt_pt_is_legacy(path)) {
         *fmt = CKPT_PT;
         return 0;
     }
@@ -196,6 +196,32 @@ int ckpt_read_rows(ckpt_reader *r, size_t i, int64_t r0, int64_t r1, void *dst, 
 
 const char *ckpt_value_text(ckpt_reader *r, size_t i) {
     return i < r->n && r->ops->value_text ? r->ops->value_text(r, i) : NULL;
+}
+
+int ckpt_value(ckpt_reader *r, size_t i, const char **text, fsdp_err *err) {
+    *text = NULL;
+    if (i >= r->n || r->entries[i].is_tensor)
+        return fsdp_err_set(err, FSDP_E_INVALID, "checkpoint %s: entry #%zu is not a value", r->path, i);
+    if (r->format == CKPT_DCP) {
+        int rc = dcp_value(r->impl, i, text, err);
+        return rc ? fsdp_err_prefix(err, "checkpoint %s", r->path) : 0;
+    }
+    *text = ckpt_value_text(r, i);
+    return *text ? 0 : fsdp_err_set(err, FSDP_E_FORMAT, "checkpoint %s: value %s is not decodable", r->path,
+                                    r->entries[i].name);
+}
+
+int ckpt_value_pickle(ckpt_reader *r, size_t i, void **buf, size_t *len, fsdp_err *err) {
+    *buf = NULL;
+    if (i >= r->n || r->entries[i].is_tensor)
+        return fsdp_err_set(err, FSDP_E_INVALID, "checkpoint %s: entry #%zu is not a value", r->path, i);
+    int rc;
+    switch (r->format) {
+    case CKPT_DCP: rc = dcp_value_pickle(r->impl, i, buf, len, err); break;
+    case CKPT_PT: rc = ckpt_pt_value_pickle(r, i, buf, len, err); break;
+    default: rc = fsdp_err_set(err, FSDP_E_INVALID, "value %s: this format holds no values", r->entries[i].name);
+    }
+    return rc ? fsdp_err_prefix(err, "checkpoint %s", r->path) : 0;
 }
 
 int ckpt_value_int(ckpt_reader *r, size_t i, int64_t *out) {

@@ -49,6 +49,13 @@ int ckpt_verify(ckpt_reader *r, size_t *records, fsdp_err *err);
 int ckpt_read_rows(ckpt_reader *r, size_t i, int64_t r0, int64_t r1, void *dst, fsdp_dtype dst_dt, fsdp_err *err);
 /* A non-tensor value as text ("5", "0.001", "(0.9, 0.95)", "'tiny'"); NULL when not available. */
 const char *ckpt_value_text(ckpt_reader *r, size_t i);
+/* The same with an error naming the value when it does not decode (a DCP byte item is decoded on
+ * first use: e.g. a pickle naming a global outside the allow-list is refused here). */
+int ckpt_value(ckpt_reader *r, size_t i, const char **text, fsdp_err *err);
+/* The non-tensor value i as a pickle (PROTO ... STOP) that PyTorch's torch.load reads back as the
+ * same value (a DCP byte item's own pickle, byte for byte; a .pt value written from its parsed
+ * tree); *buf malloc'd. */
+int ckpt_value_pickle(ckpt_reader *r, size_t i, void **buf, size_t *len, fsdp_err *err);
 /* A non-tensor integer value (e.g. train_state.step); -1 when absent or not an int. */
 int ckpt_value_int(ckpt_reader *r, size_t i, int64_t *out);
 

@@ -29,6 +29,10 @@ void ckpt_reader_free(ckpt_reader *r);
 int ckpt_open_safetensors(const char *path, ckpt_reader **out, fsdp_err *err);
 int ckpt_open_dcp(const char *path, ckpt_reader **out, fsdp_err *err);
 int ckpt_open_pt(const char *path, ckpt_reader **out, fsdp_err *err);
+/* 1 when path is a torch.save file in the legacy (pre-1.6, non-zip) format */
+int ckpt_pt_is_legacy(const char *path);
+/* ckpt_value_pickle of a reader opened by ckpt_open_pt */
+int ckpt_pt_value_pickle(ckpt_reader *r, size_t i, void **buf, size_t *len, fsdp_err *err);
 /* ckpt_verify of a reader opened by ckpt_open_pt */
 int ckpt_verify_pt(ckpt_reader *r, size_t *records, fsdp_err *err);
 

@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "ckpt/pt_optim.h"
 #include "ckpt/reader_impl.h"
 #include "ckpt/torchsave.h"
 #include "runtime/fileio.h"
@@ -21,6 +22,8 @@ typedef struct pt_impl {
     ts_tensor *t;
     char **names;
     char **texts; /* non-tensor values */
+    const pkl_obj **values; /* their pickled objects (in doc) */
+    pt_optim_map optim;     /* names of a classic checkpoint's optimizer ids */
     size_t n, cap;
     size_t pkl_bytes;          /* size of data.pkl */
     size_t visits_left;        /* walk's budget (a memo DAG must not expand without bound) */
@@ -71,6 +74,8 @@ static void pt_free(pt_impl *p) {
     }
     free(p->names);
     free(p->texts);
+    free(p->values);
+    pt_optim_free(&p->optim);
     free(p->t);
     pkl_free(p->doc);
     zip_close(&p->z);
@@ -94,7 +99,9 @@ static int add(pt_impl *p, const char *name, const ts_tensor *t, char *text, fsd
         if (nn) p->names = nn;
         char **nx = realloc(p->texts, cap * sizeof *nx);
         if (nx) p->texts = nx;
-        if (!nt || !nn || !nx) {
+        const pkl_obj **nv = realloc(p->values, cap * sizeof *nv);
+        if (nv) p->values = nv;
+        if (!nt || !nn || !nx || !nv) {
             free(text);
             return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
         }
@@ -104,8 +111,87 @@ static int add(pt_impl *p, const char *name, const ts_tensor *t, char *text, fsd
     if (t) p->t[p->n] = *t;
     else memset(&p->t[p->n], 0, sizeof p->t[p->n]);
     p->texts[p->n] = text;
+    p->values[p->n] = NULL;
     p->n++;
     return p->names[p->n - 1] ? 0 : fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+}
+
+/* A dict: a dict, an OrderedDict made one by its SETITEMS, or an empty OrderedDict(). */
+static int is_dict(const pkl_obj *o) {
+    return o->kind == PKL_DICT ||
+           (o->kind == PKL_REDUCE && pkl_is_global(o->fn, "collections", "OrderedDict") && o->args && o->args->n == 0);
+}
+
+/* Whether a list or tuple holds (at any depth) a tensor or a dict: then its items are walked as
+ * `name.0`, `name.1`, ... (as DCP flattens them); a list of plain values stays one value. */
+static int list_has_more(pt_impl *p, const pkl_obj *o, int depth) {
+    if (depth > 64) return 0;
+    for (size_t i = 0; i < o->n && p->visits_left; i++) {
+        const pkl_obj *it = o->items[i], *fn, *args;
+        p->visits_left--;
+        if (is_dict(it) || ts_tensor_unwrap(it, &fn, &args)) return 1;
+        if ((it->kind == PKL_LIST || it->kind == PKL_TUPLE) && list_has_more(p, it, depth + 1)) return 1;
+    }
+    return 0;
+}
+
+static int join(pt_impl *p, char *out, size_t cap, const char *prefix, const pkl_obj *k, fsdp_err *err) {
+    const char *dot = *prefix ? "." : "";
+    int n;
+    if (k->kind == PKL_STR) n = snprintf(out, cap, "%s%s%s", prefix, dot, k->s);
+    else if (k->kind == PKL_INT) n = snprintf(out, cap, "%s%s%lld", prefix, dot, (long long)k->i);
+    else return fsdp_err_set(err, FSDP_E_FORMAT, "%s: %s: state dict key is not a string", p->z.what, prefix);
+    if (n < 0 || (size_t)n >= cap)
+        return fsdp_err_set(err, FSDP_E_FORMAT, "%s: state dict key longer than %zu bytes under %s", p->z.what, cap,
+                            prefix);
+    return 0;
+}
+
+static int walk(pt_impl *p, const char *prefix, const pkl_obj *o, int depth, fsdp_err *err);
+
+/* The optimizer of a classic training checkpoint, its integer ids named (pt_optim.h):
+ * <prefix>.state.<name>.<k> and, as PyTorch flattens them, <prefix>.param_groups.<name>.<k> for
+ * every parameter of every group. */
+static int walk_optim(pt_impl *p, const char *prefix, const pkl_obj *o, int depth, fsdp_err *err) {
+    char name[1024], sub[1024];
+    int rc = 0;
+    for (size_t i = 0; i < o->n && !rc; i++) {
+        const pkl_obj *k = o->items[2 * i], *v = o->items[2 * i + 1];
+        if ((rc = join(p, name, sizeof name, prefix, k, err))) break;
+        int is_state = k->kind == PKL_STR && !strcmp(k->s, "state");
+        int is_groups = k->kind == PKL_STR && !strcmp(k->s, "param_groups");
+        if (!is_state && !is_groups) {
+            rc = walk(p, name, v, depth + 1, err);
+        } else if (is_state) {
+            for (size_t j = 0; j < v->n && !rc; j++) {
+                const pkl_obj *id = v->items[2 * j];
+                const char *pn = id->kind == PKL_INT ? pt_optim_name(&p->optim, id->i) : NULL;
+                if (pn) rc = snprintf(sub, sizeof sub, "%s.%s", name, pn) >= (int)sizeof sub
+                                 ? fsdp_err_set(err, FSDP_E_FORMAT, "%s: key too long under %s", p->z.what, name)
+                                 : 0;
+                else rc = join(p, sub, sizeof sub, name, id, err);
+                if (!rc) rc = walk(p, sub, v->items[2 * j + 1], depth + 2, err);
+            }
+        } else {
+            for (size_t g = 0; g < v->n && !rc; g++) {
+                const pkl_obj *grp = v->items[g], *ps = pkl_dict_get(grp, "params");
+                for (size_t q = 0; q < ps->n && !rc; q++) {
+                    const char *pn = pt_optim_name(&p->optim, ps->items[q]->i);
+                    for (size_t h = 0; h < grp->n && !rc; h++) {
+                        const pkl_obj *hk = grp->items[2 * h];
+                        if (hk->kind == PKL_STR && !strcmp(hk->s, "params")) continue;
+                        if (hk->kind != PKL_STR)
+                            return fsdp_err_set(err, FSDP_E_FORMAT, "%s: %s: a key that is not a string", p->z.what,
+                                                name);
+                        if (snprintf(sub, sizeof sub, "%s.%s.%s", name, pn, hk->s) >= (int)sizeof sub)
+                            return fsdp_err_set(err, FSDP_E_FORMAT, "%s: key too long under %s", p->z.what, name);
+                        rc = walk(p, sub, grp->items[2 * h + 1], depth + 2, err);
+                    }
+                }
+            }
+        }
+    }
+    return rc;
 }
 
 static int walk(pt_impl *p, const char *prefix, const pkl_obj *o, int depth, fsdp_err *err) {
@@ -113,26 +199,37 @@ static int walk(pt_impl *p, const char *prefix, const pkl_obj *o, int depth, fsd
     if (p->visits_left == 0)
         return expands(p, "values", PT_VISITS_PER_BYTE * p->pkl_bytes + PT_VISITS_MIN, err);
     p->visits_left--;
-    if (o->kind == PKL_DICT) {
+    char name[1024];
+    if (o == p->optim.optim) return walk_optim(p, prefix, o, depth, err);
+    if (is_dict(o)) {
         for (size_t i = 0; i < o->n; i++) {
-            const pkl_obj *k = o->items[2 * i];
-            char name[1024];
-            if (k->kind == PKL_STR) snprintf(name, sizeof name, "%s%s%s", prefix, *prefix ? "." : "", k->s);
-            else if (k->kind == PKL_INT) snprintf(name, sizeof name, "%s%s%lld", prefix, *prefix ? "." : "", (long long)k->i);
-            else return fsdp_err_set(err, FSDP_E_FORMAT, "%s: state dict key is not a string", p->z.what);
-            int rc = walk(p, name, o->items[2 * i + 1], depth + 1, err);
+            int rc = join(p, name, sizeof name, prefix, o->items[2 * i], err);
+            if (!rc) rc = walk(p, name, o->items[2 * i + 1], depth + 1, err);
             if (rc) return rc;
         }
         return 0;
     }
-    if (o->kind == PKL_REDUCE && o->fn && o->fn->kind == PKL_GLOBAL && !strcmp(o->fn->s, "torch._utils")) {
+    const pkl_obj *fn, *args;
+    if (ts_tensor_unwrap(o, &fn, &args) ||
+        (o->kind == PKL_REDUCE && o->fn && o->fn->kind == PKL_GLOBAL && !strcmp(o->fn->s, "torch._utils"))) {
         ts_tensor t;
         char what[1200];
         snprintf(what, sizeof what, "%s: %s", p->z.what, prefix);
-        int rc = ts_tensor_from_pickle(o, what, &t, err);
+        int rc = ts_tensor_unwrap(o, &fn, &args) ? ts_tensor_from_call(fn, args, what, &t, err)
+                                                 : ts_tensor_from_pickle(o, what, &t, err);
         if (!rc) rc = ts_check_record(&p->z, &t, prefix, err);
         if (rc) return rc;
         return add(p, prefix, &t, NULL, err);
+    }
+    if ((o->kind == PKL_LIST || o->kind == PKL_TUPLE) && list_has_more(p, o, depth)) {
+        for (size_t i = 0; i < o->n; i++) {
+            if (snprintf(name, sizeof name, "%s%s%zu", prefix, *prefix ? "." : "", i) >= (int)sizeof name)
+                return fsdp_err_set(err, FSDP_E_FORMAT, "%s: key longer than %zu bytes under %s", p->z.what,
+                                    sizeof name, prefix);
+            int rc = walk(p, name, o->items[i], depth + 1, err);
+            if (rc) return rc;
+        }
+        return 0;
     }
     char *text = pkl_repr_budget(o, &p->visits_left);
     if (!text) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
@@ -143,7 +240,27 @@ static int walk(pt_impl *p, const char *prefix, const pkl_obj *o, int depth, fsd
                                    : expands(p, "bytes of value text", PT_TEXT_PER_BYTE * p->pkl_bytes + PT_TEXT_MIN, err);
     }
     p->text_left -= tl;
-    return add(p, prefix, NULL, text, err);
+    int rc = add(p, prefix, NULL, text, err);
+    if (!rc) p->values[p->n - 1] = o;
+    return rc;
+}
+
+/* The format of PyTorch < 1.6 (torch.save(..., _use_new_zipfile_serialization=False)): pickles
+ * one after another, the first the magic number 0x1950a86a20f9469cfc6c as a LONG1. */
+static int legacy_format(int fd) {
+    static const unsigned char magic[] = {0x80, 0x02, 0x8a, 0x0a, 0x6c, 0xfc, 0x9c, 0x46,
+                                          0xf9, 0x20, 0x6a, 0xa8, 0x50, 0x19};
+    unsigned char head[sizeof magic];
+    return pread(fd, head, sizeof head, 0) == (ssize_t)sizeof head && !memcmp(head, magic, sizeof magic);
+}
+
+int ckpt_pt_is_legacy(const char *path) {
+    int fd;
+    fsdp_err e;
+    if (fio_open_read(path, NULL, &fd, &e)) return 0;
+    int legacy = legacy_format(fd);
+    close(fd);
+    return legacy;
 }
 
 int ckpt_open_pt(const char *path, ckpt_reader **out, fsdp_err *err) {
@@ -156,6 +273,14 @@ int ckpt_open_pt(const char *path, ckpt_reader **out, fsdp_err *err) {
     }
     struct stat st;
     fstat(p->fd, &st);
+    if (legacy_format(p->fd)) {
+        pt_free(p);
+        return fsdp_err_set(err, FSDP_E_FORMAT,
+                            "%s: a torch.save file in the legacy format of PyTorch < 1.6 (a sequence of pickles, not "
+                            "a zip archive), which fsdp-run does not read: save it again in the zip format with "
+                            "PyTorch >= 1.6, e.g. torch.save(torch.load(\"%s\", weights_only=True), \"new.pt\")",
+                            path, path);
+    }
     int rc = zip_open_fd(&p->z, p->fd, 0, (uint64_t)st.st_size, path, err);
     const pkl_obj *root = NULL;
     if (!rc) rc = ts_load_pickle(&p->z, &p->doc, &root, err);
@@ -164,9 +289,12 @@ int ckpt_open_pt(const char *path, ckpt_reader **out, fsdp_err *err) {
         p->visits_left = PT_VISITS_PER_BYTE * p->pkl_bytes + PT_VISITS_MIN;
         p->text_left = PT_TEXT_PER_BYTE * p->pkl_bytes + PT_TEXT_MIN;
     }
+    if (!rc) rc = pt_optim_find(root, &p->optim, err);
     if (!rc) {
-        if (root->kind == PKL_DICT) rc = walk(p, "", root, 0, err);
+        if (is_dict(root)) rc = walk(p, "", root, 0, err);
         else if (root->kind == PKL_REDUCE) rc = walk(p, "tensor", root, 0, err);
+        else if ((root->kind == PKL_LIST || root->kind == PKL_TUPLE) && list_has_more(p, root, 0))
+            rc = walk(p, "", root, 0, err);
         else rc = fsdp_err_set(err, FSDP_E_FORMAT, "%s: not a state dict (the pickle's top is not a dict)", path);
     }
     /* the records no tensor named (a tensor's own broken record failed the walk, naming it) */
@@ -208,5 +336,28 @@ int ckpt_verify_pt(ckpt_reader *r, size_t *records, fsdp_err *err) {
                 return fsdp_err_prefix(err, "tensor %s", p->names[i]);
         return rc;
     }
+    return 0;
+}
+
+/* a value's pickle: at most this many nodes (a memo DAG is written expanded) */
+#define PT_VALUE_NODES ((size_t)1 << 20)
+
+int ckpt_pt_value_pickle(ckpt_reader *r, size_t i, void **buf, size_t *len, fsdp_err *err) {
+    pt_impl *p = r->impl;
+    if (i >= p->n || !p->values[i])
+        return fsdp_err_set(err, FSDP_E_INVALID, "%s: entry #%zu is not a value", p->z.what, i);
+    pkl_w w;
+    pkl_w_init(&w);
+    int bad = pkl_w_obj(&w, p->values[i], PT_VALUE_NODES);
+    if (bad || w.oom) {
+        pkl_w_free(&w);
+        return w.oom ? fsdp_err_set(err, FSDP_E_NOMEM, "out of memory")
+                     : fsdp_err_set(err, FSDP_E_FORMAT,
+                                    "%s: value %s cannot be copied: it holds a tensor storage or expands to more than "
+                                    "%zu values",
+                                    p->z.what, p->names[i], PT_VALUE_NODES);
+    }
+    *buf = w.buf;
+    *len = w.len;
     return 0;
 }

@@ -87,6 +87,10 @@ typedef struct sio_load_opts {
     const char *detect_prefix;
     /* When not NULL (s->n entries): restored[i] is set to 1 for every parameter this load restored. */
     unsigned char *restored;
+    /* The checkpoint's key layout (ckpt/key_layout.h): NULL detects it. model_prefix: before every
+     * parameter name ("" top level; removed like strip_prefix, no detection); optim_prefix: before
+     * state.<fqn>.<kind> and param_groups.<fqn>.<option> ("optimizer." torchtitan, "optim." ...). */
+    const char *model_prefix, *optim_prefix;
 } sio_load_opts;
 
 typedef struct sio_load_result {
@@ -94,6 +98,10 @@ typedef struct sio_load_result {
     uint64_t bytes_read;
     int has_train_state;
     const char *stripped_prefix; /* the detected key prefix that was removed (o->detect_prefix), or NULL */
+    /* a non-strict load's optimizer moments not restored (unmapped or missing): how many, and their
+     * keys ("\n  KEY" each, truncated with "...") */
+    size_t optim_omitted;
+    char optim_omitted_keys[1024];
 } sio_load_result;
 
 /* Loads into an existing state (its layout decides which rows each rank reads). */

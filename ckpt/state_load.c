@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ckpt/key_layout.h"
 #include "ckpt/namemap.h"
 #include "ckpt/state_io.h"
 
@@ -252,6 +253,28 @@ static int round_dev(loader *L, float *dev, size_t n, fsdp_err *err) {
     return 0;
 }
 
+/* A train_state counter: an int value, or a one-element tensor (older torchtitan saves the step
+ * as a 0-d tensor); *got 0 when it is neither. A value that does not decode (e.g. its pickle names
+ * a forbidden global) is an error. */
+static int train_state_int(ckpt_reader *r, size_t ci, int64_t *out, int *got, fsdp_err *err) {
+    const ckpt_entry *e = ckpt_entry_at(r, ci);
+    *got = 0;
+    if (e->is_tensor) {
+        if (fsdp_numel(e->ndim, e->shape) != 1) return 0;
+        double v = 0;
+        int rc = ckpt_read_rows(r, ci, 0, 1, &v, FSDP_DT_F64, err);
+        if (rc) return rc;
+        *out = (int64_t)llround(v);
+        *got = 1;
+        return 0;
+    }
+    const char *t;
+    int rc = ckpt_value(r, ci, &t, err);
+    if (rc) return rc;
+    *got = ckpt_value_int(r, ci, out) == 0;
+    return 0;
+}
+
 /* The checkpoint's model keys under o->detect_prefix ("model.", as a torchtitan-style checkpointer
  * saves {"model": model.state_dict()}): *strip becomes that prefix when no model key of the checkpoint
  * names a parameter as it is and some do once it is stripped; else it stays o->strip_prefix. Reads
@@ -294,11 +317,22 @@ static void append(char *buf, size_t cap, const char *fmt, const char *a, const 
     snprintf(buf + l, cap - l, fmt, a, b);
 }
 
+/* A key of an optimizer moment not restored, listed in res (non-strict loads report them). */
+static void sio_list_omitted(sio_load_result *res, const char *key) {
+    res->optim_omitted++;
+    size_t l = strlen(res->optim_omitted_keys), cap = sizeof res->optim_omitted_keys;
+    if (l + 8 >= cap) return;
+    if (l + strlen(key) + 8 >= cap) snprintf(res->optim_omitted_keys + l, cap - l, "\n  ...");
+    else snprintf(res->optim_omitted_keys + l, cap - l, "\n  %s", key);
+}
+
 /* What one load is doing: the parameters restored, NaN seen in staged data, the checkpoint entries
  * used, and the problems a strict load reports. */
 typedef struct load_marks {
     int *loaded, *nan_dev, *used;
     char *problems;
+    const ckl_layout *lay; /* where the optimizer's state is (ckpt/key_layout.h) */
+    sio_load_result *res;  /* non-strict: optimizer moments not restored are listed there */
 } load_marks;
 
 /* Every model tensor of the checkpoint into the parameter it names (the first pass of sio_load). */
@@ -313,8 +347,7 @@ static int load_params(loader *L, ckpt_reader *r, nmap_rules *rules, load_marks 
     for (size_t ci = 0; ci < nck && !rc; ci++) {
         const ckpt_entry *e = ckpt_entry_at(r, ci);
         const char *key = e->name;
-        if (!strncmp(key, "optimizer.", 10) || !strncmp(key, "train_state.", 12) || !strncmp(key, "lr_scheduler.", 13) ||
-            !strncmp(key, "dataloader.", 11)) {
+        if (ckl_is_training(m->lay, key)) {
             used[ci] = 1; /* handled below */
             continue;
         }
@@ -351,6 +384,20 @@ static int load_params(loader *L, ckpt_reader *r, nmap_rules *rules, load_marks 
     return rc;
 }
 
+/* 1 when the checkpoint's optimizer knows the parameter: a state or param_groups entry under its
+ * name (PyTorch's flattened optimizer state dict has param_groups.<fqn>.* for every parameter the
+ * optimizer holds; a buffer such as a LayerNorm's running stats, or a frozen parameter, has none). */
+static int under_optimizer(ckpt_reader *r, const ckl_layout *lay, const char *name) {
+    char key[NAME_CAP + 160];
+    const char *probe[] = {"state.%s.exp_avg", "state.%s.exp_avg_sq", "state.%s.step", "param_groups.%s.lr"};
+    for (size_t i = 0; i < sizeof probe / sizeof *probe; i++) {
+        int n = snprintf(key, sizeof key, "%s", lay->optim);
+        snprintf(key + n, sizeof key - (size_t)n, probe[i], name);
+        if (ckpt_find(r, key) >= 0) return 1;
+    }
+    return 0;
+}
+
 /* The AdamW state of every parameter loaded (all of them when nothing is selected). */
 static int load_optimizer_state(loader *L, ckpt_reader *r, load_marks *m, sio_load_result *res, fsdp_err *err) {
     fsdp_state *s = L->s;
@@ -361,14 +408,16 @@ static int load_optimizer_state(loader *L, ckpt_reader *r, load_marks *m, sio_lo
     for (size_t i = 0; i < s->n && !rc; i++) {
         state_param *p = &s->p[i];
         if (!loaded[i] && (o->only || o->select)) continue;
+        if (!under_optimizer(r, m->lay, p->name)) continue; /* a buffer or frozen: no state, no group */
         const char *kinds[2] = {"exp_avg", "exp_avg_sq"};
         const state_array arr[2] = {STATE_EXP_AVG, STATE_EXP_AVG_SQ};
         for (int k = 0; k < 2 && !rc; k++) {
             char key[NAME_CAP + 64];
-            snprintf(key, sizeof key, "optimizer.state.%s.%s", p->name, kinds[k]);
+            snprintf(key, sizeof key, "%sstate.%s.%s", m->lay->optim, p->name, kinds[k]);
             long ci = ckpt_find(r, key);
             if (ci < 0) {
                 append(problems, 8192, "\n  optimizer state %s%s missing", key, "");
+                sio_list_omitted(m->res, key);
                 continue;
             }
             const ckpt_entry *e = ckpt_entry_at(r, (size_t)ci);
@@ -381,7 +430,7 @@ static int load_optimizer_state(loader *L, ckpt_reader *r, load_marks *m, sio_lo
         }
         if (rc) break;
         char key[NAME_CAP + 64];
-        snprintf(key, sizeof key, "optimizer.state.%s.step", p->name);
+        snprintf(key, sizeof key, "%sstate.%s.step", m->lay->optim, p->name);
         long ci = ckpt_find(r, key);
         if (ci >= 0) {
             double st = 0;
@@ -393,12 +442,21 @@ static int load_optimizer_state(loader *L, ckpt_reader *r, load_marks *m, sio_lo
             double *dst;
         } hyper[] = {{"lr", &s->lr}, {"eps", &s->eps}, {"weight_decay", &s->weight_decay}};
         for (int h = 0; h < 3; h++) {
-            snprintf(key, sizeof key, "optimizer.param_groups.%s.%s", p->name, hyper[h].k);
+            snprintf(key, sizeof key, "%sparam_groups.%s.%s", m->lay->optim, p->name, hyper[h].k);
             long hi = ckpt_find(r, key);
             const char *t = hi >= 0 ? ckpt_value_text(r, (size_t)hi) : NULL;
             if (t) *hyper[h].dst = strtod(t, NULL);
         }
-        snprintf(key, sizeof key, "optimizer.param_groups.%s.betas", p->name);
+        /* the LR schedule as PyTorch holds it (ckpt/state_resume.c): lr is the next step's */
+        snprintf(key, sizeof key, "%sparam_groups.%s.initial_lr", m->lay->optim, p->name);
+        long ii = ckpt_find(r, key);
+        const char *it = ii >= 0 ? ckpt_value_text(r, (size_t)ii) : NULL;
+        if (it) {
+            s->lr_initial = strtod(it, NULL);
+            s->lr_next = s->lr;
+            s->has_lr_schedule = 1;
+        }
+        snprintf(key, sizeof key, "%sparam_groups.%s.betas", m->lay->optim, p->name);
         long bi = ckpt_find(r, key);
         const char *bt = bi >= 0 ? ckpt_value_text(r, (size_t)bi) : NULL;
         if (bt) sscanf(bt, "(%lf, %lf)", &s->beta1, &s->beta2);
@@ -433,6 +491,41 @@ static void strict_report(const loader *L, ckpt_reader *r, const load_marks *m) 
     }
 }
 
+/* The checkpoint's key layout (ckpt/key_layout.h): o's explicit prefixes, the rest detected; an
+ * explicit model prefix is stripped (no detection), a detected one is tried as detect_prefix. */
+static int sio_layout(ckpt_reader *r, const char *path, const sio_load_opts *o, ckl_layout *lay, sio_load_opts *eff,
+                      fsdp_err *err) {
+    int rc = ckl_detect(r, o->model_prefix, o->optim_prefix, lay, err);
+    if (rc) return fsdp_err_prefix(err, "load-ckpt %s", path);
+    if (lay->model_given) {
+        eff->detect_prefix = NULL;
+        if (lay->model[0] && !(o->strip_prefix && *o->strip_prefix)) eff->strip_prefix = lay->model;
+    } else if (o->detect_prefix && *o->detect_prefix) {
+        eff->detect_prefix = lay->model;
+    }
+    return 0;
+}
+
+static int has_param(void *user, const char *fqn) { return state_find(user, fqn) != NULL; }
+
+/* Optimizer moments the layout cannot map onto a parameter: strict, an error naming them; else
+ * listed in res. Never left to become zeros unnoticed. */
+static int sio_check_moments(fsdp_state *s, ckpt_reader *r, const ckl_layout *lay, const char *path, int strict,
+                             sio_load_result *res, fsdp_err *err) {
+    char keys[1024] = "";
+    size_t n = ckl_unmapped_moments(r, lay, has_param, s, keys, sizeof keys);
+    if (!n) return 0;
+    if (strict)
+        return fsdp_err_set(err, FSDP_E_INVALID,
+                            "load-ckpt %s: %zu optimizer moment(s) under a key layout that does not map onto the "
+                            "model's parameters (expected %sstate.<parameter>.<kind>):%s\n(give prefixes: {optim: "
+                            "...}, or load_optimizer: false to start the optimizer afresh)",
+                            path, n, lay->optim, keys);
+    res->optim_omitted += n;
+    snprintf(res->optim_omitted_keys, sizeof res->optim_omitted_keys, "%s", keys);
+    return 0;
+}
+
 int sio_load(fsdp_state *s, const char *path, const sio_load_opts *o, sio_load_result *res, fsdp_err *err) {
     memset(res, 0, sizeof *res);
     loader L = {s, o, {0}};
@@ -451,7 +544,9 @@ int sio_load(fsdp_state *s, const char *path, const sio_load_opts *o, sio_load_r
         if (rc) goto out;
     }
     sio_load_opts eff = *o; /* with the detected key prefix, when there is one */
-    if ((rc = detect_prefix(s, o, rules, r, &eff.strip_prefix, err))) goto out;
+    ckl_layout lay;
+    if ((rc = sio_layout(r, path, o, &lay, &eff, err))) goto out;
+    if ((rc = detect_prefix(s, &eff, rules, r, &eff.strip_prefix, err))) goto out;
     if (eff.strip_prefix != o->strip_prefix) res->stripped_prefix = eff.strip_prefix;
     o = &eff;
     L.o = o;
@@ -471,15 +566,18 @@ int sio_load(fsdp_state *s, const char *path, const sio_load_opts *o, sio_load_r
     int want_opt = o->load_optimizer;
     int has_opt = 0;
     for (size_t ci = 0; ci < nck; ci++)
-        if (!strncmp(ckpt_entry_at(r, ci)->name, "optimizer.state.", 16)) has_opt = 1;
+        if (!strncmp(ckpt_entry_at(r, ci)->name, lay.optim, strlen(lay.optim)) &&
+            !strncmp(ckpt_entry_at(r, ci)->name + strlen(lay.optim), "state.", 6))
+            has_opt = 1;
     if (want_opt == 1 && !has_opt) {
         rc = fsdp_err_set(err, FSDP_E_INVALID, "load-ckpt %s: load_optimizer is true but the checkpoint has no "
-                                               "optimizer.state.* keys", path);
+                                               "%sstate.* keys", path, lay.optim);
         goto done;
     }
+    if (want_opt && (rc = sio_check_moments(s, r, &lay, path, o->strict, res, err))) goto done;
     int do_opt = want_opt == 1 || (want_opt == -1 && has_opt);
     if (do_opt && (rc = state_alloc_optimizer(s, err))) goto done;
-    load_marks marks = {loaded, nan_dev, used, problems};
+    load_marks marks = {loaded, nan_dev, used, problems, &lay, res};
     rc = load_params(&L, r, rules, &marks, res, err);
     if (!rc && do_opt) rc = load_optimizer_state(&L, r, &marks, res, err);
     /* every staged upload has landed before anything is reported as loaded */
@@ -487,11 +585,13 @@ int sio_load(fsdp_state *s, const char *path, const sio_load_opts *o, sio_load_r
     if (!rc) {
         const char *keys[3] = {"train_state.step", "train_state.ntokens_seen", "train_state.data_pos"};
         int64_t vals[3] = {-1, -1, -1};
-        for (int k = 0; k < 3; k++) {
+        for (int k = 0; k < 3 && !rc; k++) {
             long ci = ckpt_find(r, keys[k]);
-            if (ci >= 0 && ckpt_value_int(r, (size_t)ci, &vals[k]) == 0 && k == 0) res->has_train_state = 1;
+            int got = 0;
+            if (ci >= 0) rc = train_state_int(r, (size_t)ci, &vals[k], &got, err);
+            if (got && k == 0) res->has_train_state = 1;
         }
-        if (vals[0] >= 0) {
+        if (!rc && vals[0] >= 0) {
             s->train_step = vals[0];
             s->data_pos = (uint64_t)(vals[2] >= 0 ? vals[2] : vals[0]);
             if (vals[1] >= 0) s->tokens_seen = vals[1];

@@ -15,6 +15,7 @@
 #include "ckpt/dcp.h"
 #include "ckpt/pickle.h"
 #include "ckpt/state_io.h"
+#include "ckpt/state_resume.h"
 #include "runtime/crash.h"
 
 /* One item to write: a tensor chunk (data in f32 unless raw) or a pickled value. */
@@ -83,6 +84,8 @@ static int add_value(save_plan *p, const char *fqn, pkl_w *w, fsdp_err *err) {
     return 0;
 }
 
+static int add_entry(void *user, const char *key, pkl_w *w, fsdp_err *err) { return add_value(user, key, w, err); }
+
 static int add_chunk(save_plan *p, const state_param *sp, const char *fqn, state_array a, fsdp_dtype dt,
                      int world, fsdp_err *err) {
     if (strlen(fqn) >= sizeof p->items[0].fqn)
@@ -119,26 +122,11 @@ static int build_plan(fsdp_state *s, int rank, int world, const sio_save_opts *o
     int full = s->layout == STATE_FULL;
     pkl_w w;
     pkl_w_init(&w);
-    char key[1024];
+    char key[1200];
     if (rank == 0) {
-        for (size_t i = 0; with_opt && i < s->n && !rc; i++) {
-            const char *fqn = s->p[i].name;
-            struct {
-                const char *k;
-                double v;
-            } hyper[] = {{"lr", s->lr}, {"eps", s->eps}, {"weight_decay", s->weight_decay}};
-            for (int h = 0; h < 3 && !rc; h++) {
-                snprintf(key, sizeof key, "optimizer.param_groups.%s.%s", fqn, hyper[h].k);
-                pkl_w_float(&w, hyper[h].v);
-                rc = add_value(p, key, &w, err);
-            }
-            if (rc) break;
-            snprintf(key, sizeof key, "optimizer.param_groups.%s.betas", fqn);
-            pkl_w_float(&w, s->beta1);
-            pkl_w_float(&w, s->beta2);
-            pkl_w_tuple_n(&w, 2);
-            rc = add_value(p, key, &w, err);
-        }
+        /* what AdamW + set_state_dict and torchtitan's checkpointer need (ckpt/state_resume.c) */
+        for (size_t i = 0; with_opt && i < s->n && !rc; i++) rc = sres_param_group(s, s->p[i].name, add_entry, p, err);
+        if (!rc && with_opt) rc = sres_lr_scheduler(s, add_entry, p, err);
         struct {
             const char *k;
             int64_t v;
@@ -150,6 +138,7 @@ static int build_plan(fsdp_state *s, int rank, int world, const sio_save_opts *o
             rc = add_value(p, ts[t].k, &w, err);
         }
     }
+    if (!rc && with_opt) rc = sres_dataloader(rank, world, add_entry, p, err);
     pkl_w_free(&w);
     for (size_t i = 0; i < s->n && !rc; i++) {
         state_param *sp = &s->p[i];

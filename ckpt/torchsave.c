@@ -24,13 +24,47 @@ int ts_tensor_from_pickle(const pkl_obj *o, const char *what, ts_tensor *t, fsdp
     memset(t, 0, sizeof *t);
     if (!o || o->kind != PKL_REDUCE || !o->fn)
         return fsdp_err_set(err, FSDP_E_FORMAT, "%s: not a tensor (expected torch._utils._rebuild_tensor_v2)", what);
-    int v3 = pkl_is_global(o->fn, "torch._utils", "_rebuild_tensor_v3");
-    if (!v3 && !pkl_is_global(o->fn, "torch._utils", "_rebuild_tensor_v2")) {
-        const pkl_obj *g = o->fn;
-        return fsdp_err_set(err, FSDP_E_FORMAT, "%s: unsupported tensor rebuild function %s.%s", what,
-                            g->kind == PKL_GLOBAL ? g->s : "?", g->kind == PKL_GLOBAL ? g->name : "?");
+    return ts_tensor_from_call(o->fn, o->args, what, t, err);
+}
+
+/* nn.Parameter: _rebuild_parameter(data, requires_grad, hooks[, state]); a tensor subclass:
+ * torch._tensor._rebuild_from_type_v2(func, type, args, state) */
+int ts_tensor_unwrap(const pkl_obj *o, const pkl_obj **fn, const pkl_obj **args) {
+    for (int hops = 0; o && o->kind == PKL_REDUCE && o->args && o->args->kind == PKL_TUPLE && hops < 4; hops++) {
+        if ((pkl_is_global(o->fn, "torch._utils", "_rebuild_tensor_v2") ||
+             pkl_is_global(o->fn, "torch._utils", "_rebuild_tensor_v3"))) {
+            *fn = o->fn;
+            *args = o->args;
+            return 1;
+        }
+        if ((pkl_is_global(o->fn, "torch._utils", "_rebuild_parameter") ||
+             pkl_is_global(o->fn, "torch._utils", "_rebuild_parameter_with_state")) &&
+            o->args->n >= 1) {
+            o = o->args->items[0];
+            continue;
+        }
+        if (pkl_is_global(o->fn, "torch._tensor", "_rebuild_from_type_v2") && o->args->n >= 3 &&
+            o->args->items[2]->kind == PKL_TUPLE &&
+            (pkl_is_global(o->args->items[0], "torch._utils", "_rebuild_tensor_v2") ||
+             pkl_is_global(o->args->items[0], "torch._utils", "_rebuild_tensor_v3"))) {
+            *fn = o->args->items[0];
+            *args = o->args->items[2];
+            return 1;
+        }
+        return 0;
     }
-    const pkl_obj *a = o->args;
+    return 0;
+}
+
+int ts_tensor_from_call(const pkl_obj *fn, const pkl_obj *args, const char *what, ts_tensor *t, fsdp_err *err) {
+    memset(t, 0, sizeof *t);
+    int v3 = pkl_is_global(fn, "torch._utils", "_rebuild_tensor_v3");
+    if (!v3 && !pkl_is_global(fn, "torch._utils", "_rebuild_tensor_v2")) {
+        const pkl_obj *g = fn;
+        return fsdp_err_set(err, FSDP_E_FORMAT, "%s: unsupported tensor rebuild function %s.%s", what,
+                            g && g->kind == PKL_GLOBAL ? g->s : "?", g && g->kind == PKL_GLOBAL ? g->name : "?");
+    }
+    const pkl_obj *a = args;
     if (!a || a->kind != PKL_TUPLE || a->n < 4 || (v3 && a->n < 7))
         return fsdp_err_set(err, FSDP_E_FORMAT, "%s: malformed tensor rebuild arguments", what);
     const pkl_obj *st = a->items[0];

@@ -29,6 +29,12 @@ typedef struct ts_tensor {
 /* Decodes a rebuild call (REDUCE(_rebuild_tensor_v2|_v3, args)) into *t; what names it. Every
  * size, stride and offset is checked (no overflow; the elements lie in the storage). */
 int ts_tensor_from_pickle(const pkl_obj *o, const char *what, ts_tensor *t, fsdp_err *err);
+/* The same from the rebuild function and its argument tuple. */
+int ts_tensor_from_call(const pkl_obj *fn, const pkl_obj *args, const char *what, ts_tensor *t, fsdp_err *err);
+/* Whether o is a tensor as torch.save writes one: a rebuild call, an nn.Parameter around one
+ * (_rebuild_parameter / _rebuild_parameter_with_state) or a tensor subclass (_rebuild_from_type_v2);
+ * 1 with the rebuild function and its arguments, else 0. */
+int ts_tensor_unwrap(const pkl_obj *o, const pkl_obj **fn, const pkl_obj **args);
 /* Checks that the tensor's record exists and holds the bytes it needs: "<what>: corrupt:
  * tensor <name> needs N bytes, the record has M (archive/data/K)". Allocates nothing. */
 int ts_check_record(zip_reader *z, const ts_tensor *t, const char *name, fsdp_err *err);

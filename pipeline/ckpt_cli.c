@@ -10,18 +10,29 @@
 #include "ckpt/ckpt_stale.h"
 #include "ckpt/dcp.h"
 #include "ckpt/namemap.h"
+#include "ckpt/key_layout.h"
 #include "ckpt/reader.h"
 #include "ckpt/safetensors.h"
 #include "pipeline/ckpt_cli.h"
+#include "pipeline/ckpt_keys.h"
+#include "pipeline/ckpt_tool.h"
 #include "pipeline/ckpt_cli_model.h"
 #include "runtime/crash.h"
 
 static void ckpt_usage(FILE *f) {
     fputs("usage: fsdp-run ckpt inspect PATH [--json] [--verify]\n"
           "       fsdp-run ckpt convert SRC DST [--to dcp|safetensors] [--names hf|torchtitan] [--dtype f32|bf16|f16]\n"
-          "                             [--keys PREFIX] [--strip-prefix P] [--add-prefix P] [--n-heads H --n-kv-heads K]\n"
-          "                             [--model PRESET|HF_DIR] [--overwrite]\n"
-          "       fsdp-run ckpt diff A B [--rtol R] [--atol A]\n"
+          "                             [--keys GLOB[,GLOB...]]... [--exclude GLOB[,GLOB...]]... [--strip-prefix P]\n"
+          "                             [--add-prefix P] [--n-heads H --n-kv-heads K] [--model PRESET|HF_DIR] [--overwrite]\n"
+          "                             [--prefixes model=P,optim=P] [--layout torchtitan|keep]\n"
+          "       fsdp-run ckpt diff A B [--rtol R] [--atol A] [--round] [--ignore GLOB[,GLOB...]]...\n"
+          "                              [--names hf|torchtitan [--n-heads H --n-kv-heads K]]\n"
+          "GLOB: `*` matches within one dotted component, `**` across them (optimizer.**); a pattern\n"
+          "without `*` selects the keys it prefixes. --names exports (compares) the model keys only:\n"
+          "optimizer.*, train_state.*, lr_scheduler.* and dataloader.* entries are left out and counted.\n"
+          "convert --to dcp keeps the non-tensor entries (step, param groups, bytes) byte for byte;\n"
+          "safetensors holds tensors only. diff --round compares tensors of different float dtypes after\n"
+          "rounding both to the less precise one.\n"
           "PATH: a DCP directory, a .safetensors file, an HF directory or model.safetensors.index.json, or a .pt file.\n"
           "convert refuses an existing DST (a DCP checkpoint or a file) unless --overwrite, which replaces it\n"
           "atomically: DST holds the old or the new checkpoint at every instant. --model names the model the\n"
@@ -43,16 +54,6 @@ static int open_or_say(const char *path, ckpt_reader **r, FILE *log) {
 }
 
 static int64_t numel_of(const ckpt_entry *e) { return fsdp_numel(e->ndim, e->shape); }
-
-/* Bytes of a buffer for the whole tensor e as elements of esz bytes (at least 1), checked: the
- * readers only list tensors whose bytes their files hold, this keeps a wrap from ever reaching
- * malloc. */
-static int whole_bytes(const ckpt_entry *e, size_t esz, size_t *bytes, fsdp_err *err) {
-    int64_t n = numel_of(e);
-    if (n < 0 || __builtin_mul_overflow((uint64_t)(n ? n : 1), (uint64_t)esz, bytes))
-        return fsdp_err_set(err, FSDP_E_FORMAT, "corrupt: tensor %s: its size overflows 64 bits", e->name);
-    return 0;
-}
 
 static int cmd_inspect(int argc, char **argv, FILE *out, FILE *log) {
     const char *path = NULL;
@@ -88,7 +89,14 @@ static int cmd_inspect(int argc, char **argv, FILE *out, FILE *log) {
         const ckpt_entry *e = ckpt_entry_at(r, i);
         char shp[256];
         fsdp_shape_str(e->ndim, e->shape, shp, sizeof shp);
-        const char *val = e->is_tensor ? NULL : ckpt_value_text(r, i);
+        const char *val = NULL;
+        fsdp_err verr2;
+        if (!e->is_tensor && ckpt_value(r, i, &val, &verr2)) { /* e.g. a global outside the allow-list */
+            fprintf(log, "fsdp-run ckpt: error: %s\n", verr2.msg);
+            json_decref(arr);
+            ckpt_close(r);
+            return 1;
+        }
         if (e->is_tensor) total += e->nbytes;
         if (json) {
             json_t *o = json_object();
@@ -101,14 +109,14 @@ static int cmd_inspect(int argc, char **argv, FILE *out, FILE *log) {
                 json_object_set_new(o, "chunks", json_integer(e->chunks));
                 json_object_set_new(o, "bytes", json_integer((json_int_t)e->nbytes));
             } else {
-                json_object_set_new(o, "value", val ? json_string(val) : json_null());
+                json_object_set_new(o, "value", json_string(val));
             }
             json_array_append_new(arr, o);
         } else if (e->is_tensor) {
             fprintf(out, "  %-56s %-5s %-16s %3d chunk%s %12llu B\n", e->name, fsdp_dtype_name(e->dtype), shp, e->chunks,
                     e->chunks == 1 ? " " : "s", (unsigned long long)e->nbytes);
         } else {
-            fprintf(out, "  %-56s = %s\n", e->name, val ? val : "(not decodable)");
+            fprintf(out, "  %-56s = %s\n", e->name, val);
         }
     }
     if (json) {
@@ -131,110 +139,13 @@ static int cmd_inspect(int argc, char **argv, FILE *out, FILE *log) {
     return 0;
 }
 
-static int cmd_diff(int argc, char **argv, FILE *out, FILE *log) {
-    const char *a = NULL, *b = NULL;
-    double rtol = 0, atol = 0;
-    for (int i = 0; i < argc; i++) {
-        if (!strcmp(argv[i], "--rtol") && i + 1 < argc) rtol = atof(argv[++i]);
-        else if (!strcmp(argv[i], "--atol") && i + 1 < argc) atol = atof(argv[++i]);
-        else if (!a) a = argv[i];
-        else if (!b) b = argv[i];
-        else {
-            ckpt_usage(log);
-            return 2;
-        }
-    }
-    if (!a || !b) {
-        ckpt_usage(log);
-        return 2;
-    }
-    ckpt_reader *ra, *rb;
-    if (open_or_say(a, &ra, log)) return 1;
-    if (open_or_say(b, &rb, log)) {
-        ckpt_close(ra);
-        return 1;
-    }
-    int differ = 0, rc = 0;
-    for (size_t i = 0; i < ckpt_count(ra); i++)
-        if (ckpt_find(rb, ckpt_entry_at(ra, i)->name) < 0) {
-            fprintf(out, "only in %s: %s\n", a, ckpt_entry_at(ra, i)->name);
-            differ = 1;
-        }
-    for (size_t i = 0; i < ckpt_count(rb); i++)
-        if (ckpt_find(ra, ckpt_entry_at(rb, i)->name) < 0) {
-            fprintf(out, "only in %s: %s\n", b, ckpt_entry_at(rb, i)->name);
-            differ = 1;
-        }
-    for (size_t i = 0; i < ckpt_count(ra) && !rc; i++) {
-        const ckpt_entry *ea = ckpt_entry_at(ra, i);
-        long j = ckpt_find(rb, ea->name);
-        if (j < 0) continue;
-        const ckpt_entry *eb = ckpt_entry_at(rb, (size_t)j);
-        if (ea->is_tensor != eb->is_tensor) {
-            fprintf(out, "%s: a tensor in one, a value in the other\n", ea->name);
-            differ = 1;
-            continue;
-        }
-        if (!ea->is_tensor) {
-            const char *va = ckpt_value_text(ra, i), *vb = ckpt_value_text(rb, (size_t)j);
-            if (!va || !vb || strcmp(va, vb)) {
-                fprintf(out, "%s: %s != %s\n", ea->name, va ? va : "?", vb ? vb : "?");
-                differ = 1;
-            }
-            continue;
-        }
-        char sa[128], sb[128];
-        if (ea->ndim != eb->ndim || memcmp(ea->shape, eb->shape, (size_t)ea->ndim * sizeof *ea->shape)) {
-            fprintf(out, "%s: shape %s vs %s\n", ea->name, fsdp_shape_str(ea->ndim, ea->shape, sa, sizeof sa),
-                    fsdp_shape_str(eb->ndim, eb->shape, sb, sizeof sb));
-            differ = 1;
-            continue;
-        }
-        if (ea->dtype != eb->dtype) fprintf(out, "%s: dtype %s vs %s\n", ea->name, fsdp_dtype_name(ea->dtype), fsdp_dtype_name(eb->dtype));
-        int64_t n = numel_of(ea), rows = ea->ndim ? ea->shape[0] : 1;
-        fsdp_err err;
-        size_t bytes = 0;
-        if (whole_bytes(ea, sizeof(double), &bytes, &err)) {
-            fprintf(log, "fsdp-run ckpt: error: %s\n", err.msg);
-            rc = 1;
-            break;
-        }
-        double *xa = malloc(bytes), *xb = malloc(bytes);
-        if (!xa || !xb) rc = 1, fprintf(log, "fsdp-run ckpt: error: out of memory (%zu bytes for tensor %s)\n", bytes, ea->name);
-        else if (ckpt_read_rows(ra, i, 0, rows, xa, FSDP_DT_F64, &err) ||
-                 ckpt_read_rows(rb, (size_t)j, 0, rows, xb, FSDP_DT_F64, &err)) {
-            fprintf(log, "fsdp-run ckpt: error: %s\n", err.msg);
-            rc = 1;
-        } else {
-            double mabs = 0, mrel = 0;
-            int bad = 0;
-            for (int64_t k = 0; k < n; k++) {
-                double d = fabs(xa[k] - xb[k]);
-                if (isnan(xa[k]) != isnan(xb[k])) bad = 1, d = INFINITY;
-                if (isnan(xa[k]) && isnan(xb[k])) d = 0;
-                double rel = xb[k] != 0 ? d / fabs(xb[k]) : (d > 0 ? INFINITY : 0);
-                if (d > mabs) mabs = d;
-                if (rel > mrel) mrel = rel;
-                if (d > atol + rtol * fabs(xb[k])) bad = 1;
-            }
-            if (bad) {
-                fprintf(out, "%s: max abs diff %.6g, max rel diff %.6g\n", ea->name, mabs, mrel);
-                differ = 1;
-            }
-        }
-        free(xa);
-        free(xb);
-    }
-    ckpt_close(ra);
-    ckpt_close(rb);
-    if (rc) return rc;
-    if (!differ) fprintf(out, "equal: %s and %s (rtol %g, atol %g)\n", a, b, rtol, atol);
-    return differ;
-}
-
 typedef struct conv {
     ckpt_reader *r;
-    const char *names, *keys, *strip, *add, *model;
+    const char *names, *strip, *add, *model;
+    ckpt_keys keys, exclude;
+    const char *pre_model, *pre_optim; /* --prefixes model=P,optim=P */
+    int relayout;                      /* --layout torchtitan */
+    ckl_layout lay;                    /* the source's key layout; lay.model "" unless it is stripped */
     fsdp_dtype dtype;
     int heads, kv_heads;
     llama_config cfg; /* --model's, when given */
@@ -244,7 +155,13 @@ typedef struct conv {
 static int out_name(const conv *c, const char *in, char *out, size_t cap, nmap_info *info, fsdp_err *err) {
     memset(info, 0, sizeof *info);
     out[0] = '\0';
-    if (c->keys && strncmp(in, c->keys, strlen(c->keys))) return 0;
+    if ((c->keys.n && !ckpt_keys_match(&c->keys, in)) || ckpt_keys_match(&c->exclude, in)) return 0;
+    if (c->names && ckl_is_training(&c->lay, in)) return 0; /* --names exports the model keys */
+    char re[1024];
+    if (c->relayout || c->names) { /* into torchtitan's layout: the model prefix off, optimizer. */
+        if (ckl_to_torchtitan(&c->lay, in, re, sizeof re, err)) return err->code;
+        in = re;
+    }
     const char *k = in;
     if (c->strip) {
         const char *s = nmap_strip_prefix(k, c->strip);
@@ -265,38 +182,65 @@ static int out_name(const conv *c, const char *in, char *out, size_t cap, nmap_i
 }
 
 static int read_converted(const conv *c, size_t i, const nmap_info *info, fsdp_dtype dt, void **buf, fsdp_err *err) {
-    const ckpt_entry *e = ckpt_entry_at(c->r, i);
-    int64_t n = numel_of(e), rows = e->ndim ? e->shape[0] : 1;
-    size_t esz = fsdp_dtype_size(dt), bytes = 0;
-    int rc = whole_bytes(e, esz, &bytes, err);
-    if (rc) return rc;
-    void *b = malloc(bytes);
-    if (!b) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory (%zu bytes for tensor %s)", bytes, e->name);
-    rc = ckpt_read_rows(c->r, i, 0, rows, b, dt, err);
-    if (!rc && info->qk != NMAP_QK_NONE) {
-        void *p = malloc(bytes);
-        if (!p) rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
-        else {
-            nmap_dir dir = !strcmp(c->names, "hf") ? NMAP_TT_TO_HF : NMAP_HF_TO_TT;
-            rc = nmap_permute_rows(dir, p, b, rows, n / (rows ? rows : 1), esz, info->heads, err);
-            free(b);
-            b = p;
-        }
-    }
-    if (rc) {
-        free(b);
-        return rc;
-    }
-    *buf = b;
-    return 0;
+    nmap_dir dir = c->names && !strcmp(c->names, "hf") ? NMAP_TT_TO_HF : NMAP_HF_TO_TT;
+    return ckpt_tool_read(c->r, i, dt, dir, info, buf, err);
 }
 
 typedef struct conv_out {
     const char *src, *dst, *to;
     int overwrite;
-    size_t written;
+    size_t written, values; /* tensors, non-tensor entries written */
     uint64_t bytes;
 } conv_out;
+
+/* --keys / --exclude GLOBS; 0, or the exit code of a usage error */
+static int keys_arg(ckpt_keys *k, const char *opt, const char *v, FILE *log) {
+    if (!ckpt_keys_add(k, v)) return 0;
+    fprintf(log, "fsdp-run ckpt convert: %s %s: empty pattern or more than %d patterns\n", opt, v, CKPT_KEYS_MAX);
+    return 2;
+}
+
+/* --prefixes model=P,optim=P (either or both); 0, or the exit code of a usage error */
+static int prefixes_arg(conv *c, char *v, FILE *log) {
+    for (char *save = NULL, *tok = strtok_r(v, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        char *eq = strchr(tok, '=');
+        const char **dst = NULL;
+        if (eq && !strncmp(tok, "model=", 6)) dst = &c->pre_model;
+        else if (eq && !strncmp(tok, "optim=", 6)) dst = &c->pre_optim;
+        fsdp_err err;
+        if (!dst) {
+            fprintf(log, "fsdp-run ckpt convert: --prefixes %s: expected model=PREFIX or optim=PREFIX\n", tok);
+            return 2;
+        }
+        if (ckl_prefix_check(dst == &c->pre_model ? "--prefixes model" : "--prefixes optim", eq + 1, &err)) {
+            fprintf(log, "fsdp-run ckpt convert: %s\n", err.msg);
+            return 2;
+        }
+        *dst = eq + 1;
+    }
+    return 0;
+}
+
+/* The source's key layout (ckpt/key_layout.h). The model prefix is taken off (with --names or --layout
+ * torchtitan) when given, or when every model tensor of the source is under it: an HF checkpoint's
+ * model.* keys beside lm_head.weight stay as they are. */
+static int convert_layout(conv *c, fsdp_err *err) {
+    int rc = ckl_detect(c->r, c->pre_model, c->pre_optim, &c->lay, err);
+    if (rc || c->lay.model_given || !c->lay.model[0] || c->strip) {
+        if (!rc && !c->lay.model_given) c->lay.model[0] = '\0';
+        return rc;
+    }
+    size_t under = 0, other = 0, ml = strlen(c->lay.model);
+    for (size_t i = 0; i < ckpt_count(c->r); i++) {
+        const ckpt_entry *e = ckpt_entry_at(c->r, i);
+        if (!e->is_tensor || ckl_is_training(&c->lay, e->name)) continue;
+        if (!strncmp(e->name, c->lay.model, ml)) under++;
+        else other++;
+    }
+    /* --names torchtitan reads HF names, whose model.* keys are not a prefix to take off */
+    if (other || !under || (c->names && !strcmp(c->names, "torchtitan"))) c->lay.model[0] = '\0';
+    return 0;
+}
 
 /* options of convert into c and o; 0, or the exit code of a usage error */
 static int convert_args(int argc, char **argv, conv *c, conv_out *o, FILE *log) {
@@ -311,12 +255,26 @@ static int convert_args(int argc, char **argv, conv *c, conv_out *o, FILE *log) 
                 fprintf(log, "fsdp-run ckpt convert: --dtype must be f32, bf16 or f16\n");
                 return 2;
             }
-        } else if (!strcmp(a, "--keys") && v) c->keys = v, i++;
+        } else if ((!strcmp(a, "--keys") || !strcmp(a, "--exclude")) && v) {
+            if (keys_arg(!strcmp(a, "--keys") ? &c->keys : &c->exclude, a, v, log)) return 2;
+            i++;
+        }
         else if (!strcmp(a, "--strip-prefix") && v) c->strip = v, i++;
         else if (!strcmp(a, "--add-prefix") && v) c->add = v, i++;
         else if (!strcmp(a, "--n-heads") && v) c->heads = atoi(v), i++;
         else if (!strcmp(a, "--n-kv-heads") && v) c->kv_heads = atoi(v), i++;
         else if (!strcmp(a, "--model") && v) c->model = v, i++;
+        else if (!strcmp(a, "--prefixes") && v) {
+            if (prefixes_arg(c, argv[i + 1], log)) return 2;
+            i++;
+        } else if (!strcmp(a, "--layout") && v) {
+            if (strcmp(v, "torchtitan") && strcmp(v, "keep")) {
+                fprintf(log, "fsdp-run ckpt convert: --layout must be torchtitan or keep\n");
+                return 2;
+            }
+            c->relayout = !strcmp(v, "torchtitan");
+            i++;
+        }
         else if (!strcmp(a, "--overwrite")) o->overwrite = 1;
         else if (a[0] == '-') {
             fprintf(log, "fsdp-run ckpt convert: unknown option %s\n", a);
@@ -428,6 +386,18 @@ static int convert_to_safetensors(const conv *c, conv_out *o, FILE *log, fsdp_er
     return rc;
 }
 
+/* A non-tensor entry (step, param group option, bytes) kept as the pickle it was read from (a DCP
+ * byte item byte for byte), so that torch.load / dcp.load read back the same value. */
+static int convert_value(const conv *c, size_t i, const char *name, dcp_file_writer *fw, dcp_record *rec,
+                         fsdp_err *err) {
+    void *p;
+    size_t len;
+    int rc = ckpt_value_pickle(c->r, i, &p, &len, err);
+    if (!rc) rc = dcp_file_add_pickle(fw, name, p, len, rec, err);
+    free(p);
+    return rc;
+}
+
 /* Into a DCP directory: new data file of a fresh generation, .metadata replaced last, then the
  * replaced checkpoint's files removed (ckpt/dcp_commit.c); crash points convert.* and dcp.*. */
 static int convert_to_dcp(const conv *c, conv_out *o, FILE *log, fsdp_err *err) {
@@ -444,11 +414,16 @@ static int convert_to_dcp(const conv *c, conv_out *o, FILE *log, fsdp_err *err) 
     if (!rc) rc = dcp_file_open_gen(&fw, o->dst, 0, gen, note_log, log, err);
     for (size_t i = 0; i < n && !rc; i++) {
         const ckpt_entry *e = ckpt_entry_at(c->r, i);
-        if (!e->is_tensor) continue;
         char name[1024];
         nmap_info info;
+        if (!e->is_tensor && c->names) continue; /* --names: the model keys only */
         if ((rc = out_name(c, e->name, name, sizeof name, &info, err))) break;
         if (!name[0]) continue;
+        if (!e->is_tensor) {
+            rc = convert_value(c, i, name, &fw, &recs[nr++], err);
+            o->values++;
+            continue;
+        }
         fsdp_dtype dt = c->dtype ? c->dtype : e->dtype;
         void *buf;
         if ((rc = read_converted(c, i, &info, dt, &buf, err))) break;
@@ -469,31 +444,69 @@ static int convert_to_dcp(const conv *c, conv_out *o, FILE *log, fsdp_err *err) 
     return rc;
 }
 
+/* What was written, and what was left out and why. */
+static void convert_report(const conv *c, const conv_out *o, FILE *out) {
+    size_t training = 0, values = 0;
+    for (size_t i = 0; i < ckpt_count(c->r); i++) {
+        const ckpt_entry *e = ckpt_entry_at(c->r, i);
+        if ((c->keys.n && !ckpt_keys_match(&c->keys, e->name)) || ckpt_keys_match(&c->exclude, e->name)) continue;
+        if (c->names && ckl_is_training(&c->lay, e->name)) training++;
+        else if (!e->is_tensor && (c->names || !strcmp(o->to, "safetensors"))) values++;
+    }
+    fprintf(out, "converted %zu tensors (%.1f MB)", o->written, (double)o->bytes / 1e6);
+    if (o->values) fprintf(out, " and %zu non-tensor entries", o->values);
+    fprintf(out, " from %s to %s (%s)\n", o->src, o->dst, o->to);
+    if (training)
+        fprintf(out, "--names %s exports the model keys: left out %zu training entries (optimizer.*, train_state.*, "
+                     "lr_scheduler.*, dataloader.*)\n", c->names, training);
+    if (values)
+        fprintf(out, "left out %zu non-tensor entries (%s)\n", values,
+                c->names ? "--names exports the model keys" : "safetensors holds tensors only");
+}
+
 static int cmd_convert(int argc, char **argv, FILE *out, FILE *log) {
     conv c;
     conv_out o;
     memset(&c, 0, sizeof c);
     memset(&o, 0, sizeof o);
     int rc = convert_args(argc, argv, &c, &o, log);
-    if (rc) return rc;
+    if (rc) {
+        ckpt_keys_free(&c.keys);
+        ckpt_keys_free(&c.exclude);
+        return rc;
+    }
     fsdp_err err;
     fsdp_err_clear(&err);
     if (c.model) {
         if ((rc = ckpt_cli_model_load(c.model, &c.cfg, &err))) {
             fprintf(log, "fsdp-run ckpt convert: error: %s\n", err.msg);
+            ckpt_keys_free(&c.keys);
+            ckpt_keys_free(&c.exclude);
             return fsdp_err_exit_code(rc);
         }
         if (c.heads <= 0) c.heads = c.cfg.n_heads, c.kv_heads = c.cfg.n_kv_heads;
     }
-    if (open_or_say(o.src, &c.r, log)) return 1;
+    if (open_or_say(o.src, &c.r, log)) {
+        ckpt_keys_free(&c.keys);
+        ckpt_keys_free(&c.exclude);
+        return 1;
+    }
+    if ((rc = convert_layout(&c, &err))) {
+        fprintf(log, "fsdp-run ckpt convert: error: %s: %s\n", o.src, err.msg);
+        ckpt_close(c.r);
+        ckpt_keys_free(&c.keys);
+        ckpt_keys_free(&c.exclude);
+        return fsdp_err_exit_code(rc);
+    }
     rc = !strcmp(o.to, "safetensors") ? convert_to_safetensors(&c, &o, log, &err) : convert_to_dcp(&c, &o, log, &err);
+    if (!rc) convert_report(&c, &o, out);
     ckpt_close(c.r);
+    ckpt_keys_free(&c.keys);
+    ckpt_keys_free(&c.exclude);
     if (rc) {
         fprintf(log, "fsdp-run ckpt convert: error: %s\n", err.msg);
         return fsdp_err_exit_code(rc);
     }
-    fprintf(out, "converted %zu tensors (%.1f MB) from %s to %s (%s)\n", o.written, (double)o.bytes / 1e6, o.src, o.dst,
-            o.to);
     return 0;
 }
 
@@ -503,7 +516,7 @@ int ckpt_cli_main(int argc, char **argv, FILE *out, FILE *log) {
         return argc < 1 ? 2 : 0;
     }
     if (!strcmp(argv[0], "inspect")) return cmd_inspect(argc - 1, argv + 1, out, log);
-    if (!strcmp(argv[0], "diff")) return cmd_diff(argc - 1, argv + 1, out, log);
+    if (!strcmp(argv[0], "diff")) return ckpt_cli_diff(argc - 1, argv + 1, out, log);
     if (!strcmp(argv[0], "convert")) return cmd_convert(argc - 1, argv + 1, out, log);
     fprintf(log, "fsdp-run ckpt: unknown command '%s'\n", argv[0]);
     ckpt_usage(log);

@@ -73,6 +73,11 @@ typedef struct fsdp_state {
     int has_optimizer;
     int64_t opt_step;        /* AdamW step count (PyTorch's state['step']) */
     double lr, beta1, beta2, eps, weight_decay; /* hyper-parameters of the last step */
+    /* The LR schedule as PyTorch's optimizer and LambdaLR hold it after the last step (written to
+     * checkpoints as param_groups' initial_lr / lr and lr_scheduler.*): the schedule's peak lr and
+     * the lr of the next step; has_lr_schedule 0 when no train-steps or checkpoint set them. */
+    double lr_initial, lr_next;
+    int has_lr_schedule;
     int64_t train_step;      /* training steps done (train_state.step) */
     int64_t tokens_seen;     /* train_state.ntokens_seen */
     uint64_t data_pos;       /* position of the data stream (batches consumed) */

@@ -42,6 +42,7 @@
 
 #include "ckpt/ckpt_steps.h"
 #include "ckpt/dcp.h"
+#include "ckpt/key_layout.h"
 #include "ckpt/state_io.h"
 #include "stages/stages.h"
 
@@ -68,6 +69,9 @@ static const fsdp_param_spec PARAMS[] = {
      "when path holds no committed checkpoint: error, or init (declare the model and draw its weights as "
      "init-meta does: one recipe for the first run and every restart)"},
     {"seed", FSDP_T_INT, 0, NULL, NULL, "if_missing: init: the init seed (default runtime.seed)"},
+    {"prefixes", FSDP_T_MAP, 0, NULL, NULL,
+     "key layout: {model: P, optim: P} prefixes of the parameters and of the optimizer's state./param_groups. "
+     "(detected when not given; ckpt/key_layout.h)"},
     {NULL, 0, 0, NULL, NULL, NULL}};
 static const char *const PROVIDES[] = {"params", NULL};
 
@@ -259,6 +263,8 @@ static int load_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
     }
     o.select = select;
     o.detect_prefix = "model.";
+    o.model_prefix = fsdp_value_text(fsdp_value_get(fsdp_value_get(with, "prefixes"), "model"));
+    o.optim_prefix = fsdp_value_text(fsdp_value_get(fsdp_value_get(with, "prefixes"), "optim"));
     ckpt_format_from_name(fsdp_arg_str(with, "format", "auto"), &o.format);
     o.names = !strcmp(fsdp_arg_str(with, "names", "torchtitan"), "hf") ? SIO_NAMES_HF : SIO_NAMES_TORCHTITAN;
     o.strip_prefix = fsdp_arg_str(with, "strip_prefix", NULL);
@@ -324,13 +330,36 @@ static int load_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
     if (res.stripped_prefix)
         fsdp_log(ctx, FSDP_LOG_INFO, "load-ckpt: the checkpoint's parameters are under the prefix '%s' (removed)",
                  res.stripped_prefix);
+    if (res.optim_omitted)
+        fsdp_log(ctx, FSDP_LOG_WARN, "load-ckpt %s (strict: false): %zu optimizer moment(s) not restored (they start "
+                 "at zero):%s", path, res.optim_omitted, res.optim_omitted_keys);
     fsdp_log(ctx, FSDP_LOG_INFO, "loaded %zu parameters%s from %s (step %lld) in %.2fs, %.1f MB read by this rank",
              res.params_loaded, res.optimizer_loaded ? " and optimizer state" : "", path, (long long)s->train_step, el,
              (double)res.bytes_read / 1e6);
     return 0;
 }
 
+/* `prefixes`: only model / optim, each a prefix ckl_prefix_check accepts. */
+static int prefixes_check(const fsdp_value *pre, fsdp_err *err) {
+    for (size_t i = 0; i < fsdp_value_size(pre); i++) {
+        const char *k = fsdp_value_key(pre, i);
+        const fsdp_value *v = fsdp_value_item(pre, i);
+        if (!k || (strcmp(k, "model") && strcmp(k, "optim")))
+            return fsdp_err_at(err, FSDP_E_INVALID, v, "load-ckpt: prefixes: unknown key '%s' (model, optim)", k ? k : "?");
+        const char *t = fsdp_value_type(v) == FSDP_V_SCALAR ? fsdp_value_text(v) : NULL;
+        if (!t) return fsdp_err_at(err, FSDP_E_INVALID, v, "load-ckpt: prefixes.%s must be a string (\"\" for none)", k);
+        char what[32];
+        snprintf(what, sizeof what, "load-ckpt: prefixes.%s", k);
+        fsdp_err e2;
+        int rc = ckl_prefix_check(what, t, &e2);
+        if (rc) return fsdp_err_at(err, rc, v, "%s", e2.msg);
+    }
+    return 0;
+}
+
 static int load_check(const fsdp_value *with, fsdp_err *err) {
+    int prc = prefixes_check(fsdp_value_get(with, "prefixes"), err);
+    if (prc) return prc;
     const fsdp_value *ren = fsdp_value_get(with, "rename");
     for (size_t i = 0; i < fsdp_value_size(ren); i++) {
         const fsdp_value *v = fsdp_value_item(ren, i);

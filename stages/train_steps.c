@@ -351,6 +351,10 @@ static int train_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
             break;
         }
         s->train_step++;
+        /* what PyTorch's param_groups / LambdaLR hold now (the checkpoints' resume entries) */
+        s->lr_initial = sched.lr;
+        s->lr_next = lrs_at(&sched, s->train_step);
+        s->has_lr_schedule = 1;
         s->data_pos++;
         s->tokens_seen += dc.batch_size * T;
         tok_since += dc.batch_size * T;
