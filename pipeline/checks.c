@@ -14,18 +14,6 @@
 #include "pipeline/value_impl.h"
 #include "runtime/device.h"
 
-static void add_at(errlist *el, const fsdp_value *at, const char *fmt, ...) FSDP_PRINTF(3, 4);
-static void add_at(errlist *el, const fsdp_value *at, const char *fmt, ...) {
-    char msg[FSDP_ERR_MSG_MAX - 512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    fsdp_err e;
-    fsdp_err_at(&e, FSDP_E_INVALID, at, "%s", msg);
-    errlist_add(el, &e);
-}
-
 /* A key's integer value as written (1 when present and an integer). */
 static int int_key(const fsdp_value *with, const char *key, const fsdp_value **at, int64_t *x) {
     *at = fsdp_value_get(with, key);
@@ -37,10 +25,10 @@ static void check_warmup(const recipe_stage *s, errlist *el) {
     int64_t w, steps, sch;
     if (!int_key(s->with, "warmup_steps", &wv, &w)) return;
     if (int_key(s->with, "schedule_steps", &schv, &sch) && w > sch)
-        add_at(el, wv, "stage '%s' (train-steps): warmup_steps %lld is more than schedule_steps %lld", s->id,
+        errlist_add_at(el, wv, "stage '%s' (train-steps): warmup_steps %lld is more than schedule_steps %lld", s->id,
                (long long)w, (long long)sch);
     else if (!schv && int_key(s->with, "steps", &sv, &steps) && w > steps)
-        add_at(el, wv,
+        errlist_add_at(el, wv,
                "stage '%s' (train-steps): warmup_steps %lld is more than steps %lld (the schedule would never leave "
                "its warmup)",
                s->id, (long long)w, (long long)steps);
@@ -96,7 +84,7 @@ static void check_metrics(const recipe_stage *s, const sizes_host *h, errlist *e
     if (!path || !*path) return;
     struct stat st;
     if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
-        add_at(el, mv, "stage '%s' (train-steps): metrics: %s is a directory, expected a JSONL file path", s->id, path);
+        errlist_add_at(el, mv, "stage '%s' (train-steps): metrics: %s is a directory, expected a JSONL file path", s->id, path);
         return;
     }
     char *dup = strdup(path);
@@ -105,7 +93,7 @@ static void check_metrics(const recipe_stage *s, const sizes_host *h, errlist *e
     char blame[PATH_MAX] = "";
     int e = h->probe_device ? make_dirs(dir) : can_create(dir, blame, sizeof blame);
     if (e)
-        add_at(el, mv, "stage '%s' (train-steps): metrics: cannot create the directory %s of %s%s%s: %s", s->id, dir,
+        errlist_add_at(el, mv, "stage '%s' (train-steps): metrics: cannot create the directory %s of %s%s%s: %s", s->id, dir,
                path, blame[0] ? " at " : "", blame, strerror(e));
     free(dup);
 }
@@ -127,7 +115,7 @@ static void check_mixed(const recipe *r, const recipe_stage *s, const sizes_host
     const char *m = fsdp_value_text(mv);
     if (!m || strcmp(m, "bf16") || !on_cpu(r, h)) return;
     const char *dev = fsdp_value_text(fsdp_value_path(r->root, "runtime.device"));
-    add_at(el, mv,
+    errlist_add_at(el, mv,
            "stage '%s' (train-steps): mixed: bf16 is the GPU path's precision, but this run trains on the CPU (%s): "
            "use runtime.device: cuda on a host with a GPU, or remove mixed (the CPU path trains in float32)",
            s->id,
@@ -146,7 +134,7 @@ static void check_chained_model(const recipe *r, const fsdp_value *prev, errlist
         const char *file;
         int line, col;
         fsdp_value_where(prev, &file, &line, &col);
-        add_at(el, model,
+        errlist_add_at(el, model,
                "model: %s differs from the model %s of %s:%d:%d, whose state this recipe continues (it has no init-meta "
                "or init-cpu stage): remove this model: section, or make it the same",
                b, a, file, line, col);

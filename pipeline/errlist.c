@@ -1,6 +1,7 @@
 /* Gathering validation errors, one line each. */
 #include "pipeline/errlist.h"
 
+#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -26,4 +27,15 @@ int errlist_finish(const errlist *el, fsdp_err *err) {
     if (el->dropped)
         return fsdp_err_set(err, el->code, "%s\n(and %d more errors)", el->msg, el->dropped);
     return fsdp_err_set(err, el->code, "%s", el->msg);
+}
+
+void errlist_add_at(errlist *el, const fsdp_value *at, const char *fmt, ...) {
+    char msg[FSDP_ERR_MSG_MAX - 512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    fsdp_err e;
+    fsdp_err_at(&e, FSDP_E_INVALID, at, "%s", msg);
+    errlist_add(el, &e);
 }

@@ -36,18 +36,6 @@ static void fmt_bytes(uint64_t b, char *buf, size_t cap) {
     else snprintf(buf, cap, "%.1f %s", x, units[u]);
 }
 
-static void add_at(errlist *el, const fsdp_value *at, const char *fmt, ...) FSDP_PRINTF(3, 4);
-static void add_at(errlist *el, const fsdp_value *at, const char *fmt, ...) {
-    char msg[FSDP_ERR_MSG_MAX - 512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    fsdp_err e;
-    fsdp_err_at(&e, FSDP_E_INVALID, at, "%s", msg);
-    errlist_add(el, &e);
-}
-
 /* ---- runtime.threads ---------------------------------------------------------------------------- */
 
 static void check_threads(const recipe *r, const sizes_host *h, errlist *el) {
@@ -55,9 +43,9 @@ static void check_threads(const recipe *r, const sizes_host *h, errlist *el) {
     int64_t x;
     if (!v || fsdp_value_int(v, &x)) return; /* absent, or a type error the schema reports */
     if (x < 0)
-        add_at(el, v, "runtime.threads: %lld is negative (OpenMP threads per rank; 0 = OpenMP's default)", (long long)x);
+        errlist_add_at(el, v, "runtime.threads: %lld is negative (OpenMP threads per rank; 0 = OpenMP's default)", (long long)x);
     else if (x > SIZES_MAX_THREADS)
-        add_at(el, v, "runtime.threads: %lld OpenMP threads per rank is more than %d (this host has %ld cores)",
+        errlist_add_at(el, v, "runtime.threads: %lld OpenMP threads per rank is more than %d (this host has %ld cores)",
                (long long)x, SIZES_MAX_THREADS, h->cores);
 }
 
@@ -76,7 +64,7 @@ static int check_model_bounds(const fsdp_value *model, errlist *el) {
         const fsdp_value *v = fsdp_value_get(model, bounds[i].key);
         int64_t x;
         if (!v || fsdp_value_int(v, &x) || x <= bounds[i].max) continue;
-        add_at(el, v, "model.%s: %lld is more than %lld (%s)", bounds[i].key, (long long)x, (long long)bounds[i].max,
+        errlist_add_at(el, v, "model.%s: %lld is more than %lld (%s)", bounds[i].key, (long long)x, (long long)bounds[i].max,
                bounds[i].why);
         bad = 1;
     }
@@ -132,7 +120,7 @@ static void check_trainer(const recipe *r, const sizes_chain *chain, errlist *el
     if (!chain->model_node || chain->trainable) return;
     for (size_t i = 0; i < r->n_stages; i++)
         if (!strcmp(r->stages[i].uses, "train-steps"))
-            add_at(el, r->stages[i].uses_node,
+            errlist_add_at(el, r->stages[i].uses_node,
                    "stage '%s' (train-steps): cannot train the model: it is a %s; train-steps trains the built-in "
                    "architectures (model: {arch: llama3, ...}); every other stage works on any model",
                    r->stages[i].id, chain->kind);
@@ -164,7 +152,7 @@ static int check_data(const recipe *r, const sizes_host *h, const sizes_chain *c
     fsdp_err_clear(&e);
     if (!has_data && !train) return -1; /* nothing reads data */
     if (!has_data) {
-        add_at(el, train->uses_node,
+        errlist_add_at(el, train->uses_node,
                "stage '%s' (train-steps): the recipe has no `data:` section (kind: text, tokens, llmc or safetensors "
                "with a path; kind: synthetic for seeded random tokens)",
                train->id);
@@ -178,24 +166,24 @@ static int check_data(const recipe *r, const sizes_host *h, const sizes_chain *c
     /* the files exist, are readable and have valid headers (their tokens are scanned when opened) */
     data_config_set_base(dc, r->path);
     int files_bad = data_check_files(dc, &e) != 0;
-    if (files_bad) add_at(el, data_at(data, "path", train), "%s", e.msg);
+    if (files_bad) errlist_add_at(el, data_at(data, "path", train), "%s", e.msg);
     n0 = el->n; /* the sizes below are checked whatever the files */
     const fsdp_value *at_t = data_at(data, "seq_len", train), *at_b = data_at(data, "batch_size", train);
     if (dc->seq_len > INT32_MAX)
-        add_at(el, at_t, "data.seq_len: %lld is more than %d (2^31 - 1)", (long long)dc->seq_len, INT32_MAX);
+        errlist_add_at(el, at_t, "data.seq_len: %lld is more than %d (2^31 - 1)", (long long)dc->seq_len, INT32_MAX);
     if (dc->batch_size > INT32_MAX)
-        add_at(el, at_b, "data.batch_size: %lld is more than %d (2^31 - 1)", (long long)dc->batch_size, INT32_MAX);
+        errlist_add_at(el, at_b, "data.batch_size: %lld is more than %d (2^31 - 1)", (long long)dc->batch_size, INT32_MAX);
     if (!train || el->n > n0) return el->n > n0 || files_bad ? -1 : 0;
     if (has_model && chain->has_llama && dc->seq_len > chain->model.max_seq_len)
-        add_at(el, at_t,
+        errlist_add_at(el, at_t,
                "data.seq_len: %lld is more than model.max_seq_len %d (the longest sequence the model is configured "
                "for: shorten data.seq_len or raise model.max_seq_len)",
                (long long)dc->seq_len, chain->model.max_seq_len);
     if (dc->batch_size % h->world)
-        add_at(el, at_b, "data.batch_size: the global batch of %lld does not divide evenly over %d ranks",
+        errlist_add_at(el, at_b, "data.batch_size: the global batch of %lld does not divide evenly over %d ranks",
                (long long)dc->batch_size, h->world);
     else if (dc->batch_size / h->world * dc->seq_len > INT_MAX)
-        add_at(el, at_t,
+        errlist_add_at(el, at_t,
                "data: batch_size %lld over %d ranks x seq_len %lld is %lld tokens per rank, more than %d (2^31 - 1)",
                (long long)dc->batch_size, h->world, (long long)dc->seq_len,
                (long long)(dc->batch_size / h->world * dc->seq_len), INT_MAX);
@@ -337,7 +325,7 @@ static void check_memory(const recipe *r, const sizes_host *h, const sizes_chain
     char need[32], have[32];
     fmt_bytes(worst.bytes, need, sizeof need);
     fmt_bytes(h->mem_bytes, have, sizeof have);
-    add_at(el, at, "%s: the model needs %s for %s on rank 0 (%s), this host has %s", path, need, worst.what,
+    errlist_add_at(el, at, "%s: the model needs %s for %s on rank 0 (%s), this host has %s", path, need, worst.what,
            worst.detail, have);
 }
 
