@@ -43,21 +43,7 @@ typedef struct opts {
 
 /* Runs cmd through /bin/sh; *maxrss_kb (may be NULL) gets the child's peak resident set. */
 static int run_child(const char *cmd, long *maxrss_kb) {
-    pid_t pid = fork();
-    if (pid < 0) return -1;
-    if (pid == 0) {
-        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
-        _exit(127);
-    }
-    int st;
-    struct rusage ru;
-    if (wait4(pid, &st, 0, &ru) < 0) return -1;
-    if (maxrss_kb) *maxrss_kb = ru.ru_maxrss;
-    if (!WIFEXITED(st) || WEXITSTATUS(st)) {
-        fprintf(stderr, "init_table: '%s' failed\n", cmd);
-        return -1;
-    }
-    return 0;
+    return bench_run(cmd, maxrss_kb) < 0 ? -1 : 0;
 }
 
 /* Seconds of a fresh parallel memset of `bytes` on `threads` threads. */
