@@ -4,6 +4,7 @@
 #define FSDP_BENCH_UTIL_H
 
 #include <jansson.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,6 +24,26 @@ static inline int bench_sh(const char *cmd) {
     int rc = system(cmd);
     if (rc != 0) fprintf(stderr, "bench: '%s' failed (%d)\n", cmd, rc);
     return rc;
+}
+
+/* Seconds of a parallel memset of `bytes` fresh pages (malloc'd here) on `threads` OpenMP threads:
+ * what filling a new state costs at memory bandwidth, first touch included; -1 when out of memory. */
+static inline double bench_memset_seconds(size_t bytes, int threads) {
+    char *p = malloc(bytes ? bytes : 1);
+    if (!p) return -1;
+    const size_t piece = (size_t)1 << 20;
+    const int64_t pieces = (int64_t)((bytes + piece - 1) / piece);
+    double t0 = bench_now();
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t q = 0; q < pieces; q++) {
+        size_t a = (size_t)q * piece, n = bytes - a < piece ? bytes - a : piece;
+        memset(p + a, 0, n);
+    }
+    double el = bench_now() - t0;
+    volatile char sink = p[bytes / 2];
+    (void)sink;
+    free(p);
+    return el;
 }
 
 /* Runs cmd through /bin/sh (fork + wait4): its wall seconds, or -1 (printed) when it fails;

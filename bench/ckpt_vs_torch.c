@@ -32,7 +32,7 @@ enum fig {
     F_SAVE1, F_SAVE2, F_LOAD1, F_LOAD2, F_CP1, F_CP2, F_CAT1, F_CAT2,
     F_TSAVE1, F_TSAVE2, F_TLOAD1, F_TLOAD2,
     F_TO_ST, F_TO_DCP, F_CP_ST,
-    F_INIT_CPU, F_INIT_META1, F_INIT_META2, F_TINIT,
+    F_INIT_CPU, F_INIT_META1, F_INIT_META2, F_TINIT, F_MEMSET,
     F_COUNT
 };
 
@@ -164,7 +164,9 @@ static int rep_io(cvt_run *r, int np) {
     if (s < 0) return -1;
     put(r, np == 1 ? F_SAVE1 : F_SAVE2, s);
     r->ck_bytes[np] = bench_path_bytes(ck);
-    snprintf(cmd, sizeof cmd, "cat '%s'/* '%s'/.metadata > /dev/null", ck, ck);
+    /* one cat per rank's file at once (each rank reads its own), then the metadata */
+    snprintf(cmd, sizeof cmd, "for f in '%s'/*; do cat \"$f\" > /dev/null & done; wait; cat '%s'/.metadata > /dev/null",
+             ck, ck);
     put(r, np == 1 ? F_CAT1 : F_CAT2, bench_run(cmd, NULL));
     put(r, np == 1 ? F_LOAD1 : F_LOAD2, fsdp_stage(r, np, "load", ck, "load", NULL));
     snprintf(cmd, sizeof cmd, "cp -r '%s' '%s.copy' && sync", ck, ck);
@@ -204,6 +206,8 @@ static void rep_init(cvt_run *r) {
     put(r, F_INIT_META1, fsdp_stage(r, 1, "init_meta", NULL, "init", "seconds_init"));
     put(r, F_INIT_META2, fsdp_stage(r, 2, "init_meta", NULL, "init", "seconds_init"));
     if (r->o.torch) torch_run(r, "--part init");
+    /* the ceiling of 1 rank, and of 2 ranks filling their halves at once: the whole state by all threads */
+    put(r, F_MEMSET, bench_memset_seconds((size_t)r->state_bytes, r->o.threads));
 }
 
 /* "2.61x faster" / "2.40x SLOWER" of rate a against rate b; "-" when either is missing */
@@ -242,14 +246,19 @@ static void print_table(cvt_run *r) {
         "cp + sync of the file");
     char th[64];
     snprintf(th, sizeof th, "`init-cpu`, 1 rank, %d threads", r->o.threads);
-    row(th, r->state_bytes, median(r, F_INIT_CPU), r->state_bytes, median(r, F_TINIT), "meta + to_empty + init", 0, -1, "");
+    row(th, r->state_bytes, median(r, F_INIT_CPU), r->state_bytes, median(r, F_TINIT), "meta + to_empty + init",
+        r->state_bytes, median(r, F_MEMSET), "memset of fresh pages");
     snprintf(th, sizeof th, "`init-meta`, 1 rank, %d threads", r->o.threads);
-    row(th, r->state_bytes, median(r, F_INIT_META1), r->state_bytes, median(r, F_TINIT), "meta + to_empty + init", 0, -1, "");
+    row(th, r->state_bytes, median(r, F_INIT_META1), r->state_bytes, median(r, F_TINIT), "meta + to_empty + init",
+        r->state_bytes, median(r, F_MEMSET), "memset of fresh pages");
     snprintf(th, sizeof th, "`init-meta`, 2 ranks (rank 0: its half)");
-    row(th, r->state_bytes / 2, median(r, F_INIT_META2), r->state_bytes, median(r, F_TINIT), "1 process", 0, -1, "");
+    row(th, r->state_bytes / 2, median(r, F_INIT_META2), r->state_bytes, median(r, F_TINIT), "1 process",
+        r->state_bytes / 2, median(r, F_MEMSET), "memset of both halves at once");
     printf("\nGB/s: checkpoint bytes (files' apparent sizes) / seconds; init: float32 bytes of the weights / seconds.\n");
-    printf("checkpoint: fsdp-run %.3f GB (1 rank) %.3f GB (2 ranks), PyTorch %.3f GB / %.3f GB; safetensors %.3f GB\n",
-           b1 / 1e9, b2 / 1e9, tb1 / 1e9, tb2 / 1e9, r->st_bytes / 1e9);
+    printf("checkpoint: fsdp-run %.3f GB (1 rank) %.3f GB (2 ranks); safetensors %.3f GB", b1 / 1e9, b2 / 1e9,
+           r->st_bytes / 1e9);
+    if (r->o.torch) printf("; PyTorch %.3f GB (1 process) %.3f GB (2 processes)", tb1 / 1e9, tb2 / 1e9);
+    printf("\n");
     printf("peak RSS of convert: DCP -> safetensors %.0f MiB (%.2fx the largest tensor), safetensors -> DCP %.0f MiB "
            "(%.2fx); largest tensor %.0f MiB\n",
            (double)r->rss_to_st_kb / 1024, (double)r->rss_to_st_kb * 1024 / r->largest_bytes,
@@ -296,6 +305,7 @@ int main(int argc, char **argv) {
         return 1;
     }
     if (write_inputs(&r)) return 1;
+    if (!r.o.torch) printf("PyTorch: not measured (--no-torch)\n");
     if (r.o.torch) {
         snprintf(cmd, sizeof cmd, "%s -c 'import torch' >/dev/null 2>&1", r.o.python);
         if (system(cmd) != 0) {
