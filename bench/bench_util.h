@@ -4,10 +4,14 @@
 #define FSDP_BENCH_UTIL_H
 
 #include <jansson.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
 static inline double bench_now(void) {
     struct timespec ts;
@@ -20,6 +24,60 @@ static inline int bench_sh(const char *cmd) {
     int rc = system(cmd);
     if (rc != 0) fprintf(stderr, "bench: '%s' failed (%d)\n", cmd, rc);
     return rc;
+}
+
+/* Seconds of a parallel memset of `bytes` fresh pages (malloc'd here) on `threads` OpenMP threads:
+ * what filling a new state costs at memory bandwidth, first touch included; -1 when out of memory. */
+static inline double bench_memset_seconds(size_t bytes, int threads) {
+    char *p = malloc(bytes ? bytes : 1);
+    if (!p) return -1;
+    const size_t piece = (size_t)1 << 20;
+    const int64_t pieces = (int64_t)((bytes + piece - 1) / piece);
+    double t0 = bench_now();
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t q = 0; q < pieces; q++) {
+        size_t a = (size_t)q * piece, n = bytes - a < piece ? bytes - a : piece;
+        memset(p + a, 0, n);
+    }
+    double el = bench_now() - t0;
+    volatile char sink = p[bytes / 2];
+    (void)sink;
+    free(p);
+    return el;
+}
+
+/* Runs cmd through /bin/sh (fork + wait4): its wall seconds, or -1 (printed) when it fails;
+ * *maxrss_kb (may be NULL) gets the child's peak resident set in KiB. */
+static inline double bench_run(const char *cmd, long *maxrss_kb) {
+    double t0 = bench_now();
+    pid_t pid = fork();
+    if (pid < 0) return -1;
+    if (pid == 0) {
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    int st;
+    struct rusage ru;
+    if (wait4(pid, &st, 0, &ru) < 0) return -1;
+    double el = bench_now() - t0;
+    if (maxrss_kb) *maxrss_kb = ru.ru_maxrss;
+    if (!WIFEXITED(st) || WEXITSTATUS(st)) {
+        fprintf(stderr, "bench: '%s' failed\n", cmd);
+        return -1;
+    }
+    return el;
+}
+
+/* Apparent size in bytes of a file or a directory tree (du -sb); -1 when unknown. */
+static inline double bench_path_bytes(const char *path) {
+    char cmd[4200];
+    snprintf(cmd, sizeof cmd, "du -sb --apparent-size '%s'", path);
+    FILE *p = popen(cmd, "r");
+    double v = -1;
+    if (!p) return -1;
+    if (fscanf(p, "%lf", &v) != 1) v = -1;
+    if (pclose(p)) v = -1;
+    return v;
 }
 
 static inline int bench_write_text(const char *path, const char *text) {

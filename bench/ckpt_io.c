@@ -15,23 +15,12 @@
 #include "bench_util.h"
 #include "ckpt/safetensors.h"
 
-/* runs a shell command; returns seconds, fills the child's peak RSS in MiB */
+/* runs a shell command (exits when it fails); returns seconds, fills the child's peak RSS in MiB */
 static double timed(const char *cmd, double *rss_mib) {
-    double t0 = bench_now();
-    pid_t pid = fork();
-    if (pid == 0) {
-        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
-        _exit(127);
-    }
-    int st;
-    struct rusage ru;
-    wait4(pid, &st, 0, &ru);
-    double el = bench_now() - t0;
-    if (rss_mib) *rss_mib = (double)ru.ru_maxrss / 1024.0;
-    if (!WIFEXITED(st) || WEXITSTATUS(st)) {
-        fprintf(stderr, "ckpt_io: '%s' failed\n", cmd);
-        exit(1);
-    }
+    long kb = 0;
+    double el = bench_run(cmd, &kb);
+    if (el < 0) exit(1);
+    if (rss_mib) *rss_mib = (double)kb / 1024.0;
     return el;
 }
 

@@ -43,40 +43,7 @@ typedef struct opts {
 
 /* Runs cmd through /bin/sh; *maxrss_kb (may be NULL) gets the child's peak resident set. */
 static int run_child(const char *cmd, long *maxrss_kb) {
-    pid_t pid = fork();
-    if (pid < 0) return -1;
-    if (pid == 0) {
-        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
-        _exit(127);
-    }
-    int st;
-    struct rusage ru;
-    if (wait4(pid, &st, 0, &ru) < 0) return -1;
-    if (maxrss_kb) *maxrss_kb = ru.ru_maxrss;
-    if (!WIFEXITED(st) || WEXITSTATUS(st)) {
-        fprintf(stderr, "init_table: '%s' failed\n", cmd);
-        return -1;
-    }
-    return 0;
-}
-
-/* Seconds of a fresh parallel memset of `bytes` on `threads` threads. */
-static double memset_seconds(size_t bytes, int threads) {
-    char *p = malloc(bytes ? bytes : 1);
-    if (!p) return -1;
-    const size_t piece = (size_t)1 << 20;
-    const int64_t pieces = (int64_t)((bytes + piece - 1) / piece);
-    double t0 = bench_now();
-#pragma omp parallel for schedule(static) num_threads(threads)
-    for (int64_t q = 0; q < pieces; q++) {
-        size_t a = (size_t)q * piece, n = bytes - a < piece ? bytes - a : piece;
-        memset(p + a, 0, n);
-    }
-    double el = bench_now() - t0;
-    volatile char sink = p[bytes / 2];
-    (void)sink;
-    free(p);
-    return el;
+    return bench_run(cmd, maxrss_kb) < 0 ? -1 : 0;
 }
 
 static void table_recipe(const opts *o, const char *path, const char *stage) {
@@ -149,7 +116,7 @@ static double best_stage(const opts *o, const char *cmd, const char *rep, long *
 static double best_memset(const opts *o, size_t bytes, int threads) {
     double best = -1;
     for (int r = 0; r < o->reps; r++) {
-        double s = memset_seconds(bytes, threads);
+        double s = bench_memset_seconds(bytes, threads);
         if (best < 0 || s < best) best = s;
     }
     return best;

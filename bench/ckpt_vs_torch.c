@@ -1,0 +1,329 @@
+/* bench/ckpt_vs_torch (issue 18): save, load, convert and init of ONE model state by fsdp-run, by
+ * the machine's ceilings and by PyTorch, in one run, with ratios.
+ *
+ *   build/bench/ckpt_vs_torch [--preset llama3_1b] [--layers N (0: the preset's)] [--reps 3]
+ *                             [--threads 2] [--python python3] [--no-torch] [--dir DIR]
+ *
+ * Each repetition runs every measurement once, in the same order (repetitions alternate the
+ * tools, so a burst of other load on the shared machine hits all of them); the table shows medians.
+ *   fsdp-run (the real stages through build/fsdp-run --report; 2 ranks: mpirun, threads split):
+ *     save-dcp (after init-meta) and load-ckpt of the same checkpoint (page cache warm: just
+ *     written) on 1 and 2 ranks; `ckpt convert` DCP -> safetensors and safetensors -> DCP (wall
+ *     time including a sync; peak RSS from wait4); init-cpu (1 rank) and init-meta (1 and 2 ranks,
+ *     rank 0's seconds_init).
+ *   ceilings: `cp -r` + `sync` of the checkpoint just saved (save, and convert against a cp of its
+ *     input) and `cat` of it to /dev/null from the page cache (load).
+ *   PyTorch (when `PYTHON -c "import torch"` works; --python, else FSDP_TORCH_PYTHON, else python3):
+ *     bench/ckpt_vs_torch.py with the same names and shapes: dcp.save / dcp.load on 1 and 2
+ *     processes (gloo, DTensor Shard(0) halves like FSDP2), and meta-init + to_empty + init. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "bench/bench_util.h"
+#include "model/llama_params.h"
+
+#define CVT_MAX_REPS 64
+
+enum fig {
+    F_SAVE1, F_SAVE2, F_LOAD1, F_LOAD2, F_CP1, F_CP2, F_CAT1, F_CAT2,
+    F_TSAVE1, F_TSAVE2, F_TLOAD1, F_TLOAD2,
+    F_TO_ST, F_TO_DCP, F_CP_ST,
+    F_INIT_CPU, F_INIT_META1, F_INIT_META2, F_TINIT, F_MEMSET,
+    F_COUNT
+};
+
+typedef struct cvt_opts {
+    const char *preset, *python, *dir, *bin;
+    int layers, reps, threads, torch;
+} cvt_opts;
+
+typedef struct cvt_run {
+    cvt_opts o;
+    double v[F_COUNT][CVT_MAX_REPS]; /* seconds; < 0: not measured */
+    int n[F_COUNT];
+    double ck_bytes[3], torch_bytes[3], st_bytes, state_bytes, largest_bytes;
+    long rss_to_st_kb, rss_to_dcp_kb;
+    int64_t params;
+    int torch_equal;
+    char root[32];
+} cvt_run;
+
+static void put(cvt_run *r, enum fig f, double s) {
+    if (s > 0 && r->n[f] < CVT_MAX_REPS) r->v[f][r->n[f]++] = s;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(cvt_run *r, enum fig f) {
+    int n = r->n[f];
+    if (!n) return -1;
+    qsort(r->v[f], (size_t)n, sizeof(double), cmp_double);
+    return n % 2 ? r->v[f][n / 2] : (r->v[f][n / 2 - 1] + r->v[f][n / 2]) / 2;
+}
+
+/* the recipes (model preset, layers) and the JSON list of names and shapes for PyTorch */
+static int write_inputs(cvt_run *r) {
+    fsdp_err err;
+    llama_config cfg;
+    llama_params t;
+    if (llama_config_preset(&cfg, r->o.preset, &err) ||
+        (r->o.layers > 0 && (cfg.n_layers = r->o.layers, llama_config_finalize(&cfg, &err))) ||
+        llama_params_build(&cfg, &t, &err)) {
+        fprintf(stderr, "ckpt_vs_torch: %s\n", err.msg);
+        return -1;
+    }
+    r->o.layers = cfg.n_layers;
+    json_t *list = json_array();
+    for (int i = 0; i < t.n; i++) {
+        int64_t n = t.p[i].shape[0] * (t.p[i].ndim == 2 ? t.p[i].shape[1] : 1);
+        r->params += n;
+        if ((double)n * 4 > r->largest_bytes) r->largest_bytes = (double)n * 4;
+        json_t *shape = t.p[i].ndim == 2 ? json_pack("[II]", (json_int_t)t.p[i].shape[0], (json_int_t)t.p[i].shape[1])
+                                         : json_pack("[I]", (json_int_t)t.p[i].shape[0]);
+        json_array_append_new(list, json_pack("[so]", t.p[i].name, shape));
+    }
+    llama_params_free(&t);
+    r->state_bytes = (double)r->params * 4;
+    char path[1200], text[1024];
+    snprintf(path, sizeof path, "%s/shapes.json", r->o.dir);
+    int rc = json_dump_file(list, path, JSON_COMPACT);
+    json_decref(list);
+    const char *model = "model: {preset: %s, n_layers: %d}\nvars: {ck: x}\nstages:\n";
+    const char *recipes[][2] = {
+        {"save", "  - {id: init, uses: init-meta}\n  - {id: save, uses: save-dcp, with: {path: \"${ck}\", overwrite: true}}\n"},
+        {"load", "  - {id: load, uses: load-ckpt, with: {path: \"${ck}\"}}\n"},
+        {"init_cpu", "  - {id: init, uses: init-cpu}\n"},
+        {"init_meta", "  - {id: init, uses: init-meta}\n"}};
+    for (size_t i = 0; i < sizeof recipes / sizeof recipes[0] && !rc; i++) {
+        int k = snprintf(text, sizeof text, model, r->o.preset, r->o.layers);
+        snprintf(text + k, sizeof text - (size_t)k, "%s", recipes[i][1]);
+        snprintf(path, sizeof path, "%s/%s.yaml", r->o.dir, recipes[i][0]);
+        rc = bench_write_text(path, text);
+    }
+    return rc ? -1 : 0;
+}
+
+/* fsdp-run on np ranks: a stage's seconds (metric NULL) or metric from its report; -1 on failure */
+static double fsdp_stage(cvt_run *r, int np, const char *recipe, const char *ck, const char *id, const char *metric) {
+    char cmd[8192], rep[1200];
+    snprintf(rep, sizeof rep, "%s/report.json", r->o.dir);
+    char launch[256] = "";
+    if (np > 1) snprintf(launch, sizeof launch, "mpirun --oversubscribe%s -np %d ", r->root, np);
+    snprintf(cmd, sizeof cmd, "%s%s -q --report %s %s/%s.yaml --set runtime.threads=%d --set vars.ck=%s", launch,
+             r->o.bin, rep, r->o.dir, recipe, r->o.threads / np > 0 ? r->o.threads / np : 1, ck ? ck : "none");
+    if (bench_run(cmd, NULL) < 0) return -1;
+    double s = bench_stage_field(rep, id, metric);
+    return s > 0 || !metric ? s : bench_stage_field(rep, id, NULL);
+}
+
+static void on_torch_line(json_t *j, void *user) {
+    cvt_run *r = user;
+    const char *what = json_string_value(json_object_get(j, "what"));
+    double s = json_number_value(json_object_get(j, "s"));
+    int np = (int)json_integer_value(json_object_get(j, "nproc"));
+    if (!what) return;
+    if (!strcmp(what, "init")) {
+        if (json_integer_value(json_object_get(j, "params")) != r->params) {
+            fprintf(stderr, "ckpt_vs_torch: PyTorch built %lld parameters, fsdp-run's state has %lld\n",
+                    (long long)json_integer_value(json_object_get(j, "params")), (long long)r->params);
+            return;
+        }
+        put(r, F_TINIT, s);
+        return;
+    }
+    if (np < 1 || np > 2) return;
+    r->torch_bytes[np] = json_number_value(json_object_get(j, "bytes"));
+    if (!strcmp(what, "save")) put(r, np == 1 ? F_TSAVE1 : F_TSAVE2, s);
+    if (!strcmp(what, "load")) {
+        if (!json_is_true(json_object_get(j, "equal"))) r->torch_equal = 0;
+        put(r, np == 1 ? F_TLOAD1 : F_TLOAD2, s);
+    }
+}
+
+static void torch_run(cvt_run *r, const char *args) {
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd, "%s bench/ckpt_vs_torch.py --shapes %s/shapes.json --threads %d %s", r->o.python,
+             r->o.dir, r->o.threads, args);
+    if (bench_json_lines(cmd, on_torch_line, r)) fprintf(stderr, "ckpt_vs_torch: '%s' failed\n", cmd);
+}
+
+/* save, ceilings, load (and, on 1 rank, convert) of np ranks' checkpoint; then PyTorch's dcp */
+static int rep_io(cvt_run *r, int np) {
+    char ck[1200], cmd[4096];
+    snprintf(ck, sizeof ck, "%s/ck%d", r->o.dir, np);
+    snprintf(cmd, sizeof cmd, "rm -rf '%s' '%s.copy' && sync", ck, ck);
+    bench_run(cmd, NULL);
+    double s = fsdp_stage(r, np, "save", ck, "save", NULL);
+    if (s < 0) return -1;
+    put(r, np == 1 ? F_SAVE1 : F_SAVE2, s);
+    r->ck_bytes[np] = bench_path_bytes(ck);
+    /* one cat per rank's file at once (each rank reads its own), then the metadata */
+    snprintf(cmd, sizeof cmd, "for f in '%s'/*; do cat \"$f\" > /dev/null & done; wait; cat '%s'/.metadata > /dev/null",
+             ck, ck);
+    put(r, np == 1 ? F_CAT1 : F_CAT2, bench_run(cmd, NULL));
+    put(r, np == 1 ? F_LOAD1 : F_LOAD2, fsdp_stage(r, np, "load", ck, "load", NULL));
+    snprintf(cmd, sizeof cmd, "cp -r '%s' '%s.copy' && sync", ck, ck);
+    put(r, np == 1 ? F_CP1 : F_CP2, bench_run(cmd, NULL));
+    snprintf(cmd, sizeof cmd, "rm -rf '%s.copy'", ck);
+    bench_run(cmd, NULL);
+    if (np == 1) {
+        char st[1300];
+        snprintf(st, sizeof st, "%s/conv.safetensors", r->o.dir);
+        snprintf(cmd, sizeof cmd, "rm -rf '%s' '%s/conv_dcp' && sync && %s ckpt convert '%s' '%s' >/dev/null && sync", st,
+                 r->o.dir, r->o.bin, ck, st);
+        long rss = 0;
+        put(r, F_TO_ST, bench_run(cmd, &rss));
+        if (rss > r->rss_to_st_kb) r->rss_to_st_kb = rss;
+        r->st_bytes = bench_path_bytes(st);
+        snprintf(cmd, sizeof cmd, "%s ckpt convert '%s' '%s/conv_dcp' --to dcp >/dev/null && sync", r->o.bin, st, r->o.dir);
+        put(r, F_TO_DCP, bench_run(cmd, &rss));
+        if (rss > r->rss_to_dcp_kb) r->rss_to_dcp_kb = rss;
+        snprintf(cmd, sizeof cmd, "cp '%s' '%s.copy' && sync", st, st);
+        put(r, F_CP_ST, bench_run(cmd, NULL));
+        snprintf(cmd, sizeof cmd, "rm -rf '%s' '%s.copy' '%s/conv_dcp'", st, st, r->o.dir);
+        bench_run(cmd, NULL);
+    }
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", ck);
+    bench_run(cmd, NULL);
+    if (r->o.torch) {
+        snprintf(cmd, sizeof cmd, "--part dcp --nproc %d --dir %s/torch%d", np, r->o.dir, np);
+        torch_run(r, cmd);
+        snprintf(cmd, sizeof cmd, "rm -rf '%s/torch%d'", r->o.dir, np);
+        bench_run(cmd, NULL);
+    }
+    return 0;
+}
+
+static void rep_init(cvt_run *r) {
+    put(r, F_INIT_CPU, fsdp_stage(r, 1, "init_cpu", NULL, "init", "seconds_init"));
+    put(r, F_INIT_META1, fsdp_stage(r, 1, "init_meta", NULL, "init", "seconds_init"));
+    put(r, F_INIT_META2, fsdp_stage(r, 2, "init_meta", NULL, "init", "seconds_init"));
+    if (r->o.torch) torch_run(r, "--part init");
+    /* the ceiling of 1 rank, and of 2 ranks filling their halves at once: the whole state by all threads */
+    put(r, F_MEMSET, bench_memset_seconds((size_t)r->state_bytes, r->o.threads));
+}
+
+/* "2.61x faster" / "2.40x SLOWER" of rate a against rate b; "-" when either is missing */
+static const char *ratio(char *buf, size_t n, double a, double b, int loud) {
+    if (a <= 0 || b <= 0) return snprintf(buf, n, "-"), buf;
+    if (a >= b) snprintf(buf, n, "%.2fx faster", a / b);
+    else snprintf(buf, n, loud ? "%.2fx SLOWER" : "%.2fx slower", b / a);
+    return buf;
+}
+
+static void rate(char *buf, size_t n, double bytes, double s, const char *what) {
+    if (s <= 0 || bytes <= 0) snprintf(buf, n, "-");
+    else snprintf(buf, n, "%.2f GB/s (%.2f s%s%s)", bytes / s / 1e9, s, *what ? ", " : "", what);
+}
+
+static void row(const char *work, double b_ours, double ours, double b_torch, double torch, const char *tname,
+                double b_ceil, double ceil, const char *cname) {
+    char a[96], t[96], c[96], r1[48], r2[48];
+    rate(a, sizeof a, b_ours, ours, "");
+    rate(t, sizeof t, b_torch, torch, tname);
+    rate(c, sizeof c, b_ceil, ceil, cname);
+    double ra = ours > 0 ? b_ours / ours : -1, rt = torch > 0 ? b_torch / torch : -1, rc = ceil > 0 ? b_ceil / ceil : -1;
+    printf("| %s | %s | %s | %s | %s | %s |\n", work, a, t, c, ratio(r1, sizeof r1, ra, rt, 1), ratio(r2, sizeof r2, ra, rc, 0));
+}
+
+static void print_table(cvt_run *r) {
+    double b1 = r->ck_bytes[1], b2 = r->ck_bytes[2], tb1 = r->torch_bytes[1], tb2 = r->torch_bytes[2];
+    printf("\n| work | fsdp-run | PyTorch | ceiling on this machine | fsdp-run vs PyTorch | fsdp-run vs ceiling |\n");
+    printf("|---|---|---|---|---|---|\n");
+    row("`load-ckpt`, 1 rank", b1, median(r, F_LOAD1), tb1, median(r, F_TLOAD1), "dcp.load", b1, median(r, F_CAT1), "cat");
+    row("`load-ckpt`, 2 ranks", b2, median(r, F_LOAD2), tb2, median(r, F_TLOAD2), "dcp.load", b2, median(r, F_CAT2), "cat");
+    row("`save-dcp`, 1 rank", b1, median(r, F_SAVE1), tb1, median(r, F_TSAVE1), "dcp.save", b1, median(r, F_CP1), "cp -r + sync");
+    row("`save-dcp`, 2 ranks", b2, median(r, F_SAVE2), tb2, median(r, F_TSAVE2), "dcp.save", b2, median(r, F_CP2), "cp -r + sync");
+    row("`ckpt convert` DCP -> safetensors", b1, median(r, F_TO_ST), 0, -1, "", b1, median(r, F_CP1), "cp -r + sync of the DCP");
+    row("`ckpt convert` safetensors -> DCP", r->st_bytes, median(r, F_TO_DCP), 0, -1, "", r->st_bytes, median(r, F_CP_ST),
+        "cp + sync of the file");
+    char th[64];
+    snprintf(th, sizeof th, "`init-cpu`, 1 rank, %d threads", r->o.threads);
+    row(th, r->state_bytes, median(r, F_INIT_CPU), r->state_bytes, median(r, F_TINIT), "meta + to_empty + init",
+        r->state_bytes, median(r, F_MEMSET), "memset of fresh pages");
+    snprintf(th, sizeof th, "`init-meta`, 1 rank, %d threads", r->o.threads);
+    row(th, r->state_bytes, median(r, F_INIT_META1), r->state_bytes, median(r, F_TINIT), "meta + to_empty + init",
+        r->state_bytes, median(r, F_MEMSET), "memset of fresh pages");
+    snprintf(th, sizeof th, "`init-meta`, 2 ranks (rank 0: its half)");
+    row(th, r->state_bytes / 2, median(r, F_INIT_META2), r->state_bytes, median(r, F_TINIT), "1 process",
+        r->state_bytes / 2, median(r, F_MEMSET), "memset of both halves at once");
+    printf("\nGB/s: checkpoint bytes (files' apparent sizes) / seconds; init: float32 bytes of the weights / seconds.\n");
+    printf("checkpoint: fsdp-run %.3f GB (1 rank) %.3f GB (2 ranks); safetensors %.3f GB", b1 / 1e9, b2 / 1e9,
+           r->st_bytes / 1e9);
+    if (r->o.torch) printf("; PyTorch %.3f GB (1 process) %.3f GB (2 processes)", tb1 / 1e9, tb2 / 1e9);
+    printf("\n");
+    printf("peak RSS of convert: DCP -> safetensors %.0f MiB (%.2fx the largest tensor), safetensors -> DCP %.0f MiB "
+           "(%.2fx); largest tensor %.0f MiB\n",
+           (double)r->rss_to_st_kb / 1024, (double)r->rss_to_st_kb * 1024 / r->largest_bytes,
+           (double)r->rss_to_dcp_kb / 1024, (double)r->rss_to_dcp_kb * 1024 / r->largest_bytes, r->largest_bytes / 1048576);
+    if (r->o.torch && !r->torch_equal) printf("WARNING: PyTorch's dcp.load did not give back the saved tensors\n");
+}
+
+static int parse(cvt_opts *o, int argc, char **argv) {
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int used = 1;
+        if (!strcmp(a, "--no-torch")) o->torch = 0, used = 0;
+        else if (!v) used = -1;
+        else if (!strcmp(a, "--preset")) o->preset = v;
+        else if (!strcmp(a, "--layers")) o->layers = atoi(v);
+        else if (!strcmp(a, "--reps")) o->reps = atoi(v);
+        else if (!strcmp(a, "--threads")) o->threads = atoi(v);
+        else if (!strcmp(a, "--python")) o->python = v;
+        else if (!strcmp(a, "--dir")) o->dir = v;
+        else used = -1;
+        if (used < 0 || o->layers < 0 || o->layers > 1024 || o->reps < 1 || o->reps > CVT_MAX_REPS || o->threads < 1) {
+            fprintf(stderr, "usage: %s [--preset NAME] [--layers N (0: the preset's)] [--reps N (1..%d)] [--threads T] "
+                    "[--python PY] [--no-torch] [--dir DIR]\n", argv[0], CVT_MAX_REPS);
+            return 2;
+        }
+        i += used;
+    }
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    static cvt_run r;
+    r.o = (cvt_opts){"llama3_1b", "python3", "/tmp/fsdp-ckpt-vs-torch", FSDP_BUILD_DIR "/fsdp-run", 0, 3, 2, 1};
+    const char *env_py = getenv("FSDP_TORCH_PYTHON");
+    if (env_py && *env_py) r.o.python = env_py;
+    if (parse(&r.o, argc, argv)) return 2;
+    r.torch_equal = 1;
+    snprintf(r.root, sizeof r.root, "%s", geteuid() == 0 ? " --allow-run-as-root" : "");
+    char cmd[4200];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", r.o.dir);
+    bench_run(cmd, NULL);
+    if (mkdir(r.o.dir, 0755) && errno != EEXIST) {
+        fprintf(stderr, "ckpt_vs_torch: cannot create %s: %s\n", r.o.dir, strerror(errno));
+        return 1;
+    }
+    if (write_inputs(&r)) return 1;
+    if (!r.o.torch) printf("PyTorch: not measured (--no-torch)\n");
+    if (r.o.torch) {
+        snprintf(cmd, sizeof cmd, "%s -c 'import torch' >/dev/null 2>&1", r.o.python);
+        if (system(cmd) != 0) {
+            printf("PyTorch: skipped ('%s -c \"import torch\"' fails; --python PY or FSDP_TORCH_PYTHON names another)\n",
+                   r.o.python);
+            r.o.torch = 0;
+        }
+    }
+    printf("ckpt_vs_torch: %s with %d layers, %lld parameters (%.2f GB of float32), %d threads, %d alternating "
+           "repetitions, medians\n", r.o.preset, r.o.layers, (long long)r.params, r.state_bytes / 1e9, r.o.threads, r.o.reps);
+    fflush(stdout);
+    for (int k = 0; k < r.o.reps; k++) {
+        if (rep_io(&r, 1) || rep_io(&r, 2)) return 1;
+        rep_init(&r);
+        fprintf(stderr, "ckpt_vs_torch: repetition %d of %d done\n", k + 1, r.o.reps);
+    }
+    print_table(&r);
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", r.o.dir);
+    bench_run(cmd, NULL);
+    return 0;
+}
