@@ -417,15 +417,15 @@ TEST(HardenDcpCli, InspectOfCraftedMetadataIsCorruptExitOne) {
     }
 }
 
-// The crafted files are committed to the fuzz corpus byte for byte as this helper writes them
-// (rewrite them with --gtest_also_run_disabled_tests --gtest_filter=HardenDcpCli.DISABLED_*).
-TEST(HardenDcpCli, DISABLED_WriteCraftedCorpus) {
-    write_file("tests/fuzz/corpus/dcp_meta/item6-volume-overflow", item6_volume_overflow());
-    write_file("tests/fuzz/corpus/dcp_meta/item6-offset-plus-size-overflow", item6_offset_plus_size_overflow());
-    write_file("tests/fuzz/corpus/dcp_meta/item7-2p40-over-24-bytes", item7_2p40_over_24_bytes());
-}
-
+// The crafted files are committed to the fuzz corpus byte for byte as these helpers write them; with
+// FSDP_REWRITE_CORPUS=1 in the environment the test writes them first (after a change of the helpers).
 TEST(HardenDcpCli, CraftedFilesAreInTheFuzzCorpus) {
+    const char *rewrite = getenv("FSDP_REWRITE_CORPUS");
+    if (rewrite && !strcmp(rewrite, "1")) {
+        write_file("tests/fuzz/corpus/dcp_meta/item6-volume-overflow", item6_volume_overflow());
+        write_file("tests/fuzz/corpus/dcp_meta/item6-offset-plus-size-overflow", item6_offset_plus_size_overflow());
+        write_file("tests/fuzz/corpus/dcp_meta/item7-2p40-over-24-bytes", item7_2p40_over_24_bytes());
+    }
     EXPECT_EQ(read_file("tests/fuzz/corpus/dcp_meta/item6-volume-overflow"), item6_volume_overflow());
     EXPECT_EQ(read_file("tests/fuzz/corpus/dcp_meta/item6-offset-plus-size-overflow"),
               item6_offset_plus_size_overflow());

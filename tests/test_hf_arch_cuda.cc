@@ -28,6 +28,7 @@ extern "C" {
 }
 #include "ckpt_compare.h"
 #include "gpu_util.h"
+#include "hf_state_util.h"
 #include "st_test_reader.h"
 #include "jsonl_util.h"
 #include "test_util.h"
@@ -103,24 +104,8 @@ protected:
     fsdp_state *make_state(const std::string &model, bool host = false, bool offloaded = false) {
         llama_config cfg;
         EXPECT_EQ(hf_config_read(hf_fixture(model).c_str(), &cfg, &err_), 0) << err_.msg;
-        llama_params t;
-        EXPECT_EQ(llama_params_build(&cfg, &t, &err_), 0) << err_.msg;
-        fsdp_state *s = (fsdp_state *)calloc(1, sizeof(fsdp_state));
+        fsdp_state *s = hf_state(model, cfg);
         states_.push_back(s);
-        s->layout = STATE_SHARDED;
-        s->world = 1;
-        s->cfg = cfg;
-        s->has_cfg = 1;
-        for (int i = 0; i < t.n; i++)
-            EXPECT_EQ(state_add_param(s, t.p[i].name, t.p[i].ndim, t.p[i].shape, t.p[i].layer, &err_), 0) << err_.msg;
-        llama_params_free(&t);
-        sio_load_opts o;
-        memset(&o, 0, sizeof o);
-        o.names = SIO_NAMES_HF;
-        o.strict = 1;
-        o.load_optimizer = 0;
-        sio_load_result res;
-        EXPECT_EQ(sio_load(s, hf_fixture(model).c_str(), &o, &res, &err_), 0) << err_.msg;
         s->offloaded = offloaded;
         if (!host) {
             EXPECT_EQ(state_to_device(s, d_, &err_), 0) << err_.msg;

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "ckpt_compare.h"
+#include "hf_state_util.h"
 #include "st_test_reader.h"
 #include "jsonl_util.h"
 #include "test_util.h"
@@ -83,28 +84,6 @@ llama_config read_cfg(const std::string &model) {
 
 // The model of a fixture as load-ckpt makes it on one rank: the table's parameters, sharded over a
 // world of 1, restored strictly from the HF directory under HF names.
-fsdp_state *hf_state(const std::string &model, const llama_config &cfg) {
-    fsdp_err err;
-    llama_params t;
-    EXPECT_EQ(llama_params_build(&cfg, &t, &err), 0) << err.msg;
-    fsdp_state *s = (fsdp_state *)calloc(1, sizeof(fsdp_state));
-    s->layout = STATE_SHARDED;
-    s->world = 1;
-    s->cfg = cfg;
-    s->has_cfg = 1;
-    for (int i = 0; i < t.n; i++)
-        EXPECT_EQ(state_add_param(s, t.p[i].name, t.p[i].ndim, t.p[i].shape, t.p[i].layer, &err), 0) << err.msg;
-    llama_params_free(&t);
-    sio_load_opts o;
-    memset(&o, 0, sizeof o);
-    o.names = SIO_NAMES_HF;
-    o.strict = 1;
-    o.load_optimizer = 0;
-    sio_load_result res;
-    EXPECT_EQ(sio_load(s, hf_fixture(model).c_str(), &o, &res, &err), 0) << err.msg;
-    EXPECT_EQ(res.params_loaded, s->n);
-    return s;
-}
 
 // A torchtitan-layout tensor [rows, cols] as Hugging Face has it: its HF name and rows (q/k rows,
 // biases and norms permuted back to rotate_half's layout).

@@ -22,11 +22,15 @@ README's "Resuming an fsdp-run run in PyTorch" section, and checks what PyTorch 
 Not part of the build or the tests (PyTorch is not a dependency of fsdp-run)."""
 import argparse
 import math
+import os
 import sys
 
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from check_dcp_torch import build_module  # noqa: E402  (a module tree with a parameter at every name)
 
 TRAINING = ("optimizer.", "train_state.", "lr_scheduler.", "dataloader.")
 
@@ -38,19 +42,6 @@ def model_specs(ckpt):
         if hasattr(m, "size") and not key.startswith(TRAINING):
             out.append((key, tuple(m.size), m.properties.dtype))
     return out, md
-
-
-def build_module(specs):
-    root = torch.nn.Module()
-    for name, shape, dtype in specs:
-        *path, leaf = name.split(".")
-        mod = root
-        for p in path:
-            if not hasattr(mod, p):
-                mod.add_module(p, torch.nn.Module())
-            mod = getattr(mod, p)
-        mod.register_parameter(leaf, torch.nn.Parameter(torch.zeros(shape, dtype=dtype)))
-    return root
 
 
 def fsdp_run_lr_factor(a):
