@@ -4,6 +4,8 @@
 // validate-time errors of the keys.
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -124,7 +126,7 @@ TEST(TrainAccum, KeysAreCheckedBeforeAnythingRuns) {
 }
 
 // The GPU path (the emulated device in build-emu): grad_accum 4 equals one batch of 4B on the GPU
-// and the CPU path's one batch, on 1 and 2 ranks (the emulator has 2 devices).
+// and the CPU path's one batch, on 1, 2 and 3 ranks.
 TEST(TrainAccumGpu, FourMicroBatchesEqualOneBatchOnTheGpu) {
     std::string why;
     if (!gpu_present(&why)) GTEST_SKIP() << why;
@@ -142,6 +144,20 @@ TEST(TrainAccumGpu, FourMicroBatchesEqualOneBatchOnTheGpu) {
     // 2 ranks x 2 micro-batches of 2 rows
     ASSERT_EQ(train_test::run("-q " + (t / "acc2.yaml"), &o, mpirun_prefix(2)), 0) << o;
     expect_same_run(t / "acc2", t / "cpu");
+    // 3 ranks x 2 micro-batches of 2 rows against one CPU batch of 12 (the emulator is given 3 devices;
+    // real hardware needs 3 GPUs)
+    std::string prefix = getenv("FSDP_EMU_DEVICES") ? "env FSDP_EMU_DEVICES=3 " + mpirun_prefix(3)
+                         : gpu_count() >= 3         ? mpirun_prefix(3)
+                                                    : "";
+    if (prefix.empty()) {
+        printf("[ TrainAccumGpu ] 3 ranks not run: %d GPU(s)\n", gpu_count());
+        return;
+    }
+    write_file(t / "cpu12.yaml", recipe(12, "", t / "cpu12"));
+    write_file(t / "acc3.yaml", recipe(12, "grad_accum: 2", t / "acc3", "cuda"));
+    ASSERT_EQ(train_test::run("-q " + (t / "cpu12.yaml"), &o), 0) << o;
+    ASSERT_EQ(train_test::run("-q " + (t / "acc3.yaml"), &o, prefix), 0) << o;
+    expect_same_run(t / "acc3", t / "cpu12");
 }
 
 // The offloaded optimizer (moments in host memory) downloads each gradient once per step, after the
