@@ -3,6 +3,11 @@
  *
  *   build/bench/ckpt_vs_torch [--preset llama3_1b] [--layers N (0: the preset's)] [--reps 3]
  *                             [--threads 2] [--python python3] [--no-torch] [--dir DIR]
+ *                             [--only io,convert,init]
+ *
+ * --only runs some groups of measurements (a comma list): io (save and load on 1 and 2 ranks, their
+ * ceilings, PyTorch's dcp), convert (both directions; it saves the 1-rank DCP it converts), init
+ * (init-cpu, init-meta, PyTorch's init, memset). The other rows print "-".
  *
  * Each repetition runs every measurement once, in the same order (repetitions alternate the
  * tools, so a burst of other load on the shared machine hits all of them); the table shows medians.
@@ -39,6 +44,7 @@ enum fig {
 typedef struct cvt_opts {
     const char *preset, *python, *dir, *bin;
     int layers, reps, threads, torch;
+    int io, convert, init; /* --only: which groups run (all by default) */
 } cvt_opts;
 
 typedef struct cvt_run {
@@ -154,16 +160,10 @@ static void torch_run(cvt_run *r, const char *args) {
     if (bench_json_lines(cmd, on_torch_line, r)) fprintf(stderr, "ckpt_vs_torch: '%s' failed\n", cmd);
 }
 
-/* save, ceilings, load (and, on 1 rank, convert) of np ranks' checkpoint; then PyTorch's dcp */
-static int rep_io(cvt_run *r, int np) {
-    char ck[1200], cmd[4096];
-    snprintf(ck, sizeof ck, "%s/ck%d", r->o.dir, np);
-    snprintf(cmd, sizeof cmd, "rm -rf '%s' '%s.copy' && sync", ck, ck);
-    bench_run(cmd, NULL);
-    double s = fsdp_stage(r, np, "save", ck, "save", NULL);
-    if (s < 0) return -1;
+/* save's figure, the cat and cp ceilings and load of np ranks' checkpoint ck (just saved in s seconds) */
+static void rep_io_ceilings(cvt_run *r, int np, const char *ck, double s) {
+    char cmd[4096];
     put(r, np == 1 ? F_SAVE1 : F_SAVE2, s);
-    r->ck_bytes[np] = bench_path_bytes(ck);
     /* one cat per rank's file at once (each rank reads its own), then the metadata */
     snprintf(cmd, sizeof cmd, "for f in '%s'/*; do cat \"$f\" > /dev/null & done; wait; cat '%s'/.metadata > /dev/null",
              ck, ck);
@@ -173,26 +173,47 @@ static int rep_io(cvt_run *r, int np) {
     put(r, np == 1 ? F_CP1 : F_CP2, bench_run(cmd, NULL));
     snprintf(cmd, sizeof cmd, "rm -rf '%s.copy'", ck);
     bench_run(cmd, NULL);
-    if (np == 1) {
-        char st[1300];
-        snprintf(st, sizeof st, "%s/conv.safetensors", r->o.dir);
-        snprintf(cmd, sizeof cmd, "rm -rf '%s' '%s/conv_dcp' && sync && %s ckpt convert '%s' '%s' >/dev/null && sync", st,
-                 r->o.dir, r->o.bin, ck, st);
-        long rss = 0;
-        put(r, F_TO_ST, bench_run(cmd, &rss));
-        if (rss > r->rss_to_st_kb) r->rss_to_st_kb = rss;
-        r->st_bytes = bench_path_bytes(st);
-        snprintf(cmd, sizeof cmd, "%s ckpt convert '%s' '%s/conv_dcp' --to dcp >/dev/null && sync", r->o.bin, st, r->o.dir);
-        put(r, F_TO_DCP, bench_run(cmd, &rss));
-        if (rss > r->rss_to_dcp_kb) r->rss_to_dcp_kb = rss;
-        snprintf(cmd, sizeof cmd, "cp '%s' '%s.copy' && sync", st, st);
-        put(r, F_CP_ST, bench_run(cmd, NULL));
-        snprintf(cmd, sizeof cmd, "rm -rf '%s' '%s.copy' '%s/conv_dcp'", st, st, r->o.dir);
+}
+
+/* ckpt convert of the 1-rank checkpoint ck to safetensors and back, with their cp ceilings */
+static void rep_convert(cvt_run *r, const char *ck) {
+    char st[1300], cmd[4096];
+    snprintf(st, sizeof st, "%s/conv.safetensors", r->o.dir);
+    if (!r->o.io) { /* the DCP cp ceiling is the io group's; convert alone measures it here */
+        snprintf(cmd, sizeof cmd, "cp -r '%s' '%s.copy' && sync", ck, ck);
+        put(r, F_CP1, bench_run(cmd, NULL));
+        snprintf(cmd, sizeof cmd, "rm -rf '%s.copy'", ck);
         bench_run(cmd, NULL);
     }
+    snprintf(cmd, sizeof cmd, "rm -rf '%s' '%s/conv_dcp' && sync && %s ckpt convert '%s' '%s' >/dev/null && sync", st,
+             r->o.dir, r->o.bin, ck, st);
+    long rss = 0;
+    put(r, F_TO_ST, bench_run(cmd, &rss));
+    if (rss > r->rss_to_st_kb) r->rss_to_st_kb = rss;
+    r->st_bytes = bench_path_bytes(st);
+    snprintf(cmd, sizeof cmd, "%s ckpt convert '%s' '%s/conv_dcp' --to dcp >/dev/null && sync", r->o.bin, st, r->o.dir);
+    put(r, F_TO_DCP, bench_run(cmd, &rss));
+    if (rss > r->rss_to_dcp_kb) r->rss_to_dcp_kb = rss;
+    snprintf(cmd, sizeof cmd, "cp '%s' '%s.copy' && sync", st, st);
+    put(r, F_CP_ST, bench_run(cmd, NULL));
+    snprintf(cmd, sizeof cmd, "rm -rf '%s' '%s.copy' '%s/conv_dcp'", st, st, r->o.dir);
+    bench_run(cmd, NULL);
+}
+
+/* save of np ranks' checkpoint, then the groups asked for (io: ceilings, load, PyTorch's dcp; convert) */
+static int rep_io(cvt_run *r, int np) {
+    char ck[1200], cmd[4096];
+    snprintf(ck, sizeof ck, "%s/ck%d", r->o.dir, np);
+    snprintf(cmd, sizeof cmd, "rm -rf '%s' '%s.copy' && sync", ck, ck);
+    bench_run(cmd, NULL);
+    double s = fsdp_stage(r, np, "save", ck, "save", NULL);
+    if (s < 0) return -1;
+    r->ck_bytes[np] = bench_path_bytes(ck);
+    if (r->o.io) rep_io_ceilings(r, np, ck, s);
+    if (np == 1 && r->o.convert) rep_convert(r, ck);
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", ck);
     bench_run(cmd, NULL);
-    if (r->o.torch) {
+    if (r->o.torch && r->o.io) {
         snprintf(cmd, sizeof cmd, "--part dcp --nproc %d --dir %s/torch%d", np, r->o.dir, np);
         torch_run(r, cmd);
         snprintf(cmd, sizeof cmd, "rm -rf '%s/torch%d'", r->o.dir, np);
@@ -266,6 +287,20 @@ static void print_table(cvt_run *r) {
     if (r->o.torch && !r->torch_equal) printf("WARNING: PyTorch's dcp.load did not give back the saved tensors\n");
 }
 
+/* --only LIST: 1 when every item is a group's name, -1 otherwise */
+static int parse_only(cvt_opts *o, const char *list) {
+    o->io = o->convert = o->init = 0;
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", list);
+    for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        if (!strcmp(t, "io")) o->io = 1;
+        else if (!strcmp(t, "convert")) o->convert = 1;
+        else if (!strcmp(t, "init")) o->init = 1;
+        else return -1;
+    }
+    return o->io || o->convert || o->init ? 1 : -1;
+}
+
 static int parse(cvt_opts *o, int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -278,10 +313,11 @@ static int parse(cvt_opts *o, int argc, char **argv) {
         else if (!strcmp(a, "--threads")) o->threads = atoi(v);
         else if (!strcmp(a, "--python")) o->python = v;
         else if (!strcmp(a, "--dir")) o->dir = v;
+        else if (!strcmp(a, "--only")) used = parse_only(o, v);
         else used = -1;
         if (used < 0 || o->layers < 0 || o->layers > 1024 || o->reps < 1 || o->reps > CVT_MAX_REPS || o->threads < 1) {
             fprintf(stderr, "usage: %s [--preset NAME] [--layers N (0: the preset's)] [--reps N (1..%d)] [--threads T] "
-                    "[--python PY] [--no-torch] [--dir DIR]\n", argv[0], CVT_MAX_REPS);
+                    "[--python PY] [--no-torch] [--dir DIR] [--only io,convert,init]\n", argv[0], CVT_MAX_REPS);
             return 2;
         }
         i += used;
@@ -291,7 +327,7 @@ static int parse(cvt_opts *o, int argc, char **argv) {
 
 int main(int argc, char **argv) {
     static cvt_run r;
-    r.o = (cvt_opts){"llama3_1b", "python3", "/tmp/fsdp-ckpt-vs-torch", FSDP_BUILD_DIR "/fsdp-run", 0, 3, 2, 1};
+    r.o = (cvt_opts){"llama3_1b", "python3", "/tmp/fsdp-ckpt-vs-torch", FSDP_BUILD_DIR "/fsdp-run", 0, 3, 2, 1, 1, 1, 1};
     const char *env_py = getenv("FSDP_TORCH_PYTHON");
     if (env_py && *env_py) r.o.python = env_py;
     if (parse(&r.o, argc, argv)) return 2;
@@ -318,8 +354,9 @@ int main(int argc, char **argv) {
            "repetitions, medians\n", r.o.preset, r.o.layers, (long long)r.params, r.state_bytes / 1e9, r.o.threads, r.o.reps);
     fflush(stdout);
     for (int k = 0; k < r.o.reps; k++) {
-        if (rep_io(&r, 1) || rep_io(&r, 2)) return 1;
-        rep_init(&r);
+        if ((r.o.io || r.o.convert) && rep_io(&r, 1)) return 1;
+        if (r.o.io && rep_io(&r, 2)) return 1;
+        if (r.o.init) rep_init(&r);
         fprintf(stderr, "ckpt_vs_torch: repetition %d of %d done\n", k + 1, r.o.reps);
     }
     print_table(&r);
