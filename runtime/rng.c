@@ -2,7 +2,10 @@
 #include "runtime/rng.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
+
+#include "runtime/rng_avx2.h"
 
 /* Ranges shorter than this are filled on the calling thread (OpenMP start-up costs more). */
 #define RNG_PAR_MIN 65536
@@ -161,8 +164,7 @@ float rng_dist_at(const rng_dist *d, uint64_t seed, uint64_t stream, uint64_t in
 
 /* Elements 4 blk0 .. 4 blk0 + RNG_CHUNK - 1 into out. Loops over lanes with fixed trip counts so
  * that gcc vectorises them. */
-RNG_CLONES static void chunk_f32(const rng_dist *dp, uint64_t seed, uint64_t stream, uint64_t blk0,
-                                 float out[RNG_CHUNK]) {
+RNG_CLONES static void chunk_f32(const rng_dist *dp, uint64_t seed, uint64_t stream, uint64_t blk0, float *out) {
     const rng_dist d = *dp;
     uint32_t w[RNG_CHUNK];
     const uint32_t lo0 = (uint32_t)blk0, hi0 = (uint32_t)(blk0 >> 32);
@@ -204,12 +206,35 @@ RNG_CLONES static void chunk_f32(const rng_dist *dp, uint64_t seed, uint64_t str
     }
 }
 
-void rng_fill_dist_serial(const rng_dist *d, float *dst, uint64_t seed, uint64_t stream, uint64_t start,
-                          size_t n) {
+int rng_path_supported(rng_path p) {
+    if (p == RNG_PATH_PORTABLE) return 1;
+    return p == RNG_PATH_AVX2 && rng_avx2_supported();
+}
+
+rng_path rng_path_default(void) {
+    const char *e = getenv("FSDP_RNG_SIMD");
+    if (e && !strcmp(e, "0")) return RNG_PATH_PORTABLE;
+    return rng_avx2_supported() ? RNG_PATH_AVX2 : RNG_PATH_PORTABLE;
+}
+
+typedef void (*chunk_fn)(const rng_dist *d, uint64_t seed, uint64_t stream, uint64_t blk0, float *out);
+
+static chunk_fn chunk_of(rng_path p) {
+#if RNG_HAVE_AVX2
+    if (p == RNG_PATH_AVX2 && rng_avx2_supported()) return rng_avx2_chunk;
+#else
+    (void)p;
+#endif
+    return chunk_f32;
+}
+
+void rng_fill_dist_path(rng_path p, const rng_dist *d, float *dst, uint64_t seed, uint64_t stream, uint64_t start,
+                        size_t n) {
     if (d->kind == RNG_DIST_CONST) {
         for (size_t k = 0; k < n; k++) dst[k] = d->mean;
         return;
     }
+    const chunk_fn chunk = chunk_of(p);
     float buf[RNG_CHUNK];
     size_t k = 0;
     while (k < n) {
@@ -219,18 +244,24 @@ void rng_fill_dist_serial(const rng_dist *d, float *dst, uint64_t seed, uint64_t
         size_t m = RNG_CHUNK - off;
         if (m > n - k) m = n - k;
         if (off == 0 && m == RNG_CHUNK) {
-            chunk_f32(d, seed, stream, c0 / 4, dst + k);
+            chunk(d, seed, stream, c0 / 4, dst + k);
         } else {
-            chunk_f32(d, seed, stream, c0 / 4, buf);
+            chunk(d, seed, stream, c0 / 4, buf);
             memcpy(dst + k, buf + off, m * sizeof *dst);
         }
         k += m;
     }
 }
 
+void rng_fill_dist_serial(const rng_dist *d, float *dst, uint64_t seed, uint64_t stream, uint64_t start,
+                          size_t n) {
+    rng_fill_dist_path(rng_path_default(), d, dst, seed, stream, start, n);
+}
+
 void rng_fill_dist(const rng_dist *d, float *dst, uint64_t seed, uint64_t stream, uint64_t start, size_t n) {
+    const rng_path path = rng_path_default();
     if (n < RNG_PAR_MIN) {
-        rng_fill_dist_serial(d, dst, seed, stream, start, n);
+        rng_fill_dist_path(path, d, dst, seed, stream, start, n);
         return;
     }
     /* pieces of whole chunks of the stream (the first and last may be partial) */
@@ -241,6 +272,6 @@ void rng_fill_dist(const rng_dist *d, float *dst, uint64_t seed, uint64_t stream
         uint64_t a = first + (uint64_t)q * RNG_CHUNK * 16, b = a + RNG_CHUNK * 16;
         if (a < start) a = start;
         if (b > start + n) b = start + n;
-        rng_fill_dist_serial(d, dst + (a - start), seed, stream, a, (size_t)(b - a));
+        rng_fill_dist_path(path, d, dst + (a - start), seed, stream, a, (size_t)(b - a));
     }
 }

@@ -88,6 +88,22 @@ void rng_fill_dist(const rng_dist *d, float *dst, uint64_t seed, uint64_t stream
 void rng_fill_dist_serial(const rng_dist *d, float *dst, uint64_t seed, uint64_t stream, uint64_t start,
                           size_t n);
 
+/* The generator's code paths, which give the same bits: RNG_PATH_PORTABLE runs rng_math.h's code
+ * vectorised by the compiler (clones for x86-64-v4, v3 and the baseline); RNG_PATH_AVX2 is the
+ * hand-written AVX2+FMA code of runtime/rng_avx2.c. */
+typedef enum rng_path { RNG_PATH_PORTABLE = 0, RNG_PATH_AVX2 = 1 } rng_path;
+
+/* 1 when path p runs on this CPU and build. */
+int rng_path_supported(rng_path p);
+
+/* The path the fills take: AVX2 where supported, unless the environment sets FSDP_RNG_SIMD=0
+ * (the portable path, e.g. to compare or to rule the SIMD code out). */
+rng_path rng_path_default(void);
+
+/* rng_fill_dist_serial on path p (an unsupported p runs the portable path). */
+void rng_fill_dist_path(rng_path p, const rng_dist *d, float *dst, uint64_t seed, uint64_t stream, uint64_t start,
+                        size_t n);
+
 /* Elements handled per vectorised step: fills of chunks aligned to this many elements of the
  * stream (start % RNG_CHUNK == 0) avoid a copy; any range is allowed. */
 #define RNG_CHUNK 256

@@ -14,6 +14,7 @@
 extern "C" {
 #include "ckpt/reader.h"
 #include "fsdp/tensor.h"
+#include "model/init_fill.h"
 #include "runtime/rng.h"
 }
 
@@ -87,7 +88,165 @@ const char *const GOLDEN_MODEL =
 // (commit efc5aed, portable target_clones fills).
 const uint64_t GOLDEN_DIGEST = 0xc8947d410255520cull;
 
+// Every distribution kind the init rules produce, with parameters that reach the clamps (trunc with
+// bounds inside the bulk, uniform_ab) and the far tails (wide trunc, normal with large std).
+std::vector<rng_dist> all_dists() {
+    std::vector<rng_dist> v;
+    fsdp_err err;
+    rng_dist d;
+    rng_dist_uniform(&d);
+    v.push_back(d);
+    rng_dist_const(&d, -0.75f);
+    v.push_back(d);
+    const double normals[][2] = {{0, 1}, {0, 0.02}, {-3, 0.01}, {0.5, 2}, {1e-3, 1e3}};
+    for (auto &n : normals) {
+        EXPECT_EQ(rng_dist_normal(&d, n[0], n[1], &err), 0) << err.msg;
+        v.push_back(d);
+    }
+    const double truncs[][4] = {{0, 0.02, -0.04, 0.04}, {0, 1, -2, 2}, {0.1, 1, -1, 2}, {1, 1, 0.5, 2},
+                                {0, 1, -1e30, 1e30}, {0, 1.0 / 32, -3.0 / 32, 3.0 / 32}, {0, 1, 2.5, 6}};
+    for (auto &t : truncs) {
+        EXPECT_EQ(rng_dist_trunc_normal(&d, t[0], t[1], t[2], t[3], &err), 0) << err.msg;
+        v.push_back(d);
+    }
+    const double unis[][2] = {{-0.3, 0.7}, {-1e-3, 1e-3}, {0, 1}, {-5, -4.999}};
+    for (auto &u : unis) {
+        EXPECT_EQ(rng_dist_uniform_ab(&d, u[0], u[1], &err), 0) << err.msg;
+        v.push_back(d);
+    }
+    return v;
+}
+
+std::vector<rng_path> simd_paths() {
+    std::vector<rng_path> v;
+    for (rng_path p : {RNG_PATH_AVX2})
+        if (rng_path_supported(p)) v.push_back(p);
+    return v;
+}
+
+std::string bits_diff(const std::vector<float> &a, const std::vector<float> &b, uint64_t start) {
+    for (size_t k = 0; k < a.size(); k++)
+        if (memcmp(&a[k], &b[k], sizeof(float)))
+            return "element " + std::to_string(start + k) + ": " + std::to_string(a[k]) + " vs " + std::to_string(b[k]);
+    return "";
+}
+
 }  // namespace
+
+TEST(RngSimdPaths, ThePortablePathIsAlwaysThereAndTheDefaultFollowsTheEnvironment) {
+    EXPECT_TRUE(rng_path_supported(RNG_PATH_PORTABLE));
+    const char *old = getenv("FSDP_RNG_SIMD");
+    std::string saved = old ? old : "";
+    setenv("FSDP_RNG_SIMD", "0", 1);
+    EXPECT_EQ(rng_path_default(), RNG_PATH_PORTABLE);
+    unsetenv("FSDP_RNG_SIMD");
+    rng_path best = rng_path_supported(RNG_PATH_AVX2) ? RNG_PATH_AVX2 : RNG_PATH_PORTABLE;
+    EXPECT_EQ(rng_path_default(), best);
+    if (old) setenv("FSDP_RNG_SIMD", saved.c_str(), 1);
+    if (simd_paths().empty()) GTEST_SKIP() << "this CPU has no SIMD generator path (AVX2+FMA)";
+}
+
+TEST(RngSimdFill, EveryDistributionEqualsThePortablePathAndTheReference) {
+    // many seeds and streams; starts that are not multiples of the vector width (8 lanes = 32
+    // elements) nor of RNG_CHUNK; lengths 0..N with tails; far counters where the block index
+    // carries into its high word inside a vector
+    const std::vector<rng_path> paths = simd_paths();
+    if (paths.empty()) GTEST_SKIP() << "this CPU has no SIMD generator path (AVX2+FMA)";
+    const uint64_t seeds[] = {0, 1, 1234, 0xffffffffull, 0x123456789abcdefull, ~0ull};
+    const uint64_t streams[] = {0, 7, 0xabcdefull, 0xfedcba9876543210ull};
+    const uint64_t starts[] = {0, 1, 3, 31, 33, 255, 257, 1000, (1ull << 32) * 4 - 37, (1ull << 34) - 5,
+                               0xfffffffffff00000ull};
+    const size_t lens[] = {0, 1, 2, 5, 31, 32, 33, 255, 256, 257, 1000, 3001};
+    const std::vector<rng_dist> dists = all_dists();
+    int di = 0;
+    for (const rng_dist &d : dists) {
+        di++;
+        for (size_t si = 0; si < sizeof seeds / sizeof *seeds; si++) {
+            // every seed with one stream and start set, every stream with the others (coverage without
+            // the full product)
+            const uint64_t seed = seeds[si], stream = streams[(si + (size_t)di) % 4];
+            for (size_t ti = 0; ti < sizeof starts / sizeof *starts; ti++) {
+                const uint64_t start = starts[ti];
+                const size_t n = lens[(ti + si + (size_t)di) % (sizeof lens / sizeof *lens)];
+                std::vector<float> ref(n + 1, 42.0f), got(n + 1, 42.0f);
+                rng_fill_dist_path(RNG_PATH_PORTABLE, &d, ref.data(), seed, stream, start, n);
+                for (size_t k = 0; k < n; k += 97) {
+                    float want = rng_dist_at(&d, seed, stream, start + k);
+                    ASSERT_EQ(0, memcmp(&ref[k], &want, sizeof want)) << "portable, kind " << d.kind;
+                }
+                for (rng_path p : paths) {
+                    rng_fill_dist_path(p, &d, got.data(), seed, stream, start, n);
+                    ASSERT_EQ(bits_diff(ref, got, start), "")
+                        << "path " << p << ", dist " << di << " (kind " << d.kind << "), seed " << seed << ", stream "
+                        << stream << ", start " << start << ", n " << n;
+                    EXPECT_EQ(got[n], 42.0f) << "wrote past the end";
+                }
+            }
+        }
+    }
+}
+
+TEST(RngSimdFill, LongRangesOfEveryKindAreBitIdentical) {
+    // 2^18 elements of each distribution from an unaligned start: tails of the polynomials, the
+    // clamps and the quadrant rotations are all reached many times
+    const std::vector<rng_path> paths = simd_paths();
+    if (paths.empty()) GTEST_SKIP() << "this CPU has no SIMD generator path (AVX2+FMA)";
+    const size_t n = (size_t)1 << 18;
+    std::vector<float> ref(n), got(n);
+    for (const rng_dist &d : all_dists()) {
+        rng_fill_dist_path(RNG_PATH_PORTABLE, &d, ref.data(), 99, 0x5eed, 77, n);
+        for (rng_path p : paths) {
+            rng_fill_dist_path(p, &d, got.data(), 99, 0x5eed, 77, n);
+            ASSERT_EQ(bits_diff(ref, got, 77), "") << "path " << p << ", kind " << d.kind;
+        }
+    }
+}
+
+TEST(RngSimdFill, HalfOutputsOfInitFillAreTheSameOnEveryPath) {
+    // init_fill_jobs with f32, f32 rounded to bf16 / f16, and bf16 / f16 bits, on the default path
+    // and with FSDP_RNG_SIMD=0: the same bits
+    fsdp_err err;
+    rng_dist dn, dt;
+    ASSERT_EQ(rng_dist_normal(&dn, 0, 3, &err), 0);
+    ASSERT_EQ(rng_dist_trunc_normal(&dt, 0.1, 1, -1, 2, &err), 0);
+    const int64_t n = 70001, e0 = 13;
+    auto run = [&](std::vector<float> f[4], std::vector<uint16_t> h[4]) {
+        init_job j[8] = {};
+        const fsdp_dtype dts[4] = {FSDP_DT_F32, FSDP_DT_BF16, FSDP_DT_F16, FSDP_DT_BF16};
+        for (int i = 0; i < 4; i++) {
+            f[i].assign((size_t)n, 0.0f);
+            h[i].assign((size_t)n, 0);
+            for (int k = 0; k < 2; k++) {
+                init_job &x = j[2 * i + k];
+                x.dist = i % 2 ? dt : dn;
+                x.stream = 1000 + (uint64_t)i;
+                x.e0 = e0;
+                x.n = n;
+                x.dtype = dts[i];
+                if (k == 0) x.f32 = f[i].data();
+                else x.half = h[i].data();
+            }
+            if (dts[i] == FSDP_DT_F32) j[2 * i + 1].dtype = FSDP_DT_BF16; /* half output needs a half dtype */
+        }
+        EXPECT_EQ(init_fill_jobs(j, 8, 5, "t", &err), 0) << err.msg;
+    };
+    std::vector<float> fa[4], fb[4];
+    std::vector<uint16_t> ha[4], hb[4];
+    run(fa, ha);
+    setenv("FSDP_RNG_SIMD", "0", 1);
+    run(fb, hb);
+    unsetenv("FSDP_RNG_SIMD");
+    for (int i = 0; i < 4; i++) {
+        EXPECT_EQ(bits_diff(fa[i], fb[i], (uint64_t)e0), "") << "output " << i;
+        EXPECT_EQ(ha[i], hb[i]) << "output " << i;
+        for (int64_t k = 0; k < n; k += 101) {
+            float want = rng_dist_at(i % 2 ? &dt : &dn, 5, 1000 + (uint64_t)i, (uint64_t)(e0 + k));
+            if (i == 1 || i == 3) want = fsdp_bf16_to_f32(fsdp_f32_to_bf16(want));
+            if (i == 2) want = fsdp_f16_to_f32(fsdp_f32_to_f16(want));
+            ASSERT_EQ(0, memcmp(&fa[i][(size_t)k], &want, sizeof want)) << "output " << i << " element " << k;
+        }
+    }
+}
 
 TEST(RngSimdGolden, InitCpuStateIsUnchangedOnEveryPathAndThreadCount) {
     std::string dir = make_tmpdir("fsdp-rngsimd");

@@ -1,0 +1,33 @@
+/* The AVX2+FMA generator of the init fills (runtime/rng_avx2.c): rng_math.h's code written with
+ * 8-lane intrinsics, giving the same bits as the portable path (rng.c's chunk, the shared header);
+ * rng.c picks it at run time (rng_path_default, rng.h). Internal to runtime/rng*.c and the tests. */
+#ifndef FSDP_RUNTIME_RNG_AVX2_H
+#define FSDP_RUNTIME_RNG_AVX2_H
+
+#include <stdint.h>
+
+#include "runtime/rng.h"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define RNG_HAVE_AVX2 1
+#else
+#define RNG_HAVE_AVX2 0
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* 1 when the CPU runs AVX2 and FMA (and this build has the code), else 0. */
+int rng_avx2_supported(void);
+
+#if RNG_HAVE_AVX2
+/* Elements 4 blk0 .. 4 blk0 + RNG_CHUNK - 1 of (seed, stream) under d into out (any alignment).
+ * Only when rng_avx2_supported(). */
+void rng_avx2_chunk(const rng_dist *d, uint64_t seed, uint64_t stream, uint64_t blk0, float *out);
+#endif
+
+#ifdef __cplusplus
+}
+#endif
+#endif
