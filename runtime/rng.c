@@ -207,13 +207,18 @@ RNG_CLONES static void chunk_f32(const rng_dist *dp, uint64_t seed, uint64_t str
 }
 
 int rng_path_supported(rng_path p) {
-    if (p == RNG_PATH_PORTABLE) return 1;
-    return p == RNG_PATH_AVX2 && rng_avx2_supported();
+    switch (p) {
+    case RNG_PATH_PORTABLE: return 1;
+    case RNG_PATH_AVX2: return rng_avx2_supported();
+    case RNG_PATH_AVX512: return rng_avx512_supported();
+    default: return 0;
+    }
 }
 
 rng_path rng_path_default(void) {
     const char *e = getenv("FSDP_RNG_SIMD");
     if (e && !strcmp(e, "0")) return RNG_PATH_PORTABLE;
+    if (rng_avx512_supported() && !(e && !strcmp(e, "avx2"))) return RNG_PATH_AVX512;
     return rng_avx2_supported() ? RNG_PATH_AVX2 : RNG_PATH_PORTABLE;
 }
 
@@ -221,6 +226,7 @@ typedef void (*chunk_fn)(const rng_dist *d, uint64_t seed, uint64_t stream, uint
 
 static chunk_fn chunk_of(rng_path p) {
 #if RNG_HAVE_AVX2
+    if (p == RNG_PATH_AVX512 && rng_avx512_supported()) return rng_avx512_chunk;
     if (p == RNG_PATH_AVX2 && rng_avx2_supported()) return rng_avx2_chunk;
 #else
     (void)p;

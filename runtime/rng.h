@@ -89,15 +89,17 @@ void rng_fill_dist_serial(const rng_dist *d, float *dst, uint64_t seed, uint64_t
                           size_t n);
 
 /* The generator's code paths, which give the same bits: RNG_PATH_PORTABLE runs rng_math.h's code
- * vectorised by the compiler (clones for x86-64-v4, v3 and the baseline); RNG_PATH_AVX2 is the
- * hand-written AVX2+FMA code of runtime/rng_avx2.c. */
-typedef enum rng_path { RNG_PATH_PORTABLE = 0, RNG_PATH_AVX2 = 1 } rng_path;
+ * vectorised by the compiler (clones for x86-64-v4, v3 and the baseline); RNG_PATH_AVX2 and
+ * RNG_PATH_AVX512 are the hand-written AVX2+FMA and AVX-512 codes of runtime/rng_avx2.c and
+ * runtime/rng_avx512.c. */
+typedef enum rng_path { RNG_PATH_PORTABLE = 0, RNG_PATH_AVX2 = 1, RNG_PATH_AVX512 = 2 } rng_path;
 
 /* 1 when path p runs on this CPU and build. */
 int rng_path_supported(rng_path p);
 
-/* The path the fills take: AVX2 where supported, unless the environment sets FSDP_RNG_SIMD=0
- * (the portable path, e.g. to compare or to rule the SIMD code out). */
+/* The path the fills take: the widest SIMD path the CPU runs (AVX-512, else AVX2), unless the
+ * environment sets FSDP_RNG_SIMD=0 (the portable path, e.g. to compare or to rule the SIMD code
+ * out) or FSDP_RNG_SIMD=avx2 (AVX2 even where AVX-512 runs). */
 rng_path rng_path_default(void);
 
 /* rng_fill_dist_serial on path p (an unsupported p runs the portable path). */

@@ -1,6 +1,7 @@
-/* The AVX2+FMA generator of the init fills (runtime/rng_avx2.c): rng_math.h's code written with
- * 8-lane intrinsics, giving the same bits as the portable path (rng.c's chunk, the shared header);
- * rng.c picks it at run time (rng_path_default, rng.h). Internal to runtime/rng*.c and the tests. */
+/* The SIMD generators of the init fills: rng_math.h's code written with 8-lane AVX2+FMA intrinsics
+ * (runtime/rng_avx2.c) and 16-lane AVX-512 ones (runtime/rng_avx512.c), giving the same bits as the
+ * portable path (rng.c's chunk, the shared header); rng.c picks one at run time (rng_path_default,
+ * rng.h). Internal to runtime/rng*.c. */
 #ifndef FSDP_RUNTIME_RNG_AVX2_H
 #define FSDP_RUNTIME_RNG_AVX2_H
 
@@ -20,11 +21,15 @@ extern "C" {
 
 /* 1 when the CPU runs AVX2 and FMA (and this build has the code), else 0. */
 int rng_avx2_supported(void);
+/* 1 when the CPU runs AVX-512F (runtime/rng_avx512.c, the same code on 16 lanes), else 0. */
+int rng_avx512_supported(void);
 
 #if RNG_HAVE_AVX2
 /* Elements 4 blk0 .. 4 blk0 + RNG_CHUNK - 1 of (seed, stream) under d into out (any alignment).
  * Only when rng_avx2_supported(). */
 void rng_avx2_chunk(const rng_dist *d, uint64_t seed, uint64_t stream, uint64_t blk0, float *out);
+/* The same on 16 lanes; only when rng_avx512_supported(). */
+void rng_avx512_chunk(const rng_dist *d, uint64_t seed, uint64_t stream, uint64_t blk0, float *out);
 #endif
 
 #ifdef __cplusplus

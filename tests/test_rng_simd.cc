@@ -1,6 +1,6 @@
-// The AVX2+FMA generator (runtime/rng_avx2.c) against the portable path (issue 18, item 3): the same
-// bits for every distribution, range and output dtype; and a golden digest of init-cpu's state
-// computed before the vectorised generator existed, so the values never change.
+// The hand-written SIMD generators (runtime/rng_avx2.c, runtime/rng_avx512.c) against the portable
+// path (issue 18, item 3): the same bits for every distribution, range and output dtype; and a golden
+// digest of init-cpu's state computed before they existed, so the values never change.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -119,7 +119,7 @@ std::vector<rng_dist> all_dists() {
 
 std::vector<rng_path> simd_paths() {
     std::vector<rng_path> v;
-    for (rng_path p : {RNG_PATH_AVX2})
+    for (rng_path p : {RNG_PATH_AVX2, RNG_PATH_AVX512})
         if (rng_path_supported(p)) v.push_back(p);
     return v;
 }
@@ -139,11 +139,16 @@ TEST(RngSimdPaths, ThePortablePathIsAlwaysThereAndTheDefaultFollowsTheEnvironmen
     std::string saved = old ? old : "";
     setenv("FSDP_RNG_SIMD", "0", 1);
     EXPECT_EQ(rng_path_default(), RNG_PATH_PORTABLE);
+    setenv("FSDP_RNG_SIMD", "avx2", 1);
+    EXPECT_EQ(rng_path_default(), rng_path_supported(RNG_PATH_AVX2) ? RNG_PATH_AVX2 : RNG_PATH_PORTABLE);
     unsetenv("FSDP_RNG_SIMD");
-    rng_path best = rng_path_supported(RNG_PATH_AVX2) ? RNG_PATH_AVX2 : RNG_PATH_PORTABLE;
+    rng_path best = rng_path_supported(RNG_PATH_AVX512) ? RNG_PATH_AVX512
+                    : rng_path_supported(RNG_PATH_AVX2) ? RNG_PATH_AVX2
+                                                        : RNG_PATH_PORTABLE;
     EXPECT_EQ(rng_path_default(), best);
+    EXPECT_FALSE(rng_path_supported((rng_path)99));
     if (old) setenv("FSDP_RNG_SIMD", saved.c_str(), 1);
-    if (simd_paths().empty()) GTEST_SKIP() << "this CPU has no SIMD generator path (AVX2+FMA)";
+    if (simd_paths().empty()) GTEST_SKIP() << "this CPU has no SIMD generator path (AVX2+FMA or AVX-512)";
 }
 
 TEST(RngSimdFill, EveryDistributionEqualsThePortablePathAndTheReference) {
@@ -151,7 +156,7 @@ TEST(RngSimdFill, EveryDistributionEqualsThePortablePathAndTheReference) {
     // elements) nor of RNG_CHUNK; lengths 0..N with tails; far counters where the block index
     // carries into its high word inside a vector
     const std::vector<rng_path> paths = simd_paths();
-    if (paths.empty()) GTEST_SKIP() << "this CPU has no SIMD generator path (AVX2+FMA)";
+    if (paths.empty()) GTEST_SKIP() << "this CPU has no SIMD generator path (AVX2+FMA or AVX-512)";
     const uint64_t seeds[] = {0, 1, 1234, 0xffffffffull, 0x123456789abcdefull, ~0ull};
     const uint64_t streams[] = {0, 7, 0xabcdefull, 0xfedcba9876543210ull};
     const uint64_t starts[] = {0, 1, 3, 31, 33, 255, 257, 1000, (1ull << 32) * 4 - 37, (1ull << 34) - 5,
@@ -190,7 +195,7 @@ TEST(RngSimdFill, LongRangesOfEveryKindAreBitIdentical) {
     // 2^18 elements of each distribution from an unaligned start: tails of the polynomials, the
     // clamps and the quadrant rotations are all reached many times
     const std::vector<rng_path> paths = simd_paths();
-    if (paths.empty()) GTEST_SKIP() << "this CPU has no SIMD generator path (AVX2+FMA)";
+    if (paths.empty()) GTEST_SKIP() << "this CPU has no SIMD generator path (AVX2+FMA or AVX-512)";
     const size_t n = (size_t)1 << 18;
     std::vector<float> ref(n), got(n);
     for (const rng_dist &d : all_dists()) {
@@ -251,7 +256,7 @@ TEST(RngSimdFill, HalfOutputsOfInitFillAreTheSameOnEveryPath) {
 TEST(RngSimdGolden, InitCpuStateIsUnchangedOnEveryPathAndThreadCount) {
     std::string dir = make_tmpdir("fsdp-rngsimd");
     write_file(dir + "/m.yaml", GOLDEN_MODEL);
-    const char *envs[] = {"", "FSDP_RNG_SIMD=0 ", "FSDP_RNG_SIMD=1 "};
+    const char *envs[] = {"", "FSDP_RNG_SIMD=0 ", "FSDP_RNG_SIMD=avx2 "};
     for (const char *env : envs)
         for (int threads : {1, 2, 3}) {
             std::string out = dir + "/s.safetensors", log;
