@@ -8,28 +8,27 @@
  * whole chunks); the pieces of all jobs are shared out among the threads. */
 #define INIT_PIECE ((int64_t)RNG_CHUNK * 64)
 
-static float round_to(float v, fsdp_dtype dt) {
-    if (dt == FSDP_DT_BF16) return fsdp_bf16_to_f32(fsdp_f32_to_bf16(v));
-    return fsdp_f16_to_f32(fsdp_f32_to_f16(v));
-}
+/* Pieces are generated in sub-blocks of this many elements (aligned to the stream), each rounded to
+ * bf16 / f16 while it is still in the L1 cache. */
+#define INIT_SUB ((int64_t)RNG_CHUNK * 8)
 
-/* Elements [a, b) of job j. */
-static void run_piece(const init_job *j, uint64_t seed, int64_t a, int64_t b) {
-    const size_t n = (size_t)(b - a);
-    if (j->f32) {
-        float *dst = j->f32 + (a - j->e0);
-        rng_fill_dist_serial(&j->dist, dst, seed, j->stream, (uint64_t)a, n);
-        if (j->dtype == FSDP_DT_BF16 || j->dtype == FSDP_DT_F16)
-            for (size_t k = 0; k < n; k++) dst[k] = round_to(dst[k], j->dtype);
-        return;
+/* Elements [a, b) of job j, on generator path `path`. */
+static void run_piece(const init_job *j, uint64_t seed, rng_path path, int64_t a, int64_t b) {
+    const int half = j->dtype == FSDP_DT_BF16 || j->dtype == FSDP_DT_F16, bf16 = j->dtype == FSDP_DT_BF16;
+    float buf[INIT_SUB];
+    for (int64_t e = a; e < b;) {
+        int64_t m = INIT_SUB - e % INIT_SUB;
+        if (m > b - e) m = b - e;
+        if (j->f32) {
+            float *dst = j->f32 + (e - j->e0);
+            rng_fill_dist_path(path, &j->dist, dst, seed, j->stream, (uint64_t)e, (size_t)m);
+            if (half) rng_round_half_path(path, dst, (size_t)m, bf16);
+        } else {
+            rng_fill_dist_path(path, &j->dist, buf, seed, j->stream, (uint64_t)e, (size_t)m);
+            rng_to_half_path(path, buf, j->half + (e - j->e0), (size_t)m, bf16);
+        }
+        e += m;
     }
-    float buf[INIT_PIECE];
-    uint16_t *dst = j->half + (a - j->e0);
-    rng_fill_dist_serial(&j->dist, buf, seed, j->stream, (uint64_t)a, n);
-    if (j->dtype == FSDP_DT_BF16)
-        for (size_t k = 0; k < n; k++) dst[k] = fsdp_f32_to_bf16(buf[k]);
-    else
-        for (size_t k = 0; k < n; k++) dst[k] = fsdp_f32_to_f16(buf[k]);
 }
 
 static int check_job(const init_job *j, int i, const char *what, fsdp_err *err) {
@@ -68,7 +67,12 @@ int init_fill_jobs(const init_job *jobs, int n, uint64_t seed, const char *what,
     }
     if (!rc) {
         const int64_t total = first[n];
-#pragma omp parallel for schedule(static) if (total > 1)
+        const rng_path path = rng_path_default();
+        /* dynamic: pieces of different distributions cost different times (a truncated normal about
+         * twice a normal), so equal counts of pieces per thread leave one thread idle; which thread
+         * fills a piece never changes its values, and each page is first touched by the thread that
+         * fills it */
+#pragma omp parallel for schedule(dynamic, 1) if (total > 1)
         for (int64_t q = 0; q < total; q++) {
             int lo = 0, hi = n - 1; /* the job holding piece q: first[lo] <= q < first[lo + 1] */
             while (lo < hi) {
@@ -81,7 +85,7 @@ int init_fill_jobs(const init_job *jobs, int n, uint64_t seed, const char *what,
             int64_t a = (s / INIT_PIECE + (q - first[lo])) * INIT_PIECE, b = a + INIT_PIECE;
             if (a < s) a = s;
             if (b > e) b = e;
-            run_piece(j, seed, a, b);
+            run_piece(j, seed, path, a, b);
         }
     }
     free(first);

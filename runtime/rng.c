@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fsdp/tensor.h"
 #include "runtime/rng_avx2.h"
 
 /* Ranges shorter than this are filled on the calling thread (OpenMP start-up costs more). */
@@ -257,6 +258,44 @@ void rng_fill_dist_path(rng_path p, const rng_dist *d, float *dst, uint64_t seed
         }
         k += m;
     }
+}
+
+void rng_to_half_path(rng_path p, const float *src, uint16_t *dst, size_t n, int bf16) {
+#if RNG_HAVE_AVX2
+    if (p == RNG_PATH_AVX512 && rng_avx512_supported()) {
+        rng_avx512_to_half(src, dst, n, bf16);
+        return;
+    }
+    if (p == RNG_PATH_AVX2 && rng_avx2_supported()) {
+        rng_avx2_to_half(src, dst, n, bf16);
+        return;
+    }
+#else
+    (void)p;
+#endif
+    if (bf16)
+        for (size_t k = 0; k < n; k++) dst[k] = fsdp_f32_to_bf16(src[k]);
+    else
+        for (size_t k = 0; k < n; k++) dst[k] = fsdp_f32_to_f16(src[k]);
+}
+
+void rng_round_half_path(rng_path p, float *x, size_t n, int bf16) {
+#if RNG_HAVE_AVX2
+    if (p == RNG_PATH_AVX512 && rng_avx512_supported()) {
+        rng_avx512_round_half(x, n, bf16);
+        return;
+    }
+    if (p == RNG_PATH_AVX2 && rng_avx2_supported()) {
+        rng_avx2_round_half(x, n, bf16);
+        return;
+    }
+#else
+    (void)p;
+#endif
+    if (bf16)
+        for (size_t k = 0; k < n; k++) x[k] = fsdp_bf16_to_f32(fsdp_f32_to_bf16(x[k]));
+    else
+        for (size_t k = 0; k < n; k++) x[k] = fsdp_f16_to_f32(fsdp_f32_to_f16(x[k]));
 }
 
 void rng_fill_dist_serial(const rng_dist *d, float *dst, uint64_t seed, uint64_t stream, uint64_t start,

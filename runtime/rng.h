@@ -106,6 +106,12 @@ rng_path rng_path_default(void);
 void rng_fill_dist_path(rng_path p, const rng_dist *d, float *dst, uint64_t seed, uint64_t stream, uint64_t start,
                         size_t n);
 
+/* The bf16 / f16 rounding of init values on path p, the same bits as fsdp_f32_to_bf16 /
+ * fsdp_f32_to_f16 (round to nearest even): rng_to_half_path stores the half bits of src[0..n) in dst;
+ * rng_round_half_path replaces x[k] by its value rounded to bf16 (bf16 != 0) or f16 precision. */
+void rng_to_half_path(rng_path p, const float *src, uint16_t *dst, size_t n, int bf16);
+void rng_round_half_path(rng_path p, float *x, size_t n, int bf16);
+
 /* Elements handled per vectorised step: fills of chunks aligned to this many elements of the
  * stream (start % RNG_CHUNK == 0) avoid a copy; any range is allowed. */
 #define RNG_CHUNK 256

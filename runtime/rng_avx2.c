@@ -11,7 +11,9 @@
 
 #include <immintrin.h>
 
-#define AVX2 __attribute__((target("avx2,fma")))
+#include "fsdp/tensor.h"
+
+#define AVX2 __attribute__((target("avx2,fma,f16c")))
 
 typedef struct v4 {
     __m256i x[4];
@@ -219,9 +221,60 @@ AVX2 void rng_avx2_chunk(const rng_dist *dp, uint64_t seed, uint64_t stream, uin
     }
 }
 
+/* fsdp_f32_to_bf16 of 8 floats: round to nearest even, NaN quieted as (u >> 16) | 0x40 (in the low
+ * 16 bits of each lane). */
+AVX2 static inline __m256i bf16_8(__m256 x) {
+    const __m256i u = as_si(x);
+    const __m256i r = _mm256_srli_epi32(
+        _mm256_add_epi32(u, _mm256_add_epi32(u32(0x7fffu), _mm256_and_si256(_mm256_srli_epi32(u, 16), u32(1u)))), 16);
+    const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, u32(0x7fffffffu)), u32(0x7f800000u));
+    return _mm256_blendv_epi8(r, _mm256_or_si256(_mm256_srli_epi32(u, 16), u32(0x40u)), nan);
+}
+
+/* fsdp_f32_to_f16 of 8 floats: F16C's conversion rounds to nearest even with IEEE subnormals and
+ * overflow to infinity, as the scalar code does; NaNs become sign | 0x7e00 as there. */
+AVX2 static inline __m128i f16_8(__m256 x) {
+    const __m256i u = as_si(x);
+    const __m128i h = _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m256i nan32 = _mm256_cmpgt_epi32(_mm256_and_si256(u, u32(0x7fffffffu)), u32(0x7f800000u));
+    const __m128i nan = _mm_packs_epi32(_mm256_castsi256_si128(nan32), _mm256_extracti128_si256(nan32, 1));
+    const __m256i q32 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(u, 16), u32(0x8000u)), u32(0x7e00u));
+    const __m128i q = _mm_packus_epi32(_mm256_castsi256_si128(q32), _mm256_extracti128_si256(q32, 1));
+    return _mm_blendv_epi8(h, q, nan);
+}
+
+AVX2 void rng_avx2_to_half(const float *src, uint16_t *dst, size_t n, int bf16) {
+    size_t k = 0;
+    for (; k + 8 <= n; k += 8) {
+        const __m256 x = _mm256_loadu_ps(src + k);
+        __m128i h;
+        if (bf16) {
+            const __m256i b = bf16_8(x);
+            h = _mm_packus_epi32(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1));
+        } else {
+            h = f16_8(x);
+        }
+        _mm_storeu_si128((__m128i *)(dst + k), h);
+    }
+    for (; k < n; k++) dst[k] = bf16 ? fsdp_f32_to_bf16(src[k]) : fsdp_f32_to_f16(src[k]);
+}
+
+AVX2 void rng_avx2_round_half(float *x, size_t n, int bf16) {
+    size_t k = 0;
+    for (; k + 8 <= n; k += 8) {
+        const __m256 v = _mm256_loadu_ps(x + k);
+        __m256 r;
+        if (bf16) r = as_ps(_mm256_slli_epi32(bf16_8(v), 16));
+        else r = _mm256_cvtph_ps(f16_8(v));
+        _mm256_storeu_ps(x + k, r);
+    }
+    for (; k < n; k++)
+        x[k] = bf16 ? fsdp_bf16_to_f32(fsdp_f32_to_bf16(x[k])) : fsdp_f16_to_f32(fsdp_f32_to_f16(x[k]));
+}
+
 int rng_avx2_supported(void) {
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
 }
 
 #else

@@ -5,6 +5,7 @@
 #ifndef FSDP_RUNTIME_RNG_AVX2_H
 #define FSDP_RUNTIME_RNG_AVX2_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "runtime/rng.h"
@@ -19,7 +20,7 @@
 extern "C" {
 #endif
 
-/* 1 when the CPU runs AVX2 and FMA (and this build has the code), else 0. */
+/* 1 when the CPU runs AVX2, FMA and F16C (and this build has the code), else 0. */
 int rng_avx2_supported(void);
 /* 1 when the CPU runs AVX-512F (runtime/rng_avx512.c, the same code on 16 lanes), else 0. */
 int rng_avx512_supported(void);
@@ -30,6 +31,11 @@ int rng_avx512_supported(void);
 void rng_avx2_chunk(const rng_dist *d, uint64_t seed, uint64_t stream, uint64_t blk0, float *out);
 /* The same on 16 lanes; only when rng_avx512_supported(). */
 void rng_avx512_chunk(const rng_dist *d, uint64_t seed, uint64_t stream, uint64_t blk0, float *out);
+/* rng_to_half_path / rng_round_half_path (rng.h) on each path. */
+void rng_avx2_to_half(const float *src, uint16_t *dst, size_t n, int bf16);
+void rng_avx2_round_half(float *x, size_t n, int bf16);
+void rng_avx512_to_half(const float *src, uint16_t *dst, size_t n, int bf16);
+void rng_avx512_round_half(float *x, size_t n, int bf16);
 #endif
 
 #ifdef __cplusplus

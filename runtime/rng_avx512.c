@@ -12,6 +12,8 @@
 
 #include <immintrin.h>
 
+#include "fsdp/tensor.h"
+
 #define AVX512 __attribute__((target("avx512f")))
 
 typedef struct v4 {
@@ -221,6 +223,47 @@ AVX512 void rng_avx512_chunk(const rng_dist *dp, uint64_t seed, uint64_t stream,
             store_blocks(out + 64 * (g0 + g), y[0], y[1], y[2], y[3]);
         }
     }
+}
+
+/* fsdp_f32_to_bf16 of 16 floats (rng_avx2.c's bf16_8). */
+AVX512 static inline __m512i bf16_16(__m512 x) {
+    const __m512i u = as_si(x);
+    const __m512i r = _mm512_srli_epi32(
+        _mm512_add_epi32(u, _mm512_add_epi32(u32(0x7fffu), _mm512_and_si512(_mm512_srli_epi32(u, 16), u32(1u)))), 16);
+    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, u32(0x7fffffffu)), u32(0x7f800000u));
+    return _mm512_mask_blend_epi32(nan, r, _mm512_or_si512(_mm512_srli_epi32(u, 16), u32(0x40u)));
+}
+
+/* fsdp_f32_to_f16 of 16 floats (rng_avx2.c's f16_8), in 16-bit lanes. */
+AVX512 static inline __m256i f16_16(__m512 x) {
+    const __m512i u = as_si(x);
+    const __m256i h = _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, u32(0x7fffffffu)), u32(0x7f800000u));
+    const __m512i q32 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(u, 16), u32(0x8000u)), u32(0x7e00u));
+    const __m256i q = _mm512_cvtepi32_epi16(q32);
+    const __m512i h32 = _mm512_mask_blend_epi32(nan, _mm512_cvtepu16_epi32(h), _mm512_cvtepu16_epi32(q));
+    return _mm512_cvtepi32_epi16(h32);
+}
+
+AVX512 void rng_avx512_to_half(const float *src, uint16_t *dst, size_t n, int bf16) {
+    size_t k = 0;
+    for (; k + 16 <= n; k += 16) {
+        const __m512 x = _mm512_loadu_ps(src + k);
+        const __m256i h = bf16 ? _mm512_cvtepi32_epi16(bf16_16(x)) : f16_16(x);
+        _mm256_storeu_si256((__m256i *)(dst + k), h);
+    }
+    for (; k < n; k++) dst[k] = bf16 ? fsdp_f32_to_bf16(src[k]) : fsdp_f32_to_f16(src[k]);
+}
+
+AVX512 void rng_avx512_round_half(float *x, size_t n, int bf16) {
+    size_t k = 0;
+    for (; k + 16 <= n; k += 16) {
+        const __m512 v = _mm512_loadu_ps(x + k);
+        const __m512 r = bf16 ? as_ps(_mm512_slli_epi32(bf16_16(v), 16)) : _mm512_cvtph_ps(f16_16(v));
+        _mm512_storeu_ps(x + k, r);
+    }
+    for (; k < n; k++)
+        x[k] = bf16 ? fsdp_bf16_to_f32(fsdp_f32_to_bf16(x[k])) : fsdp_f16_to_f32(fsdp_f32_to_f16(x[k]));
 }
 
 int rng_avx512_supported(void) {

@@ -253,6 +253,43 @@ TEST(RngSimdFill, HalfOutputsOfInitFillAreTheSameOnEveryPath) {
     }
 }
 
+TEST(RngSimdHalf, EdgeValuesAndRandomBitsRoundLikeTheScalarConversions) {
+    // NaNs (quiet, signalling, with payloads), infinities, f16 overflow and its rounding edge,
+    // f16 subnormals and the underflow tie, float subnormals, bf16 ties, then random bit patterns;
+    // lengths that leave tails after the vector loops
+    std::vector<uint32_t> bits = {0x00000000u, 0x80000000u, 0x7f800000u, 0xff800000u, 0x7f800001u, 0xffc00000u,
+                                  0x7fffffffu, 0x7fa00000u, 0x477fe000u, 0x477fefffu, 0x477ff000u, 0xc77ff000u,
+                                  0x33000000u, 0x33000001u, 0xb3000000u, 0x33800000u, 0x38800000u, 0x387fffffu,
+                                  0x00000001u, 0x807fffffu, 0x7f7fffffu, 0x3f808000u, 0x3f818000u, 0xbf808000u,
+                                  0x3f80ffffu, 0x7f7f8000u, 0x3c7fe000u, 0x3c7ff000u};
+    uint64_t x = 88172645463325252ull;
+    for (int i = 0; i < 100003; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        bits.push_back((uint32_t)x);
+    }
+    std::vector<float> src(bits.size());
+    memcpy(src.data(), bits.data(), bits.size() * sizeof(float));
+    std::vector<rng_path> paths = simd_paths();
+    paths.push_back(RNG_PATH_PORTABLE);
+    for (rng_path p : paths)
+        for (int bf16 : {0, 1})
+            for (size_t n : {src.size(), (size_t)27, (size_t)7}) {
+                std::vector<uint16_t> h(n + 1, 0xabcd);
+                rng_to_half_path(p, src.data(), h.data(), n, bf16);
+                std::vector<float> r(src.begin(), src.begin() + (ptrdiff_t)n);
+                rng_round_half_path(p, r.data(), n, bf16);
+                for (size_t k = 0; k < n; k++) {
+                    const uint16_t want = bf16 ? fsdp_f32_to_bf16(src[k]) : fsdp_f32_to_f16(src[k]);
+                    ASSERT_EQ(h[k], want) << "path " << p << (bf16 ? " bf16" : " f16") << ", input bits 0x" << std::hex
+                                          << bits[k];
+                    const float wf = bf16 ? fsdp_bf16_to_f32(want) : fsdp_f16_to_f32(want);
+                    ASSERT_EQ(0, memcmp(&r[k], &wf, sizeof wf))
+                        << "path " << p << (bf16 ? " bf16" : " f16") << " round, input bits 0x" << std::hex << bits[k];
+                }
+                EXPECT_EQ(h[n], 0xabcd) << "wrote past the end";
+            }
+}
+
 TEST(RngSimdGolden, InitCpuStateIsUnchangedOnEveryPathAndThreadCount) {
     std::string dir = make_tmpdir("fsdp-rngsimd");
     write_file(dir + "/m.yaml", GOLDEN_MODEL);
