@@ -2,9 +2,15 @@
  * on the CPU with all OpenMP threads by llama_init_model_f32 (the work of the init-cpu stage),
  * next to a memory-bandwidth baseline measured in the same run.
  *
- *   build/bench/init_cpu [--preset NAME] [--threads N] [--torch-seconds S]
+ *   build/bench/init_cpu [--preset NAME] [--layers N] [--threads N] [--torch-seconds S]
  *
- * Figures:
+ * First the generator alone (issue 18): every distribution the init rules use, on each generator
+ * path this CPU runs (portable: the compiler-vectorised code; avx2 / avx512: runtime/rng_avx*.c),
+ * one thread, into a cache-resident buffer (best of several passes, alternating the paths): ns per
+ * element and each path's speed-up over the portable one in this run.
+ *
+ * Then the model init, on the default path and on the portable one (FSDP_RNG_SIMD=0), each into
+ * fresh and into touched memory. Figures:
  *   fresh  allocate the flat float buffer and initialise it (first touch: page faults included),
  *          which is what init-cpu and PyTorch's CPU init (torch.empty + init_weights) both do;
  *   warm   initialise the same buffer again (the generator alone);
@@ -30,6 +36,7 @@
 #include "model/llama.h"
 #include "model/llama_init.h"
 #include "model/llama_params.h"
+#include "runtime/rng.h"
 
 #define ANCHOR_SECONDS 17.4
 #define ANCHOR_THREADS 16
@@ -46,6 +53,82 @@ static double cpu_seconds(void) {
 typedef struct timing {
     double wall, cpu;
 } timing;
+
+/* ---- the generator alone --------------------------------------------------------------- */
+
+#define GEN_N 16384 /* 64 KiB: stays in the L2 cache */
+#define GEN_PASSES 64
+#define GEN_REPS 5
+
+/* Best seconds per element of rng_fill_dist_path over GEN_REPS alternating repetitions. */
+static void gen_rates(const rng_dist *d, const rng_path *paths, int np, double *best) {
+    static float buf[GEN_N];
+    for (int p = 0; p < np; p++) best[p] = 1e30;
+    for (int rep = 0; rep < GEN_REPS; rep++)
+        for (int p = 0; p < np; p++) {
+            double t0 = omp_get_wtime();
+            for (int k = 0; k < GEN_PASSES; k++)
+                rng_fill_dist_path(paths[p], d, buf, 1234, 0xabcdefull, (uint64_t)k * GEN_N + 5, GEN_N);
+            double el = (omp_get_wtime() - t0) / ((double)GEN_PASSES * GEN_N);
+            if (el < best[p]) best[p] = el;
+        }
+    const volatile float keep = buf[GEN_N / 2];
+    (void)keep;
+}
+
+/* The model init into a fresh buffer (page faults included), then again into the same, touched one;
+ * *sum: a checksum of some values. */
+static int init_fresh_warm(const llama_params *t, size_t n, timing *fresh, timing *warm, double *sum, fsdp_err *err) {
+    double w0 = omp_get_wtime(), c0 = cpu_seconds();
+    float *flat = malloc(n * sizeof *flat);
+    int rc = flat ? llama_init_model_f32(t, 0, flat, err) : fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+    *fresh = (timing){omp_get_wtime() - w0, cpu_seconds() - c0};
+    if (!rc) {
+        w0 = omp_get_wtime(), c0 = cpu_seconds();
+        rc = llama_init_model_f32(t, 0, flat, err);
+        *warm = (timing){omp_get_wtime() - w0, cpu_seconds() - c0};
+    }
+    *sum = 0.0;
+    if (!rc)
+        for (size_t k = 0; k < n; k += 4099) *sum += flat[k];
+    free(flat);
+    return rc;
+}
+
+static int bench_generator(void) {
+    const rng_path all[] = {RNG_PATH_PORTABLE, RNG_PATH_AVX2, RNG_PATH_AVX512};
+    const char *names[] = {"portable", "avx2", "avx512"};
+    rng_path paths[3];
+    const char *pn[3];
+    int np = 0;
+    for (int i = 0; i < 3; i++)
+        if (rng_path_supported(all[i])) pn[np] = names[i], paths[np++] = all[i];
+    fsdp_err err;
+    rng_dist d[5];
+    rng_dist_uniform(&d[0]);
+    if (rng_dist_normal(&d[1], 0, 0.02, &err) || rng_dist_trunc_normal(&d[2], 0, 0.02, -0.04, 0.04, &err) ||
+        rng_dist_uniform_ab(&d[3], -0.03, 0.03, &err)) {
+        fprintf(stderr, "init_cpu: %s\n", err.msg);
+        return -1;
+    }
+    rng_dist_const(&d[4], 1.0f);
+    const char *dn[] = {"uniform", "normal", "trunc_normal", "uniform(a,b)", "constant"};
+    printf("generator alone, 1 thread, %d KiB buffer, best of %d (default path: %s):\n", GEN_N * 4 / 1024, GEN_REPS,
+           names[rng_path_default()]);
+    printf("  %-14s", "distribution");
+    for (int p = 0; p < np; p++) printf(" %10s ns/el", pn[p]);
+    for (int p = 1; p < np; p++) printf(" %8s/portable", pn[p]);
+    printf("\n");
+    for (int k = 0; k < 5; k++) {
+        double best[3];
+        gen_rates(&d[k], paths, np, best);
+        printf("  %-14s", dn[k]);
+        for (int p = 0; p < np; p++) printf(" %16.3f", best[p] * 1e9);
+        for (int p = 1; p < np; p++) printf(" %16.2fx", best[0] / best[p]);
+        printf("\n");
+    }
+    return 0;
+}
 
 static void report(const char *what, timing t, double n, int threads) {
     printf("%-14s %8.3f s  %7.3f Gelem/s  %6.2f ns/elem/thread (wall)  %6.2f ns/elem (cpu)\n", what, t.wall,
@@ -71,13 +154,20 @@ int main(int argc, char **argv) {
         /* exec failed: go on (the CPU figures may then include OpenBLAS's spinning) */
     }
     const char *preset = "llama3_1b";
-    int threads = 0;
+    int threads = 0, layers = 0;
     double torch_s = 0.0;
     for (int i = 1; i < argc; i++) {
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         char *end = NULL;
         if (!strcmp(argv[i], "--preset") && v) {
             preset = v;
+        } else if (!strcmp(argv[i], "--layers") && v) {
+            long l = strtol(v, &end, 10);
+            if (*end || l <= 0 || l > 4096) {
+                fprintf(stderr, "init_cpu: --layers needs a positive integer (got %s)\n", v);
+                return 2;
+            }
+            layers = (int)l;
         } else if (!strcmp(argv[i], "--threads") && v) {
             long t = strtol(v, &end, 10);
             if (*end || t <= 0 || t > 4096) {
@@ -92,7 +182,7 @@ int main(int argc, char **argv) {
                 return 2;
             }
         } else {
-            fprintf(stderr, "usage: %s [--preset NAME] [--threads N] [--torch-seconds S]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--preset NAME] [--layers N] [--threads N] [--torch-seconds S]\n", argv[0]);
             return 2;
         }
         i++;
@@ -103,7 +193,8 @@ int main(int argc, char **argv) {
     fsdp_err err;
     llama_config c;
     llama_params t;
-    if (llama_config_preset(&c, preset, &err) || llama_params_build(&c, &t, &err)) {
+    if (llama_config_preset(&c, preset, &err) || (layers && (c.n_layers = layers, llama_config_finalize(&c, &err))) ||
+        llama_params_build(&c, &t, &err)) {
         fprintf(stderr, "init_cpu: %s\n", err.msg);
         return 1;
     }
@@ -112,27 +203,31 @@ int main(int argc, char **argv) {
     printf("init_cpu: %s, %zu parameters (%.2f GB of float32), %d threads, %ld CPUs online\n", preset, n,
            dn * 4 / 1e9, threads, sysconf(_SC_NPROCESSORS_ONLN));
 
-    timing fresh, warm, ms_fresh, ms_warm;
-    double w0 = omp_get_wtime(), c0 = cpu_seconds();
-    float *flat = malloc(n * sizeof *flat);
-    int rc = flat ? llama_init_model_f32(&t, 0, flat, &err) : fsdp_err_set(&err, FSDP_E_NOMEM, "out of memory");
-    fresh = (timing){omp_get_wtime() - w0, cpu_seconds() - c0};
-    if (!rc) {
-        w0 = omp_get_wtime(), c0 = cpu_seconds();
-        rc = llama_init_model_f32(&t, 0, flat, &err);
-        warm = (timing){omp_get_wtime() - w0, cpu_seconds() - c0};
+    if (bench_generator()) {
+        llama_params_free(&t);
+        return 1;
     }
-    /* a checksum keeps the values alive and shows the run is the same from run to run */
+    /* the model init on the default path, then on the portable one: fresh pages, then touched */
+    timing fresh, warm, pfresh, pwarm, ms_fresh, ms_warm;
     double sum = 0.0;
-    if (!rc)
-        for (size_t k = 0; k < n; k += 4099) sum += flat[k];
-    free(flat);
+    int rc = init_fresh_warm(&t, n, &fresh, &warm, &sum, &err);
+    if (!rc) {
+        const char *old = getenv("FSDP_RNG_SIMD");
+        char saved[32] = "";
+        if (old) snprintf(saved, sizeof saved, "%s", old);
+        setenv("FSDP_RNG_SIMD", "0", 1);
+        double psum = 0.0;
+        rc = init_fresh_warm(&t, n, &pfresh, &pwarm, &psum, &err);
+        if (old) setenv("FSDP_RNG_SIMD", saved, 1);
+        else unsetenv("FSDP_RNG_SIMD");
+        if (!rc && psum != sum) rc = fsdp_err_set(&err, FSDP_E_RUNTIME, "the portable path gave other values");
+    }
     if (rc) {
         fprintf(stderr, "init_cpu: %s\n", err.msg);
         llama_params_free(&t);
         return 1;
     }
-    w0 = omp_get_wtime(), c0 = cpu_seconds();
+    double w0 = omp_get_wtime(), c0 = cpu_seconds();
     float *z = malloc(n * sizeof *z);
     if (!z) {
         fprintf(stderr, "init_cpu: out of memory for the memset baseline\n");
@@ -150,10 +245,16 @@ int main(int argc, char **argv) {
 
     report("init fresh", fresh, dn, threads);
     report("init warm", warm, dn, threads);
+    report("portable fresh", pfresh, dn, threads);
+    report("portable warm", pwarm, dn, threads);
     report("memset fresh", ms_fresh, dn, threads);
     report("memset warm", ms_warm, dn, threads);
     printf("init / memset: %.2fx (fresh), %.2fx (warm); write bandwidth of the fresh init %.2f GB/s\n",
            fresh.wall / ms_fresh.wall, warm.wall / ms_warm.wall, dn * 4 / fresh.wall / 1e9);
+    printf("fill rate: fresh %.2f GB/s, touched %.2f GB/s (fresh / touched time %.2fx); portable path: fresh %.2f GB/s, "
+           "touched %.2f GB/s; default path vs portable: %.2fx (fresh), %.2fx (touched), %.2fx (touched, cpu)\n",
+           dn * 4 / fresh.wall / 1e9, dn * 4 / warm.wall / 1e9, fresh.wall / warm.wall, dn * 4 / pfresh.wall / 1e9,
+           dn * 4 / pwarm.wall / 1e9, pfresh.wall / fresh.wall, pwarm.wall / warm.wall, pwarm.cpu / warm.cpu);
 
     const double ours_ns_thread = fresh.wall * threads / dn * 1e9;
     double speedup = 0.0, per_thread = 0.0;
@@ -178,9 +279,9 @@ int main(int argc, char **argv) {
     printf("{\"bench\":\"init_cpu\",\"preset\":\"%s\",\"params\":%zu,\"threads\":%d,\"fresh_s\":%.4f,\"warm_s\":%.4f,"
            "\"fresh_cpu_s\":%.4f,\"warm_cpu_s\":%.4f,\"memset_fresh_s\":%.4f,\"memset_warm_s\":%.4f,"
            "\"ns_per_elem_thread\":%.3f,\"torch_s\":%.4f,\"speedup_vs_torch\":%.2f,\"per_thread_vs_anchor\":%.2f,"
-           "\"checksum\":%.9g}\n",
+           "\"portable_fresh_s\":%.4f,\"portable_warm_s\":%.4f,\"checksum\":%.9g}\n",
            preset, n, threads, fresh.wall, warm.wall, fresh.cpu, warm.cpu, ms_fresh.wall, ms_warm.wall, ours_ns_thread,
-           torch_s, speedup, per_thread, sum);
+           torch_s, speedup, per_thread, pfresh.wall, pwarm.wall, sum);
     llama_params_free(&t);
     return 0;
 }
