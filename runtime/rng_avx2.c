@@ -9,6 +9,7 @@
 
 #if RNG_HAVE_AVX2
 
+#include <cpuid.h>
 #include <immintrin.h>
 
 #include "fsdp/tensor.h"
@@ -274,7 +275,9 @@ AVX2 void rng_avx2_round_half(float *x, size_t n, int bf16) {
 
 int rng_avx2_supported(void) {
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    unsigned a = 0, b = 0, c = 0, d = 0; /* F16C: CPUID leaf 1, ECX (not every compiler's builtin names it) */
+    const int f16c = __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
 }
 
 #else
