@@ -225,10 +225,12 @@ rng_path rng_path_default(void) {
 
 typedef void (*chunk_fn)(const rng_dist *d, uint64_t seed, uint64_t stream, uint64_t blk0, float *out);
 
+/* The *_path functions do not check the CPU again (a CPUID instruction can cost microseconds in a
+ * virtual machine, more than a chunk): their callers pass a supported path (rng.h). */
 static chunk_fn chunk_of(rng_path p) {
 #if RNG_HAVE_AVX2
-    if (p == RNG_PATH_AVX512 && rng_avx512_supported()) return rng_avx512_chunk;
-    if (p == RNG_PATH_AVX2 && rng_avx2_supported()) return rng_avx2_chunk;
+    if (p == RNG_PATH_AVX512) return rng_avx512_chunk;
+    if (p == RNG_PATH_AVX2) return rng_avx2_chunk;
 #else
     (void)p;
 #endif
@@ -262,11 +264,11 @@ void rng_fill_dist_path(rng_path p, const rng_dist *d, float *dst, uint64_t seed
 
 void rng_to_half_path(rng_path p, const float *src, uint16_t *dst, size_t n, int bf16) {
 #if RNG_HAVE_AVX2
-    if (p == RNG_PATH_AVX512 && rng_avx512_supported()) {
+    if (p == RNG_PATH_AVX512) {
         rng_avx512_to_half(src, dst, n, bf16);
         return;
     }
-    if (p == RNG_PATH_AVX2 && rng_avx2_supported()) {
+    if (p == RNG_PATH_AVX2) {
         rng_avx2_to_half(src, dst, n, bf16);
         return;
     }
@@ -281,11 +283,11 @@ void rng_to_half_path(rng_path p, const float *src, uint16_t *dst, size_t n, int
 
 void rng_round_half_path(rng_path p, float *x, size_t n, int bf16) {
 #if RNG_HAVE_AVX2
-    if (p == RNG_PATH_AVX512 && rng_avx512_supported()) {
+    if (p == RNG_PATH_AVX512) {
         rng_avx512_round_half(x, n, bf16);
         return;
     }
-    if (p == RNG_PATH_AVX2 && rng_avx2_supported()) {
+    if (p == RNG_PATH_AVX2) {
         rng_avx2_round_half(x, n, bf16);
         return;
     }

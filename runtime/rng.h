@@ -102,13 +102,15 @@ int rng_path_supported(rng_path p);
  * out) or FSDP_RNG_SIMD=avx2 (AVX2 even where AVX-512 runs). */
 rng_path rng_path_default(void);
 
-/* rng_fill_dist_serial on path p (an unsupported p runs the portable path). */
+/* rng_fill_dist_serial on path p, which must be one rng_path_supported accepts (rng_path_default
+ * is): the CPU is not checked again here. */
 void rng_fill_dist_path(rng_path p, const rng_dist *d, float *dst, uint64_t seed, uint64_t stream, uint64_t start,
                         size_t n);
 
 /* The bf16 / f16 rounding of init values on path p, the same bits as fsdp_f32_to_bf16 /
  * fsdp_f32_to_f16 (round to nearest even): rng_to_half_path stores the half bits of src[0..n) in dst;
- * rng_round_half_path replaces x[k] by its value rounded to bf16 (bf16 != 0) or f16 precision. */
+ * rng_round_half_path replaces x[k] by its value rounded to bf16 (bf16 != 0) or f16 precision.
+ * p must be supported, as for rng_fill_dist_path. */
 void rng_to_half_path(rng_path p, const float *src, uint16_t *dst, size_t n, int bf16);
 void rng_round_half_path(rng_path p, float *x, size_t n, int bf16);
 
