@@ -5,8 +5,10 @@
 #include <string.h>
 
 /* Jobs are cut into pieces of this many elements (aligned to the stream, so that the fills write
- * whole chunks); the pieces of all jobs are shared out among the threads. */
-#define INIT_PIECE ((int64_t)RNG_CHUNK * 64)
+ * whole chunks); the pieces of all jobs are shared out among the threads. 2 MiB of float32: the
+ * threads first-touch (page-fault) different page tables, whose locks they would otherwise take
+ * in turn, and a piece is still short next to the whole fill, so the threads end together. */
+#define INIT_PIECE ((int64_t)RNG_CHUNK * 2048)
 
 /* Pieces are generated in sub-blocks of this many elements (aligned to the stream), each rounded to
  * bf16 / f16 while it is still in the L1 cache. */

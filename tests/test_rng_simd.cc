@@ -214,7 +214,7 @@ TEST(RngSimdFill, HalfOutputsOfInitFillAreTheSameOnEveryPath) {
     rng_dist dn, dt;
     ASSERT_EQ(rng_dist_normal(&dn, 0, 3, &err), 0);
     ASSERT_EQ(rng_dist_trunc_normal(&dt, 0.1, 1, -1, 2, &err), 0);
-    const int64_t n = 70001, e0 = 13;
+    const int64_t n = 1200001, e0 = 13; // several pieces of init_fill (2^19 elements), the first partial
     auto run = [&](std::vector<float> f[4], std::vector<uint16_t> h[4]) {
         init_job j[8] = {};
         const fsdp_dtype dts[4] = {FSDP_DT_F32, FSDP_DT_BF16, FSDP_DT_F16, FSDP_DT_BF16};
