@@ -275,7 +275,9 @@ AVX2 void rng_avx2_round_half(float *x, size_t n, int bf16) {
 
 int rng_avx2_supported(void) {
     __builtin_cpu_init();
-    unsigned a = 0, b = 0, c = 0, d = 0; /* F16C: CPUID leaf 1, ECX (not every compiler's builtin names it) */
+    /* F16C from CPUID leaf 1, ECX: gcc 12's __builtin_cpu_supports("f16c") answers 0 on CPUs that
+     * have it, and clang 14's does not know the name */
+    unsigned a = 0, b = 0, c = 0, d = 0;
     const int f16c = __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
 }

@@ -2,7 +2,7 @@
  * (the structure of rng_avx2.c; compares give masks and selects are mask blends).
  *
  * Each lane of a vector is one Philox block (16 consecutive blocks at a time), so the four output
- * words of a block are four vectors; the distribution transforms run on those vectors and a 4 x 8
+ * words of a block are four vectors; the distribution transforms run on those vectors and a 4 x 16
  * transpose puts element 4b + j at its place. Every operation is the correctly rounded IEEE one of
  * the scalar code (add, sub, mul, div, sqrt, fmadd = fmaf, exact int <-> float conversions, bit
  * operations, compares and selects with the scalar code's NaN behaviour), so the bits are equal. */
