@@ -8,6 +8,7 @@
 #include <jansson.h>
 
 #include "ckpt/ckpt_stale.h"
+#include "ckpt/ckpt_stream_out.h"
 #include "ckpt/dcp.h"
 #include "ckpt/namemap.h"
 #include "ckpt/key_layout.h"
@@ -357,18 +358,32 @@ static int convert_to_safetensors(const conv *c, conv_out *o, FILE *log, fsdp_er
     }
     if (!rc && c->model && c->names && !strcmp(c->names, "hf")) rc = check_model(c, skip, err);
     if (!rc) rc = st_writer_begin(w, err);
+    cks_files fc = {0};
+    cks_opts so;
+    cks_opts_default(&so);
+    char what[4200];
+    snprintf(what, sizeof what, "%s.tmp", o->dst);
     for (size_t i = 0; i < n && !rc; i++) {
         if (skip[i]) continue;
         const ckpt_entry *e = ckpt_entry_at(c->r, i);
         fsdp_dtype dt = c->dtype ? c->dtype : e->dtype;
-        void *buf;
-        if ((rc = read_converted(c, i, &info[i], dt, &buf, err))) break;
         size_t len = (size_t)numel_of(e) * fsdp_dtype_size(dt);
-        rc = st_writer_write(w, idx[i], buf, len, err);
-        free(buf);
+        cks_src s;
+        int ok = 0;
+        if (cks_enabled() && info[i].qk == NMAP_QK_NONE && (rc = cks_src_resolve(c->r, i, &fc, &s, &ok, err))) break;
+        if (ok) { /* streamed through a small ring: memory bounded by it, not by the tensor */
+            rc = cks_to_st(&s, dt, w, idx[i], what, &so, err);
+            cks_src_free(&s);
+        } else {
+            void *buf;
+            if ((rc = read_converted(c, i, &info[i], dt, &buf, err))) break;
+            rc = st_writer_write(w, idx[i], buf, len, err);
+            free(buf);
+        }
         o->written++;
         o->bytes += len;
     }
+    cks_files_free(&fc);
     if (!rc) rc = st_writer_finish(w, err);
     if (!rc && c->model && c->names && !strcmp(c->names, "hf")) {
         /* the dtype written: --dtype, else the first tensor's */
@@ -410,6 +425,9 @@ static int convert_to_dcp(const conv *c, conv_out *o, FILE *log, fsdp_err *err) 
     dcp_file_writer fw;
     memset(&fw, 0, sizeof fw);
     dcp_record *recs = calloc(n ? n : 1, sizeof *recs);
+    cks_files fc = {0};
+    cks_opts so;
+    cks_opts_default(&so);
     if (!recs) rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
     if (!rc) rc = dcp_file_open_gen(&fw, o->dst, 0, gen, note_log, log, err);
     for (size_t i = 0; i < n && !rc; i++) {
@@ -425,14 +443,23 @@ static int convert_to_dcp(const conv *c, conv_out *o, FILE *log, fsdp_err *err) 
             continue;
         }
         fsdp_dtype dt = c->dtype ? c->dtype : e->dtype;
-        void *buf;
-        if ((rc = read_converted(c, i, &info, dt, &buf, err))) break;
-        int64_t zero[FSDP_MAX_DIMS] = {0};
-        rc = dcp_file_add_tensor(&fw, name, dt, e->ndim, e->shape, zero, e->shape, buf, &recs[nr++], err);
+        cks_src s;
+        int ok = 0;
+        if (cks_enabled() && info.qk == NMAP_QK_NONE && (rc = cks_src_resolve(c->r, i, &fc, &s, &ok, err))) break;
+        if (ok) { /* streamed through a small ring: memory bounded by it, not by the tensor */
+            rc = cks_to_dcp(&s, 0, s.rows, name, dt, e->ndim, e->shape, &fw, &so, &recs[nr++], err);
+            cks_src_free(&s);
+        } else {
+            void *buf;
+            if ((rc = read_converted(c, i, &info, dt, &buf, err))) break;
+            int64_t zero[FSDP_MAX_DIMS] = {0};
+            rc = dcp_file_add_tensor(&fw, name, dt, e->ndim, e->shape, zero, e->shape, buf, &recs[nr++], err);
+            free(buf);
+        }
         o->bytes += (uint64_t)numel_of(e) * fsdp_dtype_size(dt);
         o->written++;
-        free(buf);
     }
+    cks_files_free(&fc);
     if (!rc) rc = dcp_file_close(&fw, err);
     else if (fw.f) dcp_file_abort(&fw);
     if (!rc) rc = dcp_write_metadata(o->dst, recs, nr, err);
