@@ -78,6 +78,7 @@ static int dcp_chunk_seg(dcp_ckpt *c, const dcp_item *x, const dcp_chunk *ch, ck
             g->check = 1;
             g->crc = e->crc;
             g->run = 0;
+            snprintf(g->rec, sizeof g->rec, "@%llu: zip record %s", (unsigned long long)ch->where.offset, e->name);
         } else {
             *ok = 0;
         }

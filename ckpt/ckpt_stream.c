@@ -129,10 +129,9 @@ static int seg_crc(const cks_src *s, cks_seg *g, uint64_t at, uint32_t crc, size
     g->done += n;
     if (g->done == g->len && g->run != g->crc)
         return fsdp_err_set(err, FSDP_E_FORMAT,
-                            "%s: tensor %s: CRC-32 mismatch in the record at bytes [%llu, %llu) (stored %08x, "
-                            "computed %08x): the file is corrupt",
-                            g->what, s->name, (unsigned long long)g->off, (unsigned long long)(g->off + g->len),
-                            (unsigned)g->crc, (unsigned)g->run);
+                            "tensor %s: %s%s: CRC-32 mismatch (the archive says 0x%08x, the %llu bytes read give "
+                            "0x%08x): the record is corrupt",
+                            s->name, g->what, g->rec, (unsigned)g->crc, (unsigned long long)g->len, (unsigned)g->run);
     return 0;
 }
 

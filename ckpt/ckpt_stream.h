@@ -27,6 +27,7 @@ typedef struct cks_seg {
     uint32_t run; /* running CRC of the bytes read in order so far */
     uint64_t done;
     const char *what; /* the file, for messages (owned by the cks_files it came from) */
+    char rec[200];    /* checked: "@<archive offset>: zip record <name>", for messages */
 } cks_seg;
 
 /* Files opened while resolving tensors, kept open until cks_files_free. */
