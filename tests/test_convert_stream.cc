@@ -264,3 +264,93 @@ TEST(ConvertStream, FailedWriteIsNamedAndLeavesNoDst) {
     }
     rm_rf(t);
 }
+
+namespace {
+
+// A recipe file under dir: the tiny model (synthetic data), then the stages given.
+std::string recipe(const std::string &dir, const std::string &name, const std::string &stages) {
+    std::string p = dir + "/" + name + ".yaml";
+    write_file(p, "model: {preset: tiny}\ndata: {kind: synthetic, batch_size: 6, seq_len: 8}\nstages:\n" + stages);
+    return p;
+}
+
+}  // namespace
+
+// N -> M with `ckpt convert --world M` (one process) and with the reshard-dcp stage (on M ranks, each
+// its own file; and on one rank writing all M): the same bytes as load-ckpt + save-dcp on M ranks
+// (data files byte for byte, .metadata up to its uuid and directory), loadable by load-ckpt.
+TEST(ConvertStreamReshard, EqualsLoadAndSaveDcpOnMRanks) {
+    std::string t = make_tmpdir("fsdp-rsh"), out;
+    int rc;
+    // a 2-rank checkpoint with optimizer state (step, param groups, dataloader entries per rank)
+    std::string mk = recipe(t, "mk", "  - {id: init, uses: init-cpu}\n  - {id: shard, uses: shard}\n"
+                                     "  - {id: train, uses: train-steps, with: {steps: 1}}\n"
+                                     "  - {id: save, uses: save-dcp, with: {path: " + t + "/s2}}\n");
+    out = run_np(2, mk, &rc);
+    ASSERT_EQ(rc, 0) << out;
+    out = run_np(1, mk + " --set stages.save.with.path=" + t + "/s1", &rc);
+    ASSERT_EQ(rc, 0) << out;
+    std::string ref = recipe(t, "ref", "  - {id: load, uses: load-ckpt, with: {path: \"${src}\"}}\n"
+                                       "  - {id: save, uses: save-dcp, with: {path: \"${dst}\"}}\n");
+    std::string stage = recipe(t, "stage", "  - {id: rs, uses: reshard-dcp, with: {src: \"${src}\", dst: \"${dst}\", "
+                                           "world: \"${world}\"}}\n");
+    std::string load = recipe(t, "load", "  - {id: load, uses: load-ckpt, with: {path: \"${dst}\"}}\n"
+                                         "  - {id: check, uses: verify, with: {against: \"${src}\", digest: false}}\n");
+    auto vars = [](const std::string &src, const std::string &dst, int world) {
+        return " --set vars.src=" + src + " --set vars.dst=" + dst + " --set vars.world=" + std::to_string(world);
+    };
+    struct Case { int n, m; } cases[] = {{1, 2}, {2, 3}, {3, 2}, {2, 1}};
+    for (const Case &c : cases) {
+        std::string tag = std::to_string(c.n) + std::to_string(c.m), src = t + "/s" + std::to_string(c.n);
+        if (c.n == 3) src = t + "/r23"; // the 2 -> 3 case's reference output
+        std::string r = t + "/r" + tag, a = t + "/a" + tag, b = t + "/b" + tag, d = t + "/d" + tag;
+        out = run_np(c.m, ref + vars(src, r, c.m), &rc);
+        ASSERT_EQ(rc, 0) << tag << ": " << out;
+        ASSERT_EQ(run_cmd(ckpt_bin() + "convert " + src + " " + a + " --to dcp --world " + std::to_string(c.m), &out), 0)
+            << tag << ": " << out;
+        EXPECT_EQ(dcp_diff(r, a), "") << tag << " ckpt convert --world";
+        out = run_np(c.m, stage + vars(src, b, 0), &rc); // each rank its own file
+        ASSERT_EQ(rc, 0) << tag << ": " << out;
+        EXPECT_EQ(dcp_diff(r, b), "") << tag << " reshard-dcp on " << c.m << " ranks";
+        out = run_np(1, stage + vars(src, d, c.m), &rc); // one rank writes all
+        ASSERT_EQ(rc, 0) << tag << ": " << out;
+        EXPECT_EQ(dcp_diff(r, d), "") << tag << " reshard-dcp on 1 rank";
+        out = run_np(c.m, load + vars(src, a, 0), &rc);
+        EXPECT_EQ(rc, 0) << tag << ": " << out;
+        ASSERT_EQ(run_cmd(ckpt_bin() + "inspect --verify " + a, &out), 0) << out;
+    }
+    // the shipped recipe (reshard-dcp, load-ckpt, verify) on 3 ranks
+    out = run_np(3, "recipes/reshard.yaml --set model.preset=tiny --set vars.src=" + t + "/s2 --set vars.dst=" + t +
+                        "/q23", &rc);
+    EXPECT_EQ(rc, 0) << out;
+    EXPECT_EQ(dcp_diff(t + "/r23", t + "/q23"), "") << "recipes/reshard.yaml";
+    rm_rf(t);
+}
+
+// validate rejects bad reshard-dcp keys before anything runs, naming the key.
+TEST(ConvertStreamReshard, ValidateRejectsBadStageKeys) {
+    std::string t = make_tmpdir("fsdp-rshv"), out;
+    struct Bad { const char *with, *want; } bad[] = {
+        {"{src: a, dst: b, world: -1}", "world is -1"},
+        {"{src: a, dst: a}", "dst is src"},
+        {"{src: a}", "dst"},
+        {"{dst: b}", "src"},
+        {"{src: a, dst: b, dtype: f64}", "dtype"},
+        {"{src: a, dst: b, worlds: 2}", "worlds"},
+        {"{src: a, dst: b, overwrite: maybe}", "overwrite"},
+    };
+    for (const Bad &b : bad) {
+        std::string p = recipe(t, "v", std::string("  - {id: rs, uses: reshard-dcp, with: ") + b.with + "}\n");
+        EXPECT_EQ(run_cmd(fsdp_run_bin() + " validate " + p, &out), 2) << b.with << ": " << out;
+        EXPECT_NE(out.find(b.want), std::string::npos) << b.with << ": " << out;
+        EXPECT_NE(out.find("v.yaml"), std::string::npos) << b.with << ": " << out;
+    }
+    std::string ok = recipe(t, "ok", "  - {id: rs, uses: reshard-dcp, with: {src: a, dst: b, world: 4, dtype: bf16}}\n");
+    EXPECT_EQ(run_cmd(fsdp_run_bin() + " validate " + ok, &out), 0) << out;
+    // and the CLI's --world
+    EXPECT_EQ(run_cmd(ckpt_bin() + "convert a b.safetensors --world 2", &out), 2) << out;
+    EXPECT_NE(out.find("--world writes a DCP checkpoint"), std::string::npos) << out;
+    EXPECT_EQ(run_cmd(ckpt_bin() + "convert a b --world 0", &out), 2) << out;
+    EXPECT_NE(out.find("--world 0"), std::string::npos) << out;
+    rm_rf(t);
+}
