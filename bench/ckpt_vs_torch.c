@@ -14,8 +14,8 @@
  *   fsdp-run (the real stages through build/fsdp-run --report; 2 ranks: mpirun, threads split):
  *     save-dcp (after init-meta) and load-ckpt of the same checkpoint (page cache warm: just
  *     written) on 1 and 2 ranks; `ckpt convert` DCP -> safetensors and safetensors -> DCP, and the
- *     1-rank DCP resharded to 2 ranks (`--world 2`) (wall time including a sync; peak RSS from wait4); init-cpu (1 rank) and init-meta (1 and 2 ranks,
- *     rank 0's seconds_init).
+ *     1-rank DCP resharded to 2 ranks (`--world 2`) (wall time including a sync; peak RSS from
+ *     wait4); init-cpu (1 rank) and init-meta (1 and 2 ranks, rank 0's seconds_init).
  *   ceilings: `cp -r` + `sync` of the checkpoint just saved (save, and convert against a cp of its
  *     input) and `cat` of it to /dev/null from the page cache (load).
  *   PyTorch (when `PYTHON -c "import torch"` works; --python, else FSDP_TORCH_PYTHON, else python3):
