@@ -139,6 +139,7 @@ int cks_src_resolve(ckpt_reader *r, size_t i, cks_files *fc, cks_src *s, int *ok
     int64_t per = 1;
     for (int d = 1; d < e->ndim; d++) per *= e->shape[d];
     s->row_bytes = (uint64_t)per * fsdp_dtype_size(e->dtype);
+    s->fc = fc;
     int rc = r->format == CKPT_DCP ? resolve_dcp(r, i, fc, s, ok, err) : resolve_st(r, i, fc, s, err);
     if (rc || !*ok) cks_src_free(s);
     return rc;

@@ -38,6 +38,8 @@ void cks_files_free(cks_files *fc) {
         free(fc->f[i].path);
     }
     free(fc->f);
+    for (int i = 0; i < CKS_MAX_SLOTS; i++) free(fc->buf[i]);
+    free(fc->cvt);
     memset(fc, 0, sizeof *fc);
 }
 
@@ -276,6 +278,27 @@ static int writer_loop(ring *q, fsdp_dtype dst_dt, int out_fd, uint64_t out_off,
     return 0;
 }
 
+/* The ring's slots on fc's buffers (grown to the piece size once, then reused) and the conversion
+ * buffer of cvt_bytes (none for 0); nonzero when out of memory. */
+static int ring_buffers(cks_files *fc, ring *q, size_t cvt_bytes, char **cvt) {
+    if (fc->buf_cap < q->piece) {
+        for (int i = 0; i < CKS_MAX_SLOTS; i++) free(fc->buf[i]), fc->buf[i] = NULL;
+        fc->buf_cap = q->piece;
+    }
+    for (int i = 0; i < q->nslots; i++) {
+        if (!fc->buf[i] && !(fc->buf[i] = malloc(fc->buf_cap))) return -1;
+        q->sl[i].buf = fc->buf[i];
+    }
+    if (cvt_bytes > fc->cvt_cap) {
+        free(fc->cvt);
+        fc->cvt_cap = 0;
+        if (!(fc->cvt = malloc(cvt_bytes))) return -1;
+        fc->cvt_cap = cvt_bytes;
+    }
+    *cvt = cvt_bytes ? fc->cvt : NULL;
+    return 0;
+}
+
 int cks_copy_rows(cks_src *s, int64_t r0, int64_t r1, fsdp_dtype dst_dt, int out_fd, uint64_t out_off,
                   uint32_t *out_crc, const cks_opts *o, const char *out_what, fsdp_err *err) {
     ring q;
@@ -284,7 +307,7 @@ int cks_copy_rows(cks_src *s, int64_t r0, int64_t r1, fsdp_dtype dst_dt, int out
     size_t ssz = fsdp_dtype_size(s->dtype), dsz = fsdp_dtype_size(dst_dt);
     q.piece = o->piece / ssz * ssz;
     if (q.piece < ssz) q.piece = ssz;
-    q.nslots = o->slots < 2 ? 2 : o->slots;
+    q.nslots = o->slots < 2 ? 2 : o->slots > CKS_MAX_SLOTS ? CKS_MAX_SLOTS : o->slots;
     if (out_crc) *out_crc = (uint32_t)crc32(0, NULL, 0);
     if (r1 <= r0) return 0;
     q.out_same = dst_dt == s->dtype;
@@ -293,9 +316,8 @@ int cks_copy_rows(cks_src *s, int64_t r0, int64_t r1, fsdp_dtype dst_dt, int out
     for (size_t k = 0; k < s->n; k++) q.piece_crc |= s->seg[k].check;
     q.crc_split = q.cfr;
     q.sl = calloc((size_t)q.nslots, sizeof *q.sl);
-    char *cvt = dst_dt != s->dtype ? malloc(q.piece / ssz * dsz) : NULL;
-    int rc = !q.sl || (dst_dt != s->dtype && !cvt);
-    for (int i = 0; i < q.nslots && !rc; i++) rc = !(q.sl[i].buf = malloc(q.piece));
+    char *cvt = NULL;
+    int rc = !q.sl || ring_buffers(s->fc, &q, dst_dt != s->dtype ? q.piece / ssz * dsz : 0, &cvt);
     if (rc) {
         rc = fsdp_err_set(err, FSDP_E_NOMEM, "tensor %s: out of memory for the copy buffers", s->name);
     } else {
@@ -315,8 +337,6 @@ int cks_copy_rows(cks_src *s, int64_t r0, int64_t r1, fsdp_dtype dst_dt, int out
         pthread_cond_destroy(&q.cv);
         pthread_mutex_destroy(&q.mu);
     }
-    for (int i = 0; q.sl && i < q.nslots; i++) free(q.sl[i].buf);
     free(q.sl);
-    free(cvt);
     return rc;
 }

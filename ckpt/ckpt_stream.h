@@ -30,7 +30,11 @@ typedef struct cks_seg {
     char rec[200];    /* checked: "@<archive offset>: zip record <name>", for messages */
 } cks_seg;
 
-/* Files opened while resolving tensors, kept open until cks_files_free. */
+#define CKS_MAX_SLOTS 16
+
+/* Files opened while resolving tensors, kept open until cks_files_free, and the ring's buffers,
+ * reused by every copy of the tensors resolved with it (fresh buffers per tensor would cost their
+ * page faults again each time). */
 typedef struct cks_files {
     struct cks_file {
         char *path;
@@ -38,6 +42,8 @@ typedef struct cks_files {
         uint64_t size;
     } *f;
     size_t n, cap;
+    char *buf[CKS_MAX_SLOTS], *cvt;
+    size_t buf_cap, cvt_cap;
 } cks_files;
 
 /* Tensor entry i of a reader as byte ranges of its files, in row order. */
@@ -48,11 +54,12 @@ typedef struct cks_src {
     uint64_t row_bytes; /* bytes of one row (one element for a 0-d tensor) */
     cks_seg *seg;
     size_t n;
+    cks_files *fc; /* what it was resolved with (its buffers) */
 } cks_src;
 
 typedef struct cks_opts {
     size_t piece; /* bytes of one source piece (rounded down to whole elements; >= one element) */
-    int slots;    /* buffers in the ring (>= 2) */
+    int slots;    /* buffers in the ring (2 to CKS_MAX_SLOTS) */
     int cfr;      /* same dtype: the kernel copies each piece (copy_file_range) while the reader thread
                      reads it only for the CRC-32s; else the piece is written from the ring */
 } cks_opts;
