@@ -354,3 +354,49 @@ TEST(ConvertStreamReshard, ValidateRejectsBadStageKeys) {
     EXPECT_NE(out.find("--world 0"), std::string::npos) << out;
     rm_rf(t);
 }
+
+// reshard-dcp over an existing checkpoint from a source that fails (a data file cut short, a record
+// damaged mid-tensor: rank 0 of a one-rank run reads every record whole and checks its CRC): the
+// error names the file, no rank leaves a data file, and the old checkpoint stays whole.
+TEST(ConvertStreamReshard, FailedSourceLeavesTheOldCheckpoint) {
+    std::string t = make_tmpdir("fsdp-rshf"), out;
+    int rc;
+    std::string mk = recipe(t, "mk", "  - {id: init, uses: init-cpu}\n  - {id: shard, uses: shard}\n"
+                                     "  - {id: save, uses: save-dcp, with: {path: \"${ck}\"}}\n");
+    out = run_np(2, mk + " --set vars.ck=" + t + "/s2", &rc);
+    ASSERT_EQ(rc, 0) << out;
+    std::string stage = recipe(t, "stage", "  - {id: rs, uses: reshard-dcp, with: {src: \"${src}\", dst: \"${dst}\", "
+                                           "world: 3, overwrite: true}}\n");
+    out = run_np(2, stage + " --set vars.src=" + t + "/s2 --set vars.dst=" + t + "/old", &rc);
+    ASSERT_EQ(rc, 0) << out;
+    std::string before_ls;
+    run_cmd("ls -A " + t + "/old", &before_ls);
+    std::string before = metadata_of(t + "/old") + read_file(t + "/old/__1_0.distcp");
+    ASSERT_EQ(system(("cp -r " + t + "/s2 " + t + "/bad && cp -r " + t + "/s2 " + t + "/flip").c_str()), 0);
+    std::string f = t + "/bad/__1_0.distcp";
+    ASSERT_EQ(truncate(f.c_str(), (off_t)(read_file(f).size() / 2)), 0);
+    // the middle of the largest payload: the longest run between two zip signatures ("PK")
+    std::string g = t + "/flip/__0_0.distcp", z = read_file(g);
+    size_t prev = 0, best = 0, best_len = 0;
+    for (size_t p = z.find("PK"); p != std::string::npos; p = z.find("PK", p + 2)) {
+        if (p - prev > best_len) best = prev, best_len = p - prev;
+        prev = p;
+    }
+    ASSERT_GT(best_len, (size_t)4096);
+    z[best + best_len / 2] ^= 0x41;
+    write_file(g, z);
+    struct Case { int np; std::string src, want; } cases[] = {
+        {2, t + "/bad", "__1_0.distcp"}, {1, t + "/bad", "__1_0.distcp"}, {1, t + "/flip", "CRC-32 mismatch"}};
+    for (const Case &c : cases) {
+        out = run_np(c.np, stage + " --set vars.src=" + c.src + " --set vars.dst=" + t + "/old", &rc);
+        EXPECT_NE(rc, 0) << out;
+        EXPECT_NE(out.find(c.want), std::string::npos) << out;
+        EXPECT_NE(out.find("reshard-dcp"), std::string::npos) << out;
+        std::string ls;
+        run_cmd("ls -A " + t + "/old", &ls);
+        EXPECT_EQ(ls, before_ls) << c.src << " on " << c.np;
+        EXPECT_TRUE(metadata_of(t + "/old") + read_file(t + "/old/__1_0.distcp") == before) << c.src;
+    }
+    ASSERT_EQ(run_cmd(ckpt_bin() + "inspect --verify " + t + "/old", &out), 0) << out;
+    rm_rf(t);
+}
