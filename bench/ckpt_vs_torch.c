@@ -13,9 +13,9 @@
  * tools, so a burst of other load on the shared machine hits all of them); the table shows medians.
  *   fsdp-run (the real stages through build/fsdp-run --report; 2 ranks: mpirun, threads split):
  *     save-dcp (after init-meta) and load-ckpt of the same checkpoint (page cache warm: just
- *     written) on 1 and 2 ranks; `ckpt convert` DCP -> safetensors and safetensors -> DCP (wall
- *     time including a sync; peak RSS from wait4); init-cpu (1 rank) and init-meta (1 and 2 ranks,
- *     rank 0's seconds_init).
+ *     written) on 1 and 2 ranks; `ckpt convert` DCP -> safetensors and safetensors -> DCP, and the
+ *     1-rank DCP resharded to 2 ranks (`--world 2`) (wall time including a sync; peak RSS from
+ *     wait4); init-cpu (1 rank) and init-meta (1 and 2 ranks, rank 0's seconds_init).
  *   ceilings: `cp -r` + `sync` of the checkpoint just saved (save, and convert against a cp of its
  *     input) and `cat` of it to /dev/null from the page cache (load).
  *   PyTorch (when `PYTHON -c "import torch"` works; --python, else FSDP_TORCH_PYTHON, else python3):
@@ -36,7 +36,7 @@
 enum fig {
     F_SAVE1, F_SAVE2, F_LOAD1, F_LOAD2, F_CP1, F_CP2, F_CAT1, F_CAT2,
     F_TSAVE1, F_TSAVE2, F_TLOAD1, F_TLOAD2,
-    F_TO_ST, F_TO_DCP, F_CP_ST,
+    F_TO_ST, F_TO_DCP, F_CP_ST, F_RESHARD,
     F_INIT_CPU, F_INIT_META1, F_INIT_META2, F_TINIT, F_MEMSET,
     F_COUNT
 };
@@ -52,7 +52,7 @@ typedef struct cvt_run {
     double v[F_COUNT][CVT_MAX_REPS]; /* seconds; < 0: not measured */
     int n[F_COUNT];
     double ck_bytes[3], torch_bytes[3], st_bytes, state_bytes, largest_bytes;
-    long rss_to_st_kb, rss_to_dcp_kb;
+    long rss_to_st_kb, rss_to_dcp_kb, rss_reshard_kb;
     int64_t params;
     int torch_equal;
     char root[32];
@@ -196,6 +196,13 @@ static void rep_convert(cvt_run *r, const char *ck) {
     if (rss > r->rss_to_dcp_kb) r->rss_to_dcp_kb = rss;
     snprintf(cmd, sizeof cmd, "cp '%s' '%s.copy' && sync", st, st);
     put(r, F_CP_ST, bench_run(cmd, NULL));
+    /* the 1-rank DCP resharded to 2 ranks' files (what reshard-dcp does), against the same cp ceiling */
+    snprintf(cmd, sizeof cmd, "rm -rf '%s/conv_ws2' && sync && %s ckpt convert '%s' '%s/conv_ws2' --to dcp --world 2 "
+             ">/dev/null && sync", r->o.dir, r->o.bin, ck, r->o.dir);
+    put(r, F_RESHARD, bench_run(cmd, &rss));
+    if (rss > r->rss_reshard_kb) r->rss_reshard_kb = rss;
+    snprintf(cmd, sizeof cmd, "rm -rf '%s/conv_ws2'", r->o.dir);
+    bench_run(cmd, NULL);
     snprintf(cmd, sizeof cmd, "rm -rf '%s' '%s.copy' '%s/conv_dcp'", st, st, r->o.dir);
     bench_run(cmd, NULL);
 }
@@ -265,6 +272,8 @@ static void print_table(cvt_run *r) {
     row("`ckpt convert` DCP -> safetensors", b1, median(r, F_TO_ST), 0, -1, "", b1, median(r, F_CP1), "cp -r + sync of the DCP");
     row("`ckpt convert` safetensors -> DCP", r->st_bytes, median(r, F_TO_DCP), 0, -1, "", r->st_bytes, median(r, F_CP_ST),
         "cp + sync of the file");
+    row("`ckpt convert --world 2` (reshard 1 -> 2 ranks)", b1, median(r, F_RESHARD), 0, -1, "", b1, median(r, F_CP1),
+        "cp -r + sync of the DCP");
     char th[64];
     snprintf(th, sizeof th, "`init-cpu`, 1 rank, %d threads", r->o.threads);
     row(th, r->state_bytes, median(r, F_INIT_CPU), r->state_bytes, median(r, F_TINIT), "meta + to_empty + init",
@@ -284,6 +293,8 @@ static void print_table(cvt_run *r) {
            "(%.2fx); largest tensor %.0f MiB\n",
            (double)r->rss_to_st_kb / 1024, (double)r->rss_to_st_kb * 1024 / r->largest_bytes,
            (double)r->rss_to_dcp_kb / 1024, (double)r->rss_to_dcp_kb * 1024 / r->largest_bytes, r->largest_bytes / 1048576);
+    printf("peak RSS of the reshard 1 -> 2 ranks: %.0f MiB (%.2fx the largest tensor)\n",
+           (double)r->rss_reshard_kb / 1024, (double)r->rss_reshard_kb * 1024 / r->largest_bytes);
     if (r->o.torch && !r->torch_equal) printf("WARNING: PyTorch's dcp.load did not give back the saved tensors\n");
 }
 

@@ -126,6 +126,11 @@ int st_writer_begin(st_writer *w, fsdp_err *err);
 /* Appends len bytes to tensor idx (its bytes so far + len must not exceed its size). */
 int st_writer_write(st_writer *w, size_t idx, const void *data, size_t len, fsdp_err *err);
 /* Checks that every tensor is complete, fsyncs, renames `<path>.tmp` to path, fsyncs the directory. */
+/* For a caller writing tensor idx's bytes itself (positional writes on *fd, e.g. a streamed copy):
+ * where its next byte goes; then st_writer_wrote accounts for len bytes written there (failed: the
+ * write failed, the writer is failed and its temporary removed by st_writer_free). */
+int st_writer_target(st_writer *w, size_t idx, int *fd, uint64_t *off, fsdp_err *err);
+int st_writer_wrote(st_writer *w, size_t idx, uint64_t len, int failed, fsdp_err *err);
 int st_writer_finish(st_writer *w, fsdp_err *err);
 /* Frees the writer; if it was not finished, the temporary file is removed. */
 void st_writer_free(st_writer *w);

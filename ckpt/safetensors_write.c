@@ -287,6 +287,34 @@ int st_writer_write(st_writer *w, size_t idx, const void *data, size_t len, fsdp
     return rc;
 }
 
+int st_writer_target(st_writer *w, size_t idx, int *fd, uint64_t *off, fsdp_err *err) {
+    if (w->state != W_WRITING)
+        return fsdp_err_set(err, FSDP_E_INVALID, "%s: not writing (call st_writer_begin first; or an earlier error)",
+                            w->path);
+    if (idx >= w->n) return fsdp_err_set(err, FSDP_E_INVALID, "%s: no tensor #%zu", w->path, idx);
+    *fd = w->fd;
+    *off = 8 + w->header_len + w->t[idx].begin + w->t[idx].written;
+    return FSDP_OK;
+}
+
+int st_writer_wrote(st_writer *w, size_t idx, uint64_t len, int failed, fsdp_err *err) {
+    if (w->state != W_WRITING || idx >= w->n)
+        return fsdp_err_set(err, FSDP_E_INVALID, "%s: st_writer_wrote outside writing", w->path);
+    if (failed) {
+        w->state = W_FAILED;
+        return FSDP_OK;
+    }
+    wtensor *t = &w->t[idx];
+    if (len > t->nbytes - t->written) {
+        w->state = W_FAILED;
+        return fsdp_err_set(err, FSDP_E_INVALID, "%s: tensor '%s': %llu more bytes exceed its %llu bytes", w->path,
+                            t->name, (unsigned long long)len, (unsigned long long)t->nbytes);
+    }
+    t->written += len;
+    if (t->written == t->nbytes) crash_point("st.data.tensor", ++w->tensors_done, -1);
+    return FSDP_OK;
+}
+
 int st_int_fsync_dir_of(const char *path, fsdp_err *err) {
     const char *slash = strrchr(path, '/');
     char *dir;

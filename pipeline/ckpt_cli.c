@@ -8,6 +8,8 @@
 #include <jansson.h>
 
 #include "ckpt/ckpt_stale.h"
+#include "ckpt/ckpt_reshard.h"
+#include "ckpt/ckpt_stream_out.h"
 #include "ckpt/dcp.h"
 #include "ckpt/namemap.h"
 #include "ckpt/key_layout.h"
@@ -24,7 +26,7 @@ static void ckpt_usage(FILE *f) {
           "       fsdp-run ckpt convert SRC DST [--to dcp|safetensors] [--names hf|torchtitan] [--dtype f32|bf16|f16]\n"
           "                             [--keys GLOB[,GLOB...]]... [--exclude GLOB[,GLOB...]]... [--strip-prefix P]\n"
           "                             [--add-prefix P] [--n-heads H --n-kv-heads K] [--model PRESET|HF_DIR] [--overwrite]\n"
-          "                             [--prefixes model=P,optim=P] [--layout torchtitan|keep]\n"
+          "                             [--prefixes model=P,optim=P] [--layout torchtitan|keep] [--world M]\n"
           "       fsdp-run ckpt diff A B [--rtol R] [--atol A] [--round] [--ignore GLOB[,GLOB...]]...\n"
           "                              [--names hf|torchtitan [--n-heads H --n-kv-heads K]]\n"
           "GLOB: `*` matches within one dotted component, `**` across them (optimizer.**); a pattern\n"
@@ -37,7 +39,9 @@ static void ckpt_usage(FILE *f) {
           "convert refuses an existing DST (a DCP checkpoint or a file) unless --overwrite, which replaces it\n"
           "atomically: DST holds the old or the new checkpoint at every instant. --model names the model the\n"
           "checkpoint holds (its heads for the q/k permutation); with --to safetensors --names hf the tensors are\n"
-          "checked against it and its config.json is written next to DST, so transformers opens the directory.\n",
+          "checked against it and its config.json is written next to DST, so transformers opens the directory.\n"
+          "--world M (--to dcp) writes M ranks' data files, each tensor split along dim 0 as FSDP2's Shard(0),\n"
+          "the bytes save-dcp on M ranks writes (an N -> M reshard, streamed: memory stays a few MiB).\n",
           f);
 }
 
@@ -189,6 +193,7 @@ static int read_converted(const conv *c, size_t i, const nmap_info *info, fsdp_d
 typedef struct conv_out {
     const char *src, *dst, *to;
     int overwrite;
+    int world;              /* --world M (0: not given) */
     size_t written, values; /* tensors, non-tensor entries written */
     uint64_t bytes;
 } conv_out;
@@ -276,6 +281,16 @@ static int convert_args(int argc, char **argv, conv *c, conv_out *o, FILE *log) 
             i++;
         }
         else if (!strcmp(a, "--overwrite")) o->overwrite = 1;
+        else if (!strcmp(a, "--world") && v) {
+            char *end;
+            long w = strtol(v, &end, 10);
+            if (*end || w < 1 || w > 65536) {
+                fprintf(log, "fsdp-run ckpt convert: --world %s: expected a number of ranks from 1 to 65536\n", v);
+                return 2;
+            }
+            o->world = (int)w;
+            i++;
+        }
         else if (a[0] == '-') {
             fprintf(log, "fsdp-run ckpt convert: unknown option %s\n", a);
             return 2;
@@ -296,6 +311,10 @@ static int convert_args(int argc, char **argv, conv *c, conv_out *o, FILE *log) 
         o->to = l > 12 && !strcmp(o->dst + l - 12, ".safetensors") ? "safetensors" : "dcp";
     }
     if (c->kv_heads <= 0) c->kv_heads = c->heads;
+    if (o->world && strcmp(o->to, "dcp")) {
+        fprintf(log, "fsdp-run ckpt convert: --world writes a DCP checkpoint (--to dcp), not %s\n", o->to);
+        return 2;
+    }
     return 0;
 }
 
@@ -357,18 +376,32 @@ static int convert_to_safetensors(const conv *c, conv_out *o, FILE *log, fsdp_er
     }
     if (!rc && c->model && c->names && !strcmp(c->names, "hf")) rc = check_model(c, skip, err);
     if (!rc) rc = st_writer_begin(w, err);
+    cks_files fc = {0};
+    cks_opts so;
+    cks_opts_default(&so);
+    char what[4200];
+    snprintf(what, sizeof what, "%s.tmp", o->dst);
     for (size_t i = 0; i < n && !rc; i++) {
         if (skip[i]) continue;
         const ckpt_entry *e = ckpt_entry_at(c->r, i);
         fsdp_dtype dt = c->dtype ? c->dtype : e->dtype;
-        void *buf;
-        if ((rc = read_converted(c, i, &info[i], dt, &buf, err))) break;
         size_t len = (size_t)numel_of(e) * fsdp_dtype_size(dt);
-        rc = st_writer_write(w, idx[i], buf, len, err);
-        free(buf);
+        cks_src s;
+        int ok = 0;
+        if (cks_enabled() && info[i].qk == NMAP_QK_NONE && (rc = cks_src_resolve(c->r, i, &fc, &s, &ok, err))) break;
+        if (ok) { /* streamed through a small ring: memory bounded by it, not by the tensor */
+            rc = cks_to_st(&s, dt, w, idx[i], what, &so, err);
+            cks_src_free(&s);
+        } else {
+            void *buf;
+            if ((rc = read_converted(c, i, &info[i], dt, &buf, err))) break;
+            rc = st_writer_write(w, idx[i], buf, len, err);
+            free(buf);
+        }
         o->written++;
         o->bytes += len;
     }
+    cks_files_free(&fc);
     if (!rc) rc = st_writer_finish(w, err);
     if (!rc && c->model && c->names && !strcmp(c->names, "hf")) {
         /* the dtype written: --dtype, else the first tensor's */
@@ -386,60 +419,110 @@ static int convert_to_safetensors(const conv *c, conv_out *o, FILE *log, fsdp_er
     return rc;
 }
 
-/* A non-tensor entry (step, param group option, bytes) kept as the pickle it was read from (a DCP
- * byte item byte for byte), so that torch.load / dcp.load read back the same value. */
-static int convert_value(const conv *c, size_t i, const char *name, dcp_file_writer *fw, dcp_record *rec,
-                         fsdp_err *err) {
-    void *p;
-    size_t len;
-    int rc = ckpt_value_pickle(c->r, i, &p, &len, err);
-    if (!rc) rc = dcp_file_add_pickle(fw, name, p, len, rec, err);
-    free(p);
+/* ckrs_src callbacks: a tensor streamed unless its rows are permuted (q/k under a name mapping),
+ * else read whole with that permutation. */
+typedef struct conv_rs {
+    const conv *c;
+    nmap_info *info; /* by source index */
+} conv_rs;
+
+static int rs_can_stream(void *user, size_t i) {
+    conv_rs *u = user;
+    return cks_enabled() && u->info[i].qk == NMAP_QK_NONE;
+}
+
+static int rs_read_whole(void *user, size_t i, fsdp_dtype dt, void **buf, fsdp_err *err) {
+    conv_rs *u = user;
+    return read_converted(u->c, i, &u->info[i], dt, buf, err);
+}
+
+/* The entries convert writes (out_name's names) into e / names; *ne of them. */
+static int dcp_entries(const conv *c, conv_out *o, ckrs_entry *e, char (*names)[1024], nmap_info *info, size_t *ne,
+                       fsdp_err *err) {
+    size_t n = ckpt_count(c->r);
+    *ne = 0;
+    for (size_t i = 0; i < n; i++) {
+        const ckpt_entry *x = ckpt_entry_at(c->r, i);
+        if (!x->is_tensor && c->names) continue; /* --names: the model keys only */
+        int rc = out_name(c, x->name, names[*ne], sizeof names[*ne], &info[i], err);
+        if (rc) return rc;
+        if (!names[*ne][0]) continue;
+        e[*ne].i = i;
+        e[*ne].name = names[*ne];
+        e[*ne].dt = x->is_tensor && c->dtype ? c->dtype : x->dtype;
+        if (x->is_tensor) {
+            o->bytes += (uint64_t)numel_of(x) * fsdp_dtype_size(e[*ne].dt);
+            o->written++;
+        } else {
+            o->values++;
+        }
+        (*ne)++;
+    }
+    return 0;
+}
+
+/* The M data files of generation gen written (a failed one's temporary removed), their records
+ * concatenated in rank order into recs (*nr). */
+static int write_dcp_files(const ckrs_src *rs, const char *dst, unsigned gen, int world, dcp_record *recs, size_t *nr,
+                           FILE *log, fsdp_err *err) {
+    size_t per = rs->n + 2;
+    dcp_file_writer *fw = calloc((size_t)world, sizeof *fw);
+    dcp_record **rr = calloc((size_t)world, sizeof *rr);
+    size_t *nrec = calloc((size_t)world, sizeof *nrec);
+    int rc = fw && rr && nrec ? 0 : fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+    int opened = 0;
+    for (; !rc && opened < world; opened++) {
+        rr[opened] = recs + (size_t)opened * per;
+        if ((rc = dcp_file_open_gen(&fw[opened], dst, opened, gen, note_log, log, err))) break;
+    }
+    cks_files fc = {0};
+    if (!rc) rc = ckrs_write_ranks(rs, 0, world, fw, &fc, rr, nrec, err);
+    cks_files_free(&fc);
+    for (int r = 0; r < opened; r++) {
+        if (!rc) rc = dcp_file_close(&fw[r], err);
+        else if (fw[r].f) dcp_file_abort(&fw[r]);
+    }
+    /* the records of rank r follow rank r-1's (the order save-dcp gathers them in) */
+    *nr = 0;
+    for (int r = 0; !rc && r < world; r++) {
+        memmove(recs + *nr, rr[r], nrec[r] * sizeof *recs);
+        *nr += nrec[r];
+    }
+    free(fw);
+    free(rr);
+    free(nrec);
     return rc;
 }
 
-/* Into a DCP directory: new data file of a fresh generation, .metadata replaced last, then the
- * replaced checkpoint's files removed (ckpt/dcp_commit.c); crash points convert.* and dcp.*. */
+/* Into a DCP directory of --world M ranks' data files (1 without it): new data files of a fresh
+ * generation, .metadata replaced last, then the replaced checkpoint's files removed
+ * (ckpt/dcp_commit.c); crash points convert.* and dcp.*. Tensors stream (ckpt/ckpt_reshard.h). */
 static int convert_to_dcp(const conv *c, conv_out *o, FILE *log, fsdp_err *err) {
     unsigned gen;
     int rc = dcp_prepare_dir(o->dst, o->overwrite, "fsdp-run ckpt convert", "pass --overwrite to replace it", &gen,
                              note_log, log, err);
     if (rc) return rc;
     crash_point("convert.prepared", 1, 0);
-    size_t n = ckpt_count(c->r), nr = 0;
-    dcp_file_writer fw;
-    memset(&fw, 0, sizeof fw);
-    dcp_record *recs = calloc(n ? n : 1, sizeof *recs);
-    if (!recs) rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
-    if (!rc) rc = dcp_file_open_gen(&fw, o->dst, 0, gen, note_log, log, err);
-    for (size_t i = 0; i < n && !rc; i++) {
-        const ckpt_entry *e = ckpt_entry_at(c->r, i);
-        char name[1024];
-        nmap_info info;
-        if (!e->is_tensor && c->names) continue; /* --names: the model keys only */
-        if ((rc = out_name(c, e->name, name, sizeof name, &info, err))) break;
-        if (!name[0]) continue;
-        if (!e->is_tensor) {
-            rc = convert_value(c, i, name, &fw, &recs[nr++], err);
-            o->values++;
-            continue;
-        }
-        fsdp_dtype dt = c->dtype ? c->dtype : e->dtype;
-        void *buf;
-        if ((rc = read_converted(c, i, &info, dt, &buf, err))) break;
-        int64_t zero[FSDP_MAX_DIMS] = {0};
-        rc = dcp_file_add_tensor(&fw, name, dt, e->ndim, e->shape, zero, e->shape, buf, &recs[nr++], err);
-        o->bytes += (uint64_t)numel_of(e) * fsdp_dtype_size(dt);
-        o->written++;
-        free(buf);
-    }
-    if (!rc) rc = dcp_file_close(&fw, err);
-    else if (fw.f) dcp_file_abort(&fw);
+    int world = o->world > 0 ? o->world : 1;
+    size_t n = ckpt_count(c->r), nr = 0, ne = 0, per = n + 2;
+    ckrs_entry *e = calloc(n ? n : 1, sizeof *e);
+    char (*names)[1024] = calloc(n ? n : 1, sizeof *names);
+    nmap_info *info = calloc(n ? n : 1, sizeof *info);
+    dcp_record *recs = calloc(per * (size_t)world, sizeof *recs);
+    if (!e || !names || !info || !recs) rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+    if (!rc) rc = dcp_entries(c, o, e, names, info, &ne, err);
+    conv_rs u = {c, info};
+    ckrs_src rs = {c->r, e, ne, world, o->world > 0, o->world > 0, rs_can_stream, rs_read_whole, &u, {0, 0, 0}};
+    cks_opts_default(&rs.o);
+    if (!rc) rc = write_dcp_files(&rs, o->dst, gen, world, recs, &nr, log, err);
     if (!rc) rc = dcp_write_metadata(o->dst, recs, nr, err);
     if (!rc) {
         crash_point("convert.committed", 1, 0);
-        dcp_remove_old_generations(o->dst, gen, 1, recs, nr, note_log, log);
+        dcp_remove_old_generations(o->dst, gen, world, recs, nr, note_log, log);
     }
+    free(e);
+    free(names);
+    free(info);
     free(recs);
     return rc;
 }

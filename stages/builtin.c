@@ -14,6 +14,7 @@ static const fsdp_stage_desc *const BUILTINS[] = {
     &stage_offload,
     &stage_save_dcp,
     &stage_save_safetensors,
+    &stage_reshard_dcp,
     &stage_verify,
     NULL
 };

@@ -90,6 +90,7 @@ extern const fsdp_stage_desc stage_load_ckpt;
 extern const fsdp_stage_desc stage_transform;
 extern const fsdp_stage_desc stage_save_safetensors;
 extern const fsdp_stage_desc stage_verify;
+extern const fsdp_stage_desc stage_reshard_dcp;
 /* Synchronous DCP save of the state (used by save-dcp and train-steps' save_every). */
 int stage_save_dcp_to(fsdp_ctx *ctx, fsdp_state *s, const char *path, int optimizer, int overwrite, fsdp_err *err);
 /* A periodic save of train-steps: base/step-<train_step>, async or not (async: committed by

@@ -1,0 +1,342 @@
+/* The ring of ckpt_stream.h: a reader thread fills slots with source pieces (checking segment
+ * CRCs as it goes), the calling thread converts and writes them in the same order. */
+#include "ckpt/ckpt_stream.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include "ckpt/ckpt_pio.h"
+
+void cks_opts_default(cks_opts *o) {
+    o->piece = (size_t)8 << 20;
+    o->slots = 4;
+    const char *c = getenv("FSDP_CONVERT_CFR");
+    o->cfr = !(c && !strcmp(c, "0"));
+    const char *p = getenv("FSDP_CONVERT_PIECE");
+    if (p && *p) {
+        char *end;
+        unsigned long long v = strtoull(p, &end, 10);
+        if (!*end && v > 0) o->piece = (size_t)v;
+    }
+}
+
+int cks_enabled(void) {
+    const char *s = getenv("FSDP_CONVERT_STREAM");
+    return !(s && !strcmp(s, "0"));
+}
+
+void cks_files_free(cks_files *fc) {
+    for (size_t i = 0; i < fc->n; i++) {
+        if (fc->f[i].fd >= 0) close(fc->f[i].fd);
+        free(fc->f[i].path);
+    }
+    free(fc->f);
+    for (int i = 0; i < CKS_MAX_SLOTS; i++) free(fc->buf[i]);
+    free(fc->cvt);
+    memset(fc, 0, sizeof *fc);
+}
+
+int cks_files_open(cks_files *fc, const char *path, int *fd, uint64_t *size, const char **what, fsdp_err *err) {
+    for (size_t i = 0; i < fc->n; i++)
+        if (!strcmp(fc->f[i].path, path)) {
+            *fd = fc->f[i].fd, *size = fc->f[i].size, *what = fc->f[i].path;
+            return 0;
+        }
+    if (fc->n == fc->cap) {
+        size_t cap = fc->cap ? 2 * fc->cap : 8;
+        struct cks_file *f = realloc(fc->f, cap * sizeof *f);
+        if (!f) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory opening %s", path);
+        fc->f = f;
+        fc->cap = cap;
+    }
+    struct cks_file *f = &fc->f[fc->n];
+    f->path = strdup(path);
+    if (!f->path) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory opening %s", path);
+    f->fd = open(path, O_RDONLY | O_CLOEXEC);
+    struct stat st;
+    if (f->fd < 0 || fstat(f->fd, &st) != 0) {
+        int e = errno;
+        if (f->fd >= 0) close(f->fd);
+        free(f->path);
+        return fsdp_err_set(err, FSDP_E_IO, "%s: cannot open: %s", path, strerror(e));
+    }
+    f->size = (uint64_t)st.st_size;
+    fc->n++;
+    *fd = f->fd, *size = f->size, *what = f->path;
+    return 0;
+}
+
+void cks_src_free(cks_src *s) {
+    free(s->seg);
+    memset(s, 0, sizeof *s);
+}
+
+/* ---- the ring ------------------------------------------------------------------------------ */
+
+typedef struct slot {
+    char *buf;
+    size_t len;
+    size_t seg;
+    uint64_t at;  /* file offset of the piece in its segment's file */
+    uint64_t seg_at; /* its offset in the segment */
+    size_t split; /* the reader's CRC covers [0, split) */
+    uint32_t crc; /* of the piece, when the reader computes the destination's CRC (same dtype) */
+} slot;
+
+typedef struct ring {
+    cks_src *s;
+    int64_t r0, r1;
+    const cks_opts *o;
+    size_t piece;
+    slot *sl;
+    int nslots;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    long produced, consumed;
+    int reader_done, reader_failed, stop;
+    int piece_crc;  /* each source piece's CRC is needed (a stored CRC to check, or the same bytes written
+                       into a zip record) */
+    int out_same;   /* the bytes written are the source's (no conversion) */
+    int crc_split;  /* the writer computes the second half of each piece's CRC (it has time beside the
+                       kernel's copy) */
+    int cfr;        /* the writer copies with copy_file_range (no conversion) */
+    fsdp_err rerr;
+} ring;
+
+/* Bytes [a, b) of segment k that rows [r0, r1) cover. */
+static void seg_range(const cks_src *s, size_t k, int64_t r0, int64_t r1, uint64_t *a, uint64_t *b) {
+    const cks_seg *g = &s->seg[k];
+    int64_t lo = r0 > g->row0 ? r0 : g->row0, hi = r1 < g->row0 + g->rows ? r1 : g->row0 + g->rows;
+    if (hi < lo) hi = lo;
+    *a = (uint64_t)(lo - g->row0) * s->row_bytes;
+    *b = (uint64_t)(hi - g->row0) * s->row_bytes;
+}
+
+/* Adds a piece's CRC (crc of n bytes at byte at of segment g) to g's running CRC; once its last byte
+ * is in, checks it against the stored one. */
+static int seg_crc(const cks_src *s, cks_seg *g, uint64_t at, uint32_t crc, size_t n, fsdp_err *err) {
+    if (!g->check) return 0;
+    if (at != g->done) { /* not read in order from its start: cannot be checked */
+        g->check = 0;
+        return 0;
+    }
+    g->run = (uint32_t)crc32_combine(g->run, crc, (z_off_t)n);
+    g->done += n;
+    if (g->done == g->len && g->run != g->crc)
+        return fsdp_err_set(err, FSDP_E_FORMAT,
+                            "tensor %s: %s%s: CRC-32 mismatch (the archive says 0x%08x, the %llu bytes read give "
+                            "0x%08x): the record is corrupt",
+                            s->name, g->what, g->rec, (unsigned)g->crc, (unsigned long long)g->len, (unsigned)g->run);
+    return 0;
+}
+
+/* Waits for a free slot; -1 when told to stop. */
+static int wait_free(ring *q) {
+    pthread_mutex_lock(&q->mu);
+    while (!q->stop && q->produced - q->consumed >= q->nslots) pthread_cond_wait(&q->cv, &q->mu);
+    int stop = q->stop;
+    pthread_mutex_unlock(&q->mu);
+    return stop ? -1 : 0;
+}
+
+static void publish(ring *q, int done, int failed) {
+    pthread_mutex_lock(&q->mu);
+    if (!done) q->produced++;
+    else q->reader_done = 1, q->reader_failed = failed;
+    pthread_cond_broadcast(&q->cv);
+    pthread_mutex_unlock(&q->mu);
+}
+
+static void *reader_main(void *arg) {
+    ring *q = arg;
+    cks_src *s = q->s;
+    ckpt_pio_opts po = {0, 1, 0};
+    int rc = 0;
+    for (size_t k = 0; k < s->n && !rc; k++) {
+        uint64_t a, b;
+        seg_range(s, k, q->r0, q->r1, &a, &b);
+        cks_seg *g = &s->seg[k];
+        for (uint64_t at = a; at < b && !rc; at += q->piece) {
+            size_t n = b - at < q->piece ? (size_t)(b - at) : q->piece;
+            if (wait_free(q)) {
+                publish(q, 1, 0);
+                return NULL;
+            }
+            slot *sl = &q->sl[q->produced % q->nslots];
+            rc = ckpt_pread_all(g->fd, sl->buf, n, g->off + at, g->what, &po, &q->rerr);
+            /* the piece's CRC is shared: the reader's part here, the writer's beside its copy */
+            sl->split = q->crc_split ? n / 2 : n;
+            if (!rc && q->piece_crc) sl->crc = (uint32_t)crc32(0, (const unsigned char *)sl->buf, (uInt)sl->split);
+            if (!rc) {
+                sl->len = n;
+                sl->seg = k;
+                sl->at = g->off + at;
+                sl->seg_at = at;
+                publish(q, 0, 0);
+            }
+        }
+    }
+    publish(q, 1, rc != 0);
+    return NULL;
+}
+
+/* The next filled slot, NULL when the reader is done (q->reader_failed: with an error). */
+static slot *wait_filled(ring *q) {
+    pthread_mutex_lock(&q->mu);
+    while (q->consumed == q->produced && !q->reader_done) pthread_cond_wait(&q->cv, &q->mu);
+    slot *sl = q->consumed < q->produced ? &q->sl[q->consumed % q->nslots] : NULL;
+    pthread_mutex_unlock(&q->mu);
+    return sl;
+}
+
+static void release(ring *q) {
+    pthread_mutex_lock(&q->mu);
+    q->consumed++;
+    pthread_cond_broadcast(&q->cv);
+    pthread_mutex_unlock(&q->mu);
+}
+
+/* The piece copied by the kernel from its source file (copy_file_range: no copy through user
+ * memory); *copied = 0 where the kernel cannot (another file system, a special file): the caller
+ * writes the slot's bytes, and so for the rest of the tensor. */
+static int copy_range(ring *q, const slot *sl, int out_fd, uint64_t pos, int *copied, const char *out_what,
+                      fsdp_err *err) {
+    const cks_seg *g = &q->s->seg[sl->seg];
+    loff_t in = (loff_t)sl->at, out = (loff_t)pos;
+    size_t left = sl->len;
+    while (left) {
+        ssize_t k = copy_file_range(g->fd, &in, out_fd, &out, left, 0);
+        if (k < 0 && errno == EINTR) continue;
+        if (k < 0 && left == sl->len &&
+            (errno == EXDEV || errno == EINVAL || errno == ENOSYS || errno == EOPNOTSUPP || errno == EBADF)) {
+            q->cfr = 0;
+            return 0;
+        }
+        if (k <= 0) /* 0: the source ended early (it shrank since the reader read it) */
+            return fsdp_err_set(err, k < 0 ? FSDP_E_IO : FSDP_E_FORMAT, "%s: write failed (copying from %s): %s",
+                                out_what, g->what, k < 0 ? strerror(errno) : "the source file ends early");
+        left -= (size_t)k;
+    }
+    *copied = 1;
+    return 0;
+}
+
+/* An error about tensor s names it (once). */
+static int name_tensor(const cks_src *s, fsdp_err *err, int rc) {
+    char tag[1100];
+    snprintf(tag, sizeof tag, "tensor %s", s->name);
+    return strstr(err->msg, tag) ? rc : fsdp_err_prefix(err, "%s", tag);
+}
+
+/* The calling thread's side: convert, CRC, write every piece in order. */
+static int writer_loop(ring *q, fsdp_dtype dst_dt, int out_fd, uint64_t out_off, uint32_t *out_crc, char *cvt,
+                       const char *out_what, fsdp_err *err) {
+    cks_src *s = q->s;
+    size_t ssz = fsdp_dtype_size(s->dtype), dsz = fsdp_dtype_size(dst_dt);
+    ckpt_pio_opts po = {0, 1, 0};
+    uint64_t pos = out_off;
+    uint32_t crc = (uint32_t)crc32(0, NULL, 0);
+    slot *sl;
+    while ((sl = wait_filled(q))) {
+        const char *p = sl->buf;
+        size_t n = sl->len;
+        int rc = 0;
+        if (dst_dt != s->dtype) {
+            rc = fsdp_convert(cvt, dst_dt, sl->buf, s->dtype, n / ssz, err);
+            p = cvt;
+            n = n / ssz * dsz;
+        }
+        uint32_t c = 0;
+        if (q->piece_crc) {
+            size_t rest = sl->len - sl->split;
+            uint32_t b = (uint32_t)crc32(0, (const unsigned char *)sl->buf + sl->split, (uInt)rest);
+            uint32_t pc = (uint32_t)crc32_combine(sl->crc, b, (z_off_t)rest);
+            rc = seg_crc(s, &s->seg[sl->seg], sl->seg_at, pc, sl->len, err);
+            c = pc;
+        }
+        int copied = 0;
+        if (!rc && q->cfr) rc = copy_range(q, sl, out_fd, pos, &copied, out_what, err);
+        if (!rc && !copied)
+            rc = ckpt_pwrite_all(out_fd, p, n, pos, out_crc && !q->out_same ? &c : NULL, out_what, &po, err);
+        if (rc) return name_tensor(s, err, rc);
+        if (out_crc) crc = (uint32_t)crc32_combine(crc, c, (z_off_t)n);
+        pos += n;
+        release(q);
+    }
+    if (q->reader_failed) {
+        *err = q->rerr;
+        return name_tensor(s, err, err->code);
+    }
+    if (out_crc) *out_crc = crc;
+    return 0;
+}
+
+/* The ring's slots on fc's buffers (grown to the piece size once, then reused) and the conversion
+ * buffer of cvt_bytes (none for 0); nonzero when out of memory. */
+static int ring_buffers(cks_files *fc, ring *q, size_t cvt_bytes, char **cvt) {
+    if (fc->buf_cap < q->piece) {
+        for (int i = 0; i < CKS_MAX_SLOTS; i++) free(fc->buf[i]), fc->buf[i] = NULL;
+        fc->buf_cap = q->piece;
+    }
+    for (int i = 0; i < q->nslots; i++) {
+        if (!fc->buf[i] && !(fc->buf[i] = malloc(fc->buf_cap))) return -1;
+        q->sl[i].buf = fc->buf[i];
+    }
+    if (cvt_bytes > fc->cvt_cap) {
+        free(fc->cvt);
+        fc->cvt_cap = 0;
+        if (!(fc->cvt = malloc(cvt_bytes))) return -1;
+        fc->cvt_cap = cvt_bytes;
+    }
+    *cvt = cvt_bytes ? fc->cvt : NULL;
+    return 0;
+}
+
+int cks_copy_rows(cks_src *s, int64_t r0, int64_t r1, fsdp_dtype dst_dt, int out_fd, uint64_t out_off,
+                  uint32_t *out_crc, const cks_opts *o, const char *out_what, fsdp_err *err) {
+    ring q;
+    memset(&q, 0, sizeof q);
+    q.s = s, q.r0 = r0, q.r1 = r1, q.o = o;
+    size_t ssz = fsdp_dtype_size(s->dtype), dsz = fsdp_dtype_size(dst_dt);
+    q.piece = o->piece / ssz * ssz;
+    if (q.piece < ssz) q.piece = ssz;
+    q.nslots = o->slots < 2 ? 2 : o->slots > CKS_MAX_SLOTS ? CKS_MAX_SLOTS : o->slots;
+    if (out_crc) *out_crc = (uint32_t)crc32(0, NULL, 0);
+    if (r1 <= r0) return 0;
+    q.out_same = dst_dt == s->dtype;
+    q.cfr = o->cfr && q.out_same;
+    q.piece_crc = (out_crc && q.out_same) || s->n == 0;
+    for (size_t k = 0; k < s->n; k++) q.piece_crc |= s->seg[k].check;
+    q.crc_split = q.cfr;
+    q.sl = calloc((size_t)q.nslots, sizeof *q.sl);
+    char *cvt = NULL;
+    int rc = !q.sl || ring_buffers(s->fc, &q, dst_dt != s->dtype ? q.piece / ssz * dsz : 0, &cvt);
+    if (rc) {
+        rc = fsdp_err_set(err, FSDP_E_NOMEM, "tensor %s: out of memory for the copy buffers", s->name);
+    } else {
+        pthread_mutex_init(&q.mu, NULL);
+        pthread_cond_init(&q.cv, NULL);
+        pthread_t th;
+        if (pthread_create(&th, NULL, reader_main, &q) != 0) {
+            rc = fsdp_err_set(err, FSDP_E_RUNTIME, "tensor %s: cannot start the reader thread", s->name);
+        } else {
+            rc = writer_loop(&q, dst_dt, out_fd, out_off, out_crc, cvt, out_what, err);
+            pthread_mutex_lock(&q.mu);
+            q.stop = 1;
+            pthread_cond_broadcast(&q.cv);
+            pthread_mutex_unlock(&q.mu);
+            pthread_join(th, NULL);
+        }
+        pthread_cond_destroy(&q.cv);
+        pthread_mutex_destroy(&q.mu);
+    }
+    free(q.sl);
+    return rc;
+}

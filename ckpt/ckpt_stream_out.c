@@ -1,0 +1,55 @@
+/* cks_to_st / cks_to_dcp (ckpt_stream_out.h). */
+#include "ckpt/ckpt_stream_out.h"
+
+#include <string.h>
+
+#include "ckpt/zip_write_at.h"
+
+int cks_to_st(cks_src *s, fsdp_dtype dt, st_writer *w, size_t idx, const char *what, const cks_opts *o,
+              fsdp_err *err) {
+    int fd;
+    uint64_t off;
+    int rc = st_writer_target(w, idx, &fd, &off, err);
+    if (rc) return rc;
+    rc = cks_copy_rows(s, 0, s->rows, dt, fd, off, NULL, o, what, err);
+    uint64_t n = (uint64_t)s->rows * (s->row_bytes / fsdp_dtype_size(s->dtype)) * fsdp_dtype_size(dt);
+    fsdp_err e2;
+    int rc2 = st_writer_wrote(w, idx, rc ? 0 : n, rc != 0, &e2);
+    if (!rc && rc2) *err = e2;
+    return rc ? rc : rc2;
+}
+
+typedef struct dcp_fill {
+    cks_src *s;
+    int64_t r0, r1;
+    fsdp_dtype dt;
+    const cks_opts *o;
+    const char *what;
+} dcp_fill;
+
+static int fill_chunk(void *user, zip_writer *zw, fsdp_err *err) {
+    dcp_fill *f = user;
+    int fd;
+    uint64_t off;
+    int rc = zip_writer_data_pos(zw, &fd, &off, err);
+    uint32_t crc = 0;
+    if (!rc) rc = cks_copy_rows(f->s, f->r0, f->r1, f->dt, fd, off, &crc, f->o, f->what, err);
+    if (rc) {
+        zw->failed = 1;
+        return rc;
+    }
+    uint64_t n = (uint64_t)(f->r1 - f->r0) * (f->s->row_bytes / fsdp_dtype_size(f->s->dtype)) * fsdp_dtype_size(f->dt);
+    return zip_writer_data_written(zw, n, crc, err);
+}
+
+int cks_to_dcp(cks_src *s, int64_t r0, int64_t r1, const char *name, fsdp_dtype dt, int ndim, const int64_t *shape,
+               dcp_file_writer *fw, const cks_opts *o, dcp_record *rec, fsdp_err *err) {
+    int64_t off[FSDP_MAX_DIMS] = {0}, sizes[FSDP_MAX_DIMS];
+    memcpy(sizes, shape, (size_t)ndim * sizeof *shape);
+    if (ndim > 0) {
+        off[0] = r0;
+        sizes[0] = r1 - r0;
+    }
+    dcp_fill f = {s, r0, r1, dt, o, fw->tmp};
+    return dcp_file_add_tensor_fill(fw, name, dt, ndim, shape, off, sizes, fill_chunk, &f, rec, err);
+}

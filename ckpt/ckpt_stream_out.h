@@ -1,0 +1,18 @@
+/* Streamed copies (ckpt_stream.h) of a checkpoint's tensors into the two writers of the ckpt tools:
+ * a safetensors file (st_writer) and a DCP data file (dcp_file_writer). */
+#ifndef FSDP_CKPT_STREAM_OUT_H
+#define FSDP_CKPT_STREAM_OUT_H
+
+#include "ckpt/ckpt_stream.h"
+#include "ckpt/dcp.h"
+#include "ckpt/safetensors.h"
+
+/* Tensor s (all its rows) as dt into declared tensor idx of w; what names w's file in errors. */
+int cks_to_st(cks_src *s, fsdp_dtype dt, st_writer *w, size_t idx, const char *what, const cks_opts *o,
+              fsdp_err *err);
+/* Rows [r0, r1) of tensor s as dt appended to fw as the chunk of global tensor name (shape: s's
+ * rows by its trailing dims) at row offset r0; *rec its record. */
+int cks_to_dcp(cks_src *s, int64_t r0, int64_t r1, const char *name, fsdp_dtype dt, int ndim, const int64_t *shape,
+               dcp_file_writer *fw, const cks_opts *o, dcp_record *rec, fsdp_err *err);
+
+#endif
