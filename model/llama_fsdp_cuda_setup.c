@@ -279,7 +279,7 @@ int llama_fsdp_cuda_create(fsdp_state *s, comm *c, dev_ctx *d, int B, int T, con
         return fsdp_err_set(err, FSDP_E_INVALID, "training (cuda): batch %d x %d must be positive", B, T);
     int rc = llama_model_check(&s->cfg, err);
     if (rc) return rc;
-    llama_fsdp_cuda_options o = {LLAMA_FSDP_MIXED_NONE, LLAMA_FSDP_AC_NONE, 0, 0};
+    llama_fsdp_cuda_options o = {LLAMA_FSDP_MIXED_NONE, LLAMA_FSDP_AC_NONE, 0, 0, 0};
     if (opt) o = *opt;
     if ((rc = llama_head_chunk_check(o.head_chunk_rows, "training (cuda)", err))) return rc;
     if ((o.mixed != LLAMA_FSDP_MIXED_NONE && o.mixed != LLAMA_FSDP_MIXED_BF16) ||
