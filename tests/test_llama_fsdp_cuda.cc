@@ -176,7 +176,7 @@ protected:
     std::vector<fsdp_state *> states_;
 };
 
-const llama_fsdp_cuda_options F32 = {LLAMA_FSDP_MIXED_NONE, LLAMA_FSDP_AC_NONE, 0, 0};
+const llama_fsdp_cuda_options F32 = {LLAMA_FSDP_MIXED_NONE, LLAMA_FSDP_AC_NONE, 0, 0, 0};
 
 }  // namespace
 
@@ -341,8 +341,8 @@ TEST_F(LlamaFsdpCuda, ActivationCheckpointingAndKeptLayersMatchTheDefault) {
 // its workspace holds 5 rows of logits instead of 64.
 TEST_F(LlamaFsdpCuda, ChunkedHeadMatchesTheWholeBatchHead) {
     fsdp_state *base = make_state(), *chunked = make_state(), *chunked16 = make_state();
-    llama_fsdp_cuda_options o5 = {LLAMA_FSDP_MIXED_NONE, LLAMA_FSDP_AC_NONE, 0, 5};
-    llama_fsdp_cuda_options o5b = {LLAMA_FSDP_MIXED_BF16, LLAMA_FSDP_AC_NONE, 0, 5};
+    llama_fsdp_cuda_options o5 = {LLAMA_FSDP_MIXED_NONE, LLAMA_FSDP_AC_NONE, 0, 5, 0};
+    llama_fsdp_cuda_options o5b = {LLAMA_FSDP_MIXED_BF16, LLAMA_FSDP_AC_NONE, 0, 5, 0};
     std::vector<llama_fsdp_result> r0 = run_gpu(base, F32, 3), r1 = run_gpu(chunked, o5, 3);
     std::vector<llama_fsdp_result> r2 = run_gpu(chunked16, o5b, 3);
     ASSERT_EQ(r0.size(), 3u);
