@@ -48,6 +48,7 @@ void llama_fsdp_cuda_free(llama_fsdp_cuda *f) {
         dfree(f, f->d_stats);
         dfree(f, f->gacc);
         dfree(f, f->d_clip);
+        llama_fsdp_cuda_flat_free(f);
         if (f->h_stats) dev_host_free(f->d, f->h_stats, &e);
         if (f->h_stage) dev_host_free(f->d, f->h_stage, &e);
     }
@@ -301,7 +302,8 @@ int llama_fsdp_cuda_create(fsdp_state *s, comm *c, dev_ctx *d, int B, int T, con
     f->es = fsdp_dtype_size(f->dt);
     f->offload = s->offloaded != 0;
     if ((rc = find_params(f, err)) || (rc = shard_blocks(f, err)) || (rc = comm_dev_init(c, err)) ||
-        (rc = place_state(f, err)) || (rc = make_buffers(f, err))) {
+        (rc = place_state(f, err)) || (rc = make_buffers(f, err)) ||
+        (!o.per_param && (rc = llama_fsdp_cuda_flat_setup(f, err)))) {
         llama_fsdp_cuda_free(f);
         return rc;
     }
