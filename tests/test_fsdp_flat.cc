@@ -264,9 +264,11 @@ TEST(FsdpFlatGpu, FlatMatchesPerParameterOnTheGpu) {
     Dir t;
     int n = 0;
     const std::string two = gpu_count() >= 2 || getenv("FSDP_EMU_DEVICES") ? mpirun_prefix(2) : "";
-    for (const char *model : {LLAMA, QWEN3})
-        for (const char *extra : {"", "mixed: bf16", "grad_accum: 2, reshard_after_forward: false", "ac: full"})
-            flat_vs_per_param(t, "g" + std::to_string(n++), model, 8, extra, two, 0, "cuda");
+    // (the emulated device is slow: the cases are few; activation checkpointing does not touch the
+    // collectives, the CPU test covers it)
+    for (const char *extra : {"", "mixed: bf16", "grad_accum: 2, reshard_after_forward: false"})
+        flat_vs_per_param(t, "g" + std::to_string(n++), LLAMA, 8, extra, two, 0, "cuda");
+    flat_vs_per_param(t, "g" + std::to_string(n++), QWEN3, 8, "mixed: bf16, grad_accum: 2", two, 0, "cuda");
     // the offloaded optimizer (moments in host memory, downloads after each block's reduce-scatter)
     {
         std::string o;
@@ -284,9 +286,8 @@ TEST(FsdpFlatGpu, FlatMatchesPerParameterOnTheGpu) {
         printf("[ FsdpFlatGpu ] 3 ranks not run: %d GPU(s)\n", gpu_count());
         return;
     }
-    for (const char *model : {LLAMA, QWEN3})
-        for (const char *extra : {"mixed: bf16", "grad_accum: 2"})
-            flat_vs_per_param(t, "g3_" + std::to_string(n++), model, 12, extra, three, 1e-5, "cuda");
+    flat_vs_per_param(t, "g3_" + std::to_string(n++), LLAMA, 12, "", three, 1e-5, "cuda");
+    flat_vs_per_param(t, "g3_" + std::to_string(n++), QWEN3, 12, "mixed: bf16, grad_accum: 2", three, 1e-5, "cuda");
 }
 
 // The GPU path's message count: per block one all-gather in the forward, one in the backward for the
@@ -303,10 +304,12 @@ TEST(FsdpFlatGpu, CollectivesPerStepAreLinearInLayers) {
         std::string model = "{preset: tiny, n_layers: " + std::to_string(L) + ", tie_embeddings: false}";
         EXPECT_EQ(collectives(t, model, true, mpirun_prefix(2), "collectives_per_step", "cuda"),
                   3 + L + (L - 2) + L + 3 + 2);
-        EXPECT_EQ(collectives(t, model, true, mpirun_prefix(2), "collectives_per_step", "cuda",
-                              "reshard_after_forward: false"),
-                  3 + L + L + 3 + 2);
-        EXPECT_EQ(collectives(t, model, false, mpirun_prefix(2), "collectives_per_step", "cuda"),
-                  3 + 9 * L + 9 * (L - 2) + 9 * L + 3 + 2);
+        if (L == 4)
+            EXPECT_EQ(collectives(t, model, true, mpirun_prefix(2), "collectives_per_step", "cuda",
+                                  "reshard_after_forward: false"),
+                      3 + L + L + 3 + 2);
+        else
+            EXPECT_EQ(collectives(t, model, false, mpirun_prefix(2), "collectives_per_step", "cuda"),
+                      3 + 9 * L + 9 * (L - 2) + 9 * L + 3 + 2);
     }
 }
