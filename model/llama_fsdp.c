@@ -8,6 +8,7 @@
 #include "kernels/cpu/kc.h"
 #include "model/llama_model.h"
 #include "model/llama_params.h"
+#include "runtime/flat_group.h"
 
 struct llama_fsdp {
     fsdp_state *s;
@@ -25,11 +26,19 @@ struct llama_fsdp {
     float *full_embed, *full_norm, *full_output; /* full_output == full_embed when tied */
     float *grad_embed, *grad_norm, *grad_output; /* grad_output == grad_embed when tied */
     float *acc; /* gradient accumulation: every layer's full gradient (n_layers x layer_numel), or NULL */
+    /* per-block collectives (runtime/flat_group.h): one group per layer, its scratch (the largest
+     * group's); per_param: one all-gather / reduce-scatter per parameter instead (llama_fsdp_set_flat) */
+    flat_group **groups;
+    float *flat_scratch;
+    int per_param;
 };
 
 void llama_fsdp_free(llama_fsdp *f) {
     if (!f) return;
     llama_model_ws_free(f->ws);
+    for (int i = 0; f->groups && i < f->cfg.n_layers; i++) flat_group_free(f->groups[i]);
+    free(f->groups);
+    free(f->flat_scratch);
     free(f->layer);
     free(f->acc);
     free(f->full_layer);
@@ -55,6 +64,29 @@ static state_param *need(fsdp_state *s, const char *name, int64_t numel, fsdp_er
         return NULL;
     }
     return p;
+}
+
+/* One flat group per layer (its parameters in the table's order) and the scratch they share. */
+static int make_groups(llama_fsdp *f, int world, int rank, fsdp_err *err) {
+    const int L = f->cfg.n_layers;
+    if (!(f->groups = calloc((size_t)L, sizeof *f->groups)))
+        return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory (training: parameter groups)");
+    size_t scratch = 1;
+    for (int i = 0; i < L; i++) {
+        int rc = flat_group_create(f->layer + (size_t)i * (size_t)f->per_layer, f->per_layer, world, rank,
+                                   &f->groups[i], err);
+        if (rc) return fsdp_err_prefix(err, "training: layer %d", i);
+        size_t n = flat_group_scratch_numel(f->groups[i]);
+        if (n > scratch) scratch = n;
+    }
+    if (world > 1 && !(f->flat_scratch = malloc(scratch * sizeof(float))))
+        return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory (training: %zu floats of flat collective buffer)",
+                            scratch);
+    return 0;
+}
+
+void llama_fsdp_set_flat(llama_fsdp *f, int flat) {
+    if (f) f->per_param = !flat;
 }
 
 int llama_fsdp_create(fsdp_state *s, comm *c, int B, int T, llama_fsdp **out, fsdp_err *err) {
@@ -125,7 +157,7 @@ int llama_fsdp_create_opts(fsdp_state *s, comm *c, int B, int T, int ac, int hea
             }
         }
     }
-    if ((rc = state_alloc_grads(s, err))) {
+    if ((rc = state_alloc_grads(s, err)) || (rc = make_groups(f, comm_size(c), comm_rank(c), err))) {
         llama_fsdp_free(f);
         return rc;
     }
@@ -139,13 +171,42 @@ int llama_fsdp_create_opts(fsdp_state *s, comm *c, int B, int T, int ac, int hea
     return 0;
 }
 
+/* The parameter slots of a full-layer buffer, in the group's order. */
+static void layer_slots(const llama_fsdp *f, float *base, float **slots) {
+    for (int k = 0; k < f->per_layer; k++) slots[k] = base + f->layer_off[k];
+}
+
 static int gather_layer(llama_fsdp *f, int i, llama_model_layer *lw, fsdp_err *err) {
+    if (!f->per_param) {
+        float *full[LLAMA_PARAMS_PER_LAYER_MAX];
+        layer_slots(f, f->full_layer, full);
+        int rc = flat_group_gather(f->groups[i], f->c, f->flat_scratch, full, err);
+        if (rc) return fsdp_err_prefix(err, "training: all-gather of layer %d", i);
+        llama_model_layer_bind(&f->cfg, f->full_layer, lw);
+        return 0;
+    }
     for (int k = 0; k < f->per_layer; k++) {
         state_param *p = f->layer[i * f->per_layer + k];
         int rc = state_unshard(p, p->data, f->c, f->full_layer + f->layer_off[k], err);
         if (rc) return rc;
     }
     llama_model_layer_bind(&f->cfg, f->full_layer, lw);
+    return 0;
+}
+
+/* Layer i's full gradient g (a full-layer buffer) reduce-scattered into its parameters' p->grad. */
+static int reduce_layer(llama_fsdp *f, int i, float *g, fsdp_err *err) {
+    if (!f->per_param) {
+        float *full[LLAMA_PARAMS_PER_LAYER_MAX];
+        layer_slots(f, g, full);
+        int rc = flat_group_reduce_scatter(f->groups[i], f->c, (const float *const *)full, f->flat_scratch, err);
+        return rc ? fsdp_err_prefix(err, "training: reduce-scatter of layer %d", i) : 0;
+    }
+    for (int k = 0; k < f->per_layer; k++) {
+        state_param *p = f->layer[i * f->per_layer + k];
+        int rc = state_reduce_scatter(p, g + f->layer_off[k], f->c, p->grad, err);
+        if (rc) return rc;
+    }
     return 0;
 }
 
@@ -201,10 +262,7 @@ static int micro_backward(llama_fsdp *f, int first, int last, fsdp_err *err) {
         if (!f->acc || first) memset(g, 0, (size_t)f->layer_numel * sizeof(float));
         llama_model_layer_bind(cfg, g, &lg);
         if ((rc = llama_bwd_layer(cfg, &lw, &lg, i, f->ws, err))) return rc;
-        for (int k = 0; last && k < f->per_layer; k++) {
-            state_param *p = f->layer[i * f->per_layer + k];
-            if ((rc = state_reduce_scatter(p, g + f->layer_off[k], f->c, p->grad, err))) return rc;
-        }
+        if (last && (rc = reduce_layer(f, i, g, err))) return rc;
     }
     if (first && !cfg->tie_embeddings) memset(f->grad_embed, 0, (size_t)(V * d) * sizeof(float));
     if ((rc = llama_bwd_embed(cfg, f->grad_embed, f->ws, err))) return rc;

@@ -40,6 +40,10 @@ int llama_fsdp_create_ac(fsdp_state *s, comm *c, int local_batch, int seq_len, i
 int llama_fsdp_create_opts(fsdp_state *s, comm *c, int local_batch, int seq_len, int ac, int head_chunk_rows,
                            llama_fsdp **out, fsdp_err *err);
 void llama_fsdp_free(llama_fsdp *f);
+/* Collectives per transformer block (flat != 0, the default: one all-gather and one reduce-scatter
+ * of each layer's parameters together, runtime/flat_group.h) or per parameter (0). Both give the
+ * same values: bit for bit on 2 ranks, within float32 summation order on more. */
+void llama_fsdp_set_flat(llama_fsdp *f, int flat);
 /* Forward and backward only: the global loss and reduce-scattered gradients in p->grad. */
 int llama_fsdp_grads(llama_fsdp *f, const int32_t *tokens, const int32_t *labels, llama_fsdp_result *res,
                      fsdp_err *err);

@@ -49,7 +49,8 @@ static int issue_gather(llama_fsdp_cuda *f, int i, fsdp_err *err) {
     int b = buf_of(f, i);
     if (f->buf_layer[b] == i) return 0;
     TRY(llama_fsdp_cuda_event_wait(f->d, DEV_STREAM_COMM, f->use_done[b], err)); /* its last reader */
-    for (int k = 0; k < f->per_layer; k++)
+    if (!f->opt.per_param) TRY(llama_fsdp_cuda_flat_gather(f, i, f->wbuf[b], err));
+    for (int k = 0; f->opt.per_param && k < f->per_layer; k++)
         TRY(gather_param(f, f->layer[i * f->per_layer + k],
                          (char *)f->wbuf[b] + (size_t)f->layer_off[k] * f->es, err));
     TRY(llama_fsdp_cuda_event_record(f->d, f->g_done[b], DEV_STREAM_COMM, err));
@@ -149,7 +150,9 @@ static int backward(llama_fsdp_cuda *f, int first, int last, fsdp_err *err) {
         TRY(llama_fsdp_cuda_event_record(d, f->gl_ready[gb], DEV_STREAM_COMPUTE, err));
         TRY(llama_fsdp_cuda_event_wait(d, DEV_STREAM_COMM, f->gl_ready[gb], err));
         state_param **ps = f->layer + (size_t)i * f->per_layer;
-        for (int k = 0; k < f->per_layer; k++) TRY(reduce_param(f, ps[k], g + f->layer_off[k], err));
+        if (!f->opt.per_param) TRY(llama_fsdp_cuda_flat_reduce(f, i, g, err));
+        for (int k = 0; f->opt.per_param && k < f->per_layer; k++)
+            TRY(reduce_param(f, ps[k], g + f->layer_off[k], err));
         TRY(llama_fsdp_cuda_event_record(d, f->rs_done[gb], DEV_STREAM_COMM, err));
         if (f->offload) TRY(download_group(f, ps, f->per_layer, f->rs_done[gb], i, err));
     }

@@ -89,6 +89,9 @@ typedef struct llama_fsdp_cuda_options {
     llama_fsdp_ac ac;
     int keep_gathered; /* 1: keep every gathered layer from the forward for the backward */
     int head_chunk_rows; /* output head in chunks of this many rows (0: automatic, LLAMA_HEAD_CHUNK_BYTES) */
+    /* 0 (default): one all-gather and one reduce-scatter per transformer block on a flat buffer
+     * (runtime/flat_group.h); 1: one per parameter (the CPU path takes it too, llama_fsdp_set_flat) */
+    int per_param;
 } llama_fsdp_cuda_options;
 
 /* "none" / "bf16" and "none" / "full" / "selective" -> the enums; FSDP_E_INVALID naming the key,

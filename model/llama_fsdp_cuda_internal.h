@@ -8,6 +8,7 @@
 #include "model/llama_fsdp_cuda_event.h"
 
 #include "model/llama_params.h"
+#include "runtime/flat_group.h"
 
 /* The most parameters a layer's block holds (llama_params.h); f->per_layer is the config's. */
 #define LLAMA_FSDP_CUDA_LAYER_PARAMS LLAMA_PARAMS_PER_LAYER_MAX
@@ -71,11 +72,23 @@ struct llama_fsdp_cuda {
     size_t *h_off;    /* s->n: offset of each parameter in a half of h_stage */
     dev_event *ev_dl; /* n_layers + 2 download groups: layers, head (n_layers), embedding (+1) */
     size_t dev_bytes;
+    /* per-block collectives (llama_fsdp_cuda_flat.c): one flat group per layer and the device buffer
+     * they take turns in on the COMM stream; unused with opt.per_param */
+    flat_group **groups;
+    void *flat;
 };
 
 /* Allocates f->gacc once (llama_fsdp_cuda_setup.c). */
 int llama_fsdp_cuda_alloc_acc(llama_fsdp_cuda *f, fsdp_err *err);
 /* (Re)builds list_wd / list_nowd from the no_decay flags (one per state parameter). */
 int llama_fsdp_cuda_split_lists(llama_fsdp_cuda *f, const unsigned char *no_decay, fsdp_err *err);
+
+/* Per-block collectives (llama_fsdp_cuda_flat.c), all on the COMM stream: the groups and their
+ * device buffer; layer `layer`'s all-gather into dst (a gathered-layer buffer of dtype f->dt); its
+ * full f32 gradient reduce-scattered into the parameters' d_grad. */
+int llama_fsdp_cuda_flat_setup(llama_fsdp_cuda *f, fsdp_err *err);
+void llama_fsdp_cuda_flat_free(llama_fsdp_cuda *f);
+int llama_fsdp_cuda_flat_gather(llama_fsdp_cuda *f, int layer, void *dst, fsdp_err *err);
+int llama_fsdp_cuda_flat_reduce(llama_fsdp_cuda *f, int layer, const float *grad, fsdp_err *err);
 
 #endif

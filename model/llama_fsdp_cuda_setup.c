@@ -48,6 +48,7 @@ void llama_fsdp_cuda_free(llama_fsdp_cuda *f) {
         dfree(f, f->d_stats);
         dfree(f, f->gacc);
         dfree(f, f->d_clip);
+        llama_fsdp_cuda_flat_free(f);
         if (f->h_stats) dev_host_free(f->d, f->h_stats, &e);
         if (f->h_stage) dev_host_free(f->d, f->h_stage, &e);
     }
@@ -279,7 +280,7 @@ int llama_fsdp_cuda_create(fsdp_state *s, comm *c, dev_ctx *d, int B, int T, con
         return fsdp_err_set(err, FSDP_E_INVALID, "training (cuda): batch %d x %d must be positive", B, T);
     int rc = llama_model_check(&s->cfg, err);
     if (rc) return rc;
-    llama_fsdp_cuda_options o = {LLAMA_FSDP_MIXED_NONE, LLAMA_FSDP_AC_NONE, 0, 0};
+    llama_fsdp_cuda_options o = {LLAMA_FSDP_MIXED_NONE, LLAMA_FSDP_AC_NONE, 0, 0, 0};
     if (opt) o = *opt;
     if ((rc = llama_head_chunk_check(o.head_chunk_rows, "training (cuda)", err))) return rc;
     if ((o.mixed != LLAMA_FSDP_MIXED_NONE && o.mixed != LLAMA_FSDP_MIXED_BF16) ||
@@ -301,7 +302,8 @@ int llama_fsdp_cuda_create(fsdp_state *s, comm *c, dev_ctx *d, int B, int T, con
     f->es = fsdp_dtype_size(f->dt);
     f->offload = s->offloaded != 0;
     if ((rc = find_params(f, err)) || (rc = shard_blocks(f, err)) || (rc = comm_dev_init(c, err)) ||
-        (rc = place_state(f, err)) || (rc = make_buffers(f, err))) {
+        (rc = place_state(f, err)) || (rc = make_buffers(f, err)) ||
+        (!o.per_param && (rc = llama_fsdp_cuda_flat_setup(f, err)))) {
         llama_fsdp_cuda_free(f);
         return rc;
     }

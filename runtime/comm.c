@@ -86,12 +86,14 @@ int comm_local_rank(const comm *c) { return c->local_rank; }
 const char *comm_backend(const comm *c) { return c->is_mpi ? "mpi" : "single"; }
 
 int comm_barrier(comm *c, fsdp_err *err) {
+    comm_count(c, COMM_K_OTHER);
     if (!c->is_mpi) return 0;
     int rc = MPI_Barrier(c->world);
     return rc == MPI_SUCCESS ? 0 : mpi_err(err, rc, "MPI_Barrier");
 }
 
 int comm_bcast(comm *c, void *buf, size_t bytes, int root, fsdp_err *err) {
+    comm_count(c, COMM_K_BCAST);
     if (!c->is_mpi) return 0;
     for (size_t off = 0; off < bytes; off += COMM_CHUNK) {
         size_t n = bytes - off < COMM_CHUNK ? bytes - off : COMM_CHUNK;
@@ -111,6 +113,7 @@ static MPI_Datatype mpi_type(comm_dtype dt, size_t *esz) {
 }
 
 int comm_allreduce(comm *c, void *buf, size_t count, comm_dtype dt, comm_op op, fsdp_err *err) {
+    comm_count(c, COMM_K_ALLREDUCE);
     if (!c->is_mpi) return 0;
     size_t esz;
     MPI_Datatype t = mpi_type(dt, &esz);
@@ -124,6 +127,7 @@ int comm_allreduce(comm *c, void *buf, size_t count, comm_dtype dt, comm_op op, 
 }
 
 int comm_allgatherv(comm *c, const void *send, void *recv, const size_t *recv_bytes, fsdp_err *err) {
+    comm_count(c, COMM_K_ALLGATHER);
     if (!c->is_mpi) {
         if (recv != send) memmove(recv, send, recv_bytes[0]);
         return 0;
@@ -163,6 +167,7 @@ int comm_allgatherv(comm *c, const void *send, void *recv, const size_t *recv_by
 }
 
 int comm_reduce_scatterv_f32(comm *c, const float *send, float *recv, const size_t *counts, fsdp_err *err) {
+    comm_count(c, COMM_K_REDUCE_SCATTER);
     if (!c->is_mpi) {
         if (recv != send) memmove(recv, send, counts[0] * sizeof(float));
         return 0;
@@ -191,6 +196,7 @@ int comm_reduce_scatterv_f32(comm *c, const float *send, float *recv, const size
 }
 
 int comm_scatterv_f32(comm *c, const float *send, float *recv, const size_t *counts, int root, fsdp_err *err) {
+    comm_count(c, COMM_K_OTHER);
     if (!c->is_mpi) {
         if (recv != send) memmove(recv, send, counts[0] * sizeof(float));
         return 0;
@@ -241,6 +247,7 @@ int comm_scatterv_f32(comm *c, const float *send, float *recv, const size_t *cou
 }
 
 int comm_gather_bytes(comm *c, const void *send, size_t n, int root, void **out, size_t **sizes, fsdp_err *err) {
+    comm_count(c, COMM_K_OTHER);
     *out = NULL;
     if (sizes) *sizes = NULL;
     int is_root = c->rank == root;
@@ -322,6 +329,14 @@ int comm_agree(comm *c, int status, int *who, fsdp_err *err) {
     if (rc) return rc;
     if (who) *who = (int)v[0];
     return (int)st;
+}
+
+uint64_t comm_calls(const comm *c, comm_kind k) { return c && (unsigned)k < (unsigned)COMM_KINDS ? c->calls[k] : 0; }
+
+uint64_t comm_calls_total(const comm *c) {
+    uint64_t n = 0;
+    for (int k = 0; k < COMM_KINDS; k++) n += comm_calls(c, (comm_kind)k);
+    return n;
 }
 
 void comm_abort(comm *c, int code) {

@@ -49,6 +49,22 @@ int comm_agree(comm *c, int status, int *who, fsdp_err *err);
 /* Ends the whole job now (MPI_Abort under MPI); used when one rank fails alone. */
 void comm_abort(comm *c, int code);
 
+/* Calls of each kind of collective made on c since it was created, host (comm_*) and device
+ * (comm_dev_*) together, at every world size (a world of 1 counts its calls too): the trainers'
+ * message count per step is read from the difference around a step. comm_agree counts as an
+ * all-reduce (and a broadcast when a rank failed); the >2 GiB fallbacks count their pieces. */
+typedef enum comm_kind {
+    COMM_K_ALLGATHER = 0, /* comm_allgatherv, comm_dev_allgatherv */
+    COMM_K_REDUCE_SCATTER, /* comm_reduce_scatterv_f32, comm_dev_reduce_scatterv_f32 */
+    COMM_K_ALLREDUCE,      /* comm_allreduce, comm_dev_allreduce */
+    COMM_K_BCAST,          /* comm_bcast, comm_dev_bcast */
+    COMM_K_OTHER,          /* barrier, scatter, gather */
+    COMM_KINDS
+} comm_kind;
+uint64_t comm_calls(const comm *c, comm_kind k);
+/* The sum over every kind. */
+uint64_t comm_calls_total(const comm *c);
+
 /* ---- device collectives (NCCL) ------------------------------------------------------------
  * One GPU per rank. comm_dev_init creates the NCCL communicator on the calling thread's current
  * CUDA device (dev_ctx_create selects it): rank 0 makes the unique id, MPI broadcasts it, every

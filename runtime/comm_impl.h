@@ -14,7 +14,11 @@ struct comm {
     int owns_mpi; /* we called MPI_Init */
     void *nccl;   /* ncclComm_t once comm_dev_init succeeded, else NULL */
     int nccl_device; /* CUDA ordinal the NCCL communicator was created on */
+    uint64_t calls[COMM_KINDS]; /* comm_calls: calls of each kind so far */
 };
+
+/* Counts one call of kind k (comm_calls). */
+static inline void comm_count(comm *c, comm_kind k) { c->calls[k]++; }
 
 /* Destroys the NCCL communicator, if any (comm_destroy calls it). */
 void comm_dev_release(comm *c);

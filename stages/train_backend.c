@@ -24,8 +24,10 @@ int train_backend_open(fsdp_ctx *ctx, fsdp_state *s, comm *c, int B, int T, cons
         return fsdp_err_set(err, FSDP_E_INVALID,
                             "train-steps: mixed: bf16 needs the model on the GPU (runtime.device: cuda); the CPU path "
                             "trains in float32 (mixed: none)");
-    return llama_fsdp_create_opts(s, c, B, T, opt ? (int)opt->ac : LLAMA_AC_NONE, opt ? opt->head_chunk_rows : 0,
-                                  &b->cpu, err);
+    int rc = llama_fsdp_create_opts(s, c, B, T, opt ? (int)opt->ac : LLAMA_AC_NONE, opt ? opt->head_chunk_rows : 0,
+                                    &b->cpu, err);
+    if (!rc) llama_fsdp_set_flat(b->cpu, !(opt && opt->per_param));
+    return rc;
 }
 
 int train_backend_step(train_backend *b, const int32_t *tokens, const int32_t *labels, const llama_fsdp_hparams *hp,

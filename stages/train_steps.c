@@ -96,6 +96,9 @@ static const fsdp_param_spec PARAMS[] = {
      "and SwiGLU's product in the backward)"},
     {"reshard_after_forward", FSDP_T_BOOL, 0, "true", NULL,
      "GPU: free each gathered layer after its forward and gather it again in the backward (false: keep them all)"},
+    {"flat_collectives", FSDP_T_BOOL, 0, "true", NULL,
+     "one all-gather and one reduce-scatter per transformer block on a flat buffer (FSDP2's per-block parameter "
+     "groups); false: one per parameter (the same values; for comparison)"},
     {"head_chunk_rows", FSDP_T_INT, 0, "0", NULL,
      "rows of the output head (logits, cross-entropy and their gradient) per chunk, so that at most that many rows "
      "of logits exist at once (0 = automatic: 256 MiB of logits per chunk)"},
@@ -188,6 +191,7 @@ static int train_options(const fsdp_value *with, llama_fsdp_cuda_options *o, fsd
     if (!rc) rc = llama_fsdp_ac_from_name(fsdp_arg_str(with, "ac", "none"), &o->ac, err);
     o->keep_gathered = !fsdp_arg_bool(with, "reshard_after_forward", 1);
     o->head_chunk_rows = (int)fsdp_arg_int(with, "head_chunk_rows", 0);
+    o->per_param = !fsdp_arg_bool(with, "flat_collectives", 1);
     return rc ? fsdp_err_prefix(err, "train-steps") : 0;
 }
 
@@ -225,6 +229,38 @@ static int check_save_targets(fsdp_ctx *ctx, const fsdp_state *s, const fsdp_val
 static int poll_saves(fsdp_ctx *ctx, fsdp_err *err) {
     int rc = ctx_poll_finishers(ctx, err);
     return rc ? fsdp_err_prefix(err, "train-steps: periodic save") : 0;
+}
+
+/* Collectives issued by the training steps (comm_calls around each step, evaluations and saves
+ * left out). */
+typedef struct train_calls {
+    uint64_t before[COMM_KINDS], sum[COMM_KINDS];
+    int64_t steps;
+} train_calls;
+
+static void train_calls_begin(const comm *c, train_calls *t) {
+    for (int k = 0; k < COMM_KINDS; k++) t->before[k] = comm_calls(c, (comm_kind)k);
+}
+
+static void train_calls_end(const comm *c, train_calls *t) {
+    for (int k = 0; k < COMM_KINDS; k++) t->sum[k] += comm_calls(c, (comm_kind)k) - t->before[k];
+    t->steps++;
+}
+
+/* The report's collectives_per_step (every kind) and per kind; one log line. */
+static void train_calls_report(fsdp_ctx *ctx, const train_calls *t, int per_param) {
+    if (t->steps <= 0) return;
+    double n = (double)t->steps, total = 0;
+    for (int k = 0; k < COMM_KINDS; k++) total += (double)t->sum[k];
+    fsdp_ctx_metric(ctx, "collectives_per_step", total / n);
+    fsdp_ctx_metric(ctx, "all_gathers_per_step", (double)t->sum[COMM_K_ALLGATHER] / n);
+    fsdp_ctx_metric(ctx, "reduce_scatters_per_step", (double)t->sum[COMM_K_REDUCE_SCATTER] / n);
+    fsdp_ctx_metric(ctx, "all_reduces_per_step", (double)t->sum[COMM_K_ALLREDUCE] / n);
+    fsdp_ctx_metric_str(ctx, "collectives", per_param ? "per parameter" : "per block");
+    fsdp_log(ctx, FSDP_LOG_INFO,
+             "collectives per step (%s): %.4g (%.4g all-gathers, %.4g reduce-scatters, %.4g all-reduces)",
+             per_param ? "per parameter" : "per block", total / n, (double)t->sum[COMM_K_ALLGATHER] / n,
+             (double)t->sum[COMM_K_REDUCE_SCATTER] / n, (double)t->sum[COMM_K_ALLREDUCE] / n);
 }
 
 /* The run report's metrics of the stage: the last loss and norm, steps, tokens/s over the whole
@@ -341,15 +377,19 @@ static int train_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
     double t0 = stage_now(), t_last = t0;
     int64_t first = s->train_step, tok_since = 0;
     double loss = 0, gnorm = 0;
+    train_calls calls;
+    memset(&calls, 0, sizeof calls);
     while (s->train_step < steps) {
         int64_t step = s->train_step; /* 0-based index of this step */
         hp.lr = lrs_at(&sched, step);
         if ((rc = data_batch(data, s->data_pos, tokens, labels, err))) break;
         llama_fsdp_result r;
+        train_calls_begin(c, &calls);
         if ((rc = train_backend_step_accum(&be, tokens, labels, n_micro, &hp, &r, err))) {
             fsdp_err_prefix(err, "train-steps: step %lld", (long long)step + 1);
             break;
         }
+        train_calls_end(c, &calls);
         s->train_step++;
         /* what PyTorch's param_groups / LambdaLR hold now (the checkpoints' resume entries) */
         s->lr_initial = sched.lr;
@@ -393,6 +433,7 @@ static int train_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
     fsdp_progress_end(prog);
     train_final_metrics(ctx, &be, gopt.ac, loss, gnorm, s->train_step - first, stage_now() - t0,
                         dc.batch_size * T, comm_size(c), flops_tok, peak_tflops);
+    train_calls_report(ctx, &calls, gopt.per_param);
 out:
     free(no_decay);
     data_close(eval);

@@ -181,8 +181,8 @@ protected:
     std::vector<fsdp_state *> states_;
 };
 
-const llama_fsdp_cuda_options F32 = {LLAMA_FSDP_MIXED_NONE, LLAMA_FSDP_AC_NONE, 0, 0};
-const llama_fsdp_cuda_options BF16 = {LLAMA_FSDP_MIXED_BF16, LLAMA_FSDP_AC_NONE, 0, 0};
+const llama_fsdp_cuda_options F32 = {LLAMA_FSDP_MIXED_NONE, LLAMA_FSDP_AC_NONE, 0, 0, 0};
+const llama_fsdp_cuda_options BF16 = {LLAMA_FSDP_MIXED_BF16, LLAMA_FSDP_AC_NONE, 0, 0, 0};
 
 }  // namespace
 
@@ -306,9 +306,9 @@ TEST_F(HfArchCuda, CheckpointingChunkedHeadAndOffloadMatchTheDefault) {
         struct {
             llama_fsdp_cuda_options o;
             bool offload, exact;
-        } runs[] = {{{LLAMA_FSDP_MIXED_NONE, LLAMA_FSDP_AC_FULL, 0, 0}, false, true},
-                    {{LLAMA_FSDP_MIXED_NONE, LLAMA_FSDP_AC_SELECTIVE, 0, 0}, false, true},
-                    {{LLAMA_FSDP_MIXED_NONE, LLAMA_FSDP_AC_NONE, 0, 7}, false, false},
+        } runs[] = {{{LLAMA_FSDP_MIXED_NONE, LLAMA_FSDP_AC_FULL, 0, 0, 0}, false, true},
+                    {{LLAMA_FSDP_MIXED_NONE, LLAMA_FSDP_AC_SELECTIVE, 0, 0, 0}, false, true},
+                    {{LLAMA_FSDP_MIXED_NONE, LLAMA_FSDP_AC_NONE, 0, 7, 0}, false, false},
                     {F32, true, true}};
         for (const auto &r : runs) {
             fsdp_state *s = make_state(m, false, r.offload);
