@@ -73,7 +73,7 @@ static const char *pw_prep(pw_job *j, size_t i, int tid, size_t *len) {
     return p;
 }
 
-/* Writes piece i (in file order: every earlier piece has been written or has failed). */
+/* Writes piece i unless a piece has failed. */
 static void pw_put(pw_job *j, size_t i, const char *p, size_t len) {
     pw_piece *st = &j->st[i];
     if (atomic_load(&j->failed)) return;
@@ -119,12 +119,14 @@ static void pw_run(pw_job *j, size_t np, int threads) {
         return;
     }
 #ifdef _OPENMP
-    /* pieces dealt round-robin: while one thread writes piece i, the others prepare the next */
-#pragma omp parallel for num_threads(threads) schedule(static, 1) ordered
+    /* each thread prepares and writes its pieces: the kernel copies of one file run one at a time
+     * (the inode lock), so the threads overlap one piece's copy with the next pieces' conversion
+     * and CRC. (Handing the writes to the threads in file order, `ordered`, measured 2.4x slower
+     * on the loaded 2-core machine: a descheduled thread holds up all the others.) */
+#pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
     for (size_t i = 0; i < np; i++) {
         size_t len = 0;
         const char *p = atomic_load(&j->failed) ? NULL : pw_prep(j, i, omp_get_thread_num(), &len);
-#pragma omp ordered
         pw_put(j, i, p, len);
     }
 #endif
