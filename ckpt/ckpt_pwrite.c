@@ -25,6 +25,8 @@ void ckpt_pwrite_opts_env(ckpt_pio_opts *o) {
     if (p && *p && (v = strtol(p, &end, 10)) > 0 && !*end) o->piece = (size_t)v << 10;
 }
 
+size_t ckpt_pwrite_piece(const ckpt_pio_opts *o) { return o && o->piece ? o->piece : PW_PIECE; }
+
 typedef struct pw_piece {
     int err;     /* errno of the failed write, or 0 */
     int bad_cvt; /* the conversion failed */
@@ -190,7 +192,7 @@ int ckpt_pwrite_conv(int fd, const void *src, fsdp_dtype src_dt, fsdp_dtype dst_
         if (crc) *crc = (uint32_t)crc32(0L, Z_NULL, 0);
         return 0;
     }
-    size_t piece = o && o->piece ? o->piece : PW_PIECE;
+    size_t piece = ckpt_pwrite_piece(o);
     j.fd = fd;
     j.writeback = o ? o->writeback : 1;
     j.src = src;

@@ -24,6 +24,9 @@
  * mean the defaults; writeback on. */
 void ckpt_pwrite_opts_env(ckpt_pio_opts *o);
 
+/* The piece size (bytes of output) the options give. */
+size_t ckpt_pwrite_piece(const ckpt_pio_opts *o);
+
 /* Writes n elements of src (src_dt) stored as dst_dt (converted with fsdp_convert's rounding
  * when they differ) at file offset off: n * size(dst_dt) bytes. *crc (when not NULL) receives
  * zlib's CRC-32 of the bytes written. On failure no piece is started after it, and the error

@@ -110,20 +110,34 @@ int zip_writer_data(zip_writer *w, const void *data, size_t n, fsdp_err *err) {
     return out(w, data, n, err);
 }
 
+/* A payload of one piece or less: through the stream's buffer (small records coalesce into large
+ * writes), converted into a buffer of its size first when the dtypes differ. */
+static int data_small(zip_writer *w, const void *src, fsdp_dtype src_dt, fsdp_dtype dst_dt, size_t n, fsdp_err *err) {
+    size_t bytes = n * fsdp_dtype_size(dst_dt);
+    if (src_dt == dst_dt) return zip_writer_data(w, src, bytes, err);
+    void *b = malloc(bytes ? bytes : 1);
+    if (!b) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory converting %zu values", n);
+    int rc = fsdp_convert(b, dst_dt, src, src_dt, n, err);
+    if (!rc) rc = zip_writer_data(w, b, bytes, err);
+    free(b);
+    return rc;
+}
+
 int zip_writer_data_conv(zip_writer *w, const void *src, fsdp_dtype src_dt, fsdp_dtype dst_dt, size_t n,
                          fsdp_err *err) {
     if (!w->open_rec) return fsdp_err_set(err, FSDP_E_INVALID, "zip: no open record");
     if (w->failed) return FSDP_E_IO;
+    ckpt_pio_opts o;
+    ckpt_pwrite_opts_env(&o);
+    size_t bytes = n * fsdp_dtype_size(dst_dt);
+    if (bytes <= ckpt_pwrite_piece(&o)) return data_small(w, src, src_dt, dst_dt, n, err);
     int fd = fileno(w->f);
     if (fd < 0) return fsdp_err_set(err, FSDP_E_INVALID, "zip: the archive is not on a file");
     if (fflush(w->f) != 0) {
         w->failed = 1;
         return fsdp_err_set(err, FSDP_E_IO, "zip: write failed: %s", strerror(errno));
     }
-    ckpt_pio_opts o;
-    ckpt_pwrite_opts_env(&o);
     uint32_t c;
-    size_t bytes = n * fsdp_dtype_size(dst_dt);
     int rc = ckpt_pwrite_conv(fd, src, src_dt, dst_dt, n, w->start + w->pos, &c, "zip", &o, err);
     if (rc) {
         w->failed = 1;
