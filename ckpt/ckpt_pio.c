@@ -1,5 +1,6 @@
 /* Parallel positional file I/O (see ckpt_pio.h). */
 #include "ckpt/ckpt_pio.h"
+#include "ckpt/ckpt_pwrite.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -82,30 +83,6 @@ static void read_piece(int fd, char *dst, size_t n, uint64_t off, int want_crc, 
     st->crc = c;
 }
 
-static void write_piece(int fd, const char *src, size_t n, uint64_t off, int want_crc, int writeback, piece_st *st) {
-    if (want_crc) st->crc = crc_of((uint32_t)crc32(0L, Z_NULL, 0), src, n);
-    size_t done = 0;
-    while (done < n) {
-        ssize_t r = pwrite(fd, src + done, n - done, (off_t)(off + done));
-        if (r < 0) {
-            if (errno == EINTR) continue;
-            st->err = errno;
-            st->at = off + done;
-            return;
-        }
-        if (r == 0) {
-            st->err = EIO;
-            st->at = off + done;
-            return;
-        }
-        done += (size_t)r;
-    }
-    /* start the write-back of the whole pages of the range only: bytes beside it (a zip header
-     * patched later, the next record) then never wait for a page under write-back */
-    uint64_t a = (off + 4095) & ~(uint64_t)4095, b = (off + n) & ~(uint64_t)4095;
-    if (writeback && b > a) sync_file_range(fd, (off_t)a, (off_t)(b - a), SYNC_FILE_RANGE_WRITE);
-}
-
 /* the first failed piece as an error */
 static int report(const piece_st *st, size_t np, const char *what, int reading, fsdp_err *err) {
     for (size_t i = 0; i < np; i++) {
@@ -160,36 +137,10 @@ int ckpt_pread_crc(int fd, void *dst, size_t n, uint64_t off, uint32_t *crc, con
     return pread_impl(fd, dst, n, off, crc, what, o, err);
 }
 
+/* the write side: ckpt_pwrite.c (pieces prepared by several threads, written in file order) */
 int ckpt_pwrite_all(int fd, const void *src, size_t n, uint64_t off, uint32_t *crc, const char *what,
                     const ckpt_pio_opts *o, fsdp_err *err) {
-    size_t piece, np;
-    int threads;
-    plan(n, o, &piece, &np, &threads);
-    int wb = o && o->writeback;
-    if (np <= 1 || threads == 1) {
-        piece_st st = {0};
-        write_piece(fd, src, n, off, crc != NULL, wb, &st);
-        if (crc) *crc = n ? st.crc : (uint32_t)crc32(0L, Z_NULL, 0);
-        return report(&st, 1, what, 0, err);
-    }
-    piece_st *st = calloc(np, sizeof *st);
-    if (!st) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory writing %s", what);
-#pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
-    for (size_t i = 0; i < np; i++) {
-        size_t a = i * piece, len = n - a < piece ? n - a : piece;
-        write_piece(fd, (const char *)src + a, len, off + a, crc != NULL, wb, &st[i]);
-    }
-    int rc = report(st, np, what, 0, err);
-    if (!rc && crc) {
-        uLong c = st[0].crc;
-        for (size_t i = 1; i < np; i++) {
-            size_t a = i * piece, len = n - a < piece ? n - a : piece;
-            c = crc32_combine(c, st[i].crc, (z_off_t)len);
-        }
-        *crc = (uint32_t)c;
-    }
-    free(st);
-    return rc;
+    return ckpt_pwrite_conv(fd, src, FSDP_DT_U8, FSDP_DT_U8, n, off, crc, what, o, err);
 }
 
 void ckpt_copy_par(void *dst, const void *src, size_t n, const ckpt_pio_opts *o) {

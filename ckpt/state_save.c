@@ -246,13 +246,10 @@ static int snapshot(save_plan *p, const ckpt_sink *sink, fsdp_err *err) {
 typedef struct dev_fill {
     ckpt_down *down;
     const save_item *it;
-    void *scratch;
-    size_t scratch_cap;
 } dev_fill;
 
 static int fill_from_dev(void *user, zip_writer *zw, fsdp_err *err) {
     dev_fill *f = user;
-    size_t esz = fsdp_dtype_size(f->it->dtype);
     int rc = 0;
     for (size_t left = item_numel(f->it) * sizeof(float); left && !rc;) {
         void *buf;
@@ -260,22 +257,23 @@ static int fill_from_dev(void *user, zip_writer *zw, fsdp_err *err) {
         if ((rc = ckpt_down_next(f->down, &buf, &b, err))) break;
         if (b > left) return fsdp_err_set(err, FSDP_E_INVALID, "save-dcp: download plan out of step at %s", f->it->fqn);
         left -= b;
-        const void *src = buf;
-        size_t n = b / sizeof(float), out = b;
-        if (f->it->dtype != FSDP_DT_F32) {
-            out = n * esz;
-            if (out > f->scratch_cap) {
-                void *s2 = realloc(f->scratch, out);
-                if (!s2) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory converting %s", f->it->fqn);
-                f->scratch = s2;
-                f->scratch_cap = out;
-            }
-            if ((rc = ckpt_convert_par(f->scratch, f->it->dtype, buf, FSDP_DT_F32, n, NULL, err))) break;
-            src = f->scratch;
-        }
-        rc = out >= ((size_t)1 << 20) ? zip_writer_data_par(zw, src, out, err) : zip_writer_data(zw, src, out, err);
+        /* converted to the stored dtype piece by piece as it is written (no staging copy) */
+        rc = zip_writer_data_conv(zw, buf, FSDP_DT_F32, f->it->dtype, b / sizeof(float), err);
     }
     return rc;
+}
+
+/* A host item's payload: written straight from the state's array when it is stored in f32,
+ * converted piece by piece into per-thread buffers otherwise (ckpt_pwrite.h). */
+typedef struct host_fill {
+    const float *src;
+    size_t n;
+    fsdp_dtype dtype;
+} host_fill;
+
+static int fill_from_host(void *user, zip_writer *zw, fsdp_err *err) {
+    const host_fill *f = user;
+    return zip_writer_data_conv(zw, f->src, FSDP_DT_F32, f->dtype, f->n, err);
 }
 
 static int write_file(const char *path, int rank, unsigned gen, save_plan *p, float opt_step, const ckpt_sink *sink,
@@ -287,7 +285,7 @@ static int write_file(const char *path, int rank, unsigned gen, save_plan *p, fl
     int any_dev;
     int rc = plan_downloads(p, sink, &down, &any_dev, err);
     if (rc) return rc;
-    dev_fill fill = {&down, NULL, NULL, 0};
+    dev_fill fill = {&down, NULL};
     dcp_file_writer fw;
     if ((rc = dcp_file_open_gen(&fw, path, rank, gen, NULL, NULL, err))) {
         if (any_dev) ckpt_down_free(&down);
@@ -309,21 +307,9 @@ static int write_file(const char *path, int rank, unsigned gen, save_plan *p, fl
                                               fill_from_dev, &fill, r, err);
                 continue;
             }
-            size_t n = item_numel(it);
-            const float *src = it->data ? it->data : &opt_step;
-            void *buf = (void *)src;
-            if (it->dtype != FSDP_DT_F32) {
-                buf = malloc((n ? n : 1) * fsdp_dtype_size(it->dtype));
-                if (!buf) {
-                    rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
-                    break;
-                }
-                rc = ckpt_convert_par(buf, it->dtype, src, FSDP_DT_F32, n, NULL, err);
-            }
-            if (!rc)
-                rc = dcp_file_add_tensor(&fw, it->fqn, it->dtype, it->ndim, it->shape, it->offsets, it->sizes, buf, r,
-                                         err);
-            if (buf != src) free(buf);
+            host_fill hf = {it->data ? it->data : &opt_step, item_numel(it), it->dtype};
+            rc = dcp_file_add_tensor_fill(&fw, it->fqn, it->dtype, it->ndim, it->shape, it->offsets, it->sizes,
+                                          fill_from_host, &hf, r, err);
         }
     }
     if (any_dev) {
@@ -332,7 +318,6 @@ static int write_file(const char *path, int rank, unsigned gen, save_plan *p, fl
         if (!rc) rc = frc;
         ckpt_down_free(&down);
     }
-    free(fill.scratch);
     if (rc) {
         dcp_file_abort(&fw);
         return rc;

@@ -17,6 +17,7 @@
 #include <stdio.h>
 
 #include "fsdp/error.h"
+#include "fsdp/tensor.h"
 
 typedef struct zip_entry {
     char *name;          /* full record name, e.g. "archive/data/0" */
@@ -88,6 +89,12 @@ int zip_writer_data(zip_writer *w, const void *data, size_t n, fsdp_err *err);
  * threads (ckpt_pio.h) that also compute the CRC and start the write-back; the stream is
  * flushed before and positioned after the bytes. */
 int zip_writer_data_par(zip_writer *w, const void *data, size_t n, fsdp_err *err);
+/* n values of src (src_dt) appended as dst_dt. A payload larger than one piece goes through
+ * ckpt_pwrite_conv (converted piece by piece into per-thread buffers, CRC taken while each piece
+ * is in cache, positional writes of several threads; the stream must be on a file), a smaller
+ * one through the stream's buffer; threads and pieces from the environment (ckpt_pwrite_opts_env). */
+int zip_writer_data_conv(zip_writer *w, const void *src, fsdp_dtype src_dt, fsdp_dtype dst_dt, size_t n,
+                         fsdp_err *err);
 int zip_writer_end_record(zip_writer *w, fsdp_err *err);
 /* Central directory + zip64 end records + EOCD; returns the archive length in *len. */
 int zip_writer_finish(zip_writer *w, uint64_t *len, fsdp_err *err);

@@ -8,6 +8,7 @@
 #include <zlib.h>
 
 #include "ckpt/ckpt_pio.h"
+#include "ckpt/ckpt_pwrite.h"
 #include "ckpt/zip.h"
 
 #define ZIP_ALIGN 64
@@ -109,30 +110,52 @@ int zip_writer_data(zip_writer *w, const void *data, size_t n, fsdp_err *err) {
     return out(w, data, n, err);
 }
 
-int zip_writer_data_par(zip_writer *w, const void *data, size_t n, fsdp_err *err) {
+/* A payload of one piece or less: through the stream's buffer (small records coalesce into large
+ * writes), converted into a buffer of its size first when the dtypes differ. */
+static int data_small(zip_writer *w, const void *src, fsdp_dtype src_dt, fsdp_dtype dst_dt, size_t n, fsdp_err *err) {
+    size_t bytes = n * fsdp_dtype_size(dst_dt);
+    if (src_dt == dst_dt) return zip_writer_data(w, src, bytes, err);
+    void *b = malloc(bytes ? bytes : 1);
+    if (!b) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory converting %zu values", n);
+    int rc = fsdp_convert(b, dst_dt, src, src_dt, n, err);
+    if (!rc) rc = zip_writer_data(w, b, bytes, err);
+    free(b);
+    return rc;
+}
+
+int zip_writer_data_conv(zip_writer *w, const void *src, fsdp_dtype src_dt, fsdp_dtype dst_dt, size_t n,
+                         fsdp_err *err) {
     if (!w->open_rec) return fsdp_err_set(err, FSDP_E_INVALID, "zip: no open record");
     if (w->failed) return FSDP_E_IO;
+    ckpt_pio_opts o;
+    ckpt_pwrite_opts_env(&o);
+    size_t bytes = n * fsdp_dtype_size(dst_dt);
+    if (bytes <= ckpt_pwrite_piece(&o)) return data_small(w, src, src_dt, dst_dt, n, err);
     int fd = fileno(w->f);
-    if (fd < 0) return zip_writer_data(w, data, n, err);
+    if (fd < 0) return fsdp_err_set(err, FSDP_E_INVALID, "zip: the archive is not on a file");
     if (fflush(w->f) != 0) {
         w->failed = 1;
         return fsdp_err_set(err, FSDP_E_IO, "zip: write failed: %s", strerror(errno));
     }
-    ckpt_pio_opts o = {0, 0, 1};
     uint32_t c;
-    int rc = ckpt_pwrite_all(fd, data, n, w->start + w->pos, &c, "zip", &o, err);
+    int rc = ckpt_pwrite_conv(fd, src, src_dt, dst_dt, n, w->start + w->pos, &c, "zip", &o, err);
     if (rc) {
         w->failed = 1;
         return rc;
     }
-    w->crc = (uint32_t)crc32_combine(w->crc, c, (z_off_t)n);
-    w->rec_size += n;
-    w->pos += n;
+    w->crc = (uint32_t)crc32_combine(w->crc, c, (z_off_t)bytes);
+    w->rec_size += bytes;
+    w->pos += bytes;
     if (fseeko(w->f, (off_t)(w->start + w->pos), SEEK_SET) != 0) {
         w->failed = 1;
         return fsdp_err_set(err, FSDP_E_IO, "zip: cannot seek past the payload: %s", strerror(errno));
     }
     return 0;
+}
+
+int zip_writer_data_par(zip_writer *w, const void *data, size_t n, fsdp_err *err) {
+    if (w->open_rec && !w->failed && fileno(w->f) < 0) return zip_writer_data(w, data, n, err);
+    return zip_writer_data_conv(w, data, FSDP_DT_U8, FSDP_DT_U8, n, err);
 }
 
 int zip_writer_end_record(zip_writer *w, fsdp_err *err) {
