@@ -217,7 +217,8 @@ int ckpt_pread_xf(int fd, void *dst, uint64_t off, ckpt_rd_xf *xf, const char *w
         return fsdp_err_set(err, FSDP_E_INVALID, "%s: cannot read %zu elements as %s", what, xf->n,
                             fsdp_dtype_name(xf->dst_dt));
     /* a pair fsdp_convert refuses gives its message before any thread starts */
-    int rc = fsdp_convert(dst, xf->dst_dt, dst, xf->src_dt, 0, err);
+    char probe[16];
+    int rc = xf->src_dt == xf->dst_dt ? 0 : fsdp_convert(probe, xf->dst_dt, probe, xf->src_dt, 0, err);
     if (rc) return rc;
     size_t bytes = xf->n * ss;
     if (!bytes) return 0;

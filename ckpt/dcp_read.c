@@ -419,7 +419,7 @@ int dcp_read_box_nan(dcp_ckpt *c, size_t i, const int64_t *off, const int64_t *l
         }
         zip_reader z;
         int rc = open_blob(c, &ch->where, &z, err);
-        if (rc) return rc;
+        if (rc) return name_tensor(err, x->fqn, rc); /* e.g. the file cut short since it was opened */
         pkl_doc *doc;
         const pkl_obj *root;
         ts_tensor t;
