@@ -3,11 +3,12 @@
  *
  *   build/bench/ckpt_vs_torch [--preset llama3_1b] [--layers N (0: the preset's)] [--reps 3]
  *                             [--threads 2] [--python python3] [--no-torch] [--dir DIR]
- *                             [--only io,convert,init]
+ *                             [--only io,convert,init] [--bin FSDP_RUN]
  *
  * --only runs some groups of measurements (a comma list): io (save and load on 1 and 2 ranks, their
  * ceilings, PyTorch's dcp), convert (both directions; it saves the 1-rank DCP it converts), init
- * (init-cpu, init-meta, PyTorch's init, memset). The other rows print "-".
+ * (init-cpu, init-meta, PyTorch's init, memset). The other rows print "-". --bin times another
+ * fsdp-run binary (e.g. the base build, for a before/after comparison; default: this build's).
  *
  * Each repetition runs every measurement once, in the same order (repetitions alternate the
  * tools, so a burst of other load on the shared machine hits all of them); the table shows medians.
@@ -403,11 +404,12 @@ static int parse(cvt_opts *o, int argc, char **argv) {
         else if (!strcmp(a, "--threads")) o->threads = atoi(v);
         else if (!strcmp(a, "--python")) o->python = v;
         else if (!strcmp(a, "--dir")) o->dir = v;
+        else if (!strcmp(a, "--bin")) o->bin = v;
         else if (!strcmp(a, "--only")) used = parse_only(o, v);
         else used = -1;
         if (used < 0 || o->layers < 0 || o->layers > 1024 || o->reps < 1 || o->reps > CVT_MAX_REPS || o->threads < 1) {
             fprintf(stderr, "usage: %s [--preset NAME] [--layers N (0: the preset's)] [--reps N (1..%d)] [--threads T] "
-                    "[--python PY] [--no-torch] [--dir DIR] [--only io,convert,init]\n", argv[0], CVT_MAX_REPS);
+                    "[--python PY] [--no-torch] [--dir DIR] [--only io,convert,init] [--bin FSDP_RUN]\n", argv[0], CVT_MAX_REPS);
             return 2;
         }
         i += used;
