@@ -53,7 +53,7 @@ CPPFLAGS += -Iinclude -I. -D_GNU_SOURCE $(MPI_CFLAGS) $(BLAS_CFLAGS) \
             -DFSDP_HAVE_CUDA=$(HAVE_CUDA) -DFSDP_BUILD_DIR=\"$(BUILD)\"
 CFLAGS   += -std=c11 $(OPT) -g $(WARN) -fopenmp -fPIC $(SAN_FLAGS) -MMD -MP
 CXXFLAGS += -std=c++17 $(OPT) -g $(WARN) -fopenmp $(SAN_FLAGS) -MMD -MP
-LDLIBS   += -lyaml -ljansson -lopenblas -lz -ldl -lm -lpthread $(MPI_LIBS) $(CAIRO_LIBS)
+LDLIBS   += -lyaml -ljansson -lopenblas -lz -ldeflate -ldl -lm -lpthread $(MPI_LIBS) $(CAIRO_LIBS)
 LDFLAGS  += -fopenmp $(SAN_FLAGS) -rdynamic
 
 ifeq ($(EMU),1)

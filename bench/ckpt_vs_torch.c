@@ -3,11 +3,12 @@
  *
  *   build/bench/ckpt_vs_torch [--preset llama3_1b] [--layers N (0: the preset's)] [--reps 3]
  *                             [--threads 2] [--python python3] [--no-torch] [--dir DIR]
- *                             [--only io,convert,init]
+ *                             [--only io,convert,init] [--bin FSDP_RUN]
  *
  * --only runs some groups of measurements (a comma list): io (save and load on 1 and 2 ranks, their
  * ceilings, PyTorch's dcp), convert (both directions; it saves the 1-rank DCP it converts), init
- * (init-cpu, init-meta, PyTorch's init, memset). The other rows print "-".
+ * (init-cpu, init-meta, PyTorch's init, memset). The other rows print "-". --bin times another
+ * fsdp-run binary (e.g. the base build, for a before/after comparison; default: this build's).
  *
  * Each repetition runs every measurement once, in the same order (repetitions alternate the
  * tools, so a burst of other load on the shared machine hits all of them); the table shows medians.
@@ -17,15 +18,24 @@
  *     1-rank DCP resharded to 2 ranks (`--world 2`) (wall time including a sync; peak RSS from
  *     wait4); init-cpu (1 rank) and init-meta (1 and 2 ranks, rank 0's seconds_init).
  *   ceilings: `cp -r` + `sync` of the checkpoint just saved (save, and convert against a cp of its
- *     input) and `cat` of it to /dev/null from the page cache (load).
+ *     input); for load, three reads of it from the page cache, one reader per rank file at once:
+ *     `dd bs=4M` to /dev/null (the load rows' ceiling: every byte copied out of the page cache into
+ *     a 4 MiB user buffer), `cat` to /dev/null (coreutils 9.1 does read(128 KiB) + write to
+ *     /dev/null: a copy into one cache-resident buffer, faster than any load can be, printed below
+ *     the table) and a read into fresh memory of each file's size (a child per file timing its own
+ *     malloc + pread of 4 MiB pieces: the first-touch page faults a load into a new state pays,
+ *     printed below the table).
  *   PyTorch (when `PYTHON -c "import torch"` works; --python, else FSDP_TORCH_PYTHON, else python3):
  *     bench/ckpt_vs_torch.py with the same names and shapes: dcp.save / dcp.load on 1 and 2
  *     processes (gloo, DTensor Shard(0) halves like FSDP2), and meta-init + to_empty + init. */
 #include <errno.h>
+#include <dirent.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "bench/bench_util.h"
@@ -34,7 +44,7 @@
 #define CVT_MAX_REPS 64
 
 enum fig {
-    F_SAVE1, F_SAVE2, F_LOAD1, F_LOAD2, F_CP1, F_CP2, F_CAT1, F_CAT2,
+    F_SAVE1, F_SAVE2, F_LOAD1, F_LOAD2, F_CP1, F_CP2, F_CAT1, F_CAT2, F_DD1, F_DD2, F_FRESH1, F_FRESH2,
     F_TSAVE1, F_TSAVE2, F_TLOAD1, F_TLOAD2,
     F_TO_ST, F_TO_DCP, F_CP_ST, F_RESHARD,
     F_INIT_CPU, F_INIT_META1, F_INIT_META2, F_TINIT, F_MEMSET,
@@ -160,6 +170,61 @@ static void torch_run(cvt_run *r, const char *args) {
     if (bench_json_lines(cmd, on_torch_line, r)) fprintf(stderr, "ckpt_vs_torch: '%s' failed\n", cmd);
 }
 
+/* child of fresh_read: file into a new buffer of its size in 4 MiB preads; its seconds on fd out */
+static void fresh_child(const char *path, int out) {
+    double el = -1;
+    int fd = open(path, O_RDONLY);
+    struct stat st;
+    if (fd >= 0 && fstat(fd, &st) == 0) {
+        double t0 = bench_now();
+        size_t n = (size_t)st.st_size, piece = (size_t)4 << 20, a = 0;
+        char *p = malloc(n ? n : 1);
+        while (p && a < n) {
+            ssize_t k = pread(fd, p + a, n - a < piece ? n - a : piece, (off_t)a);
+            if (k <= 0) break;
+            a += (size_t)k;
+        }
+        if (p && a == n) el = bench_now() - t0;
+        volatile char sink = p && n ? p[n / 2] : 0;
+        (void)sink;
+    }
+    if (write(out, &el, sizeof el) != (ssize_t)sizeof el) _exit(1);
+    _exit(0);
+}
+
+/* Seconds to read every data file of ck into fresh memory, one child per file at once (like one
+ * rank per file): the slowest child's own time (its exit's unmapping not counted); -1 on failure. */
+static double fresh_read(const char *ck) {
+    DIR *d = opendir(ck);
+    if (!d) return -1;
+    int fds[2];
+    if (pipe(fds)) {
+        closedir(d);
+        return -1;
+    }
+    int kids = 0;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        if (de->d_name[0] == '.') continue; /* . .. .metadata */
+        char path[4400];
+        snprintf(path, sizeof path, "%s/%s", ck, de->d_name);
+        pid_t pid = fork();
+        if (pid == 0) fresh_child(path, fds[1]);
+        if (pid > 0) kids++;
+    }
+    closedir(d);
+    close(fds[1]);
+    double worst = kids ? 0 : -1, el;
+    for (int k = 0; k < kids; k++) {
+        if (read(fds[0], &el, sizeof el) != (ssize_t)sizeof el || el < 0) worst = -1;
+        else if (worst >= 0 && el > worst) worst = el;
+    }
+    close(fds[0]);
+    while (wait(NULL) > 0) {
+    }
+    return worst;
+}
+
 /* save's figure, the cat and cp ceilings and load of np ranks' checkpoint ck (just saved in s seconds) */
 static void rep_io_ceilings(cvt_run *r, int np, const char *ck, double s) {
     char cmd[4096];
@@ -168,6 +233,12 @@ static void rep_io_ceilings(cvt_run *r, int np, const char *ck, double s) {
     snprintf(cmd, sizeof cmd, "for f in '%s'/*; do cat \"$f\" > /dev/null & done; wait; cat '%s'/.metadata > /dev/null",
              ck, ck);
     put(r, np == 1 ? F_CAT1 : F_CAT2, bench_run(cmd, NULL));
+    snprintf(cmd, sizeof cmd,
+             "for f in '%s'/*; do dd if=\"$f\" of=/dev/null bs=4M status=none & done; wait; "
+             "dd if='%s'/.metadata of=/dev/null bs=4M status=none",
+             ck, ck);
+    put(r, np == 1 ? F_DD1 : F_DD2, bench_run(cmd, NULL));
+    put(r, np == 1 ? F_FRESH1 : F_FRESH2, fresh_read(ck));
     put(r, np == 1 ? F_LOAD1 : F_LOAD2, fsdp_stage(r, np, "load", ck, "load", NULL));
     snprintf(cmd, sizeof cmd, "cp -r '%s' '%s.copy' && sync", ck, ck);
     put(r, np == 1 ? F_CP1 : F_CP2, bench_run(cmd, NULL));
@@ -261,12 +332,31 @@ static void row(const char *work, double b_ours, double ours, double b_torch, do
     printf("| %s | %s | %s | %s | %s | %s |\n", work, a, t, c, ratio(r1, sizeof r1, ra, rt, 1), ratio(r2, sizeof r2, ra, rc, 0));
 }
 
+/* the other page-cache reads beside dd (the load rows' ceiling), with load's ratio to each */
+static void print_load_ceilings(cvt_run *r) {
+    if (!r->o.io) return;
+    printf("\nload ceilings (page cache warm, one reader per rank file at once; the table's is dd bs=4M):\n");
+    for (int np = 1; np <= 2; np++) {
+        double b = r->ck_bytes[np], ld = median(r, np == 1 ? F_LOAD1 : F_LOAD2);
+        const char *names[3] = {"dd bs=4M", "cat (128 KiB reads into one cache-resident buffer)",
+                                "read into fresh memory (first-touch page faults included)"};
+        enum fig f[3] = {np == 1 ? F_DD1 : F_DD2, np == 1 ? F_CAT1 : F_CAT2, np == 1 ? F_FRESH1 : F_FRESH2};
+        for (int k = 0; k < 3; k++) {
+            char c[96], q[48];
+            double s = median(r, f[k]);
+            rate(c, sizeof c, b, s, "");
+            printf("  %d rank%s: %-58s %s; load-ckpt %s\n", np, np > 1 ? "s" : "", names[k], c,
+                   ratio(q, sizeof q, ld > 0 ? b / ld : -1, s > 0 ? b / s : -1, 0));
+        }
+    }
+}
+
 static void print_table(cvt_run *r) {
     double b1 = r->ck_bytes[1], b2 = r->ck_bytes[2], tb1 = r->torch_bytes[1], tb2 = r->torch_bytes[2];
     printf("\n| work | fsdp-run | PyTorch | ceiling on this machine | fsdp-run vs PyTorch | fsdp-run vs ceiling |\n");
     printf("|---|---|---|---|---|---|\n");
-    row("`load-ckpt`, 1 rank", b1, median(r, F_LOAD1), tb1, median(r, F_TLOAD1), "dcp.load", b1, median(r, F_CAT1), "cat");
-    row("`load-ckpt`, 2 ranks", b2, median(r, F_LOAD2), tb2, median(r, F_TLOAD2), "dcp.load", b2, median(r, F_CAT2), "cat");
+    row("`load-ckpt`, 1 rank", b1, median(r, F_LOAD1), tb1, median(r, F_TLOAD1), "dcp.load", b1, median(r, F_DD1), "dd bs=4M");
+    row("`load-ckpt`, 2 ranks", b2, median(r, F_LOAD2), tb2, median(r, F_TLOAD2), "dcp.load", b2, median(r, F_DD2), "dd bs=4M");
     row("`save-dcp`, 1 rank", b1, median(r, F_SAVE1), tb1, median(r, F_TSAVE1), "dcp.save", b1, median(r, F_CP1), "cp -r + sync");
     row("`save-dcp`, 2 ranks", b2, median(r, F_SAVE2), tb2, median(r, F_TSAVE2), "dcp.save", b2, median(r, F_CP2), "cp -r + sync");
     row("`ckpt convert` DCP -> safetensors", b1, median(r, F_TO_ST), 0, -1, "", b1, median(r, F_CP1), "cp -r + sync of the DCP");
@@ -284,6 +374,7 @@ static void print_table(cvt_run *r) {
     snprintf(th, sizeof th, "`init-meta`, 2 ranks (rank 0: its half)");
     row(th, r->state_bytes / 2, median(r, F_INIT_META2), r->state_bytes, median(r, F_TINIT), "1 process",
         r->state_bytes / 2, median(r, F_MEMSET), "memset of both halves at once");
+    print_load_ceilings(r);
     printf("\nGB/s: checkpoint bytes (files' apparent sizes) / seconds; init: float32 bytes of the weights / seconds.\n");
     printf("checkpoint: fsdp-run %.3f GB (1 rank) %.3f GB (2 ranks); safetensors %.3f GB", b1 / 1e9, b2 / 1e9,
            r->st_bytes / 1e9);
@@ -324,11 +415,12 @@ static int parse(cvt_opts *o, int argc, char **argv) {
         else if (!strcmp(a, "--threads")) o->threads = atoi(v);
         else if (!strcmp(a, "--python")) o->python = v;
         else if (!strcmp(a, "--dir")) o->dir = v;
+        else if (!strcmp(a, "--bin")) o->bin = v;
         else if (!strcmp(a, "--only")) used = parse_only(o, v);
         else used = -1;
         if (used < 0 || o->layers < 0 || o->layers > 1024 || o->reps < 1 || o->reps > CVT_MAX_REPS || o->threads < 1) {
             fprintf(stderr, "usage: %s [--preset NAME] [--layers N (0: the preset's)] [--reps N (1..%d)] [--threads T] "
-                    "[--python PY] [--no-torch] [--dir DIR] [--only io,convert,init]\n", argv[0], CVT_MAX_REPS);
+                    "[--python PY] [--no-torch] [--dir DIR] [--only io,convert,init] [--bin FSDP_RUN]\n", argv[0], CVT_MAX_REPS);
             return 2;
         }
         i += used;

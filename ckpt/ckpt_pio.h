@@ -22,7 +22,7 @@ typedef struct ckpt_pio_opts {
     int writeback; /* writes: start write-back of each written range (no wait) */
 } ckpt_pio_opts;
 
-/* Reads exactly n bytes at file offset off into dst. A file that ends early is a format
+/* Reads exactly n bytes at file offset off into dst (ckpt_pread.c, the read engine). A file that ends early is a format
  * error "<what>: the file ends before byte B (truncated?)", naming the first missing byte. */
 int ckpt_pread_all(int fd, void *dst, size_t n, uint64_t off, const char *what, const ckpt_pio_opts *o,
                    fsdp_err *err);

@@ -65,6 +65,10 @@ long dcp_find(const dcp_ckpt *c, const char *fqn);
  * reading only the byte ranges of the chunks it intersects. */
 int dcp_read_box(dcp_ckpt *c, size_t i, const int64_t *off, const int64_t *len, void *dst, fsdp_dtype dst_dt,
                  fsdp_err *err);
+/* The same; *nan (may be NULL) becomes 1 when dst_dt is float32 and a value read is NaN (checked
+ * while each piece is in cache, ckpt_pread.h). */
+int dcp_read_box_nan(dcp_ckpt *c, size_t i, const int64_t *off, const int64_t *len, void *dst, fsdp_dtype dst_dt,
+                     int *nan, fsdp_err *err);
 /* Decodes byte item i: its pickled value as a tree (the caller frees *doc). */
 int dcp_read_value(dcp_ckpt *c, size_t i, pkl_doc **doc, const pkl_obj **root, fsdp_err *err);
 /* The byte item as text (ints "5", floats "0.001", tuples "(0.9, 0.95)", strings "'x'"); an error

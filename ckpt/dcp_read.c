@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "ckpt/ckpt_pread.h"
 #include "ckpt/dcp.h"
 #include "ckpt/dcp_chunks.h"
 #include "ckpt/dcp_st.h"
@@ -98,9 +99,10 @@ static struct dcp_file *get_file(dcp_ckpt *c, const char *rel, fsdp_err *err) {
     return f;
 }
 
-static int check_range(dcp_ckpt *c, const char *fqn, const dcp_storage *s, fsdp_err *err) {
+/* kind: "tensor" or "value" (a missing data file's error names what it holds) */
+static int check_range(dcp_ckpt *c, const char *kind, const char *fqn, const dcp_storage *s, fsdp_err *err) {
     struct dcp_file *f = get_file(c, s->relative_path, err);
-    if (!f) return err->code;
+    if (!f) return fsdp_err_prefix(err, "%s %s", kind, fqn);
     if (s->offset > f->size || s->length > f->size - s->offset)
         return fsdp_err_set(err, FSDP_E_FORMAT,
                             "checkpoint %s: .metadata places %s at bytes [%llu, %llu) of %s, but that file has only "
@@ -290,9 +292,9 @@ int dcp_open(const char *dir, dcp_ckpt **out, fsdp_err *err) {
     }
     for (size_t i = 0; !rc && i < c->n; i++) {
         dcp_item *x = &c->items[i];
-        if (!x->is_tensor) rc = check_range(c, x->fqn, &x->where, err);
+        if (!x->is_tensor) rc = check_range(c, "value", x->fqn, &x->where, err);
         for (size_t k = 0; !rc && x->is_tensor && k < x->n_chunks; k++)
-            if (x->chunks[k].where.relative_path[0]) rc = check_range(c, x->fqn, &x->chunks[k].where, err);
+            if (x->chunks[k].where.relative_path[0]) rc = check_range(c, "tensor", x->fqn, &x->chunks[k].where, err);
     }
     if (rc) {
         dcp_close(c);
@@ -338,7 +340,7 @@ static void scatter_box(int nd, const int64_t *il, int64_t vol, const int64_t *d
 /* The intersection (so, il: in the chunk's coordinates) of a chunk stored in a safetensors piece. */
 static int read_st_chunk(dcp_ckpt *c, struct dcp_file *f, const dcp_item *x, const dcp_chunk *ch, const int64_t *so,
                          const int64_t *il, const int64_t *len, const int64_t *dst_stride, char *tgt,
-                         fsdp_dtype dst_dt, fsdp_err *err) {
+                         fsdp_dtype dst_dt, int *nan, fsdp_err *err) {
     char what[4400];
     snprintf(what, sizeof what, "%s/%s", c->dir, ch->where.relative_path);
     dcp_st_tensor t;
@@ -353,11 +355,17 @@ static int read_st_chunk(dcp_ckpt *c, struct dcp_file *f, const dcp_item *x, con
         vol *= il[d];
         if (d > 0 && il[d] != len[d]) full_rows = 0;
     }
-    if (full_rows) return dcp_st_read_box(f->fd, &t, so, il, tgt, dst_dt, what, err);
+    int check = nan && dst_dt == FSDP_DT_F32;
+    if (full_rows) {
+        rc = dcp_st_read_box(f->fd, &t, so, il, tgt, dst_dt, what, err);
+        if (!rc && check && ckpt_f32_has_nan((const float *)tgt, (size_t)vol)) *nan = 1;
+        return rc;
+    }
     size_t esz = fsdp_dtype_size(dst_dt);
     char *tmp = malloc((size_t)vol * esz);
     if (!tmp) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
     rc = dcp_st_read_box(f->fd, &t, so, il, tmp, dst_dt, what, err);
+    if (!rc && check && ckpt_f32_has_nan((const float *)tmp, (size_t)vol)) *nan = 1;
     if (!rc) scatter_box(nd, il, vol, dst_stride, esz, tmp, tgt);
     free(tmp);
     return rc;
@@ -365,6 +373,12 @@ static int read_st_chunk(dcp_ckpt *c, struct dcp_file *f, const dcp_item *x, con
 
 int dcp_read_box(dcp_ckpt *c, size_t i, const int64_t *off, const int64_t *len, void *dst, fsdp_dtype dst_dt,
                  fsdp_err *err) {
+    return dcp_read_box_nan(c, i, off, len, dst, dst_dt, NULL, err);
+}
+
+int dcp_read_box_nan(dcp_ckpt *c, size_t i, const int64_t *off, const int64_t *len, void *dst, fsdp_dtype dst_dt,
+                     int *nan, fsdp_err *err) {
+    if (nan) *nan = 0;
     dcp_item *x = &c->items[i];
     if (!x->is_tensor) return fsdp_err_set(err, FSDP_E_INVALID, "checkpoint %s: %s is not a tensor", c->dir, x->fqn);
     int nd = x->ndim;
@@ -399,13 +413,13 @@ int dcp_read_box(dcp_ckpt *c, size_t i, const int64_t *off, const int64_t *len, 
         struct dcp_file *sf = get_file(c, ch->where.relative_path, err);
         if (!sf) return name_tensor(err, x->fqn, err->code);
         if (dcp_st_is_piece(sf->fd, ch->where.offset)) {
-            int rc = read_st_chunk(c, sf, x, ch, so, il, len, dst_stride, tgt, dst_dt, err);
+            int rc = read_st_chunk(c, sf, x, ch, so, il, len, dst_stride, tgt, dst_dt, nan, err);
             if (rc) return name_tensor(err, x->fqn, rc);
             continue;
         }
         zip_reader z;
         int rc = open_blob(c, &ch->where, &z, err);
-        if (rc) return rc;
+        if (rc) return name_tensor(err, x->fqn, rc); /* e.g. the file cut short since it was opened */
         pkl_doc *doc;
         const pkl_obj *root;
         ts_tensor t;
@@ -426,17 +440,19 @@ int dcp_read_box(dcp_ckpt *c, size_t i, const int64_t *off, const int64_t *len, 
         int full_rows = 1; /* intersection spans whole trailing dims of the destination box */
         for (int d = 1; d < nd; d++)
             if (il[d] != len[d]) full_rows = 0;
+        int piece_nan = 0;
         if (full_rows) {
-            rc = ts_read_box(&z, &t, so, il, tgt, dst_dt, err);
+            rc = ts_read_box_nan(&z, &t, so, il, tgt, dst_dt, nan ? &piece_nan : NULL, err);
         } else {
             void *tmp = malloc((size_t)vol * esz);
             if (!tmp) rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
-            else rc = ts_read_box(&z, &t, so, il, tmp, dst_dt, err);
+            else rc = ts_read_box_nan(&z, &t, so, il, tmp, dst_dt, nan ? &piece_nan : NULL, err);
             if (!rc) scatter_box(nd, il, vol, dst_stride, esz, tmp, tgt);
             free(tmp);
         }
         zip_close(&z);
         if (rc) return name_tensor(err, x->fqn, rc);
+        if (nan && piece_nan) *nan = 1;
     }
     return 0;
 }

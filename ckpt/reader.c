@@ -182,6 +182,12 @@ int ckpt_verify(ckpt_reader *r, size_t *records, fsdp_err *err) {
 }
 
 int ckpt_read_rows(ckpt_reader *r, size_t i, int64_t r0, int64_t r1, void *dst, fsdp_dtype dst_dt, fsdp_err *err) {
+    return ckpt_read_rows_nan(r, i, r0, r1, dst, dst_dt, NULL, err);
+}
+
+int ckpt_read_rows_nan(ckpt_reader *r, size_t i, int64_t r0, int64_t r1, void *dst, fsdp_dtype dst_dt, int *nan,
+                       fsdp_err *err) {
+    if (nan) *nan = 0;
     if (i >= r->n) return fsdp_err_set(err, FSDP_E_INVALID, "checkpoint %s: no tensor #%zu", r->path, i);
     const ckpt_entry *e = &r->entries[i];
     if (!e->is_tensor)
@@ -191,7 +197,7 @@ int ckpt_read_rows(ckpt_reader *r, size_t i, int64_t r0, int64_t r1, void *dst, 
         return fsdp_err_set(err, FSDP_E_INVALID, "checkpoint %s: rows [%lld, %lld) of '%s' are outside its %lld rows",
                             r->path, (long long)r0, (long long)r1, e->name, (long long)rows);
     if (r0 == r1) return 0;
-    return r->ops->read_rows(r, i, r0, r1, dst, dst_dt == FSDP_DT_INVALID ? e->dtype : dst_dt, err);
+    return r->ops->read_rows(r, i, r0, r1, dst, dst_dt == FSDP_DT_INVALID ? e->dtype : dst_dt, nan, err);
 }
 
 const char *ckpt_value_text(ckpt_reader *r, size_t i) {

@@ -47,6 +47,11 @@ int ckpt_verify(ckpt_reader *r, size_t *records, fsdp_err *err);
  * rows of a .pt or DCP tensor checks the CRC-32 of the records it comes from; reading some rows
  * cannot (the CRC covers bytes the read skips): ckpt_verify checks a whole checkpoint. */
 int ckpt_read_rows(ckpt_reader *r, size_t i, int64_t r0, int64_t r1, void *dst, fsdp_dtype dst_dt, fsdp_err *err);
+/* The same; *nan (may be NULL) becomes 1 when dst_dt is float32 and a value read is NaN. DCP and
+ * .pt readers check each piece while it is in cache (ckpt_pread.h); safetensors by a pass over
+ * the rows read. */
+int ckpt_read_rows_nan(ckpt_reader *r, size_t i, int64_t r0, int64_t r1, void *dst, fsdp_dtype dst_dt, int *nan,
+                       fsdp_err *err);
 /* A non-tensor value as text ("5", "0.001", "(0.9, 0.95)", "'tiny'"); NULL when not available. */
 const char *ckpt_value_text(ckpt_reader *r, size_t i);
 /* The same with an error naming the value when it does not decode (a DCP byte item is decoded on

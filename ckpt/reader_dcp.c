@@ -6,7 +6,8 @@
 #include "ckpt/reader_impl.h"
 #include "runtime/checked.h"
 
-static int dcp_rows_op(ckpt_reader *r, size_t i, int64_t r0, int64_t r1, void *dst, fsdp_dtype dt, fsdp_err *err) {
+static int dcp_rows_op(ckpt_reader *r, size_t i, int64_t r0, int64_t r1, void *dst, fsdp_dtype dt, int *nan,
+                       fsdp_err *err) {
     dcp_ckpt *c = r->impl;
     const dcp_item *x = &c->items[i];
     int64_t off[FSDP_MAX_DIMS] = {0}, len[FSDP_MAX_DIMS];
@@ -15,7 +16,7 @@ static int dcp_rows_op(ckpt_reader *r, size_t i, int64_t r0, int64_t r1, void *d
         off[0] = r0;
         len[0] = r1 - r0;
     }
-    return dcp_read_box(c, i, off, len, dst, dt, err);
+    return dcp_read_box_nan(c, i, off, len, dst, dt, nan, err);
 }
 
 static const char *dcp_text_op(ckpt_reader *r, size_t i) { return dcp_value_text(r->impl, i); }

@@ -6,7 +6,9 @@
 #include "runtime/name_index.h"
 
 typedef struct ckpt_ops {
-    int (*read_rows)(ckpt_reader *r, size_t i, int64_t r0, int64_t r1, void *dst, fsdp_dtype dst_dt, fsdp_err *err);
+    /* nan (may be NULL): set to 1 when dst_dt is float32 and a value read is NaN */
+    int (*read_rows)(ckpt_reader *r, size_t i, int64_t r0, int64_t r1, void *dst, fsdp_dtype dst_dt, int *nan,
+                     fsdp_err *err);
     const char *(*value_text)(ckpt_reader *r, size_t i);
     void (*close)(ckpt_reader *r);
 } ckpt_ops;

@@ -48,7 +48,8 @@ static int expands(pt_impl *p, const char *what, size_t bound, fsdp_err *err) {
                         p->z.what, bound, what, p->pkl_bytes);
 }
 
-static int pt_rows_op(ckpt_reader *r, size_t i, int64_t r0, int64_t r1, void *dst, fsdp_dtype dt, fsdp_err *err) {
+static int pt_rows_op(ckpt_reader *r, size_t i, int64_t r0, int64_t r1, void *dst, fsdp_dtype dt, int *nan,
+                      fsdp_err *err) {
     pt_impl *p = r->impl;
     ts_tensor *t = &p->t[i];
     int64_t off[FSDP_MAX_DIMS] = {0}, len[FSDP_MAX_DIMS];
@@ -57,7 +58,7 @@ static int pt_rows_op(ckpt_reader *r, size_t i, int64_t r0, int64_t r1, void *ds
         off[0] = r0;
         len[0] = r1 - r0;
     }
-    int rc = ts_read_box(&p->z, t, off, len, dst, dt, err);
+    int rc = ts_read_box_nan(&p->z, t, off, len, dst, dt, nan, err);
     return rc ? fsdp_err_prefix(err, "tensor %s", p->names[i]) : 0;
 }
 

@@ -5,6 +5,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "ckpt/ckpt_pread.h"
 #include "ckpt/reader_impl.h"
 #include "ckpt/safetensors.h"
 
@@ -18,7 +19,8 @@ static void span(st_reader *s, const st_tensor_info *t, int64_t r0, int64_t r1, 
     *len = b > a ? (size_t)(b - a) : 0;
 }
 
-static int st_rows_op(ckpt_reader *r, size_t i, int64_t r0, int64_t r1, void *dst, fsdp_dtype dt, fsdp_err *err) {
+static int st_rows_op(ckpt_reader *r, size_t i, int64_t r0, int64_t r1, void *dst, fsdp_dtype dt, int *nan,
+                      fsdp_err *err) {
     st_reader *s = r->impl;
     const st_tensor_info *t = st_tensor(s, i);
     /* in slices of about 64 MiB: read ahead, copy out, drop the pages, so that a streaming
@@ -37,6 +39,7 @@ static int st_rows_op(ckpt_reader *r, size_t i, int64_t r0, int64_t r1, void *ds
         if (len) madvise(p, len, MADV_DONTNEED);
         if (rc) return rc;
     }
+    if (nan && dt == FSDP_DT_F32) *nan = ckpt_f32_has_nan(dst, (size_t)(r1 - r0) * (size_t)st_row_numel(t));
     return 0;
 }
 

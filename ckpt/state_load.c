@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ckpt/ckpt_pread.h"
 #include "ckpt/key_layout.h"
 #include "ckpt/namemap.h"
 #include "ckpt/state_io.h"
@@ -72,20 +73,21 @@ static int matches_only(const sio_load_opts *o, const fsdp_state *s, const state
     return !o->only || glob_any(o, p->name);
 }
 
-/* Rows [row0, row0+rows) of checkpoint tensor ci into dst (f32), un-permuting HF q/k rows. */
+/* Rows [row0, row0+rows) of checkpoint tensor ci into dst (f32), un-permuting HF q/k rows; *nan
+ * (may be NULL): 1 when a value read is NaN, checked by the reader while the data is in cache. */
 static int read_local(ckpt_reader *r, size_t ci, const state_param *p, const nmap_info *info, float *dst,
-                      uint64_t *bytes, fsdp_err *err) {
+                      uint64_t *bytes, int *nan, fsdp_err *err) {
     if (p->rows == 0) return 0;
     const ckpt_entry *e = ckpt_entry_at(r, ci);
     if (!info || info->qk == NMAP_QK_NONE)
         return *bytes += (uint64_t)p->rows * (uint64_t)p->row_numel * fsdp_dtype_size(e->dtype),
-               ckpt_read_rows(r, ci, p->row0, p->row0 + p->rows, dst, FSDP_DT_F32, err);
+               ckpt_read_rows_nan(r, ci, p->row0, p->row0 + p->rows, dst, FSDP_DT_F32, nan, err);
     int64_t total = p->shape[0], lo, hi;
     int rc = nmap_perm_src_range(NMAP_HF_TO_TT, total, info->heads, p->row0, p->row0 + p->rows, &lo, &hi, err);
     if (rc) return rc;
     float *tmp = malloc((size_t)((hi - lo) * p->row_numel) * sizeof(float));
     if (!tmp) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
-    rc = ckpt_read_rows(r, ci, lo, hi, tmp, FSDP_DT_F32, err);
+    rc = ckpt_read_rows_nan(r, ci, lo, hi, tmp, FSDP_DT_F32, nan, err);
     if (!rc)
         rc = nmap_permute_rows_part(NMAP_HF_TO_TT, dst, p->row0, p->row0 + p->rows, tmp, lo, hi, total, p->row_numel,
                                     sizeof(float), info->heads, err);
@@ -115,6 +117,7 @@ typedef struct loader {
     fsdp_state *s;
     const sio_load_opts *o;
     ckpt_up up;
+    int nan_fused; /* host arrays: the readers tell NaN while reading (no pass after; ckpt_pread.h) */
 } loader;
 
 /* per staged chunk of a parameter's data: NaN check (strict) and rounding to bf16 / f16 */
@@ -179,7 +182,7 @@ static int read_staged(loader *L, ckpt_reader *r, size_t ci, const state_param *
         float *tmp = malloc(n * sizeof(float));
         if (!tmp) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory: %zu values of %s", n, p->name);
         uint64_t ignored = 0;
-        rc = info ? read_local(r, ci, p, info, tmp, &ignored, err)
+        rc = info ? read_local(r, ci, p, info, tmp, &ignored, NULL, err)
                   : ckpt_read_rows(r, ci, p->row0, p->row0 + p->rows, tmp, FSDP_DT_F32, err);
         if (!rc) rc = ckpt_up_host(&L->up, dev, tmp, n, chunk_fn, x, err);
         free(tmp);
@@ -201,7 +204,8 @@ static int read_staged(loader *L, ckpt_reader *r, size_t ci, const state_param *
     return rc;
 }
 
-/* Checkpoint tensor ci into array a of p, wherever it lives; *nan: NaN seen in staged data. */
+/* Checkpoint tensor ci into array a of p, wherever it lives; *nan: NaN seen in staged data, or in
+ * the data read into a host array when the readers check it (L->nan_fused). */
 static int load_array(loader *L, ckpt_reader *r, size_t ci, state_param *p, state_array a, const nmap_info *info,
                       uint64_t *bytes, int *nan, fsdp_err *err) {
     state_place where;
@@ -230,7 +234,9 @@ static int load_array(loader *L, ckpt_reader *r, size_t ci, state_param *p, stat
     }
     float *dst = *state_param_host_slot(p, a);
     if (a == STATE_DATA) {
-        rc = read_local(r, ci, p, info, dst, bytes, err);
+        int seen = 0;
+        rc = read_local(r, ci, p, info, dst, bytes, L->nan_fused && L->o->strict ? &seen : NULL, err);
+        if (seen) *nan = 1;
         if (!rc) round_to(dst, state_param_local_numel(p), round_of(L->o, p));
         return rc;
     }
@@ -485,8 +491,9 @@ static void strict_report(const loader *L, ckpt_reader *r, const load_marks *m) 
     /* NaN left over in a restored parameter means the checkpoint itself holds NaN */
     for (size_t i = 0; i < s->n; i++) {
         if (!loaded[i]) continue;
-        if (state_place_of(&s->p[i], STATE_DATA) == STATE_DEVICE ? nan_dev[i]
-                                                                  : has_nan(s->p[i].data, state_param_local_numel(&s->p[i])))
+        if (state_place_of(&s->p[i], STATE_DATA) == STATE_DEVICE || L->nan_fused
+                ? nan_dev[i]
+                : has_nan(s->p[i].data, state_param_local_numel(&s->p[i])))
             append(problems, 8192, "\n  %s holds NaN after loading%s", s->p[i].name, "");
     }
 }
@@ -528,7 +535,7 @@ static int sio_check_moments(fsdp_state *s, ckpt_reader *r, const ckl_layout *la
 
 int sio_load(fsdp_state *s, const char *path, const sio_load_opts *o, sio_load_result *res, fsdp_err *err) {
     memset(res, 0, sizeof *res);
-    loader L = {s, o, {0}};
+    loader L = {s, o, {0}, ckpt_load_fast()};
     if (o->sink) {
         int rc = ckpt_sink_check(o->sink, err);
         if (rc) return rc;
@@ -552,7 +559,7 @@ int sio_load(fsdp_state *s, const char *path, const sio_load_opts *o, sio_load_r
     L.o = o;
     size_t nck = ckpt_count(r);
     int *loaded = calloc(s->n ? s->n : 1, sizeof *loaded);
-    int *nan_dev = calloc(s->n ? s->n : 1, sizeof *nan_dev); /* NaN seen in staged data */
+    int *nan_dev = calloc(s->n ? s->n : 1, sizeof *nan_dev); /* NaN seen while reading (staged, or fused) */
     int *used = calloc(nck ? nck : 1, sizeof *used);
     char *problems = calloc(1, 8192);
     if (!loaded || !nan_dev || !used || !problems) {

@@ -187,6 +187,12 @@ static void gather(const ts_tensor *t, const int64_t *off, const int64_t *len, i
 
 int ts_read_box(zip_reader *z, const ts_tensor *t, const int64_t *off, const int64_t *len, void *dst,
                 fsdp_dtype dst_dt, fsdp_err *err) {
+    return ts_read_box_nan(z, t, off, len, dst, dst_dt, NULL, err);
+}
+
+int ts_read_box_nan(zip_reader *z, const ts_tensor *t, const int64_t *off, const int64_t *len, void *dst,
+                    fsdp_dtype dst_dt, int *nan, fsdp_err *err) {
+    if (nan) *nan = 0;
     int rc = ts_check_record(z, t, NULL, err);
     if (rc) return rc;
     char rec[80];
@@ -218,13 +224,10 @@ int ts_read_box(zip_reader *z, const ts_tensor *t, const int64_t *off, const int
         expect = t->stride[d] * len[d];
     }
     if (contiguous && span == (size_t)n * esz) {
-        if (dst_dt == t->dtype)
-            return whole ? zip_read_checked(z, e, at, dst, span, err) : zip_read(z, e, at, dst, span, err);
-        void *tmp = malloc(span);
-        if (!tmp) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory reading %s", z->what);
-        rc = whole ? zip_read_checked(z, e, at, tmp, span, err) : zip_read(z, e, at, tmp, span, err);
-        if (!rc) rc = ckpt_convert_par(dst, dst_dt, tmp, t->dtype, (size_t)n, NULL, err);
-        free(tmp);
+        /* straight into dst, converted and checked on the way (ckpt_pread.h) */
+        ckpt_rd_xf xf = {(size_t)n, t->dtype, dst_dt, 0, nan != NULL, 0, 0};
+        rc = zip_read_xf(z, e, at, dst, &xf, whole, err);
+        if (!rc && nan) *nan = xf.nan;
         return rc;
     }
     /* general strides: read the spanned storage once, gather element by element */
@@ -239,6 +242,7 @@ int ts_read_box(zip_reader *z, const ts_tensor *t, const int64_t *off, const int
     if (!rc) {
         gather(t, off, len, n, lo, tmp, g);
         rc = fsdp_convert(dst, dst_dt, g, t->dtype, (size_t)n, err);
+        if (!rc && nan && dst_dt == FSDP_DT_F32) *nan = ckpt_f32_has_nan(dst, (size_t)n);
     }
     free(tmp);
     free(g);

@@ -43,6 +43,10 @@ int ts_check_record(zip_reader *z, const ts_tensor *t, const char *name, fsdp_er
  * CRC-32 of its whole record is checked (zip_read_checked); a smaller box is read unchecked. */
 int ts_read_box(zip_reader *z, const ts_tensor *t, const int64_t *off, const int64_t *len, void *dst,
                 fsdp_dtype dst_dt, fsdp_err *err);
+/* The same; *nan (may be NULL) becomes 1 when dst_dt is float32 and a value written is NaN,
+ * checked while each piece is in cache. */
+int ts_read_box_nan(zip_reader *z, const ts_tensor *t, const int64_t *off, const int64_t *len, void *dst,
+                    fsdp_dtype dst_dt, int *nan, fsdp_err *err);
 
 /* Parses data.pkl of an archive (the caller frees *doc). */
 int ts_load_pickle(zip_reader *z, pkl_doc **doc, const pkl_obj **root, fsdp_err *err);

@@ -16,6 +16,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "ckpt/ckpt_pread.h"
 #include "fsdp/error.h"
 #include "fsdp/tensor.h"
 
@@ -55,6 +56,11 @@ int zip_read(zip_reader *z, zip_entry *e, uint64_t off, void *dst, size_t n, fsd
 /* The same, and checks the whole record's CRC-32 whatever the range: the bytes outside it are
  * read through a bounded buffer, once per record (not again once a read has checked it). */
 int zip_read_checked(zip_reader *z, zip_entry *e, uint64_t off, void *dst, size_t n, fsdp_err *err);
+/* xf->n elements of xf->src_dt at byte off of a record into dst as xf->dst_dt, in one pass
+ * (ckpt_pread.h: CRC, conversion and NaN check fused into the copy). The record's CRC-32 is
+ * checked when the range is the whole record, and with `check` also for a part (as
+ * zip_read_checked does). */
+int zip_read_xf(zip_reader *z, zip_entry *e, uint64_t off, void *dst, ckpt_rd_xf *xf, int check, fsdp_err *err);
 /* Checks a record's CRC-32 (reads it through a bounded buffer). */
 int zip_verify(zip_reader *z, zip_entry *e, fsdp_err *err);
 /* The whole record into a malloc'd buffer (records up to 1 GiB), CRC checked. */

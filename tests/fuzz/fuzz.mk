@@ -22,7 +22,7 @@ $(BUILD)/obj/%.o: %.c
 	$(CLANG) $(FUZZ_CFLAGS) $(MPI_CFLAGS) -MMD -MP -c $< -o $@
 
 $(BUILD)/fuzz_%: tests/fuzz/fuzz_%.c $(FUZZ_LIB_OBJS)
-	$(CLANG) $(FUZZ_CFLAGS) -DFSDP_LIBFUZZER -fsanitize=fuzzer $< $(FUZZ_LIB_OBJS) -ljansson -lyaml -lz -lm $(MPI_LIBS) -o $@
+	$(CLANG) $(FUZZ_CFLAGS) -DFSDP_LIBFUZZER -fsanitize=fuzzer $< $(FUZZ_LIB_OBJS) -ljansson -lyaml -lz -ldeflate -lm $(MPI_LIBS) -o $@
 .SECONDARY:
 -include $(FUZZ_LIB_OBJS:.o=.d)
 
