@@ -5,6 +5,7 @@
 #include <zlib.h>
 
 #include "ckpt/ckpt_pipe.h"
+#include "ckpt/crc32.h"
 
 static void log_op(ckpt_host_sink *hs, ckpt_host_op op, int slot, ckpt_dir dir, void *dev, size_t bytes) {
     if (!hs->record) return;
@@ -28,15 +29,7 @@ static void log_op(ckpt_host_sink *hs, ckpt_host_op op, int slot, ckpt_dir dir, 
 }
 
 static uint32_t buf_crc(const void *b, size_t n) {
-    uLong c = crc32(0L, Z_NULL, 0);
-    const unsigned char *p = b;
-    while (n) {
-        uInt k = n > (1u << 30) ? (1u << 30) : (uInt)n;
-        c = crc32(c, p, k);
-        p += k;
-        n -= k;
-    }
-    return (uint32_t)c;
+    return ckpt_crc32(0, b, n);
 }
 
 /* Completes every pending transfer up to submission `upto`, oldest first. */

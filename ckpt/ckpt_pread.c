@@ -1,5 +1,6 @@
 /* The checkpoint read engine (see ckpt_pread.h) and the plain positional reads of ckpt_pio.h. */
 #include "ckpt/ckpt_pread.h"
+#include "ckpt/crc32.h"
 
 #include <errno.h>
 #include <libdeflate.h>
@@ -99,15 +100,7 @@ static int rd_full(int fd, char *dst, size_t n, uint64_t off, rd_piece *st) {
 }
 
 static uint32_t crc_zlib(uint32_t c, const void *p, size_t n) {
-    const unsigned char *b = p;
-    uLong x = c;
-    while (n) {
-        uInt k = n > (1u << 30) ? (1u << 30) : (uInt)n;
-        x = crc32(x, b, k);
-        b += k;
-        n -= k;
-    }
-    return (uint32_t)x;
+    return ckpt_crc32(c, p, n);
 }
 
 /* one piece of the fused path: stored bytes [a, a+len) of the range (a multiple of the element

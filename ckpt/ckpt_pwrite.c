@@ -1,5 +1,6 @@
 /* Pieces prepared by several threads, written in file order (see ckpt_pwrite.h). */
 #include "ckpt/ckpt_pwrite.h"
+#include "ckpt/crc32.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -46,16 +47,7 @@ typedef struct pw_job {
     atomic_int failed;
 } pw_job;
 
-static uint32_t pw_crc(const char *p, size_t n) {
-    uLong c = crc32(0L, Z_NULL, 0);
-    while (n) {
-        uInt k = n > (1u << 30) ? (1u << 30) : (uInt)n;
-        c = crc32(c, (const unsigned char *)p, k);
-        p += k;
-        n -= k;
-    }
-    return (uint32_t)c;
-}
+static uint32_t pw_crc(const char *p, size_t n) { return ckpt_crc32(0, p, n); }
 
 /* Piece i in its stored form (converted into the thread's buffer, or the source itself) with its
  * CRC taken; NULL when the conversion failed. */

@@ -1,6 +1,7 @@
 /* The ring of ckpt_stream.h: a reader thread fills slots with source pieces (checking segment
  * CRCs as it goes), the calling thread converts and writes them in the same order. */
 #include "ckpt/ckpt_stream.h"
+#include "ckpt/crc32.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -173,7 +174,7 @@ static void *reader_main(void *arg) {
             rc = ckpt_pread_all(g->fd, sl->buf, n, g->off + at, g->what, &po, &q->rerr);
             /* the piece's CRC is shared: the reader's part here, the writer's beside its copy */
             sl->split = q->crc_split ? n / 2 : n;
-            if (!rc && q->piece_crc) sl->crc = (uint32_t)crc32(0, (const unsigned char *)sl->buf, (uInt)sl->split);
+            if (!rc && q->piece_crc) sl->crc = (uint32_t)ckpt_crc32(0, sl->buf, sl->split);
             if (!rc) {
                 sl->len = n;
                 sl->seg = k;
@@ -256,7 +257,7 @@ static int writer_loop(ring *q, fsdp_dtype dst_dt, int out_fd, uint64_t out_off,
         uint32_t c = 0;
         if (q->piece_crc) {
             size_t rest = sl->len - sl->split;
-            uint32_t b = (uint32_t)crc32(0, (const unsigned char *)sl->buf + sl->split, (uInt)rest);
+            uint32_t b = (uint32_t)ckpt_crc32(0, (const char *)sl->buf + sl->split, rest);
             uint32_t pc = (uint32_t)crc32_combine(sl->crc, b, (z_off_t)rest);
             rc = seg_crc(s, &s->seg[sl->seg], sl->seg_at, pc, sl->len, err);
             c = pc;

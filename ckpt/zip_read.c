@@ -21,6 +21,7 @@
 #include <zlib.h>
 
 #include "ckpt/ckpt_pio.h"
+#include "ckpt/crc32.h"
 #include "ckpt/ckpt_pread.h"
 #include "ckpt/zip.h"
 
@@ -44,18 +45,7 @@ static int rd(zip_reader *z, uint64_t off, void *dst, size_t n, fsdp_err *err) {
     return ckpt_pread_all(z->fd, dst, n, z->base + off, z->what, NULL, err);
 }
 
-/* zlib's crc32 over any length */
-static uint32_t crc_update(uint32_t c, const void *p, size_t n) {
-    const unsigned char *b = p;
-    uLong x = c;
-    while (n) {
-        uInt k = n > (1u << 30) ? (1u << 30) : (uInt)n;
-        x = crc32(x, b, k);
-        b += k;
-        n -= k;
-    }
-    return (uint32_t)x;
-}
+static uint32_t crc_update(uint32_t c, const void *p, size_t n) { return ckpt_crc32(c, p, n); }
 
 /* The same as rd, with the CRC-32 of the bytes in *crc (computed piece by piece as they arrive). */
 static int rd_crc(zip_reader *z, uint64_t off, void *dst, size_t n, uint32_t *crc, fsdp_err *err) {

@@ -8,6 +8,7 @@
 #include <zlib.h>
 
 #include "ckpt/ckpt_pio.h"
+#include "ckpt/crc32.h"
 #include "ckpt/ckpt_pwrite.h"
 #include "ckpt/zip.h"
 
@@ -98,14 +99,7 @@ int zip_writer_start(zip_writer *w, const char *name, uint64_t size, fsdp_err *e
 
 int zip_writer_data(zip_writer *w, const void *data, size_t n, fsdp_err *err) {
     if (!w->open_rec) return fsdp_err_set(err, FSDP_E_INVALID, "zip: no open record");
-    const unsigned char *p = data;
-    size_t left = n;
-    while (left) {
-        uInt chunk = left > (1u << 30) ? (1u << 30) : (uInt)left;
-        w->crc = (uint32_t)crc32(w->crc, p, chunk);
-        p += chunk;
-        left -= chunk;
-    }
+    w->crc = ckpt_crc32(w->crc, data, n);
     w->rec_size += n;
     return out(w, data, n, err);
 }
