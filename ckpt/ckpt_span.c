@@ -59,15 +59,8 @@ static int dcp_chunk_seg(dcp_ckpt *c, const dcp_item *x, const dcp_chunk *ch, ck
     snprintf(zwhat, sizeof zwhat, "%s@%llu", what, (unsigned long long)ch->where.offset);
     if ((rc = zip_open_fd(&z, fd, ch->where.offset, ch->where.length, zwhat, err)))
         return fsdp_err_prefix(err, "tensor %s", x->fqn);
-    pkl_doc *doc;
-    const pkl_obj *root;
     ts_tensor t;
-    rc = ts_load_pickle(&z, &doc, &root, err);
-    if (!rc) {
-        rc = ts_tensor_from_pickle(root, z.what, &t, err);
-        pkl_free(doc);
-    }
-    if (!rc) rc = ts_check_record(&z, &t, x->fqn, err);
+    rc = ts_load_tensor(&z, x->fqn, &t, err);
     if (!rc) {
         char rec[80];
         snprintf(rec, sizeof rec, "data/%s", t.key);

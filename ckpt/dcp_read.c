@@ -420,15 +420,8 @@ int dcp_read_box_nan(dcp_ckpt *c, size_t i, const int64_t *off, const int64_t *l
         zip_reader z;
         int rc = open_blob(c, &ch->where, &z, err);
         if (rc) return name_tensor(err, x->fqn, rc); /* e.g. the file cut short since it was opened */
-        pkl_doc *doc;
-        const pkl_obj *root;
         ts_tensor t;
-        rc = ts_load_pickle(&z, &doc, &root, err);
-        if (!rc) {
-            rc = ts_tensor_from_pickle(root, z.what, &t, err);
-            pkl_free(doc);
-        }
-        if (!rc) rc = ts_check_record(&z, &t, x->fqn, err);
+        rc = ts_load_tensor(&z, x->fqn, &t, err);
         if (!rc && (t.ndim != nd || memcmp(t.shape, ch->sizes, (size_t)nd * sizeof *t.shape)))
             rc = fsdp_err_set(err, FSDP_E_FORMAT, "checkpoint %s: %s: stored piece has another shape than its chunk",
                               c->dir, x->fqn);

@@ -13,6 +13,7 @@
 #include "ckpt/ckpt_pio.h"
 #include "ckpt/ckpt_pipe.h"
 #include "ckpt/dcp.h"
+#include "ckpt/dcp_rank_commit.h"
 #include "ckpt/pickle.h"
 #include "ckpt/state_io.h"
 #include "ckpt/state_resume.h"
@@ -356,65 +357,8 @@ static int prepare_dir(const char *path, comm *c, const sio_save_opts *o, unsign
 static int commit(comm *c, const char *path, unsigned gen, int local_rc, fsdp_err *local_err, dcp_record *recs,
                   size_t n, fsdp_err *err) {
     int rank = comm_rank(c);
-    int who = -1;
-    fsdp_err e2;
-    fsdp_err_clear(&e2);
-    int agreed = comm_agree(c, local_rc, &who, &e2);
-    if (agreed) {
-        /* no .metadata will name this save's data files: a rank that completed its own removes it
-         * (the generation is this save's, or the directory holds no checkpoint: ckpt/dcp_commit.c) */
-        if (!local_rc) {
-            char name[64], p[4200];
-            dcp_data_file_name(name, sizeof name, rank, gen);
-            snprintf(p, sizeof p, "%s/%s", path, name);
-            unlink(p);
-        }
-        /* before any rank returns (a failed rank may end the job at once) */
-        comm_barrier(c, &e2);
-        if (local_rc) {
-            if (err != local_err) *err = *local_err;
-            return local_rc;
-        }
-        return fsdp_err_set(err, agreed, "save-dcp: rank %d failed writing its part of %s; no .metadata written", who,
-                            path);
-    }
-    void *packed = NULL, *all = NULL;
-    size_t plen = 0, *sizes = NULL;
-    int rc = dcp_records_pack(recs, n, &packed, &plen, err);
-    if (!rc) rc = comm_gather_bytes(c, packed, plen, 0, &all, &sizes, err);
-    free(packed);
-    int mrc = 0;
-    fsdp_err merr;
-    fsdp_err_clear(&merr);
-    if (!rc && rank == 0) {
-        size_t total = 0;
-        for (int r = 0; r < comm_size(c); r++) total += sizes[r];
-        dcp_record *allr;
-        size_t nall;
-        mrc = dcp_records_unpack(all, total, &allr, &nall, &merr);
-        if (!mrc) {
-            crash_point("save.gathered", 1, rank);
-            mrc = dcp_write_metadata(path, allr, nall, &merr);
-            /* the new checkpoint is in place and durable: the replaced one's files go */
-            if (!mrc) {
-                crash_point("save.committed", 1, rank);
-                dcp_remove_old_generations(path, gen, comm_size(c), allr, nall, NULL, NULL);
-                crash_point("save.cleaned", 1, rank);
-            }
-            free(allr);
-        }
-    }
-    free(all);
-    free(sizes);
-    if (rc) return rc;
-    /* all ranks return only once .metadata is durable (or know it failed) */
-    int st = comm_agree(c, mrc, &who, &e2);
-    if (st) {
-        if (rank == 0) *err = merr;
-        else fsdp_err_set(err, st, "save-dcp: rank 0 could not write %s/.metadata", path);
-        return st;
-    }
-    return 0;
+    dcp_rank_commit k = {path, gen, comm_size(c), rank, rank + 1, "save-dcp", "save"};
+    return dcp_rank_commit_run(c, &k, local_rc, local_err, recs, n, err);
 }
 
 int sio_save(fsdp_state *s, comm *c, const char *path, const sio_save_opts *o, fsdp_err *err) {

@@ -169,6 +169,16 @@ int ts_load_pickle(zip_reader *z, pkl_doc **doc, const pkl_obj **root, fsdp_err 
     return rc;
 }
 
+int ts_load_tensor(zip_reader *z, const char *name, ts_tensor *t, fsdp_err *err) {
+    pkl_doc *doc;
+    const pkl_obj *root;
+    int rc = ts_load_pickle(z, &doc, &root, err);
+    if (rc) return rc;
+    rc = ts_tensor_from_pickle(root, z->what, t, err);
+    pkl_free(doc);
+    return rc ? rc : ts_check_record(z, t, name, err);
+}
+
 /* Gathers the box (off, len: n elements) of the storage bytes tmp (which start at element lo). */
 static void gather(const ts_tensor *t, const int64_t *off, const int64_t *len, int64_t n, int64_t lo,
                    const unsigned char *tmp, unsigned char *g) {

@@ -50,6 +50,9 @@ int ts_read_box_nan(zip_reader *z, const ts_tensor *t, const int64_t *off, const
 
 /* Parses data.pkl of an archive (the caller frees *doc). */
 int ts_load_pickle(zip_reader *z, pkl_doc **doc, const pkl_obj **root, fsdp_err *err);
+/* The one tensor an archive holds (a DCP tensor piece: data.pkl's root is the tensor), its record
+ * checked (ts_check_record, name in its message). */
+int ts_load_tensor(zip_reader *z, const char *name, ts_tensor *t, fsdp_err *err);
 
 /* Writes one C-contiguous tensor as a torch.save archive at the stream's position. data may
  * be NULL with fill() supplying the bytes in pieces (streaming). Returns the archive length. */

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "ckpt/ckpt_reshard.h"
+#include "ckpt/dcp_rank_commit.h"
 #include "ckpt/ckpt_stale.h"
 #include "runtime/crash.h"
 #include "stages/stages.h"
@@ -125,54 +126,8 @@ static int write_files(ckpt_reader *r, const char *dst, unsigned gen, int world,
  * files; on any rank's failure no .metadata is written and every rank removes the files it wrote. */
 static int commit(comm *c, const char *dst, unsigned gen, int world, int lo, int hi, int local_rc, fsdp_err *local_err,
                   const dcp_record *recs, size_t n, fsdp_err *err) {
-    int who, rank = comm_rank(c);
-    fsdp_err e2;
-    int agreed = comm_agree(c, local_rc, &who, &e2);
-    if (agreed) {
-        for (int r = lo; r < hi && !local_rc; r++) {
-            char name[64], p[4200];
-            dcp_data_file_name(name, sizeof name, r, gen);
-            snprintf(p, sizeof p, "%s/%s", dst, name);
-            unlink(p);
-        }
-        comm_barrier(c, &e2);
-        if (local_rc) {
-            if (err != local_err) *err = *local_err;
-            return local_rc;
-        }
-        return fsdp_err_set(err, agreed, "reshard-dcp: rank %d failed writing its part of %s; no .metadata written", who,
-                            dst);
-    }
-    void *packed = NULL, *all = NULL;
-    size_t plen = 0, *sizes = NULL;
-    int rc = dcp_records_pack(recs, n, &packed, &plen, err);
-    if (!rc) rc = comm_gather_bytes(c, packed, plen, 0, &all, &sizes, err);
-    free(packed);
-    int mrc = 0;
-    fsdp_err merr;
-    fsdp_err_clear(&merr);
-    if (!rc && rank == 0) {
-        size_t total = 0, nall;
-        for (int r = 0; r < comm_size(c); r++) total += sizes[r];
-        dcp_record *allr = NULL;
-        mrc = dcp_records_unpack(all, total, &allr, &nall, &merr);
-        if (!mrc) mrc = dcp_write_metadata(dst, allr, nall, &merr);
-        if (!mrc) {
-            crash_point("reshard.committed", 1, rank);
-            dcp_remove_old_generations(dst, gen, world, allr, nall, NULL, NULL);
-        }
-        free(allr);
-    }
-    free(all);
-    free(sizes);
-    if (rc) return rc;
-    int st = comm_agree(c, mrc, &who, &e2);
-    if (st) {
-        if (rank == 0) *err = merr;
-        else fsdp_err_set(err, st, "reshard-dcp: rank 0 could not write %s/.metadata", dst);
-        return st;
-    }
-    return 0;
+    dcp_rank_commit k = {dst, gen, world, lo, hi, "reshard-dcp", "reshard"};
+    return dcp_rank_commit_run(c, &k, local_rc, local_err, recs, n, err);
 }
 
 static int rsd_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
