@@ -17,7 +17,7 @@ namespace {
 const char *STREAM_OFF = "FSDP_CONVERT_STREAM=0 ";
 // pieces of 4 KiB: every tensor of the tiny fixtures larger than the ring of 4 of them
 const char *SMALL_RING = "FSDP_CONVERT_PIECE=4096 ";
-const char *SMALL_RING_NO_CFR = "FSDP_CONVERT_PIECE=4096 FSDP_CONVERT_CFR=0 ";
+const char *SMALL_RING_CFR = "FSDP_CONVERT_PIECE=4096 FSDP_CONVERT_CFR=1 ";
 
 std::string ckpt_bin() { return fsdp_run_bin() + " ckpt "; }
 
@@ -127,7 +127,7 @@ TEST(ConvertStream, ToSafetensorsEqualsWholeTensorPath) {
             std::string base = t + "/w" + std::to_string(k++), whole = base + "-whole.safetensors";
             ASSERT_EQ(run_cmd(std::string(STREAM_OFF) + ckpt_bin() + "convert " + tiny(src) + " " + whole + dt, &out), 0)
                 << src << dt << ": " << out;
-            for (const char *env : {"", SMALL_RING, SMALL_RING_NO_CFR}) {
+            for (const char *env : {"", SMALL_RING, SMALL_RING_CFR}) {
                 std::string s = base + "-s" + std::to_string(strlen(env)) + ".safetensors";
                 ASSERT_EQ(run_cmd(std::string(env) + ckpt_bin() + "convert " + tiny(src) + " " + s + dt, &out), 0)
                     << src << dt << " " << env << ": " << out;
@@ -149,7 +149,7 @@ TEST(ConvertStream, ToDcpEqualsWholeTensorPath) {
             std::string base = t + "/d" + std::to_string(k++), whole = base + "-w";
             ASSERT_EQ(run_cmd(std::string(STREAM_OFF) + ckpt_bin() + "convert " + tiny(src) + " " + whole + " --to dcp" + dt,
                               &out), 0) << src << dt << ": " << out;
-            for (const char *env : {"", SMALL_RING, SMALL_RING_NO_CFR}) {
+            for (const char *env : {"", SMALL_RING, SMALL_RING_CFR}) {
                 std::string s = base + "-" + std::to_string(strlen(env) % 10);
                 ASSERT_EQ(run_cmd(std::string(env) + ckpt_bin() + "convert " + tiny(src) + " " + s + " --to dcp" + dt, &out), 0)
                     << src << dt << " " << env << ": " << out;
@@ -201,7 +201,7 @@ TEST(ConvertStream, CorruptRecordMidTensorIsNamedAndLeavesNoDst) {
     ASSERT_GT(bytes.size(), (size_t)600000);
     bytes[bytes.size() / 2] ^= 0x5a;
     write_file(f, bytes);
-    for (const char *env : {"", SMALL_RING, SMALL_RING_NO_CFR, STREAM_OFF}) {
+    for (const char *env : {"", SMALL_RING, SMALL_RING_CFR, STREAM_OFF}) {
         EXPECT_EQ(run_cmd(std::string(env) + ckpt_bin() + "convert " + t + "/d " + t + "/x.safetensors", &out), 1) << env << out;
         EXPECT_NE(out.find("CRC"), std::string::npos) << env << out;
         EXPECT_NE(out.find("tensor w"), std::string::npos) << env << out;
@@ -252,7 +252,7 @@ TEST(ConvertStream, FailedWriteIsNamedAndLeavesNoDst) {
     write_big_st(t + "/big.safetensors", 1024, 1024); // 4 MiB
     ASSERT_EQ(run_cmd(ckpt_bin() + "convert " + t + "/big.safetensors " + t + "/d --to dcp", &out), 0) << out;
     std::string lim = "bash -c 'trap \"\" XFSZ; ulimit -f 2048; exec env ";
-    for (const char *env : {"FSDP_CONVERT_STREAM=1 ", SMALL_RING, SMALL_RING_NO_CFR}) {
+    for (const char *env : {"FSDP_CONVERT_STREAM=1 ", SMALL_RING, SMALL_RING_CFR}) {
         EXPECT_EQ(run_cmd(lim + env + ckpt_bin() + "convert " + t + "/d " + t + "/x.safetensors'", &out), 1) << out;
         EXPECT_NE(out.find("tensor w"), std::string::npos) << env << out;
         EXPECT_NE(out.find("x.safetensors"), std::string::npos) << env << out;
