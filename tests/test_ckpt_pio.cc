@@ -24,15 +24,7 @@ extern "C" {
 using namespace fsdp_test;
 
 namespace {
-std::string pattern(size_t n, uint32_t seed) {
-    std::string s(n, '\0');
-    uint32_t x = seed * 2654435761u + 1;
-    for (size_t i = 0; i < n; i++) {
-        x = x * 1664525u + 1013904223u;
-        s[i] = (char)(x >> 24);
-    }
-    return s;
-}
+std::string pattern(size_t n, uint32_t seed) { return lcg_bytes(n, seed, 1); }
 
 // a state with a large 2-D parameter (3 MiB, above the parallel-write threshold), a small
 // one and a 1-D one, values derived from the global element index

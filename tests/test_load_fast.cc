@@ -52,15 +52,7 @@ struct ModeEnv {
     }
 };
 
-std::string random_bytes(size_t n, uint32_t seed) {
-    std::string s(n, '\0');
-    uint32_t x = seed * 2654435761u + 7;
-    for (size_t i = 0; i < n; i++) {
-        x = x * 1664525u + 1013904223u;
-        s[i] = (char)(x >> 24);
-    }
-    return s;
-}
+std::string random_bytes(size_t n, uint32_t seed) { return lcg_bytes(n, seed, 7); }
 
 // bf16 values: finite random ones, with Inf / denormals / -0 at given places and a NaN at nan_at
 std::string bf16_data(size_t n, size_t nan_at) {
@@ -144,6 +136,19 @@ TEST(LoadFastEngine, FusedReadsEqualTheFallbackInEveryDtypePairAndPiecing) {
     rm_rf(t);
 }
 
+// On every mode, reading n elements of src (as float32) at off fails with rc and a message holding want.
+static void expect_read_fails(int fd, uint64_t off, size_t n, fsdp_dtype src, int rc, const char *want) {
+    for (const Mode &m : kModes) {
+        ModeEnv env(m);
+        std::string got;
+        ckpt_rd_xf xf;
+        fsdp_err err;
+        err.msg[0] = 0;
+        EXPECT_EQ(read_as(fd, off, n, src, FSDP_DT_F32, &got, &xf, &err), rc) << mode_name(m);
+        EXPECT_NE(std::string(err.msg).find(want), std::string::npos) << err.msg << " " << mode_name(m);
+    }
+}
+
 TEST(LoadFastEngine, ShortReadFromAnyThreadNamesTheFileAndTheFirstMissingByte) {
     std::string t = make_tmpdir("fsdp-loadfast");
     write_file(t + "/data.bin", random_bytes(50000, 5));
@@ -168,15 +173,7 @@ TEST(LoadFastEngine, ShortReadFromAnyThreadNamesTheFileAndTheFirstMissingByte) {
     // a read that fails (a directory) names the byte and the reason
     int dfd = open(t.c_str(), O_RDONLY | O_DIRECTORY);
     ASSERT_GE(dfd, 0);
-    for (const Mode &m : kModes) {
-        ModeEnv env(m);
-        std::string got;
-        ckpt_rd_xf xf;
-        fsdp_err err;
-        err.msg[0] = 0;
-        EXPECT_EQ(read_as(dfd, 8, 100000, FSDP_DT_BF16, FSDP_DT_F32, &got, &xf, &err), FSDP_E_IO) << mode_name(m);
-        EXPECT_NE(std::string(err.msg).find("data.bin: read error at byte 8"), std::string::npos) << err.msg;
-    }
+    expect_read_fails(dfd, 8, 100000, FSDP_DT_BF16, FSDP_E_IO, "data.bin: read error at byte 8");
     close(dfd);
     rm_rf(t);
 }
@@ -185,15 +182,7 @@ TEST(LoadFastEngine, RefusedDtypePairIsAnErrorBeforeAnyRead) {
     std::string t = make_tmpdir("fsdp-loadfast");
     write_file(t + "/data.bin", random_bytes(4096, 9));
     int fd = open_file(t + "/data.bin");
-    for (const Mode &m : kModes) {
-        ModeEnv env(m);
-        std::string got;
-        ckpt_rd_xf xf;
-        fsdp_err err;
-        err.msg[0] = 0;
-        EXPECT_EQ(read_as(fd, 0, 256, FSDP_DT_C64, FSDP_DT_F32, &got, &xf, &err), FSDP_E_INVALID) << mode_name(m);
-        EXPECT_NE(std::string(err.msg).find("cannot convert"), std::string::npos) << err.msg;
-    }
+    expect_read_fails(fd, 0, 256, FSDP_DT_C64, FSDP_E_INVALID, "cannot convert");
     close(fd);
     rm_rf(t);
 }

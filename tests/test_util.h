@@ -1,6 +1,7 @@
 // Shared helpers for the GoogleTest suite. Tests run from the project root.
 #pragma once
 
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -97,6 +98,41 @@ inline std::string run_np(int np, const std::string &args, int *rc) {
 // A Hugging Face fixture directory of ../shared/fixtures/hf-5.24 (or a file in it).
 inline std::string hf_fixture(const std::string &model, const std::string &file = "") {
     return fixtures_dir() + "/hf-5.24/" + model + (file.empty() ? "" : "/" + file);
+}
+
+// n pseudo-random bytes (a linear congruential sequence from seed * 2654435761 + salt): test data
+// that every run writes the same.
+inline std::string lcg_bytes(size_t n, uint32_t seed, uint32_t salt) {
+    std::string s(n, '\0');
+    uint32_t x = seed * 2654435761u + salt;
+    for (size_t i = 0; i < n; i++) {
+        x = x * 1664525u + 1013904223u;
+        s[i] = (char)(x >> 24);
+    }
+    return s;
+}
+
+// A uuid (8-4-4-4-12 lower-case hex digits) starting at m[p].
+inline bool is_uuid_at(const std::string &m, size_t p) {
+    if (p + 36 > m.size()) return false;
+    for (size_t i = 0; i < 36; i++) {
+        char c = m[p + i];
+        bool dash = i == 8 || i == 13 || i == 18 || i == 23;
+        bool hex = (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+        if (dash ? c != '-' : !hex) return false;
+    }
+    return true;
+}
+
+// A DCP directory's .metadata with what differs between two saves of one state blanked: the save's
+// random uuid and the directory itself (the checkpoint_id). Compare directories whose names have
+// one length.
+inline std::string dcp_metadata_blanked(const std::string &dir) {
+    std::string m = read_file(dir + "/.metadata");
+    for (size_t p; (p = m.find(dir)) != std::string::npos;) m.replace(p, dir.size(), std::string(dir.size(), '#'));
+    for (size_t p = 0; p < m.size(); p++)
+        if (is_uuid_at(m, p)) m.replace(p, 36, std::string(36, 'U'));
+    return m;
 }
 
 }  // namespace fsdp_test
