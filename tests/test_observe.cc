@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "test_util.h"
+#include "jsonl_util.h"
 
 using namespace fsdp_test;
 
@@ -36,21 +37,7 @@ std::string recipe(const Dir &d, const std::string &metrics, int steps = 4, int 
     return p;
 }
 
-std::vector<json_t *> json_lines(const std::string &path) {
-    std::vector<json_t *> v;
-    std::string s = read_file(path);
-    size_t p = 0;
-    while (p < s.size()) {
-        size_t e = s.find('\n', p);
-        if (e == std::string::npos) e = s.size();
-        json_error_t je;
-        json_t *j = json_loadb(s.data() + p, e - p, 0, &je);
-        EXPECT_TRUE(j) << je.text;
-        if (j) v.push_back(j);
-        p = e + 1;
-    }
-    return v;
-}
+std::vector<json_t *> json_lines(const std::string &path) { return jsonl_objects(path); }
 
 // Pixels of the PNG whose colour is within 8 of (r, g, b).
 long count_colour(const std::string &png, int r, int g, int b, int *w = nullptr, int *h = nullptr) {

@@ -13,6 +13,7 @@ extern "C" {
 #include "stages/train_backend.h"
 }
 #include "test_util.h"
+#include "jsonl_util.h"
 
 using namespace fsdp_test;
 
@@ -44,21 +45,7 @@ int run(const std::string &args, std::string *out) {
     return run_cmd("timeout 120 " + fsdp_run_bin() + " -q " + args, out);
 }
 
-std::vector<json_t *> lines(const std::string &path) {
-    std::vector<json_t *> v;
-    std::string s = read_file(path);
-    size_t p = 0;
-    while (p < s.size()) {
-        size_t e = s.find('\n', p);
-        if (e == std::string::npos) e = s.size();
-        json_error_t je;
-        json_t *j = json_loadb(s.data() + p, e - p, 0, &je);
-        EXPECT_TRUE(j) << je.text << " in " << s.substr(p, e - p);
-        if (j) v.push_back(j);
-        p = e + 1;
-    }
-    return v;
-}
+std::vector<json_t *> lines(const std::string &path) { return jsonl_objects(path); }
 
 json_t *train_metrics(json_t *report) {
     json_t *stages = json_object_get(report, "stages");

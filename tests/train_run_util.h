@@ -14,6 +14,7 @@
 
 #include "st_test_reader.h"
 #include "test_util.h"
+#include "jsonl_util.h"
 
 namespace train_test {
 
@@ -33,17 +34,9 @@ inline int run(const std::string &args, std::string *out, const std::string &pre
 // The JSON objects of a JSONL file that have `key`, in order (caller json_decref's).
 inline std::vector<json_t *> lines_with(const std::string &path, const char *key) {
     std::vector<json_t *> v;
-    std::string s = fsdp_test::read_file(path);
-    size_t p = 0;
-    while (p < s.size()) {
-        size_t e = s.find('\n', p);
-        if (e == std::string::npos) e = s.size();
-        json_error_t je;
-        json_t *j = json_loadb(s.data() + p, e - p, 0, &je);
-        EXPECT_TRUE(j) << je.text << " in " << s.substr(p, e - p);
-        if (j && json_object_get(j, key)) v.push_back(j);
-        else if (j) json_decref(j);
-        p = e + 1;
+    for (json_t *j : fsdp_test::jsonl_objects(path)) {
+        if (json_object_get(j, key)) v.push_back(j);
+        else json_decref(j);
     }
     return v;
 }
