@@ -13,15 +13,19 @@
 #define PIO_MIN_PIECE ((size_t)1 << 20)
 #define PIO_MAX_THREADS 8
 
+int ckpt_pio_threads(const ckpt_pio_opts *o) {
+    if (o && o->threads > 0) return o->threads;
+#ifdef _OPENMP
+    int t = omp_get_max_threads();
+    return t < 1 ? 1 : t > PIO_MAX_THREADS ? PIO_MAX_THREADS : t;
+#else
+    return 1; /* built without OpenMP: the pieces run one after another */
+#endif
+}
+
 static void plan(size_t n, const ckpt_pio_opts *o, size_t *piece, size_t *np, int *threads) {
     size_t p = o && o->piece ? o->piece : PIO_PIECE;
-#ifdef _OPENMP
-    int t = o && o->threads > 0 ? o->threads : omp_get_max_threads();
-#else
-    int t = 1; /* built without OpenMP: the pieces run one after another */
-#endif
-    if (!(o && o->threads > 0) && t > PIO_MAX_THREADS) t = PIO_MAX_THREADS;
-    if (t < 1) t = 1;
+    int t = ckpt_pio_threads(o);
     /* default pieces: smaller (down to 1 MiB) when that gives every thread one */
     if (!(o && o->piece) && n / (size_t)t < p) {
         size_t q = (n + (size_t)t - 1) / (size_t)t;

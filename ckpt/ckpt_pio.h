@@ -22,6 +22,10 @@ typedef struct ckpt_pio_opts {
     int writeback; /* writes: start write-back of each written range (no wait) */
 } ckpt_pio_opts;
 
+/* The threads of a parallel transfer: o->threads when set, else the OpenMP team's size capped at 8
+ * (1 when built without OpenMP). */
+int ckpt_pio_threads(const ckpt_pio_opts *o);
+
 /* Reads exactly n bytes at file offset off into dst (ckpt_pread.c, the read engine). A file that ends early is a format
  * error "<what>: the file ends before byte B (truncated?)", naming the first missing byte. */
 int ckpt_pread_all(int fd, void *dst, size_t n, uint64_t off, const char *what, const ckpt_pio_opts *o,

@@ -14,7 +14,6 @@
 
 #define RD_PIECE ((size_t)8 << 20)     /* stored bytes per piece (one thread's unit of work) */
 #define RD_MIN_PIECE ((size_t)1 << 20) /* pieces shrink down to this so that every thread has one */
-#define RD_MAX_THREADS 8
 #define RD_STEP ((size_t)1 << 20)      /* a plain copy: bytes read, then checked while in cache */
 #define RD_CVT_STEP ((size_t)128 << 10) /* converting: stored bytes per step of the per-thread buffer */
 
@@ -56,15 +55,8 @@ typedef struct rd_piece {
 
 /* threads and pieces of a read of `bytes` stored bytes */
 static void rd_plan(size_t bytes, const ckpt_pio_opts *o, size_t *piece, size_t *np, int *threads) {
-    int given = ckpt_load_threads();
-    if (!given && o && o->threads > 0) given = o->threads;
-#ifdef _OPENMP
-    int t = given ? given : omp_get_max_threads();
-#else
-    int t = 1; /* built without OpenMP: the pieces run one after another */
-#endif
-    if (!given && t > RD_MAX_THREADS) t = RD_MAX_THREADS;
-    if (t < 1) t = 1;
+    int t = ckpt_load_threads();
+    if (!t) t = ckpt_pio_threads(o);
     size_t p = (size_t)env_num("FSDP_LOAD_PIECE", 16, 1L << 30);
     if (!p) p = o && o->piece ? o->piece : 0;
     int fixed = p != 0;

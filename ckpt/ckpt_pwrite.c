@@ -14,7 +14,6 @@
 #endif
 
 #define PW_PIECE ((size_t)4 << 20)
-#define PW_MAX_THREADS 8
 
 void ckpt_pwrite_opts_env(ckpt_pio_opts *o) {
     memset(o, 0, sizeof *o);
@@ -94,11 +93,7 @@ static void pw_put(pw_job *j, size_t i, const char *p, size_t len) {
 }
 
 static int pw_threads(const ckpt_pio_opts *o, size_t np) {
-    int t = 1;
-    if (o && o->threads > 0) t = o->threads;
-#ifdef _OPENMP
-    else t = omp_get_max_threads() < PW_MAX_THREADS ? omp_get_max_threads() : PW_MAX_THREADS;
-#endif
+    int t = ckpt_pio_threads(o);
     if ((size_t)t > np) t = (int)np;
     return t < 1 ? 1 : t;
 }
