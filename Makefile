@@ -185,7 +185,7 @@ EMU_SUITES := EmuCudart*:ModelTableDevice*:CommNccl*:CudaBlas*:CudaBundle*:CudaC
 # print, the FSDP tests of 45-95 s (activation checkpointing, chunked head, offloaded optimizer over several
 # steps; HfArchCuda's bf16, checkpointing and 2-rank runs), and the bagel recipe on the emulated GPU (over 4
 # minutes).
-EMU_QUICK := EmuCudart*:*CudaKernels*:ModelTableDevice*:CommNccl*:CudaBlas*:CudaCache*:CudaDevice*:CudaModel*:StateDev*:StageDevice*:LlamaFsdpCuda*:LlamaInitCuda*:KcuAttentionTc.*:HfArchCudaKernels*:HfArchCuda.F32FiveStepsMatchTheCpuPath-StageDevice.GpuBagelBootstrapEqualsCpu:LlamaFsdpCuda.ActivationCheckpointingAndKeptLayersMatchTheDefault:LlamaFsdpCuda.ChunkedHeadMatchesTheWholeBatchHead:LlamaFsdpCuda.OffloadedOptimizerEqualsDeviceOptimizer
+EMU_QUICK := EmuCudart*:*CudaKernels*:ModelTableDevice*:CommNccl*:CudaBlas*:CudaCache*:CudaDevice*:CudaModel*:StateDev*:StageDevice*:LlamaFsdpCuda*:LlamaInitCuda*:KcuAttentionTc.*:HfArchCudaKernels*:HfArchCuda.F32FiveStepsMatchTheCpuPath:E2EWorkflow.Offload*-StageDevice.GpuBagelBootstrapEqualsCpu:LlamaFsdpCuda.ActivationCheckpointingAndKeptLayersMatchTheDefault:LlamaFsdpCuda.ChunkedHeadMatchesTheWholeBatchHead:LlamaFsdpCuda.OffloadedOptimizerEqualsDeviceOptimizer
 emu:
 	$(MAKE) EMU=1 all $(addprefix build-emu/,tests/fsdp_tests $(TEST_PLUGIN_SRCS:tests/plugins/%.c=tests/plugins/lib%.so) \
 	  $(TEST_MPI_SRCS:tests/mpi/%.c=tests/mpi/%))

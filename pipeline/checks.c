@@ -124,6 +124,35 @@ static void check_mixed(const recipe *r, const recipe_stage *s, const sizes_host
                                       : "no GPU on this host");
 }
 
+/* Whether the recipe trains on a GPU: 1 yes (runtime.device: cuda, or auto on a run whose host has one),
+ * 0 no or unknown (auto under validate). */
+static int on_gpu(const recipe *r, const sizes_host *h) {
+    const char *dev = fsdp_value_text(fsdp_value_path(r->root, "runtime.device"));
+    if (dev && strcmp(dev, "auto")) return !strcmp(dev, "cuda");
+    return dev_built_with_cuda() && h->probe_device && !on_cpu(r, h);
+}
+
+/* offload {params: true} keeps the master weights in host memory, and the GPU trainer computes from
+ * weights on the device: a train-steps or eval after it on a GPU would silently train on the CPU. */
+static void check_offload_params(const recipe *r, const sizes_host *h, errlist *el) {
+    if (!on_gpu(r, h)) return;
+    const recipe_stage *off = NULL;
+    for (size_t i = 0; i < r->n_stages; i++) {
+        const recipe_stage *s = &r->stages[i];
+        int params = 0;
+        if (!strcmp(s->uses, "offload") && s->with && !fsdp_value_bool(fsdp_value_get(s->with, "params"), &params) &&
+            params && !off)
+            off = s;
+        if (off && (!strcmp(s->uses, "train-steps") || !strcmp(s->uses, "eval")))
+            errlist_add_at(el, fsdp_value_get(off->with, "params"),
+                           "stage '%s' (%s) comes after stage '%s' (offload) with params: true on the GPU: the GPU "
+                           "trainer computes from weights on the device, so it cannot run with the master weights in "
+                           "host memory (it would fall back to the CPU). Use offload without params (the optimizer "
+                           "state still goes to host memory), or runtime.device: cpu",
+                           s->id, s->uses, off->id);
+    }
+}
+
 static void check_chained_model(const recipe *r, const fsdp_value *prev, errlist *el) {
     const fsdp_value *model = fsdp_value_get(r->root, "model");
     if (!prev || !model || fsdp_value_type(model) == FSDP_V_NULL) return;
@@ -151,5 +180,6 @@ void checks_recipe(const recipe *r, const sizes_host *h, const fsdp_value *prev_
         check_metrics(s, h, el);
         check_mixed(r, s, h, el);
     }
+    check_offload_params(r, h, el);
     check_chained_model(r, prev_model, el);
 }

@@ -20,6 +20,12 @@ int train_backend_open(fsdp_ctx *ctx, fsdp_state *s, comm *c, int B, int T, cons
         b->dev = s->dev;
         return llama_fsdp_cuda_create(s, c, s->dev, B, T, opt, &b->gpu, err);
     }
+    if (s && s->dev && s->offload_params)
+        return fsdp_err_set(err, FSDP_E_INVALID,
+                            "the master weights are in host memory (offload with params: true) while the "
+                            "run uses the GPU; the GPU trainer computes from weights on the device and cannot train "
+                            "them there (it would fall back to the CPU): use offload without params (the optimizer "
+                            "state still goes to host memory), or runtime.device: cpu");
     if (opt && opt->mixed != LLAMA_FSDP_MIXED_NONE)
         return fsdp_err_set(err, FSDP_E_INVALID,
                             "train-steps: mixed: bf16 needs the model on the GPU (runtime.device: cuda); the CPU path "

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "ckpt_compare.h"
+#include "gpu_util.h"
 #include "jsonl_util.h"
 #include "test_util.h"
 
@@ -106,9 +107,10 @@ TEST(E2EWorkflow, BitExactResume) {
     expect_same_ckpt(t / "end_res1", t / "end_full");
 }
 
+// On the CPU, offload (params too) only records where the arrays live: training is the same, bit for bit.
 TEST(E2EWorkflow, OffloadOnAndOffIdentical) {
     Dir t;
-    std::string base = std::string(TINY) + "stages:\n  - {id: i, uses: init-meta}\n";
+    std::string base = std::string(TINY) + "runtime: {device: cpu}\nstages:\n  - {id: i, uses: init-meta}\n";
     write_file(t / "off.yaml", base + "  - {id: t, uses: train-steps, with: {steps: 3, metrics: " + (t / "a.jsonl") +
                                    "}}\n  - {id: s, uses: save-dcp, with: {path: " + (t / "a") + "}}\n");
     write_file(t / "on.yaml", base + "  - {id: o, uses: offload, with: {params: true}}\n"
@@ -121,6 +123,56 @@ TEST(E2EWorkflow, OffloadOnAndOffIdentical) {
     ASSERT_EQ(rc, 0) << o;
     EXPECT_EQ(jsonl_field(t / "a.jsonl", "loss"), jsonl_field(t / "b.jsonl", "loss"));
     expect_same_ckpt(t / "a", t / "b");
+}
+
+// offload {params: true} on the GPU keeps the master weights in host memory, which the GPU trainer does not
+// compute from: a train-steps or eval after it is refused by validate (every such stage named), not silently
+// run on the CPU. Without params, or on the CPU, the same recipe is valid.
+TEST(E2EWorkflow, OffloadParamsBeforeTrainingOnTheGpuIsAValidateError) {
+    Dir t;
+    auto recipe = [&](const std::string &dev, const std::string &offload) {
+        return std::string(TINY) + "runtime: {device: " + dev + "}\nstages:\n  - {id: i, uses: init-meta}\n"
+               "  - {id: o, uses: offload" + offload + "}\n  - {id: t, uses: train-steps, with: {steps: 1}}\n"
+               "  - {id: e, uses: eval}\n";
+    };
+    write_file(t / "bad.yaml", recipe("cuda", ", with: {params: true}"));
+    std::string o;
+    EXPECT_EQ(run_cmd(fsdp_run_bin() + " validate " + (t / "bad.yaml"), &o), 2) << o;
+    EXPECT_NE(o.find("bad.yaml:6:"), std::string::npos) << o;  // points at params: true
+    EXPECT_NE(o.find("stage 't' (train-steps) comes after stage 'o' (offload) with params: true on the GPU"),
+              std::string::npos) << o;
+    EXPECT_NE(o.find("stage 'e' (eval) comes after stage 'o' (offload) with params: true"), std::string::npos) << o;
+    EXPECT_NE(o.find("Use offload without params"), std::string::npos) << o;
+    write_file(t / "moments.yaml", recipe("cuda", ""));
+    EXPECT_EQ(run_cmd(fsdp_run_bin() + " validate " + (t / "moments.yaml"), &o), 0) << o;
+    write_file(t / "cpu.yaml", recipe("cpu", ", with: {params: true}"));
+    EXPECT_EQ(run_cmd(fsdp_run_bin() + " validate " + (t / "cpu.yaml"), &o), 0) << o;
+}
+
+// The same on a run whose device is auto (resolved to the GPU when the run starts), and when the offload was in
+// an earlier recipe of the chain: the run stops with the reason before any step, and trains nothing on the CPU.
+TEST(E2EWorkflow, OffloadParamsThenTrainingOnTheGpuStopsBeforeAnyStep) {
+    std::string why;
+    if (!gpu_present(&why)) GTEST_SKIP() << "no GPU: " << why;
+    Dir t;
+    write_file(t / "one.yaml", std::string(TINY) + "stages:\n  - {id: i, uses: init-meta}\n"
+                               "  - {id: o, uses: offload, with: {params: true}}\n"
+                               "  - {id: t, uses: train-steps, with: {steps: 2, metrics: " + (t / "m1.jsonl") + "}}\n");
+    int rc;
+    std::string o = run_np(1, t / "one.yaml", &rc);
+    EXPECT_EQ(rc, 2) << o;
+    EXPECT_NE(o.find("stage 't' (train-steps) comes after stage 'o' (offload) with params: true on the GPU"),
+              std::string::npos) << o;
+    EXPECT_FALSE(exists(t / "m1.jsonl"));
+    write_file(t / "a.yaml", std::string(TINY) + "stages:\n  - {id: i, uses: init-meta}\n"
+                             "  - {id: o, uses: offload, with: {params: true}}\n");
+    write_file(t / "b.yaml", std::string(TINY) + "stages:\n  - {id: t, uses: train-steps, with: {steps: 2, metrics: " + (t / "m2.jsonl") +
+                                 "}}\n");
+    o = run_np(1, (t / "a.yaml") + " " + (t / "b.yaml"), &rc);
+    EXPECT_EQ(rc, 1) << o;
+    EXPECT_NE(o.find("the master weights are in host memory (offload with params: true) while the run uses the GPU"),
+              std::string::npos) << o;
+    EXPECT_FALSE(exists(t / "m2.jsonl") && !read_file(t / "m2.jsonl").empty());
 }
 
 TEST(E2EWorkflow, FixtureDcpReproducesReferenceOnOneAndTwoRanks) {
