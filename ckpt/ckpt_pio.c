@@ -3,8 +3,10 @@
 #include "ckpt/ckpt_pio.h"
 #include "ckpt/ckpt_pwrite.h"
 
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -35,6 +37,21 @@ static void plan(size_t n, const ckpt_pio_opts *o, size_t *piece, size_t *np, in
     *np = n / p + (n % p != 0);
     if ((size_t)t > *np) t = (int)(*np ? *np : 1);
     *threads = t;
+}
+
+int ckpt_pwrite_sliced(int fd, const void *p, size_t n, uint64_t off, uint64_t *at) {
+    const char *c = p;
+    for (size_t done = 0; done < n;) {
+        size_t len = n - done < CKPT_WRITE_SLICE ? n - done : CKPT_WRITE_SLICE;
+        ssize_t r = pwrite(fd, c + done, len, (off_t)(off + done));
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) {
+            if (at) *at = off + done;
+            return r < 0 ? errno : EIO; /* a write of nothing: the device took no byte */
+        }
+        done += (size_t)r;
+    }
+    return 0;
 }
 
 int ckpt_pwrite_all(int fd, const void *src, size_t n, uint64_t off, uint32_t *crc, const char *what,

@@ -26,6 +26,15 @@ typedef struct ckpt_pio_opts {
  * (1 when built without OpenMP). */
 int ckpt_pio_threads(const ckpt_pio_opts *o);
 
+/* pwrite of all n bytes of p at off, in write(2) calls of at most CKPT_WRITE_SLICE bytes (restarted on
+ * EINTR): 0, or the errno (EIO for a write that took no byte) with *at the first byte not written.
+ * The page cache sizes its folios by the write call: a call of 4 MiB or more gets 2 MiB folios, taken
+ * from the free blocks that a VM's free page reporting gives back to the host, whose re-faults made
+ * each copy into them 3x slower (save-dcp of 2 GB 2.7 s against 0.72 s in 1 MiB calls, measured after
+ * a few idle seconds on the 2-core VM); 1 MiB calls cost nothing measurable when memory is warm. */
+#define CKPT_WRITE_SLICE ((size_t)1 << 20)
+int ckpt_pwrite_sliced(int fd, const void *p, size_t n, uint64_t off, uint64_t *at);
+
 /* Reads exactly n bytes at file offset off into dst (ckpt_pread.c, the read engine). A file that ends early is a format
  * error "<what>: the file ends before byte B (truncated?)", naming the first missing byte. */
 int ckpt_pread_all(int fd, void *dst, size_t n, uint64_t off, const char *what, const ckpt_pio_opts *o,

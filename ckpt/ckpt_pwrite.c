@@ -75,16 +75,13 @@ static void pw_put(pw_job *j, size_t i, const char *p, size_t len) {
         return;
     }
     uint64_t off = j->off + (uint64_t)i * j->per * j->dsz;
-    for (size_t done = 0; done < len;) {
-        ssize_t r = pwrite(j->fd, p + done, len - done, (off_t)(off + done));
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) {
-            st->err = r < 0 ? errno : EIO; /* a write of nothing: the device took no byte */
-            st->at = off + done;
-            atomic_store(&j->failed, 1);
-            return;
-        }
-        done += (size_t)r;
+    uint64_t at = 0;
+    int e = ckpt_pwrite_sliced(j->fd, p, len, off, &at);
+    if (e) {
+        st->err = e;
+        st->at = at;
+        atomic_store(&j->failed, 1);
+        return;
     }
     /* write-back of the piece's whole pages only: the pages it shares with the bytes beside it (a
      * zip header patched later, the next piece) are never under write-back when those are written */

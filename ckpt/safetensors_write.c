@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "ckpt/ckpt_pio.h"
 #include "ckpt/safetensors_internal.h"
 #include "runtime/crash.h"
 #include "runtime/tmpfile.h"
@@ -195,19 +196,12 @@ static int build_header(st_writer *w, char **out, size_t *len, fsdp_err *err) {
 }
 
 static int pwrite_all(st_writer *w, const void *buf, size_t len, uint64_t off, fsdp_err *err) {
-    const unsigned char *p = (const unsigned char *)buf;
-    while (len) {
-        ssize_t k = pwrite(w->fd, p, len, (off_t)off);
-        if (k < 0 && errno == EINTR) continue;
-        if (k <= 0) {
-            w->state = W_FAILED;
-            return fsdp_err_set(err, FSDP_E_IO, "%s: write failed: %s", w->tmp, k < 0 ? strerror(errno) : "no progress");
-        }
-        p += k;
-        off += (uint64_t)k;
-        len -= (size_t)k;
-    }
-    return FSDP_OK;
+    uint64_t at = 0;
+    int e = ckpt_pwrite_sliced(w->fd, buf, len, off, &at);
+    if (!e) return FSDP_OK;
+    w->state = W_FAILED;
+    return fsdp_err_set(err, FSDP_E_IO, "%s: write failed at byte %llu: %s", w->tmp, (unsigned long long)at,
+                        e == EIO ? "no progress" : strerror(e));
 }
 
 static int cmp_name(const void *a, const void *b, void *ctx) {
