@@ -225,6 +225,19 @@ static double fresh_read(const char *ck) {
     return worst;
 }
 
+/* Before each timed write or fill of new memory (ours, cp's, PyTorch's and the memset's alike): a scratch
+ * file of the state's size written and removed, untimed. On this VM, memory the guest has not used for a
+ * few seconds goes back to the host (free page reporting), and the first large write into it pays host
+ * page faults: a safetensors -> DCP convert measured 5.0-6.1 s against 1.3 s alone, and each row depended
+ * on which command happened to write first after other work. Every timed command now starts with the same
+ * warm memory, as on a machine without memory ballooning. */
+static void settle(cvt_run *r) {
+    char cmd[2600];
+    snprintf(cmd, sizeof cmd, "head -c %.0f /dev/zero > '%s/settle' && rm -f '%s/settle'", r->state_bytes, r->o.dir,
+             r->o.dir);
+    bench_run(cmd, NULL);
+}
+
 /* save's figure, the cat and cp ceilings and load of np ranks' checkpoint ck (just saved in s seconds) */
 static void rep_io_ceilings(cvt_run *r, int np, const char *ck, double s) {
     char cmd[4096];
@@ -238,9 +251,12 @@ static void rep_io_ceilings(cvt_run *r, int np, const char *ck, double s) {
              "dd if='%s'/.metadata of=/dev/null bs=4M status=none",
              ck, ck);
     put(r, np == 1 ? F_DD1 : F_DD2, bench_run(cmd, NULL));
+    settle(r);
     put(r, np == 1 ? F_FRESH1 : F_FRESH2, fresh_read(ck));
+    settle(r); /* the loads fill new memory, as PyTorch's dcp.load fills its torch.empty state */
     put(r, np == 1 ? F_LOAD1 : F_LOAD2, fsdp_stage(r, np, "load", ck, "load", NULL));
     snprintf(cmd, sizeof cmd, "cp -r '%s' '%s.copy' && sync", ck, ck);
+    settle(r);
     put(r, np == 1 ? F_CP1 : F_CP2, bench_run(cmd, NULL));
     snprintf(cmd, sizeof cmd, "rm -rf '%s.copy'", ck);
     bench_run(cmd, NULL);
@@ -252,6 +268,7 @@ static void rep_convert(cvt_run *r, const char *ck) {
     snprintf(st, sizeof st, "%s/conv.safetensors", r->o.dir);
     if (!r->o.io) { /* the DCP cp ceiling is the io group's; convert alone measures it here */
         snprintf(cmd, sizeof cmd, "cp -r '%s' '%s.copy' && sync", ck, ck);
+        settle(r);
         put(r, F_CP1, bench_run(cmd, NULL));
         snprintf(cmd, sizeof cmd, "rm -rf '%s.copy'", ck);
         bench_run(cmd, NULL);
@@ -259,26 +276,26 @@ static void rep_convert(cvt_run *r, const char *ck) {
     snprintf(cmd, sizeof cmd, "rm -rf '%s' '%s/conv_dcp' && sync && %s ckpt convert '%s' '%s' >/dev/null && sync", st,
              r->o.dir, r->o.bin, ck, st);
     long rss = 0;
+    settle(r);
     put(r, F_TO_ST, bench_run(cmd, &rss));
     if (rss > r->rss_to_st_kb) r->rss_to_st_kb = rss;
     r->st_bytes = bench_path_bytes(st);
     snprintf(cmd, sizeof cmd, "%s ckpt convert '%s' '%s/conv_dcp' --to dcp >/dev/null && sync", r->o.bin, st, r->o.dir);
+    settle(r);
     put(r, F_TO_DCP, bench_run(cmd, &rss));
     if (rss > r->rss_to_dcp_kb) r->rss_to_dcp_kb = rss;
-    /* Every output is removed once measured, so that each timed write (ours and cp's) starts right
-     * after a removal. On this VM, memory the guest has not used for a few seconds goes back to the
-     * host (free page reporting) and costs host page faults when written again: a write after 6 GB
-     * of new page cache ran 3-5x slower than the same write alone (the reshard row read 5.3 s
-     * against 1.1-1.7 s alone), while the cp ceilings ran right after a removal. */
+    /* every output is removed once measured (the page cache stays near two states: see settle) */
     snprintf(cmd, sizeof cmd, "rm -rf '%s/conv_dcp'", r->o.dir);
     bench_run(cmd, NULL);
     snprintf(cmd, sizeof cmd, "cp '%s' '%s.copy' && sync", st, st);
+    settle(r);
     put(r, F_CP_ST, bench_run(cmd, NULL));
     snprintf(cmd, sizeof cmd, "rm -rf '%s' '%s.copy'", st, st);
     bench_run(cmd, NULL);
     /* the 1-rank DCP resharded to 2 ranks' files (what reshard-dcp does), against the same cp ceiling */
     snprintf(cmd, sizeof cmd, "rm -rf '%s/conv_ws2' && sync && %s ckpt convert '%s' '%s/conv_ws2' --to dcp --world 2 "
              ">/dev/null && sync", r->o.dir, r->o.bin, ck, r->o.dir);
+    settle(r);
     put(r, F_RESHARD, bench_run(cmd, &rss));
     if (rss > r->rss_reshard_kb) r->rss_reshard_kb = rss;
     snprintf(cmd, sizeof cmd, "rm -rf '%s/conv_ws2'", r->o.dir);
@@ -291,6 +308,7 @@ static int rep_io(cvt_run *r, int np) {
     snprintf(ck, sizeof ck, "%s/ck%d", r->o.dir, np);
     snprintf(cmd, sizeof cmd, "rm -rf '%s' '%s.copy' && sync", ck, ck);
     bench_run(cmd, NULL);
+    settle(r);
     double s = fsdp_stage(r, np, "save", ck, "save", NULL);
     if (s < 0) return -1;
     r->ck_bytes[np] = bench_path_bytes(ck);
@@ -300,6 +318,7 @@ static int rep_io(cvt_run *r, int np) {
     bench_run(cmd, NULL);
     if (r->o.torch && r->o.io) {
         snprintf(cmd, sizeof cmd, "--part dcp --nproc %d --dir %s/torch%d", np, r->o.dir, np);
+        settle(r); /* PyTorch's dcp.save is its first write, like our save */
         torch_run(r, cmd);
         snprintf(cmd, sizeof cmd, "rm -rf '%s/torch%d'", r->o.dir, np);
         bench_run(cmd, NULL);
@@ -308,11 +327,18 @@ static int rep_io(cvt_run *r, int np) {
 }
 
 static void rep_init(cvt_run *r) {
+    settle(r);
     put(r, F_INIT_CPU, fsdp_stage(r, 1, "init_cpu", NULL, "init", "seconds_init"));
+    settle(r);
     put(r, F_INIT_META1, fsdp_stage(r, 1, "init_meta", NULL, "init", "seconds_init"));
+    settle(r);
     put(r, F_INIT_META2, fsdp_stage(r, 2, "init_meta", NULL, "init", "seconds_init"));
-    if (r->o.torch) torch_run(r, "--part init");
+    if (r->o.torch) {
+        settle(r);
+        torch_run(r, "--part init");
+    }
     /* the ceiling of 1 rank, and of 2 ranks filling their halves at once: the whole state by all threads */
+    settle(r);
     put(r, F_MEMSET, bench_memset_seconds((size_t)r->state_bytes, r->o.threads));
 }
 
