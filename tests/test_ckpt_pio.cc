@@ -8,7 +8,10 @@
 #include "test_util.h"
 
 #include <cmath>
+#include <csignal>
 #include <fcntl.h>
+#include <sys/resource.h>
+#include <unistd.h>
 #include <zlib.h>
 
 extern "C" {
@@ -68,6 +71,64 @@ TEST(CkptPio, ReadPastTheEndNamesTheFileAndTheFirstMissingByte) {
         EXPECT_NE(std::string(err.msg).find("short.bin"), std::string::npos) << err.msg;
         EXPECT_NE(std::string(err.msg).find("ends before byte 50000"), std::string::npos) << err.msg;
     }
+    close(fd);
+    rm_rf(t);
+}
+
+// write(2)-family calls of this process so far (/proc/self/io syscw), -1 when unreadable
+static long write_syscalls() {
+    std::string io = read_file("/proc/self/io");
+    size_t p = io.find("syscw: ");
+    return p == std::string::npos ? -1 : std::stol(io.substr(p + 7));
+}
+
+// ckpt_pwrite_sliced: the bytes land at their offset across several 1 MiB calls; a write the file system
+// stops part-way (here the file size limit, inside the second call) and a write that fails at once name the
+// first byte not written; each call writes at most CKPT_WRITE_SLICE bytes (the page cache's folio size
+// follows the call's: see ckpt_pio.h).
+TEST(CkptPio, SlicedWriteGivesTheBytesAndNamesTheFirstByteNotWritten) {
+    std::string t = make_tmpdir("fsdp-pio");
+    const size_t n = 3 * CKPT_WRITE_SLICE + 17;
+    const uint64_t off = 4097;
+    std::string data = pattern(n, 7), path = t + "/f";
+    int fd = open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC, 0644);
+    ASSERT_GE(fd, 0);
+    uint64_t at = 1;
+    long calls = write_syscalls();
+    EXPECT_EQ(ckpt_pwrite_sliced(fd, data.data(), n, off, &at), 0);
+    if (calls >= 0) {
+        EXPECT_EQ(write_syscalls() - calls, 4);  // 3 slices of 1 MiB and the 17 bytes
+    }
+    close(fd);
+    std::string got = read_file(path);
+    ASSERT_EQ(got.size(), off + n);
+    EXPECT_TRUE(got.compare(off, n, data) == 0);
+    EXPECT_EQ(got.substr(0, off), std::string(off, '\0'));
+
+    // RLIMIT_FSIZE ends the file inside the second call: a short write, then EFBIG
+    const uint64_t limit = off + CKPT_WRITE_SLICE + CKPT_WRITE_SLICE / 2 + 3;
+    struct rlimit old_lim, lim;
+    ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &old_lim), 0);
+    lim = old_lim;
+    lim.rlim_cur = limit;
+    void (*old_sig)(int) = signal(SIGXFSZ, SIG_IGN);
+    fd = open(path.c_str(), O_RDWR | O_TRUNC);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &lim), 0);
+    int e = ckpt_pwrite_sliced(fd, data.data(), n, off, &at);
+    setrlimit(RLIMIT_FSIZE, &old_lim);
+    signal(SIGXFSZ, old_sig);
+    close(fd);
+    EXPECT_EQ(e, EFBIG);
+    EXPECT_EQ(at, limit);
+    got = read_file(path);
+    ASSERT_EQ(got.size(), limit);
+    EXPECT_TRUE(got.compare(off, limit - off, data, 0, limit - off) == 0);
+
+    fd = open(path.c_str(), O_RDONLY);
+    ASSERT_GE(fd, 0);
+    EXPECT_EQ(ckpt_pwrite_sliced(fd, data.data(), n, off, &at), EBADF);
+    EXPECT_EQ(at, off);
     close(fd);
     rm_rf(t);
 }
