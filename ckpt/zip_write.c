@@ -19,11 +19,17 @@ static void le(unsigned char *p, uint64_t x, int n) {
     for (int i = 0; i < n; i++) p[i] = (unsigned char)(x >> (8 * i));
 }
 
+/* through the stream in pieces of at most CKPT_WRITE_SLICE: stdio hands a larger fwrite to write(2) whole,
+ * and the page cache sizes its folios by the call (see ckpt_pio.h) */
 static int out(zip_writer *w, const void *p, size_t n, fsdp_err *err) {
     if (w->failed) return FSDP_E_IO;
-    if (n && fwrite(p, 1, n, w->f) != n) {
-        w->failed = 1;
-        return fsdp_err_set(err, FSDP_E_IO, "zip: write failed: %s", strerror(errno));
+    for (size_t done = 0; done < n;) {
+        size_t k = n - done < CKPT_WRITE_SLICE ? n - done : CKPT_WRITE_SLICE;
+        if (fwrite((const char *)p + done, 1, k, w->f) != k) {
+            w->failed = 1;
+            return fsdp_err_set(err, FSDP_E_IO, "zip: write failed: %s", strerror(errno));
+        }
+        done += k;
     }
     w->pos += n;
     return 0;

@@ -133,6 +133,44 @@ TEST(CkptPio, SlicedWriteGivesTheBytesAndNamesTheFirstByteNotWritten) {
     rm_rf(t);
 }
 
+// A record written through the zip stream (payloads up to a piece, pickles) reaches write(2) in calls of at
+// most CKPT_WRITE_SLICE too (stdio passes a larger fwrite on whole), and reads back with its CRC.
+TEST(CkptPio, ZipStreamPayloadIsWrittenInSlices) {
+    std::string t = make_tmpdir("fsdp-pio");
+    std::string data = pattern(3 * CKPT_WRITE_SLICE + 5, 9), path = t + "/a.zip";
+    FILE *f = fopen(path.c_str(), "wb");
+    ASSERT_TRUE(f);
+    zip_writer w;
+    fsdp_err err;
+    ASSERT_EQ(zip_writer_begin(&w, f, &err), 0) << err.msg;
+    ASSERT_EQ(zip_writer_start(&w, "a/data/0", data.size(), &err), 0) << err.msg;
+    long calls = write_syscalls();
+    ASSERT_EQ(zip_writer_data(&w, data.data(), data.size(), &err), 0) << err.msg;
+    if (calls >= 0) {
+        EXPECT_GE(write_syscalls() - calls, 3);  // one 3 MiB write(2) without the slices
+    }
+    ASSERT_EQ(zip_writer_end_record(&w, &err), 0) << err.msg;
+    uint64_t len = 0;
+    ASSERT_EQ(zip_writer_finish(&w, &len, &err), 0) << err.msg;
+    zip_writer_free(&w);
+    ASSERT_EQ(fclose(f), 0);
+    std::string z = read_file(path);
+    EXPECT_EQ(z.size(), len);
+    size_t at = z.find(data.substr(0, 64));
+    ASSERT_NE(at, std::string::npos);
+    EXPECT_TRUE(z.compare(at, data.size(), data) == 0);
+    zip_reader zr;
+    int fd = open(path.c_str(), O_RDONLY);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(zip_open_fd(&zr, fd, 0, len, path.c_str(), &err), 0) << err.msg;
+    zip_entry *e = zip_find(&zr, "data/0");
+    ASSERT_TRUE(e);
+    EXPECT_EQ(zip_verify(&zr, e, &err), 0) << err.msg;
+    zip_close(&zr);
+    close(fd);
+    rm_rf(t);
+}
+
 TEST(CkptPio, ParallelWriteGivesTheBytesAndTheCrcOfOneSequentialWrite) {
     std::string t = make_tmpdir("fsdp-pio");
     std::string data = pattern(777777, 3);
