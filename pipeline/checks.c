@@ -135,15 +135,17 @@ static int on_gpu(const recipe *r, const sizes_host *h) {
 /* offload {params: true} keeps the master weights in host memory, and the GPU trainer computes from
  * weights on the device: a train-steps or eval after it on a GPU would silently train on the CPU. */
 static void check_offload_params(const recipe *r, const sizes_host *h, errlist *el) {
-    if (!on_gpu(r, h)) return;
     const recipe_stage *off = NULL;
+    int gpu = -1; /* probed once, and only for a recipe that has the pair */
     for (size_t i = 0; i < r->n_stages; i++) {
         const recipe_stage *s = &r->stages[i];
         int params = 0;
         if (!strcmp(s->uses, "offload") && s->with && !fsdp_value_bool(fsdp_value_get(s->with, "params"), &params) &&
             params && !off)
             off = s;
-        if (off && (!strcmp(s->uses, "train-steps") || !strcmp(s->uses, "eval")))
+        if (!off || (strcmp(s->uses, "train-steps") && strcmp(s->uses, "eval"))) continue;
+        if (gpu < 0) gpu = on_gpu(r, h);
+        if (gpu)
             errlist_add_at(el, fsdp_value_get(off->with, "params"),
                            "stage '%s' (%s) comes after stage '%s' (offload) with params: true on the GPU: the GPU "
                            "trainer computes from weights on the device, so it cannot run with the master weights in "
