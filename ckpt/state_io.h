@@ -59,6 +59,14 @@ void sio_async_free(sio_async *a);
 
 typedef enum sio_names { SIO_NAMES_TORCHTITAN = 0, SIO_NAMES_HF = 1 } sio_names;
 
+/* How a checkpoint stores a parameter that is declared otherwise (a model part's `transform:`):
+ * the stored tensor has shape[ndim], and the parameter is stored.permute(perm).reshape(its shape). */
+typedef struct sio_xform {
+    int ndim; /* 0: stored as declared */
+    int64_t shape[FSDP_MAX_DIMS];
+    int perm[FSDP_MAX_DIMS];
+} sio_xform;
+
 typedef struct sio_load_opts {
     ckpt_format format;
     sio_names names;
@@ -91,6 +99,19 @@ typedef struct sio_load_opts {
      * parameter name ("" top level; removed like strip_prefix, no detection); optim_prefix: before
      * state.<fqn>.<kind> and param_groups.<fqn>.<option> ("optimizer." torchtitan, "optim." ...). */
     const char *model_prefix, *optim_prefix;
+    /* When n_strip > 0 (instead of strip_prefix): prefix alternatives, the first a key starts with is
+     * removed ("" matches every key); a key that starts with none maps to no parameter. */
+    const char *const *strip;
+    size_t n_strip;
+    /* Keys dropped on purpose (not parameters, not unexpected), matched after the prefix is removed:
+     * those matching a `drop` glob, and, when keep_given, those matching no `keep` glob. */
+    const char *const *drop;
+    size_t n_drop;
+    const char *const *keep;
+    size_t n_keep;
+    int keep_given;
+    /* When not NULL (s->n entries): how the checkpoint stores each parameter (ndim 0: as declared). */
+    const sio_xform *xforms;
 } sio_load_opts;
 
 typedef struct sio_load_result {

@@ -8,8 +8,21 @@
 #include "ckpt/key_layout.h"
 #include "ckpt/namemap.h"
 #include "ckpt/state_io.h"
+#include "ckpt/tensor_permute.h"
 
 #define NAME_CAP 1024
+
+static int any_glob(const char *const *globs, size_t n, const char *key) {
+    for (size_t i = 0; i < n; i++)
+        if (globs[i] && nmap_glob_match(globs[i], key, NULL) >= 0) return 1;
+    return 0;
+}
+
+/* A key (its prefix removed) the options drop on purpose. */
+static int dropped_on_purpose(const sio_load_opts *o, const char *k) {
+    if (any_glob(o->drop, o->n_drop, k)) return 1;
+    return o->keep_given && !any_glob(o->keep, o->n_keep, k);
+}
 
 /* The state name a checkpoint key stands for under the options, or "" when it maps to none. */
 static int map_key(const fsdp_state *s, const sio_load_opts *o, nmap_rules *rules, const char *key, char *out,
@@ -17,13 +30,26 @@ static int map_key(const fsdp_state *s, const sio_load_opts *o, nmap_rules *rule
     char a[NAME_CAP], b[NAME_CAP];
     const char *k = key;
     memset(info, 0, sizeof *info);
-    if (o->strip_prefix && *o->strip_prefix) {
+    if (o->n_strip) {
+        const char *r = NULL;
+        for (size_t i = 0; i < o->n_strip && !r; i++) r = nmap_strip_prefix(k, o->strip[i] ? o->strip[i] : "");
+        if (!r) {
+            out[0] = '\0';
+            return 0;
+        }
+        k = r;
+    } else if (o->strip_prefix && *o->strip_prefix) {
         const char *r = nmap_strip_prefix(k, o->strip_prefix);
         if (!r) {
             out[0] = '\0';
             return 0;
         }
         k = r;
+    }
+    if (dropped_on_purpose(o, k)) {
+        info->dropped = 1;
+        out[0] = '\0';
+        return 0;
     }
     if (o->add_prefix && *o->add_prefix) {
         int rc = nmap_add_prefix(o->add_prefix, k, a, sizeof a, err);
@@ -245,6 +271,46 @@ static int load_array(loader *L, ckpt_reader *r, size_t ci, state_param *p, stat
     return rc;
 }
 
+/* Rows of parameter p from checkpoint tensor ci, which stores it as xf says (stored.permute(perm)
+ * reshaped to p's shape): a permutation that keeps dim 0 with as many rows reads only p's rows,
+ * any other reads the whole tensor; the result goes to p's array wherever it lives. */
+static int load_xformed(loader *L, ckpt_reader *r, size_t ci, state_param *p, const sio_xform *xf, uint64_t *bytes,
+                        int *nan, fsdp_err *err) {
+    state_place where;
+    int rc = load_place(L, p, STATE_DATA, &where, err);
+    if (rc || p->rows == 0) return rc;
+    int local = tperm_keeps_rows(xf->perm, xf->ndim) && p->ndim >= 1 && xf->shape[0] == p->shape[0];
+    int64_t src_row = fsdp_numel(xf->ndim - 1, xf->shape + 1), r0 = local ? p->row0 : 0;
+    int64_t r1 = local ? p->row0 + p->rows : xf->shape[0];
+    size_t n = state_param_local_numel(p), nsrc = (size_t)((r1 - r0) * src_row);
+    float *src = malloc((nsrc ? nsrc : 1) * sizeof *src), *full = local ? NULL : malloc((nsrc ? nsrc : 1) * sizeof *full);
+    float *dst = where == STATE_DEVICE ? malloc(n * sizeof *dst) : *state_param_host_slot(p, STATE_DATA);
+    if (!src || (!local && !full) || !dst) rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory reading %s", p->name);
+    if (!rc) rc = ckpt_read_rows(r, ci, r0, r1, src, FSDP_DT_F32, err);
+    if (!rc && local) {
+        int perm1[FSDP_MAX_DIMS];
+        for (int k = 1; k < xf->ndim; k++) perm1[k - 1] = xf->perm[k] - 1;
+        for (int64_t k = 0; k < p->rows; k++)
+            tperm_f32(src + k * src_row, xf->shape + 1, perm1, xf->ndim - 1, dst + k * p->row_numel);
+    } else if (!rc) {
+        tperm_f32(src, xf->shape, xf->perm, xf->ndim, full);
+        memcpy(dst, full + p->row0 * p->row_numel, n * sizeof *dst);
+    }
+    *bytes += nsrc * fsdp_dtype_size(ckpt_entry_at(r, ci)->dtype);
+    chunk_xf x = {L->o->strict, round_of(L->o, p), 0};
+    if (!rc && where == STATE_DEVICE) rc = ckpt_up_host(&L->up, *state_param_dev_slot(p, STATE_DATA), dst, n, chunk_fn, &x, err);
+    else if (!rc) rc = chunk_fn(&x, dst, n, 0, err);
+    if (x.nan) *nan = 1;
+    free(src);
+    free(full);
+    if (where == STATE_DEVICE) free(dst);
+    return rc;
+}
+
+static int xform_shape_eq(const ckpt_entry *e, const sio_xform *xf) {
+    return e->ndim == xf->ndim && !memcmp(e->shape, xf->shape, (size_t)xf->ndim * sizeof *xf->shape);
+}
+
 /* bf16 rounding of a device array in place (read-modify-write through the staging buffers) */
 static int round_dev(loader *L, float *dev, size_t n, fsdp_err *err) {
     size_t per = L->o->sink->buf_bytes / sizeof(float);
@@ -375,15 +441,21 @@ static int load_params(loader *L, ckpt_reader *r, nmap_rules *rules, load_marks 
             continue;
         }
         used[ci] = 1;
-        if (!shape_eq(e, p)) {
-            char a[128], b[128];
-            char msg[600];
-            snprintf(msg, sizeof msg, "%s has shape %s in the checkpoint, the model needs %s",
-                     key, fsdp_shape_str(e->ndim, e->shape, a, sizeof a), fsdp_shape_str(p->ndim, p->shape, b, sizeof b));
+        const sio_xform *xf = o->xforms && o->xforms[p - s->p].ndim ? &o->xforms[p - s->p] : NULL;
+        if (xf ? !xform_shape_eq(e, xf) : !shape_eq(e, p)) {
+            char a[128], b[128], c[160] = "";
+            char msg[700];
+            if (xf) snprintf(c, sizeof c, " (stored as %s, then transformed)", fsdp_shape_str(xf->ndim, xf->shape, b, sizeof b));
+            snprintf(msg, sizeof msg, "%s has shape %s in the checkpoint, the model needs %s%s",
+                     key, fsdp_shape_str(e->ndim, e->shape, a, sizeof a),
+                     xf ? fsdp_shape_str(xf->ndim, xf->shape, b, sizeof b) : fsdp_shape_str(p->ndim, p->shape, b, sizeof b),
+                     c);
             append(problems, 8192, "\n  %s%s", msg, "");
             continue;
         }
-        if ((rc = load_array(L, r, ci, p, STATE_DATA, &info, &res->bytes_read, &nan_dev[p - s->p], err))) break;
+        rc = xf ? load_xformed(L, r, ci, p, xf, &res->bytes_read, &nan_dev[p - s->p], err)
+                : load_array(L, r, ci, p, STATE_DATA, &info, &res->bytes_read, &nan_dev[p - s->p], err);
+        if (rc) break;
         loaded[p - s->p] = 1;
         res->params_loaded++;
     }

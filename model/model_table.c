@@ -5,13 +5,24 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ckpt/namemap.h"
+
 void mt_init(mt_table *t) { memset(t, 0, sizeof *t); }
+
+static void free_strs(char **v, size_t n) {
+    for (size_t i = 0; i < n; i++) free(v[i]);
+    free(v);
+}
 
 static void free_part(mt_part *p) {
     free(p->name);
     free(p->prefix);
     free(p->source);
     free(p->where);
+    free(p->from);
+    free_strs(p->strip, p->n_strip);
+    free_strs(p->keys, p->n_keys);
+    free_strs(p->exclude, p->n_exclude);
 }
 
 void mt_free(mt_table *t) {
@@ -47,6 +58,7 @@ int mt_add_part(mt_table *t, const char *name, const char *prefix, const char *s
         t->cap_parts = cap;
     }
     mt_part *p = &t->parts[t->n_parts];
+    memset(p, 0, sizeof *p);
     p->name = dup_or_empty(name);
     p->prefix = dup_or_empty(prefix);
     p->source = dup_or_empty(source);
@@ -58,6 +70,43 @@ int mt_add_part(mt_table *t, const char *name, const char *prefix, const char *s
     if (idx) *idx = (int)t->n_parts;
     t->n_parts++;
     return 0;
+}
+
+/* Copies n strings into *out (NULL entries become ""). */
+static int dup_strs(const char *const *v, size_t n, char ***out, size_t *n_out) {
+    *out = NULL;
+    *n_out = 0;
+    if (!n) return 0;
+    if (!(*out = calloc(n, sizeof **out))) return -1;
+    for (size_t i = 0; i < n; i++) {
+        if (!((*out)[i] = dup_or_empty(v[i]))) return -1;
+        *n_out = i + 1;
+    }
+    return 0;
+}
+
+int mt_part_set_source(mt_table *t, int part, const char *from, int format, const char *const *strip, size_t n_strip,
+                       const char *const *keys, size_t n_keys, int keys_given, const char *const *exclude,
+                       size_t n_exclude, fsdp_err *err) {
+    if (part < 0 || (size_t)part >= t->n_parts) return fsdp_err_set(err, FSDP_E_INVALID, "model: part %d does not exist", part);
+    mt_part *p = &t->parts[part];
+    p->format = format;
+    p->keys_given = keys_given;
+    if (!(p->from = dup_or_empty(from)) || dup_strs(strip, n_strip, &p->strip, &p->n_strip) ||
+        dup_strs(keys, n_keys, &p->keys, &p->n_keys) || dup_strs(exclude, n_exclude, &p->exclude, &p->n_exclude))
+        return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory for the source of model part %s", p->name);
+    return 0;
+}
+
+static int any_glob(char *const *globs, size_t n, const char *key) {
+    for (size_t i = 0; i < n; i++)
+        if (nmap_glob_match(globs[i], key, NULL) >= 0) return 1;
+    return 0;
+}
+
+int mt_part_takes(const mt_part *p, const char *key) {
+    if (any_glob(p->exclude, p->n_exclude, key)) return 0;
+    return !p->keys_given || any_glob(p->keys, p->n_keys, key);
 }
 
 void mt_part_describe(const mt_table *t, int part, char *buf, size_t cap) {

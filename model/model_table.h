@@ -67,6 +67,13 @@ typedef struct mt_param {
     init_rule init;               /* INIT_NONE: loaded or copied, never drawn */
     int part;                     /* index in mt_table.parts */
     int layer;                    /* transformer layer of a Llama-family table, else -1 */
+    /* How the part's source stores the tensor when a `transform:` of the part changed it (src_ndim
+     * > 0): the source tensor has shape src_shape, and the parameter is
+     * source.permute(src_perm).reshape(shape) (torch's semantics). A load from the part's source
+     * (load-ckpt `parts:` without `path`) applies it; src_ndim 0: stored as declared. */
+    int src_ndim;
+    int64_t src_shape[FSDP_MAX_DIMS];
+    int src_perm[FSDP_MAX_DIMS];
 } mt_param;
 
 typedef struct mt_part {
@@ -74,6 +81,18 @@ typedef struct mt_part {
     char *prefix; /* prepended to every name of the part ("" for none) */
     char *source; /* what it is, for messages: "HF directory /x", "table file t.yaml", "inline table" */
     char *where;  /* file:line:col of its declaration in the recipe ("" when not from a recipe) */
+    /* A part declared `from:` a checkpoint (mt_part_set_source): where its values are, and which of
+     * the source's keys it takes, so that load-ckpt `parts:` without `path` reads them from there,
+     * every key the part left out being dropped on purpose. from NULL: the part has no source. */
+    char *from;
+    int format;            /* ckpt_format of the source (CKPT_AUTO: detected) */
+    char **strip;          /* prefix alternatives: the first one a key starts with is removed (a key */
+    size_t n_strip;        /* that starts with none is not the part's); none: keys as they are */
+    char **keys;           /* globs on the stripped keys: the part takes only these (keys_given) */
+    size_t n_keys;
+    int keys_given;        /* 1: `keys:` was given (even when its ranges expanded to no glob) */
+    char **exclude;        /* globs on the stripped keys: the part leaves these out */
+    size_t n_exclude;
 } mt_part;
 
 typedef enum mt_trainer { MT_TRAIN_NONE = 0, MT_TRAIN_LLAMA = 1 } mt_trainer;
@@ -118,6 +137,13 @@ int64_t mt_total(const mt_table *t);
 /* Elements rank 0 holds when every parameter is Shard(0) over world ranks (ceil(rows / world) rows
  * each, 0-d values replicated): the largest shard. -1 on overflow or world < 1. */
 int64_t mt_shard_numel(const mt_table *t, int world);
+
+/* The source of part `part`: its path, format, prefix alternatives and key globs (copied). */
+int mt_part_set_source(mt_table *t, int part, const char *from, int format, const char *const *strip, size_t n_strip,
+                       const char *const *keys, size_t n_keys, int keys_given, const char *const *exclude,
+                       size_t n_exclude, fsdp_err *err);
+/* Whether the stripped source key `key` is one part `part` takes (its keys and exclude globs). */
+int mt_part_takes(const mt_part *p, const char *key);
 
 /* "the model's parts: a (HF directory x, r.yaml:3:5), b (...)" style description of part i. */
 void mt_part_describe(const mt_table *t, int part, char *buf, size_t cap);

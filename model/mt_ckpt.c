@@ -14,6 +14,14 @@ int mt_ckpt_is_bookkeeping(const char *key) {
     return 0;
 }
 
+const char *mt_ckpt_strip(const char *key, const char *const *strip, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        const char *r = nmap_strip_prefix(key, strip[i] ? strip[i] : "");
+        if (r) return r;
+    }
+    return NULL;
+}
+
 /* Index of the first glob matching key, -1 when none. */
 static long glob_hit(const char *const *globs, size_t n, const char *key) {
     for (size_t i = 0; i < n; i++)
@@ -26,14 +34,14 @@ static int add_entry(mt_table *t, int part, const char *path, const ckpt_entry *
                      size_t *keys_hit, size_t *excl_hit, int *added, fsdp_err *err) {
     *added = 0;
     if (!e->is_tensor || mt_ckpt_is_bookkeeping(e->name)) return 0;
-    const char *key = e->name;
-    if (o->strip_prefix && *o->strip_prefix && !(key = nmap_strip_prefix(e->name, o->strip_prefix))) return 0;
+    const char *key = o->n_strip ? mt_ckpt_strip(e->name, o->strip, o->n_strip) : e->name;
+    if (!key) return 0;
     long k = glob_hit(o->exclude, o->n_exclude, key);
     if (k >= 0) {
         excl_hit[k]++;
         return 0;
     }
-    if (o->n_keys) {
+    if (o->n_keys || o->keys_given) {
         k = glob_hit(o->keys, o->n_keys, key);
         if (k < 0) return 0;
         keys_hit[k]++;
@@ -94,8 +102,8 @@ int mt_ckpt_add(mt_table *t, int part, const char *path, const mt_ckpt_opts *o, 
     if (!rc) rc = unused_glob(path, "exclude", o->exclude, excl_hit, o->n_exclude, err);
     if (!rc && !added)
         rc = fsdp_err_set(err, FSDP_E_INVALID, "model: %s (%s checkpoint) holds no tensor for the model%s%s", path,
-                          ckpt_format_name(ckpt_reader_format(r)), o->strip_prefix ? " under the prefix " : "",
-                          o->strip_prefix ? o->strip_prefix : "");
+                          ckpt_format_name(ckpt_reader_format(r)), o->n_strip ? " under the prefix " : "",
+                          o->n_strip ? o->strip[0] : "");
     free(keys_hit);
     free(excl_hit);
     ckpt_close(r);

@@ -18,9 +18,11 @@ extern "C" {
 
 typedef struct mt_ckpt_opts {
     ckpt_format format;
-    const char *strip_prefix;       /* only keys with this prefix, which is removed (NULL: all keys) */
+    const char *const *strip;       /* prefix alternatives: keys starting with one of them (the first that */
+    size_t n_strip;                 /* matches is removed; "" matches every key); n_strip 0: all keys as they are */
     const char *const *keys;        /* globs (ckpt/namemap.h syntax) on the stripped key: keep these */
-    size_t n_keys;                  /* 0: keep every key */
+    size_t n_keys;                  /* 0 and !keys_given: keep every key */
+    int keys_given;                 /* keys were asked for (their brace ranges may have expanded to none) */
     const char *const *exclude;     /* globs: drop these */
     size_t n_exclude;
     fsdp_dtype dtype;               /* FSDP_DT_INVALID: each tensor's own dtype (f32, bf16 or f16) */
@@ -33,6 +35,9 @@ typedef struct mt_ckpt_opts {
  * so is a checkpoint that yields no parameter. */
 int mt_ckpt_add(mt_table *t, int part, const char *path, const mt_ckpt_opts *o, fsdp_err *err);
 
+/* key without the first of the n prefixes it starts with ("" matches every key); NULL when it starts
+ * with none of them. */
+const char *mt_ckpt_strip(const char *key, const char *const *strip, size_t n);
 /* 1 for fsdp-run's bookkeeping keys that are not model parameters (optimizer., train_state., ...). */
 int mt_ckpt_is_bookkeeping(const char *key);
 

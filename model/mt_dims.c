@@ -10,20 +10,22 @@
 
 #include <jansson.h>
 
+#include "ckpt/namemap.h"
+#include "ckpt/reader.h"
 #include "runtime/fileio.h"
 
 /* Deepest chain of definitions referring to others. */
 #define MT_DIMS_DEPTH 32
 #define DIM_NAME_MAX 128
 
-typedef enum def_kind { DEF_INT, DEF_EXPR, DEF_SHAPE, DEF_CONFIG } def_kind;
+typedef enum def_kind { DEF_INT, DEF_EXPR, DEF_SHAPE, DEF_CONFIG, DEF_COUNT } def_kind;
 
 typedef struct def {
     const char *name;
     const fsdp_value *v; /* the definition (positions) */
     def_kind kind;
-    const char *text;    /* DEF_EXPR: the expression; DEF_SHAPE: the parameter; DEF_CONFIG: the file */
-    const char *key;     /* DEF_CONFIG */
+    const char *text;    /* DEF_EXPR: the expression; DEF_SHAPE: the parameter; DEF_CONFIG: the file; DEF_COUNT: the glob */
+    const char *key;     /* DEF_CONFIG: the JSON key; DEF_COUNT: the checkpoint */
     int64_t dim;         /* DEF_SHAPE */
     int state;           /* 0 not evaluated, 1 being evaluated, 2 done */
     int64_t value;
@@ -57,37 +59,55 @@ static int eval_def(mt_dims *owner, def *df, stack *st, fsdp_err *err);
 
 /* ---- scopes ----------------------------------------------------------------------------------- */
 
+/* The map forms: {shape: PARAMETER, dim: N}, {config: FILE.json, key: KEY}, {count: GLOB, in: CHECKPOINT}. */
+static const struct {
+    const char *first, *second, *what;
+    def_kind kind;
+} MAP_FORMS[] = {{"shape", "dim", "parameter name", DEF_SHAPE},
+                 {"config", "key", "file name", DEF_CONFIG},
+                 {"count", "in", "glob", DEF_COUNT}};
+#define N_MAP_FORMS (sizeof MAP_FORMS / sizeof *MAP_FORMS)
+
 static int parse_map_def(def *df, const fsdp_value *v, fsdp_err *err) {
-    const fsdp_value *shape = fsdp_value_get(v, "shape"), *cfg = fsdp_value_get(v, "config");
-    if (shape && cfg)
-        return fsdp_err_at(err, FSDP_E_INVALID, v, "model dims: %s: give either shape or config, not both", df->name);
-    if (!shape && !cfg)
+    int f = -1;
+    for (int i = 0; i < (int)N_MAP_FORMS; i++) {
+        if (!fsdp_value_get(v, MAP_FORMS[i].first)) continue;
+        if (f >= 0)
+            return fsdp_err_at(err, FSDP_E_INVALID, v, "model dims: %s: give one of %s, not both", df->name,
+                               "shape, config and count");
+        f = i;
+    }
+    if (f < 0)
         return fsdp_err_at(err, FSDP_E_INVALID, v,
-                           "model dims: %s: a map must be {shape: PARAMETER, dim: N} or {config: FILE.json, key: KEY}",
+                           "model dims: %s: a map must be {shape: PARAMETER, dim: N}, {config: FILE.json, key: KEY} or "
+                           "{count: GLOB, in: CHECKPOINT}",
                            df->name);
-    const char *second = shape ? "dim" : "key";
+    const char *first = MAP_FORMS[f].first, *second = MAP_FORMS[f].second;
     for (size_t i = 0; i < fsdp_value_size(v); i++) {
         const char *k = fsdp_value_key(v, i);
-        if (strcmp(k, shape ? "shape" : "config") && strcmp(k, second))
-            return fsdp_err_at(err, FSDP_E_INVALID, fsdp_value_item(v, i), "model dims: %s: unknown key '%s' (%s)",
-                               df->name, k, shape ? "shape, dim" : "config, key");
+        if (strcmp(k, first) && strcmp(k, second))
+            return fsdp_err_at(err, FSDP_E_INVALID, fsdp_value_item(v, i), "model dims: %s: unknown key '%s' (%s, %s)",
+                               df->name, k, first, second);
     }
-    const fsdp_value *a = shape ? shape : cfg, *b = fsdp_value_get(v, second);
-    if (fsdp_value_type(a) != FSDP_V_SCALAR)
-        return fsdp_err_at(err, FSDP_E_INVALID, a, "model dims: %s: %s must be a %s", df->name,
-                           shape ? "shape" : "config", shape ? "parameter name" : "file name");
+    const fsdp_value *a = fsdp_value_get(v, first), *b = fsdp_value_get(v, second);
+    if (fsdp_value_type(a) != FSDP_V_SCALAR || !fsdp_value_text(a))
+        return fsdp_err_at(err, FSDP_E_INVALID, a, "model dims: %s: %s must be a %s", df->name, first, MAP_FORMS[f].what);
     df->text = fsdp_value_text(a);
-    if (shape) {
-        df->kind = DEF_SHAPE;
+    df->kind = MAP_FORMS[f].kind;
+    if (df->kind == DEF_SHAPE) {
         if (!b || fsdp_value_int(b, &df->dim) || df->dim < -FSDP_MAX_DIMS || df->dim >= FSDP_MAX_DIMS)
             return fsdp_err_at(err, FSDP_E_INVALID, b ? b : v, "model dims: %s: dim must be an integer in [%d, %d]",
                                df->name, -FSDP_MAX_DIMS, FSDP_MAX_DIMS - 1);
-    } else {
-        df->kind = DEF_CONFIG;
-        if (!b || fsdp_value_type(b) != FSDP_V_SCALAR)
-            return fsdp_err_at(err, FSDP_E_INVALID, b ? b : v, "model dims: %s: key must be a (dotted) JSON key",
-                               df->name);
-        df->key = fsdp_value_text(b);
+        return 0;
+    }
+    if (!b || fsdp_value_type(b) != FSDP_V_SCALAR || !fsdp_value_text(b))
+        return fsdp_err_at(err, FSDP_E_INVALID, b ? b : v, "model dims: %s: %s must be %s", df->name, second,
+                           df->kind == DEF_CONFIG ? "a (dotted) JSON key" : "a checkpoint path");
+    df->key = fsdp_value_text(b);
+    if (df->kind == DEF_COUNT && nmap_glob_check(df->text, NULL, err)) {
+        char msg[FSDP_ERR_MSG_MAX - 256];
+        snprintf(msg, sizeof msg, "%s", err->msg);
+        return fsdp_err_at(err, FSDP_E_INVALID, a, "model dims: %s: %s", df->name, msg);
     }
     return 0;
 }
@@ -345,9 +365,21 @@ static int shape_def(mt_dims *s, def *df, fsdp_err *err) {
     return 0;
 }
 
-static int config_def(mt_dims *s, def *df, fsdp_err *err) {
+/* validate: a file that does not exist yet, in a directory that does not exist either (a source an
+ * earlier recipe writes; a directory that exists is a source already, and lacks the file). */
+static int not_there_yet(const char *path) {
     struct stat st;
-    if (s->missing && stat(df->text, &st) != 0 && errno == ENOENT) {
+    if (stat(path, &st) == 0 || errno != ENOENT) return 0;
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (!slash) return 1;
+    *slash = '\0';
+    return !dir[0] || (stat(dir, &st) != 0 && errno == ENOENT);
+}
+
+static int config_def(mt_dims *s, def *df, fsdp_err *err) {
+    if (s->missing && not_there_yet(df->text)) {
         *s->missing = 1;
         return fsdp_err_at(err, FSDP_E_IO, df->v, "model dims: %s: %s does not exist (yet)", df->name, df->text);
     }
@@ -384,6 +416,30 @@ static int config_def(mt_dims *s, def *df, fsdp_err *err) {
     return rc;
 }
 
+/* {count: GLOB, in: CHECKPOINT}: the checkpoint's tensors whose names match (its header only). */
+static int count_def(mt_dims *s, def *df, fsdp_err *err) {
+    struct stat st;
+    if (s->missing && stat(df->key, &st) != 0 && errno == ENOENT) {
+        *s->missing = 1;
+        return fsdp_err_at(err, FSDP_E_IO, df->v, "model dims: %s: %s does not exist (yet)", df->name, df->key);
+    }
+    ckpt_reader *r;
+    int rc = ckpt_open(df->key, CKPT_AUTO, &r, err);
+    if (rc) {
+        char msg[FSDP_ERR_MSG_MAX - 256];
+        snprintf(msg, sizeof msg, "%s", err->msg);
+        return fsdp_err_at(err, rc, df->v, "model dims: %s: %s", df->name, msg);
+    }
+    int64_t n = 0;
+    for (size_t i = 0; i < ckpt_count(r); i++) {
+        const ckpt_entry *e = ckpt_entry_at(r, i);
+        n += e->is_tensor && nmap_glob_match(df->text, e->name, NULL) >= 0;
+    }
+    ckpt_close(r);
+    df->value = n;
+    return 0;
+}
+
 static int eval_def(mt_dims *owner, def *df, stack *st, fsdp_err *err) {
     if (df->state == 2) return 0;
     if (df->state == 1 || st->depth >= MT_DIMS_DEPTH) {
@@ -404,6 +460,7 @@ static int eval_def(mt_dims *owner, def *df, stack *st, fsdp_err *err) {
     int rc;
     if (df->kind == DEF_EXPR) rc = run_expr(owner, df->text, df->v, 1, st, &df->value, err);
     else if (df->kind == DEF_SHAPE) rc = shape_def(owner, df, err);
+    else if (df->kind == DEF_COUNT) rc = count_def(owner, df, err);
     else rc = config_def(owner, df, err);
     st->depth--;
     df->state = rc ? 0 : 2;

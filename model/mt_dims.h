@@ -8,6 +8,8 @@
  *                                      (dim may count from the end: -1 is the last)
  *   a key of a JSON file               heads: {config: ckpt/llm/config.json, key: num_attention_heads}
  *                                      (key: a dotted path into nested objects; the value an integer)
+ *   a count of a checkpoint's tensors  layers: {count: "**layers.*.layer_norm1.weight", in: ckpt/vit}
+ *                                      (how many tensor names match the glob; the header only)
  * Definitions are evaluated when first used and remembered, so a shape reference may name a
  * parameter of any part declared before the part that uses it. Expressions: integers, dim names,
  * + - * ( ), `/` (exact division: a remainder is an error), `//` (floor division), `%`, unary minus;

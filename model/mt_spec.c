@@ -13,8 +13,10 @@
 
 #include "ckpt/namemap.h"
 #include "model/llama_table.h"
+#include "model/mt_checks.h"
 #include "model/mt_ckpt.h"
 #include "model/mt_dims.h"
+#include "model/mt_from.h"
 #include "model/mt_yaml.h"
 #include "pipeline/yaml_load.h"
 
@@ -22,14 +24,14 @@ typedef enum form { FORM_ARCH = 0, FORM_PARAMS, FORM_TABLE, FORM_FROM, FORM_PART
 static const char *const FORM_KEYS[] = {NULL, "params", "table", "from", "parts"};
 
 /* Keys each table form accepts besides its own. */
-static const char *const KEYS_PARAMS[] = {"params", "dims", "dtype", "init", "prefix", "name", NULL};
-static const char *const KEYS_TABLE[] = {"table", "dims", "dtype", "init", "prefix", "name", NULL};
-static const char *const KEYS_FROM[] = {"from", "format", "strip_prefix", "keys", "exclude", "dtype", "init",
-                                        "prefix", "name", NULL};
-static const char *const KEYS_PARTS[] = {"parts", "dims", NULL};
+static const char *const KEYS_PARAMS[] = {"params", "dims", "dtype", "init", "prefix", "name", "checks", NULL};
+static const char *const KEYS_TABLE[] = {"table", "dims", "dtype", "init", "prefix", "name", "checks", NULL};
+static const char *const KEYS_FROM[] = {"from", "format", "strip_prefix", "keys", "exclude", "transform", "dtype",
+                                        "init", "prefix", "name", "checks", NULL};
+static const char *const KEYS_PARTS[] = {"parts", "dims", "checks", NULL};
 /* Keys that belong to the table form only (an arch-form section with one of them mixes the forms). */
 static const char *const TABLE_ONLY[] = {"dims", "dtype", "init", "prefix", "keys", "exclude", "strip_prefix",
-                                         "format", NULL};
+                                         "format", "transform", "checks", NULL};
 
 typedef struct builder {
     mt_table *t;
@@ -123,6 +125,18 @@ static int settle(builder *b, int rc) {
         return 0;
     }
     return rc;
+}
+
+/* The model's checks (model/mt_checks.h): their syntax and the sources' before the parts are built, */
+static int checks_before(builder *b, const fsdp_value *checks, fsdp_err *err) {
+    int rc = mt_checks_syntax(checks, err);
+    return rc ? rc : mt_checks_sources(checks, b->o->validate, err);
+}
+
+/* the sizes' after (not when a source is missing under validate: the table is incomplete). */
+static int checks_after(builder *b, const fsdp_value *checks, mt_dims *d, fsdp_err *err) {
+    if (!checks || b->stopped) return 0;
+    return settle(b, mt_checks_model(checks, b->t, d, err));
 }
 
 /* ---- the parts --------------------------------------------------------------------------------- */
@@ -219,55 +233,58 @@ static int table_part(part_ctx *pc, fsdp_err *err) {
     return rc;
 }
 
-/* keys / exclude: a glob or a list of globs. */
-static int glob_list(const fsdp_value *v, const char *what, const char ***out, size_t *n, fsdp_err *err) {
-    *out = NULL;
-    *n = 0;
-    if (!v) return 0;
-    size_t cnt = fsdp_value_type(v) == FSDP_V_SCALAR ? 1 : fsdp_value_size(v);
-    if (fsdp_value_type(v) == FSDP_V_MAP || fsdp_value_type(v) == FSDP_V_NULL)
-        return fsdp_err_at(err, FSDP_E_INVALID, v, "model: %s must be a glob or a list of globs", what);
-    *out = calloc(cnt ? cnt : 1, sizeof **out);
-    if (!*out) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
-    for (size_t i = 0; i < cnt; i++) {
-        const fsdp_value *g = fsdp_value_type(v) == FSDP_V_SCALAR ? v : fsdp_value_item(v, i);
-        const char *t = fsdp_value_text(g);
-        if (!t || !*t) return fsdp_err_at(err, FSDP_E_INVALID, g, "model: %s: each glob must be text", what);
-        if (nmap_glob_check(t, NULL, err)) {
-            char msg[FSDP_ERR_MSG_MAX - 256];
-            snprintf(msg, sizeof msg, "%s", err->msg);
-            return fsdp_err_at(err, FSDP_E_INVALID, g, "model: %s: %s", what, msg);
-        }
-        (*out)[(*n)++] = t;
+/* The part's source and its key filters, recorded for load-ckpt `parts:` without `path`. */
+static int record_source(part_ctx *pc, const char *path, ckpt_format fmt, const mt_strv *strip, const mt_strv *keys,
+                         int keys_given, const mt_strv *excl, fsdp_err *err) {
+    return mt_part_set_source(pc->b->t, pc->idx, path, (int)fmt, (const char *const *)strip->v, strip->n,
+                              (const char *const *)keys->v, keys->n, keys_given, (const char *const *)excl->v, excl->n,
+                              err);
+}
+
+/* Adds the checkpoint's tensors, then applies the part's transforms (their sizes may use dims of
+ * tensors the part just declared). */
+static int from_source(part_ctx *pc, const char *path, mt_ckpt_opts *o, fsdp_err *err) {
+    int rc = mt_ckpt_add(pc->b->t, pc->idx, path, o, err);
+    if (rc) {
+        char msg[FSDP_ERR_MSG_MAX - 256];
+        snprintf(msg, sizeof msg, "%s", err->msg);
+        return fsdp_err_at(err, rc, fsdp_value_get(pc->v, "from"), "%s", msg);
     }
-    return 0;
+    return settle(pc->b, mt_from_transforms(pc->b->t, pc->idx, fsdp_value_get(pc->v, "transform"), pc->dims, 1, err));
 }
 
 static int from_part(part_ctx *pc, fsdp_err *err) {
     mt_ckpt_opts o;
     memset(&o, 0, sizeof o);
     const char *path, *fmt;
+    mt_strv strip = {0}, keys = {0}, excl = {0};
+    int keys_given = 0, excl_given = 0, eval = !pc->b->stopped;
     int rc = text_key(pc->v, "from", &path, err);
     if (!rc) rc = text_key(pc->v, "format", &fmt, err);
-    if (!rc) rc = text_key(pc->v, "strip_prefix", &o.strip_prefix, err);
+    if (!rc) rc = mt_from_strip(fsdp_value_get(pc->v, "strip_prefix"), &strip, err);
     if (!rc && fmt && ckpt_format_from_name(fmt, &o.format))
         rc = fsdp_err_at(err, FSDP_E_INVALID, fsdp_value_get(pc->v, "format"),
                          "model: format '%s' (auto, dcp, safetensors, pt)", fmt);
     const fsdp_value *dv = fsdp_value_get(pc->v, "dtype"), *iv = fsdp_value_get(pc->v, "init");
     if (!rc && dv) rc = mt_yaml_dtype(dv, &o.dtype, err);
     if (!rc && iv) rc = mt_yaml_init_rule(iv, &o.init, err);
-    const char **keys = NULL, **excl = NULL;
-    if (!rc) rc = glob_list(fsdp_value_get(pc->v, "keys"), "keys", &keys, &o.n_keys, err);
-    if (!rc) rc = glob_list(fsdp_value_get(pc->v, "exclude"), "exclude", &excl, &o.n_exclude, err);
-    o.keys = keys;
-    o.exclude = excl;
-    if (!rc && !pc->b->stopped && !source_missing(pc->b, path) && (rc = mt_ckpt_add(pc->b->t, pc->idx, path, &o, err))) {
-        char msg[FSDP_ERR_MSG_MAX - 256];
-        snprintf(msg, sizeof msg, "%s", err->msg);
-        rc = fsdp_err_at(err, rc, fsdp_value_get(pc->v, "from"), "%s", msg);
-    }
-    free(keys);
-    free(excl);
+    if (!rc) rc = settle(pc->b, mt_from_globs(fsdp_value_get(pc->v, "keys"), "keys", pc->dims, eval, &keys, &keys_given, err));
+    eval = eval && !pc->b->stopped;
+    if (!rc) rc = settle(pc->b, mt_from_globs(fsdp_value_get(pc->v, "exclude"), "exclude", pc->dims, eval, &excl, &excl_given, err));
+    eval = eval && !pc->b->stopped;
+    o.strip = (const char *const *)strip.v;
+    o.n_strip = strip.n;
+    o.keys = (const char *const *)keys.v;
+    o.n_keys = keys.n;
+    o.keys_given = keys_given;
+    o.exclude = (const char *const *)excl.v;
+    o.n_exclude = excl.n;
+    if (!rc && !eval) rc = mt_from_transforms(pc->b->t, pc->idx, fsdp_value_get(pc->v, "transform"), pc->dims, 0, err);
+    else if (!rc && !source_missing(pc->b, path)) rc = from_source(pc, path, &o, err);
+    if (!rc) rc = record_source(pc, path, o.format, &strip, &keys, keys_given, &excl, err);
+    mt_strv_free(&strip);
+    mt_strv_free(&keys);
+    mt_strv_free(&excl);
     return rc;
 }
 
@@ -332,7 +349,12 @@ static int build_part(builder *b, const fsdp_value *m, int is_part, fsdp_err *er
     mt_dims *chain[2] = {pc.dims, b->model_dims};
     mt_dims_set_chain(pc.dims, chain, b->model_dims ? 2 : 1);
     rc = mt_dims_check_all(pc.dims, err);
+    const fsdp_value *checks = fsdp_value_get(m, "checks");
+    if (!rc && checks && is_part)
+        rc = fsdp_err_at(err, FSDP_E_INVALID, checks, "model: checks belong to the model (beside parts), not to a part");
+    if (!rc) rc = checks_before(b, checks, err);
     if (!rc) rc = f == FORM_PARAMS ? params_part(&pc, err) : f == FORM_TABLE ? table_part(&pc, err) : from_part(&pc, err);
+    if (!rc) rc = checks_after(b, checks, pc.dims, err);
     mt_dims_free(pc.dims);
     return rc;
 }
@@ -389,7 +411,10 @@ static int table_section(const fsdp_value *model, builder *b, fsdp_err *err) {
         return fsdp_err_at(err, FSDP_E_INVALID, parts, "model: parts must be a non-empty list of parts");
     rc = mt_dims_new(fsdp_value_get(model, "dims"), b->t, b->o->validate ? &b->missing : NULL, &b->model_dims, err);
     if (!rc) rc = mt_dims_check_all(b->model_dims, err);
+    const fsdp_value *checks = fsdp_value_get(model, "checks");
+    if (!rc) rc = checks_before(b, checks, err);
     for (size_t i = 0; i < fsdp_value_size(parts) && !rc; i++) rc = build_part(b, fsdp_value_item(parts, i), 1, err);
+    if (!rc) rc = checks_after(b, checks, b->model_dims, err);
     mt_dims_free(b->model_dims);
     b->model_dims = NULL;
     return rc;

@@ -31,7 +31,8 @@ int mt_yaml_dtype(const fsdp_value *v, fsdp_dtype *out, fsdp_err *err) {
 
 typedef struct entry {
     const fsdp_value *v;                       /* the entry map (positions) */
-    const fsdp_value *shape, *dtype, *init, *like, *as;
+    const fsdp_value *shape, *dtype, *init, *like, *as, *unless;
+    int unless_declared;                       /* declare only the names no earlier entry or part declared */
     const char *name;                          /* the name pattern (NULL for like entries) */
     const fsdp_value *name_at;                 /* its value, or the entry for a map key */
 } entry;
@@ -43,18 +44,21 @@ static int read_entry(const fsdp_value *v, const char *map_name, entry *e, fsdp_
     if (fsdp_value_type(v) != FSDP_V_MAP)
         return fsdp_err_at(err, FSDP_E_INVALID, v, "model: a parameter entry is a map {name, shape, dtype, init} or "
                            "{like, as, ...}");
-    static const char *const keys[] = {"name", "shape", "dtype", "init", "like", "as", NULL};
+    static const char *const keys[] = {"name", "shape", "dtype", "init", "like", "as", "unless_declared", NULL};
     const fsdp_value *name = NULL;
-    const fsdp_value **slots[] = {&name, &e->shape, &e->dtype, &e->init, &e->like, &e->as};
+    const fsdp_value **slots[] = {&name, &e->shape, &e->dtype, &e->init, &e->like, &e->as, &e->unless};
     for (size_t i = 0; i < fsdp_value_size(v); i++) {
         const char *k = fsdp_value_key(v, i);
         int j = 0;
         while (keys[j] && strcmp(keys[j], k)) j++;
         if (!keys[j])
             return fsdp_err_at(err, FSDP_E_INVALID, fsdp_value_item(v, i),
-                               "model: unknown key '%s' in a parameter entry (name, shape, dtype, init, like, as)", k);
+                               "model: unknown key '%s' in a parameter entry (name, shape, dtype, init, like, as, "
+                               "unless_declared)", k);
         *slots[j] = fsdp_value_item(v, i);
     }
+    if (e->unless && fsdp_value_bool(e->unless, &e->unless_declared))
+        return fsdp_err_at(err, FSDP_E_INVALID, e->unless, "model: unless_declared must be true or false");
     if (map_name && (name || e->like))
         return fsdp_err_at(err, FSDP_E_INVALID, name ? name : e->like,
                            "model: entry '%s' is named by its key; drop '%s'", map_name, name ? "name" : "like");
@@ -112,12 +116,14 @@ static int entry_props(const entry *e, fsdp_dtype dflt_dt, const init_rule *dflt
 }
 
 static int add_one(const mt_yaml_ctx *c, const char *rel, int ndim, const int64_t *shape, fsdp_dtype dt,
-                   const init_rule *init, const fsdp_value *at, fsdp_err *err) {
+                   const init_rule *init, const entry *e, fsdp_err *err) {
+    const fsdp_value *at = e->v;
     char name[MT_NAME_MAX + 2];
     int w = snprintf(name, sizeof name, "%s%s", c->t->parts[c->part].prefix, rel);
     if (w < 0 || (size_t)w >= sizeof name)
         return fsdp_err_at(err, FSDP_E_INVALID, at, "model: parameter name %s%.64s... is longer than %d bytes",
                            c->t->parts[c->part].prefix, rel, MT_NAME_MAX);
+    if (e->unless_declared && mt_find(c->t, name) >= 0) return 0;
     mt_param p;
     memset(&p, 0, sizeof p);
     p.name = name;
@@ -140,7 +146,7 @@ static int named_entry(const mt_yaml_ctx *c, const entry *e, fsdp_err *err) {
     mt_names names;
     if (!rc) rc = mt_names_expand(e->name, c->dims, e->name_at, c->eval, &names, err);
     if (rc || !c->eval) return rc;
-    for (size_t i = 0; i < names.n && !rc; i++) rc = add_one(c, names.v[i], ndim, shape, dt, &init, e->v, err);
+    for (size_t i = 0; i < names.n && !rc; i++) rc = add_one(c, names.v[i], ndim, shape, dt, &init, e, err);
     mt_names_free(&names);
     return rc;
 }
@@ -166,8 +172,8 @@ static int like_entry(const mt_yaml_ctx *c, const entry *e, fsdp_err *err) {
         if ((rc = nmap_glob_rewrite(like, as, rel, out, sizeof out, err))) return at_value(err, e->as);
         hits++;
         fsdp_dtype dt = e->dtype ? dt0 : src->dtype;
-        rc = e->shape ? add_one(c, out, ndim, shape, dt, &init, e->v, err)
-                      : add_one(c, out, src->ndim, src->shape, dt, &init, e->v, err);
+        rc = e->shape ? add_one(c, out, ndim, shape, dt, &init, e, err)
+                      : add_one(c, out, src->ndim, src->shape, dt, &init, e, err);
     }
     if (!rc && !hits)
         rc = fsdp_err_at(err, FSDP_E_INVALID, e->like, "model: like '%s' matches no parameter declared before it%s%s%s",

@@ -17,6 +17,9 @@
  *          shape and dtype are the matched parameter's unless given; init is the entry's, else the
  *          part's, else none (to be copied, e.g. by transform copy). A `like` that matches nothing is an
  *          error.
+ * unless_declared  true: each name is declared only when no earlier part or entry declares it (a default
+ *          for a tensor a source may or may not hold: a tied LLM checkpoint stores no lm_head.weight,
+ *          and a model that unties it declares its own, drawn from its init rule)
  * Unknown keys, a missing name or shape, bad sizes, unknown dims, bad dtypes and bad init rules are
  * errors naming the file:line:col of the value. */
 #ifndef FSDP_MODEL_MT_YAML_H

@@ -98,8 +98,11 @@ static int model_of(const recipe *r, const sizes_host *h, sizes_chain *chain, er
         if (!rc) rc = llama_config_from_value(&cfg, model, &e);
         if (!rc) rc = llama_table_build(&cfg, NULL, &t, &e);
     } else {
-        /* any table: built as the run will (sources that do not exist yet are skipped) */
-        mt_spec_opts o = {1};
+        /* any table: built as the run will. A source that does not exist yet is skipped by `validate`
+         * and --dry-run (recipes checked for another machine) and in a recipe that continues an earlier
+         * one's model (that recipe may write it); the first model of a run reads its sources now, so a
+         * missing one stops the run before any stage */
+        mt_spec_opts o = {!h->probe_device || chain->model_node != NULL};
         rc = mt_spec_build(model, &o, &t, &e);
     }
     if (rc) {

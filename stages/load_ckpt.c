@@ -43,7 +43,9 @@
 #include "ckpt/ckpt_steps.h"
 #include "ckpt/dcp.h"
 #include "ckpt/key_layout.h"
+#include "ckpt/namemap.h"
 #include "ckpt/state_io.h"
+#include "pipeline/value_impl.h"
 #include "stages/stages.h"
 
 static const char *const FORMATS[] = {"auto", "dcp", "safetensors", "pt", NULL};
@@ -52,12 +54,15 @@ static const char *const OPTS[] = {"auto", "true", "false", NULL};
 static const char *const DTYPES[] = {"auto", "f32", "bf16", NULL};
 static const char *const IF_MISSING[] = {"error", "init", NULL};
 static const fsdp_param_spec PARAMS[] = {
-    {"path", FSDP_T_STRING, 1, NULL, NULL, "checkpoint: DCP directory, .safetensors / HF directory / index, .pt"},
+    {"path", FSDP_T_STRING, 0, NULL, NULL,
+     "checkpoint: DCP directory, .safetensors / HF directory / index, .pt (without it: `parts` from their own sources)"},
     {"format", FSDP_T_STRING, 0, "auto", FORMATS, "checkpoint format (auto detects it)"},
     {"names", FSDP_T_STRING, 0, "torchtitan", NAMES, "key names in the checkpoint (hf: Hugging Face Llama)"},
     {"strip_prefix", FSDP_T_STRING, 0, NULL, NULL, "remove this prefix from checkpoint keys (e.g. 'model.')"},
     {"add_prefix", FSDP_T_STRING, 0, NULL, NULL, "add this prefix to checkpoint keys"},
     {"rename", FSDP_T_MAP, 0, NULL, NULL, "rename rules on checkpoint keys: {glob: replacement}, * = one component"},
+    {"drop", FSDP_T_LIST, 0, NULL, NULL,
+     "globs of checkpoint keys (after strip_prefix) dropped on purpose: neither loaded nor unexpected"},
     {"strict", FSDP_T_BOOL, 0, "true", NULL, "every parameter restored, no unexpected keys"},
     {"load_optimizer", FSDP_T_STRING, 0, "auto", OPTS, "restore optimizer state (auto: when present)"},
     {"dtype", FSDP_T_STRING, 0, "auto", DTYPES,
@@ -227,116 +232,242 @@ static void report_not_restored(fsdp_ctx *ctx, const fsdp_state *s, const unsign
     free(list);
 }
 
-static int load_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
-    char path[4400];
-    int done = 0;
-    int rc = load_target(ctx, with, path, sizeof path, &done, err);
-    if (rc || done) return rc;
+/* The state to load into (declared from the recipe's model when the context has none) and where
+ * its arrays are filled: staged straight into device arrays on the GPU (*staged, with the sink), else
+ * in host arrays. */
+static int load_prepare(fsdp_ctx *ctx, fsdp_state **out, int *on_gpu, int *staged, stage_ckpt_sink *sink,
+                        fsdp_err *err) {
     fsdp_state *s = state_get(ctx);
-    int on_gpu = 0;
+    memset(sink, 0, sizeof *sink);
+    *on_gpu = *staged = 0;
     /* the device choice first: it is collective, and reading may fail on one rank only */
-    if ((rc = stage_on_gpu(ctx, &on_gpu, err))) return rc;
-    if (!s) {
+    int rc = stage_on_gpu(ctx, on_gpu, err);
+    if (!rc && !s) {
         mt_table t;
         if ((rc = stage_model_table(ctx, &t, err))) return rc;
-        if ((rc = stage_state_from_table(ctx, &t, STATE_SHARDED, &s, err))) return rc;
+        rc = stage_state_from_table(ctx, &t, STATE_SHARDED, &s, err);
     }
-    /* staged straight into device arrays, or the checkpoint readers fill host arrays */
-    int staged = on_gpu && s->layout == STATE_SHARDED;
-    stage_ckpt_sink sink;
-    memset(&sink, 0, sizeof sink);
-    if (staged) {
-        dev_ctx *d;
-        if ((rc = stage_device(ctx, &d, err))) return rc;
-        if ((rc = state_attach_device(s, d, err))) return rc;
-        if ((rc = stage_ckpt_sink_create(d, &sink, err))) return rc;
-    } else if ((rc = state_to_host(s, err))) {
-        return rc;
-    }
-    sio_load_opts o;
-    memset(&o, 0, sizeof o);
-    unsigned char *select = NULL;
-    const char *part_prefix = NULL;
-    if ((rc = select_parts(s, fsdp_value_get(with, "parts"), &select, &part_prefix, err))) {
-        stage_ckpt_sink_free(&sink);
-        return rc;
-    }
-    o.select = select;
-    o.detect_prefix = "model.";
-    o.model_prefix = fsdp_value_text(fsdp_value_get(fsdp_value_get(with, "prefixes"), "model"));
-    o.optim_prefix = fsdp_value_text(fsdp_value_get(fsdp_value_get(with, "prefixes"), "optim"));
-    ckpt_format_from_name(fsdp_arg_str(with, "format", "auto"), &o.format);
-    o.names = !strcmp(fsdp_arg_str(with, "names", "torchtitan"), "hf") ? SIO_NAMES_HF : SIO_NAMES_TORCHTITAN;
-    o.strip_prefix = fsdp_arg_str(with, "strip_prefix", NULL);
-    o.add_prefix = fsdp_arg_str(with, "add_prefix", NULL);
-    if (!o.add_prefix && !o.strip_prefix && part_prefix && *part_prefix) o.add_prefix = part_prefix;
-    o.strict = fsdp_arg_bool(with, "strict", 1);
+    if (rc) return rc;
+    *out = s;
+    *staged = *on_gpu && s->layout == STATE_SHARDED;
+    if (!*staged) return state_to_host(s, err);
+    dev_ctx *d;
+    if ((rc = stage_device(ctx, &d, err)) || (rc = state_attach_device(s, d, err))) return rc;
+    return stage_ckpt_sink_create(d, sink, err);
+}
+
+/* What the load's options point at (freed by load_args_free). */
+typedef struct load_args {
+    const char **from, **to, **only;
+    unsigned char *select;
+    sio_xform *xforms;
+} load_args;
+
+static void load_args_free(load_args *a) {
+    free(a->from);
+    free(a->to);
+    free(a->only);
+    free(a->select);
+    free(a->xforms);
+    memset(a, 0, sizeof *a);
+}
+
+/* The options every load of the stage shares: strictness, optimizer, dtype, `keys`, the sink. */
+static int common_opts(const fsdp_value *with, fsdp_state *s, const stage_ckpt_sink *sink, int staged,
+                       sio_load_opts *o, load_args *a, fsdp_err *err) {
+    memset(o, 0, sizeof *o);
+    o->strict = fsdp_arg_bool(with, "strict", 1);
     const char *lo = fsdp_arg_str(with, "load_optimizer", "auto");
-    o.load_optimizer = !strcmp(lo, "auto") ? -1 : !strcmp(lo, "true");
-    const fsdp_value *ren = fsdp_value_get(with, "rename"), *keys = fsdp_value_get(with, "keys");
-    size_t nr = fsdp_value_size(ren), nk = fsdp_value_size(keys);
-    const char **from = calloc(nr ? nr : 1, sizeof *from), **to = calloc(nr ? nr : 1, sizeof *to),
-               **only = calloc(nk ? nk : 1, sizeof *only);
-    if (!from || !to || !only) {
-        free(from);
-        free(to);
-        free(only);
-        free(select);
-        stage_ckpt_sink_free(&sink);
-        return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
-    }
-    for (size_t i = 0; i < nk; i++) only[i] = fsdp_value_text(fsdp_value_item(keys, i));
+    o->load_optimizer = !strcmp(lo, "auto") ? -1 : !strcmp(lo, "true");
+    const fsdp_value *keys = fsdp_value_get(with, "keys");
+    size_t nk = fsdp_value_size(keys);
+    if (!(a->only = calloc(nk ? nk : 1, sizeof *a->only))) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+    for (size_t i = 0; i < nk; i++) a->only[i] = fsdp_value_text(fsdp_value_item(keys, i));
     if (keys) {
-        o.only = only;
-        o.n_only = nk;
+        o->only = a->only;
+        o->n_only = nk;
     }
-    for (size_t i = 0; i < nr; i++) {
-        from[i] = fsdp_value_key(ren, i);
-        to[i] = fsdp_value_text(fsdp_value_item(ren, i));
-        if (!to[i]) to[i] = "";
-    }
-    o.rename_from = from;
-    o.rename_to = to;
-    o.n_rename = nr;
-    o.sink = staged ? &sink.sink : NULL;
+    o->sink = staged ? &sink->sink : NULL;
     const char *dts = fsdp_arg_str(with, "dtype", "auto");
-    o.round_bf16 = !strcmp(dts, "bf16");
+    o->round_bf16 = !strcmp(dts, "bf16");
     if (!strcmp(dts, "f32"))
         for (size_t i = 0; i < s->n; i++) s->p[i].dtype = FSDP_DT_F32;
-    double t0 = stage_now();
+    return 0;
+}
+
+/* The options of a load from `path`: names, prefixes, renames, drops and the `parts` selection. */
+static int path_opts(const fsdp_value *with, fsdp_state *s, sio_load_opts *o, load_args *a, fsdp_err *err) {
+    const char *part_prefix = NULL;
+    int rc = select_parts(s, fsdp_value_get(with, "parts"), &a->select, &part_prefix, err);
+    if (rc) return rc;
+    o->select = a->select;
+    o->detect_prefix = "model.";
+    o->model_prefix = fsdp_value_text(fsdp_value_get(fsdp_value_get(with, "prefixes"), "model"));
+    o->optim_prefix = fsdp_value_text(fsdp_value_get(fsdp_value_get(with, "prefixes"), "optim"));
+    ckpt_format_from_name(fsdp_arg_str(with, "format", "auto"), &o->format);
+    o->names = !strcmp(fsdp_arg_str(with, "names", "torchtitan"), "hf") ? SIO_NAMES_HF : SIO_NAMES_TORCHTITAN;
+    o->strip_prefix = fsdp_arg_str(with, "strip_prefix", NULL);
+    o->add_prefix = fsdp_arg_str(with, "add_prefix", NULL);
+    if (!o->add_prefix && !o->strip_prefix && part_prefix && *part_prefix) o->add_prefix = part_prefix;
+    const fsdp_value *ren = fsdp_value_get(with, "rename"), *drop = fsdp_value_get(with, "drop");
+    size_t nr = fsdp_value_size(ren), nd = fsdp_value_size(drop);
+    a->from = calloc(nr + nd + 1, sizeof *a->from);
+    a->to = calloc(nr + 1, sizeof *a->to);
+    if (!a->from || !a->to) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+    for (size_t i = 0; i < nr; i++) {
+        a->from[i] = fsdp_value_key(ren, i);
+        a->to[i] = fsdp_value_text(fsdp_value_item(ren, i));
+        if (!a->to[i]) a->to[i] = "";
+    }
+    o->rename_from = a->from;
+    o->rename_to = a->to;
+    o->n_rename = nr;
+    for (size_t i = 0; i < nd; i++) a->from[nr + i] = fsdp_value_text(fsdp_value_item(drop, i));
+    o->drop = a->from + nr;
+    o->n_drop = nd;
+    return 0;
+}
+
+/* The options of a load of part `pi` from its own source (model/model_table.h mt_part.from): its
+ * prefix alternatives, the keys it takes (the others dropped on purpose), its transforms. */
+static int part_opts(fsdp_state *s, size_t pi, sio_load_opts *o, load_args *a, fsdp_err *err) {
+    const mt_table *t = s->model;
+    const mt_part *pt = &t->parts[pi];
+    a->select = calloc(s->n + 1, 1);
+    a->xforms = calloc(s->n + 1, sizeof *a->xforms);
+    if (!a->select || !a->xforms) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+    for (size_t i = 0; i < s->n; i++) {
+        long m = mt_find(t, s->p[i].name);
+        if (m < 0 || t->p[m].part != (int)pi) continue;
+        a->select[i] = 1;
+        const mt_param *mp = &t->p[m];
+        if (!mp->src_ndim) continue;
+        a->xforms[i].ndim = mp->src_ndim;
+        memcpy(a->xforms[i].shape, mp->src_shape, sizeof a->xforms[i].shape);
+        memcpy(a->xforms[i].perm, mp->src_perm, sizeof a->xforms[i].perm);
+    }
+    o->select = a->select;
+    o->xforms = a->xforms;
+    o->format = (ckpt_format)pt->format;
+    o->strip = (const char *const *)pt->strip;
+    o->n_strip = pt->n_strip;
+    o->keep = (const char *const *)pt->keys;
+    o->n_keep = pt->n_keys;
+    o->keep_given = pt->keys_given;
+    o->drop = (const char *const *)pt->exclude;
+    o->n_drop = pt->n_exclude;
+    o->add_prefix = pt->prefix;
+    o->model_prefix = ""; /* a source's keys are the part's, under no training layout */
+    o->load_optimizer = 0;
+    return 0;
+}
+
+/* One sio_load, its results added to *sum; strict: false reports what it did not restore. */
+static int load_one(fsdp_ctx *ctx, fsdp_state *s, const char *path, sio_load_opts *o, sio_load_result *sum,
+                    fsdp_err *err) {
+    unsigned char *restored = o->strict ? NULL : calloc(s->n ? s->n : 1, 1);
+    if (!o->strict && !restored) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+    o->restored = restored;
     sio_load_result res;
-    unsigned char *restored = o.strict ? NULL : calloc(s->n ? s->n : 1, 1);
-    if (!o.strict && !restored) rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
-    o.restored = restored;
-    if (!rc) rc = sio_load(s, path, &o, &res, err);
-    free(from);
-    free(to);
-    free(only);
-    free(select);
-    stage_ckpt_sink_free(&sink);
+    int rc = sio_load(s, path, o, &res, err);
     if (!rc && restored) report_not_restored(ctx, s, restored, path);
     free(restored);
     if (rc) return rc;
+    sum->params_loaded += res.params_loaded;
+    sum->optimizer_loaded += res.optimizer_loaded;
+    sum->bytes_read += res.bytes_read;
+    if (res.stripped_prefix) sum->stripped_prefix = res.stripped_prefix;
+    if (res.optim_omitted) {
+        sum->optim_omitted = res.optim_omitted;
+        memcpy(sum->optim_omitted_keys, res.optim_omitted_keys, sizeof sum->optim_omitted_keys);
+    }
+    return 0;
+}
+
+/* `parts` without `path`: each part from its own source. */
+static int load_sources(fsdp_ctx *ctx, const fsdp_value *with, fsdp_state *s, const stage_ckpt_sink *sink, int staged,
+                        sio_load_result *sum, char *what, size_t cap, fsdp_err *err) {
+    const fsdp_value *parts = fsdp_value_get(with, "parts");
+    const mt_table *t = s->model;
+    size_t o_len = 0;
+    int rc = 0;
+    for (size_t k = 0; k < fsdp_value_size(parts) && !rc; k++) {
+        const fsdp_value *v = fsdp_value_item(parts, k);
+        const char *name = fsdp_value_text(v);
+        size_t pi = 0;
+        while (t && name && pi < t->n_parts && strcmp(t->parts[pi].name, name)) pi++;
+        if (!t || !name || pi == t->n_parts)
+            return fsdp_err_at(err, FSDP_E_INVALID, v, "load-ckpt: the model has no part '%s'", name ? name : "?");
+        if (!t->parts[pi].from)
+            return fsdp_err_at(err, FSDP_E_INVALID, v, "load-ckpt: part '%s' (%s) has no source of its own (it is not "
+                               "declared with from:): give path", name, t->parts[pi].source);
+        sio_load_opts o;
+        load_args a = {0};
+        rc = common_opts(with, s, sink, staged, &o, &a, err);
+        if (!rc) rc = part_opts(s, pi, &o, &a, err);
+        if (!rc) rc = load_one(ctx, s, t->parts[pi].from, &o, sum, err);
+        if (rc) fsdp_err_prefix(err, "load-ckpt part '%s'", name);
+        load_args_free(&a);
+        int w = snprintf(what + o_len, cap - o_len, "%s%s (part %s)", o_len ? ", " : "", t->parts[pi].from, name);
+        if (w > 0 && (size_t)w < cap - o_len) o_len += (size_t)w;
+    }
+    return rc;
+}
+
+/* After the reads: the state placed on its device, the stage's metrics and log line. */
+static int load_done(fsdp_ctx *ctx, fsdp_state *s, int on_gpu, const sio_load_result *res, const char *path, double t0,
+                     fsdp_err *err) {
     double t_up = stage_now();
-    if ((rc = stage_place_state(ctx, s, &on_gpu, err))) return rc;
+    int rc = stage_place_state(ctx, s, &on_gpu, err);
+    if (rc) return rc;
     on_gpu = on_gpu && s->layout == STATE_SHARDED;
     fsdp_ctx_metric_str(ctx, "device", on_gpu ? "cuda" : "cpu");
     if (on_gpu) fsdp_ctx_metric(ctx, "seconds_upload", stage_now() - t_up);
     double el = stage_now() - t0;
     if (s->has_optimizer) fsdp_ctx_set_state(ctx, "optimizer", 1);
-    fsdp_ctx_metric(ctx, "bytes_read", (double)res.bytes_read);
+    fsdp_ctx_metric(ctx, "bytes_read", (double)res->bytes_read);
     fsdp_ctx_metric(ctx, "seconds_read", el);
-    fsdp_ctx_metric(ctx, "params_loaded", (double)res.params_loaded);
-    if (res.stripped_prefix)
+    fsdp_ctx_metric(ctx, "params_loaded", (double)res->params_loaded);
+    if (res->stripped_prefix)
         fsdp_log(ctx, FSDP_LOG_INFO, "load-ckpt: the checkpoint's parameters are under the prefix '%s' (removed)",
-                 res.stripped_prefix);
-    if (res.optim_omitted)
+                 res->stripped_prefix);
+    if (res->optim_omitted)
         fsdp_log(ctx, FSDP_LOG_WARN, "load-ckpt %s (strict: false): %zu optimizer moment(s) not restored (they start "
-                 "at zero):%s", path, res.optim_omitted, res.optim_omitted_keys);
+                 "at zero):%s", path, res->optim_omitted, res->optim_omitted_keys);
     fsdp_log(ctx, FSDP_LOG_INFO, "loaded %zu parameters%s from %s (step %lld) in %.2fs, %.1f MB read by this rank",
-             res.params_loaded, res.optimizer_loaded ? " and optimizer state" : "", path, (long long)s->train_step, el,
-             (double)res.bytes_read / 1e6);
+             res->params_loaded, res->optimizer_loaded ? " and optimizer state" : "", path, (long long)s->train_step, el,
+             (double)res->bytes_read / 1e6);
     return 0;
+}
+
+static int load_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
+    char path[4400] = "";
+    int done = 0, from_sources = !fsdp_value_get(with, "path"), rc = 0;
+    if (from_sources) rc = stage_wait_saves(ctx, err);
+    else rc = load_target(ctx, with, path, sizeof path, &done, err);
+    if (rc || done) return rc;
+    fsdp_state *s;
+    int on_gpu, staged;
+    stage_ckpt_sink sink;
+    if ((rc = load_prepare(ctx, &s, &on_gpu, &staged, &sink, err))) {
+        stage_ckpt_sink_free(&sink);
+        return rc;
+    }
+    double t0 = stage_now();
+    sio_load_result sum;
+    memset(&sum, 0, sizeof sum);
+    if (from_sources) {
+        rc = load_sources(ctx, with, s, &sink, staged, &sum, path, sizeof path, err);
+    } else {
+        sio_load_opts o;
+        load_args a = {0};
+        rc = common_opts(with, s, &sink, staged, &o, &a, err);
+        if (!rc) rc = path_opts(with, s, &o, &a, err);
+        if (!rc) rc = load_one(ctx, s, path, &o, &sum, err);
+        load_args_free(&a);
+    }
+    stage_ckpt_sink_free(&sink);
+    return rc ? rc : load_done(ctx, s, on_gpu, &sum, path, t0, err);
 }
 
 /* `prefixes`: only model / optim, each a prefix ckl_prefix_check accepts. */
@@ -360,6 +491,28 @@ static int prefixes_check(const fsdp_value *pre, fsdp_err *err) {
 static int load_check(const fsdp_value *with, fsdp_err *err) {
     int prc = prefixes_check(fsdp_value_get(with, "prefixes"), err);
     if (prc) return prc;
+    if (!fsdp_value_get(with, "path")) {
+        /* each part from its own source: the options of a path make no sense there */
+        static const char *const PATH_ONLY[] = {"format", "names", "strip_prefix", "add_prefix", "rename", "drop",
+                                                "prefixes", "if_missing", "load_optimizer", NULL};
+        if (!fsdp_value_get(with, "parts"))
+            return fsdp_err_at(err, FSDP_E_INVALID, with, "load-ckpt: give path (a checkpoint), or parts without path "
+                               "(each part loaded from the source it was declared from)");
+        for (const char *const *k = PATH_ONLY; *k; k++) {
+            const fsdp_value *v = fsdp_value_get(with, *k);
+            if (v && !v->is_default)
+                return fsdp_err_at(err, FSDP_E_INVALID, v, "load-ckpt: '%s' applies to a load from path; parts without "
+                                   "path load from each part's own source, as the part declares it", *k);
+        }
+    }
+    const fsdp_value *drop = fsdp_value_get(with, "drop");
+    for (size_t i = 0; i < fsdp_value_size(drop); i++) {
+        const char *g = fsdp_value_text(fsdp_value_item(drop, i));
+        fsdp_err e2;
+        if (!g || nmap_glob_check(g, NULL, &e2))
+            return fsdp_err_at(err, FSDP_E_INVALID, fsdp_value_item(drop, i), "load-ckpt: drop: %s",
+                               g ? e2.msg : "each entry is a glob");
+    }
     const fsdp_value *ren = fsdp_value_get(with, "rename");
     for (size_t i = 0; i < fsdp_value_size(ren); i++) {
         const fsdp_value *v = fsdp_value_item(ren, i);

@@ -1,0 +1,39 @@
+/* A model's `checks:` (module prefix mt_checks_): what must hold of its sources and sizes, checked
+ * when the table is built (so `fsdp-run validate` and the planning of a run report them before any
+ * tensor is read), each with the user's own message. Every failed check is reported, one line each.
+ *
+ *   checks:
+ *     - {path: "${llm}", is: dir, message: "vars.llm must be a Hugging Face directory"}
+ *     - {config: "${llm}/config.json", key: model_type, in: [qwen2], message: "the LLM must be a Qwen2"}
+ *     - {that: "vit_positions >= vit_side * vit_side", message: "the ViT's position table is too small"}
+ *     - {has: vit_model.vision_model.post_layernorm.weight, message: "vars.vit is not a SigLIP vision tower"}
+ *
+ * path    the path exists and is a directory (`is: dir`) or a file (`is: file`); before the parts
+ * config  the JSON file's value at the dotted key is one of `in` (text, number or boolean, compared as
+ *         such); a missing file or key fails; before the parts
+ * that    two dims expressions (model/mt_dims.h) compared with == != < <= > >=; after the parts
+ * has     the model declares this parameter; after the parts
+ * Under `validate` a path that does not exist yet (and whatever depends on it) is not checked. */
+#ifndef FSDP_MODEL_MT_CHECKS_H
+#define FSDP_MODEL_MT_CHECKS_H
+
+#include "fsdp/error.h"
+#include "fsdp/value.h"
+#include "model/model_table.h"
+#include "model/mt_dims.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The syntax of every entry (keys, kinds, `message`), without evaluating anything. */
+int mt_checks_syntax(const fsdp_value *checks, fsdp_err *err);
+/* The path and config checks (validate: missing paths are skipped). */
+int mt_checks_sources(const fsdp_value *checks, int validate, fsdp_err *err);
+/* The that and has checks over the built table and the model's dims. */
+int mt_checks_model(const fsdp_value *checks, const mt_table *t, mt_dims *d, fsdp_err *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
