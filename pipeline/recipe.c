@@ -13,8 +13,8 @@
 #include "pipeline/strmap.h"
 #include "pipeline/yaml_load.h"
 
-static const char *const TOP_KEYS[] = {"version", "name", "description", "include", "vars", "runtime",
-                                       "model",   "data", "plugins",     "stages",  NULL};
+static const char *const TOP_KEYS[] = {"version", "name",    "description", "include", "vars",    "choices",
+                                       "runtime", "model",   "data",        "plugins", "stages",  NULL};
 static const char *const STAGE_KEYS[] = {"id", "uses", "after", "with", "description", NULL};
 
 
@@ -459,6 +459,7 @@ int recipe_load(const char *path, recipe_override *ovr, size_t n_ovr, recipe **o
     recipe_when_texts wt = {0};
     if (!rc) rc = recipe_when_capture(r->root, &wt, err);
     if (!rc) rc = recipe_substitute_vars(r->root, &budget, err);
+    if (!rc) rc = recipe_check_choices(r->root, err);
     if (!rc) rc = recipe_apply_when(r, &wt, err);
     recipe_when_texts_free(&wt);
     if (!rc) rc = check_structure(r, err);

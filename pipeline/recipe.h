@@ -76,9 +76,9 @@ fsdp_value *recipe_merge(fsdp_value *dst, fsdp_value *src);
 /* The `id` text of a stage map, or NULL. */
 const char *recipe_stage_id(const fsdp_value *st);
 
-/* ---- `when:` (pipeline/recipe_cond.c, recipe_when.c) ---- */
+/* ---- `when:` and `choices:` (pipeline/recipe_cond.c, recipe_when.c, recipe_choices.c) ---- */
 
-/* Whether two scalar texts are equal as `when:` compares them: as booleans when both read
+/* Whether two scalar texts are equal as `when:` and `choices:` compare them: as booleans when both read
  * as booleans (fsdp_value_bool), as numbers when both are numbers, else as text. */
 int recipe_values_equal(const char *a, const char *b);
 /* Evaluates a `when:` value: a boolean, or a condition text (`A == B`, `A != B`, `A in [x, y]`, `not`,
@@ -102,5 +102,7 @@ void recipe_when_texts_free(recipe_when_texts *wt);
  * one whose `when:` is true loses the key. A removed stage's dependants inherit its dependencies
  * (r->skipped lists it). */
 int recipe_apply_when(recipe *r, const recipe_when_texts *wt, fsdp_err *err);
+/* Checks `choices:` (var -> allowed values) against the substituted `vars:`: every error, one per line. */
+int recipe_check_choices(const fsdp_value *root, fsdp_err *err);
 
 #endif

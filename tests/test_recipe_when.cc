@@ -1,8 +1,10 @@
-// `when:` on list items (stages, model parts, nested lists): evaluation, the DAG around removed stages,
-// --set, the dry-run and report listings, and every error's position.
+// `when:` on list items (stages, model parts, nested lists) and `choices:` of vars: evaluation, the
+// DAG around removed stages, --set, the dry-run and report listings, and every error's position.
 #include <gtest/gtest.h>
 
 #include <jansson.h>
+
+#include <algorithm>
 
 #include "pipeline_fixture.h"
 
@@ -309,4 +311,72 @@ TEST(RecipeWhen, ModelPartsAndNestedListItems) {
         validate_log(d, "model:\n  parts:\n    - {name: a, prefix: a., when: maybe}\n"
                         "stages: [{id: a, uses: t-init}]\n");
     EXPECT_NE(log.find(d.path("r.yaml") + ":3:35: when: cannot read the condition 'maybe'"), std::string::npos) << log;
+}
+
+TEST(RecipeChoices, AllowedValuesPass) {
+    RecipeDir d;
+    std::string p = d.put("c.yaml",
+                          "vars: {layout: pr240, visual_gen: yes, lr: 1e-4, tag: \"\"}\n"
+                          "choices: {layout: [dcp, pr240, head], visual_gen: [true, false], lr: [0.0001, 0.001], "
+                          "tag: [\"\", x]}\n"
+                          "stages: [{id: a, uses: t-init}]\n");
+    CliResult r = cli({"validate", p});
+    EXPECT_EQ(r.rc, 0) << r.log;
+    r = cli({"validate", "--set", "vars.layout=head", "--set", "vars.visual_gen=False", p});
+    EXPECT_EQ(r.rc, 0) << r.log;
+}
+
+TEST(RecipeChoices, EveryViolationNamesWhereTheValueWasSet) {
+    RecipeDir d;
+    std::string text = "vars: {layout: pr240, visual_gen: maybe, other: \"${layout}x\"}\n"
+                       "choices:\n  layout: [dcp, pr240, head]\n  visual_gen: [true, false]\n  other: [ax]\n"
+                       "stages: [{id: a, uses: t-init}]\n";
+    std::string f = d.path("r.yaml");
+    std::string log = validate_log(d, text, {"vars.layout=foo"});
+    EXPECT_NE(log.find("--set 'vars.layout=foo':1:13: vars.layout is 'foo', not one of its choices [dcp, pr240, head] "
+                       "(choices.layout at " + f + ":3:11)"),
+              std::string::npos)
+        << log;
+    EXPECT_NE(log.find("\n" + f + ":1:35: vars.visual_gen is 'maybe', not one of its choices [true, false] (choices."
+                              "visual_gen at " + f + ":4:15)"),
+              std::string::npos)
+        << log;
+    EXPECT_NE(log.find("\n" + f + ":1:49: vars.other is 'foox', not one of its choices [ax]"), std::string::npos)
+        << log;
+    // one line each
+    EXPECT_EQ(std::count(log.begin(), log.end(), '\n'), 3) << log;
+}
+
+TEST(RecipeChoices, BadEntriesAreErrorsAtTheirPosition) {
+    RecipeDir d;
+    std::string f = d.path("r.yaml");
+    std::string log = validate_log(d, "vars: {a: 1, l: [1]}\nchoices:\n  nope: [1]\n  a: 1\n  l: [1, [2]]\n"
+                                      "stages: [{id: a, uses: t-init}]\n");
+    EXPECT_NE(log.find(f + ":3:3: choices: 'nope' is not a variable (defined in vars: a, l)"), std::string::npos)
+        << log;
+    EXPECT_NE(log.find(f + ":4:6: choices.a: expected a list of the allowed values (scalars), e.g. [a, b]"),
+              std::string::npos)
+        << log;
+    EXPECT_NE(log.find(f + ":5:6: choices.l: expected a list of the allowed values"), std::string::npos) << log;
+    log = validate_log(d, "vars: {l: [1]}\nchoices: {l: [1]}\nstages: [{id: a, uses: t-init}]\n");
+    EXPECT_NE(log.find(f + ":1:11: vars.l is [1], not one of its choices [1]"), std::string::npos) << log;
+    log = validate_log(d, "choices: [a]\nstages: [{id: a, uses: t-init}]\n");
+    EXPECT_NE(log.find(f + ":1:10: choices: expected a map of variable: [allowed values]"), std::string::npos) << log;
+    log = validate_log(d, "choices: {x: [1]}\nstages: [{id: a, uses: t-init}]\n");
+    EXPECT_NE(log.find(f + ":1:11: choices: 'x' is not a variable (defined in vars: none)"), std::string::npos) << log;
+}
+
+TEST(RecipeChoices, MergeFromIncludesLaterKeysWin) {
+    RecipeDir d;
+    d.put("base.yaml", "vars: {layout: dcp, mode: a}\nchoices: {layout: [dcp, pr240], mode: [a, b]}\n"
+                       "stages: [{id: a, uses: t-init}]\n");
+    std::string p = d.put("top.yaml", "include: [base.yaml]\nvars: {layout: head}\nchoices: {layout: [head]}\n");
+    CliResult r = cli({"validate", p});
+    EXPECT_EQ(r.rc, 0) << r.log;
+    r = cli({"validate", "--set", "vars.mode=c", p});
+    EXPECT_EQ(r.rc, 2);
+    EXPECT_NE(r.log.find("vars.mode is 'c', not one of its choices [a, b] (choices.mode at " + d.path("base.yaml") +
+                         ":2:39)"),
+              std::string::npos)
+        << r.log;
 }

@@ -1,5 +1,5 @@
 /* Fuzz the recipe text path: YAML (anchors and aliases, the value budget), then ${var}
- * substitution (memoised resolution, cycles, nesting, length bounds), `when:` (conditions,
+ * substitution (memoised resolution, cycles, nesting, length bounds), `choices:`, `when:` (conditions,
  * the removal of list items and stages), then the flow printing of --dry-run. Environment references
  * read the real environment: harmless here. */
 #include <stdlib.h>
@@ -20,7 +20,8 @@ int fsdp_fuzz_recipe(const uint8_t *data, size_t size) {
         return 0;
     }
     r->root = root;
-    if (recipe_substitute_vars(root, NULL, &err) == 0 && recipe_apply_when(r, &wt, &err) == 0)
+    if (recipe_substitute_vars(root, NULL, &err) == 0 && recipe_check_choices(root, &err) == 0 &&
+        recipe_apply_when(r, &wt, &err) == 0)
         free(val_to_flow(root));
     recipe_when_texts_free(&wt);
     recipe_free(r);
