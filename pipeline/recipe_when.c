@@ -118,9 +118,9 @@ typedef struct {
 } stage_set;
 
 static void set_free(stage_set *s) {
-    for (size_t i = 0; s->raw && i < s->n; i++) {
-        free(s->raw[i]);
-        free(s->eff[i]);
+    for (size_t i = 0; i < s->n; i++) {
+        if (s->raw) free(s->raw[i]);
+        if (s->eff) free(s->eff[i]);
     }
     free(s->keep);
     free(s->ids);
