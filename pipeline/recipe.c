@@ -13,8 +13,8 @@
 #include "pipeline/strmap.h"
 #include "pipeline/yaml_load.h"
 
-static const char *const TOP_KEYS[] = {"version", "name", "description", "include", "vars", "runtime",
-                                       "model",   "data", "plugins",     "stages",  NULL};
+static const char *const TOP_KEYS[] = {"version", "name",    "description", "include", "vars",    "choices",
+                                       "runtime", "model",   "data",        "plugins", "stages",  NULL};
 static const char *const STAGE_KEYS[] = {"id", "uses", "after", "with", "description", NULL};
 
 
@@ -455,7 +455,13 @@ int recipe_load(const char *path, recipe_override *ovr, size_t n_ovr, recipe **o
         if (rc == 0) ovr[i].applied = 1;
         else if (rc == 1) rc = 0;
     }
+    /* `when:` sees the final tree; its text as written names a removed stage */
+    recipe_when_texts wt = {0};
+    if (!rc) rc = recipe_when_capture(r->root, &wt, err);
     if (!rc) rc = recipe_substitute_vars(r->root, &budget, err);
+    if (!rc) rc = recipe_check_choices(r->root, err);
+    if (!rc) rc = recipe_apply_when(r, &wt, err);
+    recipe_when_texts_free(&wt);
     if (!rc) rc = check_structure(r, err);
     if (rc) {
         recipe_free(r);
@@ -475,6 +481,12 @@ void recipe_free(recipe *r) {
     for (size_t i = 0; i < r->n_plugins; i++) free(r->plugins[i]);
     free(r->plugins);
     free(r->plugin_vals);
+    for (size_t i = 0; i < r->n_skipped; i++) {
+        free(r->skipped[i].id);
+        free(r->skipped[i].uses);
+        free(r->skipped[i].when);
+    }
+    free(r->skipped);
     val_free(r->root);
     free(r->path);
     free(r->name);

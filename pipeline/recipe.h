@@ -23,6 +23,13 @@ typedef struct recipe_stage {
     size_t index;                 /* position in the file */
 } recipe_stage;
 
+/* A stage that a false `when:` removed from the recipe (it does not run). */
+typedef struct recipe_skipped {
+    char *id;   /* "stages[N]" when it has none */
+    char *uses; /* "?" when it has none */
+    char *when; /* the condition as written (before substitution), else as evaluated */
+} recipe_skipped;
+
 typedef struct recipe {
     char *path;
     char *name;
@@ -32,6 +39,8 @@ typedef struct recipe {
     char **plugins;               /* plugin paths as resolved */
     const fsdp_value **plugin_vals;
     size_t n_plugins;
+    recipe_skipped *skipped;      /* stages removed by `when:`, in file order */
+    size_t n_skipped;
 } recipe;
 
 /* One --set override: "a.b.c=value". */
@@ -66,5 +75,34 @@ int recipe_substitute_vars(fsdp_value *root, val_budget *budget, fsdp_err *err);
 fsdp_value *recipe_merge(fsdp_value *dst, fsdp_value *src);
 /* The `id` text of a stage map, or NULL. */
 const char *recipe_stage_id(const fsdp_value *st);
+
+/* ---- `when:` and `choices:` (pipeline/recipe_cond.c, recipe_when.c, recipe_choices.c) ---- */
+
+/* Whether two scalar texts are equal as `when:` and `choices:` compare them: as booleans when both read
+ * as booleans (fsdp_value_bool), as numbers when both are numbers, else as text. */
+int recipe_values_equal(const char *a, const char *b);
+/* Evaluates a `when:` value: a boolean, or a condition text (`A == B`, `A != B`, `A in [x, y]`, `not`,
+ * `and`, `or`, parentheses). `orig` (may be NULL) is its text before substitution, for messages. */
+int recipe_when_eval(const fsdp_value *v, const char *orig, int *out, fsdp_err *err);
+
+/* The `when:` texts of the tree as written, taken before ${var} substitution (to name a removed
+ * stage's condition as written). */
+typedef struct recipe_when_text {
+    const fsdp_value *node;
+    char *text;
+    int line, col; /* the node's position when taken (an address freed and reused does not match) */
+} recipe_when_text;
+typedef struct recipe_when_texts {
+    recipe_when_text *items; /* sorted by node address */
+    size_t n, cap;
+} recipe_when_texts;
+int recipe_when_capture(const fsdp_value *root, recipe_when_texts *wt, fsdp_err *err);
+void recipe_when_texts_free(recipe_when_texts *wt);
+/* Applies every `when:` of r's final tree: a list item (a map) whose `when:` is false leaves its list,
+ * one whose `when:` is true loses the key. A removed stage's dependants inherit its dependencies
+ * (r->skipped lists it). */
+int recipe_apply_when(recipe *r, const recipe_when_texts *wt, fsdp_err *err);
+/* Checks `choices:` (var -> allowed values) against the substituted `vars:`: every error, one per line. */
+int recipe_check_choices(const fsdp_value *root, fsdp_err *err);
 
 #endif

@@ -47,6 +47,19 @@ int report_add_recipe(run_result *r, const char *name, const char *path) {
     return 0;
 }
 
+int report_add_not_run(run_result *r, const char *recipe, const char *id, const char *stage, const char *when) {
+    run_not_run *nn = realloc(r->not_run, (r->n_not_run + 1) * sizeof *nn);
+    if (!nn) return FSDP_E_NOMEM;
+    r->not_run = nn;
+    run_not_run *k = &nn[r->n_not_run];
+    k->recipe = strdup(recipe);
+    k->id = strdup(id);
+    k->stage = strdup(stage);
+    k->when = strdup(when);
+    r->n_not_run++;
+    return k->recipe && k->id && k->stage && k->when ? 0 : FSDP_E_NOMEM;
+}
+
 void report_free(run_result *r) {
     for (size_t i = 0; i < r->n; i++) {
         free(r->recs[i].recipe);
@@ -64,6 +77,13 @@ void report_free(run_result *r) {
     }
     free(r->recipes);
     free(r->recipe_paths);
+    for (size_t i = 0; i < r->n_not_run; i++) {
+        free(r->not_run[i].recipe);
+        free(r->not_run[i].id);
+        free(r->not_run[i].stage);
+        free(r->not_run[i].when);
+    }
+    free(r->not_run);
     free(r->error);
     memset(r, 0, sizeof *r);
 }
@@ -76,6 +96,17 @@ static json_t *iso_time(double t) {
     snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday,
              tm.tm_hour, tm.tm_min, tm.tm_sec, (int)((t - (double)s) * 1000));
     return json_string(buf);
+}
+
+/* The stages a false `when:` removed: [{recipe, id, stage, when}]. */
+static json_t *not_run_json(const run_result *r) {
+    json_t *nr = json_array();
+    for (size_t i = 0; nr && i < r->n_not_run; i++) {
+        const run_not_run *k = &r->not_run[i];
+        json_array_append_new(nr, json_pack("{s:s, s:s, s:s, s:s}", "recipe", k->recipe, "id", k->id, "stage", k->stage,
+                                            "when", k->when));
+    }
+    return nr;
 }
 
 int report_write(const run_result *r, const char *path, fsdp_err *err) {
@@ -132,6 +163,7 @@ int report_write(const run_result *r, const char *path, fsdp_err *err) {
         json_array_append_new(stages, o);
     }
     json_object_set_new(root, "stages", stages);
+    if (r->n_not_run) json_object_set_new(root, "not_run", not_run_json(r));
     size_t plen = strlen(path);
     char *tmp = malloc(plen + 8);
     if (!tmp) {

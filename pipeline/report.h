@@ -26,6 +26,11 @@ typedef struct run_record {
     char *error;
 } run_record;
 
+/* A stage that a false `when:` removed from its recipe (listed under "not_run"). */
+typedef struct run_not_run {
+    char *recipe, *id, *stage, *when;
+} run_not_run;
+
 typedef struct run_result {
     run_record *recs;
     size_t n, cap;
@@ -37,10 +42,13 @@ typedef struct run_result {
     int world_size;
     char run_id[48];      /* "" when the run did not start */
     char *error;          /* the validation error(s) when the recipes were refused before running */
+    run_not_run *not_run;
+    size_t n_not_run;
 } run_result;
 
 int report_add_record(run_result *r, const char *recipe, const char *id, const char *stage);
 int report_add_recipe(run_result *r, const char *name, const char *path);
+int report_add_not_run(run_result *r, const char *recipe, const char *id, const char *stage, const char *when);
 void report_free(run_result *r);
 /* Writes the JSON report atomically (path.tmp, then rename). */
 int report_write(const run_result *r, const char *path, fsdp_err *err);

@@ -222,6 +222,9 @@ void run_plan_print(const run_plan *plan, FILE *out) {
             fprintf(out, "\n     with: %s\n", t ? t : "?");
             free(t);
         }
+        for (size_t k = 0; k < r->n_skipped; k++)
+            fprintf(out, "  (not run: %s (%s): when: %s is false)\n", r->skipped[k].id, r->skipped[k].uses,
+                    r->skipped[k].when);
     }
 }
 
@@ -238,8 +241,9 @@ static void set_run_id(fsdp_ctx *ctx, comm *cm, double start) {
     ctx_set_run(ctx, id.start, id.random);
 }
 
-static int execute(fsdp_ctx *ctx, const run_plan *plan, run_result *res, const run_opts *o) {
-    /* one record per stage, in execution order, so a failure can mark the rest skipped */
+/* One record per stage, in execution order, so a failure can mark the rest skipped; then the stages a
+ * false `when:` removed. */
+static int add_records(const run_plan *plan, run_result *res) {
     for (size_t i = 0; i < plan->n; i++) {
         const recipe *r = plan->recipes[i];
         report_add_recipe(res, r->name, r->path);
@@ -247,7 +251,16 @@ static int execute(fsdp_ctx *ctx, const run_plan *plan, run_result *res, const r
             const recipe_stage *s = &r->stages[plan->orders[i][k]];
             if (report_add_record(res, r->name, s->id, s->uses)) return FSDP_E_NOMEM;
         }
+        for (size_t k = 0; k < r->n_skipped; k++) {
+            const recipe_skipped *sk = &r->skipped[k];
+            if (report_add_not_run(res, r->name, sk->id, sk->uses, sk->when)) return FSDP_E_NOMEM;
+        }
     }
+    return 0;
+}
+
+static int execute(fsdp_ctx *ctx, const run_plan *plan, run_result *res, const run_opts *o) {
+    if (add_records(plan, res)) return FSDP_E_NOMEM;
     size_t rec = 0;
     int failed = 0;
     for (size_t i = 0; i < plan->n; i++) {
@@ -258,6 +271,9 @@ static int execute(fsdp_ctx *ctx, const run_plan *plan, run_result *res, const r
         int64_t threads = fsdp_arg_int(fsdp_value_get(r->root, "runtime"), "threads", 0);
         if (threads > 0) omp_set_num_threads((int)threads);
         if (!failed) fsdp_log(ctx, FSDP_LOG_INFO, "recipe %s (%s): %zu stages", r->name, r->path, r->n_stages);
+        for (size_t k = 0; k < r->n_skipped && !failed; k++)
+            fsdp_log(ctx, FSDP_LOG_INFO, "stage %s (%s) not run: when: %s is false", r->skipped[k].id,
+                     r->skipped[k].uses, r->skipped[k].when);
         for (size_t k = 0; k < r->n_stages; k++, rec++) {
             const recipe_stage *s = &r->stages[plan->orders[i][k]];
             run_record *rr = &res->recs[rec];
@@ -336,6 +352,19 @@ static int execute(fsdp_ctx *ctx, const run_plan *plan, run_result *res, const r
     return failed ? FSDP_E_RUNTIME : 0;
 }
 
+/* `validate`'s line per recipe: the stages in order, then those a false `when:` removed. */
+static void print_valid(const run_plan *plan, FILE *out) {
+    for (size_t i = 0; i < plan->n; i++) {
+        const recipe *r = plan->recipes[i];
+        fprintf(out, "%s: valid (recipe %s, %zu stages:", r->path, r->name, r->n_stages);
+        for (size_t k = 0; k < r->n_stages; k++)
+            fprintf(out, "%s%s", k ? " -> " : " ", r->stages[plan->orders[i][k]].id);
+        for (size_t k = 0; k < r->n_skipped; k++)
+            fprintf(out, "%s%s", k ? ", " : "; not run (when: false): ", r->skipped[k].id);
+        fprintf(out, ")\n");
+    }
+}
+
 int run_main(fsdp_registry *reg, const char *const *paths, size_t n, const run_opts *o) {
     FILE *log = o->log ? o->log : stderr;
     FILE *out = o->out ? o->out : stdout;
@@ -370,13 +399,7 @@ int run_main(fsdp_registry *reg, const char *const *paths, size_t n, const run_o
         return fsdp_err_exit_code(err.code);
     }
     if (o->validate_only) {
-        for (size_t i = 0; i < plan.n; i++) {
-            const recipe *r = plan.recipes[i];
-            fprintf(out, "%s: valid (recipe %s, %zu stages:", r->path, r->name, r->n_stages);
-            for (size_t k = 0; k < r->n_stages; k++)
-                fprintf(out, "%s%s", k ? " -> " : " ", r->stages[plan.orders[i][k]].id);
-            fprintf(out, ")\n");
-        }
+        print_valid(&plan, out);
         run_plan_free(&plan);
         return 0;
     }

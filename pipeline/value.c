@@ -390,8 +390,9 @@ int fsdp_value_int(const fsdp_value *v, int64_t *out) {
     return 0;
 }
 
-int fsdp_value_float(const fsdp_value *v, double *out) {
-    const char *t = fsdp_value_text(v);
+int fsdp_value_float(const fsdp_value *v, double *out) { return val_text_float(fsdp_value_text(v), out); }
+
+int val_text_float(const char *t, double *out) {
     if (!t) return -1;
     while (*t == ' ') t++;
     if (!strcmp(t, ".inf") || !strcmp(t, ".Inf") || !strcmp(t, ".INF") || !strcmp(t, "+.inf")) {
@@ -420,8 +421,9 @@ int fsdp_value_float(const fsdp_value *v, double *out) {
     return 0;
 }
 
-int fsdp_value_bool(const fsdp_value *v, int *out) {
-    const char *t = fsdp_value_text(v);
+int fsdp_value_bool(const fsdp_value *v, int *out) { return val_text_bool(fsdp_value_text(v), out); }
+
+int val_text_bool(const char *t, int *out) {
     if (!t) return -1;
     static const char *yes[] = {"true", "True", "TRUE", "yes", "Yes", "YES", "on", "On", "ON"};
     static const char *no[] = {"false", "False", "FALSE", "no", "No", "NO", "off", "Off", "OFF"};

@@ -59,5 +59,8 @@ fsdp_value *val_get_mut(fsdp_value *map, const char *key);
 char *val_to_flow(const fsdp_value *v);
 /* YAML 1.2 core-schema null test for a plain scalar text. */
 int val_text_is_null(const char *text);
+/* fsdp_value_bool / fsdp_value_float of a text (NULL: -1). */
+int val_text_bool(const char *text, int *out);
+int val_text_float(const char *text, double *out);
 
 #endif
