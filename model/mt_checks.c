@@ -92,13 +92,30 @@ int mt_checks_syntax(const fsdp_value *checks, fsdp_err *err) {
 
 /* ---- sources ------------------------------------------------------------------------------------ */
 
+/* validate: a path that does not exist, in a directory that does not exist either (a source an earlier
+ * recipe writes; an existing directory is a source already, and lacks the file) */
+static int not_there_yet(const char *path) {
+    struct stat st;
+    if (stat(path, &st) == 0 || errno != ENOENT) return 0;
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    while (slash && slash > dir && slash[1] == '\0') { /* trailing slashes */
+        *slash = '\0';
+        slash = strrchr(dir, '/');
+    }
+    if (!slash) return 1;
+    *slash = '\0';
+    return !dir[0] || (stat(dir, &st) != 0 && errno == ENOENT);
+}
+
 static void path_check(const fsdp_value *c, int validate, fails *f) {
     const char *path = fsdp_value_text(fsdp_value_get(c, "path")), *is = fsdp_value_text(fsdp_value_get(c, "is"));
     const char *msg = fsdp_value_text(fsdp_value_get(c, "message"));
     struct stat st;
     char detail[4400];
+    if (validate && not_there_yet(path)) return;
     if (stat(path, &st) != 0) {
-        if (validate && errno == ENOENT) return;
         snprintf(detail, sizeof detail, "%s: %s", path, strerror(errno));
     } else if (!strcmp(is, "dir") != !!S_ISDIR(st.st_mode)) {
         snprintf(detail, sizeof detail, "%s is %s, expected a %s", path, S_ISDIR(st.st_mode) ? "a directory" : "a file",
@@ -141,11 +158,10 @@ static void config_check(const fsdp_value *c, int validate, fails *f) {
     const fsdp_value *in = fsdp_value_get(c, "in");
     char detail[4400];
     struct stat st;
+    if (validate && not_there_yet(file)) return;
     if (stat(file, &st) != 0) {
-        if (!(validate && errno == ENOENT)) {
-            snprintf(detail, sizeof detail, "%s: %s", file, strerror(errno));
-            fail(f, c, msg, detail);
-        }
+        snprintf(detail, sizeof detail, "%s: %s", file, strerror(errno));
+        fail(f, c, msg, detail);
         return;
     }
     json_error_t je;
@@ -164,19 +180,6 @@ static void config_check(const fsdp_value *c, int validate, fails *f) {
     json_decref(root);
 }
 
-int mt_checks_sources(const fsdp_value *checks, int validate, fsdp_err *err) {
-    fails f;
-    memset(&f, 0, sizeof f);
-    for (size_t i = 0; i < fsdp_value_size(checks); i++) {
-        const fsdp_value *c = fsdp_value_item(checks, i);
-        check_kind k;
-        if (kind_of(c, &k, err)) return err->code;
-        if (k == CHECK_PATH) path_check(c, validate, &f);
-        else if (k == CHECK_CONFIG) config_check(c, validate, &f);
-    }
-    return finish(&f, err);
-}
-
 /* ---- the model ---------------------------------------------------------------------------------- */
 
 static const char *const OPS[] = {">=", "<=", "==", "!=", ">", "<", NULL};
@@ -190,7 +193,8 @@ static int compare(int64_t a, const char *op, int64_t b) {
     return a < b;
 }
 
-static int that_check(const fsdp_value *c, mt_dims *d, fails *f, fsdp_err *err) {
+/* early: a dim it needs is not known yet (a parameter of a later part): *deferred set, nothing reported */
+static int that_check(const fsdp_value *c, mt_dims *d, int early, int *deferred, fails *f, fsdp_err *err) {
     const fsdp_value *tv = fsdp_value_get(c, "that");
     const char *text = fsdp_value_text(tv), *at = NULL, *op = NULL;
     for (int i = 0; OPS[i] && !at; i++)
@@ -203,6 +207,11 @@ static int that_check(const fsdp_value *c, mt_dims *d, fails *f, fsdp_err *err) 
     int64_t a, b;
     int rc = mt_dims_eval(d, lhs, tv, &a, err);
     if (!rc) rc = mt_dims_eval(d, at + strlen(op), tv, &b, err);
+    if (rc && early && rc != FSDP_E_NOMEM) {
+        *deferred = 1;
+        fsdp_err_clear(err);
+        return 0;
+    }
     if (rc) return rc;
     if (compare(a, op, b)) return 0;
     char detail[700];
@@ -211,15 +220,20 @@ static int that_check(const fsdp_value *c, mt_dims *d, fails *f, fsdp_err *err) 
     return 0;
 }
 
-int mt_checks_model(const fsdp_value *checks, const mt_table *t, mt_dims *d, fsdp_err *err) {
+int mt_checks_run(const fsdp_value *checks, const mt_table *t, mt_dims *d, int early, int validate,
+                  unsigned char *done, fsdp_err *err) {
     fails f;
     memset(&f, 0, sizeof f);
     for (size_t i = 0; i < fsdp_value_size(checks); i++) {
         const fsdp_value *c = fsdp_value_item(checks, i);
         check_kind k;
-        int rc = kind_of(c, &k, err);
-        if (!rc && k == CHECK_THAT) rc = that_check(c, d, &f, err);
+        int rc = kind_of(c, &k, err), deferred = 0;
         if (rc) return rc;
+        if (done[i] || (early && k == CHECK_HAS)) continue;
+        if (k == CHECK_PATH) path_check(c, validate, &f);
+        else if (k == CHECK_CONFIG) config_check(c, validate, &f);
+        else if (k == CHECK_THAT && (rc = that_check(c, d, early, &deferred, &f, err))) return rc;
+        done[i] = !deferred;
         const char *name = fsdp_value_text(fsdp_value_get(c, "has"));
         if (k == CHECK_HAS && mt_find(t, name) < 0) {
             char detail[600];

@@ -11,9 +11,11 @@
  * path    the path exists and is a directory (`is: dir`) or a file (`is: file`); before the parts
  * config  the JSON file's value at the dotted key is one of `in` (text, number or boolean, compared as
  *         such); a missing file or key fails; before the parts
- * that    two dims expressions (model/mt_dims.h) compared with == != < <= > >=; after the parts
+ * that    two dims expressions (model/mt_dims.h) compared with == != < <= > >=; before the parts when
+ *         its dims are known then (a config key, a count of a source's tensors), else after them
  * has     the model declares this parameter; after the parts
- * Under `validate` a path that does not exist yet (and whatever depends on it) is not checked. */
+ * Under `validate` a path that does not exist yet, in a directory that does not exist either (what an
+ * earlier recipe of a chain writes), and whatever depends on it, is not checked. */
 #ifndef FSDP_MODEL_MT_CHECKS_H
 #define FSDP_MODEL_MT_CHECKS_H
 
@@ -28,10 +30,12 @@ extern "C" {
 
 /* The syntax of every entry (keys, kinds, `message`), without evaluating anything. */
 int mt_checks_syntax(const fsdp_value *checks, fsdp_err *err);
-/* The path and config checks (validate: missing paths are skipped). */
-int mt_checks_sources(const fsdp_value *checks, int validate, fsdp_err *err);
-/* The that and has checks over the built table and the model's dims. */
-int mt_checks_model(const fsdp_value *checks, const mt_table *t, mt_dims *d, fsdp_err *err);
+/* Makes every check not made yet (done[i] set when check i is made; the caller zeroes done, one
+ * flag per check) and reports every failure. early (before the parts): the path and config checks and
+ * the that checks whose dims are known then (a config key, a count of a source's tensors, ...); the
+ * others wait for the parts. validate: a path that is not there yet is not checked. */
+int mt_checks_run(const fsdp_value *checks, const mt_table *t, mt_dims *d, int early, int validate,
+                  unsigned char *done, fsdp_err *err);
 
 #ifdef __cplusplus
 }

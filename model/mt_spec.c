@@ -39,6 +39,7 @@ typedef struct builder {
     mt_dims *model_dims;
     int missing; /* set by a dims scope when a config file does not exist (validate) */
     int stopped; /* validate: a source is missing; what follows is only checked */
+    unsigned char *checks_done; /* the model's checks already made (mt_checks_model) */
 } builder;
 
 static int in_list(const char *const *list, const char *k) {
@@ -127,16 +128,22 @@ static int settle(builder *b, int rc) {
     return rc;
 }
 
-/* The model's checks (model/mt_checks.h): their syntax and the sources' before the parts are built, */
-static int checks_before(builder *b, const fsdp_value *checks, fsdp_err *err) {
+/* The model's checks (model/mt_checks.h): their syntax, the sources' and the sizes already known before
+ * the parts are built, */
+static int checks_before(builder *b, const fsdp_value *checks, mt_dims *d, fsdp_err *err) {
     int rc = mt_checks_syntax(checks, err);
-    return rc ? rc : mt_checks_sources(checks, b->o->validate, err);
+    if (rc || !checks) return rc;
+    if (!(b->checks_done = calloc(fsdp_value_size(checks) + 1, 1))) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+    int missing = b->missing;
+    rc = mt_checks_run(checks, b->t, d, 1, b->o->validate, b->checks_done, err);
+    b->missing = missing; /* a source that is not there yet defers the check, it does not stop the table */
+    return rc;
 }
 
-/* the sizes' after (not when a source is missing under validate: the table is incomplete). */
+/* the others after (not when a source is missing under validate: the table is incomplete). */
 static int checks_after(builder *b, const fsdp_value *checks, mt_dims *d, fsdp_err *err) {
     if (!checks || b->stopped) return 0;
-    return settle(b, mt_checks_model(checks, b->t, d, err));
+    return settle(b, mt_checks_run(checks, b->t, d, 0, b->o->validate, b->checks_done, err));
 }
 
 /* ---- the parts --------------------------------------------------------------------------------- */
@@ -352,7 +359,7 @@ static int build_part(builder *b, const fsdp_value *m, int is_part, fsdp_err *er
     const fsdp_value *checks = fsdp_value_get(m, "checks");
     if (!rc && checks && is_part)
         rc = fsdp_err_at(err, FSDP_E_INVALID, checks, "model: checks belong to the model (beside parts), not to a part");
-    if (!rc) rc = checks_before(b, checks, err);
+    if (!rc) rc = checks_before(b, checks, pc.dims, err);
     if (!rc) rc = f == FORM_PARAMS ? params_part(&pc, err) : f == FORM_TABLE ? table_part(&pc, err) : from_part(&pc, err);
     if (!rc) rc = checks_after(b, checks, pc.dims, err);
     mt_dims_free(pc.dims);
@@ -412,7 +419,7 @@ static int table_section(const fsdp_value *model, builder *b, fsdp_err *err) {
     rc = mt_dims_new(fsdp_value_get(model, "dims"), b->t, b->o->validate ? &b->missing : NULL, &b->model_dims, err);
     if (!rc) rc = mt_dims_check_all(b->model_dims, err);
     const fsdp_value *checks = fsdp_value_get(model, "checks");
-    if (!rc) rc = checks_before(b, checks, err);
+    if (!rc) rc = checks_before(b, checks, b->model_dims, err);
     for (size_t i = 0; i < fsdp_value_size(parts) && !rc; i++) rc = build_part(b, fsdp_value_item(parts, i), 1, err);
     if (!rc) rc = checks_after(b, checks, b->model_dims, err);
     mt_dims_free(b->model_dims);
@@ -429,9 +436,10 @@ int mt_spec_build(const fsdp_value *model, const mt_spec_opts *o, mt_table *out,
     else if (!mt_spec_is_table(model))
         rc = arch_section(model, out, err);
     else {
-        builder b = {out, o ? o : &none, NULL, 0, 0};
+        builder b = {out, o ? o : &none, NULL, 0, 0, NULL};
         form f;
         rc = table_section(model, &b, err);
+        free(b.checks_done);
         if (!rc && !b.stopped) rc = mt_finalize(out, err);
         if (!rc && !form_of(model, &f, err)) describe_kind(model, f, out);
     }

@@ -45,15 +45,15 @@ TEST(E2EWorkflow, BagelBootstrapOnTwoRanksThenTrainOnThreeEqualsOneRank) {
     Dir t;
     int rc;
     std::string common = " --set vars.steps=4";
-    std::string o = run_np(2, "recipes/bagel_bootstrap.yaml --set vars.out=" + (t / "b2"), &rc);
+    std::string o = run_np(2, "recipes/llama_bootstrap.yaml --set vars.out=" + (t / "b2"), &rc);
     ASSERT_EQ(rc, 0) << o;
-    o = run_np(3, "recipes/bagel_train.yaml --set vars.ckpt=" + (t / "b2") + " --set vars.out=" + (t / "t3") +
+    o = run_np(3, "recipes/llama_train.yaml --set vars.ckpt=" + (t / "b2") + " --set vars.out=" + (t / "t3") +
                       " --set vars.metrics=" + (t / "m3.jsonl") + common,
                &rc);
     ASSERT_EQ(rc, 0) << o;
-    o = run_np(1, "recipes/bagel_bootstrap.yaml --set vars.out=" + (t / "b1"), &rc);
+    o = run_np(1, "recipes/llama_bootstrap.yaml --set vars.out=" + (t / "b1"), &rc);
     ASSERT_EQ(rc, 0) << o;
-    o = run_np(1, "recipes/bagel_train.yaml --set vars.ckpt=" + (t / "b1") + " --set vars.out=" + (t / "t1") +
+    o = run_np(1, "recipes/llama_train.yaml --set vars.ckpt=" + (t / "b1") + " --set vars.out=" + (t / "t1") +
                       " --set vars.metrics=" + (t / "m1.jsonl") + common,
                &rc);
     ASSERT_EQ(rc, 0) << o;
@@ -299,7 +299,7 @@ TEST(E2EWorkflow, AsyncSaveWritesTheSameCheckpoint) {
 TEST(E2EWorkflow, ExportReshardConvertRecipesAndVerify) {
     Dir t;
     int rc;
-    std::string o = run_np(2, "recipes/bagel_bootstrap.yaml --set vars.out=" + (t / "b"), &rc);
+    std::string o = run_np(2, "recipes/llama_bootstrap.yaml --set vars.out=" + (t / "b"), &rc);
     ASSERT_EQ(rc, 0) << o;
     o = run_np(3, "recipes/export_safetensors.yaml --set vars.ckpt=" + (t / "b") + " --set vars.out=" + (t / "hf") +
                       " --set vars.shard_mb=8",

@@ -415,7 +415,7 @@ TEST(HardenRecipeSizes, RecipesNearTheBoundsValidate) {
                                        "  - {id: t, uses: train-steps, with: {steps: 1}}\n");
     Result r = validate(p);
     EXPECT_EQ(r.rc, 0) << r.out;
-    for (const char *rec : {"recipes/quickstart.yaml", "recipes/bagel_bootstrap.yaml", "recipes/bagel_train.yaml"}) {
+    for (const char *rec : {"recipes/quickstart.yaml", "recipes/llama_bootstrap.yaml", "recipes/llama_train.yaml"}) {
         r = validate(rec);
         EXPECT_EQ(r.rc, 0) << rec << ": " << r.out;
     }

@@ -670,12 +670,12 @@ TEST(StageDevice, GpuLoadCkptThenSaveEqualsCpuByteForByte) {
 TEST(StageDevice, GpuBagelBootstrapEqualsCpu) {
     NEED_GPU();
     Dir t;
-    run_both("recipes/bagel_bootstrap.yaml", t / "b");
+    run_both("recipes/llama_bootstrap.yaml", t / "b");
     expect_same_dcp(t / "b-cpu", t / "b-cuda");
     // training from it (the state comes back to the host for the step) gives the same checkpoint
     for (const char *dev : {"cpu", "cuda"}) {
         int rc;
-        std::string o = run("recipes/bagel_train.yaml --set runtime.device=" + std::string(dev) + " --set vars.ckpt=" +
+        std::string o = run("recipes/llama_train.yaml --set runtime.device=" + std::string(dev) + " --set vars.ckpt=" +
                                 (t / (std::string("b-") + dev)) + " --set vars.out=" + (t / (std::string("t-") + dev)) +
                                 " --set vars.steps=2 --set vars.metrics=" + (t / (std::string("m-") + dev + ".jsonl")),
                             &rc);
