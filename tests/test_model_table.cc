@@ -772,3 +772,23 @@ TEST(ModelTableDevice, InitMetaOnTheGpuEqualsTheHostForAnyTable) {
     EXPECT_EQ(e->dtype, FSDP_DT_F16);
     rm_rf(dir);
 }
+
+// sincos_2d on the GPU: computed on the host and uploaded, so the device holds numpy's bits exactly
+// (not within an ulp), on one device and sharded over two.
+TEST(ModelTableDevice, Sincos2dOnTheGpuIsNumpysTableBitForBit) {
+    std::string why;
+    if (!gpu_present(&why)) GTEST_SKIP() << "no GPU: " << why;
+    std::string dir = make_tmpdir("fsdp-mt");
+    write_file(dir + "/r.yaml", std::string("runtime: {device: cuda, seed: 2}\n") + SINCOS_TABLE +
+               "stages:\n  - {id: i, uses: init-meta}\n  - {id: s, uses: save-dcp, with: {path: \"${out}\"}}\n");
+    std::string log;
+    ASSERT_EQ(run_cmd(fsdp_run_bin() + " " + dir + "/r.yaml --set vars.out=" + dir + "/g1", &log), 0) << log;
+    expect_numpy_tables(dir + "/g1");
+    if (gpu_count() >= 2) {
+        std::string x = getenv("FSDP_EMU_DEVICES") ? " -x FSDP_EMU_DEVICES" : "";
+        ASSERT_EQ(run_cmd("timeout 300 " + mpirun_prefix(2) + x + " " + fsdp_run_bin() + " " + dir +
+                              "/r.yaml --set vars.out=" + dir + "/g2", &log), 0) << log;
+        expect_numpy_tables(dir + "/g2");
+    }
+    rm_rf(dir);
+}
