@@ -14,8 +14,24 @@
  * bf16 / f16 while it is still in the L1 cache. */
 #define INIT_SUB ((int64_t)RNG_CHUNK * 8)
 
-/* Elements [a, b) of job j, on generator path `path`. */
-static void run_piece(const init_job *j, uint64_t seed, rng_path path, int64_t a, int64_t b) {
+int init_job_for_rule(init_job *j, const init_rule *r, int ndim, const int64_t *shape, const char *what,
+                      fsdp_err *err) {
+    memset(&j->dist, 0, sizeof j->dist);
+    memset(&j->sincos, 0, sizeof j->sincos);
+    if (r->kind == INIT_SINCOS_2D) return init_sincos_make(r->grid, r->base, ndim, shape, what, &j->sincos, err);
+    return init_rule_dist(r, ndim, shape, what, &j->dist, err);
+}
+
+/* Elements [e, e + m) of job j into dst: its table's (omega: the table's frequencies), else drawn on
+ * generator path `path`. */
+static void gen(const init_job *j, const double *omega, uint64_t seed, rng_path path, int64_t e, int64_t m,
+                float *dst) {
+    if (omega) init_sincos_fill_f32(&j->sincos, omega, e, m, dst);
+    else rng_fill_dist_path(path, &j->dist, dst, seed, j->stream, (uint64_t)e, (size_t)m);
+}
+
+/* Elements [a, b) of job j. */
+static void run_piece(const init_job *j, const double *omega, uint64_t seed, rng_path path, int64_t a, int64_t b) {
     const int half = j->dtype == FSDP_DT_BF16 || j->dtype == FSDP_DT_F16, bf16 = j->dtype == FSDP_DT_BF16;
     float buf[INIT_SUB];
     for (int64_t e = a; e < b;) {
@@ -23,14 +39,52 @@ static void run_piece(const init_job *j, uint64_t seed, rng_path path, int64_t a
         if (m > b - e) m = b - e;
         if (j->f32) {
             float *dst = j->f32 + (e - j->e0);
-            rng_fill_dist_path(path, &j->dist, dst, seed, j->stream, (uint64_t)e, (size_t)m);
+            gen(j, omega, seed, path, e, m, dst);
             if (half) rng_round_half_path(path, dst, (size_t)m, bf16);
         } else {
-            rng_fill_dist_path(path, &j->dist, buf, seed, j->stream, (uint64_t)e, (size_t)m);
+            gen(j, omega, seed, path, e, m, buf);
             rng_to_half_path(path, buf, j->half + (e - j->e0), (size_t)m, bf16);
         }
         e += m;
     }
+}
+
+/* A sincos_2d job: a table init_sincos_make accepts, and elements inside it. */
+static int check_table(const init_job *j, int i, const char *what, fsdp_err *err) {
+    const init_sincos *t = &j->sincos;
+    if (t->grid > 2147483647 || t->dim <= 0 || t->dim % 4 || !(t->base > 0) || t->grid * t->grid > INT64_MAX / t->dim)
+        return fsdp_err_set(err, FSDP_E_INVALID, "%s: job %d: not a sincos_2d table (grid %lld, D %lld, base %g)", what,
+                            i, (long long)t->grid, (long long)t->dim, t->base);
+    if (j->e0 + j->n > t->grid * t->grid * t->dim)
+        return fsdp_err_set(err, FSDP_E_INVALID, "%s: job %d: elements [%lld, +%lld) are outside the sincos_2d table "
+                            "[%lld, %lld]", what, i, (long long)j->e0, (long long)j->n, (long long)(t->grid * t->grid),
+                            (long long)t->dim);
+    return 0;
+}
+
+/* The frequencies of every table job with elements to fill (NULL for the others), in *out (NULL when
+ * there is none). */
+static int make_omegas(const init_job *jobs, int n, double ***out, const char *what, fsdp_err *err) {
+    *out = NULL;
+    int any = 0;
+    for (int i = 0; i < n; i++) any |= jobs[i].sincos.grid > 0 && jobs[i].n > 0;
+    if (!any) return 0;
+    double **om = calloc((size_t)n, sizeof *om);
+    if (!om) return fsdp_err_set(err, FSDP_E_NOMEM, "%s: out of memory for %d jobs", what, n);
+    *out = om;
+    for (int i = 0; i < n; i++) {
+        const init_job *j = &jobs[i];
+        if (j->sincos.grid <= 0 || j->n == 0) continue;
+        if (!(om[i] = malloc((size_t)(j->sincos.dim / 4) * sizeof **om)))
+            return fsdp_err_set(err, FSDP_E_NOMEM, "%s: out of memory for the sincos_2d frequencies of job %d", what, i);
+        init_sincos_omega(&j->sincos, om[i]);
+    }
+    return 0;
+}
+
+static void free_omegas(double **om, int n) {
+    for (int i = 0; om && i < n; i++) free(om[i]);
+    free(om);
 }
 
 static int check_job(const init_job *j, int i, const char *what, fsdp_err *err) {
@@ -43,6 +97,7 @@ static int check_job(const init_job *j, int i, const char *what, fsdp_err *err) 
     if (!(j->dtype == 0 || j->dtype == FSDP_DT_F32 || half_dt) || (!j->f32 && j->n > 0 && !half_dt))
         return fsdp_err_set(err, FSDP_E_INVALID, "%s: job %d: init writes f32, bf16 or f16, not %s", what, i,
                             fsdp_dtype_name(j->dtype));
+    if (j->sincos.grid > 0) return check_table(j, i, what, err);
     if (j->dist.kind < RNG_DIST_UNIFORM || j->dist.kind > RNG_DIST_UNIFORM_AB)
         return fsdp_err_set(err, FSDP_E_INVALID, "%s: job %d: unknown distribution kind %d", what, i, j->dist.kind);
     return 0;
@@ -67,6 +122,8 @@ int init_fill_jobs(const init_job *jobs, int n, uint64_t seed, const char *what,
         }
         first[i + 1] = first[i] + pieces;
     }
+    double **omegas = NULL;
+    if (!rc) rc = make_omegas(jobs, n, &omegas, what, err);
     if (!rc) {
         const int64_t total = first[n];
         const rng_path path = rng_path_default();
@@ -87,9 +144,10 @@ int init_fill_jobs(const init_job *jobs, int n, uint64_t seed, const char *what,
             int64_t a = (s / INIT_PIECE + (q - first[lo])) * INIT_PIECE, b = a + INIT_PIECE;
             if (a < s) a = s;
             if (b > e) b = e;
-            run_piece(j, seed, path, a, b);
+            run_piece(j, omegas ? omegas[lo] : NULL, seed, path, a, b);
         }
     }
+    free_omegas(omegas, n);
     free(first);
     return rc;
 }

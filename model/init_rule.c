@@ -11,7 +11,7 @@
 static const char *const KIND_NAMES[INIT_KIND_COUNT] = {
     "none",           "normal",         "trunc_normal",  "uniform",       "zeros",
     "ones",           "constant",       "kaiming_uniform", "kaiming_normal", "xavier_uniform",
-    "xavier_normal",  "default_linear", "default_embedding"};
+    "xavier_normal",  "default_linear", "default_embedding", "sincos_2d"};
 static const char *const NL_NAMES[INIT_NL_COUNT] = {"leaky_relu", "linear", "sigmoid", "tanh", "relu", "selu"};
 
 /* The arguments of each rule, in positional order (NULL-terminated). */
@@ -21,6 +21,7 @@ static const char *const ARGS_UNIFORM[] = {"a", "b", NULL};
 static const char *const ARGS_CONSTANT[] = {"value", NULL};
 static const char *const ARGS_KAIMING[] = {"a", "mode", "nonlinearity", NULL};
 static const char *const ARGS_XAVIER[] = {"gain", NULL};
+static const char *const ARGS_SINCOS[] = {"grid", "base", NULL};
 static const char *const ARGS_NONE[] = {NULL};
 
 static const char *const *args_of(init_kind k) {
@@ -33,6 +34,7 @@ static const char *const *args_of(init_kind k) {
     case INIT_KAIMING_NORMAL: return ARGS_KAIMING;
     case INIT_XAVIER_UNIFORM:
     case INIT_XAVIER_NORMAL: return ARGS_XAVIER;
+    case INIT_SINCOS_2D: return ARGS_SINCOS;
     default: return ARGS_NONE;
     }
 }
@@ -50,9 +52,12 @@ void init_rule_default(init_kind kind, init_rule *out) {
     switch (kind) {
     case INIT_TRUNC_NORMAL: out->a = -2.0, out->b = 2.0; break;
     case INIT_UNIFORM: out->a = 0.0, out->b = 1.0; break;
+    case INIT_SINCOS_2D: out->base = 10000.0; break;
     default: break;
     }
 }
+
+int init_rule_is_fixed(const init_rule *r) { return r->kind == INIT_SINCOS_2D; }
 
 int init_rule_needs_fans(const init_rule *r) {
     return r->kind == INIT_KAIMING_UNIFORM || r->kind == INIT_KAIMING_NORMAL || r->kind == INIT_XAVIER_UNIFORM ||
@@ -143,6 +148,13 @@ static int set_arg(parser *ps, init_rule *r, const char *name) {
     else if (!strcmp(name, "b")) r->b = v;
     else if (!strcmp(name, "value")) r->value = v;
     else if (!strcmp(name, "gain")) r->gain = v;
+    else if (!strcmp(name, "base")) r->base = v;
+    else if (!strcmp(name, "grid")) {
+        /* the side of the grid: a whole number (S*S rows must fit an int64 with room for D) */
+        if (!(v >= 1 && v <= 2147483647.0 && v == floor(v)))
+            return perr(ps, "grid must be a whole number >= 1 (the side S of the S x S grid)");
+        r->grid = (int64_t)v;
+    }
     return 0;
 }
 
@@ -209,6 +221,10 @@ static int check_values(parser *ps, const init_rule *r) {
     case INIT_XAVIER_NORMAL:
         if (!(r->gain >= 0)) return perr(ps, "gain must be >= 0");
         return 0;
+    case INIT_SINCOS_2D:
+        if (r->grid <= 0) return perr(ps, "sincos_2d needs its grid: sincos_2d(grid=S) for a [S*S, D] parameter");
+        if (!(r->base > 0)) return perr(ps, "base must be > 0");
+        return 0;
     default: return 0;
     }
 }
@@ -226,7 +242,7 @@ int init_rule_parse(const char *text, init_rule *out, fsdp_err *err) {
         char m[512];
         snprintf(m, sizeof m,
                  "unknown rule '%s' (one of: normal, trunc_normal, uniform, zeros, ones, constant, kaiming_uniform, "
-                 "kaiming_normal, xavier_uniform, xavier_normal, default_linear, default_embedding, none)",
+                 "kaiming_normal, xavier_uniform, xavier_normal, default_linear, default_embedding, sincos_2d, none)",
                  name);
         return perr(&ps, m);
     }
@@ -269,6 +285,7 @@ void init_rule_format(const init_rule *r, char *buf, size_t cap) {
         break;
     case INIT_XAVIER_UNIFORM:
     case INIT_XAVIER_NORMAL: snprintf(buf, cap, "%s(gain=%.17g)", n, r->gain); break;
+    case INIT_SINCOS_2D: snprintf(buf, cap, "%s(grid=%lld, base=%.17g)", n, (long long)r->grid, r->base); break;
     default: snprintf(buf, cap, "%s", n); break;
     }
 }
@@ -365,6 +382,9 @@ int init_rule_dist(const init_rule *r, int ndim, const int64_t *shape, const cha
     switch (r->kind) {
     case INIT_NONE:
         return fsdp_err_set(err, FSDP_E_INVALID, "%s has no init rule (it must be loaded or copied)", what);
+    case INIT_SINCOS_2D:
+        return fsdp_err_set(err, FSDP_E_INVALID,
+                            "%s: sincos_2d is a fixed table, not a distribution (init_job_for_rule fills it)", what);
     case INIT_NORMAL:
     case INIT_DEFAULT_EMBEDDING:
         rc = rng_dist_normal(d, r->kind == INIT_NORMAL ? r->mean : 0.0, r->kind == INIT_NORMAL ? r->std : 1.0, err);

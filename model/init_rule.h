@@ -19,6 +19,11 @@
  *                                            layer's weight (init_rule.fan_in, filled in by the table
  *                                            from the sibling `<module>.weight`)
  *   default_embedding                        what nn.Embedding does: N(0, 1)
+ *   sincos_2d(grid=S, base=10000)            no draw: the fixed 2-D sine-cosine position table of MAE / DiT,
+ *                                            numpy's get_2d_sincos_pos_embed(D, S) (MAE's util/pos_embed.py,
+ *                                            which Bagel's PositionEmbedding uses) cast to float32, for a
+ *                                            parameter of shape [S*S, D], D a positive multiple of 4 (see
+ *                                            model/init_sincos.h); the same on every seed
  *   none                                     no rule: the parameter must be loaded or copied
  * Fans are torch's (_calculate_fan_in_and_fan_out) of the FULL (unsharded) shape: fan_in =
  * shape[1] * receptive, fan_out = shape[0] * receptive, receptive = prod(shape[2:]); a rule that
@@ -57,6 +62,7 @@ typedef enum init_kind {
     INIT_XAVIER_NORMAL,
     INIT_DEFAULT_LINEAR,
     INIT_DEFAULT_EMBEDDING,
+    INIT_SINCOS_2D, /* a fixed table, not a distribution (init_rule_is_fixed) */
     INIT_KIND_COUNT
 } init_kind;
 
@@ -79,6 +85,8 @@ typedef struct init_rule {
     int fan_out_mode;           /* kaiming: 1 = mode fan_out */
     init_nonlinearity nonlin;   /* kaiming */
     int64_t fan_in;             /* default_linear on a 1-D bias: its weight's fan_in (0: not known) */
+    int64_t grid;               /* sincos_2d: the side S of the S x S grid (0: not given) */
+    double base;                /* sincos_2d: the base of the frequencies (10000) */
 } init_rule;
 
 /* A rule with torch's default arguments for kind. */
@@ -89,6 +97,10 @@ int init_rule_parse(const char *text, init_rule *out, fsdp_err *err);
 /* The rule as text in the recipe syntax with every argument (parses back to the same rule). */
 void init_rule_format(const init_rule *r, char *buf, size_t cap);
 const char *init_kind_name(init_kind kind);
+/* Whether the rule's values are a fixed table of the element index rather than a distribution
+ * (sincos_2d): it has no rng_dist (init_rule_dist refuses it); init_fill.h's init_job_for_rule fills
+ * both kinds. */
+int init_rule_is_fixed(const init_rule *r);
 /* Whether the rule needs the fans of the full shape (kaiming, xavier, default_linear). */
 int init_rule_needs_fans(const init_rule *r);
 
@@ -96,7 +108,7 @@ int init_rule_needs_fans(const init_rule *r);
 int init_fans(int ndim, const int64_t *shape, int64_t *fan_in, int64_t *fan_out, const char *what, fsdp_err *err);
 
 /* The distribution of rule r for a parameter of FULL shape (ndim, shape), `what` naming it in
- * errors. INIT_NONE is FSDP_E_INVALID ("has no init rule"). */
+ * errors. INIT_NONE is FSDP_E_INVALID ("has no init rule"), and so is a fixed table (sincos_2d). */
 int init_rule_dist(const init_rule *r, int ndim, const int64_t *shape, const char *what, rng_dist *d, fsdp_err *err);
 
 /* The RNG stream of a parameter: rng_fnv1a64(name) (the one Llama's init has always used). */

@@ -229,6 +229,13 @@ int mt_param_dist(const mt_param *p, rng_dist *d, fsdp_err *err) {
     return init_rule_dist(&p->init, p->ndim, p->shape, what, d, err);
 }
 
+int mt_param_init_job(const mt_param *p, init_job *j, fsdp_err *err) {
+    char what[MT_NAME_MAX + 32];
+    snprintf(what, sizeof what, "init of %s", p->name);
+    j->stream = init_stream(p->name);
+    return init_job_for_rule(j, &p->init, p->ndim, p->shape, what, err);
+}
+
 /* The fan_in of a default_linear bias: its sibling `<module>.weight`'s (a bias named `<module>.bias`,
  * or any 1-D tensor whose last component is replaced by `weight`). */
 static int bias_fan_in(const mt_table *t, const mt_param *p, fsdp_err *err, char *part_desc, size_t cap) {
@@ -261,8 +268,8 @@ int mt_finalize(mt_table *t, fsdp_err *err) {
             if (rc) return rc;
         }
         if (p->init.kind == INIT_NONE) continue;
-        rng_dist d;
-        if (mt_param_dist(p, &d, err)) {
+        init_job j;
+        if (mt_param_init_job(p, &j, err)) {
             mt_part_describe(t, p->part, desc, sizeof desc);
             return fsdp_err_prefix(err, "model (%s)", desc);
         }

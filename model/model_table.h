@@ -44,6 +44,7 @@
 
 #include "fsdp/error.h"
 #include "fsdp/tensor.h"
+#include "model/init_fill.h"
 #include "model/init_rule.h"
 #include "model/llama.h"
 #include "runtime/name_index.h"
@@ -156,8 +157,13 @@ int mt_can_train(const mt_table *t);
  * rule against its parameter's full shape (FSDP_E_INVALID naming the parameter and its part). */
 int mt_finalize(mt_table *t, fsdp_err *err);
 
-/* The rng distribution of p's init rule (FSDP_E_INVALID for INIT_NONE or a bad rule, naming p). */
+/* The rng distribution of p's init rule (FSDP_E_INVALID for INIT_NONE, a fixed table or a bad rule,
+ * naming p). */
 int mt_param_dist(const mt_param *p, rng_dist *d, fsdp_err *err);
+/* What fills p from its init rule: j's stream and its dist or fixed table (init_job_for_rule);
+ * the element range and output are left to the caller. FSDP_E_INVALID as mt_param_dist, for a fixed
+ * table when p's shape is not the one it needs. */
+int mt_param_init_job(const mt_param *p, init_job *j, fsdp_err *err);
 
 /* dtype names a table accepts: "f32" / "float32", "bf16" / "bfloat16", "f16" / "float16";
  * FSDP_DT_INVALID otherwise. */

@@ -115,8 +115,7 @@ int stage_init_values(fsdp_state *s, uint64_t seed, fsdp_dtype over, fsdp_err *e
         sp->no_value = p->init.kind == INIT_NONE;
         if (sp->no_value) memset(sp->data, 0xff, state_param_local_numel(sp) * sizeof(float)); /* NaN */
         if (sp->no_value || sp->rows == 0) continue;
-        if ((rc = mt_param_dist(p, &jobs[n].dist, err))) break;
-        jobs[n].stream = init_stream(p->name);
+        if ((rc = mt_param_init_job(p, &jobs[n], err))) break;
         jobs[n].e0 = sp->row0 * sp->row_numel;
         jobs[n].n = (int64_t)state_param_local_numel(sp);
         jobs[n].f32 = sp->data;

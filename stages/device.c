@@ -217,6 +217,25 @@ static int round_f16_host(fsdp_state *s, state_param *sp, fsdp_err *err) {
     return state_param_unmap(s, sp, STATE_DATA, h, 1, err);
 }
 
+/* A fixed-table rule (sincos_2d) on the GPU: its local rows computed on the host, the bits of the host
+ * path (the device's sin / cos could differ by an ulp), rounded to the dtype and uploaded. */
+static int fixed_table_dev(fsdp_state *s, state_param *sp, const mt_param *p, fsdp_err *err) {
+    size_t n = state_param_local_numel(sp);
+    float *h = malloc((n ? n : 1) * sizeof *h);
+    if (!h) return fsdp_err_set(err, FSDP_E_NOMEM, "init %s: out of memory for %zu values", sp->name, n);
+    init_job j;
+    memset(&j, 0, sizeof j);
+    int rc = mt_param_init_job(p, &j, err);
+    j.e0 = sp->row0 * sp->row_numel;
+    j.n = (int64_t)n;
+    j.f32 = h;
+    j.dtype = sp->dtype;
+    if (!rc) rc = init_fill_jobs(&j, 1, 0, "init", err);
+    if (!rc) rc = state_param_put(s, sp, STATE_DATA, h, err);
+    free(h);
+    return rc;
+}
+
 int stage_init_values_dev(fsdp_state *s, dev_ctx *d, uint64_t seed, fsdp_dtype over, fsdp_err *err) {
     const mt_table *t = s->model;
     if (!t || t->n != s->n) return fsdp_err_set(err, FSDP_E_INVALID, "init (cuda): the state has no model table");
@@ -229,7 +248,7 @@ int stage_init_values_dev(fsdp_state *s, dev_ctx *d, uint64_t seed, fsdp_dtype o
         sp->no_value = p->init.kind == INIT_NONE;
         /* the host rows were never touched: they are dropped, not copied */
         if ((rc = state_param_alloc(s, sp, STATE_DATA, STATE_DEVICE, 0, err))) break;
-        if (sp->rows == 0) continue;
+        if (sp->rows == 0 || (!sp->no_value && init_rule_is_fixed(&p->init))) continue; /* tables: below */
         rng_dist dist;
         if (sp->no_value) rng_dist_const(&dist, NAN);
         else if ((rc = mt_param_dist(p, &dist, err))) break;
@@ -239,6 +258,9 @@ int stage_init_values_dev(fsdp_state *s, dev_ctx *d, uint64_t seed, fsdp_dtype o
             fsdp_err_prefix(err, "init %s on the GPU", sp->name);
     }
     if (!rc) rc = dev_sync(d, err);
+    for (size_t i = 0; i < s->n && !rc; i++)
+        if (s->p[i].rows > 0 && !s->p[i].no_value && init_rule_is_fixed(&t->p[i].init))
+            rc = fixed_table_dev(s, &s->p[i], &t->p[i], err);
     for (size_t i = 0; i < s->n && !rc; i++) {
         state_param *sp = &s->p[i];
         if (sp->no_value) continue;

@@ -65,7 +65,9 @@ int stage_place_state(fsdp_ctx *ctx, fsdp_state *s, int *on_gpu, fsdp_err *err);
 /* stage_init_values on the GPU: every parameter's data becomes a device array holding its rows,
  * generated there by kcu_init_fill (the host's RNG code, compiled for the device; the same bits), then
  * rounded to bf16 on the device (f16: on the host, through a download and an upload); host rows are
- * dropped without being copied. Parameters without an init rule get NaN rows. */
+ * dropped without being copied. Parameters without an init rule get NaN rows. A fixed table
+ * (sincos_2d) is computed on the host, rounded to its dtype there and uploaded: the host's bits, not
+ * the device's sin / cos. */
 int stage_init_values_dev(fsdp_state *s, dev_ctx *d, uint64_t seed, fsdp_dtype over, fsdp_err *err);
 
 /* Pinned staging of checkpoint transfers on the GPU (stages/ckpt_sink.c): a ckpt_sink over

@@ -1,15 +1,22 @@
 // Init rules with torch.nn.init's definitions (model/init_rule.h) and the generic parallel fill
 // (model/init_fill.h): parsing and formatting, torch's fans and gains from the FULL shape, and the
-// distributions of large draws (mean, variance, bounds) against the formulas torch documents.
+// distributions of large draws (mean, variance, bounds) against the formulas torch documents; the
+// fixed sincos_2d table (model/init_sincos.h) against the numpy tables of the Bagel fixture.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <vector>
 
+#include "test_util.h"
+
 extern "C" {
+#include "ckpt/reader.h"
 #include "model/init_fill.h"
 #include "model/init_rule.h"
+#include "model/init_sincos.h"
+#include "runtime/shard.h"
 }
 
 namespace {
@@ -117,7 +124,8 @@ TEST(InitRule, ParsesTorchSignaturesPositionalAndKeyword) {
 TEST(InitRule, FormatParsesBackToTheSameRule) {
     for (const char *t : {"normal(0.5, 0.25)", "trunc_normal(0, 0.02, -0.04, 0.04)", "uniform(-3, 7)", "zeros",
                           "ones", "constant(-2.5)", "kaiming_uniform(0.1, fan_out, tanh)", "kaiming_normal",
-                          "xavier_uniform(1.5)", "xavier_normal", "default_linear", "default_embedding", "none"}) {
+                          "xavier_uniform(1.5)", "xavier_normal", "default_linear", "default_embedding", "none",
+                          "sincos_2d(grid=5)", "sincos_2d(7, base=100.5)"}) {
         init_rule a = parse_ok(t), b;
         char buf[256];
         init_rule_format(&a, buf, sizeof buf);
@@ -290,6 +298,219 @@ TEST(InitRule, UniformBoundsAreCheckedAndDegenerateRulesAreConstants) {
     std::vector<float> w(1000);
     rng_fill_dist(&d, w.data(), 9, 77, 3, w.size());
     for (size_t i = 0; i < w.size(); i++) ASSERT_EQ(w[i], rng_dist_at(&d, 9, 77, 3 + i)) << i;
+}
+
+// ---- sincos_2d: the fixed 2-D sine-cosine table ----------------------------------------------------
+
+TEST(InitSincos, ParsesPositionalAndKeywordAndFormatsBack) {
+    init_rule r = parse_ok("sincos_2d(grid=5)");
+    EXPECT_EQ(r.kind, INIT_SINCOS_2D);
+    EXPECT_EQ(r.grid, 5);
+    EXPECT_EQ(r.base, 10000.0);
+    EXPECT_TRUE(init_rule_is_fixed(&r));
+    init_rule z = parse_ok("zeros");
+    EXPECT_FALSE(init_rule_is_fixed(&z));
+    r = parse_ok(" sincos_2d( 4 , base = 100 ) ");
+    EXPECT_EQ(r.grid, 4);
+    EXPECT_EQ(r.base, 100.0);
+    EXPECT_STREQ(init_kind_name(INIT_SINCOS_2D), "sincos_2d");
+    char buf[128];
+    r = parse_ok("sincos_2d(5)");
+    init_rule_format(&r, buf, sizeof buf);
+    EXPECT_STREQ(buf, "sincos_2d(grid=5, base=10000)");
+    init_rule b = parse_ok(buf);
+    EXPECT_EQ(0, memcmp(&r, &b, sizeof r)) << buf;
+    EXPECT_NE(parse_err("sincos_2d").find("sincos_2d needs its grid: sincos_2d(grid=S)"), std::string::npos);
+    EXPECT_NE(parse_err("sincos_2d()").find("sincos_2d needs its grid"), std::string::npos);
+    for (const char *t : {"sincos_2d(0)", "sincos_2d(grid=-3)", "sincos_2d(2.5)", "sincos_2d(1e12)"})
+        EXPECT_NE(parse_err(t).find("grid must be a whole number >= 1"), std::string::npos) << t;
+    EXPECT_NE(parse_err("sincos_2d(5, base=0)").find("base must be > 0"), std::string::npos);
+    EXPECT_NE(parse_err("sincos_2d(5, std=1)").find("sincos_2d takes no argument 'std'"), std::string::npos);
+    EXPECT_NE(parse_err("sincos_2d(5, 10, 3)").find("too many arguments"), std::string::npos);
+    EXPECT_NE(parse_err("sincos").find("sincos_2d, none"), std::string::npos);  // listed among the rules
+}
+
+namespace {
+
+// The error of rule `text` on a parameter named pos_embed of FULL shape `shape` ("" if accepted).
+std::string sincos_err(const init_rule &r, std::vector<int64_t> shape) {
+    init_job j = {};
+    fsdp_err err;
+    fsdp_err_clear(&err);
+    if (init_job_for_rule(&j, &r, (int)shape.size(), shape.data(), "init of pos_embed", &err) == 0) return "";
+    EXPECT_EQ(err.code, FSDP_E_INVALID);
+    return err.msg;
+}
+
+}  // namespace
+
+TEST(InitSincos, ShapesThatAreNotSxSByAMultipleOf4AreErrorsNamingTheParameter) {
+    init_rule r = parse_ok("sincos_2d(grid=5)");
+    EXPECT_EQ(sincos_err(r, {25, 48}), "");
+    EXPECT_EQ(sincos_err(r, {25, 4}), "");
+    const std::string need = "init of pos_embed: sincos_2d(grid=5) needs a 2-D shape [grid*grid, D] = [25, D] with D a "
+                             "positive multiple of 4; the parameter is ";
+    EXPECT_EQ(sincos_err(r, {48}), need + "[48] (it has 1 dimension)");
+    EXPECT_EQ(sincos_err(r, {5, 5, 48}), need + "[5, 5, 48] (it has 3 dimensions)");
+    EXPECT_EQ(sincos_err(r, {25, 50}), need + "[25, 50] (D = 50 is not a positive multiple of 4)");
+    EXPECT_EQ(sincos_err(r, {25, 0}), need + "[25, 0] (D = 0 is not a positive multiple of 4)");
+    EXPECT_EQ(sincos_err(r, {24, 48}), need + "[24, 48] (it has 24 rows, not 25)");
+    EXPECT_EQ(sincos_err(r, {5, 48}), need + "[5, 48] (it has 5 rows, not 25)");
+    r.grid = 0;  // a rule built in code, not parsed
+    EXPECT_EQ(sincos_err(r, {0, 48}), "init of pos_embed: sincos_2d needs grid >= 1 (the side S of the S x S grid), not 0");
+    r.grid = -2;
+    EXPECT_NE(sincos_err(r, {4, 48}).find("init of pos_embed: sincos_2d needs grid >= 1"), std::string::npos);
+    // a fixed table has no distribution
+    r = parse_ok("sincos_2d(5)");
+    rng_dist d;
+    fsdp_err err;
+    int64_t shape[2] = {25, 48};
+    EXPECT_EQ(init_rule_dist(&r, 2, shape, "init of pos_embed", &d, &err), FSDP_E_INVALID);
+    EXPECT_NE(std::string(err.msg).find("init of pos_embed: sincos_2d is a fixed table"), std::string::npos) << err.msg;
+}
+
+namespace {
+
+struct Table {
+    std::vector<float> f32;
+    std::vector<double> f64;
+};
+
+// pos_embed (float32) and pos_embed_float64 of the fixture's sincos_<S>x48.safetensors, read with the
+// project's reader.
+Table fixture_table(int S) {
+    std::string path = fsdp_test::fixtures_dir() + "/bagel-056b5fd/expected/sincos_" + std::to_string(S) + "x48.safetensors";
+    Table t;
+    ckpt_reader *r = nullptr;
+    fsdp_err err;
+    EXPECT_EQ(ckpt_open(path.c_str(), CKPT_AUTO, &r, &err), 0) << path << ": " << err.msg;
+    if (!r) return t;
+    for (const char *name : {"pos_embed", "pos_embed_float64"}) {
+        long i = ckpt_find(r, name);
+        EXPECT_GE(i, 0) << name;
+        if (i < 0) continue;
+        const ckpt_entry *e = ckpt_entry_at(r, (size_t)i);
+        EXPECT_EQ(e->ndim, 2);
+        EXPECT_EQ(e->shape[0], S * S);
+        EXPECT_EQ(e->shape[1], 48);
+        bool f64 = !strcmp(name, "pos_embed_float64");
+        EXPECT_EQ(e->dtype, f64 ? FSDP_DT_F64 : FSDP_DT_F32) << name;
+        size_t n = (size_t)(S * S * 48);
+        if (f64) t.f64.resize(n);
+        else t.f32.resize(n);
+        EXPECT_EQ(ckpt_read_rows(r, (size_t)i, 0, S * S, f64 ? (void *)t.f64.data() : (void *)t.f32.data(),
+                                 f64 ? FSDP_DT_F64 : FSDP_DT_F32, &err), 0)
+            << err.msg;
+    }
+    ckpt_close(r);
+    return t;
+}
+
+// Elements [e0, e0 + n) of sincos_2d(grid=S) on a [S*S, D] parameter through init_fill_jobs.
+std::vector<float> sincos_fill(int S, int D, int64_t e0, int64_t n, uint64_t seed = 1,
+                               fsdp_dtype dt = FSDP_DT_F32) {
+    init_rule r = parse_ok(("sincos_2d(grid=" + std::to_string(S) + ")").c_str());
+    std::vector<int64_t> shape = {(int64_t)S * S, D};
+    init_job j = {};
+    fsdp_err err;
+    EXPECT_EQ(init_job_for_rule(&j, &r, 2, shape.data(), "p", &err), 0) << err.msg;
+    std::vector<float> v((size_t)n);
+    j.stream = init_stream("p");
+    j.e0 = e0;
+    j.n = n;
+    j.f32 = v.data();
+    j.dtype = dt;
+    EXPECT_EQ(init_fill_jobs(&j, 1, seed, "test", &err), 0) << err.msg;
+    return v;
+}
+
+}  // namespace
+
+TEST(InitSincos, EqualsNumpysTablesOfTheBagelFixtureBitForBit) {
+    for (int S : {4, 5}) {
+        Table want = fixture_table(S);
+        const size_t n = (size_t)S * S * 48;
+        ASSERT_EQ(want.f32.size(), n);
+        ASSERT_EQ(want.f64.size(), n);
+        std::vector<float> got = sincos_fill(S, 48, 0, (int64_t)n);
+        EXPECT_EQ(0, memcmp(got.data(), want.f32.data(), n * sizeof(float))) << S << "x48 float32";
+        for (size_t k = 0; k < n; k++) ASSERT_EQ(got[k], want.f32[k]) << S << "x48 element " << k;
+        // the float64 values before the cast: numpy's, exactly (glibc's pow, sin, cos)
+        init_sincos t;
+        fsdp_err err;
+        int64_t shape[2] = {(int64_t)S * S, 48};
+        ASSERT_EQ(init_sincos_make(S, 10000.0, 2, shape, "p", &t, &err), 0) << err.msg;
+        std::vector<double> omega(12), f64(n);
+        init_sincos_omega(&t, omega.data());
+        init_sincos_fill_f64(&t, omega.data(), 0, (int64_t)n, f64.data());
+        size_t ulp = 0;
+        for (size_t k = 0; k < n; k++) ulp += f64[k] != want.f64[k];
+        EXPECT_EQ(ulp, 0u) << S << "x48: float64 values that differ from numpy's";
+    }
+    // the layout: row h*S + w is [sin(w om) | cos(w om) | sin(h om) | cos(h om)], om_0 = 1
+    std::vector<float> v = sincos_fill(5, 48, 0, 25 * 48);
+    const int row = 2 * 5 + 3;  // h = 2, w = 3
+    EXPECT_EQ(v[row * 48 + 0], (float)std::sin(3.0));
+    EXPECT_EQ(v[row * 48 + 12], (float)std::cos(3.0));
+    EXPECT_EQ(v[row * 48 + 24], (float)std::sin(2.0));
+    EXPECT_EQ(v[row * 48 + 36], (float)std::cos(2.0));
+}
+
+TEST(InitSincos, ShardsAreRowsOfTheWholeTableOnAnySeedAndWorld) {
+    const int S = 7, D = 40, rows = S * S;
+    std::vector<float> whole = sincos_fill(S, D, 0, (int64_t)rows * D);
+    EXPECT_EQ(whole, sincos_fill(S, D, 0, (int64_t)rows * D, 987654321));  // no RNG: the seed changes nothing
+    for (int world : {2, 3, 4, 7, 64}) {
+        std::vector<float> cat;
+        for (int rank = 0; rank < world; rank++) {
+            int64_t row0, n;
+            shard_rows(rows, world, rank, &row0, &n);  // torch.chunk's rows
+            std::vector<float> part = sincos_fill(S, D, row0 * D, n * D, 1 + rank);
+            cat.insert(cat.end(), part.begin(), part.end());
+        }
+        ASSERT_EQ(cat.size(), whole.size()) << world;
+        EXPECT_EQ(0, memcmp(cat.data(), whole.data(), whole.size() * sizeof(float))) << "world " << world;
+    }
+    // any element range, e.g. one starting and ending inside rows
+    std::vector<float> mid = sincos_fill(S, D, 333, 1001);
+    EXPECT_EQ(0, memcmp(mid.data(), whole.data() + 333, mid.size() * sizeof(float)));
+    // a range past the table is refused before anything runs
+    init_rule r = parse_ok("sincos_2d(7)");
+    int64_t shape[2] = {rows, D};
+    init_job j = {};
+    fsdp_err err;
+    ASSERT_EQ(init_job_for_rule(&j, &r, 2, shape, "p", &err), 0);
+    j.e0 = 10, j.n = (int64_t)rows * D;
+    j.f32 = whole.data();
+    EXPECT_EQ(init_fill_jobs(&j, 1, 1, "t", &err), FSDP_E_INVALID);
+    EXPECT_NE(std::string(err.msg).find("outside the sincos_2d table [49, 40]"), std::string::npos) << err.msg;
+}
+
+TEST(InitSincos, Bf16AndF16GetTheFloatValueRoundedToTheirDtype) {
+    Table want = fixture_table(4);
+    const size_t n = 16 * 48;
+    ASSERT_EQ(want.f32.size(), n);
+    std::vector<float> bf = sincos_fill(4, 48, 0, (int64_t)n, 1, FSDP_DT_BF16);
+    std::vector<float> h = sincos_fill(4, 48, 0, (int64_t)n, 1, FSDP_DT_F16);
+    size_t changed = 0;
+    for (size_t k = 0; k < n; k++) {
+        ASSERT_EQ(bf[k], fsdp_bf16_to_f32(fsdp_f32_to_bf16(want.f32[k]))) << k;
+        ASSERT_EQ(h[k], fsdp_f16_to_f32(fsdp_f32_to_f16(want.f32[k]))) << k;
+        changed += bf[k] != want.f32[k];
+    }
+    EXPECT_GT(changed, n / 2);  // the rounding did happen
+    // half output: the bf16 bits
+    init_rule r = parse_ok("sincos_2d(4)");
+    int64_t shape[2] = {16, 48};
+    init_job j = {};
+    fsdp_err err;
+    ASSERT_EQ(init_job_for_rule(&j, &r, 2, shape, "p", &err), 0);
+    std::vector<uint16_t> bits(n);
+    j.n = (int64_t)n;
+    j.half = bits.data();
+    j.dtype = FSDP_DT_BF16;
+    ASSERT_EQ(init_fill_jobs(&j, 1, 1, "t", &err), 0) << err.msg;
+    for (size_t k = 0; k < n; k++) ASSERT_EQ(bits[k], fsdp_f32_to_bf16(want.f32[k])) << k;
 }
 
 }  // namespace

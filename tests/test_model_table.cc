@@ -608,6 +608,96 @@ TEST(ModelTableStages, SavesAndCheckpointToolsWorkOnATable) {
     rm_rf(dir);
 }
 
+// ---- sincos_2d: the fixed position table, against the Bagel fixture's numpy tables -----------------------
+
+namespace {
+
+// The float32 pos_embed of ../shared/fixtures/bagel-056b5fd/expected/sincos_<S>x48.safetensors.
+std::vector<float> numpy_sincos(int S) {
+    Reader r(fixtures_dir() + "/bagel-056b5fd/expected/sincos_" + std::to_string(S) + "x48.safetensors");
+    return r.r ? read_tensor(r.r, "pos_embed") : std::vector<float>{};
+}
+
+// A table declaring the two Bagel tables (f32), a bf16 one and a random neighbour.
+const char *const SINCOS_TABLE =
+    "model:\n"
+    "  params:\n"
+    "    - {name: vit_pos_embed.pos_embed, shape: [25, 48], init: \"sincos_2d(grid=5)\"}\n"
+    "    - {name: latent_pos_embed.pos_embed, shape: [16, 48], init: \"sincos_2d(4)\"}\n"
+    "    - {name: half.pos_embed, shape: [16, 48], init: \"sincos_2d(grid=4, base=10000)\", dtype: bf16}\n"
+    "    - {name: w, shape: [9, 5], init: \"normal(0, 1)\"}\n";
+
+// The checkpoint at path holds the fixture's tables bit for bit (the bf16 one rounded to bf16).
+void expect_numpy_tables(const std::string &path) {
+    std::vector<float> t5 = numpy_sincos(5), t4 = numpy_sincos(4);
+    ASSERT_EQ(t5.size(), 25u * 48);
+    ASSERT_EQ(t4.size(), 16u * 48);
+    Reader r(path);
+    ASSERT_TRUE(r.r) << path;
+    const ckpt_entry *e = nullptr;
+    std::vector<float> v = read_tensor(r.r, "vit_pos_embed.pos_embed", &e);
+    ASSERT_EQ(v.size(), t5.size()) << path;
+    EXPECT_EQ(e->dtype, FSDP_DT_F32);
+    EXPECT_EQ(0, memcmp(v.data(), t5.data(), v.size() * sizeof(float))) << path << ": vit_pos_embed";
+    v = read_tensor(r.r, "latent_pos_embed.pos_embed");
+    ASSERT_EQ(v.size(), t4.size()) << path;
+    EXPECT_EQ(0, memcmp(v.data(), t4.data(), v.size() * sizeof(float))) << path << ": latent_pos_embed";
+    v = read_tensor(r.r, "half.pos_embed", &e);
+    ASSERT_EQ(v.size(), t4.size()) << path;
+    EXPECT_EQ(e->dtype, FSDP_DT_BF16);
+    for (size_t k = 0; k < v.size(); k++)
+        ASSERT_EQ(fsdp_f32_to_bf16(v[k]), fsdp_f32_to_bf16(t4[k])) << path << ": half.pos_embed element " << k;
+}
+
+}  // namespace
+
+TEST(ModelTableSpec, Sincos2dOnAShapeItCannotFillIsAnErrorNamingTheParameter) {
+    Spec flat("model:\n  params:\n    - {name: pe, shape: [48], init: \"sincos_2d(grid=5)\"}\n");
+    EXPECT_EQ(flat.rc, FSDP_E_INVALID);
+    EXPECT_NE(flat.msg.find("init of pe: sincos_2d(grid=5) needs a 2-D shape [grid*grid, D] = [25, D] with D a positive "
+                            "multiple of 4; the parameter is [48] (it has 1 dimension)"),
+              std::string::npos) << flat.msg;
+    Spec odd("model:\n  params:\n    - {name: pe, shape: [25, 50], init: \"sincos_2d(grid=5)\"}\n");
+    EXPECT_NE(odd.msg.find("init of pe: sincos_2d(grid=5) needs"), std::string::npos) << odd.msg;
+    EXPECT_NE(odd.msg.find("[25, 50] (D = 50 is not a positive multiple of 4)"), std::string::npos) << odd.msg;
+    Spec rows("model:\n  params:\n    - {name: pe, shape: [24, 48], init: \"sincos_2d(grid=5)\"}\n");
+    EXPECT_NE(rows.msg.find("init of pe: sincos_2d(grid=5) needs"), std::string::npos) << rows.msg;
+    EXPECT_NE(rows.msg.find("(it has 24 rows, not 25)"), std::string::npos) << rows.msg;
+    // a grid that is not a side is refused where the rule is written
+    Spec zero("model:\n  params:\n    - {name: pe, shape: [25, 48], init: \"sincos_2d(grid=0)\"}\n");
+    EXPECT_EQ(zero.msg.find("m.yaml:3:41: init rule 'sincos_2d(grid=0)': grid must be a whole number >= 1"), 0u)
+        << zero.msg;
+    Spec ok{std::string(SINCOS_TABLE)};
+    ASSERT_EQ(ok.rc, 0) << ok.msg;
+    EXPECT_EQ(ok.p("half.pos_embed")->init.kind, INIT_SINCOS_2D);
+    EXPECT_EQ(ok.p("half.pos_embed")->init.grid, 4);
+}
+
+TEST(ModelTableStages, Sincos2dIsNumpysTableOnOneAndThreeRanksThroughEveryInitPath) {
+    std::string dir = make_tmpdir("fsdp-mt");
+    write_file(dir + "/meta.yaml", std::string("runtime: {device: cpu, seed: 3}\n") + SINCOS_TABLE +
+                                       "stages:\n  - {id: i, uses: init-meta}\n"
+                                       "  - {id: s, uses: save-dcp, with: {path: \"${out}\"}}\n");
+    write_file(dir + "/cpu.yaml", std::string("runtime: {device: cpu, seed: 4}\n") + SINCOS_TABLE +
+                                      "stages:\n  - {id: i, uses: init-cpu}\n  - {id: sh, uses: shard}\n"
+                                      "  - {id: s, uses: save-dcp, with: {path: \"${out}\"}}\n");
+    write_file(dir + "/load.yaml", std::string("runtime: {device: cpu}\n") + SINCOS_TABLE +
+                                       "stages:\n  - {id: l, uses: load-ckpt, with: {path: " + dir +
+                                       "/none, if_missing: init, seed: 5}}\n"
+                                       "  - {id: s, uses: save-dcp, with: {path: \"${out}\"}}\n");
+    int rc;
+    std::string out = run_np(1, dir + "/meta.yaml --set vars.out=" + dir + "/m1", &rc);
+    ASSERT_EQ(rc, 0) << out;
+    out = run_np(3, dir + "/meta.yaml --set vars.out=" + dir + "/m3", &rc);  // rows 9 + 9 + 7, 6 + 6 + 4
+    ASSERT_EQ(rc, 0) << out;
+    out = run_np(2, dir + "/cpu.yaml --set vars.out=" + dir + "/c2", &rc);
+    ASSERT_EQ(rc, 0) << out;
+    out = run_np(1, dir + "/load.yaml --set vars.out=" + dir + "/l1", &rc);
+    ASSERT_EQ(rc, 0) << out;
+    for (const char *o : {"/m1", "/m3", "/c2", "/l1"}) expect_numpy_tables(dir + o);
+    rm_rf(dir);
+}
+
 // ---- on the GPU (the emulated device in `make test`; skipped without one) -----------------------------
 
 namespace {
@@ -680,5 +770,25 @@ TEST(ModelTableDevice, InitMetaOnTheGpuEqualsTheHostForAnyTable) {
     const ckpt_entry *e = nullptr;
     read_tensor(r.r, "lin.weight", &e);
     EXPECT_EQ(e->dtype, FSDP_DT_F16);
+    rm_rf(dir);
+}
+
+// sincos_2d on the GPU: computed on the host and uploaded, so the device holds numpy's bits exactly
+// (not within an ulp), on one device and sharded over two.
+TEST(ModelTableDevice, Sincos2dOnTheGpuIsNumpysTableBitForBit) {
+    std::string why;
+    if (!gpu_present(&why)) GTEST_SKIP() << "no GPU: " << why;
+    std::string dir = make_tmpdir("fsdp-mt");
+    write_file(dir + "/r.yaml", std::string("runtime: {device: cuda, seed: 2}\n") + SINCOS_TABLE +
+               "stages:\n  - {id: i, uses: init-meta}\n  - {id: s, uses: save-dcp, with: {path: \"${out}\"}}\n");
+    std::string log;
+    ASSERT_EQ(run_cmd(fsdp_run_bin() + " " + dir + "/r.yaml --set vars.out=" + dir + "/g1", &log), 0) << log;
+    expect_numpy_tables(dir + "/g1");
+    if (gpu_count() >= 2) {
+        std::string x = getenv("FSDP_EMU_DEVICES") ? " -x FSDP_EMU_DEVICES" : "";
+        ASSERT_EQ(run_cmd("timeout 300 " + mpirun_prefix(2) + x + " " + fsdp_run_bin() + " " + dir +
+                              "/r.yaml --set vars.out=" + dir + "/g2", &log), 0) << log;
+        expect_numpy_tables(dir + "/g2");
+    }
     rm_rf(dir);
 }
