@@ -17,6 +17,7 @@
 #include "runtime/device.h"
 #include "pipeline/registry.h"
 #include "pipeline/report.h"
+#include "runtime/memstat.h"
 #include "pipeline/report_ranks.h"
 #include "pipeline/schema.h"
 #include "pipeline/sizes.h"
@@ -290,6 +291,8 @@ static int execute(fsdp_ctx *ctx, const run_plan *plan, run_result *res, const r
             int rc = s->desc->run(ctx, s->with, &err);
             if (!rc && err.code) rc = err.code;
             rr->seconds = ctx_now() - t0;
+            double rss = memstat_peak_rss();
+            if (rss >= 0) fsdp_ctx_metric(ctx, "peak_rss_bytes", rss);
             ctx_progress_close(ctx);
             ctx->metrics = NULL;
             if (rc) {
