@@ -98,6 +98,14 @@ typedef struct dcp_record {
     int64_t offsets[FSDP_MAX_DIMS]; /* of this chunk */
     int64_t sizes[FSDP_MAX_DIMS];
     dcp_storage where;
+    /* Its planner_data path (how dcp.save's flattening nested the key; dcp_to_torch_save rebuilds
+     * the state dict from it). nest 0: by torchtitan's sections (a top-level parameter, or
+     * ("optimizer", rest) ...). nest k > 0: the first k dotted components of fqn are elements of their
+     * own, as ints where bit j of int_mask is set (a list index), and the rest of fqn one more
+     * element: "model.a.b" with nest 1 is ("model", "a.b"); "optimizer.param_groups.0.lr" with nest
+     * 3 and int_mask 4 is ("optimizer", "param_groups", 0, "lr"). */
+    int16_t nest;
+    uint16_t int_mask;
 } dcp_record;
 
 /* One rank's data file (dcp_data_file_name), written into dir as `<name>.tmp` (created by

@@ -126,7 +126,7 @@ static int write_files(ckpt_reader *r, const char *dst, unsigned gen, int world,
  * files; on any rank's failure no .metadata is written and every rank removes the files it wrote. */
 static int commit(comm *c, const char *dst, unsigned gen, int world, int lo, int hi, int local_rc, fsdp_err *local_err,
                   const dcp_record *recs, size_t n, fsdp_err *err) {
-    dcp_rank_commit k = {dst, gen, world, lo, hi, "reshard-dcp", "reshard"};
+    dcp_rank_commit k = {dst, gen, world, lo, hi, "reshard-dcp", "reshard", NULL, NULL};
     return dcp_rank_commit_run(c, &k, local_rc, local_err, recs, n, err);
 }
 
