@@ -23,6 +23,7 @@ int dcp_side_name_ok(const char *name, const char **why) {
     else if (strchr(name, '/')) w = "is not a plain file name (it holds '/'; the files go beside .metadata)";
     else if (name[0] == '.') w = "starts with '.' (.metadata and the writers' temporaries are the checkpoint's own)";
     else if (has_suffix(name, ".distcp")) w = "is a DCP data file name (*.distcp)";
+    else if (has_suffix(name, ".metadata")) w = "is a DCP metadata file name (*.metadata, e.g. rank-local __0.metadata)";
     else if (has_suffix(name, ".tmp")) w = "ends in .tmp (the writers' temporaries)";
     else if (strlen(name) > 255) w = "is longer than 255 bytes";
     if (why) *why = w;

@@ -12,8 +12,8 @@
 #include "fsdp/error.h"
 
 /* 1 when name may be such a file: a plain file name (no '/', not "." or ".."), not starting with '.'
- * (`.metadata` and its temporaries), not a data file (`*.distcp`) nor a writer's temporary
- * (`*.tmp`); else 0 with *why saying what it is ("is not a plain file name (it holds '/')"). */
+ * (`.metadata` and its temporaries), not a data file (`*.distcp`), a metadata file (`*.metadata`: a
+ * rank-local `__<r>.metadata` makes a directory a checkpoint) nor a writer's temporary (`*.tmp`); else 0 with *why saying what it is ("is not a plain file name (it holds '/')"). */
 int dcp_side_name_ok(const char *name, const char **why);
 
 /* torch.save(VALUE) as dir/name, where pickle (PROTO ... STOP) pickles VALUE: an archive whose

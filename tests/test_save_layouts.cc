@@ -341,6 +341,7 @@ TEST(SaveLayouts, KeyCollisionsAndBadAliasesAreRefusedBeforeAnythingIsWritten) {
         {"files: {a/b.pt: 1}", "1}", "save-dcp: files: 'a/b.pt' is not a plain file name"},
         {"files: {.metadata: 1}", "1}", "save-dcp: files: '.metadata' starts with '.'"},
         {"files: {__0_0.distcp: 1}", "1}", "save-dcp: files: '__0_0.distcp' is a DCP data file name"},
+        {"files: {__1.metadata: 1}", "1}", "save-dcp: files: '__1.metadata' is a DCP metadata file name"},
     };
     const std::string v = t + "/v", line = "  - {id: s, uses: save-dcp, with: {path: " + v + ", ";
     for (auto &c : cases) {
