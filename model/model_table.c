@@ -212,7 +212,7 @@ int64_t mt_shard_numel(const mt_table *t, int world) {
     for (size_t i = 0; i < t->n; i++) {
         const mt_param *p = &t->p[i];
         if (p->ndim == 0) x = 1;
-        else if (__builtin_mul_overflow((p->shape[0] + world - 1) / world, mt_param_row_numel(p), &x))
+        else if (__builtin_mul_overflow(p->shape[0] / world + (p->shape[0] % world != 0), mt_param_row_numel(p), &x))
             return -1;
         if (__builtin_add_overflow(total, x, &total)) return -1;
     }
