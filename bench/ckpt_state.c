@@ -158,7 +158,7 @@ static int run_pipeline(fsdp_state *s, fsdp_state *s2, comm *c, const char *ck, 
         ckpt_host_sink_free(&hs);
         return 1;
     }
-    sio_save_opts so = {opt, 1, NULL};
+    sio_save_opts so = {.optimizer = opt, .overwrite = 1};
     swap_slots(s, 1);
     t0 = now();
     rc = sio_save_staged(s, c, ck2, &so, &hs.sink, &err);
@@ -245,7 +245,7 @@ int main(int argc, char **argv) {
     for (int r = 0; r < reps; r++) {
         snprintf(cmd, sizeof cmd, "rm -rf '%s' '%s.copy' && sync", ck, ck);
         sh_timed(cmd);
-        sio_save_opts so = {opt, 1, NULL};
+        sio_save_opts so = {.optimizer = opt, .overwrite = 1};
         long rss0 = proc_kb("VmRSS");
         reset_peak();
         double t0 = now();

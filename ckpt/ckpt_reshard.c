@@ -1,6 +1,8 @@
 /* ckrs_write_rank (ckpt_reshard.h). */
 #include "ckpt/ckpt_reshard.h"
 
+#include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -98,9 +100,62 @@ static int write_chunk(const ckrs_src *s, size_t k, const ckpt_entry *e, int r, 
     return cks_to_dcp(src, a, b, s->e[k].name, s->e[k].dt, e->ndim, e->shape, fw, &s->o, rec, err);
 }
 
+/* Aliases kept (ckrs_src.same_bytes): for each written entry, its source index's position in s->e,
+ * and the record of each entry on each rank. Empty (pos NULL) when the source has no alias. */
+typedef struct alias_map {
+    long *pos;   /* source index -> position in s->e (-1: not written) */
+    size_t *rec; /* [k * ranks + (r - lo)]: entry k's record on rank r (SIZE_MAX: none) */
+    int ranks;
+} alias_map;
+
+static int alias_map_init(const ckrs_src *s, int lo, int hi, alias_map *m, fsdp_err *err) {
+    memset(m, 0, sizeof *m);
+    size_t n = ckpt_count(s->r);
+    int any = 0;
+    for (size_t k = 0; k < s->n && !any; k++) any = ckpt_entry_at(s->r, s->e[k].i)->is_alias;
+    if (!any) return 0;
+    m->ranks = hi - lo;
+    m->pos = malloc((n ? n : 1) * sizeof *m->pos);
+    m->rec = malloc((s->n ? s->n : 1) * (size_t)m->ranks * sizeof *m->rec);
+    if (!m->pos || !m->rec) {
+        free(m->pos);
+        free(m->rec);
+        memset(m, 0, sizeof *m);
+        return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+    }
+    for (size_t i = 0; i < n; i++) m->pos[i] = -1;
+    for (size_t k = 0; k < s->n; k++) m->pos[s->e[k].i] = (long)k;
+    for (size_t q = 0; q < s->n * (size_t)m->ranks; q++) m->rec[q] = SIZE_MAX;
+    return 0;
+}
+
+/* The entry k is written as an alias of (the position of) an earlier one: its index, else -1. */
+static long alias_source(const ckrs_src *s, const alias_map *m, size_t k) {
+    const ckpt_entry *e = ckpt_entry_at(s->r, s->e[k].i);
+    if (!m->pos || !e->is_alias) return -1;
+    long j = m->pos[e->alias_of];
+    if (j < 0 || (size_t)j >= k || s->e[j].dt != s->e[k].dt) return -1;
+    if (s->same_bytes && !s->same_bytes(s->user, s->e[k].i, s->e[j].i)) return -1;
+    return j;
+}
+
+/* entry k's records on ranks [lo, hi): entry j's under k's name */
+static void alias_records(const ckrs_src *s, const alias_map *m, size_t k, size_t j, int lo, int hi,
+                          dcp_record **recs, size_t *nrec) {
+    for (int r = lo; r < hi; r++) {
+        size_t at = m->rec[j * (size_t)m->ranks + (size_t)(r - lo)];
+        if (at == SIZE_MAX) continue; /* a 0-d tensor off rank 0 */
+        dcp_record *x = &recs[r - lo][nrec[r - lo]];
+        *x = recs[r - lo][at];
+        snprintf(x->fqn, sizeof x->fqn, "%s", s->e[k].name);
+        m->rec[k * (size_t)m->ranks + (size_t)(r - lo)] = nrec[r - lo]++;
+    }
+}
+
 int ckrs_write_ranks(const ckrs_src *s, int lo, int hi, dcp_file_writer *fw, cks_files *fc, dcp_record **recs,
                      size_t *nrec, fsdp_err *err) {
-    int rc = 0;
+    alias_map m;
+    int rc = alias_map_init(s, lo, hi, &m, err);
     for (int r = lo; r < hi; r++) nrec[r - lo] = 0;
     for (int r = lo; r < hi && !rc && s->values_first; r++)
         rc = write_values(s, r, &fw[r - lo], recs[r - lo], &nrec[r - lo], err);
@@ -111,6 +166,11 @@ int ckrs_write_ranks(const ckrs_src *s, int lo, int hi, dcp_file_writer *fw, cks
             continue;
         }
         if (!e->is_tensor) continue;
+        long j = alias_source(s, &m, k);
+        if (j >= 0) {
+            alias_records(s, &m, k, (size_t)j, lo, hi, recs, nrec);
+            continue;
+        }
         cks_src src;
         int ok = 0;
         if ((!s->can_stream || s->can_stream(s->user, s->e[k].i)) &&
@@ -120,9 +180,12 @@ int ckrs_write_ranks(const ckrs_src *s, int lo, int hi, dcp_file_writer *fw, cks
          * CRCs checked (a rank alone reads part of a record, which its CRC cannot check) */
         for (int r = lo; r < hi && !rc; r++) {
             if (e->ndim == 0 && r != 0) continue; /* a 0-d value: rank 0's */
+            if (m.rec) m.rec[k * (size_t)m.ranks + (size_t)(r - lo)] = nrec[r - lo];
             rc = write_chunk(s, k, e, r, &src, ok, &fw[r - lo], &recs[r - lo][nrec[r - lo]++], err);
         }
         if (ok) cks_src_free(&src);
     }
+    free(m.pos);
+    free(m.rec);
     return rc;
 }

@@ -26,6 +26,7 @@ typedef struct ckrs_entry {
  * permuted by a name mapping); *stream = 0 there. */
 typedef int (*ckrs_read_fn)(void *user, size_t i, fsdp_dtype dt, void **buf, fsdp_err *err);
 typedef int (*ckrs_stream_fn)(void *user, size_t i);
+typedef int (*ckrs_alias_fn)(void *user, size_t i, size_t j);
 
 typedef struct ckrs_src {
     ckpt_reader *r;
@@ -39,6 +40,11 @@ typedef struct ckrs_src {
     ckrs_read_fn read_whole;
     void *user;
     cks_opts o;
+    /* Entries i and j of the reader whose stored pieces are the same (i an alias of j,
+     * ckpt_entry.is_alias) give the same bytes: 1 (NULL: always). Then, when j is written before i
+     * as the same dtype, i is written as an alias: records of its own under its name that point at
+     * j's bytes, none written twice (as save-dcp writes its aliases). */
+    ckrs_alias_fn same_bytes;
 } ckrs_src;
 
 /* Appends the parts of ranks [lo, hi) to fw[0 .. hi-lo) (opened by the caller: dcp_file_open_gen):

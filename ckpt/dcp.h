@@ -78,9 +78,16 @@ int dcp_value(dcp_ckpt *c, size_t i, const char **text, fsdp_err *err);
 const char *dcp_value_text(dcp_ckpt *c, size_t i);
 /* The byte item's pickle (its data.pkl record, byte for byte, after it decoded); *buf malloc'd. */
 int dcp_value_pickle(dcp_ckpt *c, size_t i, void **buf, size_t *len, fsdp_err *err);
-/* Checks the CRC-32 of every record of every torch.save piece the items point at (each read
- * once, nothing kept); *records counts them. An error names the tensor or value, file and record. */
+/* Checks the CRC-32 of every record of every torch.save piece the items point at (each piece read
+ * once, in file order, nothing kept: a piece several items share, as save-dcp's aliases do, is
+ * checked and counted once); *records counts them. An error names the tensor or value (the first
+ * that points at the piece), file and record. */
 int dcp_verify(dcp_ckpt *c, size_t *records, fsdp_err *err);
+/* 1 when the record s is a torch.save archive (a zip at its offset), whose bytes are its item's
+ * whatever names it: several items with one such record share it (save-dcp's aliases). 0 for a
+ * safetensors piece (serialization_format=SAFETENSORS: every chunk of a file records the blob's
+ * start, the name picks the tensor) or an unreadable record. */
+int dcp_record_is_archive(dcp_ckpt *c, const dcp_storage *s);
 /* Decodes a Metadata pickle buffer into items (used by dcp_open and the fuzzer). */
 int dcp_parse_metadata(const void *buf, size_t len, const char *what, dcp_item **items, size_t *n, char *version,
                        size_t vcap, fsdp_err *err);
@@ -98,6 +105,14 @@ typedef struct dcp_record {
     int64_t offsets[FSDP_MAX_DIMS]; /* of this chunk */
     int64_t sizes[FSDP_MAX_DIMS];
     dcp_storage where;
+    /* Its planner_data path (how dcp.save's flattening nested the key; dcp_to_torch_save rebuilds
+     * the state dict from it). nest 0: by torchtitan's sections (a top-level parameter, or
+     * ("optimizer", rest) ...). nest k > 0: the first k dotted components of fqn are elements of their
+     * own, as ints where bit j of int_mask is set (a list index), and the rest of fqn one more
+     * element: "model.a.b" with nest 1 is ("model", "a.b"); "optimizer.param_groups.0.lr" with nest
+     * 3 and int_mask 4 is ("optimizer", "param_groups", 0, "lr"). */
+    int16_t nest;
+    uint16_t int_mask;
 } dcp_record;
 
 /* One rank's data file (dcp_data_file_name), written into dir as `<name>.tmp` (created by

@@ -42,7 +42,8 @@ static int write_metadata(const dcp_rank_commit *k, const void *all, const size_
     int rc = dcp_records_unpack(all, total, &allr, &nall, err);
     if (!rc) {
         at(k, "gathered", rank);
-        rc = dcp_write_metadata(k->dir, allr, nall, err);
+        if (k->before_meta) rc = k->before_meta(k->user, err);
+        if (!rc) rc = dcp_write_metadata(k->dir, allr, nall, err);
         if (!rc) { /* the new checkpoint is in place and durable: the replaced one's files go */
             at(k, "committed", rank);
             dcp_remove_old_generations(k->dir, k->gen, k->world, allr, nall, NULL, NULL);

@@ -13,6 +13,10 @@ typedef struct dcp_rank_commit {
     int lo, hi;        /* this rank wrote the rank files [lo, hi) */
     const char *who;   /* "save-dcp": the start of messages */
     const char *crash; /* "save": crash points <crash>.gathered, .committed, .cleaned */
+    /* Rank 0, once every rank's data file is written and before `.metadata` is (NULL: nothing): e.g.
+     * the files beside it (ckpt/dcp_side.h). A failure is the commit's: no `.metadata` written. */
+    int (*before_meta)(void *user, fsdp_err *err);
+    void *user;
 } dcp_rank_commit;
 
 /* Every rank calls it with its own outcome (local_rc, local_err) and records. When any rank

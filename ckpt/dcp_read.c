@@ -99,6 +99,13 @@ static struct dcp_file *get_file(dcp_ckpt *c, const char *rel, fsdp_err *err) {
     return f;
 }
 
+int dcp_record_is_archive(dcp_ckpt *c, const dcp_storage *s) {
+    fsdp_err e;
+    struct dcp_file *f = s->relative_path[0] ? get_file(c, s->relative_path, &e) : NULL;
+    unsigned char m[4];
+    return f && pread(f->fd, m, sizeof m, (off_t)s->offset) == (ssize_t)sizeof m && !memcmp(m, "PK\x03\x04", 4);
+}
+
 /* kind: "tensor" or "value" (a missing data file's error names what it holds) */
 static int check_range(dcp_ckpt *c, const char *kind, const char *fqn, const dcp_storage *s, fsdp_err *err) {
     struct dcp_file *f = get_file(c, s->relative_path, err);
@@ -517,14 +524,53 @@ static int verify_blob(dcp_ckpt *c, const dcp_storage *s, size_t *records, fsdp_
     return rc;
 }
 
+/* A stored piece and the first item that points at it (several may: save-dcp's aliases). */
+typedef struct piece_ref {
+    const dcp_storage *s;
+    const dcp_item *x;
+    size_t order; /* item order, so that the first item names a shared piece */
+} piece_ref;
+
+static int cmp_piece(const void *a, const void *b) {
+    const piece_ref *x = a, *y = b;
+    int c = strcmp(x->s->relative_path, y->s->relative_path);
+    if (c) return c;
+    if (x->s->offset != y->s->offset) return x->s->offset < y->s->offset ? -1 : 1;
+    if (x->s->length != y->s->length) return x->s->length < y->s->length ? -1 : 1;
+    return x->order < y->order ? -1 : x->order > y->order;
+}
+
+static int same_piece(const piece_ref *a, const piece_ref *b) {
+    return !strcmp(a->s->relative_path, b->s->relative_path) && a->s->offset == b->s->offset &&
+           a->s->length == b->s->length;
+}
+
+/* Every distinct stored piece once, in file order (entries that share a record, such as save-dcp's
+ * aliases, are checked and counted once). */
 int dcp_verify(dcp_ckpt *c, size_t *records, fsdp_err *err) {
     *records = 0;
+    size_t n = 0, k = 0;
+    for (size_t i = 0; i < c->n; i++) n += c->items[i].is_tensor ? c->items[i].n_chunks : 1;
+    piece_ref *v = malloc((n ? n : 1) * sizeof *v);
+    if (!v) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
     for (size_t i = 0; i < c->n; i++) {
-        dcp_item *x = &c->items[i];
-        int rc = x->is_tensor ? 0 : verify_blob(c, &x->where, records, err);
-        for (size_t k = 0; !rc && x->is_tensor && k < x->n_chunks; k++)
-            rc = verify_blob(c, &x->chunks[k].where, records, err);
-        if (rc) return fsdp_err_prefix(err, "%s %s", x->is_tensor ? "tensor" : "value", x->fqn);
+        const dcp_item *x = &c->items[i];
+        for (size_t j = 0; j < (x->is_tensor ? x->n_chunks : 1); j++) {
+            const dcp_storage *s = x->is_tensor ? &x->chunks[j].where : &x->where;
+            if (!s->relative_path[0]) continue; /* an empty shard without a record */
+            v[k].s = s;
+            v[k].x = x;
+            v[k].order = k;
+            k++;
+        }
     }
-    return 0;
+    qsort(v, k, sizeof *v, cmp_piece);
+    int rc = 0;
+    for (size_t i = 0; i < k && !rc; i++) {
+        if (i > 0 && same_piece(&v[i], &v[i - 1])) continue;
+        rc = verify_blob(c, v[i].s, records, err);
+        if (rc) fsdp_err_prefix(err, "%s %s", v[i].x->is_tensor ? "tensor" : "value", v[i].x->fqn);
+    }
+    free(v);
+    return rc;
 }

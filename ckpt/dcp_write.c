@@ -206,7 +206,7 @@ static void uuid4(char *out, size_t cap) {
 /* planner_data path of a key, as torchtitan's state dict nests it: model parameters are
  * top-level keys (one element), `optimizer`, `train_state`, `lr_scheduler` and `dataloader`
  * hold flattened dicts (two elements: the section and the rest of the key). */
-static void key_path(pkl_w *w, const char *fqn) {
+static void section_path(pkl_w *w, const char *fqn) {
     static const char *const SECTIONS[] = {"optimizer.", "train_state.", "lr_scheduler.", "dataloader."};
     for (size_t i = 0; i < sizeof SECTIONS / sizeof *SECTIONS; i++) {
         size_t n = strlen(SECTIONS[i]);
@@ -221,6 +221,28 @@ static void key_path(pkl_w *w, const char *fqn) {
     }
     pkl_w_str(w, fqn);
     pkl_w_tuple_n(w, 1);
+}
+
+/* The record's planner_data path (dcp_record.nest): its first nest components, then the rest. */
+static void key_path(pkl_w *w, const dcp_record *r) {
+    if (r->nest <= 0) {
+        section_path(w, r->fqn);
+        return;
+    }
+    pkl_w_mark(w);
+    const char *p = r->fqn;
+    for (int k = 0; k < r->nest && *p; k++) {
+        const char *dot = strchr(p, '.');
+        size_t len = dot ? (size_t)(dot - p) : strlen(p);
+        char part[sizeof r->fqn];
+        snprintf(part, sizeof part, "%.*s", (int)len, p);
+        if (k < 16 && (r->int_mask >> k) & 1) pkl_w_int(w, strtoll(part, NULL, 10));
+        else pkl_w_str(w, part);
+        p += len + (dot ? 1 : 0);
+        if (!dot) p = "";
+    }
+    if (*p) pkl_w_str(w, p);
+    pkl_w_tuple(w);
 }
 
 static int64_t vol(const dcp_record *r) {
@@ -299,7 +321,7 @@ int dcp_write_metadata(const char *dir, const dcp_record *recs, size_t n, fsdp_e
     for (size_t k = 0; k < nk; k++) {
         pkl_w_mark(&w);
         pkl_w_str(&w, recs[order[starts[k]]].fqn);
-        key_path(&w, recs[order[starts[k]]].fqn);
+        key_path(&w, &recs[order[starts[k]]]);
         pkl_w_setitems(&w);
     }
     /* storage_data */

@@ -21,6 +21,11 @@ typedef struct ckpt_entry {
     int64_t shape[FSDP_MAX_DIMS];
     uint64_t nbytes;
     int chunks;                    /* stored pieces (DCP); 1 otherwise */
+    /* A DCP tensor whose stored pieces are all another's (the same records: save-dcp's aliases,
+     * e.g. ema_model.<key> of model.<key>): is_alias 1 and alias_of that entry (the first with
+     * them, an earlier one). Its values are that entry's; its bytes are stored once. */
+    int is_alias;
+    size_t alias_of;
 } ckpt_entry;
 
 typedef struct ckpt_reader ckpt_reader;

@@ -184,6 +184,11 @@ int st_shards_write(st_shards *s, size_t idx, const void *data, size_t len, fsdp
 /* Finishes every shard (all tensors must be complete) and writes the index last. */
 int st_shards_finish(st_shards *s, fsdp_err *err);
 void st_shards_free(st_shards *s);
+/* mkdir -p of dir (an existing non-directory on the way is an error). */
+int st_mkdirs(const char *dir, fsdp_err *err);
+/* 1 when a save-safetensors output is already there: base NULL, anything at path (a single file's
+ * name); else path is an HF directory whose <base>.safetensors.index.json exists. */
+int st_output_exists(const char *path, const char *base);
 size_t st_shards_count(const st_shards *s);                 /* after begin */
 size_t st_shards_of(const st_shards *s, size_t idx);        /* shard of tensor idx, after begin */
 const char *st_shards_file(const st_shards *s, size_t shard); /* file name (no directory) */

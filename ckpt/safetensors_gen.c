@@ -61,6 +61,16 @@ static int exists_in(const char *dir, const char *name, const char *suffix) {
     return lstat(p, &st) == 0;
 }
 
+int st_output_exists(const char *path, const char *base) {
+    if (!base) {
+        struct stat st;
+        return lstat(path, &st) == 0;
+    }
+    char index[4400];
+    snprintf(index, sizeof index, "%s.safetensors.index.json", base);
+    return exists_in(path, index, "");
+}
+
 int st_int_shard_gen(const char *dir, const char *base, size_t ns, unsigned *gen, fsdp_err *err) {
     *gen = 0;
     char index[4400];

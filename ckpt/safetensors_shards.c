@@ -122,7 +122,7 @@ int st_shards_declare(st_shards *s, const char *name, fsdp_dtype dt, int ndim, c
     return FSDP_OK;
 }
 
-static int mkdirs(const char *dir, fsdp_err *err) {
+int st_mkdirs(const char *dir, fsdp_err *err) {
     char *p = strdup(dir);
     if (!p) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
     int rc = FSDP_OK;
@@ -178,7 +178,7 @@ int st_shards_begin(st_shards *s, fsdp_err *err) {
             return rc;
         }
     free(ix);
-    int rc = mkdirs(s->dir, err);
+    int rc = st_mkdirs(s->dir, err);
     if (rc) return rc;
     size_t ns = plan(s);
     if ((rc = st_int_shard_gen(s->dir, s->base, ns, &s->gen, err))) return rc;

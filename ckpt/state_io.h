@@ -16,9 +16,19 @@
 #define FSDP_CKPT_STATE_IO_H
 
 #include "ckpt/ckpt_pipe.h"
+#include "ckpt/fresh_optim.h"
 #include "ckpt/reader.h"
 #include "runtime/comm.h"
 #include "runtime/state.h"
+
+/* A small file rank 0 writes beside `.metadata` before it commits the checkpoint (save-dcp
+ * `files:`): a plain file name (ckpt/dcp_side.h) and the pickle (PROTO ... STOP) that its torch.save
+ * archive holds as data.pkl. */
+typedef struct sio_side_file {
+    const char *name;
+    const void *pickle;
+    size_t len;
+} sio_side_file;
 
 typedef struct sio_save_opts {
     int optimizer; /* include optimizer state (when present) */
@@ -27,7 +37,25 @@ typedef struct sio_save_opts {
      * prefix ("model.": dcp.load({"model": model.state_dict()}) in PyTorch). Optimizer and train_state
      * keys are not prefixed. */
     const char *key_prefix;
+    /* Every parameter is also written under each of these prefixes ("" or dotted, ending in '.';
+     * none equal to key_prefix): entries of their own in `.metadata` whose storage records are the
+     * parameter's (the same file, offset and length: no byte is written twice). Parameters only. */
+    const char *const *aliases;
+    size_t n_aliases;
+    int no_train_state; /* 1: no train_state.* entries */
+    /* Not NULL: rank 0 writes a fresh AdamW's param group over every parameter (ckpt/fresh_optim.h);
+     * only for a state without optimizer state at step 0. */
+    const fopt_adamw *fresh_optim;
+    /* Files beside .metadata (sio_side_file), written by rank 0 before the commit. */
+    const sio_side_file *files;
+    size_t n_files;
 } sio_save_opts;
+
+/* Checks what a save with o would write before anything is: the aliases (each "" or dotted ending
+ * in '.', none equal to the prefix), that no two entries get one key (an error naming the key and
+ * both), fresh_optim's conditions (no optimizer state, step 0, no other key under its prefix) and
+ * the side files' names. The same on every rank (no collective). */
+int sio_save_check(const fsdp_state *s, int world, const sio_save_opts *o, fsdp_err *err);
 
 /* Synchronous save (collective over c). */
 int sio_save(fsdp_state *s, comm *c, const char *path, const sio_save_opts *o, fsdp_err *err);

@@ -457,9 +457,25 @@ static int load_params(loader *L, ckpt_reader *r, nmap_rules *rules, load_marks 
                 : load_array(L, r, ci, p, STATE_DATA, &info, &res->bytes_read, &nan_dev[p - s->p], err);
         if (rc) break;
         loaded[p - s->p] = 1;
+        used[ci] = 2; /* restored a parameter */
         res->params_loaded++;
     }
     return rc;
+}
+
+/* Entries that share their stored pieces (ckpt_entry.is_alias: save-dcp's aliases, e.g. model.<key>
+ * and ema_model.<key>) are one tensor under several names: when one of them restored a parameter,
+ * the others are not unexpected (the tensor was restored). used: 2 restored, 3 its alias did. */
+static void alias_used(ckpt_reader *r, int *used) {
+    size_t n = ckpt_count(r);
+    for (size_t ci = 0; ci < n; ci++) {
+        const ckpt_entry *e = ckpt_entry_at(r, ci);
+        if (e->is_alias && used[ci] == 2 && !used[e->alias_of]) used[e->alias_of] = 3;
+    }
+    for (size_t ci = 0; ci < n; ci++) {
+        const ckpt_entry *e = ckpt_entry_at(r, ci);
+        if (e->is_alias && !used[ci] && used[e->alias_of] >= 2) used[ci] = 1;
+    }
 }
 
 /* 1 when the checkpoint's optimizer knows the parameter: a state or param_groups entry under its
@@ -658,6 +674,7 @@ int sio_load(fsdp_state *s, const char *path, const sio_load_opts *o, sio_load_r
     if (do_opt && (rc = state_alloc_optimizer(s, err))) goto done;
     load_marks marks = {loaded, nan_dev, used, problems, &lay, res};
     rc = load_params(&L, r, rules, &marks, res, err);
+    if (!rc) alias_used(r, marks.used);
     if (!rc && do_opt) rc = load_optimizer_state(&L, r, &marks, res, err);
     /* every staged upload has landed before anything is reported as loaded */
     if (!rc && o->sink) rc = ckpt_up_finish(&L.up, err);

@@ -14,30 +14,64 @@
 #include "ckpt/ckpt_pipe.h"
 #include "ckpt/dcp.h"
 #include "ckpt/dcp_rank_commit.h"
+#include "ckpt/dcp_side.h"
 #include "ckpt/pickle.h"
+#include "ckpt/save_plan.h"
 #include "ckpt/state_io.h"
-#include "ckpt/state_resume.h"
 #include "runtime/crash.h"
 
-/* One item to write: a tensor chunk (data in f32 unless raw) or a pickled value. */
-typedef struct save_item {
-    char fqn[512];
-    int is_tensor;
-    fsdp_dtype dtype;
-    int ndim;
-    int64_t shape[FSDP_MAX_DIMS], offsets[FSDP_MAX_DIMS], sizes[FSDP_MAX_DIMS];
-    const float *data;     /* f32 values (converted to dtype when written) */
-    int on_dev;            /* data is a device array (downloaded through the staging sink) */
-    unsigned char *value;  /* pickled value opcodes */
-    size_t value_len;
-} save_item;
+/* The files beside .metadata of a save (sio_side_file), owned (an async save keeps them until its
+ * commit). */
+typedef struct side_files {
+    sio_side_file *f;
+    size_t n;
+} side_files;
 
-typedef struct save_plan {
-    save_item *items;
-    size_t n, cap;
-    float *snapshot;       /* async: private copy of every buffer */
-    unsigned char *values; /* storage of the pickled values */
-} save_plan;
+static void side_free(side_files *sf) {
+    for (size_t i = 0; i < sf->n; i++) {
+        free((void *)sf->f[i].name);
+        free((void *)sf->f[i].pickle);
+    }
+    free(sf->f);
+    memset(sf, 0, sizeof *sf);
+}
+
+static int side_copy(const sio_save_opts *o, side_files *sf, fsdp_err *err) {
+    memset(sf, 0, sizeof *sf);
+    if (!o->n_files) return 0;
+    sf->f = calloc(o->n_files, sizeof *sf->f);
+    if (!sf->f) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+    for (size_t i = 0; i < o->n_files; i++, sf->n++) {
+        char *name = strdup(o->files[i].name);
+        void *pk = malloc(o->files[i].len ? o->files[i].len : 1);
+        sf->f[i].name = name;
+        sf->f[i].pickle = pk;
+        sf->f[i].len = o->files[i].len;
+        if (!name || !pk) {
+            sf->n++;
+            side_free(sf);
+            return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+        }
+        memcpy(pk, o->files[i].pickle, o->files[i].len);
+    }
+    return 0;
+}
+
+/* the commit's before_meta: rank 0 writes the files beside .metadata */
+typedef struct side_job {
+    const char *dir;
+    const sio_side_file *f;
+    size_t n;
+} side_job;
+
+static int write_side(void *user, fsdp_err *err) {
+    const side_job *j = user;
+    for (size_t i = 0; i < j->n; i++) {
+        int rc = dcp_side_write(j->dir, j->f[i].name, j->f[i].pickle, j->f[i].len, err);
+        if (rc) return fsdp_err_prefix(err, "save-dcp: files: %s", j->f[i].name);
+    }
+    return 0;
+}
 
 struct sio_async {
     comm *c;
@@ -54,126 +88,8 @@ struct sio_async {
     int committed;       /* commit ran (sio_save_poll or sio_save_finish): its result is commit_rc */
     int commit_rc;
     fsdp_err commit_err;
+    side_files files; /* written by rank 0 before .metadata */
 };
-
-static save_item *plan_add(save_plan *p, fsdp_err *err) {
-    if (p->n == p->cap) {
-        size_t cap = p->cap ? p->cap * 2 : 64;
-        save_item *ni = realloc(p->items, cap * sizeof *ni);
-        if (!ni) {
-            fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
-            return NULL;
-        }
-        p->items = ni;
-        p->cap = cap;
-    }
-    save_item *it = &p->items[p->n++];
-    memset(it, 0, sizeof *it);
-    return it;
-}
-
-static int add_value(save_plan *p, const char *fqn, pkl_w *w, fsdp_err *err) {
-    if (w->oom) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
-    save_item *it = plan_add(p, err);
-    if (!it) return err->code;
-    snprintf(it->fqn, sizeof it->fqn, "%s", fqn);
-    it->value = malloc(w->len ? w->len : 1);
-    if (!it->value) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
-    memcpy(it->value, w->buf, w->len);
-    it->value_len = w->len;
-    w->len = 0;
-    return 0;
-}
-
-static int add_entry(void *user, const char *key, pkl_w *w, fsdp_err *err) { return add_value(user, key, w, err); }
-
-static int add_chunk(save_plan *p, const state_param *sp, const char *fqn, state_array a, fsdp_dtype dt,
-                     int world, fsdp_err *err) {
-    if (strlen(fqn) >= sizeof p->items[0].fqn)
-        return fsdp_err_set(err, FSDP_E_INVALID, "save-dcp: key %.64s... is %zu bytes long (a DCP key holds at most %zu)",
-                            fqn, strlen(fqn), sizeof p->items[0].fqn - 1);
-    save_item *it = plan_add(p, err);
-    if (!it) return err->code;
-    snprintf(it->fqn, sizeof it->fqn, "%s", fqn);
-    it->is_tensor = 1;
-    it->dtype = dt;
-    it->ndim = sp->ndim;
-    memcpy(it->shape, sp->shape, sizeof it->shape);
-    memcpy(it->sizes, sp->shape, sizeof it->sizes);
-    if (sp->ndim > 0) {
-        it->sizes[0] = sp->rows;
-        /* an empty shard records the dimension size as its offset (PyTorch >= 2.8) */
-        it->offsets[0] = sp->rows == 0 && world > 1 ? sp->shape[0] : sp->row0;
-    }
-    it->on_dev = state_place_of(sp, a) == STATE_DEVICE;
-    it->data = it->on_dev ? *state_param_dev_slot((state_param *)sp, a) : *state_param_host_slot((state_param *)sp, a);
-    return 0;
-}
-
-static void plan_free(save_plan *p) {
-    for (size_t i = 0; i < p->n; i++) free(p->items[i].value);
-    free(p->items);
-    free(p->snapshot);
-    memset(p, 0, sizeof *p);
-}
-
-static int build_plan(fsdp_state *s, int rank, int world, const sio_save_opts *o, save_plan *p, fsdp_err *err) {
-    int rc = 0;
-    int with_opt = o->optimizer && s->has_optimizer;
-    int full = s->layout == STATE_FULL;
-    pkl_w w;
-    pkl_w_init(&w);
-    char key[1200];
-    if (rank == 0) {
-        /* what AdamW + set_state_dict and torchtitan's checkpointer need (ckpt/state_resume.c) */
-        for (size_t i = 0; with_opt && i < s->n && !rc; i++) rc = sres_param_group(s, s->p[i].name, add_entry, p, err);
-        if (!rc && with_opt) rc = sres_lr_scheduler(s, add_entry, p, err);
-        struct {
-            const char *k;
-            int64_t v;
-        } ts[] = {{"train_state.step", s->train_step},
-                  {"train_state.ntokens_seen", s->tokens_seen},
-                  {"train_state.data_pos", (int64_t)s->data_pos}};
-        for (int t = 0; t < 3 && !rc; t++) {
-            pkl_w_int(&w, ts[t].v);
-            rc = add_value(p, ts[t].k, &w, err);
-        }
-    }
-    if (!rc && with_opt) rc = sres_dataloader(rank, world, add_entry, p, err);
-    pkl_w_free(&w);
-    for (size_t i = 0; i < s->n && !rc; i++) {
-        state_param *sp = &s->p[i];
-        if (full && rank != 0) break;
-        /* a 0-d value is replicated on every rank: written once, by rank 0 (as PyTorch's planner
-         * dedups replicated items) */
-        if (sp->ndim == 0 && rank != 0) continue;
-        snprintf(key, sizeof key, "%s%s", o->key_prefix ? o->key_prefix : "", sp->name);
-        rc = add_chunk(p, sp, key, STATE_DATA, sp->dtype, full ? 1 : world, err);
-        if (!rc && with_opt) {
-            snprintf(key, sizeof key, "optimizer.state.%s.exp_avg", sp->name);
-            rc = add_chunk(p, sp, key, STATE_EXP_AVG, FSDP_DT_F32, full ? 1 : world, err);
-            if (!rc) {
-                snprintf(key, sizeof key, "optimizer.state.%s.exp_avg_sq", sp->name);
-                rc = add_chunk(p, sp, key, STATE_EXP_AVG_SQ, FSDP_DT_F32, full ? 1 : world, err);
-            }
-        }
-    }
-    if (!rc && with_opt && rank == 0) {
-        /* AdamW's step: a replicated 0-d float32 tensor per parameter, written once */
-        static const int64_t none[1] = {0};
-        for (size_t i = 0; i < s->n && !rc; i++) {
-            save_item *it = plan_add(p, err);
-            if (!it) return err->code;
-            snprintf(it->fqn, sizeof it->fqn, "optimizer.state.%s.step", s->p[i].name);
-            it->is_tensor = 1;
-            it->dtype = FSDP_DT_F32;
-            it->ndim = 0;
-            (void)none;
-            it->data = NULL; /* filled from opt_step when written */
-        }
-    }
-    return rc;
-}
 
 static size_t item_numel(const save_item *it) { return (size_t)fsdp_numel(it->ndim, it->sizes); }
 
@@ -277,6 +193,20 @@ static int fill_from_host(void *user, zip_writer *zw, fsdp_err *err) {
     return zip_writer_data_conv(zw, f->src, FSDP_DT_F32, f->dtype, f->n, err);
 }
 
+/* Once the items are written: each alias's record is its item's under its own key, and every record
+ * carries its planner_data path. */
+static void plan_records(const save_plan *p, dcp_record *recs) {
+    for (size_t i = 0; i < p->n; i++) {
+        const save_item *it = &p->items[i];
+        if (it->alias_of >= 0) {
+            recs[i] = recs[it->alias_of];
+            snprintf(recs[i].fqn, sizeof recs[i].fqn, "%s", it->fqn);
+        }
+        recs[i].nest = (int16_t)it->nest;
+        recs[i].int_mask = (uint16_t)it->int_mask;
+    }
+}
+
 static int write_file(const char *path, int rank, unsigned gen, save_plan *p, float opt_step, const ckpt_sink *sink,
                       dcp_record **recs, size_t *nrec, fsdp_err *err) {
     *recs = calloc(p->n ? p->n : 1, sizeof **recs);
@@ -292,12 +222,12 @@ static int write_file(const char *path, int rank, unsigned gen, save_plan *p, fl
         if (any_dev) ckpt_down_free(&down);
         return rc;
     }
-    /* values first, then tensors (PyTorch's order inside a file) */
+    /* values first, then tensors (PyTorch's order inside a file); the records in plan order */
     for (int pass = 0; pass < 2 && !rc; pass++) {
         for (size_t i = 0; i < p->n && !rc; i++) {
             save_item *it = &p->items[i];
-            if (it->is_tensor != pass) continue;
-            dcp_record *r = &(*recs)[(*nrec)++];
+            if (it->is_tensor != pass || it->alias_of >= 0) continue;
+            dcp_record *r = &(*recs)[i];
             if (!it->is_tensor) {
                 rc = dcp_file_add_value(&fw, it->fqn, it->value, it->value_len, r, err);
                 continue;
@@ -323,6 +253,8 @@ static int write_file(const char *path, int rank, unsigned gen, save_plan *p, fl
         dcp_file_abort(&fw);
         return rc;
     }
+    plan_records(p, *recs);
+    *nrec = p->n;
     return dcp_file_close(&fw, err);
 }
 
@@ -353,11 +285,13 @@ static int prepare_dir(const char *path, comm *c, const sio_save_opts *o, unsign
     return 0;
 }
 
-/* gather every rank's records, rank 0 writes .metadata, everyone waits for it */
-static int commit(comm *c, const char *path, unsigned gen, int local_rc, fsdp_err *local_err, dcp_record *recs,
-                  size_t n, fsdp_err *err) {
+/* gather every rank's records, rank 0 writes the files beside .metadata and then .metadata, everyone
+ * waits for it */
+static int commit(comm *c, const char *path, unsigned gen, const sio_side_file *files, size_t n_files, int local_rc,
+                  fsdp_err *local_err, dcp_record *recs, size_t n, fsdp_err *err) {
     int rank = comm_rank(c);
-    dcp_rank_commit k = {path, gen, comm_size(c), rank, rank + 1, "save-dcp", "save"};
+    side_job sj = {path, files, n_files};
+    dcp_rank_commit k = {path, gen, comm_size(c), rank, rank + 1, "save-dcp", "save", n_files ? write_side : NULL, &sj};
     return dcp_rank_commit_run(c, &k, local_rc, local_err, recs, n, err);
 }
 
@@ -369,17 +303,18 @@ int sio_save_staged(fsdp_state *s, comm *c, const char *path, const sio_save_opt
                     fsdp_err *err) {
     int rank = comm_rank(c);
     unsigned gen;
-    int rc = prepare_dir(path, c, o, &gen, err);
+    int rc = sio_save_check(s, comm_size(c), o, err);
+    if (!rc) rc = prepare_dir(path, c, o, &gen, err);
     if (rc) return rc;
     save_plan p = {0};
     fsdp_err lerr;
     fsdp_err_clear(&lerr);
     dcp_record *recs = NULL;
     size_t n = 0;
-    int lrc = build_plan(s, rank, comm_size(c), o, &p, &lerr);
+    int lrc = splan_build(s, rank, comm_size(c), o, &p, &lerr);
     if (!lrc) lrc = write_file(path, rank, gen, &p, (float)s->opt_step, sink, &recs, &n, &lerr);
-    plan_free(&p);
-    rc = commit(c, path, gen, lrc, &lerr, recs, n, err);
+    splan_free(&p);
+    rc = commit(c, path, gen, o->files, o->n_files, lrc, &lerr, recs, n, err);
     free(recs);
     return rc;
 }
@@ -400,7 +335,8 @@ int sio_save_begin_staged(fsdp_state *s, comm *c, const char *path, const sio_sa
                           sio_async **out, fsdp_err *err) {
     *out = NULL;
     unsigned gen;
-    int rc = prepare_dir(path, c, o, &gen, err);
+    int rc = sio_save_check(s, comm_size(c), o, err);
+    if (!rc) rc = prepare_dir(path, c, o, &gen, err);
     if (rc) return rc;
     sio_async *a = calloc(1, sizeof *a);
     if (!a || !(a->path = strdup(path))) {
@@ -411,14 +347,15 @@ int sio_save_begin_staged(fsdp_state *s, comm *c, const char *path, const sio_sa
     if (!rc) {
         a->c = c;
         a->gen = gen;
-        rc = build_plan(s, comm_rank(c), comm_size(c), o, &a->plan, err);
+        rc = splan_build(s, comm_rank(c), comm_size(c), o, &a->plan, err);
+        if (!rc) rc = side_copy(o, &a->files, err);
     }
     /* the optimizer step (0-d tensors) is captured now too */
     if (!rc) rc = snapshot(&a->plan, sink, err);
     if (!rc) {
         for (size_t i = 0; i < a->plan.n; i++) {
             save_item *it = &a->plan.items[i];
-            if (it->is_tensor && !it->data) {
+            if (it->is_tensor && !it->data && it->alias_of < 0) {
                 /* point the 0-d step tensors at a private float */
                 float *f = malloc(sizeof *f);
                 if (!f) {
@@ -455,7 +392,8 @@ static int finish_now(sio_async *a) {
         a->started = 0;
     }
     fsdp_err_clear(&a->commit_err);
-    a->commit_rc = commit(a->c, a->path, a->gen, a->rc, &a->err, a->recs, a->n_recs, &a->commit_err);
+    a->commit_rc = commit(a->c, a->path, a->gen, a->files.f, a->files.n, a->rc, &a->err, a->recs, a->n_recs,
+                          &a->commit_err);
     a->committed = 1;
     return a->commit_rc;
 }
@@ -483,7 +421,8 @@ const char *sio_async_path(const sio_async *a) { return a->path; }
 void sio_async_free(sio_async *a) {
     if (!a) return;
     if (a->started) pthread_join(a->th, NULL);
-    plan_free(&a->plan);
+    splan_free(&a->plan);
+    side_free(&a->files);
     free(a->recs);
     free(a->path);
     free(a);

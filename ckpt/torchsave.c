@@ -331,10 +331,20 @@ int ts_write_tensor(FILE *f, fsdp_dtype dt, int ndim, const int64_t *shape, cons
 }
 
 int ts_write_value(FILE *f, const void *pickle, size_t n, uint64_t *len, fsdp_err *err) {
+    return ts_write_value_named(f, "archive", pickle, n, len, err);
+}
+
+int ts_write_value_named(FILE *f, const char *archive, const void *pickle, size_t n, uint64_t *len, fsdp_err *err) {
+    char rec[3][512];
+    if (snprintf(rec[0], sizeof rec[0], "%s/data.pkl", archive) >= (int)sizeof rec[0])
+        return fsdp_err_set(err, FSDP_E_INVALID, "torch.save: archive name %.64s... too long", archive);
+    snprintf(rec[1], sizeof rec[1], "%s/byteorder", archive);
+    snprintf(rec[2], sizeof rec[2], "%s/version", archive);
     zip_writer zw;
     int rc = zip_writer_begin(&zw, f, err);
-    if (!rc) rc = write_common(&zw, pickle, n, err);
-    if (!rc) rc = zip_writer_add(&zw, "archive/version", "3\n", 2, err);
+    if (!rc) rc = zip_writer_add(&zw, rec[0], pickle, n, err);
+    if (!rc) rc = zip_writer_add(&zw, rec[1], "little", 6, err);
+    if (!rc) rc = zip_writer_add(&zw, rec[2], "3\n", 2, err);
     if (!rc) rc = zip_writer_finish(&zw, len, err);
     zip_writer_free(&zw);
     return rc;

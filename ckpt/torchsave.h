@@ -61,6 +61,9 @@ int ts_write_tensor(FILE *f, fsdp_dtype dt, int ndim, const int64_t *shape, cons
                     void *user, uint64_t *len, fsdp_err *err);
 /* Writes a pickled value (the caller supplies the protocol-2 pickle bytes) as an archive. */
 int ts_write_value(FILE *f, const void *pickle, size_t n, uint64_t *len, fsdp_err *err);
+/* The same with its records under archive/ (torch.save names them after the file it writes:
+ * "metadata" for metadata.pt). */
+int ts_write_value_named(FILE *f, const char *archive, const void *pickle, size_t n, uint64_t *len, fsdp_err *err);
 
 /* The Storage class name torch uses for a dtype ("FloatStorage"), NULL for untyped-only dtypes. */
 const char *ts_storage_class(fsdp_dtype dt);

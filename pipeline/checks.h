@@ -7,7 +7,10 @@
  *     or auto on a host without a GPU);
  *   - transform globs that match no parameter of the recipe's model;
  *   - a chained recipe whose model: differs from the model of the state it continues (it has no
- *     init-meta or init-cpu stage of its own). */
+ *     init-meta or init-cpu stage of its own);
+ *   - outputs a stage would refuse to replace (pipeline/checks_outputs.c): a save-dcp path that
+ *     already holds a checkpoint without overwrite: true, a save-safetensors output (or copy) that
+ *     exists with overwrite: false. */
 #ifndef FSDP_PIPELINE_CHECKS_H
 #define FSDP_PIPELINE_CHECKS_H
 
@@ -18,6 +21,9 @@
 
 /* prev_model: the model section of the state r continues (NULL: none yet); prev_path its file. */
 void checks_recipe(const recipe *r, const sizes_host *h, const fsdp_value *prev_model, errlist *el);
+
+/* The outputs of r's save stages that exist and may not be replaced (each error at its path value). */
+void checks_outputs(const recipe *r, errlist *el);
 
 /* `transform` stages of r whose target globs (copy.to; scale, fill and cast keys) match no parameter
  * of t, the model r declares (pipeline/checks_transform.c; called with the table sizes.c builds). */

@@ -59,6 +59,40 @@ static int open_or_say(const char *path, ckpt_reader **r, FILE *log) {
 
 static int64_t numel_of(const ckpt_entry *e) { return fsdp_numel(e->ndim, e->shape); }
 
+/* One key of `inspect --json`. */
+static json_t *entry_json(ckpt_reader *r, const ckpt_entry *e, const char *val) {
+    json_t *o = json_object();
+    json_object_set_new(o, "key", json_string(e->name));
+    if (e->is_tensor) {
+        json_object_set_new(o, "dtype", json_string(fsdp_dtype_name(e->dtype)));
+        json_t *s = json_array();
+        for (int d = 0; d < e->ndim; d++) json_array_append_new(s, json_integer(e->shape[d]));
+        json_object_set_new(o, "shape", s);
+        json_object_set_new(o, "chunks", json_integer(e->chunks));
+        json_object_set_new(o, "bytes", json_integer((json_int_t)e->nbytes));
+        /* an alias: its stored pieces are this key's (the bytes are stored once) */
+        if (e->is_alias) json_object_set_new(o, "stored_with", json_string(ckpt_entry_at(r, e->alias_of)->name));
+    } else {
+        json_object_set_new(o, "value", json_string(val));
+    }
+    return o;
+}
+
+/* One key of `inspect`: a tensor's dtype, shape, chunks and bytes (an alias names the key whose
+ * stored bytes it shares), or a value. */
+static void print_entry(FILE *out, ckpt_reader *r, const ckpt_entry *e, const char *val) {
+    if (!e->is_tensor) {
+        fprintf(out, "  %-56s = %s\n", e->name, val);
+        return;
+    }
+    char shp[256];
+    fsdp_shape_str(e->ndim, e->shape, shp, sizeof shp);
+    fprintf(out, "  %-56s %-5s %-16s %3d chunk%s %12llu B", e->name, fsdp_dtype_name(e->dtype), shp, e->chunks,
+            e->chunks == 1 ? " " : "s", (unsigned long long)e->nbytes);
+    if (e->is_alias) fprintf(out, "  (stored with %s)", ckpt_entry_at(r, e->alias_of)->name);
+    fputc('\n', out);
+}
+
 static int cmd_inspect(int argc, char **argv, FILE *out, FILE *log) {
     const char *path = NULL;
     int json = 0, verify = 0;
@@ -85,14 +119,12 @@ static int cmd_inspect(int argc, char **argv, FILE *out, FILE *log) {
         ckpt_close(r);
         return 1;
     }
-    size_t n = ckpt_count(r);
-    uint64_t total = 0;
+    size_t n = ckpt_count(r), aliases = 0;
+    uint64_t total = 0, stored = 0;
     json_t *arr = json ? json_array() : NULL;
     if (!json) fprintf(out, "%s: %s checkpoint, %zu keys\n", path, ckpt_format_name(ckpt_reader_format(r)), n);
     for (size_t i = 0; i < n; i++) {
         const ckpt_entry *e = ckpt_entry_at(r, i);
-        char shp[256];
-        fsdp_shape_str(e->ndim, e->shape, shp, sizeof shp);
         const char *val = NULL;
         fsdp_err verr2;
         if (!e->is_tensor && ckpt_value(r, i, &val, &verr2)) { /* e.g. a global outside the allow-list */
@@ -102,26 +134,10 @@ static int cmd_inspect(int argc, char **argv, FILE *out, FILE *log) {
             return 1;
         }
         if (e->is_tensor) total += e->nbytes;
-        if (json) {
-            json_t *o = json_object();
-            json_object_set_new(o, "key", json_string(e->name));
-            if (e->is_tensor) {
-                json_object_set_new(o, "dtype", json_string(fsdp_dtype_name(e->dtype)));
-                json_t *s = json_array();
-                for (int d = 0; d < e->ndim; d++) json_array_append_new(s, json_integer(e->shape[d]));
-                json_object_set_new(o, "shape", s);
-                json_object_set_new(o, "chunks", json_integer(e->chunks));
-                json_object_set_new(o, "bytes", json_integer((json_int_t)e->nbytes));
-            } else {
-                json_object_set_new(o, "value", json_string(val));
-            }
-            json_array_append_new(arr, o);
-        } else if (e->is_tensor) {
-            fprintf(out, "  %-56s %-5s %-16s %3d chunk%s %12llu B\n", e->name, fsdp_dtype_name(e->dtype), shp, e->chunks,
-                    e->chunks == 1 ? " " : "s", (unsigned long long)e->nbytes);
-        } else {
-            fprintf(out, "  %-56s = %s\n", e->name, val);
-        }
+        if (e->is_tensor && !e->is_alias) stored += e->nbytes;
+        if (e->is_alias) aliases++;
+        if (json) json_array_append_new(arr, entry_json(r, e, val));
+        else print_entry(out, r, e, val);
     }
     if (json) {
         json_t *o = json_object();
@@ -129,12 +145,16 @@ static int cmd_inspect(int argc, char **argv, FILE *out, FILE *log) {
         if (verify) json_object_set_new(o, "verified_records", json_integer((json_int_t)records));
         json_object_set_new(o, "format", json_string(ckpt_format_name(ckpt_reader_format(r))));
         json_object_set_new(o, "tensor_bytes", json_integer((json_int_t)total));
+        json_object_set_new(o, "stored_tensor_bytes", json_integer((json_int_t)stored));
         json_object_set_new(o, "keys", arr);
         json_dumpf(o, out, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
         fputc('\n', out);
         json_decref(o);
     } else {
         fprintf(out, "total tensor bytes: %llu\n", (unsigned long long)total);
+        if (aliases)
+            fprintf(out, "stored tensor bytes: %llu (%zu key%s stored with another key's bytes)\n",
+                    (unsigned long long)stored, aliases, aliases == 1 ? "" : "s");
         if (verify && records) fprintf(out, "verified: the CRC-32 of all %zu records matches\n", records);
         else if (verify) fprintf(out, "verified: nothing to check (%s files carry no checksums)\n",
                                  ckpt_format_name(ckpt_reader_format(r)));
@@ -436,6 +456,13 @@ static int rs_read_whole(void *user, size_t i, fsdp_dtype dt, void **buf, fsdp_e
     return read_converted(u->c, i, &u->info[i], dt, buf, err);
 }
 
+/* entries i and j with the same stored pieces convert to the same bytes unless a name mapping
+ * permutes the q/k rows of either */
+static int rs_same_bytes(void *user, size_t i, size_t j) {
+    conv_rs *u = user;
+    return u->info[i].qk == NMAP_QK_NONE && u->info[j].qk == NMAP_QK_NONE;
+}
+
 /* The entries convert writes (out_name's names) into e / names; *ne of them. */
 static int dcp_entries(const conv *c, conv_out *o, ckrs_entry *e, char (*names)[1024], nmap_info *info, size_t *ne,
                        fsdp_err *err) {
@@ -512,7 +539,8 @@ static int convert_to_dcp(const conv *c, conv_out *o, FILE *log, fsdp_err *err) 
     if (!e || !names || !info || !recs) rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
     if (!rc) rc = dcp_entries(c, o, e, names, info, &ne, err);
     conv_rs u = {c, info};
-    ckrs_src rs = {c->r, e, ne, world, o->world > 0, o->world > 0, rs_can_stream, rs_read_whole, &u, {0, 0, 0}};
+    ckrs_src rs = {c->r, e, ne, world, o->world > 0, o->world > 0, rs_can_stream, rs_read_whole, &u, {0, 0, 0},
+                   rs_same_bytes};
     cks_opts_default(&rs.o);
     if (!rc) rc = write_dcp_files(&rs, o->dst, gen, world, recs, &nr, log, err);
     if (!rc) rc = dcp_write_metadata(o->dst, recs, nr, err);

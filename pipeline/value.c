@@ -324,6 +324,8 @@ const char *fsdp_value_text(const fsdp_value *v) {
     return fsdp_value_type(v) == FSDP_V_SCALAR ? v->text : NULL;
 }
 
+int fsdp_value_quoted(const fsdp_value *v) { return fsdp_value_type(v) == FSDP_V_SCALAR && v->quoted; }
+
 size_t fsdp_value_size(const fsdp_value *v) {
     return v && (v->kind == FSDP_V_LIST || v->kind == FSDP_V_MAP) ? v->n : 0;
 }

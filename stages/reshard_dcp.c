@@ -99,7 +99,7 @@ static int write_files(ckpt_reader *r, const char *dst, unsigned gen, int world,
         rr[opened] = recs + opened * per;
         if ((rc = dcp_file_open_gen(&fw[opened], dst, lo + (int)opened, gen, NULL, NULL, err))) break;
     }
-    ckrs_src s = {r, e, n, world, 1, 1, can_stream, read_whole, r, {0, 0, 0}};
+    ckrs_src s = {r, e, n, world, 1, 1, can_stream, read_whole, r, {0, 0, 0}, NULL};
     cks_opts_default(&s.o);
     cks_files fc = {0};
     if (!rc) rc = ckrs_write_ranks(&s, lo, hi, fw, &fc, rr, nrec, err);
@@ -126,7 +126,7 @@ static int write_files(ckpt_reader *r, const char *dst, unsigned gen, int world,
  * files; on any rank's failure no .metadata is written and every rank removes the files it wrote. */
 static int commit(comm *c, const char *dst, unsigned gen, int world, int lo, int hi, int local_rc, fsdp_err *local_err,
                   const dcp_record *recs, size_t n, fsdp_err *err) {
-    dcp_rank_commit k = {dst, gen, world, lo, hi, "reshard-dcp", "reshard"};
+    dcp_rank_commit k = {dst, gen, world, lo, hi, "reshard-dcp", "reshard", NULL, NULL};
     return dcp_rank_commit_run(c, &k, local_rc, local_err, recs, n, err);
 }
 

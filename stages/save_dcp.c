@@ -19,13 +19,33 @@
  * Every parameter must hold a value (one declared with init none and never loaded or copied is an
  * error naming it, before anything is written); each is written in its own dtype.
  *
- * with: path (required), optimizer (bool, true), overwrite (bool, false), async (bool, false), prefix */
+ * Layouts of other trainers (e.g. Bagel PR #240's step-0 checkpoint: model.<key> and ema_model.<key>
+ * of every parameter, a fresh AdamW's param group, metadata.pt; recipes/bagel_pr240_step0.yaml):
+ *   aliases: [PREFIX, ...]  every parameter also under each prefix ("" or dotted ending in '.', none
+ *       equal to prefix): entries whose storage records in .metadata are the parameter's own (same
+ *       file, offset, length), so no byte is written twice; parameters only. Keys that collide (an
+ *       alias that gives a key another entry has) are an error naming both, before anything is written.
+ *   train_state: false  no train_state.* entries.
+ *   fresh_optimizer: {prefix, lr, initial_lr, betas, eps, weight_decay}  the non-tensor entries of a
+ *       fresh torch.optim.AdamW's state_dict() over every parameter, flattened as dcp.save does:
+ *       <prefix>param_groups.0.<option> (ckpt/fresh_optim.h), numbers with the type given (0 an int,
+ *       0.0 a float); only for a state without optimizer state at step 0, and no other key may lie
+ *       under its prefix (default "optimizer."); written once, by rank 0.
+ *   files: {NAME: VALUE, ...}  torch.save(VALUE) beside .metadata for plain YAML values (map -> dict,
+ *       list -> list, int, float, bool, null -> None, string -> str), written by rank 0 after the data
+ *       files and before .metadata, each atomically (ckpt/dcp_side.h); NAME a plain file name.
+ * Without overwrite, a path that already holds a checkpoint is refused at validation (fsdp-run
+ * validate, and before the first stage runs: pipeline/checks_outputs.c) as well as here.
+ *
+ * with: path (required), optimizer (bool, true), overwrite (bool, false), async (bool, false), prefix,
+ *       aliases (list), train_state (bool, true), fresh_optimizer (map), files (map) */
 #include <stdlib.h>
 #include <string.h>
 
 #include "ckpt/ckpt_steps.h"
 #include "ckpt/state_io.h"
 #include "runtime/ctx_impl.h"
+#include "stages/save_dcp_opts.h"
 #include "stages/stages.h"
 
 static const fsdp_param_spec PARAMS[] = {
@@ -36,6 +56,15 @@ static const fsdp_param_spec PARAMS[] = {
     {"prefix", FSDP_T_STRING, 0, NULL, NULL,
      "key prefix of the parameters (none: as model.state_dict() names them; 'model.': "
      "dcp.load({'model': model.state_dict()}))"},
+    {"aliases", FSDP_T_LIST, 0, NULL, NULL,
+     "more key prefixes every parameter is written under too ('ema_model.'), sharing its bytes: no data "
+     "written twice"},
+    {"train_state", FSDP_T_BOOL, 0, "true", NULL, "write the train_state.* entries (step, tokens, data position)"},
+    {"fresh_optimizer", FSDP_T_MAP, 0, NULL, NULL,
+     "{prefix: 'optimizer.', lr, initial_lr, betas, eps, weight_decay}: the param group entries of a fresh "
+     "torch.optim.AdamW over every parameter (state without optimizer state, step 0)"},
+    {"files", FSDP_T_MAP, 0, NULL, NULL,
+     "{NAME: VALUE}: torch.save(VALUE) files beside .metadata, e.g. {metadata.pt: {train_step: 0}}"},
     {NULL, 0, 0, NULL, NULL, NULL}};
 static const char *const NEEDS[] = {"params|full_params", NULL};
 static const char *const PROVIDES[] = {"checkpoint", NULL};
@@ -124,7 +153,7 @@ static int save_to(fsdp_ctx *ctx, fsdp_state *s, const char *path, const sio_sav
 }
 
 int stage_save_dcp_to(fsdp_ctx *ctx, fsdp_state *s, const char *path, int optimizer, int overwrite, fsdp_err *err) {
-    sio_save_opts o = {optimizer, overwrite, NULL};
+    sio_save_opts o = {.optimizer = optimizer, .overwrite = overwrite};
     return save_to(ctx, s, path, &o, err);
 }
 
@@ -165,7 +194,7 @@ static int save_async(fsdp_ctx *ctx, fsdp_state *s, const char *path, const sio_
 int stage_save_dcp_step(fsdp_ctx *ctx, fsdp_state *s, const char *base, const stage_save_policy *p, fsdp_err *err) {
     char dir[4200];
     ckpt_steps_dir(dir, sizeof dir, base, s->train_step);
-    sio_save_opts o = {1, p->overwrite, NULL};
+    sio_save_opts o = {.optimizer = 1, .overwrite = p->overwrite};
     if (p->async) return save_async(ctx, s, dir, &o, base, p->keep_last, err);
     int rc = save_to(ctx, s, dir, &o, err);
     if (!rc) prune(ctx, base, p->keep_last, s->train_step);
@@ -178,10 +207,21 @@ static int save_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
     fsdp_state *s = state_get(ctx);
     if (!s) return fsdp_err_set(err, FSDP_E_INVALID, "save-dcp: no model in the context");
     const char *path = fsdp_arg_str(with, "path", "");
-    int opt = fsdp_arg_bool(with, "optimizer", 1), ow = fsdp_arg_bool(with, "overwrite", 0);
-    sio_save_opts o = {opt, ow, fsdp_arg_str(with, "prefix", NULL)};
-    if (!fsdp_arg_bool(with, "async", 0)) return save_to(ctx, s, path, &o, err);
-    return save_async(ctx, s, path, &o, NULL, 0, err);
+    sdcp_opts so;
+    int rc = sdcp_opts_parse(with, &so, err);
+    if (rc) return rc;
+    if (!fsdp_arg_bool(with, "async", 0)) rc = save_to(ctx, s, path, &so.o, err);
+    else rc = save_async(ctx, s, path, &so.o, NULL, 0, err);
+    sdcp_opts_free(&so);
+    return rc;
+}
+
+/* The parameters the schema cannot check (aliases, fresh_optimizer, files), at validation. */
+static int save_check(const fsdp_value *with, fsdp_err *err) {
+    sdcp_opts so;
+    int rc = sdcp_opts_parse(with, &so, err);
+    if (!rc) sdcp_opts_free(&so);
+    return rc;
 }
 
 const fsdp_stage_desc stage_save_dcp = {
@@ -192,5 +232,5 @@ const fsdp_stage_desc stage_save_dcp = {
     NEEDS,
     PROVIDES,
     save_run,
-    NULL,
+    save_check,
 };

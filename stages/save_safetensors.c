@@ -11,12 +11,22 @@
  * With Hugging Face names the model's config.json is written next to the weights (atomically, after
  * them), so that transformers' from_pretrained opens the directory as it is.
  *
+ * `overwrite: false` refuses an output that exists (the file, or the HF directory's index; and any of
+ * the copies), at validation (pipeline/checks_outputs.c) and here before anything is written; the
+ * default, true, replaces it as above. The directory of a file (and of each copy) is created when
+ * it does not exist. `copies: [PATH, ...]` puts the same file at these paths too
+ * (Bagel HEAD's ema.safetensors beside model.safetensors): once the file is written and durable,
+ * each copy is made atomically with copy_file_range (ckpt/file_copy.h), so it holds the old file or
+ * all of the new one; one file only (not with shard_mb > 0).
+ *
  * with: path (required; a .safetensors file, or a directory when shard_mb > 0),
- *       names (torchtitan|hf), dtype (auto|f32|bf16), shard_mb (int, 0 = one file) */
+ *       names (torchtitan|hf), dtype (auto|f32|bf16), shard_mb (int, 0 = one file),
+ *       overwrite (bool, true), copies (list of paths) */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "ckpt/file_copy.h"
 #include "ckpt/namemap.h"
 #include "ckpt/safetensors.h"
 #include "model/hf_config.h"
@@ -29,6 +39,10 @@ static const fsdp_param_spec PARAMS[] = {
     {"names", FSDP_T_STRING, 0, "torchtitan", NAMES, "tensor names (hf: Hugging Face Llama)"},
     {"dtype", FSDP_T_STRING, 0, "auto", DTYPES, "dtype written (auto: each parameter's dtype)"},
     {"shard_mb", FSDP_T_INT, 0, "0", NULL, "split into model-0000k-of-0000n files of at most this many MB"},
+    {"overwrite", FSDP_T_BOOL, 0, "true", NULL,
+     "replace an existing output (false: an existing file, or HF directory index, is an error)"},
+    {"copies", FSDP_T_LIST, 0, NULL, NULL,
+     "more paths that get the same file, each copied atomically once it is written (one file only)"},
     {NULL, 0, 0, NULL, NULL, NULL}};
 static const char *const NEEDS[] = {"params|full_params", NULL};
 
@@ -48,6 +62,52 @@ static int sst_write_config(const fsdp_state *s, const char *dts, const char *pa
     return rc ? fsdp_err_prefix(err, "save-safetensors: %s", path) : 0;
 }
 
+/* overwrite: false and an output already there (rank 0 decides, everyone learns it) */
+static int sst_refuse_existing(comm *c, const fsdp_value *with, const char *path, int sharded, fsdp_err *err) {
+    int rc = 0;
+    if (comm_rank(c) == 0 && !fsdp_arg_bool(with, "overwrite", 1)) {
+        const fsdp_value *cp = fsdp_value_get(with, "copies");
+        const char *hit = st_output_exists(path, sharded ? "model" : NULL) ? path : NULL;
+        for (size_t i = 0; !hit && i < fsdp_value_size(cp); i++)
+            if (st_output_exists(fsdp_value_text(fsdp_value_item(cp, i)), NULL)) hit = fsdp_value_text(fsdp_value_item(cp, i));
+        if (hit)
+            rc = fsdp_err_set(err, FSDP_E_INVALID,
+                              "save-safetensors: %s already exists and overwrite is false: remove it, set overwrite: "
+                              "true to replace it, or give another path",
+                              hit);
+    }
+    int who;
+    fsdp_err e2;
+    int st = comm_agree(c, rc, &who, &e2);
+    if (st && !rc) rc = fsdp_err_set(err, st, "save-safetensors: rank %d refused to write %s", who, path);
+    return rc;
+}
+
+/* The directory a file goes into, created (rank 0, before the file and each copy is written). */
+static int sst_parent_dir(const char *file, fsdp_err *err) {
+    char dir[4200];
+    snprintf(dir, sizeof dir, "%s", file);
+    char *slash = strrchr(dir, '/');
+    if (!slash || slash == dir) return 0;
+    *slash = '\0';
+    int rc = st_mkdirs(dir, err);
+    return rc ? fsdp_err_prefix(err, "save-safetensors: %s", file) : 0;
+}
+
+/* rank 0, once the file is written and durable: the copies */
+static int sst_copies(fsdp_ctx *ctx, const fsdp_value *with, const char *path, fsdp_err *err) {
+    const fsdp_value *cp = fsdp_value_get(with, "copies");
+    for (size_t i = 0; i < fsdp_value_size(cp); i++) {
+        const char *dst = fsdp_value_text(fsdp_value_item(cp, i));
+        uint64_t bytes = 0;
+        int rc = sst_parent_dir(dst, err);
+        if (!rc) rc = fcopy_atomic(path, dst, &bytes, err);
+        if (rc) return fsdp_err_prefix(err, "save-safetensors: copies: %s", dst);
+        fsdp_log(ctx, FSDP_LOG_INFO, "copied %s to %s (%.1f MB)", path, dst, (double)bytes / 1e6);
+    }
+    return 0;
+}
+
 static int sst_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
     fsdp_state *s = state_get(ctx);
     if (!s) return fsdp_err_set(err, FSDP_E_INVALID, "save-safetensors: no model in the context");
@@ -56,6 +116,7 @@ static int sst_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
     const char *dts = fsdp_arg_str(with, "dtype", "auto"), *path = fsdp_arg_str(with, "path", "");
     int64_t shard_mb = fsdp_arg_int(with, "shard_mb", 0);
     int rc = state_check_values(s, "save-safetensors", err);
+    if (!rc) rc = sst_refuse_existing(c, with, path, shard_mb > 0, err);
     if (rc) return rc;
     if (hf && !s->has_cfg)
         return fsdp_err_set(err, FSDP_E_INVALID,
@@ -77,6 +138,7 @@ static int sst_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
         free(text);
         if (rc) fsdp_err_prefix(err, "save-safetensors: %s", path);
     }
+    if (!rc && rank == 0 && shard_mb <= 0) rc = sst_parent_dir(path, err);
     if (!rc && rank == 0) {
         rc = shard_mb > 0 ? st_shards_new(&sh, path, "model", (uint64_t)shard_mb << 20, err) : st_writer_new(&w, path, err);
         if (!rc) rc = sh ? st_shards_set_metadata(sh, "format", "pt", err) : st_writer_set_metadata(w, "format", "pt", err);
@@ -138,6 +200,7 @@ static int sst_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
         state_param_unmap(s, p, STATE_DATA, local, 0, &e3);
     }
     if (!rc && rank == 0) rc = sh ? st_shards_finish(sh, err) : st_writer_finish(w, err);
+    if (!rc && rank == 0) rc = sst_copies(ctx, with, path, err);
     /* Hugging Face names: the config.json transformers opens the directory with */
     if (!rc && rank == 0 && hf && s->has_cfg && s->n > 0)
         rc = sst_write_config(s, dts, path, sh != NULL, err);
@@ -154,6 +217,27 @@ static int sst_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
     return rc;
 }
 
+/* copies: paths (strings), one file only, none the path itself or listed twice */
+static int sst_check(const fsdp_value *with, fsdp_err *err) {
+    const fsdp_value *cp = fsdp_value_get(with, "copies");
+    const char *path = fsdp_arg_str(with, "path", "");
+    if (fsdp_value_size(cp) && fsdp_arg_int(with, "shard_mb", 0) > 0)
+        return fsdp_err_at(err, FSDP_E_INVALID, cp,
+                           "save-safetensors: copies: a sharded output (shard_mb > 0) is a directory; copies are of "
+                           "one .safetensors file");
+    for (size_t i = 0; i < fsdp_value_size(cp); i++) {
+        const fsdp_value *v = fsdp_value_item(cp, i);
+        const char *t = fsdp_value_text(v);
+        if (!t || !*t) return fsdp_err_at(err, FSDP_E_INVALID, v, "save-safetensors: copies: expected file paths");
+        if (!strcmp(t, path))
+            return fsdp_err_at(err, FSDP_E_INVALID, v, "save-safetensors: copies: %s is the path itself", t);
+        for (size_t j = 0; j < i; j++)
+            if (!strcmp(t, fsdp_value_text(fsdp_value_item(cp, j))))
+                return fsdp_err_at(err, FSDP_E_INVALID, v, "save-safetensors: copies: %s is listed twice", t);
+    }
+    return 0;
+}
+
 const fsdp_stage_desc stage_save_safetensors = {
     FSDP_STAGE_DESC_INIT,
     "save-safetensors",
@@ -162,5 +246,5 @@ const fsdp_stage_desc stage_save_safetensors = {
     NEEDS,
     NULL,
     sst_run,
-    NULL,
+    sst_check,
 };

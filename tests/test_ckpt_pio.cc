@@ -300,7 +300,9 @@ TEST(CkptPio, SavedStateLoadsIntoEveryShardingAndDtype) {
     comm *c;
     ASSERT_EQ(comm_create_single(&c, &err), 0);
     fsdp_state *src = make_state(0, 1, true, true);
-    sio_save_opts so = {1, 0, nullptr};
+    sio_save_opts so = {};
+    so.optimizer = 1;
+    so.overwrite = 0;
     ASSERT_EQ(sio_save(src, c, ck.c_str(), &so, &err), 0) << err.msg;
     // every rank of a 3-way sharding reads its rows (partial boxes of the single chunk)
     for (int r = 0; r < 3; r++) {
@@ -354,7 +356,9 @@ TEST(CkptPio, TruncatedDataFileIsAnErrorNamingTheFile) {
     comm *c;
     ASSERT_EQ(comm_create_single(&c, &err), 0);
     fsdp_state *src = make_state(0, 1, true, false);
-    sio_save_opts so = {0, 0, nullptr};
+    sio_save_opts so = {};
+    so.optimizer = 0;
+    so.overwrite = 0;
     ASSERT_EQ(sio_save(src, c, ck.c_str(), &so, &err), 0) << err.msg;
     std::string data = read_file(ck + "/__0_0.distcp");
     ASSERT_GT(data.size(), 3u << 20);
@@ -381,7 +385,9 @@ TEST(CkptPio, StrictLoadLeavesOnlyUnrestoredParametersNaN) {
     comm *c;
     ASSERT_EQ(comm_create_single(&c, &err), 0);
     fsdp_state *src = make_state(0, 1, true, false);
-    sio_save_opts so = {0, 0, nullptr};
+    sio_save_opts so = {};
+    so.optimizer = 0;
+    so.overwrite = 0;
     ASSERT_EQ(sio_save(src, c, ck.c_str(), &so, &err), 0) << err.msg;
     // the destination has one parameter more than the checkpoint, with non-NaN values
     fsdp_state *dst = make_state(0, 1, false, false);

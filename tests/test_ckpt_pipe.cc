@@ -187,7 +187,9 @@ struct Saved {
         fsdp_err err;
         EXPECT_EQ(comm_create_single(&c, &err), 0);
         src = make_state(0, 1, true, opt);
-        sio_save_opts so = {opt ? 1 : 0, 0, nullptr};
+        sio_save_opts so = {};
+        so.optimizer = opt ? 1 : 0;
+        so.overwrite = 0;
         EXPECT_EQ(sio_save(src, c, ck.c_str(), &so, &err), 0) << err.msg;
     }
     ~Saved() {
@@ -343,7 +345,9 @@ TEST(CkptPipe, StagedLoadReportsShapesMissingKeysNaNAndSinkFailuresLikeTheHostLo
     free_fake(d);
     // a NaN in the checkpoint, seen in the staged chunks
     sv.src->p[2].data[700] = NAN;
-    sio_save_opts so = {0, 1, nullptr};
+    sio_save_opts so = {};
+    so.optimizer = 0;
+    so.overwrite = 1;
     ASSERT_EQ(sio_save(sv.src, sv.c, sv.ck.c_str(), &so, &err), 0) << err.msg;
     d = make_state(0, 1, false, false);
     to_fake_device(d);
@@ -373,7 +377,9 @@ TEST(CkptPipe, StagedSaveWritesTheHostSaversBytes) {
             h->p[1].dtype = d->p[1].dtype = FSDP_DT_BF16; // converted chunk by chunk
             to_fake_device(d);
             std::string a = t + "/host", b = t + "/staged", e = t + "/async";
-            sio_save_opts so = {1, 1, nullptr};
+            sio_save_opts so = {};
+            so.optimizer = 1;
+            so.overwrite = 1;
             ASSERT_EQ(sio_save(h, c, a.c_str(), &so, &err), 0) << err.msg;
             ckpt_host_sink hs;
             ASSERT_EQ(ckpt_host_sink_init(&hs, 3, 1000, 1, &err), 0);

@@ -288,11 +288,11 @@ TEST(E2EWorkflow, AsyncSaveWritesTheSameCheckpoint) {
     expect_same_ckpt(t / "async", t / "sync");
     for (const char *f : {"__0_0.distcp", "__1_0.distcp"})
         EXPECT_EQ(read_file(t / "async" + "/" + f), read_file(t / "sync" + "/" + f)) << f;
-    // refusing to overwrite
+    // refusing to overwrite: found before anything runs (exit 2, as every validation error)
     write_file(r, std::string(TINY) + "stages:\n  - {id: i, uses: init-meta}\n  - {id: s, uses: save-dcp, with: {path: " +
                       (t / "sync") + "}}\n");
     o = run_np(1, r, &rc);
-    EXPECT_EQ(rc, 1);
+    EXPECT_EQ(rc, 2);
     EXPECT_NE(o.find("already holds a checkpoint"), std::string::npos) << o;
 }
 

@@ -351,7 +351,9 @@ TEST(LoadFastState, StrictLoadsEqualTheFallbackAndReportNaNOnEveryPath) {
     comm *c;
     ASSERT_EQ(comm_create_single(&c, &err), 0);
     fsdp_state *src = big_state(0, 1, true);
-    sio_save_opts so = {0, 0, nullptr};
+    sio_save_opts so = {};
+    so.optimizer = 0;
+    so.overwrite = 0;
     ASSERT_EQ(sio_save(src, c, (t + "/f32").c_str(), &so, &err), 0) << err.msg;
     for (size_t i = 0; i < src->n; i++) src->p[i].dtype = FSDP_DT_BF16;
     ASSERT_EQ(sio_save(src, c, (t + "/bf16").c_str(), &so, &err), 0) << err.msg;

@@ -586,7 +586,9 @@ TEST(StateDev, GpuStagedLoadAndSaveEqualTheHostPaths) {
     for (size_t i = 0; i < src.s->n; i++)
         for (state_array a : {STATE_DATA, STATE_EXP_AVG, STATE_EXP_AVG_SQ})
             fill(src.s, &src.s->p[i], a, random_values(state_param_local_numel(&src.s->p[i]), seed++));
-    sio_save_opts so = {1, 0, nullptr};
+    sio_save_opts so = {};
+    so.optimizer = 1;
+    so.overwrite = 0;
     std::string ck = t / "host";
     ASSERT_EQ(sio_save(src.s, c, ck.c_str(), &so, &err), 0) << err.msg;
     stage_ckpt_sink sink;

@@ -27,6 +27,8 @@ typedef enum fsdp_value_kind {
 
 fsdp_value_kind fsdp_value_type(const fsdp_value *v); /* FSDP_V_NULL for NULL */
 const char *fsdp_value_text(const fsdp_value *v);     /* scalar text, else NULL */
+/* 1 when v is a scalar written quoted in YAML ('0', "true": a string whatever its text), else 0. */
+int fsdp_value_quoted(const fsdp_value *v);
 size_t fsdp_value_size(const fsdp_value *v);          /* list/map entries, else 0 */
 const fsdp_value *fsdp_value_item(const fsdp_value *v, size_t i);
 const char *fsdp_value_key(const fsdp_value *map, size_t i);
