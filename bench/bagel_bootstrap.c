@@ -413,10 +413,9 @@ static void print_split(const bb_run *r) {
         printf(" %.2f | %.2f |\n", sum, median(&r->bagel[i].ours));
     }
     const bb_cell *c = &r->bagel[0];
-    printf("\nthe stages' references (medians, %d rank%s' rows above): init: a memset of fresh pages of the whole state "
-           "(%d threads) %.2f s; load_llm + load_vit: cat of the sources %.2f s; save: cp -r + sync of the output "
-           "%.2f s\n", r->o.np[0], r->o.np[0] > 1 ? "s" : "", r->o.threads, median(&r->memset), median(&c->base),
-           median(&c->cp));
+    printf("\nthe stages' references (medians, beside the %d-rank runs): init: a memset of fresh pages of the whole "
+           "state (%d threads) %.2f s; load_llm + load_vit: cat of the sources %.2f s; save: cp -r + sync of the "
+           "output %.2f s\n", r->o.np[0], r->o.threads, median(&r->memset), median(&c->base), median(&c->cp));
 }
 
 static void print_notes(const bb_run *r) {
