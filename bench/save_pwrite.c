@@ -52,7 +52,7 @@ static double one(int m, const char *path, const float *src, size_t n, int threa
     int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (fd < 0) return -1;
     fsdp_err err;
-    ckpt_pio_opts o = {0, 1, 1};
+    ckpt_pio_opts o = {0, 1, 1, 0};
     int bf16 = m >= M_OLD_BF16, rc = 0;
     uint32_t crc = 0;
     double t0 = bench_now();

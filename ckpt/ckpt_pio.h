@@ -20,7 +20,12 @@ typedef struct ckpt_pio_opts {
     size_t piece;
     int threads;
     int writeback; /* writes: start write-back of each written range (no wait) */
+    int direct;    /* writes: the payload's whole 4 KiB blocks with O_DIRECT when its offset allows (ckpt_pwrite.h) */
 } ckpt_pio_opts;
+
+/* The alignment of a payload written with O_DIRECT: the file offset, the length of each direct write
+ * and the address of its buffer are multiples of it (the largest logical block size of common devices). */
+#define CKPT_DIRECT_ALIGN ((size_t)4096)
 
 /* The threads of a parallel transfer: o->threads when set, else the OpenMP team's size capped at 8
  * (1 when built without OpenMP). */

@@ -23,6 +23,8 @@ void ckpt_pwrite_opts_env(ckpt_pio_opts *o) {
     char *end;
     if (t && *t && (v = strtol(t, &end, 10)) > 0 && !*end) o->threads = v > 64 ? 64 : (int)v;
     if (p && *p && (v = strtol(p, &end, 10)) > 0 && !*end) o->piece = (size_t)v << 10;
+    const char *d = getenv("FSDP_SAVE_DIRECT");
+    o->direct = !(d && !strcmp(d, "0"));
 }
 
 size_t ckpt_pwrite_piece(const ckpt_pio_opts *o) { return o && o->piece ? o->piece : PW_PIECE; }
@@ -30,6 +32,7 @@ size_t ckpt_pwrite_piece(const ckpt_pio_opts *o) { return o && o->piece ? o->pie
 typedef struct pw_piece {
     int err;     /* errno of the failed write, or 0 */
     int bad_cvt; /* the conversion failed */
+    int redo;    /* its direct write was refused (EINVAL): written through the page cache after the others */
     uint64_t at; /* the first byte not written (absolute), on failure */
     uint32_t crc;
 } pw_piece;
@@ -41,9 +44,13 @@ typedef struct pw_job {
     size_t ssz, dsz;
     size_t n, per; /* elements in all, per piece */
     uint64_t off;
-    char **buf;    /* one conversion buffer per thread (when the dtypes differ) */
+    char **buf;    /* one buffer per thread (aligned), when the dtypes differ or the writes are direct */
     pw_piece *st;
     atomic_int failed;
+    int direct;    /* the fd has O_DIRECT: whole blocks only, the last piece's tail kept for later */
+    char tail[CKPT_DIRECT_ALIGN];
+    size_t tail_len;
+    uint64_t tail_off;
 } pw_job;
 
 static uint32_t pw_crc(const char *p, size_t n) { return ckpt_crc32(0, p, n); }
@@ -61,6 +68,9 @@ static const char *pw_prep(pw_job *j, size_t i, int tid, size_t *len) {
             return NULL;
         }
         p = j->buf[tid];
+    } else if (j->direct) { /* O_DIRECT writes from an aligned buffer */
+        memcpy(j->buf[tid], p, *len);
+        p = j->buf[tid];
     }
     j->st[i].crc = pw_crc(p, *len);
     return p;
@@ -76,6 +86,18 @@ static void pw_put(pw_job *j, size_t i, const char *p, size_t len) {
     }
     uint64_t off = j->off + (uint64_t)i * j->per * j->dsz;
     uint64_t at = 0;
+    if (j->direct) {
+        size_t whole = len & ~(CKPT_DIRECT_ALIGN - 1);
+        if (len > whole) { /* the last piece: its partial block after the direct writes */
+            memcpy(j->tail, p + whole, len - whole);
+            j->tail_len = len - whole;
+            j->tail_off = off + whole;
+        }
+        int e = whole ? ckpt_pwrite_sliced(j->fd, p, whole, off, &at) : 0;
+        if (e == EINVAL && at == off) st->redo = 1;
+        else if (e) st->err = e, st->at = at, atomic_store(&j->failed, 1);
+        return;
+    }
     int e = ckpt_pwrite_sliced(j->fd, p, len, off, &at);
     if (e) {
         st->err = e;
@@ -141,14 +163,46 @@ static int pw_result(const pw_job *j, size_t np, uint32_t *crc, const char *what
 static int pw_setup(pw_job *j, size_t np, int threads, const char *what, fsdp_err *err) {
     j->st = calloc(np, sizeof *j->st);
     if (!j->st) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory writing %s", what);
-    if (j->sdt == j->ddt) return 0;
+    if (j->sdt == j->ddt && !j->direct) return 0;
     j->buf = calloc((size_t)threads, sizeof *j->buf);
     if (!j->buf) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory writing %s", what);
     size_t k = j->n < j->per ? j->n : j->per;
-    for (int t = 0; t < threads; t++)
-        if (!(j->buf[t] = malloc(k * j->dsz)))
-            return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory converting %s", what);
+    size_t bytes = (k * j->dsz + CKPT_DIRECT_ALIGN - 1) & ~(CKPT_DIRECT_ALIGN - 1);
+    for (int t = 0; t < threads; t++) {
+        void *b = NULL;
+        if (posix_memalign(&b, CKPT_DIRECT_ALIGN, bytes)) b = NULL;
+        if (!(j->buf[t] = b)) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory converting %s", what);
+    }
     return 0;
+}
+
+/* O_DIRECT on the fd for a payload at off (a multiple of the alignment) of at least one block;
+ * 0 when the options or the file system say no (the writes then go through the page cache). */
+static int pw_direct_on(int fd, uint64_t off, size_t bytes, const ckpt_pio_opts *o) {
+    if (!o || !o->direct || off % CKPT_DIRECT_ALIGN || bytes < CKPT_DIRECT_ALIGN) return 0;
+    int fl = fcntl(fd, F_GETFL);
+    return fl >= 0 && fcntl(fd, F_SETFL, fl | O_DIRECT) == 0;
+}
+
+/* Back to buffered writes: the pieces a direct write refused, then the last partial block. */
+static void pw_direct_off(pw_job *j, size_t np) {
+    int fl = fcntl(j->fd, F_GETFL);
+    if (fl >= 0) fcntl(j->fd, F_SETFL, fl & ~O_DIRECT);
+    int direct = j->direct;
+    j->direct = 0;
+    for (size_t i = 0; i < np && !atomic_load(&j->failed); i++) {
+        if (!j->st[i].redo) continue;
+        size_t len = 0;
+        const char *p = pw_prep(j, i, 0, &len);
+        pw_put(j, i, p, len);
+    }
+    uint64_t at = 0;
+    int e = direct && j->tail_len && !atomic_load(&j->failed) ? ckpt_pwrite_sliced(j->fd, j->tail, j->tail_len, j->tail_off, &at) : 0;
+    if (e) {
+        j->st[np - 1].err = e;
+        j->st[np - 1].at = at;
+        atomic_store(&j->failed, 1);
+    }
 }
 
 static void pw_free(pw_job *j, int threads) {
@@ -188,11 +242,13 @@ int ckpt_pwrite_conv(int fd, const void *src, fsdp_dtype src_dt, fsdp_dtype dst_
     atomic_init(&j.failed, 0);
     size_t np = n / j.per + (n % j.per != 0);
     int threads = pw_threads(o, np);
+    /* direct pieces must be whole blocks: the piece size a multiple of the alignment */
+    j.direct = j.per * j.dsz % CKPT_DIRECT_ALIGN == 0 && pw_direct_on(fd, off, n * j.dsz, o);
+    int direct = j.direct;
     int rc = pw_setup(&j, np, threads, what, err);
-    if (!rc) {
-        pw_run(&j, np, threads);
-        rc = pw_result(&j, np, crc, what, err);
-    }
+    if (!rc) pw_run(&j, np, threads);
+    if (direct) pw_direct_off(&j, np);
+    if (!rc) rc = pw_result(&j, np, crc, what, err);
     pw_free(&j, threads);
     return rc;
 }

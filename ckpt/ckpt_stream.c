@@ -158,7 +158,7 @@ static void publish(ring *q, int done, int failed) {
 static void *reader_main(void *arg) {
     ring *q = arg;
     cks_src *s = q->s;
-    ckpt_pio_opts po = {0, 1, 0};
+    ckpt_pio_opts po = {0, 1, 0, 0};
     int rc = 0;
     for (size_t k = 0; k < s->n && !rc; k++) {
         uint64_t a, b;
@@ -241,7 +241,7 @@ static int writer_loop(ring *q, fsdp_dtype dst_dt, int out_fd, uint64_t out_off,
                        const char *out_what, fsdp_err *err) {
     cks_src *s = q->s;
     size_t ssz = fsdp_dtype_size(s->dtype), dsz = fsdp_dtype_size(dst_dt);
-    ckpt_pio_opts po = {0, 1, 0};
+    ckpt_pio_opts po = {0, 1, 0, 0};
     uint64_t pos = out_off;
     uint32_t crc = (uint32_t)crc32(0, NULL, 0);
     slot *sl;

@@ -13,6 +13,8 @@
 #include "ckpt/zip.h"
 
 #define ZIP_ALIGN 64
+/* payloads of at least this many bytes start at a multiple of CKPT_DIRECT_ALIGN in the file */
+#define ZIP_DIRECT_MIN ((uint64_t)1 << 20)
 #define U32MAX 0xffffffffull
 
 static void le(unsigned char *p, uint64_t x, int n) {
@@ -57,8 +59,13 @@ int zip_writer_start(zip_writer *w, const char *name, uint64_t size, fsdp_err *e
     if (nl > 65535) return fsdp_err_set(err, FSDP_E_INVALID, "zip: record name too long");
     int z64 = size >= U32MAX || w->pos >= U32MAX;
     size_t base = 30 + nl + (z64 ? 20 : 0);
-    /* padding extra field ("FB" + len + 'Z'...) so that the payload is 64-byte aligned */
-    size_t pad = (ZIP_ALIGN - (w->pos + base + 4) % ZIP_ALIGN) % ZIP_ALIGN;
+    /* padding extra field ("FB" + len + 'Z'...) so that the payload is 64-byte aligned from the archive's
+     * start, as torch.save aligns it; a large payload at a multiple of CKPT_DIRECT_ALIGN in the file
+     * instead, where its whole blocks can be written with O_DIRECT (ckpt/ckpt_pwrite.h; torch's readers
+     * find a payload by its header, whatever the padding) */
+    size_t pad = size >= ZIP_DIRECT_MIN
+                     ? (CKPT_DIRECT_ALIGN - (w->start + w->pos + base + 4) % CKPT_DIRECT_ALIGN) % CKPT_DIRECT_ALIGN
+                     : (ZIP_ALIGN - (w->pos + base + 4) % ZIP_ALIGN) % ZIP_ALIGN;
     size_t xl = (z64 ? 20 : 0) + 4 + pad;
     unsigned char h[30];
     le(h, 0x04034b50u, 4);
@@ -88,7 +95,7 @@ int zip_writer_start(zip_writer *w, const char *name, uint64_t size, fsdp_err *e
         rc = out(w, x, 20, err);
     }
     if (!rc) {
-        unsigned char x[4 + ZIP_ALIGN];
+        unsigned char x[4 + CKPT_DIRECT_ALIGN];
         le(x, 0x4246, 2); /* "FB" */
         le(x + 2, pad, 2);
         memset(x + 4, 'Z', pad);

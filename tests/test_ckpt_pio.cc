@@ -48,7 +48,7 @@ TEST(CkptPio, ParallelReadEqualsTheFileAtAnyPiecing) {
     const size_t pieces[] = {4096, 4099, 65536, 1 << 20, 0};
     for (size_t piece : pieces)
         for (int th : {1, 2, 4}) {
-            ckpt_pio_opts o = {piece, th, 0};
+            ckpt_pio_opts o = {piece, th, 0, 0};
             std::string got(data.size() - 17, 'x');
             ASSERT_EQ(ckpt_pread_all(fd, &got[0], got.size(), 17, "f", &o, &err), 0) << err.msg;
             EXPECT_EQ(got, data.substr(17)) << "piece " << piece << " threads " << th;
@@ -64,7 +64,7 @@ TEST(CkptPio, ReadPastTheEndNamesTheFileAndTheFirstMissingByte) {
     ASSERT_GE(fd, 0);
     std::string got(80000, '\0');
     for (int th : {1, 4}) {
-        ckpt_pio_opts o = {4096, th, 0};
+        ckpt_pio_opts o = {4096, th, 0, 0};
         fsdp_err err;
         err.msg[0] = 0;
         EXPECT_EQ(ckpt_pread_all(fd, &got[0], got.size(), 0, "short.bin", &o, &err), FSDP_E_FORMAT);
@@ -181,7 +181,7 @@ TEST(CkptPio, ParallelWriteGivesTheBytesAndTheCrcOfOneSequentialWrite) {
             std::string p = t + "/w" + std::to_string(th) + std::to_string(wb);
             int fd = open(p.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
             ASSERT_GE(fd, 0);
-            ckpt_pio_opts o = {10007, th, wb};
+            ckpt_pio_opts o = {10007, th, wb, 0};
             uint32_t crc = 0;
             ASSERT_EQ(ckpt_pwrite_all(fd, data.data(), data.size(), 100, &crc, p.c_str(), &o, &err), 0) << err.msg;
             close(fd);
@@ -201,13 +201,13 @@ TEST(CkptPio, ParallelWriteGivesTheBytesAndTheCrcOfOneSequentialWrite) {
     // a read-only descriptor: a write error naming the file
     fd = open((t + "/w10").c_str(), O_RDONLY);
     err.msg[0] = 0;
-    ckpt_pio_opts o = {4096, 2, 0};
+    ckpt_pio_opts o = {4096, 2, 0, 0};
     EXPECT_EQ(ckpt_pwrite_all(fd, data.data(), 100000, 0, &crc, "ro-file", &o, &err), FSDP_E_IO);
     EXPECT_NE(std::string(err.msg).find("ro-file"), std::string::npos) << err.msg;
     close(fd);
     // parallel memcpy
     std::string dst(data.size(), '\0');
-    ckpt_pio_opts co = {1000, 4, 0};
+    ckpt_pio_opts co = {1000, 4, 0, 0};
     ckpt_copy_par(&dst[0], data.data(), data.size(), &co);
     EXPECT_EQ(dst, data);
     rm_rf(t);
@@ -431,7 +431,7 @@ TEST(CkptPio, ParallelConversionEqualsTheSequentialOne) {
         size_t es = fsdp_dtype_size(dt);
         std::string want(n * es, '\0'), got(n * es, '\1');
         ASSERT_EQ(fsdp_convert(&want[0], dt, f.data(), FSDP_DT_F32, n, &err), 0) << err.msg;
-        ckpt_pio_opts o = {4000, 3, 0};
+        ckpt_pio_opts o = {4000, 3, 0, 0};
         ASSERT_EQ(ckpt_convert_par(&got[0], dt, f.data(), FSDP_DT_F32, n, &o, &err), 0) << err.msg;
         EXPECT_TRUE(want == got) << fsdp_dtype_name(dt);
         // and back to f32
@@ -443,7 +443,7 @@ TEST(CkptPio, ParallelConversionEqualsTheSequentialOne) {
     // a pair fsdp_convert refuses keeps its message
     std::vector<uint8_t> d(n);
     std::vector<float> c64(2 * n);
-    ckpt_pio_opts o = {4000, 3, 0};
+    ckpt_pio_opts o = {4000, 3, 0, 0};
     err.msg[0] = 0;
     EXPECT_NE(ckpt_convert_par(d.data(), FSDP_DT_F8_E4M3FN, c64.data(), FSDP_DT_C64, n, &o, &err), 0);
     EXPECT_NE(std::string(err.msg).find("cannot convert"), std::string::npos) << err.msg;

@@ -7,6 +7,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <set>
@@ -159,7 +160,7 @@ TEST(SaveFastPwrite, ConvertedBytesAndCrcAreThoseOfOneThread) {
                 int fd = open(p.c_str(), O_RDWR | O_CREAT | O_TRUNC, 0644);
                 ASSERT_GE(fd, 0);
                 ASSERT_EQ(pwrite(fd, "hdr", 3, 0), 3);
-                ckpt_pio_opts o = {piece, threads, 1};
+                ckpt_pio_opts o = {piece, threads, 1, 0};
                 uint32_t crc = 0;
                 ASSERT_EQ(ckpt_pwrite_conv(fd, v.data(), FSDP_DT_F32, dt, n, 3, &crc, "t", &o, &err), 0) << err.msg;
                 std::string got = file_bytes(fd);
@@ -180,7 +181,7 @@ TEST(SaveFastPwrite, EveryThreadsErrorReachesTheCaller) {
     if (fd < 0) GTEST_SKIP() << "no /dev/full";
     auto v = values(1 << 16);
     for (int threads : {1, 2, 4}) {
-        ckpt_pio_opts o = {4096, threads, 0};
+        ckpt_pio_opts o = {4096, threads, 0, 0};
         fsdp_err err;
         uint32_t crc = 0;
         EXPECT_EQ(ckpt_pwrite_conv(fd, v.data(), FSDP_DT_F32, FSDP_DT_BF16, v.size(), 4096, &crc, "layer.w in x.distcp",
@@ -193,7 +194,7 @@ TEST(SaveFastPwrite, EveryThreadsErrorReachesTheCaller) {
     // a descriptor that cannot write at all (a pipe: no positional writes)
     int p[2];
     ASSERT_EQ(pipe(p), 0);
-    ckpt_pio_opts o = {4096, 3, 0};
+    ckpt_pio_opts o = {4096, 3, 0, 0};
     fsdp_err err;
     EXPECT_EQ(ckpt_pwrite_all(p[1], v.data(), v.size() * 4, 0, nullptr, "piped", &o, &err), FSDP_E_IO);
     EXPECT_NE(strstr(err.msg, "piped: write error at byte 0: Illegal seek"), nullptr) << err.msg;
@@ -207,7 +208,7 @@ TEST(SaveFastPwrite, RefusedConversionWritesNothing) {
     int fd = open(p.c_str(), O_RDWR | O_CREAT | O_TRUNC, 0644);
     ASSERT_GE(fd, 0);
     auto v = values(1000);
-    ckpt_pio_opts o = {256, 2, 0};
+    ckpt_pio_opts o = {256, 2, 0, 0};
     fsdp_err err;
     EXPECT_NE(ckpt_pwrite_conv(fd, v.data(), FSDP_DT_F32, FSDP_DT_C64, v.size(), 0, nullptr, "odd", &o, &err), 0);
     EXPECT_NE(strstr(err.msg, "odd"), nullptr) << err.msg;
@@ -231,4 +232,79 @@ TEST(SaveFastPwrite, OptionsFromTheEnvironment) {
     EXPECT_EQ(o.threads, 0);
     EXPECT_EQ(o.piece, 0u);
     unsetenv("FSDP_SAVE_THREADS");
+}
+
+namespace {
+// pages of a file in the page cache (mincore of a mapping): direct writes leave none behind
+std::vector<unsigned char> resident(const std::string &p, size_t bytes) {
+    int fd = open(p.c_str(), O_RDONLY);
+    void *m = fd >= 0 ? mmap(nullptr, bytes, PROT_READ, MAP_SHARED, fd, 0) : MAP_FAILED;
+    std::vector<unsigned char> v((bytes + 4095) / 4096);
+    if (m != MAP_FAILED) {
+        if (mincore(m, bytes, v.data()) != 0) v.clear();
+        munmap(m, bytes);
+    } else {
+        v.clear();
+    }
+    if (fd >= 0) close(fd);
+    return v;
+}
+
+// whether the directory's file system takes O_DIRECT (tmpfs does not)
+bool takes_direct(const std::string &dir) {
+    std::string p = dir + "/probe";
+    int fd = open(p.c_str(), O_WRONLY | O_CREAT | O_DIRECT, 0644);
+    if (fd >= 0) close(fd);
+    unlink(p.c_str());
+    return fd >= 0;
+}
+}  // namespace
+
+// O_DIRECT payloads (the default of a save): the same bytes and CRC as a buffered write, at any piece
+// and thread count, with or without a conversion; the whole blocks are written past the page cache and
+// only the last partial block goes through it; an offset that is not a block boundary, or a file system
+// without O_DIRECT, writes through the page cache with the same result
+TEST(SaveFastPwrite, DirectWritesGiveTheBytesOfABufferedWriteAndBypassThePageCache) {
+    std::string t = make_tmpdir("fsdp-direct");
+    const size_t n = (3u << 18) + 17; /* 3 MiB of f32 + 17 values: a partial last block */
+    auto v = values(n);
+    bool direct_fs = takes_direct(t);
+    for (fsdp_dtype dt : {FSDP_DT_F32, FSDP_DT_BF16}) {
+        size_t esz = fsdp_dtype_size(dt);
+        std::string want(n * esz, '\0');
+        fsdp_err err;
+        ASSERT_EQ(fsdp_convert(&want[0], dt, v.data(), FSDP_DT_F32, n, &err), 0) << err.msg;
+        uint32_t want_crc = (uint32_t)crc32(0L, (const Bytef *)want.data(), (uInt)want.size());
+        for (uint64_t off : {(uint64_t)8192, (uint64_t)100}) {
+            for (int threads : {1, 3}) {
+                std::string p = t + "/f";
+                int fd = open(p.c_str(), O_RDWR | O_CREAT | O_TRUNC, 0644);
+                ASSERT_GE(fd, 0);
+                ASSERT_EQ(pwrite(fd, "hdr", 3, 0), 3);
+                ckpt_pio_opts o = {(size_t)1 << 20, threads, 1, 1};
+                uint32_t crc = 0;
+                ASSERT_EQ(ckpt_pwrite_conv(fd, v.data(), FSDP_DT_F32, dt, n, off, &crc, "t", &o, &err), 0) << err.msg;
+                EXPECT_EQ(fcntl(fd, F_GETFL) & O_DIRECT, 0) << "the descriptor is back to buffered writes";
+                ASSERT_EQ(pwrite(fd, "end", 3, (off_t)(off + n * esz)), 3) << "a buffered write after it";
+                close(fd);
+                std::string what = std::string(fsdp_dtype_name(dt)) + " offset " + std::to_string(off) + " threads " +
+                                   std::to_string(threads);
+                /* before anything reads the file back */
+                std::vector<unsigned char> r = resident(p, (size_t)(off + n * esz + 3));
+                std::string got = read_file(p);
+                ASSERT_EQ(got.size(), off + n * esz + 3) << what;
+                EXPECT_EQ(got.substr(0, 3), "hdr") << what;
+                EXPECT_TRUE(got.substr(off, n * esz) == want) << what;
+                EXPECT_EQ(got.substr(off + n * esz), "end") << what;
+                EXPECT_EQ(crc, want_crc) << what;
+                if (!direct_fs || off % 4096) continue;
+                ASSERT_FALSE(r.empty());
+                size_t first = (size_t)(off / 4096), last = (size_t)((off + n * esz) / 4096);
+                size_t cached = 0;
+                for (size_t k = first; k < last; k++) cached += r[k] & 1;
+                EXPECT_EQ(cached, 0u) << what << ": the whole blocks were written past the page cache";
+            }
+        }
+    }
+    rm_rf(t);
 }
