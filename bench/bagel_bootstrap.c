@@ -12,7 +12,10 @@
  * 2. Each repetition, for each rank count: the whole bootstrap process (+ sync) after settle(); its
  *    peak RSS (the report's peak_rss_bytes, max over ranks) against its shard of the float32 state;
  *    then the floor of the same run: `cat` of every source file to /dev/null plus `cp -r` + sync of
- *    the output, each after settle().
+ *    the output, each after settle(); and the same copy with O_DIRECT writes (dd oflag=direct, 4 MiB
+ *    blocks), the device's own write speed, which the saves' direct payload writes aim at
+ *    (ckpt/ckpt_pwrite.h): on a VM that returns idle memory to its host, a buffered cp is often several
+ *    times slower than the device.
  * 3. The plain bootstrap (--no-plain skips it): init-meta + save-dcp of Llama-3 1B with --plain-layers
  *    layers, against a memset of fresh pages of its state (the run's threads) plus `cp -r` + sync.
  * The tables show medians; a ratio column is the median of the per-repetition ratios. */
@@ -53,7 +56,7 @@ typedef struct series {
 
 /* one kind of run (Bagel or plain) on one rank count, over the repetitions */
 typedef struct bb_cell {
-    series ours, base, cp, floor, floor_ratio, rss, stage[BB_N_STAGES];
+    series ours, base, cp, dcp, floor, floor_ratio, dfloor_ratio, rss, stage[BB_N_STAGES];
     double out_bytes, params;
 } bb_cell;
 
@@ -292,23 +295,32 @@ static int threads_per_rank(const bb_run *r, int np) {
     return r->o.threads / np > 0 ? r->o.threads / np : 1;
 }
 
-/* settle; t_cp of `cp -r` + sync of the output; the copy and the output removed */
-static double cp_floor(const bb_run *r, double settle_bytes) {
+/* settle; t_cp of `cp -r` + sync of the output, then (settled again) *dcp of the same copy with O_DIRECT
+ * writes (dd oflag=direct, 4 MiB blocks: the device's write speed without the page cache, which the
+ * saves use); the copies and the output removed */
+static double cp_floor(const bb_run *r, double settle_bytes, double *dcp) {
     char cmd[4096];
     snprintf(cmd, sizeof cmd, "cp -r '%s' '%s.copy' && sync", r->out, r->out);
     double t = settled_run(r, settle_bytes, cmd);
+    snprintf(cmd, sizeof cmd,
+             "rm -rf '%s.copy' && mkdir '%s.copy' && for f in '%s'/* '%s'/.metadata; do dd if=\"$f\" "
+             "of='%s.copy'/\"$(basename \"$f\")\" bs=4M oflag=direct status=none || exit 1; done && sync",
+             r->out, r->out, r->out, r->out, r->out);
+    *dcp = settled_run(r, settle_bytes, cmd);
     snprintf(cmd, sizeof cmd, "rm -rf '%s' '%s.copy'", r->out, r->out);
     bench_run(cmd, NULL);
     return t;
 }
 
-static void put_floor(bb_cell *c, double ours, double base, double cp) {
+static void put_floor(bb_cell *c, double ours, double base, double cp, double dcp) {
     put(&c->ours, ours);
     put(&c->base, base);
     put(&c->cp, cp);
+    put(&c->dcp, dcp);
     if (base < 0 || cp < 0) return;
     put(&c->floor, base + cp);
     put(&c->floor_ratio, (base + cp) / ours);
+    if (dcp >= 0) put(&c->dfloor_ratio, (base + dcp) / ours);
 }
 
 /* one repetition of the Bagel bootstrap on np ranks, then its floor (cat of the sources, cp of the output) */
@@ -324,7 +336,8 @@ static int rep_bagel(bb_run *r, int np, bb_cell *c) {
     c->out_bytes = bench_path_bytes(r->out);
     snprintf(cmd, sizeof cmd, "find '%s' '%s' -type f -exec cat {} + > /dev/null", r->llm, r->vit);
     double cat = settled_run(r, r->state_bytes, cmd);
-    put_floor(c, ours, cat, cp_floor(r, r->state_bytes));
+    double dcp = -1, cp = cp_floor(r, r->state_bytes, &dcp);
+    put_floor(c, ours, cat, cp, dcp);
     return 0;
 }
 
@@ -349,7 +362,8 @@ static int rep_plain(bb_run *r, int np, bb_cell *c) {
     c->out_bytes = bench_path_bytes(r->out);
     settle(r, r->plain_state_bytes);
     double ms = bench_memset_seconds((size_t)r->plain_state_bytes, r->o.threads);
-    put_floor(c, ours, ms, cp_floor(r, r->plain_state_bytes));
+    double dcp = -1, cp = cp_floor(r, r->plain_state_bytes, &dcp);
+    put_floor(c, ours, ms, cp, dcp);
     return 0;
 }
 
@@ -362,21 +376,23 @@ static void fmt_s(char *buf, size_t n, double v, const char *f) {
 
 /* the columns both tables share: ours, base (cat or memset), cp, floor, floor/ours, GB/s, RSS/shard */
 static void print_common(const bb_cell *c, int np, double state) {
-    char a[32], b[32], d[32], e[32], f[32];
+    char a[32], b[32], d[32], e[32], f[32], g[32], h[32];
     double ours = median(&c->ours), rss = median(&c->rss), shard = state / np;
     fmt_s(a, sizeof a, ours, "%.2f");
     fmt_s(b, sizeof b, median(&c->base), "%.2f");
     fmt_s(d, sizeof d, median(&c->cp), "%.2f");
     fmt_s(e, sizeof e, median(&c->floor), "%.2f");
     fmt_s(f, sizeof f, median(&c->floor_ratio), "%.2f");
-    printf("| %d | %s | %s | %s | %s | **%s** | %.2f | %.2f GB / %.2f GB = %.2f |", np, a, b, d, e, f,
+    fmt_s(g, sizeof g, median(&c->dcp), "%.2f");
+    fmt_s(h, sizeof h, median(&c->dfloor_ratio), "%.2f");
+    printf("| %d | %s | %s | %s | %s | **%s** | %s | %s | %.2f | %.2f GB / %.2f GB = %.2f |", np, a, b, d, e, f, g, h,
            ours > 0 ? c->out_bytes / ours / 1e9 : 0, rss / 1e9, shard / 1e9, rss / shard);
 }
 
 static void print_bagel_table(const bb_run *r) {
     printf("\nBagel bootstrap (layout %s), medians of %d repetitions:\n\n", r->o.layout, r->o.reps);
-    printf("| ranks | ours s | t_cat s | t_cp s | floor s | floor/ours | GB/s of output | peak RSS per rank / shard "
-           "(ratio) |\n|---|---|---|---|---|---|---|---|\n");
+    printf("| ranks | ours s | t_cat s | t_cp s | floor s | floor/ours | t_cp direct s | (cat + cp direct)/ours | GB/s "
+           "of output | peak RSS per rank / shard (ratio) |\n|---|---|---|---|---|---|---|---|---|---|\n");
     for (int i = 0; i < r->o.n_np; i++) {
         print_common(&r->bagel[i], r->o.np[i], r->state_bytes);
         printf("\n");
@@ -387,8 +403,9 @@ static void print_plain_table(const bb_run *r) {
     if (!r->o.plain) return;
     printf("\nPlain bootstrap (llama3_1b, %d layers: init-meta + save-dcp), medians of %d repetitions:\n\n",
            r->o.plain_layers, r->o.reps);
-    printf("| ranks | ours s | memset s | t_cp s | floor s | floor/ours | GB/s of output | peak RSS per rank / shard "
-           "(ratio) | ours/(memset+cp) | max(memset,cp)/ours |\n|---|---|---|---|---|---|---|---|---|---|\n");
+    printf("| ranks | ours s | memset s | t_cp s | floor s | floor/ours | t_cp direct s | (memset + cp direct)/ours | "
+           "GB/s of output | peak RSS per rank / shard (ratio) | ours/(memset+cp) | max(memset,cp)/ours |\n"
+           "|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for (int i = 0; i < r->o.n_np; i++) {
         const bb_cell *c = &r->plain[i];
         double ours = median(&c->ours), ms = median(&c->base), cp = median(&c->cp);
@@ -429,7 +446,9 @@ static void print_notes(const bb_run *r) {
            "floor/ours is the median of the per-repetition ratios (1 = as fast as reading the sources and "
            "copying the output). Peak RSS is the largest rank's VmHWM from the report against its shard of the "
            "float32 state (state / ranks). The plain bootstrap's floor is a memset of fresh pages of its state "
-           "(%d threads) plus the same cp.\n", r->o.layout, r->o.threads, r->o.threads);
+           "(%d threads) plus the same cp. `t_cp direct` copies the same output with O_DIRECT writes (dd "
+           "oflag=direct bs=4M, + sync): the device's write speed without the page cache, which the saves' "
+           "payload writes use.\n", r->o.layout, r->o.threads, r->o.threads);
     printf("machine: %ld cores, %.1f GiB memory\n", cores, mem / (1 << 30));
     printf("sizes: sources %.3f GB (bf16), output %.3f GB, float32 state %.3f GB (%.0f parameters)", r->src_bytes / 1e9,
            r->bagel[0].out_bytes / 1e9, r->state_bytes / 1e9, r->state_bytes / 4);

@@ -9,6 +9,9 @@
 
 #include <jansson.h>
 
+#include "model/mt_json.h"
+#include "runtime/fileio.h"
+
 typedef enum check_kind { CHECK_PATH = 0, CHECK_CONFIG, CHECK_THAT, CHECK_HAS, CHECK_KINDS } check_kind;
 static const char *const KIND_KEYS[CHECK_KINDS] = {"path", "config", "that", "has"};
 /* keys each kind takes besides its own and `message` */
@@ -70,9 +73,9 @@ static int check_entry_syntax(const fsdp_value *c, fsdp_err *err) {
     if (fsdp_value_type(main) != FSDP_V_SCALAR || !fsdp_value_text(main))
         return fsdp_err_at(err, FSDP_E_INVALID, main, "model: checks: %s must be text", KIND_KEYS[k]);
     const char *is = fsdp_value_text(fsdp_value_get(c, "is"));
-    if (k == CHECK_PATH && (!is || (strcmp(is, "dir") && strcmp(is, "file"))))
+    if (k == CHECK_PATH && (!is || (strcmp(is, "dir") && strcmp(is, "file") && strcmp(is, "any"))))
         return fsdp_err_at(err, FSDP_E_INVALID, fsdp_value_get(c, "is") ? fsdp_value_get(c, "is") : c,
-                           "model: checks: a path check needs is: dir or is: file");
+                           "model: checks: a path check needs is: dir, file or any");
     if (k == CHECK_CONFIG && (!fsdp_value_text(fsdp_value_get(c, "key")) ||
                               fsdp_value_type(fsdp_value_get(c, "in")) != FSDP_V_LIST))
         return fsdp_err_at(err, FSDP_E_INVALID, c, "model: checks: a config check needs key: KEY and in: [VALUES]");
@@ -92,32 +95,18 @@ int mt_checks_syntax(const fsdp_value *checks, fsdp_err *err) {
 
 /* ---- sources ------------------------------------------------------------------------------------ */
 
-/* validate: a path that does not exist, in a directory that does not exist either (a source an earlier
- * recipe writes; an existing directory is a source already, and lacks the file) */
-static int not_there_yet(const char *path) {
-    struct stat st;
-    if (stat(path, &st) == 0 || errno != ENOENT) return 0;
-    char dir[4096];
-    snprintf(dir, sizeof dir, "%s", path);
-    char *slash = strrchr(dir, '/');
-    while (slash && slash > dir && slash[1] == '\0') { /* trailing slashes */
-        *slash = '\0';
-        slash = strrchr(dir, '/');
-    }
-    if (!slash) return 1;
-    *slash = '\0';
-    return !dir[0] || (stat(dir, &st) != 0 && errno == ENOENT);
-}
 
 static void path_check(const fsdp_value *c, int validate, fails *f) {
     const char *path = fsdp_value_text(fsdp_value_get(c, "path")), *is = fsdp_value_text(fsdp_value_get(c, "is"));
     const char *msg = fsdp_value_text(fsdp_value_get(c, "message"));
     struct stat st;
     char detail[4400];
-    if (validate && not_there_yet(path)) return;
-    if (stat(path, &st) != 0) {
+    if (validate && fio_not_there_yet(path)) return;
+    if (!*path) {
+        snprintf(detail, sizeof detail, "the path is empty");
+    } else if (stat(path, &st) != 0) {
         snprintf(detail, sizeof detail, "%s: %s", path, strerror(errno));
-    } else if (!strcmp(is, "dir") != !!S_ISDIR(st.st_mode)) {
+    } else if (strcmp(is, "any") && !strcmp(is, "dir") != !!S_ISDIR(st.st_mode)) {
         snprintf(detail, sizeof detail, "%s is %s, expected a %s", path, S_ISDIR(st.st_mode) ? "a directory" : "a file",
                  !strcmp(is, "dir") ? "directory" : "file");
     } else {
@@ -126,19 +115,6 @@ static void path_check(const fsdp_value *c, int validate, fails *f) {
     fail(f, c, msg, detail);
 }
 
-/* The JSON value at a dotted key (NULL when absent). */
-static json_t *json_at(json_t *root, const char *key) {
-    json_t *v = root;
-    while (v && *key) {
-        const char *dot = strchr(key, '.');
-        size_t len = dot ? (size_t)(dot - key) : strlen(key);
-        char part[256];
-        snprintf(part, sizeof part, "%.*s", (int)(len < 255 ? len : 255), key);
-        v = json_is_object(v) ? json_object_get(v, part) : NULL;
-        key += len + (dot ? 1 : 0);
-    }
-    return v;
-}
 
 /* A JSON scalar against a recipe scalar: text, number or boolean. */
 static int json_equals(json_t *j, const fsdp_value *want) {
@@ -158,7 +134,7 @@ static void config_check(const fsdp_value *c, int validate, fails *f) {
     const fsdp_value *in = fsdp_value_get(c, "in");
     char detail[4400];
     struct stat st;
-    if (validate && not_there_yet(file)) return;
+    if (validate && fio_not_there_yet(file)) return;
     if (stat(file, &st) != 0) {
         snprintf(detail, sizeof detail, "%s: %s", file, strerror(errno));
         fail(f, c, msg, detail);
@@ -166,7 +142,7 @@ static void config_check(const fsdp_value *c, int validate, fails *f) {
     }
     json_error_t je;
     json_t *root = json_load_file(file, 0, &je);
-    json_t *v = root ? json_at(root, key) : NULL;
+    json_t *v = root ? mt_json_at(root, key) : NULL;
     int ok = 0;
     for (size_t i = 0; v && i < fsdp_value_size(in) && !ok; i++) ok = json_equals(v, fsdp_value_item(in, i));
     if (!root) snprintf(detail, sizeof detail, "%s is not JSON: %s (line %d)", file, je.text, je.line);

@@ -8,7 +8,8 @@
  *     - {that: "vit_positions >= vit_side * vit_side", message: "the ViT's position table is too small"}
  *     - {has: vit_model.vision_model.post_layernorm.weight, message: "vars.vit is not a SigLIP vision tower"}
  *
- * path    the path exists and is a directory (`is: dir`) or a file (`is: file`); before the parts
+ * path    the path exists and is a directory (`is: dir`), a file (`is: file`) or either (`is: any`);
+ *         before the parts
  * config  the JSON file's value at the dotted key is one of `in` (text, number or boolean, compared as
  *         such); a missing file or key fails; before the parts
  * that    two dims expressions (model/mt_dims.h) compared with == != < <= > >=; before the parts when

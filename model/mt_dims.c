@@ -11,6 +11,7 @@
 #include <jansson.h>
 
 #include "ckpt/namemap.h"
+#include "model/mt_json.h"
 #include "ckpt/reader.h"
 #include "runtime/fileio.h"
 
@@ -365,21 +366,9 @@ static int shape_def(mt_dims *s, def *df, fsdp_err *err) {
     return 0;
 }
 
-/* validate: a file that does not exist yet, in a directory that does not exist either (a source an
- * earlier recipe writes; a directory that exists is a source already, and lacks the file). */
-static int not_there_yet(const char *path) {
-    struct stat st;
-    if (stat(path, &st) == 0 || errno != ENOENT) return 0;
-    char dir[4096];
-    snprintf(dir, sizeof dir, "%s", path);
-    char *slash = strrchr(dir, '/');
-    if (!slash) return 1;
-    *slash = '\0';
-    return !dir[0] || (stat(dir, &st) != 0 && errno == ENOENT);
-}
 
 static int config_def(mt_dims *s, def *df, fsdp_err *err) {
-    if (s->missing && not_there_yet(df->text)) {
+    if (s->missing && fio_not_there_yet(df->text)) {
         *s->missing = 1;
         return fsdp_err_at(err, FSDP_E_IO, df->v, "model dims: %s: %s does not exist (yet)", df->name, df->text);
     }
@@ -396,16 +385,7 @@ static int config_def(mt_dims *s, def *df, fsdp_err *err) {
     if (!root)
         return fsdp_err_at(err, FSDP_E_FORMAT, df->v, "model dims: %s: %s is not JSON: %s (line %d)", df->name,
                            df->text, je.text, je.line);
-    json_t *v = root;
-    const char *k = df->key;
-    while (v && *k) {
-        const char *dot = strchr(k, '.');
-        size_t len = dot ? (size_t)(dot - k) : strlen(k);
-        char part[256];
-        snprintf(part, sizeof part, "%.*s", (int)(len < 255 ? len : 255), k);
-        v = json_is_object(v) ? json_object_get(v, part) : NULL;
-        k += len + (dot ? 1 : 0);
-    }
+    json_t *v = mt_json_at(root, df->key);
     if (!v || !json_is_integer(v)) {
         rc = fsdp_err_at(err, FSDP_E_INVALID, df->v, "model dims: %s: %s has %s at key %s", df->name, df->text,
                          v ? "no integer" : "nothing", df->key);
@@ -418,8 +398,7 @@ static int config_def(mt_dims *s, def *df, fsdp_err *err) {
 
 /* {count: GLOB, in: CHECKPOINT}: the checkpoint's tensors whose names match (its header only). */
 static int count_def(mt_dims *s, def *df, fsdp_err *err) {
-    struct stat st;
-    if (s->missing && stat(df->key, &st) != 0 && errno == ENOENT) {
+    if (s->missing && fio_not_there_yet(df->key)) {
         *s->missing = 1;
         return fsdp_err_at(err, FSDP_E_IO, df->v, "model dims: %s: %s does not exist (yet)", df->name, df->key);
     }

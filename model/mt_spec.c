@@ -19,6 +19,7 @@
 #include "model/mt_from.h"
 #include "model/mt_yaml.h"
 #include "pipeline/yaml_load.h"
+#include "runtime/fileio.h"
 
 typedef enum form { FORM_ARCH = 0, FORM_PARAMS, FORM_TABLE, FORM_FROM, FORM_PARTS } form;
 static const char *const FORM_KEYS[] = {NULL, "params", "table", "from", "parts"};
@@ -109,8 +110,7 @@ static int text_key(const fsdp_value *m, const char *key, const char **out, fsdp
 
 /* validate: a source that does not exist (yet) stops the evaluation; 1 when it did. */
 static int source_missing(builder *b, const char *path) {
-    struct stat st;
-    if (!b->o->validate || stat(path, &st) == 0 || errno != ENOENT) return 0;
+    if (!b->o->validate || !fio_not_there_yet(path)) return 0;
     b->stopped = 1;
     b->t->incomplete = 1;
     return 1;

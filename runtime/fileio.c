@@ -85,3 +85,17 @@ int fio_fopen_append(const char *path, const char *label, FILE **f, fsdp_err *er
     int rc = open_regular(path, label, O_WRONLY | O_APPEND | O_CREAT, &fd, err);
     return rc ? rc : as_stream(fd, "a", label ? label : path, f, err);
 }
+
+int fio_not_there_yet(const char *path) {
+    struct stat st;
+    if (!path || !*path || stat(path, &st) == 0 || errno != ENOENT) return 0;
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", path);
+    size_t n = strlen(dir);
+    while (n > 1 && dir[n - 1] == '/') dir[--n] = '\0'; /* trailing slashes */
+    char *slash = strrchr(dir, '/');
+    if (!slash) return 1; /* relative to the working directory, which exists */
+    if (slash == dir) return 0; /* in the root directory, which exists */
+    *slash = '\0';
+    return stat(dir, &st) != 0 && errno == ENOENT;
+}

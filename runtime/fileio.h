@@ -31,4 +31,9 @@ int fio_fopen_read(const char *path, const char *label, FILE **f, fsdp_err *err)
  * instead of blocking on it. */
 int fio_fopen_append(const char *path, const char *label, FILE **f, fsdp_err *err);
 
+/* Whether path names something that does not exist YET: it is missing, and so is the directory it
+ * would be in (a source an earlier recipe of a chain writes). A missing file in an existing
+ * directory (an HF directory without its config.json), an empty path, or any other error is not. */
+int fio_not_there_yet(const char *path);
+
 #endif

@@ -1,4 +1,5 @@
 /* Helpers shared by the built-in stages. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -113,13 +114,15 @@ int stage_init_values(fsdp_state *s, uint64_t seed, fsdp_dtype over, fsdp_err *e
         const mt_param *p = &t->p[i];
         sp->dtype = init_dtype(sp, over);
         sp->no_value = p->init.kind == INIT_NONE;
-        if (sp->no_value) memset(sp->data, 0xff, state_param_local_numel(sp) * sizeof(float)); /* NaN */
-        if (sp->no_value || sp->rows == 0) continue;
-        if ((rc = mt_param_init_job(p, &jobs[n], err))) break;
+        if (sp->rows == 0) continue;
+        /* a parameter without a value holds NaN until a load or a copy gives it one: filled by the same
+         * threads as the draws (its first touch of fresh pages is most of an init that loads) */
+        if (sp->no_value) rng_dist_const(&jobs[n].dist, NAN);
+        else if ((rc = mt_param_init_job(p, &jobs[n], err))) break;
         jobs[n].e0 = sp->row0 * sp->row_numel;
         jobs[n].n = (int64_t)state_param_local_numel(sp);
         jobs[n].f32 = sp->data;
-        jobs[n].dtype = sp->dtype;
+        jobs[n].dtype = sp->no_value ? FSDP_DT_F32 : sp->dtype;
         n++;
     }
     if (!rc) rc = init_fill_jobs(jobs, n, seed, "init", err);

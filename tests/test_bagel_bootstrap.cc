@@ -348,6 +348,12 @@ TEST(BagelBootstrap, ValidationCatchesABagelUsersMistakesBeforeAnythingIsRead) {
     };
     std::string good = " --set vars.max_latent_size=4 --set vars.vit_max_num_patch_per_side=5";
     ASSERT_EQ(check("--set vars.llm=" + llm + " --set vars.vit=" + vit + good), 0) << log;
+    // no sources given: every missing one named at once
+    EXPECT_EQ(check(good), 2) << log;
+    EXPECT_TRUE(has(log, "vars.llm must be a Hugging Face Qwen2 directory (config.json and *.safetensors) (the path is "
+                         "empty)")) << log;
+    EXPECT_TRUE(has(log, "vars.vit must be a SigLIP vision tower: an HF directory or a safetensors file of its "
+                         "state_dict() (the path is empty)")) << log;
     // the two sources swapped
     EXPECT_EQ(check("--set vars.llm=" + vit + " --set vars.vit=" + llm + good), 2) << log;
     EXPECT_TRUE(has(log, "vars.llm must be a Qwen2 / Qwen2.5 LLM")) << log;

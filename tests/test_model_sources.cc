@@ -319,7 +319,7 @@ TEST(ModelChecks, BadChecksAreErrorsAtTheirPosition) {
     struct Case {
         const char *check, *want;
     } cases[] = {{"{that: \"layers\", message: m}", "that 'layers' compares nothing"},
-                 {"{path: x, message: m}", "a path check needs is: dir or is: file"},
+                 {"{path: x, message: m}", "a path check needs is: dir, file or any"},
                  {"{that: \"layers > 1\"}", "a check needs a message"},
                  {"{that: \"layers > 1\", has: x, message: m}", "a check has one of path, config, that, has"},
                  {"{config: c.json, key: k, message: m}", "a config check needs key: KEY and in: [VALUES]"},
