@@ -33,6 +33,7 @@ typedef struct pw_piece {
     int err;     /* errno of the failed write, or 0 */
     int bad_cvt; /* the conversion failed */
     int redo;    /* its direct write was refused (EINVAL): written through the page cache after the others */
+    int written; /* all its bytes are written */
     uint64_t at; /* the first byte not written (absolute), on failure */
     uint32_t crc;
 } pw_piece;
@@ -96,6 +97,7 @@ static void pw_put(pw_job *j, size_t i, const char *p, size_t len) {
         int e = whole ? ckpt_pwrite_sliced(j->fd, p, whole, off, &at) : 0;
         if (e == EINVAL && at == off) st->redo = 1;
         else if (e) st->err = e, st->at = at, atomic_store(&j->failed, 1);
+        else st->written = 1; /* its tail, if any, is the job's */
         return;
     }
     int e = ckpt_pwrite_sliced(j->fd, p, len, off, &at);
@@ -107,6 +109,7 @@ static void pw_put(pw_job *j, size_t i, const char *p, size_t len) {
     }
     /* write-back of the piece's whole pages only: the pages it shares with the bytes beside it (a
      * zip header patched later, the next piece) are never under write-back when those are written */
+    st->written = 1;
     uint64_t a = (off + 4095) & ~(uint64_t)4095, b = (off + len) & ~(uint64_t)4095;
     if (j->writeback && b > a) sync_file_range(j->fd, (off_t)a, (off_t)(b - a), SYNC_FILE_RANGE_WRITE);
 }
@@ -141,6 +144,14 @@ static void pw_run(pw_job *j, size_t np, int threads) {
 }
 
 /* the first failed piece as an error; the CRC of all of them otherwise */
+/* The first byte not written: that of the first piece not written whole (a failed piece's own, or the
+ * start of one skipped once another had failed: threads meet errors in any order). */
+static uint64_t pw_first_unwritten(const pw_job *j, size_t np) {
+    for (size_t i = 0; i < np; i++)
+        if (!j->st[i].written) return j->st[i].err ? j->st[i].at : j->off + (uint64_t)i * j->per * j->dsz;
+    return j->off + (uint64_t)j->n * j->dsz;
+}
+
 static int pw_result(const pw_job *j, size_t np, uint32_t *crc, const char *what, fsdp_err *err) {
     for (size_t i = 0; i < np; i++) {
         if (j->st[i].bad_cvt)
@@ -148,7 +159,7 @@ static int pw_result(const pw_job *j, size_t np, uint32_t *crc, const char *what
                                 fsdp_dtype_name(j->ddt));
         if (j->st[i].err)
             return fsdp_err_set(err, FSDP_E_IO, "%s: write error at byte %llu: %s", what,
-                                (unsigned long long)j->st[i].at, strerror(j->st[i].err));
+                                (unsigned long long)pw_first_unwritten(j, np), strerror(j->st[i].err));
     }
     if (!crc) return 0;
     uLong c = crc32(0L, Z_NULL, 0);
@@ -201,6 +212,7 @@ static void pw_direct_off(pw_job *j, size_t np) {
     if (e) {
         j->st[np - 1].err = e;
         j->st[np - 1].at = at;
+        j->st[np - 1].written = 0;
         atomic_store(&j->failed, 1);
     }
 }
