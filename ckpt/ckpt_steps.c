@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "runtime/crash.h"
+#include "runtime/fileio.h"
 
 int ckpt_steps_is_latest(const char *path, char *base, size_t cap) {
     const char *slash = strrchr(path, '/');
@@ -112,12 +113,6 @@ int ckpt_steps_latest(const char *base, int64_t *step, fsdp_err *err) {
     return 0;
 }
 
-static void sync_dir(const char *dir) {
-    int fd = open(dir, O_RDONLY | O_DIRECTORY);
-    if (fd < 0) return;
-    (void)fsync(fd);
-    close(fd);
-}
 
 /* un-commit (unlink .metadata, sync base), then the files, then the directory */
 static int remove_step_dir(const char *base, int64_t step, tmpf_note_fn note, void *user) {
@@ -128,7 +123,7 @@ static int remove_step_dir(const char *base, int64_t step, tmpf_note_fn note, vo
         tmpf_notef(note, user, "keep_last: cannot remove %s: %s", p, strerror(errno));
         return 0;
     }
-    sync_dir(dir);
+    (void)fio_fsync_dir(dir);
     crash_point("steps.uncommitted", 1, 0);
     DIR *d = opendir(dir);
     if (!d) {

@@ -10,6 +10,7 @@
 
 #include "ckpt/torchsave.h"
 #include "runtime/crash.h"
+#include "runtime/fileio.h"
 #include "runtime/tmpfile.h"
 
 static int has_suffix(const char *s, const char *suf) {
@@ -37,13 +38,6 @@ static void archive_name(const char *name, char *out, size_t cap) {
     if (dot && dot != out) *dot = '\0';
 }
 
-static int fsync_dir(const char *dir, fsdp_err *err) {
-    int fd = open(dir, O_RDONLY | O_DIRECTORY);
-    if (fd < 0) return fsdp_err_set(err, FSDP_E_IO, "%s: %s", dir, strerror(errno));
-    fsync(fd); /* not every file system syncs directories; the rename is done either way */
-    close(fd);
-    return 0;
-}
 
 int dcp_side_write(const char *dir, const char *name, const void *pickle, size_t len, fsdp_err *err) {
     const char *why;
@@ -76,7 +70,9 @@ int dcp_side_write(const char *dir, const char *name, const void *pickle, size_t
     if (!rc) crash_point("dcp.side.renamed", 1, 0);
     if (rc && f) unlink(tmp);
     if (f && fclose(f) != 0 && !rc) rc = fsdp_err_set(err, FSDP_E_IO, "%s: close failed: %s", fin, strerror(errno));
-    if (!rc) rc = fsync_dir(dir, err);
+    /* not every file system syncs directories: the rename is done either way */
+    int e = rc ? 0 : fio_fsync_dir(dir);
+    if (e == ENOENT || e == ENOTDIR || e == EACCES) rc = fsdp_err_set(err, FSDP_E_IO, "%s: %s", dir, strerror(e));
     free(fin);
     free(tmp);
     return rc;

@@ -9,7 +9,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "ckpt/ckpt_pio.h"
 #include "runtime/crash.h"
+#include "runtime/fileio.h"
 #include "runtime/tmpfile.h"
 
 #define PIECE ((size_t)1 << 20)
@@ -18,23 +20,14 @@
 static int copy_buffered(int in, int out, uint64_t off, uint64_t size, const char *tmp, fsdp_err *err) {
     char *buf = malloc(PIECE);
     if (!buf) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+    ckpt_pio_opts o = {0, 1, 0, 0}; /* one thread: pieces of 1 MiB */
     int rc = 0;
-    while (off < size && !rc) {
+    for (; off < size && !rc; off += PIECE) {
         size_t want = size - off < PIECE ? (size_t)(size - off) : PIECE;
-        ssize_t k = pread(in, buf, want, (off_t)off);
-        if (k < 0 && errno == EINTR) continue;
-        if (k <= 0) {
-            rc = fsdp_err_set(err, FSDP_E_IO, "reading the source at byte %llu: %s", (unsigned long long)off,
-                              k < 0 ? strerror(errno) : "it ended early");
-            break;
-        }
-        for (ssize_t w = 0; w < k && !rc;) {
-            ssize_t x = pwrite(out, buf + w, (size_t)(k - w), (off_t)(off + (uint64_t)w));
-            if (x < 0 && errno == EINTR) continue;
-            if (x <= 0) rc = fsdp_err_set(err, FSDP_E_IO, "%s: write failed: %s", tmp, x < 0 ? strerror(errno) : "no progress");
-            else w += x;
-        }
-        off += (uint64_t)k;
+        uint64_t at = 0;
+        rc = ckpt_pread_all(in, buf, want, off, "the source", &o, err);
+        int e = rc ? 0 : ckpt_pwrite_sliced(out, buf, want, off, &at);
+        if (e) rc = fsdp_err_set(err, FSDP_E_IO, "%s: write error at byte %llu: %s", tmp, (unsigned long long)at, strerror(e));
     }
     free(buf);
     return rc;
@@ -57,19 +50,6 @@ static int copy_bytes(int in, int out, uint64_t size, const char *tmp, fsdp_err 
     return 0;
 }
 
-static void fsync_dir_of(const char *path) {
-    char *d = strdup(path);
-    if (!d) return;
-    char *slash = strrchr(d, '/');
-    if (slash == d) slash[1] = '\0';
-    else if (slash) *slash = '\0';
-    int fd = open(slash ? d : ".", O_RDONLY | O_DIRECTORY);
-    if (fd >= 0) {
-        fsync(fd);
-        close(fd);
-    }
-    free(d);
-}
 
 int fcopy_atomic(const char *src, const char *dst, uint64_t *bytes, fsdp_err *err) {
     int in = open(src, O_RDONLY | O_CLOEXEC);
@@ -100,7 +80,7 @@ int fcopy_atomic(const char *src, const char *dst, uint64_t *bytes, fsdp_err *er
             rc = fsdp_err_set(err, FSDP_E_IO, "cannot rename %s to %s: %s", tmp, dst, strerror(errno));
         if (rc) unlink(tmp);
         if (close(out) != 0 && !rc) rc = fsdp_err_set(err, FSDP_E_IO, "%s: close failed: %s", dst, strerror(errno));
-        if (!rc) fsync_dir_of(dst);
+        if (!rc) (void)fio_fsync_parent(dst); /* not every file system syncs directories */
     }
     close(in);
     free(tmp);

@@ -99,3 +99,20 @@ int fio_not_there_yet(const char *path) {
     *slash = '\0';
     return stat(dir, &st) != 0 && errno == ENOENT;
 }
+
+int fio_fsync_dir(const char *dir) {
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) return errno;
+    int e = fsync(fd) == 0 ? 0 : errno;
+    close(fd);
+    return e;
+}
+
+int fio_fsync_parent(const char *path) {
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (!slash) return fio_fsync_dir(".");
+    slash[slash == dir] = '\0'; /* "/x" -> "/" */
+    return fio_fsync_dir(dir);
+}

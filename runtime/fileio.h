@@ -36,4 +36,10 @@ int fio_fopen_append(const char *path, const char *label, FILE **f, fsdp_err *er
  * directory (an HF directory without its config.json), an empty path, or any other error is not. */
 int fio_not_there_yet(const char *path);
 
+/* fsync of a directory (a rename or a new entry in it made durable): 0, or the errno of the open or of
+ * the fsync (some file systems do not sync directories: callers may ignore it). */
+int fio_fsync_dir(const char *dir);
+/* The same for the directory a path is in ("." for a bare name). */
+int fio_fsync_parent(const char *path);
+
 #endif
