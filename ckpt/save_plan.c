@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ckpt/key_layout.h"
 #include "ckpt/state_resume.h"
 
 static save_item *plan_add(save_plan *p, fsdp_err *err) {
@@ -91,11 +92,8 @@ void splan_free(save_plan *p) {
 }
 
 int splan_prefix_ok(const char *p) {
-    if (!p) return 0;
-    if (!*p) return 1;
-    size_t n = strlen(p);
-    if (p[n - 1] != '.' || p[0] == '.') return 0;
-    return strstr(p, "..") == NULL;
+    fsdp_err e; /* the key-layout rule of every prefix (ckpt/key_layout.h) */
+    return p && ckl_prefix_check("prefix", p, &e) == 0;
 }
 
 /* rank 0's values: what AdamW + set_state_dict and torchtitan's checkpointer need
