@@ -34,10 +34,11 @@ static int dcp_chunk_seg(dcp_ckpt *c, const dcp_item *x, const dcp_chunk *ch, ck
                          fsdp_err *err) {
     char path[4400];
     snprintf(path, sizeof path, "%s/%s", c->dir, ch->where.relative_path);
-    int fd;
-    uint64_t fsize;
+    int fd, held;
+    uint64_t fsize, held_size;
     const char *what;
-    int rc = cks_files_open(fc, path, &fd, &fsize, &what, err);
+    int rc = dcp_data_fd(c, ch->where.relative_path, &held, &held_size, err);
+    if (!rc) rc = cks_files_adopt(fc, path, held, held_size, &fd, &fsize, &what, err);
     if (rc) return fsdp_err_prefix(err, "tensor %s", x->fqn);
     memset(g, 0, sizeof *g);
     g->fd = fd, g->what = what, g->row0 = x->ndim ? ch->offsets[0] : 0, g->rows = x->ndim ? ch->sizes[0] : 1;

@@ -44,22 +44,29 @@ void cks_files_free(cks_files *fc) {
     memset(fc, 0, sizeof *fc);
 }
 
-int cks_files_open(cks_files *fc, const char *path, int *fd, uint64_t *size, const char **what, fsdp_err *err) {
+/* the cached entry of path (1), or a new slot for it (0, *slot set; -1 out of memory) */
+static int files_slot(cks_files *fc, const char *path, int *fd, uint64_t *size, const char **what,
+                      struct cks_file **slot) {
     for (size_t i = 0; i < fc->n; i++)
         if (!strcmp(fc->f[i].path, path)) {
             *fd = fc->f[i].fd, *size = fc->f[i].size, *what = fc->f[i].path;
-            return 0;
+            return 1;
         }
     if (fc->n == fc->cap) {
         size_t cap = fc->cap ? 2 * fc->cap : 8;
         struct cks_file *f = realloc(fc->f, cap * sizeof *f);
-        if (!f) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory opening %s", path);
+        if (!f) return -1;
         fc->f = f;
         fc->cap = cap;
     }
-    struct cks_file *f = &fc->f[fc->n];
-    f->path = strdup(path);
-    if (!f->path) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory opening %s", path);
+    *slot = &fc->f[fc->n];
+    return ((*slot)->path = strdup(path)) ? 0 : -1;
+}
+
+int cks_files_open(cks_files *fc, const char *path, int *fd, uint64_t *size, const char **what, fsdp_err *err) {
+    struct cks_file *f;
+    int have = files_slot(fc, path, fd, size, what, &f);
+    if (have) return have > 0 ? 0 : fsdp_err_set(err, FSDP_E_NOMEM, "out of memory opening %s", path);
     f->fd = open(path, O_RDONLY | O_CLOEXEC);
     struct stat st;
     if (f->fd < 0 || fstat(f->fd, &st) != 0) {
@@ -69,6 +76,23 @@ int cks_files_open(cks_files *fc, const char *path, int *fd, uint64_t *size, con
         return fsdp_err_set(err, FSDP_E_IO, "%s: cannot open: %s", path, strerror(e));
     }
     f->size = (uint64_t)st.st_size;
+    fc->n++;
+    *fd = f->fd, *size = f->size, *what = f->path;
+    return 0;
+}
+
+int cks_files_adopt(cks_files *fc, const char *path, int src_fd, uint64_t src_size, int *fd, uint64_t *size,
+                    const char **what, fsdp_err *err) {
+    struct cks_file *f;
+    int have = files_slot(fc, path, fd, size, what, &f);
+    if (have) return have > 0 ? 0 : fsdp_err_set(err, FSDP_E_NOMEM, "out of memory opening %s", path);
+    f->fd = fcntl(src_fd, F_DUPFD_CLOEXEC, 0);
+    if (f->fd < 0) {
+        int e = errno;
+        free(f->path);
+        return fsdp_err_set(err, FSDP_E_IO, "%s: cannot duplicate its descriptor: %s", path, strerror(e));
+    }
+    f->size = src_size;
     fc->n++;
     *fd = f->fd, *size = f->size, *what = f->path;
     return 0;

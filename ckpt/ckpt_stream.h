@@ -74,6 +74,11 @@ int cks_enabled(void);
 void cks_files_free(cks_files *fc);
 /* Opens path (once) read-only: its fd and size; what names the file in messages. */
 int cks_files_open(cks_files *fc, const char *path, int *fd, uint64_t *size, const char **what, fsdp_err *err);
+/* The same for a file a reader already holds open as fd (of size bytes): fc keeps a dup of it under
+ * path, so that the bytes streamed are those of the file the reader checked, whatever happened to
+ * the name since (ckpt/dcp.h: dcp_open). */
+int cks_files_adopt(cks_files *fc, const char *path, int src_fd, uint64_t src_size, int *fd, uint64_t *size,
+                    const char **what, fsdp_err *err);
 
 /* Resolves tensor i of r into s. *ok = 0 (and s empty) when its stored bytes are not plain row
  * ranges this module can stream (a .pt file, chunks split along another dim than 0, a record

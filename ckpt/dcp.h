@@ -8,6 +8,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "ckpt/dcp_gen.h"
 #include "ckpt/pickle.h"
 #include "ckpt/torchsave.h"
 #include "fsdp/error.h"
@@ -40,9 +41,14 @@ typedef struct dcp_item {
 
 typedef struct dcp_ckpt {
     char *dir;
+    int dfd; /* the directory, open: every file is opened beneath it (runtime/fileio.h) */
     dcp_item *items;
     size_t n;
     char version[32];
+    char id[DCP_GEN_ID_LEN + 1]; /* the save's identity from .metadata (dcp_gen.h); "" for none */
+    uint64_t meta_hash;          /* FNV-1a of the .metadata read (0: rank-local metadata) */
+    int rank_local;              /* read from `__<r>.metadata` files (no identities) */
+    int restarts;                /* how many times the checkpoint changed while it was being opened */
     /* open .distcp files (by relative path) */
     struct dcp_file {
         char *rel;
@@ -56,9 +62,20 @@ typedef struct dcp_ckpt {
 
 /* Reads `.metadata` (or merges rank-local `__<r>.metadata` files); a directory without
  * either is an incomplete checkpoint. Validates every tensor's chunks (in bounds, no
- * overlap, full coverage) and that every storage range lies inside its file. */
+ * overlap, full coverage) and that every storage range lies inside its file.
+ *
+ * One save, or an error: right after `.metadata` every data file it names is opened and kept open
+ * (a later overwrite cannot change what this reader sees), and each file's save identity must be
+ * the one `.metadata` records (dcp_gen.h). When anything fails after `.metadata` was read and
+ * `.metadata` has changed meanwhile (a writer replaced the checkpoint), the open starts again from
+ * the new `.metadata` (c->restarts counts it), at most DCP_OPEN_TRIES times in all, then fails
+ * naming the directory and "overwritten while it was being read". Every file (`.metadata`, data
+ * files) is opened beneath the directory: a symlink leading out of it is refused. */
+#define DCP_OPEN_TRIES 4
 int dcp_open(const char *dir, dcp_ckpt **out, fsdp_err *err);
 void dcp_close(dcp_ckpt *c);
+/* The descriptor (and size) of data file rel as dcp_open opened and checked it (c keeps it). */
+int dcp_data_fd(dcp_ckpt *c, const char *rel, int *fd, uint64_t *size, fsdp_err *err);
 /* Index of the item named fqn, or -1: O(log n). */
 long dcp_find(const dcp_ckpt *c, const char *fqn);
 /* Reads the box [off, off+len) of tensor item i into dst (C order) converted to dst_dt,
@@ -125,13 +142,15 @@ typedef struct dcp_file_writer {
     uint64_t pos;
     int rank;
     long items;
+    dcp_gen gen; /* the save's identity, written as the file's trailer at close (none when "") */
 } dcp_file_writer;
 
-/* Generation 0 (`__<rank>_0.distcp`). */
+/* Generation 0 (`__<rank>_0.distcp`), without a save identity (pair it with dcp_write_metadata). */
 int dcp_file_open(dcp_file_writer *w, const char *dir, int rank, fsdp_err *err);
-/* Generation gen of rank's data file (see dcp_commit.c); note reports a stale temporary removed. */
-int dcp_file_open_gen(dcp_file_writer *w, const char *dir, int rank, unsigned gen, tmpf_note_fn note, void *user,
-                      fsdp_err *err);
+/* Rank's data file of generation gen (see dcp_commit.c), its trailer carrying gen's identity; note
+ * reports a stale temporary removed. */
+int dcp_file_open_gen(dcp_file_writer *w, const char *dir, int rank, const dcp_gen *gen, tmpf_note_fn note,
+                      void *user, fsdp_err *err);
 /* A tensor chunk (C-contiguous data of dtype dt with shape sizes) at global offsets. */
 int dcp_file_add_tensor(dcp_file_writer *w, const char *fqn, fsdp_dtype dt, int ndim, const int64_t *global_shape,
                         const int64_t *offsets, const int64_t *sizes, const void *data, dcp_record *rec,
@@ -153,8 +172,11 @@ int dcp_file_close(dcp_file_writer *w, fsdp_err *err);
 void dcp_file_abort(dcp_file_writer *w);
 
 /* Writes `.metadata` from all ranks' records (any order; chunks are listed per tensor in the
- * order given): to `.metadata.tmp`, fsync, rename, fsync of the directory. */
+ * order given): to `.metadata.tmp`, fsync, rename, fsync of the directory. Its save_id is a uuid4
+ * (no identity: for data files written without one). */
 int dcp_write_metadata(const char *dir, const dcp_record *recs, size_t n, fsdp_err *err);
+/* The same, recording gen's identity as the save_id (the data files were opened with gen). */
+int dcp_write_metadata_gen(const char *dir, const dcp_record *recs, size_t n, const dcp_gen *gen, fsdp_err *err);
 
 /* ---- replacing a checkpoint (dcp_commit.c: why and how) ---------------------------------- */
 
@@ -167,8 +189,9 @@ int dcp_tmp_owned(const char *name);
 /* Before a save into dir: creates it (mkdir -p; an existing non-directory is an error), refuses an
  * existing checkpoint unless overwrite ("<who>: <dir> already holds a checkpoint (<hint>)",
  * FSDP_E_INVALID), removes stale temporaries (reported through note) and picks the generation of the
- * new data files: 0 when there is no checkpoint, else the lowest one with no file in dir. */
-int dcp_prepare_dir(const char *dir, int overwrite, const char *who, const char *hint, unsigned *gen,
+ * new data files, with a new identity: 0 when there is no checkpoint, else one above the highest
+ * generation of any data file in dir (names are never reused while a checkpoint is there). */
+int dcp_prepare_dir(const char *dir, int overwrite, const char *who, const char *hint, dcp_gen *gen,
                     tmpf_note_fn note, void *user, fsdp_err *err);
 /* After the new `.metadata` (from recs) is durable: removes the replaced checkpoint's files (data
  * files neither referenced by recs nor generation gen's of ranks < world, rank-local metadata, stale

@@ -14,6 +14,9 @@
  * tiling (each rank lists only its own chunks; dcp_open checks the merged list). */
 int dcp_parse_metadata_ex(const void *buf, size_t len, const char *what, int whole, dcp_item **items, size_t *n,
                           char *version, size_t vcap, fsdp_err *err);
+/* The same, and StorageMeta.save_id into save_id (cap scap; "" when absent; NULL: not wanted). */
+int dcp_parse_metadata_id(const void *buf, size_t len, const char *what, int whole, dcp_item **items, size_t *n,
+                          char *version, size_t vcap, char *save_id, size_t scap, fsdp_err *err);
 
 /* The tensor's own metadata: its size has no negative dim, and its element count and byte count
  * (x dtype size) fit int64. what names the file ("<dir>/.metadata"). */

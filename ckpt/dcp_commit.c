@@ -15,9 +15,13 @@
  *
  * Names: generation 0 is torch's own `__<rank>_0.distcp`; generation g > 0 is
  * `__<rank>_0.g<g>.distcp`. A save into a directory without a checkpoint uses generation 0 (stray
- * data files there belong to no checkpoint and are replaced); a save over a checkpoint uses the
- * lowest generation none of whose files (or temporaries) exists, so it never writes over a file
- * the current `.metadata` may reference. The sequence, with its crash points:
+ * data files there belong to no checkpoint and are replaced); a save over a checkpoint uses one
+ * generation above the highest of any file (or temporary) there, so it never writes over a file
+ * the current `.metadata` may reference, and a name, once replaced, does not come back while the
+ * checkpoint exists: a reader that read an old `.metadata` finds its files gone, never another
+ * save's under the same name. Each save also carries a random identity, in `.metadata` and in each
+ * data file (ckpt/dcp_gen.h), which readers check (ckpt/dcp.h, dcp_open). The sequence, with its
+ * crash points:
  *
  *   rank 0:     dcp_prepare_dir (save.prepared / convert.prepared once every rank knows the generation)
  *   every rank: data file -> `<name>.tmp` (dcp.data.item per item, dcp.data.written), fsync
@@ -47,7 +51,7 @@
 #include "runtime/crash.h"
 #include "runtime/fileio.h"
 
-#define GEN_MAX 4096u /* generations considered when looking for a free one */
+#define GEN_LAST 0xfffffffeu /* the highest generation number a save may take */
 
 void dcp_data_file_name(char *out, size_t cap, int rank, unsigned gen) {
     if (gen == 0) snprintf(out, cap, "__%d_0.distcp", rank);
@@ -99,28 +103,21 @@ int dcp_dir_has_checkpoint(const char *dir) {
     return found;
 }
 
-/* the lowest generation with no file of its name in dir */
-static int free_generation(const char *dir, unsigned *gen, fsdp_err *err) {
-    unsigned char *used = calloc(GEN_MAX, 1);
-    if (!used) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+/* one above the highest generation of any data file (or temporary) in dir */
+static int next_generation(const char *dir, unsigned *gen, fsdp_err *err) {
     DIR *d = opendir(dir);
-    if (!d) {
-        free(used);
-        return fsdp_err_set(err, FSDP_E_IO, "cannot list %s: %s", dir, strerror(errno));
-    }
+    if (!d) return fsdp_err_set(err, FSDP_E_IO, "cannot list %s: %s", dir, strerror(errno));
+    long top = -1;
     struct dirent *de;
     while ((de = readdir(d))) {
         long g = name_gen(de->d_name, NULL);
-        if (g >= 0 && (unsigned long)g < GEN_MAX) used[g] = 1;
+        if (g > top) top = g;
     }
     closedir(d);
-    unsigned g = 0;
-    while (g < GEN_MAX && used[g]) g++;
-    free(used);
-    if (g == GEN_MAX)
-        return fsdp_err_set(err, FSDP_E_IO, "%s holds data files of %u generations; remove the stray ones", dir,
-                            GEN_MAX);
-    *gen = g;
+    if (top >= (long)GEN_LAST)
+        return fsdp_err_set(err, FSDP_E_IO, "%s holds a data file of generation %ld, the last one: remove the stray "
+                            "data files that .metadata does not name", dir, top);
+    *gen = (unsigned)(top + 1);
     return 0;
 }
 
@@ -144,9 +141,9 @@ static int mkdir_p(const char *path, const char *who, fsdp_err *err) {
     return 0;
 }
 
-int dcp_prepare_dir(const char *dir, int overwrite, const char *who, const char *hint, unsigned *gen,
+int dcp_prepare_dir(const char *dir, int overwrite, const char *who, const char *hint, dcp_gen *gen,
                     tmpf_note_fn note, void *user, fsdp_err *err) {
-    *gen = 0;
+    dcp_gen_new(gen, 0);
     if (!dir || !*dir) return fsdp_err_set(err, FSDP_E_INVALID, "%s: empty checkpoint path", who);
     int rc = mkdir_p(dir, who, err);
     if (rc) return rc;
@@ -154,7 +151,7 @@ int dcp_prepare_dir(const char *dir, int overwrite, const char *who, const char 
     if (exists && !overwrite)
         return fsdp_err_set(err, FSDP_E_INVALID, "%s: %s already holds a checkpoint (%s)", who, dir, hint);
     tmpf_sweep(dir, dcp_tmp_owned, note, user);
-    return exists ? free_generation(dir, gen, err) : 0;
+    return exists ? next_generation(dir, &gen->num, err) : 0;
 }
 
 static int cmp_str(const void *a, const void *b) { return strcmp(*(const char *const *)a, *(const char *const *)b); }

@@ -210,8 +210,18 @@ static int check_items(const char *what, dcp_item *it, size_t cnt, int whole, fs
     return rc;
 }
 
-int dcp_parse_metadata_ex(const void *buf, size_t len, const char *what, int whole, dcp_item **items, size_t *n,
-                          char *version, size_t vcap, fsdp_err *err) {
+/* StorageMeta.save_id into out ("" when absent or not a string) */
+static void save_id_of(const pkl_obj *st, char *out, size_t cap) {
+    if (!out || !cap) return;
+    out[0] = '\0';
+    const pkl_obj *sm = pkl_dict_get(st, "storage_meta");
+    const pkl_obj *sms = sm ? pkl_state(sm) : NULL;
+    const pkl_obj *id = sms && sms->kind == PKL_DICT ? pkl_dict_get(sms, "save_id") : NULL;
+    if (id && id->kind == PKL_STR) snprintf(out, cap, "%s", id->s);
+}
+
+int dcp_parse_metadata_id(const void *buf, size_t len, const char *what, int whole, dcp_item **items, size_t *n,
+                          char *version, size_t vcap, char *save_id, size_t scap, fsdp_err *err) {
     *items = NULL;
     *n = 0;
     pkl_doc *doc;
@@ -229,6 +239,7 @@ int dcp_parse_metadata_ex(const void *buf, size_t len, const char *what, int who
         version[0] = '\0';
         if (ver && ver->kind == PKL_STR) snprintf(version, vcap, "%s", ver->s);
     }
+    save_id_of(st, save_id, scap);
     if (!sdm || sdm->kind != PKL_DICT || !sd || sd->kind != PKL_DICT) {
         pkl_free(doc);
         return bad(err, what, NULL, "Metadata without state_dict_metadata / storage_data dicts");
@@ -253,6 +264,11 @@ int dcp_parse_metadata_ex(const void *buf, size_t len, const char *what, int who
     *items = it;
     *n = cnt;
     return 0;
+}
+
+int dcp_parse_metadata_ex(const void *buf, size_t len, const char *what, int whole, dcp_item **items, size_t *n,
+                          char *version, size_t vcap, fsdp_err *err) {
+    return dcp_parse_metadata_id(buf, len, what, whole, items, n, version, vcap, NULL, 0, err);
 }
 
 int dcp_parse_metadata(const void *buf, size_t len, const char *what, dcp_item **items, size_t *n, char *version,

@@ -19,7 +19,7 @@ static int abandon(comm *c, const dcp_rank_commit *k, int agreed, int who, int l
                    fsdp_err *err) {
     for (int r = k->lo; r < k->hi && !local_rc; r++) {
         char name[64], p[4200];
-        dcp_data_file_name(name, sizeof name, r, k->gen);
+        dcp_data_file_name(name, sizeof name, r, k->gen.num);
         snprintf(p, sizeof p, "%s/%s", k->dir, name);
         unlink(p);
     }
@@ -43,10 +43,10 @@ static int write_metadata(const dcp_rank_commit *k, const void *all, const size_
     if (!rc) {
         at(k, "gathered", rank);
         if (k->before_meta) rc = k->before_meta(k->user, err);
-        if (!rc) rc = dcp_write_metadata(k->dir, allr, nall, err);
+        if (!rc) rc = dcp_write_metadata_gen(k->dir, allr, nall, &k->gen, err);
         if (!rc) { /* the new checkpoint is in place and durable: the replaced one's files go */
             at(k, "committed", rank);
-            dcp_remove_old_generations(k->dir, k->gen, k->world, allr, nall, NULL, NULL);
+            dcp_remove_old_generations(k->dir, k->gen.num, k->world, allr, nall, NULL, NULL);
             at(k, "cleaned", rank);
         }
     }

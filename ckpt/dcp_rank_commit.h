@@ -8,7 +8,7 @@
 
 typedef struct dcp_rank_commit {
     const char *dir;   /* the checkpoint directory */
-    unsigned gen;      /* the generation of the data files just written */
+    dcp_gen gen;       /* the generation and identity of the data files just written */
     int world;         /* the checkpoint's rank files (old generations are removed against it) */
     int lo, hi;        /* this rank wrote the rank files [lo, hi) */
     const char *who;   /* "save-dcp": the start of messages */

@@ -14,35 +14,39 @@
 #include "ckpt/dcp_st.h"
 #include "ckpt/torchsave.h"
 #include "ckpt/zip.h"
+#include "runtime/crash.h"
 #include "runtime/fileio.h"
 
-static int read_file(const char *path, void **buf, size_t *len, fsdp_err *err) {
-    /* named as "checkpoint <dir>: <file>" (a FIFO or another non-regular file is an error, not a hang) */
-    char label[4400];
-    const char *slash = strrchr(path, '/');
-    if (slash) snprintf(label, sizeof label, "checkpoint %.*s: %s", (int)(slash - path), path, slash + 1);
-    else snprintf(label, sizeof label, "checkpoint .: %s", path);
-    FILE *f;
-    int rc = fio_fopen_read(path, label, &f, err);
-    if (rc) return rc;
+/* "checkpoint <message>" (fio_open_beneath's messages start with the directory) */
+static int as_checkpoint(fsdp_err *err) {
+    char m[FSDP_ERR_MSG_MAX];
+    memcpy(m, err->msg, sizeof m);
+    return fsdp_err_set(err, err->code, "checkpoint %.*s", (int)sizeof m - 16, m);
+}
+
+/* name (a file of the checkpoint open as c->dfd) read whole; opened beneath the directory
+ * (runtime/fileio.h: a symlink out of it is refused), a FIFO or another non-regular file refused */
+static int read_file(const dcp_ckpt *c, const char *name, void **buf, size_t *len, fsdp_err *err) {
+    int fd;
+    int rc = fio_open_beneath(c->dfd, c->dir, name, &fd, err);
+    if (rc) return as_checkpoint(err);
     struct stat st;
-    if (fstat(fileno(f), &st) != 0 || st.st_size > ((off_t)1 << 34)) {
-        fclose(f);
-        return fsdp_err_set(err, FSDP_E_FORMAT, "%s: cannot size the file", path);
+    if (fstat(fd, &st) != 0 || st.st_size > ((off_t)1 << 34)) {
+        close(fd);
+        return fsdp_err_set(err, FSDP_E_FORMAT, "checkpoint %s: %s: cannot size the file", c->dir, name);
     }
     *len = (size_t)st.st_size;
     *buf = malloc(*len ? *len : 1);
     if (!*buf) {
-        fclose(f);
-        return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory reading %s", path);
+        close(fd);
+        return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory reading %s/%s", c->dir, name);
     }
-    size_t got = fread(*buf, 1, *len, f);
-    fclose(f);
-    if (got != *len) {
-        free(*buf);
-        return fsdp_err_set(err, FSDP_E_IO, "%s: short read", path);
-    }
-    return 0;
+    char what[4400];
+    snprintf(what, sizeof what, "checkpoint %s: %s", c->dir, name);
+    rc = ckpt_pread_all(fd, *buf, *len, 0, what, NULL, err);
+    close(fd);
+    if (rc) free(*buf);
+    return rc;
 }
 
 void dcp_close(dcp_ckpt *c) {
@@ -54,10 +58,33 @@ void dcp_close(dcp_ckpt *c) {
         dcp_st_blob_free(c->files[i].st);
     }
     free(c->files);
+    if (c->dfd >= 0) close(c->dfd);
     nidx_free(&c->item_names);
     nidx_free(&c->file_names);
     free(c->dir);
     free(c);
+}
+
+/* The data file rel (open as fd) must belong to the save c's .metadata records: both without an
+ * identity (PyTorch's), or the same one (dcp_gen.h). Otherwise an error. */
+static int dcp_gen_check_file(dcp_ckpt *c, int fd, uint64_t size, const char *rel, fsdp_err *err) {
+    char id[DCP_GEN_ID_LEN + 1];
+    int has = dcp_gen_read_trailer(fd, size, id);
+    if (c->rank_local || (!has && !c->id[0]) || (has && !strcmp(id, c->id))) return 0;
+    if (!has)
+        return fsdp_err_set(err, FSDP_E_FORMAT,
+                            "checkpoint %s: %s does not end with the identity of the save its .metadata records "
+                            "(fsdp-run save %s): the file is truncated, or another save's or program's",
+                            c->dir, rel, c->id);
+    if (!c->id[0])
+        return fsdp_err_set(err, FSDP_E_FORMAT,
+                            "checkpoint %s: %s belongs to fsdp-run save %s, but .metadata records no fsdp-run save: "
+                            "the file is another checkpoint's (or was replaced while being read)",
+                            c->dir, rel, id);
+    return fsdp_err_set(err, FSDP_E_FORMAT,
+                        "checkpoint %s: %s belongs to save %s, but .metadata is save %s's: the checkpoint was "
+                        "overwritten while it was being read, or the file is another checkpoint's",
+                        c->dir, rel, id, c->id);
 }
 
 static struct dcp_file *get_file(dcp_ckpt *c, const char *rel, fsdp_err *err) {
@@ -74,14 +101,8 @@ static struct dcp_file *get_file(dcp_ckpt *c, const char *rel, fsdp_err *err) {
         c->files_cap = cap;
     }
     struct dcp_file *f = &c->files[c->n_files];
-    char path[4096];
-    snprintf(path, sizeof path, "%s/%s", c->dir, rel);
-    mode_t mode = 0;
-    int e = fio_open_raw(path, O_RDONLY, &f->fd, &mode); /* never blocks on a FIFO */
-    if (e) {
-        if (e < 0)
-            fsdp_err_set(err, FSDP_E_IO, "checkpoint %s: %s is a %s, not a regular file", c->dir, rel, fio_type_name(mode));
-        else fsdp_err_set(err, FSDP_E_IO, "checkpoint %s: cannot open %s: %s", c->dir, rel, strerror(e));
+    if (fio_open_beneath(c->dfd, c->dir, rel, &f->fd, err)) {
+        as_checkpoint(err);
         return NULL;
     }
     struct stat st;
@@ -247,7 +268,7 @@ static int merge_rank_local(const char *dir, dcp_ckpt *c, fsdp_err *err) {
         snprintf(path, sizeof path, "%s/%s", dir, parts[p].name);
         void *buf;
         size_t len;
-        if ((rc = read_file(path, &buf, &len, err))) break;
+        if ((rc = read_file(c, parts[p].name, &buf, &len, err))) break;
         rc = dcp_parse_metadata_ex(buf, len, path, 0, &parts[p].items, &parts[p].n, c->version, sizeof c->version, err);
         free(buf);
     }
@@ -268,46 +289,109 @@ static int merge_rank_local(const char *dir, dcp_ckpt *c, fsdp_err *err) {
     return rc;
 }
 
-int dcp_open(const char *dir, dcp_ckpt **out, fsdp_err *err) {
-    *out = NULL;
-    struct stat st;
-    if (stat(dir, &st) != 0) return fsdp_err_set(err, FSDP_E_IO, "checkpoint %s: %s", dir, strerror(errno));
-    if (!S_ISDIR(st.st_mode)) return fsdp_err_set(err, FSDP_E_FORMAT, "checkpoint %s: not a directory", dir);
+static uint64_t fnv1a(const void *p, size_t n) {
+    const unsigned char *b = p;
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ull;
+    return h ? h : 1;
+}
+
+/* `.metadata` parsed into c (its hash and save identity kept) */
+static int read_metadata(dcp_ckpt *c, fsdp_err *err) {
+    char path[4200], save_id[128];
+    snprintf(path, sizeof path, "%s/.metadata", c->dir);
+    void *buf;
+    size_t len;
+    int rc = read_file(c, ".metadata", &buf, &len, err);
+    if (rc) return rc;
+    c->meta_hash = fnv1a(buf, len);
+    rc = dcp_parse_metadata_id(buf, len, path, 1, &c->items, &c->n, c->version, sizeof c->version, save_id,
+                               sizeof save_id, err);
+    free(buf);
+    dcp_gen_from_save_id(save_id, c->id);
+    for (size_t i = 0; !rc && i < c->n; i++) {
+        int dup = nidx_add(&c->item_names, c->items[i].fqn, i, NULL);
+        if (dup < 0) rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+        else if (dup) /* dcp_parse_metadata refuses them: cannot happen */
+            rc = fsdp_err_set(err, FSDP_E_FORMAT, "%s: %s: key listed twice", path, c->items[i].fqn);
+    }
+    return rc;
+}
+
+/* One attempt of dcp_open: the metadata read, every data file it names opened and checked. */
+static int open_once(const char *dir, dcp_ckpt **out, fsdp_err *err) {
     dcp_ckpt *c = calloc(1, sizeof *c);
     if (!c || !(c->dir = strdup(dir))) {
         free(c);
         return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
     }
-    char path[4096];
-    snprintf(path, sizeof path, "%s/.metadata", dir);
-    int rc;
-    if (stat(path, &st) == 0) {
-        void *buf;
-        size_t len;
-        if (!(rc = read_file(path, &buf, &len, err))) {
-            rc = dcp_parse_metadata(buf, len, path, &c->items, &c->n, c->version, sizeof c->version, err);
-            free(buf);
-        }
-        for (size_t i = 0; !rc && i < c->n; i++) {
-            int dup = nidx_add(&c->item_names, c->items[i].fqn, i, NULL);
-            if (dup < 0) rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
-            else if (dup) /* dcp_parse_metadata refuses them: cannot happen */
-                rc = fsdp_err_set(err, FSDP_E_FORMAT, "%s: %s: key listed twice", path, c->items[i].fqn);
-        }
+    *out = c;
+    c->dfd = -1;
+    int rc = fio_open_dir(dir, &c->dfd, err);
+    if (rc) return fsdp_err_set(err, FSDP_E_IO, "checkpoint %s: %s", dir, strerror(errno));
+    struct stat st;
+    if (fstatat(c->dfd, ".metadata", &st, AT_SYMLINK_NOFOLLOW) == 0) {
+        rc = read_metadata(c, err);
     } else {
+        c->rank_local = 1;
         rc = merge_rank_local(dir, c, err);
     }
+    if (!rc) pause_point("dcp.open.metadata");
     for (size_t i = 0; !rc && i < c->n; i++) {
         dcp_item *x = &c->items[i];
         if (!x->is_tensor) rc = check_range(c, "value", x->fqn, &x->where, err);
         for (size_t k = 0; !rc && x->is_tensor && k < x->n_chunks; k++)
             if (x->chunks[k].where.relative_path[0]) rc = check_range(c, "tensor", x->fqn, &x->chunks[k].where, err);
     }
-    if (rc) {
+    for (size_t i = 0; !rc && i < c->n_files; i++)
+        rc = dcp_gen_check_file(c, c->files[i].fd, c->files[i].size, c->files[i].rel, err);
+    return rc;
+}
+
+/* after a failed attempt: whether `.metadata` is now another than the one c read */
+static int metadata_changed(dcp_ckpt *c) {
+    if (!c->meta_hash) return 0;
+    void *buf;
+    size_t len;
+    fsdp_err e;
+    if (read_file(c, ".metadata", &buf, &len, &e)) return 0;
+    int changed = fnv1a(buf, len) != c->meta_hash;
+    free(buf);
+    return changed;
+}
+
+int dcp_open(const char *dir, dcp_ckpt **out, fsdp_err *err) {
+    *out = NULL;
+    struct stat st;
+    if (stat(dir, &st) != 0) return fsdp_err_set(err, FSDP_E_IO, "checkpoint %s: %s", dir, strerror(errno));
+    if (!S_ISDIR(st.st_mode)) return fsdp_err_set(err, FSDP_E_FORMAT, "checkpoint %s: not a directory", dir);
+    for (int attempt = 0;; attempt++) {
+        dcp_ckpt *c = NULL;
+        int rc = open_once(dir, &c, err);
+        if (!rc) {
+            c->restarts = attempt;
+            *out = c;
+            return 0;
+        }
+        int changed = c && metadata_changed(c);
         dcp_close(c);
-        return rc;
+        if (!changed) return rc;
+        if (attempt + 1 == DCP_OPEN_TRIES) {
+            char last[FSDP_ERR_MSG_MAX];
+            memcpy(last, err->msg, sizeof last);
+            return fsdp_err_set(err, FSDP_E_IO,
+                                "checkpoint %s was overwritten while it was being read, %d times in a row (a writer is "
+                                "saving into it): read it again once that save is done (last: %.1500s)",
+                                dir, DCP_OPEN_TRIES, last);
+        }
     }
-    *out = c;
+}
+
+int dcp_data_fd(dcp_ckpt *c, const char *rel, int *fd, uint64_t *size, fsdp_err *err) {
+    struct dcp_file *f = get_file(c, rel, err);
+    if (!f) return err->code;
+    *fd = f->fd;
+    *size = f->size;
     return 0;
 }
 

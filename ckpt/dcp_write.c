@@ -24,11 +24,12 @@ static int fsync_path(const char *path, int dir, fsdp_err *err) {
     return 0;
 }
 
-int dcp_file_open_gen(dcp_file_writer *w, const char *dir, int rank, unsigned gen, tmpf_note_fn note, void *user,
-                      fsdp_err *err) {
+int dcp_file_open_gen(dcp_file_writer *w, const char *dir, int rank, const dcp_gen *gen, tmpf_note_fn note,
+                      void *user, fsdp_err *err) {
     memset(w, 0, sizeof *w);
     w->rank = rank;
-    dcp_data_file_name(w->rel, sizeof w->rel, rank, gen);
+    if (gen) w->gen = *gen;
+    dcp_data_file_name(w->rel, sizeof w->rel, rank, w->gen.num);
     size_t n = strlen(dir) + 96;
     w->path = malloc(n);
     w->tmp = malloc(n);
@@ -52,13 +53,14 @@ int dcp_file_open_gen(dcp_file_writer *w, const char *dir, int rank, unsigned ge
         memset(w, 0, sizeof *w);
         return rc;
     }
+    w->gen.id[DCP_GEN_ID_LEN] = '\0';
     /* large sequential writes */
     setvbuf(w->f, NULL, _IOFBF, 8 << 20);
     return 0;
 }
 
 int dcp_file_open(dcp_file_writer *w, const char *dir, int rank, fsdp_err *err) {
-    return dcp_file_open_gen(w, dir, rank, 0, NULL, NULL, err);
+    return dcp_file_open_gen(w, dir, rank, NULL, NULL, NULL, err);
 }
 
 static void fill_rec(dcp_record *r, const char *fqn, int is_tensor) {
@@ -138,7 +140,13 @@ int dcp_file_add_value(dcp_file_writer *w, const char *fqn, const void *value_op
  * its final name. */
 int dcp_file_close(dcp_file_writer *w, fsdp_err *err) {
     int rc = 0, renamed = 0;
-    if (fflush(w->f) != 0) rc = fsdp_err_set(err, FSDP_E_IO, "%s: write failed: %s", w->tmp, strerror(errno));
+    if (w->gen.id[0]) { /* after the last record: the save's identity (ckpt/dcp_gen.h) */
+        unsigned char t[DCP_GEN_TRAILER];
+        dcp_gen_trailer(&w->gen, w->rank, t);
+        if (fwrite(t, 1, sizeof t, w->f) != sizeof t)
+            rc = fsdp_err_set(err, FSDP_E_IO, "%s: write failed: %s", w->tmp, strerror(errno));
+    }
+    if (!rc && fflush(w->f) != 0) rc = fsdp_err_set(err, FSDP_E_IO, "%s: write failed: %s", w->tmp, strerror(errno));
     if (!rc) crash_point("dcp.data.written", 1, w->rank);
     if (!rc && fsync(fileno(w->f)) != 0) rc = fsdp_err_set(err, FSDP_E_IO, "%s: fsync failed: %s", w->tmp, strerror(errno));
     if (!rc) crash_point("dcp.data.synced", 1, w->rank);
@@ -252,6 +260,10 @@ static int64_t vol(const dcp_record *r) {
 }
 
 int dcp_write_metadata(const char *dir, const dcp_record *recs, size_t n, fsdp_err *err) {
+    return dcp_write_metadata_gen(dir, recs, n, NULL, err);
+}
+
+int dcp_write_metadata_gen(const char *dir, const dcp_record *recs, size_t n, const dcp_gen *gen, fsdp_err *err) {
     /* unique keys in first-seen order: group k is order[starts[k] .. starts[k + 1]) */
     size_t *order, *starts, nk;
     int grc = dcp_records_group(recs, n, &order, &starts, &nk, err);
@@ -362,8 +374,9 @@ int dcp_write_metadata(const char *dir, const dcp_record *recs, size_t n, fsdp_e
         }
     }
     /* storage_meta, version */
-    char uuid[40];
-    uuid4(uuid, sizeof uuid);
+    char uuid[64];
+    if (gen && gen->id[0]) dcp_gen_save_id(gen, uuid, sizeof uuid);
+    else uuid4(uuid, sizeof uuid);
     pkl_w_str(&w, "storage_meta");
     dataclass_begin(&w, META_MOD, "StorageMeta");
     pkl_w_empty_dict(&w);

@@ -76,7 +76,7 @@ static int write_side(void *user, fsdp_err *err) {
 struct sio_async {
     comm *c;
     char *path;
-    unsigned gen; /* of the data files (ckpt/dcp_commit.c) */
+    dcp_gen gen; /* of the data files (ckpt/dcp_commit.c) */
     save_plan plan;
     pthread_t th;
     int started;
@@ -207,7 +207,7 @@ static void plan_records(const save_plan *p, dcp_record *recs) {
     }
 }
 
-static int write_file(const char *path, int rank, unsigned gen, save_plan *p, float opt_step, const ckpt_sink *sink,
+static int write_file(const char *path, int rank, const dcp_gen *gen, save_plan *p, float opt_step, const ckpt_sink *sink,
                       dcp_record **recs, size_t *nrec, fsdp_err *err) {
     *recs = calloc(p->n ? p->n : 1, sizeof **recs);
     *nrec = 0;
@@ -262,9 +262,9 @@ static int write_file(const char *path, int rank, unsigned gen, save_plan *p, fl
  * stale temporaries, picks the generation of the new data files); everyone learns its verdict and
  * the generation before writing. Nothing of an existing checkpoint is touched here: it is replaced
  * by the rename of the new .metadata in commit (see ckpt/dcp_commit.c). */
-static int prepare_dir(const char *path, comm *c, const sio_save_opts *o, unsigned *gen, fsdp_err *err) {
+static int prepare_dir(const char *path, comm *c, const sio_save_opts *o, dcp_gen *gen, fsdp_err *err) {
     int rc = 0, rank = comm_rank(c);
-    *gen = 0;
+    memset(gen, 0, sizeof *gen);
     if (rank == 0)
         rc = dcp_prepare_dir(path, o->overwrite, "save-dcp", "set overwrite: true to replace it", gen, NULL, NULL,
                              err);
@@ -278,20 +278,18 @@ static int prepare_dir(const char *path, comm *c, const sio_save_opts *o, unsign
         return fsdp_err_set(err, agreed, "%s", msg);
     }
     if (rc) return rc;
-    uint32_t g = *gen;
-    if ((rc = comm_bcast(c, &g, sizeof g, 0, err))) return rc;
-    *gen = g;
+    if ((rc = comm_bcast(c, gen, sizeof *gen, 0, err))) return rc;
     crash_point("save.prepared", 1, rank);
     return 0;
 }
 
 /* gather every rank's records, rank 0 writes the files beside .metadata and then .metadata, everyone
  * waits for it */
-static int commit(comm *c, const char *path, unsigned gen, const sio_side_file *files, size_t n_files, int local_rc,
+static int commit(comm *c, const char *path, const dcp_gen *gen, const sio_side_file *files, size_t n_files, int local_rc,
                   fsdp_err *local_err, dcp_record *recs, size_t n, fsdp_err *err) {
     int rank = comm_rank(c);
     side_job sj = {path, files, n_files};
-    dcp_rank_commit k = {path, gen, comm_size(c), rank, rank + 1, "save-dcp", "save", n_files ? write_side : NULL, &sj};
+    dcp_rank_commit k = {path, *gen, comm_size(c), rank, rank + 1, "save-dcp", "save", n_files ? write_side : NULL, &sj};
     return dcp_rank_commit_run(c, &k, local_rc, local_err, recs, n, err);
 }
 
@@ -302,7 +300,7 @@ int sio_save(fsdp_state *s, comm *c, const char *path, const sio_save_opts *o, f
 int sio_save_staged(fsdp_state *s, comm *c, const char *path, const sio_save_opts *o, const ckpt_sink *sink,
                     fsdp_err *err) {
     int rank = comm_rank(c);
-    unsigned gen;
+    dcp_gen gen;
     int rc = sio_save_check(s, comm_size(c), o, err);
     if (!rc) rc = prepare_dir(path, c, o, &gen, err);
     if (rc) return rc;
@@ -312,9 +310,9 @@ int sio_save_staged(fsdp_state *s, comm *c, const char *path, const sio_save_opt
     dcp_record *recs = NULL;
     size_t n = 0;
     int lrc = splan_build(s, rank, comm_size(c), o, &p, &lerr);
-    if (!lrc) lrc = write_file(path, rank, gen, &p, (float)s->opt_step, sink, &recs, &n, &lerr);
+    if (!lrc) lrc = write_file(path, rank, &gen, &p, (float)s->opt_step, sink, &recs, &n, &lerr);
     splan_free(&p);
-    rc = commit(c, path, gen, o->files, o->n_files, lrc, &lerr, recs, n, err);
+    rc = commit(c, path, &gen, o->files, o->n_files, lrc, &lerr, recs, n, err);
     free(recs);
     return rc;
 }
@@ -322,7 +320,7 @@ int sio_save_staged(fsdp_state *s, comm *c, const char *path, const sio_save_opt
 static void *async_main(void *arg) {
     sio_async *a = arg;
     fsdp_err_clear(&a->err);
-    a->rc = write_file(a->path, comm_rank(a->c), a->gen, &a->plan, 0, NULL, &a->recs, &a->n_recs, &a->err);
+    a->rc = write_file(a->path, comm_rank(a->c), &a->gen, &a->plan, 0, NULL, &a->recs, &a->n_recs, &a->err);
     atomic_store(&a->written, 1);
     return NULL;
 }
@@ -334,7 +332,7 @@ int sio_save_begin(fsdp_state *s, comm *c, const char *path, const sio_save_opts
 int sio_save_begin_staged(fsdp_state *s, comm *c, const char *path, const sio_save_opts *o, const ckpt_sink *sink,
                           sio_async **out, fsdp_err *err) {
     *out = NULL;
-    unsigned gen;
+    dcp_gen gen;
     int rc = sio_save_check(s, comm_size(c), o, err);
     if (!rc) rc = prepare_dir(path, c, o, &gen, err);
     if (rc) return rc;
@@ -392,7 +390,7 @@ static int finish_now(sio_async *a) {
         a->started = 0;
     }
     fsdp_err_clear(&a->commit_err);
-    a->commit_rc = commit(a->c, a->path, a->gen, a->files.f, a->files.n, a->rc, &a->err, a->recs, a->n_recs,
+    a->commit_rc = commit(a->c, a->path, &a->gen, a->files.f, a->files.n, a->rc, &a->err, a->recs, a->n_recs,
                           &a->commit_err);
     a->committed = 1;
     return a->commit_rc;

@@ -490,7 +490,7 @@ static int dcp_entries(const conv *c, conv_out *o, ckrs_entry *e, char (*names)[
 
 /* The M data files of generation gen written (a failed one's temporary removed), their records
  * concatenated in rank order into recs (*nr). */
-static int write_dcp_files(const ckrs_src *rs, const char *dst, unsigned gen, int world, dcp_record *recs, size_t *nr,
+static int write_dcp_files(const ckrs_src *rs, const char *dst, const dcp_gen *gen, int world, dcp_record *recs, size_t *nr,
                            FILE *log, fsdp_err *err) {
     size_t per = rs->n + 2;
     dcp_file_writer *fw = calloc((size_t)world, sizeof *fw);
@@ -525,7 +525,7 @@ static int write_dcp_files(const ckrs_src *rs, const char *dst, unsigned gen, in
  * generation, .metadata replaced last, then the replaced checkpoint's files removed
  * (ckpt/dcp_commit.c); crash points convert.* and dcp.*. Tensors stream (ckpt/ckpt_reshard.h). */
 static int convert_to_dcp(const conv *c, conv_out *o, FILE *log, fsdp_err *err) {
-    unsigned gen;
+    dcp_gen gen;
     int rc = dcp_prepare_dir(o->dst, o->overwrite, "fsdp-run ckpt convert", "pass --overwrite to replace it", &gen,
                              note_log, log, err);
     if (rc) return rc;
@@ -542,11 +542,11 @@ static int convert_to_dcp(const conv *c, conv_out *o, FILE *log, fsdp_err *err) 
     ckrs_src rs = {c->r, e, ne, world, o->world > 0, o->world > 0, rs_can_stream, rs_read_whole, &u, {0, 0, 0},
                    rs_same_bytes};
     cks_opts_default(&rs.o);
-    if (!rc) rc = write_dcp_files(&rs, o->dst, gen, world, recs, &nr, log, err);
-    if (!rc) rc = dcp_write_metadata(o->dst, recs, nr, err);
+    if (!rc) rc = write_dcp_files(&rs, o->dst, &gen, world, recs, &nr, log, err);
+    if (!rc) rc = dcp_write_metadata_gen(o->dst, recs, nr, &gen, err);
     if (!rc) {
         crash_point("convert.committed", 1, 0);
-        dcp_remove_old_generations(o->dst, gen, world, recs, nr, note_log, log);
+        dcp_remove_old_generations(o->dst, gen.num, world, recs, nr, note_log, log);
     }
     free(e);
     free(names);

@@ -42,4 +42,16 @@ int fio_fsync_dir(const char *dir);
 /* The same for the directory a path is in ("." for a bare name). */
 int fio_fsync_parent(const char *path);
 
+/* ---- inside a checkpoint's directory (fileio_beneath.c) ---------------------------------- */
+
+/* Opens dir (a directory; it may itself be a symlink) as a descriptor for fio_open_beneath. */
+int fio_open_dir(const char *dir, int *dfd, fsdp_err *err);
+/* Opens name (relative to the directory open as dfd, named dir in messages) read-only, as a
+ * blocking descriptor of a regular file, never leaving the directory: a symbolic link (of the name
+ * or a component) is followed only while it stays beneath it (openat2 RESOLVE_BENEATH, else
+ * realpath checked against the directory's and O_NOFOLLOW). A way out is FSDP_E_FORMAT naming the
+ * link and where it points; a missing or unreadable file FSDP_E_IO "<dir>: cannot open <name>:
+ * <strerror>"; a FIFO or another non-regular file FSDP_E_IO, without blocking on it. */
+int fio_open_beneath(int dfd, const char *dir, const char *name, int *fd, fsdp_err *err);
+
 #endif

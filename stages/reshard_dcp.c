@@ -64,9 +64,9 @@ static int can_stream(void *user, size_t i) {
 
 /* Rank 0 prepares dst (refuses a checkpoint unless overwrite, removes stale temporaries, picks the
  * generation); every rank learns the verdict and the generation. */
-static int prepare(fsdp_ctx *ctx, comm *c, const char *dst, int overwrite, unsigned *gen, fsdp_err *err) {
+static int prepare(fsdp_ctx *ctx, comm *c, const char *dst, int overwrite, dcp_gen *gen, fsdp_err *err) {
     int rc = 0, who;
-    *gen = 0;
+    memset(gen, 0, sizeof *gen);
     if (comm_rank(c) == 0) {
         stage_sweep_stale(ctx, dst);
         rc = dcp_prepare_dir(dst, overwrite, "reshard-dcp", "set overwrite: true to replace it", gen, NULL, NULL, err);
@@ -75,14 +75,11 @@ static int prepare(fsdp_ctx *ctx, comm *c, const char *dst, int overwrite, unsig
     int st = comm_agree(c, rc, &who, &e2);
     if (st && !rc) return fsdp_err_set(err, st, "reshard-dcp: rank %d could not prepare %s", who, dst);
     if (rc) return rc;
-    uint32_t g = *gen;
-    if ((rc = comm_bcast(c, &g, sizeof g, 0, err))) return rc;
-    *gen = g;
-    return 0;
+    return comm_bcast(c, gen, sizeof *gen, 0, err);
 }
 
 /* This rank's data files [lo, hi) of generation gen; their records (rank order) into *recs / *nrec. */
-static int write_files(ckpt_reader *r, const char *dst, unsigned gen, int world, int lo, int hi, fsdp_dtype dt,
+static int write_files(ckpt_reader *r, const char *dst, const dcp_gen *gen, int world, int lo, int hi, fsdp_dtype dt,
                        dcp_record **out, size_t *nout, fsdp_err *err) {
     size_t n = ckpt_count(r), per = n + 2, k = (size_t)(hi - lo);
     ckrs_entry *e = calloc(n ? n : 1, sizeof *e);
@@ -124,9 +121,9 @@ static int write_files(ckpt_reader *r, const char *dst, unsigned gen, int world,
 
 /* Every rank's records to rank 0, which writes .metadata and removes the replaced checkpoint's
  * files; on any rank's failure no .metadata is written and every rank removes the files it wrote. */
-static int commit(comm *c, const char *dst, unsigned gen, int world, int lo, int hi, int local_rc, fsdp_err *local_err,
+static int commit(comm *c, const char *dst, const dcp_gen *gen, int world, int lo, int hi, int local_rc, fsdp_err *local_err,
                   const dcp_record *recs, size_t n, fsdp_err *err) {
-    dcp_rank_commit k = {dst, gen, world, lo, hi, "reshard-dcp", "reshard", NULL, NULL};
+    dcp_rank_commit k = {dst, *gen, world, lo, hi, "reshard-dcp", "reshard", NULL, NULL};
     return dcp_rank_commit_run(c, &k, local_rc, local_err, recs, n, err);
 }
 
@@ -138,7 +135,7 @@ static int rsd_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
     int world = (int)fsdp_arg_int(with, "world", 0);
     if (world <= 0) world = size;
     fsdp_dtype dt = strcmp(dts, "auto") ? fsdp_dtype_from_name(dts) : FSDP_DT_INVALID;
-    unsigned gen;
+    dcp_gen gen;
     double t0 = stage_now();
     int rc = prepare(ctx, c, dst, fsdp_arg_bool(with, "overwrite", 0), &gen, err);
     if (rc) return rc;
@@ -150,13 +147,13 @@ static int rsd_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
     fsdp_err_clear(&lerr);
     int lrc = ckpt_open(src, CKPT_AUTO, &r, &lerr);
     if (lrc) fsdp_err_prefix(&lerr, "reshard-dcp: src");
-    if (!lrc) lrc = write_files(r, dst, gen, world, lo, hi, dt, &recs, &n, &lerr);
+    if (!lrc) lrc = write_files(r, dst, &gen, world, lo, hi, dt, &recs, &n, &lerr);
     if (lrc && !strstr(lerr.msg, "reshard-dcp")) fsdp_err_prefix(&lerr, "reshard-dcp: %s -> %s", src, dst);
     uint64_t bytes = 0;
     for (size_t i = 0; i < n; i++)
         if (recs[i].is_tensor) bytes += (uint64_t)fsdp_numel(recs[i].ndim, recs[i].sizes) * fsdp_dtype_size(recs[i].dtype);
     ckpt_close(r);
-    rc = commit(c, dst, gen, world, lo, hi, lrc, &lerr, recs, n, err);
+    rc = commit(c, dst, &gen, world, lo, hi, lrc, &lerr, recs, n, err);
     free(recs);
     if (!rc) {
         fsdp_ctx_metric(ctx, "bytes_written", (double)bytes);

@@ -343,7 +343,7 @@ TEST(CkptPio, SavedStateLoadsIntoEveryShardingAndDtype) {
     ASSERT_EQ(sio_save_begin(src, c, ck2.c_str(), &so, &a, &err), 0) << err.msg;
     ASSERT_EQ(sio_save_finish(a, &err), 0) << err.msg;
     sio_async_free(a);
-    EXPECT_TRUE(read_file(ck + "/__0_0.distcp") == read_file(ck2 + "/__0_0.distcp"));
+    EXPECT_TRUE(dcp_data_blanked(ck + "/__0_0.distcp") == dcp_data_blanked(ck2 + "/__0_0.distcp"));
     state_free(src);
     comm_destroy(c);
     rm_rf(t);

@@ -35,7 +35,7 @@ std::string dcp_diff(const std::string &a, const std::string &b) {
         std::string f = la.substr(p, e - p);
         p = e == std::string::npos ? la.size() : e + 1;
         if (f.empty() || f == ".metadata") continue;
-        if (read_file(a + "/" + f) != read_file(b + "/" + f)) return f + " differs";
+        if (dcp_data_blanked(a + "/" + f) != dcp_data_blanked(b + "/" + f)) return f + " differs";
     }
     return "";
 }

@@ -287,7 +287,7 @@ TEST(E2EWorkflow, AsyncSaveWritesTheSameCheckpoint) {
     ASSERT_EQ(rc, 0) << o;
     expect_same_ckpt(t / "async", t / "sync");
     for (const char *f : {"__0_0.distcp", "__1_0.distcp"})
-        EXPECT_EQ(read_file(t / "async" + "/" + f), read_file(t / "sync" + "/" + f)) << f;
+        EXPECT_EQ(dcp_data_blanked(t / "async" + "/" + f), dcp_data_blanked(t / "sync" + "/" + f)) << f;
     // refusing to overwrite: found before anything runs (exit 2, as every validation error)
     write_file(r, std::string(TINY) + "stages:\n  - {id: i, uses: init-meta}\n  - {id: s, uses: save-dcp, with: {path: " +
                       (t / "sync") + "}}\n");

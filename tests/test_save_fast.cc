@@ -63,7 +63,7 @@ void expect_same_files(const std::string &a, const std::string &b) {
     ASSERT_GT(na.size(), 1u);
     for (auto &n : na) {
         if (n == ".metadata") continue;
-        std::string x = read_file(a + "/" + n), y = read_file(b + "/" + n);
+        std::string x = dcp_data_blanked(a + "/" + n), y = dcp_data_blanked(b + "/" + n);
         EXPECT_GT(x.size(), 0u) << n;
         EXPECT_TRUE(x == y) << n << " differs between " << a << " and " << b;
     }

@@ -124,15 +124,38 @@ inline bool is_uuid_at(const std::string &m, size_t p) {
     return true;
 }
 
+// 32 lower-case hex digits starting at m[p] (a save identity, ckpt/dcp_gen.h).
+inline bool is_save_id_at(const std::string &m, size_t p) {
+    if (p + 32 > m.size()) return false;
+    for (size_t i = 0; i < 32; i++) {
+        char c = m[p + i];
+        if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
+    }
+    return true;
+}
+
 // A DCP directory's .metadata with what differs between two saves of one state blanked: the save's
-// random uuid and the directory itself (the checkpoint_id). Compare directories whose names have
-// one length.
+// random uuid or fsdp-run save identity, and the directory itself (the checkpoint_id). Compare
+// directories whose names have one length.
 inline std::string dcp_metadata_blanked(const std::string &dir) {
     std::string m = read_file(dir + "/.metadata");
     for (size_t p; (p = m.find(dir)) != std::string::npos;) m.replace(p, dir.size(), std::string(dir.size(), '#'));
     for (size_t p = 0; p < m.size(); p++)
         if (is_uuid_at(m, p)) m.replace(p, 36, std::string(36, 'U'));
+    const std::string tag = "fsdp-run:";
+    for (size_t p = 0; (p = m.find(tag, p)) != std::string::npos; p += tag.size())
+        if (is_save_id_at(m, p + tag.size())) m.replace(p + tag.size(), 32, std::string(32, 'I'));
     return m;
+}
+
+// A DCP data file's bytes with its trailer's save identity blanked (ckpt/dcp_gen.h: the last 64
+// bytes "fsdp-run save id<32 hex> rank NNNNNNNNN\n"): equal for two saves of one state.
+inline std::string dcp_data_blanked(const std::string &path) {
+    std::string d = read_file(path);
+    const std::string magic = "fsdp-run save id";
+    if (d.size() >= 64 && d.compare(d.size() - 64, magic.size(), magic) == 0 && is_save_id_at(d, d.size() - 48))
+        d.replace(d.size() - 48, 32, std::string(32, 'I'));
+    return d;
 }
 
 }  // namespace fsdp_test
