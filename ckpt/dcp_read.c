@@ -117,6 +117,7 @@ static struct dcp_file *get_file(dcp_ckpt *c, const char *rel, fsdp_err *err) {
         return NULL;
     }
     c->n_files++;
+    pause_point("dcp.open.data", (long)c->n_files);
     return f;
 }
 
@@ -336,7 +337,7 @@ static int open_once(const char *dir, dcp_ckpt **out, fsdp_err *err) {
         c->rank_local = 1;
         rc = merge_rank_local(dir, c, err);
     }
-    if (!rc) pause_point("dcp.open.metadata");
+    if (!rc) pause_point("dcp.open.metadata", 1);
     for (size_t i = 0; !rc && i < c->n; i++) {
         dcp_item *x = &c->items[i];
         if (!x->is_tensor) rc = check_range(c, "value", x->fqn, &x->where, err);

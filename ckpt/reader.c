@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "ckpt/ckpt_stale.h"
 #include "ckpt/dcp.h"
@@ -131,7 +132,47 @@ int ckpt_open(const char *path, ckpt_format fmt, ckpt_reader **out, fsdp_err *er
         ckpt_close(*out);
         *out = NULL;
     }
+    if (!rc && fmt == CKPT_DCP) {
+        const dcp_ckpt *c = (*out)->impl;
+        (*out)->identity = c->meta_hash ? c->meta_hash : ckpt_identity_at(path);
+        (*out)->restarts = c->restarts;
+    } else if (!rc) {
+        (*out)->identity = ckpt_identity_at(path);
+    }
     return rc;
+}
+
+uint64_t ckpt_identity(const ckpt_reader *r) { return r->identity; }
+
+int ckpt_restarts(const ckpt_reader *r) { return r->restarts; }
+
+static uint64_t fnv1a(uint64_t h, const void *p, size_t n) {
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ull;
+    return h;
+}
+
+uint64_t ckpt_identity_at(const char *path) {
+    struct stat st;
+    if (stat(path, &st) != 0) return 0;
+    uint64_t h = 1469598103934665603ull;
+    int dfd = -1, fd = -1;
+    fsdp_err e;
+    if (S_ISDIR(st.st_mode) && !fio_open_dir(path, &dfd, &e)) {
+        int rc = fio_open_beneath(dfd, path, ".metadata", &fd, &e);
+        close(dfd);
+        if (!rc) { /* a DCP checkpoint: its .metadata's bytes, as dcp_open hashes them */
+            char buf[65536];
+            ssize_t n;
+            while ((n = read(fd, buf, sizeof buf)) > 0) h = fnv1a(h, buf, (size_t)n);
+            close(fd);
+            return h ? h : 1;
+        }
+    }
+    uint64_t v[4] = {(uint64_t)st.st_dev, (uint64_t)st.st_ino, (uint64_t)st.st_size,
+                     (uint64_t)st.st_mtim.tv_sec * 1000000000u + (uint64_t)st.st_mtim.tv_nsec};
+    h = fnv1a(h, v, sizeof v);
+    return h ? h : 1;
 }
 
 ckpt_reader *ckpt_reader_alloc(const char *path, size_t n, const ckpt_ops *ops, ckpt_format format, void *impl) {

@@ -39,6 +39,15 @@ ckpt_format ckpt_reader_format(const ckpt_reader *r);
 const char *ckpt_format_name(ckpt_format f);
 int ckpt_format_from_name(const char *name, ckpt_format *out);
 
+/* Which save r read, as a number that two readers of one save agree on and two saves differ in
+ * (with odds 2^-64): a DCP checkpoint's hash of its `.metadata` (which carries the save's identity,
+ * dcp_gen.h); for a file format, of the files' device, inode, size and modification time. */
+uint64_t ckpt_identity(const ckpt_reader *r);
+/* The same for what is at path now (0 when nothing readable is there): no parse, no data file opened. */
+uint64_t ckpt_identity_at(const char *path);
+/* How many times the checkpoint changed under ckpt_open, which then started again (DCP; 0 otherwise). */
+int ckpt_restarts(const ckpt_reader *r);
+
 size_t ckpt_count(const ckpt_reader *r);
 const ckpt_entry *ckpt_entry_at(const ckpt_reader *r, size_t i);
 /* Index of a name (its first entry), or -1: O(log n). */

@@ -21,6 +21,8 @@ struct ckpt_reader {
     size_t n;
     void *impl;
     nidx names; /* entry name -> index of its first entry (built by ckpt_open) */
+    uint64_t identity; /* ckpt_identity (set by ckpt_open) */
+    int restarts;      /* ckpt_restarts */
 };
 
 /* A reader with room for n entries (zeroed) over impl; NULL when out of memory. */

@@ -140,6 +140,9 @@ typedef struct sio_load_opts {
     int keep_given;
     /* When not NULL (s->n entries): how the checkpoint stores each parameter (ndim 0: as declared). */
     const sio_xform *xforms;
+    /* When not NULL: the checkpoint, already open (e.g. by ckpt_open_agreed: every rank reading one
+     * save); sio_load reads it instead of opening path, and leaves it open. */
+    ckpt_reader *reader;
 } sio_load_opts;
 
 typedef struct sio_load_result {

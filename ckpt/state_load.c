@@ -629,8 +629,8 @@ int sio_load(fsdp_state *s, const char *path, const sio_load_opts *o, sio_load_r
         if (rc) return rc;
         ckpt_up_init(&L.up, o->sink);
     }
-    ckpt_reader *r;
-    int rc = ckpt_open(path, o->format, &r, err);
+    ckpt_reader *r = o->reader;
+    int rc = r ? 0 : ckpt_open(path, o->format, &r, err);
     if (rc) return rc;
     nmap_rules *rules = NULL;
     if (o->n_rename) {
@@ -748,6 +748,6 @@ done:
     free(problems);
 out:
     nmap_rules_free(rules);
-    ckpt_close(r);
+    if (r != o->reader) ckpt_close(r);
     return rc;
 }

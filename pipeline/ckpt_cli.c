@@ -53,6 +53,9 @@ static int open_or_say(const char *path, ckpt_reader **r, FILE *log) {
     fsdp_err err;
     int rc = ckpt_open(path, CKPT_AUTO, r, &err);
     if (rc) fprintf(log, "fsdp-run ckpt: error: %s\n", err.msg);
+    else if (ckpt_restarts(*r))
+        fprintf(log, "fsdp-run ckpt: %s changed while it was being opened (a save replaced it); reading the new save "
+                "(%d restart%s)\n", path, ckpt_restarts(*r), ckpt_restarts(*r) == 1 ? "" : "s");
     ckpt_stale_sweep(path, note_log, log);
     return rc ? 1 : 0;
 }

@@ -223,6 +223,9 @@ static int open_side(const char *path, diff_side *s, FILE *log) {
     s->path = path;
     int rc = ckpt_open(path, CKPT_AUTO, &s->r, &err);
     if (rc) fprintf(log, "fsdp-run ckpt: error: %s\n", err.msg);
+    else if (ckpt_restarts(s->r))
+        fprintf(log, "fsdp-run ckpt: %s changed while it was being opened (a save replaced it); reading the new save "
+                "(%d restart%s)\n", path, ckpt_restarts(s->r), ckpt_restarts(s->r) == 1 ? "" : "s");
     ckpt_stale_sweep(path, note_log, log);
     return rc ? 1 : 0;
 }

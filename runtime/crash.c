@@ -39,11 +39,19 @@ void crash_point(const char *point, long nth, int rank) {
     for (;;) pause();
 }
 
-void pause_point(const char *point) {
+void pause_point(const char *point, long nth) {
     const char *spec = getenv("FSDP_PAUSE_AT");
     size_t n = strlen(point);
-    if (!spec || strncmp(spec, point, n) || spec[n] != '=' || !spec[n + 1]) return;
-    const char *go = spec + n + 1;
+    if (!spec || strncmp(spec, point, n)) return;
+    const char *p = spec + n;
+    if (*p == ':') {
+        char *end;
+        long want = strtol(p + 1, &end, 10);
+        if (end == p + 1 || want != nth) return;
+        p = end;
+    }
+    if (*p != '=' || !p[1]) return;
+    const char *go = p + 1;
     char paused[4200];
     snprintf(paused, sizeof paused, "%s.paused", go);
     int fd = open(paused, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);

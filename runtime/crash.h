@@ -12,9 +12,10 @@
  * spec without @rank). Returns otherwise. */
 void crash_point(const char *point, long nth, int rank);
 
-/* Pause points, for tests of readers racing writers: FSDP_PAUSE_AT=<point>=<file> makes the process,
- * each time it reaches the named point, create `<file>.paused` and wait until `<file>` exists (polled
- * every 5 ms, 120 s at most), then remove `<file>.paused` and go on. Unset, one getenv. */
-void pause_point(const char *point);
+/* Pause points, for tests of readers racing writers: FSDP_PAUSE_AT=<point>[:<n>]=<file> makes the
+ * process, when it reaches the named point for the n-th time (nth counted by the caller, from 1;
+ * default: every time), create `<file>.paused` and wait until `<file>` exists (polled every 5 ms, 120 s
+ * at most), then remove `<file>.paused` and go on. Unset, one getenv. */
+void pause_point(const char *point, long nth);
 
 #endif

@@ -40,6 +40,7 @@
 
 #include <sys/stat.h>
 
+#include "ckpt/ckpt_agree.h"
 #include "ckpt/ckpt_steps.h"
 #include "ckpt/dcp.h"
 #include "ckpt/key_layout.h"
@@ -362,15 +363,53 @@ static int part_opts(fsdp_state *s, size_t pi, sio_load_opts *o, load_args *a, f
     return 0;
 }
 
-/* One sio_load, its results added to *sum; strict: false reports what it did not restore. */
-static int load_one(fsdp_ctx *ctx, fsdp_state *s, const char *path, sio_load_opts *o, sio_load_result *sum,
-                    fsdp_err *err) {
+/* ckpt_open_agreed's resolve for DIR/latest: the first try opens the step load_target found; a
+ * later one (a step pruned or overwritten meanwhile) looks again */
+typedef struct relatest {
+    fsdp_ctx *ctx;
+    const char *given;
+    int tries;
+} relatest;
+
+static int resolve_again(void *user, char *path, size_t cap, fsdp_err *err) {
+    relatest *q = user;
+    if (q->tries++ == 0) return 0;
+    int missing = 0;
+    int rc = resolve_path(q->ctx, q->given, path, cap, &missing, err);
+    if (!rc && missing)
+        rc = fsdp_err_set(err, FSDP_E_IO, "load-ckpt: %s: the checkpoint it named went away while being read, and "
+                          "no committed step-<N> is left", q->given);
+    return rc;
+}
+
+/* One sio_load, its results added to *sum; strict: false reports what it did not restore. Every
+ * rank reads one save (ckpt/ckpt_agree.h); given: the path as the recipe gives it (DIR/latest is
+ * looked up again when the step it named changes while it is opened). */
+static int load_one(fsdp_ctx *ctx, fsdp_state *s, const char *given, const char *path, sio_load_opts *o,
+                    sio_load_result *sum, fsdp_err *err) {
+    char base[4200], at[4400];
+    snprintf(at, sizeof at, "%s", path);
+    relatest q = {ctx, given, 0};
+    int latest = given && ckpt_steps_is_latest(given, base, sizeof base), restarts = 0;
+    ckpt_reader *r;
+    int rc = ckpt_open_agreed(stage_comm(ctx), o->format, latest ? resolve_again : NULL, &q, at, sizeof at, &r,
+                              &restarts, err);
+    if (rc) return rc;
+    if (restarts)
+        fsdp_log(ctx, FSDP_LOG_WARN, "load-ckpt: %s changed while it was being opened (a save replaced it); read the "
+                 "new save (%d restart%s)", at, restarts, restarts == 1 ? "" : "s");
     unsigned char *restored = o->strict ? NULL : calloc(s->n ? s->n : 1, 1);
-    if (!o->strict && !restored) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+    if (!o->strict && !restored) {
+        ckpt_close(r);
+        return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+    }
     o->restored = restored;
+    o->reader = r;
     sio_load_result res;
-    int rc = sio_load(s, path, o, &res, err);
-    if (!rc && restored) report_not_restored(ctx, s, restored, path);
+    rc = sio_load(s, at, o, &res, err);
+    o->reader = NULL;
+    ckpt_close(r);
+    if (!rc && restored) report_not_restored(ctx, s, restored, at);
     free(restored);
     if (rc) return rc;
     sum->params_loaded += res.params_loaded;
@@ -405,7 +444,7 @@ static int load_sources(fsdp_ctx *ctx, const fsdp_value *with, fsdp_state *s, co
         load_args a = {0};
         rc = common_opts(with, s, sink, staged, &o, &a, err);
         if (!rc) rc = part_opts(s, pi, &o, &a, err);
-        if (!rc) rc = load_one(ctx, s, t->parts[pi].from, &o, sum, err);
+        if (!rc) rc = load_one(ctx, s, NULL, t->parts[pi].from, &o, sum, err);
         if (rc) fsdp_err_prefix(err, "load-ckpt part '%s'", name);
         load_args_free(&a);
         int w = snprintf(what + o_len, cap - o_len, "%s%s (part %s)", o_len ? ", " : "", t->parts[pi].from, name);
@@ -463,7 +502,7 @@ static int load_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
         load_args a = {0};
         rc = common_opts(with, s, &sink, staged, &o, &a, err);
         if (!rc) rc = path_opts(with, s, &o, &a, err);
-        if (!rc) rc = load_one(ctx, s, path, &o, &sum, err);
+        if (!rc) rc = load_one(ctx, s, fsdp_arg_str(with, "path", ""), path, &o, &sum, err);
         load_args_free(&a);
     }
     stage_ckpt_sink_free(&sink);

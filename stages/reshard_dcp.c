@@ -13,6 +13,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "ckpt/ckpt_agree.h"
 #include "ckpt/ckpt_reshard.h"
 #include "ckpt/dcp_rank_commit.h"
 #include "ckpt/ckpt_stale.h"
@@ -145,7 +146,13 @@ static int rsd_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
     size_t n = 0;
     fsdp_err lerr;
     fsdp_err_clear(&lerr);
-    int lrc = ckpt_open(src, CKPT_AUTO, &r, &lerr);
+    char at[4400];
+    snprintf(at, sizeof at, "%s", src);
+    int restarts = 0;
+    int lrc = ckpt_open_agreed(c, CKPT_AUTO, NULL, NULL, at, sizeof at, &r, &restarts, &lerr);
+    if (restarts)
+        fsdp_log(ctx, FSDP_LOG_WARN, "reshard-dcp: %s changed while it was being opened (a save replaced it); read the "
+                 "new save (%d restart%s)", src, restarts, restarts == 1 ? "" : "s");
     if (lrc) fsdp_err_prefix(&lerr, "reshard-dcp: src");
     if (!lrc) lrc = write_files(r, dst, &gen, world, lo, hi, dt, &recs, &n, &lerr);
     if (lrc && !strstr(lerr.msg, "reshard-dcp")) fsdp_err_prefix(&lerr, "reshard-dcp: %s -> %s", src, dst);
