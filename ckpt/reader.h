@@ -57,6 +57,28 @@ long ckpt_find(const ckpt_reader *r, const char *name);
  * DCP checkpoint). *records counts them (0 for safetensors, which carries none). An error names
  * the tensor, the file and the record. */
 int ckpt_verify(ckpt_reader *r, size_t *records, fsdp_err *err);
+/* What ckpt_check looked at, and the problems it found (every one counted, the first
+ * CKPT_CHECK_SHOWN kept as messages, in file order). */
+#define CKPT_CHECK_SHOWN 20
+typedef struct ckpt_check_report {
+    size_t files;    /* data files: a DCP's .distcp files, safetensors files, the .pt file */
+    size_t records;  /* records whose headers were checked: zip records, safetensors tensors */
+    size_t problems; /* problems found, all of them */
+    char *shown[CKPT_CHECK_SHOWN]; /* the first min(problems, CKPT_CHECK_SHOWN) messages */
+} ckpt_check_report;
+/* A structural check of the data files that reads headers, never a tensor's bytes: each record's
+ * zip local header against its central directory entry (signature, name, sizes, CRC field,
+ * method stored, payload inside the archive, no overlap), each tensor's record holding the bytes
+ * its chunk needs with the dtype and shape .metadata gives; a DCP safetensors piece's header
+ * listing the chunk with that dtype and shape inside the file; a DCP byte item's archive opening
+ * with its data.pkl. Whether each data file exists, is regular and covers the ranges the entries
+ * name is checked by ckpt_open already (so is a safetensors file's whole header). Returns 0 when
+ * nothing is wrong, FSDP_E_FORMAT when a problem was found (err: the first and how many more;
+ * rep->shown: each with its file, offset or record, and tensor), another code when the check could
+ * not run. ckpt_verify reads every byte besides. rep is filled either way; free it with
+ * ckpt_check_report_free. */
+int ckpt_check(ckpt_reader *r, ckpt_check_report *rep, fsdp_err *err);
+void ckpt_check_report_free(ckpt_check_report *rep);
 /* Rows [r0, r1) of dim 0 (a 0-d tensor has one row) of tensor i into dst as dst_dt. Reading all
  * rows of a .pt or DCP tensor checks the CRC-32 of the records it comes from; reading some rows
  * cannot (the CRC covers bytes the read skips): ckpt_verify checks a whole checkpoint. */

@@ -340,6 +340,25 @@ int ckpt_verify_pt(ckpt_reader *r, size_t *records, fsdp_err *err) {
     return 0;
 }
 
+/* Opening checked every record's local header and every tensor's record size (and stopped at the
+ * first problem); a tensor's record must also be stored, not compressed, for a read to take it. */
+int ckpt_check_pt(ckpt_reader *r, ckpt_check_report *rep, fsdp_err *err) {
+    pt_impl *p = r->impl;
+    rep->files = 1;
+    rep->records = p->z.n;
+    for (size_t i = 0; i < p->n; i++) {
+        if (p->texts[i]) continue;
+        char rec[80];
+        snprintf(rec, sizeof rec, "data/%s", p->t[i].key);
+        const zip_entry *e = zip_find(&p->z, rec);
+        if (!e || e->method == 0) continue; /* a missing record failed the open */
+        if (ckpt_check_add(rep, "tensor %s: %s: zip record %s is compressed (method %u); torch.save stores its records",
+                           p->names[i], p->z.what, e->name, e->method))
+            return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+    }
+    return 0;
+}
+
 /* a value's pickle: at most this many nodes (a memo DAG is written expanded) */
 #define PT_VALUE_NODES ((size_t)1 << 20)
 

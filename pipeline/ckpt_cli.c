@@ -36,6 +36,8 @@ static void ckpt_usage(FILE *f) {
           "safetensors holds tensors only. diff --round compares tensors of different float dtypes after\n"
           "rounding both to the less precise one.\n"
           "PATH: a DCP directory, a .safetensors file, an HF directory or model.safetensors.index.json, or a .pt file.\n"
+          "inspect checks the headers and sizes of every record of the data files (exit 1 listing each problem),\n"
+          "not the bytes they hold: --verify also checks the CRC-32 of every byte.\n"
           "convert refuses an existing DST (a DCP checkpoint or a file) unless --overwrite, which replaces it\n"
           "atomically: DST holds the old or the new checkpoint at every instant. --model names the model the\n"
           "checkpoint holds (its heads for the q/k permutation); with --to safetensors --names hf the tensors are\n"
@@ -96,6 +98,54 @@ static void print_entry(FILE *out, ckpt_reader *r, const ckpt_entry *e, const ch
     fputc('\n', out);
 }
 
+/* The structural check of the data files (ckpt_check: every problem, up to CKPT_CHECK_SHOWN, one
+ * line each), then with --verify the CRC-32 of every record. Returns 0, or 1 (reported on log). */
+static int inspect_check(ckpt_reader *r, const char *path, int verify, ckpt_check_report *rep, size_t *records,
+                         FILE *log) {
+    fsdp_err err;
+    int rc = ckpt_check(r, rep, &err);
+    if (rc && !rep->problems) { /* the check could not run */
+        fprintf(log, "fsdp-run ckpt: error: %s\n", err.msg);
+        return 1;
+    }
+    if (rc) {
+        for (size_t k = 0; k < rep->problems && k < CKPT_CHECK_SHOWN; k++)
+            fprintf(log, "fsdp-run ckpt: error: %s\n", rep->shown[k] ? rep->shown[k] : "(out of memory)");
+        if (rep->problems > CKPT_CHECK_SHOWN)
+            fprintf(log, "fsdp-run ckpt: error: ... and %zu more\n", rep->problems - CKPT_CHECK_SHOWN);
+        fprintf(log, "fsdp-run ckpt: error: %s: %zu problem%s in its data files (%zu file%s, %zu records checked)\n",
+                path, rep->problems, rep->problems == 1 ? "" : "s", rep->files, rep->files == 1 ? "" : "s",
+                rep->records);
+        return 1;
+    }
+    /* --verify: every checksum the format has (the CRC-32 of each record of .pt / .distcp archives) */
+    if (verify && ckpt_verify(r, records, &err)) {
+        fprintf(log, "fsdp-run ckpt: error: %s\n", err.msg);
+        return 1;
+    }
+    return 0;
+}
+
+/* What inspect looked at: the check's counts, and whether the bytes themselves were read. */
+static void print_checked(FILE *out, ckpt_reader *r, const ckpt_check_report *rep, int verify, size_t records) {
+    ckpt_format f = ckpt_reader_format(r);
+    if (f == CKPT_SAFETENSORS)
+        fprintf(out, "checked: %zu file%s, %zu tensors (the header and each tensor's data_offsets against the file "
+                     "size; safetensors carries no checksums)\n",
+                rep->files, rep->files == 1 ? "" : "s", rep->records);
+    else
+        fprintf(out, "checked: %zu data file%s, %zu records (headers and sizes%s)\n", rep->files,
+                rep->files == 1 ? "" : "s", rep->records,
+                verify ? "" : "; not the bytes: `--verify` also checks the CRC-32 of every byte");
+    if (verify && records) fprintf(out, "verified: the CRC-32 of all %zu records matches\n", records);
+    else if (verify) fprintf(out, "verified: nothing to check (%s files carry no checksums)\n", ckpt_format_name(f));
+}
+
+static json_t *checked_json(const ckpt_check_report *rep, int verify) {
+    return json_pack("{s:I,s:I,s:b}", "files", (json_int_t)rep->files, "records", (json_int_t)rep->records, "crc",
+                     verify);
+}
+
 static int cmd_inspect(int argc, char **argv, FILE *out, FILE *log) {
     const char *path = NULL;
     int json = 0, verify = 0;
@@ -114,11 +164,10 @@ static int cmd_inspect(int argc, char **argv, FILE *out, FILE *log) {
     }
     ckpt_reader *r;
     if (open_or_say(path, &r, log)) return 1;
-    /* --verify: every checksum the format has (the CRC-32 of each record of .pt / .distcp archives) */
     size_t records = 0;
-    fsdp_err verr;
-    if (verify && ckpt_verify(r, &records, &verr)) {
-        fprintf(log, "fsdp-run ckpt: error: %s\n", verr.msg);
+    ckpt_check_report rep;
+    if (inspect_check(r, path, verify, &rep, &records, log)) {
+        ckpt_check_report_free(&rep);
         ckpt_close(r);
         return 1;
     }
@@ -133,6 +182,7 @@ static int cmd_inspect(int argc, char **argv, FILE *out, FILE *log) {
         if (!e->is_tensor && ckpt_value(r, i, &val, &verr2)) { /* e.g. a global outside the allow-list */
             fprintf(log, "fsdp-run ckpt: error: %s\n", verr2.msg);
             json_decref(arr);
+            ckpt_check_report_free(&rep);
             ckpt_close(r);
             return 1;
         }
@@ -146,6 +196,7 @@ static int cmd_inspect(int argc, char **argv, FILE *out, FILE *log) {
         json_t *o = json_object();
         json_object_set_new(o, "path", json_string(path));
         if (verify) json_object_set_new(o, "verified_records", json_integer((json_int_t)records));
+        json_object_set_new(o, "checked", checked_json(&rep, verify));
         json_object_set_new(o, "format", json_string(ckpt_format_name(ckpt_reader_format(r))));
         json_object_set_new(o, "tensor_bytes", json_integer((json_int_t)total));
         json_object_set_new(o, "stored_tensor_bytes", json_integer((json_int_t)stored));
@@ -158,10 +209,9 @@ static int cmd_inspect(int argc, char **argv, FILE *out, FILE *log) {
         if (aliases)
             fprintf(out, "stored tensor bytes: %llu (%zu key%s stored with another key's bytes)\n",
                     (unsigned long long)stored, aliases, aliases == 1 ? "" : "s");
-        if (verify && records) fprintf(out, "verified: the CRC-32 of all %zu records matches\n", records);
-        else if (verify) fprintf(out, "verified: nothing to check (%s files carry no checksums)\n",
-                                 ckpt_format_name(ckpt_reader_format(r)));
+        print_checked(out, r, &rep, verify, records);
     }
+    ckpt_check_report_free(&rep);
     ckpt_close(r);
     return 0;
 }

@@ -24,6 +24,8 @@ static int in_list(const char *const *list, const char *s) {
     return 0;
 }
 
+int recipe_is_top_key(const char *key) { return in_list(TOP_KEYS, key); }
+
 static void join_list(const char *const *list, char *buf, size_t cap) {
     size_t off = 0;
     buf[0] = '\0';
@@ -36,10 +38,27 @@ static int key_error(fsdp_err *err, const fsdp_value *map, size_t i, const char 
     return fsdp_err_set(err, FSDP_E_INVALID, "%s:%d:%d: %s", map->file, map->key_line[i], map->key_col[i], msg);
 }
 
-static int check_top_keys(const fsdp_value *root, fsdp_err *err) {
-    if (root->kind != FSDP_V_MAP)
-        return fsdp_err_at(err, FSDP_E_INVALID, root, "a recipe must be a YAML mapping (version, name, stages, ...)");
-    for (size_t i = 0; i < root->n; i++) {
+/* A file whose top level is not a mapping holding at least one recipe key is refused as a whole, and
+ * none of its text is quoted: it may be any file (`include: [/etc/shadow]`, a binary). */
+static int check_is_recipe(const fsdp_value *root, const char *path, const fsdp_value *from_val, fsdp_err *err) {
+    const char *kind = root->kind == FSDP_V_LIST ? "a list" : root->kind == FSDP_V_SCALAR ? "a scalar" : NULL;
+    int known = 0;
+    for (size_t i = 0; !kind && i < root->n && !known; i++) known = in_list(TOP_KEYS, root->keys[i]);
+    if (!kind && (root->n == 0 || known)) return 0;
+    if (!kind) kind = "a mapping without any recipe key";
+    char keys[256];
+    join_list(TOP_KEYS, keys, sizeof keys);
+    if (from_val)
+        return fsdp_err_at(err, FSDP_E_INVALID, from_val,
+                           "include: %s:%d:%d: not a recipe (its top level is %s; expected a mapping of: %s)", path,
+                           root->line, root->col, kind, keys);
+    return fsdp_err_set(err, FSDP_E_INVALID, "%s:%d:%d: not a recipe (its top level is %s; expected a mapping of: %s)",
+                        path, root->line, root->col, kind, keys);
+}
+
+static int check_top_keys(const fsdp_value *root, const char *path, const fsdp_value *from_val, fsdp_err *err) {
+    int rc = check_is_recipe(root, path, from_val, err);
+    for (size_t i = 0; !rc && i < root->n; i++) {
         if (!in_list(TOP_KEYS, root->keys[i])) {
             char known[256];
             join_list(TOP_KEYS, known, sizeof known);
@@ -48,7 +67,7 @@ static int check_top_keys(const fsdp_value *root, fsdp_err *err) {
             return key_error(err, root, i, fmt, root->keys[i]);
         }
     }
-    return 0;
+    return rc;
 }
 
 /* Include paths are relative to the including file's directory; when no such file exists
@@ -131,7 +150,7 @@ static int load_tree(const char *path, const fsdp_value *from_val, include_state
     fsdp_value *tree;
     int rc = yaml_load_file(path, st->budget, &tree, err);
     if (rc) return rc;
-    if ((rc = check_top_keys(tree, err))) {
+    if ((rc = check_top_keys(tree, path, from_val, err))) {
         val_free(tree);
         return rc;
     }
@@ -152,139 +171,6 @@ static int load_tree(const char *path, const fsdp_value *from_val, include_state
     val_map_remove(tree, "include");
     *out = base ? recipe_merge(base, tree) : tree;
     return 0;
-}
-
-/* ---- --set overrides ------------------------------------------------------------- */
-
-static int is_index(const char *s, size_t *out) {
-    if (!*s) return 0;
-    size_t v = 0;
-    for (const char *p = s; *p; p++) {
-        if (*p < '0' || *p > '9') return 0;
-        v = v * 10 + (size_t)(*p - '0');
-    }
-    *out = v;
-    return 1;
-}
-
-int recipe_apply_override(fsdp_value *root, const char *arg, fsdp_err *err) {
-    const char *eq = strchr(arg, '=');
-    if (!eq || eq == arg)
-        return fsdp_err_set(err, FSDP_E_INVALID, "--set %s: expected KEY=VALUE (e.g. --set model.dim=128)", arg);
-    size_t klen = (size_t)(eq - arg);
-    char *key = strndup(arg, klen);
-    if (!key) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
-    /* the value's positions name the --set argument: "--set 'KEY=VALUE':1:COL: ..." */
-    char where[512];
-    snprintf(where, sizeof where, "--set '%.480s'", arg);
-    fsdp_value *val;
-    int rc = yaml_load_string(eq + 1, strlen(eq + 1), where, 0, (int)klen + 1, &val, err);
-    if (rc) {
-        free(key);
-        return rc;
-    }
-    /* An empty value is the empty string, not an empty document. */
-    if (!eq[1]) {
-        val_free(val);
-        val = val_scalar("", 1, where, 1, (int)klen + 2);
-        if (!val) {
-            free(key);
-            return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
-        }
-    }
-    if (val->kind == FSDP_V_MAP && val->n == 0 && eq[1] && strcmp(eq + 1, "{}") != 0) {
-        /* yaml_load_string returns an empty map for a document with only comments */
-        val_free(val);
-        val = val_scalar(eq + 1, 1, where, 1, (int)klen + 2);
-    }
-    if (!val) {
-        free(key);
-        return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
-    }
-    if (strchr(key, '.') == NULL && !in_list(TOP_KEYS, key)) {
-        rc = fsdp_err_set(err, FSDP_E_INVALID, "--set %s: unknown top-level key '%s'", arg, key);
-        goto out;
-    }
-    fsdp_value *cur = root;
-    char *save = NULL;
-    char *part = strtok_r(key, ".", &save);
-    int depth = 0;
-    while (part) {
-        char *nextp = strtok_r(NULL, ".", &save);
-        if (depth == 0 && !in_list(TOP_KEYS, part)) {
-            rc = fsdp_err_set(err, FSDP_E_INVALID, "--set %s: unknown top-level key '%s'", arg, part);
-            goto out;
-        }
-        if (cur->kind == FSDP_V_LIST) {
-            size_t idx;
-            fsdp_value *child = NULL;
-            if (is_index(part, &idx)) {
-                if (idx >= cur->n) {
-                    rc = fsdp_err_set(err, FSDP_E_INVALID, "--set %s: index %zu is out of range (the list has %zu items)",
-                                      arg, idx, cur->n);
-                    goto out;
-                }
-                child = cur->items[idx];
-                if (!nextp) {
-                    val_free(cur->items[idx]);
-                    cur->items[idx] = val;
-                    val = NULL;
-                    goto out;
-                }
-            } else {
-                for (size_t i = 0; i < cur->n && !child; i++) {
-                    const char *id = recipe_stage_id(cur->items[i]);
-                    if (id && !strcmp(id, part)) child = cur->items[i];
-                }
-                if (!child) {
-                    rc = 1; /* no stage with that id here */
-                    goto out;
-                }
-                if (!nextp) {
-                    rc = fsdp_err_set(err, FSDP_E_INVALID, "--set %s: cannot replace a whole stage; set its keys", arg);
-                    goto out;
-                }
-            }
-            cur = child;
-        } else if (cur->kind == FSDP_V_MAP || (cur->kind == FSDP_V_SCALAR && val_text_is_null(cur->text) &&
-                                                !cur->quoted)) {
-            if (cur->kind != FSDP_V_MAP) {
-                cur->kind = FSDP_V_MAP;
-                free(cur->text);
-                cur->text = NULL;
-            }
-            if (!nextp) {
-                if (val_map_set(cur, part, val, 0, 0)) {
-                    val = NULL;
-                    rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
-                    goto out;
-                }
-                cur->key_line[val_map_find(cur, part)] = 1;
-                cur->key_col[val_map_find(cur, part)] = 1;
-                val = NULL;
-                goto out;
-            }
-            fsdp_value *child = val_get_mut(cur, part);
-            if (!child) {
-                child = val_new(FSDP_V_MAP, "--set", 1, 1);
-                if (!child || val_map_set(cur, part, child, 1, 1)) {
-                    rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
-                    goto out;
-                }
-            }
-            cur = child;
-        } else {
-            rc = fsdp_err_set(err, FSDP_E_INVALID, "--set %s: '%s' is inside a scalar value (%s:%d:%d), not a map",
-                              arg, part, cur->file, cur->line, cur->col);
-            goto out;
-        }
-        part = nextp;
-        depth++;
-    }
-out:
-    val_free(val);
-    free(key);
-    return rc;
 }
 
 /* ---- structure ------------------------------------------------------------------ */

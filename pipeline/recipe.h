@@ -52,8 +52,13 @@ typedef struct recipe_override {
 int recipe_load(const char *path, recipe_override *ovr, size_t n_ovr, recipe **out, fsdp_err *err);
 void recipe_free(recipe *r);
 
-/* Applies one override to a recipe tree. Returns 0 when applied, 1 when it names a stage
- * id this recipe does not have (not an error by itself when chaining), else an error. */
+/* Whether key is one of the recipe's top-level keys (version, name, ..., stages). */
+int recipe_is_top_key(const char *key);
+/* Applies one override to a recipe tree (pipeline/recipe_set.c): the value is parsed as YAML only
+ * when it is a flow collection, a quoted scalar or a plain scalar YAML reads back whole; anything
+ * else (a newline, a ` #` comment, ...) is kept literally as a string. Returns 0 when applied, 1
+ * when it names a stage id this recipe does not have (not an error by itself when chaining), else
+ * an error. */
 int recipe_apply_override(fsdp_value *root, const char *arg, fsdp_err *err);
 /* Bounds of one recipe's loading: include nesting and the number of files its includes load in all
  * (a fan-out of includes multiplies), ${var} nesting, the length of one substituted value and the

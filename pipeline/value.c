@@ -226,6 +226,16 @@ int val_text_is_null(const char *t) {
     return !t || !*t || !strcmp(t, "~") || !strcmp(t, "null") || !strcmp(t, "Null") || !strcmp(t, "NULL");
 }
 
+int val_text_is_word(const char *t) {
+    size_t n = 0;
+    for (; t[n]; n++) {
+        char c = t[n];
+        int ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || strchr("_.-*/", c);
+        if (!ok || n >= VAL_WORD_MAX) return 0;
+    }
+    return n > 0;
+}
+
 /* ---- flow text ------------------------------------------------------------ */
 
 typedef struct {

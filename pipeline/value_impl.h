@@ -59,6 +59,11 @@ fsdp_value *val_get_mut(fsdp_value *map, const char *key);
 char *val_to_flow(const fsdp_value *v);
 /* YAML 1.2 core-schema null test for a plain scalar text. */
 int val_text_is_null(const char *text);
+/* Whether a text read from a file may be quoted in an error before the file is known to be a
+ * recipe: 1 to VAL_WORD_MAX letters, digits and `_.-*` `/` (a key such as `lr` or `layers.*.w`; not
+ * a line of some other file, e.g. a password entry with its `:` and `$`). */
+#define VAL_WORD_MAX 64
+int val_text_is_word(const char *text);
 /* fsdp_value_bool / fsdp_value_float of a text (NULL: -1). */
 int val_text_bool(const char *text, int *out);
 int val_text_float(const char *text, double *out);

@@ -27,7 +27,11 @@ typedef struct {
 typedef struct {
     yaml_parser_t parser;
     const char *file;
+    const unsigned char *text; /* the input when it is a string (else the file is `file`) */
+    size_t text_len;
     int line0, col0;
+    size_t last_end; /* where the last event read ends (a byte offset) */
+    size_t root_end; /* where the document's value ends */
     anchor_t *anchors;
     size_t n_anchors, cap_anchors;
     strmap anchor_index; /* name -> the latest anchor of that name */
@@ -46,9 +50,50 @@ static int cl(const yl_state *s, yaml_mark_t m) { return (int)m.column + 1 + (m.
 
 static int oom(yl_state *s) { return fsdp_err_set(s->err, FSDP_E_NOMEM, "out of memory"); }
 
+static void count_marks(const unsigned char *p, size_t n, int *line, int *col) {
+    for (size_t i = 0; i < n; i++) {
+        if (p[i] == '\n') {
+            ++*line;
+            *col = 1;
+        } else if ((p[i] & 0xC0) != 0x80) { /* a character's first byte */
+            ++*col;
+        }
+    }
+}
+
+/* Line and column (1-based, in characters) of byte `off` of the input: a reader error (a control
+ * character, bad UTF-8) has only its byte offset. A file is read again up to it. */
+static void offset_mark(const yl_state *s, size_t off, int *line, int *col) {
+    *line = 1;
+    *col = 1;
+    if (s->text) {
+        count_marks(s->text, off < s->text_len ? off : s->text_len, line, col);
+        return;
+    }
+    FILE *f = fopen(s->file, "rb");
+    if (!f) return;
+    unsigned char buf[16384];
+    size_t got;
+    for (size_t done = 0; done < off; done += got) {
+        got = fread(buf, 1, off - done < sizeof buf ? off - done : sizeof buf, f);
+        if (!got) break;
+        count_marks(buf, got, line, col);
+    }
+    fclose(f);
+}
+
+/* libyaml's messages are fixed texts; nothing of the input is quoted (the input may not be a recipe
+ * at all, e.g. a password file given by mistake). */
 static int parse_error(yl_state *s) {
     const yaml_parser_t *p = &s->parser;
     yaml_mark_t m = p->problem_mark;
+    if (p->error == YAML_READER_ERROR) {
+        int line, col;
+        offset_mark(s, p->problem_offset, &line, &col);
+        return fsdp_err_set(s->err, FSDP_E_INVALID, "%s:%d:%d: not YAML text: %s (byte %zu)", s->file,
+                            line + s->line0, col + (line == 1 ? s->col0 : 0), p->problem ? p->problem : "unreadable",
+                            p->problem_offset);
+    }
     if (p->context)
         return fsdp_err_set(s->err, FSDP_E_INVALID, "%s:%d:%d: YAML syntax error: %s %s (line %d)", s->file,
                             ln(s, m), cl(s, m), p->problem ? p->problem : "invalid YAML", p->context,
@@ -59,6 +104,7 @@ static int parse_error(yl_state *s) {
 
 static int next(yl_state *s, yaml_event_t *ev) {
     if (!yaml_parser_parse(&s->parser, ev)) return parse_error(s);
+    s->last_end = ev->end_mark.index;
     return 0;
 }
 
@@ -102,7 +148,8 @@ static int parse_alias(yl_state *s, yaml_event_t *ev, int depth, fsdp_value **ou
     const char *name = (const char *)ev->data.alias.anchor;
     size_t i;
     if (!strmap_get(&s->anchor_index, name, &i))
-        return fsdp_err_set(s->err, FSDP_E_INVALID, "%s:%d:%d: unknown YAML alias '*%s'", s->file, line, col, name);
+        return fsdp_err_set(s->err, FSDP_E_INVALID, "%s:%d:%d: unknown YAML alias '*%s'", s->file, line, col,
+                            val_text_is_word(name) ? name : "...");
     const anchor_t *a = &s->anchors[i];
     if (depth + a->height > YAML_MAX_DEPTH)
         return fsdp_err_set(s->err, FSDP_E_INVALID, "%s:%d:%d: nesting deeper than %d levels (through YAML alias '*%s')",
@@ -159,8 +206,12 @@ static int parse_entry(yl_state *s, fsdp_value *v, int depth, yl_info *info, int
     char *key = strdup((const char *)ke.data.scalar.value);
     yaml_event_delete(&ke);
     if (!key) return oom(s);
-    if (val_map_find(v, key) >= 0) {
-        rc = fsdp_err_set(s->err, FSDP_E_INVALID, "%s:%d:%d: duplicate key '%s'", s->file, kl, kc, key);
+    long first = val_map_find(v, key);
+    if (first >= 0) {
+        /* the file may not be a recipe: only a plain word is quoted */
+        rc = fsdp_err_set(s->err, FSDP_E_INVALID, "%s:%d:%d: duplicate key %s%s%s(first at line %d column %d)", s->file,
+                          kl, kc, val_text_is_word(key) ? "'" : "", val_text_is_word(key) ? key : "",
+                          val_text_is_word(key) ? "' " : "", v->key_line[first], v->key_col[first]);
         free(key);
         return rc;
     }
@@ -260,6 +311,7 @@ static int load(yl_state *s, fsdp_value **out) {
         rc = parse_node(s, &ev, 0, &root, &info);
         yaml_event_delete(&ev);
         if (rc) goto fail;
+        s->root_end = s->last_end;
     }
     if (!root) {
         root = val_new(FSDP_V_MAP, s->file, 1, 1);
@@ -279,11 +331,13 @@ static void cleanup(yl_state *s) {
     yaml_parser_delete(&s->parser);
 }
 
-int yaml_load_string(const char *text, size_t len, const char *name, int line0, int col0, fsdp_value **out,
-                     fsdp_err *err) {
+static int load_string(const char *text, size_t len, const char *name, int line0, int col0, fsdp_value **out,
+                       size_t *end, fsdp_err *err) {
     val_budget budget = {0, 0};
     yl_state s = {0};
     s.file = name;
+    s.text = (const unsigned char *)text;
+    s.text_len = len;
     s.line0 = line0;
     s.col0 = col0;
     s.err = err;
@@ -294,7 +348,18 @@ int yaml_load_string(const char *text, size_t len, const char *name, int line0, 
     yaml_parser_set_input_string(&s.parser, (const unsigned char *)text, len);
     int rc = load(&s, out);
     cleanup(&s);
+    if (end) *end = s.root_end;
     return rc;
+}
+
+int yaml_load_string(const char *text, size_t len, const char *name, int line0, int col0, fsdp_value **out,
+                     fsdp_err *err) {
+    return load_string(text, len, name, line0, col0, out, NULL, err);
+}
+
+int yaml_load_value(const char *text, size_t len, const char *name, int col0, fsdp_value **out, size_t *end,
+                    fsdp_err *err) {
+    return load_string(text, len, name, 0, col0, out, end, err);
 }
 
 int yaml_load_file(const char *path, val_budget *budget, fsdp_value **out, fsdp_err *err) {

@@ -20,5 +20,10 @@ int yaml_load_file(const char *path, val_budget *budget, fsdp_value **out, fsdp_
  * argument). */
 int yaml_load_string(const char *text, size_t len, const char *name, int line0, int col0,
                      fsdp_value **out, fsdp_err *err);
+/* yaml_load_string of one line (line 1, columns offset by col0) that also gives where the value
+ * ends: *end is the byte offset just past its last character (0 for an empty document), so a caller
+ * can tell whether blanks or a comment after it were dropped. */
+int yaml_load_value(const char *text, size_t len, const char *name, int col0, fsdp_value **out, size_t *end,
+                    fsdp_err *err);
 
 #endif
