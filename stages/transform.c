@@ -30,6 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ckpt/ckpt_agree.h"
 #include "ckpt/namemap.h"
 #include "ckpt/state_io.h"
 #include "stages/stages.h"
@@ -290,7 +291,7 @@ static int do_elementwise(fsdp_state *s, const char *op, const fsdp_value *b, fs
     return 0;
 }
 
-static int do_load(fsdp_state *s, const fsdp_value *b, fsdp_err *err) {
+static int do_load(fsdp_ctx *ctx, fsdp_state *s, const fsdp_value *b, fsdp_err *err) {
     const fsdp_value *keys = fsdp_value_get(b, "keys"), *map = fsdp_value_get(b, "map");
     size_t nk = fsdp_value_type(keys) == FSDP_V_SCALAR ? 1 : fsdp_value_size(keys);
     size_t nm = fsdp_value_size(map);
@@ -310,6 +311,18 @@ static int do_load(fsdp_state *s, const fsdp_value *b, fsdp_err *err) {
         for (size_t i = 0; i < s->n; i++) hits += key_matches(keys, s->p[i].name);
         if (!hits) rc = fsdp_err_at(err, FSDP_E_INVALID, keys, "transform load: the keys match no parameter");
     }
+    /* every rank opens (a collective: whatever its own verdict so far) and all read one save */
+    char at[4400];
+    const char *path = fsdp_value_text(fsdp_value_get(b, "path"));
+    snprintf(at, sizeof at, "%s", path ? path : "");
+    int restarts = 0;
+    ckpt_reader *r = NULL;
+    fsdp_err oerr;
+    int orc = ckpt_open_agreed(stage_comm(ctx), CKPT_AUTO, NULL, NULL, at, sizeof at, &r, &restarts, &oerr);
+    if (!rc && orc) *err = oerr, rc = orc;
+    if (!rc && restarts)
+        fsdp_log(ctx, FSDP_LOG_WARN, "transform load: %s changed while it was being opened (a save replaced it); "
+                 "read the new save (%d restart%s)", at, restarts, restarts == 1 ? "" : "s");
     if (!rc) {
         sio_load_opts o;
         memset(&o, 0, sizeof o);
@@ -331,7 +344,8 @@ static int do_load(fsdp_state *s, const fsdp_value *b, fsdp_err *err) {
             if (state_place_of(&s->p[i], STATE_DATA) != STATE_DEVICE || !key_matches(keys, s->p[i].name)) continue;
             if (!(rc = state_param_move(s, &s->p[i], STATE_DATA, STATE_HOST, err))) moved[i] = 1;
         }
-        if (!rc) rc = sio_load(s, fsdp_value_text(fsdp_value_get(b, "path")), &o, &res, err);
+        o.reader = r;
+        if (!rc) rc = sio_load(s, at, &o, &res, err);
         s->train_step = ts, s->tokens_seen = tok, s->data_pos = dp; /* weights only */
         for (size_t i = 0; moved && i < s->n; i++) {
             if (!moved[i]) continue;
@@ -342,6 +356,7 @@ static int do_load(fsdp_state *s, const fsdp_value *b, fsdp_err *err) {
         free(moved);
         if (rc) fsdp_err_prefix(err, "transform load");
     }
+    ckpt_close(r);
     free(only);
     free(from);
     free(to);
@@ -356,7 +371,7 @@ static int transform_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
         const fsdp_value *op = fsdp_value_item(ops, i), *b;
         const char *n = op_name(op, &b);
         int rc = !strcmp(n, "copy") ? do_copy(s, b, err)
-                 : !strcmp(n, "load") ? do_load(s, b, err)
+                 : !strcmp(n, "load") ? do_load(ctx, s, b, err)
                                       : do_elementwise(s, n, b, err);
         if (rc) return rc;
         fsdp_log(ctx, FSDP_LOG_INFO, "transform: %s done", n);

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ckpt/ckpt_agree.h"
 #include "ckpt/reader.h"
 #include "stages/stages.h"
 
@@ -29,7 +30,13 @@ static int verify_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
     ckpt_reader *r = NULL;
     int rc = state_check_values(s, "verify", err);
     if (rc) return rc;
-    if (against && (rc = ckpt_open(against, CKPT_AUTO, &r, err))) return rc;
+    char at[4400];
+    int restarts = 0;
+    snprintf(at, sizeof at, "%s", against ? against : "");
+    if (against && (rc = ckpt_open_agreed(c, CKPT_AUTO, NULL, NULL, at, sizeof at, &r, &restarts, err))) return rc;
+    if (restarts)
+        fsdp_log(ctx, FSDP_LOG_WARN, "verify: %s changed while it was being opened (a save replaced it); read the new "
+                 "save (%d restart%s)", at, restarts, restarts == 1 ? "" : "s");
     int64_t bad_total = 0, mismatched = 0;
     char first_bad[256] = "";
     for (size_t i = 0; i < s->n && !rc; i++) {
