@@ -110,8 +110,10 @@ static int detect(const char *path, ckpt_format *fmt, fsdp_err *err) {
     return fsdp_err_set(err, FSDP_E_FORMAT, "checkpoint %s: unknown format (use format: dcp|safetensors|pt)", path);
 }
 
-/* The name index behind ckpt_find: the first entry of each name (O(n log n) to build). */
+/* The name index behind ckpt_find: the first entry of each name (O(n log n) to build); none for
+ * a format that finds names itself. */
 static int index_names(ckpt_reader *r, fsdp_err *err) {
+    if (r->ops->find) return 0;
     for (size_t i = 0; i < r->n; i++)
         if (nidx_add(&r->names, r->entries[i].name, i, NULL) < 0)
             return fsdp_err_set(err, FSDP_E_NOMEM, "checkpoint %s: out of memory indexing %zu names", r->path, r->n);
@@ -207,6 +209,7 @@ size_t ckpt_count(const ckpt_reader *r) { return r->n; }
 const ckpt_entry *ckpt_entry_at(const ckpt_reader *r, size_t i) { return i < r->n ? &r->entries[i] : NULL; }
 
 long ckpt_find(const ckpt_reader *r, const char *name) {
+    if (r->ops && r->ops->find) return r->ops->find(r, name);
     if (r->names.n) return nidx_get(&r->names, name);
     for (size_t i = 0; i < r->n; i++) /* a reader not made by ckpt_open */
         if (!strcmp(r->entries[i].name, name)) return (long)i;

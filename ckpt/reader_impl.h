@@ -11,6 +11,8 @@ typedef struct ckpt_ops {
                      fsdp_err *err);
     const char *(*value_text)(ckpt_reader *r, size_t i);
     void (*close)(ckpt_reader *r);
+    /* the index of name, -1 when absent (NULL: ckpt_open builds the name index `names`) */
+    long (*find)(const ckpt_reader *r, const char *name);
 } ckpt_ops;
 
 struct ckpt_reader {
@@ -20,7 +22,7 @@ struct ckpt_reader {
     ckpt_entry *entries;
     size_t n;
     void *impl;
-    nidx names; /* entry name -> index of its first entry (built by ckpt_open) */
+    nidx names; /* entry name -> index of its first entry (built by ckpt_open unless ops->find) */
     uint64_t identity; /* ckpt_identity (set by ckpt_open) */
     int restarts;      /* ckpt_restarts */
 };

@@ -48,7 +48,13 @@ static void st_close_op(ckpt_reader *r) {
     ckpt_reader_free(r);
 }
 
-static const ckpt_ops ST_OPS = {st_rows_op, NULL, st_close_op};
+/* st_find's binary search over the reader's sorted names: no second index of the names */
+static long st_find_op(const ckpt_reader *r, const char *name) {
+    const st_tensor_info *t = st_find(r->impl, name);
+    return t ? (long)(t - st_tensor(r->impl, 0)) : -1;
+}
+
+static const ckpt_ops ST_OPS = {st_rows_op, NULL, st_close_op, st_find_op};
 
 int ckpt_open_safetensors(const char *path, ckpt_reader **out, fsdp_err *err) {
     st_reader *s;

@@ -5,7 +5,8 @@
  * {str: str}}, then the byte buffer; offsets are relative to 8 + N.
  *
  * Reader: st_open() maps each file (mmap, read-only) and parses and fully validates only the
- * JSON headers; tensor bytes are touched on demand (st_data, st_read_rows). It accepts
+ * JSON headers, each in one pass without a JSON tree (a header of millions of tensors costs a
+ * small multiple of its size); tensor bytes are touched on demand (st_data, st_read_rows). It accepts
  *   - a single .safetensors file,
  *   - a Hugging Face sharded checkpoint: the `*.safetensors.index.json` file itself (weight_map ->
  *     shard files, each validated against the index), or

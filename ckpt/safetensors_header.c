@@ -1,8 +1,10 @@
 /* safetensors reader: mapping one file and validating its header like the reference reader
- * (safetensors/src/tensor.rs: read_metadata + Metadata::validate), plus duplicate keys. */
+ * (safetensors/src/tensor.rs: read_metadata + Metadata::validate), plus duplicate keys. The
+ * header is read in one pass without a JSON tree (safetensors_json.h, safetensors_entry.c): its
+ * tensors go straight into the reader's table and their names into one arena per file, so that
+ * a header of millions of tensors costs a small multiple of its own size. */
 #include <errno.h>
 #include <fcntl.h>
-#include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -10,141 +12,31 @@
 #include <unistd.h>
 
 #include "ckpt/safetensors_internal.h"
+#include "ckpt/safetensors_json.h"
 #include "runtime/fileio.h"
-#include "runtime/checked.h"
 
-typedef struct {
-    const char *name; /* borrowed from the JSON tree */
-    fsdp_dtype dtype;
-    int ndim;
-    int64_t shape[FSDP_MAX_DIMS];
-    uint64_t begin, end;
-} entry;
-
-static int cmp_entry(const void *a, const void *b) {
-    const entry *x = (const entry *)a, *y = (const entry *)b;
-    if (x->begin != y->begin) return x->begin < y->begin ? -1 : 1;
-    if (x->end != y->end) return x->end < y->end ? -1 : 1;
-    return strcmp(x->name, y->name);
-}
-
-static int get_uint(const json_t *v, uint64_t *out) {
-    if (!json_is_integer(v)) return -1;
-    json_int_t i = json_integer_value(v);
-    if (i < 0) return -1;
-    *out = (uint64_t)i;
-    return 0;
-}
-
-static int parse_metadata(st_file *f, const json_t *m, fsdp_err *err) {
-    if (!json_is_object(m))
-        return fsdp_err_set(err, FSDP_E_FORMAT, "%s: __metadata__ must be an object of strings, got %s",
-                            f->path, json_is_array(m) ? "an array" : "a scalar");
-    size_t n = json_object_size(m);
-    if (n == 0) return FSDP_OK;
-    f->meta = (char **)calloc(2 * n, sizeof(char *));
-    if (!f->meta) return fsdp_err_set(err, FSDP_E_NOMEM, "%s: out of memory for __metadata__", f->path);
-    const char *k;
-    json_t *v;
-    json_object_foreach((json_t *)m, k, v) {
-        if (!json_is_string(v))
-            return fsdp_err_set(err, FSDP_E_FORMAT,
-                                "%s: __metadata__ value of '%s' must be a string (nested JSON, numbers "
-                                "and null are not allowed)",
-                                f->path, k);
-        f->meta[2 * f->nmeta] = strdup(k);
-        f->meta[2 * f->nmeta + 1] = strdup(json_string_value(v));
-        f->nmeta++;
-        if (!f->meta[2 * f->nmeta - 2] || !f->meta[2 * f->nmeta - 1])
-            return fsdp_err_set(err, FSDP_E_NOMEM, "%s: out of memory for __metadata__", f->path);
-    }
-    return FSDP_OK;
-}
-
-static int parse_entry(const st_file *f, const char *name, const json_t *v, entry *e, fsdp_err *err) {
-    const char *p = f->path;
-    e->name = name;
-    if (!json_is_object(v))
-        return fsdp_err_set(err, FSDP_E_FORMAT, "%s: tensor '%s': entry must be an object", p, name);
-    const json_t *dt = json_object_get(v, "dtype"), *sh = json_object_get(v, "shape"),
-                 *off = json_object_get(v, "data_offsets");
-    if (!dt || !json_is_string(dt))
-        return fsdp_err_set(err, FSDP_E_FORMAT, "%s: tensor '%s': %s", p, name,
-                            dt ? "\"dtype\" must be a string" : "missing \"dtype\"");
-    const char *ds = json_string_value(dt);
-    e->dtype = st_dtype_parse(ds);
-    if (e->dtype == FSDP_DT_INVALID) {
-        if (st_dtype_is_foreign(ds))
-            return fsdp_err_set(err, FSDP_E_FORMAT,
-                                "%s: tensor '%s': safetensors dtype '%s' is not supported by fsdp-run", p,
-                                name, ds);
-        return fsdp_err_set(err, FSDP_E_FORMAT, "%s: tensor '%s': unknown dtype '%s'", p, name, ds);
-    }
-    if (!sh || !json_is_array(sh))
-        return fsdp_err_set(err, FSDP_E_FORMAT, "%s: tensor '%s': %s", p, name,
-                            sh ? "\"shape\" must be an array of integers" : "missing \"shape\"");
-    size_t nd = json_array_size(sh);
-    if (nd > FSDP_MAX_DIMS)
-        return fsdp_err_set(err, FSDP_E_FORMAT, "%s: tensor '%s': %zu dimensions (at most %d supported)",
-                            p, name, nd, FSDP_MAX_DIMS);
-    e->ndim = (int)nd;
-    for (size_t i = 0; i < nd; i++) {
-        uint64_t d;
-        if (get_uint(json_array_get(sh, i), &d))
-            return fsdp_err_set(err, FSDP_E_FORMAT,
-                                "%s: tensor '%s': shape[%zu] must be a non-negative integer", p, name, i);
-        e->shape[i] = (int64_t)d;
-    }
-    if (!off || !json_is_array(off) || json_array_size(off) != 2 ||
-        get_uint(json_array_get(off, 0), &e->begin) || get_uint(json_array_get(off, 1), &e->end))
-        return fsdp_err_set(err, FSDP_E_FORMAT,
-                            "%s: tensor '%s': %s", p, name,
-                            off ? "\"data_offsets\" must be [begin, end] with non-negative integers"
-                                : "missing \"data_offsets\"");
-    if (e->end < e->begin)
-        return fsdp_err_set(err, FSDP_E_FORMAT, "%s: tensor '%s': data_offsets [%llu, %llu] end before begin",
-                            p, name, (unsigned long long)e->begin, (unsigned long long)e->end);
-    int64_t nb;
-    if (chk_shape_bytes(e->ndim, e->shape, fsdp_dtype_size(e->dtype), &nb)) {
-        char sb[256];
-        return fsdp_err_set(err, FSDP_E_FORMAT,
-                            "%s: tensor '%s': corrupt header: shape %s of %s overflows (more than 2^63 bytes)", p,
-                            name, fsdp_shape_str(e->ndim, e->shape, sb, sizeof sb), ds);
-    }
-    uint64_t nbytes = (uint64_t)nb;
-    if (e->end - e->begin != nbytes) {
-        char sb[256];
-        return fsdp_err_set(err, FSDP_E_FORMAT,
-                            "%s: tensor '%s': corrupt header: shape %s of %s needs %llu bytes but data_offsets "
-                            "[%llu, %llu] hold %llu",
-                            p, name, fsdp_shape_str(e->ndim, e->shape, sb, sizeof sb), ds,
-                            (unsigned long long)nbytes, (unsigned long long)e->begin,
-                            (unsigned long long)e->end, (unsigned long long)(e->end - e->begin));
-    }
-    return FSDP_OK;
-}
-
-/* Sorted entries must tile [0, last_end) and the buffer must end at the end of the file. */
-static int check_tiling(const st_file *f, const entry *es, size_t n, uint64_t header_len, fsdp_err *err) {
-    uint64_t pos = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (es[i].begin > pos)
+/* A file's tensors, in data-offset order, must tile [0, last_end) of its data buffer, and the
+ * buffer must end at the end of the file. */
+static int check_tiling(const st_file *f, const st_tensor_info *t, fsdp_err *err) {
+    uint64_t pos = 0, ds = f->data_start;
+    for (size_t i = 0; i < f->nt; i++) {
+        uint64_t b = t[i].offset - ds, e = b + t[i].nbytes;
+        if (b > pos)
             return fsdp_err_set(err, FSDP_E_FORMAT,
                                 "%s: tensor '%s': data_offsets [%llu, %llu] leave a hole of %llu bytes %s%s%s "
                                 "(offsets must tile the data buffer)",
-                                f->path, es[i].name, (unsigned long long)es[i].begin,
-                                (unsigned long long)es[i].end, (unsigned long long)(es[i].begin - pos),
-                                i ? "after tensor '" : "at the start of the buffer", i ? es[i - 1].name : "",
-                                i ? "'" : "");
-        if (es[i].begin < pos)
+                                f->path, t[i].name, (unsigned long long)b, (unsigned long long)e,
+                                (unsigned long long)(b - pos), i ? "after tensor '" : "at the start of the buffer",
+                                i ? t[i - 1].name : "", i ? "'" : "");
+        if (b < pos)
             return fsdp_err_set(err, FSDP_E_FORMAT,
                                 "%s: tensor '%s': data_offsets [%llu, %llu] overlap tensor '%s' [%llu, %llu]",
-                                f->path, es[i].name, (unsigned long long)es[i].begin,
-                                (unsigned long long)es[i].end, es[i - 1].name,
-                                (unsigned long long)es[i - 1].begin, (unsigned long long)es[i - 1].end);
-        pos = es[i].end;
+                                f->path, t[i].name, (unsigned long long)b, (unsigned long long)e, t[i - 1].name,
+                                (unsigned long long)(t[i - 1].offset - ds),
+                                (unsigned long long)(t[i - 1].offset - ds + t[i - 1].nbytes));
+        pos = e;
     }
-    uint64_t avail = (uint64_t)f->size - 8 - header_len;
+    uint64_t avail = (uint64_t)f->size - ds;
     if (pos != avail)
         return fsdp_err_set(err, FSDP_E_FORMAT,
                             "%s: the tensors cover %llu bytes of data but the file holds %llu after the "
@@ -198,6 +90,87 @@ static int grow_tensors(st_reader *r, size_t extra, fsdp_err *err) {
     return FSDP_OK;
 }
 
+/* Data-offset order: begin, then end (nbytes), then name. */
+static int cmp_offset(const st_tensor_info *x, const st_tensor_info *y) {
+    if (x->offset != y->offset) return x->offset < y->offset ? -1 : 1;
+    if (x->nbytes != y->nbytes) return x->nbytes < y->nbytes ? -1 : 1;
+    return strcmp(x->name, y->name);
+}
+
+static int cmp_offset_idx(const void *a, const void *b, void *ctx) {
+    const st_tensor_info *t = (const st_tensor_info *)ctx;
+    return cmp_offset(&t[*(const size_t *)a], &t[*(const size_t *)b]);
+}
+
+/* Puts t[0, n) in data-offset order: a sorted index (8 bytes a tensor), then the permutation
+ * applied in place, cycle by cycle (a header is most often in that order already). */
+static int sort_by_offset(st_tensor_info *t, size_t n, const char *path, fsdp_err *err) {
+    size_t i = 1;
+    while (i < n && cmp_offset(&t[i - 1], &t[i]) <= 0) i++;
+    if (i >= n) return FSDP_OK;
+    size_t *p = (size_t *)malloc(n * sizeof *p);
+    if (!p) return fsdp_err_set(err, FSDP_E_NOMEM, "%s: out of memory sorting %zu tensors", path, n);
+    for (i = 0; i < n; i++) p[i] = i;
+    qsort_r(p, n, sizeof *p, cmp_offset_idx, t);
+    for (i = 0; i < n; i++) { /* position k takes t[p[k]]; a placed position gets p[k] = k */
+        if (p[i] == i) continue;
+        st_tensor_info tmp = t[i];
+        size_t k = i;
+        while (p[k] != i) {
+            size_t from = p[k];
+            t[k] = t[from];
+            p[k] = k;
+            k = from;
+        }
+        t[k] = tmp;
+        p[k] = k;
+    }
+    free(p);
+    return FSDP_OK;
+}
+
+/* The key at the cursor: __metadata__ (once) or a tensor appended to r. */
+static int parse_member(st_reader *r, st_file *f, size_t fidx, stj *j, int *have_meta, fsdp_err *err) {
+    size_t at = j->pos, mark = j->used;
+    const char *k;
+    int rc = stj_string(j, &k, err);
+    if (!rc) rc = stj_expect(j, ':', "':'", err);
+    if (!rc) rc = stj_need(j, err);
+    if (rc) return rc;
+    if (!strcmp(k, "__metadata__")) {
+        if (*have_meta) return stj_fail(j, at, err, "duplicate key \"__metadata__\"");
+        *have_meta = 1;
+        j->used = mark;
+        return st_int_parse_metadata(j, f, err);
+    }
+    if ((rc = grow_tensors(r, 1, err))) return fsdp_err_prefix(err, "%s", f->path);
+    st_tensor_info *t = &r->t[r->nt];
+    memset(t, 0, sizeof *t);
+    t->name = k;
+    t->file = fidx;
+    if ((rc = st_int_parse_entry(j, f, t, err))) return rc;
+    r->nt++;
+    return FSDP_OK;
+}
+
+/* The header's top-level object, its tensors appended to r. */
+static int parse_object(st_reader *r, st_file *f, size_t fidx, stj *j, fsdp_err *err) {
+    int c = stj_peek(j), rc = FSDP_OK, closed = 0, have_meta = 0;
+    if (c == '[') return fsdp_err_set(err, FSDP_E_FORMAT, "%s: JSON header is not an object", f->path);
+    if ((rc = stj_expect(j, '{', "'{'", err))) return rc;
+    if (stj_peek(j) == '}') {
+        j->pos++;
+        closed = 1;
+    }
+    while (!closed) {
+        if (stj_peek(j) != '"') return stj_fail(j, j->pos, err, "a tensor name (string) expected");
+        if ((rc = parse_member(r, f, fidx, j, &have_meta, err))) return rc;
+        if ((rc = stj_sep(j, '}', &closed, "after a tensor or __metadata__", NULL, err))) return rc;
+    }
+    if (stj_peek(j) >= 0) return stj_fail(j, j->pos, err, "the header's object is followed by more than whitespace");
+    return FSDP_OK;
+}
+
 static int parse_header(st_reader *r, st_file *f, size_t fidx, fsdp_err *err) {
     uint64_t n = 0;
     for (int i = 7; i >= 0; i--) n = (n << 8) | f->map[i];
@@ -211,54 +184,18 @@ static int parse_header(st_reader *r, st_file *f, size_t fidx, fsdp_err *err) {
                             "%s: header length %llu runs past the end of the %zu-byte file (truncated?)",
                             f->path, (unsigned long long)n, f->size);
     f->data_start = 8 + n;
-    json_error_t je;
-    json_t *root = json_loadb((const char *)f->map + 8, (size_t)n, JSON_REJECT_DUPLICATES, &je);
-    if (!root)
-        return fsdp_err_set(err, FSDP_E_FORMAT, "%s: invalid JSON header: %s (header byte %d)", f->path,
-                            je.text, je.position);
-    int rc = FSDP_OK;
-    entry *es = NULL;
-    size_t ne = 0;
-    if (!json_is_object(root)) {
-        rc = fsdp_err_set(err, FSDP_E_FORMAT, "%s: JSON header is not an object", f->path);
-        goto out;
-    }
-    es = (entry *)calloc(json_object_size(root) + 1, sizeof *es);
-    if (!es) {
-        rc = fsdp_err_set(err, FSDP_E_NOMEM, "%s: out of memory for the header", f->path);
-        goto out;
-    }
-    const char *k;
-    json_t *v;
-    json_object_foreach(root, k, v) {
-        if (!strcmp(k, "__metadata__"))
-            rc = parse_metadata(f, v, err);
-        else
-            rc = parse_entry(f, k, v, &es[ne++], err);
-        if (rc) goto out;
-    }
-    qsort(es, ne, sizeof *es, cmp_entry);
-    if ((rc = check_tiling(f, es, ne, n, err))) goto out;
-    if ((rc = grow_tensors(r, ne, err))) goto out;
-    for (size_t i = 0; i < ne; i++) {
-        st_tensor_info *t = &r->t[r->nt];
-        memset(t, 0, sizeof *t);
-        t->name = strdup(es[i].name);
-        if (!t->name) {
-            rc = fsdp_err_set(err, FSDP_E_NOMEM, "%s: out of memory", f->path);
-            goto out;
-        }
-        t->dtype = es[i].dtype;
-        t->ndim = es[i].ndim;
-        memcpy(t->shape, es[i].shape, sizeof t->shape);
-        t->nbytes = es[i].end - es[i].begin;
-        t->offset = f->data_start + es[i].begin;
-        t->file = fidx;
-        r->nt++;
-    }
-out:
-    free(es);
-    json_decref(root);
+    stj j;
+    int rc = stj_init(&j, f->map + 8, (size_t)n, f->path, err);
+    if (rc) return rc;
+    f->strs = j.arena; /* freed by st_close, whatever happens */
+    f->t0 = r->nt;
+    rc = parse_object(r, f, fidx, &j, err);
+    f->nt = r->nt - f->t0;
+    if (!rc && f->nt) rc = sort_by_offset(r->t + f->t0, f->nt, f->path, err);
+    /* nothing points into the header text any more (names and metadata are in the arena): its
+     * whole pages leave the resident set (they would be read back from the file if touched) */
+    size_t pg = (size_t)sysconf(_SC_PAGESIZE), whole = (size_t)f->data_start / pg * pg;
+    if (whole) madvise(f->map, whole, MADV_DONTNEED);
     return rc;
 }
 
@@ -289,9 +226,16 @@ int st_int_finalize(st_reader *r, fsdp_err *err) {
     qsort_r(r->by_name, r->nt, sizeof(size_t), cmp_name, r->t);
     for (size_t i = 1; i < r->nt; i++) {
         const st_tensor_info *a = &r->t[r->by_name[i - 1]], *b = &r->t[r->by_name[i]];
-        if (!strcmp(a->name, b->name))
-            return fsdp_err_set(err, FSDP_E_FORMAT, "duplicate tensor '%s': in %s and in %s", a->name,
-                                r->files[a->file].path, r->files[b->file].path);
+        if (strcmp(a->name, b->name)) continue;
+        if (a->file == b->file)
+            return fsdp_err_set(err, FSDP_E_FORMAT, "%s: duplicate tensor '%s' in the header",
+                                r->files[a->file].path, a->name);
+        return fsdp_err_set(err, FSDP_E_FORMAT, "duplicate tensor '%s': in %s and in %s", a->name,
+                            r->files[a->file].path, r->files[b->file].path);
+    }
+    for (size_t k = 0; k < r->nfiles; k++) {
+        int rc = check_tiling(&r->files[k], r->files[k].nt ? r->t + r->files[k].t0 : NULL, err);
+        if (rc) return rc;
     }
     return FSDP_OK;
 }

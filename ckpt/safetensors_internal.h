@@ -13,7 +13,9 @@ typedef struct st_file {
     size_t size;
     uint64_t data_start; /* 8 + N */
     size_t nmeta;
-    char **meta; /* 2 * nmeta strings: key, value, key, value ... */
+    char **meta;   /* 2 * nmeta strings in strs: key, value, key, value ... */
+    char *strs;    /* one arena: the names of the file's tensors and its __metadata__ strings */
+    size_t t0, nt; /* its tensors: r->t[t0, t0 + nt), in data-offset order */
 } st_file;
 
 struct st_reader {
@@ -26,10 +28,18 @@ struct st_reader {
     size_t *by_name; /* indices into t sorted by name (after st_int_finalize) */
 };
 
-/* Maps path, validates its header and appends the file and its tensors to r. */
+/* Maps path, reads its header and appends the file and its tensors to r. */
 int st_int_add_file(st_reader *r, const char *path, fsdp_err *err);
-/* Builds the by-name index; a name seen twice (in one file or across shards) is an error. */
+/* Builds the by-name index (a name seen twice, in one file or across shards, is an error), then
+ * checks that each file's tensors tile its data buffer. */
 int st_int_finalize(st_reader *r, fsdp_err *err);
+
+/* The header's objects (safetensors_entry.c), read at the cursor of j (safetensors_json.h):
+ * a tensor object into t (t->name set by the caller; offset absolute, f->data_start + begin),
+ * and the __metadata__ object into f->meta (its strings in j's arena). */
+struct stj;
+int st_int_parse_entry(struct stj *j, const st_file *f, st_tensor_info *t, fsdp_err *err);
+int st_int_parse_metadata(struct stj *j, st_file *f, fsdp_err *err);
 
 /* Joins dir and name with one '/'; NULL when out of memory. */
 char *st_int_join(const char *dir, const char *name);

@@ -19,12 +19,10 @@ void st_close(st_reader *r) {
     for (size_t i = 0; i < r->nfiles; i++) {
         st_file *f = &r->files[i];
         if (f->map) munmap(f->map, f->size);
-        if (f->meta)
-            for (size_t j = 0; j < 2 * f->nmeta; j++) free(f->meta[j]);
-        free(f->meta);
+        free(f->meta); /* its strings and the tensor names are in strs */
+        free(f->strs);
         free(f->path);
     }
-    for (size_t i = 0; i < r->nt; i++) free((char *)r->t[i].name);
     free(r->files);
     free(r->t);
     free(r->by_name);
