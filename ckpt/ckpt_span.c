@@ -112,7 +112,10 @@ static int resolve_st(ckpt_reader *r, size_t i, cks_files *fc, cks_src *s, fsdp_
     if (!s->seg) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
     cks_seg *g = &s->seg[0];
     uint64_t fsize;
-    int rc = cks_files_open(fc, st_file_path(sr, t->file), &g->fd, &fsize, &g->what, err);
+    int held = st_file_fd(sr, t->file);
+    int rc = held >= 0 ? cks_files_adopt(fc, st_file_path(sr, t->file), held, st_file_size(sr, t->file), &g->fd, &fsize,
+                                          &g->what, err)
+                       : cks_files_open(fc, st_file_path(sr, t->file), &g->fd, &fsize, &g->what, err);
     if (rc) return fsdp_err_prefix(err, "tensor %s", t->name);
     g->off = t->offset;
     g->len = t->nbytes;

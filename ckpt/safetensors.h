@@ -82,6 +82,9 @@ const st_tensor_info *st_find(const st_reader *r, const char *name); /* NULL whe
 /* Files: 1 for a single file; the shards (sorted by name) for an index. */
 size_t st_file_count(const st_reader *r);
 const char *st_file_path(const st_reader *r, size_t file);
+/* The descriptor the reader holds open for that file (the one it mapped and checked), or -1; its size. */
+int st_file_fd(const st_reader *r, size_t file);
+uint64_t st_file_size(const st_reader *r, size_t file);
 /* The index json path, or NULL when a single file was opened. */
 const char *st_index_path(const st_reader *r);
 /* metadata.total_size of the index; -1 when absent or when no index was opened. */

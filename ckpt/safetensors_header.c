@@ -46,9 +46,10 @@ static int check_tiling(const st_file *f, const st_tensor_info *t, fsdp_err *err
     return FSDP_OK;
 }
 
-static int map_file(st_file *f, fsdp_err *err) {
+static int map_file(st_reader *r, st_file *f, const char *rel, fsdp_err *err) {
     int fd;
-    int rc = fio_open_read(f->path, NULL, &fd, err); /* never blocks on a FIFO */
+    int rc = rel && r->dfd >= 0 ? fio_open_beneath(r->dfd, r->dir, rel, &fd, err)
+                                : fio_open_read(f->path, NULL, &fd, err); /* never blocks on a FIFO */
     if (rc) return rc;
     struct stat st;
     if (fstat(fd, &st) != 0) {
@@ -69,9 +70,12 @@ static int map_file(st_file *f, fsdp_err *err) {
     f->size = (size_t)st.st_size;
     void *m = mmap(NULL, f->size, PROT_READ, MAP_PRIVATE, fd, 0);
     int e = errno;
-    close(fd);
-    if (m == MAP_FAILED) return fsdp_err_set(err, FSDP_E_IO, "%s: mmap failed: %s", f->path, strerror(e));
+    if (m == MAP_FAILED) {
+        close(fd);
+        return fsdp_err_set(err, FSDP_E_IO, "%s: mmap failed: %s", f->path, strerror(e));
+    }
     f->map = (unsigned char *)m;
+    f->fd = fd;
     return FSDP_OK;
 }
 
@@ -199,16 +203,17 @@ static int parse_header(st_reader *r, st_file *f, size_t fidx, fsdp_err *err) {
     return rc;
 }
 
-int st_int_add_file(st_reader *r, const char *path, fsdp_err *err) {
+int st_int_add_file(st_reader *r, const char *path, const char *rel, fsdp_err *err) {
     st_file *fs = (st_file *)realloc(r->files, (r->nfiles + 1) * sizeof *fs);
     if (!fs) return fsdp_err_set(err, FSDP_E_NOMEM, "%s: out of memory", path);
     r->files = fs;
     st_file *f = &fs[r->nfiles];
     memset(f, 0, sizeof *f);
+    f->fd = -1;
     r->nfiles++; /* from here on st_close frees whatever f holds */
     f->path = strdup(path);
     if (!f->path) return fsdp_err_set(err, FSDP_E_NOMEM, "%s: out of memory", path);
-    int rc = map_file(f, err);
+    int rc = map_file(r, f, rel, err);
     if (!rc) rc = parse_header(r, f, r->nfiles - 1, err);
     return rc;
 }

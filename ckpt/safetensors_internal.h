@@ -9,6 +9,7 @@
 
 typedef struct st_file {
     char *path;
+    int fd; /* kept open (-1 none): the file mapped and checked, for whoever streams its bytes */
     unsigned char *map; /* the whole file, PROT_READ */
     size_t size;
     uint64_t data_start; /* 8 + N */
@@ -20,6 +21,9 @@ typedef struct st_file {
 
 struct st_reader {
     char *index_path;   /* NULL for a single file */
+    int dfd;            /* the checkpoint's directory, open (-1: a file named alone): its files are opened
+                         * beneath it (runtime/fileio.h) */
+    char *dir;
     int64_t total_size; /* index metadata.total_size, or -1 */
     st_file *files;
     size_t nfiles;
@@ -29,7 +33,9 @@ struct st_reader {
 };
 
 /* Maps path, reads its header and appends the file and its tensors to r. */
-int st_int_add_file(st_reader *r, const char *path, fsdp_err *err);
+/* With rel (its name in r->dir), the file is opened beneath r->dfd: a symlink out of the directory is
+ * refused. */
+int st_int_add_file(st_reader *r, const char *path, const char *rel, fsdp_err *err);
 /* Builds the by-name index (a name seen twice, in one file or across shards, is an error), then
  * checks that each file's tensors tile its data buffer. */
 int st_int_finalize(st_reader *r, fsdp_err *err);

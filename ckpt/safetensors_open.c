@@ -19,6 +19,7 @@ void st_close(st_reader *r) {
     for (size_t i = 0; i < r->nfiles; i++) {
         st_file *f = &r->files[i];
         if (f->map) munmap(f->map, f->size);
+        if (f->fd >= 0) close(f->fd);
         free(f->meta); /* its strings and the tensor names are in strs */
         free(f->strs);
         free(f->path);
@@ -27,6 +28,8 @@ void st_close(st_reader *r) {
     free(r->t);
     free(r->by_name);
     free(r->index_path);
+    if (r->dfd >= 0) close(r->dfd);
+    free(r->dir);
     free(r);
 }
 
@@ -119,12 +122,14 @@ static int check_weight_map(const st_reader *r, const json_t *wm, const char *di
     return FSDP_OK;
 }
 
-static int open_index(st_reader *r, const char *ip, fsdp_err *err) {
+/* rel: the index's name in r->dir when it was found there (opened beneath it), NULL when named */
+static int open_index(st_reader *r, const char *ip, const char *rel, fsdp_err *err) {
     r->index_path = strdup(ip);
     if (!r->index_path) return fsdp_err_set(err, FSDP_E_NOMEM, "%s: out of memory", ip);
     json_error_t je;
     int fd;
-    int frc = fio_open_read(ip, NULL, &fd, err); /* never blocks on a FIFO */
+    int frc = rel ? fio_open_beneath(r->dfd, r->dir, rel, &fd, err)
+                  : fio_open_read(ip, NULL, &fd, err); /* never blocks on a FIFO */
     if (frc) return frc;
     json_t *root = json_loadfd(fd, JSON_REJECT_DUPLICATES, &je);
     close(fd);
@@ -195,7 +200,7 @@ static int open_index(st_reader *r, const char *ip, fsdp_err *err) {
             free(p);
             goto out;
         }
-        rc = st_int_add_file(r, p, err);
+        rc = st_int_add_file(r, p, names[i], err);
         free(p);
         if (rc) goto out;
     }
@@ -274,6 +279,13 @@ static int resolve_dir(const char *dir, char **out, int *is_index, fsdp_err *err
     return rc;
 }
 
+/* r->dir and r->dfd: the directory whose files r opens beneath it (path's own, or an index's) */
+static int open_dir(st_reader *r, const char *dir, fsdp_err *err) {
+    r->dir = strdup(dir);
+    if (!r->dir) return fsdp_err_set(err, FSDP_E_NOMEM, "%s: out of memory", dir);
+    return fio_open_dir(dir, &r->dfd, err);
+}
+
 int st_open(st_reader **out, const char *path, fsdp_err *err) {
     *out = NULL;
     if (!path || !*path) return fsdp_err_set(err, FSDP_E_INVALID, "safetensors: empty path");
@@ -283,20 +295,27 @@ int st_open(st_reader **out, const char *path, fsdp_err *err) {
     st_reader *r = (st_reader *)calloc(1, sizeof *r);
     if (!r) return fsdp_err_set(err, FSDP_E_NOMEM, "%s: out of memory", path);
     r->total_size = -1;
+    r->dfd = -1;
     char *file = NULL;
+    const char *rel = NULL; /* file's name in r->dir, when found there */
     int is_index = 0, rc = FSDP_OK;
     if (S_ISDIR(st.st_mode)) {
-        rc = resolve_dir(path, &file, &is_index, err);
+        rc = open_dir(r, path, err);
+        if (!rc) rc = resolve_dir(path, &file, &is_index, err);
+        if (!rc) rel = strrchr(file, '/') ? strrchr(file, '/') + 1 : file; /* a name directly in path */
     } else {
         file = strdup(path);
         is_index = ends_with(path, ".json");
         if (!file) rc = fsdp_err_set(err, FSDP_E_NOMEM, "%s: out of memory", path);
+        char *d = !rc && is_index ? dir_of(path) : NULL;
+        if (d) rc = open_dir(r, d, err);
+        free(d);
     }
     if (!rc) {
         if (is_index) {
-            rc = open_index(r, file, err);
+            rc = open_index(r, file, rel, err);
         } else {
-            rc = st_int_add_file(r, file, err);
+            rc = st_int_add_file(r, file, rel, err);
             if (!rc) rc = st_int_finalize(r, err);
         }
     }

@@ -33,6 +33,10 @@ const char *st_file_path(const st_reader *r, size_t file) {
     return r && file < r->nfiles ? r->files[file].path : NULL;
 }
 
+int st_file_fd(const st_reader *r, size_t file) { return r && file < r->nfiles ? r->files[file].fd : -1; }
+
+uint64_t st_file_size(const st_reader *r, size_t file) { return r && file < r->nfiles ? r->files[file].size : 0; }
+
 const char *st_index_path(const st_reader *r) { return r ? r->index_path : NULL; }
 
 int64_t st_index_total_size(const st_reader *r) { return r ? r->total_size : -1; }

@@ -303,3 +303,52 @@ TEST(ReadConsistency, SymlinksOutOfADcpCheckpointAreRefusedAndInsideItFollowed) 
         ASSERT_EQ(::mkdir((t / "elsewhere").c_str(), 0755), 0);
     }
 }
+
+// The same for an HF directory: a shard, the index and a single model.safetensors linked out of it
+// are refused (the old reader read them and converted their values on); links inside are followed.
+TEST(ReadConsistency, SymlinksOutOfAnHfDirectoryAreRefusedAndInsideItFollowed) {
+    Dir t;
+    std::string hf = t / "hf", r = t / "hf.yaml";
+    write_file(r, std::string(MODEL) + "stages:\n  - {id: i, uses: init-meta}\n  - {id: s, uses: save-safetensors, "
+                                       "after: [i], with: {path: " + hf + ", shard_mb: 1}}\n");
+    int rc;
+    std::string out = run_np(1, r, &rc);
+    ASSERT_EQ(rc, 0) << out;
+    const std::string shard = "model-00001-of-00001.safetensors", index = "model.safetensors.index.json";
+    ASSERT_TRUE(exists(hf + "/" + shard) && exists(hf + "/" + index));
+    ASSERT_EQ(::mkdir((t / "elsewhere").c_str(), 0755), 0);
+    for (const std::string env : {"", "FSDP_NO_OPENAT2=1 "}) {
+        std::string h1 = t / "h1", h2 = t / "h2", h3 = t / "h3", h4 = t / "h4";
+        // a shard linked out
+        copy_dir(hf, h1);
+        ASSERT_EQ(::rename((h1 + "/" + shard).c_str(), (t / "elsewhere/s1").c_str()), 0);
+        symlink_to(t / "elsewhere/s1", h1 + "/" + shard);
+        expect_refused(t, h1, shard, t / "elsewhere/s1", env);
+        // the index linked out (its shard stays): the directory names the checkpoint
+        copy_dir(hf, h2);
+        ASSERT_EQ(::rename((h2 + "/" + index).c_str(), (t / "elsewhere/i2").c_str()), 0);
+        symlink_to("../elsewhere/i2", h2 + "/" + index);
+        expect_refused(t, h2, index, "../elsewhere/i2", env);
+        // a single model.safetensors linked out
+        ASSERT_EQ(::mkdir(h3.c_str(), 0755), 0);
+        std::string o;
+        ASSERT_EQ(run_cmd("cp " + hf + "/" + shard + " " + t / "elsewhere/m3", &o), 0) << o;
+        symlink_to(t / "elsewhere/m3", h3 + "/model.safetensors");
+        expect_refused(t, h3, "model.safetensors", t / "elsewhere/m3", env);
+        // inside: the shard and the index in a subdirectory, linked
+        copy_dir(hf, h4);
+        ASSERT_EQ(::mkdir((h4 + "/sub").c_str(), 0755), 0);
+        ASSERT_EQ(::rename((h4 + "/" + shard).c_str(), (h4 + "/sub/s").c_str()), 0);
+        symlink_to("sub/s", h4 + "/" + shard);
+        ASSERT_EQ(::rename((h4 + "/" + index).c_str(), (h4 + "/sub/i").c_str()), 0);
+        symlink_to("sub/i", h4 + "/" + index);
+        expect_reads(h4, hf, env);
+        // a file named on the command line may be a link anywhere: the user named it
+        symlink_to(hf + "/" + shard, t / "named.safetensors");
+        expect_reads(t / "named.safetensors", hf, env);
+        ::unlink((t / "named.safetensors").c_str());
+        for (const std::string &d : {h1, h2, h3, h4}) rm_rf(d);
+        rm_rf(t / "elsewhere");
+        ASSERT_EQ(::mkdir((t / "elsewhere").c_str(), 0755), 0);
+    }
+}
