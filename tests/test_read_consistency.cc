@@ -108,6 +108,38 @@ TEST(ReadConsistency, HeldReadersOfEveryKindReadOneSave) {
     }
 }
 
+// load-ckpt of DIR/latest on 2 ranks, held after reading step-2's .metadata while a run commits
+// step-3 and prunes step-2 (keep_last: 1): the ranks look up `latest` again and load step-3.
+TEST(ReadConsistency, LatestWhoseStepIsPrunedWhileOpeningIsLookedUpAgain) {
+    Dir t;
+    std::string base = t / "run", s3 = t / "s3", go = t / "go";
+    ASSERT_EQ(::mkdir(base.c_str(), 0755), 0);
+    save_seed(t, 2, 2, base + "/step-2");
+    save_seed(t, 2, 3, s3);
+    std::string load = t / "load.yaml";
+    write_file(load, std::string(MODEL) + "stages:\n  - {id: l, uses: load-ckpt, with: {path: " + base +
+                         "/latest}}\n  - {id: x, uses: save-dcp, after: [l], with: {path: " + t / "r" + "}}\n");
+    std::string out;
+    int rc = -1;
+    std::thread th([&] {
+        rc = run_cmd("FSDP_PAUSE_AT=dcp.open.metadata:1=" + go + " " + mpirun_prefix(2) + " " + fsdp_run_bin() + " " +
+                         load, &out);
+    });
+    bool paused = wait_paused(go);
+    if (paused) {
+        save_seed(t, 2, 3, base + "/step-3");
+        rm_rf(base + "/step-2");
+    }
+    write_file(go, "");
+    th.join();
+    ASSERT_TRUE(paused) << out;
+    ASSERT_EQ(rc, 0) << out;
+    EXPECT_NE(out.find("step-3"), std::string::npos) << out;
+    EXPECT_NE(out.find("changed while it was being opened"), std::string::npos) << out;
+    std::string d;
+    EXPECT_TRUE(same_ckpt(t / "r", s3, &d)) << d;
+}
+
 // A writer replaces the checkpoint 40 times (alternating two saves) while readers of every kind
 // loop over it: every read succeeds and is one of the two saves. Before the readers kept what they
 // opened, some failed with "cannot open __0_0.distcp: No such file or directory".
