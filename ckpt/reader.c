@@ -171,6 +171,10 @@ uint64_t ckpt_identity_at(const char *path) {
             return h ? h : 1;
         }
     }
+    char index[4200];
+    struct stat ist;
+    snprintf(index, sizeof index, "%s/model.safetensors.index.json", path);
+    if (S_ISDIR(st.st_mode) && stat(index, &ist) == 0) st = ist; /* an HF directory: its index, replaced last */
     uint64_t v[4] = {(uint64_t)st.st_dev, (uint64_t)st.st_ino, (uint64_t)st.st_size,
                      (uint64_t)st.st_mtim.tv_sec * 1000000000u + (uint64_t)st.st_mtim.tv_nsec};
     h = fnv1a(h, v, sizeof v);

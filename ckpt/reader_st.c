@@ -48,6 +48,8 @@ static void st_close_op(ckpt_reader *r) {
     ckpt_reader_free(r);
 }
 
+#define ST_OPEN_TRIES 4
+
 /* st_find's binary search over the reader's sorted names: no second index of the names */
 static long st_find_op(const ckpt_reader *r, const char *name) {
     const st_tensor_info *t = st_find(r->impl, name);
@@ -56,9 +58,24 @@ static long st_find_op(const ckpt_reader *r, const char *name) {
 
 static const ckpt_ops ST_OPS = {st_rows_op, NULL, st_close_op, st_find_op};
 
+/* st_open; when it fails while the checkpoint at path changes (an HF directory whose index a save
+ * replaced, its old shards removed), again from the new index, at most DCP_OPEN_TRIES times */
+static int open_st(const char *path, st_reader **s, int *restarts, fsdp_err *err) {
+    for (int attempt = 0;; attempt++) {
+        uint64_t before = ckpt_identity_at(path);
+        int rc = st_open(s, path, err);
+        if (!rc) {
+            *restarts = attempt;
+            return 0;
+        }
+        if (ckpt_identity_at(path) == before || attempt + 1 == ST_OPEN_TRIES) return rc;
+    }
+}
+
 int ckpt_open_safetensors(const char *path, ckpt_reader **out, fsdp_err *err) {
     st_reader *s;
-    int rc = st_open(&s, path, err);
+    int restarts = 0;
+    int rc = open_st(path, &s, &restarts, err);
     if (rc) return rc;
     size_t n = st_count(s);
     ckpt_reader *r = ckpt_reader_alloc(path, n, &ST_OPS, CKPT_SAFETENSORS, s);
@@ -77,6 +94,7 @@ int ckpt_open_safetensors(const char *path, ckpt_reader **out, fsdp_err *err) {
         e->nbytes = t->nbytes;
         e->chunks = 1;
     }
+    r->restarts = restarts;
     *out = r;
     return 0;
 }

@@ -4,8 +4,9 @@
  * read the index and open the shards its weight_map names. Renaming new shards over the old ones
  * before the new index is in place would leave the old index over a mix of old and new shards (or
  * over shards of another split), so when the directory already holds an index the new shards get
- * names of their own, `<base>-0000k-of-0000n.g<g>.safetensors` (g: the lowest generation none of
- * whose files exists), the index is replaced last by rename, and only then are the replaced
+ * names of their own, `<base>-0000k-of-0000n.g<g>.safetensors` (g: one above the highest generation
+ * of any shard there, so a name never comes back while the directory holds a checkpoint), the index
+ * is replaced last by rename, and only then are the replaced
  * checkpoint's shards removed. A directory without an index gets the usual
  * `<base>-0000k-of-0000n.safetensors` names (generation 0). The same choice as for DCP (see
  * ckpt/dcp_commit.c): renames of single files inside one directory, atomic everywhere.
@@ -26,7 +27,7 @@
 #include "ckpt/safetensors_internal.h"
 #include "runtime/crash.h"
 
-#define GEN_MAX 4096u
+#define GEN_LAST 0xfffffffeu /* the highest generation a split may take */
 
 char *st_int_shard_name(const char *base, size_t k, size_t ns, unsigned gen) {
     char g[16] = "";
@@ -72,24 +73,31 @@ int st_output_exists(const char *path, const char *base) {
 }
 
 int st_int_shard_gen(const char *dir, const char *base, size_t ns, unsigned *gen, fsdp_err *err) {
+    (void)ns;
     *gen = 0;
     char index[4400];
     snprintf(index, sizeof index, "%s.safetensors.index.json", base);
     if (!exists_in(dir, index, "")) return FSDP_OK;
-    for (unsigned g = 0; g < GEN_MAX; g++) {
-        int taken = 0;
-        for (size_t k = 0; k < ns && !taken; k++) {
-            char *name = st_int_shard_name(base, k, ns, g);
-            if (!name) return fsdp_err_set(err, FSDP_E_NOMEM, "%s: out of memory", dir);
-            taken = exists_in(dir, name, "") || exists_in(dir, name, ".tmp");
-            free(name);
-        }
-        if (!taken) {
-            *gen = g;
-            return FSDP_OK;
-        }
+    /* one above the highest generation of any shard of base there (any split): a name, once
+     * replaced, does not come back, so a reader of the old index never maps another save's shard */
+    DIR *d = opendir(dir);
+    if (!d) return fsdp_err_set(err, FSDP_E_IO, "cannot list %s: %s", dir, strerror(errno));
+    long top = 0;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        size_t k, n, len = strlen(de->d_name);
+        unsigned g;
+        char name[1024];
+        snprintf(name, sizeof name, "%.*s", (int)(len > 4 && !strcmp(de->d_name + len - 4, ".tmp") ? len - 4 : len),
+                 de->d_name);
+        if (parse_shard_name(name, base, &k, &n, &g) && (long)g > top) top = g;
     }
-    return fsdp_err_set(err, FSDP_E_IO, "%s holds shards of %u generations; remove the stray ones", dir, GEN_MAX);
+    closedir(d);
+    if (top >= (long)GEN_LAST)
+        return fsdp_err_set(err, FSDP_E_IO, "%s holds a shard of generation %ld, the last one: remove the stray shards",
+                            dir, top);
+    *gen = (unsigned)top + 1;
+    return FSDP_OK;
 }
 
 void st_int_shard_cleanup(const char *dir, const char *base, size_t ns, unsigned gen) {

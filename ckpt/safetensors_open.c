@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "ckpt/safetensors_internal.h"
+#include "runtime/crash.h"
 #include "runtime/fileio.h"
 
 #define INDEX_NAME "model.safetensors.index.json"
@@ -175,6 +176,7 @@ static int open_index(st_reader *r, const char *ip, const char *rel, fsdp_err *e
         names[nu++] = json_string_value(v);
     }
     qsort(names, nu, sizeof *names, cmp_str);
+    pause_point("st.open.index", 1); /* the tests of readers racing writers (runtime/crash.h) */
     for (size_t i = 0; i < nu; i++) {
         if (i && !strcmp(names[i], names[i - 1])) continue;
         char *p = st_int_join(dir, names[i]);

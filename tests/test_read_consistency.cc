@@ -140,6 +140,43 @@ TEST(ReadConsistency, LatestWhoseStepIsPrunedWhileOpeningIsLookedUpAgain) {
     EXPECT_TRUE(same_ckpt(t / "r", s3, &d)) << d;
 }
 
+// An HF directory (index + shards, save-safetensors overwrite: true) read by `ckpt convert`, held
+// after reading the index while two saves replace it: the shard names of a split never come back,
+// so the reader finds its shards gone, reads the new index, and converts the newest save.
+TEST(ReadConsistency, HfDirectoryHeldAfterItsIndexReadsOneSave) {
+    Dir t;
+    std::string hf = t / "hf", go = t / "go";
+    auto save_hf = [&](int seed, const std::string &path) {
+        std::string r = t / ("hf" + std::to_string(seed) + ".yaml");
+        write_file(r, std::string(MODEL) + "runtime: {seed: " + std::to_string(seed) +
+                          "}\nstages:\n  - {id: i, uses: init-meta}\n  - {id: s, uses: save-safetensors, after: [i], "
+                          "with: {path: " + path + ", shard_mb: 1, overwrite: true}}\n");
+        int rc;
+        std::string out = run_np(1, r, &rc);
+        ASSERT_EQ(rc, 0) << out;
+    };
+    save_hf(1, hf);
+    save_hf(3, t / "s3");
+    std::string out;
+    int rc = -1;
+    std::thread th([&] {
+        rc = run_cmd("FSDP_PAUSE_AT=st.open.index=" + go + " " + fsdp_run_bin() + " ckpt convert " + hf + " " +
+                         t / "r" + " --to dcp", &out);
+    });
+    bool paused = wait_paused(go);
+    if (paused) {
+        save_hf(2, hf);
+        save_hf(3, hf);
+    }
+    write_file(go, "");
+    th.join();
+    ASSERT_TRUE(paused) << out;
+    ASSERT_EQ(rc, 0) << out;
+    EXPECT_NE(out.find("changed while it was being opened"), std::string::npos) << out;
+    std::string d;
+    EXPECT_TRUE(same_ckpt(t / "r", t / "s3", &d)) << d;
+}
+
 // A writer replaces the checkpoint 40 times (alternating two saves) while readers of every kind
 // loop over it: every read succeeds and is one of the two saves. Before the readers kept what they
 // opened, some failed with "cannot open __0_0.distcp: No such file or directory".
