@@ -127,8 +127,8 @@ int mt_names_expand(const char *pattern, mt_dims *d, const fsdp_value *at, int e
         if (__builtin_mul_overflow(total, g[i].n_alts, &total) || total > MT_NAMES_MAX)
             rc = fsdp_err_at(err, FSDP_E_INVALID, at, "model: name '%s' expands to more than %d names", pattern,
                              MT_NAMES_MAX);
-    if (!rc && eval) {
-        out->v = calloc(total ? total : 1, sizeof *out->v);
+    if (!rc && eval && total) { /* an empty range expands to no name and allocates nothing */
+        out->v = calloc(total, sizeof *out->v);
         if (!out->v) rc = nomem(err);
         char buf[MT_NAME_MAX + 2];
         for (size_t k = 0; !rc && k < total; k++) {

@@ -201,6 +201,7 @@ TEST(ModelTable, NamesExpandRangesAndAlternatives) {
     mt_names_free(&n);
     ASSERT_EQ(mt_names_expand("x.{3..L-1}", d, root, 1, &n, &err), 0);
     EXPECT_EQ(n.n, 0u);  // an empty range
+    mt_names_free(&n);
     for (const char *bad : {"a.{0..2", "a.}b", "a.{x,,y}", "a.{0..Q}", "a.{{0..1}}"}) {
         EXPECT_EQ(mt_names_expand(bad, d, root, 1, &n, &err), FSDP_E_INVALID) << bad;
         EXPECT_EQ(n.n, 0u);
