@@ -20,7 +20,7 @@ static void usage(FILE *f) {
     fputs("usage: fsdp-run [options] RECIPE.yaml [RECIPE.yaml ...]   run recipes in sequence in one context\n"
           "       fsdp-run validate [--set K=V]... RECIPE.yaml...   check only (exit 0 valid, 2 invalid)\n"
           "       fsdp-run stages [--json] [--plugin LIB.so]...     list every stage and its parameters\n"
-          "       fsdp-run ckpt inspect|convert|diff ...            checkpoint tools (fsdp-run ckpt --help)\n"
+          "       fsdp-run ckpt inspect|convert|diff|clean ...      checkpoint tools (fsdp-run ckpt --help)\n"
           "       fsdp-run plot METRICS.jsonl... -o OUT.png|.svg    loss, lr, grad norm, tokens/s against step\n"
           "       fsdp-run --help | --version\n"
           "\n"
