@@ -35,6 +35,27 @@ TEST(E2ECli, ValidateCycleExitsTwoAndPrintsCycle) {
     EXPECT_NE(out.find("a -> b -> a"), std::string::npos) << out;
 }
 
+// Options before a sub-command belong to it (validate) or are refused naming it; never a recipe name.
+TEST(E2ECli, OptionsBeforeSubcommand) {
+    Tmp t;
+    std::string p = t.dir + "/ok.yaml", out;
+    write_file(p, "plugins: [" + plugin_dir() + "/libecho_stage.so]\nvars: {m: hi}\nstages:\n"
+                  "  - {id: a, uses: echo, with: {message: \"${m}\"}}\n");
+    EXPECT_EQ(run_cmd(fsdp_run_bin() + " -v validate " + p, &out), 0) << out;
+    EXPECT_EQ(out.find("validate"), std::string::npos) << out;  // not taken as a recipe
+    EXPECT_EQ(run_cmd(fsdp_run_bin() + " -q --set vars.m=x validate " + p, &out), 0) << out;
+    EXPECT_EQ(run_cmd(fsdp_run_bin() + " --set stages.a.with.nope=1 validate " + p, &out), 2) << out;
+    EXPECT_NE(out.find("unknown parameter 'nope'"), std::string::npos) << out;
+    EXPECT_EQ(run_cmd(fsdp_run_bin() + " -v ckpt inspect " + p, &out), 2) << out;
+    EXPECT_NE(out.find("option '-v' before `ckpt`: the ckpt command takes its options after its name"),
+              std::string::npos)
+        << out;
+    EXPECT_EQ(run_cmd(fsdp_run_bin() + " -q stages", &out), 2) << out;
+    // a recipe comes first: later words are recipes, not sub-commands
+    EXPECT_EQ(run_cmd(fsdp_run_bin() + " -q " + p + " plot", &out), 2) << out;
+    EXPECT_NE(out.find("plot"), std::string::npos) << out;
+}
+
 TEST(E2ECli, ValidateUnknownWithKeyPrintsPosition) {
     Tmp t;
     std::string p = t.dir + "/unknown.yaml";
