@@ -23,6 +23,24 @@ TEST(E2ECli, HelpVersionStages) {
     EXPECT_EQ(run_cmd(fsdp_run_bin() + " --no-such-flag r.yaml", &out), 2);
 }
 
+// The passive OpenMP wait policy is in place when libgomp initialises (it reads it then), without the
+// program executing itself a second time (which loaded every library twice): libgomp starts once.
+TEST(E2ECli, PassiveWaitPolicyWithoutASecondExec) {
+    std::string out;
+    ASSERT_EQ(run_cmd("OMP_DISPLAY_ENV=true " + fsdp_run_bin() + " --version", &out), 0) << out;
+    size_t at = out.find("OMP_WAIT_POLICY = 'PASSIVE'");
+    EXPECT_NE(at, std::string::npos) << out;
+    EXPECT_EQ(out.find("OPENMP DISPLAY ENVIRONMENT BEGIN", out.find("OPENMP DISPLAY ENVIRONMENT BEGIN") + 1),
+              std::string::npos)
+        << out;  // one libgomp start: one process image
+    EXPECT_EQ(run_cmd("LD_DEBUG=files " + fsdp_run_bin() + " --version 2>&1 | grep -c 'transferring control'", &out),
+              0);
+    EXPECT_EQ(out, "1\n");
+    // a policy the user set is kept
+    ASSERT_EQ(run_cmd("OMP_WAIT_POLICY=active OMP_DISPLAY_ENV=true " + fsdp_run_bin() + " --version", &out), 0);
+    EXPECT_NE(out.find("OMP_WAIT_POLICY = 'ACTIVE'"), std::string::npos) << out;
+}
+
 TEST(E2ECli, ValidateCycleExitsTwoAndPrintsCycle) {
     Tmp t;
     std::string p = t.dir + "/cycle.yaml";
