@@ -78,7 +78,8 @@ static void clean_one(clean_opts *o, const char *p, int is_tmp, const char *why,
         fprintf(out, "removed %s (%lld bytes): %s\n", p, (long long)st.st_size, why);
         o->removed++;
     } else {
-        fprintf(log, "fsdp-run ckpt clean: cannot remove %s: %s\n", p, is_tmp ? "its writer holds it" : strerror(errno));
+        fprintf(log, "fsdp-run ckpt clean: cannot remove %s: %s\n", p,
+                is_tmp ? "its writer holds it" : strerror(errno));
         o->failed++;
     }
 }
