@@ -27,15 +27,24 @@ TEST(E2ECli, HelpVersionStages) {
 // program executing itself a second time (which loaded every library twice): libgomp starts once.
 TEST(E2ECli, PassiveWaitPolicyWithoutASecondExec) {
     std::string out;
-    ASSERT_EQ(run_cmd("OMP_DISPLAY_ENV=true " + fsdp_run_bin() + " --version", &out), 0) << out;
+    ASSERT_EQ(run_cmd("OMP_NUM_THREADS=3 OMP_DISPLAY_ENV=true " + fsdp_run_bin() + " --version", &out), 0) << out;
     size_t at = out.find("OMP_WAIT_POLICY = 'PASSIVE'");
     EXPECT_NE(at, std::string::npos) << out;
+    EXPECT_NE(out.find("OMP_NUM_THREADS = '3'"), std::string::npos) << out;  // and the rest of the environment
     EXPECT_EQ(out.find("OPENMP DISPLAY ENVIRONMENT BEGIN", out.find("OPENMP DISPLAY ENVIRONMENT BEGIN") + 1),
               std::string::npos)
         << out;  // one libgomp start: one process image
     EXPECT_EQ(run_cmd("LD_DEBUG=files " + fsdp_run_bin() + " --version 2>&1 | grep -c 'transferring control'", &out),
               0);
     EXPECT_EQ(out, "1\n");
+    // the processes it starts inherit the policy (as when it executed itself with it)
+    Tmp t;
+    write_file(t.dir + "/env.sh", "#!/bin/sh\nenv\n");
+    ASSERT_EQ(run_cmd("chmod +x " + t.dir + "/env.sh && FSDP_MPIRUN=" + t.dir + "/env.sh " + fsdp_run_bin() +
+                          " --nproc 1 x.yaml",
+                      &out),
+              0);
+    EXPECT_NE(out.find("OMP_WAIT_POLICY=passive"), std::string::npos) << out;
     // a policy the user set is kept
     ASSERT_EQ(run_cmd("OMP_WAIT_POLICY=active OMP_DISPLAY_ENV=true " + fsdp_run_bin() + " --version", &out), 0);
     EXPECT_NE(out.find("OMP_WAIT_POLICY = 'ACTIVE'"), std::string::npos) << out;
