@@ -62,7 +62,8 @@ ifeq ($(EMU),1)
   endif
   # the fakes replace libcudart and libnccl (linked in) and cuBLAS(Lt) (dlopened by name from $(BUILD)/lib,
   # the executables' RPATH, which the loader searches before LD_LIBRARY_PATH and the system)
-  CPPFLAGS += -I$(CUDA_HOME)/include
+  # NCCL's fake is linked in: runtime/nccl_api.c takes its functions' addresses instead of dlopening it
+  CPPFLAGS += -I$(CUDA_HOME)/include -DFSDP_NCCL_LINKED=1
   CUBLAS_MAJOR := $(shell sed -n 's/^\#define CUBLAS_VER_MAJOR \([0-9]*\).*/\1/p' $(CUDA_HOME)/include/cublas_api.h)
   EMU_LIBDIR := $(abspath $(BUILD)/lib)
   EMU_SOS := $(BUILD)/lib/libcublasLt.so.$(CUBLAS_MAJOR) $(BUILD)/lib/libcublas.so.$(CUBLAS_MAJOR)
@@ -73,7 +74,8 @@ else ifeq ($(HAVE_CUDA),1)
   NVCCFLAGS ?= -O3 -arch=sm_90 -std=c++17 -Xcompiler -fPIC,-Wall -Iinclude -I. -DFSDP_HAVE_CUDA=1 \
                --expt-relaxed-constexpr -lineinfo
   # -lstdc++: the host code nvcc generates for kernels needs the C++ runtime; executables link with $(CC).
-  LDLIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lnccl -lcudart -lstdc++
+  # NCCL is not linked: runtime/nccl_api.c dlopens it when a device communicator is made (the RPATH finds it).
+  LDLIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lstdc++
 endif
 
 # --- sources -----------------------------------------------------------------

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -111,13 +112,11 @@ static inline double bench_stage_field(const char *report, const char *id, const
     return v;
 }
 
-/* Runs cmd and calls on_line(obj, user) for every line of its output that is a JSON object
- * (other lines, e.g. warnings, go to stderr). Returns the command's exit status (0 ok). */
-static inline int bench_json_lines(const char *cmd, void (*on_line)(json_t *obj, void *user), void *user) {
-    FILE *p = popen(cmd, "r");
-    if (!p) return -1;
+/* Calls on_line(obj, user) for every line of f that is a JSON object (other lines, e.g. warnings, go
+ * to stderr). */
+static inline void bench_json_stream(FILE *f, void (*on_line)(json_t *obj, void *user), void *user) {
     char line[16384];
-    while (fgets(line, sizeof line, p)) {
+    while (fgets(line, sizeof line, f)) {
         json_error_t je;
         json_t *j = json_loads(line, 0, &je);
         if (!j || !json_is_object(j)) {
@@ -128,6 +127,77 @@ static inline int bench_json_lines(const char *cmd, void (*on_line)(json_t *obj,
         on_line(j, user);
         json_decref(j);
     }
+}
+
+/* A benchmark's time budget (--budget SECONDS): the phases that would start after the deadline are
+ * skipped, and a command still running at it is stopped (its process group: SIGTERM, then SIGKILL 5 s
+ * later), so that the benchmark prints what it measured so far before an outer time limit. deadline 0:
+ * none. */
+typedef struct bench_budget {
+    double deadline;
+} bench_budget;
+
+static inline void bench_budget_start(bench_budget *b, double seconds) {
+    b->deadline = seconds > 0 ? bench_now() + seconds : 0;
+}
+
+/* 1 when the budget is spent (the next phase is not started: said on stdout, naming it) */
+static inline int bench_budget_spent(const bench_budget *b, const char *phase) {
+    if (!b->deadline || bench_now() < b->deadline) return 0;
+    printf("bench: budget spent: %s not run\n", phase);
+    fflush(stdout);
+    return 1;
+}
+
+/* bench_sh within the budget: the exit status, or -1 (printed) when it failed or was stopped at the
+ * deadline. */
+static inline int bench_sh_budget(const bench_budget *b, const char *cmd) {
+    if (!b->deadline) return bench_sh(cmd);
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid < 0) return -1;
+    if (pid == 0) {
+        setpgid(0, 0);
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    setpgid(pid, pid);
+    int st = 0, stopped = 0;
+    double killed_at = 0;
+    for (;;) {
+        pid_t w = waitpid(pid, &st, WNOHANG);
+        if (w == pid) break;
+        if (w < 0) return -1;
+        double now = bench_now();
+        if (!stopped && now >= b->deadline) {
+            kill(-pid, SIGTERM);
+            stopped = 1;
+            killed_at = now;
+        } else if (stopped && now - killed_at > 5) {
+            kill(-pid, SIGKILL);
+        }
+        struct timespec ts = {0, 50000000L};
+        nanosleep(&ts, NULL);
+    }
+    if (stopped) {
+        fprintf(stderr, "bench: '%s' stopped at the end of the budget\n", cmd);
+        printf("bench: budget spent while running a phase: stopped\n");
+        fflush(stdout);
+        return -1;
+    }
+    if (!WIFEXITED(st) || WEXITSTATUS(st)) {
+        fprintf(stderr, "bench: '%s' failed (%d)\n", cmd, st);
+        return -1;
+    }
+    return 0;
+}
+
+/* Runs cmd and calls on_line(obj, user) for every line of its output that is a JSON object
+ * (other lines, e.g. warnings, go to stderr). Returns the command's exit status (0 ok). */
+static inline int bench_json_lines(const char *cmd, void (*on_line)(json_t *obj, void *user), void *user) {
+    FILE *p = popen(cmd, "r");
+    if (!p) return -1;
+    bench_json_stream(p, on_line, user);
     return pclose(p);
 }
 

@@ -9,7 +9,10 @@
  *
  *   build/bench/gpu_io [--torch ../shared/bench/torch_baseline.py] [--bin build/fsdp-run]
  *                      [--dir /tmp/fsdp-gpu-io] [--preset llama3_1b] [--init-preset llama3_8b]
- *                      [--device cuda|cpu] [--skip-cpu-init]
+ *                      [--device cuda|cpu] [--skip-cpu-init] [--budget SECONDS]
+ *
+ * --budget: a run that would start after it is not run, one still running at its end is stopped, and the
+ * table holds what was measured (ours first, then PyTorch's).
  *
  * Without --torch (or without a python3 that imports torch) only our figures are printed. With
  * --device cpu it runs the same stages on the host (a smoke test for machines without a GPU). */
@@ -41,13 +44,27 @@ static void pick_line(json_t *j, void *user) {
     }
 }
 
-static int torch_run(const char *py, const char *args, const char *figure, const char *field, double *out) {
-    char cmd[4096];
-    snprintf(cmd, sizeof cmd, "python3 '%s' %s 2>&1", py, args);
+/* Not started when the budget is spent; its output goes to dir/torch.log, read after it ends. */
+static int torch_run(const bench_budget *b, const char *dir, const char *py, const char *args, const char *figure,
+                     const char *field, double *out) {
+    if (bench_budget_spent(b, figure)) return -1;
+    char cmd[8192], log[4200];
+    snprintf(log, sizeof log, "%s/torch.log", dir);
+    snprintf(cmd, sizeof cmd, "python3 '%s' %s >'%s' 2>&1", py, args, log);
     torch_pick tp = {figure, field, 0, 0};
-    int rc = bench_json_lines(cmd, pick_line, &tp);
+    int rc = bench_sh_budget(b, cmd);
+    FILE *f = fopen(log, "r");
+    if (f) {
+        bench_json_stream(f, pick_line, &tp);
+        fclose(f);
+    }
     if (rc == 0 && tp.found) *out = tp.value;
     return rc == 0 && tp.found ? 0 : -1;
+}
+
+/* One of our runs within the budget: 0 when it ran and succeeded. */
+static int ours_run(const bench_budget *b, const char *what, const char *cmd) {
+    return bench_budget_spent(b, what) ? -1 : bench_sh_budget(b, cmd);
 }
 
 static void ratio_line(const char *what, double ours_s, double torch_s, const char *unit_note) {
@@ -65,6 +82,7 @@ int main(int argc, char **argv) {
     const char *py = NULL, *bin = "build/fsdp-run", *dir = "/tmp/fsdp-gpu-io", *preset = "llama3_1b",
                *init_preset = "llama3_8b", *device = "cuda";
     int skip_cpu_init = 0;
+    double budget_s = 0;
     for (int i = 1; i < argc; i++) {
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(argv[i], "--skip-cpu-init")) skip_cpu_init = 1;
@@ -74,9 +92,10 @@ int main(int argc, char **argv) {
         else if (v && !strcmp(argv[i], "--preset")) preset = v, i++;
         else if (v && !strcmp(argv[i], "--init-preset")) init_preset = v, i++;
         else if (v && !strcmp(argv[i], "--device")) device = v, i++;
+        else if (v && !strcmp(argv[i], "--budget")) budget_s = atof(v), i++;
         else {
             fprintf(stderr, "usage: gpu_io [--torch torch_baseline.py] [--bin fsdp-run] [--dir DIR] [--preset P] "
-                            "[--init-preset P] [--device cuda|cpu] [--skip-cpu-init]\n");
+                            "[--init-preset P] [--device cuda|cpu] [--skip-cpu-init] [--budget SECONDS]\n");
             return 2;
         }
     }
@@ -84,27 +103,10 @@ int main(int argc, char **argv) {
     snprintf(cmd, sizeof cmd, "rm -rf '%s' && mkdir -p '%s'", dir, dir);
     if (bench_sh(cmd)) return 1;
     figures us = {0}, pt = {0};
+    bench_budget budget;
+    bench_budget_start(&budget, budget_s);
     int have_torch = py && bench_sh("python3 -c 'import torch' >/dev/null 2>&1") == 0;
     if (py && !have_torch) printf("gpu_io: python3 cannot import torch: no PyTorch baseline in this run\n");
-
-    /* ---- PyTorch, first (its runs do not share a process with ours) ---- */
-    if (have_torch) {
-        char a[1024];
-        snprintf(a, sizeof a, "--part init --preset %s", init_preset);
-        if (torch_run(py, a, "torch_meta_init_gpu_f32", "s", &pt.init_gpu_s)) pt.init_gpu_s = -1;
-        if (!skip_cpu_init) {
-            snprintf(a, sizeof a, "--part init --preset %s --cpu-init", preset);
-            if (torch_run(py, a, "torch_cpu_init_f32", "s", &pt.init_cpu_s)) pt.init_cpu_s = -1;
-            torch_run(py, a, "torch_cpu_init_f32", "threads", &pt.cpu_threads);
-        }
-        snprintf(a, sizeof a, "--part dcp --preset %s --dir '%s/torch_dcp'", preset, dir);
-        if (torch_run(py, a, "torch_dcp_save", "s", &pt.save_s)) pt.save_s = -1;
-        torch_run(py, a, "torch_dcp_save", "bytes", &pt.save_bytes);
-        double load = -1;
-        if (torch_run(py, a, "torch_dcp_load_warm_cache", "s", &load) == 0) pt.load_s = load;
-        snprintf(cmd, sizeof cmd, "rm -rf '%s/torch_dcp'", dir);
-        bench_sh(cmd);
-    }
 
     /* ---- fsdp-run ---- */
     /* init on the device (init only, the large preset) */
@@ -117,7 +119,8 @@ int main(int argc, char **argv) {
     if (bench_write_text(path, text)) return 1;
     snprintf(rep, sizeof rep, "%s/init_dev.json", dir);
     snprintf(cmd, sizeof cmd, "%s -q --report '%s' '%s'", bin, rep, path);
-    us.init_gpu_s = bench_sh(cmd) == 0 ? bench_stage_field(rep, "init", NULL) : -1;
+    us.init_gpu_s =
+        ours_run(&budget, "fsdp-run init on the device", cmd) == 0 ? bench_stage_field(rep, "init", NULL) : -1;
 
     /* host init of the main preset, all threads */
     if (!skip_cpu_init) {
@@ -129,7 +132,8 @@ int main(int argc, char **argv) {
         if (bench_write_text(path, text)) return 1;
         snprintf(rep, sizeof rep, "%s/init_cpu.json", dir);
         snprintf(cmd, sizeof cmd, "%s -q --report '%s' '%s'", bin, rep, path);
-        us.init_cpu_s = bench_sh(cmd) == 0 ? bench_stage_field(rep, "init", NULL) : -1;
+        us.init_cpu_s =
+            ours_run(&budget, "fsdp-run init on the host", cmd) == 0 ? bench_stage_field(rep, "init", NULL) : -1;
     }
 
     /* save of the weights from the device, then load into the device (warm page cache) */
@@ -141,7 +145,7 @@ int main(int argc, char **argv) {
     if (bench_write_text(path, text)) return 1;
     snprintf(rep, sizeof rep, "%s/save.json", dir);
     snprintf(cmd, sizeof cmd, "%s -q --report '%s' '%s'", bin, rep, path);
-    if (bench_sh(cmd) == 0) {
+    if (ours_run(&budget, "fsdp-run save-dcp", cmd) == 0) {
         us.save_s = bench_stage_field(rep, "save", NULL);
         us.params = bench_stage_field(rep, "init", "params");
         snprintf(cmd, sizeof cmd, "du -sb '%s/ours_dcp' | cut -f1", dir);
@@ -161,7 +165,28 @@ int main(int argc, char **argv) {
     if (bench_write_text(path, text)) return 1;
     snprintf(rep, sizeof rep, "%s/load.json", dir);
     snprintf(cmd, sizeof cmd, "%s -q --report '%s' '%s'", bin, rep, path);
-    us.load_s = us.save_s > 0 && bench_sh(cmd) == 0 ? bench_stage_field(rep, "load", NULL) : -1;
+    us.load_s = us.save_s > 0 && ours_run(&budget, "fsdp-run load-ckpt", cmd) == 0
+                    ? bench_stage_field(rep, "load", NULL)
+                    : -1;
+
+    /* ---- PyTorch, after ours (separate processes; with a budget, ours are the figures kept) ---- */
+    if (have_torch) {
+        char a[1024];
+        snprintf(a, sizeof a, "--part init --preset %s", init_preset);
+        if (torch_run(&budget, dir, py, a, "torch_meta_init_gpu_f32", "s", &pt.init_gpu_s)) pt.init_gpu_s = -1;
+        if (!skip_cpu_init) {
+            snprintf(a, sizeof a, "--part init --preset %s --cpu-init", preset);
+            if (torch_run(&budget, dir, py, a, "torch_cpu_init_f32", "s", &pt.init_cpu_s)) pt.init_cpu_s = -1;
+            torch_run(&budget, dir, py, a, "torch_cpu_init_f32", "threads", &pt.cpu_threads);
+        }
+        snprintf(a, sizeof a, "--part dcp --preset %s --dir '%s/torch_dcp'", preset, dir);
+        if (torch_run(&budget, dir, py, a, "torch_dcp_save", "s", &pt.save_s)) pt.save_s = -1;
+        torch_run(&budget, dir, py, a, "torch_dcp_save", "bytes", &pt.save_bytes);
+        double load = -1;
+        if (torch_run(&budget, dir, py, a, "torch_dcp_load_warm_cache", "s", &load) == 0) pt.load_s = load;
+        snprintf(cmd, sizeof cmd, "rm -rf '%s/torch_dcp'", dir);
+        bench_sh(cmd);
+    }
 
     /* ---- table ---- */
     printf("\ngpu_io: device %s; init %s, save/load %s (%.0f parameters, %.2f GB checkpoint)\n", device,

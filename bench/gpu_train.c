@@ -6,6 +6,10 @@
  *   build/bench/gpu_train [--torch ../shared/bench/torch_baseline.py] [--bin build/fsdp-run]
  *       [--dir /tmp/fsdp-gpu-train] [--preset llama3_1b] [--batch 4] [--seq 2048] [--steps 20]
  *       [--mixed bf16|none] [--ac none|full|selective] [--skip-eager] [--skip-compile] [--device cuda|cpu]
+ *       [--budget SECONDS]
+ *
+ * --budget: fsdp-run runs first, then PyTorch eager, then compiled; a side that would start after the
+ * budget is not run, one still running at its end is stopped, and the table holds what was measured.
  *
  * Both sides: AdamW lr 3e-4 constant, betas (0.9, 0.95), eps 1e-8, weight decay 0.1, gradient
  * clipping at 1.0, world of 1; step s reads the s-th block of batch x (seq + 1) tokens of one
@@ -50,10 +54,16 @@ static void train_line(json_t *j, void *user) {
     r->last20_loss = json_number_value(json_object_get(j, "last20_mean_loss"));
 }
 
-static int torch_train(const char *py, const char *args, result *r) {
-    char cmd[4096];
-    snprintf(cmd, sizeof cmd, "python3 '%s' --part train %s 2>&1", py, args);
-    int rc = bench_json_lines(cmd, train_line, r);
+/* PyTorch's side, its output in out (read after it ends: it may be stopped at the budget's end) */
+static int torch_train(const bench_budget *b, const char *py, const char *args, const char *out, result *r) {
+    char cmd[12000];
+    snprintf(cmd, sizeof cmd, "python3 '%s' --part train %s >'%s' 2>&1", py, args, out);
+    int rc = bench_sh_budget(b, cmd);
+    FILE *f = fopen(out, "r");
+    if (f) {
+        bench_json_stream(f, train_line, r);
+        fclose(f);
+    }
     if (rc) r->ok = 0;
     return rc == 0 && r->ok ? 0 : -1;
 }
@@ -177,6 +187,7 @@ int main(int argc, char **argv) {
     const char *py = NULL, *bin = "build/fsdp-run", *dir = "/tmp/fsdp-gpu-train", *preset = "llama3_1b",
                *mixed = "bf16", *ac = "none", *device = "cuda";
     int B = 4, T = 2048, steps = 20, skip_eager = 0, skip_compile = 0;
+    double budget_s = 0;
     for (int i = 1; i < argc; i++) {
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(argv[i], "--skip-eager")) skip_eager = 1;
@@ -191,10 +202,11 @@ int main(int argc, char **argv) {
         else if (v && !strcmp(argv[i], "--batch")) B = atoi(v), i++;
         else if (v && !strcmp(argv[i], "--seq")) T = atoi(v), i++;
         else if (v && !strcmp(argv[i], "--steps")) steps = atoi(v), i++;
+        else if (v && !strcmp(argv[i], "--budget")) budget_s = atof(v), i++;
         else {
             fprintf(stderr, "usage: gpu_train [--torch torch_baseline.py] [--bin fsdp-run] [--dir DIR] [--preset P] "
                             "[--batch B] [--seq T] [--steps N] [--mixed bf16|none] [--ac none|full|selective] [--skip-eager] "
-                            "[--skip-compile] [--device cuda|cpu]\n");
+                            "[--skip-compile] [--device cuda|cpu] [--budget SECONDS]\n");
             return 2;
         }
     }
@@ -202,6 +214,8 @@ int main(int argc, char **argv) {
         fprintf(stderr, "gpu_train: batch, seq and steps must be positive\n");
         return 2;
     }
+    bench_budget budget;
+    bench_budget_start(&budget, budget_s);
     char cmd[8192], path[4096], text[8192], w[4096], toks[4096], metrics[4096], rep[4096];
     snprintf(cmd, sizeof cmd, "rm -rf '%s' && mkdir -p '%s'", dir, dir);
     if (bench_sh(cmd)) return 1;
@@ -235,23 +249,8 @@ int main(int argc, char **argv) {
     }
     if (write_tokens(toks, (size_t)steps * (size_t)B * (size_t)(T + 1), vocab)) return 1;
 
-    /* ---- PyTorch ---- */
+    /* ---- fsdp-run first (with a budget, the figure kept when PyTorch's are cut off) ---- */
     result eager = {0}, compiled = {0}, ours = {0};
-    int have_torch = py && bench_sh("python3 -c 'import torch' >/dev/null 2>&1") == 0;
-    if (py && !have_torch) printf("gpu_train: python3 cannot import torch: no PyTorch baseline in this run\n");
-    char a[8192];
-    /* the baseline script knows none and full: `--ac selective` compares against PyTorch without
-     * checkpointing (selective recomputes no GEMM, so that is the step time it should approach) */
-    snprintf(a, sizeof a, "--preset %s --batch %d --seq %d --steps %d --lr 3e-4 --init '%s' --tokens '%s'%s", preset, B,
-             T, steps, w, toks, strcmp(ac, "full") ? "" : " --ac full");
-    if (have_torch && !skip_eager) torch_train(py, a, &eager);
-    if (have_torch && !skip_compile) {
-        char ac2[8300];
-        snprintf(ac2, sizeof ac2, "%s --compile", a);
-        torch_train(py, ac2, &compiled);
-    }
-
-    /* ---- fsdp-run ---- */
     snprintf(metrics, sizeof metrics, "%s/metrics.jsonl", dir);
     snprintf(rep, sizeof rep, "%s/report.json", dir);
     snprintf(path, sizeof path, "%s/train.yaml", dir);
@@ -265,7 +264,31 @@ int main(int argc, char **argv) {
              device, preset, toks, B, T, w, steps, metrics, mixed, ac);
     if (bench_write_text(path, text)) return 1;
     snprintf(cmd, sizeof cmd, "%s -q --report '%s' '%s'", bin, rep, path);
-    if (bench_sh(cmd) == 0) ours_parse(metrics, rep, B, T, &ours);
+    if (!bench_budget_spent(&budget, "fsdp-run")) {
+        int rc = bench_sh_budget(&budget, cmd);
+        int stopped = rc != 0 && bench_budget_spent(&budget, "the rest of fsdp-run's steps");
+        if (stopped) printf("gpu_train: fsdp-run's figures are those of the steps it ran before the budget's end\n");
+        if (rc == 0 || stopped) ours_parse(metrics, rep, B, T, &ours);
+    }
+
+    /* ---- PyTorch ---- */
+    int have_torch = py && bench_sh("python3 -c 'import torch' >/dev/null 2>&1") == 0;
+    if (py && !have_torch) printf("gpu_train: python3 cannot import torch: no PyTorch baseline in this run\n");
+    char a[8192];
+    /* the baseline script knows none and full: `--ac selective` compares against PyTorch without
+     * checkpointing (selective recomputes no GEMM, so that is the step time it should approach) */
+    snprintf(a, sizeof a, "--preset %s --batch %d --seq %d --steps %d --lr 3e-4 --init '%s' --tokens '%s'%s", preset, B,
+             T, steps, w, toks, strcmp(ac, "full") ? "" : " --ac full");
+    char tout[4200];
+    snprintf(tout, sizeof tout, "%s/torch_eager.log", dir);
+    if (have_torch && !skip_eager && !bench_budget_spent(&budget, "PyTorch FSDP2 eager"))
+        torch_train(&budget, py, a, tout, &eager);
+    if (have_torch && !skip_compile && !bench_budget_spent(&budget, "PyTorch FSDP2 compile")) {
+        char ac2[8300];
+        snprintf(ac2, sizeof ac2, "%s --compile", a);
+        snprintf(tout, sizeof tout, "%s/torch_compile.log", dir);
+        torch_train(&budget, py, ac2, tout, &compiled);
+    }
 
     /* ---- table ---- */
     printf("\ngpu_train: %s, batch %d x %d tokens, %d steps, world 1, mixed %s, ac %s (median step after the 5th)\n",

@@ -16,4 +16,12 @@ int ckpt_stale_owned(const char *name);
  * is alive are left alone. Returns the number removed. */
 int ckpt_stale_sweep(const char *path, tmpf_note_fn note, void *user);
 
+/* The number of owned temporaries at path (as ckpt_stale_sweep looks for them), whether their writer
+ * is alive or not: for the read-only commands, which never remove anything (a lock held on another
+ * node of a shared file system is invisible here) and only report them. */
+int ckpt_stale_count(const char *path);
+/* "<path>: N temporar{y,ies} of an interrupted (or running) save; `fsdp-run ckpt clean <path>` removes
+ * them" through note when ckpt_stale_count(path) > 0. Returns the count. */
+int ckpt_stale_report(const char *path, tmpf_note_fn note, void *user);
+
 #endif

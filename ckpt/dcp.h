@@ -182,6 +182,8 @@ int dcp_write_metadata_gen(const char *dir, const dcp_record *recs, size_t n, co
 
 /* The data file name of rank in generation gen: `__<rank>_0.distcp` (gen 0), `__<rank>_0.g<gen>.distcp`. */
 void dcp_data_file_name(char *out, size_t cap, int rank, unsigned gen);
+/* 1 when name is a data file name dcp_data_file_name gives (any rank and generation; not its .tmp). */
+int dcp_is_data_file_name(const char *name);
 /* 1 when dir holds `.metadata` or a rank-local `__<r>.metadata` (a checkpoint, complete or not). */
 int dcp_dir_has_checkpoint(const char *dir);
 /* 1 for the temporaries DCP writers create (`*.distcp.tmp`, `*.metadata.tmp`). */

@@ -87,6 +87,10 @@ static int is_rank_local_metadata(const char *name) {
     return sscanf(name, "__%d.metadata%n", &r, &used) == 1 && used && !name[used];
 }
 
+int dcp_is_data_file_name(const char *name) {
+    return has_suffix(name, ".distcp") && name_gen(name, NULL) >= 0;
+}
+
 int dcp_tmp_owned(const char *name) { return has_suffix(name, ".distcp.tmp") || has_suffix(name, ".metadata.tmp"); }
 
 int dcp_dir_has_checkpoint(const char *dir) {

@@ -29,6 +29,7 @@ static void ckpt_usage(FILE *f) {
           "                             [--prefixes model=P,optim=P] [--layout torchtitan|keep] [--world M]\n"
           "       fsdp-run ckpt diff A B [--rtol R] [--atol A] [--round] [--ignore GLOB[,GLOB...]]...\n"
           "                              [--names hf|torchtitan [--n-heads H --n-kv-heads K]]\n"
+          "       fsdp-run ckpt clean PATH [--dry-run] [--force] [--min-age SECONDS]\n"
           "GLOB: `*` matches within one dotted component, `**` across them (optimizer.**); a pattern\n"
           "without `*` selects the keys it prefixes. --names exports (compares) the model keys only:\n"
           "optimizer.*, train_state.*, lr_scheduler.* and dataloader.* entries are left out and counted.\n"
@@ -43,14 +44,21 @@ static void ckpt_usage(FILE *f) {
           "checkpoint holds (its heads for the q/k permutation); with --to safetensors --names hf the tensors are\n"
           "checked against it and its config.json is written next to DST, so transformers opens the directory.\n"
           "--world M (--to dcp) writes M ranks' data files, each tensor split along dim 0 as FSDP2's Shard(0),\n"
-          "the bytes save-dcp on M ranks writes (an N -> M reshard, streamed: memory stays a few MiB).\n",
+          "the bytes save-dcp on M ranks writes (an N -> M reshard, streamed: memory stays a few MiB).\n"
+          "inspect, diff and convert's SRC never remove anything: they report the temporaries of saves they find.\n"
+          "clean removes what interrupted saves left at PATH, printing each file and why: the temporaries the\n"
+          "writers create (*.distcp.tmp, *.metadata.tmp, *.safetensors.tmp, *.safetensors.index.json.tmp) and, in a\n"
+          "DCP directory whose .metadata opens, the data files (__R_0.distcp, __R_0.gN.distcp) it does not\n"
+          "reference. Nothing else, nothing .metadata references, no temporary whose writer runs on this node; a\n"
+          "file modified less than --min-age seconds ago (default 600: a save on another node may be writing it)\n"
+          "is kept (exit 1) unless --force. --dry-run lists what would be removed.\n",
           f);
 }
 
 static void note_log(void *log, const char *msg) { fprintf(log, "fsdp-run ckpt: %s\n", msg); }
 
-/* Opens path; then removes (and reports) the stale temporaries of interrupted saves there, after the
- * open so that a directory holding only those is still reported as an incomplete save. */
+/* Opens path; then reports (never removes: a read-only command cannot tell a save running on another
+ * node from an interrupted one) the temporaries of saves there; `ckpt clean` removes them. */
 static int open_or_say(const char *path, ckpt_reader **r, FILE *log) {
     fsdp_err err;
     int rc = ckpt_open(path, CKPT_AUTO, r, &err);
@@ -58,7 +66,7 @@ static int open_or_say(const char *path, ckpt_reader **r, FILE *log) {
     else if (ckpt_restarts(*r))
         fprintf(log, "fsdp-run ckpt: %s changed while it was being opened (a save replaced it); reading the new save "
                 "(%d restart%s)\n", path, ckpt_restarts(*r), ckpt_restarts(*r) == 1 ? "" : "s");
-    ckpt_stale_sweep(path, note_log, log);
+    ckpt_stale_report(path, note_log, log);
     return rc ? 1 : 0;
 }
 
@@ -682,6 +690,7 @@ int ckpt_cli_main(int argc, char **argv, FILE *out, FILE *log) {
     if (!strcmp(argv[0], "inspect")) return cmd_inspect(argc - 1, argv + 1, out, log);
     if (!strcmp(argv[0], "diff")) return ckpt_cli_diff(argc - 1, argv + 1, out, log);
     if (!strcmp(argv[0], "convert")) return cmd_convert(argc - 1, argv + 1, out, log);
+    if (!strcmp(argv[0], "clean")) return ckpt_cli_clean(argc - 1, argv + 1, out, log);
     fprintf(log, "fsdp-run ckpt: unknown command '%s'\n", argv[0]);
     ckpt_usage(log);
     return 2;

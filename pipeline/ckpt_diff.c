@@ -216,7 +216,7 @@ static int diff_one(const diff_opts *o, diff_side *A, const diff_key *ka, diff_s
 
 static void note_log(void *log, const char *msg) { fprintf(log, "fsdp-run ckpt: %s\n", msg); }
 
-/* As ckpt inspect: the stale temporaries of interrupted saves are removed after the open. */
+/* As ckpt inspect: the temporaries of saves are reported, never removed. */
 static int open_side(const char *path, diff_side *s, FILE *log) {
     fsdp_err err;
     memset(s, 0, sizeof *s);
@@ -226,7 +226,7 @@ static int open_side(const char *path, diff_side *s, FILE *log) {
     else if (ckpt_restarts(s->r))
         fprintf(log, "fsdp-run ckpt: %s changed while it was being opened (a save replaced it); reading the new save "
                 "(%d restart%s)\n", path, ckpt_restarts(s->r), ckpt_restarts(s->r) == 1 ? "" : "s");
-    ckpt_stale_sweep(path, note_log, log);
+    ckpt_stale_report(path, note_log, log);
     return rc ? 1 : 0;
 }
 

@@ -18,4 +18,7 @@ int ckpt_tool_read(ckpt_reader *r, size_t i, fsdp_dtype dt, nmap_dir dir, const 
 /* `fsdp-run ckpt diff` (ckpt_diff.c); argv holds the arguments after "diff". */
 int ckpt_cli_diff(int argc, char **argv, FILE *out, FILE *log);
 
+/* `fsdp-run ckpt clean` (ckpt_clean.c); argv holds the arguments after "clean". */
+int ckpt_cli_clean(int argc, char **argv, FILE *out, FILE *log);
+
 #endif

@@ -20,7 +20,7 @@ static void usage(FILE *f) {
     fputs("usage: fsdp-run [options] RECIPE.yaml [RECIPE.yaml ...]   run recipes in sequence in one context\n"
           "       fsdp-run validate [--set K=V]... RECIPE.yaml...   check only (exit 0 valid, 2 invalid)\n"
           "       fsdp-run stages [--json] [--plugin LIB.so]...     list every stage and its parameters\n"
-          "       fsdp-run ckpt inspect|convert|diff ...            checkpoint tools (fsdp-run ckpt --help)\n"
+          "       fsdp-run ckpt inspect|convert|diff|clean ...      checkpoint tools (fsdp-run ckpt --help)\n"
           "       fsdp-run plot METRICS.jsonl... -o OUT.png|.svg    loss, lr, grad norm, tokens/s against step\n"
           "       fsdp-run --help | --version\n"
           "\n"
@@ -133,20 +133,40 @@ int fsdp_cli_run(fsdp_registry *reg, int argc, char **argv, FILE *out, FILE *log
     return fsdp_cli_run_comm(reg, argc, argv, out, log, NULL);
 }
 
+/* The index of the sub-command (validate, stages, ckpt, plot) when it is the first word that is
+ * neither an option nor an option's value (`fsdp-run -v validate r.yaml`); 0 when there is none (the
+ * words are recipes). */
+static int find_subcommand(int argc, char **argv) {
+    static const char *const SUBS[] = {"validate", "stages", "ckpt", "plot"};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--set") || !strcmp(a, "--report") || !strcmp(a, "--nproc")) {
+            i++; /* its value */
+            continue;
+        }
+        if (a[0] == '-' && a[1]) continue;
+        for (size_t k = 0; k < sizeof SUBS / sizeof *SUBS; k++)
+            if (!strcmp(a, SUBS[k])) return i;
+        return 0;
+    }
+    return 0;
+}
+
 int fsdp_cli_run_comm(fsdp_registry *reg, int argc, char **argv, FILE *out, FILE *log, comm *cm) {
     if (argc < 2) {
         usage(log);
         return 2;
     }
-    int first = 1;
-    int validate = 0;
-    if (!strcmp(argv[1], "stages")) return cmd_stages(reg, argc - 2, argv + 2, out, log);
-    if (!strcmp(argv[1], "ckpt")) return ckpt_cli_main(argc - 2, argv + 2, out, log);
-    if (!strcmp(argv[1], "plot")) return plot_cli_main(argc - 2, argv + 2, out, log);
-    if (!strcmp(argv[1], "validate")) {
-        validate = 1;
-        first = 2;
+    int sub = find_subcommand(argc, argv);
+    if (sub > 1 && strcmp(argv[sub], "validate")) {
+        fprintf(log, "fsdp-run: error: option '%s' before `%s`: the %s command takes its options after its name "
+                "(fsdp-run %s --help)\n", argv[1], argv[sub], argv[sub], argv[sub]);
+        return 2;
     }
+    if (sub == 1 && !strcmp(argv[1], "stages")) return cmd_stages(reg, argc - 2, argv + 2, out, log);
+    if (sub == 1 && !strcmp(argv[1], "ckpt")) return ckpt_cli_main(argc - 2, argv + 2, out, log);
+    if (sub == 1 && !strcmp(argv[1], "plot")) return plot_cli_main(argc - 2, argv + 2, out, log);
+    int validate = sub > 0; /* options before `validate` are validate's (--set, -q, -v) */
     run_opts o = {0};
     o.verbosity = 1;
     o.out = out;
@@ -162,7 +182,8 @@ int fsdp_cli_run_comm(fsdp_registry *reg, int argc, char **argv, FILE *out, FILE
     }
     size_t np = 0;
     int rc = -1;
-    for (int i = first; i < argc && rc < 0; i++) {
+    for (int i = 1; i < argc && rc < 0; i++) {
+        if (i == sub) continue;
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             usage(out);

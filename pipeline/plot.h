@@ -9,17 +9,21 @@
 
 #include "fsdp/error.h"
 
-enum { PLOT_LOSS = 0, PLOT_LR, PLOT_GRAD_NORM, PLOT_TOKENS_PER_S, PLOT_N_METRICS };
+/* The four panels' metrics, then the eval loss (eval lines of an eval_every run), drawn on the loss
+ * panel as its own series: dashed, a marker at each of its steps. */
+enum { PLOT_LOSS = 0, PLOT_LR, PLOT_GRAD_NORM, PLOT_TOKENS_PER_S, PLOT_N_METRICS, PLOT_EVAL_LOSS = PLOT_N_METRICS,
+       PLOT_N_VALUES };
 
-/* The JSON keys of the metrics, in panel order. */
-extern const char *const PLOT_KEYS[PLOT_N_METRICS];
+/* The JSON keys of the values: the metrics in panel order, then "eval_loss". */
+extern const char *const PLOT_KEYS[PLOT_N_VALUES];
 
 typedef struct plot_series {
     char label[256];  /* file name, and the run id when the file holds several runs */
     char run_id[64];
     size_t n, cap;
     double *step;
-    double *val[PLOT_N_METRICS]; /* NaN where a line lacks the metric */
+    double *val[PLOT_N_VALUES]; /* NaN where a line lacks the value (a training line has no eval_loss, an eval
+                                 * line only that: each curve joins the points that have its value) */
 } plot_series;
 
 typedef struct plot_set {

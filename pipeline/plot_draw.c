@@ -24,17 +24,19 @@ static const double PALETTE[][3] = {{0.12, 0.47, 0.71}, {1.00, 0.50, 0.05}, {0.1
 #define N_PALETTE (sizeof PALETTE / sizeof *PALETTE)
 static const char *const TITLES[PLOT_N_METRICS] = {"loss", "lr", "grad norm", "tokens/s"};
 
-/* The range of the finite values of metric k (k < 0: the steps) over every series; 0 when there are none. */
+/* The range of the finite values of metric k (k < 0: the steps) over every series, the loss panel's
+ * with the eval loss; 0 when there are none. */
 static int range_of(const plot_set *set, int k, plot_range *r) {
     r->lo = INFINITY;
     r->hi = -INFINITY;
     for (size_t i = 0; i < set->n; i++)
-        for (size_t j = 0; j < set->s[i].n; j++) {
-            double v = k < 0 ? set->s[i].step[j] : set->s[i].val[k][j];
-            if (!isfinite(v)) continue;
-            if (v < r->lo) r->lo = v;
-            if (v > r->hi) r->hi = v;
-        }
+        for (size_t j = 0; j < set->s[i].n; j++)
+            for (int e = 0; e < (k == PLOT_LOSS ? 2 : 1); e++) {
+                double v = k < 0 ? set->s[i].step[j] : set->s[i].val[e ? PLOT_EVAL_LOSS : k][j];
+                if (!isfinite(v)) continue;
+                if (v < r->lo) r->lo = v;
+                if (v > r->hi) r->hi = v;
+            }
     if (r->lo > r->hi) return 0;
     if (r->hi - r->lo < 1e-12 * fmax(1.0, fabs(r->hi))) {
         double d = fabs(r->lo) > 0 ? fabs(r->lo) * 0.1 : 1.0;
@@ -88,35 +90,59 @@ static void draw_axes(cairo_t *cr, const plot_rect *p, plot_range xr, plot_range
     text_at(cr, p->x + p->w / 2, p->y + p->h + 34, "step", 0.5);
 }
 
-/* One series of metric k as a polyline (broken where a value is missing). */
+/* 1 when some series has an eval loss */
+static int has_eval(const plot_set *set) {
+    for (size_t i = 0; i < set->n; i++)
+        for (size_t j = 0; j < set->s[i].n; j++)
+            if (isfinite(set->s[i].val[PLOT_EVAL_LOSS][j])) return 1;
+    return 0;
+}
+
+/* Value k of one series as a polyline through the points that have it (a line without it, such as an
+ * eval line for the training metrics, is skipped, not a gap); a dot when it has one point. The eval
+ * loss (k == PLOT_EVAL_LOSS) is dashed with a marker at each of its points. */
 static void draw_line(cairo_t *cr, const plot_series *s, int k, const plot_rect *p, plot_range xr, plot_range yr,
                       const double *rgb) {
     cairo_save(cr);
     cairo_rectangle(cr, p->x, p->y, p->w, p->h);
     cairo_clip(cr);
     cairo_set_source_rgb(cr, rgb[0], rgb[1], rgb[2]);
-    cairo_set_line_width(cr, 2);
-    int pen = 0;
+    cairo_set_line_width(cr, k == PLOT_EVAL_LOSS ? 1.5 : 2);
+    static const double DASH[] = {6, 4};
+    if (k == PLOT_EVAL_LOSS) cairo_set_dash(cr, DASH, 2, 0);
+    size_t drawn = 0;
+    double x = 0, y = 0;
     for (size_t j = 0; j < s->n; j++) {
         double v = s->val[k][j];
-        if (!isfinite(v) || !isfinite(s->step[j])) {
-            pen = 0;
-            continue;
-        }
-        double x = map(s->step[j], xr, p->x, p->x + p->w), y = map(v, yr, p->y + p->h, p->y);
-        if (pen) cairo_line_to(cr, x, y);
+        if (!isfinite(v) || !isfinite(s->step[j])) continue;
+        x = map(s->step[j], xr, p->x, p->x + p->w), y = map(v, yr, p->y + p->h, p->y);
+        if (drawn++) cairo_line_to(cr, x, y);
         else cairo_move_to(cr, x, y);
-        pen = 1;
     }
-    if (s->n == 1) cairo_arc(cr, map(s->step[0], xr, p->x, p->x + p->w), map(s->val[k][0], yr, p->y + p->h, p->y), 3, 0,
-                             2 * M_PI);
+    if (drawn == 1 && k != PLOT_EVAL_LOSS) cairo_arc(cr, x, y, 3, 0, 2 * M_PI);
     cairo_stroke(cr);
+    cairo_set_dash(cr, NULL, 0, 0);
+    for (size_t j = 0; k == PLOT_EVAL_LOSS && j < s->n; j++) {
+        double v = s->val[k][j];
+        if (!isfinite(v) || !isfinite(s->step[j])) continue;
+        cairo_new_sub_path(cr);
+        cairo_arc(cr, map(s->step[j], xr, p->x, p->x + p->w), map(v, yr, p->y + p->h, p->y), 3.5, 0, 2 * M_PI);
+    }
+    if (k == PLOT_EVAL_LOSS) cairo_fill(cr);
     cairo_restore(cr);
 }
 
+/* Rows of the legend: one per series, and one saying how the eval loss is drawn when there is one. */
+static size_t legend_rows(const plot_set *set) { return set->n + (size_t)has_eval(set); }
+
 static void draw_legend(cairo_t *cr, const plot_set *set) {
     cairo_set_font_size(cr, 12);
-    double y = PLOT_H - 14.0 * (double)set->n - 6;
+    double y = PLOT_H - 14.0 * (double)legend_rows(set) - 6;
+    if (has_eval(set)) {
+        cairo_set_source_rgb(cr, 0, 0, 0);
+        text_at(cr, 44, y, "loss panel: dashed with markers = eval_loss (at its steps), solid = training loss", 0);
+        y += 14;
+    }
     for (size_t i = 0; i < set->n; i++, y += 14) {
         const double *c = PALETTE[i % N_PALETTE];
         cairo_set_source_rgb(cr, c[0], c[1], c[2]);
@@ -131,7 +157,7 @@ static void draw_all(cairo_t *cr, const plot_set *set) {
     cairo_set_source_rgb(cr, 1, 1, 1);
     cairo_paint(cr);
     cairo_select_font_face(cr, "sans-serif", CAIRO_FONT_SLANT_NORMAL, CAIRO_FONT_WEIGHT_NORMAL);
-    double legend = 14.0 * (double)set->n + 10;
+    double legend = 14.0 * (double)legend_rows(set) + 10;
     double pw = PLOT_W / 2.0, ph = (PLOT_H - legend) / 2.0;
     plot_range xr;
     if (!range_of(set, -1, &xr)) xr = (plot_range){0, 1};
@@ -146,7 +172,10 @@ static void draw_all(cairo_t *cr, const plot_set *set) {
             continue;
         }
         draw_axes(cr, &p, xr, yr, TITLES[k]);
-        for (size_t i = 0; i < set->n; i++) draw_line(cr, &set->s[i], k, &p, xr, yr, PALETTE[i % N_PALETTE]);
+        for (size_t i = 0; i < set->n; i++) {
+            draw_line(cr, &set->s[i], k, &p, xr, yr, PALETTE[i % N_PALETTE]);
+            if (k == PLOT_LOSS) draw_line(cr, &set->s[i], PLOT_EVAL_LOSS, &p, xr, yr, PALETTE[i % N_PALETTE]);
+        }
     }
     draw_legend(cr, set);
 }

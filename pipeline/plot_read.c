@@ -8,12 +8,12 @@
 #include "pipeline/plot.h"
 #include "runtime/fileio.h"
 
-const char *const PLOT_KEYS[PLOT_N_METRICS] = {"loss", "lr", "grad_norm", "tokens_per_s"};
+const char *const PLOT_KEYS[PLOT_N_VALUES] = {"loss", "lr", "grad_norm", "tokens_per_s", "eval_loss"};
 
 void plot_set_free(plot_set *set) {
     for (size_t i = 0; i < set->n; i++) {
         free(set->s[i].step);
-        for (int k = 0; k < PLOT_N_METRICS; k++) free(set->s[i].val[k]);
+        for (int k = 0; k < PLOT_N_VALUES; k++) free(set->s[i].val[k]);
     }
     free(set->s);
     memset(set, 0, sizeof *set);
@@ -43,7 +43,7 @@ static int series_add(plot_series *s, double step, const double *v) {
         double *ns = realloc(s->step, cap * sizeof *ns);
         if (!ns) return -1;
         s->step = ns;
-        for (int k = 0; k < PLOT_N_METRICS; k++) {
+        for (int k = 0; k < PLOT_N_VALUES; k++) {
             double *nv = realloc(s->val[k], cap * sizeof *nv);
             if (!nv) return -1;
             s->val[k] = nv;
@@ -51,7 +51,7 @@ static int series_add(plot_series *s, double step, const double *v) {
         s->cap = cap;
     }
     s->step[s->n] = step;
-    for (int k = 0; k < PLOT_N_METRICS; k++) s->val[k][s->n] = v[k];
+    for (int k = 0; k < PLOT_N_VALUES; k++) s->val[k][s->n] = v[k];
     s->n++;
     return 0;
 }
@@ -72,8 +72,8 @@ static int read_line(const char *path, size_t lineno, const char *text, size_t l
         return fsdp_err_set(err, FSDP_E_FORMAT, "plot: %s:%zu: no numeric \"step\" (expected a train-steps metrics line)",
                             path, lineno);
     }
-    double v[PLOT_N_METRICS];
-    for (int k = 0; k < PLOT_N_METRICS; k++) {
+    double v[PLOT_N_VALUES];
+    for (int k = 0; k < PLOT_N_VALUES; k++) {
         json_t *x = json_object_get(j, PLOT_KEYS[k]);
         v[k] = json_is_number(x) ? json_number_value(x) : NAN;
     }

@@ -14,6 +14,7 @@ struct comm {
     int owns_mpi; /* we called MPI_Init */
     void *nccl;   /* ncclComm_t once comm_dev_init succeeded, else NULL */
     int nccl_device; /* CUDA ordinal the NCCL communicator was created on */
+    struct nccl_api *napi; /* NCCL's functions (runtime/nccl_api.h), loaded by the first comm_dev_init */
     uint64_t calls[COMM_KINDS]; /* comm_calls: calls of each kind so far */
 };
 

@@ -12,8 +12,21 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
-static int nccl_fail(fsdp_err *err, ncclResult_t r, const char *what) {
-    return fsdp_err_set(err, FSDP_E_DEVICE, "%s failed: %s", what, ncclGetErrorString(r));
+#include "runtime/nccl_api.h"
+
+static int nccl_fail(const comm *c, fsdp_err *err, ncclResult_t r, const char *what) {
+    return fsdp_err_set(err, FSDP_E_DEVICE, "%s failed: %s", what, c->napi->GetErrorString(r));
+}
+
+/* Loads NCCL's functions into c->napi once (the library is not linked: runtime/nccl_api.h). */
+static int load_api(comm *c, fsdp_err *err) {
+    if (c->napi) return 0;
+    nccl_api *a = malloc(sizeof *a);
+    if (!a) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+    int rc = nccl_api_load(a, err);
+    if (rc) free(a);
+    else c->napi = a;
+    return rc;
 }
 
 static int cuda_fail(fsdp_err *err, cudaError_t e, const char *what) {
@@ -27,40 +40,49 @@ int comm_dev_init(comm *c, fsdp_err *err) {
     /* Every rank takes part in the id broadcast, even one without a device, so that no rank
      * waits for another that already gave up: the failure is agreed on below. */
     enum { NO_DEVICE = 101, NO_ID = 102 };
-    int local = ce == cudaSuccess ? 0 : NO_DEVICE;
+    enum { NO_LIB = 103 };
+    fsdp_err lib_err;
+    int local = ce != cudaSuccess ? NO_DEVICE : load_api(c, &lib_err) ? NO_LIB : 0;
     ncclUniqueId id;
     memset(&id, 0, sizeof id);
     ncclResult_t nr = ncclSuccess;
     if (c->rank == 0 && !local) {
-        nr = ncclGetUniqueId(&id);
+        nr = c->napi->GetUniqueId(&id);
         if (nr != ncclSuccess) local = NO_ID;
     }
     int who = -1;
     int agreed = comm_agree(c, local, &who, err);
-    if (agreed && agreed != NO_DEVICE && agreed != NO_ID) return agreed; /* the agreement itself failed */
+    if (agreed && agreed != NO_DEVICE && agreed != NO_ID && agreed != NO_LIB) return agreed; /* agreement failed */
     if (agreed) {
         if (local == NO_DEVICE) return cuda_fail(err, ce, "cudaGetDevice (no usable GPU for NCCL)");
-        if (local == NO_ID) return nccl_fail(err, nr, "ncclGetUniqueId");
+        if (local == NO_LIB) return fsdp_err_set(err, lib_err.code, "%s", lib_err.msg);
+        if (local == NO_ID) return nccl_fail(c, err, nr, "ncclGetUniqueId");
         return fsdp_err_set(err, FSDP_E_COMM, "NCCL setup failed on rank %d (%s)", who,
-                            agreed == NO_DEVICE ? "no usable GPU" : "ncclGetUniqueId failed");
+                            agreed == NO_DEVICE ? "no usable GPU"
+                            : agreed == NO_LIB  ? "cannot load NCCL"
+                                                : "ncclGetUniqueId failed");
     }
     int rc = comm_bcast(c, &id, sizeof id, 0, err);
     if (rc) return rc;
     ncclComm_t nc = NULL;
-    nr = ncclCommInitRank(&nc, c->size, id, c->rank);
-    if (nr != ncclSuccess) return nccl_fail(err, nr, "ncclCommInitRank");
+    nr = c->napi->CommInitRank(&nc, c->size, id, c->rank);
+    if (nr != ncclSuccess) return nccl_fail(c, err, nr, "ncclCommInitRank");
     c->nccl = nc;
     c->nccl_device = dev;
     return 0;
 }
 
 void comm_dev_release(comm *c) {
-    if (!c || !c->nccl) return;
-    int cur = -1;
-    if (cudaGetDevice(&cur) == cudaSuccess && cur != c->nccl_device) cudaSetDevice(c->nccl_device);
-    ncclCommDestroy((ncclComm_t)c->nccl);
-    if (cur >= 0 && cur != c->nccl_device) cudaSetDevice(cur);
-    c->nccl = NULL;
+    if (!c) return;
+    if (c->nccl) {
+        int cur = -1;
+        if (cudaGetDevice(&cur) == cudaSuccess && cur != c->nccl_device) cudaSetDevice(c->nccl_device);
+        c->napi->CommDestroy((ncclComm_t)c->nccl);
+        if (cur >= 0 && cur != c->nccl_device) cudaSetDevice(cur);
+        c->nccl = NULL;
+    }
+    free(c->napi);
+    c->napi = NULL;
 }
 
 static int need(const comm *c, fsdp_err *err) {
@@ -79,9 +101,9 @@ static size_t blocks_total(const size_t *sizes, int world, int *equal) {
     return total;
 }
 
-static int group_end(fsdp_err *err, const char *what) {
-    ncclResult_t r = ncclGroupEnd();
-    return r == ncclSuccess ? 0 : nccl_fail(err, r, what);
+static int group_end(const comm *c, fsdp_err *err, const char *what) {
+    ncclResult_t r = c->napi->GroupEnd();
+    return r == ncclSuccess ? 0 : nccl_fail(c, err, r, what);
 }
 
 int comm_dev_allgatherv(comm *c, const void *send, void *recv, const size_t *bytes, void *stream, fsdp_err *err) {
@@ -94,23 +116,23 @@ int comm_dev_allgatherv(comm *c, const void *send, void *recv, const size_t *byt
     if (blocks_total(bytes, c->size, &equal) == 0) return 0;
     uint8_t *out = (uint8_t *)recv;
     if (equal) {
-        ncclResult_t r = ncclAllGather(send, out, bytes[0], ncclUint8, nc, st);
-        return r == ncclSuccess ? 0 : nccl_fail(err, r, "ncclAllGather");
+        ncclResult_t r = c->napi->AllGather(send, out, bytes[0], ncclUint8, nc, st);
+        return r == ncclSuccess ? 0 : nccl_fail(c, err, r, "ncclAllGather");
     }
-    ncclResult_t r = ncclGroupStart();
-    if (r != ncclSuccess) return nccl_fail(err, r, "ncclGroupStart");
+    ncclResult_t r = c->napi->GroupStart();
+    if (r != ncclSuccess) return nccl_fail(c, err, r, "ncclGroupStart");
     size_t off = 0;
     for (int root = 0; root < c->size; root++) {
         if (bytes[root]) {
-            r = ncclBroadcast(send, out + off, bytes[root], ncclUint8, root, nc, st);
+            r = c->napi->Broadcast(send, out + off, bytes[root], ncclUint8, root, nc, st);
             if (r != ncclSuccess) {
-                ncclGroupEnd();
-                return nccl_fail(err, r, "ncclBroadcast (all-gather)");
+                c->napi->GroupEnd();
+                return nccl_fail(c, err, r, "ncclBroadcast (all-gather)");
             }
         }
         off += bytes[root];
     }
-    return group_end(err, "all-gather group");
+    return group_end(c, err, "all-gather group");
 }
 
 int comm_dev_reduce_scatterv_f32(comm *c, const float *send, float *recv, const size_t *counts, void *stream,
@@ -123,23 +145,23 @@ int comm_dev_reduce_scatterv_f32(comm *c, const float *send, float *recv, const 
     int equal;
     if (blocks_total(counts, c->size, &equal) == 0) return 0;
     if (equal) {
-        ncclResult_t r = ncclReduceScatter(send, recv, counts[0], ncclFloat32, ncclSum, nc, st);
-        return r == ncclSuccess ? 0 : nccl_fail(err, r, "ncclReduceScatter");
+        ncclResult_t r = c->napi->ReduceScatter(send, recv, counts[0], ncclFloat32, ncclSum, nc, st);
+        return r == ncclSuccess ? 0 : nccl_fail(c, err, r, "ncclReduceScatter");
     }
-    ncclResult_t r = ncclGroupStart();
-    if (r != ncclSuccess) return nccl_fail(err, r, "ncclGroupStart");
+    ncclResult_t r = c->napi->GroupStart();
+    if (r != ncclSuccess) return nccl_fail(c, err, r, "ncclGroupStart");
     size_t off = 0;
     for (int root = 0; root < c->size; root++) {
         if (counts[root]) {
-            r = ncclReduce(send + off, recv, counts[root], ncclFloat32, ncclSum, root, nc, st);
+            r = c->napi->Reduce(send + off, recv, counts[root], ncclFloat32, ncclSum, root, nc, st);
             if (r != ncclSuccess) {
-                ncclGroupEnd();
-                return nccl_fail(err, r, "ncclReduce (reduce-scatter)");
+                c->napi->GroupEnd();
+                return nccl_fail(c, err, r, "ncclReduce (reduce-scatter)");
             }
         }
         off += counts[root];
     }
-    return group_end(err, "reduce-scatter group");
+    return group_end(c, err, "reduce-scatter group");
 }
 
 static int nccl_type(comm_dtype dt, ncclDataType_t *t, fsdp_err *err) {
@@ -169,8 +191,8 @@ int comm_dev_allreduce(comm *c, void *buf, size_t count, comm_dtype dt, comm_op 
     ncclRedOp_t o = ncclSum;
     if ((rc = nccl_type(dt, &t, err)) || (rc = nccl_op(op, &o, err))) return rc;
     if (count == 0) return 0;
-    ncclResult_t r = ncclAllReduce(buf, buf, count, t, o, (ncclComm_t)c->nccl, (cudaStream_t)stream);
-    return r == ncclSuccess ? 0 : nccl_fail(err, r, "ncclAllReduce");
+    ncclResult_t r = c->napi->AllReduce(buf, buf, count, t, o, (ncclComm_t)c->nccl, (cudaStream_t)stream);
+    return r == ncclSuccess ? 0 : nccl_fail(c, err, r, "ncclAllReduce");
 }
 
 int comm_dev_bcast(comm *c, void *buf, size_t bytes, int root, void *stream, fsdp_err *err) {
@@ -180,8 +202,8 @@ int comm_dev_bcast(comm *c, void *buf, size_t bytes, int root, void *stream, fsd
     if (root < 0 || root >= c->size)
         return fsdp_err_set(err, FSDP_E_INVALID, "device broadcast: root %d outside [0, %d)", root, c->size);
     if (bytes == 0) return 0;
-    ncclResult_t r = ncclBroadcast(buf, buf, bytes, ncclUint8, root, (ncclComm_t)c->nccl, (cudaStream_t)stream);
-    return r == ncclSuccess ? 0 : nccl_fail(err, r, "ncclBroadcast");
+    ncclResult_t r = c->napi->Broadcast(buf, buf, bytes, ncclUint8, root, (ncclComm_t)c->nccl, (cudaStream_t)stream);
+    return r == ncclSuccess ? 0 : nccl_fail(c, err, r, "ncclBroadcast");
 }
 
 #else /* !FSDP_HAVE_CUDA */

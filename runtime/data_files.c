@@ -98,8 +98,23 @@ static int check_llmc(data_seg *s, fsdp_err *err) {
     return 0;
 }
 
+/* 1 when s is an llm.c shard: its magic, version, and a token count that accounts for its size (a
+ * flat token file starting with those three int32 by chance would need all three to agree). */
+static int is_llmc_shard(const data_seg *s) {
+    if (s->map_len < DATA_LLMC_HEADER_BYTES || le32_at(s->map) != DATA_LLMC_MAGIC ||
+        le32_at(s->map + 4) != DATA_LLMC_VERSION)
+        return 0;
+    int32_t ntok = le32_at(s->map + 8);
+    return ntok >= 0 && DATA_LLMC_HEADER_BYTES + 2 * (uint64_t)ntok == s->map_len;
+}
+
 static int size_seg(const data_config *cfg, int esz, data_seg *s, fsdp_err *err) {
     if (cfg->kind == DATA_LLMC) return check_llmc(s, err);
+    if (cfg->kind == DATA_TOKENS && is_llmc_shard(s))
+        return fsdp_err_set(err, FSDP_E_FORMAT,
+                            "data %s: an llm.c .bin shard (header magic %d, version %d, %d tokens): use kind: llmc "
+                            "(kind: tokens would train on its 1024-byte header as tokens)",
+                            s->path, DATA_LLMC_MAGIC, DATA_LLMC_VERSION, (int)le32_at(s->map + 8));
     if (s->map_len % (size_t)esz)
         return fsdp_err_set(err, FSDP_E_FORMAT, "data %s: %zu bytes is not a whole number of uint%d tokens", s->path,
                             s->map_len, esz * 8);

@@ -29,6 +29,11 @@ int tmpf_create(const char *path, int *fd, tmpf_note_fn note, void *user, fsdp_e
  * Returns 1 when it was removed, 0 when it is in use, not there or not a regular file. */
 int tmpf_remove_if_stale(const char *path, tmpf_note_fn note, void *user);
 
+/* 1 when a process of this node holds the lock of the temporary at path (its writer is alive here);
+ * a lock taken on another node of a shared file system may not be visible. Takes no lock itself
+ * for longer than the probe. */
+int tmpf_in_use(const char *path);
+
 /* Every entry of dir whose name ends in ".tmp" and that owned(name) accepts is removed when it
  * is stale (tmpf_remove_if_stale). Returns the number removed (a missing directory: 0). */
 int tmpf_sweep(const char *dir, int (*owned)(const char *name), tmpf_note_fn note, void *user);

@@ -41,8 +41,14 @@ static int offload_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
         bytes += state_param_local_numel(&s->p[i]) * sizeof(float) * (s->offload_params ? 3 : 2);
     fsdp_ctx_metric(ctx, "host_bytes", (double)bytes);
     fsdp_ctx_metric_str(ctx, "device", moved ? "cuda" : "cpu");
-    fsdp_log(ctx, FSDP_LOG_INFO, "optimizer state%s kept in %shost memory (%.1f MiB on this rank)",
-             s->offload_params ? " and master weights" : "", moved ? "pinned " : "", (double)bytes / (1 << 20));
+    if (moved)
+        fsdp_log(ctx, FSDP_LOG_INFO, "optimizer state%s kept in pinned host memory (%.1f MiB on this rank)",
+                 s->offload_params ? " and master weights" : "", (double)bytes / (1 << 20));
+    else /* nothing to move: say so rather than look like it did something */
+        fsdp_log(ctx, FSDP_LOG_INFO,
+                 "offload on the CPU: the optimizer state%s (%.1f MiB on this rank) already lives in host memory and "
+                 "stays there; nothing moves and training is unchanged (offload matters on a GPU)",
+                 s->offload_params ? " and master weights" : "", (double)bytes / (1 << 20));
     return 0;
 }
 

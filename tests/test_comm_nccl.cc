@@ -7,6 +7,7 @@ extern "C" {
 #include "runtime/comm.h"
 #include "runtime/device.h"
 }
+#include "runtime/nccl_api.h"  // C++-safe itself (it includes the CUDA headers)
 #include "gpu_util.h"
 #include "test_util.h"
 
@@ -53,6 +54,24 @@ TEST(CommNccl, InitWorksWithAGpuAndIsAClearErrorWithout) {
         << m;
     EXPECT_FALSE(comm_dev_ready(c));
     comm_destroy(c);
+}
+
+// NCCL is loaded when a device communicator is made, not linked: fsdp-run starts without mapping it
+// (every CPU run, --version, validate), and the loader finds the library and its functions (no GPU needed).
+TEST(CommNccl, LoadedOnFirstUseNotLinked) {
+    if (!dev_built_with_cuda()) GTEST_SKIP() << "a build without CUDA has no NCCL";
+    std::string out;
+    ASSERT_EQ(run_cmd("LD_DEBUG=files " + fsdp_run_bin() + " --version 2>&1", &out), 0) << out;
+    EXPECT_EQ(out.find("libnccl"), std::string::npos) << out;
+    EXPECT_NE(out.find("libgomp"), std::string::npos) << out;  // the trace did list the libraries
+#if FSDP_HAVE_CUDA && !FSDP_NCCL_LINKED
+    nccl_api api;
+    fsdp_err err;
+    ASSERT_EQ(nccl_api_load(&api, &err), FSDP_OK) << err.msg;
+    ASSERT_NE(api.GetErrorString, nullptr);
+    EXPECT_NE(api.GetErrorString(ncclSuccess), nullptr);
+    EXPECT_NE(api.Broadcast, nullptr);
+#endif
 }
 
 TEST(CommNccl, CollectivesOnOneGpu) {

@@ -177,14 +177,40 @@ TEST(DataBin, BadHeadersNameTheFileAndTheField) {
         std::string e = open_error(c, 256);
         EXPECT_NE(e.find("data " + d / k.name + ": " + k.expect), std::string::npos) << e;
     }
-    // the flat token kind reading an llm.c shard: its header is out of the vocabulary, with a hint
-    write_file(d / "flat.bin", llmc_shard(toks));
+    // the flat token kind reading a file that starts with the llm.c magic but is no shard (its count
+    // does not match): its header is out of the vocabulary, with a hint
+    write_file(d / "flat.bin", llmc_shard(toks, 20240520, 1, 3));
     data_config flat = cfg_of(DATA_TOKENS, d / "flat.bin", 1, 8);
     std::string e = open_error(flat, 256);
     EXPECT_NE(e.find("token id 55432 at token 0 (byte offset 0) is >= the model's vocab_size 256 (the file starts "
                      "with the llm.c header magic 20240520: use kind: llmc)"),
               std::string::npos)
         << e;
+}
+
+// An llm.c shard read as kind: tokens is refused whatever the vocabulary (with 65536 every uint16 id
+// fits: it trained on the 1024-byte header without a word), at open and by validate's file check.
+TEST(DataBin, LlmcShardAsTokensIsRefused) {
+    Dir d;
+    std::vector<uint16_t> toks(64, 9);
+    write_file(d / "s.bin", llmc_shard(toks));
+    data_config c = cfg_of(DATA_TOKENS, d / "s.bin", 1, 8);
+    std::string want = "data " + d / "s.bin" + ": an llm.c .bin shard (header magic 20240520, version 1, 64 tokens): "
+                       "use kind: llmc (kind: tokens would train on its 1024-byte header as tokens)";
+    for (int vocab : {256, 65536}) {
+        std::string e = open_error(c, vocab);
+        EXPECT_NE(e.find(want), std::string::npos) << vocab << ": " << e;
+    }
+    fsdp_err err;
+    EXPECT_NE(data_check_files(&c, &err), 0);
+    EXPECT_NE(std::string(err.msg).find(want), std::string::npos) << err.msg;
+    // and as a user meets it: validate names it
+    write_file(d / "r.yaml", "model: {preset: tiny}\nruntime: {device: cpu}\n"
+                             "data: {kind: tokens, path: " + d / "s.bin" + ", batch_size: 1, seq_len: 8}\n"
+                             "stages:\n  - {id: i, uses: init-meta}\n  - {id: t, uses: train-steps, with: {steps: 1}}\n");
+    std::string out;
+    EXPECT_EQ(run_cmd(fsdp_run_bin() + " validate " + d / "r.yaml", &out), 2) << out;
+    EXPECT_NE(out.find("use kind: llmc"), std::string::npos) << out;
 }
 
 TEST(DataBin, TokenBeyondTheVocabularyIsAnErrorAtOpen) {

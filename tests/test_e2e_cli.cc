@@ -23,6 +23,33 @@ TEST(E2ECli, HelpVersionStages) {
     EXPECT_EQ(run_cmd(fsdp_run_bin() + " --no-such-flag r.yaml", &out), 2);
 }
 
+// The passive OpenMP wait policy is in place when libgomp initialises (it reads it then), without the
+// program executing itself a second time (which loaded every library twice): libgomp starts once.
+TEST(E2ECli, PassiveWaitPolicyWithoutASecondExec) {
+    std::string out;
+    ASSERT_EQ(run_cmd("OMP_NUM_THREADS=3 OMP_DISPLAY_ENV=true " + fsdp_run_bin() + " --version", &out), 0) << out;
+    size_t at = out.find("OMP_WAIT_POLICY = 'PASSIVE'");
+    EXPECT_NE(at, std::string::npos) << out;
+    EXPECT_NE(out.find("OMP_NUM_THREADS = '3'"), std::string::npos) << out;  // and the rest of the environment
+    EXPECT_EQ(out.find("OPENMP DISPLAY ENVIRONMENT BEGIN", out.find("OPENMP DISPLAY ENVIRONMENT BEGIN") + 1),
+              std::string::npos)
+        << out;  // one libgomp start: one process image
+    EXPECT_EQ(run_cmd("LD_DEBUG=files " + fsdp_run_bin() + " --version 2>&1 | grep -c 'transferring control'", &out),
+              0);
+    EXPECT_EQ(out, "1\n");
+    // the processes it starts inherit the policy (as when it executed itself with it)
+    Tmp t;
+    write_file(t.dir + "/env.sh", "#!/bin/sh\nenv\n");
+    ASSERT_EQ(run_cmd("chmod +x " + t.dir + "/env.sh && FSDP_MPIRUN=" + t.dir + "/env.sh " + fsdp_run_bin() +
+                          " --nproc 1 x.yaml",
+                      &out),
+              0);
+    EXPECT_NE(out.find("OMP_WAIT_POLICY=passive"), std::string::npos) << out;
+    // a policy the user set is kept
+    ASSERT_EQ(run_cmd("OMP_WAIT_POLICY=active OMP_DISPLAY_ENV=true " + fsdp_run_bin() + " --version", &out), 0);
+    EXPECT_NE(out.find("OMP_WAIT_POLICY = 'ACTIVE'"), std::string::npos) << out;
+}
+
 TEST(E2ECli, ValidateCycleExitsTwoAndPrintsCycle) {
     Tmp t;
     std::string p = t.dir + "/cycle.yaml";
@@ -33,6 +60,27 @@ TEST(E2ECli, ValidateCycleExitsTwoAndPrintsCycle) {
     EXPECT_EQ(run_cmd(fsdp_run_bin() + " validate " + p, &out), 2);
     EXPECT_NE(out.find("cycle in the stage graph"), std::string::npos) << out;
     EXPECT_NE(out.find("a -> b -> a"), std::string::npos) << out;
+}
+
+// Options before a sub-command belong to it (validate) or are refused naming it; never a recipe name.
+TEST(E2ECli, OptionsBeforeSubcommand) {
+    Tmp t;
+    std::string p = t.dir + "/ok.yaml", out;
+    write_file(p, "plugins: [" + plugin_dir() + "/libecho_stage.so]\nvars: {m: hi}\nstages:\n"
+                  "  - {id: a, uses: echo, with: {message: \"${m}\"}}\n");
+    EXPECT_EQ(run_cmd(fsdp_run_bin() + " -v validate " + p, &out), 0) << out;
+    EXPECT_EQ(out.find("validate"), std::string::npos) << out;  // not taken as a recipe
+    EXPECT_EQ(run_cmd(fsdp_run_bin() + " -q --set vars.m=x validate " + p, &out), 0) << out;
+    EXPECT_EQ(run_cmd(fsdp_run_bin() + " --set stages.a.with.nope=1 validate " + p, &out), 2) << out;
+    EXPECT_NE(out.find("unknown parameter 'nope'"), std::string::npos) << out;
+    EXPECT_EQ(run_cmd(fsdp_run_bin() + " -v ckpt inspect " + p, &out), 2) << out;
+    EXPECT_NE(out.find("option '-v' before `ckpt`: the ckpt command takes its options after its name"),
+              std::string::npos)
+        << out;
+    EXPECT_EQ(run_cmd(fsdp_run_bin() + " -q stages", &out), 2) << out;
+    // a recipe comes first: later words are recipes, not sub-commands
+    EXPECT_EQ(run_cmd(fsdp_run_bin() + " -q " + p + " plot", &out), 2) << out;
+    EXPECT_NE(out.find("plot"), std::string::npos) << out;
 }
 
 TEST(E2ECli, ValidateUnknownWithKeyPrintsPosition) {

@@ -123,6 +123,15 @@ TEST(E2EWorkflow, OffloadOnAndOffIdentical) {
     ASSERT_EQ(rc, 0) << o;
     EXPECT_EQ(jsonl_field(t / "a.jsonl", "loss"), jsonl_field(t / "b.jsonl", "loss"));
     expect_same_ckpt(t / "a", t / "b");
+    // and says so, once (not a silent no-op)
+    ASSERT_EQ(run_cmd(fsdp_run_bin() + " " + t / "on.yaml --set stages.s.with.path=" + t / "c", &o), 0) << o;
+    std::string said = "offload on the CPU: the optimizer state and master weights (";
+    size_t at = o.find(said);
+    EXPECT_NE(at, std::string::npos) << o;
+    EXPECT_EQ(o.find(said, at + 1), std::string::npos) << o;
+    EXPECT_NE(o.find("already lives in host memory and stays there; nothing moves and training is unchanged"),
+              std::string::npos)
+        << o;
 }
 
 // offload {params: true} on the GPU keeps the master weights in host memory, which the GPU trainer does not

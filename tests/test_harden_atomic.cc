@@ -610,7 +610,8 @@ TEST(HardenAtomicStale, LockedTemporariesAreLiveUnlockedOnesStale) {
 }
 
 // A save killed while writing leaves a directory holding only its temporary: ckpt inspect calls it an
-// incomplete save and removes the stale temporary; a later save there reports and removes another.
+// incomplete save and reports the temporary (never removes it: read-only), ckpt clean removes it; a later
+// save there reports and removes another.
 TEST(HardenAtomicStale, InterruptedSavesAreReportedAndCleanedUp) {
     std::string t = make_tmpdir("fsdp-stale"), d = t + "/ck", out;
     write_file(t + "/s.yaml", save_recipe(0, d));
@@ -621,8 +622,14 @@ TEST(HardenAtomicStale, InterruptedSavesAreReportedAndCleanedUp) {
     EXPECT_NE(out.find("checkpoint " + d + " is an incomplete save: it has 0 data files (.distcp) and 1 temporary file"),
               std::string::npos)
         << out;
-    EXPECT_NE(out.find("removed stale temporary " + d + "/__0_0.distcp.tmp ("), std::string::npos) << out;
-    EXPECT_NE(out.find(" bytes) left by an interrupted save"), std::string::npos) << out;
+    EXPECT_NE(out.find(d + ": 1 temporary of an interrupted (or still running) save; `fsdp-run ckpt clean " + d +
+                       "` removes them"),
+              std::string::npos)
+        << out;
+    EXPECT_EQ(list_dir(d), std::vector<std::string>{"__0_0.distcp.tmp"});
+    EXPECT_EQ(run_cmd(fsdp_run_bin() + " ckpt clean " + d + " --min-age 0", &out), 0) << out;
+    EXPECT_NE(out.find("removed " + d + "/__0_0.distcp.tmp ("), std::string::npos) << out;
+    EXPECT_NE(out.find(" bytes): temporary of an interrupted save"), std::string::npos) << out;
     EXPECT_TRUE(list_dir(d).empty()) << joined(list_dir(d));
     // killed after its data file was renamed: data files but no .metadata
     rc = run_cmd("FSDP_CRASH_AT=dcp.meta.written " + fsdp_run_bin() + " -q " + t + "/s.yaml", &out);
@@ -644,5 +651,63 @@ TEST(HardenAtomicStale, InterruptedSavesAreReportedAndCleanedUp) {
     EXPECT_EQ(run_cmd(fsdp_run_bin() + " -q " + t + "/st.yaml", &out), 0) << out;
     EXPECT_NE(out.find("warning: removed stale temporary " + t + "/m.safetensors.tmp"), std::string::npos) << out;
     EXPECT_FALSE(exists(t + "/m.safetensors.tmp"));
+    rm_rf(t);
+}
+
+// Read-only commands never remove anything (a save running on another node holds a lock this node cannot
+// see); ckpt clean removes only the writers' temporaries and the data files .metadata does not reference,
+// keeps recent files unless --force and a temporary whose writer is alive here even then.
+TEST(HardenAtomicStale, ReadersNeverRemoveCleanIsExplicit) {
+    std::string t = make_tmpdir("fsdp-clean"), d = t + "/ck", out;
+    write_file(t + "/s.yaml", save_recipe(0, d));
+    ASSERT_EQ(run_cmd(fsdp_run_bin() + " -q " + t + "/s.yaml", &out), 0) << out;
+    write_file(d + "/.metadata.tmp", "partial");      // a writer's temporary (no lock: stale)
+    write_file(d + "/__0_0.g7.distcp", "orphan");     // a data file .metadata does not name
+    write_file(d + "/__3_0.distcp.tmp", "live");      // a writer's temporary whose writer is alive
+    write_file(d + "/notes.txt.tmp", "mine");         // not a writer's name
+    write_file(d + "/extra.distcp", "mine");          // not a writer's name either
+    int fd = open((d + "/__3_0.distcp.tmp").c_str(), O_RDONLY);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(flock(fd, LOCK_EX), 0);
+    std::vector<std::string> all = list_dir(d);
+    EXPECT_EQ(run_cmd(fsdp_run_bin() + " ckpt inspect " + d, &out), 0) << out;
+    EXPECT_NE(out.find(d + ": 2 temporaries of an interrupted (or still running) save; `fsdp-run ckpt clean " + d),
+              std::string::npos)
+        << out;
+    EXPECT_EQ(run_cmd(fsdp_run_bin() + " ckpt diff " + d + " " + d, &out), 0) << out;
+    EXPECT_EQ(run_cmd(fsdp_run_bin() + " ckpt convert " + d + " " + t + "/o.safetensors", &out), 0) << out;
+    EXPECT_EQ(list_dir(d), all);
+    // recent files are kept (exit 1) without --force; --dry-run lists and removes nothing
+    EXPECT_EQ(run_cmd(fsdp_run_bin() + " ckpt clean " + d, &out), 1) << out;
+    EXPECT_NE(out.find("kept " + d + "/.metadata.tmp: modified"), std::string::npos) << out;
+    EXPECT_EQ(list_dir(d), all);
+    EXPECT_EQ(run_cmd(fsdp_run_bin() + " ckpt clean --dry-run --force " + d, &out), 0) << out;
+    EXPECT_NE(out.find("would remove " + d + "/__0_0.g7.distcp (6 bytes): data file"), std::string::npos) << out;
+    EXPECT_EQ(list_dir(d), all);
+    EXPECT_EQ(run_cmd(fsdp_run_bin() + " ckpt clean --force " + d, &out), 1) << out;  // the live one is kept
+    EXPECT_NE(out.find("removed " + d + "/.metadata.tmp (7 bytes): temporary of an interrupted save"),
+              std::string::npos)
+        << out;
+    EXPECT_NE(out.find("removed " + d + "/__0_0.g7.distcp (6 bytes): data file the checkpoint's .metadata does not "
+                       "reference"),
+              std::string::npos)
+        << out;
+    EXPECT_NE(out.find("kept " + d + "/__3_0.distcp.tmp: its writer is running"), std::string::npos) << out;
+    EXPECT_EQ(list_dir(d), (std::vector<std::string>{".metadata", "__0_0.distcp", "__3_0.distcp.tmp", "extra.distcp",
+                                                     "notes.txt.tmp"}));
+    close(fd);
+    // an old one goes without --force; a file path's own temporary too
+    struct timespec old[2] = {{1000000000, 0}, {1000000000, 0}};
+    ASSERT_EQ(utimensat(AT_FDCWD, (d + "/__3_0.distcp.tmp").c_str(), old, 0), 0);
+    write_file(t + "/m.safetensors.tmp", "x");
+    ASSERT_EQ(utimensat(AT_FDCWD, (t + "/m.safetensors.tmp").c_str(), old, 0), 0);
+    EXPECT_EQ(run_cmd(fsdp_run_bin() + " ckpt clean " + d + " && " + fsdp_run_bin() + " ckpt clean " + t +
+                          "/m.safetensors",
+                      &out),
+              0)
+        << out;
+    EXPECT_FALSE(exists(d + "/__3_0.distcp.tmp"));
+    EXPECT_FALSE(exists(t + "/m.safetensors.tmp"));
+    EXPECT_EQ(run_cmd(fsdp_run_bin() + " ckpt inspect " + d + " --verify", &out), 0) << out;
     rm_rf(t);
 }

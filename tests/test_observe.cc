@@ -218,6 +218,55 @@ TEST(Observe, PlotWritesAnSvgWithEveryPanel) {
     EXPECT_EQ(orange, 4u);
 }
 
+// The paths of an SVG whose style holds `style` (each path's d="..." attribute).
+static std::vector<std::string> svg_paths(const std::string &svg, const std::string &style) {
+    std::vector<std::string> v;
+    for (size_t p = svg.find("<path"); p != std::string::npos; p = svg.find("<path", p + 1)) {
+        size_t e = svg.find("/>", p), st = svg.find(style, p), d = svg.find(" d=\"", p);
+        if (st < e && d < e) v.push_back(svg.substr(d + 4, svg.find('"', d + 4) - d - 4));
+    }
+    return v;
+}
+
+static size_t count_of(const std::string &s, const std::string &what) {
+    size_t n = 0;
+    for (size_t p = s.find(what); p != std::string::npos; p = s.find(what, p + 1)) n++;
+    return n;
+}
+
+// An eval_every run's metrics: the eval lines ({"step", "eval_loss"} only) are drawn on the loss panel as
+// their own dashed series with a marker at each eval step, and leave no gap in the four training curves.
+TEST(Observe, PlotDrawsEvalLossAndKeepsTrainingCurvesWhole) {
+    Dir d;
+    std::string m;
+    for (int s = 1; s <= 6; s++) {
+        // no three points in a line (cairo's SVG output merges collinear segments)
+        m += "{\"step\": " + std::to_string(s) + ", \"loss\": " + std::to_string(5 - 0.1 * s * s) +
+             ", \"lr\": " + std::to_string(0.001 * s * s) + ", \"grad_norm\": " + std::to_string(1 + 0.1 * s * s) +
+             ", \"tokens_per_s\": " + std::to_string(1000 + s * s) + ", \"run_id\": \"r\"}\n";
+        if (s % 3 == 0)
+            m += "{\"step\": " + std::to_string(s) + ", \"eval_loss\": " + std::to_string(5.2 - 0.3 * s) +
+                 ", \"eval_tokens\": 64, \"run_id\": \"r\"}\n";
+    }
+    write_file(d / "m.jsonl", m);
+    std::string out;
+    ASSERT_EQ(run("plot " + d / "m.jsonl -o " + d / "p.svg", &out), 0) << out;
+    std::string svg = read_file(d / "p.svg");
+    auto solid = svg_paths(svg, "stroke-width:2;stroke-linecap:butt;stroke-linejoin:miter;stroke:rgb(12%,47%,71%)");
+    ASSERT_EQ(solid.size(), 4u) << svg.substr(0, 3000);
+    for (auto &p : solid) {
+        EXPECT_EQ(count_of(p, "M "), 1u) << p;  // one piece: no gap at the eval lines
+        EXPECT_EQ(count_of(p, "L "), 5u) << p;  // through the 6 training steps
+    }
+    auto dashed = svg_paths(svg, "stroke:rgb(12%,47%,71%);stroke-opacity:1;stroke-dasharray");
+    ASSERT_EQ(dashed.size(), 1u) << svg.substr(0, 3000);  // the eval loss, on the loss panel only
+    EXPECT_EQ(count_of(dashed[0], "M "), 1u);
+    EXPECT_EQ(count_of(dashed[0], "L "), 1u);  // steps 3 and 6
+    size_t markers = 0;
+    for (auto &p : svg_paths(svg, "fill:rgb(12%,47%,71%)")) markers += count_of(p, "C ") ? count_of(p, "M ") : 0;
+    EXPECT_EQ(markers, 2u);  // a filled circle at each eval step
+}
+
 TEST(Observe, PlotErrorsNameTheFileAndLine) {
     Dir d;
     std::string out;

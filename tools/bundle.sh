@@ -114,6 +114,15 @@ if [ "${FSDP_BUNDLE_CUDA:-0}" != 1 ]; then RPATH_CUDA=":/usr/local/cuda/lib64"; 
 RPATH_MAIN="\$ORIGIN/lib$RPATH_CUDA"
 copy_deps "$bin"
 cp "$tmp/ldd.txt" "$tmp/ldd-bin.txt"
+# NCCL is dlopened (runtime/nccl_api.c), so ldd does not list it: with FSDP_BUNDLE_CUDA=1 it is copied
+# from the directory of the libcudart the binary uses, as it was when it was linked.
+if [ "${FSDP_BUNDLE_CUDA:-0}" = 1 ]; then
+    cudart=$(awk '$1 ~ /^libcudart\.so/ && $2 == "=>" { print $3; exit }' "$tmp/ldd-bin.txt")
+    for f in "$(dirname "${cudart:-/nonexistent/x}")"/libnccl.so.[0-9]*; do
+        case "$(basename "$f")" in *.so.[0-9] | *.so.[0-9][0-9]) ;; *) continue ;; esac
+        [ -e "$f" ] && [ ! -e "$out/lib/$(basename "$f")" ] && cp -L "$f" "$out/lib/" && chmod u+w "$out/lib/$(basename "$f")"
+    done
+fi
 if [ -n "$PATCHELF" ]; then
     cp "$bin" "$out/$name"
     chmod u+w "$out/$name"
