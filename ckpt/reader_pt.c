@@ -316,7 +316,7 @@ int ckpt_open_pt(const char *path, ckpt_reader **out, fsdp_err *err) {
             e->dtype = p->t[i].dtype;
             e->ndim = p->t[i].ndim;
             memcpy(e->shape, p->t[i].shape, sizeof e->shape);
-            e->nbytes = (uint64_t)p->t[i].numel * fsdp_dtype_size(e->dtype); /* <= its record's size */
+            e->nbytes = (uint64_t)p->t[i].numel * fsdp_dtype_size(e->dtype); /* fits: t.need */
         }
     }
     *out = r;

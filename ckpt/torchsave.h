@@ -20,9 +20,9 @@ typedef struct ts_tensor {
     int64_t storage_offset;        /* in elements */
     int64_t storage_numel;
     int64_t numel;                 /* elements of the tensor */
-    uint64_t need;                 /* bytes of its record it needs: its storage's bytes, and at least
-                                      numel x element size (a reader returns that many); UINT64_MAX
-                                      when that does not fit 64 bits */
+    uint64_t need;                 /* bytes of its record it needs: its storage's bytes (a broadcast
+                                      view, stride 0, returns more than it reads); UINT64_MAX when
+                                      those or numel x element size do not fit 64 bits */
     char key[64];                  /* record data/<key> */
 } ts_tensor;
 
