@@ -1,4 +1,5 @@
-/* ckpt_reader over torch.save files (.pt): a (nested) dict of tensors in one zip archive;
+/* ckpt_reader over torch.save files (.pt): a (nested) dict of tensors in one zip archive (or in
+ * the legacy format of PyTorch < 1.6, presented as one: ckpt/torchsave_legacy.c);
  * tensors are read straight from their records (only the rows asked for). Opening checks that
  * every tensor's record holds the bytes it needs; a read of a whole tensor checks its record's
  * CRC-32, a read of some rows does not (see ckpt/zip.h). */
@@ -274,19 +275,16 @@ int ckpt_open_pt(const char *path, ckpt_reader **out, fsdp_err *err) {
     }
     struct stat st;
     fstat(p->fd, &st);
-    if (legacy_format(p->fd)) {
-        pt_free(p);
-        return fsdp_err_set(err, FSDP_E_FORMAT,
-                            "%s: a torch.save file in the legacy format of PyTorch < 1.6 (a sequence of pickles, not "
-                            "a zip archive), which fsdp-run does not read: save it again in the zip format with "
-                            "PyTorch >= 1.6, e.g. torch.save(torch.load(\"%s\", weights_only=True), \"new.pt\")",
-                            path, path);
-    }
-    int rc = zip_open_fd(&p->z, p->fd, 0, (uint64_t)st.st_size, path, err);
     const pkl_obj *root = NULL;
-    if (!rc) rc = ts_load_pickle(&p->z, &p->doc, &root, err);
+    int rc;
+    if (legacy_format(p->fd)) { /* PyTorch < 1.6: its storages become records data/<key> */
+        rc = ts_legacy_open(&p->z, p->fd, (uint64_t)st.st_size, path, &p->doc, &root, &p->pkl_bytes, err);
+    } else {
+        rc = zip_open_fd(&p->z, p->fd, 0, (uint64_t)st.st_size, path, err);
+        if (!rc) rc = ts_load_pickle(&p->z, &p->doc, &root, err);
+        if (!rc) p->pkl_bytes = (size_t)zip_find(&p->z, "data.pkl")->size; /* <= 1 GiB (ts_load_pickle) */
+    }
     if (!rc) {
-        p->pkl_bytes = (size_t)zip_find(&p->z, "data.pkl")->size; /* <= 1 GiB (ts_load_pickle) */
         p->visits_left = PT_VISITS_PER_BYTE * p->pkl_bytes + PT_VISITS_MIN;
         p->text_left = PT_TEXT_PER_BYTE * p->pkl_bytes + PT_TEXT_MIN;
     }

@@ -20,6 +20,12 @@ const char *ts_storage_class(fsdp_dtype dt) {
     return NULL;
 }
 
+fsdp_dtype ts_storage_dtype(const char *cls) {
+    for (size_t i = 0; i < sizeof STORAGES / sizeof *STORAGES; i++)
+        if (!strcmp(STORAGES[i].cls, cls)) return STORAGES[i].dt;
+    return FSDP_DT_INVALID;
+}
+
 int ts_tensor_from_pickle(const pkl_obj *o, const char *what, ts_tensor *t, fsdp_err *err) {
     memset(t, 0, sizeof *t);
     if (!o || o->kind != PKL_REDUCE || !o->fn)
