@@ -104,7 +104,7 @@ static int cmp_storage(const void *a, const void *b) {
 
 /* Sorted by key, one per key (the persistent ids of one storage agree). */
 static int unique_storages(lg_walk *w) {
-    qsort(w->s, w->n, sizeof *w->s, cmp_storage);
+    if (w->n) qsort(w->s, w->n, sizeof *w->s, cmp_storage); /* never qsort(NULL, 0) */
     size_t m = 0;
     for (size_t i = 0; i < w->n; i++) {
         if (m && !strcmp(w->s[m - 1].key, w->s[i].key)) {
@@ -133,7 +133,8 @@ static int place_storages(zip_reader *z, const lg_walk *w, const pkl_obj *keys, 
     for (size_t k = 0; k < keys->n; k++) {
         const pkl_obj *key = keys->items[k];
         lg_storage probe = {key->kind == PKL_STR ? key->s : "", 0, 0};
-        const lg_storage *s = key->kind == PKL_STR ? bsearch(&probe, w->s, w->n, sizeof *w->s, cmp_storage) : NULL;
+        const lg_storage *s =
+            key->kind == PKL_STR && w->n ? bsearch(&probe, w->s, w->n, sizeof *w->s, cmp_storage) : NULL;
         zip_entry *e = s ? &z->entries[s - w->s] : NULL;
         if (!e || e->name)
             return fsdp_err_set(err, FSDP_E_FORMAT, "%s: corrupt: storage key #%zu of the list is %s", z->what, k,
