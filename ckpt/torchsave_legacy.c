@@ -157,8 +157,9 @@ static int place_storages(zip_reader *z, const lg_walk *w, const pkl_obj *keys, 
                                 "persistent id says %lld", z->what, s->key, (unsigned long long)count,
                                 (unsigned long long)at, (long long)s->numel);
         if (chk_mul_u64(count, fsdp_dtype_size(s->dtype), &bytes) || chk_add_u64(at + 8, bytes, &stop) || stop > size)
-            return fsdp_err_set(err, FSDP_E_FORMAT, "%s: truncated: storage %s needs %llu elements of %s from byte %llu, "
-                                "the file has %llu bytes", z->what, s->key, (unsigned long long)count,
+            return fsdp_err_set(err, FSDP_E_FORMAT,
+                                "%s: truncated: storage %s needs %llu elements of %s from byte %llu, the file has "
+                                "%llu bytes", z->what, s->key, (unsigned long long)count,
                                 fsdp_dtype_name(s->dtype), (unsigned long long)(at + 8), (unsigned long long)size);
         e->size = bytes, e->data_off = at + 8, e->header_off = at, e->no_crc = 1;
         at = stop;

@@ -128,7 +128,7 @@ static int select_parts(const fsdp_state *s, const fsdp_value *parts, unsigned c
     return rc;
 }
 
-/* a DCP checkpoint (committed) or safetensors files in dir */
+/* a DCP checkpoint (committed), safetensors files or Hugging Face torch.save files in dir */
 static int dir_holds_checkpoint(const char *dir) {
     if (dcp_dir_has_checkpoint(dir)) return 1;
     DIR *d = opendir(dir);
@@ -138,7 +138,8 @@ static int dir_holds_checkpoint(const char *dir) {
     while (!found && (de = readdir(d))) {
         size_t n = strlen(de->d_name);
         found = (n > 12 && !strcmp(de->d_name + n - 12, ".safetensors")) ||
-                (n > 23 && !strcmp(de->d_name + n - 23, ".safetensors.index.json"));
+                (n > 23 && !strcmp(de->d_name + n - 23, ".safetensors.index.json")) ||
+                (!strncmp(de->d_name, "pytorch_model", 13) && n >= 17 && !strcmp(de->d_name + n - 4, ".bin"));
     }
     closedir(d);
     return found;
