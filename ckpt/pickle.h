@@ -48,6 +48,11 @@ typedef struct pkl_doc pkl_doc;
 
 /* Parses a whole pickle (up to STOP). `what` names the input in errors. */
 int pkl_parse(const void *buf, size_t len, const char *what, pkl_doc **out, const pkl_obj **root, fsdp_err *err);
+/* The same for the pickle at the start of buf (bytes after its STOP are left alone): *used is
+ * its length; on failure *truncated (may be NULL) is 1 when buf ended before its STOP (more
+ * bytes might complete it), 0 for any other error. */
+int pkl_parse_prefix(const void *buf, size_t len, const char *what, pkl_doc **out, const pkl_obj **root, size_t *used,
+                     int *truncated, fsdp_err *err);
 void pkl_free(pkl_doc *doc);
 
 int pkl_is_global(const pkl_obj *o, const char *module, const char *name);

@@ -32,6 +32,7 @@ typedef struct {
     pkl_obj **memo;
     size_t nmemo, memo_cap;
     fsdp_err *err;
+    int truncated; /* failed because the input ended first */
 } vm;
 
 static pkl_obj MARK_OBJ = {.kind = PKL_MARK};
@@ -126,7 +127,10 @@ static pkl_obj *top(vm *v) {
 }
 
 static int need(vm *v, size_t n) {
-    if ((size_t)(v->end - v->p) < n) return fail(v, "truncated input%s", NULL);
+    if ((size_t)(v->end - v->p) < n) {
+        v->truncated = 1;
+        return fail(v, "truncated input%s", NULL);
+    }
     return 0;
 }
 
@@ -571,11 +575,20 @@ static int run(vm *v, const pkl_obj **root) {
         }
         if (rc) return rc;
     }
+    v->truncated = 1;
     return fail(v, "truncated input: no STOP opcode%s", NULL);
 }
 
 int pkl_parse(const void *buf, size_t len, const char *what, pkl_doc **out, const pkl_obj **root, fsdp_err *err) {
+    size_t used;
+    return pkl_parse_prefix(buf, len, what, out, root, &used, NULL, err);
+}
+
+int pkl_parse_prefix(const void *buf, size_t len, const char *what, pkl_doc **out, const pkl_obj **root, size_t *used,
+                     int *truncated, fsdp_err *err) {
     *out = NULL;
+    *used = 0;
+    if (truncated) *truncated = 0;
     *root = NULL;
     pkl_doc *d = calloc(1, sizeof *d);
     if (!d) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
@@ -586,6 +599,8 @@ int pkl_parse(const void *buf, size_t len, const char *what, pkl_doc **out, cons
     v.what = what ? what : "pickle";
     v.err = err;
     int rc = run(&v, root);
+    *used = (size_t)(v.p - v.start);
+    if (rc && truncated) *truncated = v.truncated;
     free(v.stack);
     free(v.marks);
     free(v.memo);

@@ -77,10 +77,19 @@ static int detect(const char *path, ckpt_format *fmt, fsdp_err *err) {
             *fmt = CKPT_SAFETENSORS;
             return 0;
         }
+        if (file_exists(path, "pytorch_model.bin.index.json") || file_exists(path, "pytorch_model.bin")) {
+            *fmt = CKPT_PT; /* transformers' torch.save layout (no safetensors) */
+            return 0;
+        }
         int rc = incomplete_save(path, err);
         if (rc) return rc;
         return fsdp_err_set(err, FSDP_E_FORMAT,
-                            "checkpoint %s: not a DCP checkpoint (no .metadata) nor a safetensors directory", path);
+                            "checkpoint %s: not a DCP checkpoint (no .metadata) nor a Hugging Face directory "
+                            "(model.safetensors[.index.json] or pytorch_model.bin[.index.json])", path);
+    }
+    if (has_suffix(path, ".bin.index.json")) {
+        *fmt = CKPT_PT;
+        return 0;
     }
     if (has_suffix(path, ".safetensors") || has_suffix(path, ".json")) {
         *fmt = CKPT_SAFETENSORS;
@@ -127,7 +136,12 @@ int ckpt_open(const char *path, ckpt_format fmt, ckpt_reader **out, fsdp_err *er
     switch (fmt) {
     case CKPT_SAFETENSORS: rc = ckpt_open_safetensors(path, out, err); break;
     case CKPT_DCP: rc = ckpt_open_dcp(path, out, err); break;
-    case CKPT_PT: rc = ckpt_open_pt(path, out, err); break;
+    case CKPT_PT: {
+        struct stat st;
+        int hf = has_suffix(path, ".bin.index.json") || (stat(path, &st) == 0 && S_ISDIR(st.st_mode));
+        rc = hf ? ckpt_open_pt_hf(path, out, err) : ckpt_open_pt(path, out, err);
+        break;
+    }
     default: return fsdp_err_set(err, FSDP_E_INVALID, "checkpoint %s: unknown format", path);
     }
     if (!rc && (rc = index_names(*out, err))) {
@@ -174,6 +188,8 @@ uint64_t ckpt_identity_at(const char *path) {
     char index[4200];
     struct stat ist;
     snprintf(index, sizeof index, "%s/model.safetensors.index.json", path);
+    if (S_ISDIR(st.st_mode) && stat(index, &ist) != 0) /* or the torch.save files' index */
+        snprintf(index, sizeof index, "%s/pytorch_model.bin.index.json", path);
     if (S_ISDIR(st.st_mode) && stat(index, &ist) == 0) st = ist; /* an HF directory: its index, replaced last */
     uint64_t v[4] = {(uint64_t)st.st_dev, (uint64_t)st.st_ino, (uint64_t)st.st_size,
                      (uint64_t)st.st_mtim.tv_sec * 1000000000u + (uint64_t)st.st_mtim.tv_nsec};

@@ -35,6 +35,16 @@ void ckpt_reader_free(ckpt_reader *r);
 int ckpt_open_safetensors(const char *path, ckpt_reader **out, fsdp_err *err);
 int ckpt_open_dcp(const char *path, ckpt_reader **out, fsdp_err *err);
 int ckpt_open_pt(const char *path, ckpt_reader **out, fsdp_err *err);
+/* The same over an open file (the reader owns fd, closed on failure too); path names it. */
+int ckpt_open_pt_fd(int fd, const char *path, ckpt_reader **out, fsdp_err *err);
+/* A Hugging Face directory of torch.save files (pytorch_model.bin, or the shards that
+ * pytorch_model.bin.index.json lists), or that index itself (ckpt/reader_pt_index.c): every file
+ * opened beneath the directory; the shards' entries together, the weight_map checked against them. */
+int ckpt_open_pt_hf(const char *path, ckpt_reader **out, fsdp_err *err);
+/* 1 when r was opened by ckpt_open_pt_hf over an index; then *n shards, shard k in *shard. */
+int ckpt_pt_shards(const ckpt_reader *r, ckpt_reader *const **shard, size_t *n);
+/* The shard reader and its entry index holding entry i of an index reader. */
+void ckpt_pt_locate(const ckpt_reader *r, size_t i, ckpt_reader **shard, size_t *j);
 /* 1 when path is a torch.save file in the legacy (pre-1.6, non-zip) format */
 int ckpt_pt_is_legacy(const char *path);
 /* ckpt_value_pickle of a reader opened by ckpt_open_pt */

@@ -1,4 +1,5 @@
-/* ckpt_reader over torch.save files (.pt): a (nested) dict of tensors in one zip archive;
+/* ckpt_reader over torch.save files (.pt): a (nested) dict of tensors in one zip archive (or in
+ * the legacy format of PyTorch < 1.6, presented as one: ckpt/torchsave_legacy.c);
  * tensors are read straight from their records (only the rows asked for). Opening checks that
  * every tensor's record holds the bytes it needs; a read of a whole tensor checks its record's
  * CRC-32, a read of some rows does not (see ckpt/zip.h). */
@@ -265,28 +266,30 @@ int ckpt_pt_is_legacy(const char *path) {
 }
 
 int ckpt_open_pt(const char *path, ckpt_reader **out, fsdp_err *err) {
+    int fd;
+    int rc = fio_open_read(path, NULL, &fd, err); /* never blocks on a FIFO */
+    return rc ? rc : ckpt_open_pt_fd(fd, path, out, err);
+}
+
+int ckpt_open_pt_fd(int fd, const char *path, ckpt_reader **out, fsdp_err *err) {
     pt_impl *p = calloc(1, sizeof *p);
-    if (!p) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
-    int orc = fio_open_read(path, NULL, &p->fd, err); /* never blocks on a FIFO */
-    if (orc) {
-        free(p);
-        return orc;
+    if (!p) {
+        close(fd);
+        return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
     }
+    p->fd = fd;
     struct stat st;
     fstat(p->fd, &st);
-    if (legacy_format(p->fd)) {
-        pt_free(p);
-        return fsdp_err_set(err, FSDP_E_FORMAT,
-                            "%s: a torch.save file in the legacy format of PyTorch < 1.6 (a sequence of pickles, not "
-                            "a zip archive), which fsdp-run does not read: save it again in the zip format with "
-                            "PyTorch >= 1.6, e.g. torch.save(torch.load(\"%s\", weights_only=True), \"new.pt\")",
-                            path, path);
-    }
-    int rc = zip_open_fd(&p->z, p->fd, 0, (uint64_t)st.st_size, path, err);
     const pkl_obj *root = NULL;
-    if (!rc) rc = ts_load_pickle(&p->z, &p->doc, &root, err);
+    int rc;
+    if (legacy_format(p->fd)) { /* PyTorch < 1.6: its storages become records data/<key> */
+        rc = ts_legacy_open(&p->z, p->fd, (uint64_t)st.st_size, path, &p->doc, &root, &p->pkl_bytes, err);
+    } else {
+        rc = zip_open_fd(&p->z, p->fd, 0, (uint64_t)st.st_size, path, err);
+        if (!rc) rc = ts_load_pickle(&p->z, &p->doc, &root, err);
+        if (!rc) p->pkl_bytes = (size_t)zip_find(&p->z, "data.pkl")->size; /* <= 1 GiB (ts_load_pickle) */
+    }
     if (!rc) {
-        p->pkl_bytes = (size_t)zip_find(&p->z, "data.pkl")->size; /* <= 1 GiB (ts_load_pickle) */
         p->visits_left = PT_VISITS_PER_BYTE * p->pkl_bytes + PT_VISITS_MIN;
         p->text_left = PT_TEXT_PER_BYTE * p->pkl_bytes + PT_TEXT_MIN;
     }
@@ -316,7 +319,7 @@ int ckpt_open_pt(const char *path, ckpt_reader **out, fsdp_err *err) {
             e->dtype = p->t[i].dtype;
             e->ndim = p->t[i].ndim;
             memcpy(e->shape, p->t[i].shape, sizeof e->shape);
-            e->nbytes = (uint64_t)p->t[i].numel * fsdp_dtype_size(e->dtype); /* <= its record's size */
+            e->nbytes = (uint64_t)p->t[i].numel * fsdp_dtype_size(e->dtype); /* fits: t.need */
         }
     }
     *out = r;
@@ -324,8 +327,19 @@ int ckpt_open_pt(const char *path, ckpt_reader **out, fsdp_err *err) {
 }
 
 int ckpt_verify_pt(ckpt_reader *r, size_t *records, fsdp_err *err) {
-    pt_impl *p = r->impl;
+    ckpt_reader *const *sh;
+    size_t ns;
     *records = 0;
+    if (ckpt_pt_shards(r, &sh, &ns)) { /* an HF index: each shard */
+        for (size_t k = 0; k < ns; k++) {
+            size_t n = 0;
+            int rc = ckpt_verify_pt(sh[k], &n, err);
+            *records += n;
+            if (rc) return rc;
+        }
+        return 0;
+    }
+    pt_impl *p = r->impl;
     for (size_t k = 0; k < p->z.n; k++, ++*records) {
         zip_entry *e = &p->z.entries[k];
         int rc = zip_verify(&p->z, e, err);
@@ -343,6 +357,18 @@ int ckpt_verify_pt(ckpt_reader *r, size_t *records, fsdp_err *err) {
 /* Opening checked every record's local header and every tensor's record size (and stopped at the
  * first problem); a tensor's record must also be stored, not compressed, for a read to take it. */
 int ckpt_check_pt(ckpt_reader *r, ckpt_check_report *rep, fsdp_err *err) {
+    ckpt_reader *const *sh;
+    size_t ns;
+    if (ckpt_pt_shards(r, &sh, &ns)) { /* an HF index: each shard */
+        size_t files = 0, records = 0;
+        for (size_t k = 0; k < ns; k++) {
+            int rc = ckpt_check_pt(sh[k], rep, err);
+            files += rep->files, records += rep->records;
+            if (rc) return rc;
+        }
+        rep->files = files, rep->records = records;
+        return 0;
+    }
     pt_impl *p = r->impl;
     rep->files = 1;
     rep->records = p->z.n;
@@ -363,6 +389,14 @@ int ckpt_check_pt(ckpt_reader *r, ckpt_check_report *rep, fsdp_err *err) {
 #define PT_VALUE_NODES ((size_t)1 << 20)
 
 int ckpt_pt_value_pickle(ckpt_reader *r, size_t i, void **buf, size_t *len, fsdp_err *err) {
+    ckpt_reader *const *sh;
+    size_t ns;
+    if (ckpt_pt_shards(r, &sh, &ns) && i < r->n) { /* an HF index: the shard's entry */
+        ckpt_reader *s;
+        size_t j;
+        ckpt_pt_locate(r, i, &s, &j);
+        return ckpt_pt_value_pickle(s, j, buf, len, err);
+    }
     pt_impl *p = r->impl;
     if (i >= p->n || !p->values[i])
         return fsdp_err_set(err, FSDP_E_INVALID, "%s: entry #%zu is not a value", p->z.what, i);

@@ -138,6 +138,10 @@ typedef struct sio_load_opts {
     const char *const *keep;
     size_t n_keep;
     int keep_given;
+    /* Globs on the checkpoint's own keys (before any prefix is removed): entries excluded on purpose,
+     * neither loaded nor unexpected nor listed as ignored (load-ckpt `exclude:`). */
+    const char *const *exclude;
+    size_t n_exclude;
     /* When not NULL (s->n entries): how the checkpoint stores each parameter (ndim 0: as declared). */
     const sio_xform *xforms;
     /* When not NULL: the checkpoint, already open (e.g. by ckpt_open_agreed: every rank reading one
@@ -154,6 +158,13 @@ typedef struct sio_load_result {
      * keys ("\n  KEY" each, truncated with "...") */
     size_t optim_omitted;
     char optim_omitted_keys[1024];
+    /* entries outside the model prefix in effect (given or detected; strip_prefix) and outside the
+     * training layout: not this load's business, so not unexpected either (a classic
+     * {"model": ..., "epoch": ..., "rng": ...} checkpoint): how many, their keys (", KEY" each,
+     * truncated with "...") and the prefix */
+    size_t ignored;
+    char ignored_keys[1024];
+    const char *ignored_prefix;
 } sio_load_result;
 
 /* Loads into an existing state (its layout decides which rows each rank reads). */

@@ -398,6 +398,21 @@ static void sio_list_omitted(sio_load_result *res, const char *key) {
     else snprintf(res->optim_omitted_keys + l, cap - l, "\n  %s", key);
 }
 
+/* An entry outside the model prefix in effect (a single strip_prefix, given or detected): not a
+ * model key, so a strict load ignores it (listed in res) rather than finding it unexpected. */
+static int outside_prefix(const sio_load_opts *o, const char *key) {
+    return !o->n_strip && o->strip_prefix && *o->strip_prefix && !nmap_strip_prefix(key, o->strip_prefix);
+}
+
+static void sio_list_ignored(sio_load_result *res, const char *prefix, const char *key) {
+    res->ignored++;
+    res->ignored_prefix = prefix;
+    size_t l = strlen(res->ignored_keys), cap = sizeof res->ignored_keys;
+    if (l + 8 >= cap) return;
+    if (l + strlen(key) + 8 >= cap) snprintf(res->ignored_keys + l, cap - l, "%s...", l ? ", " : "");
+    else snprintf(res->ignored_keys + l, cap - l, "%s%s", l ? ", " : "", key);
+}
+
 /* What one load is doing: the parameters restored, NaN seen in staged data, the checkpoint entries
  * used, and the problems a strict load reports. */
 typedef struct load_marks {
@@ -419,8 +434,13 @@ static int load_params(loader *L, ckpt_reader *r, nmap_rules *rules, load_marks 
     for (size_t ci = 0; ci < nck && !rc; ci++) {
         const ckpt_entry *e = ckpt_entry_at(r, ci);
         const char *key = e->name;
-        if (ckl_is_training(m->lay, key)) {
-            used[ci] = 1; /* handled below */
+        if (ckl_is_training(m->lay, key) || any_glob(o->exclude, o->n_exclude, key)) {
+            used[ci] = 1; /* training entries: handled below; excluded ones: on purpose */
+            continue;
+        }
+        if (outside_prefix(o, key)) {
+            used[ci] = 1;
+            sio_list_ignored(res, o->strip_prefix, key);
             continue;
         }
         char name[NAME_CAP];

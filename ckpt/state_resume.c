@@ -11,8 +11,10 @@
  *   KeyError when one is missing), and a strict dcp.load needs every key of the state dict it
  *   loads into to be in the checkpoint.
  * - LambdaLR.state_dict() in 2.11: base_lrs, last_epoch, _step_count, _is_initial,
- *   _get_lr_called_within_step, _last_lr, lr_lambdas; DCP's traversal drops lr_lambdas ([{}] for
- *   the functools.partial torchtitan uses: no leaf), so a strict load needs the six others.
+ *   _get_lr_called_within_step, _last_lr, lr_lambdas: [None] for a plain function (one DCP byte
+ *   item lr_scheduler.lr_lambdas, which a strict load of such a scheduler needs), [{}] for the
+ *   functools.partial torchtitan uses (DCP's traversal keeps no leaf of it, so it needs none and
+ *   ignores ours; load_state_dict skips a None entry). fsdp-run writes [None].
  * - torchtitan (torchtitan/components/lr_scheduler.py: LRSchedulersContainer.state_dict() is the
  *   first LambdaLR's; components/checkpoint.py: the "lr_scheduler" and "dataloader" entries;
  *   components/dataloader.py ParallelAwareDataloader: {"dp_rank_<r>": pickle.dumps(state),
@@ -97,6 +99,11 @@ int sres_lr_scheduler(const fsdp_state *s, sres_add_fn add, void *user, fsdp_err
     if (!rc) rc = add(user, "lr_scheduler._get_lr_called_within_step", &w, err);
     float_list(&w, sres_lr(s));
     if (!rc) rc = add(user, "lr_scheduler._last_lr", &w, err);
+    pkl_w_empty_list(&w); /* [None]: a plain lambda's entry (torchtitan's partial, [{}], takes it) */
+    pkl_w_mark(&w);
+    pkl_w_none(&w);
+    pkl_w_appends(&w);
+    if (!rc) rc = add(user, "lr_scheduler.lr_lambdas", &w, err);
     pkl_w_free(&w);
     return rc;
 }

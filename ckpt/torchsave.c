@@ -20,6 +20,12 @@ const char *ts_storage_class(fsdp_dtype dt) {
     return NULL;
 }
 
+fsdp_dtype ts_storage_dtype(const char *cls) {
+    for (size_t i = 0; i < sizeof STORAGES / sizeof *STORAGES; i++)
+        if (!strcmp(STORAGES[i].cls, cls)) return STORAGES[i].dt;
+    return FSDP_DT_INVALID;
+}
+
 int ts_tensor_from_pickle(const pkl_obj *o, const char *what, ts_tensor *t, fsdp_err *err) {
     memset(t, 0, sizeof *t);
     if (!o || o->kind != PKL_REDUCE || !o->fn)
@@ -124,14 +130,16 @@ int ts_tensor_from_call(const pkl_obj *fn, const pkl_obj *args, const char *what
         return fsdp_err_set(err, FSDP_E_FORMAT, "%s: size/stride/offset reach element %lld of a %lld-element storage",
                             what, (long long)maxoff, (long long)t->storage_numel);
     t->numel = numel_t;
-    /* bytes: the storage's, and the tensor's own (more when strides repeat elements) */
+    /* bytes: the storage's (its elements lie in it, checked above); a view whose strides repeat
+     * elements (a broadcast, stride 0) reads fewer bytes than it returns, but what it returns
+     * must still fit 64 bits */
     uint64_t sb, tb;
     esz = fsdp_dtype_size(t->dtype);
     if (__builtin_mul_overflow((uint64_t)t->storage_numel, (uint64_t)esz, &sb) ||
         __builtin_mul_overflow((uint64_t)numel_t, (uint64_t)esz, &tb))
         t->need = UINT64_MAX;
     else
-        t->need = sb > tb ? sb : tb;
+        t->need = sb;
     return 0;
 }
 
@@ -147,12 +155,8 @@ int ts_check_record(zip_reader *z, const ts_tensor *t, const char *name, fsdp_er
     char need[48];
     if (t->need == UINT64_MAX) snprintf(need, sizeof need, "more than %llu", (unsigned long long)UINT64_MAX);
     else snprintf(need, sizeof need, "%llu", (unsigned long long)t->need);
-    uint64_t sb;
-    int repeats = !__builtin_mul_overflow((uint64_t)t->storage_numel, (uint64_t)fsdp_dtype_size(t->dtype), &sb) &&
-                  sb <= e->size;
-    return fsdp_err_set(err, FSDP_E_FORMAT, "%s: corrupt: %s needs %s bytes, the record has %llu (%s)%s", z->what, who,
-                        need, (unsigned long long)e->size, e->name,
-                        repeats ? "; its strides repeat elements (a broadcast view: save it .contiguous())" : "");
+    return fsdp_err_set(err, FSDP_E_FORMAT, "%s: corrupt: %s needs %s bytes, the record has %llu (%s)", z->what, who,
+                        need, (unsigned long long)e->size, e->name);
 }
 
 int ts_load_pickle(zip_reader *z, pkl_doc **doc, const pkl_obj **root, fsdp_err *err) {
@@ -209,7 +213,8 @@ int ts_read_box_nan(zip_reader *z, const ts_tensor *t, const int64_t *off, const
     snprintf(rec, sizeof rec, "data/%s", t->key);
     zip_entry *e = zip_find(z, rec);
     size_t esz = fsdp_dtype_size(t->dtype);
-    /* every product below is at most the tensor's bytes (t->need <= the record's size) */
+    /* the box's bytes fit 64 bits (checked when t was decoded); the storage range it spans is
+     * at most the storage's bytes (t->need <= the record's size) */
     int64_t n = 1, lo = t->storage_offset, hi = t->storage_offset;
     int whole = 1;
     for (int d = 0; d < t->ndim; d++) {

@@ -20,9 +20,9 @@ typedef struct ts_tensor {
     int64_t storage_offset;        /* in elements */
     int64_t storage_numel;
     int64_t numel;                 /* elements of the tensor */
-    uint64_t need;                 /* bytes of its record it needs: its storage's bytes, and at least
-                                      numel x element size (a reader returns that many); UINT64_MAX
-                                      when that does not fit 64 bits */
+    uint64_t need;                 /* bytes of its record it needs: its storage's bytes (a broadcast
+                                      view, stride 0, returns more than it reads); UINT64_MAX when
+                                      those or numel x element size do not fit 64 bits */
     char key[64];                  /* record data/<key> */
 } ts_tensor;
 
@@ -67,5 +67,15 @@ int ts_write_value_named(FILE *f, const char *archive, const void *pickle, size_
 
 /* The Storage class name torch uses for a dtype ("FloatStorage"), NULL for untyped-only dtypes. */
 const char *ts_storage_class(fsdp_dtype dt);
+/* The dtype of a Storage class name ("FloatStorage"), 0 when it names none. */
+fsdp_dtype ts_storage_dtype(const char *cls);
+
+/* A torch.save file in the legacy format of PyTorch < 1.6 (_use_new_zipfile_serialization=False;
+ * ckpt/torchsave_legacy.c) presented as an archive: *z over the file (fd, size bytes) holds a
+ * record data/<key> per storage (its bytes, no CRC-32), *doc / *root the saved object's pickle
+ * (*pkl_bytes: the pickles' size). Every count, size and offset is checked against the file and
+ * the storages' persistent ids; the magic number is the caller's to check (ckpt_pt_is_legacy). */
+int ts_legacy_open(zip_reader *z, int fd, uint64_t size, const char *what, pkl_doc **doc, const pkl_obj **root,
+                   size_t *pkl_bytes, fsdp_err *err);
 
 #endif

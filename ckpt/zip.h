@@ -29,6 +29,7 @@ typedef struct zip_entry {
     uint16_t method;
     uint16_t flags;
     int crc_checked;     /* a read has checked the CRC of the whole record */
+    int no_crc;          /* the record has no CRC-32 to check (a legacy torch.save storage) */
     char *bad;           /* why the record is unusable (local header, overlap), or NULL */
 } zip_entry;
 

@@ -420,7 +420,7 @@ int zip_read(zip_reader *z, zip_entry *e, uint64_t off, void *dst, size_t n, fsd
     if (off != 0 || n != e->size) return rd(z, e->data_off + off, dst, n, err);
     uint32_t c;
     if ((rc = rd_crc(z, e->data_off, dst, n, &c, err))) return rc;
-    if (c != e->crc) return crc_mismatch(z, e, c, err);
+    if (c != e->crc && !e->no_crc) return crc_mismatch(z, e, c, err);
     e->crc_checked = 1;
     return 0;
 }
@@ -457,7 +457,7 @@ int zip_read_checked(zip_reader *z, zip_entry *e, uint64_t off, void *dst, size_
     if ((rc = rd_crc(z, e->data_off + off, dst, n, &mid, err))) return rc;
     if ((rc = crc_of_range(z, e, off + n, rest, &tail, err))) return rc;
     uint32_t c = (uint32_t)crc32_combine(crc32_combine(head, mid, (z_off_t)n), tail, (z_off_t)rest);
-    if (c != e->crc) return crc_mismatch(z, e, c, err);
+    if (c != e->crc && !e->no_crc) return crc_mismatch(z, e, c, err);
     e->crc_checked = 1;
     return 0;
 }
@@ -490,7 +490,7 @@ int zip_read_xf(zip_reader *z, zip_entry *e, uint64_t off, void *dst, ckpt_rd_xf
         if ((rc = crc_of_range(z, e, off + n, rest, &tail, err))) return rc;
         c = (uint32_t)crc32_combine(crc32_combine(head, c, (z_off_t)n), tail, (z_off_t)rest);
     }
-    if (c != e->crc) return crc_mismatch(z, e, c, err);
+    if (c != e->crc && !e->no_crc) return crc_mismatch(z, e, c, err);
     e->crc_checked = 1;
     return 0;
 }
@@ -500,7 +500,7 @@ int zip_verify(zip_reader *z, zip_entry *e, fsdp_err *err) {
     uint32_t c;
     int rc = crc_of_range(z, e, 0, e->size, &c, err);
     if (rc) return rc;
-    if (c != e->crc) return crc_mismatch(z, e, c, err);
+    if (c != e->crc && !e->no_crc) return crc_mismatch(z, e, c, err);
     e->crc_checked = 1;
     return 0;
 }

@@ -64,7 +64,12 @@ static const fsdp_param_spec PARAMS[] = {
     {"rename", FSDP_T_MAP, 0, NULL, NULL, "rename rules on checkpoint keys: {glob: replacement}, * = one component"},
     {"drop", FSDP_T_LIST, 0, NULL, NULL,
      "globs of checkpoint keys (after strip_prefix) dropped on purpose: neither loaded nor unexpected"},
-    {"strict", FSDP_T_BOOL, 0, "true", NULL, "every parameter restored, no unexpected keys"},
+    {"exclude", FSDP_T_LIST, 0, NULL, NULL,
+     "globs of the checkpoint's own keys (before any prefix is removed) excluded on purpose: neither loaded, "
+     "unexpected nor listed as ignored (`rng`, `scaler.**`)"},
+    {"strict", FSDP_T_BOOL, 0, "true", NULL,
+     "every parameter restored, no unexpected keys (under the model prefix when there is one: the entries "
+     "outside it are ignored and listed)"},
     {"load_optimizer", FSDP_T_STRING, 0, "auto", OPTS, "restore optimizer state (auto: when present)"},
     {"dtype", FSDP_T_STRING, 0, "auto", DTYPES,
      "dtype the parameters are kept in (auto: each its own, loaded values rounded to it)"},
@@ -123,7 +128,7 @@ static int select_parts(const fsdp_state *s, const fsdp_value *parts, unsigned c
     return rc;
 }
 
-/* a DCP checkpoint (committed) or safetensors files in dir */
+/* a DCP checkpoint (committed), safetensors files or Hugging Face torch.save files in dir */
 static int dir_holds_checkpoint(const char *dir) {
     if (dcp_dir_has_checkpoint(dir)) return 1;
     DIR *d = opendir(dir);
@@ -133,7 +138,8 @@ static int dir_holds_checkpoint(const char *dir) {
     while (!found && (de = readdir(d))) {
         size_t n = strlen(de->d_name);
         found = (n > 12 && !strcmp(de->d_name + n - 12, ".safetensors")) ||
-                (n > 23 && !strcmp(de->d_name + n - 23, ".safetensors.index.json"));
+                (n > 23 && !strcmp(de->d_name + n - 23, ".safetensors.index.json")) ||
+                (!strncmp(de->d_name, "pytorch_model", 13) && n >= 17 && !strcmp(de->d_name + n - 4, ".bin"));
     }
     closedir(d);
     return found;
@@ -259,7 +265,7 @@ static int load_prepare(fsdp_ctx *ctx, fsdp_state **out, int *on_gpu, int *stage
 
 /* What the load's options point at (freed by load_args_free). */
 typedef struct load_args {
-    const char **from, **to, **only;
+    const char **from, **to, **only, **exclude;
     unsigned char *select;
     sio_xform *xforms;
 } load_args;
@@ -268,6 +274,7 @@ static void load_args_free(load_args *a) {
     free(a->from);
     free(a->to);
     free(a->only);
+    free(a->exclude);
     free(a->select);
     free(a->xforms);
     memset(a, 0, sizeof *a);
@@ -288,6 +295,12 @@ static int common_opts(const fsdp_value *with, fsdp_state *s, const stage_ckpt_s
         o->only = a->only;
         o->n_only = nk;
     }
+    const fsdp_value *ex = fsdp_value_get(with, "exclude");
+    size_t ne = fsdp_value_size(ex);
+    if (!(a->exclude = calloc(ne ? ne : 1, sizeof *a->exclude))) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+    for (size_t i = 0; i < ne; i++) a->exclude[i] = fsdp_value_text(fsdp_value_item(ex, i));
+    o->exclude = a->exclude;
+    o->n_exclude = ne;
     o->sink = staged ? &sink->sink : NULL;
     const char *dts = fsdp_arg_str(with, "dtype", "auto");
     o->round_bf16 = !strcmp(dts, "bf16");
@@ -416,6 +429,11 @@ static int load_one(fsdp_ctx *ctx, fsdp_state *s, const char *given, const char 
     sum->optimizer_loaded += res.optimizer_loaded;
     sum->bytes_read += res.bytes_read;
     if (res.stripped_prefix) sum->stripped_prefix = res.stripped_prefix;
+    if (res.ignored) {
+        sum->ignored = res.ignored;
+        sum->ignored_prefix = res.ignored_prefix;
+        memcpy(sum->ignored_keys, res.ignored_keys, sizeof sum->ignored_keys);
+    }
     if (res.optim_omitted) {
         sum->optim_omitted = res.optim_omitted;
         memcpy(sum->optim_omitted_keys, res.optim_omitted_keys, sizeof sum->optim_omitted_keys);
@@ -470,6 +488,10 @@ static int load_done(fsdp_ctx *ctx, fsdp_state *s, int on_gpu, const sio_load_re
     if (res->stripped_prefix)
         fsdp_log(ctx, FSDP_LOG_INFO, "load-ckpt: the checkpoint's parameters are under the prefix '%s' (removed)",
                  res->stripped_prefix);
+    if (res->ignored)
+        fsdp_log(ctx, FSDP_LOG_INFO, "load-ckpt: ignored %zu entr%s outside the model prefix '%s' (not model or "
+                 "optimizer keys; `exclude:` silences them): %s", res->ignored, res->ignored == 1 ? "y" : "ies",
+                 res->ignored_prefix, res->ignored_keys);
     if (res->optim_omitted)
         fsdp_log(ctx, FSDP_LOG_WARN, "load-ckpt %s (strict: false): %zu optimizer moment(s) not restored (they start "
                  "at zero):%s", path, res->optim_omitted, res->optim_omitted_keys);
@@ -544,13 +566,16 @@ static int load_check(const fsdp_value *with, fsdp_err *err) {
                                    "path load from each part's own source, as the part declares it", *k);
         }
     }
-    const fsdp_value *drop = fsdp_value_get(with, "drop");
-    for (size_t i = 0; i < fsdp_value_size(drop); i++) {
-        const char *g = fsdp_value_text(fsdp_value_item(drop, i));
-        fsdp_err e2;
-        if (!g || nmap_glob_check(g, NULL, &e2))
-            return fsdp_err_at(err, FSDP_E_INVALID, fsdp_value_item(drop, i), "load-ckpt: drop: %s",
-                               g ? e2.msg : "each entry is a glob");
+    static const char *const GLOB_LISTS[] = {"drop", "exclude", NULL};
+    for (const char *const *k = GLOB_LISTS; *k; k++) {
+        const fsdp_value *l = fsdp_value_get(with, *k);
+        for (size_t i = 0; i < fsdp_value_size(l); i++) {
+            const char *g = fsdp_value_text(fsdp_value_item(l, i));
+            fsdp_err e2;
+            if (!g || !*g || nmap_glob_check(g, NULL, &e2))
+                return fsdp_err_at(err, FSDP_E_INVALID, fsdp_value_item(l, i), "load-ckpt: %s: %s", *k,
+                                   !g || !*g ? "each entry is a non-empty glob" : e2.msg);
+        }
     }
     const fsdp_value *ren = fsdp_value_get(with, "rename");
     for (size_t i = 0; i < fsdp_value_size(ren); i++) {

@@ -135,12 +135,9 @@ TEST(EverydayPt, TensorsInListsAndTuplesAreIndexed) {
     }
 }
 
-TEST(EverydayPt, LegacyFormatIsRefusedNamingItAndHowToConvert) {
-    Reader r(everyday("legacy_format.pt"));
-    EXPECT_EQ(r.r, nullptr);
-    EXPECT_TRUE(has(r.err, "legacy format of PyTorch < 1.6")) << r.err;
-    EXPECT_TRUE(has(r.err, "torch.save(torch.load(")) << r.err;
-    EXPECT_FALSE(has(r.err, "truncated")) << r.err;  // before: "truncated or not a zip"
+// issue 26 item 21: the pre-1.6 format is read (before: refused, naming it and how to convert it)
+TEST(EverydayPt, LegacyFormatReadsExactly) {
+    expect_state_dict(Reader(everyday("legacy_format.pt")), "", true, "legacy_format.pt");
 }
 
 // ---- item 2: DCP variants -----------------------------------------------------------------
@@ -224,7 +221,7 @@ TEST(EverydayLoad, StateDictsLoadIntoAStateStrictly) {
     } cases[] = {{"state_dict.pt", nullptr, true},        {"keep_vars.pt", nullptr, true},
                  {"named_parameters.pt", nullptr, false}, {"train_ckpt.pt", "model.", true},
                  {"dcp_tutorial_layout", "model.", true}, {"dcp_tensor_step_and_bytes", "model.", true},
-                 {"dcp_safetensors_serialization", nullptr, true}};
+                 {"dcp_safetensors_serialization", nullptr, true}, {"legacy_format.pt", nullptr, true}};
     for (auto &c : cases) {
         TinyState st(c.buffers);
         sio_load_opts o;
@@ -242,14 +239,6 @@ TEST(EverydayLoad, StateDictsLoadIntoAStateStrictly) {
             EXPECT_EQ(st.s.train_step, 7) << "0-d tensor step restored";
         }
     }
-    // the legacy file is refused with its message here too
-    TinyState st(true);
-    sio_load_opts o;
-    memset(&o, 0, sizeof o);
-    sio_load_result res;
-    fsdp_err err;
-    EXPECT_NE(sio_load(&st.s, everyday("legacy_format.pt").c_str(), &o, &res, &err), 0);
-    EXPECT_TRUE(has(err.msg, "legacy format of PyTorch < 1.6")) << err.msg;
 }
 
 // ---- the CLI on every file ------------------------------------------------------------------
@@ -266,6 +255,7 @@ TEST(EverydayCli, InspectAndConvertEveryFileWithTheExactValues) {
         {"dcp_tutorial_layout", " --keys model. --strip-prefix model.", ""},
         {"dcp_tensor_step_and_bytes", " --exclude train_state.step,dl --strip-prefix model.", ""},
         {"dcp_safetensors_serialization", "", ""},
+        {"legacy_format.pt", "", ""},
     };
     for (auto &c : cases) {
         std::string src = everyday(c.file);
@@ -278,10 +268,6 @@ TEST(EverydayCli, InspectAndConvertEveryFileWithTheExactValues) {
                                   c.diff_args, &out), 0) << c.file << " -> " << to << ": " << out;
         }
     }
-    EXPECT_EQ(run_cmd(bin + "inspect " + everyday("legacy_format.pt"), &out), 1);
-    EXPECT_TRUE(has(out, "legacy format of PyTorch < 1.6")) << out;
-    EXPECT_EQ(run_cmd(bin + "convert " + everyday("legacy_format.pt") + " " + t + "/l.safetensors", &out), 1);
-    EXPECT_TRUE(has(out, "legacy format of PyTorch < 1.6")) << out;
     // the optimizer moments of the classic checkpoint, by parameter name
     for (int i = 0; i < 5; i++) {
         std::string p = std::string("optimizer.state.") + PARAMS[i] + ".";
@@ -554,7 +540,7 @@ TEST(EverydayRecipe, ModelFromEachFileLoadsStrictlyWithTheExactValues) {
     } cases[] = {{"state_dict.pt", nullptr},       {"keep_vars.pt", nullptr},
                  {"named_parameters.pt", nullptr}, {"dcp_safetensors_serialization", nullptr},
                  {"train_ckpt.pt", "model."},      {"dcp_tutorial_layout", "model."},
-                 {"dcp_tensor_step_and_bytes", "model."}};
+                 {"dcp_tensor_step_and_bytes", "model."}, {"legacy_format.pt", nullptr}};
     for (auto &c : cases) {
         rm_rf(t + "/o.safetensors");
         rm_rf(t + "/dcp");
@@ -598,21 +584,15 @@ TEST(EverydayRecipe, TensorStepIsRestored) {
     rm_rf(t);
 }
 
-TEST(EverydayRecipe, LegacyAndForbiddenGlobalsFailTheRecipeNamingThem) {
+TEST(EverydayRecipe, ForbiddenGlobalsFailTheRecipeNamingThem) {
     std::string t = make_tmpdir("every-refuse"), out;
-    // the model declared from the file refuses it first (validation reads its header): exit 1 or 2
-    int rc = run_recipe(t, load_recipe(everyday("legacy_format.pt"), nullptr, t, "auto"), &out);
-    EXPECT_TRUE(rc == 1 || rc == 2) << rc << out;
-    EXPECT_TRUE(has(out, "legacy format of PyTorch < 1.6")) << out;
     // a table declared inline, the file only loaded: load-ckpt fails with exit 1
     std::string inl = "model:\n  params: [{name: w, shape: [2]}]\nstages:\n  - {id: l, uses: load-ckpt, with: {path: \"";
-    EXPECT_EQ(run_recipe(t, inl + everyday("legacy_format.pt") + "\"}}\n", &out), 1) << out;
-    EXPECT_TRUE(has(out, "legacy format of PyTorch < 1.6")) << out;
     std::string p = t + "/x.pt";
     write_file(p, pt_of(os_system_pickle(false)));
     EXPECT_EQ(run_recipe(t, inl + p + "\"}}\n", &out), 1) << out;
     EXPECT_TRUE(has(out, "global os.system is not allowed")) << out;
-    rc = run_recipe(t, load_recipe(p, nullptr, t, "auto"), &out);
+    int rc = run_recipe(t, load_recipe(p, nullptr, t, "auto"), &out);
     EXPECT_TRUE(rc == 1 || rc == 2) << rc << out;
     EXPECT_TRUE(has(out, "global os.system is not allowed")) << out;
     rm_rf(t);

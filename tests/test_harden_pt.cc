@@ -302,14 +302,41 @@ TEST(HardenPtSizes, TensorBytesPastTheRecordAreCorruptAtOpen) {
         EXPECT_TRUE(has(e, c.msg)) << e;
         EXPECT_TRUE(has(e, p)) << e;
     }
-    // a view whose strides repeat elements of a small storage: its bytes exceed the record
+    rm_rf(t);
+}
+
+// issue 26 item 17: torch.save(torch.arange(4.).reshape(1, 4).expand(3, 4)) stores its 4-element
+// storage (16 bytes) with strides (0, 1); a record needs its storage's bytes, and every read
+// repeats the row (whole, some rows, and a storage offset into a larger storage)
+TEST(HardenPtSizes, BroadcastViewReadsItsStorage) {
+    std::string t = make_tmpdir("harden-pt");
     std::string p = write_tmp(
-        t, "b.pt",
-        make_pt(state_dict({{"w", [](Pk &q) { tensor(q, "FloatStorage", "0", 2, 0, {1000, 2}, {0, 1}); }}}),
-                {{"0", floats({1, 2})}}));
-    std::string e = open_error(p);
-    EXPECT_TRUE(has(e, "corrupt: tensor w needs 8000 bytes, the record has 8")) << e;
-    EXPECT_TRUE(has(e, "strides repeat elements")) << e;
+        t, "e.pt",
+        make_pt(state_dict({{"e", [](Pk &q) { tensor(q, "FloatStorage", "0", 4, 0, {3, 4}, {0, 1}); }},
+                            {"f", [](Pk &q) { tensor(q, "FloatStorage", "1", 6, 2, {2, 1000, 2}, {2, 0, 1}); }}}),
+                {{"0", floats({0, 1, 2, 3})}, {"1", floats({9, 9, 5, 6, 7, 8})}}));
+    ASSERT_EQ(open_error(p), "");
+    ckpt_reader *r = nullptr;
+    fsdp_err err;
+    ASSERT_EQ(ckpt_open(p.c_str(), CKPT_AUTO, &r, &err), 0) << err.msg;
+    long e = ckpt_find(r, "e"), f = ckpt_find(r, "f");
+    ASSERT_GE(e, 0);
+    ASSERT_GE(f, 0);
+    EXPECT_EQ(ckpt_entry_at(r, (size_t)e)->nbytes, 48u);
+    std::vector<float> v(12);
+    ASSERT_EQ(ckpt_read_rows(r, (size_t)e, 0, 3, v.data(), FSDP_DT_F32, &err), 0) << err.msg;
+    for (int i = 0; i < 12; i++) EXPECT_EQ(v[(size_t)i], (float)(i % 4)) << i;
+    ASSERT_EQ(ckpt_read_rows(r, (size_t)e, 2, 3, v.data(), FSDP_DT_F32, &err), 0) << err.msg;
+    for (int i = 0; i < 4; i++) EXPECT_EQ(v[(size_t)i], (float)i) << i;
+    std::vector<double> w(4000);
+    ASSERT_EQ(ckpt_read_rows(r, (size_t)f, 0, 2, w.data(), FSDP_DT_F64, &err), 0) << err.msg;
+    for (int i = 0; i < 4000; i++) EXPECT_EQ(w[(size_t)i], (i < 2000 ? 5.0 : 7.0) + i % 2) << i;
+    ckpt_close(r);
+    // the storage itself must be in its record
+    p = write_tmp(t, "s.pt",
+                  make_pt(state_dict({{"e", [](Pk &q) { tensor(q, "FloatStorage", "0", 4, 0, {3, 4}, {0, 1}); }}}),
+                          {{"0", floats({0, 1, 2})}}));
+    EXPECT_TRUE(has(open_error(p), "corrupt: tensor e needs 16 bytes, the record has 12")) << open_error(p);
     rm_rf(t);
 }
 

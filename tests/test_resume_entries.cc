@@ -3,7 +3,7 @@
 // LambdaLR, and torchtitan's checkpointer, need: per parameter the whole AdamW param group (lr,
 // betas, eps, weight_decay, amsgrad, maximize, foreach, capturable, differentiable, fused,
 // decoupled_weight_decay, initial_lr), lr_scheduler.* as torch 2.11's LambdaLR.state_dict() holds
-// it (lr_lambdas aside: DCP keeps no leaf of it), and dataloader.dp_rank_<r> / world_size.
+// it (lr_lambdas as a plain lambda's [None]), and dataloader.dp_rank_<r> / world_size.
 // Before: param groups held lr, betas, eps and weight_decay only; no lr_scheduler.* or dataloader.*.
 #include <gtest/gtest.h>
 
@@ -99,6 +99,8 @@ void expect_resume_entries(const Ckpt &c, int64_t steps, int world, const std::s
     EXPECT_EQ(c.value("lr_scheduler._is_initial"), "False") << what;
     EXPECT_EQ(c.value("lr_scheduler._get_lr_called_within_step"), "False") << what;
     EXPECT_NEAR(c.num("lr_scheduler._last_lr"), NEXT, 1e-15) << what;
+    // issue 26 item 19: a LambdaLR over a plain lambda has lr_lambdas [None] (a strict load needs it)
+    EXPECT_EQ(c.value("lr_scheduler.lr_lambdas"), "[None]") << what;
     EXPECT_EQ(c.num("dataloader.world_size"), (double)world) << what;
     for (int r = 0; r < world; r++)
         EXPECT_NE(c.value("dataloader.dp_rank_" + std::to_string(r)), "(absent)") << what << " rank " << r;

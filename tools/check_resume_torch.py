@@ -89,7 +89,7 @@ def main():
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda)   # the same warmup/decay as the recipe
     opts = StateDictOptions(flatten_optimizer_state_dict=True)
     msd, osd = get_state_dict(model, opt, options=opts)
-    ssd = {k: v for k, v in sched.state_dict().items() if k != "lr_lambdas"}
+    ssd = sched.state_dict()
     state = {**msd, "optimizer": osd, "lr_scheduler": ssd, "train_state": {"step": 0}}
     dcp.load(state, checkpoint_id=a.ckpt)   # strict: every key above is there
     set_state_dict(model, opt, model_state_dict=msd, optim_state_dict=osd, options=opts)
