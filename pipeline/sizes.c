@@ -153,7 +153,10 @@ static int check_data(const recipe *r, const sizes_host *h, const sizes_chain *c
     int has_data = data && fsdp_value_type(data) != FSDP_V_NULL;
     fsdp_err e;
     fsdp_err_clear(&e);
-    if (!has_data && !train) return -1; /* nothing reads data */
+    /* its files are checked (and opened) only when a stage reads them: an export that includes a data
+     * section does not; the section's own values are checked whatever reads it */
+    int reads = train || first_stage(r, "eval");
+    if (!has_data && !train) return -1; /* nothing reads data, or eval reads eval_data */
     if (!has_data) {
         errlist_add_at(el, train->uses_node,
                "stage '%s' (train-steps): the recipe has no `data:` section (kind: text, tokens, llmc or safetensors "
@@ -167,8 +170,7 @@ static int check_data(const recipe *r, const sizes_host *h, const sizes_chain *c
     }
     int n0 = el->n;
     /* the files exist, are readable and have valid headers (their tokens are scanned when opened) */
-    data_config_set_base(dc, r->path);
-    int files_bad = data_check_files(dc, &e) != 0;
+    int files_bad = reads && data_check_files(dc, &e) != 0;
     if (files_bad) errlist_add_at(el, data_at(data, "path", train), "%s", e.msg);
     n0 = el->n; /* the sizes below are checked whatever the files */
     const fsdp_value *at_t = data_at(data, "seq_len", train), *at_b = data_at(data, "batch_size", train);

@@ -1,6 +1,5 @@
 #include "runtime/data.h"
 
-#include <libgen.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -118,15 +117,6 @@ int data_config_over(const fsdp_value *sec, const data_config *base, data_config
     return 0;
 }
 
-void data_config_set_base(data_config *cfg, const char *recipe_path) {
-    cfg->base[0] = '\0';
-    if (!recipe_path) return;
-    char *dup = strdup(recipe_path);
-    if (!dup) return;
-    snprintf(cfg->base, sizeof cfg->base, "%s", dirname(dup));
-    free(dup);
-}
-
 static int is_file_kind(data_kind k) { return k == DATA_TEXT || k == DATA_TOKENS || k == DATA_LLMC; }
 
 int data_check_files(const data_config *cfg, fsdp_err *err) {
@@ -140,12 +130,6 @@ int data_check_files(const data_config *cfg, fsdp_err *err) {
 /* kind safetensors: `input_ids` and `labels`, [B, T] integer tensors, read whole. */
 static int load_fixed(data_source *d, fsdp_err *err) {
     st_reader *r;
-    /* like the other kinds: the working directory, then the recipe's directory */
-    if (d->cfg.path[0] != '/' && d->cfg.base[0] && access(d->cfg.path, F_OK) != 0) {
-        char alt[sizeof d->cfg.path];
-        if (snprintf(alt, sizeof alt, "%s/%s", d->cfg.base, d->cfg.path) < (int)sizeof alt && access(alt, F_OK) == 0)
-            memcpy(d->cfg.path, alt, sizeof alt);
-    }
     int rc = st_open(&r, d->cfg.path, err);
     if (rc) return rc;
     const char *names[2] = {"input_ids", "labels"};
