@@ -81,10 +81,29 @@ static void chain_from_table(sizes_chain *chain, const mt_table *t, int world) {
     snprintf(chain->kind, sizeof chain->kind, "%s", mt_kind(t));
 }
 
+/* A recipe without a model (and no earlier recipe's): the first stage that declares the model from
+ * the recipe's `model:` (init-meta, init-cpu or load-ckpt, in file order) is an error. */
+static void require_model(const recipe *r, errlist *el) {
+    for (size_t i = 0; i < r->n_stages; i++) {
+        const recipe_stage *s = &r->stages[i];
+        if (strcmp(s->uses, "init-meta") && strcmp(s->uses, "init-cpu") && strcmp(s->uses, "load-ckpt")) continue;
+        errlist_add_at(el, s->uses_node,
+               "stage '%s' (%s) declares the model from the recipe's `model:` section, and the recipe has none: "
+               "add one, e.g. `model: {arch: llama3, preset: debugmodel}`, a table (`model: {params: [...]}`) or "
+               "`model: {from: CHECKPOINT}` (its names and shapes)",
+               s->id, s->uses);
+        return;
+    }
+}
+
 /* The recipe's model into chain (0), or the chain's earlier model; -1 when there is none or it is invalid. */
 static int model_of(const recipe *r, const sizes_host *h, sizes_chain *chain, errlist *el) {
     const fsdp_value *model = fsdp_value_get(r->root, "model");
-    if (!model || fsdp_value_type(model) == FSDP_V_NULL) return chain->model_node ? 0 : -1;
+    if (!model || fsdp_value_type(model) == FSDP_V_NULL) {
+        if (chain->model_node) return 0;
+        require_model(r, el);
+        return -1;
+    }
     if (check_model_bounds(model, el)) return -1;
     fsdp_err e;
     fsdp_err_clear(&e);

@@ -202,3 +202,25 @@ TEST(ValidateAll, TransformGlobsThatMatchNothing) {
         << out;
     EXPECT_EQ(count_lines_with(out, p + ":"), 2u) << out;  // the first two ops match
 }
+
+// Issue 26 item 1: a recipe without `model:` whose stages declare one is refused by `validate` (and by the
+// run, before any stage), at the stage, saying what to add.
+TEST(ValidateAll, ARecipeWithoutAModelIsRefusedAtTheStageThatDeclaresIt) {
+    Dir d;
+    write_file(d / "t.txt", std::string(4096, 'a'));
+    write_file(d / "r.yaml", "data: {kind: text, path: t.txt, batch_size: 2, seq_len: 16}\n"
+                             "stages:\n  - {id: i, uses: init-meta}\n  - {id: t, uses: train-steps, with: {steps: 1}}\n");
+    std::string out;
+    EXPECT_EQ(run("", "validate " + d / "r.yaml", &out), 2) << out;
+    EXPECT_NE(out.find(d / "r.yaml" + ":3:19: stage 'i' (init-meta) declares the model from the recipe's `model:` "
+                       "section, and the recipe has none: add one, e.g. `model: {arch: llama3, preset: debugmodel}`"),
+              std::string::npos)
+        << out;
+    EXPECT_EQ(run("", "-q " + d / "r.yaml", &out), 2) << out;
+    EXPECT_NE(out.find("stage 'i' (init-meta) declares the model"), std::string::npos) << out;
+    EXPECT_EQ(out.find("model.dim must be > 0"), std::string::npos) << out;
+    // a load-ckpt that declares it, the same
+    write_file(d / "l.yaml", "stages:\n  - {id: l, uses: load-ckpt, with: {path: " + d.d + "}}\n");
+    EXPECT_EQ(run("", "validate " + d / "l.yaml", &out), 2) << out;
+    EXPECT_NE(out.find("stage 'l' (load-ckpt) declares the model"), std::string::npos) << out;
+}
