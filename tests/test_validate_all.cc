@@ -224,3 +224,18 @@ TEST(ValidateAll, ARecipeWithoutAModelIsRefusedAtTheStageThatDeclaresIt) {
     EXPECT_EQ(run("", "validate " + d / "l.yaml", &out), 2) << out;
     EXPECT_NE(out.find("stage 'l' (load-ckpt) declares the model"), std::string::npos) << out;
 }
+
+// Issue 26 item 6: warmup_steps past the schedule is one error, not two messages for the same mistake.
+TEST(ValidateAll, WarmupPastTheScheduleIsReportedOnce) {
+    Dir d;
+    write_file(d / "t.txt", std::string(4096, 'a'));
+    for (const std::string with : {"steps: 10, warmup_steps: 20", "steps: 10, schedule_steps: 15, warmup_steps: 20"}) {
+        write_file(d / "r.yaml", "model: {preset: tiny}\ndata: {kind: text, path: t.txt, batch_size: 2, seq_len: 16}\n"
+                                 "stages:\n  - {id: i, uses: init-meta}\n  - {id: t, uses: train-steps, with: {" +
+                                     with + "}}\n");
+        std::string out;
+        EXPECT_EQ(run("", "validate " + d / "r.yaml", &out), 2) << out;
+        EXPECT_EQ(count_lines_with(out, "warmup_steps"), 1u) << with << ": " << out;
+        EXPECT_NE(out.find("stage 't' (train-steps): warmup_steps 20 is more than"), std::string::npos) << out;
+    }
+}
