@@ -10,7 +10,10 @@
  *     init-meta or init-cpu stage of its own);
  *   - outputs a stage would refuse to replace (pipeline/checks_outputs.c): a save-dcp path that
  *     already holds a checkpoint without overwrite: true, a save-safetensors output (or copy) that
- *     exists with overwrite: false. */
+ *     exists with overwrite: false;
+ *   - checkpoints a load-ckpt stage reads (pipeline/checks_inputs.c): a path that does not exist and
+ *     that no stage of the recipe (or of an earlier recipe of the chain) writes, a `DIR/latest` without
+ *     a committed step, a run directory given for a checkpoint (its step-<N> named). */
 #ifndef FSDP_PIPELINE_CHECKS_H
 #define FSDP_PIPELINE_CHECKS_H
 
@@ -21,6 +24,9 @@
 
 /* prev_model: the model section of the state r continues (NULL: none yet); prev_path its file. */
 void checks_recipe(const recipe *r, const sizes_host *h, const fsdp_value *prev_model, errlist *el);
+
+/* load-ckpt paths of r (prev: the recipes of the chain before it, whose outputs exist by then). */
+void checks_inputs(const recipe *const *prev, size_t n_prev, const recipe *r, const sizes_host *h, errlist *el);
 
 /* The outputs of r's save stages that exist and may not be replaced (each error at its path value). */
 void checks_outputs(const recipe *r, errlist *el);

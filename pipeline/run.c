@@ -164,6 +164,7 @@ int run_plan_build(fsdp_registry *reg, const char *const *paths, size_t n, const
         if (check_runtime(r, probe, &host, &chain, &e)) errlist_add(&el, &e);
         stop = check_stages(reg, r, &el);
         checks_recipe(r, &host, prev_model, &el);
+        checks_inputs((const recipe *const *)plan->recipes, i, r, &host, &el);
         if (stop) break;
         plan->orders[i] = calloc(r->n_stages ? r->n_stages : 1, sizeof(size_t));
         if (!plan->orders[i]) {

@@ -311,11 +311,11 @@ TEST(CkptLifecycle, ResumeLatestSkipsIncompleteNewestDirectory) {
         ASSERT_EQ(rc, 0) << np << " ranks:\n" << out;
         EXPECT_NE(out.find(base + "/step-4 (the newest committed step)"), std::string::npos) << out;
         EXPECT_NE(out.find("training steps 5..5"), std::string::npos) << out;
-        // nothing committed at all: a clear error naming the directory
+        // nothing committed at all: a clear error naming the directory, before any stage runs
         rm_rf(base + "/step-2");
         rm_rf(base + "/step-4");
         rc = run_recipe(np, t / "b.yaml", read_file(t / "b.yaml"), &out);
-        EXPECT_EQ(rc, 1) << out;
+        EXPECT_EQ(rc, 2) << out;
         EXPECT_NE(out.find(base + " holds no committed step-<N> checkpoint"), std::string::npos) << out;
     }
 }

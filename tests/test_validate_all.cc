@@ -239,3 +239,37 @@ TEST(ValidateAll, WarmupPastTheScheduleIsReportedOnce) {
         EXPECT_NE(out.find("stage 't' (train-steps): warmup_steps 20 is more than"), std::string::npos) << out;
     }
 }
+
+// Issue 26 item 2: a load-ckpt path that nothing provides is refused before any stage runs (a path an
+// earlier stage writes is not); a run directory given for a checkpoint names the steps it holds.
+TEST(ValidateAll, LoadCkptPathsThatNothingProvides) {
+    Dir d;
+    auto recipe = [&](const std::string &load) {
+        write_file(d / "r.yaml", "model: {preset: tiny}\nstages:\n  - {id: i, uses: init-meta}\n"
+                                 "  - {id: s, uses: save-dcp, with: {path: " + d / "out" + "}}\n"
+                                 "  - {id: l, uses: load-ckpt, with: {path: " + load + "}}\n");
+        return d / "r.yaml";
+    };
+    std::string out;
+    EXPECT_EQ(run("", "validate " + recipe(d / "nothere"), &out), 2) << out;
+    EXPECT_NE(out.find(d / "r.yaml:5:43: stage 'l' (load-ckpt): path " + d / "nothere" +
+                       " does not exist and no stage of the recipe writes it"),
+              std::string::npos)
+        << out;
+    EXPECT_EQ(run("", "-q " + recipe(d / "nothere"), &out), 2) << out;
+    EXPECT_FALSE(exists(d / "out")) << out; // refused before the save ran
+    // written by an earlier stage (itself, or its latest step): valid
+    EXPECT_EQ(run("", "validate " + recipe(d / "out"), &out), 0) << out;
+    // a run directory: its steps named, and what to load
+    ASSERT_EQ(system(("mkdir -p " + d / "run/step-10" + " " + d / "run/step-20" + " " + d / "empty").c_str()), 0);
+    write_file(d / "run/step-10/.metadata", "x");
+    EXPECT_EQ(run("", "validate " + recipe(d / "run"), &out), 2) << out;
+    EXPECT_NE(out.find("path " + d / "run" + " is a run directory, not a checkpoint: it holds step-10, step-20 "
+                       "(not committed: no .metadata): load " + d / "run/step-10" + " (a step) or " + d / "run/latest" +
+                       " (the newest committed)"),
+              std::string::npos)
+        << out;
+    EXPECT_EQ(run("", "validate " + recipe(d / "run/latest"), &out), 0) << out;
+    EXPECT_EQ(run("", "validate " + recipe(d / "empty/latest"), &out), 2) << out;
+    EXPECT_NE(out.find("holds no committed step-<N> checkpoint"), std::string::npos) << out;
+}
