@@ -22,6 +22,7 @@
 #include "pipeline/schema.h"
 #include "pipeline/sizes.h"
 #include "runtime/ctx_impl.h"
+#include "runtime/nearest.h"
 
 static const char *const DEVICES[] = {"auto", "cpu", "cuda", NULL};
 static const fsdp_param_spec RUNTIME_SPEC[] = {
@@ -100,9 +101,10 @@ static int check_stages(fsdp_registry *reg, recipe *r, errlist *el) {
             size_t off = 0;
             for (size_t k = 0; k < registry_count(reg) && off < sizeof known; k++)
                 off += (size_t)snprintf(known + off, sizeof known - off, "%s%s", k ? ", " : "", registry_at(reg, k)->name);
+            char hint[300];
             fsdp_err_at(&e, FSDP_E_INVALID, st->uses_node,
-                        "stage '%s': unknown stage '%s' (registered stages: %s; plugins add more)", st->id, st->uses,
-                        off ? known : "none");
+                        "stage '%s': unknown stage '%s'%s (registered stages: %s; plugins add more)", st->id, st->uses,
+                        nearest_hint(st->uses, known, hint, sizeof hint), off ? known : "none");
             errlist_add(el, &e);
             unknown = 1;
             continue;

@@ -7,6 +7,7 @@
 
 #include "ckpt/safetensors.h"
 #include "runtime/data_files.h"
+#include "runtime/nearest.h"
 
 struct data_source {
     data_config cfg;
@@ -63,9 +64,11 @@ int data_config_over(const fsdp_value *sec, const data_config *base, data_config
         const char *k = fsdp_value_key(sec, i);
         int known = 0;
         for (const char **q = keys; *q; q++) known |= !strcmp(*q, k);
+        static const char KNOWN[] = "kind, path, batch_size, seq_len, dtype, seed, order";
+        char hint[300];
         if (!known)
-            return fsdp_err_at(err, FSDP_E_INVALID, fsdp_value_item(sec, i),
-                               "data: unknown key '%s' (expected kind, path, batch_size, seq_len, dtype, seed, order)", k);
+            return fsdp_err_at(err, FSDP_E_INVALID, fsdp_value_item(sec, i), "data: unknown key '%s'%s (expected %s)", k,
+                               nearest_hint(k, KNOWN, hint, sizeof hint), KNOWN);
     }
     const fsdp_value *v;
     if ((v = fsdp_value_get(sec, "kind")) && fsdp_value_type(v) != FSDP_V_NULL) {

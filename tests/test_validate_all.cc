@@ -273,3 +273,25 @@ TEST(ValidateAll, LoadCkptPathsThatNothingProvides) {
     EXPECT_EQ(run("", "validate " + recipe(d / "empty/latest"), &out), 2) << out;
     EXPECT_NE(out.find("holds no committed step-<N> checkpoint"), std::string::npos) << out;
 }
+
+// Issue 26 item 9: an unknown name (stage parameter, stage, preset, model or data key) says which known
+// name it is nearest to.
+TEST(ValidateAll, UnknownNamesSayTheNearestKnownOne) {
+    Dir d;
+    write_file(d / "t.txt", std::string(4096, 'a'));
+    write_file(d / "r.yaml", "model: {preset: llama3_8bb}\n"
+                             "data: {kind: text, path: t.txt, batch_size: 2, seq_len: 16, seqlen: 3}\n"
+                             "stages:\n  - {id: i, uses: init-mta}\n"
+                             "  - {id: t, uses: train-steps, with: {steps: 1, warmup_step: 2, zzzz: 1}}\n");
+    std::string out;
+    EXPECT_EQ(run("", "validate " + d / "r.yaml", &out), 2) << out;
+    for (const char *want : {"unknown preset 'llama3_8bb': did you mean 'llama3_8b'? (known: ",
+                             "data: unknown key 'seqlen': did you mean 'seq_len'? (expected ",
+                             "unknown stage 'init-mta': did you mean 'init-meta'? (registered stages: ",
+                             "unknown parameter 'warmup_step': did you mean 'warmup_steps'? (known: ",
+                             "unknown parameter 'zzzz' (known: "})
+        EXPECT_NE(out.find(want), std::string::npos) << want << "\n" << out;
+    write_file(d / "m.yaml", "model: {preset: tiny, n_layer: 2}\nstages: [{id: i, uses: init-meta}]\n");
+    EXPECT_EQ(run("", "validate " + d / "m.yaml", &out), 2) << out;
+    EXPECT_NE(out.find("model: unknown key 'n_layer': did you mean 'n_layers'? (known: "), std::string::npos) << out;
+}
