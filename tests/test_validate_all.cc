@@ -295,3 +295,34 @@ TEST(ValidateAll, UnknownNamesSayTheNearestKnownOne) {
     EXPECT_EQ(run("", "validate " + d / "m.yaml", &out), 2) << out;
     EXPECT_NE(out.find("model: unknown key 'n_layer': did you mean 'n_layers'? (known: "), std::string::npos) << out;
 }
+
+// Issue 26 item 7: a periodic save that would replace an existing step-<N> is refused by `validate` (and
+// before init by a run) when the training starts at step 0, not only when train-steps starts.
+TEST(ValidateAll, PeriodicSaveOntoAnExistingStepIsRefusedBeforeInit) {
+    Dir d;
+    write_file(d / "t.txt", std::string(4096, 'a'));
+    ASSERT_EQ(system(("mkdir -p " + d / "ck/step-4" + " " + d / "ck/step-3").c_str()), 0);
+    write_file(d / "ck/step-4/.metadata", "x");
+    write_file(d / "ck/step-3/.metadata", "x"); // not a step this run saves
+    auto recipe = [&](const std::string &extra) {
+        write_file(d / "r.yaml", "model: {preset: tiny}\ndata: {kind: text, path: t.txt, batch_size: 2, seq_len: 16}\n"
+                                 "stages:\n  - {id: i, uses: init-meta}\n"
+                                 "  - {id: t, uses: train-steps, with: {steps: 4, save_every: 2, save_path: " +
+                                     d / "ck" + extra + "}}\n");
+        return d / "r.yaml";
+    };
+    std::string out;
+    EXPECT_EQ(run("", "validate " + recipe(""), &out), 2) << out;
+    EXPECT_NE(out.find("stage 't' (train-steps): the periodic save of step 4 would replace the checkpoint " +
+                       d / "ck/step-4" + "; resume from it (load-ckpt path: " + d / "ck/latest" +
+                       "), choose another save_path, or set save_overwrite: true"),
+              std::string::npos)
+        << out;
+    EXPECT_EQ(run("", "-q " + recipe(""), &out), 2) << out; // before init-meta runs
+    EXPECT_EQ(run("", "validate " + recipe(", save_overwrite: true"), &out), 0) << out;
+    write_file(d / "r.yaml", "model: {preset: tiny}\ndata: {kind: text, path: t.txt, batch_size: 2, seq_len: 16}\n"
+                             "stages:\n  - {id: i, uses: init-meta}\n"
+                             "  - {id: t, uses: train-steps, with: {steps: 3, save_every: 2, save_path: " +
+                                 d / "ck" + "}}\n");
+    EXPECT_EQ(run("", "validate " + d / "r.yaml", &out), 0) << out; // saves step-2 only
+}
