@@ -2,6 +2,7 @@
 #include "pipeline/sizes.h"
 
 #include <limits.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -362,4 +363,69 @@ void sizes_check(const recipe *r, const sizes_host *h, sizes_chain *chain, errli
     if (data_ok) sizes_check_micro(r, h, &dc, el);
     /* the memory of a model whose own keys are valid; train-steps only with a valid data section */
     if (has_model) check_memory(r, h, chain, data_ok ? &dc : NULL, el);
+}
+
+/* ---- --dry-run --------------------------------------------------------------------------------------- */
+
+static size_t put(char *out, size_t cap, size_t off, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static size_t put(char *out, size_t cap, size_t off, const char *fmt, ...) {
+    if (off >= cap) return off;
+    va_list ap;
+    va_start(ap, fmt);
+    int k = vsnprintf(out + off, cap - off, fmt, ap);
+    va_end(ap);
+    return k > 0 ? off + (size_t)k : off;
+}
+
+static size_t describe_train(const recipe_stage *s, const sizes_chain *chain, const sizes_host *h,
+                             const data_config *dc, char *out, size_t cap, size_t off) {
+    stage_need n;
+    memset(&n, 0, sizeof n);
+    train_need(s, &chain->model, h, dc, chain->shard, &n);
+    char p[32], o[32], a[32], t[32];
+    fmt_bytes(sat_mul((uint64_t)chain->shard, 4), p, sizeof p);
+    fmt_bytes(sat_mul((uint64_t)chain->shard, 8), o, sizeof o);
+    fmt_bytes(n.act_bytes, a, sizeof a);
+    fmt_bytes(n.bytes, t, sizeof t);
+    int64_t B = dc->batch_size / h->world;
+    return put(out, cap, off,
+               "  memory of rank 0, stage '%s' (train-steps): parameters %s, gradients %s, optimizer %s (AdamW, 2 "
+               "moments), activations and buffers %s (%lld x %lld tokens, %d micro-batch%s): %s\n",
+               s->id, p, p, o, a, (long long)B, (long long)dc->seq_len, sizes_micro_count(s->with, B),
+               sizes_micro_count(s->with, B) > 1 ? "es" : "", t);
+}
+
+void sizes_describe(const recipe *r, const sizes_host *h, const sizes_chain *chain, char *out, size_t cap) {
+    size_t off = 0;
+    out[0] = '\0';
+    if (!chain->model_node || chain->full < 0) return;
+    const llama_config *c = &chain->model;
+    if (chain->has_llama)
+        off = put(out, cap, off,
+                  "  model (resolved): %s: dim %d, %d layers, %d heads (%d kv, head_dim %d), ffn %d, vocab %d, "
+                  "max_seq_len %d\n",
+                  chain->kind, c->dim, c->n_layers, c->n_heads,
+                  c->n_kv_heads, c->head_dim, c->ffn_hidden, c->vocab_size, c->max_seq_len);
+    else
+        off = put(out, cap, off, "  model (resolved): %s\n", chain->kind);
+    off = put(out, cap, off, "  parameters: %lld (%lld on rank 0 of %d)\n", (long long)chain->full,
+              (long long)chain->shard, h->world);
+    data_config dc;
+    fsdp_err e;
+    int have_dc = data_config_from_value(fsdp_value_get(r->root, "data"), 0, &dc, &e) == 0 && dc.batch_size > 0 &&
+                  dc.batch_size % h->world == 0;
+    int trained = 0;
+    for (size_t i = 0; i < r->n_stages; i++) {
+        if (strcmp(r->stages[i].uses, "train-steps") || !have_dc || !chain->has_llama) continue;
+        off = describe_train(&r->stages[i], chain, h, &dc, out, cap, off);
+        trained = 1;
+    }
+    stage_need n, worst = {0};
+    for (size_t i = 0; i < r->n_stages && !trained; i++) {
+        stage_need_of(&r->stages[i], chain, h, NULL, 1, &n);
+        if (n.bytes > worst.bytes) worst = n;
+    }
+    char b[32];
+    fmt_bytes(worst.bytes, b, sizeof b);
+    if (worst.bytes) put(out, cap, off, "  memory of rank 0: %s at most (%s)\n", b, worst.detail);
 }

@@ -326,3 +326,29 @@ TEST(ValidateAll, PeriodicSaveOntoAnExistingStepIsRefusedBeforeInit) {
                                  d / "ck" + "}}\n");
     EXPECT_EQ(run("", "validate " + d / "r.yaml", &out), 0) << out; // saves step-2 only
 }
+
+// Issue 26 item 10: --dry-run prints the model as resolved (dims, FFN width, parameter count) and the
+// memory rank 0 needs, the figures of the memory check.
+TEST(ValidateAll, DryRunPrintsTheResolvedModelAndTheMemoryPerRank) {
+    Dir d;
+    write_file(d / "t.txt", std::string(4096, 'a'));
+    write_file(d / "r.yaml", "model: {preset: tiny, dim: 128, n_layers: 4, n_heads: 8, n_kv_heads: 4, max_seq_len: 128}\n"
+                             "data: {kind: text, path: t.txt, batch_size: 8, seq_len: 128}\n"
+                             "stages:\n  - {id: i, uses: init-meta}\n  - {id: t, uses: train-steps, with: {steps: 1}}\n");
+    std::string out;
+    EXPECT_EQ(run("", "--dry-run " + d / "r.yaml", &out), 0) << out;
+    EXPECT_NE(out.find("  model (resolved): llama3 (preset tiny): dim 128, 4 layers, 8 heads (4 kv, head_dim 16), "
+                       "ffn 352, vocab 256, max_seq_len 128\n"),
+              std::string::npos)
+        << out;
+    EXPECT_NE(out.find("  parameters: 803968 (803968 on rank 0 of 1)\n"), std::string::npos) << out;
+    EXPECT_NE(out.find("  memory of rank 0, stage 't' (train-steps): parameters 3.2 MB, gradients 3.2 MB, optimizer "
+                       "6.4 MB (AdamW, 2 moments), activations and buffers "),
+              std::string::npos)
+        << out;
+    EXPECT_NE(out.find("(8 x 128 tokens, 1 micro-batch): "), std::string::npos) << out;
+    // two ranks: half the parameters each, half the batch
+    EXPECT_EQ(run("SLURM_NTASKS=2", "--dry-run " + d / "r.yaml", &out), 0) << out;
+    EXPECT_NE(out.find("  parameters: 803968 (401984 on rank 0 of 2)\n"), std::string::npos) << out;
+    EXPECT_NE(out.find("(4 x 128 tokens, 1 micro-batch): "), std::string::npos) << out;
+}
