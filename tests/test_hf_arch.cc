@@ -573,3 +573,23 @@ TEST(HfArchRecipe, UnsupportedModelTypeFailsValidation) {
     EXPECT_EQ(o.find("stage l"), std::string::npos) << o;
     EXPECT_FALSE(exists(t / "out"));
 }
+
+// Issue 26 item 5: every unsupported key of a config.json is named at once (hidden_act: gelu does not
+// hide use_sliding_window: true), in one error.
+TEST(HfArchConfig, EveryUnsupportedKeyIsNamedAtOnce) {
+    llama_config c;
+    std::string msg;
+    EXPECT_EQ(parse(edited("qwen2_tiny",
+                           [](json_t *o) {
+                               json_object_set_new(o, "hidden_act", json_string("gelu"));
+                               json_object_set_new(o, "use_sliding_window", json_true());
+                               json_object_set_new(o, "mlp_bias", json_true());
+                               json_object_set_new(o, "partial_rotary_factor", json_real(0.5));
+                           }),
+                    &c, &msg),
+              FSDP_E_INVALID);
+    for (const char *want : {"hidden_act 'gelu' is not supported", "\"mlp_bias\": true is not supported",
+                             "\"use_sliding_window\": true is not supported for model_type 'qwen2'",
+                             "partial_rotary_factor 0.5 is not supported"})
+        EXPECT_NE(msg.find(want), std::string::npos) << want << "\n" << msg;
+}
