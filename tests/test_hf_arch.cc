@@ -593,3 +593,20 @@ TEST(HfArchConfig, EveryUnsupportedKeyIsNamedAtOnce) {
                              "partial_rotary_factor 0.5 is not supported"})
         EXPECT_NE(msg.find(want), std::string::npos) << want << "\n" << msg;
 }
+
+// Issue 26 item 4: an HF directory loaded without `names: hf` says once to add it, rather than a line for
+// every parameter and every key.
+TEST(HfArchRecipe, HfNamesWithoutNamesHfSayToAddIt) {
+    Dir t;
+    std::string dir = hf("llama32_tiny");
+    write_file(t / "r.yaml", "model: {from_hf: " + dir + "}\nstages:\n  - {id: l, uses: load-ckpt, with: {path: " +
+                                 dir + "}}\n");
+    std::string o;
+    int rc = run_cmd(fsdp_run_bin() + " -q " + (t / "r.yaml"), &o);
+    EXPECT_EQ(rc, 1) << o;
+    EXPECT_NE(o.find("parameters not restored are in the checkpoint under their Hugging Face names ("), std::string::npos)
+        << o;
+    EXPECT_NE(o.find("add `names: hf` to the load-ckpt stage"), std::string::npos) << o;
+    EXPECT_EQ(o.find("unexpected key"), std::string::npos) << o;
+    EXPECT_EQ(o.find("not restored (no such key"), std::string::npos) << o;
+}
