@@ -37,8 +37,13 @@ static void check_save_safetensors(const recipe_stage *s, errlist *el) {
     const char *path = fsdp_value_text(pv);
     int64_t shard_mb = 0;
     fsdp_value_int(fsdp_value_get(s->with, "shard_mb"), &shard_mb);
-    if (path && *path && st_output_exists(path, shard_mb > 0 ? "model" : NULL))
-        refuse_st(s, pv, shard_mb > 0 ? "path (its model.safetensors.index.json)" : "path", el);
+    char file[4200];
+    int hf = !strcmp(fsdp_arg_str(s->with, "names", "torchtitan"), "hf");
+    int dir = path && *path && shard_mb <= 0 && st_export_file(path, hf, file, sizeof file);
+    if (path && *path && (shard_mb > 0 ? st_output_exists(path, "model") : st_output_exists(file, NULL)))
+        refuse_st(s, pv,
+                  shard_mb > 0 ? "path (its model.safetensors.index.json)" : dir ? "path (its model.safetensors)" : "path",
+                  el);
     for (size_t i = 0; i < fsdp_value_size(cp); i++) {
         const char *c = fsdp_value_text(fsdp_value_item(cp, i));
         if (c && *c && st_output_exists(c, NULL)) refuse_st(s, fsdp_value_item(cp, i), "copy", el);

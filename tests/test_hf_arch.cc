@@ -610,3 +610,28 @@ TEST(HfArchRecipe, HfNamesWithoutNamesHfSayToAddIt) {
     EXPECT_EQ(o.find("unexpected key"), std::string::npos) << o;
     EXPECT_EQ(o.find("not restored (no such key"), std::string::npos) << o;
 }
+
+// Issue 26 item 3: an HF export (names: hf) to a path without .safetensors is a directory that
+// from_pretrained opens: path/model.safetensors and path/config.json, created with its parents, whatever
+// shard_mb; fsdp-run's own from_hf + names: hf reads it back.
+TEST(HfArchRecipe, HfExportWithoutExtensionIsADirectory) {
+    Dir t;
+    std::string dir = hf("llama32_tiny"), out = t / "out/hf";
+    write_file(t / "r.yaml", "model: {from_hf: " + dir + "}\nstages:\n  - {id: l, uses: load-ckpt, with: {path: " +
+                                 dir + ", names: hf}}\n  - {id: s, uses: save-safetensors, with: {path: " + out +
+                                 ", names: hf}}\n");
+    std::string o;
+    ASSERT_EQ(run_cmd(fsdp_run_bin() + " -q " + (t / "r.yaml"), &o), 0) << o;
+    EXPECT_TRUE(exists(out + "/model.safetensors")) << o;
+    EXPECT_TRUE(exists(out + "/config.json")) << o;
+    EXPECT_FALSE(exists(t / "out/config.json")) << o;
+    write_file(t / "b.yaml", "model: {from_hf: " + out + "}\nstages:\n  - {id: l, uses: load-ckpt, with: {path: " +
+                                 out + ", names: hf}}\n");
+    EXPECT_EQ(run_cmd(fsdp_run_bin() + " -q " + (t / "b.yaml"), &o), 0) << o;
+    // overwrite: false refuses it at validation, naming the file in the directory
+    write_file(t / "c.yaml", "model: {from_hf: " + dir + "}\nstages:\n  - {id: l, uses: load-ckpt, with: {path: " +
+                                 dir + ", names: hf}}\n  - {id: s, uses: save-safetensors, with: {path: " + out +
+                                 ", names: hf, overwrite: false}}\n");
+    EXPECT_EQ(run_cmd(fsdp_run_bin() + " validate " + (t / "c.yaml"), &o), 2) << o;
+    EXPECT_NE(o.find("path (its model.safetensors) " + out + " already exists"), std::string::npos) << o;
+}
