@@ -12,6 +12,7 @@
 
 #include "pipeline/strmap.h"
 #include "pipeline/yaml_load.h"
+#include "runtime/nearest.h"
 
 static const char *const TOP_KEYS[] = {"version", "name",    "description", "include", "vars",    "choices",
                                        "runtime", "model",   "data",        "plugins", "stages",  NULL};
@@ -62,8 +63,9 @@ static int check_top_keys(const fsdp_value *root, const char *path, const fsdp_v
         if (!in_list(TOP_KEYS, root->keys[i])) {
             char known[256];
             join_list(TOP_KEYS, known, sizeof known);
-            char fmt[400];
-            snprintf(fmt, sizeof fmt, "unknown top-level key '%%s' (expected one of: %s)", known);
+            char fmt[700], hint[300];
+            snprintf(fmt, sizeof fmt, "unknown top-level key '%%s'%s (expected one of: %s)",
+                     nearest_hint(root->keys[i], known, hint, sizeof hint), known);
             return key_error(err, root, i, fmt, root->keys[i]);
         }
     }

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "pipeline/recipe.h"
+#include "runtime/nearest.h"
 
 typedef enum { VS_TODO = 0, VS_BUSY, VS_DONE } var_state;
 
@@ -163,8 +164,9 @@ static int lookup(vars_ctx *vc, const fsdp_value *where, const char *name, var_r
         size_t off = 0;
         for (size_t k = 0; k < fsdp_value_size(vc->vars) && off < sizeof known; k++)
             off += (size_t)snprintf(known + off, sizeof known - off, "%s%s", k ? ", " : "", vc->vars->keys[k]);
-        return fsdp_err_at(vc->err, FSDP_E_INVALID, where, "undefined variable '${%s}' (defined in vars: %s)", name,
-                           off ? known : "none");
+        char hint[300];
+        return fsdp_err_at(vc->err, FSDP_E_INVALID, where, "undefined variable '${%s}'%s (defined in vars: %s)", name,
+                           nearest_hint(name, known, hint, sizeof hint), off ? known : "none");
     }
     int rc = resolve(vc, (size_t)i, where);
     if (rc) return rc;

@@ -56,7 +56,7 @@ const char *nearest_name(const char *word, const char *known, char *out, size_t 
             size_t longer = len > strlen(word) ? len : strlen(word), limit = longer / 3 ? longer / 3 : 1;
             size_t d = nearest_distance(word, name);
             if (d > limit && is_prefix(word, name)) d = limit; /* warmup -> warmup_steps */
-            if (d <= limit && d < best && d > 0) {
+            if (longer >= 3 && d <= limit && d < best && d > 0) { /* 'x' for 'y' is no typo */
                 best = d;
                 snprintf(out, cap, "%s", name);
             }

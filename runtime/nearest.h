@@ -12,7 +12,7 @@ size_t nearest_distance(const char *a, const char *b);
 /* The name of `known` (a list of names separated by ", " or ",", as the messages print them) nearest
  * to word, into out: close enough to be a likely typo (a distance of at most a third of the longer
  * name, at least 1; or word is a prefix of the name or the name a prefix of word, e.g. a missing
- * plural s or suffix). "" when none is. Returns out. */
+ * plural s or suffix; never for names of one or two letters). "" when none is. Returns out. */
 const char *nearest_name(const char *word, const char *known, char *out, size_t cap);
 
 /* ": did you mean 'NAME'?" for the nearest name (nearest_name), else "". Returns out. */

@@ -23,4 +23,5 @@ TEST(Nearest, OnlyLikelyTyposAreSuggested) {
     EXPECT_STREQ(nearest_name("zzzz", "steps, lr, warmup_steps", out, sizeof out), "");
     EXPECT_STREQ(nearest_name("steps", "steps, lr", out, sizeof out), ""); // known: nothing to suggest
     EXPECT_STREQ(nearest_hint("lrr", "steps,lr", out, sizeof out), ": did you mean 'lr'?");
+    EXPECT_STREQ(nearest_name("y", "x", out, sizeof out), ""); // one letter for another is no typo
 }

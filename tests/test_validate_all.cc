@@ -352,3 +352,19 @@ TEST(ValidateAll, DryRunPrintsTheResolvedModelAndTheMemoryPerRank) {
     EXPECT_NE(out.find("  parameters: 803968 (401984 on rank 0 of 2)\n"), std::string::npos) << out;
     EXPECT_NE(out.find("(4 x 128 tokens, 1 micro-batch): "), std::string::npos) << out;
 }
+
+// Issue 26 item 9, continued: an unknown top-level key and an undefined variable say the nearest known name.
+TEST(ValidateAll, UnknownTopLevelKeysAndVariablesSayTheNearest) {
+    Dir d;
+    write_file(d / "r.yaml", "modle: {preset: tiny}\nstages: [{id: i, uses: init-meta}]\n");
+    std::string out;
+    EXPECT_EQ(run("", "validate " + d / "r.yaml", &out), 2) << out;
+    EXPECT_NE(out.find("unknown top-level key 'modle': did you mean 'model'? (expected one of: "), std::string::npos)
+        << out;
+    write_file(d / "v.yaml", "vars: {out_dir: x}\nmodel: {preset: tiny}\n"
+                             "stages: [{id: i, uses: init-meta}, {id: s, uses: save-dcp, with: {path: \"${outdir}\"}}]\n");
+    EXPECT_EQ(run("", "validate " + d / "v.yaml", &out), 2) << out;
+    EXPECT_NE(out.find("undefined variable '${outdir}': did you mean 'out_dir'? (defined in vars: out_dir)"),
+              std::string::npos)
+        << out;
+}
