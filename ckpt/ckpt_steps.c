@@ -32,6 +32,28 @@ void ckpt_steps_dir(char *out, size_t cap, const char *base, int64_t step) {
     snprintf(out, cap, "%s/step-%" PRId64, base, step);
 }
 
+int ckpt_steps_hint(const char *base, char *out, size_t cap) {
+    ckpt_step_dir *v;
+    size_t n, off = 0;
+    fsdp_err e;
+    out[0] = '\0';
+    if (ckpt_steps_list(base, &v, &n, &e) || !n) return 0;
+    int64_t newest = -1;
+    off += (size_t)snprintf(out, cap, "it holds");
+    for (size_t i = 0; i < n && off < cap; i++) {
+        if (v[i].committed) newest = v[i].step;
+        off += (size_t)snprintf(out + off, cap - off, "%s step-%" PRId64 "%s", i ? "," : "", v[i].step,
+                                v[i].committed ? "" : " (not committed: no .metadata)");
+    }
+    if (off < cap && newest >= 0)
+        snprintf(out + off, cap - off, ": load %s/step-%" PRId64 " (a step) or %s/latest (the newest committed)", base,
+                 newest, base);
+    else if (off < cap)
+        snprintf(out + off, cap - off, ", none committed");
+    free(v);
+    return 1;
+}
+
 /* N of a name step-<N> as ckpt_steps_dir writes it (digits only, no sign, no leading zero); -1 otherwise */
 static int64_t name_step(const char *name) {
     if (strncmp(name, "step-", 5) || !name[5] || (name[5] == '0' && name[6])) return -1;

@@ -28,6 +28,9 @@ int ckpt_steps_is_latest(const char *path, char *base, size_t cap);
 int ckpt_steps_list(const char *base, ckpt_step_dir **out, size_t *n, fsdp_err *err);
 /* The newest committed step under base (-1: none). */
 int ckpt_steps_latest(const char *base, int64_t *step, fsdp_err *err);
+/* When base is a run directory (it holds step-<N> directories): "it holds step-10, step-20 (step-30 not
+ * committed): load BASE/step-20 or BASE/latest" into out, 1; 0 (out empty) when it holds none. */
+int ckpt_steps_hint(const char *base, char *out, size_t cap);
 /* base/step-<N> */
 void ckpt_steps_dir(char *out, size_t cap, const char *base, int64_t step);
 /* keep_last after step `newest` (committed): see above. Problems are noted, never fatal (the new

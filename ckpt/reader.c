@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "ckpt/ckpt_stale.h"
+#include "ckpt/ckpt_steps.h"
 #include "ckpt/dcp.h"
 #include "ckpt/reader_impl.h"
 #include "runtime/fileio.h"
@@ -83,6 +84,9 @@ static int detect(const char *path, ckpt_format *fmt, fsdp_err *err) {
         }
         int rc = incomplete_save(path, err);
         if (rc) return rc;
+        char hint[1024];
+        if (ckpt_steps_hint(path, hint, sizeof hint))
+            return fsdp_err_set(err, FSDP_E_FORMAT, "checkpoint %s: a run directory, not a checkpoint: %s", path, hint);
         return fsdp_err_set(err, FSDP_E_FORMAT,
                             "checkpoint %s: not a DCP checkpoint (no .metadata) nor a Hugging Face directory "
                             "(model.safetensors[.index.json] or pytorch_model.bin[.index.json])", path);

@@ -193,6 +193,12 @@ int st_mkdirs(const char *dir, fsdp_err *err);
 /* 1 when a save-safetensors output is already there: base NULL, anything at path (a single file's
  * name); else path is an HF directory whose <base>.safetensors.index.json exists. */
 int st_output_exists(const char *path, const char *base);
+/* The file a one-file save-safetensors writes for `path` (README "save-safetensors: file or
+ * directory"): a path ending in .safetensors is the file; with Hugging Face names (hf) any other path
+ * is the export's directory, and the file is path/model.safetensors (config.json beside it, so that
+ * from_pretrained(path) opens it); without them the path is the file as written. 1 when it is a
+ * directory. */
+int st_export_file(const char *path, int hf, char *out, size_t cap);
 size_t st_shards_count(const st_shards *s);                 /* after begin */
 size_t st_shards_of(const st_shards *s, size_t idx);        /* shard of tensor idx, after begin */
 const char *st_shards_file(const st_shards *s, size_t shard); /* file name (no directory) */

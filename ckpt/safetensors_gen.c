@@ -72,6 +72,13 @@ int st_output_exists(const char *path, const char *base) {
     return exists_in(path, index, "");
 }
 
+int st_export_file(const char *path, int hf, char *out, size_t cap) {
+    size_t n = strlen(path), k = strlen(".safetensors");
+    int dir = hf && !(n >= k && !strcmp(path + n - k, ".safetensors"));
+    snprintf(out, cap, dir ? "%s/model.safetensors" : "%s", path);
+    return dir;
+}
+
 int st_int_shard_gen(const char *dir, const char *base, size_t ns, unsigned *gen, fsdp_err *err) {
     (void)ns;
     *gen = 0;

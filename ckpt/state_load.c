@@ -7,6 +7,7 @@
 #include "ckpt/ckpt_pread.h"
 #include "ckpt/key_layout.h"
 #include "ckpt/namemap.h"
+#include "ckpt/state_load_hint.h"
 #include "ckpt/state_io.h"
 #include "ckpt/tensor_permute.h"
 
@@ -588,6 +589,18 @@ static void strict_report(const loader *L, ckpt_reader *r, const load_marks *m) 
     const int *loaded = m->loaded, *nan_dev = m->nan_dev, *used = m->used;
     char *problems = m->problems;
     size_t nck = ckpt_count(r);
+    if (o->names != SIO_NAMES_HF) {
+        /* HF names without names: hf: one hint rather than a line for every parameter and key */
+        int *sel = calloc(s->n ? s->n : 1, sizeof *sel);
+        for (size_t i = 0; sel && i < s->n; i++) sel[i] = matches_only(o, s, &s->p[i]);
+        char hint[1024];
+        size_t n = sel ? sio_hf_names_hint(s, r, loaded, sel, hint, sizeof hint) : 0;
+        free(sel);
+        if (n) {
+            append(problems, 8192, "%s%s", hint, "");
+            return;
+        }
+    }
     for (size_t i = 0; i < s->n; i++) {
         if (loaded[i] || !matches_only(o, s, &s->p[i])) continue;
         append(problems, 8192, "\n  %s not restored (no such key in the checkpoint%s)", s->p[i].name,

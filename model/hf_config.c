@@ -4,6 +4,7 @@
 #include <jansson.h>
 #include <limits.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -116,36 +117,6 @@ static int pick_arch(hf_rd *r, const llama_arch_info **out) {
     return FSDP_OK;
 }
 
-/* What the model computes that fsdp-run does not: errors naming the key. */
-static int check_unsupported(hf_rd *r, const llama_arch_info *a) {
-    const char *act;
-    int rc = get_str(r, r->root, "hidden_act", &act);
-    if (rc) return rc;
-    if (act && strcmp(act, "silu"))
-        return fsdp_err_set(r->err, FSDP_E_INVALID, "%s: hidden_act '%s' is not supported (fsdp-run's MLP is SwiGLU: "
-                            "silu)", r->what, act);
-    /* Qwen2 hard-codes its q/k/v biases and has no such keys; in Llama and Qwen3 attention_bias adds
-     * o_proj's too, which the model does not have */
-    const char *flags[] = {a->arch == LLAMA_ARCH_QWEN2 ? NULL : "attention_bias", "mlp_bias", "use_sliding_window"};
-    for (size_t i = 0; i < sizeof flags / sizeof *flags; i++) {
-        int on = 0;
-        if (!flags[i]) continue;
-        if ((rc = get_bool(r, r->root, flags[i], &on))) return rc;
-        if (on)
-            return fsdp_err_set(r->err, FSDP_E_INVALID, "%s: \"%s\": true is not supported for model_type '%s'",
-                                r->what, flags[i], a->model_type);
-    }
-    const json_t *lt = get(r->root, "layer_types");
-    for (size_t i = 0; lt && i < json_array_size(lt); i++) {
-        const char *t = json_string_value(json_array_get(lt, i));
-        if (!t || strcmp(t, "full_attention"))
-            return fsdp_err_set(r->err, FSDP_E_INVALID,
-                                "%s: layer_types[%zu] is '%s': only full_attention layers are supported", r->what, i,
-                                t ? t : "not a string");
-    }
-    return FSDP_OK;
-}
-
 /* The RoPE dict: transformers 4's rope_scaling when it is set, else transformers 5's
  * rope_parameters (under "full_attention" when nested by layer type); NULL when neither. */
 static int rope_dict(hf_rd *r, const json_t **out) {
@@ -163,21 +134,86 @@ static int rope_dict(hf_rd *r, const json_t **out) {
     return FSDP_OK;
 }
 
+/* partial_rotary_factor (1.0 when absent) and the RoPE type (NULL when absent) of the config. */
+static int rope_kind(hf_rd *r, const json_t *d, double *prf, const char **type) {
+    int rc;
+    *prf = 1.0;
+    *type = NULL;
+    if ((rc = get_pos(r, r->root, "partial_rotary_factor", prf)) || (d && (rc = get_pos(r, d, "partial_rotary_factor", prf))))
+        return rc;
+    if (d && (rc = get_str(r, d, "rope_type", type))) return rc;
+    if (d && !*type && (rc = get_str(r, d, "type", type))) return rc;
+    return FSDP_OK;
+}
+
+/* "; " between the findings of check_unsupported. */
+static void add_finding(char *buf, size_t cap, size_t *off, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static void add_finding(char *buf, size_t cap, size_t *off, const char *fmt, ...) {
+    if (*off >= cap) return;
+    if (*off) *off += (size_t)snprintf(buf + *off, cap - *off, "; ");
+    if (*off >= cap) return;
+    va_list ap;
+    va_start(ap, fmt);
+    int k = vsnprintf(buf + *off, cap - *off, fmt, ap);
+    va_end(ap);
+    if (k > 0) *off += (size_t)k;
+}
+
+/* What the model computes that fsdp-run does not: one error naming every such key. */
+static int check_unsupported(hf_rd *r, const llama_arch_info *a) {
+    char buf[1536] = "";
+    size_t off = 0;
+    const char *act;
+    int rc = get_str(r, r->root, "hidden_act", &act);
+    if (rc) return rc;
+    if (act && strcmp(act, "silu"))
+        add_finding(buf, sizeof buf, &off, "hidden_act '%s' is not supported (fsdp-run's MLP is SwiGLU: silu)", act);
+    /* Qwen2 hard-codes its q/k/v biases and has no such keys; in Llama and Qwen3 attention_bias adds
+     * o_proj's too, which the model does not have */
+    const char *flags[] = {a->arch == LLAMA_ARCH_QWEN2 ? NULL : "attention_bias", "mlp_bias", "use_sliding_window"};
+    for (size_t i = 0; i < sizeof flags / sizeof *flags; i++) {
+        int on = 0;
+        if (!flags[i]) continue;
+        if ((rc = get_bool(r, r->root, flags[i], &on))) return rc;
+        if (on)
+            add_finding(buf, sizeof buf, &off, "\"%s\": true is not supported for model_type '%s'", flags[i],
+                        a->model_type);
+    }
+    const json_t *lt = get(r->root, "layer_types");
+    size_t bad = 0, first = 0;
+    for (size_t i = 0; lt && i < json_array_size(lt); i++) {
+        const char *t = json_string_value(json_array_get(lt, i));
+        if (!t || strcmp(t, "full_attention")) first = bad++ ? first : i;
+    }
+    if (bad) {
+        const char *t = json_string_value(json_array_get(lt, first));
+        add_finding(buf, sizeof buf, &off, "layer_types[%zu] is '%s'%s: only full_attention layers are supported",
+                    first, t ? t : "not a string", bad > 1 ? " (and more)" : "");
+    }
+    const json_t *d;
+    double prf;
+    const char *type;
+    if ((rc = rope_dict(r, &d)) || (rc = rope_kind(r, d, &prf, &type))) return rc;
+    if (prf != 1.0)
+        add_finding(buf, sizeof buf, &off, "partial_rotary_factor %g is not supported (RoPE on the whole head only)",
+                    prf);
+    if (type && strcmp(type, "default") && strcmp(type, "llama3"))
+        add_finding(buf, sizeof buf, &off, "RoPE type '%s' is not supported (supported: default, llama3)", type);
+    return off ? fsdp_err_set(r->err, FSDP_E_INVALID, "%s: %s", r->what, buf) : FSDP_OK;
+}
+
 static int read_rope(hf_rd *r, llama_config *c) {
     const json_t *d;
     int rc = rope_dict(r, &d);
     if (!rc) rc = get_pos(r, r->root, "rope_theta", &c->rope_theta);
     if (!rc && d) rc = get_pos(r, d, "rope_theta", &c->rope_theta);
     if (rc) return rc;
-    double prf = 1.0;
-    if ((rc = get_pos(r, r->root, "partial_rotary_factor", &prf)) || (d && (rc = get_pos(r, d, "partial_rotary_factor", &prf))))
-        return rc;
-    if (prf != 1.0)
+    double prf;
+    const char *type;
+    if ((rc = rope_kind(r, d, &prf, &type))) return rc;
+    if (prf != 1.0) /* check_unsupported reported it first, with every other unsupported key */
         return fsdp_err_set(r->err, FSDP_E_INVALID, "%s: partial_rotary_factor %g is not supported (RoPE on the whole "
                             "head only)", r->what, prf);
-    const char *type = NULL;
-    if (d && (rc = get_str(r, d, "rope_type", &type))) return rc;
-    if (d && !type && (rc = get_str(r, d, "type", &type))) return rc;
     c->rope_scaling = LLAMA_ROPE_NONE;
     if (!type || !strcmp(type, "default")) return FSDP_OK;
     if (strcmp(type, "llama3"))

@@ -8,6 +8,7 @@
 #include "model/llama_arch.h"
 #include "model/llama_params.h"
 #include "model/hf_config.h"
+#include "runtime/nearest.h"
 
 /* ---- presets ------------------------------------------------------------------------- */
 
@@ -112,8 +113,9 @@ int llama_config_preset(llama_config *cfg, const char *name, fsdp_err *err) {
     if (!p) {
         char names[512];
         preset_names(names, sizeof names);
-        return fsdp_err_set(err, FSDP_E_INVALID, "model.preset: unknown preset '%s' (known: %s)",
-                            name ? name : "(null)", names);
+        char hint[300];
+        return fsdp_err_set(err, FSDP_E_INVALID, "model.preset: unknown preset '%s'%s (known: %s)",
+                            name ? name : "(null)", nearest_hint(name, names, hint, sizeof hint), names);
     }
     apply_preset(cfg, p);
     return llama_config_finalize(cfg, err);
@@ -358,8 +360,9 @@ static int set_preset(llama_config *cfg, const fsdp_value *v, fsdp_err *err) {
     if (!p) {
         char names[512];
         preset_names(names, sizeof names);
-        return fsdp_err_at(err, FSDP_E_INVALID, v, "model.preset: unknown preset '%s' (known: %s)",
-                           text ? text : "null", names);
+        char hint[300];
+        return fsdp_err_at(err, FSDP_E_INVALID, v, "model.preset: unknown preset '%s'%s (known: %s)",
+                           text ? text : "null", nearest_hint(text, names, hint, sizeof hint), names);
     }
     apply_preset(cfg, p);
     return FSDP_OK;
@@ -427,7 +430,10 @@ int llama_config_from_value(llama_config *cfg, const fsdp_value *model, fsdp_err
             continue;
         }
         const key_desc *k = find_key(key);
-        if (!k) return fsdp_err_at(err, FSDP_E_INVALID, v, "model: unknown key '%s' (known: " KNOWN_KEYS ")", key);
+        char hint[300];
+        if (!k)
+            return fsdp_err_at(err, FSDP_E_INVALID, v, "model: unknown key '%s'%s (known: " KNOWN_KEYS ")", key,
+                               nearest_hint(key, KNOWN_KEYS, hint, sizeof hint));
         if ((rc = set_key(cfg, k, v, err))) return rc;
     }
     rc = llama_config_finalize(cfg, err);

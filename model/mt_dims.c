@@ -14,6 +14,7 @@
 #include "model/mt_json.h"
 #include "ckpt/reader.h"
 #include "runtime/fileio.h"
+#include "runtime/nearest.h"
 
 /* Deepest chain of definitions referring to others. */
 #define MT_DIMS_DEPTH 32
@@ -86,9 +87,11 @@ static int parse_map_def(def *df, const fsdp_value *v, fsdp_err *err) {
     const char *first = MAP_FORMS[f].first, *second = MAP_FORMS[f].second;
     for (size_t i = 0; i < fsdp_value_size(v); i++) {
         const char *k = fsdp_value_key(v, i);
+        char known[128], hint[300];
+        snprintf(known, sizeof known, "%s, %s", first, second);
         if (strcmp(k, first) && strcmp(k, second))
-            return fsdp_err_at(err, FSDP_E_INVALID, fsdp_value_item(v, i), "model dims: %s: unknown key '%s' (%s, %s)",
-                               df->name, k, first, second);
+            return fsdp_err_at(err, FSDP_E_INVALID, fsdp_value_item(v, i), "model dims: %s: unknown key '%s'%s (%s)",
+                               df->name, k, nearest_hint(k, known, hint, sizeof hint), known);
     }
     const fsdp_value *a = fsdp_value_get(v, first), *b = fsdp_value_get(v, second);
     if (fsdp_value_type(a) != FSDP_V_SCALAR || !fsdp_value_text(a))

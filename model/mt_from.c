@@ -7,6 +7,7 @@
 
 #include "ckpt/namemap.h"
 #include "model/mt_names.h"
+#include "runtime/nearest.h"
 
 void mt_strv_free(mt_strv *s) {
     for (size_t i = 0; i < s->n; i++) free(s->v[i]);
@@ -101,9 +102,11 @@ static int read_xform(const fsdp_value *map, size_t i, xform *x, fsdp_err *err) 
                            x->glob);
     for (size_t k = 0; k < fsdp_value_size(x->at); k++) {
         const char *key = fsdp_value_key(x->at, k);
+        char hint[300];
         if (strcmp(key, "permute") && strcmp(key, "reshape"))
             return fsdp_err_at(err, FSDP_E_INVALID, fsdp_value_item(x->at, k),
-                               "model: transform %s: unknown key '%s' (permute, reshape)", x->glob, key);
+                               "model: transform %s: unknown key '%s'%s (permute, reshape)", x->glob, key,
+                               nearest_hint(key, "permute, reshape", hint, sizeof hint));
     }
     x->permute = fsdp_value_get(x->at, "permute");
     x->reshape = fsdp_value_get(x->at, "reshape");

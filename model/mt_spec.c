@@ -20,6 +20,7 @@
 #include "model/mt_yaml.h"
 #include "pipeline/yaml_load.h"
 #include "runtime/fileio.h"
+#include "runtime/nearest.h"
 
 typedef enum form { FORM_ARCH = 0, FORM_PARAMS, FORM_TABLE, FORM_FROM, FORM_PARTS } form;
 static const char *const FORM_KEYS[] = {NULL, "params", "table", "from", "parts"};
@@ -91,8 +92,9 @@ static int check_keys(const fsdp_value *m, form f, int is_part, fsdp_err *err) {
         size_t o = 0;
         for (const char *const *q = ok; *q && o < sizeof known; q++)
             o += (size_t)snprintf(known + o, sizeof known - o, "%s%s", o ? ", " : "", *q);
-        return fsdp_err_at(err, FSDP_E_INVALID, v, "%s: unknown key '%s' for a table declared with '%s' (keys: %s)", ctx,
-                           k, FORM_KEYS[f], known);
+        char hint[300];
+        return fsdp_err_at(err, FSDP_E_INVALID, v, "%s: unknown key '%s'%s for a table declared with '%s' (keys: %s)",
+                           ctx, k, nearest_hint(k, known, hint, sizeof hint), FORM_KEYS[f], known);
     }
     return 0;
 }

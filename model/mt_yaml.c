@@ -7,6 +7,7 @@
 
 #include "ckpt/namemap.h"
 #include "model/mt_names.h"
+#include "runtime/nearest.h"
 
 /* Puts the position of v in front of the message already in err. */
 static int at_value(fsdp_err *err, const fsdp_value *v) {
@@ -51,10 +52,12 @@ static int read_entry(const fsdp_value *v, const char *map_name, entry *e, fsdp_
         const char *k = fsdp_value_key(v, i);
         int j = 0;
         while (keys[j] && strcmp(keys[j], k)) j++;
+        static const char KNOWN[] = "name, shape, dtype, init, like, as, unless_declared";
+        char hint[300];
         if (!keys[j])
             return fsdp_err_at(err, FSDP_E_INVALID, fsdp_value_item(v, i),
-                               "model: unknown key '%s' in a parameter entry (name, shape, dtype, init, like, as, "
-                               "unless_declared)", k);
+                               "model: unknown key '%s' in a parameter entry%s (%s)", k,
+                               nearest_hint(k, KNOWN, hint, sizeof hint), KNOWN);
         *slots[j] = fsdp_value_item(v, i);
     }
     if (e->unless && fsdp_value_bool(e->unless, &e->unless_declared))

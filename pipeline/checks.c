@@ -184,5 +184,5 @@ void checks_recipe(const recipe *r, const sizes_host *h, const fsdp_value *prev_
     }
     check_offload_params(r, h, el);
     check_chained_model(r, prev_model, el);
-    checks_outputs(r, el);
+    checks_outputs(r, prev_model != NULL, el);
 }

@@ -10,7 +10,11 @@
  *     init-meta or init-cpu stage of its own);
  *   - outputs a stage would refuse to replace (pipeline/checks_outputs.c): a save-dcp path that
  *     already holds a checkpoint without overwrite: true, a save-safetensors output (or copy) that
- *     exists with overwrite: false. */
+ *     exists with overwrite: false, a periodic save (save_every) of a train-steps that starts at step 0
+ *     onto an existing step-<N> without save_overwrite;
+ *   - checkpoints a load-ckpt stage reads (pipeline/checks_inputs.c): a path that does not exist and
+ *     that no stage of the recipe (or of an earlier recipe of the chain) writes, a `DIR/latest` without
+ *     a committed step, a run directory given for a checkpoint (its step-<N> named). */
 #ifndef FSDP_PIPELINE_CHECKS_H
 #define FSDP_PIPELINE_CHECKS_H
 
@@ -22,8 +26,13 @@
 /* prev_model: the model section of the state r continues (NULL: none yet); prev_path its file. */
 void checks_recipe(const recipe *r, const sizes_host *h, const fsdp_value *prev_model, errlist *el);
 
-/* The outputs of r's save stages that exist and may not be replaced (each error at its path value). */
-void checks_outputs(const recipe *r, errlist *el);
+/* load-ckpt paths of r (prev: the recipes of the chain before it, whose outputs exist by then). */
+void checks_inputs(const recipe *const *prev, size_t n_prev, const recipe *r, const sizes_host *h, errlist *el);
+
+/* The outputs of r's save stages that exist and may not be replaced (each error at its path value),
+ * the periodic saves of a train-steps that starts at step 0 included (chained: r continues an earlier
+ * recipe's state, whose step is not known before it runs). */
+void checks_outputs(const recipe *r, int chained, errlist *el);
 
 /* `transform` stages of r whose target globs (copy.to; scale, fill and cast keys) match no parameter
  * of t, the model r declares (pipeline/checks_transform.c; called with the table sizes.c builds). */

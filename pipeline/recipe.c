@@ -12,6 +12,7 @@
 
 #include "pipeline/strmap.h"
 #include "pipeline/yaml_load.h"
+#include "runtime/nearest.h"
 
 static const char *const TOP_KEYS[] = {"version", "name",    "description", "include", "vars",    "choices",
                                        "runtime", "model",   "data",        "plugins", "stages",  NULL};
@@ -62,8 +63,9 @@ static int check_top_keys(const fsdp_value *root, const char *path, const fsdp_v
         if (!in_list(TOP_KEYS, root->keys[i])) {
             char known[256];
             join_list(TOP_KEYS, known, sizeof known);
-            char fmt[400];
-            snprintf(fmt, sizeof fmt, "unknown top-level key '%%s' (expected one of: %s)", known);
+            char fmt[700], hint[300];
+            snprintf(fmt, sizeof fmt, "unknown top-level key '%%s'%s (expected one of: %s)",
+                     nearest_hint(root->keys[i], known, hint, sizeof hint), known);
             return key_error(err, root, i, fmt, root->keys[i]);
         }
     }
@@ -305,17 +307,16 @@ static int check_structure(recipe *r, fsdp_err *err) {
             const fsdp_value *p = fsdp_value_item(plugins, i);
             const char *t = fsdp_value_text(p);
             if (!t || !*t) return fsdp_err_at(err, FSDP_E_INVALID, p, "plugins: expected a shared-object path");
-            /* relative to the working directory; if absent there, to the recipe's directory */
+            /* relative to the directory of the file that names it, else to the working directory */
             struct stat st;
             char buf[PATH_MAX];
-            if (t[0] != '/' && stat(t, &st) != 0) {
-                char *dup = strdup(r->path);
+            snprintf(buf, sizeof buf, "%s", t);
+            if (t[0] != '/' && p->file && strncmp(p->file, "--set", 5)) {
+                char *dup = strdup(p->file), cand[PATH_MAX];
                 if (!dup) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
-                snprintf(buf, sizeof buf, "%s/%s", dirname(dup), t);
+                snprintf(cand, sizeof cand, "%s/%s", dirname(dup), t);
                 free(dup);
-                if (stat(buf, &st) != 0) snprintf(buf, sizeof buf, "%s", t);
-            } else {
-                snprintf(buf, sizeof buf, "%s", t);
+                if (stat(cand, &st) == 0) snprintf(buf, sizeof buf, "%s", cand);
             }
             r->plugins[i] = strdup(buf);
             if (!r->plugins[i]) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
@@ -349,6 +350,7 @@ int recipe_load(const char *path, recipe_override *ovr, size_t n_ovr, recipe **o
     if (!rc) rc = recipe_apply_when(r, &wt, err);
     recipe_when_texts_free(&wt);
     if (!rc) rc = check_structure(r, err);
+    if (!rc) rc = recipe_resolve_paths(r, err);
     if (rc) {
         recipe_free(r);
         return rc;

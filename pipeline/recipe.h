@@ -110,4 +110,11 @@ int recipe_apply_when(recipe *r, const recipe_when_texts *wt, fsdp_err *err);
 /* Checks `choices:` (var -> allowed values) against the substituted `vars:`: every error, one per line. */
 int recipe_check_choices(const fsdp_value *root, fsdp_err *err);
 
+/* Relative input paths (data, checkpoints to load, from_hf, from) rewritten to the directory of the file
+ * that wrote them when something is there (recipe_paths.c; the rule is in README, "Relative paths"). */
+int recipe_resolve_paths(recipe *r, fsdp_err *err);
+/* 1 when a stage of r writes path or a directory above it (a save's path, save_path, reshard-dcp's dst,
+ * metrics), as written. */
+int recipe_writes(const recipe *r, const char *path);
+
 #endif

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "pipeline/recipe.h"
+#include "runtime/nearest.h"
 
 typedef enum { VS_TODO = 0, VS_BUSY, VS_DONE } var_state;
 
@@ -37,9 +38,10 @@ typedef struct {
     const fsdp_value *node; /* a list or map variable */
     int level;              /* the variable's level (0 for the environment) */
     long index;             /* the variable, -1 for the environment */
+    int cwd_only;           /* its value came from --set or the environment (recipe_paths.c) */
 } var_ref;
 
-static int subst_text(vars_ctx *vc, const fsdp_value *where, const char *text, char **out, const fsdp_value **whole,
+static int subst_text(vars_ctx *vc, fsdp_value *where, const char *text, char **out, const fsdp_value **whole,
                       int *level, long *deeper);
 static int subst_tree(vars_ctx *vc, fsdp_value *v, int *level, long *deeper);
 
@@ -153,6 +155,7 @@ static int lookup(vars_ctx *vc, const fsdp_value *where, const char *name, var_r
     if (strncmp(name, "env:", 4) == 0) {
         int rc = env_value(where, name + 4, &ref->owned, vc->err);
         ref->text = ref->owned;
+        ref->cwd_only = 1;
         return rc;
     }
     long i = val_map_find(vc->vars, name);
@@ -161,14 +164,16 @@ static int lookup(vars_ctx *vc, const fsdp_value *where, const char *name, var_r
         size_t off = 0;
         for (size_t k = 0; k < fsdp_value_size(vc->vars) && off < sizeof known; k++)
             off += (size_t)snprintf(known + off, sizeof known - off, "%s%s", k ? ", " : "", vc->vars->keys[k]);
-        return fsdp_err_at(vc->err, FSDP_E_INVALID, where, "undefined variable '${%s}' (defined in vars: %s)", name,
-                           off ? known : "none");
+        char hint[300];
+        return fsdp_err_at(vc->err, FSDP_E_INVALID, where, "undefined variable '${%s}'%s (defined in vars: %s)", name,
+                           nearest_hint(name, known, hint, sizeof hint), off ? known : "none");
     }
     int rc = resolve(vc, (size_t)i, where);
     if (rc) return rc;
     const fsdp_value *v = vc->vars->items[i];
     ref->index = i;
     ref->level = vc->slots[i].level;
+    ref->cwd_only = v->cwd_only || (v->file && !strncmp(v->file, "--set", 5));
     if (v->kind == FSDP_V_LIST || v->kind == FSDP_V_MAP)
         ref->node = v;
     else
@@ -226,7 +231,7 @@ static const char *ref_name(vars_ctx *vc, const fsdp_value *where, const char *t
 /* Expands ${name} in text into *out. If the whole text is one reference to a list/map variable,
  * *whole is set to it and *out is NULL. `$${` is a literal `${`. *level and *deeper follow the
  * deepest variable referenced. */
-static int subst_text(vars_ctx *vc, const fsdp_value *where, const char *text, char **out, const fsdp_value **whole,
+static int subst_text(vars_ctx *vc, fsdp_value *where, const char *text, char **out, const fsdp_value **whole,
                       int *level, long *deeper) {
     tbuf b = {0};
     const char *p = text;
@@ -265,6 +270,7 @@ static int subst_text(vars_ctx *vc, const fsdp_value *where, const char *text, c
                              "variable '${%s}' is a list or map and can only stand alone as a value", name);
             break;
         }
+        if (p == text && ref.cwd_only) where->cwd_only = 1; /* a path led by it is the working directory's */
         rc = tbuf_put(vc, where, &b, ref.text, strlen(ref.text), name);
         free(ref.owned);
         p = after;

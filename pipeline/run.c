@@ -22,6 +22,7 @@
 #include "pipeline/schema.h"
 #include "pipeline/sizes.h"
 #include "runtime/ctx_impl.h"
+#include "runtime/nearest.h"
 
 static const char *const DEVICES[] = {"auto", "cpu", "cuda", NULL};
 static const fsdp_param_spec RUNTIME_SPEC[] = {
@@ -40,9 +41,11 @@ void run_plan_free(run_plan *plan) {
     for (size_t i = 0; i < plan->n; i++) {
         recipe_free(plan->recipes[i]);
         free(plan->orders[i]);
+        if (plan->notes) free(plan->notes[i]);
     }
     free(plan->recipes);
     free(plan->orders);
+    free(plan->notes);
     memset(plan, 0, sizeof *plan);
 }
 
@@ -100,9 +103,10 @@ static int check_stages(fsdp_registry *reg, recipe *r, errlist *el) {
             size_t off = 0;
             for (size_t k = 0; k < registry_count(reg) && off < sizeof known; k++)
                 off += (size_t)snprintf(known + off, sizeof known - off, "%s%s", k ? ", " : "", registry_at(reg, k)->name);
+            char hint[300];
             fsdp_err_at(&e, FSDP_E_INVALID, st->uses_node,
-                        "stage '%s': unknown stage '%s' (registered stages: %s; plugins add more)", st->id, st->uses,
-                        off ? known : "none");
+                        "stage '%s': unknown stage '%s'%s (registered stages: %s; plugins add more)", st->id, st->uses,
+                        nearest_hint(st->uses, known, hint, sizeof hint), off ? known : "none");
             errlist_add(el, &e);
             unknown = 1;
             continue;
@@ -134,7 +138,8 @@ int run_plan_build(fsdp_registry *reg, const char *const *paths, size_t n, const
     recipe_override *ovr = calloc(o->n_sets ? o->n_sets : 1, sizeof *ovr);
     plan->recipes = calloc(n ? n : 1, sizeof *plan->recipes);
     plan->orders = calloc(n ? n : 1, sizeof *plan->orders);
-    if (!ovr || !plan->recipes || !plan->orders) {
+    plan->notes = calloc(n ? n : 1, sizeof *plan->notes);
+    if (!ovr || !plan->recipes || !plan->orders || !plan->notes) {
         free(ovr);
         return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
     }
@@ -162,8 +167,11 @@ int run_plan_build(fsdp_registry *reg, const char *const *paths, size_t n, const
         const fsdp_value *prev_model = chain.model_node;
         fsdp_err_clear(&e);
         if (check_runtime(r, probe, &host, &chain, &e)) errlist_add(&el, &e);
+        else if (o->dry_run && (plan->notes[i] = malloc(2048)))
+            sizes_describe(r, &host, &chain, plan->notes[i], 2048);
         stop = check_stages(reg, r, &el);
         checks_recipe(r, &host, prev_model, &el);
+        checks_inputs((const recipe *const *)plan->recipes, i, r, &host, &el);
         if (stop) break;
         plan->orders[i] = calloc(r->n_stages ? r->n_stages : 1, sizeof(size_t));
         if (!plan->orders[i]) {
@@ -212,6 +220,7 @@ void run_plan_print(const run_plan *plan, FILE *out) {
             fprintf(out, "  %s: %s\n", sections[k], t ? t : "?");
             free(t);
         }
+        if (plan->notes && plan->notes[i]) fputs(plan->notes[i], out);
         for (size_t k = 0; k < r->n_stages; k++) {
             const recipe_stage *s = &r->stages[plan->orders[i][k]];
             fprintf(out, "  %zu. %s (%s)", k + 1, s->id, s->uses);

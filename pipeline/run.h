@@ -24,6 +24,7 @@ typedef struct run_opts {
 typedef struct run_plan {
     recipe **recipes;
     size_t **orders;
+    char **notes; /* --dry-run: each recipe's resolved model and memory per rank (sizes_describe), or NULL */
     size_t n;
 } run_plan;
 

@@ -5,6 +5,7 @@
 
 #include "pipeline/errlist.h"
 #include "pipeline/yaml_load.h"
+#include "runtime/nearest.h"
 
 const char *schema_type_name(fsdp_param_type t) {
     switch (t) {
@@ -79,8 +80,10 @@ int schema_check_map(const char *label, const fsdp_param_spec *params, const fsd
             size_t off = 0;
             for (const fsdp_param_spec *q = params; q && q->name && off < sizeof known; q++)
                 off += (size_t)snprintf(known + off, sizeof known - off, "%s%s", off ? ", " : "", q->name);
-            fsdp_err_set(&e, FSDP_E_INVALID, "%s:%d:%d: %s: unknown parameter '%s' (known: %s)", with->file,
-                         with->key_line[k], with->key_col[k], label, with->keys[k], off ? known : "none");
+            char hint[300];
+            fsdp_err_set(&e, FSDP_E_INVALID, "%s:%d:%d: %s: unknown parameter '%s'%s (known: %s)", with->file,
+                         with->key_line[k], with->key_col[k], label, with->keys[k],
+                         nearest_hint(with->keys[k], known, hint, sizeof hint), off ? known : "none");
             errlist_add(&el, &e);
             continue;
         }

@@ -2,6 +2,7 @@
 #include "pipeline/sizes.h"
 
 #include <limits.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -81,10 +82,29 @@ static void chain_from_table(sizes_chain *chain, const mt_table *t, int world) {
     snprintf(chain->kind, sizeof chain->kind, "%s", mt_kind(t));
 }
 
+/* A recipe without a model (and no earlier recipe's): the first stage that declares the model from
+ * the recipe's `model:` (init-meta, init-cpu or load-ckpt, in file order) is an error. */
+static void require_model(const recipe *r, errlist *el) {
+    for (size_t i = 0; i < r->n_stages; i++) {
+        const recipe_stage *s = &r->stages[i];
+        if (strcmp(s->uses, "init-meta") && strcmp(s->uses, "init-cpu") && strcmp(s->uses, "load-ckpt")) continue;
+        errlist_add_at(el, s->uses_node,
+               "stage '%s' (%s) declares the model from the recipe's `model:` section, and the recipe has none: "
+               "add one, e.g. `model: {arch: llama3, preset: debugmodel}`, a table (`model: {params: [...]}`) or "
+               "`model: {from: CHECKPOINT}` (its names and shapes)",
+               s->id, s->uses);
+        return;
+    }
+}
+
 /* The recipe's model into chain (0), or the chain's earlier model; -1 when there is none or it is invalid. */
 static int model_of(const recipe *r, const sizes_host *h, sizes_chain *chain, errlist *el) {
     const fsdp_value *model = fsdp_value_get(r->root, "model");
-    if (!model || fsdp_value_type(model) == FSDP_V_NULL) return chain->model_node ? 0 : -1;
+    if (!model || fsdp_value_type(model) == FSDP_V_NULL) {
+        if (chain->model_node) return 0;
+        require_model(r, el);
+        return -1;
+    }
     if (check_model_bounds(model, el)) return -1;
     fsdp_err e;
     fsdp_err_clear(&e);
@@ -153,7 +173,10 @@ static int check_data(const recipe *r, const sizes_host *h, const sizes_chain *c
     int has_data = data && fsdp_value_type(data) != FSDP_V_NULL;
     fsdp_err e;
     fsdp_err_clear(&e);
-    if (!has_data && !train) return -1; /* nothing reads data */
+    /* its files are checked (and opened) only when a stage reads them: an export that includes a data
+     * section does not; the section's own values are checked whatever reads it */
+    int reads = train || first_stage(r, "eval");
+    if (!has_data && !train) return -1; /* nothing reads data, or eval reads eval_data */
     if (!has_data) {
         errlist_add_at(el, train->uses_node,
                "stage '%s' (train-steps): the recipe has no `data:` section (kind: text, tokens, llmc or safetensors "
@@ -167,8 +190,7 @@ static int check_data(const recipe *r, const sizes_host *h, const sizes_chain *c
     }
     int n0 = el->n;
     /* the files exist, are readable and have valid headers (their tokens are scanned when opened) */
-    data_config_set_base(dc, r->path);
-    int files_bad = data_check_files(dc, &e) != 0;
+    int files_bad = reads && data_check_files(dc, &e) != 0;
     if (files_bad) errlist_add_at(el, data_at(data, "path", train), "%s", e.msg);
     n0 = el->n; /* the sizes below are checked whatever the files */
     const fsdp_value *at_t = data_at(data, "seq_len", train), *at_b = data_at(data, "batch_size", train);
@@ -341,4 +363,69 @@ void sizes_check(const recipe *r, const sizes_host *h, sizes_chain *chain, errli
     if (data_ok) sizes_check_micro(r, h, &dc, el);
     /* the memory of a model whose own keys are valid; train-steps only with a valid data section */
     if (has_model) check_memory(r, h, chain, data_ok ? &dc : NULL, el);
+}
+
+/* ---- --dry-run --------------------------------------------------------------------------------------- */
+
+static size_t put(char *out, size_t cap, size_t off, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static size_t put(char *out, size_t cap, size_t off, const char *fmt, ...) {
+    if (off >= cap) return off;
+    va_list ap;
+    va_start(ap, fmt);
+    int k = vsnprintf(out + off, cap - off, fmt, ap);
+    va_end(ap);
+    return k > 0 ? off + (size_t)k : off;
+}
+
+static size_t describe_train(const recipe_stage *s, const sizes_chain *chain, const sizes_host *h,
+                             const data_config *dc, char *out, size_t cap, size_t off) {
+    stage_need n;
+    memset(&n, 0, sizeof n);
+    train_need(s, &chain->model, h, dc, chain->shard, &n);
+    char p[32], o[32], a[32], t[32];
+    fmt_bytes(sat_mul((uint64_t)chain->shard, 4), p, sizeof p);
+    fmt_bytes(sat_mul((uint64_t)chain->shard, 8), o, sizeof o);
+    fmt_bytes(n.act_bytes, a, sizeof a);
+    fmt_bytes(n.bytes, t, sizeof t);
+    int64_t B = dc->batch_size / h->world;
+    return put(out, cap, off,
+               "  memory of rank 0, stage '%s' (train-steps): parameters %s, gradients %s, optimizer %s (AdamW, 2 "
+               "moments), activations and buffers %s (%lld x %lld tokens, %d micro-batch%s): %s\n",
+               s->id, p, p, o, a, (long long)B, (long long)dc->seq_len, sizes_micro_count(s->with, B),
+               sizes_micro_count(s->with, B) > 1 ? "es" : "", t);
+}
+
+void sizes_describe(const recipe *r, const sizes_host *h, const sizes_chain *chain, char *out, size_t cap) {
+    size_t off = 0;
+    out[0] = '\0';
+    if (!chain->model_node || chain->full < 0) return;
+    const llama_config *c = &chain->model;
+    if (chain->has_llama)
+        off = put(out, cap, off,
+                  "  model (resolved): %s: dim %d, %d layers, %d heads (%d kv, head_dim %d), ffn %d, vocab %d, "
+                  "max_seq_len %d\n",
+                  chain->kind, c->dim, c->n_layers, c->n_heads,
+                  c->n_kv_heads, c->head_dim, c->ffn_hidden, c->vocab_size, c->max_seq_len);
+    else
+        off = put(out, cap, off, "  model (resolved): %s\n", chain->kind);
+    off = put(out, cap, off, "  parameters: %lld (%lld on rank 0 of %d)\n", (long long)chain->full,
+              (long long)chain->shard, h->world);
+    data_config dc;
+    fsdp_err e;
+    int have_dc = data_config_from_value(fsdp_value_get(r->root, "data"), 0, &dc, &e) == 0 && dc.batch_size > 0 &&
+                  dc.batch_size % h->world == 0;
+    int trained = 0;
+    for (size_t i = 0; i < r->n_stages; i++) {
+        if (strcmp(r->stages[i].uses, "train-steps") || !have_dc || !chain->has_llama) continue;
+        off = describe_train(&r->stages[i], chain, h, &dc, out, cap, off);
+        trained = 1;
+    }
+    stage_need n, worst = {0};
+    for (size_t i = 0; i < r->n_stages && !trained; i++) {
+        stage_need_of(&r->stages[i], chain, h, NULL, 1, &n);
+        if (n.bytes > worst.bytes) worst = n;
+    }
+    char b[32];
+    fmt_bytes(worst.bytes, b, sizeof b);
+    if (worst.bytes) put(out, cap, off, "  memory of rank 0: %s at most (%s)\n", b, worst.detail);
 }

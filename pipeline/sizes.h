@@ -47,6 +47,11 @@ typedef struct sizes_chain {
  * host h; adds every error found to el. chain carries the model from recipe to recipe. */
 void sizes_check(const recipe *r, const sizes_host *h, sizes_chain *chain, errlist *el);
 
+/* For --dry-run: the model as resolved (dims, FFN width, parameter count) and the memory each rank
+ * needs (parameters, gradients, optimizer, activations at the recipe's batch), the figures of the
+ * memory check, as indented lines into out ("" without a model). Call after sizes_check of r. */
+void sizes_describe(const recipe *r, const sizes_host *h, const sizes_chain *chain, char *out, size_t cap);
+
 /* Gradient accumulation (pipeline/sizes_train.c): every train-steps / eval stage's grad_accum or
  * micro_batch divides the rank's batch of dc (batch_size / world); errors point at the key. */
 void sizes_check_micro(const recipe *r, const sizes_host *h, const data_config *dc, errlist *el);

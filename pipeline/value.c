@@ -78,6 +78,7 @@ fsdp_value *val_clone(const fsdp_value *v) {
                                              : val_new(v->kind, v->file, v->line, v->col);
     if (!c) return NULL;
     c->is_default = v->is_default;
+    c->cwd_only = v->cwd_only;
     for (size_t i = 0; i < v->n; i++) {
         fsdp_value *ci = val_clone(v->items[i]);
         int rc = ci ? (v->kind == FSDP_V_MAP ? val_map_set(c, v->keys[i], ci, v->key_line[i], v->key_col[i])

@@ -32,6 +32,8 @@ struct fsdp_value {
     char *file;
     int line, col;  /* 1-based position of the value */
     int is_default; /* filled in from a schema default */
+    int cwd_only;   /* a relative path here resolves against the working directory only: the text came from
+                     * --set or starts with a ${var} (or ${env:...}) whose value did (see recipe_paths.c) */
 };
 
 fsdp_value *val_new(fsdp_value_kind kind, const char *file, int line, int col);

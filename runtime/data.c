@@ -1,6 +1,5 @@
 #include "runtime/data.h"
 
-#include <libgen.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -8,6 +7,7 @@
 
 #include "ckpt/safetensors.h"
 #include "runtime/data_files.h"
+#include "runtime/nearest.h"
 
 struct data_source {
     data_config cfg;
@@ -64,9 +64,11 @@ int data_config_over(const fsdp_value *sec, const data_config *base, data_config
         const char *k = fsdp_value_key(sec, i);
         int known = 0;
         for (const char **q = keys; *q; q++) known |= !strcmp(*q, k);
+        static const char KNOWN[] = "kind, path, batch_size, seq_len, dtype, seed, order";
+        char hint[300];
         if (!known)
-            return fsdp_err_at(err, FSDP_E_INVALID, fsdp_value_item(sec, i),
-                               "data: unknown key '%s' (expected kind, path, batch_size, seq_len, dtype, seed, order)", k);
+            return fsdp_err_at(err, FSDP_E_INVALID, fsdp_value_item(sec, i), "data: unknown key '%s'%s (expected %s)", k,
+                               nearest_hint(k, KNOWN, hint, sizeof hint), KNOWN);
     }
     const fsdp_value *v;
     if ((v = fsdp_value_get(sec, "kind")) && fsdp_value_type(v) != FSDP_V_NULL) {
@@ -118,15 +120,6 @@ int data_config_over(const fsdp_value *sec, const data_config *base, data_config
     return 0;
 }
 
-void data_config_set_base(data_config *cfg, const char *recipe_path) {
-    cfg->base[0] = '\0';
-    if (!recipe_path) return;
-    char *dup = strdup(recipe_path);
-    if (!dup) return;
-    snprintf(cfg->base, sizeof cfg->base, "%s", dirname(dup));
-    free(dup);
-}
-
 static int is_file_kind(data_kind k) { return k == DATA_TEXT || k == DATA_TOKENS || k == DATA_LLMC; }
 
 int data_check_files(const data_config *cfg, fsdp_err *err) {
@@ -140,12 +133,6 @@ int data_check_files(const data_config *cfg, fsdp_err *err) {
 /* kind safetensors: `input_ids` and `labels`, [B, T] integer tensors, read whole. */
 static int load_fixed(data_source *d, fsdp_err *err) {
     st_reader *r;
-    /* like the other kinds: the working directory, then the recipe's directory */
-    if (d->cfg.path[0] != '/' && d->cfg.base[0] && access(d->cfg.path, F_OK) != 0) {
-        char alt[sizeof d->cfg.path];
-        if (snprintf(alt, sizeof alt, "%s/%s", d->cfg.base, d->cfg.path) < (int)sizeof alt && access(alt, F_OK) == 0)
-            memcpy(d->cfg.path, alt, sizeof alt);
-    }
     int rc = st_open(&r, d->cfg.path, err);
     if (rc) return rc;
     const char *names[2] = {"input_ids", "labels"};

@@ -6,8 +6,8 @@
  *   kind: safetensors  fixed `input_ids` / `labels` tensors [B, T] (every step the same batch)
  *   kind: synthetic    seeded random tokens (benchmarks; only when asked: `kind` is required)
  * path may be a glob (text, tokens, llmc: the matches in sorted order are one stream; a window never
- * spans two files); a relative path is looked up in the working directory, then in the recipe's
- * directory (data_config_set_base). Every token id is checked against the vocabulary at open time.
+ * spans two files); a relative path was resolved when the recipe was loaded (pipeline/recipe_paths.c).
+ * Every token id is checked against the vocabulary at open time.
  * batch_size is the global batch; each rank takes its contiguous slice of it. Sample b of
  * batch `pos` starts at a window chosen by a counter-based hash of (seed, pos, b), so the
  * stream is the same for every world size and a resumed run continues it from `pos`. */
@@ -27,7 +27,6 @@ typedef struct data_source data_source;
 typedef struct data_config {
     data_kind kind;
     char path[4096];
-    char base[4096];     /* the recipe's directory: where a relative path is looked up second ("": none) */
     int64_t batch_size;  /* global */
     int64_t seq_len;
     int token_bytes;     /* tokens: 2 (uint16) or 4 (uint32) */
@@ -40,8 +39,6 @@ typedef struct data_config {
 /* Parses and checks a `data:` map (errors point at the key; a missing section or `kind` is an error).
  * default_seed is runtime.seed. */
 int data_config_from_value(const fsdp_value *section, uint64_t default_seed, data_config *cfg, fsdp_err *err);
-/* Sets cfg->base to the directory of recipe_path (NULL: none). */
-void data_config_set_base(data_config *cfg, const char *recipe_path);
 /* The files of cfg exist, are readable and have valid headers (text, tokens, llmc; no token scan):
  * the static check of `validate`. 0 for the other kinds. */
 int data_check_files(const data_config *cfg, fsdp_err *err);

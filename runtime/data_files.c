@@ -16,29 +16,21 @@ static const char *kind_label(data_kind k) {
     return k == DATA_TEXT ? "text" : k == DATA_LLMC ? "llmc" : "tokens";
 }
 
-/* Matches of pattern (sorted), tried as written and then, for a relative pattern, against base. */
+/* Matches of pattern (sorted). A relative path was resolved when the recipe was loaded (recipe_paths.c). */
 static int resolve_glob(const data_config *cfg, glob_t *g, fsdp_err *err) {
     memset(g, 0, sizeof *g);
     int rc = glob(cfg->path, GLOB_ERR, NULL, g);
     if (rc == 0) return 0;
     globfree(g);
     memset(g, 0, sizeof *g);
-    if (rc == GLOB_NOMATCH && cfg->path[0] != '/' && cfg->base[0]) {
-        char alt[sizeof cfg->base + sizeof cfg->path + 2];
-        snprintf(alt, sizeof alt, "%s/%s", cfg->base, cfg->path);
-        rc = glob(alt, GLOB_ERR, NULL, g);
-        if (rc == 0) return 0;
-        globfree(g);
-        memset(g, 0, sizeof *g);
-    }
     if (rc == GLOB_NOSPACE) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
     if (rc == GLOB_ABORTED)
         return fsdp_err_set(err, FSDP_E_IO, "data.path '%s': a directory of the pattern cannot be read", cfg->path);
-    if (cfg->path[0] != '/' && cfg->base[0])
+    if (cfg->path[0] != '/')
         return fsdp_err_set(err, FSDP_E_IO,
-                            "data.path '%s': no file matches (kind %s; a relative path is looked up in the working "
-                            "directory, then in the recipe's directory %s)",
-                            cfg->path, kind_label(cfg->kind), cfg->base);
+                            "data.path '%s': no file matches (kind %s; a relative path is looked up in the directory "
+                            "of the recipe file that names it, then in the working directory)",
+                            cfg->path, kind_label(cfg->kind));
     return fsdp_err_set(err, FSDP_E_IO, "data.path '%s': no file matches (kind %s)", cfg->path, kind_label(cfg->kind));
 }
 

@@ -32,7 +32,7 @@ typedef struct data_files {
     int token_bytes; /* 1 (text), 2 or 4 */
 } data_files;
 
-/* Resolves cfg->path (against cfg->base when the working directory has no match), maps every
+/* Expands cfg->path (a glob), maps every
  * matching file and checks its header and size. vocab > 0 and scan: every token id must be < vocab
  * (the error names the file, the token index and its byte offset). */
 int data_files_open(const data_config *cfg, int vocab, int scan, data_files *f, fsdp_err *err);

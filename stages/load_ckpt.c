@@ -48,6 +48,7 @@
 #include "ckpt/state_io.h"
 #include "pipeline/value_impl.h"
 #include "stages/stages.h"
+#include "runtime/nearest.h"
 
 static const char *const FORMATS[] = {"auto", "dcp", "safetensors", "pt", NULL};
 static const char *const NAMES[] = {"torchtitan", "hf", NULL};
@@ -536,8 +537,10 @@ static int prefixes_check(const fsdp_value *pre, fsdp_err *err) {
     for (size_t i = 0; i < fsdp_value_size(pre); i++) {
         const char *k = fsdp_value_key(pre, i);
         const fsdp_value *v = fsdp_value_item(pre, i);
+        char hint[300];
         if (!k || (strcmp(k, "model") && strcmp(k, "optim")))
-            return fsdp_err_at(err, FSDP_E_INVALID, v, "load-ckpt: prefixes: unknown key '%s' (model, optim)", k ? k : "?");
+            return fsdp_err_at(err, FSDP_E_INVALID, v, "load-ckpt: prefixes: unknown key '%s'%s (model, optim)",
+                               k ? k : "?", nearest_hint(k, "model, optim", hint, sizeof hint));
         const char *t = fsdp_value_type(v) == FSDP_V_SCALAR ? fsdp_value_text(v) : NULL;
         if (!t) return fsdp_err_at(err, FSDP_E_INVALID, v, "load-ckpt: prefixes.%s must be a string (\"\" for none)", k);
         char what[32];

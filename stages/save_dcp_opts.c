@@ -9,6 +9,7 @@
 #include "ckpt/dcp_side.h"
 #include "ckpt/save_plan.h"
 #include "stages/value_pickle.h"
+#include "runtime/nearest.h"
 
 static int parse_aliases(const fsdp_value *with, sdcp_opts *s, fsdp_err *err) {
     const fsdp_value *av = fsdp_value_get(with, "aliases");
@@ -83,10 +84,10 @@ static int fresh_key(const fsdp_value *fv, size_t k, fopt_adamw *f, fsdp_err *er
         f->has_initial_lr = 1;
         return number(v, key, 0, &f->initial_lr, err);
     }
-    return fsdp_err_at(err, FSDP_E_INVALID, v,
-                       "save-dcp: fresh_optimizer: unknown key '%s' (known: prefix, lr, initial_lr, betas, eps, "
-                       "weight_decay)",
-                       key);
+    static const char KNOWN[] = "prefix, lr, initial_lr, betas, eps, weight_decay";
+    char hint[300];
+    return fsdp_err_at(err, FSDP_E_INVALID, v, "save-dcp: fresh_optimizer: unknown key '%s'%s (known: %s)", key,
+                       nearest_hint(key, KNOWN, hint, sizeof hint), KNOWN);
 }
 
 static int parse_fresh(const fsdp_value *with, sdcp_opts *s, fsdp_err *err) {

@@ -19,7 +19,10 @@
  * each copy is made atomically with copy_file_range (ckpt/file_copy.h), so it holds the old file or
  * all of the new one; one file only (not with shard_mb > 0).
  *
- * with: path (required; a .safetensors file, or a directory when shard_mb > 0),
+ * With names: hf a path that does not end in .safetensors is the export's directory (path/model.safetensors
+ * and path/config.json: from_pretrained(path) opens it); see st_export_file.
+ *
+ * with: path (required; a .safetensors file, or a directory when shard_mb > 0 or names: hf),
  *       names (torchtitan|hf), dtype (auto|f32|bf16), shard_mb (int, 0 = one file),
  *       overwrite (bool, true), copies (list of paths) */
 #include <stdio.h>
@@ -35,7 +38,8 @@
 static const char *const NAMES[] = {"torchtitan", "hf", NULL};
 static const char *const DTYPES[] = {"auto", "f32", "bf16", NULL};
 static const fsdp_param_spec PARAMS[] = {
-    {"path", FSDP_T_STRING, 1, NULL, NULL, "output file (directory when shard_mb > 0)"},
+    {"path", FSDP_T_STRING, 1, NULL, NULL,
+     "output file (a directory when shard_mb > 0, or with names: hf when it does not end in .safetensors)"},
     {"names", FSDP_T_STRING, 0, "torchtitan", NAMES, "tensor names (hf: Hugging Face Llama)"},
     {"dtype", FSDP_T_STRING, 0, "auto", DTYPES, "dtype written (auto: each parameter's dtype)"},
     {"shard_mb", FSDP_T_INT, 0, "0", NULL, "split into model-0000k-of-0000n files of at most this many MB"},
@@ -115,8 +119,10 @@ static int sst_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
     int rank = comm_rank(c), hf = !strcmp(fsdp_arg_str(with, "names", "torchtitan"), "hf");
     const char *dts = fsdp_arg_str(with, "dtype", "auto"), *path = fsdp_arg_str(with, "path", "");
     int64_t shard_mb = fsdp_arg_int(with, "shard_mb", 0);
+    char file[4200]; /* one file: path, or path/model.safetensors for an HF directory */
+    int hf_dir = shard_mb <= 0 && st_export_file(path, hf, file, sizeof file);
     int rc = state_check_values(s, "save-safetensors", err);
-    if (!rc) rc = sst_refuse_existing(c, with, path, shard_mb > 0, err);
+    if (!rc) rc = sst_refuse_existing(c, with, shard_mb > 0 ? path : file, shard_mb > 0, err);
     if (rc) return rc;
     if (hf && !s->has_cfg)
         return fsdp_err_set(err, FSDP_E_INVALID,
@@ -138,9 +144,9 @@ static int sst_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
         free(text);
         if (rc) fsdp_err_prefix(err, "save-safetensors: %s", path);
     }
-    if (!rc && rank == 0 && shard_mb <= 0) rc = sst_parent_dir(path, err);
+    if (!rc && rank == 0 && shard_mb <= 0) rc = sst_parent_dir(file, err);
     if (!rc && rank == 0) {
-        rc = shard_mb > 0 ? st_shards_new(&sh, path, "model", (uint64_t)shard_mb << 20, err) : st_writer_new(&w, path, err);
+        rc = shard_mb > 0 ? st_shards_new(&sh, path, "model", (uint64_t)shard_mb << 20, err) : st_writer_new(&w, file, err);
         if (!rc) rc = sh ? st_shards_set_metadata(sh, "format", "pt", err) : st_writer_set_metadata(w, "format", "pt", err);
         for (size_t i = 0; i < s->n && !rc; i++) {
             state_param *p = &s->p[i];
@@ -200,10 +206,10 @@ static int sst_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
         state_param_unmap(s, p, STATE_DATA, local, 0, &e3);
     }
     if (!rc && rank == 0) rc = sh ? st_shards_finish(sh, err) : st_writer_finish(w, err);
-    if (!rc && rank == 0) rc = sst_copies(ctx, with, path, err);
+    if (!rc && rank == 0) rc = sst_copies(ctx, with, file, err);
     /* Hugging Face names: the config.json transformers opens the directory with */
     if (!rc && rank == 0 && hf && s->has_cfg && s->n > 0)
-        rc = sst_write_config(s, dts, path, sh != NULL, err);
+        rc = sst_write_config(s, dts, path, sh != NULL || hf_dir, err);
     if (w) st_writer_free(w);
     if (sh) st_shards_free(sh);
     free(idx);

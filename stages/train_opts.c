@@ -100,6 +100,14 @@ static int check_eval(const fsdp_value *with, fsdp_err *err) {
     return 0;
 }
 
+/* warmup_steps past the schedule's end: reported once, by the recipe checks (pipeline/checks.c, with the
+ * stage's id), not again by the schedule's own check. */
+static int warmup_past_schedule(const fsdp_value *with) {
+    int64_t w = fsdp_arg_int(with, "warmup_steps", 0);
+    int64_t len = fsdp_arg_int(with, "schedule_steps", fsdp_arg_int(with, "steps", 0));
+    return w > 0 && len > 0 && w > len;
+}
+
 int train_opts_check(const fsdp_value *with, fsdp_err *err) {
     int rc = check_wsd_keys(with, err);
     if (!rc) rc = check_positive(with, "schedule_steps", 1, err);
@@ -110,7 +118,7 @@ int train_opts_check(const fsdp_value *with, fsdp_err *err) {
                          "step this stage trains)",
                          (long long)fsdp_arg_int(with, "schedule_steps", 1), (long long)fsdp_arg_int(with, "steps", 0));
     lrs_config c;
-    if (!rc) rc = train_sched_from_with(with, &c, err);
+    if (!rc && !warmup_past_schedule(with)) rc = train_sched_from_with(with, &c, err);
     if (!rc) rc = check_positive(with, "grad_accum", 1, err);
     if (!rc) rc = check_positive(with, "micro_batch", 1, err);
     if (!rc && fsdp_value_get(with, "grad_accum") && fsdp_value_get(with, "micro_batch"))

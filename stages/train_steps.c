@@ -331,7 +331,6 @@ static int train_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
     data_config dc;
     rc = data_config_from_value(fsdp_ctx_section(ctx, "data"), (uint64_t)fsdp_arg_int(rt, "seed", 0), &dc, err);
     if (rc) return rc;
-    data_config_set_base(&dc, fsdp_ctx_recipe_path(ctx));
     data_source *data;
     if ((rc = data_open(&dc, s->cfg.vocab_size, comm_size(c), comm_rank(c), &data, err))) return rc;
     int64_t B = data_local_batch(data), T = dc.seq_len;

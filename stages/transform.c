@@ -34,6 +34,7 @@
 #include "ckpt/namemap.h"
 #include "ckpt/state_io.h"
 #include "stages/stages.h"
+#include "runtime/nearest.h"
 
 static const fsdp_param_spec PARAMS[] = {
     {"ops", FSDP_T_LIST, 1, NULL, NULL, "ordered operations: copy, scale, fill, cast, load"},
@@ -61,9 +62,11 @@ static int check_copy(const fsdp_value *b, fsdp_err *err) {
     const fsdp_value *from = fsdp_value_get(b, "from"), *rep = fsdp_value_get(b, "replace");
     for (size_t i = 0; i < fsdp_value_size(b); i++) {
         const char *k = fsdp_value_key(b, i);
+        char hint[300];
         if (strcmp(k, "from") && strcmp(k, "to") && strcmp(k, "replace"))
             return fsdp_err_at(err, FSDP_E_INVALID, fsdp_value_item(b, i),
-                               "transform: copy: unknown key '%s' (from, to, replace)", k);
+                               "transform: copy: unknown key '%s'%s (from, to, replace)", k,
+                               nearest_hint(k, "from, to, replace", hint, sizeof hint));
     }
     if (from && rep)
         return fsdp_err_at(err, FSDP_E_INVALID, rep, "transform: copy takes either 'from' or 'replace', not both");

@@ -311,11 +311,11 @@ TEST(CkptLifecycle, ResumeLatestSkipsIncompleteNewestDirectory) {
         ASSERT_EQ(rc, 0) << np << " ranks:\n" << out;
         EXPECT_NE(out.find(base + "/step-4 (the newest committed step)"), std::string::npos) << out;
         EXPECT_NE(out.find("training steps 5..5"), std::string::npos) << out;
-        // nothing committed at all: a clear error naming the directory
+        // nothing committed at all: a clear error naming the directory, before any stage runs
         rm_rf(base + "/step-2");
         rm_rf(base + "/step-4");
         rc = run_recipe(np, t / "b.yaml", read_file(t / "b.yaml"), &out);
-        EXPECT_EQ(rc, 1) << out;
+        EXPECT_EQ(rc, 2) << out;
         EXPECT_NE(out.find(base + " holds no committed step-<N> checkpoint"), std::string::npos) << out;
     }
 }
@@ -367,7 +367,7 @@ TEST(CkptLifecycle, PeriodicSaveRefusesExistingStepUnlessTold) {
     ASSERT_EQ(rc, 0) << out;
     std::string before = read_file(base + "/step-2/.metadata");
     rc = run_recipe(2, t / "a.yaml", r + "}}\n", &out);
-    EXPECT_EQ(rc, 1) << out;
+    EXPECT_EQ(rc, 2) << out; // refused by the run's own validation, before init (issue 26 item 7)
     EXPECT_NE(out.find("would replace the checkpoint " + base + "/step-2"), std::string::npos) << out;
     EXPECT_EQ(out.find("step 1/4"), std::string::npos) << "trained before refusing:\n" << out;
     rc = run_recipe(2, t / "a.yaml", r + ", save_overwrite: true}}\n", &out);

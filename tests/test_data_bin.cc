@@ -1,6 +1,6 @@
 // Issue 16 item 5: llm.c .bin shards (kind: llmc: 256 x int32 header, magic 20240520, version 1,
 // token count, uint16 tokens), several shards by glob, token ids checked against the vocabulary when
-// the data is opened, data paths relative to the working directory then the recipe's directory, and
+// the data is opened, data paths relative to the recipe's directory then the working directory, and
 // no synthetic data unless asked for.
 #include <gtest/gtest.h>
 
@@ -283,7 +283,7 @@ TEST(DataBin, NoDataSectionIsAnErrorNotSyntheticData) {
     EXPECT_EQ(run("validate " + d / "init.yaml", &out), 0) << out;
 }
 
-TEST(DataBin, RelativePathsResolveFromTheWorkingDirectoryThenTheRecipe) {
+TEST(DataBin, RelativePathsResolveFromTheRecipeThenTheWorkingDirectory) {
     Dir d;
     std::vector<uint16_t> toks(500, 9);
     write_file(d / "shard_0.bin", llmc_shard(toks));
@@ -306,7 +306,7 @@ TEST(DataBin, RelativePathsResolveFromTheWorkingDirectoryThenTheRecipe) {
                              "stages:\n  - {id: i, uses: init-meta}\n  - {id: t, uses: train-steps, with: {steps: 1}}\n");
     EXPECT_EQ(run("validate " + d / "m.yaml", &out), 2) << out;
     EXPECT_NE(out.find(d / "m.yaml" + ":2:26: data.path 'missing.bin': no file matches (kind llmc; a relative path is "
-                       "looked up in the working directory, then in the recipe's directory " + d.d + ")"),
+                       "looked up in the directory of the recipe file that names it, then in the working directory)"),
               std::string::npos)
         << out;
 }

@@ -87,7 +87,7 @@ Result validate(const std::string &path, const std::string &extra = "", int time
     return r;
 }
 
-const char *STAGE = "stages:\n  - {id: a, uses: init-meta}\n";
+const char *STAGE = "model: {preset: tiny}\nstages: [{id: a, uses: init-meta}]\n";
 
 std::string repeat(const std::string &s, int n, const std::string &sep = ", ") {
     std::string out;
@@ -99,7 +99,8 @@ std::string repeat(const std::string &s, int n, const std::string &sep = ", ") {
 std::string var_chain(int n) {
     std::string t = "vars:\n  v1: f32\n";
     for (int i = 2; i <= n; i++) t += "  v" + std::to_string(i) + ": \"${v" + std::to_string(i - 1) + "}\"\n";
-    return t + "stages:\n  - {id: a, uses: init-meta, with: {dtype: \"${v" + std::to_string(n) + "}\"}}\n";
+    return t + "stages:\n  - {id: a, uses: init-meta, with: {dtype: \"${v" + std::to_string(n) + "}\"}}\n" +
+           "model: {preset: tiny}\n";
 }
 
 } // namespace
@@ -294,7 +295,7 @@ TEST(HardenRecipeScale, HundredThousandStagesPlan) {
     Dir d;
     std::string t = "stages:\n  - {id: s0, uses: init-meta}\n";
     for (int i = 1; i < 100000; i++) t += "  - {id: s" + std::to_string(i) + ", uses: save-dcp, with: {path: x}}\n";
-    std::string p = d.put("stages.yaml", t);
+    std::string p = d.put("stages.yaml", t + "model: {preset: tiny}\n");
     Result r = validate(p);
     EXPECT_EQ(r.rc, 0) << r.out.substr(0, 2000);
     EXPECT_NE(r.out.find("valid (recipe stages, 100000 stages: s0 -> s1 -> s2"), std::string::npos)
@@ -386,7 +387,7 @@ TEST(HardenRecipeSizes, ThreadsAndModelKeyBounds) {
     r = validate(p);
     EXPECT_EQ(r.rc, 2) << r.out;
     EXPECT_NE(r.out.find(p + ":1:20: runtime.threads: -3 is negative"), std::string::npos) << r.out;
-    p = d.put("m.yaml", "model: {preset: tiny, dim: 2097152, n_layers: 100000}\n" + std::string(STAGE));
+    p = d.put("m.yaml", "model: {preset: tiny, dim: 2097152, n_layers: 100000}\nstages: [{id: a, uses: init-meta}]\n");
     r = validate(p);
     EXPECT_EQ(r.rc, 2) << r.out;
     EXPECT_NE(r.out.find(p + ":1:28: model.dim: 2097152 is more than 1048576"), std::string::npos) << r.out;

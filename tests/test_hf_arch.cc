@@ -573,3 +573,65 @@ TEST(HfArchRecipe, UnsupportedModelTypeFailsValidation) {
     EXPECT_EQ(o.find("stage l"), std::string::npos) << o;
     EXPECT_FALSE(exists(t / "out"));
 }
+
+// Issue 26 item 5: every unsupported key of a config.json is named at once (hidden_act: gelu does not
+// hide use_sliding_window: true), in one error.
+TEST(HfArchConfig, EveryUnsupportedKeyIsNamedAtOnce) {
+    llama_config c;
+    std::string msg;
+    EXPECT_EQ(parse(edited("qwen2_tiny",
+                           [](json_t *o) {
+                               json_object_set_new(o, "hidden_act", json_string("gelu"));
+                               json_object_set_new(o, "use_sliding_window", json_true());
+                               json_object_set_new(o, "mlp_bias", json_true());
+                               json_object_set_new(o, "partial_rotary_factor", json_real(0.5));
+                           }),
+                    &c, &msg),
+              FSDP_E_INVALID);
+    for (const char *want : {"hidden_act 'gelu' is not supported", "\"mlp_bias\": true is not supported",
+                             "\"use_sliding_window\": true is not supported for model_type 'qwen2'",
+                             "partial_rotary_factor 0.5 is not supported"})
+        EXPECT_NE(msg.find(want), std::string::npos) << want << "\n" << msg;
+}
+
+// Issue 26 item 4: an HF directory loaded without `names: hf` says once to add it, rather than a line for
+// every parameter and every key.
+TEST(HfArchRecipe, HfNamesWithoutNamesHfSayToAddIt) {
+    Dir t;
+    std::string dir = hf("llama32_tiny");
+    write_file(t / "r.yaml", "model: {from_hf: " + dir + "}\nstages:\n  - {id: l, uses: load-ckpt, with: {path: " +
+                                 dir + "}}\n");
+    std::string o;
+    int rc = run_cmd(fsdp_run_bin() + " -q " + (t / "r.yaml"), &o);
+    EXPECT_EQ(rc, 1) << o;
+    EXPECT_NE(o.find("parameters not restored are in the checkpoint under their Hugging Face names ("), std::string::npos)
+        << o;
+    EXPECT_NE(o.find("add `names: hf` to the load-ckpt stage"), std::string::npos) << o;
+    EXPECT_EQ(o.find("unexpected key"), std::string::npos) << o;
+    EXPECT_EQ(o.find("not restored (no such key"), std::string::npos) << o;
+}
+
+// Issue 26 item 3: an HF export (names: hf) to a path without .safetensors is a directory that
+// from_pretrained opens: path/model.safetensors and path/config.json, created with its parents, whatever
+// shard_mb; fsdp-run's own from_hf + names: hf reads it back.
+TEST(HfArchRecipe, HfExportWithoutExtensionIsADirectory) {
+    Dir t;
+    std::string dir = hf("llama32_tiny"), out = t / "out/hf";
+    write_file(t / "r.yaml", "model: {from_hf: " + dir + "}\nstages:\n  - {id: l, uses: load-ckpt, with: {path: " +
+                                 dir + ", names: hf}}\n  - {id: s, uses: save-safetensors, with: {path: " + out +
+                                 ", names: hf}}\n");
+    std::string o;
+    ASSERT_EQ(run_cmd(fsdp_run_bin() + " -q " + (t / "r.yaml"), &o), 0) << o;
+    EXPECT_TRUE(exists(out + "/model.safetensors")) << o;
+    EXPECT_TRUE(exists(out + "/config.json")) << o;
+    EXPECT_FALSE(exists(t / "out/config.json")) << o;
+    write_file(t / "b.yaml", "model: {from_hf: " + out + "}\nstages:\n  - {id: l, uses: load-ckpt, with: {path: " +
+                                 out + ", names: hf}}\n");
+    EXPECT_EQ(run_cmd(fsdp_run_bin() + " -q " + (t / "b.yaml"), &o), 0) << o;
+    // overwrite: false refuses it at validation, naming the file in the directory
+    write_file(t / "c.yaml", "model: {from_hf: " + dir + "}\nstages:\n  - {id: l, uses: load-ckpt, with: {path: " +
+                                 dir + ", names: hf}}\n  - {id: s, uses: save-safetensors, with: {path: " + out +
+                                 ", names: hf, overwrite: false}}\n");
+    EXPECT_EQ(run_cmd(fsdp_run_bin() + " validate " + (t / "c.yaml"), &o), 2) << o;
+    EXPECT_NE(o.find("path (its model.safetensors) " + out + " already exists"), std::string::npos) << o;
+}

@@ -150,7 +150,7 @@ TEST(KeyLayouts, PrefixesAreValidatedBeforeAnyStageRuns) {
         const char *with, *msg;
     } bad[] = {{", prefixes: {model: model}", "prefixes.model: prefix 'model' must be empty or dotted names ending in '.'"},
                {", prefixes: {optim: \"o*.\"}", "prefixes.optim: prefix 'o*.' must be"},
-               {", prefixes: {moel: model.}", "prefixes: unknown key 'moel' (model, optim)"},
+               {", prefixes: {moel: model.}", "prefixes: unknown key 'moel': did you mean 'model'? (model, optim)"},
                {", prefixes: {model: [a.]}", "prefixes.model must be a string"}};
     for (auto &b : bad) {
         EXPECT_EQ(run_recipe(t, recipe(t + "/nothing-yet", b.with, t + "/out"), &out, "validate "), 2) << b.with << out;

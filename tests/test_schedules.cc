@@ -156,7 +156,8 @@ TEST(Schedules, KeysAreCheckedBeforeAnythingRuns) {
          "warmup_steps 5 + 6 decay steps (round(10 x 0.6)) is more than the schedule's 10 steps"},
         {"steps: 10, schedule_steps: 4", "schedule_steps 4 is less than steps 10"},
         {"steps: 4, schedule_steps: 0", "schedule_steps is 0, expected an integer >= 1"},
-        {"steps: 4, schedule_steps: 100, warmup_steps: 200", "warmup_steps must be in [0, steps = 100]"},
+        {"steps: 4, schedule_steps: 100, warmup_steps: 200",
+         "stage 't' (train-steps): warmup_steps 200 is more than schedule_steps 100"},
         {"steps: 4, no_decay: [[1]]", "no_decay[0]: expected a glob of parameter names"},
         {"steps: 4, no_decay: \"*norm*\"", "no_decay"},
     };

@@ -202,3 +202,169 @@ TEST(ValidateAll, TransformGlobsThatMatchNothing) {
         << out;
     EXPECT_EQ(count_lines_with(out, p + ":"), 2u) << out;  // the first two ops match
 }
+
+// Issue 26 item 1: a recipe without `model:` whose stages declare one is refused by `validate` (and by the
+// run, before any stage), at the stage, saying what to add.
+TEST(ValidateAll, ARecipeWithoutAModelIsRefusedAtTheStageThatDeclaresIt) {
+    Dir d;
+    write_file(d / "t.txt", std::string(4096, 'a'));
+    write_file(d / "r.yaml", "data: {kind: text, path: t.txt, batch_size: 2, seq_len: 16}\n"
+                             "stages:\n  - {id: i, uses: init-meta}\n  - {id: t, uses: train-steps, with: {steps: 1}}\n");
+    std::string out;
+    EXPECT_EQ(run("", "validate " + d / "r.yaml", &out), 2) << out;
+    EXPECT_NE(out.find(d / "r.yaml" + ":3:19: stage 'i' (init-meta) declares the model from the recipe's `model:` "
+                       "section, and the recipe has none: add one, e.g. `model: {arch: llama3, preset: debugmodel}`"),
+              std::string::npos)
+        << out;
+    EXPECT_EQ(run("", "-q " + d / "r.yaml", &out), 2) << out;
+    EXPECT_NE(out.find("stage 'i' (init-meta) declares the model"), std::string::npos) << out;
+    EXPECT_EQ(out.find("model.dim must be > 0"), std::string::npos) << out;
+    // a load-ckpt that declares it, the same
+    write_file(d / "l.yaml", "stages:\n  - {id: l, uses: load-ckpt, with: {path: " + d.d + "}}\n");
+    EXPECT_EQ(run("", "validate " + d / "l.yaml", &out), 2) << out;
+    EXPECT_NE(out.find("stage 'l' (load-ckpt) declares the model"), std::string::npos) << out;
+}
+
+// Issue 26 item 6: warmup_steps past the schedule is one error, not two messages for the same mistake.
+TEST(ValidateAll, WarmupPastTheScheduleIsReportedOnce) {
+    Dir d;
+    write_file(d / "t.txt", std::string(4096, 'a'));
+    for (const std::string with : {"steps: 10, warmup_steps: 20", "steps: 10, schedule_steps: 15, warmup_steps: 20"}) {
+        write_file(d / "r.yaml", "model: {preset: tiny}\ndata: {kind: text, path: t.txt, batch_size: 2, seq_len: 16}\n"
+                                 "stages:\n  - {id: i, uses: init-meta}\n  - {id: t, uses: train-steps, with: {" +
+                                     with + "}}\n");
+        std::string out;
+        EXPECT_EQ(run("", "validate " + d / "r.yaml", &out), 2) << out;
+        EXPECT_EQ(count_lines_with(out, "warmup_steps"), 1u) << with << ": " << out;
+        EXPECT_NE(out.find("stage 't' (train-steps): warmup_steps 20 is more than"), std::string::npos) << out;
+    }
+}
+
+// Issue 26 item 2: a load-ckpt path that nothing provides is refused before any stage runs (a path an
+// earlier stage writes is not); a run directory given for a checkpoint names the steps it holds.
+TEST(ValidateAll, LoadCkptPathsThatNothingProvides) {
+    Dir d;
+    auto recipe = [&](const std::string &load) {
+        write_file(d / "r.yaml", "model: {preset: tiny}\nstages:\n  - {id: i, uses: init-meta}\n"
+                                 "  - {id: s, uses: save-dcp, with: {path: " + d / "out" + "}}\n"
+                                 "  - {id: l, uses: load-ckpt, with: {path: " + load + "}}\n");
+        return d / "r.yaml";
+    };
+    std::string out;
+    EXPECT_EQ(run("", "validate " + recipe(d / "nothere"), &out), 2) << out;
+    EXPECT_NE(out.find(d / "r.yaml:5:43: stage 'l' (load-ckpt): path " + d / "nothere" +
+                       " does not exist and no stage of the recipe writes it"),
+              std::string::npos)
+        << out;
+    EXPECT_EQ(run("", "-q " + recipe(d / "nothere"), &out), 2) << out;
+    EXPECT_FALSE(exists(d / "out")) << out; // refused before the save ran
+    // written by an earlier stage (itself, or its latest step): valid
+    EXPECT_EQ(run("", "validate " + recipe(d / "out"), &out), 0) << out;
+    // a run directory: its steps named, and what to load
+    ASSERT_EQ(system(("mkdir -p " + d / "run/step-10" + " " + d / "run/step-20" + " " + d / "empty").c_str()), 0);
+    write_file(d / "run/step-10/.metadata", "x");
+    EXPECT_EQ(run("", "validate " + recipe(d / "run"), &out), 2) << out;
+    EXPECT_NE(out.find("path " + d / "run" + " is a run directory, not a checkpoint: it holds step-10, step-20 "
+                       "(not committed: no .metadata): load " + d / "run/step-10" + " (a step) or " + d / "run/latest" +
+                       " (the newest committed)"),
+              std::string::npos)
+        << out;
+    EXPECT_EQ(run("", "validate " + recipe(d / "run/latest"), &out), 0) << out;
+    EXPECT_EQ(run("", "validate " + recipe(d / "empty/latest"), &out), 2) << out;
+    EXPECT_NE(out.find("holds no committed step-<N> checkpoint"), std::string::npos) << out;
+}
+
+// Issue 26 item 9: an unknown name (stage parameter, stage, preset, model or data key) says which known
+// name it is nearest to.
+TEST(ValidateAll, UnknownNamesSayTheNearestKnownOne) {
+    Dir d;
+    write_file(d / "t.txt", std::string(4096, 'a'));
+    write_file(d / "r.yaml", "model: {preset: llama3_8bb}\n"
+                             "data: {kind: text, path: t.txt, batch_size: 2, seq_len: 16, seqlen: 3}\n"
+                             "stages:\n  - {id: i, uses: init-mta}\n"
+                             "  - {id: t, uses: train-steps, with: {steps: 1, warmup_step: 2, zzzz: 1}}\n");
+    std::string out;
+    EXPECT_EQ(run("", "validate " + d / "r.yaml", &out), 2) << out;
+    for (const char *want : {"unknown preset 'llama3_8bb': did you mean 'llama3_8b'? (known: ",
+                             "data: unknown key 'seqlen': did you mean 'seq_len'? (expected ",
+                             "unknown stage 'init-mta': did you mean 'init-meta'? (registered stages: ",
+                             "unknown parameter 'warmup_step': did you mean 'warmup_steps'? (known: ",
+                             "unknown parameter 'zzzz' (known: "})
+        EXPECT_NE(out.find(want), std::string::npos) << want << "\n" << out;
+    write_file(d / "m.yaml", "model: {preset: tiny, n_layer: 2}\nstages: [{id: i, uses: init-meta}]\n");
+    EXPECT_EQ(run("", "validate " + d / "m.yaml", &out), 2) << out;
+    EXPECT_NE(out.find("model: unknown key 'n_layer': did you mean 'n_layers'? (known: "), std::string::npos) << out;
+}
+
+// Issue 26 item 7: a periodic save that would replace an existing step-<N> is refused by `validate` (and
+// before init by a run) when the training starts at step 0, not only when train-steps starts.
+TEST(ValidateAll, PeriodicSaveOntoAnExistingStepIsRefusedBeforeInit) {
+    Dir d;
+    write_file(d / "t.txt", std::string(4096, 'a'));
+    ASSERT_EQ(system(("mkdir -p " + d / "ck/step-4" + " " + d / "ck/step-3").c_str()), 0);
+    write_file(d / "ck/step-4/.metadata", "x");
+    write_file(d / "ck/step-3/.metadata", "x"); // not a step this run saves
+    auto recipe = [&](const std::string &extra) {
+        write_file(d / "r.yaml", "model: {preset: tiny}\ndata: {kind: text, path: t.txt, batch_size: 2, seq_len: 16}\n"
+                                 "stages:\n  - {id: i, uses: init-meta}\n"
+                                 "  - {id: t, uses: train-steps, with: {steps: 4, save_every: 2, save_path: " +
+                                     d / "ck" + extra + "}}\n");
+        return d / "r.yaml";
+    };
+    std::string out;
+    EXPECT_EQ(run("", "validate " + recipe(""), &out), 2) << out;
+    EXPECT_NE(out.find("stage 't' (train-steps): the periodic save of step 4 would replace the checkpoint " +
+                       d / "ck/step-4" + "; resume from it (load-ckpt path: " + d / "ck/latest" +
+                       "), choose another save_path, or set save_overwrite: true"),
+              std::string::npos)
+        << out;
+    EXPECT_EQ(run("", "-q " + recipe(""), &out), 2) << out; // before init-meta runs
+    EXPECT_EQ(run("", "validate " + recipe(", save_overwrite: true"), &out), 0) << out;
+    write_file(d / "r.yaml", "model: {preset: tiny}\ndata: {kind: text, path: t.txt, batch_size: 2, seq_len: 16}\n"
+                             "stages:\n  - {id: i, uses: init-meta}\n"
+                             "  - {id: t, uses: train-steps, with: {steps: 3, save_every: 2, save_path: " +
+                                 d / "ck" + "}}\n");
+    EXPECT_EQ(run("", "validate " + d / "r.yaml", &out), 0) << out; // saves step-2 only
+}
+
+// Issue 26 item 10: --dry-run prints the model as resolved (dims, FFN width, parameter count) and the
+// memory rank 0 needs, the figures of the memory check.
+TEST(ValidateAll, DryRunPrintsTheResolvedModelAndTheMemoryPerRank) {
+    Dir d;
+    write_file(d / "t.txt", std::string(4096, 'a'));
+    write_file(d / "r.yaml", "model: {preset: tiny, dim: 128, n_layers: 4, n_heads: 8, n_kv_heads: 4, max_seq_len: 128}\n"
+                             "data: {kind: text, path: t.txt, batch_size: 8, seq_len: 128}\n"
+                             "stages:\n  - {id: i, uses: init-meta}\n  - {id: t, uses: train-steps, with: {steps: 1}}\n");
+    std::string out;
+    EXPECT_EQ(run("", "--dry-run " + d / "r.yaml", &out), 0) << out;
+    EXPECT_NE(out.find("  model (resolved): llama3 (preset tiny): dim 128, 4 layers, 8 heads (4 kv, head_dim 16), "
+                       "ffn 352, vocab 256, max_seq_len 128\n"),
+              std::string::npos)
+        << out;
+    EXPECT_NE(out.find("  parameters: 803968 (803968 on rank 0 of 1)\n"), std::string::npos) << out;
+    EXPECT_NE(out.find("  memory of rank 0, stage 't' (train-steps): parameters 3.2 MB, gradients 3.2 MB, optimizer "
+                       "6.4 MB (AdamW, 2 moments), activations and buffers "),
+              std::string::npos)
+        << out;
+    EXPECT_NE(out.find("(8 x 128 tokens, 1 micro-batch): "), std::string::npos) << out;
+    // two ranks: half the parameters each, half the batch
+    EXPECT_EQ(run("SLURM_NTASKS=2", "--dry-run " + d / "r.yaml", &out), 0) << out;
+    EXPECT_NE(out.find("  parameters: 803968 (401984 on rank 0 of 2)\n"), std::string::npos) << out;
+    EXPECT_NE(out.find("(4 x 128 tokens, 1 micro-batch): "), std::string::npos) << out;
+}
+
+// Issue 26 item 9, continued: an unknown top-level key and an undefined variable say the nearest known name.
+TEST(ValidateAll, UnknownTopLevelKeysAndVariablesSayTheNearest) {
+    Dir d;
+    write_file(d / "r.yaml", "modle: {preset: tiny}\nstages: [{id: i, uses: init-meta}]\n");
+    std::string out;
+    EXPECT_EQ(run("", "validate " + d / "r.yaml", &out), 2) << out;
+    EXPECT_NE(out.find("unknown top-level key 'modle': did you mean 'model'? (expected one of: "), std::string::npos)
+        << out;
+    write_file(d / "v.yaml", "vars: {out_dir: x}\nmodel: {preset: tiny}\n"
+                             "stages: [{id: i, uses: init-meta}, {id: s, uses: save-dcp, with: {path: \"${outdir}\"}}]\n");
+    EXPECT_EQ(run("", "validate " + d / "v.yaml", &out), 2) << out;
+    EXPECT_NE(out.find("undefined variable '${outdir}': did you mean 'out_dir'? (defined in vars: out_dir)"),
+              std::string::npos)
+        << out;
+}
