@@ -98,7 +98,7 @@ TEST(CkptCheck, FixturesPassAndSayWhatWasChecked) {
         paths.push_back(everyday(d));
     std::string out;
     for (const std::string &p : paths) {
-        if (!exists(p)) GTEST_SKIP() << "no fixture " << p;
+        ASSERT_TRUE(exists(p)) << "missing fixture " << p;
         EXPECT_EQ(ckpt("inspect " + p, &out), 0) << p << ": " << out;
         EXPECT_TRUE(has(out, "checked: 1 ") || has(out, "checked: 2 ") || has(out, "checked: 3 ")) << p << ": " << out;
         EXPECT_FALSE(has(out, "error")) << p << ": " << out;
@@ -116,7 +116,7 @@ TEST(CkptCheck, FixturesPassAndSayWhatWasChecked) {
 }
 
 TEST(CkptCheck, BrokenLocalHeaderNamesFileRecordAndTensor) {
-    if (!exists(tiny("dcp_seed_ws1"))) GTEST_SKIP();
+    ASSERT_TRUE(exists(tiny("dcp_seed_ws1"))) << "missing fixture " << tiny("dcp_seed_ws1");
     Copy c(tiny("dcp_seed_ws1"));
     std::string f = c.dir + "/__0_0.distcp", z = read_file(f), out;
     std::vector<Piece> v = pieces_of(c.dir, "__0_0.distcp");
@@ -135,7 +135,7 @@ TEST(CkptCheck, BrokenLocalHeaderNamesFileRecordAndTensor) {
 }
 
 TEST(CkptCheck, CompressedAndShortRecords) {
-    if (!exists(tiny("dcp_seed_ws1"))) GTEST_SKIP();
+    ASSERT_TRUE(exists(tiny("dcp_seed_ws1"))) << "missing fixture " << tiny("dcp_seed_ws1");
     Copy c(tiny("dcp_seed_ws1"));
     std::string f = c.dir + "/__0_0.distcp", z = read_file(f), out;
     std::vector<Piece> v = pieces_of(c.dir, "__0_0.distcp");
@@ -160,7 +160,7 @@ TEST(CkptCheck, CompressedAndShortRecords) {
 }
 
 TEST(CkptCheck, EveryProblemUpToTwentyThenACount) {
-    if (!exists(tiny("dcp_seed_ws1"))) GTEST_SKIP();
+    ASSERT_TRUE(exists(tiny("dcp_seed_ws1"))) << "missing fixture " << tiny("dcp_seed_ws1");
     Copy c(tiny("dcp_seed_ws1"));
     std::string f = c.dir + "/__0_0.distcp", z = read_file(f), out;
     std::vector<Piece> v = pieces_of(c.dir, "__0_0.distcp");
@@ -201,7 +201,7 @@ TEST(CkptCheck, ChunkDtypeAndShapeAgainstMetadata) {
 
 TEST(CkptCheck, SafetensorsPieceMustListTheChunk) {
     std::string src = everyday("dcp_safetensors_serialization");
-    if (!exists(src)) GTEST_SKIP();
+    ASSERT_TRUE(exists(src)) << "missing fixture " << src;
     Copy c(src);
     std::string f = c.dir + "/__0_0.distcp", z = read_file(f), out;
     size_t at = z.find("\"lin.bias\"");
@@ -215,7 +215,7 @@ TEST(CkptCheck, SafetensorsPieceMustListTheChunk) {
 
 TEST(CkptCheck, PtTensorRecordCompressed) {
     std::string src = tiny("model_step5.pt");
-    if (!exists(src)) GTEST_SKIP();
+    ASSERT_TRUE(exists(src)) << "missing fixture " << src;
     std::string t = make_tmpdir("ckpt-check"), p = t + "/m.pt", z = read_file(src), out;
     put16(z, find_header(z, "PK\3\4", 0, z.size(), "/data/1") + 8, 8);
     put16(z, find_header(z, "PK\1\2", 0, z.size(), "/data/1") + 10, 8);
@@ -227,7 +227,7 @@ TEST(CkptCheck, PtTensorRecordCompressed) {
 }
 
 TEST(CkptCheck, PayloadBytesAreLeftToVerify) {
-    if (!exists(tiny("dcp_seed_ws1"))) GTEST_SKIP();
+    ASSERT_TRUE(exists(tiny("dcp_seed_ws1"))) << "missing fixture " << tiny("dcp_seed_ws1");
     Copy c(tiny("dcp_seed_ws1"));
     std::string f = c.dir + "/__0_0.distcp", z = read_file(f), out;
     std::vector<Piece> v = pieces_of(c.dir, "__0_0.distcp");
