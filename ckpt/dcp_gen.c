@@ -69,3 +69,9 @@ void dcp_gen_from_save_id(const char *save_id, char id[DCP_GEN_ID_LEN + 1]) {
         return;
     memcpy(id, save_id + m, DCP_GEN_ID_LEN + 1);
 }
+
+uint64_t dcp_hash_bytes(uint64_t h, const void *p, size_t n) {
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ull;
+    return h;
+}

@@ -34,4 +34,10 @@ void dcp_gen_save_id(const dcp_gen *g, char *out, size_t cap);
 /* The identity recorded in a save_id (NULL or another program's: ""). */
 void dcp_gen_from_save_id(const char *save_id, char id[DCP_GEN_ID_LEN + 1]);
 
+/* FNV-1a of n bytes continuing from h (start with DCP_HASH_START): how a checkpoint's `.metadata` is
+ * told apart from another (dcp_open, ckpt_identity_at). Never 0 once finished with dcp_hash_end. */
+#define DCP_HASH_START 1469598103934665603ull
+uint64_t dcp_hash_bytes(uint64_t h, const void *p, size_t n);
+static inline uint64_t dcp_hash_end(uint64_t h) { return h ? h : 1; }
+
 #endif

@@ -290,12 +290,7 @@ static int merge_rank_local(const char *dir, dcp_ckpt *c, fsdp_err *err) {
     return rc;
 }
 
-static uint64_t fnv1a(const void *p, size_t n) {
-    const unsigned char *b = p;
-    uint64_t h = 1469598103934665603ull;
-    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ull;
-    return h ? h : 1;
-}
+static uint64_t fnv1a(const void *p, size_t n) { return dcp_hash_end(dcp_hash_bytes(DCP_HASH_START, p, n)); }
 
 /* `.metadata` parsed into c (its hash and save identity kept) */
 static int read_metadata(dcp_ckpt *c, fsdp_err *err) {

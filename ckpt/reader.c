@@ -166,16 +166,11 @@ uint64_t ckpt_identity(const ckpt_reader *r) { return r->identity; }
 
 int ckpt_restarts(const ckpt_reader *r) { return r->restarts; }
 
-static uint64_t fnv1a(uint64_t h, const void *p, size_t n) {
-    const unsigned char *b = p;
-    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ull;
-    return h;
-}
 
 uint64_t ckpt_identity_at(const char *path) {
     struct stat st;
     if (stat(path, &st) != 0) return 0;
-    uint64_t h = 1469598103934665603ull;
+    uint64_t h = DCP_HASH_START;
     int dfd = -1, fd = -1;
     fsdp_err e;
     if (S_ISDIR(st.st_mode) && !fio_open_dir(path, &dfd, &e)) {
@@ -184,9 +179,9 @@ uint64_t ckpt_identity_at(const char *path) {
         if (!rc) { /* a DCP checkpoint: its .metadata's bytes, as dcp_open hashes them */
             char buf[65536];
             ssize_t n;
-            while ((n = read(fd, buf, sizeof buf)) > 0) h = fnv1a(h, buf, (size_t)n);
+            while ((n = read(fd, buf, sizeof buf)) > 0) h = dcp_hash_bytes(h, buf, (size_t)n);
             close(fd);
-            return h ? h : 1;
+            return dcp_hash_end(h);
         }
     }
     char index[4200];
@@ -197,8 +192,8 @@ uint64_t ckpt_identity_at(const char *path) {
     if (S_ISDIR(st.st_mode) && stat(index, &ist) == 0) st = ist; /* an HF directory: its index, replaced last */
     uint64_t v[4] = {(uint64_t)st.st_dev, (uint64_t)st.st_ino, (uint64_t)st.st_size,
                      (uint64_t)st.st_mtim.tv_sec * 1000000000u + (uint64_t)st.st_mtim.tv_nsec};
-    h = fnv1a(h, v, sizeof v);
-    return h ? h : 1;
+    h = dcp_hash_bytes(h, v, sizeof v);
+    return dcp_hash_end(h);
 }
 
 ckpt_reader *ckpt_reader_alloc(const char *path, size_t n, const ckpt_ops *ops, ckpt_format format, void *impl) {
