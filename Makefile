@@ -74,8 +74,11 @@ else ifeq ($(HAVE_CUDA),1)
   NVCCFLAGS ?= -O3 -arch=sm_90 -std=c++17 -Xcompiler -fPIC,-Wall -Iinclude -I. -DFSDP_HAVE_CUDA=1 \
                --expt-relaxed-constexpr -lineinfo
   # -lstdc++: the host code nvcc generates for kernels needs the C++ runtime; executables link with $(CC).
-  # NCCL is not linked: runtime/nccl_api.c dlopens it when a device communicator is made (the RPATH finds it).
-  LDLIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lstdc++
+  # The CUDA runtime is linked statically (nvcc's own default, and how cuBLAS and NCCL carry theirs): no
+  # libcudart.so is mapped at start-up, and the runtime loads the driver (libcuda) only at its first call,
+  # which a CPU run or `validate` never makes. NCCL and cuBLAS are not linked: runtime/nccl_api.c and
+  # runtime/device_blas.c dlopen them when a GPU is used (the RPATH finds them).
+  LDLIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart_static -lrt -lstdc++
 endif
 
 # --- sources -----------------------------------------------------------------
@@ -103,9 +106,16 @@ BENCHES   := $(BENCH_SRCS:bench/%.c=$(BUILD)/bench/%)
 
 # Executables take the whole library so that plugins (dlopen) resolve every public symbol.
 WHOLE_LIB := -Wl,--whole-archive $(LIBFSDP) -Wl,--no-whole-archive
+# The link flags as last used: executables are linked again when they change (a library added or
+# linked another way), not only when an object file does.
+LINK_FLAGS := $(BUILD)/link.flags
 
-.PHONY: all test setup asan fuzz bench bundle gpu-kit clean check-deps emu test-emu test-emu-run
+.PHONY: all test setup asan fuzz bench bundle gpu-kit clean check-deps emu test-emu test-emu-run FORCE
 all: $(BIN) $(PLUGINS) $(EMU_SOS)
+
+$(LINK_FLAGS): FORCE
+	@mkdir -p $(dir $@)
+	@echo '$(LDFLAGS) $(LDLIBS)' | cmp -s - $@ || echo '$(LDFLAGS) $(LDLIBS)' > $@
 
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
@@ -139,7 +149,7 @@ $(BUILD)/lib/libcublas.so.$(CUBLAS_MAJOR): tests/emu/emu_cublas.cc
 	$(CXX) $(CPPFLAGS) $(CXXFLAGS) -MF $(BUILD)/lib/emu_cublas.d -fPIC -shared -Wl,-soname,$(notdir $@) $< -o $@
 endif
 
-$(BIN): $(BUILD)/obj/pipeline/main.o $(LIBFSDP) | $(EMU_SOS)
+$(BIN): $(BUILD)/obj/pipeline/main.o $(LIBFSDP) $(LINK_FLAGS) | $(EMU_SOS)
 	$(CC) $(LDFLAGS) $< $(WHOLE_LIB) $(LDLIBS) -o $@
 
 $(BUILD)/plugins/lib%.so: examples/plugins/%.c include/fsdp/*.h
@@ -150,15 +160,15 @@ $(BUILD)/tests/plugins/lib%.so: tests/plugins/%.c include/fsdp/*.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) $(CFLAGS) -shared $< -o $@
 
-$(BUILD)/tests/mpi/%: tests/mpi/%.c $(LIBFSDP) | $(EMU_SOS)
+$(BUILD)/tests/mpi/%: tests/mpi/%.c $(LIBFSDP) $(LINK_FLAGS) | $(EMU_SOS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) $(CFLAGS) $(LDFLAGS) $< $(WHOLE_LIB) $(LDLIBS) -o $@
 
-$(TEST_BIN): $(TEST_OBJS) $(LIBFSDP) | $(EMU_SOS)
+$(TEST_BIN): $(TEST_OBJS) $(LIBFSDP) $(LINK_FLAGS) | $(EMU_SOS)
 	@mkdir -p $(dir $@)
 	$(CXX) $(LDFLAGS) $(TEST_OBJS) $(WHOLE_LIB) -lgtest -lgtest_main $(LDLIBS) -o $@
 
-$(BUILD)/bench/%: bench/%.c $(LIBFSDP)
+$(BUILD)/bench/%: bench/%.c $(LIBFSDP) $(LINK_FLAGS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) $(CFLAGS) $(LDFLAGS) $< $(WHOLE_LIB) $(LDLIBS) -o $@
 

@@ -58,12 +58,42 @@ TEST(CommNccl, InitWorksWithAGpuAndIsAClearErrorWithout) {
 
 // NCCL is loaded when a device communicator is made, not linked: fsdp-run starts without mapping it
 // (every CPU run, --version, validate), and the loader finds the library and its functions (no GPU needed).
+// Which CUDA libraries (runtime, driver, NCCL, cuBLAS) the loader maps while CMD runs; "" when none.
+static std::string cuda_libs_mapped(const std::string &cmd) {
+    std::string out;
+    EXPECT_EQ(run_cmd("LD_DEBUG=files " + cmd + " 2>&1", &out), 0) << out;
+    EXPECT_NE(out.find("file=libgomp"), std::string::npos) << out;  // the trace did list the libraries
+    std::string found;
+    for (const char *lib : {"file=libcudart", "file=libcuda.", "file=libnccl", "file=libcublas"}) {
+        size_t at = out.find(lib);
+        if (at != std::string::npos) found += out.substr(at, out.find('\n', at) - at) + "\n";
+    }
+    return found;
+}
+
+// NCCL, cuBLAS, the CUDA runtime and the driver are loaded only when a GPU is used: `--version`,
+// `validate` and a whole CPU run map none of them (the runtime is linked statically, the others are
+// dlopened), and the executable does not name libcudart as a library it needs.
 TEST(CommNccl, LoadedOnFirstUseNotLinked) {
     if (!dev_built_with_cuda()) GTEST_SKIP() << "a build without CUDA has no NCCL";
-    std::string out;
-    ASSERT_EQ(run_cmd("LD_DEBUG=files " + fsdp_run_bin() + " --version 2>&1", &out), 0) << out;
-    EXPECT_EQ(out.find("libnccl"), std::string::npos) << out;
-    EXPECT_NE(out.find("libgomp"), std::string::npos) << out;  // the trace did list the libraries
+    const std::string bin = fsdp_run_bin();
+    EXPECT_EQ(cuda_libs_mapped(bin + " --version"), "");
+    EXPECT_EQ(cuda_libs_mapped(bin + " validate recipes/quickstart.yaml"), "");
+    std::string tmp = make_tmpdir("fsdp-nocuda");
+    ASSERT_FALSE(tmp.empty());
+    // the quickstart, shortened: init, save, 3 steps, save, load, 2 more steps, save
+    const std::string d = tmp + "/q";
+    EXPECT_EQ(cuda_libs_mapped(bin + " recipes/quickstart.yaml --set vars.dir=" + d +
+                               " --set stages.train.with.steps=3 --set stages.train.with.warmup_steps=1"
+                               " --set stages.continue.with.steps=5 --set stages.continue.with.warmup_steps=1"
+                               " --set stages.save.with.path=" + d + "/step-3 --set stages.resume.with.path=" + d +
+                               "/step-3"),
+              "");
+    rm_rf(tmp);
+    std::string dyn;
+    ASSERT_EQ(run_cmd("readelf -d '" + bin + "'", &dyn), 0) << dyn;
+    EXPECT_EQ(dyn.find("libcudart"), std::string::npos) << dyn;
+    EXPECT_EQ(dyn.find("libnccl"), std::string::npos) << dyn;
 #if FSDP_HAVE_CUDA && !FSDP_NCCL_LINKED
     nccl_api api;
     fsdp_err err;

@@ -156,4 +156,39 @@ TEST(CudaBundle, ExtraFilesGetAnRpathToTheBundleLibraries) {
     fsdp_test::rm_rf(tmp);
 }
 
+// FSDP_BUNDLE_CUDA=1 bundles the CUDA libraries the program loads itself (NCCL, cuBLAS, cuBLASLt: dlopened,
+// so ldd does not list them), found where the program's RUNPATH points; one missing is an error naming it.
+// Checked on a small program whose RUNPATH holds small stand-ins of the three.
+TEST(CudaBundle, BundleCudaCopiesTheDlopenedLibraries) {
+    ASSERT_TRUE(have("patchelf")) << "patchelf is not installed (run make setup)";
+    std::string tmp = fsdp_test::make_tmpdir("fsdp-bundle");
+    char *abs = realpath(tmp.c_str(), nullptr);
+    ASSERT_NE(abs, nullptr);
+    const std::string t = abs;
+    free(abs);
+    std::string out;
+    ASSERT_EQ(fsdp_test::run_cmd("mkdir -p '" + t + "/cuda' && echo 'int fake_cuda_lib;' > '" + t + "/l.c' && " +
+                                     "for l in libnccl.so.2 libcublas.so.13 libcublasLt.so.13; do "
+                                     "cc -shared -fPIC -o '" + t + "/cuda/'$l '" + t + "/l.c' || exit 1; done && " +
+                                     "echo 'int main(void) { return 0; }' > '" + t + "/p.c' && cc -o '" + t +
+                                     "/prog' '" + t + "/p.c' -Wl,-rpath," + t + "/cuda",
+                                 &out),
+              0)
+        << out;
+    const std::string b = t + "/bundle";
+    ASSERT_EQ(fsdp_test::run_cmd("FSDP_BUNDLE_CUDA=1 sh tools/bundle.sh '" + t + "/prog' '" + b + "'", &out), 0)
+        << out;
+    for (const char *l : {"libnccl.so.2", "libcublas.so.13", "libcublasLt.so.13"})
+        EXPECT_TRUE(fsdp_test::exists(b + "/lib/" + l)) << l << " is not in the bundle\n" << out;
+    // without FSDP_BUNDLE_CUDA none of them
+    ASSERT_EQ(fsdp_test::run_cmd("sh tools/bundle.sh '" + t + "/prog' '" + b + "'", &out), 0) << out;
+    EXPECT_FALSE(fsdp_test::exists(b + "/lib/libnccl.so.2"));
+    ASSERT_EQ(fsdp_test::run_cmd("rm '" + t + "/cuda/libcublasLt.so.13'", &out), 0);
+    EXPECT_EQ(fsdp_test::run_cmd("FSDP_BUNDLE_CUDA=1 sh tools/bundle.sh '" + t + "/prog' '" + b + "'", &out), 1);
+    EXPECT_NE(out.find("no libcublasLt.so.[0-9]* is in the binary's library path (" + t + "/cuda)"),
+              std::string::npos)
+        << out;
+    fsdp_test::rm_rf(tmp);
+}
+
 } // namespace

@@ -114,13 +114,25 @@ if [ "${FSDP_BUNDLE_CUDA:-0}" != 1 ]; then RPATH_CUDA=":/usr/local/cuda/lib64"; 
 RPATH_MAIN="\$ORIGIN/lib$RPATH_CUDA"
 copy_deps "$bin"
 cp "$tmp/ldd.txt" "$tmp/ldd-bin.txt"
-# NCCL is dlopened (runtime/nccl_api.c), so ldd does not list it: with FSDP_BUNDLE_CUDA=1 it is copied
-# from the directory of the libcudart the binary uses, as it was when it was linked.
+# NCCL and cuBLAS(Lt) are dlopened (runtime/nccl_api.c, runtime/device_blas.c) and the CUDA runtime is
+# linked statically, so ldd lists none of them: with FSDP_BUNDLE_CUDA=1 they are copied from the first
+# directory of the binary's RPATH/RUNPATH (where the loader finds them when it runs) that has them.
 if [ "${FSDP_BUNDLE_CUDA:-0}" = 1 ]; then
-    cudart=$(awk '$1 ~ /^libcudart\.so/ && $2 == "=>" { print $3; exit }' "$tmp/ldd-bin.txt")
-    for f in "$(dirname "${cudart:-/nonexistent/x}")"/libnccl.so.[0-9]*; do
-        case "$(basename "$f")" in *.so.[0-9] | *.so.[0-9][0-9]) ;; *) continue ;; esac
-        [ -e "$f" ] && [ ! -e "$out/lib/$(basename "$f")" ] && cp -L "$f" "$out/lib/" && chmod u+w "$out/lib/$(basename "$f")"
+    search=$(readelf -d "$bin" 2>/dev/null | sed -n 's/.*(R[UN]*PATH).*\[\(.*\)\]$/\1/p' | tr ':' '\n' |
+        sed "s|^\$ORIGIN|$(dirname "$bin")|")
+    for pat in 'libnccl.so.[0-9]*' 'libcublas.so.[0-9]*' 'libcublasLt.so.[0-9]*'; do
+        found=""
+        for d in $search; do
+            for f in "$d"/$pat; do
+                case "$(basename "$f")" in *.so.[0-9] | *.so.[0-9][0-9]) ;; *) continue ;; esac
+                [ -e "$f" ] || continue
+                found=$f
+                [ -e "$out/lib/$(basename "$f")" ] && continue
+                cp -L "$f" "$out/lib/" && chmod u+w "$out/lib/$(basename "$f")"
+            done
+            [ -n "$found" ] && break
+        done
+        [ -n "$found" ] || die "FSDP_BUNDLE_CUDA=1 but no $pat is in the binary's library path ($(echo $search)); a build without CUDA needs no FSDP_BUNDLE_CUDA"
     done
 fi
 if [ -n "$PATCHELF" ]; then
