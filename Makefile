@@ -82,8 +82,10 @@ else ifeq ($(HAVE_CUDA),1)
 endif
 
 # --- sources -----------------------------------------------------------------
-LIB_C_SRCS := $(filter-out pipeline/main.c,$(wildcard pipeline/*.c runtime/*.c model/*.c \
-               kernels/cpu/*.c ckpt/*.c stages/*.c))
+# the rooms, top to bottom (tools/check_layers.sh): cli, stages, train, decoder, model, pipeline, ckpt and
+# kernels, runtime, include
+LIB_C_SRCS := $(filter-out cli/main.c,$(wildcard cli/*.c stages/*.c train/*.c decoder/*.c model/*.c \
+               pipeline/*.c ckpt/*.c kernels/cpu/*.c runtime/*.c))
 CU_SRCS    := $(if $(filter 1,$(HAVE_CUDA)),$(if $(filter 1,$(EMU)),,$(wildcard kernels/cuda/*.cu)))
 # the emulated-device build: the fake runtime, NCCL and the kernels compiled as host C++ (tests/emu/)
 EMU_SRCS   := $(if $(filter 1,$(EMU)),tests/emu/emu_cudart.cc tests/emu/emu_kernels.cc tests/emu/emu_nccl.cc)
@@ -124,7 +126,7 @@ $(BUILD)/obj/%.o: %.c
 # The RNG fill loops vectorise only without errno handling of sqrtf and with FP compares treated
 # as non-trapping (neither changes a value).
 $(BUILD)/obj/runtime/rng.o: CFLAGS += -fno-math-errno -fno-trapping-math
-$(BUILD)/obj/pipeline/plot_draw.o $(BUILD)/obj/tests/test_observe.o: CPPFLAGS += $(CAIRO_CFLAGS)
+$(BUILD)/obj/cli/plot_draw.o $(BUILD)/obj/tests/test_observe.o: CPPFLAGS += $(CAIRO_CFLAGS)
 
 $(BUILD)/obj/%.cu.o: %.cu
 	@mkdir -p $(dir $@)
@@ -149,7 +151,7 @@ $(BUILD)/lib/libcublas.so.$(CUBLAS_MAJOR): tests/emu/emu_cublas.cc
 	$(CXX) $(CPPFLAGS) $(CXXFLAGS) -MF $(BUILD)/lib/emu_cublas.d -fPIC -shared -Wl,-soname,$(notdir $@) $< -o $@
 endif
 
-$(BIN): $(BUILD)/obj/pipeline/main.o $(LIBFSDP) $(LINK_FLAGS) | $(EMU_SOS)
+$(BIN): $(BUILD)/obj/cli/main.o $(LIBFSDP) $(LINK_FLAGS) | $(EMU_SOS)
 	$(CC) $(LDFLAGS) $< $(WHOLE_LIB) $(LDLIBS) -o $@
 
 $(BUILD)/plugins/lib%.so: examples/plugins/%.c include/fsdp/*.h
@@ -218,7 +220,7 @@ fuzz:
 
 # FSDP_BUNDLE_LINK: the link command bundle.sh relinks with when patchelf is missing.
 bundle: $(BIN)
-	FSDP_BUNDLE_LINK='$(CC) $(LDFLAGS) $(BUILD)/obj/pipeline/main.o $(WHOLE_LIB) $(LDLIBS)' \
+	FSDP_BUNDLE_LINK='$(CC) $(LDFLAGS) $(BUILD)/obj/cli/main.o $(WHOLE_LIB) $(LDLIBS)' \
 	  sh tools/bundle.sh $(BIN) $(BUILD)/bundle
 
 # What a lent GPU machine runs (tools/gpu_session.sh): binaries, tests, benchmarks, fixtures.
@@ -232,4 +234,4 @@ setup:
 clean:
 	rm -rf $(BUILD) build-asan build-fuzz build-emu
 
--include $(if $(EMU_SOS),$(BUILD)/lib/emu_cublaslt.d $(BUILD)/lib/emu_cublas.d) $(LIB_OBJS:.o=.d) $(TEST_OBJS:.o=.d) $(BUILD)/obj/pipeline/main.d
+-include $(if $(EMU_SOS),$(BUILD)/lib/emu_cublaslt.d $(BUILD)/lib/emu_cublas.d) $(LIB_OBJS:.o=.d) $(TEST_OBJS:.o=.d) $(BUILD)/obj/cli/main.d

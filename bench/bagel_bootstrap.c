@@ -28,8 +28,8 @@
 #include <unistd.h>
 
 #include "bench/bench_util.h"
-#include "model/llama.h"
-#include "model/llama_table.h"
+#include "decoder/decoder.h"
+#include "decoder/decoder_table.h"
 #include "model/mt_spec.h"
 #include "pipeline/recipe.h"
 
@@ -227,8 +227,8 @@ static double recipe_state_bytes(const char *path, const char **sets, size_t n_s
     const fsdp_value *m = bad ? NULL : fsdp_value_get(rc->root, "model");
     if (m && mt_spec_is_table(m)) bad = mt_spec_build(m, NULL, &t, &err);
     else if (m) {
-        llama_config cfg;
-        bad = llama_config_from_value(&cfg, m, &err) || llama_table_build(&cfg, NULL, &t, &err);
+        decoder_config cfg;
+        bad = decoder_config_from_value(&cfg, m, &err) || decoder_table_build(&cfg, NULL, &t, &err);
     }
     if (bad || !m) fprintf(stderr, "bagel_bootstrap: %s: %s\n", path, bad ? err.msg : "no model");
     double bytes = bad || !m ? -1 : table_bytes(&t);

@@ -25,7 +25,7 @@
 #include <unistd.h>
 
 #include "ckpt/state_io.h"
-#include "model/llama_params.h"
+#include "decoder/decoder_params.h"
 #include "runtime/comm.h"
 #include "runtime/state.h"
 
@@ -66,10 +66,10 @@ static void reset_peak(void) {
     }
 }
 
-static int build_state(const llama_config *cfg, int opt, uint64_t salt, fsdp_state **out, double *bytes) {
-    llama_params t;
+static int build_state(const decoder_config *cfg, int opt, uint64_t salt, fsdp_state **out, double *bytes) {
+    decoder_params t;
     fsdp_err err;
-    if (llama_params_build(cfg, &t, &err)) {
+    if (decoder_params_build(cfg, &t, &err)) {
         fprintf(stderr, "ckpt_state: %s\n", err.msg);
         return 1;
     }
@@ -88,7 +88,7 @@ static int build_state(const llama_config *cfg, int opt, uint64_t salt, fsdp_sta
             fprintf(stderr, "ckpt_state: %s\n", err.msg);
             return 1;
         }
-    llama_params_free(&t);
+    decoder_params_free(&t);
     if (opt && state_alloc_optimizer(s, &err)) {
         fprintf(stderr, "ckpt_state: %s\n", err.msg);
         return 1;
@@ -213,14 +213,14 @@ int main(int argc, char **argv) {
         }
     }
     fsdp_err err;
-    llama_config cfg;
-    if (llama_config_preset(&cfg, preset, &err)) {
+    decoder_config cfg;
+    if (decoder_config_preset(&cfg, preset, &err)) {
         fprintf(stderr, "ckpt_state: %s\n", err.msg);
         return 1;
     }
     if (layers > 0) {
         cfg.n_layers = layers;
-        if (llama_config_finalize(&cfg, &err)) {
+        if (decoder_config_finalize(&cfg, &err)) {
             fprintf(stderr, "ckpt_state: %s\n", err.msg);
             return 1;
         }

@@ -39,7 +39,7 @@
 #include <unistd.h>
 
 #include "bench/bench_util.h"
-#include "model/llama_params.h"
+#include "decoder/decoder_params.h"
 
 #define CVT_MAX_REPS 64
 
@@ -87,11 +87,11 @@ static double median(cvt_run *r, enum fig f) {
 /* the recipes (model preset, layers) and the JSON list of names and shapes for PyTorch */
 static int write_inputs(cvt_run *r) {
     fsdp_err err;
-    llama_config cfg;
-    llama_params t;
-    if (llama_config_preset(&cfg, r->o.preset, &err) ||
-        (r->o.layers > 0 && (cfg.n_layers = r->o.layers, llama_config_finalize(&cfg, &err))) ||
-        llama_params_build(&cfg, &t, &err)) {
+    decoder_config cfg;
+    decoder_params t;
+    if (decoder_config_preset(&cfg, r->o.preset, &err) ||
+        (r->o.layers > 0 && (cfg.n_layers = r->o.layers, decoder_config_finalize(&cfg, &err))) ||
+        decoder_params_build(&cfg, &t, &err)) {
         fprintf(stderr, "ckpt_vs_torch: %s\n", err.msg);
         return -1;
     }
@@ -105,7 +105,7 @@ static int write_inputs(cvt_run *r) {
                                          : json_pack("[I]", (json_int_t)t.p[i].shape[0]);
         json_array_append_new(list, json_pack("[so]", t.p[i].name, shape));
     }
-    llama_params_free(&t);
+    decoder_params_free(&t);
     r->state_bytes = (double)r->params * 4;
     char path[1200], text[1024];
     snprintf(path, sizeof path, "%s/shapes.json", r->o.dir);

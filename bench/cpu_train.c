@@ -14,8 +14,8 @@
 #include <unistd.h>
 
 #include "kernels/cpu/kc.h"
-#include "model/llama_model.h"
-#include "model/llama_train.h"
+#include "decoder/decoder_model.h"
+#include "train/train_single.h"
 
 static uint64_t splitmix(uint64_t *s) {
     uint64_t z = (*s += 0x9e3779b97f4a7c15ULL);
@@ -65,7 +65,7 @@ int main(int argc, char **argv) {
         if (parse_pos(argv[i], i + 1 < argc ? argv[i + 1] : NULL, dst)) return 2;
         i++;
     }
-    llama_config c;
+    decoder_config c;
     memset(&c, 0, sizeof c);
     snprintf(c.preset, sizeof c.preset, "debugmodel");
     c.dim = 256;
@@ -78,7 +78,7 @@ int main(int argc, char **argv) {
     c.rope_theta = 500000.0;
     c.max_seq_len = T;
     c.depth_init = 1;
-    c.rope_scaling = LLAMA_ROPE_LLAMA3;
+    c.rope_scaling = DECODER_ROPE_LLAMA3;
     c.rope_factor = 8.0;
     c.rope_low_freq_factor = 1.0;
     c.rope_high_freq_factor = 4.0;
@@ -88,15 +88,15 @@ int main(int argc, char **argv) {
 
     fsdp_err err;
     fsdp_err_clear(&err);
-    llama_train_state st;
-    if (llama_train_init(&st, &c, B, T, &err)) {
+    train_single_state st;
+    if (train_single_init(&st, &c, B, T, &err)) {
         fprintf(stderr, "cpu_train: %s\n", err.msg);
         return 1;
     }
     uint64_t seed = 1234;
     fill_normal(st.w.tok_embeddings, (int64_t)c.vocab_size * c.dim, 1.0, &seed);
     for (int l = 0; l < c.n_layers; l++) {
-        llama_model_layer *lw = &st.w.layers[l];
+        decoder_model_layer *lw = &st.w.layers[l];
         double depth_std = 0.02 / sqrt(2.0 * (l + 1));
         int64_t qd = (int64_t)c.n_heads * c.head_dim, kvd = (int64_t)c.n_kv_heads * c.head_dim;
         fill_normal(lw->wq, qd * c.dim, 0.02, &seed);
@@ -115,29 +115,29 @@ int main(int argc, char **argv) {
     int32_t *tok = malloc((n + 1) * sizeof *tok);
     if (!tok) {
         fprintf(stderr, "cpu_train: out of memory\n");
-        llama_train_free(&st);
+        train_single_free(&st);
         return 1;
     }
     for (size_t i = 0; i <= n; i++) tok[i] = (int32_t)(splitmix(&seed) % (uint64_t)c.vocab_size);
 
-    llama_train_hparams hp = {0.9, 0.95, 1e-8, 0.1, 1.0};
+    train_single_hparams hp = {0.9, 0.95, 1e-8, 0.1, 1.0};
     kc_stats stats;
     kc_stats_reset(&stats);
-    llama_train_result r;
+    train_single_result r;
     /* Step 0 warms caches and thread pools and is not timed. */
-    int rc = llama_train_step(&st, tok, tok + 1, B, T, 8e-4, &hp, &r, &err);
+    int rc = train_single_step(&st, tok, tok + 1, B, T, 8e-4, &hp, &r, &err);
     if (!rc) printf("warmup step: loss %.4f grad_norm %.4f\n", r.loss, r.grad_norm);
-    llama_train_set_stats(&st, &stats);
+    train_single_set_stats(&st, &stats);
     double t0 = kc_now();
     for (int s = 0; !rc && s < steps; s++) {
-        rc = llama_train_step(&st, tok, tok + 1, B, T, 8e-4, &hp, &r, &err);
+        rc = train_single_step(&st, tok, tok + 1, B, T, 8e-4, &hp, &r, &err);
         if (!rc) printf("step %d: loss %.4f grad_norm %.4f\n", s + 1, r.loss, r.grad_norm);
     }
     double elapsed = kc_now() - t0;
     if (rc) {
         fprintf(stderr, "cpu_train: %s\n", err.msg);
         free(tok);
-        llama_train_free(&st);
+        train_single_free(&st);
         return 1;
     }
     double tokens = (double)n * steps;
@@ -146,8 +146,8 @@ int main(int argc, char **argv) {
            "\"workspace_mib\":%.1f,\"omp_wait_policy\":\"%s\"}\n",
            (long long)st.numel, B, T, steps, tokens / elapsed, stats.gemm_seconds / elapsed,
            stats.gemm_flops / stats.gemm_seconds / 1e9, (double)stats.gemm_calls / steps,
-           llama_model_ws_bytes(st.ws) / (1024.0 * 1024.0), getenv("OMP_WAIT_POLICY") ? getenv("OMP_WAIT_POLICY") : "default");
+           decoder_model_ws_bytes(st.ws) / (1024.0 * 1024.0), getenv("OMP_WAIT_POLICY") ? getenv("OMP_WAIT_POLICY") : "default");
     free(tok);
-    llama_train_free(&st);
+    train_single_free(&st);
     return 0;
 }

@@ -14,8 +14,8 @@
 #include <unistd.h>
 
 #include "bench/bench_util.h"
-#include "model/llama_model.h"
-#include "model/llama_train.h"
+#include "decoder/decoder_model.h"
+#include "train/train_single.h"
 
 typedef struct variant {
     const char *name;
@@ -28,11 +28,11 @@ static const variant VARIANTS[] = {
 };
 #define N_VARIANTS ((int)(sizeof VARIANTS / sizeof *VARIANTS))
 
-static llama_config config_of(const variant *v) {
-    llama_config c;
-    llama_config_defaults(&c);
+static decoder_config config_of(const variant *v) {
+    decoder_config c;
+    decoder_config_defaults(&c);
     c.dim = 256, c.n_layers = 4, c.n_heads = 8, c.n_kv_heads = 4, c.vocab_size = 2048, c.multiple_of = 256;
-    c.rope_theta = 1e6, c.rope_scaling = LLAMA_ROPE_NONE, c.norm_eps = 1e-6;
+    c.rope_theta = 1e6, c.rope_scaling = DECODER_ROPE_NONE, c.norm_eps = 1e-6;
     c.qkv_bias = v->qkv_bias, c.qk_norm = v->qk_norm, c.tie_embeddings = v->tie;
     c.head_dim_set = v->head_dim_x2 ? 2 * 256 / 8 : 0;
     c.ffn_hidden_set = 768;
@@ -46,14 +46,14 @@ static int cmp_double(const void *a, const void *b) {
 
 /* Median seconds per step of variant v at B x T (one warm-up step first); < 0 on failure. */
 static double median_step(const variant *v, int B, int T, int steps, const int32_t *tok, const int32_t *lab) {
-    llama_config c = config_of(v);
+    decoder_config c = config_of(v);
     fsdp_err err;
-    if (llama_config_finalize(&c, &err)) {
+    if (decoder_config_finalize(&c, &err)) {
         fprintf(stderr, "hf_arch_cpu: %s: %s\n", v->name, err.msg);
         return -1;
     }
-    llama_train_state st;
-    if (llama_train_init(&st, &c, B, T, &err)) {
+    train_single_state st;
+    if (train_single_init(&st, &c, B, T, &err)) {
         fprintf(stderr, "hf_arch_cpu: %s: %s\n", v->name, err.msg);
         return -1;
     }
@@ -62,13 +62,13 @@ static double median_step(const variant *v, int B, int T, int steps, const int32
         s = s * 6364136223846793005ULL + 1442695040888963407ULL;
         st.params[i] = (float)((double)(s >> 40) / (double)(1ULL << 24) - 0.5) * 0.04f;
     }
-    llama_train_hparams hp = {0.9, 0.95, 1e-8, 0.1, 1.0};
+    train_single_hparams hp = {0.9, 0.95, 1e-8, 0.1, 1.0};
     double *t = calloc((size_t)steps, sizeof *t);
-    llama_train_result r;
-    int ok = t && !llama_train_step(&st, tok, lab, B, T, 1e-4, &hp, &r, &err);
+    train_single_result r;
+    int ok = t && !train_single_step(&st, tok, lab, B, T, 1e-4, &hp, &r, &err);
     for (int k = 0; ok && k < steps; k++) {
         double t0 = bench_now();
-        ok = !llama_train_step(&st, tok, lab, B, T, 1e-4, &hp, &r, &err);
+        ok = !train_single_step(&st, tok, lab, B, T, 1e-4, &hp, &r, &err);
         t[k] = bench_now() - t0;
     }
     double med = -1;
@@ -79,7 +79,7 @@ static double median_step(const variant *v, int B, int T, int steps, const int32
         fprintf(stderr, "hf_arch_cpu: %s: %s\n", v->name, err.msg);
     }
     free(t);
-    llama_train_free(&st);
+    train_single_free(&st);
     return med;
 }
 

@@ -1,5 +1,5 @@
 /* Host parameter-init benchmark: every parameter of a Llama-3 preset (default llama3_1b) generated
- * on the CPU with all OpenMP threads by llama_init_model_f32 (the work of the init-cpu stage),
+ * on the CPU with all OpenMP threads by decoder_init_model_f32 (the work of the init-cpu stage),
  * next to a memory-bandwidth baseline measured in the same run.
  *
  *   build/bench/init_cpu [--preset NAME] [--layers N] [--threads N] [--torch-seconds S]
@@ -33,9 +33,9 @@
 
 #include <omp.h>
 
-#include "model/llama.h"
-#include "model/llama_init.h"
-#include "model/llama_params.h"
+#include "decoder/decoder.h"
+#include "decoder/decoder_init.h"
+#include "decoder/decoder_params.h"
 #include "runtime/rng.h"
 
 #define ANCHOR_SECONDS 17.4
@@ -78,14 +78,14 @@ static void gen_rates(const rng_dist *d, const rng_path *paths, int np, double *
 
 /* The model init into a fresh buffer (page faults included), then again into the same, touched one;
  * *sum: a checksum of some values. */
-static int init_fresh_warm(const llama_params *t, size_t n, timing *fresh, timing *warm, double *sum, fsdp_err *err) {
+static int init_fresh_warm(const decoder_params *t, size_t n, timing *fresh, timing *warm, double *sum, fsdp_err *err) {
     double w0 = omp_get_wtime(), c0 = cpu_seconds();
     float *flat = malloc(n * sizeof *flat);
-    int rc = flat ? llama_init_model_f32(t, 0, flat, err) : fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+    int rc = flat ? decoder_init_model_f32(t, 0, flat, err) : fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
     *fresh = (timing){omp_get_wtime() - w0, cpu_seconds() - c0};
     if (!rc) {
         w0 = omp_get_wtime(), c0 = cpu_seconds();
-        rc = llama_init_model_f32(t, 0, flat, err);
+        rc = decoder_init_model_f32(t, 0, flat, err);
         *warm = (timing){omp_get_wtime() - w0, cpu_seconds() - c0};
     }
     *sum = 0.0;
@@ -191,10 +191,10 @@ int main(int argc, char **argv) {
     threads = omp_get_max_threads();
 
     fsdp_err err;
-    llama_config c;
-    llama_params t;
-    if (llama_config_preset(&c, preset, &err) || (layers && (c.n_layers = layers, llama_config_finalize(&c, &err))) ||
-        llama_params_build(&c, &t, &err)) {
+    decoder_config c;
+    decoder_params t;
+    if (decoder_config_preset(&c, preset, &err) || (layers && (c.n_layers = layers, decoder_config_finalize(&c, &err))) ||
+        decoder_params_build(&c, &t, &err)) {
         fprintf(stderr, "init_cpu: %s\n", err.msg);
         return 1;
     }
@@ -204,7 +204,7 @@ int main(int argc, char **argv) {
            dn * 4 / 1e9, threads, sysconf(_SC_NPROCESSORS_ONLN));
 
     if (bench_generator()) {
-        llama_params_free(&t);
+        decoder_params_free(&t);
         return 1;
     }
     /* the model init on the default path, then on the portable one: fresh pages, then touched */
@@ -224,14 +224,14 @@ int main(int argc, char **argv) {
     }
     if (rc) {
         fprintf(stderr, "init_cpu: %s\n", err.msg);
-        llama_params_free(&t);
+        decoder_params_free(&t);
         return 1;
     }
     double w0 = omp_get_wtime(), c0 = cpu_seconds();
     float *z = malloc(n * sizeof *z);
     if (!z) {
         fprintf(stderr, "init_cpu: out of memory for the memset baseline\n");
-        llama_params_free(&t);
+        decoder_params_free(&t);
         return 1;
     }
     par_memset(z, n);
@@ -282,6 +282,6 @@ int main(int argc, char **argv) {
            "\"portable_fresh_s\":%.4f,\"portable_warm_s\":%.4f,\"checksum\":%.9g}\n",
            preset, n, threads, fresh.wall, warm.wall, fresh.cpu, warm.cpu, ms_fresh.wall, ms_warm.wall, ours_ns_thread,
            torch_s, speedup, per_thread, pfresh.wall, pwarm.wall, sum);
-    llama_params_free(&t);
+    decoder_params_free(&t);
     return 0;
 }

@@ -16,7 +16,7 @@
  *
  * Producers (each adds the parameters of one part to a table; composition is just several of them
  * adding into the same table, with a name collision or a shape conflict an error naming both parts):
- *   model/llama_table.c   a llama_config (llama_params_build: the single source of Llama's names,
+ *   decoder/decoder_table.c   a decoder_config (decoder_params_build: the single source of Llama's names,
  *                         shapes and init rules) -> its parameters; the model's trainer when alone
  *   model/mt_ckpt.c       what a checkpoint holds (DCP, safetensors file / HF directory / index, .pt):
  *                         names, shapes, dtypes from its header only (ckpt_open, no tensor data read),
@@ -46,7 +46,7 @@
 #include "fsdp/tensor.h"
 #include "model/init_fill.h"
 #include "model/init_rule.h"
-#include "model/llama.h"
+#include "decoder/decoder.h"
 #include "runtime/name_index.h"
 
 #ifdef __cplusplus
@@ -105,7 +105,7 @@ typedef struct mt_table {
     mt_part *parts;
     size_t n_parts, cap_parts;
     mt_trainer trainer;
-    llama_config cfg; /* the trainer's config (trainer == MT_TRAIN_LLAMA) */
+    decoder_config cfg; /* the trainer's config (trainer == MT_TRAIN_LLAMA) */
     char kind[256];   /* what the model is, for messages ("llama3 (preset debugmodel)", "composed model ...") */
     int incomplete;   /* validate only: a source could not be read yet, the table lacks its parameters */
 } mt_table;

@@ -12,7 +12,7 @@
 #include <sys/stat.h>
 
 #include "ckpt/namemap.h"
-#include "model/llama_table.h"
+#include "decoder/decoder_table.h"
 #include "model/mt_checks.h"
 #include "model/mt_ckpt.h"
 #include "model/mt_dims.h"
@@ -302,10 +302,10 @@ static int arch_part(part_ctx *pc, fsdp_err *err) {
     if (!m) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
     val_map_remove(m, "name");
     val_map_remove(m, "prefix");
-    llama_config cfg;
-    int rc = llama_config_from_value(&cfg, m, err);
+    decoder_config cfg;
+    int rc = decoder_config_from_value(&cfg, m, err);
     val_free(m);
-    if (!rc && !pc->b->stopped) rc = llama_table_add(&cfg, pc->b->t, pc->idx, err);
+    if (!rc && !pc->b->stopped) rc = decoder_table_add(&cfg, pc->b->t, pc->idx, err);
     return rc;
 }
 
@@ -382,12 +382,12 @@ int mt_spec_check_arch_keys(const fsdp_value *model, fsdp_err *err) {
 }
 
 static int arch_section(const fsdp_value *model, mt_table *t, fsdp_err *err) {
-    llama_config cfg;
+    decoder_config cfg;
     int rc = mt_spec_check_arch_keys(model, err);
-    if (!rc) rc = llama_config_from_value(&cfg, model, err);
+    if (!rc) rc = decoder_config_from_value(&cfg, model, err);
     char where[PATH_MAX + 64];
     where_of(model, where, sizeof where);
-    return rc ? rc : llama_table_build(&cfg, model ? where : NULL, t, err);
+    return rc ? rc : decoder_table_build(&cfg, model ? where : NULL, t, err);
 }
 
 static void describe_kind(const fsdp_value *model, form f, mt_table *t) {

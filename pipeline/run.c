@@ -9,10 +9,10 @@
 #include <sys/time.h>
 #include <unistd.h>
 
-#include "model/llama.h"
+#include "decoder/decoder.h"
 #include "pipeline/checks.h"
 #include "pipeline/dag.h"
-#include "pipeline/launch.h"
+#include "runtime/launch.h"
 #include "runtime/data.h"
 #include "runtime/device.h"
 #include "pipeline/registry.h"

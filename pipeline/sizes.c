@@ -7,8 +7,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "model/llama_model.h"
-#include "model/llama_table.h"
+#include "decoder/decoder_model.h"
+#include "decoder/decoder_table.h"
 #include "model/mt_spec.h"
 #include "pipeline/checks.h"
 #include "runtime/data.h"
@@ -113,10 +113,10 @@ static int model_of(const recipe *r, const sizes_host *h, sizes_chain *chain, er
     int rc;
     if (!mt_spec_is_table(model)) {
         /* the built-in arch form: the trainer's config, and its table */
-        llama_config cfg;
+        decoder_config cfg;
         rc = mt_spec_check_arch_keys(model, &e);
-        if (!rc) rc = llama_config_from_value(&cfg, model, &e);
-        if (!rc) rc = llama_table_build(&cfg, NULL, &t, &e);
+        if (!rc) rc = decoder_config_from_value(&cfg, model, &e);
+        if (!rc) rc = decoder_table_build(&cfg, NULL, &t, &e);
     } else {
         /* any table: built as the run will. A source that does not exist yet is skipped by `validate`
          * and --dry-run (recipes checked for another machine) and in a recipe that continues an earlier
@@ -249,14 +249,14 @@ static int trains_on_host(const recipe *r, const sizes_host *h) {
 
 static int ac_of(const fsdp_value *with) {
     const char *ac = fsdp_arg_str(with, "ac", "none");
-    return !strcmp(ac, "full") ? LLAMA_AC_FULL : !strcmp(ac, "selective") ? LLAMA_AC_SELECTIVE : LLAMA_AC_NONE;
+    return !strcmp(ac, "full") ? DECODER_AC_FULL : !strcmp(ac, "selective") ? DECODER_AC_SELECTIVE : DECODER_AC_NONE;
 }
 
-static void train_need(const recipe_stage *s, const llama_config *c, const sizes_host *h, const data_config *dc,
+static void train_need(const recipe_stage *s, const decoder_config *c, const sizes_host *h, const data_config *dc,
                        int64_t shard, stage_need *n) {
     /* per rank: float32 parameters, gradients and two AdamW moments; the gathered weights and gradients
-     * of one layer, of the embeddings and of the output head (model/llama_fsdp.c); the workspace */
-    int64_t layer = llama_model_layer_numel(c);
+     * of one layer, of the embeddings and of the output head (train/train_fsdp.c); the workspace */
+    int64_t layer = decoder_model_layer_numel(c);
     uint64_t vd = sat_mul((uint64_t)c->vocab_size, (uint64_t)c->dim);
     uint64_t bufs = sat_add(sat_mul(2, (uint64_t)(layer > 0 ? layer : 0)), sat_add(sat_mul(4, vd), 2 * (uint64_t)c->dim));
     int64_t B = dc->batch_size / h->world, T = dc->seq_len;
@@ -264,9 +264,9 @@ static void train_need(const recipe_stage *s, const llama_config *c, const sizes
     B /= n_micro; /* one micro-batch's activations at a time, and every layer's gradient accumulated */
     if (n_micro > 1) bufs = sat_add(bufs, sat_mul((uint64_t)c->n_layers, (uint64_t)(layer > 0 ? layer : 0)));
     int64_t hc = fsdp_arg_int(s->with, "head_chunk_rows", 0); /* its own errors come with the stage's schema */
-    llama_model_ws_opts o = {ac_of(s->with), hc > 0 && hc <= INT_MAX ? (int)hc : 0};
+    decoder_model_ws_opts o = {ac_of(s->with), hc > 0 && hc <= INT_MAX ? (int)hc : 0};
     size_t ws = 0;
-    if (llama_model_ws_size(c, (int)B, (int)T, &o, &ws)) ws = SIZE_MAX;
+    if (decoder_model_ws_size(c, (int)B, (int)T, &o, &ws)) ws = SIZE_MAX;
     n->act_bytes = sat_add(sat_mul(bufs, 4), (uint64_t)ws);
     n->bytes = sat_add(sat_mul((uint64_t)shard, 16), n->act_bytes);
     n->what = "parameters, gradients and optimizer state";
@@ -283,7 +283,7 @@ static void train_need(const recipe_stage *s, const llama_config *c, const sizes
 static void stage_need_of(const recipe_stage *s, const sizes_chain *chain, const sizes_host *h, const data_config *dc,
                           int on_host, stage_need *n) {
     memset(n, 0, sizeof *n);
-    const llama_config *c = &chain->model;
+    const decoder_config *c = &chain->model;
     int64_t full = chain->full, shard = chain->shard;
     if (full < 0 || shard < 0) return;
     n->what = "parameters";
@@ -399,7 +399,7 @@ void sizes_describe(const recipe *r, const sizes_host *h, const sizes_chain *cha
     size_t off = 0;
     out[0] = '\0';
     if (!chain->model_node || chain->full < 0) return;
-    const llama_config *c = &chain->model;
+    const decoder_config *c = &chain->model;
     if (chain->has_llama)
         off = put(out, cap, off,
                   "  model (resolved): %s: dim %d, %d layers, %d heads (%d kv, head_dim %d), ffn %d, vocab %d, "

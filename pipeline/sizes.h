@@ -11,7 +11,7 @@
 
 #include <stdint.h>
 
-#include "model/llama.h"
+#include "decoder/decoder.h"
 #include "pipeline/errlist.h"
 #include "pipeline/recipe.h"
 #include "runtime/data.h"
@@ -34,7 +34,7 @@ void sizes_host_probe(sizes_host *h, int world, int probe_device);
 /* The model of a chain of recipes: a recipe without a `model:` section trains or loads the model of
  * the last earlier recipe that had one. */
 typedef struct sizes_chain {
-    llama_config model;           /* the Llama-family trainer's config (has_llama) */
+    decoder_config model;           /* the Llama-family trainer's config (has_llama) */
     int has_llama;
     int trainable;                /* train-steps can train the model */
     int64_t full, shard;          /* parameter elements of the whole model and of rank 0's shard; -1:

@@ -9,7 +9,7 @@
 
 #include "fsdp/ctx.h"
 #include "fsdp/tensor.h"
-#include "model/llama.h"
+#include "decoder/decoder.h"
 #include "model/model_table.h"
 #include "runtime/comm.h"
 #include "runtime/name_index.h"
@@ -68,7 +68,7 @@ typedef struct fsdp_state {
      * rule and part, in the order of p (owned; NULL for states built without one). */
     mt_table *model;
     /* The Llama-family trainer's config: set (has_cfg) only when the model's trainer is MT_TRAIN_LLAMA. */
-    llama_config cfg;
+    decoder_config cfg;
     int has_cfg;
     int has_optimizer;
     int64_t opt_step;        /* AdamW step count (PyTorch's state['step']) */

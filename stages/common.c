@@ -6,7 +6,7 @@
 
 #include "ckpt/ckpt_stale.h"
 #include "model/init_fill.h"
-#include "model/llama_table.h"
+#include "decoder/decoder_table.h"
 #include "model/mt_spec.h"
 #include "runtime/ctx_impl.h"
 #include "stages/stages.h"
@@ -37,8 +37,8 @@ void stage_sweep_stale(fsdp_ctx *ctx, const char *path) {
     if (!c || comm_rank(c) == 0) ckpt_stale_sweep(path, note_warn, ctx);
 }
 
-int stage_model_config(fsdp_ctx *ctx, llama_config *cfg, fsdp_err *err) {
-    return llama_config_from_value(cfg, fsdp_ctx_section(ctx, "model"), err);
+int stage_model_config(fsdp_ctx *ctx, decoder_config *cfg, fsdp_err *err) {
+    return decoder_config_from_value(cfg, fsdp_ctx_section(ctx, "model"), err);
 }
 
 uint64_t stage_seed(fsdp_ctx *ctx, const fsdp_value *with) {
@@ -53,7 +53,7 @@ int stage_model_table(fsdp_ctx *ctx, mt_table *out, fsdp_err *err) {
     if (mt_spec_is_table(m)) return mt_spec_build(m, NULL, out, err);
     /* the built-in arch form: the Llama-family config of the recipe, as a table */
     mt_init(out);
-    llama_config cfg;
+    decoder_config cfg;
     int rc = mt_spec_check_arch_keys(m, err);
     if (!rc) rc = stage_model_config(ctx, &cfg, err);
     char where[512] = "";
@@ -63,7 +63,7 @@ int stage_model_table(fsdp_ctx *ctx, mt_table *out, fsdp_err *err) {
         fsdp_value_where(m, &file, &line, &col);
         snprintf(where, sizeof where, "%s:%d:%d", file, line, col);
     }
-    if (!rc) rc = llama_table_build(&cfg, m ? where : NULL, out, err);
+    if (!rc) rc = decoder_table_build(&cfg, m ? where : NULL, out, err);
     if (rc) mt_free(out);
     return rc;
 }

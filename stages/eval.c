@@ -75,12 +75,12 @@ static int eval_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
     int n_micro = 1;
     train_backend be;
     memset(&be, 0, sizeof be);
-    llama_fsdp_cuda_options o;
+    train_fsdp_cuda_options o;
     memset(&o, 0, sizeof o);
     int32_t *tokens = malloc((size_t)(B * T) * sizeof *tokens), *labels = malloc((size_t)(B * T) * sizeof *labels);
     if (!tokens || !labels) rc = fsdp_err_set(err, FSDP_E_NOMEM, "eval: out of memory");
     if (!rc) rc = train_micro_count(with, "eval", B, &n_micro, err);
-    if (!rc) rc = llama_fsdp_mixed_from_name(fsdp_arg_str(with, "mixed", "none"), &o.mixed, err);
+    if (!rc) rc = train_fsdp_mixed_from_name(fsdp_arg_str(with, "mixed", "none"), &o.mixed, err);
     if (!rc) rc = train_backend_open(ctx, s, c, (int)(B / n_micro), (int)T, &o, &be, err);
     double loss = 0;
     int64_t n = 0, batches = fsdp_arg_int(with, "eval_batches", 1);

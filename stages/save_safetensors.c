@@ -32,7 +32,7 @@
 #include "ckpt/file_copy.h"
 #include "ckpt/namemap.h"
 #include "ckpt/safetensors.h"
-#include "model/hf_config.h"
+#include "decoder/hf_config.h"
 #include "stages/stages.h"
 
 static const char *const NAMES[] = {"torchtitan", "hf", NULL};

@@ -4,9 +4,9 @@
 
 #include "ckpt/ckpt_pipe.h"
 #include "fsdp/stage.h"
-#include "model/llama.h"
-#include "model/llama_init.h"
-#include "model/llama_params.h"
+#include "decoder/decoder.h"
+#include "decoder/decoder_init.h"
+#include "decoder/decoder_params.h"
 #include "model/model_table.h"
 #include "runtime/comm.h"
 #include "runtime/device.h"
@@ -19,11 +19,11 @@ double stage_now(void);
  * saves there (ckpt/ckpt_stale.h) and logs each removal as a warning. */
 void stage_sweep_stale(fsdp_ctx *ctx, const char *path);
 /* The recipe's `model:` section as a finalized config. */
-int stage_model_config(fsdp_ctx *ctx, llama_config *cfg, fsdp_err *err);
+int stage_model_config(fsdp_ctx *ctx, decoder_config *cfg, fsdp_err *err);
 /* `with: seed` when given, else runtime.seed. */
 uint64_t stage_seed(fsdp_ctx *ctx, const fsdp_value *with);
 /* The recipe's `model:` section as a table (model/mt_spec.h): the built-in arch form through
- * stage_model_config (the Llama-family trainer's config) and llama_table_build, the table forms through
+ * stage_model_config (the Llama-family trainer's config) and decoder_table_build, the table forms through
  * mt_spec_build. */
 int stage_model_table(fsdp_ctx *ctx, mt_table *out, fsdp_err *err);
 /* A new state (allocated per layout) with every parameter of t, each with its declared dtype and no

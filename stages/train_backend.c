@@ -12,13 +12,13 @@ int train_on_gpu(fsdp_ctx *ctx, const fsdp_state *s) {
     return 0;
 }
 
-int train_backend_open(fsdp_ctx *ctx, fsdp_state *s, comm *c, int B, int T, const llama_fsdp_cuda_options *opt,
+int train_backend_open(fsdp_ctx *ctx, fsdp_state *s, comm *c, int B, int T, const train_fsdp_cuda_options *opt,
                        train_backend *b, fsdp_err *err) {
     memset(b, 0, sizeof *b);
     if (train_on_gpu(ctx, s)) {
         b->on_gpu = 1;
         b->dev = s->dev;
-        return llama_fsdp_cuda_create(s, c, s->dev, B, T, opt, &b->gpu, err);
+        return train_fsdp_cuda_create(s, c, s->dev, B, T, opt, &b->gpu, err);
     }
     if (s && s->dev && s->offload_params)
         return fsdp_err_set(err, FSDP_E_INVALID,
@@ -26,37 +26,37 @@ int train_backend_open(fsdp_ctx *ctx, fsdp_state *s, comm *c, int B, int T, cons
                             "run uses the GPU; the GPU trainer computes from weights on the device and cannot train "
                             "them there (it would fall back to the CPU): use offload without params (the optimizer "
                             "state still goes to host memory), or runtime.device: cpu");
-    if (opt && opt->mixed != LLAMA_FSDP_MIXED_NONE)
+    if (opt && opt->mixed != TRAIN_FSDP_MIXED_NONE)
         return fsdp_err_set(err, FSDP_E_INVALID,
                             "train-steps: mixed: bf16 needs the model on the GPU (runtime.device: cuda); the CPU path "
                             "trains in float32 (mixed: none)");
-    int rc = llama_fsdp_create_opts(s, c, B, T, opt ? (int)opt->ac : LLAMA_AC_NONE, opt ? opt->head_chunk_rows : 0,
+    int rc = train_fsdp_create_opts(s, c, B, T, opt ? (int)opt->ac : DECODER_AC_NONE, opt ? opt->head_chunk_rows : 0,
                                     &b->cpu, err);
-    if (!rc) llama_fsdp_set_flat(b->cpu, !(opt && opt->per_param));
+    if (!rc) train_fsdp_set_flat(b->cpu, !(opt && opt->per_param));
     return rc;
 }
 
-int train_backend_step(train_backend *b, const int32_t *tokens, const int32_t *labels, const llama_fsdp_hparams *hp,
-                       llama_fsdp_result *res, fsdp_err *err) {
-    return b->on_gpu ? llama_fsdp_cuda_step(b->gpu, tokens, labels, hp, res, err)
-                     : llama_fsdp_step(b->cpu, tokens, labels, hp, res, err);
+int train_backend_step(train_backend *b, const int32_t *tokens, const int32_t *labels, const train_fsdp_hparams *hp,
+                       train_fsdp_result *res, fsdp_err *err) {
+    return b->on_gpu ? train_fsdp_cuda_step(b->gpu, tokens, labels, hp, res, err)
+                     : train_fsdp_step(b->cpu, tokens, labels, hp, res, err);
 }
 
 int train_backend_step_accum(train_backend *b, const int32_t *tokens, const int32_t *labels, int n_micro,
-                             const llama_fsdp_hparams *hp, llama_fsdp_result *res, fsdp_err *err) {
-    return b->on_gpu ? llama_fsdp_cuda_step_accum(b->gpu, tokens, labels, n_micro, hp, res, err)
-                     : llama_fsdp_step_accum(b->cpu, tokens, labels, n_micro, hp, res, err);
+                             const train_fsdp_hparams *hp, train_fsdp_result *res, fsdp_err *err) {
+    return b->on_gpu ? train_fsdp_cuda_step_accum(b->gpu, tokens, labels, n_micro, hp, res, err)
+                     : train_fsdp_step_accum(b->cpu, tokens, labels, n_micro, hp, res, err);
 }
 
-int train_backend_grads(train_backend *b, const int32_t *tokens, const int32_t *labels, llama_fsdp_result *res,
+int train_backend_grads(train_backend *b, const int32_t *tokens, const int32_t *labels, train_fsdp_result *res,
                         fsdp_err *err) {
-    return b->on_gpu ? llama_fsdp_cuda_grads(b->gpu, tokens, labels, res, err)
-                     : llama_fsdp_grads(b->cpu, tokens, labels, res, err);
+    return b->on_gpu ? train_fsdp_cuda_grads(b->gpu, tokens, labels, res, err)
+                     : train_fsdp_grads(b->cpu, tokens, labels, res, err);
 }
 
 void train_backend_close(train_backend *b) {
-    llama_fsdp_cuda_free(b->gpu);
-    llama_fsdp_free(b->cpu);
+    train_fsdp_cuda_free(b->gpu);
+    train_fsdp_free(b->cpu);
     memset(b, 0, sizeof *b);
 }
 

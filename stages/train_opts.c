@@ -213,7 +213,7 @@ int train_eval_loss(train_backend *be, data_source *data, int64_t n_batches, int
     for (int64_t b = 0; b < n_batches; b++) {
         int rc = data_batch(data, (uint64_t)b, tokens, labels, err);
         for (int m = 0; m < n_micro && !rc; m++) {
-            llama_fsdp_result r;
+            train_fsdp_result r;
             rc = train_backend_grads(be, tokens + m * micro_elems, labels + m * micro_elems, &r, err);
             sum += rc ? 0 : r.loss * (double)r.tokens; /* the global mean back to the global sum */
             n += rc ? 0 : r.tokens;

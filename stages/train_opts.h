@@ -9,7 +9,7 @@
 #include "fsdp/ctx.h"
 #include "fsdp/error.h"
 #include "fsdp/value.h"
-#include "model/lr_schedule.h"
+#include "train/lr_schedule.h"
 #include "runtime/data.h"
 #include "runtime/state.h"
 #include "stages/train_backend.h"

@@ -4,9 +4,9 @@
  * -> gradients -> reduce-scatter; clip by the global norm; AdamW on the shards.
  *
  * The state's placement picks the path (stages/train_backend.h): on the GPU the step of
- * model/llama_fsdp_cuda.h (f32 or FSDP2-style bf16 mixed precision), otherwise the CPU step of
- * model/llama_fsdp.h (f32); both with optional activation checkpointing, full or selective
- * (llama_ac in model/llama_model.h).
+ * train/train_fsdp_cuda.h (f32 or FSDP2-style bf16 mixed precision), otherwise the CPU step of
+ * train/train_fsdp.h (f32); both with optional activation checkpointing, full or selective
+ * (decoder_ac in decoder/decoder_model.h).
  *
  * with: steps (int, required: train until this global step), lr, warmup_steps,
  *       schedule_steps (the schedule's length, default steps), decay (none|linear|cosine|wsd),
@@ -22,7 +22,7 @@
  *       peak_tflops (device peak for MFU; GPU default 989, the H100 SXM dense bf16 peak)
  *
  * Metrics (JSONL per logged step and the run report): loss, grad_norm, lr, tokens, tokens_per_s
- * (global), mfu (percent, torchtitan's: model FLOPs per token from llama_flops_per_token times the
+ * (global), mfu (percent, torchtitan's: model FLOPs per token from decoder_flops_per_token times the
  * tokens/s per rank over the peak; on the CPU only when peak_tflops is given), and the peak
  * memory: peak_device_mem_mib on the GPU, peak_rss_mib on the CPU. */
 #include <errno.h>
@@ -34,7 +34,7 @@
 
 #include "ckpt/ckpt_steps.h"
 #include "ckpt/dcp.h"
-#include "model/lr_schedule.h"
+#include "train/lr_schedule.h"
 #include "runtime/crash.h"
 #include "runtime/ctx_impl.h"
 #include "runtime/data.h"
@@ -180,15 +180,15 @@ static int train_eval_report(fsdp_ctx *ctx, train_backend *be, data_source *eval
 }
 
 /* " ac=full" / " ac=selective" for the run's log line; "" without checkpointing. */
-static const char *train_ac_label(llama_fsdp_ac ac) {
-    return ac == LLAMA_FSDP_AC_FULL ? " ac=full" : ac == LLAMA_FSDP_AC_SELECTIVE ? " ac=selective" : "";
+static const char *train_ac_label(train_fsdp_ac ac) {
+    return ac == TRAIN_FSDP_AC_FULL ? " ac=full" : ac == TRAIN_FSDP_AC_SELECTIVE ? " ac=selective" : "";
 }
 
 /* The GPU options of `with` (values checked by the schema). */
-static int train_options(const fsdp_value *with, llama_fsdp_cuda_options *o, fsdp_err *err) {
+static int train_options(const fsdp_value *with, train_fsdp_cuda_options *o, fsdp_err *err) {
     memset(o, 0, sizeof *o);
-    int rc = llama_fsdp_mixed_from_name(fsdp_arg_str(with, "mixed", "none"), &o->mixed, err);
-    if (!rc) rc = llama_fsdp_ac_from_name(fsdp_arg_str(with, "ac", "none"), &o->ac, err);
+    int rc = train_fsdp_mixed_from_name(fsdp_arg_str(with, "mixed", "none"), &o->mixed, err);
+    if (!rc) rc = train_fsdp_ac_from_name(fsdp_arg_str(with, "ac", "none"), &o->ac, err);
     o->keep_gathered = !fsdp_arg_bool(with, "reshard_after_forward", 1);
     o->head_chunk_rows = (int)fsdp_arg_int(with, "head_chunk_rows", 0);
     o->per_param = !fsdp_arg_bool(with, "flat_collectives", 1);
@@ -265,11 +265,11 @@ static void train_calls_report(fsdp_ctx *ctx, const train_calls *t, int per_para
 
 /* The run report's metrics of the stage: the last loss and norm, steps, tokens/s over the whole
  * stage (global), FLOPs per token, MFU and the peak memory. */
-static void train_final_metrics(fsdp_ctx *ctx, const train_backend *be, llama_fsdp_ac ac, double loss, double gnorm,
+static void train_final_metrics(fsdp_ctx *ctx, const train_backend *be, train_fsdp_ac ac, double loss, double gnorm,
                                 int64_t steps, double seconds, int64_t tokens_per_step, int world, double flops_tok,
                                 double peak_tflops) {
-    fsdp_ctx_metric_str(ctx, "ac", ac == LLAMA_FSDP_AC_FULL        ? "full"
-                                   : ac == LLAMA_FSDP_AC_SELECTIVE ? "selective"
+    fsdp_ctx_metric_str(ctx, "ac", ac == TRAIN_FSDP_AC_FULL        ? "full"
+                                   : ac == TRAIN_FSDP_AC_SELECTIVE ? "selective"
                                                                    : "none");
     fsdp_ctx_metric(ctx, "final_loss", loss);
     fsdp_ctx_metric(ctx, "final_grad_norm", gnorm);
@@ -304,7 +304,7 @@ static int train_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
     if (prc) return fsdp_err_prefix(err, "train-steps");
     int64_t steps = fsdp_arg_int(with, "steps", 0);
     const fsdp_value *betas = fsdp_value_get(with, "betas");
-    llama_fsdp_hparams hp;
+    train_fsdp_hparams hp;
     memset(&hp, 0, sizeof hp);
     fsdp_value_float(fsdp_value_item(betas, 0), &hp.beta1);
     fsdp_value_float(fsdp_value_item(betas, 1), &hp.beta2);
@@ -336,7 +336,7 @@ static int train_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
     int64_t B = data_local_batch(data), T = dc.seq_len;
     train_backend be;
     memset(&be, 0, sizeof be);
-    llama_fsdp_cuda_options gopt;
+    train_fsdp_cuda_options gopt;
     FILE *mf = NULL;
     int n_micro = 1;
     unsigned char *no_decay = NULL;
@@ -359,7 +359,7 @@ static int train_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
     train_backend_reset_peak(&be);
     /* MFU: model FLOPs per token against one device's peak (given, or the GPU default) */
     double peak_tflops = fsdp_arg_float(with, "peak_tflops", be.on_gpu ? TRAIN_GPU_PEAK_TFLOPS : 0);
-    double flops_tok = llama_flops_per_token(&s->cfg, T);
+    double flops_tok = decoder_flops_per_token(&s->cfg, T);
     /* never blocks on a FIFO where the metrics file should be */
     if (metrics_path && comm_rank(c) == 0 && (rc = fio_fopen_append(metrics_path, NULL, &mf, err))) {
         fsdp_err_prefix(err, "train-steps: metrics file");
@@ -367,7 +367,7 @@ static int train_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
     }
     fsdp_log(ctx, FSDP_LOG_INFO, "training steps %lld..%lld: global batch %lld x %lld tokens, %d ranks, %s%s%s",
              (long long)s->train_step + 1, (long long)steps, (long long)dc.batch_size, (long long)T, comm_size(c),
-             be.on_gpu ? "GPU" : "CPU", be.on_gpu && gopt.mixed == LLAMA_FSDP_MIXED_BF16 ? " bf16" : "",
+             be.on_gpu ? "GPU" : "CPU", be.on_gpu && gopt.mixed == TRAIN_FSDP_MIXED_BF16 ? " bf16" : "",
              train_ac_label(gopt.ac));
     if (n_micro > 1)
         fsdp_log(ctx, FSDP_LOG_INFO, "gradient accumulation: %d micro-batches of %lld rows per rank and step", n_micro,
@@ -382,7 +382,7 @@ static int train_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
         int64_t step = s->train_step; /* 0-based index of this step */
         hp.lr = lrs_at(&sched, step);
         if ((rc = data_batch(data, s->data_pos, tokens, labels, err))) break;
-        llama_fsdp_result r;
+        train_fsdp_result r;
         train_calls_begin(c, &calls);
         if ((rc = train_backend_step_accum(&be, tokens, labels, n_micro, &hp, &r, err))) {
             fsdp_err_prefix(err, "train-steps: step %lld", (long long)step + 1);

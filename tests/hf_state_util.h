@@ -11,19 +11,19 @@
 
 extern "C" {
 #include "ckpt/state_io.h"
-#include "model/llama_params.h"
+#include "decoder/decoder_params.h"
 #include "runtime/state.h"
 }
 #include "test_util.h"
 
 namespace fsdp_test {
 
-// The parameters of cfg (llama_params_build) filled from the fixture directory of `model`; the caller
+// The parameters of cfg (decoder_params_build) filled from the fixture directory of `model`; the caller
 // frees the state.
-inline fsdp_state *hf_state(const std::string &model, const llama_config &cfg) {
+inline fsdp_state *hf_state(const std::string &model, const decoder_config &cfg) {
     fsdp_err err;
-    llama_params t;
-    EXPECT_EQ(llama_params_build(&cfg, &t, &err), 0) << err.msg;
+    decoder_params t;
+    EXPECT_EQ(decoder_params_build(&cfg, &t, &err), 0) << err.msg;
     fsdp_state *s = (fsdp_state *)calloc(1, sizeof(fsdp_state));
     s->layout = STATE_SHARDED;
     s->world = 1;
@@ -31,7 +31,7 @@ inline fsdp_state *hf_state(const std::string &model, const llama_config &cfg) {
     s->has_cfg = 1;
     for (int i = 0; i < t.n; i++)
         EXPECT_EQ(state_add_param(s, t.p[i].name, t.p[i].ndim, t.p[i].shape, t.p[i].layer, &err), 0) << err.msg;
-    llama_params_free(&t);
+    decoder_params_free(&t);
     sio_load_opts o;
     memset(&o, 0, sizeof o);
     o.names = SIO_NAMES_HF;

@@ -9,7 +9,7 @@
 
 extern "C" {
 #include "fsdp/stage.h"
-#include "pipeline/cli.h"
+#include "cli/cli.h"
 #include "pipeline/registry.h"
 }
 #include "test_util.h"

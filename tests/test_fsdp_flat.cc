@@ -1,4 +1,4 @@
-// Collectives per transformer block (runtime/flat_group.h, train-steps flat_collectives): one
+// Collectives per transformer block (train/flat_group.h, train-steps flat_collectives): one
 // all-gather and one reduce-scatter of each layer's parameters on a rank-major flat buffer instead of
 // one per parameter. The layout on uneven and empty shards; the message count per step (O(layers));
 // and the same losses and weights as the per-parameter path: bit for bit on 2 ranks (each summed
@@ -15,7 +15,7 @@
 #include <vector>
 
 extern "C" {
-#include "runtime/flat_group.h"
+#include "train/flat_group.h"
 #include "runtime/state.h"
 }
 #include "gpu_util.h"

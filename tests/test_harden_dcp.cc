@@ -22,7 +22,7 @@ extern "C" {
 #include "ckpt/pickle.h"
 #include "ckpt/reader.h"
 #include "ckpt/safetensors.h"
-#include "model/llama_params.h"
+#include "decoder/decoder_params.h"
 #include "runtime/shard.h"
 #include "runtime/state.h"
 }
@@ -931,18 +931,18 @@ TEST(HardenDcpState, DeclareAndFind180kParameters) {
 }
 
 TEST(HardenDcpState, LlamaParamsFindOf20000Layers) {
-    llama_config c;
+    decoder_config c;
     fsdp_err err;
-    ASSERT_EQ(llama_config_preset(&c, "tiny", &err), 0) << err.msg;
+    ASSERT_EQ(decoder_config_preset(&c, "tiny", &err), 0) << err.msg;
     c.n_layers = 20000;
-    llama_params t{};
-    ASSERT_EQ(llama_params_build(&c, &t, &err), 0) << err.msg;
+    decoder_params t{};
+    ASSERT_EQ(decoder_params_build(&c, &t, &err), 0) << err.msg;
     ASSERT_EQ(t.n, 180003);
-    for (int i = 0; i < t.n; i++) ASSERT_EQ(llama_params_find(&t, t.p[i].name), i) << t.p[i].name;
+    for (int i = 0; i < t.n; i++) ASSERT_EQ(decoder_params_find(&t, t.p[i].name), i) << t.p[i].name;
     for (const char *bad : {"layers.01.attention.wq.weight", "layers.20000.attention.wq.weight",
                             "layers.-1.attention.wq.weight", "layers..attention.wq.weight",
                             "layers.5.tok_embeddings.weight", "attention.wq.weight", "layers.5.attention.wq",
                             "layers.99999999999999999999.ffn_norm.weight", "layers.5", ""})
-        EXPECT_EQ(llama_params_find(&t, bad), -1) << bad;
-    llama_params_free(&t);
+        EXPECT_EQ(decoder_params_find(&t, bad), -1) << bad;
+    decoder_params_free(&t);
 }

@@ -1,4 +1,4 @@
-// Architectures as data (model/llama_arch.h) and Hugging Face config.json (model/hf_config.h):
+// Architectures as data (decoder/decoder_arch.h) and Hugging Face config.json (decoder/hf_config.h):
 // both config forms transformers writes, the architecture from model_type / architectures, what
 // fsdp-run refuses, the writer, the recipe's model: keys, the presets against the published
 // configs, and the parameter table of each architecture.
@@ -14,10 +14,10 @@
 
 extern "C" {
 #include "ckpt/namemap.h"
-#include "model/hf_config.h"
-#include "model/llama.h"
-#include "model/llama_arch.h"
-#include "model/llama_params.h"
+#include "decoder/hf_config.h"
+#include "decoder/decoder.h"
+#include "decoder/decoder_arch.h"
+#include "decoder/decoder_params.h"
 #include "pipeline/yaml_load.h"
 }
 
@@ -33,7 +33,7 @@ struct Dir {
     std::string operator/(const std::string &n) const { return d + "/" + n; }
 };
 
-int parse(const std::string &text, llama_config *c, std::string *msg) {
+int parse(const std::string &text, decoder_config *c, std::string *msg) {
     fsdp_err err;
     fsdp_err_clear(&err);
     int rc = hf_config_parse(text.data(), text.size(), "cfg.json", c, &err);
@@ -55,21 +55,21 @@ std::string edited(const std::string &model, void (*edit)(json_t *)) {
     return out;
 }
 
-int from_yaml(const std::string &yaml, llama_config *c, std::string *msg) {
+int from_yaml(const std::string &yaml, decoder_config *c, std::string *msg) {
     fsdp_value *root = nullptr;
     fsdp_err err;
     fsdp_err_clear(&err);
     int rc = yaml_load_string(yaml.data(), yaml.size(), "m.yaml", 0, 0, &root, &err);
     EXPECT_EQ(rc, 0) << err.msg;
     if (rc) return rc;
-    rc = llama_config_from_value(c, fsdp_value_get(root, "model"), &err);
+    rc = decoder_config_from_value(c, fsdp_value_get(root, "model"), &err);
     if (msg) *msg = err.msg;
     val_free(root);
     return rc;
 }
 
 // Every field of two configs that describes the model (not the preset's name).
-void expect_same_model(const llama_config &a, const llama_config &b, const std::string &what) {
+void expect_same_model(const decoder_config &a, const decoder_config &b, const std::string &what) {
     EXPECT_EQ(a.arch, b.arch) << what;
     EXPECT_EQ(a.dim, b.dim) << what;
     EXPECT_EQ(a.n_layers, b.n_layers) << what;
@@ -82,7 +82,7 @@ void expect_same_model(const llama_config &a, const llama_config &b, const std::
     EXPECT_EQ(a.rope_theta, b.rope_theta) << what;
     EXPECT_EQ(a.max_seq_len, b.max_seq_len) << what;
     EXPECT_EQ(a.rope_scaling, b.rope_scaling) << what;
-    if (a.rope_scaling == LLAMA_ROPE_LLAMA3) {
+    if (a.rope_scaling == DECODER_ROPE_LLAMA3) {
         EXPECT_EQ(a.rope_factor, b.rope_factor) << what;
         EXPECT_EQ(a.rope_low_freq_factor, b.rope_low_freq_factor) << what;
         EXPECT_EQ(a.rope_high_freq_factor, b.rope_high_freq_factor) << what;
@@ -100,13 +100,13 @@ void expect_same_model(const llama_config &a, const llama_config &b, const std::
 TEST(HfArchConfig, Transformers5FixturesMatchTheGeneratorsConfig) {
     struct {
         const char *model;
-        llama_arch arch;
+        decoder_arch arch;
         int bias, qk_norm;
-    } want[] = {{"qwen2_tiny", LLAMA_ARCH_QWEN2, 1, 0},
-                {"qwen3_tiny", LLAMA_ARCH_QWEN3, 0, 1},
-                {"llama32_tiny", LLAMA_ARCH_LLAMA3, 0, 0}};
+    } want[] = {{"qwen2_tiny", DECODER_ARCH_QWEN2, 1, 0},
+                {"qwen3_tiny", DECODER_ARCH_QWEN3, 0, 1},
+                {"llama32_tiny", DECODER_ARCH_LLAMA3, 0, 0}};
     for (const auto &w : want) {
-        llama_config c;
+        decoder_config c;
         fsdp_err err;
         ASSERT_EQ(hf_config_read(hf(w.model).c_str(), &c, &err), 0) << err.msg;
         json_error_t je;
@@ -131,19 +131,19 @@ TEST(HfArchConfig, Transformers5FixturesMatchTheGeneratorsConfig) {
         EXPECT_EQ(c.head_dim, hd) << w.model;
         json_t *rs = json_object_get(k, "rope_scaling");
         if (rs) {
-            EXPECT_EQ(c.rope_scaling, LLAMA_ROPE_LLAMA3);
+            EXPECT_EQ(c.rope_scaling, DECODER_ROPE_LLAMA3);
             EXPECT_EQ(c.rope_factor, json_number_value(json_object_get(rs, "factor")));
             EXPECT_EQ(c.rope_low_freq_factor, json_number_value(json_object_get(rs, "low_freq_factor")));
             EXPECT_EQ(c.rope_high_freq_factor, json_number_value(json_object_get(rs, "high_freq_factor")));
             EXPECT_EQ(c.rope_original_max_pos,
                       json_integer_value(json_object_get(rs, "original_max_position_embeddings")));
         } else {
-            EXPECT_EQ(c.rope_scaling, LLAMA_ROPE_NONE) << w.model;
+            EXPECT_EQ(c.rope_scaling, DECODER_ROPE_NONE) << w.model;
         }
         json_decref(ref);
     }
     // Qwen3's q projection is wider than the model: 4 heads of 32 on a 64-wide model
-    llama_config q3;
+    decoder_config q3;
     fsdp_err err;
     ASSERT_EQ(hf_config_read((hf("qwen3_tiny") + "/config.json").c_str(), &q3, &err), 0) << err.msg;
     EXPECT_EQ(q3.n_heads * q3.head_dim, 128);
@@ -153,7 +153,7 @@ TEST(HfArchConfig, Transformers5FixturesMatchTheGeneratorsConfig) {
 // legacy "type" key too) gives the same model.
 TEST(HfArchConfig, Transformers4FormEqualsTransformers5Form) {
     for (const char *m : {"qwen2_tiny", "qwen3_tiny", "llama32_tiny"}) {
-        llama_config v5, v4;
+        decoder_config v5, v4;
         fsdp_err err;
         ASSERT_EQ(hf_config_read(hf(m).c_str(), &v5, &err), 0) << err.msg;
         std::string t4 = edited(m, [](json_t *o) {
@@ -182,7 +182,7 @@ TEST(HfArchConfig, Transformers4FormEqualsTransformers5Form) {
         json_object_set_new(n, "full_attention", rp);
         json_object_set_new(o, "rope_parameters", n);
     });
-    llama_config a, b;
+    decoder_config a, b;
     std::string msg;
     fsdp_err err;
     ASSERT_EQ(hf_config_read(hf("llama32_tiny").c_str(), &a, &err), 0) << err.msg;
@@ -196,7 +196,7 @@ TEST(HfArchConfig, MissingKeysTakeTheTransformersDefaults) {
     const char *minimal = "{\"model_type\": \"%s\", \"hidden_size\": 256, \"intermediate_size\": 512, "
                           "\"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"vocab_size\": 1000}";
     char buf[512];
-    llama_config c;
+    decoder_config c;
     std::string msg;
     snprintf(buf, sizeof buf, minimal, "qwen3");
     ASSERT_EQ(parse(buf, &c, &msg), 0) << msg;
@@ -205,12 +205,12 @@ TEST(HfArchConfig, MissingKeysTakeTheTransformersDefaults) {
     EXPECT_EQ(c.norm_eps, 1e-6);
     EXPECT_EQ(c.rope_theta, 10000.0);
     EXPECT_EQ(c.tie_embeddings, 0);
-    EXPECT_EQ(c.rope_scaling, LLAMA_ROPE_NONE);
+    EXPECT_EQ(c.rope_scaling, DECODER_ROPE_NONE);
     EXPECT_EQ(c.max_seq_len, 2048);
     snprintf(buf, sizeof buf, minimal, "llama");
     ASSERT_EQ(parse(buf, &c, &msg), 0) << msg;
     EXPECT_EQ(c.head_dim, 64);  // hidden_size / heads
-    EXPECT_EQ(c.arch, LLAMA_ARCH_LLAMA3);
+    EXPECT_EQ(c.arch, DECODER_ARCH_LLAMA3);
     EXPECT_EQ(c.qkv_bias, 0);
     snprintf(buf, sizeof buf, minimal, "qwen2");
     ASSERT_EQ(parse(buf, &c, &msg), 0) << msg;
@@ -221,7 +221,7 @@ TEST(HfArchConfig, MissingKeysTakeTheTransformersDefaults) {
                     &c, &msg),
               0)
         << msg;
-    EXPECT_EQ(c.arch, LLAMA_ARCH_QWEN3);
+    EXPECT_EQ(c.arch, DECODER_ARCH_QWEN3);
 }
 
 // What fsdp-run cannot train is a clear error naming the file, the key and the value.
@@ -267,13 +267,13 @@ TEST(HfArchConfig, UnsupportedArchitecturesAndFeaturesAreNamed) {
          "\"tie_word_embeddings\" must be true or false"},
     };
     for (const auto &k : cases) {
-        llama_config c;
+        decoder_config c;
         std::string msg;
         EXPECT_EQ(parse(edited("llama32_tiny", k.edit), &c, &msg), FSDP_E_INVALID) << k.needle;
         EXPECT_NE(msg.find(k.needle), std::string::npos) << "want: " << k.needle << "\ngot:  " << msg;
     }
     // sliding windows and layer types of Qwen
-    llama_config c;
+    decoder_config c;
     std::string msg;
     EXPECT_EQ(parse(edited("qwen2_tiny", [](json_t *o) { json_object_set_new(o, "use_sliding_window", json_true()); }),
                     &c, &msg),
@@ -297,7 +297,7 @@ TEST(HfArchConfig, UnsupportedArchitecturesAndFeaturesAreNamed) {
 // A directory without config.json, and a FIFO in its place (read without ever blocking).
 TEST(HfArchConfig, MissingFileAndFifoFailClearly) {
     Dir t;
-    llama_config c;
+    decoder_config c;
     fsdp_err err;
     EXPECT_NE(hf_config_read(t.d.c_str(), &c, &err), 0);
     EXPECT_NE(std::string(err.msg).find(t / "config.json"), std::string::npos) << err.msg;
@@ -311,7 +311,7 @@ TEST(HfArchConfig, MissingFileAndFifoFailClearly) {
 TEST(HfArchConfig, WrittenConfigReadsBackAsTheSameModel) {
     Dir t;
     for (const char *m : {"qwen2_tiny", "qwen3_tiny", "llama32_tiny"}) {
-        llama_config a, b;
+        decoder_config a, b;
         fsdp_err err;
         ASSERT_EQ(hf_config_read(hf(m).c_str(), &a, &err), 0) << err.msg;
         ASSERT_EQ(hf_config_write(&a, FSDP_DT_BF16, t.d.c_str(), &err), 0) << err.msg;
@@ -328,7 +328,7 @@ TEST(HfArchConfig, WrittenConfigReadsBackAsTheSameModel) {
         }
     }
     // a config transformers could not describe: qwen2 without its biases
-    llama_config q;
+    decoder_config q;
     fsdp_err err;
     ASSERT_EQ(hf_config_read(hf("qwen2_tiny").c_str(), &q, &err), 0) << err.msg;
     q.qkv_bias = 0;
@@ -341,7 +341,7 @@ TEST(HfArchConfig, WrittenConfigReadsBackAsTheSameModel) {
 
 // model: {from_hf: DIR} in a recipe, with overrides after it; arch must agree; unknown arch named.
 TEST(HfArchRecipe, FromHfArchAndOverrides) {
-    llama_config c, f;
+    decoder_config c, f;
     std::string msg;
     fsdp_err err;
     ASSERT_EQ(hf_config_read(hf("qwen3_tiny").c_str(), &f, &err), 0) << err.msg;
@@ -373,7 +373,7 @@ TEST(HfArchRecipe, FromHfArchAndOverrides) {
     EXPECT_EQ(c.ffn_hidden, 160);
     EXPECT_EQ(c.norm_eps, 1e-6);
     EXPECT_EQ(c.rope_theta, 1e6);
-    EXPECT_EQ(c.rope_scaling, LLAMA_ROPE_NONE);
+    EXPECT_EQ(c.rope_scaling, DECODER_ROPE_NONE);
     EXPECT_EQ(c.init_std, 0.02);
     EXPECT_EQ(from_yaml("model: {arch: qwen3, dim: 64, n_layers: 2, n_heads: 4, head_dim: 31, vocab_size: 8}\n", &c,
                         &msg),
@@ -387,27 +387,27 @@ TEST(HfArchRecipe, FromHfArchAndOverrides) {
 TEST(HfArchPresets, MatchThePublishedConfigs) {
     struct {
         const char *name;
-        llama_arch arch;
+        decoder_arch arch;
         int dim, layers, heads, kv, head_dim, ffn, vocab, tied;
         double theta, factor; /* factor 0: no scaling */
         int64_t params;
     } want[] = {
         // meta-llama/Llama-3.2-1B: 1.24B with the tied embedding
-        {"llama3_1b", LLAMA_ARCH_LLAMA3, 2048, 16, 32, 8, 64, 8192, 128256, 1, 500000.0, 32.0, 1235814400LL},
+        {"llama3_1b", DECODER_ARCH_LLAMA3, 2048, 16, 32, 8, 64, 8192, 128256, 1, 500000.0, 32.0, 1235814400LL},
         // meta-llama/Llama-3.2-3B
-        {"llama3_3b", LLAMA_ARCH_LLAMA3, 3072, 28, 24, 8, 128, 8192, 128256, 1, 500000.0, 32.0, 3212749824LL},
+        {"llama3_3b", DECODER_ARCH_LLAMA3, 3072, 28, 24, 8, 128, 8192, 128256, 1, 500000.0, 32.0, 3212749824LL},
         // meta-llama/Llama-3.1-8B, -70B, -405B
-        {"llama3_8b", LLAMA_ARCH_LLAMA3, 4096, 32, 32, 8, 128, 14336, 128256, 0, 500000.0, 8.0, 8030261248LL},
-        {"llama3_70b", LLAMA_ARCH_LLAMA3, 8192, 80, 64, 8, 128, 28672, 128256, 0, 500000.0, 8.0, 70553706496LL},
-        {"llama3_405b", LLAMA_ARCH_LLAMA3, 16384, 126, 128, 8, 128, 53248, 128256, 0, 500000.0, 8.0, 405853388800LL},
+        {"llama3_8b", DECODER_ARCH_LLAMA3, 4096, 32, 32, 8, 128, 14336, 128256, 0, 500000.0, 8.0, 8030261248LL},
+        {"llama3_70b", DECODER_ARCH_LLAMA3, 8192, 80, 64, 8, 128, 28672, 128256, 0, 500000.0, 8.0, 70553706496LL},
+        {"llama3_405b", DECODER_ARCH_LLAMA3, 16384, 126, 128, 8, 128, 53248, 128256, 0, 500000.0, 8.0, 405853388800LL},
         // Qwen/Qwen2.5-0.5B (494,032,768 parameters), Qwen/Qwen3-0.6B (596,049,920)
-        {"qwen2.5_0.5b", LLAMA_ARCH_QWEN2, 896, 24, 14, 2, 64, 4864, 151936, 1, 1e6, 0, 494032768LL},
-        {"qwen3_0.6b", LLAMA_ARCH_QWEN3, 1024, 28, 16, 8, 128, 3072, 151936, 1, 1e6, 0, 596049920LL},
+        {"qwen2.5_0.5b", DECODER_ARCH_QWEN2, 896, 24, 14, 2, 64, 4864, 151936, 1, 1e6, 0, 494032768LL},
+        {"qwen3_0.6b", DECODER_ARCH_QWEN3, 1024, 28, 16, 8, 128, 3072, 151936, 1, 1e6, 0, 596049920LL},
     };
     for (const auto &w : want) {
-        llama_config c;
+        decoder_config c;
         fsdp_err err;
-        ASSERT_EQ(llama_config_preset(&c, w.name, &err), 0) << err.msg;
+        ASSERT_EQ(decoder_config_preset(&c, w.name, &err), 0) << err.msg;
         EXPECT_EQ(c.arch, w.arch) << w.name;
         EXPECT_EQ(c.dim, w.dim) << w.name;
         EXPECT_EQ(c.n_layers, w.layers) << w.name;
@@ -418,21 +418,21 @@ TEST(HfArchPresets, MatchThePublishedConfigs) {
         EXPECT_EQ(c.vocab_size, w.vocab) << w.name;
         EXPECT_EQ(c.tie_embeddings, w.tied) << w.name;
         EXPECT_EQ(c.rope_theta, w.theta) << w.name;
-        EXPECT_EQ(c.rope_scaling, w.factor > 0 ? LLAMA_ROPE_LLAMA3 : LLAMA_ROPE_NONE) << w.name;
+        EXPECT_EQ(c.rope_scaling, w.factor > 0 ? DECODER_ROPE_LLAMA3 : DECODER_ROPE_NONE) << w.name;
         if (w.factor > 0) {
             EXPECT_EQ(c.rope_factor, w.factor) << w.name;
             EXPECT_EQ(c.rope_low_freq_factor, 1.0) << w.name;
             EXPECT_EQ(c.rope_high_freq_factor, 4.0) << w.name;
             EXPECT_EQ(c.rope_original_max_pos, 8192) << w.name;
         }
-        EXPECT_EQ(c.norm_eps, w.arch == LLAMA_ARCH_LLAMA3 ? 1e-5 : 1e-6) << w.name;
-        EXPECT_EQ(c.qkv_bias, w.arch == LLAMA_ARCH_QWEN2) << w.name;
-        EXPECT_EQ(c.qk_norm, w.arch == LLAMA_ARCH_QWEN3) << w.name;
-        EXPECT_EQ(llama_param_count(&c), w.params) << w.name;
+        EXPECT_EQ(c.norm_eps, w.arch == DECODER_ARCH_LLAMA3 ? 1e-5 : 1e-6) << w.name;
+        EXPECT_EQ(c.qkv_bias, w.arch == DECODER_ARCH_QWEN2) << w.name;
+        EXPECT_EQ(c.qk_norm, w.arch == DECODER_ARCH_QWEN3) << w.name;
+        EXPECT_EQ(decoder_param_count(&c), w.params) << w.name;
         // the preset's config.json reads back as the preset
         char *text = nullptr;
         ASSERT_EQ(hf_config_to_json(&c, FSDP_DT_BF16, &text, &err), 0) << err.msg;
-        llama_config back;
+        decoder_config back;
         std::string msg;
         EXPECT_EQ(parse(text, &back, &msg), 0) << msg;
         free(text);
@@ -451,66 +451,66 @@ TEST(HfArchParams, TableOfEachArchitecture) {
                 {"qwen3_tiny", 11, {"layers.1.attention.q_norm.weight", "layers.1.attention.k_norm.weight"}},
                 {"llama32_tiny", 9, {nullptr, nullptr}}};
     for (const auto &w : want) {
-        llama_config c;
+        decoder_config c;
         fsdp_err err;
         ASSERT_EQ(hf_config_read(hf(w.model).c_str(), &c, &err), 0) << err.msg;
-        llama_params t;
-        ASSERT_EQ(llama_params_build(&c, &t, &err), 0) << err.msg;
+        decoder_params t;
+        ASSERT_EQ(decoder_params_build(&c, &t, &err), 0) << err.msg;
         EXPECT_EQ(t.per_layer, w.per_layer) << w.model;
         EXPECT_EQ(t.n, 1 + w.per_layer * 2 + 1) << w.model;  // tied: tok_embeddings, layers, norm
-        EXPECT_EQ(llama_params_find(&t, "output.weight"), -1) << w.model;
-        EXPECT_EQ(llama_params_index(&t, LLAMA_P_OUTPUT, -1), -1) << w.model;
+        EXPECT_EQ(decoder_params_find(&t, "output.weight"), -1) << w.model;
+        EXPECT_EQ(decoder_params_index(&t, DECODER_P_OUTPUT, -1), -1) << w.model;
         EXPECT_STREQ(t.p[t.n - 1].name, "norm.weight");
-        EXPECT_EQ(t.total, llama_param_count(&c));
+        EXPECT_EQ(t.total, decoder_param_count(&c));
         int64_t sum = 0;
         for (int i = 0; i < t.n; i++) {
             EXPECT_EQ(t.p[i].offset, sum);
             sum += t.p[i].numel;
-            EXPECT_EQ(llama_params_find(&t, t.p[i].name), i) << t.p[i].name;
-            EXPECT_EQ(llama_params_index(&t, t.p[i].kind, t.p[i].layer), i) << t.p[i].name;
+            EXPECT_EQ(decoder_params_find(&t, t.p[i].name), i) << t.p[i].name;
+            EXPECT_EQ(decoder_params_index(&t, t.p[i].kind, t.p[i].layer), i) << t.p[i].name;
         }
         for (const char *e : w.extra) {
             if (!e) continue;
-            int i = llama_params_find(&t, e);
+            int i = decoder_params_find(&t, e);
             ASSERT_GE(i, 0) << e;
-            const llama_param &p = t.p[i];
+            const decoder_param &p = t.p[i];
             EXPECT_EQ(p.ndim, 1) << e;
             bool bias = strstr(e, ".bias") != nullptr;
             EXPECT_EQ(p.shape[0], bias ? (strstr(e, "wq") ? 4 : 2) * c.head_dim : c.head_dim) << e;
             EXPECT_EQ(p.init.kind, bias ? INIT_ZEROS : INIT_ONES) << e;
         }
         // a wq bias only where the architecture has one
-        EXPECT_EQ(llama_params_index(&t, LLAMA_P_WQ_BIAS, 0) >= 0, c.qkv_bias == 1) << w.model;
-        EXPECT_EQ(llama_params_index(&t, LLAMA_P_Q_NORM, 0) >= 0, c.qk_norm == 1) << w.model;
+        EXPECT_EQ(decoder_params_index(&t, DECODER_P_WQ_BIAS, 0) >= 0, c.qkv_bias == 1) << w.model;
+        EXPECT_EQ(decoder_params_index(&t, DECODER_P_Q_NORM, 0) >= 0, c.qk_norm == 1) << w.model;
         // Hugging Face init for a from_hf model: normal(0, initializer_range) matrices
-        int wq = llama_params_index(&t, LLAMA_P_WQ, 1);
+        int wq = decoder_params_index(&t, DECODER_P_WQ, 1);
         EXPECT_EQ(t.p[wq].init.kind, INIT_NORMAL);
         EXPECT_EQ(t.p[wq].init.std, 0.02);
         EXPECT_EQ(t.p[wq].shape[0], (int64_t)c.n_heads * c.head_dim);
-        llama_params_free(&t);
+        decoder_params_free(&t);
     }
     // untied Llama 3 keeps output.weight last, torchtitan's init, nine per layer
-    llama_config c;
+    decoder_config c;
     fsdp_err err;
-    ASSERT_EQ(llama_config_preset(&c, "tiny", &err), 0) << err.msg;
-    llama_params t;
-    ASSERT_EQ(llama_params_build(&c, &t, &err), 0) << err.msg;
+    ASSERT_EQ(decoder_config_preset(&c, "tiny", &err), 0) << err.msg;
+    decoder_params t;
+    ASSERT_EQ(decoder_params_build(&c, &t, &err), 0) << err.msg;
     EXPECT_EQ(t.n, 3 + 9 * 2);
     EXPECT_STREQ(t.p[t.n - 1].name, "output.weight");
-    EXPECT_EQ(t.p[llama_params_index(&t, LLAMA_P_WQ, 0)].init.kind, INIT_TRUNC_NORMAL);
+    EXPECT_EQ(t.p[decoder_params_index(&t, DECODER_P_WQ, 0)].init.kind, INIT_TRUNC_NORMAL);
     EXPECT_EQ(t.p[0].init.kind, INIT_NORMAL);
     EXPECT_EQ(t.p[0].init.std, 1.0);
-    llama_params_free(&t);
+    decoder_params_free(&t);
     // tied torchtitan Llama (llama3_1b): the one embedding gets the output head's init, as torchtitan
     // skips the embedding's own when the two are tied
-    ASSERT_EQ(llama_config_preset(&c, "llama3_1b", &err), 0) << err.msg;
-    ASSERT_EQ(llama_params_build(&c, &t, &err), 0) << err.msg;
+    ASSERT_EQ(decoder_config_preset(&c, "llama3_1b", &err), 0) << err.msg;
+    ASSERT_EQ(decoder_params_build(&c, &t, &err), 0) << err.msg;
     EXPECT_STREQ(t.p[0].name, "tok_embeddings.weight");
     EXPECT_EQ(t.p[0].init.kind, INIT_TRUNC_NORMAL);
     EXPECT_EQ(t.p[0].init.std, std::pow(2048.0, -0.5));
     EXPECT_EQ(t.p[0].init.b, 3 * std::pow(2048.0, -0.5));
     EXPECT_STREQ(t.p[t.n - 1].name, "norm.weight");
-    llama_params_free(&t);
+    decoder_params_free(&t);
 }
 
 // HF names of the new parameters and their RoPE-layout permutation: q/k biases move with their
@@ -577,7 +577,7 @@ TEST(HfArchRecipe, UnsupportedModelTypeFailsValidation) {
 // Issue 26 item 5: every unsupported key of a config.json is named at once (hidden_act: gelu does not
 // hide use_sliding_window: true), in one error.
 TEST(HfArchConfig, EveryUnsupportedKeyIsNamedAtOnce) {
-    llama_config c;
+    decoder_config c;
     std::string msg;
     EXPECT_EQ(parse(edited("qwen2_tiny",
                            [](json_t *o) {

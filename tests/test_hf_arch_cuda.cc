@@ -18,10 +18,10 @@ extern "C" {
 #include "ckpt/state_io.h"
 #include "kernels/cpu/kc.h"
 #include "kernels/cuda/kcu.h"
-#include "model/hf_config.h"
-#include "model/llama_fsdp.h"
-#include "model/llama_fsdp_cuda.h"
-#include "model/llama_params.h"
+#include "decoder/hf_config.h"
+#include "train/train_fsdp.h"
+#include "train/train_fsdp_cuda.h"
+#include "decoder/decoder_params.h"
 #include "runtime/comm.h"
 #include "runtime/device.h"
 #include "runtime/state.h"
@@ -102,7 +102,7 @@ protected:
 
     // The fixture loaded strictly under HF names (one rank), on the device unless host.
     fsdp_state *make_state(const std::string &model, bool host = false, bool offloaded = false) {
-        llama_config cfg;
+        decoder_config cfg;
         EXPECT_EQ(hf_config_read(hf_fixture(model).c_str(), &cfg, &err_), 0) << err_.msg;
         fsdp_state *s = hf_state(model, cfg);
         states_.push_back(s);
@@ -124,7 +124,7 @@ protected:
         ref_ = json_load_file(hf_fixture(model, "reference.json").c_str(), 0, &je);
         ASSERT_TRUE(ref_) << je.text;
     }
-    llama_fsdp_hparams hparams(int k) {
+    train_fsdp_hparams hparams(int k) {
         json_t *st = json_array_get(json_object_get(ref_, "steps"), (size_t)k);
         return {json_number_value(json_object_get(st, "lr")), 0.9, 0.95, 1e-8, 0.1, 1.0, nullptr};
     }
@@ -132,32 +132,32 @@ protected:
         return json_number_value(json_object_get(json_array_get(json_object_get(ref_, "steps"), (size_t)k), key));
     }
 
-    std::vector<llama_fsdp_result> run_gpu(fsdp_state *s, const llama_fsdp_cuda_options &o, int n) {
-        std::vector<llama_fsdp_result> out;
-        llama_fsdp_cuda *f = nullptr;
-        EXPECT_EQ(llama_fsdp_cuda_create(s, c_, d_, 2, 32, &o, &f, &err_), 0) << err_.msg;
+    std::vector<train_fsdp_result> run_gpu(fsdp_state *s, const train_fsdp_cuda_options &o, int n) {
+        std::vector<train_fsdp_result> out;
+        train_fsdp_cuda *f = nullptr;
+        EXPECT_EQ(train_fsdp_cuda_create(s, c_, d_, 2, 32, &o, &f, &err_), 0) << err_.msg;
         if (!f) return out;
         for (int k = 0; k < n; k++) {
-            llama_fsdp_hparams hp = hparams(k);
-            llama_fsdp_result r;
-            EXPECT_EQ(llama_fsdp_cuda_step(f, in_.data(), lab_.data(), &hp, &r, &err_), 0) << err_.msg;
+            train_fsdp_hparams hp = hparams(k);
+            train_fsdp_result r;
+            EXPECT_EQ(train_fsdp_cuda_step(f, in_.data(), lab_.data(), &hp, &r, &err_), 0) << err_.msg;
             out.push_back(r);
         }
-        llama_fsdp_cuda_free(f);
+        train_fsdp_cuda_free(f);
         return out;
     }
-    std::vector<llama_fsdp_result> run_cpu(fsdp_state *s, int n) {
-        std::vector<llama_fsdp_result> out;
-        llama_fsdp *f = nullptr;
-        EXPECT_EQ(llama_fsdp_create(s, c_, 2, 32, &f, &err_), 0) << err_.msg;
+    std::vector<train_fsdp_result> run_cpu(fsdp_state *s, int n) {
+        std::vector<train_fsdp_result> out;
+        train_fsdp *f = nullptr;
+        EXPECT_EQ(train_fsdp_create(s, c_, 2, 32, &f, &err_), 0) << err_.msg;
         if (!f) return out;
         for (int k = 0; k < n; k++) {
-            llama_fsdp_hparams hp = hparams(k);
-            llama_fsdp_result r;
-            EXPECT_EQ(llama_fsdp_step(f, in_.data(), lab_.data(), &hp, &r, &err_), 0) << err_.msg;
+            train_fsdp_hparams hp = hparams(k);
+            train_fsdp_result r;
+            EXPECT_EQ(train_fsdp_step(f, in_.data(), lab_.data(), &hp, &r, &err_), 0) << err_.msg;
             out.push_back(r);
         }
-        llama_fsdp_free(f);
+        train_fsdp_free(f);
         return out;
     }
     // Array `which` (0 data, 1 grad, 2 exp_avg, 3 exp_avg_sq) of every parameter, in state order.
@@ -181,8 +181,8 @@ protected:
     std::vector<fsdp_state *> states_;
 };
 
-const llama_fsdp_cuda_options F32 = {LLAMA_FSDP_MIXED_NONE, LLAMA_FSDP_AC_NONE, 0, 0, 0};
-const llama_fsdp_cuda_options BF16 = {LLAMA_FSDP_MIXED_BF16, LLAMA_FSDP_AC_NONE, 0, 0, 0};
+const train_fsdp_cuda_options F32 = {TRAIN_FSDP_MIXED_NONE, TRAIN_FSDP_AC_NONE, 0, 0, 0};
+const train_fsdp_cuda_options BF16 = {TRAIN_FSDP_MIXED_BF16, TRAIN_FSDP_AC_NONE, 0, 0, 0};
 
 }  // namespace
 
@@ -256,7 +256,7 @@ TEST_F(HfArchCuda, F32FiveStepsMatchTheCpuPath) {
         SCOPED_TRACE(m);
         load_fixture(m);
         fsdp_state *g = make_state(m), *h = make_state(m, true);
-        std::vector<llama_fsdp_result> gr = run_gpu(g, F32, 5), hr = run_cpu(h, 5);
+        std::vector<train_fsdp_result> gr = run_gpu(g, F32, 5), hr = run_cpu(h, 5);
         ASSERT_EQ(gr.size(), 5u);
         ASSERT_EQ(hr.size(), 5u);
         for (int k = 0; k < 5; k++) {
@@ -282,7 +282,7 @@ TEST_F(HfArchCuda, Bf16WithinOnePercentOfF32) {
         SCOPED_TRACE(m);
         load_fixture(m);
         fsdp_state *a = make_state(m), *b = make_state(m);
-        std::vector<llama_fsdp_result> fr = run_gpu(a, F32, 5), br = run_gpu(b, BF16, 5);
+        std::vector<train_fsdp_result> fr = run_gpu(a, F32, 5), br = run_gpu(b, BF16, 5);
         ASSERT_EQ(fr.size(), 5u);
         ASSERT_EQ(br.size(), 5u);
         for (int k = 0; k < 5; k++) {
@@ -301,18 +301,18 @@ TEST_F(HfArchCuda, CheckpointingChunkedHeadAndOffloadMatchTheDefault) {
         SCOPED_TRACE(m);
         load_fixture(m);
         fsdp_state *base = make_state(m);
-        std::vector<llama_fsdp_result> r0 = run_gpu(base, F32, 2);
+        std::vector<train_fsdp_result> r0 = run_gpu(base, F32, 2);
         std::vector<float> w0 = pull(base, 0);
         struct {
-            llama_fsdp_cuda_options o;
+            train_fsdp_cuda_options o;
             bool offload, exact;
-        } runs[] = {{{LLAMA_FSDP_MIXED_NONE, LLAMA_FSDP_AC_FULL, 0, 0, 0}, false, true},
-                    {{LLAMA_FSDP_MIXED_NONE, LLAMA_FSDP_AC_SELECTIVE, 0, 0, 0}, false, true},
-                    {{LLAMA_FSDP_MIXED_NONE, LLAMA_FSDP_AC_NONE, 0, 7, 0}, false, false},
+        } runs[] = {{{TRAIN_FSDP_MIXED_NONE, TRAIN_FSDP_AC_FULL, 0, 0, 0}, false, true},
+                    {{TRAIN_FSDP_MIXED_NONE, TRAIN_FSDP_AC_SELECTIVE, 0, 0, 0}, false, true},
+                    {{TRAIN_FSDP_MIXED_NONE, TRAIN_FSDP_AC_NONE, 0, 7, 0}, false, false},
                     {F32, true, true}};
         for (const auto &r : runs) {
             fsdp_state *s = make_state(m, false, r.offload);
-            std::vector<llama_fsdp_result> rr = run_gpu(s, r.o, 2);
+            std::vector<train_fsdp_result> rr = run_gpu(s, r.o, 2);
             ASSERT_EQ(rr.size(), 2u);
             std::vector<float> w = pull(s, 0);
             if (r.exact) {

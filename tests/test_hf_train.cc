@@ -24,10 +24,10 @@ extern "C" {
 #include "ckpt/namemap.h"
 #include "ckpt/safetensors.h"
 #include "ckpt/state_io.h"
-#include "model/hf_config.h"
-#include "model/llama_fsdp.h"
-#include "model/llama_model.h"
-#include "model/llama_params.h"
+#include "decoder/hf_config.h"
+#include "train/train_fsdp.h"
+#include "decoder/decoder_model.h"
+#include "decoder/decoder_params.h"
 #include "runtime/comm.h"
 #include "runtime/state.h"
 }
@@ -75,8 +75,8 @@ struct Ref {
     }
 };
 
-llama_config read_cfg(const std::string &model) {
-    llama_config c;
+decoder_config read_cfg(const std::string &model) {
+    decoder_config c;
     fsdp_err err;
     EXPECT_EQ(hf_config_read(hf_fixture(model).c_str(), &c, &err), 0) << err.msg;
     return c;
@@ -87,7 +87,7 @@ llama_config read_cfg(const std::string &model) {
 
 // A torchtitan-layout tensor [rows, cols] as Hugging Face has it: its HF name and rows (q/k rows,
 // biases and norms permuted back to rotate_half's layout).
-std::vector<float> tt_to_hf(const llama_config &c, const std::string &tt, const float *v, int64_t rows, int64_t cols,
+std::vector<float> tt_to_hf(const decoder_config &c, const std::string &tt, const float *v, int64_t rows, int64_t cols,
                             std::string *name) {
     char out[NMAP_NAME_MAX];
     nmap_info info;
@@ -192,17 +192,17 @@ TEST(HfTrain, FixturesFiveStepsOnOneRank) {
     ASSERT_EQ(comm_create_single(&c, &err), 0);
     for (const char *m : MODELS) {
         SCOPED_TRACE(m);
-        llama_config cfg = read_cfg(m);
+        decoder_config cfg = read_cfg(m);
         Ref ref(m);
         ASSERT_EQ(ref.loss.size(), 5u);
         Tensors batch = load_st(hf_fixture(m, "batch.safetensors"));
         fsdp_state *s = hf_state(m, cfg);
-        llama_fsdp *f;
-        ASSERT_EQ(llama_fsdp_create(s, c, 2, 32, &f, &err), 0) << err.msg;
+        train_fsdp *f;
+        ASSERT_EQ(train_fsdp_create(s, c, 2, 32, &f, &err), 0) << err.msg;
         for (int k = 0; k < 5; k++) {
-            llama_fsdp_hparams hp = {ref.lr[k], 0.9, 0.95, 1e-8, 0.1, 1.0, nullptr};
-            llama_fsdp_result r;
-            ASSERT_EQ(llama_fsdp_step(f, batch.at("input_ids").i32.data(), batch.at("labels").i32.data(), &hp, &r, &err),
+            train_fsdp_hparams hp = {ref.lr[k], 0.9, 0.95, 1e-8, 0.1, 1.0, nullptr};
+            train_fsdp_result r;
+            ASSERT_EQ(train_fsdp_step(f, batch.at("input_ids").i32.data(), batch.at("labels").i32.data(), &hp, &r, &err),
                       0)
                 << err.msg;
             EXPECT_NEAR(r.loss, ref.loss[k], 1e-5 * ref.loss[k]) << "step " << k + 1;
@@ -216,7 +216,7 @@ TEST(HfTrain, FixturesFiveStepsOnOneRank) {
         EXPECT_LE(m2, 3 * ref.f32diff) << "exp_avg_sq";
         printf("[ %s ] max |w - w_ref| %.3g, exp_avg %.3g, exp_avg_sq %.3g (PyTorch float32: %.3g)\n", m, w, m1, m2,
                ref.f32diff);
-        llama_fsdp_free(f);
+        train_fsdp_free(f);
         state_free(s);
     }
     comm_destroy(c);
@@ -229,14 +229,14 @@ TEST(HfTrain, StepZeroGradientsMatchPyTorch) {
     ASSERT_EQ(comm_create_single(&c, &err), 0);
     for (const char *m : MODELS) {
         SCOPED_TRACE(m);
-        llama_config cfg = read_cfg(m);
+        decoder_config cfg = read_cfg(m);
         Ref ref(m);
         Tensors batch = load_st(hf_fixture(m, "batch.safetensors")), want = load_st(hf_fixture(m, "grads_step0.safetensors"));
         fsdp_state *s = hf_state(m, cfg);
-        llama_fsdp *f;
-        ASSERT_EQ(llama_fsdp_create(s, c, 2, 32, &f, &err), 0) << err.msg;
-        llama_fsdp_result r;
-        ASSERT_EQ(llama_fsdp_grads(f, batch.at("input_ids").i32.data(), batch.at("labels").i32.data(), &r, &err), 0)
+        train_fsdp *f;
+        ASSERT_EQ(train_fsdp_create(s, c, 2, 32, &f, &err), 0) << err.msg;
+        train_fsdp_result r;
+        ASSERT_EQ(train_fsdp_grads(f, batch.at("input_ids").i32.data(), batch.at("labels").i32.data(), &r, &err), 0)
             << err.msg;
         EXPECT_NEAR(r.loss, ref.loss[0], 1e-5 * ref.loss[0]);
         EXPECT_NEAR(r.grad_norm, ref.gn[0], 1e-4 * ref.gn[0]);
@@ -251,7 +251,7 @@ TEST(HfTrain, StepZeroGradientsMatchPyTorch) {
             n++;
         }
         EXPECT_EQ(n, want.size());
-        llama_fsdp_free(f);
+        train_fsdp_free(f);
         state_free(s);
     }
     comm_destroy(c);
@@ -265,20 +265,20 @@ TEST(HfTrain, CheckpointingAndChunkedHeadAgreeForEveryArchitecture) {
     ASSERT_EQ(comm_create_single(&c, &err), 0);
     for (const char *m : MODELS) {
         SCOPED_TRACE(m);
-        llama_config cfg = read_cfg(m);
+        decoder_config cfg = read_cfg(m);
         Tensors batch = load_st(hf_fixture(m, "batch.safetensors"));
         // ac none, full, selective with automatic chunks; then none with 7-row chunks
         const int ac[4] = {0, 1, 2, 0}, chunk[4] = {0, 0, 0, 7};
         fsdp_state *s[4];
-        llama_fsdp_result r[4];
+        train_fsdp_result r[4];
         for (int k = 0; k < 4; k++) {
             s[k] = hf_state(m, cfg);
-            llama_fsdp *f;
-            ASSERT_EQ(llama_fsdp_create_opts(s[k], c, 2, 32, ac[k], chunk[k], &f, &err), 0) << err.msg;
-            ASSERT_EQ(llama_fsdp_grads(f, batch.at("input_ids").i32.data(), batch.at("labels").i32.data(), &r[k], &err),
+            train_fsdp *f;
+            ASSERT_EQ(train_fsdp_create_opts(s[k], c, 2, 32, ac[k], chunk[k], &f, &err), 0) << err.msg;
+            ASSERT_EQ(train_fsdp_grads(f, batch.at("input_ids").i32.data(), batch.at("labels").i32.data(), &r[k], &err),
                       0)
                 << err.msg;
-            llama_fsdp_free(f);
+            train_fsdp_free(f);
         }
         for (int k = 1; k < 4; k++) {
             if (k < 3) {
@@ -311,7 +311,7 @@ TEST(HfTrain, FixturesOnOneAndThreeRanks) {
     for (const char *m : MODELS) {
         SCOPED_TRACE(m);
         Ref ref(m);
-        llama_config cfg = read_cfg(m);
+        decoder_config cfg = read_cfg(m);
         for (int np : {1, 3}) {
             std::string batch = hf_fixture(m, "batch.safetensors");
             if (np > 1) {
@@ -382,7 +382,7 @@ TEST(HfTrain, FixturesOnOneAndThreeRanks) {
             printf("[ %s on %d rank%s ] max |w - w_ref| %.3g, moments %.3g (PyTorch float32: %.3g)\n", m, np,
                    np > 1 ? "s" : "", wd, md, ref.f32diff);
             // the exported config.json, read back through fsdp-run, is the fixture's own
-            llama_config back;
+            decoder_config back;
             fsdp_err err;
             ASSERT_EQ(hf_config_read((out + "/hf").c_str(), &back, &err), 0) << err.msg;
             EXPECT_EQ(back.arch, cfg.arch);
@@ -454,7 +454,7 @@ TEST(HfTrain, RoundTripThroughDcpIsBitExact) {
         ASSERT_TRUE(got.r && want.r);
         EXPECT_EQ(ckpt_count(got.r), ckpt_count(want.r));
         expect_same_tensors(got.r, want.r);
-        llama_config x = read_cfg(m), y;
+        decoder_config x = read_cfg(m), y;
         fsdp_err err;
         ASSERT_EQ(hf_config_read(conv.c_str(), &y, &err), 0) << err.msg;
         EXPECT_EQ(x.arch, y.arch);

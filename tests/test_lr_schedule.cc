@@ -9,7 +9,7 @@
 #include "test_util.h"
 
 extern "C" {
-#include "model/lr_schedule.h"
+#include "train/lr_schedule.h"
 }
 
 namespace {

@@ -13,8 +13,8 @@
 #include "test_util.h"
 
 extern "C" {
-#include "model/llama_params.h"
-#include "model/llama_table.h"
+#include "decoder/decoder_params.h"
+#include "decoder/decoder_table.h"
 #include "model/model_table.h"
 #include "model/mt_ckpt.h"
 #include "model/mt_dims.h"
@@ -217,11 +217,11 @@ TEST(ModelTable, NamesExpandRangesAndAlternatives) {
 TEST(ModelTableSpec, ArchFormIsLlamasTableAndItsTrainer) {
     Spec s("model: {arch: llama3, preset: tiny}\n");
     ASSERT_EQ(s.rc, 0) << s.msg;
-    llama_config cfg;
+    decoder_config cfg;
     fsdp_err err;
-    ASSERT_EQ(llama_config_preset(&cfg, "tiny", &err), 0);
-    llama_params lp;
-    ASSERT_EQ(llama_params_build(&cfg, &lp, &err), 0);
+    ASSERT_EQ(decoder_config_preset(&cfg, "tiny", &err), 0);
+    decoder_params lp;
+    ASSERT_EQ(decoder_params_build(&cfg, &lp, &err), 0);
     ASSERT_EQ(s.t.n, (size_t)lp.n);
     for (int i = 0; i < lp.n; i++) {
         const mt_param *p = &s.t.p[i];
@@ -233,10 +233,10 @@ TEST(ModelTableSpec, ArchFormIsLlamasTableAndItsTrainer) {
         EXPECT_EQ(p->dtype, FSDP_DT_F32);
     }
     EXPECT_EQ(mt_total(&s.t), lp.total);
-    EXPECT_EQ(mt_shard_numel(&s.t, 3), llama_param_count_shard(&cfg, 3));
+    EXPECT_EQ(mt_shard_numel(&s.t, 3), decoder_param_count_shard(&cfg, 3));
     EXPECT_TRUE(mt_can_train(&s.t));
     EXPECT_STREQ(mt_kind(&s.t), "llama3 (preset tiny)");
-    llama_params_free(&lp);
+    decoder_params_free(&lp);
 }
 
 TEST(ModelTableSpec, InlineTableFileAndCheckpointForms) {

@@ -8,7 +8,7 @@
 #include <vector>
 
 extern "C" {
-#include "model/lr_schedule.h"
+#include "train/lr_schedule.h"
 }
 #include "gpu_util.h"
 #include "test_util.h"

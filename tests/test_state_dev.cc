@@ -526,25 +526,25 @@ TEST(StateDev, GpuInitRowsEqualTheHostDraw) {
     NEED_GPU();
     Gpu g;
     ASSERT_NE(g.d, nullptr);
-    llama_config cfg;
+    decoder_config cfg;
     fsdp_err err;
-    ASSERT_EQ(llama_config_preset(&cfg, "debugmodel", &err), 0) << err.msg;
-    llama_params t;
-    ASSERT_EQ(llama_params_build(&cfg, &t, &err), 0) << err.msg;
+    ASSERT_EQ(decoder_config_preset(&cfg, "debugmodel", &err), 0) << err.msg;
+    decoder_params t;
+    ASSERT_EQ(decoder_params_build(&cfg, &t, &err), 0) << err.msg;
     for (int i = 0; i < t.n; i++) {
-        const llama_param *p = &t.p[i];
+        const decoder_param *p = &t.p[i];
         int64_t r0 = p->shape[0] / 3, r1 = p->shape[0] - 1;
         size_t n = (size_t)((r1 - r0) * p->row_numel);
         std::vector<float> want(n), got(n);
-        ASSERT_EQ(llama_init_rows_f32(p, 5, r0, r1, want.data(), &err), 0) << err.msg;
+        ASSERT_EQ(decoder_init_rows_f32(p, 5, r0, r1, want.data(), &err), 0) << err.msg;
         void *d_dst;
         ASSERT_EQ(dev_alloc(g.d, n * sizeof(float), &d_dst, &err), 0) << err.msg;
-        ASSERT_EQ(llama_init_rows_dev(g.d, p, 5, r0, r1, (float *)d_dst, &err), 0) << err.msg;
+        ASSERT_EQ(decoder_init_rows_dev(g.d, p, 5, r0, r1, (float *)d_dst, &err), 0) << err.msg;
         ASSERT_EQ(dev_download(g.d, got.data(), d_dst, n * sizeof(float), &err), 0) << err.msg;
         EXPECT_TRUE(same_bits(got, want)) << p->name;
         ASSERT_EQ(dev_free(g.d, d_dst, &err), 0);
     }
-    llama_params_free(&t);
+    decoder_params_free(&t);
 }
 
 // ---- stages on runtime.device cuda against the same stages on cpu --------------------------------

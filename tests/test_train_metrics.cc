@@ -9,7 +9,7 @@
 #include <vector>
 
 extern "C" {
-#include "model/llama.h"
+#include "decoder/decoder.h"
 #include "stages/train_backend.h"
 }
 #include "test_util.h"
@@ -25,11 +25,11 @@ struct Dir {
     std::string operator/(const std::string &n) const { return d + "/" + n; }
 };
 
-llama_config preset(const char *name) {
-    llama_config c;
+decoder_config preset(const char *name) {
+    decoder_config c;
     fsdp_err err;
-    EXPECT_EQ(llama_config_preset(&c, name, &err), 0) << err.msg;
-    EXPECT_EQ(llama_config_finalize(&c, &err), 0) << err.msg;
+    EXPECT_EQ(decoder_config_preset(&c, name, &err), 0) << err.msg;
+    EXPECT_EQ(decoder_config_finalize(&c, &err), 0) << err.msg;
     return c;
 }
 
@@ -64,16 +64,16 @@ TEST(TrainFlops, Llama3_1bAndTinyByHand) {
     // per layer: wq 2048*2048 + wk,wv 512*2048 each + wo 2048*2048 + w1,w2,w3 8192*2048 each
     //            + two norms 2048 = 60821504; non-embedding N = 16*60821504 + 2048 (norm)
     //            + 128256*2048 (output) = 1235814400
-    llama_config c = preset("llama3_1b");
+    decoder_config c = preset("llama3_1b");
     ASSERT_EQ(c.ffn_hidden, 8192);
     const double n = 16.0 * 60821504 + 2048 + 128256.0 * 2048;
     EXPECT_EQ(n, 1235814400.0);
-    EXPECT_EQ(llama_flops_per_token(&c, 2048), 6 * n + 12.0 * 16 * 32 * 64 * 2048);
-    EXPECT_EQ(llama_flops_per_token(&c, 2048), 8220192768.0);
-    EXPECT_EQ(llama_flops_per_token(&c, 8192), 10636111872.0);
+    EXPECT_EQ(decoder_flops_per_token(&c, 2048), 6 * n + 12.0 * 16 * 32 * 64 * 2048);
+    EXPECT_EQ(decoder_flops_per_token(&c, 2048), 8220192768.0);
+    EXPECT_EQ(decoder_flops_per_token(&c, 8192), 10636111872.0);
     // tiny: 131392 parameters, 256*64 of them the embedding
     c = preset("tiny");
-    EXPECT_EQ(llama_flops_per_token(&c, 32), 739200.0);
+    EXPECT_EQ(decoder_flops_per_token(&c, 32), 739200.0);
 }
 
 TEST(TrainFlops, MfuPercent) {

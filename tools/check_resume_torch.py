@@ -7,7 +7,7 @@ README's "Resuming an fsdp-run run in PyTorch" section, and checks what PyTorch 
 
 1. a module tree with a parameter at every model key of the checkpoint (names, shapes, dtypes from its
    .metadata), torch.optim.AdamW with the recipe's hyper-parameters, LambdaLR with fsdp-run's schedule
-   (model/lr_schedule.c: linear warmup, then linear / cosine decay to R * PEAK);
+   (train/lr_schedule.c: linear warmup, then linear / cosine decay to R * PEAK);
 2. the README snippet: get_state_dict (flattened), the lr_scheduler.* and train_state.step keys,
    dcp.load (strict: the default DefaultLoadPlanner fails on a key the checkpoint lacks), set_state_dict,
    sched.load_state_dict;
@@ -45,7 +45,7 @@ def model_specs(ckpt):
 
 
 def fsdp_run_lr_factor(a):
-    """fsdp-run's lrs_at(step) / PEAK (model/lr_schedule.c), as a LambdaLR lambda of the step."""
+    """fsdp-run's lrs_at(step) / PEAK (train/lr_schedule.c), as a LambdaLR lambda of the step."""
     def f(s):
         s = max(s, 0)
         if s < a.warmup:

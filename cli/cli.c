@@ -1,0 +1,320 @@
+/* fsdp-run [--set K=V]... [--dry-run] [--report FILE] [-q|-v] RECIPE.yaml [RECIPE.yaml ...]
+ * fsdp-run validate [--set K=V]... RECIPE...
+ * fsdp-run stages [--json] [--plugin SO]...
+ * fsdp-run --help | --version */
+#include "cli/cli.h"
+#include "runtime/launch.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli/ckpt_cli.h"
+#include "cli/plot.h"
+#include "pipeline/run.h"
+#include "pipeline/schema.h"
+
+static void usage(FILE *f) {
+    fputs("usage: fsdp-run [options] RECIPE.yaml [RECIPE.yaml ...]   run recipes in sequence in one context\n"
+          "       fsdp-run validate [--set K=V]... RECIPE.yaml...   check only (exit 0 valid, 2 invalid)\n"
+          "       fsdp-run stages [--json] [--plugin LIB.so]...     list every stage and its parameters\n"
+          "       fsdp-run ckpt inspect|convert|diff|clean ...      checkpoint tools (fsdp-run ckpt --help)\n"
+          "       fsdp-run plot METRICS.jsonl... -o OUT.png|.svg    loss, lr, grad norm, tokens/s against step\n"
+          "       fsdp-run --help | --version\n"
+          "\n"
+          "options:\n"
+          "  --set KEY=VALUE   override any recipe key (dotted path); stages are addressed by id:\n"
+          "                    --set stages.train.with.steps=10. VALUE is read as YAML when it is a flow\n"
+          "                    list or map ([1, 2], {a: 1}), a quoted string or a plain scalar YAML reads\n"
+          "                    back whole (10, true, null, a path); any other VALUE is kept as written, as\n"
+          "                    a string: one holding a newline or ' #' (--set 'vars.out=runs/a #3')\n"
+          "  --dry-run         print the execution plan (order, resolved parameters) and exit\n"
+          "  --report FILE     write a JSON run report (per stage: status, seconds, metrics, error)\n"
+          "  -q, --quiet       warnings and errors only\n"
+          "  -v, --verbose     debug messages, from every rank\n"
+          "  --nproc N         re-run under the system's mpirun with N local ranks\n"
+          "\n"
+          "exit codes: 0 success, 1 runtime failure, 2 usage or validation error\n",
+          f);
+}
+
+static int list_stages(fsdp_registry *reg, int json, FILE *out) {
+    if (json) {
+        json_t *arr = json_array();
+        for (size_t i = 0; i < registry_count(reg); i++) {
+            const fsdp_stage_desc *d = registry_at(reg, i);
+            json_t *o = json_object();
+            json_object_set_new(o, "name", json_string(d->name));
+            json_object_set_new(o, "summary", json_string(d->summary ? d->summary : ""));
+            json_object_set_new(o, "origin", json_string(registry_origin(reg, i)));
+            json_t *needs = json_array(), *prov = json_array(), *params = json_array();
+            for (const char *const *p = d->needs; p && *p; p++) json_array_append_new(needs, json_string(*p));
+            for (const char *const *p = d->provides; p && *p; p++) json_array_append_new(prov, json_string(*p));
+            for (const fsdp_param_spec *p = d->params; p && p->name; p++) {
+                json_t *po = json_object();
+                json_object_set_new(po, "name", json_string(p->name));
+                json_object_set_new(po, "type", json_string(schema_type_name(p->type)));
+                json_object_set_new(po, "required", json_boolean(p->required));
+                json_object_set_new(po, "default", p->dflt ? json_string(p->dflt) : json_null());
+                if (p->choices) {
+                    json_t *c = json_array();
+                    for (const char *const *q = p->choices; *q; q++) json_array_append_new(c, json_string(*q));
+                    json_object_set_new(po, "choices", c);
+                }
+                json_object_set_new(po, "help", json_string(p->help ? p->help : ""));
+                json_array_append_new(params, po);
+            }
+            json_object_set_new(o, "needs", needs);
+            json_object_set_new(o, "provides", prov);
+            json_object_set_new(o, "params", params);
+            json_array_append_new(arr, o);
+        }
+        json_dumpf(arr, out, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+        fputc('\n', out);
+        json_decref(arr);
+        return 0;
+    }
+    if (registry_count(reg) == 0) fprintf(out, "(no stages registered)\n");
+    for (size_t i = 0; i < registry_count(reg); i++) {
+        const fsdp_stage_desc *d = registry_at(reg, i);
+        fprintf(out, "%s  %s\n", d->name, d->summary ? d->summary : "");
+        if (strcmp(registry_origin(reg, i), "built-in")) fprintf(out, "    from: %s\n", registry_origin(reg, i));
+        if (d->needs && *d->needs) {
+            fprintf(out, "    needs:");
+            for (const char *const *p = d->needs; *p; p++) fprintf(out, " %s", *p);
+            fputc('\n', out);
+        }
+        if (d->provides && *d->provides) {
+            fprintf(out, "    provides:");
+            for (const char *const *p = d->provides; *p; p++) fprintf(out, " %s", *p);
+            fputc('\n', out);
+        }
+        for (const fsdp_param_spec *p = d->params; p && p->name; p++) {
+            fprintf(out, "    %-16s %-6s", p->name, schema_type_name(p->type));
+            if (p->required) fprintf(out, " required");
+            else if (p->dflt) fprintf(out, " = %s", p->dflt);
+            if (p->choices) {
+                fprintf(out, " (");
+                for (const char *const *q = p->choices; *q; q++) fprintf(out, "%s%s", q == p->choices ? "" : "|", *q);
+                fprintf(out, ")");
+            }
+            if (p->help) fprintf(out, "  %s", p->help);
+            fputc('\n', out);
+        }
+    }
+    return 0;
+}
+
+static int cmd_stages(fsdp_registry *reg, int argc, char **argv, FILE *out, FILE *log) {
+    int json = 0;
+    for (int i = 0; i < argc; i++) {
+        if (!strcmp(argv[i], "--json")) {
+            json = 1;
+        } else if (!strcmp(argv[i], "--plugin") && i + 1 < argc) {
+            fsdp_err err;
+            if (registry_load_plugin(reg, argv[++i], &err)) {
+                fprintf(log, "fsdp-run: error: %s\n", err.msg);
+                return 2;
+            }
+        } else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            fputs("usage: fsdp-run stages [--json] [--plugin LIB.so]...\n", out);
+            return 0;
+        } else {
+            fprintf(log, "fsdp-run stages: unknown argument '%s'\n", argv[i]);
+            return 2;
+        }
+    }
+    return list_stages(reg, json, out);
+}
+
+int fsdp_cli_run(fsdp_registry *reg, int argc, char **argv, FILE *out, FILE *log) {
+    return fsdp_cli_run_comm(reg, argc, argv, out, log, NULL);
+}
+
+/* The index of the sub-command (validate, stages, ckpt, plot) when it is the first word that is
+ * neither an option nor an option's value (`fsdp-run -v validate r.yaml`); 0 when there is none (the
+ * words are recipes). */
+static int find_subcommand(int argc, char **argv) {
+    static const char *const SUBS[] = {"validate", "stages", "ckpt", "plot"};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--set") || !strcmp(a, "--report") || !strcmp(a, "--nproc")) {
+            i++; /* its value */
+            continue;
+        }
+        if (a[0] == '-' && a[1]) continue;
+        for (size_t k = 0; k < sizeof SUBS / sizeof *SUBS; k++)
+            if (!strcmp(a, SUBS[k])) return i;
+        return 0;
+    }
+    return 0;
+}
+
+int fsdp_cli_run_comm(fsdp_registry *reg, int argc, char **argv, FILE *out, FILE *log, comm *cm) {
+    if (argc < 2) {
+        usage(log);
+        return 2;
+    }
+    int sub = find_subcommand(argc, argv);
+    if (sub > 1 && strcmp(argv[sub], "validate")) {
+        fprintf(log, "fsdp-run: error: option '%s' before `%s`: the %s command takes its options after its name "
+                "(fsdp-run %s --help)\n", argv[1], argv[sub], argv[sub], argv[sub]);
+        return 2;
+    }
+    if (sub == 1 && !strcmp(argv[1], "stages")) return cmd_stages(reg, argc - 2, argv + 2, out, log);
+    if (sub == 1 && !strcmp(argv[1], "ckpt")) return ckpt_cli_main(argc - 2, argv + 2, out, log);
+    if (sub == 1 && !strcmp(argv[1], "plot")) return plot_cli_main(argc - 2, argv + 2, out, log);
+    int validate = sub > 0; /* options before `validate` are validate's (--set, -q, -v) */
+    run_opts o = {0};
+    o.verbosity = 1;
+    o.out = out;
+    o.log = log;
+    o.validate_only = validate;
+    const char **paths = calloc((size_t)argc, sizeof *paths);
+    const char **sets = calloc((size_t)argc, sizeof *sets);
+    if (!paths || !sets) {
+        free(paths);
+        free(sets);
+        fprintf(log, "fsdp-run: error: out of memory\n");
+        return 1;
+    }
+    size_t np = 0;
+    int rc = -1;
+    for (int i = 1; i < argc && rc < 0; i++) {
+        if (i == sub) continue;
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage(out);
+            rc = 0;
+        } else if (!strcmp(a, "--version")) {
+            fprintf(out, "fsdp-run %s (stage ABI %u, %s)\n", FSDP_VERSION_STRING, FSDP_STAGE_ABI_VERSION,
+                    FSDP_HAVE_CUDA ? "CUDA" : "CPU only");
+            rc = 0;
+        } else if (!strcmp(a, "--set") || !strncmp(a, "--set=", 6)) {
+            const char *v = a[5] == '=' ? a + 6 : (i + 1 < argc ? argv[++i] : NULL);
+            if (!v) {
+                fprintf(log, "fsdp-run: error: --set needs KEY=VALUE\n");
+                rc = 2;
+            } else {
+                sets[o.n_sets++] = v;
+            }
+        } else if (!strcmp(a, "--dry-run") && !validate) {
+            o.dry_run = 1;
+        } else if ((!strcmp(a, "--report") || !strncmp(a, "--report=", 9)) && !validate) {
+            const char *v = a[8] == '=' ? a + 9 : (i + 1 < argc ? argv[++i] : NULL);
+            if (!v) {
+                fprintf(log, "fsdp-run: error: --report needs a file name\n");
+                rc = 2;
+            } else {
+                o.report = v;
+            }
+        } else if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) {
+            o.verbosity = 0;
+        } else if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) {
+            o.verbosity = 2;
+        } else if (a[0] == '-' && a[1]) {
+            fprintf(log, "fsdp-run: error: unknown option '%s' (see fsdp-run --help)\n", a);
+            rc = 2;
+        } else {
+            paths[np++] = a;
+        }
+    }
+    if (rc < 0 && np == 0) {
+        fprintf(log, "fsdp-run: error: no recipe given (see fsdp-run --help)\n");
+        rc = 2;
+    }
+    if (rc < 0 && !validate && !o.dry_run) {
+        /* under Slurm with several tasks, a plain fsdp-run would train alone as one rank */
+        fsdp_err le;
+        if (launch_check_slurm(cm && comm_size(cm) > 1 ? 1 : comm_launched_by_mpi(), &le)) {
+            fprintf(log, "fsdp-run: error: %s\n", le.msg);
+            rc = 2;
+        }
+    }
+    if (rc < 0) {
+        o.sets = sets;
+        o.comm = cm;
+        rc = run_main(reg, paths, np, &o);
+    }
+    free(paths);
+    free(sets);
+    return rc;
+}
+
+/* --nproc N: re-executes this program under the system's mpirun with N local ranks. */
+static int relaunch_mpi(int argc, char **argv, int at, FILE *log) {
+    const char *n = argv[at + 1];
+    char *end;
+    long np = strtol(n, &end, 10);
+    if (*end || np < 1 || np > 4096) {
+        fprintf(log, "fsdp-run: error: --nproc expects a positive number of ranks, got '%s'\n", n);
+        return 2;
+    }
+    const char *mpirun = getenv("FSDP_MPIRUN");
+    if (!mpirun || !*mpirun) mpirun = "mpirun";
+    char self[4096];
+    ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (len <= 0) {
+        fprintf(log, "fsdp-run: error: --nproc: cannot find this executable\n");
+        return 1;
+    }
+    self[len] = '\0';
+    char **args = calloc((size_t)argc + 16, sizeof *args);
+    if (!args) return 1;
+    int k = 0;
+    args[k++] = (char *)mpirun;
+    args[k++] = "-np";
+    args[k++] = (char *)n;
+    args[k++] = "--oversubscribe";
+    if (geteuid() == 0) args[k++] = "--allow-run-as-root";
+    args[k++] = self;
+    for (int i = 1; i < argc; i++) {
+        if (i == at) {
+            i++; /* skip --nproc N */
+            continue;
+        }
+        args[k++] = argv[i];
+    }
+    args[k] = NULL;
+    fflush(NULL);
+    execvp(mpirun, args);
+    fprintf(log, "fsdp-run: error: --nproc: cannot run %s: %s (install openmpi-bin, or launch with mpirun yourself)\n",
+            mpirun, strerror(errno));
+    free(args);
+    return 1;
+}
+
+int fsdp_cli_main(int argc, char **argv) {
+    for (int i = 1; i + 1 < argc; i++) {
+        if (!strcmp(argv[i], "--nproc")) {
+            if (comm_launched_by_mpi()) {
+                fprintf(stderr, "fsdp-run: error: --nproc inside an MPI job (already launched by mpirun/srun)\n");
+                return 2;
+            }
+            return relaunch_mpi(argc, argv, i, stderr);
+        }
+    }
+    fsdp_registry *reg = registry_new();
+    if (!reg) {
+        fputs("fsdp-run: error: out of memory\n", stderr);
+        return 1;
+    }
+    fsdp_err err;
+    if (registry_add_builtins(reg, &err)) {
+        fprintf(stderr, "fsdp-run: error: %s\n", err.msg);
+        registry_free(reg);
+        return 1;
+    }
+    comm *cm = NULL;
+    if (comm_create(&cm, &err)) {
+        fprintf(stderr, "fsdp-run: error: %s\n", err.msg);
+        registry_free(reg);
+        return 1;
+    }
+    int rc = fsdp_cli_run_comm(reg, argc, argv, stdout, stderr, cm);
+    comm_destroy(cm);
+    registry_free(reg);
+    return rc;
+}

@@ -1,0 +1,113 @@
+/* Llama-3 model configuration (torchtitan's architecture and parameter names).
+ * Shared by the parameter table / init (decoder/decoder_config.c, decoder/decoder_params.c), the
+ * forward/backward (model/decoder_model.c) and the stages. */
+#ifndef FSDP_DECODER_DECODER_H
+#define FSDP_DECODER_DECODER_H
+
+#include <stdint.h>
+
+#include "fsdp/error.h"
+#include "fsdp/value.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum decoder_rope_scaling { DECODER_ROPE_NONE = 0, DECODER_ROPE_LLAMA3 = 1 } decoder_rope_scaling;
+
+/* The trainable architecture families (decoder/decoder_arch.c holds their table: names, the Hugging
+ * Face model_type and class, defaults). They differ only in data: the switches of decoder_config
+ * below (qkv_bias, qk_norm, tie_embeddings, head_dim, rope scaling, norm_eps) feed one forward and
+ * backward. DECODER_ARCH_LLAMA3 is torchtitan's Llama 3.x (and Hugging Face's `llama`). */
+typedef enum decoder_arch { DECODER_ARCH_LLAMA3 = 0, DECODER_ARCH_QWEN2 = 1, DECODER_ARCH_QWEN3 = 2, DECODER_ARCH_COUNT } decoder_arch;
+
+typedef struct decoder_config {
+    char preset[32];           /* a preset's name (decoder_config_preset_name), or "" */
+    decoder_arch arch;           /* the family (names, defaults, the HF config.json it writes) */
+    int dim;
+    int n_layers;
+    int n_heads;
+    int n_kv_heads;            /* == n_heads when not grouped */
+    int vocab_size;
+    int multiple_of;
+    double ffn_dim_multiplier; /* <= 0 means None */
+    double norm_eps;
+    double rope_theta;
+    int max_seq_len;
+    int depth_init;            /* 1: init std of wo/w2/w3 = 0.02/sqrt(2*(layer+1)) */
+    decoder_rope_scaling rope_scaling;
+    double rope_factor;            /* llama3 scaling: 8 (Llama 3.1), 32 (Llama 3.2) */
+    double rope_low_freq_factor;   /* 1 */
+    double rope_high_freq_factor;  /* 4 */
+    int rope_original_max_pos;     /* 8192 */
+    /* architecture switches (0 everywhere: torchtitan's Llama 3) */
+    int qkv_bias;          /* wq, wk, wv carry a bias (Qwen2); wo never does */
+    int qk_norm;           /* RMSNorm over head_dim on q and on k, per head, before RoPE (Qwen3) */
+    int tie_embeddings;    /* the output head uses tok_embeddings.weight: ONE parameter, no output.weight */
+    int head_dim_set;      /* explicit head_dim (Qwen3, HF head_dim); 0: dim / n_heads */
+    int ffn_hidden_set;    /* explicit FFN width (HF intermediate_size); 0: torchtitan's formula */
+    double init_std;       /* > 0: Hugging Face init (normal(0, init_std) matrices and embedding, zero
+                              biases, unit norms); 0: torchtitan's init (decoder_params.h) */
+    /* derived by decoder_config_finalize() */
+    int head_dim;              /* head_dim_set, or dim / n_heads */
+    int ffn_hidden;            /* ffn_hidden_set, or multiple_of * ceil(int(mult * int(2*4*dim/3)) / multiple_of) */
+} decoder_config;
+
+/* ---- decoder/decoder_config.c ----------------------------------------------------------------
+ *
+ * Presets (torchtitan's flavors; exact numbers in decoder_config.c):
+ *   tiny         the fixture model (shared/fixtures/torch-2.11/tiny): dim 64, 2 layers, 4 heads,
+ *                2 kv heads, vocab 256, multiple_of 32, theta 1e4, max_seq_len 64, no rope scaling
+ *   debugmodel   torchtitan "debugmodel" (6,163,712 params)
+ *   llama3_1b    torchtitan "1B" (untied output here; torchtitan >= 2026-04 ties it)
+ *   llama3_8b    torchtitan "8B" (8,030,261,248 params)
+ *   llama3_70b   torchtitan "70B" (70,553,706,496 params)
+ *   llama3_405b  torchtitan "405B" (405,853,388,800 params)
+ * Every preset but tiny uses llama3 RoPE scaling (factor 8, low 1, high 4, original 8192) and
+ * max_seq_len 131072, like torchtitan >= v0.2.0, which applies it unconditionally and replaces
+ * max_seq_len with the training sequence length. */
+
+/* torchtitan's TransformerModelArgs defaults, with the sizes (dim, n_layers, n_heads,
+ * vocab_size) unset (0) so that finalize insists on them: n_kv_heads 0 (= n_heads),
+ * multiple_of 256, ffn_dim_multiplier None, norm_eps 1e-5, rope_theta 10000,
+ * max_seq_len 131072, depth_init 1, llama3 scaling 8/1/4/8192. */
+void decoder_config_defaults(decoder_config *cfg);
+
+/* Replaces *cfg with a preset (finalized). Unknown names list the known ones. */
+int decoder_config_preset(decoder_config *cfg, const char *name, fsdp_err *err);
+
+/* Name of the i-th preset, NULL past the end. */
+const char *decoder_config_preset_name(int i);
+
+/* Builds *cfg from a recipe's `model:` map (NULL or null = empty map): starts from
+ * decoder_config_defaults(), applies `preset` (whatever its position in the map), then every other
+ * key in map order, then decoder_config_finalize(). Keys: arch (must be llama3), preset, dim,
+ * n_layers, n_heads, n_kv_heads (null = n_heads), vocab_size, multiple_of, ffn_dim_multiplier
+ * (null = None), norm_eps, rope_theta, max_seq_len, depth_init (bool), rope_scaling (none|llama3),
+ * rope_factor, rope_low_freq_factor, rope_high_freq_factor, rope_original_max_pos.
+ * Unknown keys, wrong types and out-of-range values are errors at the value's file:line:col. */
+int decoder_config_from_value(decoder_config *cfg, const fsdp_value *model, fsdp_err *err);
+
+/* Validates and fills head_dim and ffn_hidden (n_kv_heads 0 becomes n_heads): all sizes > 0,
+ * dim % n_heads == 0, n_heads % n_kv_heads == 0, head_dim even, positive finite norm_eps and
+ * rope_theta, ffn_dim_multiplier None or > 0, llama3 scaling with factor > 0,
+ * high_freq_factor > low_freq_factor > 0, original_max_pos > 0; ffn_hidden and the parameter
+ * count must fit (int, int64). ffn_hidden follows torchtitan / refmodel.py exactly:
+ * h = int(2*(4*dim)/3); if mult: h = int(mult*h); F = multiple_of * ceil(h / multiple_of). */
+int decoder_config_finalize(decoder_config *cfg, fsdp_err *err);
+
+/* Total number of parameters of a finalized config (untied output), -1 when invalid. */
+int64_t decoder_param_count(const decoder_config *cfg);
+/* Parameter elements rank 0 holds when every parameter is Shard(0) over `world` ranks (the largest
+ * shard: ceil(rows / world) rows of each); world 1 gives decoder_param_count. -1 when invalid. */
+int64_t decoder_param_count_shard(const decoder_config *cfg, int world);
+
+/* torchtitan's MFU FLOPs per token: 6 * (N - vocab*dim) + 12 * n_layers * n_heads * head_dim *
+ * seq_len, with N = decoder_param_count (tok_embeddings excluded, output.weight included).
+ * -1 when cfg is invalid or seq_len < 0. */
+double decoder_flops_per_token(const decoder_config *cfg, int64_t seq_len);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,59 @@
+/* The architecture table (decoder/decoder_arch.h). */
+#include "decoder/decoder_arch.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static const decoder_arch_info ARCHS[DECODER_ARCH_COUNT] = {
+    {DECODER_ARCH_LLAMA3, "llama3", "llama", "LlamaForCausalLM", 0, 0, 1e-5, 10000.0, DECODER_ROPE_LLAMA3, 0.0, 1e-6,
+     10000.0, 0},
+    {DECODER_ARCH_QWEN2, "qwen2", "qwen2", "Qwen2ForCausalLM", 1, 0, 1e-6, 1000000.0, DECODER_ROPE_NONE, 0.02, 1e-6,
+     10000.0, 0},
+    {DECODER_ARCH_QWEN3, "qwen3", "qwen3", "Qwen3ForCausalLM", 0, 1, 1e-6, 1000000.0, DECODER_ROPE_NONE, 0.02, 1e-6,
+     10000.0, 128},
+};
+
+const decoder_arch_info *decoder_arch_get(decoder_arch arch) {
+    return (int)arch >= 0 && arch < DECODER_ARCH_COUNT ? &ARCHS[arch] : NULL;
+}
+
+const decoder_arch_info *decoder_arch_by_name(const char *name) {
+    if (!name) return NULL;
+    if (!strcmp(name, "llama")) return &ARCHS[DECODER_ARCH_LLAMA3];
+    for (int i = 0; i < DECODER_ARCH_COUNT; i++)
+        if (!strcmp(ARCHS[i].name, name)) return &ARCHS[i];
+    return NULL;
+}
+
+const decoder_arch_info *decoder_arch_by_model_type(const char *model_type) {
+    for (int i = 0; model_type && i < DECODER_ARCH_COUNT; i++)
+        if (!strcmp(ARCHS[i].model_type, model_type)) return &ARCHS[i];
+    return NULL;
+}
+
+const decoder_arch_info *decoder_arch_by_class(const char *hf_class) {
+    for (int i = 0; hf_class && i < DECODER_ARCH_COUNT; i++)
+        if (!strcmp(ARCHS[i].hf_class, hf_class)) return &ARCHS[i];
+    return NULL;
+}
+
+void decoder_arch_list(int model_types, char *buf, size_t cap) {
+    size_t len = 0;
+    if (cap) buf[0] = '\0';
+    for (int i = 0; i < DECODER_ARCH_COUNT && len < cap; i++) {
+        int k = snprintf(buf + len, cap - len, "%s%s", i ? ", " : "", model_types ? ARCHS[i].model_type : ARCHS[i].name);
+        if (k < 0) break;
+        len += (size_t)k;
+    }
+}
+
+void decoder_arch_defaults(const decoder_arch_info *a, decoder_config *cfg) {
+    decoder_config_defaults(cfg);
+    cfg->arch = a->arch;
+    cfg->qkv_bias = a->qkv_bias;
+    cfg->qk_norm = a->qk_norm;
+    cfg->norm_eps = a->norm_eps;
+    cfg->rope_theta = a->rope_theta;
+    cfg->rope_scaling = a->rope_scaling;
+    cfg->init_std = a->init_std;
+}

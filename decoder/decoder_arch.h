@@ -1,0 +1,55 @@
+/* The table of trainable architectures (decoder_arch of decoder/decoder.h): what each is called in a
+ * recipe and in a Hugging Face config.json, and the defaults its config starts from. Everything
+ * that differs between them is data here and in decoder_config; the model code reads only the
+ * switches of decoder_config (qkv_bias, qk_norm, tie_embeddings, head_dim, rope scaling, norm_eps).
+ *
+ *   arch    HF model_type / class          qkv bias  qk-norm  defaults (recipe-declared model)
+ *   llama3  llama  / LlamaForCausalLM      no        no       torchtitan's (norm_eps 1e-5, llama3 RoPE
+ *                                                             scaling 8/1/4/8192, torchtitan init)
+ *   qwen2   qwen2  / Qwen2ForCausalLM      q, k, v   no       norm_eps 1e-6, theta 1e6, no scaling,
+ *                                                             HF init (normal 0.02)
+ *   qwen3   qwen3  / Qwen3ForCausalLM      no        yes      as qwen2
+ * Qwen2.5 checkpoints are model_type qwen2. */
+#ifndef FSDP_DECODER_DECODER_ARCH_H
+#define FSDP_DECODER_DECODER_ARCH_H
+
+#include "fsdp/error.h"
+#include "decoder/decoder.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct decoder_arch_info {
+    decoder_arch arch;
+    const char *name;       /* model.arch in a recipe */
+    const char *model_type; /* config.json "model_type" */
+    const char *hf_class;   /* config.json "architectures"[0] */
+    int qkv_bias;           /* fixed by the architecture (Qwen2 hard-codes bias on q/k/v) */
+    int qk_norm;
+    /* defaults of a recipe-declared model of this arch */
+    double norm_eps, rope_theta;
+    decoder_rope_scaling rope_scaling;
+    double init_std; /* 0: torchtitan init */
+    /* Hugging Face config class defaults, for keys a config.json leaves out */
+    double hf_norm_eps, hf_rope_theta;
+    int hf_head_dim; /* 0: hidden_size / num_attention_heads */
+} decoder_arch_info;
+
+/* The entry of arch, NULL when out of range. */
+const decoder_arch_info *decoder_arch_get(decoder_arch arch);
+/* By recipe name ("llama3"; "llama" is accepted too), NULL when unknown. */
+const decoder_arch_info *decoder_arch_by_name(const char *name);
+/* By config.json model_type, NULL when unknown. */
+const decoder_arch_info *decoder_arch_by_model_type(const char *model_type);
+/* By config.json class name ("Qwen2ForCausalLM"), NULL when unknown. */
+const decoder_arch_info *decoder_arch_by_class(const char *hf_class);
+/* "llama3, qwen2, qwen3" (recipe names) or "llama, qwen2, qwen3" (model types) into buf. */
+void decoder_arch_list(int model_types, char *buf, size_t cap);
+/* Resets cfg to decoder_config_defaults() with the arch's defaults and switches (sizes unset). */
+void decoder_arch_defaults(const decoder_arch_info *a, decoder_config *cfg);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,446 @@
+/* Llama-3 configuration: presets, the recipe's `model:` map, validation and derived sizes. */
+#include <math.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "decoder/decoder.h"
+#include "decoder/decoder_arch.h"
+#include "decoder/decoder_params.h"
+#include "decoder/hf_config.h"
+#include "runtime/nearest.h"
+
+/* ---- presets ------------------------------------------------------------------------- */
+
+typedef struct preset {
+    const char *name;
+    decoder_arch arch;
+    int dim, n_layers, n_heads, n_kv_heads, vocab_size, multiple_of;
+    double ffn_dim_multiplier; /* 0 = None */
+    int ffn_hidden;            /* 0: torchtitan's formula */
+    int head_dim;              /* 0: dim / n_heads */
+    double rope_theta;
+    int max_seq_len;
+    decoder_rope_scaling scaling;
+    double rope_factor;
+    int tie;
+} preset;
+
+/* torchtitan models/llama3/__init__.py (v0.2.2) for debugmodel/8B/70B/405B, checked against Meta's
+ * published config.json files: Llama-3.1-8B/70B/405B (intermediate_size 14336/28672/53248, llama3
+ * RoPE scaling factor 8, untied). llama3_1b and llama3_3b are Meta's Llama-3.2-1B and -3B
+ * (intermediate_size 8192, factor 32, tie_word_embeddings true; torchtitan's "1B" flavor has the
+ * same sizes through multiple_of 256 and multiplier 1.5). The Qwen presets are the published
+ * Qwen/Qwen2.5-0.5B and Qwen/Qwen3-0.6B config.json files (norm_eps 1e-6 from the arch). */
+static const preset PRESETS[] = {
+    {"tiny", DECODER_ARCH_LLAMA3, 64, 2, 4, 2, 256, 32, 0.0, 0, 0, 10000.0, 64, DECODER_ROPE_NONE, 8.0, 0},
+    {"debugmodel", DECODER_ARCH_LLAMA3, 256, 6, 16, 16, 2048, 256, 0.0, 0, 0, 500000.0, 131072, DECODER_ROPE_LLAMA3, 8.0, 0},
+    {"llama3_1b", DECODER_ARCH_LLAMA3, 2048, 16, 32, 8, 128256, 256, 1.5, 0, 0, 500000.0, 131072, DECODER_ROPE_LLAMA3, 32.0,
+     1},
+    {"llama3_3b", DECODER_ARCH_LLAMA3, 3072, 28, 24, 8, 128256, 256, 0.0, 0, 0, 500000.0, 131072, DECODER_ROPE_LLAMA3, 32.0,
+     1},
+    {"llama3_8b", DECODER_ARCH_LLAMA3, 4096, 32, 32, 8, 128256, 1024, 1.3, 0, 0, 500000.0, 131072, DECODER_ROPE_LLAMA3, 8.0,
+     0},
+    {"llama3_70b", DECODER_ARCH_LLAMA3, 8192, 80, 64, 8, 128256, 4096, 1.3, 0, 0, 500000.0, 131072, DECODER_ROPE_LLAMA3, 8.0,
+     0},
+    {"llama3_405b", DECODER_ARCH_LLAMA3, 16384, 126, 128, 8, 128256, 4096, 1.2, 0, 0, 500000.0, 131072,
+     DECODER_ROPE_LLAMA3, 8.0, 0},
+    {"qwen2.5_0.5b", DECODER_ARCH_QWEN2, 896, 24, 14, 2, 151936, 256, 0.0, 4864, 0, 1000000.0, 32768, DECODER_ROPE_NONE,
+     8.0, 1},
+    {"qwen3_0.6b", DECODER_ARCH_QWEN3, 1024, 28, 16, 8, 151936, 256, 0.0, 3072, 128, 1000000.0, 40960, DECODER_ROPE_NONE,
+     8.0, 1},
+};
+#define N_PRESETS ((int)(sizeof PRESETS / sizeof *PRESETS))
+
+void decoder_config_defaults(decoder_config *cfg) {
+    memset(cfg, 0, sizeof *cfg);
+    cfg->arch = DECODER_ARCH_LLAMA3;
+    cfg->multiple_of = 256;
+    cfg->ffn_dim_multiplier = 0.0;
+    cfg->norm_eps = 1e-5;
+    cfg->rope_theta = 10000.0;
+    cfg->max_seq_len = 131072;
+    cfg->depth_init = 1;
+    cfg->rope_scaling = DECODER_ROPE_LLAMA3;
+    cfg->rope_factor = 8.0;
+    cfg->rope_low_freq_factor = 1.0;
+    cfg->rope_high_freq_factor = 4.0;
+    cfg->rope_original_max_pos = 8192;
+}
+
+const char *decoder_config_preset_name(int i) {
+    return i >= 0 && i < N_PRESETS ? PRESETS[i].name : NULL;
+}
+
+static const preset *find_preset(const char *name) {
+    for (int i = 0; i < N_PRESETS; i++)
+        if (!strcmp(PRESETS[i].name, name)) return &PRESETS[i];
+    return NULL;
+}
+
+static void preset_names(char *buf, size_t cap) {
+    size_t len = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < N_PRESETS && len < cap; i++) {
+        int k = snprintf(buf + len, cap - len, "%s%s", i ? ", " : "", PRESETS[i].name);
+        if (k < 0) break;
+        len += (size_t)k;
+    }
+}
+
+/* Overwrites cfg with the preset p (not finalized). */
+static void apply_preset(decoder_config *cfg, const preset *p) {
+    decoder_arch_defaults(decoder_arch_get(p->arch), cfg);
+    snprintf(cfg->preset, sizeof cfg->preset, "%s", p->name);
+    cfg->dim = p->dim;
+    cfg->n_layers = p->n_layers;
+    cfg->n_heads = p->n_heads;
+    cfg->n_kv_heads = p->n_kv_heads;
+    cfg->vocab_size = p->vocab_size;
+    cfg->multiple_of = p->multiple_of;
+    cfg->ffn_dim_multiplier = p->ffn_dim_multiplier;
+    cfg->ffn_hidden_set = p->ffn_hidden;
+    cfg->head_dim_set = p->head_dim;
+    cfg->rope_theta = p->rope_theta;
+    cfg->max_seq_len = p->max_seq_len;
+    cfg->rope_scaling = p->scaling;
+    cfg->rope_factor = p->rope_factor;
+    cfg->tie_embeddings = p->tie;
+}
+
+int decoder_config_preset(decoder_config *cfg, const char *name, fsdp_err *err) {
+    const preset *p = name ? find_preset(name) : NULL;
+    if (!p) {
+        char names[512];
+        preset_names(names, sizeof names);
+        char hint[300];
+        return fsdp_err_set(err, FSDP_E_INVALID, "model.preset: unknown preset '%s'%s (known: %s)",
+                            name ? name : "(null)", nearest_hint(name, names, hint, sizeof hint), names);
+    }
+    apply_preset(cfg, p);
+    return decoder_config_finalize(cfg, err);
+}
+
+/* ---- derived sizes ------------------------------------------------------------------- */
+
+/* ffn_hidden as torchtitan computes it; -1 when it does not fit an int. */
+static int64_t ffn_hidden_of(const decoder_config *cfg) {
+    double h = (double)(2 * (4 * (int64_t)cfg->dim)) / 3.0; /* Python: int(2 * h / 3) */
+    int64_t hi = (int64_t)h;
+    if (cfg->ffn_dim_multiplier > 0) {
+        double m = cfg->ffn_dim_multiplier * (double)hi;
+        if (!(m < 0x1p62)) return -1;
+        hi = (int64_t)m;
+    }
+    int64_t mo = cfg->multiple_of;
+    if (mo <= 0 || hi > INT32_MAX) return -1;
+    int64_t f = mo * ((hi + mo - 1) / mo);
+    return f > INT32_MAX ? -1 : f;
+}
+
+double decoder_flops_per_token(const decoder_config *cfg, int64_t seq_len) {
+    int64_t n = decoder_param_count(cfg);
+    if (n < 0 || seq_len < 0) return -1.0;
+    double emb = (double)cfg->vocab_size * (double)cfg->dim;
+    /* a tied embedding is one parameter in n, but the output projection's FLOPs are spent all the
+     * same: count them as if output.weight were separate */
+    double nonemb = (double)n - (cfg->tie_embeddings ? 0.0 : emb);
+    return 6.0 * nonemb + 12.0 * cfg->n_layers * (double)cfg->n_heads * cfg->head_dim * (double)seq_len;
+}
+
+/* The architecture switches and explicit sizes (finalize's second half of checks). */
+static int check_switches(const decoder_config *c, fsdp_err *err) {
+    if (!decoder_arch_get(c->arch))
+        return fsdp_err_set(err, FSDP_E_INVALID, "model.arch: unknown architecture %d", (int)c->arch);
+    const struct {
+        const char *key;
+        int v;
+    } bools[] = {{"qkv_bias", c->qkv_bias}, {"qk_norm", c->qk_norm}, {"tie_embeddings", c->tie_embeddings},
+                 {"depth_init", c->depth_init}};
+    for (size_t i = 0; i < sizeof bools / sizeof *bools; i++)
+        if (bools[i].v != 0 && bools[i].v != 1)
+            return fsdp_err_set(err, FSDP_E_INVALID, "model.%s must be true or false", bools[i].key);
+    if (c->head_dim_set < 0 || c->ffn_hidden_set < 0)
+        return fsdp_err_set(err, FSDP_E_INVALID, "model.%s must be > 0 (got %d)",
+                            c->head_dim_set < 0 ? "head_dim" : "ffn_hidden",
+                            c->head_dim_set < 0 ? c->head_dim_set : c->ffn_hidden_set);
+    if (!isfinite(c->init_std) || c->init_std < 0)
+        return fsdp_err_set(err, FSDP_E_INVALID, "model.init_std must be null (torchtitan init) or finite and > 0 "
+                            "(got %g)", c->init_std);
+    return FSDP_OK;
+}
+
+int decoder_config_finalize(decoder_config *c, fsdp_err *err) {
+    const struct {
+        const char *key;
+        int v;
+    } pos[] = {{"dim", c->dim},
+               {"n_layers", c->n_layers},
+               {"n_heads", c->n_heads},
+               {"vocab_size", c->vocab_size},
+               {"multiple_of", c->multiple_of},
+               {"max_seq_len", c->max_seq_len}};
+    for (size_t i = 0; i < sizeof pos / sizeof *pos; i++)
+        if (pos[i].v <= 0)
+            return fsdp_err_set(err, FSDP_E_INVALID,
+                                "model.%s must be > 0 (got %d); set it or choose a model.preset",
+                                pos[i].key, pos[i].v);
+    if (c->n_kv_heads == 0) c->n_kv_heads = c->n_heads;
+    if (c->n_kv_heads < 0)
+        return fsdp_err_set(err, FSDP_E_INVALID, "model.n_kv_heads must be > 0 (got %d)",
+                            c->n_kv_heads);
+    int rc = check_switches(c, err);
+    if (rc) return rc;
+    if (!c->head_dim_set && c->dim % c->n_heads)
+        return fsdp_err_set(err, FSDP_E_INVALID,
+                            "model.dim (%d) must be divisible by model.n_heads (%d)", c->dim,
+                            c->n_heads);
+    if (c->n_heads % c->n_kv_heads)
+        return fsdp_err_set(err, FSDP_E_INVALID,
+                            "model.n_heads (%d) must be divisible by model.n_kv_heads (%d)",
+                            c->n_heads, c->n_kv_heads);
+    if (c->head_dim_set % 2)
+        return fsdp_err_set(err, FSDP_E_INVALID, "model.head_dim %d must be even (RoPE rotates pairs)",
+                            c->head_dim_set);
+    if (!c->head_dim_set && (c->dim / c->n_heads) % 2)
+        return fsdp_err_set(err, FSDP_E_INVALID,
+                            "model: head_dim = dim / n_heads = %d / %d = %d must be even (RoPE "
+                            "rotates pairs)", c->dim, c->n_heads, c->dim / c->n_heads);
+    if (!isfinite(c->norm_eps) || !(c->norm_eps > 0))
+        return fsdp_err_set(err, FSDP_E_INVALID, "model.norm_eps must be finite and > 0 (got %g)",
+                            c->norm_eps);
+    if (!isfinite(c->rope_theta) || !(c->rope_theta > 0))
+        return fsdp_err_set(err, FSDP_E_INVALID,
+                            "model.rope_theta must be finite and > 0 (got %g)", c->rope_theta);
+    if (isnan(c->ffn_dim_multiplier) || isinf(c->ffn_dim_multiplier) || c->ffn_dim_multiplier < 0)
+        return fsdp_err_set(err, FSDP_E_INVALID,
+                            "model.ffn_dim_multiplier must be null or finite and > 0 (got %g)",
+                            c->ffn_dim_multiplier);
+    if (c->depth_init != 0 && c->depth_init != 1)
+        return fsdp_err_set(err, FSDP_E_INVALID, "model.depth_init must be true or false");
+    if (c->rope_scaling == DECODER_ROPE_LLAMA3) {
+        if (!isfinite(c->rope_factor) || !(c->rope_factor > 0))
+            return fsdp_err_set(err, FSDP_E_INVALID,
+                                "model.rope_factor must be finite and > 0 (got %g)",
+                                c->rope_factor);
+        if (!isfinite(c->rope_low_freq_factor) || !(c->rope_low_freq_factor > 0) ||
+            !isfinite(c->rope_high_freq_factor) ||
+            !(c->rope_high_freq_factor > c->rope_low_freq_factor))
+            return fsdp_err_set(err, FSDP_E_INVALID,
+                                "model.rope_high_freq_factor (%g) must be > "
+                                "model.rope_low_freq_factor (%g) > 0",
+                                c->rope_high_freq_factor, c->rope_low_freq_factor);
+        if (c->rope_original_max_pos <= 0)
+            return fsdp_err_set(err, FSDP_E_INVALID,
+                                "model.rope_original_max_pos must be > 0 (got %d)",
+                                c->rope_original_max_pos);
+    } else if (c->rope_scaling != DECODER_ROPE_NONE) {
+        return fsdp_err_set(err, FSDP_E_INVALID, "model.rope_scaling: unknown value %d",
+                            (int)c->rope_scaling);
+    }
+    c->head_dim = c->head_dim_set ? c->head_dim_set : c->dim / c->n_heads;
+    if ((int64_t)c->n_heads * c->head_dim > INT32_MAX)
+        return fsdp_err_set(err, FSDP_E_INVALID, "model: n_heads * head_dim = %d * %d does not fit a 32-bit int",
+                            c->n_heads, c->head_dim);
+    int64_t f = c->ffn_hidden_set ? c->ffn_hidden_set : ffn_hidden_of(c);
+    if (f <= 0)
+        return fsdp_err_set(err, FSDP_E_INVALID,
+                            "model: FFN hidden size from dim %d, ffn_dim_multiplier %g and "
+                            "multiple_of %d is %s",
+                            c->dim, c->ffn_dim_multiplier, c->multiple_of,
+                            f == 0 ? "0" : "too large for a 32-bit int");
+    c->ffn_hidden = (int)f;
+    if (decoder_param_count(c) < 0)
+        return fsdp_err_set(err, FSDP_E_INVALID,
+                            "model: the parameter count overflows a 64-bit integer");
+    return FSDP_OK;
+}
+
+/* ---- the recipe's model: map --------------------------------------------------------- */
+
+typedef enum key_kind { K_INT, K_FLOAT, K_BOOL } key_kind;
+
+typedef struct key_desc {
+    const char *name;
+    key_kind kind;
+    size_t off;   /* offset of the int / double field */
+    int nullable; /* null stores 0 (None / same as n_heads / derived) */
+} key_desc;
+
+#define KI(n) {#n, K_INT, offsetof(decoder_config, n), 0}
+#define KF(n) {#n, K_FLOAT, offsetof(decoder_config, n), 0}
+#define KB(n) {#n, K_BOOL, offsetof(decoder_config, n), 0}
+static const key_desc KEYS[] = {
+    KI(dim),
+    KI(n_layers),
+    KI(n_heads),
+    {"n_kv_heads", K_INT, offsetof(decoder_config, n_kv_heads), 1},
+    KI(vocab_size),
+    KI(multiple_of),
+    {"ffn_dim_multiplier", K_FLOAT, offsetof(decoder_config, ffn_dim_multiplier), 1},
+    {"ffn_hidden", K_INT, offsetof(decoder_config, ffn_hidden_set), 1},
+    {"head_dim", K_INT, offsetof(decoder_config, head_dim_set), 1},
+    KF(norm_eps),
+    KF(rope_theta),
+    KI(max_seq_len),
+    KB(depth_init),
+    KF(rope_factor),
+    KF(rope_low_freq_factor),
+    KF(rope_high_freq_factor),
+    KI(rope_original_max_pos),
+    KB(qkv_bias),
+    KB(qk_norm),
+    KB(tie_embeddings),
+    {"init_std", K_FLOAT, offsetof(decoder_config, init_std), 1},
+};
+#undef KI
+#undef KF
+#undef KB
+#define KNOWN_KEYS                                                                                          \
+    "from_hf, arch, preset, dim, n_layers, n_heads, n_kv_heads, vocab_size, multiple_of, ffn_dim_multiplier, " \
+    "ffn_hidden, head_dim, norm_eps, rope_theta, max_seq_len, depth_init, rope_scaling, rope_factor, "         \
+    "rope_low_freq_factor, rope_high_freq_factor, rope_original_max_pos, qkv_bias, qk_norm, tie_embeddings, "   \
+    "init_std"
+
+static int set_key(decoder_config *cfg, const key_desc *k, const fsdp_value *v, fsdp_err *err) {
+    char *base = (char *)cfg;
+    fsdp_value_kind t = fsdp_value_type(v);
+    if (t == FSDP_V_NULL) {
+        if (!k->nullable)
+            return fsdp_err_at(err, FSDP_E_INVALID, v, "model.%s must not be null", k->name);
+        if (k->kind == K_INT)
+            *(int *)(base + k->off) = 0;
+        else
+            *(double *)(base + k->off) = 0.0;
+        return FSDP_OK;
+    }
+    if (t != FSDP_V_SCALAR)
+        return fsdp_err_at(err, FSDP_E_INVALID, v, "model.%s must be a scalar, not a %s", k->name,
+                           t == FSDP_V_MAP ? "map" : "list");
+    const char *text = fsdp_value_text(v);
+    if (k->kind == K_INT) {
+        int64_t x;
+        if (fsdp_value_int(v, &x) != 0 || x < 1 || x > INT32_MAX)
+            return fsdp_err_at(err, FSDP_E_INVALID, v,
+                               "model.%s must be an integer in [1, %d]%s, got '%s'", k->name,
+                               INT32_MAX, k->nullable ? " or null" : "", text);
+        *(int *)(base + k->off) = (int)x;
+    } else if (k->kind == K_FLOAT) {
+        double x;
+        if (fsdp_value_float(v, &x) != 0 || !isfinite(x) || !(x > 0))
+            return fsdp_err_at(err, FSDP_E_INVALID, v,
+                               "model.%s must be a finite number > 0%s, got '%s'", k->name,
+                               k->nullable ? " or null" : "", text);
+        *(double *)(base + k->off) = x;
+    } else {
+        int b;
+        if (fsdp_value_bool(v, &b) != 0)
+            return fsdp_err_at(err, FSDP_E_INVALID, v, "model.%s must be true or false, got '%s'",
+                               k->name, text);
+        *(int *)(base + k->off) = b;
+    }
+    return FSDP_OK;
+}
+
+static int set_rope_scaling(decoder_config *cfg, const fsdp_value *v, fsdp_err *err) {
+    const char *text = fsdp_value_text(v);
+    if (fsdp_value_type(v) == FSDP_V_NULL || (text && !strcmp(text, "none")))
+        cfg->rope_scaling = DECODER_ROPE_NONE;
+    else if (text && !strcmp(text, "llama3"))
+        cfg->rope_scaling = DECODER_ROPE_LLAMA3;
+    else
+        return fsdp_err_at(err, FSDP_E_INVALID, v, "model.rope_scaling must be none or llama3, got '%s'",
+                           text ? text : "a list or map");
+    return FSDP_OK;
+}
+
+static int set_preset(decoder_config *cfg, const fsdp_value *v, fsdp_err *err) {
+    const char *text = fsdp_value_text(v);
+    const preset *p = text ? find_preset(text) : NULL;
+    if (!p) {
+        char names[512];
+        preset_names(names, sizeof names);
+        char hint[300];
+        return fsdp_err_at(err, FSDP_E_INVALID, v, "model.preset: unknown preset '%s'%s (known: %s)",
+                           text ? text : "null", nearest_hint(text, names, hint, sizeof hint), names);
+    }
+    apply_preset(cfg, p);
+    return FSDP_OK;
+}
+
+static const key_desc *find_key(const char *name) {
+    for (size_t i = 0; i < sizeof KEYS / sizeof *KEYS; i++)
+        if (!strcmp(KEYS[i].name, name)) return &KEYS[i];
+    return NULL;
+}
+
+/* The model's base: from_hf's config.json, else a preset, else an arch's defaults (llama3 when
+ * none is named). `arch` next to from_hf or a preset must agree with theirs. */
+static int apply_base(decoder_config *cfg, const fsdp_value *model, fsdp_err *err) {
+    const fsdp_value *hv = fsdp_value_get(model, "from_hf"), *pv = fsdp_value_get(model, "preset"),
+                     *av = fsdp_value_get(model, "arch");
+    int rc;
+    if (hv && pv)
+        return fsdp_err_at(err, FSDP_E_INVALID, pv, "model: from_hf and preset both give the whole model; keep one");
+    const decoder_arch_info *a = NULL;
+    if (av) {
+        const char *text = fsdp_value_text(av);
+        if (!(a = decoder_arch_by_name(text))) {
+            char names[128];
+            decoder_arch_list(0, names, sizeof names);
+            return fsdp_err_at(err, FSDP_E_INVALID, av, "model.arch: unsupported architecture '%s' (supported: %s)",
+                               text ? text : "null", names);
+        }
+    }
+    if (hv) {
+        const char *dir = fsdp_value_text(hv);
+        if (fsdp_value_type(hv) != FSDP_V_SCALAR || !dir || !*dir)
+            return fsdp_err_at(err, FSDP_E_INVALID, hv, "model.from_hf must be the path of a Hugging Face model "
+                                                        "directory (or its config.json)");
+        if ((rc = hf_config_read(dir, cfg, err))) {
+            char msg[FSDP_ERR_MSG_MAX - 512];
+            snprintf(msg, sizeof msg, "%s", err->msg);
+            return fsdp_err_at(err, rc, hv, "model.from_hf: %s", msg);
+        }
+    } else if (pv) {
+        if ((rc = set_preset(cfg, pv, err))) return rc;
+    } else {
+        decoder_arch_defaults(a ? a : decoder_arch_get(DECODER_ARCH_LLAMA3), cfg);
+    }
+    if (a && a->arch != cfg->arch)
+        return fsdp_err_at(err, FSDP_E_INVALID, av, "model.arch is %s but the %s is %s", a->name,
+                           hv ? "config.json of from_hf" : "preset", decoder_arch_get(cfg->arch)->name);
+    return FSDP_OK;
+}
+
+int decoder_config_from_value(decoder_config *cfg, const fsdp_value *model, fsdp_err *err) {
+    decoder_config_defaults(cfg);
+    fsdp_value_kind t = fsdp_value_type(model);
+    if (t != FSDP_V_NULL && t != FSDP_V_MAP)
+        return fsdp_err_at(err, FSDP_E_INVALID, model, "model must be a map of model settings");
+    int rc = apply_base(cfg, model, err);
+    if (rc) return rc;
+    size_t n = fsdp_value_size(model);
+    for (size_t i = 0; i < n; i++) {
+        const char *key = fsdp_value_key(model, i);
+        const fsdp_value *v = fsdp_value_item(model, i);
+        if (!key || !strcmp(key, "preset") || !strcmp(key, "arch") || !strcmp(key, "from_hf")) continue;
+        if (!strcmp(key, "rope_scaling")) {
+            if ((rc = set_rope_scaling(cfg, v, err))) return rc;
+            continue;
+        }
+        const key_desc *k = find_key(key);
+        char hint[300];
+        if (!k)
+            return fsdp_err_at(err, FSDP_E_INVALID, v, "model: unknown key '%s'%s (known: " KNOWN_KEYS ")", key,
+                               nearest_hint(key, KNOWN_KEYS, hint, sizeof hint));
+        if ((rc = set_key(cfg, k, v, err))) return rc;
+    }
+    rc = decoder_config_finalize(cfg, err);
+    if (rc && err && model) {
+        char msg[FSDP_ERR_MSG_MAX - 512];
+        snprintf(msg, sizeof msg, "%s", err->msg);
+        return fsdp_err_at(err, rc, model, "%s", msg);
+    }
+    return rc;
+}

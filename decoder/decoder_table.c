@@ -1,0 +1,51 @@
+/* Llama-family config -> generic model table (see decoder_table.h). */
+#include "decoder/decoder_table.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "decoder/decoder_arch.h"
+#include "decoder/decoder_params.h"
+
+int decoder_table_add(const decoder_config *cfg, mt_table *t, int part, fsdp_err *err) {
+    if (part < 0 || (size_t)part >= t->n_parts)
+        return fsdp_err_set(err, FSDP_E_INVALID, "llama table: part %d does not exist", part);
+    decoder_params lp;
+    int rc = decoder_params_build(cfg, &lp, err);
+    if (rc) return rc;
+    const char *prefix = t->parts[part].prefix;
+    char name[MT_NAME_MAX + DECODER_PARAM_NAME_MAX + 2];
+    for (int i = 0; i < lp.n && !rc; i++) {
+        const decoder_param *q = &lp.p[i];
+        mt_param p;
+        memset(&p, 0, sizeof p);
+        snprintf(name, sizeof name, "%s%s", prefix, q->name);
+        p.name = name;
+        p.ndim = q->ndim;
+        for (int d = 0; d < q->ndim; d++) p.shape[d] = q->shape[d];
+        p.dtype = FSDP_DT_F32;
+        p.init = q->init;
+        p.part = part;
+        p.layer = q->layer;
+        rc = mt_add(t, &p, err);
+    }
+    decoder_params_free(&lp);
+    return rc;
+}
+
+int decoder_table_build(const decoder_config *cfg, const char *where, mt_table *t, fsdp_err *err) {
+    const decoder_arch_info *a = decoder_arch_get(cfg->arch);
+    const char *arch = a ? a->name : "llama3";
+    char source[96];
+    snprintf(source, sizeof source, "%s (%s%s)", arch, cfg->preset[0] ? "preset " : "custom",
+             cfg->preset[0] ? cfg->preset : "");
+    int part;
+    int rc = mt_add_part(t, arch, "", source, where, &part, err);
+    if (!rc) rc = decoder_table_add(cfg, t, part, err);
+    if (!rc) rc = mt_finalize(t, err);
+    if (rc) return rc;
+    t->trainer = MT_TRAIN_LLAMA;
+    t->cfg = *cfg;
+    snprintf(t->kind, sizeof t->kind, "%s", source);
+    return 0;
+}

@@ -1,0 +1,65 @@
+/* One FSDP training step of the Llama model on sharded state (runtime/state.h):
+ * per layer all-gather -> forward -> drop; backward with all-gather -> gradients ->
+ * reduce-scatter (sum); global gradient norm over all shards; clipping; AdamW on the
+ * local shards. The loss is the mean over all global tokens: gradients are summed over
+ * ranks with the global token count as the denominator, so the result does not depend on
+ * the world size beyond float summation order. */
+#ifndef FSDP_TRAIN_TRAIN_FSDP_H
+#define FSDP_TRAIN_TRAIN_FSDP_H
+
+#include <stdint.h>
+
+#include "fsdp/error.h"
+#include "runtime/comm.h"
+#include "runtime/state.h"
+
+typedef struct train_fsdp train_fsdp;
+
+typedef struct train_fsdp_hparams {
+    double lr, beta1, beta2, eps, weight_decay;
+    double max_norm; /* <= 0: no clipping */
+    /* NULL, or one flag per state parameter (s->p[k]): nonzero = no weight decay for it (train-steps'
+     * no_decay globs) */
+    const unsigned char *no_decay;
+} train_fsdp_hparams;
+
+typedef struct train_fsdp_result {
+    double loss;      /* global mean cross-entropy before the update */
+    double grad_norm; /* global L2 norm of the gradients before clipping */
+    int64_t tokens;   /* global tokens counted in the loss */
+} train_fsdp_result;
+
+/* The state must hold every parameter of s->cfg under torchtitan names, sharded. */
+int train_fsdp_create(fsdp_state *s, comm *c, int local_batch, int seq_len, train_fsdp **out, fsdp_err *err);
+/* The same with activation checkpointing ac, a decoder_ac of decoder_model.h: DECODER_AC_NONE, _FULL or
+ * _SELECTIVE (decoder_model_ws_create_ac; another value is FSDP_E_INVALID). */
+int train_fsdp_create_ac(fsdp_state *s, comm *c, int local_batch, int seq_len, int ac, train_fsdp **out,
+                         fsdp_err *err);
+/* The same with the output head in chunks of head_chunk_rows rows (0: automatic; decoder_model.h's
+ * decoder_model_ws_opts): the head runs as decoder_head_train, so at most one chunk of logits exists. */
+int train_fsdp_create_opts(fsdp_state *s, comm *c, int local_batch, int seq_len, int ac, int head_chunk_rows,
+                           train_fsdp **out, fsdp_err *err);
+void train_fsdp_free(train_fsdp *f);
+/* Collectives per transformer block (flat != 0, the default: one all-gather and one reduce-scatter
+ * of each layer's parameters together, train/flat_group.h) or per parameter (0). Both give the
+ * same values: bit for bit on 2 ranks, within float32 summation order on more. */
+void train_fsdp_set_flat(train_fsdp *f, int flat);
+/* Forward and backward only: the global loss and reduce-scattered gradients in p->grad. */
+int train_fsdp_grads(train_fsdp *f, const int32_t *tokens, const int32_t *labels, train_fsdp_result *res,
+                     fsdp_err *err);
+/* Gradient accumulation: tokens and labels hold n_micro micro-batches of local_batch x seq_len, one
+ * after the other. The loss is the mean over every token of all micro-batches of all ranks (one
+ * denominator: exactly the loss and gradient of one batch n_micro times as large); the full gradients
+ * add up over the micro-batches and are reduce-scattered once (each parameter once per call). With
+ * n_micro > 1 every layer's full gradient is kept (n_layers x layer numel floats more). */
+int train_fsdp_grads_accum(train_fsdp *f, const int32_t *tokens, const int32_t *labels, int n_micro,
+                           train_fsdp_result *res, fsdp_err *err);
+/* A whole step: grads, then (if finite) norm, clip and AdamW; s->opt_step advances.
+ * A non-finite loss or gradient fails with FSDP_E_NUMERIC and changes nothing. */
+int train_fsdp_step(train_fsdp *f, const int32_t *tokens, const int32_t *labels, const train_fsdp_hparams *hp,
+                    train_fsdp_result *res, fsdp_err *err);
+/* train_fsdp_step over n_micro accumulated micro-batches (train_fsdp_grads_accum). */
+int train_fsdp_step_accum(train_fsdp *f, const int32_t *tokens, const int32_t *labels, int n_micro,
+                          const train_fsdp_hparams *hp, train_fsdp_result *res, fsdp_err *err);
+
+#endif

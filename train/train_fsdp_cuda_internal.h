@@ -1,0 +1,94 @@
+/* Private to model/train_fsdp_cuda*.c: the GPU trainer's buffers and events. */
+#ifndef FSDP_TRAIN_TRAIN_FSDP_CUDA_INTERNAL_H
+#define FSDP_TRAIN_TRAIN_FSDP_CUDA_INTERNAL_H
+
+#include "kernels/cuda/kcu.h"
+#include "decoder/decoder_cuda.h"
+#include "train/train_fsdp_cuda.h"
+#include "train/train_fsdp_cuda_event.h"
+
+#include "decoder/decoder_params.h"
+#include "train/flat_group.h"
+
+/* The most parameters a layer's block holds (decoder_params.h); f->per_layer is the config's. */
+#define TRAIN_FSDP_CUDA_LAYER_PARAMS DECODER_PARAMS_PER_LAYER_MAX
+
+enum {
+    TRAIN_FSDP_CUDA_EV_HEAD_W = 0, /* COMM: embedding, norm, output gathered */
+    TRAIN_FSDP_CUDA_EV_HEAD_G,     /* COMPUTE: head gradients written */
+    TRAIN_FSDP_CUDA_EV_HEAD_RS,    /* COMM: head gradients reduce-scattered */
+    TRAIN_FSDP_CUDA_EV_EMBED_G,    /* COMPUTE: embedding gradient written */
+    TRAIN_FSDP_CUDA_EV_EMBED_RS,   /* COMM: embedding gradient reduce-scattered */
+    TRAIN_FSDP_CUDA_EV_STATS,      /* COMM: the step's loss and gradient statistics copied to h_stats */
+    TRAIN_FSDP_CUDA_EV_COUNT
+};
+
+struct train_fsdp_cuda {
+    fsdp_state *s;
+    comm *c;
+    dev_ctx *d;
+    decoder_config cfg;
+    int B, T;
+    train_fsdp_cuda_options opt;
+    int world, rank;
+    fsdp_dtype dt; /* compute / all-gather dtype */
+    size_t es;     /* its size */
+    decoder_cuda_ws *ws;
+    state_param *embed, *norm, *output; /* output NULL with tied embeddings */
+    int per_layer;                      /* parameters per layer (the table's) */
+    decoder_param_kind kinds[TRAIN_FSDP_CUDA_LAYER_PARAMS];
+    state_param **layer; /* n_layers * per_layer in the flat layer order */
+    int64_t layer_off[TRAIN_FSDP_CUDA_LAYER_PARAMS];
+    int64_t layer_numel;
+    /* gathered layers: nbuf buffers (2, or n_layers with keep_gathered), what each holds, and
+     * events: gather done (COMM), last compute reading it done (COMPUTE) */
+    int nbuf;
+    void **wbuf;
+    int *buf_layer;
+    dev_event *g_done, *use_done;
+    /* full-layer f32 gradients, two rotating: written (COMPUTE), reduce-scattered (COMM) */
+    float *gbuf[2];
+    dev_event gl_ready[2], rs_done[2];
+    void *full_embed, *full_norm, *full_output;   /* gathered, dtype dt (full_output == full_embed when tied) */
+    float *grad_embed, *grad_norm, *grad_output; /* full f32 gradients (grad_output == grad_embed when tied) */
+    dev_event ev[TRAIN_FSDP_CUDA_EV_COUNT];
+    size_t *blocks;   /* s->n * world: elements of each rank's block of each parameter */
+    int64_t *own_off; /* s->n: element offset of this rank's block in the full parameter */
+    size_t *bytes;    /* world: scratch for the all-gather sizes */
+    kcu_tensor_list *list;
+    /* no_decay: the parameters with weight decay and those without (built from the mask at the first
+     * step that has one, rebuilt when it changes), NULL when empty */
+    kcu_tensor_list *list_wd, *list_nowd;
+    unsigned char *split_mask; /* s->n flags the lists were built from */
+    /* gradient accumulation: every layer's full f32 gradient (n_layers x layer_numel), or NULL */
+    float *gacc;
+    double *d_stats; /* device [2]: loss sum, gradient sum of squares */
+    double *h_stats; /* pinned host copy, valid once EV_STATS completed */
+    float *d_clip;   /* device [2]: clip coefficient, non-finite flag (kcu_clip_coef) */
+    /* offloaded optimizer: pinned staging [grads | params] of stage_total floats each */
+    int offload;
+    float *h_stage;
+    size_t stage_total;
+    size_t *h_off;    /* s->n: offset of each parameter in a half of h_stage */
+    dev_event *ev_dl; /* n_layers + 2 download groups: layers, head (n_layers), embedding (+1) */
+    size_t dev_bytes;
+    /* per-block collectives (train_fsdp_cuda_flat.c): one flat group per layer and the device buffer
+     * they take turns in on the COMM stream; unused with opt.per_param */
+    flat_group **groups;
+    void *flat;
+};
+
+/* Allocates f->gacc once (train_fsdp_cuda_setup.c). */
+int train_fsdp_cuda_alloc_acc(train_fsdp_cuda *f, fsdp_err *err);
+/* (Re)builds list_wd / list_nowd from the no_decay flags (one per state parameter). */
+int train_fsdp_cuda_split_lists(train_fsdp_cuda *f, const unsigned char *no_decay, fsdp_err *err);
+
+/* Per-block collectives (train_fsdp_cuda_flat.c), all on the COMM stream: the groups and their
+ * device buffer; layer `layer`'s all-gather into dst (a gathered-layer buffer of dtype f->dt); its
+ * full f32 gradient reduce-scattered into the parameters' d_grad. */
+int train_fsdp_cuda_flat_setup(train_fsdp_cuda *f, fsdp_err *err);
+void train_fsdp_cuda_flat_free(train_fsdp_cuda *f);
+int train_fsdp_cuda_flat_gather(train_fsdp_cuda *f, int layer, void *dst, fsdp_err *err);
+int train_fsdp_cuda_flat_reduce(train_fsdp_cuda *f, int layer, const float *grad, fsdp_err *err);
+
+#endif
