@@ -82,10 +82,10 @@ else ifeq ($(HAVE_CUDA),1)
 endif
 
 # --- sources -----------------------------------------------------------------
-# the rooms, top to bottom (tools/check_layers.sh): cli, stages, train, decoder, model, pipeline, ckpt and
-# kernels, runtime, include
-LIB_C_SRCS := $(filter-out cli/main.c,$(wildcard cli/*.c stages/*.c train/*.c decoder/*.c model/*.c \
-               pipeline/*.c ckpt/*.c kernels/cpu/*.c runtime/*.c))
+# the rooms, top to bottom (README "Layout"; tests/test_layers.cc keeps it): cli, run, stages, train, decoder,
+# model, pipeline, ckpt and kernels, runtime, include
+LIB_C_SRCS := $(filter-out cli/main.c,$(wildcard cli/*.c run/*.c stages/*.c train/*.c decoder/*.c model/*.c \
+               pipeline/*.c ckpt/*.c kernels/cpu/*.c kernels/cuda/*.c runtime/*.c))
 CU_SRCS    := $(if $(filter 1,$(HAVE_CUDA)),$(if $(filter 1,$(EMU)),,$(wildcard kernels/cuda/*.cu)))
 # the emulated-device build: the fake runtime, NCCL and the kernels compiled as host C++ (tests/emu/)
 EMU_SRCS   := $(if $(filter 1,$(EMU)),tests/emu/emu_cudart.cc tests/emu/emu_kernels.cc tests/emu/emu_nccl.cc)

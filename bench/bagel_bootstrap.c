@@ -28,7 +28,7 @@
 #include <unistd.h>
 
 #include "bench/bench_util.h"
-#include "decoder/decoder.h"
+#include "decoder/decoder_config.h"
 #include "decoder/decoder_table.h"
 #include "model/mt_spec.h"
 #include "pipeline/recipe.h"

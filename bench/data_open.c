@@ -20,7 +20,7 @@
 #include <unistd.h>
 
 #include "bench/bench_util.h"
-#include "runtime/data.h"
+#include "train/data.h"
 
 static int write_shards(const char *dir, int64_t n, int shards) {
     int64_t per = n / shards;

@@ -33,7 +33,7 @@
 
 #include <omp.h>
 
-#include "decoder/decoder.h"
+#include "decoder/decoder_config.h"
 #include "decoder/decoder_init.h"
 #include "decoder/decoder_params.h"
 #include "runtime/rng.h"

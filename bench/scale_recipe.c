@@ -22,7 +22,7 @@
 
 #include "bench_util.h"
 #include "pipeline/registry.h"
-#include "pipeline/run.h"
+#include "run/run.h"
 
 static double cpu_seconds(void) {
     struct rusage r;

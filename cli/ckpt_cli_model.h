@@ -8,7 +8,7 @@
 
 #include "fsdp/error.h"
 #include "fsdp/tensor.h"
-#include "decoder/decoder.h"
+#include "decoder/decoder_config.h"
 
 /* SPEC is a preset name (decoder_config_preset_name) or a Hugging Face model directory / config.json. */
 int ckpt_cli_model_load(const char *spec, decoder_config *cfg, fsdp_err *err);

@@ -13,7 +13,7 @@
 
 #include "cli/ckpt_cli.h"
 #include "cli/plot.h"
-#include "pipeline/run.h"
+#include "run/run.h"
 #include "pipeline/schema.h"
 
 static void usage(FILE *f) {

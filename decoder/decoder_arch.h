@@ -1,4 +1,4 @@
-/* The table of trainable architectures (decoder_arch of decoder/decoder.h): what each is called in a
+/* The table of trainable architectures (decoder_arch of decoder/decoder_config.h): what each is called in a
  * recipe and in a Hugging Face config.json, and the defaults its config starts from. Everything
  * that differs between them is data here and in decoder_config; the model code reads only the
  * switches of decoder_config (qkv_bias, qk_norm, tie_embeddings, head_dim, rope scaling, norm_eps).
@@ -14,7 +14,7 @@
 #define FSDP_DECODER_DECODER_ARCH_H
 
 #include "fsdp/error.h"
-#include "decoder/decoder.h"
+#include "decoder/decoder_config.h"
 
 #ifdef __cplusplus
 extern "C" {

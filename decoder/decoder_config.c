@@ -4,7 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "decoder/decoder.h"
+#include "decoder/decoder_config.h"
 #include "decoder/decoder_arch.h"
 #include "decoder/decoder_params.h"
 #include "decoder/hf_config.h"

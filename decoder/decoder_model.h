@@ -21,7 +21,7 @@
 
 #include "fsdp/error.h"
 #include "kernels/cpu/kc.h"
-#include "decoder/decoder.h"
+#include "decoder/decoder_config.h"
 
 #ifdef __cplusplus
 extern "C" {

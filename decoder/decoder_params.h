@@ -35,7 +35,7 @@
 
 #include "fsdp/error.h"
 #include "model/init_rule.h"
-#include "decoder/decoder.h"
+#include "decoder/decoder_config.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -4,7 +4,7 @@
 #ifndef FSDP_DECODER_DECODER_TABLE_H
 #define FSDP_DECODER_DECODER_TABLE_H
 
-#include "decoder/decoder.h"
+#include "decoder/decoder_config.h"
 #include "model/model_table.h"
 
 #ifdef __cplusplus

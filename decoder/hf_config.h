@@ -1,4 +1,4 @@
-/* Hugging Face config.json <-> decoder_config (decoder/decoder.h) for the architectures of
+/* Hugging Face config.json <-> decoder_config (decoder/decoder_config.h) for the architectures of
  * decoder/decoder_arch.h (llama, qwen2, qwen3).
  *
  * Reading (decoder/hf_config.c) understands both forms transformers writes:
@@ -24,7 +24,7 @@
 
 #include "fsdp/error.h"
 #include "fsdp/tensor.h"
-#include "decoder/decoder.h"
+#include "decoder/decoder_config.h"
 
 #ifdef __cplusplus
 extern "C" {

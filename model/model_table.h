@@ -46,7 +46,7 @@
 #include "fsdp/tensor.h"
 #include "model/init_fill.h"
 #include "model/init_rule.h"
-#include "decoder/decoder.h"
+#include "decoder/decoder_config.h"
 #include "runtime/name_index.h"
 
 #ifdef __cplusplus

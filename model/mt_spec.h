@@ -3,7 +3,7 @@
  * Two forms, never mixed (a key of one in the other is an error naming it and where):
  *
  *   the built-in arch form (trainable):   model: {arch: llama3, preset: debugmodel, dim: ..., ...}
- *     the keys of decoder_config_from_value (decoder/decoder.h); the table is Llama's (decoder/decoder_table.h)
+ *     the keys of decoder_config_from_value (decoder/decoder_config.h); the table is Llama's (decoder/decoder_table.h)
  *     and train-steps can train it.
  *
  *   the table form (any model; every stage but train-steps):

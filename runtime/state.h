@@ -9,7 +9,7 @@
 
 #include "fsdp/ctx.h"
 #include "fsdp/tensor.h"
-#include "decoder/decoder.h"
+#include "decoder/decoder_config.h"
 #include "model/model_table.h"
 #include "runtime/comm.h"
 #include "runtime/name_index.h"

@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "runtime/data.h"
+#include "train/data.h"
 #include "stages/stages.h"
 #include "stages/train_backend.h"
 #include "stages/train_opts.h"

@@ -8,7 +8,7 @@
  * to pinned host memory now (s->offloaded / s->offload_params), and moments allocated later
  * (state_alloc_optimizer) are allocated there; the rest stays on the GPU. The GPU trainer computes from
  * weights on the device: with params: true on the GPU, a later train-steps or eval is refused (the
- * recipe check of pipeline/checks.c, and train_backend_open for an offload in an earlier recipe)
+ * recipe check of run/checks.c, and train_backend_open for an offload in an earlier recipe)
  * instead of running on the CPU.
  *
  * with: params (bool, default false) */

@@ -35,7 +35,7 @@
  *       list -> list, int, float, bool, null -> None, string -> str), written by rank 0 after the data
  *       files and before .metadata, each atomically (ckpt/dcp_side.h); NAME a plain file name.
  * Without overwrite, a path that already holds a checkpoint is refused at validation (fsdp-run
- * validate, and before the first stage runs: pipeline/checks_outputs.c) as well as here.
+ * validate, and before the first stage runs: run/checks_outputs.c) as well as here.
  *
  * with: path (required), optimizer (bool, true), overwrite (bool, false), async (bool, false), prefix,
  *       aliases (list), train_state (bool, true), fresh_optimizer (map), files (map) */

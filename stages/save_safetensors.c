@@ -12,7 +12,7 @@
  * them), so that transformers' from_pretrained opens the directory as it is.
  *
  * `overwrite: false` refuses an output that exists (the file, or the HF directory's index; and any of
- * the copies), at validation (pipeline/checks_outputs.c) and here before anything is written; the
+ * the copies), at validation (run/checks_outputs.c) and here before anything is written; the
  * default, true, replaces it as above. The directory of a file (and of each copy) is created when
  * it does not exist. `copies: [PATH, ...]` puts the same file at these paths too
  * (Bagel HEAD's ema.safetensors beside model.safetensors): once the file is written and durable,

@@ -4,7 +4,7 @@
 
 #include "ckpt/ckpt_pipe.h"
 #include "fsdp/stage.h"
-#include "decoder/decoder.h"
+#include "decoder/decoder_config.h"
 #include "decoder/decoder_init.h"
 #include "decoder/decoder_params.h"
 #include "model/model_table.h"

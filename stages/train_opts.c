@@ -100,7 +100,7 @@ static int check_eval(const fsdp_value *with, fsdp_err *err) {
     return 0;
 }
 
-/* warmup_steps past the schedule's end: reported once, by the recipe checks (pipeline/checks.c, with the
+/* warmup_steps past the schedule's end: reported once, by the recipe checks (run/checks.c, with the
  * stage's id), not again by the schedule's own check. */
 static int warmup_past_schedule(const fsdp_value *with) {
     int64_t w = fsdp_arg_int(with, "warmup_steps", 0);

@@ -10,7 +10,7 @@
 #include "fsdp/error.h"
 #include "fsdp/value.h"
 #include "train/lr_schedule.h"
-#include "runtime/data.h"
+#include "train/data.h"
 #include "runtime/state.h"
 #include "stages/train_backend.h"
 

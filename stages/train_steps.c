@@ -37,7 +37,7 @@
 #include "train/lr_schedule.h"
 #include "runtime/crash.h"
 #include "runtime/ctx_impl.h"
-#include "runtime/data.h"
+#include "train/data.h"
 #include "runtime/fileio.h"
 #include "stages/stages.h"
 #include "stages/train_backend.h"

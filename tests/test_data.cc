@@ -5,7 +5,7 @@
 
 extern "C" {
 #include "pipeline/yaml_load.h"
-#include "runtime/data.h"
+#include "train/data.h"
 }
 #include "test_util.h"
 

@@ -9,7 +9,7 @@
 #include <vector>
 
 extern "C" {
-#include "runtime/data.h"
+#include "train/data.h"
 }
 #include "test_util.h"
 

@@ -10,7 +10,7 @@
 #include "test_util.h"
 
 extern "C" {
-#include "decoder/decoder.h"
+#include "decoder/decoder_config.h"
 #include "pipeline/yaml_load.h"
 }
 

@@ -17,7 +17,7 @@
 
 extern "C" {
 #include "fsdp/tensor.h"
-#include "decoder/decoder.h"
+#include "decoder/decoder_config.h"
 #include "decoder/decoder_init.h"
 #include "decoder/decoder_params.h"
 #include "runtime/rng.h"

@@ -14,7 +14,7 @@
 
 extern "C" {
 #include "kernels/cuda/kcu.h"
-#include "decoder/decoder.h"
+#include "decoder/decoder_config.h"
 #include "decoder/decoder_init.h"
 #include "decoder/decoder_params.h"
 #include "runtime/device.h"

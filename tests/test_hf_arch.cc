@@ -15,7 +15,7 @@
 extern "C" {
 #include "ckpt/namemap.h"
 #include "decoder/hf_config.h"
-#include "decoder/decoder.h"
+#include "decoder/decoder_config.h"
 #include "decoder/decoder_arch.h"
 #include "decoder/decoder_params.h"
 #include "pipeline/yaml_load.h"

@@ -9,7 +9,7 @@
 #include <vector>
 
 extern "C" {
-#include "decoder/decoder.h"
+#include "decoder/decoder_config.h"
 #include "stages/train_backend.h"
 }
 #include "test_util.h"

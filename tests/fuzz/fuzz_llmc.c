@@ -8,7 +8,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "runtime/data.h"
+#include "train/data.h"
 #include "tests/fuzz/fuzz.h"
 
 static void check_batches(const data_config *c, int vocab) {

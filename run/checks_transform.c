@@ -4,7 +4,7 @@
 #include <string.h>
 
 #include "ckpt/namemap.h"
-#include "pipeline/checks.h"
+#include "run/checks.h"
 
 /* Whether any parameter of t matches the glob (or any glob of the list) in keys. */
 static int any_match(const mt_table *t, const fsdp_value *keys) {

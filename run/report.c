@@ -1,4 +1,4 @@
-#include "pipeline/report.h"
+#include "run/report.h"
 
 #include <errno.h>
 #include <jansson.h>

@@ -1,5 +1,5 @@
 /* Sizes from recipes: bounds of the numeric keys and the memory of the stages, before anything runs. */
-#include "pipeline/sizes.h"
+#include "run/sizes.h"
 
 #include <limits.h>
 #include <stdarg.h>
@@ -10,8 +10,8 @@
 #include "decoder/decoder_model.h"
 #include "decoder/decoder_table.h"
 #include "model/mt_spec.h"
-#include "pipeline/checks.h"
-#include "runtime/data.h"
+#include "run/checks.h"
+#include "train/data.h"
 #include "runtime/device.h"
 
 void sizes_host_probe(sizes_host *h, int world, int probe_device) {

@@ -5,7 +5,7 @@
 
 #include "ckpt/ckpt_steps.h"
 #include "ckpt/dcp.h"
-#include "pipeline/checks.h"
+#include "run/checks.h"
 #include "runtime/fileio.h"
 
 /* A stage of r or of a recipe before it in the chain writes path. */

@@ -1,4 +1,4 @@
-#include "runtime/data.h"
+#include "train/data.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -6,7 +6,7 @@
 #include <unistd.h>
 
 #include "ckpt/safetensors.h"
-#include "runtime/data_files.h"
+#include "train/data_files.h"
 #include "runtime/nearest.h"
 
 struct data_source {

@@ -1,6 +1,6 @@
 /* Planner and scheduler: validate the whole chain of recipes, then run the stages in
  * topological order in one context; a failing stage stops the run (later ones skipped). */
-#include "pipeline/run.h"
+#include "run/run.h"
 
 #include <omp.h>
 #include <stdlib.h>
@@ -9,18 +9,18 @@
 #include <sys/time.h>
 #include <unistd.h>
 
-#include "decoder/decoder.h"
-#include "pipeline/checks.h"
+#include "decoder/decoder_config.h"
+#include "run/checks.h"
 #include "pipeline/dag.h"
 #include "runtime/launch.h"
-#include "runtime/data.h"
+#include "train/data.h"
 #include "runtime/device.h"
 #include "pipeline/registry.h"
-#include "pipeline/report.h"
+#include "run/report.h"
 #include "runtime/memstat.h"
-#include "pipeline/report_ranks.h"
+#include "run/report_ranks.h"
 #include "pipeline/schema.h"
-#include "pipeline/sizes.h"
+#include "run/sizes.h"
 #include "runtime/ctx_impl.h"
 #include "runtime/nearest.h"
 
@@ -69,7 +69,7 @@ static int check_device(const fsdp_value *rt, fsdp_err *err) {
 }
 
 /* The runtime section (schema, device), then the sizes of the runtime, model and data sections
- * against their bounds and the host (pipeline/sizes.h): every error found, one per line. */
+ * against their bounds and the host (run/sizes.h): every error found, one per line. */
 static int check_runtime(recipe *r, int probe_device, const sizes_host *host, sizes_chain *chain, fsdp_err *err) {
     fsdp_value *rt = val_get_mut(r->root, "runtime");
     if (!rt || fsdp_value_type(rt) == FSDP_V_NULL) {

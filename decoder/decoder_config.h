@@ -1,8 +1,8 @@
 /* Llama-3 model configuration (torchtitan's architecture and parameter names).
  * Shared by the parameter table / init (decoder/decoder_config.c, decoder/decoder_params.c), the
  * forward/backward (model/decoder_model.c) and the stages. */
-#ifndef FSDP_DECODER_DECODER_H
-#define FSDP_DECODER_DECODER_H
+#ifndef FSDP_DECODER_DECODER_CONFIG_H
+#define FSDP_DECODER_DECODER_CONFIG_H
 
 #include <stdint.h>
 

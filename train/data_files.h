@@ -5,14 +5,14 @@
  * kind llmc: an llm.c / nanoGPT-style shard: a header of 256 little-endian int32 (magic 20240520,
  * version 1, token count), then that many uint16 tokens; several shards by glob, read as one
  * stream in sorted order (a window never spans two shards). */
-#ifndef FSDP_RUNTIME_DATA_FILES_H
-#define FSDP_RUNTIME_DATA_FILES_H
+#ifndef FSDP_TRAIN_DATA_FILES_H
+#define FSDP_TRAIN_DATA_FILES_H
 
 #include <stddef.h>
 #include <stdint.h>
 
 #include "fsdp/error.h"
-#include "runtime/data.h"
+#include "train/data.h"
 
 #define DATA_LLMC_MAGIC 20240520
 #define DATA_LLMC_VERSION 1

@@ -1,9 +1,9 @@
 /* Validate-time checks of gradient accumulation against the data and the world size
- * (pipeline/sizes.h): grad_accum / micro_batch of train-steps and eval must divide each rank's
+ * (run/sizes.h): grad_accum / micro_batch of train-steps and eval must divide each rank's
  * batch, known before anything runs. */
 #include <string.h>
 
-#include "pipeline/sizes.h"
+#include "run/sizes.h"
 #include "stages/train_opts.h"
 
 int sizes_micro_count(const fsdp_value *with, int64_t local_batch) {

@@ -6,7 +6,7 @@
 #include "ckpt/ckpt_steps.h"
 #include "ckpt/dcp.h"
 #include "ckpt/safetensors.h"
-#include "pipeline/checks.h"
+#include "run/checks.h"
 
 static int flag(const recipe_stage *s, const char *key, int dflt) {
     int v;

@@ -2,7 +2,7 @@
  *   kind: text         a UTF-8 file read as bytes (vocabulary 256)
  *   kind: tokens       a flat binary of uint16 or uint32 token ids (nanoGPT's train.bin), mmapped
  *   kind: llmc         llm.c .bin shards (256 x int32 header: magic 20240520, version 1, token count;
- *                      then uint16 tokens), several by glob (runtime/data_files.h)
+ *                      then uint16 tokens), several by glob (train/data_files.h)
  *   kind: safetensors  fixed `input_ids` / `labels` tensors [B, T] (every step the same batch)
  *   kind: synthetic    seeded random tokens (benchmarks; only when asked: `kind` is required)
  * path may be a glob (text, tokens, llmc: the matches in sorted order are one stream; a window never
@@ -11,8 +11,8 @@
  * batch_size is the global batch; each rank takes its contiguous slice of it. Sample b of
  * batch `pos` starts at a window chosen by a counter-based hash of (seed, pos, b), so the
  * stream is the same for every world size and a resumed run continues it from `pos`. */
-#ifndef FSDP_RUNTIME_DATA_H
-#define FSDP_RUNTIME_DATA_H
+#ifndef FSDP_TRAIN_DATA_H
+#define FSDP_TRAIN_DATA_H
 
 #include <stddef.h>
 #include <stdint.h>

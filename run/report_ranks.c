@@ -1,5 +1,5 @@
 /* Every rank's numeric metrics of a stage, reduced to min / max / mean on rank 0. */
-#include "pipeline/report_ranks.h"
+#include "run/report_ranks.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -8,20 +8,20 @@
  *   - transform globs that match no parameter of the recipe's model;
  *   - a chained recipe whose model: differs from the model of the state it continues (it has no
  *     init-meta or init-cpu stage of its own);
- *   - outputs a stage would refuse to replace (pipeline/checks_outputs.c): a save-dcp path that
+ *   - outputs a stage would refuse to replace (run/checks_outputs.c): a save-dcp path that
  *     already holds a checkpoint without overwrite: true, a save-safetensors output (or copy) that
  *     exists with overwrite: false, a periodic save (save_every) of a train-steps that starts at step 0
  *     onto an existing step-<N> without save_overwrite;
- *   - checkpoints a load-ckpt stage reads (pipeline/checks_inputs.c): a path that does not exist and
+ *   - checkpoints a load-ckpt stage reads (run/checks_inputs.c): a path that does not exist and
  *     that no stage of the recipe (or of an earlier recipe of the chain) writes, a `DIR/latest` without
  *     a committed step, a run directory given for a checkpoint (its step-<N> named). */
-#ifndef FSDP_PIPELINE_CHECKS_H
-#define FSDP_PIPELINE_CHECKS_H
+#ifndef FSDP_RUN_CHECKS_H
+#define FSDP_RUN_CHECKS_H
 
 #include "model/model_table.h"
 #include "pipeline/errlist.h"
 #include "pipeline/recipe.h"
-#include "pipeline/sizes.h"
+#include "run/sizes.h"
 
 /* prev_model: the model section of the state r continues (NULL: none yet); prev_path its file. */
 void checks_recipe(const recipe *r, const sizes_host *h, const fsdp_value *prev_model, errlist *el);
@@ -35,7 +35,7 @@ void checks_inputs(const recipe *const *prev, size_t n_prev, const recipe *r, co
 void checks_outputs(const recipe *r, int chained, errlist *el);
 
 /* `transform` stages of r whose target globs (copy.to; scale, fill and cast keys) match no parameter
- * of t, the model r declares (pipeline/checks_transform.c; called with the table sizes.c builds). */
+ * of t, the model r declares (run/checks_transform.c; called with the table sizes.c builds). */
 void checks_transform(const recipe *r, const mt_table *t, errlist *el);
 
 #endif

@@ -6,15 +6,15 @@
  * (parameters of the model's table, gradients, AdamW moments, training buffers and activations,
  * computed with checked arithmetic) against the host's memory. Each error names the file:line:col of
  * the key. */
-#ifndef FSDP_PIPELINE_SIZES_H
-#define FSDP_PIPELINE_SIZES_H
+#ifndef FSDP_RUN_SIZES_H
+#define FSDP_RUN_SIZES_H
 
 #include <stdint.h>
 
-#include "decoder/decoder.h"
+#include "decoder/decoder_config.h"
 #include "pipeline/errlist.h"
 #include "pipeline/recipe.h"
-#include "runtime/data.h"
+#include "train/data.h"
 
 #define SIZES_MAX_THREADS 4096       /* runtime.threads: OpenMP threads per rank */
 #define SIZES_MAX_DIM (1 << 20)      /* model.dim (the largest released Llama: 16384) */
@@ -52,7 +52,7 @@ void sizes_check(const recipe *r, const sizes_host *h, sizes_chain *chain, errli
  * memory check, as indented lines into out ("" without a model). Call after sizes_check of r. */
 void sizes_describe(const recipe *r, const sizes_host *h, const sizes_chain *chain, char *out, size_t cap);
 
-/* Gradient accumulation (pipeline/sizes_train.c): every train-steps / eval stage's grad_accum or
+/* Gradient accumulation (run/sizes_train.c): every train-steps / eval stage's grad_accum or
  * micro_batch divides the rank's batch of dc (batch_size / world); errors point at the key. */
 void sizes_check_micro(const recipe *r, const sizes_host *h, const data_config *dc, errlist *el);
 /* The micro-batches per step of a stage's `with` for a rank's batch (1 when invalid). */

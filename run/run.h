@@ -1,6 +1,6 @@
 /* Planning (load + validate every recipe) and running them in one context. */
-#ifndef FSDP_PIPELINE_RUN_H
-#define FSDP_PIPELINE_RUN_H
+#ifndef FSDP_RUN_RUN_H
+#define FSDP_RUN_RUN_H
 
 #include <stdio.h>
 

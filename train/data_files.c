@@ -1,5 +1,5 @@
 /* The files of a `data:` section: glob, map, headers, vocabulary scan. */
-#include "runtime/data_files.h"
+#include "train/data_files.h"
 
 #include <errno.h>
 #include <glob.h>

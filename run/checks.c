@@ -1,5 +1,5 @@
 /* Static checks of a recipe: schedule, metrics directory, precision and device, chained models. */
-#include "pipeline/checks.h"
+#include "run/checks.h"
 
 #include <errno.h>
 #include <libgen.h>

@@ -1,6 +1,6 @@
 /* The run report (--report FILE): JSON written with Jansson, also when a stage fails. */
-#ifndef FSDP_PIPELINE_REPORT_H
-#define FSDP_PIPELINE_REPORT_H
+#ifndef FSDP_RUN_REPORT_H
+#define FSDP_RUN_REPORT_H
 
 #include <stddef.h>
 
@@ -21,7 +21,7 @@ typedef struct run_record {
     const char *status; /* "ok", "failed", "skipped", "pending" */
     double seconds;
     ctx_metrics metrics;  /* rank 0's */
-    report_rank_stat *ranks; /* every rank's (pipeline/report_ranks.h); none on one rank */
+    report_rank_stat *ranks; /* every rank's (run/report_ranks.h); none on one rank */
     size_t n_ranks;
     char *error;
 } run_record;
