@@ -29,6 +29,7 @@
 
 #include "bench/bench_util.h"
 #include "decoder/decoder_config.h"
+#include "decoder/decoder_spec.h"
 #include "decoder/decoder_table.h"
 #include "model/mt_spec.h"
 #include "pipeline/recipe.h"
@@ -225,10 +226,11 @@ static double recipe_state_bytes(const char *path, const char **sets, size_t n_s
     mt_init(&t);
     int bad = recipe_load(path, ovr, n_sets < 8 ? n_sets : 8, &rc, &err);
     const fsdp_value *m = bad ? NULL : fsdp_value_get(rc->root, "model");
-    if (m && mt_spec_is_table(m)) bad = mt_spec_build(m, NULL, &t, &err);
+    mt_spec_opts so = {0, &decoder_table_arch};
+    if (m && mt_spec_is_table(m)) bad = mt_spec_build(m, &so, &t, &err);
     else if (m) {
         decoder_config cfg;
-        bad = decoder_config_from_value(&cfg, m, &err) || decoder_table_build(&cfg, NULL, &t, &err);
+        bad = decoder_spec_from_value(&cfg, m, &err) || decoder_table_build(&cfg, NULL, &t, &err);
     }
     if (bad || !m) fprintf(stderr, "bagel_bootstrap: %s: %s\n", path, bad ? err.msg : "no model");
     double bytes = bad || !m ? -1 : table_bytes(&t);

@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "ckpt/state_io.h"
+#include "decoder/decoder_table.h"
 #include "decoder/decoder_params.h"
 #include "runtime/comm.h"
 #include "runtime/state.h"
@@ -80,8 +81,7 @@ static int build_state(const decoder_config *cfg, int opt, uint64_t salt, fsdp_s
     s->beta2 = 0.95;
     s->eps = 1e-8;
     s->lr = 3e-4;
-    s->cfg = *cfg;
-    s->has_cfg = 1;
+    decoder_state_set_config(s, cfg, &err);
     *bytes = 0;
     for (int i = 0; i < t.n; i++)
         if (state_add_param(s, t.p[i].name, t.p[i].ndim, t.p[i].shape, t.p[i].layer, &err)) {

@@ -32,6 +32,7 @@
 
 #include "bench/bench_util.h"
 #include "ckpt/safetensors.h"
+#include "decoder/decoder_table.h"
 #include "model/mt_spec.h"
 #include "pipeline/yaml_load.h"
 
@@ -256,7 +257,8 @@ static void part_three_four(const opts *o, const char *bin) {
     if (yaml_load_string(yaml, strlen(yaml), "bench", 0, 0, &root, &err)) return;
     long long r0 = rchar();
     double t0 = bench_now();
-    int rc = mt_spec_build(fsdp_value_get(root, "model"), NULL, &t, &err);
+    mt_spec_opts so = {0, &decoder_table_arch};
+    int rc = mt_spec_build(fsdp_value_get(root, "model"), &so, &t, &err);
     double el = bench_now() - t0;
     long long read = rchar() - r0;
     val_free(root);

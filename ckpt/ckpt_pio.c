@@ -1,7 +1,6 @@
 /* Parallel positional file I/O (see ckpt_pio.h): the write side and copies; the reads are in
  * ckpt_pread.c. */
 #include "ckpt/ckpt_pio.h"
-#include "ckpt/ckpt_pwrite.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -52,11 +51,6 @@ int ckpt_pwrite_sliced(int fd, const void *p, size_t n, uint64_t off, uint64_t *
         done += (size_t)r;
     }
     return 0;
-}
-
-int ckpt_pwrite_all(int fd, const void *src, size_t n, uint64_t off, uint32_t *crc, const char *what,
-                    const ckpt_pio_opts *o, fsdp_err *err) {
-    return ckpt_pwrite_conv(fd, src, FSDP_DT_U8, FSDP_DT_U8, n, off, crc, what, o, err);
 }
 
 void ckpt_copy_par(void *dst, const void *src, size_t n, const ckpt_pio_opts *o) {

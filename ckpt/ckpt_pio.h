@@ -50,12 +50,6 @@ int ckpt_pread_all(int fd, void *dst, size_t n, uint64_t off, const char *what, 
 int ckpt_pread_crc(int fd, void *dst, size_t n, uint64_t off, uint32_t *crc, const char *what,
                    const ckpt_pio_opts *o, fsdp_err *err);
 
-/* Writes n bytes of src at file offset off; *crc (when not NULL) receives zlib's CRC32 of
- * them (the same value as crc32(0, src, n)). The pieces (o->piece, 4 MiB by default) are
- * CRC'd by o->threads threads and written in file order (ckpt_pwrite.h). */
-int ckpt_pwrite_all(int fd, const void *src, size_t n, uint64_t off, uint32_t *crc, const char *what,
-                    const ckpt_pio_opts *o, fsdp_err *err);
-
 /* Copies n bytes (memcpy) with the same pieces and threads. */
 void ckpt_copy_par(void *dst, const void *src, size_t n, const ckpt_pio_opts *o);
 

@@ -264,3 +264,8 @@ int ckpt_pwrite_conv(int fd, const void *src, fsdp_dtype src_dt, fsdp_dtype dst_
     pw_free(&j, threads);
     return rc;
 }
+
+int ckpt_pwrite_all(int fd, const void *src, size_t n, uint64_t off, uint32_t *crc, const char *what,
+                    const ckpt_pio_opts *o, fsdp_err *err) {
+    return ckpt_pwrite_conv(fd, src, FSDP_DT_U8, FSDP_DT_U8, n, off, crc, what, o, err);
+}

@@ -46,4 +46,10 @@ size_t ckpt_pwrite_piece(const ckpt_pio_opts *o);
 int ckpt_pwrite_conv(int fd, const void *src, fsdp_dtype src_dt, fsdp_dtype dst_dt, size_t n, uint64_t off,
                      uint32_t *crc, const char *what, const ckpt_pio_opts *o, fsdp_err *err);
 
+/* Writes n bytes of src at file offset off; *crc (when not NULL) receives zlib's CRC32 of
+ * them (the same value as crc32(0, src, n)). The pieces (o->piece, 4 MiB by default) are
+ * CRC'd by o->threads threads and written in file order. */
+int ckpt_pwrite_all(int fd, const void *src, size_t n, uint64_t off, uint32_t *crc, const char *what,
+                    const ckpt_pio_opts *o, fsdp_err *err);
+
 #endif

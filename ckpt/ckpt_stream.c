@@ -14,6 +14,7 @@
 #include <zlib.h>
 
 #include "ckpt/ckpt_pio.h"
+#include "ckpt/ckpt_pwrite.h"
 
 void cks_opts_default(cks_opts *o) {
     o->piece = (size_t)8 << 20;

@@ -55,7 +55,7 @@ int ckpt_verify_pt(ckpt_reader *r, size_t *records, fsdp_err *err);
 /* Adds a problem to a ckpt_check report (counted; its message kept while fewer than
  * CKPT_CHECK_SHOWN are). Returns 0, or FSDP_E_NOMEM. */
 int ckpt_check_add(ckpt_check_report *rep, const char *fmt, ...) FSDP_PRINTF(2, 3);
-/* ckpt_check of a reader opened by ckpt_open_dcp (ckpt/dcp_check.c) / ckpt_open_pt: the problems go
+/* ckpt_check of a reader opened by ckpt_open_dcp (ckpt/ckpt_check_dcp.c) / ckpt_open_pt: the problems go
  * to rep; returns 0, or an error that stopped the check (out of memory). */
 int ckpt_check_dcp(ckpt_reader *r, ckpt_check_report *rep, fsdp_err *err);
 int ckpt_check_pt(ckpt_reader *r, ckpt_check_report *rep, fsdp_err *err);

@@ -71,14 +71,14 @@ static int map_key(const fsdp_state *s, const sio_load_opts *o, nmap_rules *rule
     }
     if (o->names == SIO_NAMES_HF) {
         fsdp_err e2;
-        if (nmap_map(NMAP_HF_TO_TT, k, s->cfg.n_heads, s->cfg.n_kv_heads, out, NAME_CAP, info, &e2)) {
+        if (nmap_map(NMAP_HF_TO_TT, k, s->hf.n_heads, s->hf.n_kv_heads, out, NAME_CAP, info, &e2)) {
             out[0] = '\0'; /* not a model parameter name */
             return 0;
         }
         if (info->dropped) out[0] = '\0';
         /* tied embeddings: transformers ties lm_head to embed_tokens after loading, so a stored
          * lm_head.weight is not a parameter of its own (save_pretrained leaves it out) */
-        if (s->has_cfg && s->cfg.tie_embeddings && !strcmp(out, "output.weight")) {
+        if (s->hf.has && s->hf.tied && !strcmp(out, "output.weight")) {
             info->dropped = 1;
             out[0] = '\0';
         }

@@ -8,14 +8,14 @@
 size_t sio_hf_names_hint(const fsdp_state *s, const ckpt_reader *r, const int *loaded, const int *sel, char *out,
                          size_t cap) {
     out[0] = '\0';
-    if (!s->has_cfg) return 0;
+    if (!s->hf.has) return 0;
     size_t missing = 0, hits = 0, first = 0;
     char hf[512], ex[512] = "";
     for (size_t i = 0; i < s->n; i++) {
         if (loaded[i] || (sel && !sel[i])) continue;
         missing++;
         fsdp_err e;
-        if (nmap_map(NMAP_TT_TO_HF, s->p[i].name, s->cfg.n_heads, s->cfg.n_kv_heads, hf, sizeof hf, NULL, &e) ||
+        if (nmap_map(NMAP_TT_TO_HF, s->p[i].name, s->hf.n_heads, s->hf.n_kv_heads, hf, sizeof hf, NULL, &e) ||
             ckpt_find(r, hf) < 0)
             continue;
         if (!hits++) {

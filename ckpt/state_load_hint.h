@@ -10,7 +10,7 @@
 
 /* When most of the parameters of s not loaded (loaded[i] == 0; those sel[i] == 0 are not asked for, sel
  * may be NULL) are in r under their Hugging Face names: the hint into out and the number of them; else
- * 0 (out ""). Only for a Llama-family state (s->has_cfg). */
+ * 0 (out ""). Only for a state with a built-in trainer (s->hf.has). */
 size_t sio_hf_names_hint(const fsdp_state *s, const ckpt_reader *r, const int *loaded, const int *sel, char *out,
                          size_t cap);
 

@@ -46,14 +46,3 @@ void decoder_arch_list(int model_types, char *buf, size_t cap) {
         len += (size_t)k;
     }
 }
-
-void decoder_arch_defaults(const decoder_arch_info *a, decoder_config *cfg) {
-    decoder_config_defaults(cfg);
-    cfg->arch = a->arch;
-    cfg->qkv_bias = a->qkv_bias;
-    cfg->qk_norm = a->qk_norm;
-    cfg->norm_eps = a->norm_eps;
-    cfg->rope_theta = a->rope_theta;
-    cfg->rope_scaling = a->rope_scaling;
-    cfg->init_std = a->init_std;
-}

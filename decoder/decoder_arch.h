@@ -1,4 +1,4 @@
-/* The table of trainable architectures (decoder_arch of decoder/decoder_config.h): what each is called in a
+/* The table of trainable architectures (the rows decoder_config starts from): what each is called in a
  * recipe and in a Hugging Face config.json, and the defaults its config starts from. Everything
  * that differs between them is data here and in decoder_config; the model code reads only the
  * switches of decoder_config (qkv_bias, qk_norm, tie_embeddings, head_dim, rope scaling, norm_eps).
@@ -13,12 +13,21 @@
 #ifndef FSDP_DECODER_DECODER_ARCH_H
 #define FSDP_DECODER_DECODER_ARCH_H
 
+#include <stddef.h>
+
 #include "fsdp/error.h"
-#include "decoder/decoder_config.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+typedef enum decoder_rope_scaling { DECODER_ROPE_NONE = 0, DECODER_ROPE_LLAMA3 = 1 } decoder_rope_scaling;
+
+/* The trainable architecture families (decoder/decoder_arch.c holds their table: names, the Hugging
+ * Face model_type and class, defaults). They differ only in data: the switches of decoder_config
+ * (decoder/decoder_config.h: qkv_bias, qk_norm, tie_embeddings, head_dim, rope scaling, norm_eps) feed one forward and
+ * backward. DECODER_ARCH_LLAMA3 is torchtitan's Llama 3.x (and Hugging Face's `llama`). */
+typedef enum decoder_arch { DECODER_ARCH_LLAMA3 = 0, DECODER_ARCH_QWEN2 = 1, DECODER_ARCH_QWEN3 = 2, DECODER_ARCH_COUNT } decoder_arch;
 
 typedef struct decoder_arch_info {
     decoder_arch arch;
@@ -46,8 +55,6 @@ const decoder_arch_info *decoder_arch_by_model_type(const char *model_type);
 const decoder_arch_info *decoder_arch_by_class(const char *hf_class);
 /* "llama3, qwen2, qwen3" (recipe names) or "llama, qwen2, qwen3" (model types) into buf. */
 void decoder_arch_list(int model_types, char *buf, size_t cap);
-/* Resets cfg to decoder_config_defaults() with the arch's defaults and switches (sizes unset). */
-void decoder_arch_defaults(const decoder_arch_info *a, decoder_config *cfg);
 
 #ifdef __cplusplus
 }

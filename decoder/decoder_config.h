@@ -9,17 +9,11 @@
 #include "fsdp/error.h"
 #include "fsdp/value.h"
 
+#include "decoder/decoder_arch.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-typedef enum decoder_rope_scaling { DECODER_ROPE_NONE = 0, DECODER_ROPE_LLAMA3 = 1 } decoder_rope_scaling;
-
-/* The trainable architecture families (decoder/decoder_arch.c holds their table: names, the Hugging
- * Face model_type and class, defaults). They differ only in data: the switches of decoder_config
- * below (qkv_bias, qk_norm, tie_embeddings, head_dim, rope scaling, norm_eps) feed one forward and
- * backward. DECODER_ARCH_LLAMA3 is torchtitan's Llama 3.x (and Hugging Face's `llama`). */
-typedef enum decoder_arch { DECODER_ARCH_LLAMA3 = 0, DECODER_ARCH_QWEN2 = 1, DECODER_ARCH_QWEN3 = 2, DECODER_ARCH_COUNT } decoder_arch;
 
 typedef struct decoder_config {
     char preset[32];           /* a preset's name (decoder_config_preset_name), or "" */
@@ -75,18 +69,14 @@ void decoder_config_defaults(decoder_config *cfg);
 
 /* Replaces *cfg with a preset (finalized). Unknown names list the known ones. */
 int decoder_config_preset(decoder_config *cfg, const char *name, fsdp_err *err);
+/* The preset's arch, sizes and switches into cfg, not finalized; an unknown name (null_text is shown
+ * for NULL) is FSDP_E_INVALID listing the presets and the nearest one. */
+int decoder_config_apply_preset(decoder_config *cfg, const char *name, const char *null_text, fsdp_err *err);
+/* Resets cfg to decoder_config_defaults() with the arch's defaults and switches (sizes unset). */
+void decoder_config_arch_defaults(const decoder_arch_info *a, decoder_config *cfg);
 
 /* Name of the i-th preset, NULL past the end. */
 const char *decoder_config_preset_name(int i);
-
-/* Builds *cfg from a recipe's `model:` map (NULL or null = empty map): starts from
- * decoder_config_defaults(), applies `preset` (whatever its position in the map), then every other
- * key in map order, then decoder_config_finalize(). Keys: arch (must be llama3), preset, dim,
- * n_layers, n_heads, n_kv_heads (null = n_heads), vocab_size, multiple_of, ffn_dim_multiplier
- * (null = None), norm_eps, rope_theta, max_seq_len, depth_init (bool), rope_scaling (none|llama3),
- * rope_factor, rope_low_freq_factor, rope_high_freq_factor, rope_original_max_pos.
- * Unknown keys, wrong types and out-of-range values are errors at the value's file:line:col. */
-int decoder_config_from_value(decoder_config *cfg, const fsdp_value *model, fsdp_err *err);
 
 /* Validates and fills head_dim and ffn_hidden (n_kv_heads 0 becomes n_heads): all sizes > 0,
  * dim % n_heads == 0, n_heads % n_kv_heads == 0, head_dim even, positive finite norm_eps and

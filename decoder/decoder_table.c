@@ -1,7 +1,9 @@
-/* Llama-family config -> generic model table (see decoder_table.h). */
+/* The decoder family's config -> generic model table and state trainer (see decoder_table.h). */
 #include "decoder/decoder_table.h"
+#include "decoder/decoder_spec.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "decoder/decoder_arch.h"
@@ -44,8 +46,45 @@ int decoder_table_build(const decoder_config *cfg, const char *where, mt_table *
     if (!rc) rc = decoder_table_add(cfg, t, part, err);
     if (!rc) rc = mt_finalize(t, err);
     if (rc) return rc;
-    t->trainer = MT_TRAIN_LLAMA;
-    t->cfg = *cfg;
+    decoder_config *own = malloc(sizeof *own);
+    if (!own) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+    *own = *cfg;
+    free(t->trainer_cfg);
+    t->trainer_cfg = own;
+    t->trainer = MT_TRAIN_DECODER;
     snprintf(t->kind, sizeof t->kind, "%s", source);
+    return 0;
+}
+
+static int arch_build(const fsdp_value *model, const char *where, mt_table *t, fsdp_err *err) {
+    decoder_config cfg;
+    int rc = decoder_spec_from_value(&cfg, model, err);
+    return rc ? rc : decoder_table_build(&cfg, where, t, err);
+}
+
+static int arch_add_part(const fsdp_value *m, mt_table *t, int part, fsdp_err *err) {
+    decoder_config cfg;
+    int rc = decoder_spec_from_value(&cfg, m, err);
+    return rc || !t ? rc : decoder_table_add(&cfg, t, part, err);
+}
+
+const mt_arch decoder_table_arch = {arch_build, arch_add_part};
+
+const decoder_config *decoder_table_config(const mt_table *t) {
+    return t && t->trainer == MT_TRAIN_DECODER ? (const decoder_config *)t->trainer_cfg : NULL;
+}
+
+const decoder_config *decoder_state_config(const fsdp_state *s) {
+    return s ? (const decoder_config *)s->trainer_cfg : NULL;
+}
+
+int decoder_state_set_config(fsdp_state *s, const decoder_config *cfg, fsdp_err *err) {
+    decoder_config *own = NULL;
+    if (cfg && !(own = malloc(sizeof *own))) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+    if (own) *own = *cfg;
+    free(s->trainer_cfg);
+    s->trainer_cfg = own;
+    memset(&s->hf, 0, sizeof s->hf);
+    if (own) s->hf = (state_hf_names){1, own->n_heads, own->n_kv_heads, own->tie_embeddings};
     return 0;
 }

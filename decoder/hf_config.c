@@ -258,7 +258,7 @@ static int parse_root(const json_t *root, const char *what, decoder_config *cfg,
     int rc = pick_arch(&r, &a);
     if (!rc) rc = check_unsupported(&r, a);
     if (rc) return rc;
-    decoder_arch_defaults(a, cfg);
+    decoder_config_arch_defaults(a, cfg);
     cfg->norm_eps = a->hf_norm_eps;
     cfg->rope_theta = a->hf_rope_theta;
     cfg->init_std = 0.02;

@@ -32,7 +32,13 @@ void mt_free(mt_table *t) {
     for (size_t i = 0; i < t->n_parts; i++) free_part(&t->parts[i]);
     free(t->parts);
     nidx_free(&t->names);
+    free(t->trainer_cfg);
     mt_init(t);
+}
+
+void mt_destroy(mt_table *t) {
+    mt_free(t);
+    free(t);
 }
 
 void mt_move(mt_table *dst, mt_table *src) {
@@ -221,7 +227,7 @@ int64_t mt_shard_numel(const mt_table *t, int world) {
 
 const char *mt_kind(const mt_table *t) { return t->kind[0] ? t->kind : "empty model"; }
 
-int mt_can_train(const mt_table *t) { return t->trainer == MT_TRAIN_LLAMA; }
+int mt_can_train(const mt_table *t) { return t->trainer == MT_TRAIN_DECODER; }
 
 int mt_param_dist(const mt_param *p, rng_dist *d, fsdp_err *err) {
     char what[MT_NAME_MAX + 32];

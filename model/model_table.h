@@ -11,13 +11,15 @@
  *              declared it (file:line:col).
  *   mt_table   the parameters in declaration order, a name index (runtime/name_index.h: O(log n)
  *              lookups, so an n-tensor table costs O(n log n) to build), the parts, and the trainer:
- *              MT_TRAIN_LLAMA with the Llama-family config when the whole model is one built-in arch,
- *              MT_TRAIN_NONE otherwise (train-steps refuses such a model in `validate`, naming mt_kind).
+ *              MT_TRAIN_DECODER with the decoder family's config (opaque here: decoder/decoder_table.h
+ *              reads it) when the whole model is one built-in arch, MT_TRAIN_NONE otherwise (train-steps
+ *              refuses such a model in `validate`, naming mt_kind). model/ names no architecture.
  *
  * Producers (each adds the parameters of one part to a table; composition is just several of them
  * adding into the same table, with a name collision or a shape conflict an error naming both parts):
- *   decoder/decoder_table.c   a decoder_config (decoder_params_build: the single source of Llama's names,
- *                         shapes and init rules) -> its parameters; the model's trainer when alone
+ *   decoder/decoder_table.c   a decoder_config (decoder_params_build: the single source of the decoder
+ *                         family's names, shapes and init rules) -> its parameters; the model's trainer
+ *                         when alone (given to mt_spec_build as an mt_arch)
  *   model/mt_ckpt.c       what a checkpoint holds (DCP, safetensors file / HF directory / index, .pt):
  *                         names, shapes, dtypes from its header only (ckpt_open, no tensor data read),
  *                         with key filters, a stripped and an added prefix
@@ -34,8 +36,8 @@
  * bad rule is an error before anything is allocated.
  *
  * The runtime state (runtime/state.h) is built from a table (stages/common.c) and keeps it as the
- * model's description beside the values (fsdp_state.model); `fsdp_state.cfg`/`has_cfg` remain the
- * Llama-family trainer's config and are set only when the table's trainer is MT_TRAIN_LLAMA. */
+ * model's description beside the values (fsdp_state.model, freed with mt_destroy); the state's
+ * trainer_cfg is a copy of the table's, set only when the table's trainer is MT_TRAIN_DECODER. */
 #ifndef FSDP_MODEL_MODEL_TABLE_H
 #define FSDP_MODEL_MODEL_TABLE_H
 
@@ -46,7 +48,6 @@
 #include "fsdp/tensor.h"
 #include "model/init_fill.h"
 #include "model/init_rule.h"
-#include "decoder/decoder_config.h"
 #include "runtime/name_index.h"
 
 #ifdef __cplusplus
@@ -96,7 +97,7 @@ typedef struct mt_part {
     size_t n_exclude;
 } mt_part;
 
-typedef enum mt_trainer { MT_TRAIN_NONE = 0, MT_TRAIN_LLAMA = 1 } mt_trainer;
+typedef enum mt_trainer { MT_TRAIN_NONE = 0, MT_TRAIN_DECODER = 1 } mt_trainer;
 
 typedef struct mt_table {
     mt_param *p;
@@ -105,7 +106,7 @@ typedef struct mt_table {
     mt_part *parts;
     size_t n_parts, cap_parts;
     mt_trainer trainer;
-    decoder_config cfg; /* the trainer's config (trainer == MT_TRAIN_LLAMA) */
+    void *trainer_cfg; /* the trainer's config (a decoder_config when trainer == MT_TRAIN_DECODER), owned */
     char kind[256];   /* what the model is, for messages ("llama3 (preset debugmodel)", "composed model ...") */
     int incomplete;   /* validate only: a source could not be read yet, the table lacks its parameters */
 } mt_table;
@@ -113,6 +114,8 @@ typedef struct mt_table {
 /* An empty table (a zeroed mt_table is one too). */
 void mt_init(mt_table *t);
 void mt_free(mt_table *t);
+/* mt_free, then free(t): for a table that was malloc'd (the state's model_free). */
+void mt_destroy(mt_table *t);
 /* Moves src into dst (dst must be empty or freed); src is left empty. */
 void mt_move(mt_table *dst, mt_table *src);
 
@@ -150,7 +153,7 @@ int mt_part_takes(const mt_part *p, const char *key);
 void mt_part_describe(const mt_table *t, int part, char *buf, size_t cap);
 /* The model kind for messages (t->kind, or "empty model"). */
 const char *mt_kind(const mt_table *t);
-/* 1 when train-steps can train the model (trainer MT_TRAIN_LLAMA). */
+/* 1 when train-steps can train the model (trainer MT_TRAIN_DECODER). */
 int mt_can_train(const mt_table *t);
 
 /* Fills default_linear biases' fan_in from their sibling `<module>.weight` and checks every init

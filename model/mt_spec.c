@@ -12,7 +12,6 @@
 #include <sys/stat.h>
 
 #include "ckpt/namemap.h"
-#include "decoder/decoder_table.h"
 #include "model/mt_checks.h"
 #include "model/mt_ckpt.h"
 #include "model/mt_dims.h"
@@ -297,15 +296,22 @@ static int from_part(part_ctx *pc, fsdp_err *err) {
     return rc;
 }
 
+/* FSDP_E_INVALID at m when the caller gave no built-in architecture (a, NULL). */
+static int no_arch(const mt_arch *a, const fsdp_value *m, fsdp_err *err) {
+    if (a) return 0;
+    return fsdp_err_at(err, FSDP_E_INVALID, m, "model: the built-in arch form (arch/preset) is not available here");
+}
+
 static int arch_part(part_ctx *pc, fsdp_err *err) {
+    const mt_arch *a = pc->b->o->arch;
+    int rc = no_arch(a, pc->v, err);
+    if (rc) return rc;
     fsdp_value *m = val_clone(pc->v);
     if (!m) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
     val_map_remove(m, "name");
     val_map_remove(m, "prefix");
-    decoder_config cfg;
-    int rc = decoder_config_from_value(&cfg, m, err);
+    rc = a->add_part(m, pc->b->stopped ? NULL : pc->b->t, pc->idx, err);
     val_free(m);
-    if (!rc && !pc->b->stopped) rc = decoder_table_add(&cfg, pc->b->t, pc->idx, err);
     return rc;
 }
 
@@ -381,13 +387,12 @@ int mt_spec_check_arch_keys(const fsdp_value *model, fsdp_err *err) {
     return 0;
 }
 
-static int arch_section(const fsdp_value *model, mt_table *t, fsdp_err *err) {
-    decoder_config cfg;
+static int arch_section(const fsdp_value *model, const mt_arch *a, mt_table *t, fsdp_err *err) {
     int rc = mt_spec_check_arch_keys(model, err);
-    if (!rc) rc = decoder_config_from_value(&cfg, model, err);
+    if (!rc) rc = no_arch(a, model, err);
     char where[PATH_MAX + 64];
     where_of(model, where, sizeof where);
-    return rc ? rc : decoder_table_build(&cfg, model ? where : NULL, t, err);
+    return rc ? rc : a->build(model, model ? where : NULL, t, err);
 }
 
 static void describe_kind(const fsdp_value *model, form f, mt_table *t) {
@@ -436,7 +441,7 @@ int mt_spec_build(const fsdp_value *model, const mt_spec_opts *o, mt_table *out,
     if (fsdp_value_type(model) != FSDP_V_NULL && fsdp_value_type(model) != FSDP_V_MAP)
         rc = fsdp_err_at(err, FSDP_E_INVALID, model, "model must be a map of model settings");
     else if (!mt_spec_is_table(model))
-        rc = arch_section(model, out, err);
+        rc = arch_section(model, o ? o->arch : NULL, out, err);
     else {
         builder b = {out, o ? o : &none, NULL, 0, 0, NULL};
         form f;

@@ -3,8 +3,8 @@
  * Two forms, never mixed (a key of one in the other is an error naming it and where):
  *
  *   the built-in arch form (trainable):   model: {arch: llama3, preset: debugmodel, dim: ..., ...}
- *     the keys of decoder_config_from_value (decoder/decoder_config.h); the table is Llama's (decoder/decoder_table.h)
- *     and train-steps can train it.
+ *     the keys of the architecture the caller passes (mt_spec_opts.arch: decoder/decoder_table.h's
+ *     decoder_table_arch, whose table and trainer are the decoder family's); train-steps can train it.
  *
  *   the table form (any model; every stage but train-steps):
  *     model: {params: [ENTRY...], dims: {...}, dtype: f32, init: RULE}        an inline table
@@ -33,11 +33,25 @@
 extern "C" {
 #endif
 
+/* A built-in trainable architecture, for the arch form and the arch parts of `parts:`. The room that
+ * knows the architecture provides it (decoder/decoder_table.h: decoder_table_arch); model/ names none. */
+typedef struct mt_arch {
+    /* The whole model is the arch form `model` (its keys checked by mt_spec_check_arch_keys): builds
+     * the empty table t (one part, its parameters, the trainer, the kind; mt_finalize). `where` (may be
+     * NULL) is the section's file:line:col. */
+    int (*build)(const fsdp_value *model, const char *where, mt_table *t, fsdp_err *err);
+    /* Checks the arch part m (its keys without name and prefix) and adds its parameters to part `part`
+     * of t (t NULL: only the check, the table being incomplete). */
+    int (*add_part)(const fsdp_value *m, mt_table *t, int part, fsdp_err *err);
+} mt_arch;
+
 typedef struct mt_spec_opts {
     /* validate: a source file (checkpoint, table file, config file) that does not exist yet does not
      * fail: the table is left incomplete (out->incomplete = 1), the rest of the section is still
      * checked for its syntax, keys, dims names and init rules. */
     int validate;
+    /* The built-in architecture; NULL: an arch form or arch part is an error saying so. */
+    const mt_arch *arch;
 } mt_spec_opts;
 
 /* 1 when the section uses the table form (it has params, table, from or parts). */

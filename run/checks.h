@@ -5,7 +5,8 @@
  *     the metrics path is not a directory;
  *   - train-steps: mixed: bf16 on a run that trains on the CPU (device cpu, a build without CUDA,
  *     or auto on a host without a GPU);
- *   - transform globs that match no parameter of the recipe's model;
+ *   - (transform globs that match no parameter of the recipe's model: run/sizes_transform.c, with the
+ *     table run/sizes.c builds);
  *   - a chained recipe whose model: differs from the model of the state it continues (it has no
  *     init-meta or init-cpu stage of its own);
  *   - outputs a stage would refuse to replace (run/checks_outputs.c): a save-dcp path that
@@ -18,7 +19,6 @@
 #ifndef FSDP_RUN_CHECKS_H
 #define FSDP_RUN_CHECKS_H
 
-#include "model/model_table.h"
 #include "pipeline/errlist.h"
 #include "pipeline/recipe.h"
 #include "run/sizes.h"
@@ -33,9 +33,5 @@ void checks_inputs(const recipe *const *prev, size_t n_prev, const recipe *r, co
  * the periodic saves of a train-steps that starts at step 0 included (chained: r continues an earlier
  * recipe's state, whose step is not known before it runs). */
 void checks_outputs(const recipe *r, int chained, errlist *el);
-
-/* `transform` stages of r whose target globs (copy.to; scale, fill and cast keys) match no parameter
- * of t, the model r declares (run/checks_transform.c; called with the table sizes.c builds). */
-void checks_transform(const recipe *r, const mt_table *t, errlist *el);
 
 #endif

@@ -8,9 +8,9 @@
 #include <unistd.h>
 
 #include "decoder/decoder_model.h"
+#include "decoder/decoder_spec.h"
 #include "decoder/decoder_table.h"
 #include "model/mt_spec.h"
-#include "run/checks.h"
 #include "train/data.h"
 #include "runtime/device.h"
 
@@ -75,8 +75,8 @@ static int check_model_bounds(const fsdp_value *model, errlist *el) {
 /* The chain's model from a table (counts over `world` ranks). */
 static void chain_from_table(sizes_chain *chain, const mt_table *t, int world) {
     chain->trainable = mt_can_train(t);
-    chain->has_llama = t->trainer == MT_TRAIN_LLAMA;
-    if (chain->has_llama) chain->model = t->cfg;
+    chain->has_llama = t->trainer == MT_TRAIN_DECODER;
+    if (chain->has_llama) chain->model = *decoder_table_config(t);
     chain->full = t->incomplete ? -1 : mt_total(t);
     chain->shard = t->incomplete ? -1 : mt_shard_numel(t, world);
     snprintf(chain->kind, sizeof chain->kind, "%s", mt_kind(t));
@@ -115,14 +115,14 @@ static int model_of(const recipe *r, const sizes_host *h, sizes_chain *chain, er
         /* the built-in arch form: the trainer's config, and its table */
         decoder_config cfg;
         rc = mt_spec_check_arch_keys(model, &e);
-        if (!rc) rc = decoder_config_from_value(&cfg, model, &e);
+        if (!rc) rc = decoder_spec_from_value(&cfg, model, &e);
         if (!rc) rc = decoder_table_build(&cfg, NULL, &t, &e);
     } else {
         /* any table: built as the run will. A source that does not exist yet is skipped by `validate`
          * and --dry-run (recipes checked for another machine) and in a recipe that continues an earlier
          * one's model (that recipe may write it); the first model of a run reads its sources now, so a
          * missing one stops the run before any stage */
-        mt_spec_opts o = {!h->probe_device || chain->model_node != NULL};
+        mt_spec_opts o = {!h->probe_device || chain->model_node != NULL, &decoder_table_arch};
         rc = mt_spec_build(model, &o, &t, &e);
     }
     if (rc) {
@@ -133,7 +133,7 @@ static int model_of(const recipe *r, const sizes_host *h, sizes_chain *chain, er
     memset(chain, 0, sizeof *chain);
     chain_from_table(chain, &t, h->world);
     chain->model_node = model;
-    checks_transform(r, &t, el); /* transform globs against the model's names */
+    sizes_check_transform(r, &t, el); /* transform globs against the model's names */
     mt_free(&t);
     return 0;
 }

@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "decoder/decoder_config.h"
+#include "model/model_table.h"
 #include "pipeline/errlist.h"
 #include "pipeline/recipe.h"
 #include "train/data.h"
@@ -57,5 +58,9 @@ void sizes_describe(const recipe *r, const sizes_host *h, const sizes_chain *cha
 void sizes_check_micro(const recipe *r, const sizes_host *h, const data_config *dc, errlist *el);
 /* The micro-batches per step of a stage's `with` for a rank's batch (1 when invalid). */
 int sizes_micro_count(const fsdp_value *with, int64_t local_batch);
+
+/* `transform` stages of r whose target globs (copy.to; scale, fill and cast keys) match no parameter
+ * of t, the model r declares (run/sizes_transform.c; called with the table sizes_check builds). */
+void sizes_check_transform(const recipe *r, const mt_table *t, errlist *el);
 
 #endif

@@ -38,8 +38,8 @@ void state_free(fsdp_state *s) {
     for (size_t i = 0; i < s->n; i++) free_param(s, &s->p[i]);
     free(s->p);
     nidx_free(&s->names);
-    if (s->model) mt_free(s->model);
-    free(s->model);
+    if (s->model && s->model_free) s->model_free(s->model);
+    free(s->trainer_cfg);
     free(s);
 }
 
@@ -248,27 +248,3 @@ int state_reduce_scatter(const state_param *p, const float *full, comm *c, float
     return rc;
 }
 
-int state_check_values(const fsdp_state *s, const char *what, fsdp_err *err) {
-    size_t bad = 0, first = 0;
-    for (size_t i = 0; i < s->n; i++)
-        if (s->p[i].no_value && !bad++) first = i;
-    if (!bad) return 0;
-    char names[1536] = "";
-    size_t o = 0, shown = 0;
-    for (size_t i = first; i < s->n && shown < 4 && o < sizeof names; i++) {
-        if (!s->p[i].no_value) continue;
-        o += (size_t)snprintf(names + o, sizeof names - o, "%s%s", shown++ ? ", " : "", s->p[i].name);
-    }
-    char part[600] = "";
-    long mi = s->model ? mt_find(s->model, s->p[first].name) : -1;
-    if (mi >= 0) {
-        char d[512];
-        mt_part_describe(s->model, s->model->p[mi].part, d, sizeof d);
-        snprintf(part, sizeof part, "; %s is in %s", s->p[first].name, d);
-    }
-    return fsdp_err_set(err, FSDP_E_INVALID,
-                        "%s: %zu parameter%s hold%s no value: %s%s (declared with init none and never loaded, copied "
-                        "or filled: add a load-ckpt or transform that sets %s, or give %s an init rule)%s",
-                        what, bad, bad == 1 ? "" : "s", bad == 1 ? "s" : "", names, bad > shown ? ", ..." : "",
-                        bad == 1 ? "it" : "them", bad == 1 ? "it" : "them", part);
-}

@@ -9,12 +9,19 @@
 
 #include "fsdp/ctx.h"
 #include "fsdp/tensor.h"
-#include "decoder/decoder_config.h"
-#include "model/model_table.h"
 #include "runtime/comm.h"
 #include "runtime/name_index.h"
 
 #define STATE_ATTACH_NAME "fsdp.state"
+
+struct mt_table; /* model/model_table.h: the state does not look inside it */
+
+/* What the Hugging Face name mapping (ckpt/namemap.h) needs of a trainable decoder: its head counts
+ * (the q/k rows are permuted per head) and whether the head is tied to the embedding. */
+typedef struct state_hf_names {
+    int has; /* 0: the model has no built-in trainer (names map without permutation facts) */
+    int n_heads, n_kv_heads, tied;
+} state_hf_names;
 
 typedef enum state_layout {
     STATE_SHARDED = 0, /* each rank holds its Shard(0) rows of every parameter */
@@ -65,11 +72,14 @@ typedef struct fsdp_state {
     state_layout layout;
     int rank, world;
     /* The model's description (model/model_table.h): every parameter's declared shape, dtype, init
-     * rule and part, in the order of p (owned; NULL for states built without one). */
-    mt_table *model;
-    /* The Llama-family trainer's config: set (has_cfg) only when the model's trainer is MT_TRAIN_LLAMA. */
-    decoder_config cfg;
-    int has_cfg;
+     * rule and part, in the order of p (owned, freed by state_free through model_free; NULL for states
+     * built without one). */
+    struct mt_table *model;
+    void (*model_free)(struct mt_table *model);
+    /* The built-in trainer's config when the model has one (decoder/: a decoder_config, read with
+     * decoder_state_config and set with decoder_state_set_config), owned (free()); NULL otherwise. */
+    void *trainer_cfg;
+    state_hf_names hf; /* set with trainer_cfg */
     int has_optimizer;
     int64_t opt_step;        /* AdamW step count (PyTorch's state['step']) */
     double lr, beta1, beta2, eps, weight_decay; /* hyper-parameters of the last step */
@@ -114,10 +124,6 @@ int state_alloc_optimizer(fsdp_state *s, fsdp_err *err);
  * memory when the data is on the host of a state with a device). */
 int state_alloc_grads(fsdp_state *s, fsdp_err *err);
 
-/* FSDP_E_INVALID naming the parameters that hold no value (no_value), for `what` ("save-dcp", ...):
- * the first few by name, with the part each belongs to when the state has a model. 0 when all hold
- * values. The flags are the same on every rank. */
-int state_check_values(const fsdp_state *s, const char *what, fsdp_err *err);
 
 /* STATE_FULL on rank 0 -> STATE_SHARDED on every rank (scatter through the communicator);
  * frees the full copy. Optimizer moments move too when present. The full state must be in host

@@ -7,6 +7,7 @@
 #include "ckpt/ckpt_stale.h"
 #include "model/init_fill.h"
 #include "decoder/decoder_table.h"
+#include "decoder/decoder_spec.h"
 #include "model/mt_spec.h"
 #include "runtime/ctx_impl.h"
 #include "stages/stages.h"
@@ -38,7 +39,7 @@ void stage_sweep_stale(fsdp_ctx *ctx, const char *path) {
 }
 
 int stage_model_config(fsdp_ctx *ctx, decoder_config *cfg, fsdp_err *err) {
-    return decoder_config_from_value(cfg, fsdp_ctx_section(ctx, "model"), err);
+    return decoder_spec_from_value(cfg, fsdp_ctx_section(ctx, "model"), err);
 }
 
 uint64_t stage_seed(fsdp_ctx *ctx, const fsdp_value *with) {
@@ -50,7 +51,10 @@ uint64_t stage_seed(fsdp_ctx *ctx, const fsdp_value *with) {
 
 int stage_model_table(fsdp_ctx *ctx, mt_table *out, fsdp_err *err) {
     const fsdp_value *m = fsdp_ctx_section(ctx, "model");
-    if (mt_spec_is_table(m)) return mt_spec_build(m, NULL, out, err);
+    if (mt_spec_is_table(m)) {
+        mt_spec_opts o = {0, &decoder_table_arch};
+        return mt_spec_build(m, &o, out, err);
+    }
     /* the built-in arch form: the Llama-family config of the recipe, as a table */
     mt_init(out);
     decoder_config cfg;
@@ -83,10 +87,8 @@ int stage_state_from_table(fsdp_ctx *ctx, mt_table *t, state_layout layout, fsdp
         return rc;
     }
     s->model = own;
-    if (own->trainer == MT_TRAIN_LLAMA) {
-        s->cfg = own->cfg;
-        s->has_cfg = 1;
-    }
+    s->model_free = mt_destroy;
+    if ((rc = decoder_state_set_config(s, decoder_table_config(own), err))) return rc;
     for (size_t i = 0; i < own->n; i++) {
         const mt_param *p = &own->p[i];
         if ((rc = state_add_param(s, p->name, p->ndim, p->shape, p->layer, err))) return rc;

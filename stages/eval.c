@@ -13,6 +13,7 @@
 
 #include "train/data.h"
 #include "stages/stages.h"
+#include "model/mt_state.h"
 #include "stages/train_backend.h"
 #include "stages/train_opts.h"
 
@@ -52,10 +53,10 @@ static int eval_check(const fsdp_value *with, fsdp_err *err) {
 
 static int eval_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
     fsdp_state *s = state_get(ctx);
-    if (!s || !s->has_cfg)
+    if (!s || !s->trainer_cfg)
         return fsdp_err_set(err, FSDP_E_INVALID, "eval: no model of a built-in arch in the context (init or load one "
                             "first)");
-    int rc = state_check_values(s, "eval", err);
+    int rc = mt_state_check_values(s, "eval", err);
     if (rc) return rc;
     comm *c = stage_comm(ctx);
     int on_gpu = 0;
@@ -68,8 +69,8 @@ static int eval_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
     if (rc) return rc;
     const fsdp_value *ed = fsdp_value_get(with, "eval_data");
     data_source *data = NULL;
-    rc = ed ? train_eval_open(ctx, ed, s->cfg.vocab_size, comm_size(c), comm_rank(c), &dc, &data, err)
-            : data_open(&dc, s->cfg.vocab_size, comm_size(c), comm_rank(c), &data, err);
+    rc = ed ? train_eval_open(ctx, ed, decoder_state_config(s)->vocab_size, comm_size(c), comm_rank(c), &dc, &data, err)
+            : data_open(&dc, decoder_state_config(s)->vocab_size, comm_size(c), comm_rank(c), &data, err);
     if (rc) return fsdp_err_prefix(err, "eval");
     int64_t B = data_local_batch(data), T = dc.seq_len;
     int n_micro = 1;

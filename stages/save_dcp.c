@@ -47,6 +47,7 @@
 #include "runtime/ctx_impl.h"
 #include "stages/save_dcp_opts.h"
 #include "stages/stages.h"
+#include "model/mt_state.h"
 
 static const fsdp_param_spec PARAMS[] = {
     {"path", FSDP_T_STRING, 1, NULL, NULL, "checkpoint directory"},
@@ -128,7 +129,7 @@ static int staging(fsdp_ctx *ctx, fsdp_state *s, stage_ckpt_sink *st, const ckpt
 
 /* The synchronous save with the parameters' key prefix (NULL: none). */
 static int save_to(fsdp_ctx *ctx, fsdp_state *s, const char *path, const sio_save_opts *o, fsdp_err *err) {
-    int rc = state_check_values(s, "save-dcp", err);
+    int rc = mt_state_check_values(s, "save-dcp", err);
     if (rc) return rc;
     double t0 = stage_now();
     stage_ckpt_sink st;
@@ -161,7 +162,7 @@ int stage_save_dcp_to(fsdp_ctx *ctx, fsdp_state *s, const char *path, int optimi
  * flight); it is committed by ctx_poll_finishers as soon as every rank has written its file. */
 static int save_async(fsdp_ctx *ctx, fsdp_state *s, const char *path, const sio_save_opts *o, const char *base,
                       int64_t keep_last, fsdp_err *err) {
-    int rc = state_check_values(s, "save-dcp", err);
+    int rc = mt_state_check_values(s, "save-dcp", err);
     if (!rc) rc = ctx_run_finisher(ctx, "save-dcp.async", err);
     if (rc) return rc;
     save_job *j = calloc(1, sizeof *j);

@@ -34,6 +34,7 @@
 #include "ckpt/safetensors.h"
 #include "decoder/hf_config.h"
 #include "stages/stages.h"
+#include "model/mt_state.h"
 
 static const char *const NAMES[] = {"torchtitan", "hf", NULL};
 static const char *const DTYPES[] = {"auto", "f32", "bf16", NULL};
@@ -62,7 +63,7 @@ static int sst_write_config(const fsdp_state *s, const char *dts, const char *pa
         else *slash = '\0';
     }
     fsdp_dtype dt = !strcmp(dts, "auto") ? s->p[0].dtype : fsdp_dtype_from_name(dts);
-    int rc = hf_config_write(&s->cfg, dt, dir, err);
+    int rc = hf_config_write(decoder_state_config(s), dt, dir, err);
     return rc ? fsdp_err_prefix(err, "save-safetensors: %s", path) : 0;
 }
 
@@ -121,10 +122,10 @@ static int sst_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
     int64_t shard_mb = fsdp_arg_int(with, "shard_mb", 0);
     char file[4200]; /* one file: path, or path/model.safetensors for an HF directory */
     int hf_dir = shard_mb <= 0 && st_export_file(path, hf, file, sizeof file);
-    int rc = state_check_values(s, "save-safetensors", err);
+    int rc = mt_state_check_values(s, "save-safetensors", err);
     if (!rc) rc = sst_refuse_existing(c, with, shard_mb > 0 ? path : file, shard_mb > 0, err);
     if (rc) return rc;
-    if (hf && !s->has_cfg)
+    if (hf && !s->trainer_cfg)
         return fsdp_err_set(err, FSDP_E_INVALID,
                             "save-safetensors: names: hf maps Llama-family names, and the model is a %s (its names are "
                             "written as they are without names: hf)",
@@ -136,11 +137,11 @@ static int sst_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
     if (!idx || !info) rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
     /* rank 0 declares every tensor; every rank takes part in the gathers */
     stage_sweep_stale(ctx, path);
-    if (!rc && rank == 0 && hf && s->has_cfg && s->n > 0) {
+    if (!rc && rank == 0 && hf && s->trainer_cfg && s->n > 0) {
         /* a model transformers cannot describe fails before any weight is written */
         char *text = NULL;
         fsdp_dtype dt = !strcmp(dts, "auto") ? s->p[0].dtype : fsdp_dtype_from_name(dts);
-        rc = hf_config_to_json(&s->cfg, dt, &text, err);
+        rc = hf_config_to_json(decoder_state_config(s), dt, &text, err);
         free(text);
         if (rc) fsdp_err_prefix(err, "save-safetensors: %s", path);
     }
@@ -152,7 +153,7 @@ static int sst_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
             state_param *p = &s->p[i];
             char name[1024];
             snprintf(name, sizeof name, "%s", p->name);
-            if (hf && (rc = nmap_map(NMAP_TT_TO_HF, p->name, s->cfg.n_heads, s->cfg.n_kv_heads, name, sizeof name,
+            if (hf && (rc = nmap_map(NMAP_TT_TO_HF, p->name, decoder_state_config(s)->n_heads, decoder_state_config(s)->n_kv_heads, name, sizeof name,
                                      &info[i], err)))
                 break;
             fsdp_dtype dt = !strcmp(dts, "auto") ? p->dtype : fsdp_dtype_from_name(dts);
@@ -208,7 +209,7 @@ static int sst_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
     if (!rc && rank == 0) rc = sh ? st_shards_finish(sh, err) : st_writer_finish(w, err);
     if (!rc && rank == 0) rc = sst_copies(ctx, with, file, err);
     /* Hugging Face names: the config.json transformers opens the directory with */
-    if (!rc && rank == 0 && hf && s->has_cfg && s->n > 0)
+    if (!rc && rank == 0 && hf && s->trainer_cfg && s->n > 0)
         rc = sst_write_config(s, dts, path, sh != NULL || hf_dir, err);
     if (w) st_writer_free(w);
     if (sh) st_shards_free(sh);

@@ -7,6 +7,7 @@
 #include "decoder/decoder_config.h"
 #include "decoder/decoder_init.h"
 #include "decoder/decoder_params.h"
+#include "decoder/decoder_table.h"
 #include "model/model_table.h"
 #include "runtime/comm.h"
 #include "runtime/device.h"
@@ -23,12 +24,12 @@ int stage_model_config(fsdp_ctx *ctx, decoder_config *cfg, fsdp_err *err);
 /* `with: seed` when given, else runtime.seed. */
 uint64_t stage_seed(fsdp_ctx *ctx, const fsdp_value *with);
 /* The recipe's `model:` section as a table (model/mt_spec.h): the built-in arch form through
- * stage_model_config (the Llama-family trainer's config) and decoder_table_build, the table forms through
+ * stage_model_config (the decoder family's config) and decoder_table_build, the table forms through
  * mt_spec_build. */
 int stage_model_table(fsdp_ctx *ctx, mt_table *out, fsdp_err *err);
 /* A new state (allocated per layout) with every parameter of t, each with its declared dtype and no
  * value yet (state_param.no_value); t moves into the state (s->model) and is left empty, also on
- * failure. s->cfg / has_cfg are set when t's trainer is Llama's. */
+ * failure. Its trainer config (decoder_state_set_config) is set when t's trainer is the decoder family's. */
 int stage_state_from_table(fsdp_ctx *ctx, mt_table *t, state_layout layout, fsdp_state **out, fsdp_err *err);
 /* Fills every local row with its parameter's init rule (s->model; counter-based: the same values for
  * every world size), in its dtype (rounded to bf16 / f16 precision), or in `over` for every parameter

@@ -40,6 +40,7 @@
 #include "train/data.h"
 #include "runtime/fileio.h"
 #include "stages/stages.h"
+#include "model/mt_state.h"
 #include "stages/train_backend.h"
 #include "stages/train_opts.h"
 
@@ -289,10 +290,10 @@ static void train_final_metrics(fsdp_ctx *ctx, const train_backend *be, train_fs
 static int train_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
     fsdp_state *s = state_get(ctx);
     if (!s) return fsdp_err_set(err, FSDP_E_INVALID, "train-steps: no model in the context");
-    if (!s->has_cfg)
+    if (!s->trainer_cfg)
         return fsdp_err_set(err, FSDP_E_INVALID, "train-steps: cannot train a %s (it trains the built-in archs: "
                             "model: {arch: llama3, ...})", s->model ? mt_kind(s->model) : "model without a Llama config");
-    int vrc = state_check_values(s, "train-steps", err);
+    int vrc = mt_state_check_values(s, "train-steps", err);
     if (vrc) return vrc;
     comm *c = stage_comm(ctx);
     /* the state goes where the run's device is (runtime.device): the GPU step needs every
@@ -332,7 +333,7 @@ static int train_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
     rc = data_config_from_value(fsdp_ctx_section(ctx, "data"), (uint64_t)fsdp_arg_int(rt, "seed", 0), &dc, err);
     if (rc) return rc;
     data_source *data;
-    if ((rc = data_open(&dc, s->cfg.vocab_size, comm_size(c), comm_rank(c), &data, err))) return rc;
+    if ((rc = data_open(&dc, decoder_state_config(s)->vocab_size, comm_size(c), comm_rank(c), &data, err))) return rc;
     int64_t B = data_local_batch(data), T = dc.seq_len;
     train_backend be;
     memset(&be, 0, sizeof be);
@@ -351,7 +352,7 @@ static int train_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
         goto out;
     hp.no_decay = no_decay;
     if (eval_every > 0 && fsdp_value_get(with, "eval_data") &&
-        (rc = train_eval_open(ctx, fsdp_value_get(with, "eval_data"), s->cfg.vocab_size, comm_size(c), comm_rank(c),
+        (rc = train_eval_open(ctx, fsdp_value_get(with, "eval_data"), decoder_state_config(s)->vocab_size, comm_size(c), comm_rank(c),
                               &dc, &eval, err)))
         goto out;
     if ((rc = train_options(with, &gopt, err))) goto out;
@@ -359,7 +360,7 @@ static int train_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
     train_backend_reset_peak(&be);
     /* MFU: model FLOPs per token against one device's peak (given, or the GPU default) */
     double peak_tflops = fsdp_arg_float(with, "peak_tflops", be.on_gpu ? TRAIN_GPU_PEAK_TFLOPS : 0);
-    double flops_tok = decoder_flops_per_token(&s->cfg, T);
+    double flops_tok = decoder_flops_per_token(decoder_state_config(s), T);
     /* never blocks on a FIFO where the metrics file should be */
     if (metrics_path && comm_rank(c) == 0 && (rc = fio_fopen_append(metrics_path, NULL, &mf, err))) {
         fsdp_err_prefix(err, "train-steps: metrics file");

@@ -12,6 +12,7 @@
 #include "ckpt/ckpt_agree.h"
 #include "ckpt/reader.h"
 #include "stages/stages.h"
+#include "model/mt_state.h"
 
 static const fsdp_param_spec PARAMS[] = {
     {"against", FSDP_T_STRING, 0, NULL, NULL, "a checkpoint to compare with"},
@@ -28,7 +29,7 @@ static int verify_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
     const char *against = fsdp_arg_str(with, "against", NULL);
     double rtol = fsdp_arg_float(with, "rtol", 0), atol = fsdp_arg_float(with, "atol", 0);
     ckpt_reader *r = NULL;
-    int rc = state_check_values(s, "verify", err);
+    int rc = mt_state_check_values(s, "verify", err);
     if (rc) return rc;
     char at[4400];
     int restarts = 0;

@@ -12,6 +12,7 @@
 extern "C" {
 #include "ckpt/state_io.h"
 #include "decoder/decoder_params.h"
+#include "decoder/decoder_table.h"
 #include "runtime/state.h"
 }
 #include "test_util.h"
@@ -27,8 +28,7 @@ inline fsdp_state *hf_state(const std::string &model, const decoder_config &cfg)
     fsdp_state *s = (fsdp_state *)calloc(1, sizeof(fsdp_state));
     s->layout = STATE_SHARDED;
     s->world = 1;
-    s->cfg = cfg;
-    s->has_cfg = 1;
+    EXPECT_EQ(decoder_state_set_config(s, &cfg, &err), 0);
     for (int i = 0; i < t.n; i++)
         EXPECT_EQ(state_add_param(s, t.p[i].name, t.p[i].ndim, t.p[i].shape, t.p[i].layer, &err), 0) << err.msg;
     decoder_params_free(&t);

@@ -16,6 +16,7 @@
 
 extern "C" {
 #include "ckpt/ckpt_pio.h"
+#include "ckpt/ckpt_pwrite.h"
 #include "ckpt/dcp.h"
 #include "ckpt/state_io.h"
 #include "ckpt/torchsave.h"

@@ -11,6 +11,7 @@
 
 extern "C" {
 #include "decoder/decoder_config.h"
+#include "decoder/decoder_spec.h"
 #include "pipeline/yaml_load.h"
 }
 
@@ -23,7 +24,7 @@ decoder_config preset(const char *name) {
     return c;
 }
 
-// Parses `yaml` (a document whose top level holds `model:`) and runs decoder_config_from_value.
+// Parses `yaml` (a document whose top level holds `model:`) and runs decoder_spec_from_value.
 int from_yaml(const std::string &yaml, decoder_config *c, std::string *msg) {
     fsdp_value *root = nullptr;
     fsdp_err err;
@@ -31,7 +32,7 @@ int from_yaml(const std::string &yaml, decoder_config *c, std::string *msg) {
     int rc = yaml_load_string(yaml.data(), yaml.size(), "m.yaml", 0, 0, &root, &err);
     EXPECT_EQ(rc, 0) << err.msg;
     if (rc) return rc;
-    rc = decoder_config_from_value(c, fsdp_value_get(root, "model"), &err);
+    rc = decoder_spec_from_value(c, fsdp_value_get(root, "model"), &err);
     if (msg) *msg = err.msg;
     val_free(root);
     return rc;

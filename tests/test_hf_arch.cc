@@ -15,6 +15,7 @@
 extern "C" {
 #include "ckpt/namemap.h"
 #include "decoder/hf_config.h"
+#include "decoder/decoder_spec.h"
 #include "decoder/decoder_config.h"
 #include "decoder/decoder_arch.h"
 #include "decoder/decoder_params.h"
@@ -62,7 +63,7 @@ int from_yaml(const std::string &yaml, decoder_config *c, std::string *msg) {
     int rc = yaml_load_string(yaml.data(), yaml.size(), "m.yaml", 0, 0, &root, &err);
     EXPECT_EQ(rc, 0) << err.msg;
     if (rc) return rc;
-    rc = decoder_config_from_value(c, fsdp_value_get(root, "model"), &err);
+    rc = decoder_spec_from_value(c, fsdp_value_get(root, "model"), &err);
     if (msg) *msg = err.msg;
     val_free(root);
     return rc;

@@ -24,6 +24,7 @@ extern "C" {
 #include "ckpt/namemap.h"
 #include "ckpt/safetensors.h"
 #include "ckpt/state_io.h"
+#include "decoder/decoder_table.h"
 #include "decoder/hf_config.h"
 #include "train/train_fsdp.h"
 #include "decoder/decoder_model.h"
@@ -125,7 +126,7 @@ double state_vs(const fsdp_state *s, int which, const Tensors &want, const std::
         const state_param *p = &s->p[i];
         const float *a[] = {p->data, p->grad, p->exp_avg, p->exp_avg_sq};
         std::string name;
-        std::vector<float> v = tt_to_hf(s->cfg, p->name, a[which], p->shape[0], p->row_numel, &name);
+        std::vector<float> v = tt_to_hf(*decoder_state_config(s), p->name, a[which], p->shape[0], p->row_numel, &name);
         auto it = want.find(name + suffix);
         if (it == want.end()) {
             ADD_FAILURE() << "no " << name + suffix << " in the fixture";

@@ -40,7 +40,7 @@ struct Spec {
         rc = yaml_load_string(yaml.data(), yaml.size(), "m.yaml", 0, 0, &root, &err);
         EXPECT_EQ(rc, 0) << err.msg;
         if (rc) return;
-        mt_spec_opts o = {validate};
+        mt_spec_opts o = {validate, &decoder_table_arch};
         rc = mt_spec_build(fsdp_value_get(root, "model"), &o, &t, &err);
         msg = err.msg;
     }
@@ -260,7 +260,8 @@ TEST(ModelTableSpec, InlineTableFileAndCheckpointForms) {
     fsdp_err err;
     ASSERT_EQ(yaml_load_file((dir + "/r.yaml").c_str(), nullptr, &root, &err), 0) << err.msg;
     mt_table t;
-    ASSERT_EQ(mt_spec_build(fsdp_value_get(root, "model"), nullptr, &t, &err), 0) << err.msg;
+    mt_spec_opts arch_only = {0, &decoder_table_arch};
+    ASSERT_EQ(mt_spec_build(fsdp_value_get(root, "model"), &arch_only, &t, &err), 0) << err.msg;
     std::vector<std::string> names;
     for (size_t i = 0; i < t.n; i++) names.push_back(t.p[i].name);
     EXPECT_EQ(names, (std::vector<std::string>{"vit.a.weight", "vit.a.bias", "connector.fc.weight", "connector.fc2.weight",

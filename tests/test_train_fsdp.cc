@@ -9,6 +9,7 @@
 
 extern "C" {
 #include "train/train_fsdp.h"
+#include "decoder/decoder_table.h"
 #include "decoder/decoder_model.h"
 #include "runtime/comm.h"
 #include "runtime/state.h"
@@ -43,8 +44,11 @@ static void five_steps_match_reference(int head_chunk_rows) {
     fsdp_state *s = (fsdp_state *)calloc(1, sizeof(fsdp_state));
     s->layout = STATE_SHARDED;
     s->world = 1;
-    s->cfg = tiny();
-    s->has_cfg = 1;
+    {
+        const decoder_config tmp_cfg = tiny();
+        fsdp_err cfg_err;
+        EXPECT_EQ(decoder_state_set_config(s, &tmp_cfg, &cfg_err), 0);
+    }
     json_t *names = json_object_get(ref, "param_names");
     for (size_t i = 0; i < json_array_size(names); i++) {
         const char *n = json_string_value(json_array_get(names, i));
@@ -98,8 +102,11 @@ TEST(LlamaFsdp, HeadChunkRowsMustNotBeNegative) {
     fsdp_state *s = (fsdp_state *)calloc(1, sizeof(fsdp_state));
     s->layout = STATE_SHARDED;
     s->world = 1;
-    s->cfg = tiny();
-    s->has_cfg = 1;
+    {
+        const decoder_config tmp_cfg = tiny();
+        fsdp_err cfg_err;
+        EXPECT_EQ(decoder_state_set_config(s, &tmp_cfg, &cfg_err), 0);
+    }
     train_fsdp *f = nullptr;
     EXPECT_EQ(train_fsdp_create_opts(s, c, 2, 32, 0, -2, &f, &err), FSDP_E_INVALID);
     EXPECT_EQ(f, nullptr);
@@ -127,8 +134,11 @@ TEST(LlamaFsdp, ActivationCheckpointingIsBitIdenticalAndSmaller) {
         fsdp_state *s = st[ac] = (fsdp_state *)calloc(1, sizeof(fsdp_state));
         s->layout = STATE_SHARDED;
         s->world = 1;
-        s->cfg = tiny();
-        s->has_cfg = 1;
+        {
+            const decoder_config tmp_cfg = tiny();
+            fsdp_err cfg_err;
+            EXPECT_EQ(decoder_state_set_config(s, &tmp_cfg, &cfg_err), 0);
+        }
         json_t *names = json_object_get(ref, "param_names");
         for (size_t i = 0; i < json_array_size(names); i++) {
             const char *n = json_string_value(json_array_get(names, i));

@@ -15,6 +15,7 @@
 extern "C" {
 #include "train/train_fsdp.h"
 #include "train/train_fsdp_cuda.h"
+#include "decoder/decoder_table.h"
 #include "runtime/comm.h"
 #include "runtime/device.h"
 #include "runtime/state.h"
@@ -71,8 +72,11 @@ protected:
         states_.push_back(s);
         s->layout = STATE_SHARDED;
         s->world = 1;
-        s->cfg = tiny();
-        s->has_cfg = 1;
+        {
+            const decoder_config tmp_cfg = tiny();
+            fsdp_err cfg_err;
+            EXPECT_EQ(decoder_state_set_config(s, &tmp_cfg, &cfg_err), 0);
+        }
         for (const std::string &n : names_) {
             auto &t = init_.at(n);
             std::vector<int64_t> shp(t.shape.begin(), t.shape.end());

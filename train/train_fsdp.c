@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "kernels/cpu/kc.h"
+#include "decoder/decoder_table.h"
 #include "decoder/decoder_model.h"
 #include "decoder/decoder_params.h"
 #include "train/flat_group.h"
@@ -101,16 +102,16 @@ int train_fsdp_create_opts(fsdp_state *s, comm *c, int B, int T, int ac, int hea
                            fsdp_err *err) {
     *out = NULL;
     if (decoder_head_chunk_check(head_chunk_rows, "training", err)) return FSDP_E_INVALID;
-    if (!s->has_cfg) return fsdp_err_set(err, FSDP_E_INVALID, "training: the state has no model config");
+    if (!s->trainer_cfg) return fsdp_err_set(err, FSDP_E_INVALID, "training: the state has no model config");
     if (s->layout != STATE_SHARDED)
         return fsdp_err_set(err, FSDP_E_INVALID, "training: parameters are not sharded (run `shard` after init-cpu)");
-    int rc = decoder_model_check(&s->cfg, err);
+    int rc = decoder_model_check(decoder_state_config(s), err);
     if (rc) return rc;
     train_fsdp *f = calloc(1, sizeof *f);
     if (!f) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
     f->s = s;
     f->c = c;
-    f->cfg = s->cfg;
+    f->cfg = *decoder_state_config(s);
     f->B = B;
     f->T = T;
     const decoder_config *cfg = &f->cfg;

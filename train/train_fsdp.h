@@ -29,7 +29,7 @@ typedef struct train_fsdp_result {
     int64_t tokens;   /* global tokens counted in the loss */
 } train_fsdp_result;
 
-/* The state must hold every parameter of s->cfg under torchtitan names, sharded. */
+/* The state must hold every parameter of its trainer config (decoder_state_config) under torchtitan names, sharded. */
 int train_fsdp_create(fsdp_state *s, comm *c, int local_batch, int seq_len, train_fsdp **out, fsdp_err *err);
 /* The same with activation checkpointing ac, a decoder_ac of decoder_model.h: DECODER_AC_NONE, _FULL or
  * _SELECTIVE (decoder_model_ws_create_ac; another value is FSDP_E_INVALID). */

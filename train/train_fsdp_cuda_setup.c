@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "train/train_fsdp_cuda_internal.h"
+#include "decoder/decoder_table.h"
 #include "runtime/shard.h"
 
 int train_fsdp_mixed_from_name(const char *name, train_fsdp_mixed *out, fsdp_err *err) {
@@ -272,13 +273,13 @@ int train_fsdp_cuda_create(fsdp_state *s, comm *c, dev_ctx *d, int B, int T, con
                            train_fsdp_cuda **out, fsdp_err *err) {
     *out = NULL;
     if (!s || !c || !d) return fsdp_err_set(err, FSDP_E_INVALID, "training (cuda): no state, communicator or device");
-    if (!s->has_cfg) return fsdp_err_set(err, FSDP_E_INVALID, "training (cuda): the state has no model config");
+    if (!s->trainer_cfg) return fsdp_err_set(err, FSDP_E_INVALID, "training (cuda): the state has no model config");
     if (s->layout != STATE_SHARDED)
         return fsdp_err_set(err, FSDP_E_INVALID,
                             "training (cuda): parameters are not sharded (run `shard` after init-cpu)");
     if (B <= 0 || T <= 0)
         return fsdp_err_set(err, FSDP_E_INVALID, "training (cuda): batch %d x %d must be positive", B, T);
-    int rc = decoder_model_check(&s->cfg, err);
+    int rc = decoder_model_check(decoder_state_config(s), err);
     if (rc) return rc;
     train_fsdp_cuda_options o = {TRAIN_FSDP_MIXED_NONE, TRAIN_FSDP_AC_NONE, 0, 0, 0};
     if (opt) o = *opt;
@@ -292,7 +293,7 @@ int train_fsdp_cuda_create(fsdp_state *s, comm *c, dev_ctx *d, int B, int T, con
     f->s = s;
     f->c = c;
     f->d = d;
-    f->cfg = s->cfg;
+    f->cfg = *decoder_state_config(s);
     f->B = B;
     f->T = T;
     f->opt = o;

@@ -5,6 +5,7 @@
  * system. */
 #include <string.h>
 
+#include "decoder/decoder_table.h"
 #include "model/mt_spec.h"
 #include "pipeline/yaml_load.h"
 #include "tests/fuzz/fuzz.h"
@@ -30,7 +31,7 @@ int fsdp_fuzz_model(const uint8_t *data, size_t size) {
     if (!model) model = root;
     if (!names_files(model, 0)) {
         mt_table t;
-        mt_spec_opts o = {1};
+        mt_spec_opts o = {1, &decoder_table_arch};
         if (mt_spec_build(model, &o, &t, &err) == 0) {
             (void)mt_total(&t);
             (void)mt_shard_numel(&t, 3);

@@ -4,7 +4,7 @@
 #include <string.h>
 
 #include "ckpt/namemap.h"
-#include "run/checks.h"
+#include "run/sizes.h"
 
 /* Whether any parameter of t matches the glob (or any glob of the list) in keys. */
 static int any_match(const mt_table *t, const fsdp_value *keys) {
@@ -43,7 +43,7 @@ static void check_ops(const recipe_stage *s, const mt_table *t, errlist *el) {
     }
 }
 
-void checks_transform(const recipe *r, const mt_table *t, errlist *el) {
+void sizes_check_transform(const recipe *r, const mt_table *t, errlist *el) {
     if (t->incomplete) return; /* a source of the table cannot be read yet */
     for (size_t i = 0; i < r->n_stages; i++)
         if (!strcmp(r->stages[i].uses, "transform") && r->stages[i].with) check_ops(&r->stages[i], t, el);
