@@ -1,6 +1,7 @@
 /* GPU Llama: weight binding on the flat layout and the device workspace (one arena from the
  * device allocator). */
 #include "decoder/decoder_cuda_internal.h"
+#include "decoder/decoder_ws_layout.h"
 
 #include <limits.h>
 #include <stdlib.h>
@@ -65,107 +66,31 @@ void decoder_cuda_weights_unbind(decoder_cuda_weights *w) {
 
 /* ---- workspace ----------------------------------------------------------------------------------- */
 
-/* Carves `bytes` (rounded up to 256) at *off; 0 on overflow. */
-static int carve(size_t *off, size_t bytes, size_t *at) {
-    size_t rounded;
-    if (__builtin_add_overflow(bytes, (size_t)255, &rounded)) return 0;
-    rounded &= ~(size_t)255;
-    *at = *off;
-    return !__builtin_add_overflow(*off, rounded, off);
+/* The device arena's layout for ws's shape into *L (decoder_ws_layout_free): counted in bytes, every
+ * buffer 256-byte aligned, the tokens, labels, attention scratch and loss sums in the arena too. */
+static int ws_layout(const decoder_cuda_ws *ws, decoder_ws_layout *L, fsdp_err *err) {
+    const decoder_ws_layout_spec spec = {1, fsdp_dtype_size(ws->dt), 256, 1};
+    const decoder_ws_layout_shape sh = {&ws->cfg, ws->ac, ws->B_max, ws->T_max, ws->head_chunk};
+    int rc = decoder_ws_layout_compute(&spec, &sh, L);
+    if (rc == FSDP_E_NOMEM) return fsdp_err_set(err, rc, "llama (cuda) workspace: out of host memory");
+    if (rc)
+        return fsdp_err_set(err, rc, "llama (cuda) workspace: activation size for batch %d x %d overflows", ws->B_max,
+                            ws->T_max);
+    return FSDP_OK;
 }
 
-static int mul3(size_t a, size_t b, size_t c, size_t *out) {
-    size_t t;
-    return !__builtin_mul_overflow(a, b, &t) && !__builtin_mul_overflow(t, c, out);
-}
-
-/* Two passes: sizes (base == NULL), then pointers. 0 on size overflow. */
-static int layout(decoder_cuda_ws *ws, unsigned char *base, size_t *total) {
-    const decoder_config *c = &ws->cfg;
-    const size_t BT = (size_t)ws->B_max * (size_t)ws->T_max, es = fsdp_dtype_size(ws->dt);
-    size_t nd, nq, nkv, nf, nstat, nlse, nlsek, nlog, nrope, ntok;
-    if (!mul3(BT, (size_t)c->dim, es, &nd) || !mul3(BT, (size_t)c->n_heads * c->head_dim, es, &nq) ||
-        !mul3(BT, (size_t)c->n_kv_heads * c->head_dim, es, &nkv) || !mul3(BT, (size_t)c->ffn_hidden, es, &nf) ||
-        !mul3(BT, sizeof(float), 1, &nstat) || !mul3(BT, (size_t)c->n_heads, sizeof(float), &nlse) ||
-        !mul3(BT, (size_t)c->n_kv_heads, sizeof(float), &nlsek) ||
-        !mul3((size_t)ws->head_chunk, (size_t)c->vocab_size, es, &nlog) ||
-        !mul3((size_t)ws->T_max, (size_t)(c->head_dim / 2), sizeof(float), &nrope) ||
-        !mul3(BT, sizeof(int32_t), 1, &ntok))
-        return 0;
-    size_t off = 0, at;
-#define CARVE(ptr, n)                                 \
-    do {                                              \
-        if (!carve(&off, (n), &at)) return 0;         \
-        if (base) (ptr) = (void *)(base + at);        \
-    } while (0)
-    CARVE(ws->tokens, ntok);
-    CARVE(ws->labels, ntok);
-    CARVE(ws->rope_cos, nrope);
-    CARVE(ws->rope_sin, nrope);
-    CARVE(ws->attn_scratch, nlse);
-    CARVE(ws->sums, 2 * sizeof(double));
-    /* selective checkpointing: the cheap intermediates, one buffer each for all layers */
-    void *sel_xn = NULL, *sel_g = NULL;
-    if (ws->ac == DECODER_AC_SELECTIVE) {
-        CARVE(sel_xn, nd);
-        CARVE(sel_g, nf);
-    }
-    for (int l = 0; l < c->n_layers; l++) {
+/* Points ws's buffers into ws->arena as L says (those L does not hold stay NULL). */
+static void bind(decoder_cuda_ws *ws, const decoder_ws_layout *L) {
+#define BIND_WS(name) ws->name = decoder_ws_layout_at(L, ws->arena, L->name);
+#define BIND_ACT(name) a->name = decoder_ws_layout_at(L, ws->arena, L->layers[l].name);
+    DECODER_WS_LAYOUT_WS_BUFS(BIND_WS)
+    DECODER_WS_LAYOUT_IO_BUFS(BIND_WS)
+    for (int l = 0; l < L->n_layers; l++) {
         decoder_cuda_acts *a = &ws->acts[l];
-        CARVE(a->x, nd);
-        if (ws->ac == DECODER_AC_FULL && l > 0) {
-            /* full checkpointing: one set of intermediates, recomputed per layer in the backward */
-            if (base) {
-                void *x = a->x;
-                *a = ws->acts[0];
-                a->x = x;
-            }
-            continue;
-        }
-        CARVE(a->rstd1, nstat);
-        if (ws->ac == DECODER_AC_SELECTIVE) a->xn1 = sel_xn;
-        else CARVE(a->xn1, nd);
-        if (c->qk_norm) {
-            CARVE(a->qr, nq);
-            CARVE(a->kr, nkv);
-            CARVE(a->rstdq, nlse);
-            CARVE(a->rstdk, nlsek);
-        }
-        CARVE(a->q, nq);
-        CARVE(a->k, nkv);
-        CARVE(a->v, nkv);
-        CARVE(a->att, nq);
-        CARVE(a->lse, nlse);
-        CARVE(a->h, nd);
-        CARVE(a->rstd2, nstat);
-        if (ws->ac == DECODER_AC_SELECTIVE) a->xn2 = sel_xn;
-        else CARVE(a->xn2, nd);
-        CARVE(a->a, nf);
-        CARVE(a->b, nf);
-        if (ws->ac == DECODER_AC_SELECTIVE) a->g = sel_g;
-        else CARVE(a->g, nf);
+        DECODER_WS_LAYOUT_LAYER_BUFS(BIND_ACT)
     }
-    CARVE(ws->x_final, nd);
-    CARVE(ws->rstdf, nstat);
-    CARVE(ws->xnf, nd);
-    CARVE(ws->logits, nlog);
-    CARVE(ws->lse_x, nstat);
-    CARVE(ws->dres, nd);
-    CARVE(ws->dxn, nd);
-    CARVE(ws->dq, nq);
-    CARVE(ws->datt, nq);
-    CARVE(ws->dk, nkv);
-    CARVE(ws->dv, nkv);
-    if (c->qk_norm) {
-        CARVE(ws->dqr, nq);
-        CARVE(ws->dkr, nkv);
-    }
-    CARVE(ws->dg, nf);
-    CARVE(ws->da, nf);
-    CARVE(ws->db, nf);
-#undef CARVE
-    *total = off;
-    return 1;
+#undef BIND_WS
+#undef BIND_ACT
 }
 
 decoder_cuda_ws *decoder_cuda_ws_create(dev_ctx *d, const decoder_config *cfg, int B_max, int T_max, fsdp_dtype dt,
@@ -178,6 +103,8 @@ decoder_cuda_ws *decoder_cuda_ws_create_ac(dev_ctx *d, const decoder_config *cfg
     decoder_model_ws_opts o = {ac, 0};
     return decoder_cuda_ws_create_opts(d, cfg, B_max, T_max, dt, &o, err);
 }
+
+static int upload_rope(decoder_cuda_ws *ws, fsdp_err *err);
 
 /* The checks of decoder_cuda_ws_create_opts that need no device. */
 static int ws_args(const decoder_config *cfg, int B_max, int T_max, fsdp_dtype dt, const decoder_model_ws_opts *o,
@@ -217,15 +144,10 @@ int decoder_cuda_ws_plan_bytes(const decoder_config *cfg, int B_max, int T_max, 
     ws.B_max = B_max;
     ws.T_max = T_max;
     ws.head_chunk = decoder_head_chunk_resolve(cfg, (int64_t)B_max * T_max, o.head_chunk_rows, fsdp_dtype_size(dt));
-    if (!(ws.acts = calloc((size_t)cfg->n_layers, sizeof *ws.acts)))
-        return fsdp_err_set(err, FSDP_E_NOMEM, "llama (cuda) workspace: out of host memory");
-    size_t total = 0;
-    int ok = layout(&ws, NULL, &total);
-    free(ws.acts);
-    if (!ok)
-        return fsdp_err_set(err, FSDP_E_INVALID, "llama (cuda) workspace: activation size for batch %d x %d overflows",
-                            B_max, T_max);
-    if (bytes) *bytes = total;
+    decoder_ws_layout L;
+    if ((rc = ws_layout(&ws, &L, err))) return rc;
+    if (bytes) *bytes = L.total;
+    decoder_ws_layout_free(&L);
     if (head_chunk) *head_chunk = ws.head_chunk;
     return FSDP_OK;
 }
@@ -253,28 +175,36 @@ decoder_cuda_ws *decoder_cuda_ws_create_opts(dev_ctx *d, const decoder_config *c
     ws->B_max = B_max;
     ws->T_max = T_max;
     ws->head_chunk = decoder_head_chunk_resolve(cfg, (int64_t)B_max * T_max, o.head_chunk_rows, fsdp_dtype_size(dt));
-    size_t total = 0;
-    if (!layout(ws, NULL, &total)) {
-        fsdp_err_set(err, FSDP_E_INVALID, "llama (cuda) workspace: activation size for batch %d x %d overflows", B_max,
-                     T_max);
+    decoder_ws_layout L;
+    if (ws_layout(ws, &L, err)) {
         decoder_cuda_ws_free(ws);
         return NULL;
     }
-    if (dev_alloc(d, total, &ws->arena, err)) {
-        fsdp_err_prefix(err, "llama (cuda) workspace: %zu bytes of activations for batch %d x %d", total, B_max, T_max);
+    if (dev_alloc(d, L.total, &ws->arena, err)) {
+        fsdp_err_prefix(err, "llama (cuda) workspace: %zu bytes of activations for batch %d x %d", L.total, B_max,
+                        T_max);
+        decoder_ws_layout_free(&L);
         decoder_cuda_ws_free(ws);
         return NULL;
     }
-    ws->arena_bytes = total;
-    layout(ws, ws->arena, &total);
-    /* RoPE tables: computed on the host in double (kc_rope_tables), uploaded once */
-    size_t half = (size_t)cfg->head_dim / 2, nrope = (size_t)T_max * half;
+    ws->arena_bytes = L.total;
+    bind(ws, &L);
+    decoder_ws_layout_free(&L);
+    if (upload_rope(ws, err)) {
+        fsdp_err_prefix(err, "llama (cuda) workspace");
+        decoder_cuda_ws_free(ws);
+        return NULL;
+    }
+    ws->phase = DECODER_CUDA_EMPTY;
+    return ws;
+}
+
+/* RoPE tables: computed on the host in double (kc_rope_tables), uploaded once. */
+static int upload_rope(decoder_cuda_ws *ws, fsdp_err *err) {
+    const decoder_config *cfg = &ws->cfg;
+    size_t half = (size_t)cfg->head_dim / 2, nrope = (size_t)ws->T_max * half;
     float *tab = malloc(2 * nrope * sizeof(float));
-    if (!tab) {
-        fsdp_err_set(err, FSDP_E_NOMEM, "llama (cuda) workspace: out of host memory for the RoPE tables");
-        decoder_cuda_ws_free(ws);
-        return NULL;
-    }
+    if (!tab) return fsdp_err_set(err, FSDP_E_NOMEM, "out of host memory for the RoPE tables");
     kc_rope_params rp = {
         .theta = cfg->rope_theta,
         .llama3_scaling = cfg->rope_scaling == DECODER_ROPE_LLAMA3,
@@ -283,17 +213,11 @@ decoder_cuda_ws *decoder_cuda_ws_create_opts(dev_ctx *d, const decoder_config *c
         .high_freq_factor = cfg->rope_high_freq_factor,
         .original_max_pos = (double)cfg->rope_original_max_pos,
     };
-    int rc = kc_rope_tables(cfg->head_dim, T_max, &rp, tab, tab + nrope, err);
-    if (!rc) rc = dev_upload(d, ws->rope_cos, tab, nrope * sizeof(float), err);
-    if (!rc) rc = dev_upload(d, ws->rope_sin, tab + nrope, nrope * sizeof(float), err);
+    int rc = kc_rope_tables(cfg->head_dim, ws->T_max, &rp, tab, tab + nrope, err);
+    if (!rc) rc = dev_upload(ws->d, ws->rope_cos, tab, nrope * sizeof(float), err);
+    if (!rc) rc = dev_upload(ws->d, ws->rope_sin, tab + nrope, nrope * sizeof(float), err);
     free(tab);
-    if (rc) {
-        fsdp_err_prefix(err, "llama (cuda) workspace");
-        decoder_cuda_ws_free(ws);
-        return NULL;
-    }
-    ws->phase = DECODER_CUDA_EMPTY;
-    return ws;
+    return rc;
 }
 
 void decoder_cuda_ws_free(decoder_cuda_ws *ws) {

@@ -1,105 +1,50 @@
 /* Llama model workspace: one arena holding the saved activations and the backward scratch. */
 #include "decoder/decoder_model_internal.h"
+#include "decoder/decoder_ws_layout.h"
 
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* Carves `count` floats (rounded up to 16 for 64-byte alignment) at *off; 0 on overflow. */
-static int carve(size_t *off, size_t count, size_t *at) {
-    size_t rounded;
-    if (__builtin_add_overflow(count, (size_t)15, &rounded)) return 0;
-    rounded &= ~(size_t)15;
-    *at = *off;
-    return !__builtin_add_overflow(*off, rounded, off);
+/* The CPU arena counts in floats, every buffer 64-byte aligned; the tokens and labels live outside it. */
+static const decoder_ws_layout_spec cpu_spec = {sizeof(float), sizeof(float), 64, 0};
+
+/* The arena's layout for ws's shape into *L (decoder_ws_layout_free); 0, or an error in err. */
+static int ws_layout(const decoder_model_ws *ws, decoder_ws_layout *L, fsdp_err *err) {
+    const decoder_ws_layout_shape sh = {&ws->cfg, ws->ac, ws->B_max, ws->T_max, ws->head_chunk};
+    int rc = decoder_ws_layout_compute(&cpu_spec, &sh, L);
+    if (rc == FSDP_E_NOMEM) return fsdp_err_set(err, rc, "llama workspace: out of memory for the layout");
+    if (!rc && L->total <= SIZE_MAX / sizeof(float)) return FSDP_OK;
+    decoder_ws_layout_free(L);
+    return fsdp_err_set(err, FSDP_E_INVALID, "llama workspace: activation size for batch %d x %d overflows", ws->B_max,
+                        ws->T_max);
 }
 
-static int mul3(size_t a, size_t b, size_t c, size_t *out) {
-    size_t t;
-    return !__builtin_mul_overflow(a, b, &t) && !__builtin_mul_overflow(t, c, out);
+/* Points ws's buffers into ws->arena as L says (those L does not hold stay NULL). */
+static void bind(decoder_model_ws *ws, const decoder_ws_layout *L) {
+#define BIND_WS(name) ws->name = decoder_ws_layout_at(L, ws->arena, L->name);
+#define BIND_ACT(name) a->name = decoder_ws_layout_at(L, ws->arena, L->layers[l].name);
+    DECODER_WS_LAYOUT_WS_BUFS(BIND_WS)
+    for (int l = 0; l < L->n_layers; l++) {
+        decoder_model_acts *a = &ws->acts[l];
+        DECODER_WS_LAYOUT_LAYER_BUFS(BIND_ACT)
+    }
+#undef BIND_WS
+#undef BIND_ACT
 }
 
-/* Two passes: sizes (base == NULL) then pointers. Returns 0 on size overflow. */
-static int layout(decoder_model_ws *ws, float *base, size_t *total) {
-    const decoder_config *c = &ws->cfg;
-    size_t BT = (size_t)ws->B_max * (size_t)ws->T_max;
-    size_t nd, nq, nkv, nf, nlse, nlsek, nlog, nrope;
-    if (!mul3(BT, (size_t)c->dim, 1, &nd) || !mul3(BT, (size_t)c->n_heads, (size_t)c->head_dim, &nq) ||
-        !mul3(BT, (size_t)c->n_kv_heads, (size_t)c->head_dim, &nkv) || !mul3(BT, (size_t)c->ffn_hidden, 1, &nf) ||
-        !mul3(BT, (size_t)c->n_heads, 1, &nlse) || !mul3(BT, (size_t)c->n_kv_heads, 1, &nlsek) || !mul3((size_t)ws->head_chunk, (size_t)c->vocab_size, 1, &nlog) ||
-        !mul3((size_t)ws->T_max, (size_t)(c->head_dim / 2), 1, &nrope))
-        return 0;
-    size_t off = 0, at;
-#define CARVE(ptr, n)                                       \
-    do {                                                    \
-        if (!carve(&off, (n), &at)) return 0;               \
-        if (base) (ptr) = base + at;                        \
-    } while (0)
-    CARVE(ws->rope_cos, nrope);
-    CARVE(ws->rope_sin, nrope);
-    /* selective checkpointing: the cheap intermediates, one buffer each for all layers */
-    float *sel_xn = NULL, *sel_g = NULL;
-    if (ws->ac == DECODER_AC_SELECTIVE) {
-        CARVE(sel_xn, nd);
-        CARVE(sel_g, nf);
-    }
-    decoder_model_acts scratch; /* the sizing pass (base NULL) may run without acts */
-    for (int l = 0; l < c->n_layers; l++) {
-        decoder_model_acts *a = base ? &ws->acts[l] : &scratch;
-        CARVE(a->x, nd);
-        if (ws->ac == DECODER_AC_FULL && l > 0) {
-            /* full checkpointing: one set of intermediates, recomputed per layer in the backward */
-            if (base) {
-                float *x = a->x;
-                *a = ws->acts[0];
-                a->x = x;
-            }
-            continue;
-        }
-        CARVE(a->rstd1, BT);
-        if (ws->ac == DECODER_AC_SELECTIVE) a->xn1 = sel_xn;
-        else CARVE(a->xn1, nd);
-        if (c->qk_norm) {
-            CARVE(a->qr, nq);
-            CARVE(a->kr, nkv);
-            CARVE(a->rstdq, nlse);
-            CARVE(a->rstdk, nlsek);
-        }
-        CARVE(a->q, nq);
-        CARVE(a->k, nkv);
-        CARVE(a->v, nkv);
-        CARVE(a->att, nq);
-        CARVE(a->lse, nlse);
-        CARVE(a->h, nd);
-        CARVE(a->rstd2, BT);
-        if (ws->ac == DECODER_AC_SELECTIVE) a->xn2 = sel_xn;
-        else CARVE(a->xn2, nd);
-        CARVE(a->a, nf);
-        CARVE(a->b, nf);
-        if (ws->ac == DECODER_AC_SELECTIVE) a->g = sel_g;
-        else CARVE(a->g, nf);
-    }
-    CARVE(ws->x_final, nd);
-    CARVE(ws->rstdf, BT);
-    CARVE(ws->xnf, nd);
-    CARVE(ws->logits, nlog);
-    CARVE(ws->lse_x, BT);
-    CARVE(ws->dres, nd);
-    CARVE(ws->dxn, nd);
-    CARVE(ws->dq, nq);
-    CARVE(ws->datt, nq);
-    CARVE(ws->dk, nkv);
-    CARVE(ws->dv, nkv);
-    if (c->qk_norm) {
-        CARVE(ws->dqr, nq);
-        CARVE(ws->dkr, nkv);
-    }
-    CARVE(ws->dg, nf);
-    CARVE(ws->da, nf);
-    CARVE(ws->db, nf);
-#undef CARVE
-    *total = off;
-    return 1;
+/* The RoPE tables of ws (kc_rope_tables, in double) into its arena. */
+static int fill_rope(decoder_model_ws *ws, fsdp_err *err) {
+    const decoder_config *cfg = &ws->cfg;
+    kc_rope_params rp = {
+        .theta = cfg->rope_theta,
+        .llama3_scaling = cfg->rope_scaling == DECODER_ROPE_LLAMA3,
+        .factor = cfg->rope_factor,
+        .low_freq_factor = cfg->rope_low_freq_factor,
+        .high_freq_factor = cfg->rope_high_freq_factor,
+        .original_max_pos = (double)cfg->rope_original_max_pos,
+    };
+    return kc_rope_tables(cfg->head_dim, ws->T_max, &rp, ws->rope_cos, ws->rope_sin, err);
 }
 
 int decoder_head_chunk_resolve(const decoder_config *c, int64_t rows, int head_chunk_rows, size_t elem_size) {
@@ -133,10 +78,13 @@ int decoder_model_ws_size(const decoder_config *cfg, int B_max, int T_max, const
     ws.B_max = B_max;
     ws.T_max = T_max;
     ws.head_chunk = decoder_head_chunk_resolve(cfg, (int64_t)B_max * T_max, o.head_chunk_rows, sizeof(float));
-    size_t total = 0, bt = (size_t)B_max * (size_t)T_max, b;
-    if (!layout(&ws, NULL, &total) || __builtin_mul_overflow(total, sizeof(float), &b) ||
-        __builtin_add_overflow(b, 2 * bt * sizeof(int32_t), &b))
-        return -1;
+    size_t bt = (size_t)B_max * (size_t)T_max, b;
+    decoder_ws_layout L;
+    if (ws_layout(&ws, &L, NULL)) return -1;
+    int over = __builtin_mul_overflow(L.total, sizeof(float), &b) ||
+               __builtin_add_overflow(b, 2 * bt * sizeof(int32_t), &b);
+    decoder_ws_layout_free(&L);
+    if (over) return -1;
     *bytes = b;
     return 0;
 }
@@ -178,7 +126,7 @@ decoder_model_ws *decoder_model_ws_create_opts(const decoder_config *cfg, int B_
     ws->B_max = B_max;
     ws->T_max = T_max;
     ws->head_chunk = decoder_head_chunk_resolve(cfg, (int64_t)B_max * T_max, o.head_chunk_rows, sizeof(float));
-    size_t bt = (size_t)B_max * (size_t)T_max, total = 0;
+    size_t bt = (size_t)B_max * (size_t)T_max;
     ws->acts = calloc((size_t)cfg->n_layers, sizeof *ws->acts);
     ws->tokens = malloc(bt * sizeof(int32_t));
     ws->labels = malloc(bt * sizeof(int32_t));
@@ -187,29 +135,23 @@ decoder_model_ws *decoder_model_ws_create_opts(const decoder_config *cfg, int B_
         decoder_model_ws_free(ws);
         return NULL;
     }
-    if (!layout(ws, NULL, &total) || total > SIZE_MAX / sizeof(float)) {
-        fsdp_err_set(err, FSDP_E_INVALID, "llama workspace: activation size for batch %d x %d overflows", B_max, T_max);
+    decoder_ws_layout L;
+    if (ws_layout(ws, &L, err)) {
         decoder_model_ws_free(ws);
         return NULL;
     }
-    ws->arena = aligned_alloc(64, total * sizeof(float));
+    ws->arena = aligned_alloc(64, L.total * sizeof(float));
     if (!ws->arena) {
         fsdp_err_set(err, FSDP_E_NOMEM, "llama workspace: cannot allocate %zu bytes of activations for batch %d x %d",
-                     total * sizeof(float), B_max, T_max);
+                     L.total * sizeof(float), B_max, T_max);
+        decoder_ws_layout_free(&L);
         decoder_model_ws_free(ws);
         return NULL;
     }
-    ws->arena_floats = total;
-    layout(ws, ws->arena, &total);
-    kc_rope_params rp = {
-        .theta = cfg->rope_theta,
-        .llama3_scaling = cfg->rope_scaling == DECODER_ROPE_LLAMA3,
-        .factor = cfg->rope_factor,
-        .low_freq_factor = cfg->rope_low_freq_factor,
-        .high_freq_factor = cfg->rope_high_freq_factor,
-        .original_max_pos = (double)cfg->rope_original_max_pos,
-    };
-    if (kc_rope_tables(cfg->head_dim, T_max, &rp, ws->rope_cos, ws->rope_sin, err)) {
+    ws->arena_floats = L.total;
+    bind(ws, &L);
+    decoder_ws_layout_free(&L);
+    if (fill_rope(ws, err)) {
         fsdp_err_prefix(err, "llama workspace");
         decoder_model_ws_free(ws);
         return NULL;
