@@ -1,7 +1,7 @@
 /* GPU Llama: weight binding on the flat layout and the device workspace (one arena from the
  * device allocator). */
 #include "decoder/decoder_cuda_internal.h"
-#include "decoder/decoder_ws_layout.h"
+#include "decoder/decoder_model_ws_layout.h"
 
 #include <limits.h>
 #include <stdlib.h>
@@ -66,12 +66,12 @@ void decoder_cuda_weights_unbind(decoder_cuda_weights *w) {
 
 /* ---- workspace ----------------------------------------------------------------------------------- */
 
-/* The device arena's layout for ws's shape into *L (decoder_ws_layout_free): counted in bytes, every
+/* The device arena's layout for ws's shape into *L (decoder_model_ws_layout_free): counted in bytes, every
  * buffer 256-byte aligned, the tokens, labels, attention scratch and loss sums in the arena too. */
-static int ws_layout(const decoder_cuda_ws *ws, decoder_ws_layout *L, fsdp_err *err) {
-    const decoder_ws_layout_spec spec = {1, fsdp_dtype_size(ws->dt), 256, 1};
-    const decoder_ws_layout_shape sh = {&ws->cfg, ws->ac, ws->B_max, ws->T_max, ws->head_chunk};
-    int rc = decoder_ws_layout_compute(&spec, &sh, L);
+static int ws_layout(const decoder_cuda_ws *ws, decoder_model_ws_layout *L, fsdp_err *err) {
+    const decoder_model_ws_layout_spec spec = {1, fsdp_dtype_size(ws->dt), 256, 1};
+    const decoder_model_ws_layout_shape sh = {&ws->cfg, ws->ac, ws->B_max, ws->T_max, ws->head_chunk};
+    int rc = decoder_model_ws_layout_compute(&spec, &sh, L);
     if (rc == FSDP_E_NOMEM) return fsdp_err_set(err, rc, "llama (cuda) workspace: out of host memory");
     if (rc)
         return fsdp_err_set(err, rc, "llama (cuda) workspace: activation size for batch %d x %d overflows", ws->B_max,
@@ -80,14 +80,14 @@ static int ws_layout(const decoder_cuda_ws *ws, decoder_ws_layout *L, fsdp_err *
 }
 
 /* Points ws's buffers into ws->arena as L says (those L does not hold stay NULL). */
-static void bind(decoder_cuda_ws *ws, const decoder_ws_layout *L) {
-#define BIND_WS(name) ws->name = decoder_ws_layout_at(L, ws->arena, L->name);
-#define BIND_ACT(name) a->name = decoder_ws_layout_at(L, ws->arena, L->layers[l].name);
-    DECODER_WS_LAYOUT_WS_BUFS(BIND_WS)
-    DECODER_WS_LAYOUT_IO_BUFS(BIND_WS)
+static void bind(decoder_cuda_ws *ws, const decoder_model_ws_layout *L) {
+#define BIND_WS(name) ws->name = decoder_model_ws_layout_at(L, ws->arena, L->name);
+#define BIND_ACT(name) a->name = decoder_model_ws_layout_at(L, ws->arena, L->layers[l].name);
+    DECODER_MODEL_WS_LAYOUT_WS_BUFS(BIND_WS)
+    DECODER_MODEL_WS_LAYOUT_IO_BUFS(BIND_WS)
     for (int l = 0; l < L->n_layers; l++) {
         decoder_cuda_acts *a = &ws->acts[l];
-        DECODER_WS_LAYOUT_LAYER_BUFS(BIND_ACT)
+        DECODER_MODEL_WS_LAYOUT_LAYER_BUFS(BIND_ACT)
     }
 #undef BIND_WS
 #undef BIND_ACT
@@ -144,10 +144,10 @@ int decoder_cuda_ws_plan_bytes(const decoder_config *cfg, int B_max, int T_max, 
     ws.B_max = B_max;
     ws.T_max = T_max;
     ws.head_chunk = decoder_head_chunk_resolve(cfg, (int64_t)B_max * T_max, o.head_chunk_rows, fsdp_dtype_size(dt));
-    decoder_ws_layout L;
+    decoder_model_ws_layout L;
     if ((rc = ws_layout(&ws, &L, err))) return rc;
     if (bytes) *bytes = L.total;
-    decoder_ws_layout_free(&L);
+    decoder_model_ws_layout_free(&L);
     if (head_chunk) *head_chunk = ws.head_chunk;
     return FSDP_OK;
 }
@@ -175,7 +175,7 @@ decoder_cuda_ws *decoder_cuda_ws_create_opts(dev_ctx *d, const decoder_config *c
     ws->B_max = B_max;
     ws->T_max = T_max;
     ws->head_chunk = decoder_head_chunk_resolve(cfg, (int64_t)B_max * T_max, o.head_chunk_rows, fsdp_dtype_size(dt));
-    decoder_ws_layout L;
+    decoder_model_ws_layout L;
     if (ws_layout(ws, &L, err)) {
         decoder_cuda_ws_free(ws);
         return NULL;
@@ -183,13 +183,13 @@ decoder_cuda_ws *decoder_cuda_ws_create_opts(dev_ctx *d, const decoder_config *c
     if (dev_alloc(d, L.total, &ws->arena, err)) {
         fsdp_err_prefix(err, "llama (cuda) workspace: %zu bytes of activations for batch %d x %d", L.total, B_max,
                         T_max);
-        decoder_ws_layout_free(&L);
+        decoder_model_ws_layout_free(&L);
         decoder_cuda_ws_free(ws);
         return NULL;
     }
     ws->arena_bytes = L.total;
     bind(ws, &L);
-    decoder_ws_layout_free(&L);
+    decoder_model_ws_layout_free(&L);
     if (upload_rope(ws, err)) {
         fsdp_err_prefix(err, "llama (cuda) workspace");
         decoder_cuda_ws_free(ws);

@@ -1,33 +1,33 @@
 /* Llama model workspace: one arena holding the saved activations and the backward scratch. */
 #include "decoder/decoder_model_internal.h"
-#include "decoder/decoder_ws_layout.h"
+#include "decoder/decoder_model_ws_layout.h"
 
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
 /* The CPU arena counts in floats, every buffer 64-byte aligned; the tokens and labels live outside it. */
-static const decoder_ws_layout_spec cpu_spec = {sizeof(float), sizeof(float), 64, 0};
+static const decoder_model_ws_layout_spec cpu_spec = {sizeof(float), sizeof(float), 64, 0};
 
-/* The arena's layout for ws's shape into *L (decoder_ws_layout_free); 0, or an error in err. */
-static int ws_layout(const decoder_model_ws *ws, decoder_ws_layout *L, fsdp_err *err) {
-    const decoder_ws_layout_shape sh = {&ws->cfg, ws->ac, ws->B_max, ws->T_max, ws->head_chunk};
-    int rc = decoder_ws_layout_compute(&cpu_spec, &sh, L);
+/* The arena's layout for ws's shape into *L (decoder_model_ws_layout_free); 0, or an error in err. */
+static int ws_layout(const decoder_model_ws *ws, decoder_model_ws_layout *L, fsdp_err *err) {
+    const decoder_model_ws_layout_shape sh = {&ws->cfg, ws->ac, ws->B_max, ws->T_max, ws->head_chunk};
+    int rc = decoder_model_ws_layout_compute(&cpu_spec, &sh, L);
     if (rc == FSDP_E_NOMEM) return fsdp_err_set(err, rc, "llama workspace: out of memory for the layout");
     if (!rc && L->total <= SIZE_MAX / sizeof(float)) return FSDP_OK;
-    decoder_ws_layout_free(L);
+    decoder_model_ws_layout_free(L);
     return fsdp_err_set(err, FSDP_E_INVALID, "llama workspace: activation size for batch %d x %d overflows", ws->B_max,
                         ws->T_max);
 }
 
 /* Points ws's buffers into ws->arena as L says (those L does not hold stay NULL). */
-static void bind(decoder_model_ws *ws, const decoder_ws_layout *L) {
-#define BIND_WS(name) ws->name = decoder_ws_layout_at(L, ws->arena, L->name);
-#define BIND_ACT(name) a->name = decoder_ws_layout_at(L, ws->arena, L->layers[l].name);
-    DECODER_WS_LAYOUT_WS_BUFS(BIND_WS)
+static void bind(decoder_model_ws *ws, const decoder_model_ws_layout *L) {
+#define BIND_WS(name) ws->name = decoder_model_ws_layout_at(L, ws->arena, L->name);
+#define BIND_ACT(name) a->name = decoder_model_ws_layout_at(L, ws->arena, L->layers[l].name);
+    DECODER_MODEL_WS_LAYOUT_WS_BUFS(BIND_WS)
     for (int l = 0; l < L->n_layers; l++) {
         decoder_model_acts *a = &ws->acts[l];
-        DECODER_WS_LAYOUT_LAYER_BUFS(BIND_ACT)
+        DECODER_MODEL_WS_LAYOUT_LAYER_BUFS(BIND_ACT)
     }
 #undef BIND_WS
 #undef BIND_ACT
@@ -79,11 +79,11 @@ int decoder_model_ws_size(const decoder_config *cfg, int B_max, int T_max, const
     ws.T_max = T_max;
     ws.head_chunk = decoder_head_chunk_resolve(cfg, (int64_t)B_max * T_max, o.head_chunk_rows, sizeof(float));
     size_t bt = (size_t)B_max * (size_t)T_max, b;
-    decoder_ws_layout L;
+    decoder_model_ws_layout L;
     if (ws_layout(&ws, &L, NULL)) return -1;
     int over = __builtin_mul_overflow(L.total, sizeof(float), &b) ||
                __builtin_add_overflow(b, 2 * bt * sizeof(int32_t), &b);
-    decoder_ws_layout_free(&L);
+    decoder_model_ws_layout_free(&L);
     if (over) return -1;
     *bytes = b;
     return 0;
@@ -135,7 +135,7 @@ decoder_model_ws *decoder_model_ws_create_opts(const decoder_config *cfg, int B_
         decoder_model_ws_free(ws);
         return NULL;
     }
-    decoder_ws_layout L;
+    decoder_model_ws_layout L;
     if (ws_layout(ws, &L, err)) {
         decoder_model_ws_free(ws);
         return NULL;
@@ -144,13 +144,13 @@ decoder_model_ws *decoder_model_ws_create_opts(const decoder_config *cfg, int B_
     if (!ws->arena) {
         fsdp_err_set(err, FSDP_E_NOMEM, "llama workspace: cannot allocate %zu bytes of activations for batch %d x %d",
                      L.total * sizeof(float), B_max, T_max);
-        decoder_ws_layout_free(&L);
+        decoder_model_ws_layout_free(&L);
         decoder_model_ws_free(ws);
         return NULL;
     }
     ws->arena_floats = L.total;
     bind(ws, &L);
-    decoder_ws_layout_free(&L);
+    decoder_model_ws_layout_free(&L);
     if (fill_rope(ws, err)) {
         fsdp_err_prefix(err, "llama workspace");
         decoder_model_ws_free(ws);

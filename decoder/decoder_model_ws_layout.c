@@ -1,6 +1,6 @@
-/* The decoder family's activation workspace layout (decoder_ws_layout.h): the offsets and sizes of
+/* The decoder family's activation workspace layout (decoder_model_ws_layout.h): the offsets and sizes of
  * every buffer of the arena, once for the CPU and the GPU workspace. */
-#include "decoder/decoder_ws_layout.h"
+#include "decoder/decoder_model_ws_layout.h"
 
 #include <stdint.h>
 #include <stdlib.h>
@@ -31,13 +31,13 @@ static size_t carve(ws_cursor *cur, size_t count) {
     if (!cur->ok || __builtin_add_overflow(count, cur->align - 1, &rounded) ||
         __builtin_add_overflow(cur->off, rounded & ~(cur->align - 1), &cur->off)) {
         cur->ok = 0;
-        return DECODER_WS_LAYOUT_NONE;
+        return DECODER_MODEL_WS_LAYOUT_NONE;
     }
     return at;
 }
 
 /* The buffer sizes for the shape, in the spec's units; 0 when one overflows. */
-static int sizes(const decoder_ws_layout_spec *sp, const decoder_ws_layout_shape *sh, ws_sizes *s) {
+static int sizes(const decoder_model_ws_layout_spec *sp, const decoder_model_ws_layout_shape *sh, ws_sizes *s) {
     const decoder_config *c = sh->cfg;
     const size_t u = sp->unit_bytes, act = sp->act_bytes / u, f32 = sizeof(float) / u;
     const size_t BT = (size_t)sh->B_max * (size_t)sh->T_max;
@@ -53,9 +53,9 @@ static int sizes(const decoder_ws_layout_spec *sp, const decoder_ws_layout_shape
 }
 
 /* Layer l's buffers; sel_xn and sel_g are the buffers SELECTIVE checkpointing shares. */
-static void carve_layer(ws_cursor *cur, const ws_sizes *s, const decoder_ws_layout_shape *sh, size_t sel_xn,
-                        size_t sel_g, int l, decoder_ws_layout *L) {
-    decoder_ws_layout_layer *a = &L->layers[l];
+static void carve_layer(ws_cursor *cur, const ws_sizes *s, const decoder_model_ws_layout_shape *sh, size_t sel_xn,
+                        size_t sel_g, int l, decoder_model_ws_layout *L) {
+    decoder_model_ws_layout_layer *a = &L->layers[l];
     const int sel = sh->ac == DECODER_AC_SELECTIVE;
     if (sh->ac == DECODER_AC_FULL && l > 0) {
         /* full checkpointing: one set of intermediates, recomputed per layer in the backward */
@@ -86,7 +86,7 @@ static void carve_layer(ws_cursor *cur, const ws_sizes *s, const decoder_ws_layo
 }
 
 /* After the layers: the final norm, the head and the backward scratch. */
-static void carve_tail(ws_cursor *cur, const ws_sizes *s, int qk_norm, decoder_ws_layout *L) {
+static void carve_tail(ws_cursor *cur, const ws_sizes *s, int qk_norm, decoder_model_ws_layout *L) {
     L->x_final = carve(cur, s->nd);
     L->rstdf = carve(cur, s->nstat);
     L->xnf = carve(cur, s->nd);
@@ -107,13 +107,13 @@ static void carve_tail(ws_cursor *cur, const ws_sizes *s, int qk_norm, decoder_w
     L->db = carve(cur, s->nf);
 }
 
-/* Every offset DECODER_WS_LAYOUT_NONE, in *L and in *layer. */
-#define UNSET(name) L->name = DECODER_WS_LAYOUT_NONE;
-#define UNSET_LAYER(name) layer->name = DECODER_WS_LAYOUT_NONE;
-static void unset(decoder_ws_layout *L, decoder_ws_layout_layer *layer) {
-    DECODER_WS_LAYOUT_WS_BUFS(UNSET)
-    DECODER_WS_LAYOUT_IO_BUFS(UNSET)
-    DECODER_WS_LAYOUT_LAYER_BUFS(UNSET_LAYER)
+/* Every offset DECODER_MODEL_WS_LAYOUT_NONE, in *L and in *layer. */
+#define UNSET(name) L->name = DECODER_MODEL_WS_LAYOUT_NONE;
+#define UNSET_LAYER(name) layer->name = DECODER_MODEL_WS_LAYOUT_NONE;
+static void unset(decoder_model_ws_layout *L, decoder_model_ws_layout_layer *layer) {
+    DECODER_MODEL_WS_LAYOUT_WS_BUFS(UNSET)
+    DECODER_MODEL_WS_LAYOUT_IO_BUFS(UNSET)
+    DECODER_MODEL_WS_LAYOUT_LAYER_BUFS(UNSET_LAYER)
     L->n_layers = 0;
     L->layers = NULL;
     L->unit_bytes = 0;
@@ -122,9 +122,9 @@ static void unset(decoder_ws_layout *L, decoder_ws_layout_layer *layer) {
 #undef UNSET
 #undef UNSET_LAYER
 
-int decoder_ws_layout_compute(const decoder_ws_layout_spec *spec, const decoder_ws_layout_shape *shape,
-                              decoder_ws_layout *L) {
-    decoder_ws_layout_layer none;
+int decoder_model_ws_layout_compute(const decoder_model_ws_layout_spec *spec, const decoder_model_ws_layout_shape *shape,
+                              decoder_model_ws_layout *L) {
+    decoder_model_ws_layout_layer none;
     unset(L, &none);
     L->unit_bytes = spec->unit_bytes;
     ws_sizes s;
@@ -146,7 +146,7 @@ int decoder_ws_layout_compute(const decoder_ws_layout_spec *spec, const decoder_
         L->sums = carve(&cur, s.nsums);
     }
     /* selective checkpointing: the cheap intermediates, one buffer each for all layers */
-    size_t sel_xn = DECODER_WS_LAYOUT_NONE, sel_g = DECODER_WS_LAYOUT_NONE;
+    size_t sel_xn = DECODER_MODEL_WS_LAYOUT_NONE, sel_g = DECODER_MODEL_WS_LAYOUT_NONE;
     if (shape->ac == DECODER_AC_SELECTIVE) {
         sel_xn = carve(&cur, s.nd);
         sel_g = carve(&cur, s.nf);
@@ -154,21 +154,21 @@ int decoder_ws_layout_compute(const decoder_ws_layout_spec *spec, const decoder_
     for (int l = 0; l < n; l++) carve_layer(&cur, &s, shape, sel_xn, sel_g, l, L);
     carve_tail(&cur, &s, shape->cfg->qk_norm, L);
     if (!cur.ok) {
-        decoder_ws_layout_free(L);
+        decoder_model_ws_layout_free(L);
         return FSDP_E_INVALID;
     }
     L->total = cur.off;
     return FSDP_OK;
 }
 
-void decoder_ws_layout_free(decoder_ws_layout *L) {
+void decoder_model_ws_layout_free(decoder_model_ws_layout *L) {
     if (!L) return;
     free(L->layers);
     L->layers = NULL;
     L->n_layers = 0;
 }
 
-void *decoder_ws_layout_at(const decoder_ws_layout *L, void *base, size_t off) {
-    if (!base || off == DECODER_WS_LAYOUT_NONE) return NULL;
+void *decoder_model_ws_layout_at(const decoder_model_ws_layout *L, void *base, size_t off) {
+    if (!base || off == DECODER_MODEL_WS_LAYOUT_NONE) return NULL;
     return (unsigned char *)base + off * L->unit_bytes;
 }
