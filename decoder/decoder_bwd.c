@@ -1,4 +1,4 @@
-/* Llama backward: one transformer block, embedding (the head is in decoder_head.c).
+/* The decoder family's backward on the CPU: one transformer block, embedding (the head is in decoder_head.c).
  * The gradient of the residual stream travels in ws->dres; parameter gradients accumulate. */
 #include "decoder/decoder_model_internal.h"
 

@@ -1,4 +1,5 @@
-/* Llama-3 configuration: presets, the recipe's `model:` map, validation and derived sizes. */
+/* The decoder family's configuration: defaults per architecture, presets, validation and derived sizes
+ * (the recipe's `model:` map is decoder_spec.c). */
 #include <math.h>
 #include <stddef.h>
 #include <stdio.h>

@@ -1,4 +1,5 @@
-/* Llama-3 model configuration (torchtitan's architecture and parameter names).
+/* The decoder family's configuration (Llama 3.x, Qwen2, Qwen3: the rows of decoder/decoder_arch.h;
+ * torchtitan's architecture and parameter names).
  * Shared by the parameter table / init (decoder/decoder_config.c, decoder/decoder_params.c), the
  * forward/backward (model/decoder_model.c) and the stages. */
 #ifndef FSDP_DECODER_DECODER_CONFIG_H

@@ -1,4 +1,4 @@
-/* GPU Llama forward and backward: the call sequence of decoder/decoder_fwd.c and decoder/decoder_bwd.c
+/* The decoder family's forward and backward on the GPU: the call sequence of decoder/decoder_fwd.c and decoder/decoder_bwd.c
  * with kcu_ kernels and dev_linear_* GEMMs on the compute stream. */
 #include "decoder/decoder_cuda_internal.h"
 

@@ -1,4 +1,4 @@
-/* Llama-3 forward and backward on the GPU: the pieces of decoder/decoder_model.h with the CUDA
+/* The decoder family's forward and backward on the GPU: the pieces of decoder/decoder_model.h with the CUDA
  * kernels (kernels/cuda/kcu.h) and cuBLASLt GEMMs (runtime/device_gemm.h), all on the device
  * context's compute stream.
  *

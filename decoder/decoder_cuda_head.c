@@ -1,4 +1,4 @@
-/* GPU Llama output head: final RMSNorm, output projection and cross-entropy in chunks of
+/* The decoder family's output head on the GPU: final RMSNorm, output projection and cross-entropy in chunks of
  * ws->head_chunk rows (the CPU's decoder/decoder_head.c with kcu_ kernels and dev_linear_* GEMMs on the
  * compute stream), so that at most one chunk of logits exists at once. */
 #include "decoder/decoder_cuda_internal.h"

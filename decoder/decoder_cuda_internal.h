@@ -1,4 +1,4 @@
-/* Private to model/decoder_cuda*.c: the device workspace layout. */
+/* Private to decoder/decoder_cuda*.c: the device workspace layout. */
 #ifndef FSDP_DECODER_DECODER_CUDA_INTERNAL_H
 #define FSDP_DECODER_DECODER_CUDA_INTERNAL_H
 

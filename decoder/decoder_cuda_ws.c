@@ -1,4 +1,4 @@
-/* GPU Llama: weight binding on the flat layout and the device workspace (one arena from the
+/* The decoder family on the GPU: weight binding on the flat layout and the device workspace (one arena from the
  * device allocator). */
 #include "decoder/decoder_cuda_internal.h"
 #include "decoder/decoder_model_ws_layout.h"

@@ -1,4 +1,4 @@
-/* Llama forward: embedding, one transformer block (the head is in decoder_head.c). */
+/* The decoder family's forward on the CPU: embedding, one transformer block (the head is in decoder_head.c). */
 #include "decoder/decoder_model_internal.h"
 
 #include <string.h>

@@ -1,4 +1,4 @@
-/* Llama output head on the CPU: final RMSNorm, output projection and cross-entropy, in chunks of
+/* The decoder family's output head on the CPU: final RMSNorm, output projection and cross-entropy, in chunks of
  * ws->head_chunk rows so that the logits of at most one chunk exist at once (decoder_model.h). */
 #include "decoder/decoder_model_internal.h"
 

@@ -1,4 +1,4 @@
-/* Llama-3 parameter init (see decoder_init.h). */
+/* The decoder family's parameter init (see decoder_init.h). */
 #include "decoder/decoder_init.h"
 
 #include <math.h>

@@ -1,4 +1,4 @@
-/* Llama-3 parameter init from the counter-based RNG (runtime/rng.h): any row range of any
+/* The decoder family's parameter init from the counter-based RNG (runtime/rng.h): any row range of any
  * parameter can be generated alone, and the values never depend on how a parameter is sharded,
  * on the world size or on the number of threads.
  *

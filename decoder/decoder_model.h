@@ -1,4 +1,4 @@
-/* Llama-3 forward and backward on given float32 weights, with the CPU kernels (kernels/cpu/kc.h).
+/* The decoder family's forward and backward on given float32 weights, with the CPU kernels (kernels/cpu/kc.h).
  *
  * The math is torchtitan's llama3 (see ../shared/fixtures/torch-2.11/gen/refmodel.py):
  *   h   = x + wo(attn(rope(wq(n1)), rope(wk(n1)), wv(n1)))   with n1 = attention_norm(x)

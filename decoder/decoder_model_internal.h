@@ -1,4 +1,4 @@
-/* Private to model/decoder_*.c: the workspace layout shared by the forward and backward files. */
+/* Private to decoder/decoder_*.c: the workspace layout shared by the forward and backward files. */
 #ifndef FSDP_DECODER_DECODER_MODEL_INTERNAL_H
 #define FSDP_DECODER_DECODER_MODEL_INTERNAL_H
 

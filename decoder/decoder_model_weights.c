@@ -1,4 +1,4 @@
-/* Llama model: config checks, the flat parameter layout and parameter enumeration. */
+/* The decoder model: config checks, the flat parameter layout and parameter enumeration. */
 #include "decoder/decoder_model.h"
 #include "decoder/decoder_params.h"
 

@@ -1,4 +1,4 @@
-/* Llama model workspace: one arena holding the saved activations and the backward scratch. */
+/* The decoder model's CPU workspace: one arena holding the saved activations and the backward scratch. */
 #include "decoder/decoder_model_internal.h"
 #include "decoder/decoder_model_ws_layout.h"
 

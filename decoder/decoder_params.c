@@ -1,4 +1,4 @@
-/* The Llama-family parameter table (see decoder_params.h), and the parameter counts of llama.h. */
+/* The decoder family's parameter table (see decoder_params.h), and the parameter counts. */
 #include "decoder/decoder_params.h"
 
 #include <math.h>

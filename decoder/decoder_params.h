@@ -1,4 +1,4 @@
-/* The parameter table of a Llama-family config (llama3, qwen2, qwen3): every parameter in
+/* The parameter table of a decoder-family config (llama3, qwen2, qwen3): every parameter in
  * torchtitan's order and names, with its global shape and init rule. Sharding, checkpoints, init,
  * the model's flat layout and the optimizer walk this table: it is the single source of a config's
  * parameter list.

@@ -1,3 +1,4 @@
+/* The run report (run/report.h). */
 #include "run/report.h"
 
 #include <errno.h>

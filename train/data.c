@@ -1,3 +1,4 @@
+/* The training data loader (train/data.h): text, token files and safetensors batches, synthetic data. */
 #include "train/data.h"
 
 #include <stdio.h>

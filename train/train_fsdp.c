@@ -1,3 +1,4 @@
+/* The FSDP training step on the CPU (train/train_fsdp.h). */
 #include "train/train_fsdp.h"
 
 #include <math.h>

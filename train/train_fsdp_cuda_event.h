@@ -1,4 +1,4 @@
-/* Private to model/train_fsdp_cuda*.c: CUDA events recorded on one of the device context's
+/* Private to train/train_fsdp_cuda*.c: CUDA events recorded on one of the device context's
  * streams and waited on by another (finer than dev_stream_wait, which orders a stream after
  * everything queued so far on another). Every failure is FSDP_E_DEVICE naming the call; without
  * CUDA every function fails with "built without CUDA". */

@@ -1,4 +1,4 @@
-/* Private to model/train_fsdp_cuda*.c: the GPU trainer's buffers and events. */
+/* Private to train/train_fsdp_cuda*.c: the GPU trainer's buffers and events. */
 #ifndef FSDP_TRAIN_TRAIN_FSDP_CUDA_INTERNAL_H
 #define FSDP_TRAIN_TRAIN_FSDP_CUDA_INTERNAL_H
 
