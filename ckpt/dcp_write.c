@@ -263,146 +263,161 @@ int dcp_write_metadata(const char *dir, const dcp_record *recs, size_t n, fsdp_e
     return dcp_write_metadata_gen(dir, recs, n, NULL, err);
 }
 
-int dcp_write_metadata_gen(const char *dir, const dcp_record *recs, size_t n, const dcp_gen *gen, fsdp_err *err) {
-    /* unique keys in first-seen order: group k is order[starts[k] .. starts[k + 1]) */
+/* The records grouped by key (dcp_records_group): group k is order[starts[k] .. starts[k + 1]). */
+typedef struct meta_groups {
+    const dcp_record *recs;
     size_t *order, *starts, nk;
-    int grc = dcp_records_group(recs, n, &order, &starts, &nk, err);
-    if (grc) return grc;
-    pkl_w w;
-    pkl_w_init(&w);
-    pkl_w_proto(&w, 2);
-    dataclass_begin(&w, META_MOD, "Metadata");
-    pkl_w_empty_dict(&w);
-    pkl_w_mark(&w);
-    /* state_dict_metadata */
-    pkl_w_str(&w, "state_dict_metadata");
-    pkl_w_empty_dict(&w);
-    for (size_t k = 0; k < nk; k++) {
-        const dcp_record *r = &recs[order[starts[k]]];
-        pkl_w_mark(&w);
-        pkl_w_str(&w, r->fqn);
+} meta_groups;
+
+/* TensorProperties of a tensor: its dtype, strided layout, no grad, no pinned memory, contiguous. */
+static void write_tensor_properties(pkl_w *w, const dcp_record *r) {
+    dataclass_begin(w, META_MOD, "TensorProperties");
+    pkl_w_mark(w);
+    pkl_w_global(w, "torch", fsdp_dtype_torch_name(r->dtype));
+    pkl_w_global(w, "torch.serialization", "_get_layout");
+    pkl_w_str(w, "torch.strided");
+    pkl_w_tuple_n(w, 1);
+    pkl_w_reduce(w);
+    pkl_w_bool(w, 0);
+    pkl_w_global(w, META_MOD, "_MEM_FORMAT_ENCODING");
+    pkl_w_int(w, 0);
+    pkl_w_tuple_n(w, 1);
+    pkl_w_reduce(w);
+    pkl_w_bool(w, 0);
+    pkl_w_tuple(w);
+    pkl_w_build(w);
+}
+
+/* TensorStorageMetadata of group k: properties, size and one ChunkStorageMetadata per record. */
+static void write_tensor_storage(pkl_w *w, const meta_groups *g, size_t k) {
+    const dcp_record *r = &g->recs[g->order[g->starts[k]]];
+    dataclass_begin(w, META_MOD, "TensorStorageMetadata");
+    pkl_w_empty_dict(w);
+    pkl_w_mark(w);
+    pkl_w_str(w, "properties");
+    write_tensor_properties(w, r);
+    pkl_w_str(w, "size");
+    pkl_w_size(w, r->shape, r->ndim);
+    pkl_w_str(w, "chunks");
+    pkl_w_empty_list(w);
+    pkl_w_mark(w);
+    for (size_t q = g->starts[k]; q < g->starts[k + 1]; q++) {
+        size_t i = g->order[q];
+        dataclass_begin(w, META_MOD, "ChunkStorageMetadata");
+        pkl_w_empty_dict(w);
+        pkl_w_mark(w);
+        pkl_w_str(w, "offsets");
+        pkl_w_size(w, g->recs[i].offsets, r->ndim);
+        pkl_w_str(w, "sizes");
+        pkl_w_size(w, g->recs[i].sizes, r->ndim);
+        pkl_w_setitems(w);
+        pkl_w_build(w);
+    }
+    pkl_w_appends(w);
+    pkl_w_setitems(w);
+    pkl_w_build(w);
+}
+
+/* Metadata.state_dict_metadata: each key's storage metadata (tensor or bytes). */
+static void write_state_dict_metadata(pkl_w *w, const meta_groups *g) {
+    pkl_w_str(w, "state_dict_metadata");
+    pkl_w_empty_dict(w);
+    for (size_t k = 0; k < g->nk; k++) {
+        const dcp_record *r = &g->recs[g->order[g->starts[k]]];
+        pkl_w_mark(w);
+        pkl_w_str(w, r->fqn);
         if (!r->is_tensor) {
             /* torch 2.11 pickles it without a state */
-            dataclass_begin(&w, META_MOD, "BytesStorageMetadata");
+            dataclass_begin(w, META_MOD, "BytesStorageMetadata");
         } else {
-            dataclass_begin(&w, META_MOD, "TensorStorageMetadata");
-            pkl_w_empty_dict(&w);
-            pkl_w_mark(&w);
-            pkl_w_str(&w, "properties");
-            dataclass_begin(&w, META_MOD, "TensorProperties");
-            pkl_w_mark(&w);
-            pkl_w_global(&w, "torch", fsdp_dtype_torch_name(r->dtype));
-            pkl_w_global(&w, "torch.serialization", "_get_layout");
-            pkl_w_str(&w, "torch.strided");
-            pkl_w_tuple_n(&w, 1);
-            pkl_w_reduce(&w);
-            pkl_w_bool(&w, 0);
-            pkl_w_global(&w, META_MOD, "_MEM_FORMAT_ENCODING");
-            pkl_w_int(&w, 0);
-            pkl_w_tuple_n(&w, 1);
-            pkl_w_reduce(&w);
-            pkl_w_bool(&w, 0);
-            pkl_w_tuple(&w);
-            pkl_w_build(&w);
-            pkl_w_str(&w, "size");
-            pkl_w_size(&w, r->shape, r->ndim);
-            pkl_w_str(&w, "chunks");
-            pkl_w_empty_list(&w);
-            pkl_w_mark(&w);
-            for (size_t q = starts[k]; q < starts[k + 1]; q++) {
-                size_t i = order[q];
-                dataclass_begin(&w, META_MOD, "ChunkStorageMetadata");
-                pkl_w_empty_dict(&w);
-                pkl_w_mark(&w);
-                pkl_w_str(&w, "offsets");
-                pkl_w_size(&w, recs[i].offsets, r->ndim);
-                pkl_w_str(&w, "sizes");
-                pkl_w_size(&w, recs[i].sizes, r->ndim);
-                pkl_w_setitems(&w);
-                pkl_w_build(&w);
-            }
-            pkl_w_appends(&w);
-            pkl_w_setitems(&w);
-            pkl_w_build(&w);
+            write_tensor_storage(w, g, k);
         }
-        pkl_w_setitems(&w);
+        pkl_w_setitems(w);
     }
-    /* planner_data */
-    pkl_w_str(&w, "planner_data");
-    pkl_w_empty_dict(&w);
-    for (size_t k = 0; k < nk; k++) {
-        pkl_w_mark(&w);
-        pkl_w_str(&w, recs[order[starts[k]]].fqn);
-        key_path(&w, &recs[order[starts[k]]]);
-        pkl_w_setitems(&w);
+}
+
+/* Metadata.planner_data: each key's path in the state dict. */
+static void write_planner_data(pkl_w *w, const meta_groups *g) {
+    pkl_w_str(w, "planner_data");
+    pkl_w_empty_dict(w);
+    for (size_t k = 0; k < g->nk; k++) {
+        pkl_w_mark(w);
+        pkl_w_str(w, g->recs[g->order[g->starts[k]]].fqn);
+        key_path(w, &g->recs[g->order[g->starts[k]]]);
+        pkl_w_setitems(w);
     }
-    /* storage_data */
-    pkl_w_str(&w, "storage_data");
-    pkl_w_empty_dict(&w);
-    for (size_t k = 0; k < nk; k++) {
+}
+
+/* One storage_data entry: the record's MetadataIndex (index idx for tensors) to its _StorageInfo. */
+static void write_storage_entry(pkl_w *w, const dcp_record *r, int64_t idx) {
+    pkl_w_mark(w);
+    dataclass_begin(w, META_MOD, "MetadataIndex");
+    pkl_w_empty_dict(w);
+    pkl_w_mark(w);
+    pkl_w_str(w, "fqn");
+    pkl_w_str(w, r->fqn);
+    pkl_w_str(w, "index");
+    if (r->is_tensor) {
+        pkl_w_int(w, idx);
+        pkl_w_str(w, "offset");
+        pkl_w_size(w, r->offsets, r->ndim);
+    } else {
+        pkl_w_none(w);
+    }
+    pkl_w_setitems(w);
+    pkl_w_build(w);
+    dataclass_begin(w, "torch.distributed.checkpoint.filesystem", "_StorageInfo");
+    pkl_w_empty_dict(w);
+    pkl_w_mark(w);
+    pkl_w_str(w, "relative_path");
+    pkl_w_str(w, r->where.relative_path);
+    pkl_w_str(w, "offset");
+    pkl_w_int(w, (int64_t)r->where.offset);
+    pkl_w_str(w, "length");
+    pkl_w_int(w, (int64_t)r->where.length);
+    pkl_w_setitems(w);
+    pkl_w_build(w);
+    pkl_w_setitems(w);
+}
+
+/* Metadata.storage_data: where every record's bytes are (tensor chunks numbered per key). */
+static void write_storage_data(pkl_w *w, const meta_groups *g) {
+    pkl_w_str(w, "storage_data");
+    pkl_w_empty_dict(w);
+    for (size_t k = 0; k < g->nk; k++) {
         int64_t idx = 0;
-        for (size_t q = starts[k]; q < starts[k + 1]; q++) {
-            const dcp_record *r = &recs[order[q]];
-            pkl_w_mark(&w);
-            dataclass_begin(&w, META_MOD, "MetadataIndex");
-            pkl_w_empty_dict(&w);
-            pkl_w_mark(&w);
-            pkl_w_str(&w, "fqn");
-            pkl_w_str(&w, r->fqn);
-            pkl_w_str(&w, "index");
-            if (r->is_tensor) {
-                pkl_w_int(&w, idx++);
-                pkl_w_str(&w, "offset");
-                pkl_w_size(&w, r->offsets, r->ndim);
-            } else {
-                pkl_w_none(&w);
-            }
-            pkl_w_setitems(&w);
-            pkl_w_build(&w);
-            dataclass_begin(&w, "torch.distributed.checkpoint.filesystem", "_StorageInfo");
-            pkl_w_empty_dict(&w);
-            pkl_w_mark(&w);
-            pkl_w_str(&w, "relative_path");
-            pkl_w_str(&w, r->where.relative_path);
-            pkl_w_str(&w, "offset");
-            pkl_w_int(&w, (int64_t)r->where.offset);
-            pkl_w_str(&w, "length");
-            pkl_w_int(&w, (int64_t)r->where.length);
-            pkl_w_setitems(&w);
-            pkl_w_build(&w);
-            pkl_w_setitems(&w);
+        for (size_t q = g->starts[k]; q < g->starts[k + 1]; q++) {
+            const dcp_record *r = &g->recs[g->order[q]];
+            write_storage_entry(w, r, r->is_tensor ? idx++ : 0);
         }
     }
-    /* storage_meta, version */
+}
+
+/* Metadata.storage_meta (checkpoint id, the generation's save id or a fresh UUID) and version. */
+static void write_storage_meta(pkl_w *w, const char *dir, const dcp_gen *gen) {
     char uuid[64];
     if (gen && gen->id[0]) dcp_gen_save_id(gen, uuid, sizeof uuid);
     else uuid4(uuid, sizeof uuid);
-    pkl_w_str(&w, "storage_meta");
-    dataclass_begin(&w, META_MOD, "StorageMeta");
-    pkl_w_empty_dict(&w);
-    pkl_w_mark(&w);
-    pkl_w_str(&w, "checkpoint_id");
-    pkl_w_str(&w, dir);
-    pkl_w_str(&w, "save_id");
-    pkl_w_str(&w, uuid);
-    pkl_w_str(&w, "load_id");
-    pkl_w_none(&w);
-    pkl_w_str(&w, "modules");
-    pkl_w_empty_list(&w);
-    pkl_w_setitems(&w);
-    pkl_w_build(&w);
-    pkl_w_str(&w, "version");
-    pkl_w_str(&w, "1.0.0");
-    pkl_w_setitems(&w);
-    pkl_w_build(&w);
-    pkl_w_stop(&w);
-    free(order);
-    free(starts);
-    if (w.oom) {
-        pkl_w_free(&w);
-        return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
-    }
-    (void)vol;
+    pkl_w_str(w, "storage_meta");
+    dataclass_begin(w, META_MOD, "StorageMeta");
+    pkl_w_empty_dict(w);
+    pkl_w_mark(w);
+    pkl_w_str(w, "checkpoint_id");
+    pkl_w_str(w, dir);
+    pkl_w_str(w, "save_id");
+    pkl_w_str(w, uuid);
+    pkl_w_str(w, "load_id");
+    pkl_w_none(w);
+    pkl_w_str(w, "modules");
+    pkl_w_empty_list(w);
+    pkl_w_setitems(w);
+    pkl_w_build(w);
+    pkl_w_str(w, "version");
+    pkl_w_str(w, "1.0.0");
+}
+
+/* Replaces <dir>/.metadata with the pickle (through .metadata.tmp) and syncs the directory. */
+static int write_metadata_file(const char *dir, const pkl_w *w, fsdp_err *err) {
     size_t plen = strlen(dir) + 32;
     char *tmp = malloc(plen), *fin = malloc(plen);
     int rc = 0;
@@ -410,11 +425,40 @@ int dcp_write_metadata_gen(const char *dir, const dcp_record *recs, size_t n, co
     if (!rc) {
         snprintf(tmp, plen, "%s/.metadata.tmp", dir);
         snprintf(fin, plen, "%s/.metadata", dir);
-        rc = tmpf_write_replace(tmp, fin, w.buf, w.len, "dcp.meta", err);
+        rc = tmpf_write_replace(tmp, fin, w->buf, w->len, "dcp.meta", err);
         if (!rc) rc = fsync_path(dir, 1, err);
     }
     free(tmp);
     free(fin);
+    return rc;
+}
+
+int dcp_write_metadata_gen(const char *dir, const dcp_record *recs, size_t n, const dcp_gen *gen, fsdp_err *err) {
+    /* unique keys in first-seen order: group k is order[starts[k] .. starts[k + 1]) */
+    meta_groups g = {recs, NULL, NULL, 0};
+    int grc = dcp_records_group(recs, n, &g.order, &g.starts, &g.nk, err);
+    if (grc) return grc;
+    pkl_w w;
+    pkl_w_init(&w);
+    pkl_w_proto(&w, 2);
+    dataclass_begin(&w, META_MOD, "Metadata");
+    pkl_w_empty_dict(&w);
+    pkl_w_mark(&w);
+    write_state_dict_metadata(&w, &g);
+    write_planner_data(&w, &g);
+    write_storage_data(&w, &g);
+    write_storage_meta(&w, dir, gen);
+    pkl_w_setitems(&w);
+    pkl_w_build(&w);
+    pkl_w_stop(&w);
+    free(g.order);
+    free(g.starts);
+    if (w.oom) {
+        pkl_w_free(&w);
+        return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+    }
+    (void)vol;
+    int rc = write_metadata_file(dir, &w, err);
     pkl_w_free(&w);
     return rc;
 }

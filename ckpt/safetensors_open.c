@@ -123,92 +123,112 @@ static int check_weight_map(const st_reader *r, const json_t *wm, const char *di
     return FSDP_OK;
 }
 
-/* rel: the index's name in r->dir when it was found there (opened beneath it), NULL when named */
-static int open_index(st_reader *r, const char *ip, const char *rel, fsdp_err *err) {
-    r->index_path = strdup(ip);
-    if (!r->index_path) return fsdp_err_set(err, FSDP_E_NOMEM, "%s: out of memory", ip);
+/* Reads the index's JSON (beneath r->dir when rel is given, else at ip; never blocks on a FIFO). */
+static int load_index_json(st_reader *r, const char *ip, const char *rel, json_t **root, fsdp_err *err) {
     json_error_t je;
     int fd;
     int frc = rel ? fio_open_beneath(r->dfd, r->dir, rel, &fd, err)
                   : fio_open_read(ip, NULL, &fd, err); /* never blocks on a FIFO */
     if (frc) return frc;
-    json_t *root = json_loadfd(fd, JSON_REJECT_DUPLICATES, &je);
+    *root = json_loadfd(fd, JSON_REJECT_DUPLICATES, &je);
     close(fd);
-    if (!root) {
+    if (!*root) {
         if (!is_regular(ip)) return fsdp_err_set(err, FSDP_E_IO, "%s: cannot read the index: %s", ip, je.text);
         return fsdp_err_set(err, FSDP_E_FORMAT, "%s: invalid JSON index: %s (line %d, column %d)", ip,
                             je.text, je.line, je.column);
     }
-    int rc = FSDP_OK;
-    const char **names = NULL;
-    char *dir = dir_of(ip);
-    const json_t *wm = json_object_get(root, "weight_map");
-    if (!dir) {
-        rc = fsdp_err_set(err, FSDP_E_NOMEM, "%s: out of memory", ip);
-        goto out;
-    }
-    if (!json_is_object(root)) {
-        rc = fsdp_err_set(err, FSDP_E_FORMAT, "%s: the index is not a JSON object", ip);
-        goto out;
-    }
-    if (!wm || !json_is_object(wm)) {
-        rc = fsdp_err_set(err, FSDP_E_FORMAT, "%s: %s", ip,
-                          wm ? "\"weight_map\" must be an object" : "missing \"weight_map\"");
-        goto out;
-    }
-    if ((rc = check_index_meta(r, root, ip, err))) goto out;
-    size_t n = json_object_size(wm), nu = 0;
-    names = (const char **)calloc(n + 1, sizeof *names);
-    if (!names) {
-        rc = fsdp_err_set(err, FSDP_E_NOMEM, "%s: out of memory", ip);
-        goto out;
-    }
+    return FSDP_OK;
+}
+
+/* The index is an object with a weight_map object (*wm) and valid metadata. */
+static int check_index_root(st_reader *r, const json_t *root, const char *ip, const json_t **wm, fsdp_err *err) {
+    *wm = json_object_get(root, "weight_map");
+    if (!json_is_object(root)) return fsdp_err_set(err, FSDP_E_FORMAT, "%s: the index is not a JSON object", ip);
+    if (!*wm || !json_is_object(*wm))
+        return fsdp_err_set(err, FSDP_E_FORMAT, "%s: %s", ip,
+                            *wm ? "\"weight_map\" must be an object" : "missing \"weight_map\"");
+    return check_index_meta(r, root, ip, err);
+}
+
+/* The weight_map's file names (each relative, inside the index's directory), sorted, with
+ * repeats: *names (caller frees) holds *nu. */
+static int index_shard_names(const json_t *wm, const char *ip, const char ***names, size_t *nu, fsdp_err *err) {
+    size_t n = json_object_size(wm);
+    *nu = 0;
+    *names = (const char **)calloc(n + 1, sizeof **names);
+    if (!*names) return fsdp_err_set(err, FSDP_E_NOMEM, "%s: out of memory", ip);
     const char *k;
     json_t *v;
     json_object_foreach((json_t *)wm, k, v) {
-        if (!json_is_string(v) || !safe_rel_name(json_string_value(v))) {
-            rc = fsdp_err_set(err, FSDP_E_FORMAT,
-                              "%s: weight_map entry '%s' must be a relative file name inside the index's "
-                              "directory",
-                              ip, k);
-            goto out;
-        }
-        names[nu++] = json_string_value(v);
+        if (!json_is_string(v) || !safe_rel_name(json_string_value(v)))
+            return fsdp_err_set(err, FSDP_E_FORMAT,
+                                "%s: weight_map entry '%s' must be a relative file name inside the index's "
+                                "directory",
+                                ip, k);
+        (*names)[(*nu)++] = json_string_value(v);
     }
-    qsort(names, nu, sizeof *names, cmp_str);
-    pause_point("st.open.index", 1); /* the tests of readers racing writers (runtime/crash.h) */
+    qsort(*names, *nu, sizeof **names, cmp_str);
+    return FSDP_OK;
+}
+
+/* The error of shard file p (named `name` in the weight_map) that is not a regular file: missing,
+ * or of another type; names the first tensor listed in it. */
+static int shard_not_regular(const json_t *wm, const char *ip, const char *p, const char *name, fsdp_err *err) {
+    const char *who = "";
+    const char *k;
+    json_t *v;
+    json_object_foreach((json_t *)wm, k, v) {
+        if (!strcmp(json_string_value(v), name)) {
+            who = k;
+            break;
+        }
+    }
+    struct stat st;
+    if (stat(p, &st) == 0)
+        return fsdp_err_set(err, FSDP_E_IO, "%s: shard file %s (listed for tensor '%s') is a %s, not a regular file",
+                            ip, p, who, fio_type_name(st.st_mode));
+    return fsdp_err_set(err, FSDP_E_IO, "%s: shard file %s (listed for tensor '%s') is missing", ip, p, who);
+}
+
+/* Opens each distinct shard file (sorted names, in the index's directory) into the reader. */
+static int add_index_shards(st_reader *r, const json_t *wm, const char *dir, const char *ip, const char **names,
+                            size_t nu, fsdp_err *err) {
     for (size_t i = 0; i < nu; i++) {
         if (i && !strcmp(names[i], names[i - 1])) continue;
         char *p = st_int_join(dir, names[i]);
-        if (!p) {
-            rc = fsdp_err_set(err, FSDP_E_NOMEM, "%s: out of memory", ip);
-            goto out;
-        }
+        if (!p) return fsdp_err_set(err, FSDP_E_NOMEM, "%s: out of memory", ip);
         if (!is_regular(p)) {
-            const char *who = "";
-            json_object_foreach((json_t *)wm, k, v) {
-                if (!strcmp(json_string_value(v), names[i])) {
-                    who = k;
-                    break;
-                }
-            }
-            struct stat st;
-            if (stat(p, &st) == 0)
-                rc = fsdp_err_set(err, FSDP_E_IO, "%s: shard file %s (listed for tensor '%s') is a %s, not a regular file",
-                                  ip, p, who, fio_type_name(st.st_mode));
-            else
-                rc = fsdp_err_set(err, FSDP_E_IO, "%s: shard file %s (listed for tensor '%s') is missing", ip, p,
-                                  who);
+            int rc = shard_not_regular(wm, ip, p, names[i], err);
             free(p);
-            goto out;
+            return rc;
         }
-        rc = st_int_add_file(r, p, names[i], err);
+        int rc = st_int_add_file(r, p, names[i], err);
         free(p);
-        if (rc) goto out;
+        if (rc) return rc;
     }
-    if ((rc = st_int_finalize(r, err))) goto out;
-    rc = check_weight_map(r, wm, dir, ip, err);
-out:
+    return FSDP_OK;
+}
+
+/* rel: the index's name in r->dir when it was found there (opened beneath it), NULL when named */
+static int open_index(st_reader *r, const char *ip, const char *rel, fsdp_err *err) {
+    r->index_path = strdup(ip);
+    if (!r->index_path) return fsdp_err_set(err, FSDP_E_NOMEM, "%s: out of memory", ip);
+    json_t *root = NULL;
+    int rc = load_index_json(r, ip, rel, &root, err);
+    if (rc) return rc;
+    const char **names = NULL;
+    size_t nu = 0;
+    char *dir = dir_of(ip);
+    const json_t *wm = NULL;
+    if (!dir) rc = fsdp_err_set(err, FSDP_E_NOMEM, "%s: out of memory", ip);
+    if (!rc) rc = check_index_root(r, root, ip, &wm, err);
+    if (!rc) rc = index_shard_names(wm, ip, &names, &nu, err);
+    if (!rc) {
+        pause_point("st.open.index", 1); /* the tests of readers racing writers (runtime/crash.h) */
+        rc = add_index_shards(r, wm, dir, ip, names, nu, err);
+    }
+    if (!rc) rc = st_int_finalize(r, err);
+    if (!rc) rc = check_weight_map(r, wm, dir, ip, err);
     free(names);
     free(dir);
     json_decref(root);

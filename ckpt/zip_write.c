@@ -195,75 +195,84 @@ int zip_writer_add(zip_writer *w, const char *name, const void *data, size_t n, 
     return rc;
 }
 
+/* The central directory entry of record r: its header, name and, when its size or offset does
+ * not fit 32 bits, the ZIP64 extra field. */
+static int write_central_entry(zip_writer *w, const struct zip_wrec *r, fsdp_err *err) {
+    size_t nl = strlen(r->name);
+    int zs = r->size >= U32MAX, zo = r->header_off >= U32MAX;
+    size_t xl = (zs || zo) ? 4 + (zs ? 16 : 0) + (zo ? 8 : 0) : 0;
+    unsigned char h[46];
+    le(h, 0x02014b50u, 4);
+    le(h + 4, 45, 2);
+    le(h + 6, (zs || zo) ? 45 : 20, 2);
+    le(h + 8, 0, 2);
+    le(h + 10, 0, 2);
+    le(h + 12, 0, 4);
+    le(h + 16, r->crc, 4);
+    le(h + 20, zs ? U32MAX : r->size, 4);
+    le(h + 24, zs ? U32MAX : r->size, 4);
+    le(h + 28, nl, 2);
+    le(h + 30, xl, 2);
+    le(h + 32, 0, 2);
+    le(h + 34, 0, 2);
+    le(h + 36, 0, 2);
+    le(h + 38, 0, 4);
+    le(h + 42, zo ? U32MAX : r->header_off, 4);
+    int rc = out(w, h, 46, err);
+    if (!rc) rc = out(w, r->name, nl, err);
+    if (!rc && xl) {
+        unsigned char x[28];
+        size_t k = 0;
+        le(x, 1, 2);
+        le(x + 2, xl - 4, 2);
+        k = 4;
+        if (zs) {
+            le(x + k, r->size, 8);
+            le(x + k + 8, r->size, 8);
+            k += 16;
+        }
+        if (zo) {
+            le(x + k, r->header_off, 8);
+            k += 8;
+        }
+        rc = out(w, x, k, err);
+    }
+    return rc;
+}
+
+/* The ZIP64 end of central directory record and its locator (for cd_size bytes at cd_start). */
+static int write_zip64_end(zip_writer *w, uint64_t cd_start, uint64_t cd_size, fsdp_err *err) {
+    uint64_t z64_off = w->pos;
+    unsigned char e[56];
+    le(e, 0x06064b50u, 4);
+    le(e + 4, 44, 8);
+    le(e + 12, 45, 2);
+    le(e + 14, 45, 2);
+    le(e + 16, 0, 4);
+    le(e + 20, 0, 4);
+    le(e + 24, w->n, 8);
+    le(e + 32, w->n, 8);
+    le(e + 40, cd_size, 8);
+    le(e + 48, cd_start, 8);
+    unsigned char l[20];
+    le(l, 0x07064b50u, 4);
+    le(l + 4, 0, 4);
+    le(l + 8, z64_off, 8);
+    le(l + 16, 1, 4);
+    int rc;
+    if ((rc = out(w, e, 56, err)) || (rc = out(w, l, 20, err))) return rc;
+    return 0;
+}
+
 int zip_writer_finish(zip_writer *w, uint64_t *len, fsdp_err *err) {
     if (w->open_rec) return fsdp_err_set(err, FSDP_E_INVALID, "zip: a record is still open");
     uint64_t cd_start = w->pos;
     int rc = 0;
-    for (size_t i = 0; i < w->n && !rc; i++) {
-        struct zip_wrec *r = &w->recs[i];
-        size_t nl = strlen(r->name);
-        int zs = r->size >= U32MAX, zo = r->header_off >= U32MAX;
-        size_t xl = (zs || zo) ? 4 + (zs ? 16 : 0) + (zo ? 8 : 0) : 0;
-        unsigned char h[46];
-        le(h, 0x02014b50u, 4);
-        le(h + 4, 45, 2);
-        le(h + 6, (zs || zo) ? 45 : 20, 2);
-        le(h + 8, 0, 2);
-        le(h + 10, 0, 2);
-        le(h + 12, 0, 4);
-        le(h + 16, r->crc, 4);
-        le(h + 20, zs ? U32MAX : r->size, 4);
-        le(h + 24, zs ? U32MAX : r->size, 4);
-        le(h + 28, nl, 2);
-        le(h + 30, xl, 2);
-        le(h + 32, 0, 2);
-        le(h + 34, 0, 2);
-        le(h + 36, 0, 2);
-        le(h + 38, 0, 4);
-        le(h + 42, zo ? U32MAX : r->header_off, 4);
-        rc = out(w, h, 46, err);
-        if (!rc) rc = out(w, r->name, nl, err);
-        if (!rc && xl) {
-            unsigned char x[28];
-            size_t k = 0;
-            le(x, 1, 2);
-            le(x + 2, xl - 4, 2);
-            k = 4;
-            if (zs) {
-                le(x + k, r->size, 8);
-                le(x + k + 8, r->size, 8);
-                k += 16;
-            }
-            if (zo) {
-                le(x + k, r->header_off, 8);
-                k += 8;
-            }
-            rc = out(w, x, k, err);
-        }
-    }
+    for (size_t i = 0; i < w->n && !rc; i++) rc = write_central_entry(w, &w->recs[i], err);
     if (rc) return rc;
     uint64_t cd_size = w->pos - cd_start;
     int z64 = w->n >= 0xffff || cd_start >= U32MAX || cd_size >= U32MAX;
-    if (z64) {
-        uint64_t z64_off = w->pos;
-        unsigned char e[56];
-        le(e, 0x06064b50u, 4);
-        le(e + 4, 44, 8);
-        le(e + 12, 45, 2);
-        le(e + 14, 45, 2);
-        le(e + 16, 0, 4);
-        le(e + 20, 0, 4);
-        le(e + 24, w->n, 8);
-        le(e + 32, w->n, 8);
-        le(e + 40, cd_size, 8);
-        le(e + 48, cd_start, 8);
-        unsigned char l[20];
-        le(l, 0x07064b50u, 4);
-        le(l + 4, 0, 4);
-        le(l + 8, z64_off, 8);
-        le(l + 16, 1, 4);
-        if ((rc = out(w, e, 56, err)) || (rc = out(w, l, 20, err))) return rc;
-    }
+    if (z64 && (rc = write_zip64_end(w, cd_start, cd_size, err))) return rc;
     unsigned char e[22];
     le(e, 0x06054b50u, 4);
     le(e + 4, 0, 4);

@@ -152,6 +152,110 @@ static int find_subcommand(int argc, char **argv) {
     return 0;
 }
 
+/* The run command's arguments as parsed: the options, the recipe paths and the --set values. */
+typedef struct cli_args {
+    run_opts o;
+    const char **paths, **sets;
+    size_t np;
+    int sub;      /* argv index of the command word (validate), or 0 */
+    int validate; /* options before `validate` are validate's (--set, -q, -v) */
+} cli_args;
+
+/* The value of an option given as `--name=VALUE` (eq: the index of '=') or `--name VALUE`; NULL
+ * when it is missing. */
+static const char *cli_option_value(const char *a, size_t eq, int argc, char **argv, int *i) {
+    return a[eq] == '=' ? a + eq + 1 : (*i + 1 < argc ? argv[++*i] : NULL);
+}
+
+/* One argument (argv[*i], which may take the next one): -1 to go on, or the exit status. */
+static int cli_parse_arg(cli_args *A, int argc, char **argv, int *i, FILE *out, FILE *log) {
+    const char *a = argv[*i];
+    if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+        usage(out);
+        return 0;
+    } else if (!strcmp(a, "--version")) {
+        fprintf(out, "fsdp-run %s (stage ABI %u, %s)\n", FSDP_VERSION_STRING, FSDP_STAGE_ABI_VERSION,
+                FSDP_HAVE_CUDA ? "CUDA" : "CPU only");
+        return 0;
+    } else if (!strcmp(a, "--set") || !strncmp(a, "--set=", 6)) {
+        const char *v = cli_option_value(a, 5, argc, argv, i);
+        if (!v) {
+            fprintf(log, "fsdp-run: error: --set needs KEY=VALUE\n");
+            return 2;
+        }
+        A->sets[A->o.n_sets++] = v;
+    } else if (!strcmp(a, "--dry-run") && !A->validate) {
+        A->o.dry_run = 1;
+    } else if ((!strcmp(a, "--report") || !strncmp(a, "--report=", 9)) && !A->validate) {
+        const char *v = cli_option_value(a, 8, argc, argv, i);
+        if (!v) {
+            fprintf(log, "fsdp-run: error: --report needs a file name\n");
+            return 2;
+        }
+        A->o.report = v;
+    } else if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) {
+        A->o.verbosity = 0;
+    } else if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) {
+        A->o.verbosity = 2;
+    } else if (a[0] == '-' && a[1]) {
+        fprintf(log, "fsdp-run: error: unknown option '%s' (see fsdp-run --help)\n", a);
+        return 2;
+    } else {
+        A->paths[A->np++] = a;
+    }
+    return -1;
+}
+
+/* Before running: a recipe was given, and a plain run is not one rank of a Slurm job of several
+ * tasks. -1 to go on, or the exit status. */
+static int cli_check_run(const cli_args *A, comm *cm, FILE *log) {
+    if (A->np == 0) {
+        fprintf(log, "fsdp-run: error: no recipe given (see fsdp-run --help)\n");
+        return 2;
+    }
+    if (!A->validate && !A->o.dry_run) {
+        /* under Slurm with several tasks, a plain fsdp-run would train alone as one rank */
+        fsdp_err le;
+        if (launch_check_slurm(cm && comm_size(cm) > 1 ? 1 : comm_launched_by_mpi(), &le)) {
+            fprintf(log, "fsdp-run: error: %s\n", le.msg);
+            return 2;
+        }
+    }
+    return -1;
+}
+
+/* The run (or validate) command: its arguments, then the recipes run. */
+static int cli_run_recipes(fsdp_registry *reg, int argc, char **argv, int sub, FILE *out, FILE *log, comm *cm) {
+    cli_args A;
+    memset(&A, 0, sizeof A);
+    A.sub = sub;
+    A.validate = sub > 0;
+    A.o.verbosity = 1;
+    A.o.out = out;
+    A.o.log = log;
+    A.o.validate_only = A.validate;
+    A.paths = calloc((size_t)argc, sizeof *A.paths);
+    A.sets = calloc((size_t)argc, sizeof *A.sets);
+    if (!A.paths || !A.sets) {
+        free(A.paths);
+        free(A.sets);
+        fprintf(log, "fsdp-run: error: out of memory\n");
+        return 1;
+    }
+    int rc = -1;
+    for (int i = 1; i < argc && rc < 0; i++)
+        if (i != A.sub) rc = cli_parse_arg(&A, argc, argv, &i, out, log);
+    if (rc < 0) rc = cli_check_run(&A, cm, log);
+    if (rc < 0) {
+        A.o.sets = A.sets;
+        A.o.comm = cm;
+        rc = run_main(reg, A.paths, A.np, &A.o);
+    }
+    free(A.paths);
+    free(A.sets);
+    return rc;
+}
+
 int fsdp_cli_run_comm(fsdp_registry *reg, int argc, char **argv, FILE *out, FILE *log, comm *cm) {
     if (argc < 2) {
         usage(log);
@@ -166,81 +270,7 @@ int fsdp_cli_run_comm(fsdp_registry *reg, int argc, char **argv, FILE *out, FILE
     if (sub == 1 && !strcmp(argv[1], "stages")) return cmd_stages(reg, argc - 2, argv + 2, out, log);
     if (sub == 1 && !strcmp(argv[1], "ckpt")) return ckpt_cli_main(argc - 2, argv + 2, out, log);
     if (sub == 1 && !strcmp(argv[1], "plot")) return plot_cli_main(argc - 2, argv + 2, out, log);
-    int validate = sub > 0; /* options before `validate` are validate's (--set, -q, -v) */
-    run_opts o = {0};
-    o.verbosity = 1;
-    o.out = out;
-    o.log = log;
-    o.validate_only = validate;
-    const char **paths = calloc((size_t)argc, sizeof *paths);
-    const char **sets = calloc((size_t)argc, sizeof *sets);
-    if (!paths || !sets) {
-        free(paths);
-        free(sets);
-        fprintf(log, "fsdp-run: error: out of memory\n");
-        return 1;
-    }
-    size_t np = 0;
-    int rc = -1;
-    for (int i = 1; i < argc && rc < 0; i++) {
-        if (i == sub) continue;
-        const char *a = argv[i];
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            usage(out);
-            rc = 0;
-        } else if (!strcmp(a, "--version")) {
-            fprintf(out, "fsdp-run %s (stage ABI %u, %s)\n", FSDP_VERSION_STRING, FSDP_STAGE_ABI_VERSION,
-                    FSDP_HAVE_CUDA ? "CUDA" : "CPU only");
-            rc = 0;
-        } else if (!strcmp(a, "--set") || !strncmp(a, "--set=", 6)) {
-            const char *v = a[5] == '=' ? a + 6 : (i + 1 < argc ? argv[++i] : NULL);
-            if (!v) {
-                fprintf(log, "fsdp-run: error: --set needs KEY=VALUE\n");
-                rc = 2;
-            } else {
-                sets[o.n_sets++] = v;
-            }
-        } else if (!strcmp(a, "--dry-run") && !validate) {
-            o.dry_run = 1;
-        } else if ((!strcmp(a, "--report") || !strncmp(a, "--report=", 9)) && !validate) {
-            const char *v = a[8] == '=' ? a + 9 : (i + 1 < argc ? argv[++i] : NULL);
-            if (!v) {
-                fprintf(log, "fsdp-run: error: --report needs a file name\n");
-                rc = 2;
-            } else {
-                o.report = v;
-            }
-        } else if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) {
-            o.verbosity = 0;
-        } else if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) {
-            o.verbosity = 2;
-        } else if (a[0] == '-' && a[1]) {
-            fprintf(log, "fsdp-run: error: unknown option '%s' (see fsdp-run --help)\n", a);
-            rc = 2;
-        } else {
-            paths[np++] = a;
-        }
-    }
-    if (rc < 0 && np == 0) {
-        fprintf(log, "fsdp-run: error: no recipe given (see fsdp-run --help)\n");
-        rc = 2;
-    }
-    if (rc < 0 && !validate && !o.dry_run) {
-        /* under Slurm with several tasks, a plain fsdp-run would train alone as one rank */
-        fsdp_err le;
-        if (launch_check_slurm(cm && comm_size(cm) > 1 ? 1 : comm_launched_by_mpi(), &le)) {
-            fprintf(log, "fsdp-run: error: %s\n", le.msg);
-            rc = 2;
-        }
-    }
-    if (rc < 0) {
-        o.sets = sets;
-        o.comm = cm;
-        rc = run_main(reg, paths, np, &o);
-    }
-    free(paths);
-    free(sets);
-    return rc;
+    return cli_run_recipes(reg, argc, argv, sub, out, log, cm);
 }
 
 /* --nproc N: re-executes this program under the system's mpirun with N local ranks. */

@@ -185,7 +185,8 @@ static int check_switches(const decoder_config *c, fsdp_err *err) {
     return FSDP_OK;
 }
 
-int decoder_config_finalize(decoder_config *c, fsdp_err *err) {
+/* The sizes every model needs are > 0; n_kv_heads defaults to n_heads. */
+static int check_sizes(decoder_config *c, fsdp_err *err) {
     const struct {
         const char *key;
         int v;
@@ -204,8 +205,12 @@ int decoder_config_finalize(decoder_config *c, fsdp_err *err) {
     if (c->n_kv_heads < 0)
         return fsdp_err_set(err, FSDP_E_INVALID, "model.n_kv_heads must be > 0 (got %d)",
                             c->n_kv_heads);
-    int rc = check_switches(c, err);
-    if (rc) return rc;
+    return FSDP_OK;
+}
+
+/* The heads divide the model: dim by n_heads (unless head_dim is given), n_heads by n_kv_heads,
+ * and the head dimension is even (RoPE rotates pairs). */
+static int check_heads(const decoder_config *c, fsdp_err *err) {
     if (!c->head_dim_set && c->dim % c->n_heads)
         return fsdp_err_set(err, FSDP_E_INVALID,
                             "model.dim (%d) must be divisible by model.n_heads (%d)", c->dim,
@@ -221,6 +226,11 @@ int decoder_config_finalize(decoder_config *c, fsdp_err *err) {
         return fsdp_err_set(err, FSDP_E_INVALID,
                             "model: head_dim = dim / n_heads = %d / %d = %d must be even (RoPE "
                             "rotates pairs)", c->dim, c->n_heads, c->dim / c->n_heads);
+    return FSDP_OK;
+}
+
+/* norm_eps, rope_theta and ffn_dim_multiplier are finite and in range; depth_init a boolean. */
+static int check_scalars(const decoder_config *c, fsdp_err *err) {
     if (!isfinite(c->norm_eps) || !(c->norm_eps > 0))
         return fsdp_err_set(err, FSDP_E_INVALID, "model.norm_eps must be finite and > 0 (got %g)",
                             c->norm_eps);
@@ -233,6 +243,12 @@ int decoder_config_finalize(decoder_config *c, fsdp_err *err) {
                             c->ffn_dim_multiplier);
     if (c->depth_init != 0 && c->depth_init != 1)
         return fsdp_err_set(err, FSDP_E_INVALID, "model.depth_init must be true or false");
+    return FSDP_OK;
+}
+
+/* RoPE scaling: none, or Llama 3's with its factor, low < high frequency factors and original
+ * context length. */
+static int check_rope_scaling(const decoder_config *c, fsdp_err *err) {
     if (c->rope_scaling == DECODER_ROPE_LLAMA3) {
         if (!isfinite(c->rope_factor) || !(c->rope_factor > 0))
             return fsdp_err_set(err, FSDP_E_INVALID,
@@ -253,6 +269,12 @@ int decoder_config_finalize(decoder_config *c, fsdp_err *err) {
         return fsdp_err_set(err, FSDP_E_INVALID, "model.rope_scaling: unknown value %d",
                             (int)c->rope_scaling);
     }
+    return FSDP_OK;
+}
+
+/* The derived sizes (head_dim, ffn_hidden), each within a 32-bit int, and a parameter count that
+ * fits 64 bits. */
+static int derive_sizes(decoder_config *c, fsdp_err *err) {
     c->head_dim = c->head_dim_set ? c->head_dim_set : c->dim / c->n_heads;
     if ((int64_t)c->n_heads * c->head_dim > INT32_MAX)
         return fsdp_err_set(err, FSDP_E_INVALID, "model: n_heads * head_dim = %d * %d does not fit a 32-bit int",
@@ -269,4 +291,12 @@ int decoder_config_finalize(decoder_config *c, fsdp_err *err) {
         return fsdp_err_set(err, FSDP_E_INVALID,
                             "model: the parameter count overflows a 64-bit integer");
     return FSDP_OK;
+}
+
+int decoder_config_finalize(decoder_config *c, fsdp_err *err) {
+    int rc;
+    if ((rc = check_sizes(c, err)) || (rc = check_switches(c, err)) || (rc = check_heads(c, err)) ||
+        (rc = check_scalars(c, err)) || (rc = check_rope_scaling(c, err)))
+        return rc;
+    return derive_sizes(c, err);
 }

@@ -168,31 +168,16 @@ static int qk_pre_grads(const decoder_config *c, const decoder_cuda_layer *lw, d
     return FSDP_OK;
 }
 
-int decoder_cuda_bwd_layer(const decoder_config *c, const decoder_cuda_layer *lw, decoder_model_layer *lg, int layer,
-                         decoder_cuda_ws *ws, fsdp_err *err) {
-    int rc = decoder_cuda_ws_check(c, ws, "llama (cuda) backward (layer)", err);
-    if (rc) return rc;
-    if (ws->phase != DECODER_CUDA_BWD || ws->bwd_next != layer)
-        return fsdp_err_set(err, FSDP_E_INVALID, "llama (cuda) backward: layer %d run out of order (expected layer %d)",
-                            layer, ws->phase == DECODER_CUDA_BWD ? ws->bwd_next : -1);
-    if (!lw || !lg)
-        return fsdp_err_set(err, FSDP_E_INVALID, "llama (cuda) backward: no weights or gradients for layer %d", layer);
-    const int B = ws->B, T = ws->T, n = B * T, d = c->dim, H = c->n_heads, KV = c->n_kv_heads, hd = c->head_dim,
-              F = c->ffn_hidden, qd = H * hd, kvd = KV * hd;
+/* The feed-forward block's backward: out = h + w2(g), so dres (d(out)) also flows unchanged into
+ * d(h); ends with dres = d(h). sel: selective checkpointing recomputes g and the norm output right
+ * before the weight gradients that read them. */
+static int bwd_ffn(const decoder_config *c, const decoder_cuda_layer *lw, decoder_model_layer *lg, int layer,
+                   decoder_cuda_ws *ws, int sel, fsdp_err *err) {
+    const int n = ws->B * ws->T, d = c->dim, F = c->ffn_hidden;
     const fsdp_dtype dt = ws->dt;
     decoder_cuda_acts *a = &ws->acts[layer];
     dev_ctx *dc = ws->d;
     kcu_stream s = ws->s;
-
-    /* full activation checkpointing: the shared intermediates hold another layer's; recompute this
-     * layer's from its saved input (same kernels, same values; the output it rewrites is no
-     * longer needed by the backward). Selective checkpointing recomputes g and the norm outputs
-     * below, right before the weight gradients that read them. */
-    const int sel = ws->ac == DECODER_AC_SELECTIVE;
-    if (ws->ac == DECODER_AC_FULL && (rc = layer_forward(c, lw, layer, ws, err)))
-        return fsdp_err_prefix(err, "llama (cuda) backward: layer %d recomputation", layer);
-
-    /* out = h + w2(g): dres is d(out); it also flows unchanged into d(h). */
     TRY(dev_linear_backward_input(dc, dt, ws->dres, lw->w2, ws->dg, n, F, d, 0.0f, err),
         "llama (cuda) backward: layer %d w2", layer);
     if (sel) {
@@ -220,8 +205,21 @@ int decoder_cuda_bwd_layer(const decoder_config *c, const decoder_cuda_layer *lw
         layer);
     TRY(kcu_rmsnorm_backward(dt, ws->dxn, a->h, lw->ffn_norm, a->rstd2, ws->dres, lg->ffn_norm, n, d, s, err),
         "llama (cuda) backward: layer %d ffn_norm", layer);
+    return FSDP_OK;
+}
 
-    /* h = x + wo(att): dres is now d(h); it flows unchanged into d(x). */
+/* The attention block's backward: h = x + wo(att), so dres (d(h)) also flows unchanged into d(x);
+ * ends with dres = d(x). sel: the attention norm's output is recomputed before the q/k/v weight
+ * gradients. */
+static int bwd_attention(const decoder_config *c, const decoder_cuda_layer *lw, decoder_model_layer *lg, int layer,
+                         decoder_cuda_ws *ws, int sel, fsdp_err *err) {
+    const int B = ws->B, T = ws->T, n = B * T, d = c->dim, H = c->n_heads, KV = c->n_kv_heads, hd = c->head_dim,
+              qd = H * hd, kvd = KV * hd;
+    const fsdp_dtype dt = ws->dt;
+    decoder_cuda_acts *a = &ws->acts[layer];
+    dev_ctx *dc = ws->d;
+    kcu_stream s = ws->s;
+    int rc;
     TRY(dev_linear_backward_input(dc, dt, ws->dres, lw->wo, ws->datt, n, qd, d, 0.0f, err),
         "llama (cuda) backward: layer %d wo", layer);
     TRY(dev_linear_backward_weight(dc, dt, ws->dres, a->att, lg->wo, n, qd, d, err),
@@ -251,6 +249,28 @@ int decoder_cuda_bwd_layer(const decoder_config *c, const decoder_cuda_layer *lw
     TRY(kcu_rmsnorm_backward(dt, ws->dxn, a->x, lw->attention_norm, a->rstd1, ws->dres, lg->attention_norm, n, d, s,
                              err),
         "llama (cuda) backward: layer %d attention_norm", layer);
+    return FSDP_OK;
+}
+
+int decoder_cuda_bwd_layer(const decoder_config *c, const decoder_cuda_layer *lw, decoder_model_layer *lg, int layer,
+                         decoder_cuda_ws *ws, fsdp_err *err) {
+    int rc = decoder_cuda_ws_check(c, ws, "llama (cuda) backward (layer)", err);
+    if (rc) return rc;
+    if (ws->phase != DECODER_CUDA_BWD || ws->bwd_next != layer)
+        return fsdp_err_set(err, FSDP_E_INVALID, "llama (cuda) backward: layer %d run out of order (expected layer %d)",
+                            layer, ws->phase == DECODER_CUDA_BWD ? ws->bwd_next : -1);
+    if (!lw || !lg)
+        return fsdp_err_set(err, FSDP_E_INVALID, "llama (cuda) backward: no weights or gradients for layer %d", layer);
+
+    /* full activation checkpointing: the shared intermediates hold another layer's; recompute this
+     * layer's from its saved input (same kernels, same values; the output it rewrites is no
+     * longer needed by the backward). Selective checkpointing recomputes g and the norm outputs
+     * below, right before the weight gradients that read them. */
+    const int sel = ws->ac == DECODER_AC_SELECTIVE;
+    if (ws->ac == DECODER_AC_FULL && (rc = layer_forward(c, lw, layer, ws, err)))
+        return fsdp_err_prefix(err, "llama (cuda) backward: layer %d recomputation", layer);
+    if ((rc = bwd_ffn(c, lw, lg, layer, ws, sel, err))) return rc;
+    if ((rc = bwd_attention(c, lw, lg, layer, ws, sel, err))) return rc;
 
     ws->bwd_next = layer - 1;
     if (layer == 0) ws->phase = DECODER_CUDA_BWD_LAYERS;

@@ -269,84 +269,108 @@ static int add_records(const run_plan *plan, run_result *res) {
     return 0;
 }
 
-static int execute(fsdp_ctx *ctx, const run_plan *plan, run_result *res, const run_opts *o) {
-    if (add_records(plan, res)) return FSDP_E_NOMEM;
-    size_t rec = 0;
-    int failed = 0;
-    for (size_t i = 0; i < plan->n; i++) {
-        const recipe *r = plan->recipes[i];
-        ctx->root = r->root;
-        ctx->recipe_name = r->name;
-        ctx->recipe_path = r->path;
-        int64_t threads = fsdp_arg_int(fsdp_value_get(r->root, "runtime"), "threads", 0);
-        if (threads > 0) omp_set_num_threads((int)threads);
-        if (!failed) fsdp_log(ctx, FSDP_LOG_INFO, "recipe %s (%s): %zu stages", r->name, r->path, r->n_stages);
-        for (size_t k = 0; k < r->n_skipped && !failed; k++)
-            fsdp_log(ctx, FSDP_LOG_INFO, "stage %s (%s) not run: when: %s is false", r->skipped[k].id,
-                     r->skipped[k].uses, r->skipped[k].when);
-        for (size_t k = 0; k < r->n_stages; k++, rec++) {
-            const recipe_stage *s = &r->stages[plan->orders[i][k]];
-            run_record *rr = &res->recs[rec];
-            if (failed) {
-                rr->status = "skipped";
-                continue;
-            }
-            ctx->stage_id = s->id;
-            ctx->metrics = &rr->metrics;
-            fsdp_log(ctx, FSDP_LOG_INFO, "stage %s (%s) ...", s->id, s->uses);
-            fsdp_err err;
-            fsdp_err_clear(&err);
-            double t0 = ctx_now();
-            int rc = s->desc->run(ctx, s->with, &err);
-            if (!rc && err.code) rc = err.code;
-            rr->seconds = ctx_now() - t0;
-            double rss = memstat_peak_rss();
-            if (rss >= 0) fsdp_ctx_metric(ctx, "peak_rss_bytes", rss);
-            ctx_progress_close(ctx);
-            ctx->metrics = NULL;
-            if (rc) {
-                if (!err.msg[0]) snprintf(err.msg, sizeof err.msg, "failed (%s)", fsdp_err_code_name(rc));
-                rr->status = "failed";
-                rr->error = strdup(err.msg);
-                fsdp_log(ctx, FSDP_LOG_ERROR, "stage %s (%s) failed: %s", s->id, s->uses, err.msg);
-                failed = 1;
-                if (ctx->world > 1) {
-                    /* The other ranks may be waiting in a collective of this stage: write what
-                     * this rank knows, then end the whole job rather than let it hang. */
-                    for (size_t q = rec + 1; q < res->n; q++) res->recs[q].status = "skipped";
-                    res->end_wall = wall_now();
-                    res->exit_code = 1;
-                    if (o->report) {
-                        fsdp_err e2;
-                        report_write(res, o->report, &e2);
-                    }
-                    fsdp_log(ctx, FSDP_LOG_ERROR, "rank %d failed: ending the job (%d ranks)", ctx->rank, ctx->world);
-                    comm_abort(ctx->comm, 1);
-                }
-                continue;
-            }
-            rr->status = "ok";
-            if (ctx->world > 1) {
-                /* every rank's metrics of the stage, to rank 0's report (collective) */
-                fsdp_err ge;
-                if (report_gather_ranks(ctx->comm, &rr->metrics, rr, &ge))
-                    fsdp_log(ctx, FSDP_LOG_WARN, "stage %s: the other ranks' metrics are not in the report: %s", s->id,
-                             ge.msg);
-            }
-            /* an async save whose files are all written is committed now, before the next stage */
-            if (ctx->n_fin && ctx_poll_finishers(ctx, &err)) {
-                rr->status = "failed";
-                rr->error = strdup(err.msg);
-                fsdp_log(ctx, FSDP_LOG_ERROR, "background save after stage %s failed: %s", s->id, err.msg);
-                failed = 1;
-                continue;
-            }
-            for (const char *const *p = s->desc->provides; p && *p; p++) fsdp_ctx_set_state(ctx, *p, 1);
-            fsdp_log(ctx, FSDP_LOG_INFO, "stage %s (%s) done in %.2fs", s->id, s->uses, rr->seconds);
+/* What execute carries from stage to stage: the run's record index and whether a stage failed. */
+typedef struct exec_state {
+    fsdp_ctx *ctx;
+    run_result *res;
+    const run_opts *o;
+    size_t rec; /* the record of the stage at hand (res->recs[rec]) */
+    int failed;
+} exec_state;
+
+/* A recipe starts: the context points at it, its thread count applies, and (unless a stage failed)
+ * its stages and those a false `when:` removed are logged. */
+static void begin_recipe(exec_state *x, const recipe *r) {
+    fsdp_ctx *ctx = x->ctx;
+    ctx->root = r->root;
+    ctx->recipe_name = r->name;
+    ctx->recipe_path = r->path;
+    int64_t threads = fsdp_arg_int(fsdp_value_get(r->root, "runtime"), "threads", 0);
+    if (threads > 0) omp_set_num_threads((int)threads);
+    if (!x->failed) fsdp_log(ctx, FSDP_LOG_INFO, "recipe %s (%s): %zu stages", r->name, r->path, r->n_stages);
+    for (size_t k = 0; k < r->n_skipped && !x->failed; k++)
+        fsdp_log(ctx, FSDP_LOG_INFO, "stage %s (%s) not run: when: %s is false", r->skipped[k].id, r->skipped[k].uses,
+                 r->skipped[k].when);
+}
+
+/* A stage failed: its record says why; with several ranks the report is written and the whole
+ * job ends (the others may wait in one of its collectives). */
+static void stage_failed(exec_state *x, const recipe_stage *s, run_record *rr, int rc, fsdp_err *err) {
+    fsdp_ctx *ctx = x->ctx;
+    run_result *res = x->res;
+    if (!err->msg[0]) snprintf(err->msg, sizeof err->msg, "failed (%s)", fsdp_err_code_name(rc));
+    rr->status = "failed";
+    rr->error = strdup(err->msg);
+    fsdp_log(ctx, FSDP_LOG_ERROR, "stage %s (%s) failed: %s", s->id, s->uses, err->msg);
+    x->failed = 1;
+    if (ctx->world > 1) {
+        /* The other ranks may be waiting in a collective of this stage: write what
+         * this rank knows, then end the whole job rather than let it hang. */
+        for (size_t q = x->rec + 1; q < res->n; q++) res->recs[q].status = "skipped";
+        res->end_wall = wall_now();
+        res->exit_code = 1;
+        if (x->o->report) {
+            fsdp_err e2;
+            report_write(res, x->o->report, &e2);
         }
+        fsdp_log(ctx, FSDP_LOG_ERROR, "rank %d failed: ending the job (%d ranks)", ctx->rank, ctx->world);
+        comm_abort(ctx->comm, 1);
     }
-    ctx->stage_id = NULL;
-    /* background work (async saves) completes before the run ends, failed or not */
+}
+
+/* A stage succeeded: every rank's metrics to the report, async saves committed, what it provides
+ * set in the context. */
+static void stage_succeeded(exec_state *x, const recipe_stage *s, run_record *rr, fsdp_err *err) {
+    fsdp_ctx *ctx = x->ctx;
+    rr->status = "ok";
+    if (ctx->world > 1) {
+        /* every rank's metrics of the stage, to rank 0's report (collective) */
+        fsdp_err ge;
+        if (report_gather_ranks(ctx->comm, &rr->metrics, rr, &ge))
+            fsdp_log(ctx, FSDP_LOG_WARN, "stage %s: the other ranks' metrics are not in the report: %s", s->id, ge.msg);
+    }
+    /* an async save whose files are all written is committed now, before the next stage */
+    if (ctx->n_fin && ctx_poll_finishers(ctx, err)) {
+        rr->status = "failed";
+        rr->error = strdup(err->msg);
+        fsdp_log(ctx, FSDP_LOG_ERROR, "background save after stage %s failed: %s", s->id, err->msg);
+        x->failed = 1;
+        return;
+    }
+    for (const char *const *p = s->desc->provides; p && *p; p++) fsdp_ctx_set_state(ctx, *p, 1);
+    fsdp_log(ctx, FSDP_LOG_INFO, "stage %s (%s) done in %.2fs", s->id, s->uses, rr->seconds);
+}
+
+/* Runs one stage into its record (timed, with the peak RSS), or marks it skipped after a failure. */
+static void run_stage(exec_state *x, const recipe_stage *s) {
+    fsdp_ctx *ctx = x->ctx;
+    run_record *rr = &x->res->recs[x->rec];
+    if (x->failed) {
+        rr->status = "skipped";
+        return;
+    }
+    ctx->stage_id = s->id;
+    ctx->metrics = &rr->metrics;
+    fsdp_log(ctx, FSDP_LOG_INFO, "stage %s (%s) ...", s->id, s->uses);
+    fsdp_err err;
+    fsdp_err_clear(&err);
+    double t0 = ctx_now();
+    int rc = s->desc->run(ctx, s->with, &err);
+    if (!rc && err.code) rc = err.code;
+    rr->seconds = ctx_now() - t0;
+    double rss = memstat_peak_rss();
+    if (rss >= 0) fsdp_ctx_metric(ctx, "peak_rss_bytes", rss);
+    ctx_progress_close(ctx);
+    ctx->metrics = NULL;
+    if (rc) stage_failed(x, s, rr, rc, &err);
+    else stage_succeeded(x, s, rr, &err);
+}
+
+/* Background work (async saves) completes before the run ends, failed or not; its failure fails
+ * the last stage that succeeded. */
+static void finish_background(exec_state *x) {
+    fsdp_ctx *ctx = x->ctx;
+    run_result *res = x->res;
     fsdp_err ferr;
     fsdp_err_clear(&ferr);
     if (ctx->n_fin && ctx_run_finishers(ctx, &ferr)) {
@@ -359,9 +383,21 @@ static int execute(fsdp_ctx *ctx, const run_plan *plan, run_result *res, const r
                 break;
             }
         }
-        failed = 1;
+        x->failed = 1;
     }
-    return failed ? FSDP_E_RUNTIME : 0;
+}
+
+static int execute(fsdp_ctx *ctx, const run_plan *plan, run_result *res, const run_opts *o) {
+    if (add_records(plan, res)) return FSDP_E_NOMEM;
+    exec_state x = {ctx, res, o, 0, 0};
+    for (size_t i = 0; i < plan->n; i++) {
+        const recipe *r = plan->recipes[i];
+        begin_recipe(&x, r);
+        for (size_t k = 0; k < r->n_stages; k++, x.rec++) run_stage(&x, &r->stages[plan->orders[i][k]]);
+    }
+    ctx->stage_id = NULL;
+    finish_background(&x);
+    return x.failed ? FSDP_E_RUNTIME : 0;
 }
 
 /* `validate`'s line per recipe: the stages in order, then those a false `when:` removed. */

@@ -137,94 +137,107 @@ static int event_get(dev_ctx *d, cudaEvent_t *ev, fsdp_err *err) {
 
 /* ---- context ------------------------------------------------------------------------------------ */
 
+/* The GPU of this process: its local rank's (from the options, else the environment, else 0);
+ * with one GPU visible every local rank shares it. Nonzero (err filled) when there is none. */
+static int dev_pick_ordinal(const dev_options *o, int *ord, fsdp_err *err) {
+    int count = 0;
+    if (dev_count(&count, err)) return FSDP_E_DEVICE;
+    int lr = o->local_rank;
+    if (lr < 0) {
+        if (dev_env_local_rank(&lr, err)) return FSDP_E_DEVICE;
+        if (lr < 0) lr = 0;
+    }
+    *ord = lr;
+    if (lr >= count) {
+        if (count != 1)
+            return fsdp_err_set(err, FSDP_E_DEVICE, "local rank %d needs GPU %d but only %d GPUs are visible", lr, lr,
+                                count);
+        *ord = 0;
+    }
+    return FSDP_OK;
+}
+
+/* Selects the device d->ordinal, reads its properties and creates the streams with their
+ * ordering events. */
+static int dev_open_device(dev_ctx *d, fsdp_err *err) {
+    int ord = d->ordinal;
+    struct cudaDeviceProp prop;
+    cudaError_t e;
+    if ((e = cudaSetDevice(ord)) != cudaSuccess) return dev_cuda_fail(err, e, "cudaSetDevice(%d)", ord);
+    if ((e = cudaGetDeviceProperties(&prop, ord)) != cudaSuccess)
+        return dev_cuda_fail(err, e, "cudaGetDeviceProperties(%d)", ord);
+    snprintf(d->name, sizeof d->name, "%s", prop.name);
+    d->sm_count = prop.multiProcessorCount;
+    d->cc = prop.major * 10 + prop.minor;
+    d->total_mem = prop.totalGlobalMem;
+    for (int k = 0; k < DEV_STREAM_COUNT; k++) {
+        if ((e = cudaStreamCreateWithFlags(&d->streams[k], cudaStreamNonBlocking)) != cudaSuccess)
+            return dev_cuda_fail(err, e, "cudaStreamCreateWithFlags");
+        if ((e = cudaEventCreateWithFlags(&d->order_events[k], cudaEventDisableTiming)) != cudaSuccess)
+            return dev_cuda_fail(err, e, "cudaEventCreateWithFlags");
+    }
+    return FSDP_OK;
+}
+
+/* The error code of a creation that failed (err's, and never 0, so that the failure stands). */
+static int dev_failed_code(const fsdp_err *err) {
+    return err && err->code ? err->code : FSDP_E_NOMEM;
+}
+
+/* The caching allocators of device memory (fenced by events) and of pinned host memory. */
+static int dev_open_caches(dev_ctx *d, fsdp_err *err) {
+    dev_cache_backend mem_be = {.user = d, .what = "device", .alloc = device_alloc, .release = device_release,
+                                .fence_ready = fence_ready, .fence_release = fence_release};
+    dev_cache_backend host_be = {.user = d, .what = "pinned host", .alloc = host_alloc, .release = host_release};
+    if (!(d->mem = dev_cache_create(&mem_be, err)) || !(d->host = dev_cache_create(&host_be, err)))
+        return dev_failed_code(err);
+    return FSDP_OK;
+}
+
+/* cuBLAS and cuBLASLt handles, the cuBLAS workspace (ws_bytes) on the compute stream, and the
+ * GEMM plan cache. */
+static int dev_open_blas(dev_ctx *d, size_t ws_bytes, fsdp_err *err) {
+    int rc;
+    if ((rc = dev_blas_load(&d->bl, err))) return rc;
+    cublasStatus_t bs;
+    if ((bs = d->bl.cublasCreate(&d->blas)) != CUBLAS_STATUS_SUCCESS) {
+        d->blas = NULL;
+        return fsdp_err_set(err, FSDP_E_DEVICE, "cublasCreate: %s", d->bl.cublasGetStatusString(bs));
+    }
+    if ((bs = d->bl.cublasLtCreate(&d->lt)) != CUBLAS_STATUS_SUCCESS) {
+        d->lt = NULL;
+        return fsdp_err_set(err, FSDP_E_DEVICE, "cublasLtCreate: %s", d->bl.cublasLtGetStatusString(bs));
+    }
+    cudaError_t e;
+    if ((e = cudaMalloc(&d->blas_ws, ws_bytes)) != cudaSuccess) {
+        d->blas_ws = NULL;
+        return dev_cuda_fail(err, e, "cudaMalloc(%zu bytes) for the cuBLAS workspace", ws_bytes);
+    }
+    d->blas_ws_bytes = ws_bytes;
+    if ((bs = d->bl.cublasSetStream(d->blas, d->streams[DEV_STREAM_COMPUTE])) != CUBLAS_STATUS_SUCCESS ||
+        (bs = d->bl.cublasSetWorkspace(d->blas, d->blas_ws, d->blas_ws_bytes)) != CUBLAS_STATUS_SUCCESS ||
+        (bs = d->bl.cublasSetMathMode(d->blas, CUBLAS_DEFAULT_MATH)) != CUBLAS_STATUS_SUCCESS)
+        return fsdp_err_set(err, FSDP_E_DEVICE, "cuBLAS handle setup: %s", d->bl.cublasGetStatusString(bs));
+    if (!(d->gemm = dev_gemm_cache_create(&d->bl, err))) return dev_failed_code(err);
+    return FSDP_OK;
+}
+
 dev_ctx *dev_ctx_create(const dev_options *opt, fsdp_err *err) {
     dev_options o = {.local_rank = -1, .blas_workspace_bytes = 0};
     if (opt) o = *opt;
     if (!o.blas_workspace_bytes) o.blas_workspace_bytes = (size_t)32 << 20;
-    int count = 0;
-    if (dev_count(&count, err)) return NULL;
-    int lr = o.local_rank;
-    if (lr < 0) {
-        if (dev_env_local_rank(&lr, err)) return NULL;
-        if (lr < 0) lr = 0;
-    }
-    int ord = lr;
-    if (lr >= count) {
-        if (count != 1) {
-            fsdp_err_set(err, FSDP_E_DEVICE, "local rank %d needs GPU %d but only %d GPUs are visible", lr, lr, count);
-            return NULL;
-        }
-        ord = 0;
-    }
+    int ord = 0;
+    if (dev_pick_ordinal(&o, &ord, err)) return NULL;
     dev_ctx *d = calloc(1, sizeof *d);
     if (!d) {
         fsdp_err_set(err, FSDP_E_NOMEM, "device context: out of host memory");
         return NULL;
     }
     d->ordinal = ord;
-    int rc = FSDP_OK;
-    struct cudaDeviceProp prop;
-    cudaError_t e;
-    if ((e = cudaSetDevice(ord)) != cudaSuccess) {
-        rc = dev_cuda_fail(err, e, "cudaSetDevice(%d)", ord);
-        goto fail;
-    }
-    if ((e = cudaGetDeviceProperties(&prop, ord)) != cudaSuccess) {
-        rc = dev_cuda_fail(err, e, "cudaGetDeviceProperties(%d)", ord);
-        goto fail;
-    }
-    snprintf(d->name, sizeof d->name, "%s", prop.name);
-    d->sm_count = prop.multiProcessorCount;
-    d->cc = prop.major * 10 + prop.minor;
-    d->total_mem = prop.totalGlobalMem;
-    for (int k = 0; k < DEV_STREAM_COUNT; k++) {
-        if ((e = cudaStreamCreateWithFlags(&d->streams[k], cudaStreamNonBlocking)) != cudaSuccess) {
-            rc = dev_cuda_fail(err, e, "cudaStreamCreateWithFlags");
-            goto fail;
-        }
-        if ((e = cudaEventCreateWithFlags(&d->order_events[k], cudaEventDisableTiming)) != cudaSuccess) {
-            rc = dev_cuda_fail(err, e, "cudaEventCreateWithFlags");
-            goto fail;
-        }
-    }
-    dev_cache_backend mem_be = {.user = d, .what = "device", .alloc = device_alloc, .release = device_release,
-                                .fence_ready = fence_ready, .fence_release = fence_release};
-    dev_cache_backend host_be = {.user = d, .what = "pinned host", .alloc = host_alloc, .release = host_release};
-    if (!(d->mem = dev_cache_create(&mem_be, err)) || !(d->host = dev_cache_create(&host_be, err))) {
-        rc = err ? err->code : FSDP_E_NOMEM;
-        goto fail;
-    }
-    if ((rc = dev_blas_load(&d->bl, err))) goto fail;
-    cublasStatus_t bs;
-    if ((bs = d->bl.cublasCreate(&d->blas)) != CUBLAS_STATUS_SUCCESS) {
-        d->blas = NULL;
-        rc = fsdp_err_set(err, FSDP_E_DEVICE, "cublasCreate: %s", d->bl.cublasGetStatusString(bs));
-        goto fail;
-    }
-    if ((bs = d->bl.cublasLtCreate(&d->lt)) != CUBLAS_STATUS_SUCCESS) {
-        d->lt = NULL;
-        rc = fsdp_err_set(err, FSDP_E_DEVICE, "cublasLtCreate: %s", d->bl.cublasLtGetStatusString(bs));
-        goto fail;
-    }
-    if ((e = cudaMalloc(&d->blas_ws, o.blas_workspace_bytes)) != cudaSuccess) {
-        d->blas_ws = NULL;
-        rc = dev_cuda_fail(err, e, "cudaMalloc(%zu bytes) for the cuBLAS workspace", o.blas_workspace_bytes);
-        goto fail;
-    }
-    d->blas_ws_bytes = o.blas_workspace_bytes;
-    if ((bs = d->bl.cublasSetStream(d->blas, d->streams[DEV_STREAM_COMPUTE])) != CUBLAS_STATUS_SUCCESS ||
-        (bs = d->bl.cublasSetWorkspace(d->blas, d->blas_ws, d->blas_ws_bytes)) != CUBLAS_STATUS_SUCCESS ||
-        (bs = d->bl.cublasSetMathMode(d->blas, CUBLAS_DEFAULT_MATH)) != CUBLAS_STATUS_SUCCESS) {
-        rc = fsdp_err_set(err, FSDP_E_DEVICE, "cuBLAS handle setup: %s", d->bl.cublasGetStatusString(bs));
-        goto fail;
-    }
-    if (!(d->gemm = dev_gemm_cache_create(&d->bl, err))) {
-        rc = err ? err->code : FSDP_E_NOMEM;
-        goto fail;
-    }
-    return d;
-fail:
-    (void)rc;
+    int rc = dev_open_device(d, err);
+    if (!rc) rc = dev_open_caches(d, err);
+    if (!rc) rc = dev_open_blas(d, o.blas_workspace_bytes, err);
+    if (!rc) return d;
     dev_ctx_free(d);
     return NULL;
 }

@@ -113,113 +113,188 @@ static int sst_copies(fsdp_ctx *ctx, const fsdp_value *with, const char *path, f
     return 0;
 }
 
-static int sst_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
-    fsdp_state *s = state_get(ctx);
-    if (!s) return fsdp_err_set(err, FSDP_E_INVALID, "save-safetensors: no model in the context");
-    comm *c = stage_comm(ctx);
-    int rank = comm_rank(c), hf = !strcmp(fsdp_arg_str(with, "names", "torchtitan"), "hf");
-    const char *dts = fsdp_arg_str(with, "dtype", "auto"), *path = fsdp_arg_str(with, "path", "");
-    int64_t shard_mb = fsdp_arg_int(with, "shard_mb", 0);
+/* What sst_run carries between its steps: the settings, the writer (one file) or the shards, each
+ * parameter's tensor index and name mapping, and the bytes written. */
+typedef struct sst_job {
+    fsdp_ctx *ctx;
+    const fsdp_value *with;
+    fsdp_state *s;
+    comm *c;
+    int rank, hf, hf_dir;
+    const char *dts, *path;
+    int64_t shard_mb;
     char file[4200]; /* one file: path, or path/model.safetensors for an HF directory */
-    int hf_dir = shard_mb <= 0 && st_export_file(path, hf, file, sizeof file);
-    int rc = mt_state_check_values(s, "save-safetensors", err);
-    if (!rc) rc = sst_refuse_existing(c, with, shard_mb > 0 ? path : file, shard_mb > 0, err);
+    st_writer *w;
+    st_shards *sh;
+    size_t *idx;
+    nmap_info *info;
+    uint64_t bytes;
+} sst_job;
+
+/* The dtype a parameter is written in (dtype: auto keeps its own). */
+static fsdp_dtype sst_dtype(const char *dts, const state_param *p) {
+    return !strcmp(dts, "auto") ? p->dtype : fsdp_dtype_from_name(dts);
+}
+
+/* Rank 0, names: hf: a model transformers cannot describe fails before any weight is written. */
+static int sst_check_hf_config(const sst_job *j, fsdp_err *err) {
+    char *text = NULL;
+    int rc = hf_config_to_json(decoder_state_config(j->s), sst_dtype(j->dts, &j->s->p[0]), &text, err);
+    free(text);
+    if (rc) fsdp_err_prefix(err, "save-safetensors: %s", j->path);
+    return rc;
+}
+
+/* Rank 0: opens the file or shards, declares every tensor (under its HF name with names: hf)
+ * and begins the data. */
+static int sst_declare(sst_job *j, fsdp_err *err) {
+    fsdp_state *s = j->s;
+    int rc = j->shard_mb > 0 ? st_shards_new(&j->sh, j->path, "model", (uint64_t)j->shard_mb << 20, err)
+                             : st_writer_new(&j->w, j->file, err);
+    if (!rc)
+        rc = j->sh ? st_shards_set_metadata(j->sh, "format", "pt", err) : st_writer_set_metadata(j->w, "format", "pt", err);
+    for (size_t i = 0; i < s->n && !rc; i++) {
+        state_param *p = &s->p[i];
+        char name[1024];
+        snprintf(name, sizeof name, "%s", p->name);
+        if (j->hf && (rc = nmap_map(NMAP_TT_TO_HF, p->name, decoder_state_config(s)->n_heads, decoder_state_config(s)->n_kv_heads, name, sizeof name,
+                                    &j->info[i], err)))
+            break;
+        fsdp_dtype dt = sst_dtype(j->dts, p);
+        rc = j->sh ? st_shards_declare(j->sh, name, dt, p->ndim, p->shape, &j->idx[i], err)
+                   : st_writer_declare(j->w, name, dt, p->ndim, p->shape, &j->idx[i], err);
+    }
+    if (!rc) rc = j->sh ? st_shards_begin(j->sh, err) : st_writer_begin(j->w, err);
+    return rc;
+}
+
+/* Rank 0: parameter i's full values converted to its dtype, q/k rows permuted for HF, written. */
+static int sst_write_tensor(sst_job *j, size_t i, const float *full, fsdp_err *err) {
+    state_param *p = &j->s->p[i];
+    int64_t n = state_param_numel(p);
+    fsdp_dtype dt = sst_dtype(j->dts, p);
+    size_t esz = fsdp_dtype_size(dt);
+    void *out = malloc((size_t)(n ? n : 1) * esz), *perm = NULL;
+    int rc = 0;
+    if (!out) rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+    if (!rc) rc = fsdp_convert(out, dt, full, FSDP_DT_F32, (size_t)n, err);
+    if (!rc && j->info[i].qk != NMAP_QK_NONE) {
+        perm = malloc((size_t)n * esz);
+        if (!perm) rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+        else rc = nmap_permute_rows(NMAP_TT_TO_HF, perm, out, p->shape[0], p->row_numel, esz, j->info[i].heads, err);
+    }
+    if (!rc) rc = j->sh ? st_shards_write(j->sh, j->idx[i], perm ? perm : out, (size_t)n * esz, err)
+                        : st_writer_write(j->w, j->idx[i], perm ? perm : out, (size_t)n * esz, err);
+    j->bytes += (uint64_t)n * esz;
+    free(out);
+    free(perm);
+    return rc;
+}
+
+/* Every rank: parameter i gathered whole on rank 0 (unsharded, or its host rows), then written. */
+static int sst_gather_param(sst_job *j, size_t i, fsdp_err *err) {
+    fsdp_state *s = j->s;
+    state_param *p = &s->p[i];
+    int64_t n = state_param_numel(p);
+    float *full = NULL, *local = NULL;
+    /* the local rows in host memory (downloaded when the state is on the GPU) */
+    int rc = state_param_map(s, p, STATE_DATA, &local, err);
     if (rc) return rc;
-    if (hf && !s->trainer_cfg)
+    if (s->layout == STATE_FULL) {
+        full = j->rank == 0 ? local : NULL;
+    } else {
+        full = malloc((size_t)(n ? n : 1) * sizeof *full);
+        if (!full) {
+            state_param_unmap(s, p, STATE_DATA, local, 0, err);
+            return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory gathering %s", p->name);
+        }
+        rc = state_unshard(p, local, j->c, full, err);
+    }
+    if (!rc && j->rank == 0) rc = sst_write_tensor(j, i, full, err);
+    if (s->layout != STATE_FULL) free(full);
+    fsdp_err e3;
+    state_param_unmap(s, p, STATE_DATA, local, 0, &e3);
+    return rc;
+}
+
+/* Rank 0, after the data: the file or index finished, the copies, and config.json for HF names. */
+static int sst_finish_outputs(sst_job *j, fsdp_err *err) {
+    fsdp_state *s = j->s;
+    int rc = j->sh ? st_shards_finish(j->sh, err) : st_writer_finish(j->w, err);
+    if (!rc) rc = sst_copies(j->ctx, j->with, j->file, err);
+    /* Hugging Face names: the config.json transformers opens the directory with */
+    if (!rc && j->hf && s->trainer_cfg && s->n > 0)
+        rc = sst_write_config(s, j->dts, j->path, j->sh != NULL || j->hf_dir, err);
+    return rc;
+}
+
+/* Before any data: values checked, an existing output refused (overwrite: false), and names: hf
+ * only for a Llama-family model. */
+static int sst_preflight(sst_job *j, fsdp_err *err) {
+    fsdp_state *s = j->s;
+    int rc = mt_state_check_values(s, "save-safetensors", err);
+    if (!rc) rc = sst_refuse_existing(j->c, j->with, j->shard_mb > 0 ? j->path : j->file, j->shard_mb > 0, err);
+    if (rc) return rc;
+    if (j->hf && !s->trainer_cfg)
         return fsdp_err_set(err, FSDP_E_INVALID,
                             "save-safetensors: names: hf maps Llama-family names, and the model is a %s (its names are "
                             "written as they are without names: hf)",
                             s->model ? mt_kind(s->model) : "model without a Llama config");
-    st_writer *w = NULL;
-    st_shards *sh = NULL;
-    size_t *idx = calloc(s->n ? s->n : 1, sizeof *idx);
-    nmap_info *info = calloc(s->n ? s->n : 1, sizeof *info);
-    if (!idx || !info) rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
-    /* rank 0 declares every tensor; every rank takes part in the gathers */
-    stage_sweep_stale(ctx, path);
-    if (!rc && rank == 0 && hf && s->trainer_cfg && s->n > 0) {
-        /* a model transformers cannot describe fails before any weight is written */
-        char *text = NULL;
-        fsdp_dtype dt = !strcmp(dts, "auto") ? s->p[0].dtype : fsdp_dtype_from_name(dts);
-        rc = hf_config_to_json(decoder_state_config(s), dt, &text, err);
-        free(text);
-        if (rc) fsdp_err_prefix(err, "save-safetensors: %s", path);
-    }
-    if (!rc && rank == 0 && shard_mb <= 0) rc = sst_parent_dir(file, err);
-    if (!rc && rank == 0) {
-        rc = shard_mb > 0 ? st_shards_new(&sh, path, "model", (uint64_t)shard_mb << 20, err) : st_writer_new(&w, file, err);
-        if (!rc) rc = sh ? st_shards_set_metadata(sh, "format", "pt", err) : st_writer_set_metadata(w, "format", "pt", err);
-        for (size_t i = 0; i < s->n && !rc; i++) {
-            state_param *p = &s->p[i];
-            char name[1024];
-            snprintf(name, sizeof name, "%s", p->name);
-            if (hf && (rc = nmap_map(NMAP_TT_TO_HF, p->name, decoder_state_config(s)->n_heads, decoder_state_config(s)->n_kv_heads, name, sizeof name,
-                                     &info[i], err)))
-                break;
-            fsdp_dtype dt = !strcmp(dts, "auto") ? p->dtype : fsdp_dtype_from_name(dts);
-            rc = sh ? st_shards_declare(sh, name, dt, p->ndim, p->shape, &idx[i], err)
-                    : st_writer_declare(w, name, dt, p->ndim, p->shape, &idx[i], err);
-        }
-        if (!rc) rc = sh ? st_shards_begin(sh, err) : st_writer_begin(w, err);
-    }
+    return 0;
+}
+
+/* Rank 0 declares every tensor (after the config check and the parent directory); every rank
+ * learns whether it started. */
+static int sst_start(sst_job *j, int rc, fsdp_err *err) {
+    fsdp_state *s = j->s;
+    if (!rc && j->rank == 0 && j->hf && s->trainer_cfg && s->n > 0) rc = sst_check_hf_config(j, err);
+    if (!rc && j->rank == 0 && j->shard_mb <= 0) rc = sst_parent_dir(j->file, err);
+    if (!rc && j->rank == 0) rc = sst_declare(j, err);
     /* a failure on rank 0 must not leave the others in a gather */
     int who;
     fsdp_err e2;
-    int st = comm_agree(c, rc, &who, &e2);
-    if (st && !rc) rc = fsdp_err_set(err, st, "save-safetensors: rank %d failed to start %s", who, path);
-    uint64_t bytes = 0;
-    for (size_t i = 0; i < s->n && !rc; i++) {
-        state_param *p = &s->p[i];
-        int64_t n = state_param_numel(p);
-        float *full = NULL, *local = NULL;
-        /* the local rows in host memory (downloaded when the state is on the GPU) */
-        if ((rc = state_param_map(s, p, STATE_DATA, &local, err))) break;
-        if (s->layout == STATE_FULL) {
-            full = rank == 0 ? local : NULL;
-        } else {
-            full = malloc((size_t)(n ? n : 1) * sizeof *full);
-            if (!full) {
-                state_param_unmap(s, p, STATE_DATA, local, 0, err);
-                rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory gathering %s", p->name);
-                break;
-            }
-            rc = state_unshard(p, local, c, full, err);
-        }
-        if (!rc && rank == 0) {
-            fsdp_dtype dt = !strcmp(dts, "auto") ? p->dtype : fsdp_dtype_from_name(dts);
-            size_t esz = fsdp_dtype_size(dt);
-            void *out = malloc((size_t)(n ? n : 1) * esz), *perm = NULL;
-            if (!out) rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
-            if (!rc) rc = fsdp_convert(out, dt, full, FSDP_DT_F32, (size_t)n, err);
-            if (!rc && info[i].qk != NMAP_QK_NONE) {
-                perm = malloc((size_t)n * esz);
-                if (!perm) rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
-                else rc = nmap_permute_rows(NMAP_TT_TO_HF, perm, out, p->shape[0], p->row_numel, esz, info[i].heads, err);
-            }
-            if (!rc) rc = sh ? st_shards_write(sh, idx[i], perm ? perm : out, (size_t)n * esz, err)
-                             : st_writer_write(w, idx[i], perm ? perm : out, (size_t)n * esz, err);
-            bytes += (uint64_t)n * esz;
-            free(out);
-            free(perm);
-        }
-        if (s->layout != STATE_FULL) free(full);
-        fsdp_err e3;
-        state_param_unmap(s, p, STATE_DATA, local, 0, &e3);
-    }
-    if (!rc && rank == 0) rc = sh ? st_shards_finish(sh, err) : st_writer_finish(w, err);
-    if (!rc && rank == 0) rc = sst_copies(ctx, with, file, err);
-    /* Hugging Face names: the config.json transformers opens the directory with */
-    if (!rc && rank == 0 && hf && s->trainer_cfg && s->n > 0)
-        rc = sst_write_config(s, dts, path, sh != NULL || hf_dir, err);
-    if (w) st_writer_free(w);
-    if (sh) st_shards_free(sh);
-    free(idx);
-    free(info);
-    st = comm_agree(c, rc, &who, &e2);
-    if (st && !rc) rc = fsdp_err_set(err, st, "save-safetensors: rank %d failed writing %s", who, path);
+    int st = comm_agree(j->c, rc, &who, &e2);
+    if (st && !rc) rc = fsdp_err_set(err, st, "save-safetensors: rank %d failed to start %s", who, j->path);
+    return rc;
+}
+
+static int sst_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
+    fsdp_state *s = state_get(ctx);
+    if (!s) return fsdp_err_set(err, FSDP_E_INVALID, "save-safetensors: no model in the context");
+    sst_job j;
+    memset(&j, 0, sizeof j);
+    j.ctx = ctx;
+    j.with = with;
+    j.s = s;
+    j.c = stage_comm(ctx);
+    j.rank = comm_rank(j.c);
+    j.hf = !strcmp(fsdp_arg_str(with, "names", "torchtitan"), "hf");
+    j.dts = fsdp_arg_str(with, "dtype", "auto");
+    j.path = fsdp_arg_str(with, "path", "");
+    j.shard_mb = fsdp_arg_int(with, "shard_mb", 0);
+    j.hf_dir = j.shard_mb <= 0 && st_export_file(j.path, j.hf, j.file, sizeof j.file);
+    int rc = sst_preflight(&j, err);
+    if (rc) return rc;
+    j.idx = calloc(s->n ? s->n : 1, sizeof *j.idx);
+    j.info = calloc(s->n ? s->n : 1, sizeof *j.info);
+    if (!j.idx || !j.info) rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+    /* rank 0 declares every tensor; every rank takes part in the gathers */
+    stage_sweep_stale(ctx, j.path);
+    rc = sst_start(&j, rc, err);
+    for (size_t i = 0; i < s->n && !rc; i++) rc = sst_gather_param(&j, i, err);
+    if (!rc && j.rank == 0) rc = sst_finish_outputs(&j, err);
+    if (j.w) st_writer_free(j.w);
+    if (j.sh) st_shards_free(j.sh);
+    free(j.idx);
+    free(j.info);
+    int who;
+    fsdp_err e2;
+    int st = comm_agree(j.c, rc, &who, &e2);
+    if (st && !rc) rc = fsdp_err_set(err, st, "save-safetensors: rank %d failed writing %s", who, j.path);
     if (!rc) {
-        fsdp_ctx_metric(ctx, "bytes_written", (double)bytes);
-        fsdp_log(ctx, FSDP_LOG_INFO, "wrote %s (%.1f MB%s)", path, (double)bytes / 1e6, hf ? ", Hugging Face names" : "");
+        fsdp_ctx_metric(ctx, "bytes_written", (double)j.bytes);
+        fsdp_log(ctx, FSDP_LOG_INFO, "wrote %s (%.1f MB%s)", j.path, (double)j.bytes / 1e6,
+                 j.hf ? ", Hugging Face names" : "");
     }
     return rc;
 }

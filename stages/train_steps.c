@@ -287,7 +287,39 @@ static void train_final_metrics(fsdp_ctx *ctx, const train_backend *be, train_fs
     fsdp_ctx_metric(ctx, mem_name, mem);
 }
 
-static int train_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
+/* What train_run carries between its steps: the stage's settings, the open data and backend, and
+ * the progress of the step loop. */
+typedef struct train_run_state {
+    fsdp_ctx *ctx;
+    const fsdp_value *with;
+    fsdp_state *s;
+    comm *c;
+    int64_t steps, log_every, save_every, eval_every, eval_batches;
+    train_fsdp_hparams hp;
+    lrs_config sched;
+    const char *metrics_path, *save_path;
+    stage_save_policy save_pol;
+    data_config dc;
+    data_source *data, *eval;
+    int64_t B, T;
+    train_backend be;
+    train_fsdp_cuda_options gopt;
+    FILE *mf;
+    int n_micro;
+    unsigned char *no_decay;
+    int32_t *tokens, *labels;
+    double peak_tflops, flops_tok;
+    /* the step loop */
+    fsdp_progress *prog;
+    double t0, t_last, loss, gnorm;
+    int64_t first, tok_since;
+    train_calls calls;
+} train_run_state;
+
+/* The model must be a built-in arch with valid values; places the state on the run's device
+ * (fills tr->s and tr->c). */
+static int train_place_model(train_run_state *tr, fsdp_err *err) {
+    fsdp_ctx *ctx = tr->ctx;
     fsdp_state *s = state_get(ctx);
     if (!s) return fsdp_err_set(err, FSDP_E_INVALID, "train-steps: no model in the context");
     if (!s->trainer_cfg)
@@ -295,7 +327,7 @@ static int train_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
                             "model: {arch: llama3, ...})", s->model ? mt_kind(s->model) : "model without a Llama config");
     int vrc = mt_state_check_values(s, "train-steps", err);
     if (vrc) return vrc;
-    comm *c = stage_comm(ctx);
+    tr->c = stage_comm(ctx);
     /* the state goes where the run's device is (runtime.device): the GPU step needs every
      * parameter on the device and the NCCL communicator (at every world size), the CPU step
      * host memory */
@@ -303,145 +335,207 @@ static int train_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
     int prc = stage_place_state(ctx, s, &on_gpu, err);
     if (!prc && on_gpu) prc = stage_device_nccl(ctx, err);
     if (prc) return fsdp_err_prefix(err, "train-steps");
-    int64_t steps = fsdp_arg_int(with, "steps", 0);
+    tr->s = s;
+    return 0;
+}
+
+/* The stage's settings: steps, AdamW hyperparameters, LR schedule, logging and periodic saves. */
+static int train_read_settings(train_run_state *tr, fsdp_err *err) {
+    const fsdp_value *with = tr->with;
+    tr->steps = fsdp_arg_int(with, "steps", 0);
     const fsdp_value *betas = fsdp_value_get(with, "betas");
-    train_fsdp_hparams hp;
-    memset(&hp, 0, sizeof hp);
-    fsdp_value_float(fsdp_value_item(betas, 0), &hp.beta1);
-    fsdp_value_float(fsdp_value_item(betas, 1), &hp.beta2);
-    hp.eps = fsdp_arg_float(with, "eps", 1e-8);
-    hp.weight_decay = fsdp_arg_float(with, "weight_decay", 0.1);
-    hp.max_norm = fsdp_arg_float(with, "max_grad_norm", 1.0);
-    lrs_config sched;
-    int rc = train_sched_from_with(with, &sched, err);
+    fsdp_value_float(fsdp_value_item(betas, 0), &tr->hp.beta1);
+    fsdp_value_float(fsdp_value_item(betas, 1), &tr->hp.beta2);
+    tr->hp.eps = fsdp_arg_float(with, "eps", 1e-8);
+    tr->hp.weight_decay = fsdp_arg_float(with, "weight_decay", 0.1);
+    tr->hp.max_norm = fsdp_arg_float(with, "max_grad_norm", 1.0);
+    int rc = train_sched_from_with(with, &tr->sched, err);
     if (rc) return rc;
-    int64_t log_every = fsdp_arg_int(with, "log_every", 1);
-    const char *metrics_path = fsdp_arg_str(with, "metrics", NULL);
-    int64_t save_every = fsdp_arg_int(with, "save_every", 0);
-    const char *save_path = fsdp_arg_str(with, "save_path", "");
-    stage_save_policy save_pol = {fsdp_arg_bool(with, "save_async", 0), fsdp_arg_bool(with, "save_overwrite", 0),
-                                  fsdp_arg_int(with, "keep_last", 0)};
-    if ((rc = check_save_targets(ctx, s, with, steps, err))) return rc;
-    if (s->train_step >= steps) {
-        fsdp_log(ctx, FSDP_LOG_INFO, "already at step %lld of %lld: nothing to train", (long long)s->train_step,
-                 (long long)steps);
+    tr->log_every = fsdp_arg_int(with, "log_every", 1);
+    tr->metrics_path = fsdp_arg_str(with, "metrics", NULL);
+    tr->save_every = fsdp_arg_int(with, "save_every", 0);
+    tr->save_path = fsdp_arg_str(with, "save_path", "");
+    stage_save_policy pol = {fsdp_arg_bool(with, "save_async", 0), fsdp_arg_bool(with, "save_overwrite", 0),
+                             fsdp_arg_int(with, "keep_last", 0)};
+    tr->save_pol = pol;
+    return 0;
+}
+
+/* Opens the training data (the data section, seeded by runtime.seed) for this rank. */
+static int train_open_data(train_run_state *tr, fsdp_err *err) {
+    const fsdp_value *rt = fsdp_ctx_section(tr->ctx, "runtime");
+    int rc = data_config_from_value(fsdp_ctx_section(tr->ctx, "data"), (uint64_t)fsdp_arg_int(rt, "seed", 0), &tr->dc,
+                                    err);
+    if (rc) return rc;
+    return data_open(&tr->dc, decoder_state_config(tr->s)->vocab_size, comm_size(tr->c), comm_rank(tr->c), &tr->data, err);
+}
+
+/* Batch buffers, micro-batches, the no-decay mask, evaluation data, the backend, the MFU inputs
+ * and the metrics file (what train_run_free releases). */
+static int train_setup(train_run_state *tr, fsdp_err *err) {
+    const fsdp_value *with = tr->with;
+    fsdp_state *s = tr->s;
+    comm *c = tr->c;
+    int64_t B = tr->B, T = tr->T;
+    int rc;
+    tr->tokens = malloc((size_t)(B * T) * sizeof *tr->tokens);
+    tr->labels = malloc((size_t)(B * T) * sizeof *tr->labels);
+    if (!tr->tokens || !tr->labels) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+    if ((rc = train_micro_count(with, "train-steps", B, &tr->n_micro, err)) ||
+        (rc = train_no_decay_mask(with, s, &tr->no_decay, err)))
+        return rc;
+    tr->hp.no_decay = tr->no_decay;
+    if (tr->eval_every > 0 && fsdp_value_get(with, "eval_data") &&
+        (rc = train_eval_open(tr->ctx, fsdp_value_get(with, "eval_data"), decoder_state_config(s)->vocab_size, comm_size(c),
+                              comm_rank(c), &tr->dc, &tr->eval, err)))
+        return rc;
+    if ((rc = train_options(with, &tr->gopt, err))) return rc;
+    if ((rc = train_backend_open(tr->ctx, s, c, (int)(B / tr->n_micro), (int)T, &tr->gopt, &tr->be, err))) return rc;
+    train_backend_reset_peak(&tr->be);
+    /* MFU: model FLOPs per token against one device's peak (given, or the GPU default) */
+    tr->peak_tflops = fsdp_arg_float(with, "peak_tflops", tr->be.on_gpu ? TRAIN_GPU_PEAK_TFLOPS : 0);
+    tr->flops_tok = decoder_flops_per_token(decoder_state_config(s), T);
+    /* never blocks on a FIFO where the metrics file should be */
+    if (tr->metrics_path && comm_rank(c) == 0 && (rc = fio_fopen_append(tr->metrics_path, NULL, &tr->mf, err))) {
+        fsdp_err_prefix(err, "train-steps: metrics file");
+        return rc;
+    }
+    return 0;
+}
+
+/* The log lines that open the training: the steps, batch, ranks, device and micro-batches. */
+static void train_log_start(const train_run_state *tr) {
+    fsdp_log(tr->ctx, FSDP_LOG_INFO, "training steps %lld..%lld: global batch %lld x %lld tokens, %d ranks, %s%s%s",
+             (long long)tr->s->train_step + 1, (long long)tr->steps, (long long)tr->dc.batch_size, (long long)tr->T,
+             comm_size(tr->c), tr->be.on_gpu ? "GPU" : "CPU",
+             tr->be.on_gpu && tr->gopt.mixed == TRAIN_FSDP_MIXED_BF16 ? " bf16" : "", train_ac_label(tr->gopt.ac));
+    if (tr->n_micro > 1)
+        fsdp_log(tr->ctx, FSDP_LOG_INFO, "gradient accumulation: %d micro-batches of %lld rows per rank and step",
+                 tr->n_micro, (long long)(tr->B / tr->n_micro));
+}
+
+/* The step's log line and metrics-file record (tokens/s since the last one). */
+static int train_log_step(train_run_state *tr, fsdp_err *err) {
+    fsdp_state *s = tr->s;
+    double now = stage_now();
+    double tps = now > tr->t_last ? (double)tr->tok_since / (now - tr->t_last) : 0;
+    train_metrics m = {s->train_step, s->tokens_seen, tr->loss, tr->gnorm, tr->hp.lr, tps, now - tr->t0, -1, NULL, 0,
+                       NULL, NULL};
+    if (tr->peak_tflops > 0) m.mfu = train_mfu_percent(tr->flops_tok, tps / comm_size(tr->c), tr->peak_tflops);
+    m.mem_mib = train_backend_peak_mib(&tr->be, &m.mem_name);
+    m.run_id = fsdp_ctx_run_id(tr->ctx);
+    m.run_start = fsdp_ctx_run_start(tr->ctx);
+    fsdp_log(tr->ctx, FSDP_LOG_INFO, "step %lld/%lld  loss %.4f  grad_norm %.4f  lr %.3g  %.0f tok/s",
+             (long long)s->train_step, (long long)tr->steps, tr->loss, tr->gnorm, tr->hp.lr, tps);
+    if (tr->mf && write_metrics(tr->mf, &m))
+        return fsdp_err_set(err, FSDP_E_IO, "train-steps: cannot write metrics file %s", tr->metrics_path);
+    tr->t_last = now;
+    tr->tok_since = 0;
+    return 0;
+}
+
+/* One optimizer step on the next batch, then the resume entries of the state advance. */
+static int train_take_step(train_run_state *tr, fsdp_err *err) {
+    fsdp_state *s = tr->s;
+    int64_t step = s->train_step; /* 0-based index of this step */
+    tr->hp.lr = lrs_at(&tr->sched, step);
+    int rc;
+    if ((rc = data_batch(tr->data, s->data_pos, tr->tokens, tr->labels, err))) return rc;
+    train_fsdp_result r;
+    train_calls_begin(tr->c, &tr->calls);
+    if ((rc = train_backend_step_accum(&tr->be, tr->tokens, tr->labels, tr->n_micro, &tr->hp, &r, err))) {
+        fsdp_err_prefix(err, "train-steps: step %lld", (long long)step + 1);
+        return rc;
+    }
+    train_calls_end(tr->c, &tr->calls);
+    s->train_step++;
+    /* what PyTorch's param_groups / LambdaLR hold now (the checkpoints' resume entries) */
+    s->lr_initial = tr->sched.lr;
+    s->lr_next = lrs_at(&tr->sched, s->train_step);
+    s->has_lr_schedule = 1;
+    s->data_pos++;
+    s->tokens_seen += tr->dc.batch_size * tr->T;
+    tr->tok_since += tr->dc.batch_size * tr->T;
+    tr->loss = r.loss;
+    tr->gnorm = r.grad_norm;
+    return 0;
+}
+
+/* One iteration of the loop: the step, its log line, evaluation, progress, periodic save. */
+static int train_iteration(train_run_state *tr, fsdp_err *err) {
+    fsdp_state *s = tr->s;
+    int rc;
+    if ((rc = train_take_step(tr, err))) return rc;
+    if ((s->train_step % tr->log_every == 0 || s->train_step == tr->steps) && (rc = train_log_step(tr, err))) return rc;
+    if (tr->eval && tr->eval_every > 0 && (s->train_step % tr->eval_every == 0 || s->train_step == tr->steps) &&
+        (rc = train_eval_report(tr->ctx, &tr->be, tr->eval, tr->eval_batches, tr->n_micro,
+                                (tr->B / tr->n_micro) * tr->T, tr->tokens, tr->labels, tr->mf, s->train_step, err)))
+        return rc;
+    char status[64];
+    snprintf(status, sizeof status, "loss %.4f", tr->loss);
+    fsdp_progress_update(tr->prog, (double)(s->train_step - tr->first), status);
+    if (tr->save_every > 0 && s->train_step % tr->save_every == 0 &&
+        (rc = stage_save_dcp_step(tr->ctx, s, tr->save_path, &tr->save_pol, err)))
+        return rc;
+    if ((rc = poll_saves(tr->ctx, err))) return rc;
+    crash_point("train.step", (long)s->train_step, comm_rank(tr->c));
+    return 0;
+}
+
+/* The step loop up to `steps`, then the stage's final metrics (also after a failed step). */
+static int train_loop(train_run_state *tr, fsdp_err *err) {
+    fsdp_state *s = tr->s;
+    tr->prog = fsdp_progress_begin(tr->ctx, "train", (double)(tr->steps - s->train_step), "steps");
+    tr->t0 = stage_now();
+    tr->t_last = tr->t0;
+    tr->first = s->train_step;
+    int rc = 0;
+    while (s->train_step < tr->steps)
+        if ((rc = train_iteration(tr, err))) break;
+    fsdp_progress_end(tr->prog);
+    train_final_metrics(tr->ctx, &tr->be, tr->gopt.ac, tr->loss, tr->gnorm, s->train_step - tr->first,
+                        stage_now() - tr->t0, tr->dc.batch_size * tr->T, comm_size(tr->c), tr->flops_tok,
+                        tr->peak_tflops);
+    train_calls_report(tr->ctx, &tr->calls, tr->gopt.per_param);
+    return rc;
+}
+
+/* Releases what train_setup and train_open_data opened. */
+static void train_run_free(train_run_state *tr) {
+    free(tr->no_decay);
+    data_close(tr->eval);
+    if (tr->mf) fclose(tr->mf);
+    train_backend_close(&tr->be);
+    free(tr->tokens);
+    free(tr->labels);
+    data_close(tr->data);
+}
+
+static int train_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
+    train_run_state tr;
+    memset(&tr, 0, sizeof tr);
+    tr.ctx = ctx;
+    tr.with = with;
+    int rc = train_place_model(&tr, err);
+    if (rc) return rc;
+    if ((rc = train_read_settings(&tr, err))) return rc;
+    if ((rc = check_save_targets(ctx, tr.s, with, tr.steps, err))) return rc;
+    if (tr.s->train_step >= tr.steps) {
+        fsdp_log(ctx, FSDP_LOG_INFO, "already at step %lld of %lld: nothing to train", (long long)tr.s->train_step,
+                 (long long)tr.steps);
         return 0;
     }
-    /* data */
-    const fsdp_value *rt = fsdp_ctx_section(ctx, "runtime");
-    data_config dc;
-    rc = data_config_from_value(fsdp_ctx_section(ctx, "data"), (uint64_t)fsdp_arg_int(rt, "seed", 0), &dc, err);
-    if (rc) return rc;
-    data_source *data;
-    if ((rc = data_open(&dc, decoder_state_config(s)->vocab_size, comm_size(c), comm_rank(c), &data, err))) return rc;
-    int64_t B = data_local_batch(data), T = dc.seq_len;
-    train_backend be;
-    memset(&be, 0, sizeof be);
-    train_fsdp_cuda_options gopt;
-    FILE *mf = NULL;
-    int n_micro = 1;
-    unsigned char *no_decay = NULL;
-    data_source *eval = NULL;
-    int64_t eval_every = fsdp_arg_int(with, "eval_every", 0), eval_batches = fsdp_arg_int(with, "eval_batches", 1);
-    int32_t *tokens = malloc((size_t)(B * T) * sizeof *tokens), *labels = malloc((size_t)(B * T) * sizeof *labels);
-    if (!tokens || !labels) {
-        rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
-        goto out;
+    if ((rc = train_open_data(&tr, err))) return rc;
+    tr.B = data_local_batch(tr.data);
+    tr.T = tr.dc.seq_len;
+    tr.n_micro = 1;
+    tr.eval_every = fsdp_arg_int(with, "eval_every", 0);
+    tr.eval_batches = fsdp_arg_int(with, "eval_batches", 1);
+    if (!(rc = train_setup(&tr, err))) {
+        train_log_start(&tr);
+        rc = train_loop(&tr, err);
     }
-    if ((rc = train_micro_count(with, "train-steps", B, &n_micro, err)) || (rc = train_no_decay_mask(with, s, &no_decay, err)))
-        goto out;
-    hp.no_decay = no_decay;
-    if (eval_every > 0 && fsdp_value_get(with, "eval_data") &&
-        (rc = train_eval_open(ctx, fsdp_value_get(with, "eval_data"), decoder_state_config(s)->vocab_size, comm_size(c), comm_rank(c),
-                              &dc, &eval, err)))
-        goto out;
-    if ((rc = train_options(with, &gopt, err))) goto out;
-    if ((rc = train_backend_open(ctx, s, c, (int)(B / n_micro), (int)T, &gopt, &be, err))) goto out;
-    train_backend_reset_peak(&be);
-    /* MFU: model FLOPs per token against one device's peak (given, or the GPU default) */
-    double peak_tflops = fsdp_arg_float(with, "peak_tflops", be.on_gpu ? TRAIN_GPU_PEAK_TFLOPS : 0);
-    double flops_tok = decoder_flops_per_token(decoder_state_config(s), T);
-    /* never blocks on a FIFO where the metrics file should be */
-    if (metrics_path && comm_rank(c) == 0 && (rc = fio_fopen_append(metrics_path, NULL, &mf, err))) {
-        fsdp_err_prefix(err, "train-steps: metrics file");
-        goto out;
-    }
-    fsdp_log(ctx, FSDP_LOG_INFO, "training steps %lld..%lld: global batch %lld x %lld tokens, %d ranks, %s%s%s",
-             (long long)s->train_step + 1, (long long)steps, (long long)dc.batch_size, (long long)T, comm_size(c),
-             be.on_gpu ? "GPU" : "CPU", be.on_gpu && gopt.mixed == TRAIN_FSDP_MIXED_BF16 ? " bf16" : "",
-             train_ac_label(gopt.ac));
-    if (n_micro > 1)
-        fsdp_log(ctx, FSDP_LOG_INFO, "gradient accumulation: %d micro-batches of %lld rows per rank and step", n_micro,
-                 (long long)(B / n_micro));
-    fsdp_progress *prog = fsdp_progress_begin(ctx, "train", (double)(steps - s->train_step), "steps");
-    double t0 = stage_now(), t_last = t0;
-    int64_t first = s->train_step, tok_since = 0;
-    double loss = 0, gnorm = 0;
-    train_calls calls;
-    memset(&calls, 0, sizeof calls);
-    while (s->train_step < steps) {
-        int64_t step = s->train_step; /* 0-based index of this step */
-        hp.lr = lrs_at(&sched, step);
-        if ((rc = data_batch(data, s->data_pos, tokens, labels, err))) break;
-        train_fsdp_result r;
-        train_calls_begin(c, &calls);
-        if ((rc = train_backend_step_accum(&be, tokens, labels, n_micro, &hp, &r, err))) {
-            fsdp_err_prefix(err, "train-steps: step %lld", (long long)step + 1);
-            break;
-        }
-        train_calls_end(c, &calls);
-        s->train_step++;
-        /* what PyTorch's param_groups / LambdaLR hold now (the checkpoints' resume entries) */
-        s->lr_initial = sched.lr;
-        s->lr_next = lrs_at(&sched, s->train_step);
-        s->has_lr_schedule = 1;
-        s->data_pos++;
-        s->tokens_seen += dc.batch_size * T;
-        tok_since += dc.batch_size * T;
-        loss = r.loss;
-        gnorm = r.grad_norm;
-        if (s->train_step % log_every == 0 || s->train_step == steps) {
-            double now = stage_now();
-            double tps = now > t_last ? (double)tok_since / (now - t_last) : 0;
-            train_metrics m = {s->train_step, s->tokens_seen, loss, gnorm, hp.lr, tps, now - t0, -1, NULL, 0, NULL, NULL};
-            if (peak_tflops > 0) m.mfu = train_mfu_percent(flops_tok, tps / comm_size(c), peak_tflops);
-            m.mem_mib = train_backend_peak_mib(&be, &m.mem_name);
-            m.run_id = fsdp_ctx_run_id(ctx);
-            m.run_start = fsdp_ctx_run_start(ctx);
-            fsdp_log(ctx, FSDP_LOG_INFO, "step %lld/%lld  loss %.4f  grad_norm %.4f  lr %.3g  %.0f tok/s",
-                     (long long)s->train_step, (long long)steps, loss, gnorm, hp.lr, tps);
-            if (mf && write_metrics(mf, &m)) {
-                rc = fsdp_err_set(err, FSDP_E_IO, "train-steps: cannot write metrics file %s", metrics_path);
-                break;
-            }
-            t_last = now;
-            tok_since = 0;
-        }
-        if (eval && eval_every > 0 && (s->train_step % eval_every == 0 || s->train_step == steps) &&
-            (rc = train_eval_report(ctx, &be, eval, eval_batches, n_micro, (B / n_micro) * T, tokens, labels, mf,
-                                    s->train_step, err)))
-            break;
-        char status[64];
-        snprintf(status, sizeof status, "loss %.4f", loss);
-        fsdp_progress_update(prog, (double)(s->train_step - first), status);
-        if (save_every > 0 && s->train_step % save_every == 0 &&
-            (rc = stage_save_dcp_step(ctx, s, save_path, &save_pol, err)))
-            break;
-        if ((rc = poll_saves(ctx, err))) break;
-        crash_point("train.step", (long)s->train_step, comm_rank(c));
-    }
-    fsdp_progress_end(prog);
-    train_final_metrics(ctx, &be, gopt.ac, loss, gnorm, s->train_step - first, stage_now() - t0,
-                        dc.batch_size * T, comm_size(c), flops_tok, peak_tflops);
-    train_calls_report(ctx, &calls, gopt.per_param);
-out:
-    free(no_decay);
-    data_close(eval);
-    if (mf) fclose(mf);
-    train_backend_close(&be);
-    free(tokens);
-    free(labels);
-    data_close(data);
+    train_run_free(&tr);
     return rc;
 }
 
