@@ -153,7 +153,9 @@ typedef struct sio_load_result {
     size_t params_loaded, optimizer_loaded;
     uint64_t bytes_read;
     int has_train_state;
-    const char *stripped_prefix; /* the detected key prefix that was removed (o->detect_prefix), or NULL */
+    /* the detected key prefix that was removed (o->detect_prefix), or "" (copied: the result outlives the
+     * load's own buffers) */
+    char stripped_prefix[256];
     /* a non-strict load's optimizer moments not restored (unmapped or missing): how many, and their
      * keys ("\n  KEY" each, truncated with "...") */
     size_t optim_omitted;
@@ -164,7 +166,7 @@ typedef struct sio_load_result {
      * truncated with "...") and the prefix */
     size_t ignored;
     char ignored_keys[1024];
-    const char *ignored_prefix;
+    char ignored_prefix[256];
 } sio_load_result;
 
 /* Loads into an existing state (its layout decides which rows each rank reads). */

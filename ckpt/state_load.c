@@ -407,7 +407,7 @@ static int outside_prefix(const sio_load_opts *o, const char *key) {
 
 static void sio_list_ignored(sio_load_result *res, const char *prefix, const char *key) {
     res->ignored++;
-    res->ignored_prefix = prefix;
+    snprintf(res->ignored_prefix, sizeof res->ignored_prefix, "%s", prefix ? prefix : "");
     size_t l = strlen(res->ignored_keys), cap = sizeof res->ignored_keys;
     if (l + 8 >= cap) return;
     if (l + strlen(key) + 8 >= cap) snprintf(res->ignored_keys + l, cap - l, "%s...", l ? ", " : "");
@@ -654,133 +654,225 @@ static int sio_check_moments(fsdp_state *s, ckpt_reader *r, const ckl_layout *la
     return 0;
 }
 
-int sio_load(fsdp_state *s, const char *path, const sio_load_opts *o, sio_load_result *res, fsdp_err *err) {
-    memset(res, 0, sizeof *res);
-    loader L = {s, o, {0}, ckpt_load_fast()};
+/* What sio_load carries between its steps: the loader, the open reader and rename rules, the
+ * effective options (with the detected prefix), the key layout and the per-entry marks. */
+typedef struct sio_job {
+    loader L;
+    const char *path;
+    ckpt_reader *r;
+    nmap_rules *rules;
+    sio_load_opts eff;
+    ckl_layout lay;
+    load_marks marks;
+    sio_load_result *res;
+} sio_job;
+
+/* Checks and starts the staging sink (if any) and opens the checkpoint (unless o gives a reader). */
+static int sio_open_reader(sio_job *J, const sio_load_opts *o, fsdp_err *err) {
     if (o->sink) {
         int rc = ckpt_sink_check(o->sink, err);
         if (rc) return rc;
-        ckpt_up_init(&L.up, o->sink);
+        ckpt_up_init(&J->L.up, o->sink);
     }
-    ckpt_reader *r = o->reader;
-    int rc = r ? 0 : ckpt_open(path, o->format, &r, err);
-    if (rc) return rc;
-    nmap_rules *rules = NULL;
-    if (o->n_rename) {
-        if ((rc = nmap_rules_new(&rules, err))) goto out;
-        for (size_t i = 0; i < o->n_rename && !rc; i++) rc = nmap_rules_add(rules, o->rename_from[i], o->rename_to[i], err);
-        if (rc) goto out;
+    J->r = o->reader;
+    return J->r ? 0 : ckpt_open(J->path, o->format, &J->r, err);
+}
+
+/* The rename rules of the options (none when there are none). */
+static int sio_rename_rules(sio_job *J, const sio_load_opts *o, fsdp_err *err) {
+    if (!o->n_rename) return 0;
+    int rc = nmap_rules_new(&J->rules, err);
+    for (size_t i = 0; i < o->n_rename && !rc; i++)
+        rc = nmap_rules_add(J->rules, o->rename_from[i], o->rename_to[i], err);
+    return rc;
+}
+
+/* The checkpoint's key layout and the model-key prefix it carries; the loader uses the options
+ * with that prefix from here on. */
+static int sio_resolve_layout(sio_job *J, const sio_load_opts *o, fsdp_err *err) {
+    J->eff = *o; /* with the detected key prefix, when there is one */
+    int rc;
+    if ((rc = sio_layout(J->r, J->path, o, &J->lay, &J->eff, err))) return rc;
+    if ((rc = detect_prefix(J->L.s, &J->eff, J->rules, J->r, &J->eff.strip_prefix, err))) return rc;
+    if (J->eff.strip_prefix != o->strip_prefix)
+        snprintf(J->res->stripped_prefix, sizeof J->res->stripped_prefix, "%s", J->eff.strip_prefix ? J->eff.strip_prefix : "");
+    J->L.o = &J->eff;
+    return 0;
+}
+
+/* The marks: parameters loaded, NaN seen on the device, checkpoint entries used, problems text. */
+static int sio_alloc_marks(sio_job *J, fsdp_err *err) {
+    const fsdp_state *s = J->L.s;
+    size_t nck = ckpt_count(J->r);
+    load_marks m = {calloc(s->n ? s->n : 1, sizeof(int)), calloc(s->n ? s->n : 1, sizeof(int)),
+                    calloc(nck ? nck : 1, sizeof(int)), calloc(1, 8192), &J->lay, J->res};
+    if (!m.loaded || !m.nan_dev || !m.used || !m.problems) {
+        free(m.loaded);
+        free(m.nan_dev);
+        free(m.used);
+        free(m.problems);
+        return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
     }
-    sio_load_opts eff = *o; /* with the detected key prefix, when there is one */
-    ckl_layout lay;
-    if ((rc = sio_layout(r, path, o, &lay, &eff, err))) goto out;
-    if ((rc = detect_prefix(s, &eff, rules, r, &eff.strip_prefix, err))) goto out;
-    if (eff.strip_prefix != o->strip_prefix) res->stripped_prefix = eff.strip_prefix;
-    o = &eff;
-    L.o = o;
-    size_t nck = ckpt_count(r);
-    int *loaded = calloc(s->n ? s->n : 1, sizeof *loaded);
-    int *nan_dev = calloc(s->n ? s->n : 1, sizeof *nan_dev); /* NaN seen while reading (staged, or fused) */
-    int *used = calloc(nck ? nck : 1, sizeof *used);
-    char *problems = calloc(1, 8192);
-    if (!loaded || !nan_dev || !used || !problems) {
-        free(loaded);
-        free(nan_dev);
-        free(used);
-        free(problems);
-        rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
-        goto out;
-    }
+    J->marks = m;
+    return 0;
+}
+
+/* Whether the optimizer's state is loaded (load_optimizer: true, or auto and the checkpoint has
+ * it); its moments must map onto the parameters; allocates the state to load into. */
+static int sio_plan_optimizer(sio_job *J, int *do_opt, fsdp_err *err) {
+    const sio_load_opts *o = &J->eff;
+    const char *optim = J->lay.optim;
     int want_opt = o->load_optimizer;
     int has_opt = 0;
+    size_t nck = ckpt_count(J->r);
     for (size_t ci = 0; ci < nck; ci++)
-        if (!strncmp(ckpt_entry_at(r, ci)->name, lay.optim, strlen(lay.optim)) &&
-            !strncmp(ckpt_entry_at(r, ci)->name + strlen(lay.optim), "state.", 6))
+        if (!strncmp(ckpt_entry_at(J->r, ci)->name, optim, strlen(optim)) &&
+            !strncmp(ckpt_entry_at(J->r, ci)->name + strlen(optim), "state.", 6))
             has_opt = 1;
-    if (want_opt == 1 && !has_opt) {
-        rc = fsdp_err_set(err, FSDP_E_INVALID, "load-ckpt %s: load_optimizer is true but the checkpoint has no "
-                                               "%sstate.* keys", path, lay.optim);
-        goto done;
+    if (want_opt == 1 && !has_opt)
+        return fsdp_err_set(err, FSDP_E_INVALID, "load-ckpt %s: load_optimizer is true but the checkpoint has no "
+                                                 "%sstate.* keys", J->path, optim);
+    int rc;
+    if (want_opt && (rc = sio_check_moments(J->L.s, J->r, &J->lay, J->path, o->strict, J->res, err))) return rc;
+    *do_opt = want_opt == 1 || (want_opt == -1 && has_opt);
+    if (*do_opt && (rc = state_alloc_optimizer(J->L.s, err))) return rc;
+    return 0;
+}
+
+/* The train_state entries (step, tokens seen, data position) into the state, when present. */
+static int sio_read_train_state(sio_job *J, fsdp_err *err) {
+    fsdp_state *s = J->L.s;
+    const char *keys[3] = {"train_state.step", "train_state.ntokens_seen", "train_state.data_pos"};
+    int64_t vals[3] = {-1, -1, -1};
+    int rc = 0;
+    for (int k = 0; k < 3 && !rc; k++) {
+        long ci = ckpt_find(J->r, keys[k]);
+        int got = 0;
+        if (ci >= 0) rc = train_state_int(J->r, (size_t)ci, &vals[k], &got, err);
+        if (got && k == 0) J->res->has_train_state = 1;
     }
-    if (want_opt && (rc = sio_check_moments(s, r, &lay, path, o->strict, res, err))) goto done;
-    int do_opt = want_opt == 1 || (want_opt == -1 && has_opt);
-    if (do_opt && (rc = state_alloc_optimizer(s, err))) goto done;
-    load_marks marks = {loaded, nan_dev, used, problems, &lay, res};
-    rc = load_params(&L, r, rules, &marks, res, err);
-    if (!rc) alias_used(r, marks.used);
-    if (!rc && do_opt) rc = load_optimizer_state(&L, r, &marks, res, err);
+    if (!rc && vals[0] >= 0) {
+        s->train_step = vals[0];
+        s->data_pos = (uint64_t)(vals[2] >= 0 ? vals[2] : vals[0]);
+        if (vals[1] >= 0) s->tokens_seen = vals[1];
+    }
+    return rc;
+}
+
+/* Parameters, then the optimizer's state, the staged uploads landed, the train state; strict
+ * loads report what was missed, and a problem (any when strict, a shape one always) fails. */
+static int sio_read_checkpoint(sio_job *J, int do_opt, fsdp_err *err) {
+    const sio_load_opts *o = &J->eff;
+    int rc = load_params(&J->L, J->r, J->rules, &J->marks, J->res, err);
+    if (!rc) alias_used(J->r, J->marks.used);
+    if (!rc && do_opt) rc = load_optimizer_state(&J->L, J->r, &J->marks, J->res, err);
     /* every staged upload has landed before anything is reported as loaded */
-    if (!rc && o->sink) rc = ckpt_up_finish(&L.up, err);
-    if (!rc) {
-        const char *keys[3] = {"train_state.step", "train_state.ntokens_seen", "train_state.data_pos"};
-        int64_t vals[3] = {-1, -1, -1};
-        for (int k = 0; k < 3 && !rc; k++) {
-            long ci = ckpt_find(r, keys[k]);
-            int got = 0;
-            if (ci >= 0) rc = train_state_int(r, (size_t)ci, &vals[k], &got, err);
-            if (got && k == 0) res->has_train_state = 1;
-        }
-        if (!rc && vals[0] >= 0) {
-            s->train_step = vals[0];
-            s->data_pos = (uint64_t)(vals[2] >= 0 ? vals[2] : vals[0]);
-            if (vals[1] >= 0) s->tokens_seen = vals[1];
-        }
+    if (!rc && o->sink) rc = ckpt_up_finish(&J->L.up, err);
+    if (!rc) rc = sio_read_train_state(J, err);
+    if (!rc && o->strict) strict_report(&J->L, J->r, &J->marks);
+    if (!rc && J->marks.problems[0]) {
+        if (o->strict || strstr(J->marks.problems, "shape"))
+            rc = fsdp_err_set(err, FSDP_E_INVALID, "load-ckpt %s (strict) failed:%s", J->path, J->marks.problems);
     }
-    if (!rc && o->strict) strict_report(&L, r, &marks);
-    if (!rc && problems[0]) {
-        if (o->strict || strstr(problems, "shape"))
-            rc = fsdp_err_set(err, FSDP_E_INVALID, "load-ckpt %s (strict) failed:%s", path, problems);
+    return rc;
+}
+
+/* Strict: every parameter (of the `only` selection) not restored ends as NaN; returns rc, or the
+ * first fill's error when rc is 0. */
+static int sio_fill_unloaded_nan(sio_job *J, int rc, fsdp_err *err) {
+    const sio_load_opts *o = &J->eff;
+    fsdp_state *s = J->L.s;
+    for (size_t i = 0; i < s->n; i++) {
+        if (J->marks.loaded[i] || !matches_only(o, s, &s->p[i])) continue;
+        size_t n = state_param_local_numel(&s->p[i]);
+        if (state_place_of(&s->p[i], STATE_DATA) != STATE_DEVICE) {
+            fill_nan(s->p[i].data, n);
+            continue;
+        }
+        fsdp_err e2;
+        int frc = o->sink ? ckpt_up_fill(&J->L.up, s->p[i].d_data, NAN, n, rc ? &e2 : err)
+                          : fsdp_err_set(rc ? &e2 : err, FSDP_E_INVALID,
+                                         "load-ckpt: %s is on the device and no staging sink was given", s->p[i].name);
+        if (!rc) rc = frc;
     }
-done:
+    return rc;
+}
+
+/* round_bf16: every parameter becomes bf16 (host ones rounded here, device ones not loaded
+ * rounded through the sink; loaded ones were rounded in staging). */
+static int sio_round_params_bf16(sio_job *J, fsdp_err *err) {
+    const sio_load_opts *o = &J->eff;
+    fsdp_state *s = J->L.s;
+    int rc = 0;
+    for (size_t i = 0; i < s->n && !rc; i++) {
+        state_param *p = &s->p[i];
+        p->dtype = FSDP_DT_BF16;
+        size_t n = state_param_local_numel(p);
+        if (state_place_of(p, STATE_DATA) != STATE_DEVICE) round_bf16(p->data, n);
+        else if (!J->marks.loaded[i]) /* loaded ones were rounded in staging */
+            rc = o->sink ? round_dev(&J->L, p->d_data, n, err)
+                         : fsdp_err_set(err, FSDP_E_INVALID, "load-ckpt: %s is on the device and no staging "
+                                                             "sink was given", p->name);
+    }
+    return rc;
+}
+
+/* After the read (rc its outcome): the NaN fill of strict loads, bf16 rounding, the last
+ * uploads, then the loaded parameters are marked as having a value. */
+static int sio_finish(sio_job *J, int rc, fsdp_err *err) {
+    const sio_load_opts *o = &J->eff;
+    fsdp_state *s = J->L.s;
     /* strict: every parameter not restored (or whose read failed) ends as NaN, so that a
      * missed one cannot pass unnoticed; a restored one was written whole by its reader (the
      * readers check that the stored chunks tile each tensor), so it needs no NaN pass first */
     if (o->sink) {
         /* after a failure: the uploads already queued land first, then the NaN fill below */
         fsdp_err e2;
-        ckpt_up_release(&L.up);
-        ckpt_up_finish(&L.up, &e2);
+        ckpt_up_release(&J->L.up);
+        ckpt_up_finish(&J->L.up, &e2);
     }
-    if (o->strict)
-        for (size_t i = 0; i < s->n; i++) {
-            if (loaded[i] || !matches_only(o, s, &s->p[i])) continue;
-            size_t n = state_param_local_numel(&s->p[i]);
-            if (state_place_of(&s->p[i], STATE_DATA) != STATE_DEVICE) {
-                fill_nan(s->p[i].data, n);
-                continue;
-            }
-            fsdp_err e2;
-            int frc = o->sink ? ckpt_up_fill(&L.up, s->p[i].d_data, NAN, n, rc ? &e2 : err)
-                              : fsdp_err_set(rc ? &e2 : err, FSDP_E_INVALID,
-                                             "load-ckpt: %s is on the device and no staging sink was given", s->p[i].name);
-            if (!rc) rc = frc;
-        }
-    if (!rc && o->round_bf16)
-        for (size_t i = 0; i < s->n && !rc; i++) {
-            state_param *p = &s->p[i];
-            p->dtype = FSDP_DT_BF16;
-            size_t n = state_param_local_numel(p);
-            if (state_place_of(p, STATE_DATA) != STATE_DEVICE) round_bf16(p->data, n);
-            else if (!loaded[i]) /* loaded ones were rounded in staging */
-                rc = o->sink ? round_dev(&L, p->d_data, n, err)
-                             : fsdp_err_set(err, FSDP_E_INVALID, "load-ckpt: %s is on the device and no staging "
-                                                                 "sink was given", p->name);
-        }
+    if (o->strict) rc = sio_fill_unloaded_nan(J, rc, err);
+    if (!rc && o->round_bf16) rc = sio_round_params_bf16(J, err);
     if (o->sink) {
         fsdp_err e2;
-        ckpt_up_release(&L.up);
-        int frc = ckpt_up_finish(&L.up, rc ? &e2 : err);
+        ckpt_up_release(&J->L.up);
+        int frc = ckpt_up_finish(&J->L.up, rc ? &e2 : err);
         if (!rc) rc = frc;
     }
     for (size_t i = 0; !rc && i < s->n; i++)
-        if (loaded[i]) s->p[i].no_value = 0;
-    for (size_t i = 0; !rc && o->restored && i < s->n; i++) o->restored[i] = loaded[i] != 0;
-    free(loaded);
-    free(nan_dev);
-    free(used);
-    free(problems);
-out:
-    nmap_rules_free(rules);
-    if (r != o->reader) ckpt_close(r);
+        if (J->marks.loaded[i]) s->p[i].no_value = 0;
+    for (size_t i = 0; !rc && o->restored && i < s->n; i++) o->restored[i] = J->marks.loaded[i] != 0;
+    return rc;
+}
+
+/* With the marks allocated: plans the optimizer's part, reads, finishes, frees the marks. */
+static int sio_load_marked(sio_job *J, fsdp_err *err) {
+    int do_opt = 0;
+    int rc = sio_plan_optimizer(J, &do_opt, err);
+    if (!rc) rc = sio_read_checkpoint(J, do_opt, err);
+    rc = sio_finish(J, rc, err);
+    free(J->marks.loaded);
+    free(J->marks.nan_dev);
+    free(J->marks.used);
+    free(J->marks.problems);
+    return rc;
+}
+
+int sio_load(fsdp_state *s, const char *path, const sio_load_opts *o, sio_load_result *res, fsdp_err *err) {
+    memset(res, 0, sizeof *res);
+    sio_job J;
+    memset(&J, 0, sizeof J);
+    J.L.s = s;
+    J.L.o = o;
+    J.L.nan_fused = ckpt_load_fast();
+    J.path = path;
+    J.res = res;
+    int rc = sio_open_reader(&J, o, err);
+    if (rc) return rc;
+    if (!(rc = sio_rename_rules(&J, o, err)) && !(rc = sio_resolve_layout(&J, o, err)) &&
+        !(rc = sio_alloc_marks(&J, err)))
+        rc = sio_load_marked(&J, err);
+    nmap_rules_free(J.rules);
+    if (J.r != o->reader) ckpt_close(J.r);
     return rc;
 }

@@ -429,10 +429,10 @@ static int load_one(fsdp_ctx *ctx, fsdp_state *s, const char *given, const char 
     sum->params_loaded += res.params_loaded;
     sum->optimizer_loaded += res.optimizer_loaded;
     sum->bytes_read += res.bytes_read;
-    if (res.stripped_prefix) sum->stripped_prefix = res.stripped_prefix;
+    if (res.stripped_prefix[0]) memcpy(sum->stripped_prefix, res.stripped_prefix, sizeof sum->stripped_prefix);
     if (res.ignored) {
         sum->ignored = res.ignored;
-        sum->ignored_prefix = res.ignored_prefix;
+        memcpy(sum->ignored_prefix, res.ignored_prefix, sizeof sum->ignored_prefix);
         memcpy(sum->ignored_keys, res.ignored_keys, sizeof sum->ignored_keys);
     }
     if (res.optim_omitted) {
@@ -486,7 +486,7 @@ static int load_done(fsdp_ctx *ctx, fsdp_state *s, int on_gpu, const sio_load_re
     fsdp_ctx_metric(ctx, "bytes_read", (double)res->bytes_read);
     fsdp_ctx_metric(ctx, "seconds_read", el);
     fsdp_ctx_metric(ctx, "params_loaded", (double)res->params_loaded);
-    if (res->stripped_prefix)
+    if (res->stripped_prefix[0])
         fsdp_log(ctx, FSDP_LOG_INFO, "load-ckpt: the checkpoint's parameters are under the prefix '%s' (removed)",
                  res->stripped_prefix);
     if (res->ignored)
