@@ -15,7 +15,7 @@
 
 #include "kernels/cpu/kc.h"
 #include "decoder/decoder_model.h"
-#include "train/train_single.h"
+#include "decoder/train_single.h"
 
 static uint64_t splitmix(uint64_t *s) {
     uint64_t z = (*s += 0x9e3779b97f4a7c15ULL);

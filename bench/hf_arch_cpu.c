@@ -15,7 +15,7 @@
 
 #include "bench/bench_util.h"
 #include "decoder/decoder_model.h"
-#include "train/train_single.h"
+#include "decoder/train_single.h"
 
 typedef struct variant {
     const char *name;

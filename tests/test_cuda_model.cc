@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "decoder/decoder_cuda.h"
-#include "train/train_single.h"
+#include "decoder/train_single.h"
 #include "runtime/device.h"
 #include "st_test_reader.h"
 #include "test_util.h"

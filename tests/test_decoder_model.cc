@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "decoder/decoder_model.h"
-#include "train/train_single.h"
+#include "decoder/train_single.h"
 #include "st_test_reader.h"
 #include "test_util.h"
 

@@ -1,5 +1,5 @@
-/* Single-process training step on the CPU kernels. */
-#include "train/train_single.h"
+/* Single-process training step on the CPU kernels (decoder/train_single.h). */
+#include "decoder/train_single.h"
 
 #include <math.h>
 #include <stdlib.h>

@@ -1,9 +1,11 @@
 /* One training step of the whole Llama model on one process: forward, backward, global gradient
  * norm, clipping, AdamW (torch.optim.AdamW semantics, weight decay on every parameter).
  * The train state owns flat float32 buffers (parameters, gradients, exp_avg, exp_avg_sq) in the
- * layout of decoder_model_weights_bind, and views on them in torchtitan names. */
-#ifndef FSDP_TRAIN_TRAIN_SINGLE_H
-#define FSDP_TRAIN_TRAIN_SINGLE_H
+ * layout of decoder_model_weights_bind, and views on them in torchtitan names. The single-process
+ * reference of the decoder family (its buffers are the family's own weight views), so it lives beside
+ * the model; the FSDP step of train/ sees a model only through model/model_blocks.h. */
+#ifndef FSDP_DECODER_TRAIN_SINGLE_H
+#define FSDP_DECODER_TRAIN_SINGLE_H
 
 #include <stdint.h>
 
