@@ -15,7 +15,7 @@
 
 #include "kernels/cpu/kc.h"
 #include "decoder/decoder_model.h"
-#include "train/train_single.h"
+#include "decoder/decoder_single.h"
 
 static uint64_t splitmix(uint64_t *s) {
     uint64_t z = (*s += 0x9e3779b97f4a7c15ULL);
@@ -88,8 +88,8 @@ int main(int argc, char **argv) {
 
     fsdp_err err;
     fsdp_err_clear(&err);
-    train_single_state st;
-    if (train_single_init(&st, &c, B, T, &err)) {
+    decoder_single_state st;
+    if (decoder_single_init(&st, &c, B, T, &err)) {
         fprintf(stderr, "cpu_train: %s\n", err.msg);
         return 1;
     }
@@ -115,29 +115,29 @@ int main(int argc, char **argv) {
     int32_t *tok = malloc((n + 1) * sizeof *tok);
     if (!tok) {
         fprintf(stderr, "cpu_train: out of memory\n");
-        train_single_free(&st);
+        decoder_single_free(&st);
         return 1;
     }
     for (size_t i = 0; i <= n; i++) tok[i] = (int32_t)(splitmix(&seed) % (uint64_t)c.vocab_size);
 
-    train_single_hparams hp = {0.9, 0.95, 1e-8, 0.1, 1.0};
+    decoder_single_hparams hp = {0.9, 0.95, 1e-8, 0.1, 1.0};
     kc_stats stats;
     kc_stats_reset(&stats);
-    train_single_result r;
+    decoder_single_result r;
     /* Step 0 warms caches and thread pools and is not timed. */
-    int rc = train_single_step(&st, tok, tok + 1, B, T, 8e-4, &hp, &r, &err);
+    int rc = decoder_single_step(&st, tok, tok + 1, B, T, 8e-4, &hp, &r, &err);
     if (!rc) printf("warmup step: loss %.4f grad_norm %.4f\n", r.loss, r.grad_norm);
-    train_single_set_stats(&st, &stats);
+    decoder_single_set_stats(&st, &stats);
     double t0 = kc_now();
     for (int s = 0; !rc && s < steps; s++) {
-        rc = train_single_step(&st, tok, tok + 1, B, T, 8e-4, &hp, &r, &err);
+        rc = decoder_single_step(&st, tok, tok + 1, B, T, 8e-4, &hp, &r, &err);
         if (!rc) printf("step %d: loss %.4f grad_norm %.4f\n", s + 1, r.loss, r.grad_norm);
     }
     double elapsed = kc_now() - t0;
     if (rc) {
         fprintf(stderr, "cpu_train: %s\n", err.msg);
         free(tok);
-        train_single_free(&st);
+        decoder_single_free(&st);
         return 1;
     }
     double tokens = (double)n * steps;
@@ -148,6 +148,6 @@ int main(int argc, char **argv) {
            stats.gemm_flops / stats.gemm_seconds / 1e9, (double)stats.gemm_calls / steps,
            decoder_model_ws_bytes(st.ws) / (1024.0 * 1024.0), getenv("OMP_WAIT_POLICY") ? getenv("OMP_WAIT_POLICY") : "default");
     free(tok);
-    train_single_free(&st);
+    decoder_single_free(&st);
     return 0;
 }

@@ -15,7 +15,7 @@
 
 #include "bench/bench_util.h"
 #include "decoder/decoder_model.h"
-#include "train/train_single.h"
+#include "decoder/decoder_single.h"
 
 typedef struct variant {
     const char *name;
@@ -52,8 +52,8 @@ static double median_step(const variant *v, int B, int T, int steps, const int32
         fprintf(stderr, "hf_arch_cpu: %s: %s\n", v->name, err.msg);
         return -1;
     }
-    train_single_state st;
-    if (train_single_init(&st, &c, B, T, &err)) {
+    decoder_single_state st;
+    if (decoder_single_init(&st, &c, B, T, &err)) {
         fprintf(stderr, "hf_arch_cpu: %s: %s\n", v->name, err.msg);
         return -1;
     }
@@ -62,13 +62,13 @@ static double median_step(const variant *v, int B, int T, int steps, const int32
         s = s * 6364136223846793005ULL + 1442695040888963407ULL;
         st.params[i] = (float)((double)(s >> 40) / (double)(1ULL << 24) - 0.5) * 0.04f;
     }
-    train_single_hparams hp = {0.9, 0.95, 1e-8, 0.1, 1.0};
+    decoder_single_hparams hp = {0.9, 0.95, 1e-8, 0.1, 1.0};
     double *t = calloc((size_t)steps, sizeof *t);
-    train_single_result r;
-    int ok = t && !train_single_step(&st, tok, lab, B, T, 1e-4, &hp, &r, &err);
+    decoder_single_result r;
+    int ok = t && !decoder_single_step(&st, tok, lab, B, T, 1e-4, &hp, &r, &err);
     for (int k = 0; ok && k < steps; k++) {
         double t0 = bench_now();
-        ok = !train_single_step(&st, tok, lab, B, T, 1e-4, &hp, &r, &err);
+        ok = !decoder_single_step(&st, tok, lab, B, T, 1e-4, &hp, &r, &err);
         t[k] = bench_now() - t0;
     }
     double med = -1;
@@ -79,7 +79,7 @@ static double median_step(const variant *v, int B, int T, int steps, const int32
         fprintf(stderr, "hf_arch_cpu: %s: %s\n", v->name, err.msg);
     }
     free(t);
-    train_single_free(&st);
+    decoder_single_free(&st);
     return med;
 }
 

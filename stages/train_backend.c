@@ -4,6 +4,9 @@
 #include <string.h>
 #include <sys/resource.h>
 
+#include "decoder/decoder_blocks.h"
+#include "decoder/decoder_table.h"
+
 int train_on_gpu(fsdp_ctx *ctx, const fsdp_state *s) {
     (void)ctx;
     if (!s || !s->dev) return 0;
@@ -18,7 +21,8 @@ int train_backend_open(fsdp_ctx *ctx, fsdp_state *s, comm *c, int B, int T, cons
     if (train_on_gpu(ctx, s)) {
         b->on_gpu = 1;
         b->dev = s->dev;
-        return train_fsdp_cuda_create(s, c, s->dev, B, T, opt, &b->gpu, err);
+        if (!s->trainer_cfg) return fsdp_err_set(err, FSDP_E_INVALID, "training (cuda): the state has no model config");
+        return train_fsdp_cuda_create(s, decoder_blocks_cuda(decoder_state_config(s)), c, s->dev, B, T, opt, &b->gpu, err);
     }
     if (s && s->dev && s->offload_params)
         return fsdp_err_set(err, FSDP_E_INVALID,
@@ -30,8 +34,9 @@ int train_backend_open(fsdp_ctx *ctx, fsdp_state *s, comm *c, int B, int T, cons
         return fsdp_err_set(err, FSDP_E_INVALID,
                             "train-steps: mixed: bf16 needs the model on the GPU (runtime.device: cuda); the CPU path "
                             "trains in float32 (mixed: none)");
-    int rc = train_fsdp_create_opts(s, c, B, T, opt ? (int)opt->ac : DECODER_AC_NONE, opt ? opt->head_chunk_rows : 0,
-                                    &b->cpu, err);
+    if (!s->trainer_cfg) return fsdp_err_set(err, FSDP_E_INVALID, "training: the state has no model config");
+    int rc = train_fsdp_create_opts(s, decoder_blocks_cpu(decoder_state_config(s)), c, B, T, opt ? (int)opt->ac : MODEL_BLOCKS_AC_NONE,
+                                    opt ? opt->head_chunk_rows : 0, &b->cpu, err);
     if (!rc) train_fsdp_set_flat(b->cpu, !(opt && opt->per_param));
     return rc;
 }

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "decoder/decoder_cuda.h"
-#include "train/train_single.h"
+#include "decoder/decoder_single.h"
 #include "runtime/device.h"
 #include "st_test_reader.h"
 #include "test_util.h"
@@ -143,7 +143,7 @@ protected:
         tokens = batch["input_ids"].i32;
         labels = batch["labels"].i32;
         ASSERT_EQ(tokens.size(), 64u);
-        ASSERT_EQ(train_single_init(&st, &cfg, 2, 32, &err), 0) << err.msg;
+        ASSERT_EQ(decoder_single_init(&st, &cfg, 2, 32, &err), 0) << err.msg;
         inited = true;
         TensorMap init = load_st("model_init.safetensors");
         for (int i = 0; i < decoder_model_param_count(&cfg); i++) {
@@ -162,7 +162,7 @@ protected:
             for (void *p : bufs) dev_free(d, p, &err);
             dev_ctx_free(d);
         }
-        if (inited) train_single_free(&st);
+        if (inited) decoder_single_free(&st);
         if (ref) json_decref(ref);
     }
     void *alloc(size_t bytes) {
@@ -224,7 +224,7 @@ protected:
     dev_ctx *d = nullptr;
     decoder_config cfg;
     std::vector<int32_t> tokens, labels;
-    train_single_state st;
+    decoder_single_state st;
     bool inited = false;
     json_t *ref = nullptr;
     std::vector<void *> bufs;

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "decoder/decoder_model.h"
-#include "train/train_single.h"
+#include "decoder/decoder_single.h"
 #include "st_test_reader.h"
 #include "test_util.h"
 
@@ -113,16 +113,16 @@ protected:
         ASSERT_EQ(tokens.size(), 64u);
         ASSERT_EQ(labels.size(), 64u);
         fsdp_err err;
-        ASSERT_EQ(train_single_init(&st, &cfg, 2, 32, &err), 0) << err.msg;
+        ASSERT_EQ(decoder_single_init(&st, &cfg, 2, 32, &err), 0) << err.msg;
         init = load_st("model_init.safetensors");
         fill_weights(cfg, &st.w, init);
         load_reference(&ref);
     }
-    void TearDown() override { train_single_free(&st); }
+    void TearDown() override { decoder_single_free(&st); }
 
     decoder_config cfg;
     std::vector<int32_t> tokens, labels;
-    train_single_state st;
+    decoder_single_state st;
     TensorMap init;
     Reference ref;
 };
@@ -154,11 +154,11 @@ TEST_F(LlamaModelTest, Step0LossLogitsAndGradients) {
 }
 
 TEST_F(LlamaModelTest, FiveAdamWStepsMatchPyTorch) {
-    train_single_hparams hp = {0.9, 0.95, 1e-8, 0.1, 1.0};
+    decoder_single_hparams hp = {0.9, 0.95, 1e-8, 0.1, 1.0};
     fsdp_err err;
     for (int s = 0; s < 5; s++) {
-        train_single_result r;
-        ASSERT_EQ(train_single_step(&st, tokens.data(), labels.data(), 2, 32, ref.step(s, "lr"), &hp, &r, &err), 0)
+        decoder_single_result r;
+        ASSERT_EQ(decoder_single_step(&st, tokens.data(), labels.data(), 2, 32, ref.step(s, "lr"), &hp, &r, &err), 0)
             << err.msg;
         double rl = ref.step(s, "loss"), rg = ref.step(s, "grad_norm");
         EXPECT_LT(std::fabs(r.loss - rl) / rl, 1e-5) << "step " << s << ": " << r.loss << " vs " << rl;
@@ -357,18 +357,18 @@ TEST_F(LlamaModelTest, IgnoreIndexExcludesTokens) {
 TEST_F(LlamaModelTest, GemmTimingHookCountsTheStep) {
     kc_stats stats;
     kc_stats_reset(&stats);
-    train_single_set_stats(&st, &stats);
-    train_single_hparams hp = {0.9, 0.95, 1e-8, 0.1, 1.0};
+    decoder_single_set_stats(&st, &stats);
+    decoder_single_hparams hp = {0.9, 0.95, 1e-8, 0.1, 1.0};
     fsdp_err err;
-    ASSERT_EQ(train_single_step(&st, tokens.data(), labels.data(), 2, 32, 1e-3, &hp, nullptr, &err), 0) << err.msg;
+    ASSERT_EQ(decoder_single_step(&st, tokens.data(), labels.data(), 2, 32, 1e-3, &hp, nullptr, &err), 0) << err.msg;
     double linear = 6.0 * (double)(st.numel - 256 * 64) * 64;
     EXPECT_GE(stats.gemm_flops, linear);
     EXPECT_LT(stats.gemm_flops, 1.5 * linear);  // + attention scores, small at T = 32
     EXPECT_GT(stats.gemm_calls, 0u);
     EXPECT_GT(stats.gemm_seconds, 0.0);
     uint64_t calls = stats.gemm_calls;
-    train_single_set_stats(&st, nullptr);
-    ASSERT_EQ(train_single_step(&st, tokens.data(), labels.data(), 2, 32, 1e-3, &hp, nullptr, &err), 0);
+    decoder_single_set_stats(&st, nullptr);
+    ASSERT_EQ(decoder_single_step(&st, tokens.data(), labels.data(), 2, 32, 1e-3, &hp, nullptr, &err), 0);
     EXPECT_EQ(stats.gemm_calls, calls);
 }
 
@@ -428,8 +428,8 @@ TEST_F(LlamaModelTest, BadInputsAreErrors) {
     std::vector<float> before(st.params, st.params + st.numel);
     st.w.layers[0].wq[3] = NAN;
     before[st.w.layers[0].wq + 3 - st.params] = NAN;
-    train_single_hparams hp = {0.9, 0.95, 1e-8, 0.1, 1.0};
-    EXPECT_EQ(train_single_step(&st, tokens.data(), labels.data(), 2, 32, 1e-3, &hp, nullptr, &err), FSDP_E_NUMERIC);
+    decoder_single_hparams hp = {0.9, 0.95, 1e-8, 0.1, 1.0};
+    EXPECT_EQ(decoder_single_step(&st, tokens.data(), labels.data(), 2, 32, 1e-3, &hp, nullptr, &err), FSDP_E_NUMERIC);
     EXPECT_EQ(st.step, 0);
     EXPECT_EQ(0, memcmp(before.data(), st.params, st.numel * sizeof(float)));
 }

@@ -21,6 +21,8 @@ extern "C" {
 #include "decoder/hf_config.h"
 #include "train/train_fsdp.h"
 #include "train/train_fsdp_cuda.h"
+#include "decoder/decoder_blocks.h"
+#include "decoder/decoder_table.h"
 #include "decoder/decoder_params.h"
 #include "runtime/comm.h"
 #include "runtime/device.h"
@@ -135,7 +137,7 @@ protected:
     std::vector<train_fsdp_result> run_gpu(fsdp_state *s, const train_fsdp_cuda_options &o, int n) {
         std::vector<train_fsdp_result> out;
         train_fsdp_cuda *f = nullptr;
-        EXPECT_EQ(train_fsdp_cuda_create(s, c_, d_, 2, 32, &o, &f, &err_), 0) << err_.msg;
+        EXPECT_EQ(train_fsdp_cuda_create(s, decoder_blocks_cuda(decoder_state_config(s)), c_, d_, 2, 32, &o, &f, &err_), 0) << err_.msg;
         if (!f) return out;
         for (int k = 0; k < n; k++) {
             train_fsdp_hparams hp = hparams(k);
@@ -149,7 +151,7 @@ protected:
     std::vector<train_fsdp_result> run_cpu(fsdp_state *s, int n) {
         std::vector<train_fsdp_result> out;
         train_fsdp *f = nullptr;
-        EXPECT_EQ(train_fsdp_create(s, c_, 2, 32, &f, &err_), 0) << err_.msg;
+        EXPECT_EQ(train_fsdp_create(s, decoder_blocks_cpu(decoder_state_config(s)), c_, 2, 32, &f, &err_), 0) << err_.msg;
         if (!f) return out;
         for (int k = 0; k < n; k++) {
             train_fsdp_hparams hp = hparams(k);

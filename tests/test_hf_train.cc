@@ -27,6 +27,7 @@ extern "C" {
 #include "decoder/decoder_table.h"
 #include "decoder/hf_config.h"
 #include "train/train_fsdp.h"
+#include "decoder/decoder_blocks.h"
 #include "decoder/decoder_model.h"
 #include "decoder/decoder_params.h"
 #include "runtime/comm.h"
@@ -199,7 +200,7 @@ TEST(HfTrain, FixturesFiveStepsOnOneRank) {
         Tensors batch = load_st(hf_fixture(m, "batch.safetensors"));
         fsdp_state *s = hf_state(m, cfg);
         train_fsdp *f;
-        ASSERT_EQ(train_fsdp_create(s, c, 2, 32, &f, &err), 0) << err.msg;
+        ASSERT_EQ(train_fsdp_create(s, decoder_blocks_cpu(decoder_state_config(s)), c, 2, 32, &f, &err), 0) << err.msg;
         for (int k = 0; k < 5; k++) {
             train_fsdp_hparams hp = {ref.lr[k], 0.9, 0.95, 1e-8, 0.1, 1.0, nullptr};
             train_fsdp_result r;
@@ -235,7 +236,7 @@ TEST(HfTrain, StepZeroGradientsMatchPyTorch) {
         Tensors batch = load_st(hf_fixture(m, "batch.safetensors")), want = load_st(hf_fixture(m, "grads_step0.safetensors"));
         fsdp_state *s = hf_state(m, cfg);
         train_fsdp *f;
-        ASSERT_EQ(train_fsdp_create(s, c, 2, 32, &f, &err), 0) << err.msg;
+        ASSERT_EQ(train_fsdp_create(s, decoder_blocks_cpu(decoder_state_config(s)), c, 2, 32, &f, &err), 0) << err.msg;
         train_fsdp_result r;
         ASSERT_EQ(train_fsdp_grads(f, batch.at("input_ids").i32.data(), batch.at("labels").i32.data(), &r, &err), 0)
             << err.msg;
@@ -275,7 +276,7 @@ TEST(HfTrain, CheckpointingAndChunkedHeadAgreeForEveryArchitecture) {
         for (int k = 0; k < 4; k++) {
             s[k] = hf_state(m, cfg);
             train_fsdp *f;
-            ASSERT_EQ(train_fsdp_create_opts(s[k], c, 2, 32, ac[k], chunk[k], &f, &err), 0) << err.msg;
+            ASSERT_EQ(train_fsdp_create_opts(s[k], decoder_blocks_cpu(decoder_state_config(s[k])), c, 2, 32, ac[k], chunk[k], &f, &err), 0) << err.msg;
             ASSERT_EQ(train_fsdp_grads(f, batch.at("input_ids").i32.data(), batch.at("labels").i32.data(), &r[k], &err),
                       0)
                 << err.msg;

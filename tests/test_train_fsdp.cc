@@ -9,6 +9,7 @@
 
 extern "C" {
 #include "train/train_fsdp.h"
+#include "decoder/decoder_blocks.h"
 #include "decoder/decoder_table.h"
 #include "decoder/decoder_model.h"
 #include "runtime/comm.h"
@@ -58,7 +59,7 @@ static void five_steps_match_reference(int head_chunk_rows) {
         memcpy(state_find(s, n)->data, t.f32.data(), t.f32.size() * sizeof(float));
     }
     train_fsdp *f;
-    ASSERT_EQ(train_fsdp_create_opts(s, c, 2, 32, 0, head_chunk_rows, &f, &err), 0) << err.msg;
+    ASSERT_EQ(train_fsdp_create_opts(s, decoder_blocks_cpu(decoder_state_config(s)), c, 2, 32, 0, head_chunk_rows, &f, &err), 0) << err.msg;
     std::vector<int32_t> in(batch.at("input_ids").i32), lab(batch.at("labels").i32);
     json_t *steps = json_object_get(ref, "steps");
     for (int k = 0; k < 5; k++) {
@@ -108,7 +109,7 @@ TEST(LlamaFsdp, HeadChunkRowsMustNotBeNegative) {
         EXPECT_EQ(decoder_state_set_config(s, &tmp_cfg, &cfg_err), 0);
     }
     train_fsdp *f = nullptr;
-    EXPECT_EQ(train_fsdp_create_opts(s, c, 2, 32, 0, -2, &f, &err), FSDP_E_INVALID);
+    EXPECT_EQ(train_fsdp_create_opts(s, decoder_blocks_cpu(decoder_state_config(s)), c, 2, 32, 0, -2, &f, &err), FSDP_E_INVALID);
     EXPECT_EQ(f, nullptr);
     EXPECT_NE(std::string(err.msg).find("head_chunk_rows is -2"), std::string::npos) << err.msg;
     state_free(s);
@@ -147,7 +148,7 @@ TEST(LlamaFsdp, ActivationCheckpointingIsBitIdenticalAndSmaller) {
             ASSERT_EQ(state_add_param(s, n, (int)shp.size(), shp.data(), -1, &err), 0) << err.msg;
             memcpy(state_find(s, n)->data, t.f32.data(), t.f32.size() * sizeof(float));
         }
-        ASSERT_EQ(train_fsdp_create_ac(s, c, 2, 32, ac, &f[ac], &err), 0) << err.msg;
+        ASSERT_EQ(train_fsdp_create_ac(s, decoder_blocks_cpu(decoder_state_config(s)), c, 2, 32, ac, &f[ac], &err), 0) << err.msg;
     }
     std::vector<int32_t> in(batch.at("input_ids").i32), lab(batch.at("labels").i32);
     for (int k = 0; k < 3; k++) {

@@ -15,6 +15,7 @@
 extern "C" {
 #include "train/train_fsdp.h"
 #include "train/train_fsdp_cuda.h"
+#include "decoder/decoder_blocks.h"
 #include "decoder/decoder_table.h"
 #include "runtime/comm.h"
 #include "runtime/device.h"
@@ -146,7 +147,7 @@ protected:
     std::vector<train_fsdp_result> run_gpu(fsdp_state *s, const train_fsdp_cuda_options &o, int n) {
         std::vector<train_fsdp_result> out;
         train_fsdp_cuda *f = nullptr;
-        EXPECT_EQ(train_fsdp_cuda_create(s, c_, d_, 2, 32, &o, &f, &err_), 0) << err_.msg;
+        EXPECT_EQ(train_fsdp_cuda_create(s, decoder_blocks_cuda(decoder_state_config(s)), c_, d_, 2, 32, &o, &f, &err_), 0) << err_.msg;
         if (!f) return out;
         for (int k = 0; k < n; k++) {
             train_fsdp_hparams hp = hparams(k);
@@ -189,7 +190,7 @@ TEST_F(LlamaFsdpCuda, F32FiveStepsMatchReferenceAndCpuPath) {
     std::vector<train_fsdp_result> gr = run_gpu(g, F32, 5);
     ASSERT_EQ(gr.size(), 5u);
     train_fsdp *f;
-    ASSERT_EQ(train_fsdp_create(h, c_, 2, 32, &f, &err_), 0) << err_.msg;
+    ASSERT_EQ(train_fsdp_create(h, decoder_blocks_cpu(decoder_state_config(h)), c_, 2, 32, &f, &err_), 0) << err_.msg;
     for (int k = 0; k < 5; k++) {
         train_fsdp_hparams hp = hparams(k);
         train_fsdp_result r;
@@ -327,10 +328,10 @@ TEST_F(LlamaFsdpCuda, ActivationCheckpointingAndKeptLayersMatchTheDefault) {
     EXPECT_LE(max_diff(g0, pull(sel, 1)), 1e-5 * max_abs(g0));
     // checkpointing holds less activation memory, keeping the layers more gather memory
     train_fsdp_cuda *fa = nullptr, *fb = nullptr, *fk = nullptr, *fs = nullptr;
-    ASSERT_EQ(train_fsdp_cuda_create(base, c_, d_, 2, 32, &F32, &fa, &err_), 0) << err_.msg;
-    ASSERT_EQ(train_fsdp_cuda_create(ac, c_, d_, 2, 32, &oac, &fb, &err_), 0) << err_.msg;
-    ASSERT_EQ(train_fsdp_cuda_create(keep, c_, d_, 2, 32, &okeep, &fk, &err_), 0) << err_.msg;
-    ASSERT_EQ(train_fsdp_cuda_create(sel, c_, d_, 2, 32, &osel, &fs, &err_), 0) << err_.msg;
+    ASSERT_EQ(train_fsdp_cuda_create(base, decoder_blocks_cuda(decoder_state_config(base)), c_, d_, 2, 32, &F32, &fa, &err_), 0) << err_.msg;
+    ASSERT_EQ(train_fsdp_cuda_create(ac, decoder_blocks_cuda(decoder_state_config(ac)), c_, d_, 2, 32, &oac, &fb, &err_), 0) << err_.msg;
+    ASSERT_EQ(train_fsdp_cuda_create(keep, decoder_blocks_cuda(decoder_state_config(keep)), c_, d_, 2, 32, &okeep, &fk, &err_), 0) << err_.msg;
+    ASSERT_EQ(train_fsdp_cuda_create(sel, decoder_blocks_cuda(decoder_state_config(sel)), c_, d_, 2, 32, &osel, &fs, &err_), 0) << err_.msg;
     EXPECT_LT(train_fsdp_cuda_bytes(fb), train_fsdp_cuda_bytes(fs)); // full < selective < none
     EXPECT_LT(train_fsdp_cuda_bytes(fs), train_fsdp_cuda_bytes(fa));
     EXPECT_GE(train_fsdp_cuda_bytes(fk), train_fsdp_cuda_bytes(fa));  // 2 layers: as many buffers as reshard's 2
@@ -360,13 +361,13 @@ TEST_F(LlamaFsdpCuda, ChunkedHeadMatchesTheWholeBatchHead) {
     std::vector<float> p0 = pull(base, 0);
     EXPECT_LE(max_diff(p0, pull(chunked, 0)), 1e-5 * max_abs(p0));
     train_fsdp_cuda *fa = nullptr, *fb = nullptr;
-    ASSERT_EQ(train_fsdp_cuda_create(base, c_, d_, 2, 32, &F32, &fa, &err_), 0) << err_.msg;
-    ASSERT_EQ(train_fsdp_cuda_create(chunked, c_, d_, 2, 32, &o5, &fb, &err_), 0) << err_.msg;
+    ASSERT_EQ(train_fsdp_cuda_create(base, decoder_blocks_cuda(decoder_state_config(base)), c_, d_, 2, 32, &F32, &fa, &err_), 0) << err_.msg;
+    ASSERT_EQ(train_fsdp_cuda_create(chunked, decoder_blocks_cuda(decoder_state_config(chunked)), c_, d_, 2, 32, &o5, &fb, &err_), 0) << err_.msg;
     EXPECT_LT(train_fsdp_cuda_bytes(fb), train_fsdp_cuda_bytes(fa));
     train_fsdp_cuda_free(fa);
     train_fsdp_cuda_free(fb);
     train_fsdp_cuda_options bad = {TRAIN_FSDP_MIXED_NONE, TRAIN_FSDP_AC_NONE, 0, -1, 0};
-    EXPECT_EQ(train_fsdp_cuda_create(base, c_, d_, 2, 32, &bad, &fa, &err_), FSDP_E_INVALID);
+    EXPECT_EQ(train_fsdp_cuda_create(base, decoder_blocks_cuda(decoder_state_config(base)), c_, d_, 2, 32, &bad, &fa, &err_), FSDP_E_INVALID);
     EXPECT_NE(std::string(err_.msg).find("head_chunk_rows"), std::string::npos) << err_.msg;
 }
 
@@ -374,7 +375,7 @@ TEST_F(LlamaFsdpCuda, NonFiniteLossFailsAndChangesNothing) {
     for (bool offloaded : {false, true}) {
         fsdp_state *s = make_state(false, offloaded);
         train_fsdp_cuda *f = nullptr;
-        ASSERT_EQ(train_fsdp_cuda_create(s, c_, d_, 2, 32, &F32, &f, &err_), 0) << err_.msg;
+        ASSERT_EQ(train_fsdp_cuda_create(s, decoder_blocks_cuda(decoder_state_config(s)), c_, d_, 2, 32, &F32, &f, &err_), 0) << err_.msg;
         train_fsdp_hparams hp = hparams(0);
         train_fsdp_result r;
         ASSERT_EQ(train_fsdp_cuda_step(f, in_.data(), lab_.data(), &hp, &r, &err_), 0) << err_.msg;
@@ -417,7 +418,7 @@ TEST_F(LlamaFsdpCuda, TrainStepsBackendPicksTheGpuAndReportsDeviceMemory) {
 TEST_F(LlamaFsdpCuda, RejectsStateNotOnTheDevice) {
     fsdp_state *h = make_state(true);
     train_fsdp_cuda *f = nullptr;
-    EXPECT_EQ(train_fsdp_cuda_create(h, c_, d_, 2, 32, &F32, &f, &err_), FSDP_E_INVALID);
+    EXPECT_EQ(train_fsdp_cuda_create(h, decoder_blocks_cuda(decoder_state_config(h)), c_, d_, 2, 32, &F32, &f, &err_), FSDP_E_INVALID);
     EXPECT_NE(std::string(err_.msg).find("is not on the device"), std::string::npos) << err_.msg;
     EXPECT_EQ(f, nullptr);
 }
@@ -444,8 +445,10 @@ TEST(LlamaFsdpCudaOptions, NamesAndMissingDevice) {
     memset(&s, 0, sizeof s);
     comm *c;
     ASSERT_EQ(comm_create_single(&c, &err), 0);
+    decoder_config no_cfg;
+    memset(&no_cfg, 0, sizeof no_cfg);
     train_fsdp_cuda *f = nullptr;
-    EXPECT_EQ(train_fsdp_cuda_create(&s, c, nullptr, 2, 32, nullptr, &f, &err), FSDP_E_INVALID);
+    EXPECT_EQ(train_fsdp_cuda_create(&s, decoder_blocks_cuda(&no_cfg), c, nullptr, 2, 32, nullptr, &f, &err), FSDP_E_INVALID);
     EXPECT_NE(std::string(err.msg).find("no state, communicator or device"), std::string::npos) << err.msg;
     comm_destroy(c);
 }

@@ -1,4 +1,4 @@
-/* The FSDP training step on the CPU (train/train_fsdp.h). */
+/* The CPU FSDP step (train/train_fsdp.h), on the model seen through model/model_blocks.h. */
 #include "train/train_fsdp.h"
 
 #include <math.h>
@@ -7,22 +7,19 @@
 #include <string.h>
 
 #include "kernels/cpu/kc.h"
-#include "decoder/decoder_table.h"
-#include "decoder/decoder_model.h"
-#include "decoder/decoder_params.h"
 #include "train/flat_group.h"
 
 struct train_fsdp {
     fsdp_state *s;
     comm *c;
-    decoder_config cfg;
+    model_blocks m;          /* the model (model/model_blocks.h) */
+    model_blocks_layout lay; /* its layout: blocks (the layers), embedding, head */
     int B, T;
-    decoder_model_ws *ws;
+    void *ws;                           /* m's workspace */
     state_param *embed, *norm, *output; /* output NULL with tied embeddings */
-    int per_layer;                      /* parameters per layer (the table's) */
-    decoder_param_kind kinds[DECODER_PARAMS_PER_LAYER_MAX];
+    int per_layer;                      /* parameters per layer (lay.per_block) */
     state_param **layer; /* n_layers * per_layer, in the flat layer order */
-    int64_t layer_off[DECODER_PARAMS_PER_LAYER_MAX];
+    int64_t layer_off[MODEL_BLOCKS_PARAMS_MAX];
     int64_t layer_numel;
     float *full_layer, *grad_layer; /* one gathered layer and its gradient */
     float *full_embed, *full_norm, *full_output; /* full_output == full_embed when tied */
@@ -37,8 +34,8 @@ struct train_fsdp {
 
 void train_fsdp_free(train_fsdp *f) {
     if (!f) return;
-    decoder_model_ws_free(f->ws);
-    for (int i = 0; f->groups && i < f->cfg.n_layers; i++) flat_group_free(f->groups[i]);
+    if (f->ws) f->m.ws_free(f->ws);
+    for (int i = 0; f->groups && i < f->lay.n_blocks; i++) flat_group_free(f->groups[i]);
     free(f->groups);
     free(f->flat_scratch);
     free(f->layer);
@@ -70,7 +67,7 @@ static state_param *need(fsdp_state *s, const char *name, int64_t numel, fsdp_er
 
 /* One flat group per layer (its parameters in the table's order) and the scratch they share. */
 static int make_groups(train_fsdp *f, int world, int rank, fsdp_err *err) {
-    const int L = f->cfg.n_layers;
+    const int L = f->lay.n_blocks;
     if (!(f->groups = calloc((size_t)L, sizeof *f->groups)))
         return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory (training: parameter groups)");
     size_t scratch = 1;
@@ -91,80 +88,92 @@ void train_fsdp_set_flat(train_fsdp *f, int flat) {
     if (f) f->per_param = !flat;
 }
 
-int train_fsdp_create(fsdp_state *s, comm *c, int B, int T, train_fsdp **out, fsdp_err *err) {
-    return train_fsdp_create_ac(s, c, B, T, 0, out, err);
+int train_fsdp_create(fsdp_state *s, model_blocks m, comm *c, int B, int T, train_fsdp **out, fsdp_err *err) {
+    return train_fsdp_create_ac(s, m, c, B, T, 0, out, err);
 }
 
-int train_fsdp_create_ac(fsdp_state *s, comm *c, int B, int T, int ac, train_fsdp **out, fsdp_err *err) {
-    return train_fsdp_create_opts(s, c, B, T, ac, 0, out, err);
+int train_fsdp_create_ac(fsdp_state *s, model_blocks m, comm *c, int B, int T, int ac, train_fsdp **out,
+                         fsdp_err *err) {
+    return train_fsdp_create_opts(s, m, c, B, T, ac, 0, out, err);
 }
 
-int train_fsdp_create_opts(fsdp_state *s, comm *c, int B, int T, int ac, int head_chunk_rows, train_fsdp **out,
-                           fsdp_err *err) {
+/* The state's parameters of every piece of the model, checked against the model's sizes. */
+static int find_params(train_fsdp *f, fsdp_err *err) {
+    fsdp_state *s = f->s;
+    const model_blocks_layout *lay = &f->lay;
+    if (!(f->embed = need(s, lay->embed.name, lay->embed.numel, err)) ||
+        !(f->norm = need(s, lay->norm.name, lay->norm.numel, err)) ||
+        (!lay->tied && !(f->output = need(s, lay->output.name, lay->output.numel, err))))
+        return err->code;
+    if (lay->tied && state_find(s, lay->output.name))
+        return fsdp_err_set(err, FSDP_E_INVALID,
+                            "training: the model ties output to %s, but the state also holds an %s", lay->embed.name,
+                            lay->output.name);
+    for (int i = 0; i < lay->n_blocks; i++) {
+        for (int k = 0; k < f->per_layer; k++) {
+            model_blocks_tensor p;
+            f->m.block_param(f->m.impl, i, k, &p);
+            if (!(f->layer[i * f->per_layer + k] = need(s, p.name, p.numel, err))) return err->code;
+        }
+    }
+    return 0;
+}
+
+/* The gathered pieces and their full gradients (host float32). */
+static int alloc_buffers(train_fsdp *f, fsdp_err *err) {
+    const model_blocks_layout *lay = &f->lay;
+    const size_t E = (size_t)lay->embed.numel, N = (size_t)lay->norm.numel, O = (size_t)lay->output.numel;
+    const int tied = lay->tied;
+    f->layer = calloc((size_t)lay->n_blocks * (size_t)f->per_layer, sizeof *f->layer);
+    f->full_layer = malloc((size_t)f->layer_numel * sizeof(float));
+    f->grad_layer = malloc((size_t)f->layer_numel * sizeof(float));
+    f->full_embed = malloc(E * sizeof(float));
+    f->full_output = tied ? f->full_embed : malloc(O * sizeof(float));
+    f->full_norm = malloc(N * sizeof(float));
+    f->grad_embed = malloc(E * sizeof(float));
+    f->grad_output = tied ? f->grad_embed : malloc(O * sizeof(float));
+    f->grad_norm = malloc(N * sizeof(float));
+    if (!f->layer || !f->full_layer || !f->grad_layer || !f->full_embed || !f->full_output || !f->full_norm ||
+        !f->grad_embed || !f->grad_output || !f->grad_norm)
+        return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory (training buffers)");
+    return 0;
+}
+
+int train_fsdp_create_opts(fsdp_state *s, model_blocks m, comm *c, int B, int T, int ac, int head_chunk_rows,
+                           train_fsdp **out, fsdp_err *err) {
     *out = NULL;
-    if (decoder_head_chunk_check(head_chunk_rows, "training", err)) return FSDP_E_INVALID;
-    if (!s->trainer_cfg) return fsdp_err_set(err, FSDP_E_INVALID, "training: the state has no model config");
+    model_blocks_ws_opts wo = {ac, head_chunk_rows};
+    if (m.check_opts(m.impl, &wo, "training", err)) return FSDP_E_INVALID;
     if (s->layout != STATE_SHARDED)
         return fsdp_err_set(err, FSDP_E_INVALID, "training: parameters are not sharded (run `shard` after init-cpu)");
-    int rc = decoder_model_check(decoder_state_config(s), err);
+    int rc = m.check(m.impl, err);
     if (rc) return rc;
     train_fsdp *f = calloc(1, sizeof *f);
     if (!f) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
     f->s = s;
     f->c = c;
-    f->cfg = *decoder_state_config(s);
+    f->m = m;
+    m.layout(m.impl, &f->lay);
     f->B = B;
     f->T = T;
-    const decoder_config *cfg = &f->cfg;
-    int64_t V = cfg->vocab_size, d = cfg->dim;
-    const int tied = cfg->tie_embeddings;
-    f->layer_numel = decoder_model_layer_numel(cfg);
-    f->per_layer = decoder_params_layer_kinds(cfg, f->kinds);
-    /* offsets of a layer's tensors inside its block, from the model's own layout */
-    decoder_model_layer lw;
-    float *base = (float *)(uintptr_t)64; /* only differences are used */
-    decoder_model_layer_bind(cfg, base, &lw);
-    for (int k = 0; k < f->per_layer; k++) f->layer_off[k] = *decoder_model_layer_slot(&lw, f->kinds[k]) - base;
-    f->layer = calloc((size_t)cfg->n_layers * (size_t)f->per_layer, sizeof *f->layer);
-    f->full_layer = malloc((size_t)f->layer_numel * sizeof(float));
-    f->grad_layer = malloc((size_t)f->layer_numel * sizeof(float));
-    f->full_embed = malloc((size_t)(V * d) * sizeof(float));
-    f->full_output = tied ? f->full_embed : malloc((size_t)(V * d) * sizeof(float));
-    f->full_norm = malloc((size_t)d * sizeof(float));
-    f->grad_embed = malloc((size_t)(V * d) * sizeof(float));
-    f->grad_output = tied ? f->grad_embed : malloc((size_t)(V * d) * sizeof(float));
-    f->grad_norm = malloc((size_t)d * sizeof(float));
-    if (!f->layer || !f->full_layer || !f->grad_layer || !f->full_embed || !f->full_output || !f->full_norm ||
-        !f->grad_embed || !f->grad_output || !f->grad_norm) {
+    f->layer_numel = f->lay.block_numel;
+    f->per_layer = f->lay.per_block;
+    if (f->per_layer < 0 || f->per_layer > MODEL_BLOCKS_PARAMS_MAX) {
         train_fsdp_free(f);
-        return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory (training buffers)");
+        return fsdp_err_set(err, FSDP_E_INVALID, "training: a block of %d parameters (at most %d)", f->lay.per_block,
+                            MODEL_BLOCKS_PARAMS_MAX);
     }
-    if (!(f->embed = need(s, "tok_embeddings.weight", V * d, err)) || !(f->norm = need(s, "norm.weight", d, err)) ||
-        (!tied && !(f->output = need(s, "output.weight", V * d, err)))) {
-        train_fsdp_free(f);
-        return err->code;
+    for (int k = 0; k < f->per_layer; k++) {
+        model_blocks_tensor p;
+        m.block_param(m.impl, 0, k, &p);
+        f->layer_off[k] = p.offset;
     }
-    if (tied && state_find(s, "output.weight")) {
-        train_fsdp_free(f);
-        return fsdp_err_set(err, FSDP_E_INVALID, "training: the model ties output to tok_embeddings.weight, but the "
-                            "state also holds an output.weight");
-    }
-    for (int i = 0; i < cfg->n_layers; i++) {
-        for (int k = 0; k < f->per_layer; k++) {
-            decoder_param p;
-            decoder_param_describe(cfg, f->kinds[k], i, &p);
-            if (!(f->layer[i * f->per_layer + k] = need(s, p.name, p.numel, err))) {
-                train_fsdp_free(f);
-                return err->code;
-            }
-        }
-    }
-    if ((rc = state_alloc_grads(s, err)) || (rc = make_groups(f, comm_size(c), comm_rank(c), err))) {
+    if ((rc = alloc_buffers(f, err)) || (rc = find_params(f, err)) || (rc = state_alloc_grads(s, err)) ||
+        (rc = make_groups(f, comm_size(c), comm_rank(c), err))) {
         train_fsdp_free(f);
         return rc;
     }
-    decoder_model_ws_opts wo = {ac, head_chunk_rows};
-    f->ws = decoder_model_ws_create_opts(cfg, B, T, &wo, err);
+    f->ws = m.ws_create(m.impl, B, T, &wo, err);
     if (!f->ws) {
         train_fsdp_free(f);
         return err->code ? err->code : FSDP_E_NOMEM;
@@ -178,13 +187,13 @@ static void layer_slots(const train_fsdp *f, float *base, float **slots) {
     for (int k = 0; k < f->per_layer; k++) slots[k] = base + f->layer_off[k];
 }
 
-static int gather_layer(train_fsdp *f, int i, decoder_model_layer *lw, fsdp_err *err) {
+/* Layer i's parameters all-gathered into full_layer. */
+static int gather_layer(train_fsdp *f, int i, fsdp_err *err) {
     if (!f->per_param) {
-        float *full[DECODER_PARAMS_PER_LAYER_MAX];
+        float *full[MODEL_BLOCKS_PARAMS_MAX];
         layer_slots(f, f->full_layer, full);
         int rc = flat_group_gather(f->groups[i], f->c, f->flat_scratch, full, err);
         if (rc) return fsdp_err_prefix(err, "training: all-gather of layer %d", i);
-        decoder_model_layer_bind(&f->cfg, f->full_layer, lw);
         return 0;
     }
     for (int k = 0; k < f->per_layer; k++) {
@@ -192,14 +201,13 @@ static int gather_layer(train_fsdp *f, int i, decoder_model_layer *lw, fsdp_err 
         int rc = state_unshard(p, p->data, f->c, f->full_layer + f->layer_off[k], err);
         if (rc) return rc;
     }
-    decoder_model_layer_bind(&f->cfg, f->full_layer, lw);
     return 0;
 }
 
 /* Layer i's full gradient g (a full-layer buffer) reduce-scattered into its parameters' p->grad. */
 static int reduce_layer(train_fsdp *f, int i, float *g, fsdp_err *err) {
     if (!f->per_param) {
-        float *full[DECODER_PARAMS_PER_LAYER_MAX];
+        float *full[MODEL_BLOCKS_PARAMS_MAX];
         layer_slots(f, g, full);
         int rc = flat_group_reduce_scatter(f->groups[i], f->c, (const float *const *)full, f->flat_scratch, err);
         return rc ? fsdp_err_prefix(err, "training: reduce-scatter of layer %d", i) : 0;
@@ -217,16 +225,14 @@ static int reduce_layer(train_fsdp *f, int i, float *g, fsdp_err *err) {
  * *lsum += this rank's loss sum. denom: the global token count of the whole step. */
 static int micro_forward(train_fsdp *f, const int32_t *tokens, const int32_t *labels, double denom, int first,
                          double *lsum, fsdp_err *err) {
-    const decoder_config *cfg = &f->cfg;
-    int64_t V = cfg->vocab_size, d = cfg->dim;
+    const model_blocks *m = &f->m;
     int rc;
     /* forward: gather each piece right before it runs */
     if ((rc = state_unshard(f->embed, f->embed->data, f->c, f->full_embed, err))) return rc;
-    if ((rc = decoder_fwd_embed(cfg, f->full_embed, tokens, labels, f->B, f->T, f->ws, err))) return rc;
-    for (int i = 0; i < cfg->n_layers; i++) {
-        decoder_model_layer lw;
-        if ((rc = gather_layer(f, i, &lw, err))) return rc;
-        if ((rc = decoder_fwd_layer(cfg, &lw, i, f->ws, err))) return rc;
+    if ((rc = m->fwd_embed(f->ws, f->full_embed, tokens, labels, f->B, f->T, err))) return rc;
+    for (int i = 0; i < f->lay.n_blocks; i++) {
+        if ((rc = gather_layer(f, i, err))) return rc;
+        if ((rc = m->fwd_block(f->ws, i, f->full_layer, err))) return rc;
     }
     if ((rc = state_unshard(f->norm, f->norm->data, f->c, f->full_norm, err))) return rc;
     if (f->output && (rc = state_unshard(f->output, f->output->data, f->c, f->full_output, err))) return rc;
@@ -235,14 +241,13 @@ static int micro_forward(train_fsdp *f, const int32_t *tokens, const int32_t *la
      * ranks' contributions into each shard. Tied: the head's gradient is the first half of the
      * embedding's, which the embedding backward adds to before the one reduce-scatter. */
     if (first) {
-        memset(f->grad_norm, 0, (size_t)d * sizeof(float));
-        memset(f->grad_output, 0, (size_t)(V * d) * sizeof(float));
+        memset(f->grad_norm, 0, (size_t)f->lay.norm.numel * sizeof(float));
+        memset(f->grad_output, 0, (size_t)f->lay.output.numel * sizeof(float));
     }
-    decoder_model_loss loss;
-    if ((rc = decoder_head_train(cfg, f->full_norm, f->full_output, f->grad_norm, f->grad_output, denom, f->ws, &loss,
-                               err)))
+    double loss_sum = 0;
+    if ((rc = m->head_train(f->ws, f->full_norm, f->full_output, f->grad_norm, f->grad_output, denom, &loss_sum, err)))
         return rc;
-    *lsum += loss.loss_sum;
+    *lsum += loss_sum;
     return 0;
 }
 
@@ -251,23 +256,19 @@ static int micro_forward(train_fsdp *f, const int32_t *tokens, const int32_t *la
  * (one per parameter and step, as FSDP2 with set_requires_gradient_sync(False) until the last
  * micro-batch) run only on the last micro-batch. */
 static int micro_backward(train_fsdp *f, int first, int last, fsdp_err *err) {
-    const decoder_config *cfg = &f->cfg;
-    int64_t V = cfg->vocab_size, d = cfg->dim;
     int rc;
     if (last && (rc = state_reduce_scatter(f->norm, f->grad_norm, f->c, f->norm->grad, err))) return rc;
     if (last && f->output && (rc = state_reduce_scatter(f->output, f->grad_output, f->c, f->output->grad, err)))
         return rc;
-    for (int i = cfg->n_layers - 1; i >= 0; i--) {
-        decoder_model_layer lw, lg;
-        if ((rc = gather_layer(f, i, &lw, err))) return rc;
+    for (int i = f->lay.n_blocks - 1; i >= 0; i--) {
+        if ((rc = gather_layer(f, i, err))) return rc;
         float *g = f->acc ? f->acc + (size_t)i * (size_t)f->layer_numel : f->grad_layer;
         if (!f->acc || first) memset(g, 0, (size_t)f->layer_numel * sizeof(float));
-        decoder_model_layer_bind(cfg, g, &lg);
-        if ((rc = decoder_bwd_layer(cfg, &lw, &lg, i, f->ws, err))) return rc;
+        if ((rc = f->m.bwd_block(f->ws, i, f->full_layer, g, err))) return rc;
         if (last && (rc = reduce_layer(f, i, g, err))) return rc;
     }
-    if (first && !cfg->tie_embeddings) memset(f->grad_embed, 0, (size_t)(V * d) * sizeof(float));
-    if ((rc = decoder_bwd_embed(cfg, f->grad_embed, f->ws, err))) return rc;
+    if (first && !f->lay.tied) memset(f->grad_embed, 0, (size_t)f->lay.embed.numel * sizeof(float));
+    if ((rc = f->m.bwd_embed(f->ws, f->grad_embed, err))) return rc;
     if (last && (rc = state_reduce_scatter(f->embed, f->grad_embed, f->c, f->embed->grad, err))) return rc;
     return 0;
 }
@@ -275,7 +276,7 @@ static int micro_backward(train_fsdp *f, int first, int last, fsdp_err *err) {
 /* The full-gradient accumulator of every layer (n_layers x layer_numel floats), allocated once. */
 static int ensure_acc(train_fsdp *f, fsdp_err *err) {
     if (f->acc) return 0;
-    size_t n = (size_t)f->cfg.n_layers * (size_t)f->layer_numel;
+    size_t n = (size_t)f->lay.n_blocks * (size_t)f->layer_numel;
     f->acc = malloc(n * sizeof(float));
     if (!f->acc)
         return fsdp_err_set(err, FSDP_E_NOMEM,
@@ -290,7 +291,7 @@ int train_fsdp_grads_accum(train_fsdp *f, const int32_t *tokens, const int32_t *
     const int64_t mb = (int64_t)f->B * f->T;
     /* global number of tokens in the mean: every micro-batch of every rank */
     int64_t nvalid = 0;
-    for (int64_t i = 0; i < mb * n_micro; i++) nvalid += labels[i] != DECODER_MODEL_IGNORE_INDEX;
+    for (int64_t i = 0; i < mb * n_micro; i++) nvalid += labels[i] != f->lay.ignore_index;
     if ((rc = comm_allreduce(f->c, &nvalid, 1, COMM_I64, COMM_SUM, err))) return rc;
     if (n_micro > 1 && (rc = ensure_acc(f, err))) return rc;
     float *acc = f->acc;

@@ -1,4 +1,5 @@
-/* One FSDP training step of the Llama model on sharded state (runtime/state.h):
+/* One FSDP training step of a model (model/model_blocks.h: Llama and the decoder family through
+ * decoder/decoder_blocks.h) on sharded state (runtime/state.h):
  * per layer all-gather -> forward -> drop; backward with all-gather -> gradients ->
  * reduce-scatter (sum); global gradient norm over all shards; clipping; AdamW on the
  * local shards. The loss is the mean over all global tokens: gradients are summed over
@@ -10,6 +11,7 @@
 #include <stdint.h>
 
 #include "fsdp/error.h"
+#include "model/model_blocks.h"
 #include "runtime/comm.h"
 #include "runtime/state.h"
 
@@ -29,16 +31,19 @@ typedef struct train_fsdp_result {
     int64_t tokens;   /* global tokens counted in the loss */
 } train_fsdp_result;
 
-/* The state must hold every parameter of its trainer config (decoder_state_config) under torchtitan names, sharded. */
-int train_fsdp_create(fsdp_state *s, comm *c, int local_batch, int seq_len, train_fsdp **out, fsdp_err *err);
-/* The same with activation checkpointing ac, a decoder_ac of decoder_model.h: DECODER_AC_NONE, _FULL or
- * _SELECTIVE (decoder_model_ws_create_ac; another value is FSDP_E_INVALID). */
-int train_fsdp_create_ac(fsdp_state *s, comm *c, int local_batch, int seq_len, int ac, train_fsdp **out,
-                         fsdp_err *err);
-/* The same with the output head in chunks of head_chunk_rows rows (0: automatic; decoder_model.h's
- * decoder_model_ws_opts): the head runs as decoder_head_train, so at most one chunk of logits exists. */
-int train_fsdp_create_opts(fsdp_state *s, comm *c, int local_batch, int seq_len, int ac, int head_chunk_rows,
-                           train_fsdp **out, fsdp_err *err);
+/* The model m (model/model_blocks.h: its blocks, their parameters in order and the pieces that run
+ * them; e.g. decoder/decoder_blocks.h's decoder_blocks_cpu) trains on the state, which must hold every
+ * parameter m names, sharded. m is copied; m.impl needs to live only during the call. */
+int train_fsdp_create(fsdp_state *s, model_blocks m, comm *c, int local_batch, int seq_len, train_fsdp **out,
+                      fsdp_err *err);
+/* The same with activation checkpointing ac, a model_blocks_ac: MODEL_BLOCKS_AC_NONE, _FULL or _SELECTIVE
+ * (another value is FSDP_E_INVALID, from the model's workspace). */
+int train_fsdp_create_ac(fsdp_state *s, model_blocks m, comm *c, int local_batch, int seq_len, int ac,
+                         train_fsdp **out, fsdp_err *err);
+/* The same with the output head in chunks of head_chunk_rows rows (0: automatic, the model's choice):
+ * the head runs as m.head_train, so at most one chunk of logits exists. */
+int train_fsdp_create_opts(fsdp_state *s, model_blocks m, comm *c, int local_batch, int seq_len, int ac,
+                           int head_chunk_rows, train_fsdp **out, fsdp_err *err);
 void train_fsdp_free(train_fsdp *f);
 /* Collectives per transformer block (flat != 0, the default: one all-gather and one reduce-scatter
  * of each layer's parameters together, train/flat_group.h) or per parameter (0). Both give the

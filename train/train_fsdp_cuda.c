@@ -77,7 +77,8 @@ static int download_group(train_fsdp_cuda *f, state_param *const *ps, int n, dev
  * denominator, the global token count, is known before). */
 static int forward(train_fsdp_cuda *f, const int32_t *tokens, const int32_t *labels, double denom, int first,
                    fsdp_err *err) {
-    const decoder_config *cfg = &f->cfg;
+    const model_blocks_cuda *m = &f->m;
+    const int L = f->lay.n_blocks;
     dev_ctx *d = f->d;
     /* the embedding, final norm and output weights stay gathered for the whole step */
     TRY(gather_param(f, f->embed, f->full_embed, err));
@@ -86,25 +87,22 @@ static int forward(train_fsdp_cuda *f, const int32_t *tokens, const int32_t *lab
     TRY(train_fsdp_cuda_event_record(d, f->ev[TRAIN_FSDP_CUDA_EV_HEAD_W], DEV_STREAM_COMM, err));
     TRY(issue_gather(f, 0, err));
     TRY(train_fsdp_cuda_event_wait(d, DEV_STREAM_COMPUTE, f->ev[TRAIN_FSDP_CUDA_EV_HEAD_W], err));
-    TRY(decoder_cuda_fwd_embed(cfg, f->full_embed, tokens, labels, f->B, f->T, f->ws, err));
-    for (int i = 0; i < cfg->n_layers; i++) {
-        if (i + 1 < cfg->n_layers) TRY(issue_gather(f, i + 1, err)); /* prefetch, overlaps layer i */
+    TRY(m->fwd_embed(f->ws, f->full_embed, tokens, labels, f->B, f->T, err));
+    for (int i = 0; i < L; i++) {
+        if (i + 1 < L) TRY(issue_gather(f, i + 1, err)); /* prefetch, overlaps layer i */
         int b = buf_of(f, i);
         TRY(train_fsdp_cuda_event_wait(d, DEV_STREAM_COMPUTE, f->g_done[b], err));
-        decoder_cuda_layer lw;
-        decoder_cuda_layer_bind(cfg, f->wbuf[b], f->dt, &lw);
-        TRY(decoder_cuda_fwd_layer(cfg, &lw, i, f->ws, err));
+        TRY(m->fwd_block(f->ws, i, f->wbuf[b], err));
         TRY(train_fsdp_cuda_event_record(d, f->use_done[b], DEV_STREAM_COMPUTE, err));
     }
-    const size_t V = (size_t)cfg->vocab_size, dim = (size_t)cfg->dim;
     if (first) { /* later micro-batches of the step add to the head's gradients */
-        TRY(dev_memset0(d, f->grad_norm, dim * sizeof(float), DEV_STREAM_COMPUTE, err));
+        TRY(dev_memset0(d, f->grad_norm, (size_t)f->lay.norm.numel * sizeof(float), DEV_STREAM_COMPUTE, err));
         /* tied: the head's gradient is the first half of the embedding's (grad_output == grad_embed) */
-        TRY(dev_memset0(d, f->grad_output, V * dim * sizeof(float), DEV_STREAM_COMPUTE, err));
+        TRY(dev_memset0(d, f->grad_output, (size_t)f->lay.output.numel * sizeof(float), DEV_STREAM_COMPUTE, err));
     }
-    TRY(decoder_cuda_head_train(cfg, f->full_norm, f->full_output, f->grad_norm, f->grad_output, denom, f->ws, err));
+    TRY(m->head_train(f->ws, f->full_norm, f->full_output, f->grad_norm, f->grad_output, denom, err));
     /* this rank's loss sum (summed over the micro-batches), all-reduced with the gradient norm at the end */
-    const double *ls = decoder_cuda_ws_loss_sums(f->ws);
+    const double *ls = m->loss_sums(f->ws);
     if (first) return dev_copy_d2d(d, f->d_stats, ls, sizeof(double), DEV_STREAM_COMPUTE, err);
     return kcu_acc_f64(f->d_stats, ls, 1, dev_ctx_stream(d, DEV_STREAM_COMPUTE), err);
 }
@@ -114,11 +112,11 @@ static int forward(train_fsdp_cuda *f, const int32_t *tokens, const int32_t *lab
  * up there (and in the head's and embedding's full buffers); the reduce-scatters and the offloaded
  * optimizer's downloads run only with the last micro-batch, once per parameter and step. */
 static int backward(train_fsdp_cuda *f, int first, int last, fsdp_err *err) {
-    const decoder_config *cfg = &f->cfg;
+    const model_blocks_cuda *m = &f->m;
     dev_ctx *d = f->d;
-    const int L = cfg->n_layers;
-    const size_t V = (size_t)cfg->vocab_size, dim = (size_t)cfg->dim;
-    if (f->output && first) TRY(dev_memset0(d, f->grad_embed, V * dim * sizeof(float), DEV_STREAM_COMPUTE, err));
+    const int L = f->lay.n_blocks;
+    if (f->output && first)
+        TRY(dev_memset0(d, f->grad_embed, (size_t)f->lay.embed.numel * sizeof(float), DEV_STREAM_COMPUTE, err));
     TRY(issue_gather(f, L - 1, err));
     if (last) {
         TRY(train_fsdp_cuda_event_record(d, f->ev[TRAIN_FSDP_CUDA_EV_HEAD_G], DEV_STREAM_COMPUTE, err));
@@ -140,11 +138,7 @@ static int backward(train_fsdp_cuda *f, int first, int last, fsdp_err *err) {
         if (!f->gacc) TRY(train_fsdp_cuda_event_wait(d, DEV_STREAM_COMPUTE, f->rs_done[gb], err));
         if (!f->gacc || first)
             TRY(dev_memset0(d, g, (size_t)f->layer_numel * sizeof(float), DEV_STREAM_COMPUTE, err));
-        decoder_cuda_layer lw;
-        decoder_model_layer lg;
-        decoder_cuda_layer_bind(cfg, f->wbuf[b], f->dt, &lw);
-        decoder_model_layer_bind(cfg, g, &lg);
-        TRY(decoder_cuda_bwd_layer(cfg, &lw, &lg, i, f->ws, err));
+        TRY(m->bwd_block(f->ws, i, f->wbuf[b], g, err));
         TRY(train_fsdp_cuda_event_record(d, f->use_done[b], DEV_STREAM_COMPUTE, err));
         if (!last) continue;
         TRY(train_fsdp_cuda_event_record(d, f->gl_ready[gb], DEV_STREAM_COMPUTE, err));
@@ -156,7 +150,7 @@ static int backward(train_fsdp_cuda *f, int first, int last, fsdp_err *err) {
         TRY(train_fsdp_cuda_event_record(d, f->rs_done[gb], DEV_STREAM_COMM, err));
         if (f->offload) TRY(download_group(f, ps, f->per_layer, f->rs_done[gb], i, err));
     }
-    TRY(decoder_cuda_bwd_embed(cfg, f->grad_embed, f->ws, err));
+    TRY(m->bwd_embed(f->ws, f->grad_embed, err));
     if (!last) return 0;
     TRY(train_fsdp_cuda_event_record(d, f->ev[TRAIN_FSDP_CUDA_EV_EMBED_G], DEV_STREAM_COMPUTE, err));
     TRY(train_fsdp_cuda_event_wait(d, DEV_STREAM_COMM, f->ev[TRAIN_FSDP_CUDA_EV_EMBED_G], err));
@@ -191,7 +185,7 @@ static int queue_grads(train_fsdp_cuda *f, const int32_t *tokens, const int32_t 
      * needed before its forward */
     const int64_t mb = (int64_t)f->B * f->T;
     int64_t nv = 0;
-    for (int64_t i = 0; i < mb * n_micro; i++) nv += labels[i] != DECODER_MODEL_IGNORE_INDEX;
+    for (int64_t i = 0; i < mb * n_micro; i++) nv += labels[i] != f->lay.ignore_index;
     TRY(comm_allreduce(f->c, &nv, 1, COMM_I64, COMM_SUM, err));
     *nvalid = nv;
     if (n_micro > 1) TRY(train_fsdp_cuda_alloc_acc(f, err));
@@ -250,7 +244,7 @@ static int non_finite(const train_fsdp_result *res, int64_t step, fsdp_err *err)
  * parameter is uploaded at once on the COPY stream. */
 static int offloaded_adamw(train_fsdp_cuda *f, double coef, const kc_adamw_hparams *ah,
                            const unsigned char *no_decay, int64_t step, fsdp_err *err) {
-    const int L = f->cfg.n_layers;
+    const int L = f->lay.n_blocks;
     for (int j = 0; j < L + 2; j++) {
         int g = j == 0 ? L : j <= L ? L - j : L + 1; /* head, layers L-1..0, embedding */
         state_param *head[2] = {f->norm, f->output};

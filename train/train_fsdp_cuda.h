@@ -1,6 +1,6 @@
-/* One FSDP2-style training step of the Llama model on the GPU, on the sharded state's device
- * arrays (runtime/state.h: d_data, d_grad, d_exp_avg, d_exp_avg_sq). Same semantics and order of
- * operations as train/train_fsdp.h:
+/* One FSDP2-style training step of a model (model/model_blocks.h's model_blocks_cuda) on the GPU, on
+ * the sharded state's device arrays (runtime/state.h: d_data, d_grad, d_exp_avg, d_exp_avg_sq). Same
+ * semantics and order of operations as train/train_fsdp.h:
  *
  *   forward:  all-gather embedding, norm, output; per layer all-gather -> forward
  *   backward: head; per layer (last to first) all-gather (unless still resident) -> gradients
@@ -33,7 +33,7 @@
  * kc_adamw_step exactly): bit-identical results from identical gradients.
  *
  * Output head: the logits, cross-entropy and their gradient are computed in chunks of rows
- * (options.head_chunk_rows; decoder_cuda_head_train), so the [B*T, vocab] logits never exist at once;
+ * (options.head_chunk_rows; the model's head_train), so the [B*T, vocab] logits never exist at once;
  * the loss's denominator (the global token count) is counted on the host and all-reduced before the
  * step, so each chunk's gradient is final when it is computed.
  *
@@ -59,8 +59,8 @@
 #include <stdint.h>
 
 #include "fsdp/error.h"
+#include "model/model_blocks.h"
 #include "train/train_fsdp.h"
-#include "decoder/decoder_model.h"
 #include "runtime/comm.h"
 #include "runtime/device.h"
 #include "runtime/state.h"
@@ -71,7 +71,7 @@ extern "C" {
 
 typedef enum train_fsdp_mixed { TRAIN_FSDP_MIXED_NONE = 0, TRAIN_FSDP_MIXED_BF16 = 1 } train_fsdp_mixed;
 
-/* Activation checkpointing (decoder_ac of decoder/decoder_model.h, the same values). FULL keeps only each
+/* Activation checkpointing (model_blocks_ac of model/model_blocks.h, the same values). FULL keeps only each
  * layer's input and recomputes the layer's forward in its backward (torchtitan's
  * activation_checkpoint.mode = "full"). SELECTIVE keeps the residual stream, the GEMM outputs
  * (q and k after RoPE, v, w1's and w3's), the attention output with its logsumexp and the norms'
@@ -79,16 +79,16 @@ typedef enum train_fsdp_mixed { TRAIN_FSDP_MIXED_NONE = 0, TRAIN_FSDP_MIXED_BF16
  * (from the saved input and rstd) and SwiGLU's product (from the saved w1/w3 outputs). All three
  * give the same numbers. */
 typedef enum train_fsdp_ac {
-    TRAIN_FSDP_AC_NONE = DECODER_AC_NONE,
-    TRAIN_FSDP_AC_FULL = DECODER_AC_FULL,
-    TRAIN_FSDP_AC_SELECTIVE = DECODER_AC_SELECTIVE
+    TRAIN_FSDP_AC_NONE = MODEL_BLOCKS_AC_NONE,
+    TRAIN_FSDP_AC_FULL = MODEL_BLOCKS_AC_FULL,
+    TRAIN_FSDP_AC_SELECTIVE = MODEL_BLOCKS_AC_SELECTIVE
 } train_fsdp_ac;
 
 typedef struct train_fsdp_cuda_options {
     train_fsdp_mixed mixed;
     train_fsdp_ac ac;
     int keep_gathered; /* 1: keep every gathered layer from the forward for the backward */
-    int head_chunk_rows; /* output head in chunks of this many rows (0: automatic, DECODER_HEAD_CHUNK_BYTES) */
+    int head_chunk_rows; /* output head in chunks of this many rows (0: automatic, the model's choice) */
     /* 0 (default): one all-gather and one reduce-scatter per transformer block on a flat buffer
      * (train/flat_group.h); 1: one per parameter (the CPU path takes it too, train_fsdp_set_flat) */
     int per_param;
@@ -101,8 +101,10 @@ int train_fsdp_ac_from_name(const char *name, train_fsdp_ac *out, fsdp_err *err)
 
 typedef struct train_fsdp_cuda train_fsdp_cuda;
 
-/* opt NULL: defaults (f32, no checkpointing, two gather buffers). */
-int train_fsdp_cuda_create(fsdp_state *s, comm *c, dev_ctx *d, int local_batch, int seq_len,
+/* The model m (model/model_blocks.h; e.g. decoder/decoder_blocks.h's decoder_blocks_cuda) trains on the
+ * state, which must hold every parameter m names; m is copied, m.host.impl needs to live only during
+ * the call. opt NULL: defaults (f32, no checkpointing, two gather buffers). */
+int train_fsdp_cuda_create(fsdp_state *s, model_blocks_cuda m, comm *c, dev_ctx *d, int local_batch, int seq_len,
                            const train_fsdp_cuda_options *opt, train_fsdp_cuda **out, fsdp_err *err);
 /* Waits for the device work and frees the buffers (not the state's arrays). */
 void train_fsdp_cuda_free(train_fsdp_cuda *f);

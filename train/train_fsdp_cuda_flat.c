@@ -16,7 +16,7 @@
     } while (0)
 
 int train_fsdp_cuda_flat_setup(train_fsdp_cuda *f, fsdp_err *err) {
-    const int L = f->cfg.n_layers;
+    const int L = f->lay.n_blocks;
     if (!(f->groups = calloc((size_t)L, sizeof *f->groups)))
         return fsdp_err_set(err, FSDP_E_NOMEM, "training (cuda): out of memory (parameter groups)");
     size_t need = 1;
@@ -38,7 +38,7 @@ int train_fsdp_cuda_flat_setup(train_fsdp_cuda *f, fsdp_err *err) {
 }
 
 void train_fsdp_cuda_flat_free(train_fsdp_cuda *f) {
-    for (int i = 0; f->groups && i < f->cfg.n_layers; i++) flat_group_free(f->groups[i]);
+    for (int i = 0; f->groups && i < f->lay.n_blocks; i++) flat_group_free(f->groups[i]);
     free(f->groups);
     f->groups = NULL;
     if (f->flat && f->d) {

@@ -3,15 +3,14 @@
 #define FSDP_TRAIN_TRAIN_FSDP_CUDA_INTERNAL_H
 
 #include "kernels/cuda/kcu.h"
-#include "decoder/decoder_cuda.h"
+#include "model/model_blocks.h"
 #include "train/train_fsdp_cuda.h"
 #include "train/train_fsdp_cuda_event.h"
 
-#include "decoder/decoder_params.h"
 #include "train/flat_group.h"
 
-/* The most parameters a layer's block holds (decoder_params.h); f->per_layer is the config's. */
-#define TRAIN_FSDP_CUDA_LAYER_PARAMS DECODER_PARAMS_PER_LAYER_MAX
+/* The most parameters a layer's block holds (model/model_blocks.h); f->per_layer is the model's. */
+#define TRAIN_FSDP_CUDA_LAYER_PARAMS MODEL_BLOCKS_PARAMS_MAX
 
 enum {
     TRAIN_FSDP_CUDA_EV_HEAD_W = 0, /* COMM: embedding, norm, output gathered */
@@ -27,16 +26,16 @@ struct train_fsdp_cuda {
     fsdp_state *s;
     comm *c;
     dev_ctx *d;
-    decoder_config cfg;
+    model_blocks_cuda m;     /* the model (model/model_blocks.h) */
+    model_blocks_layout lay; /* its layout: blocks (the layers), embedding, head */
     int B, T;
     train_fsdp_cuda_options opt;
     int world, rank;
     fsdp_dtype dt; /* compute / all-gather dtype */
     size_t es;     /* its size */
-    decoder_cuda_ws *ws;
+    void *ws; /* m's workspace */
     state_param *embed, *norm, *output; /* output NULL with tied embeddings */
-    int per_layer;                      /* parameters per layer (the table's) */
-    decoder_param_kind kinds[TRAIN_FSDP_CUDA_LAYER_PARAMS];
+    int per_layer;                      /* parameters per layer (lay.per_block) */
     state_param **layer; /* n_layers * per_layer in the flat layer order */
     int64_t layer_off[TRAIN_FSDP_CUDA_LAYER_PARAMS];
     int64_t layer_numel;

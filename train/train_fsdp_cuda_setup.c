@@ -5,7 +5,6 @@
 #include <string.h>
 
 #include "train/train_fsdp_cuda_internal.h"
-#include "decoder/decoder_table.h"
 #include "runtime/shard.h"
 
 int train_fsdp_mixed_from_name(const char *name, train_fsdp_mixed *out, fsdp_err *err) {
@@ -25,7 +24,7 @@ int train_fsdp_ac_from_name(const char *name, train_fsdp_ac *out, fsdp_err *err)
 }
 
 size_t train_fsdp_cuda_bytes(const train_fsdp_cuda *f) {
-    return f ? f->dev_bytes + decoder_cuda_ws_bytes(f->ws) : 0;
+    return f ? f->dev_bytes + (f->ws ? f->m.ws_bytes(f->ws) : 0) : 0;
 }
 
 static void dfree(train_fsdp_cuda *f, void *p) {
@@ -62,12 +61,12 @@ void train_fsdp_cuda_free(train_fsdp_cuda *f) {
         train_fsdp_cuda_event_destroy(f->rs_done[b]);
     }
     for (int k = 0; k < TRAIN_FSDP_CUDA_EV_COUNT; k++) train_fsdp_cuda_event_destroy(f->ev[k]);
-    for (int g = 0; f->ev_dl && g < f->cfg.n_layers + 2; g++) train_fsdp_cuda_event_destroy(f->ev_dl[g]);
+    for (int g = 0; f->ev_dl && g < f->lay.n_blocks + 2; g++) train_fsdp_cuda_event_destroy(f->ev_dl[g]);
     kcu_tensor_list_free(f->list);
     kcu_tensor_list_free(f->list_wd);
     kcu_tensor_list_free(f->list_nowd);
     free(f->split_mask);
-    decoder_cuda_ws_free(f->ws);
+    if (f->ws) f->m.ws_free(f->ws);
     free(f->wbuf);
     free(f->buf_layer);
     free(f->g_done);
@@ -106,34 +105,47 @@ static state_param *need(fsdp_state *s, const char *name, int64_t numel, fsdp_er
     return p;
 }
 
+/* The name of a tied embedding without its last component ("tok_embeddings.weight" -> "tok_embeddings"). */
+static int stem_len(const char *name) {
+    const char *dot = strrchr(name, '.');
+    return dot ? (int)(dot - name) : (int)strlen(name);
+}
+
 static int find_params(train_fsdp_cuda *f, fsdp_err *err) {
     fsdp_state *s = f->s;
-    const decoder_config *cfg = &f->cfg;
-    int64_t V = cfg->vocab_size, dim = cfg->dim;
-    const int tied = cfg->tie_embeddings;
-    decoder_model_layer lw;
-    float *base = (float *)(uintptr_t)64; /* only differences are used */
-    decoder_model_layer_bind(cfg, base, &lw);
-    f->layer_numel = decoder_model_layer_numel(cfg);
-    f->per_layer = decoder_params_layer_kinds(cfg, f->kinds);
-    for (int k = 0; k < f->per_layer; k++) f->layer_off[k] = *decoder_model_layer_slot(&lw, f->kinds[k]) - base;
-    if (!(f->embed = need(s, "tok_embeddings.weight", V * dim, err)) || !(f->norm = need(s, "norm.weight", dim, err)) ||
-        (!tied && !(f->output = need(s, "output.weight", V * dim, err))))
+    const model_blocks_layout *lay = &f->lay;
+    const model_blocks *m = &f->m.host;
+    const int tied = lay->tied;
+    f->layer_numel = lay->block_numel;
+    f->per_layer = lay->per_block;
+    if (f->per_layer < 0 || f->per_layer > TRAIN_FSDP_CUDA_LAYER_PARAMS)
+        return fsdp_err_set(err, FSDP_E_INVALID, "training (cuda): a block of %d parameters (at most %d)",
+                            f->per_layer, TRAIN_FSDP_CUDA_LAYER_PARAMS);
+    for (int k = 0; k < f->per_layer; k++) {
+        model_blocks_tensor p;
+        m->block_param(m->impl, 0, k, &p);
+        f->layer_off[k] = p.offset;
+    }
+    if (!(f->embed = need(s, lay->embed.name, lay->embed.numel, err)) ||
+        !(f->norm = need(s, lay->norm.name, lay->norm.numel, err)) ||
+        (!tied && !(f->output = need(s, lay->output.name, lay->output.numel, err))))
         return err->code;
-    if (!(f->layer = calloc((size_t)cfg->n_layers * (size_t)f->per_layer, sizeof *f->layer)))
+    if (!(f->layer = calloc((size_t)lay->n_blocks * (size_t)f->per_layer, sizeof *f->layer)))
         return fsdp_err_set(err, FSDP_E_NOMEM, "training (cuda): out of memory");
-    for (int i = 0; i < cfg->n_layers; i++) {
+    for (int i = 0; i < lay->n_blocks; i++) {
         for (int k = 0; k < f->per_layer; k++) {
-            decoder_param p;
-            decoder_param_describe(cfg, f->kinds[k], i, &p);
+            model_blocks_tensor p;
+            m->block_param(m->impl, i, k, &p);
             if (!(f->layer[i * f->per_layer + k] = need(s, p.name, p.numel, err))) return err->code;
         }
     }
-    size_t want = (size_t)decoder_model_param_count(cfg);
-    if (s->n != want)
-        return fsdp_err_set(err, FSDP_E_INVALID, "training (cuda): the state has %zu parameters, the model config %zu%s",
-                            s->n, want, tied && state_find(s, "output.weight") ? " (it ties output to tok_embeddings)" : "");
-    return 0;
+    size_t want = (size_t)lay->n_params;
+    if (s->n == want) return 0;
+    char note[MODEL_BLOCKS_NAME_MAX + 32] = "";
+    if (tied && state_find(s, lay->output.name))
+        snprintf(note, sizeof note, " (it ties output to %.*s)", stem_len(lay->embed.name), lay->embed.name);
+    return fsdp_err_set(err, FSDP_E_INVALID, "training (cuda): the state has %zu parameters, the model config %zu%s",
+                        s->n, want, note);
 }
 
 /* Shard blocks of every parameter, checked against the rows this rank holds. */
@@ -203,15 +215,17 @@ static int place_state(train_fsdp_cuda *f, fsdp_err *err) {
 }
 
 static int make_buffers(train_fsdp_cuda *f, fsdp_err *err) {
-    const decoder_config *cfg = &f->cfg;
-    const size_t V = (size_t)cfg->vocab_size, dim = (size_t)cfg->dim, es = f->es, Ln = (size_t)f->layer_numel;
+    const model_blocks_layout *lay = &f->lay;
+    const size_t E = (size_t)lay->embed.numel, N = (size_t)lay->norm.numel, O = (size_t)lay->output.numel;
+    const size_t es = f->es, Ln = (size_t)f->layer_numel;
+    const int L = lay->n_blocks;
     int rc;
-    f->nbuf = f->opt.keep_gathered ? cfg->n_layers : 2;
+    f->nbuf = f->opt.keep_gathered ? L : 2;
     if (!(f->wbuf = calloc((size_t)f->nbuf, sizeof *f->wbuf)) ||
         !(f->buf_layer = calloc((size_t)f->nbuf, sizeof *f->buf_layer)) ||
         !(f->g_done = calloc((size_t)f->nbuf, sizeof *f->g_done)) ||
         !(f->use_done = calloc((size_t)f->nbuf, sizeof *f->use_done)) ||
-        !(f->ev_dl = calloc((size_t)cfg->n_layers + 2, sizeof *f->ev_dl)))
+        !(f->ev_dl = calloc((size_t)L + 2, sizeof *f->ev_dl)))
         return fsdp_err_set(err, FSDP_E_NOMEM, "training (cuda): out of memory");
     for (int b = 0; b < f->nbuf; b++) {
         f->buf_layer[b] = -1;
@@ -228,20 +242,20 @@ static int make_buffers(train_fsdp_cuda *f, fsdp_err *err) {
     }
     for (int k = 0; k < TRAIN_FSDP_CUDA_EV_COUNT; k++)
         if ((rc = train_fsdp_cuda_event_create(&f->ev[k], err))) return rc;
-    if ((rc = dalloc(f, V * dim, es, &f->full_embed, "the gathered embedding", err)) ||
+    if ((rc = dalloc(f, E, es, &f->full_embed, "the gathered embedding", err)) ||
 
-        (rc = dalloc(f, dim, es, &f->full_norm, "the gathered norm", err)) ||
-        (rc = dalloc(f, V * dim, sizeof(float), (void **)&f->grad_embed, "the embedding gradient", err)) ||
+        (rc = dalloc(f, N, es, &f->full_norm, "the gathered norm", err)) ||
+        (rc = dalloc(f, E, sizeof(float), (void **)&f->grad_embed, "the embedding gradient", err)) ||
 
-        (rc = dalloc(f, dim, sizeof(float), (void **)&f->grad_norm, "the norm gradient", err)) ||
+        (rc = dalloc(f, N, sizeof(float), (void **)&f->grad_norm, "the norm gradient", err)) ||
         (rc = dalloc(f, 2, sizeof(double), (void **)&f->d_stats, "the step statistics", err)) ||
         (rc = dalloc(f, 2, sizeof(float), (void **)&f->d_clip, "the clip coefficient", err)))
         return rc;
-    if (f->cfg.tie_embeddings) {
+    if (lay->tied) {
         f->full_output = f->full_embed;
         f->grad_output = f->grad_embed;
-    } else if ((rc = dalloc(f, V * dim, es, &f->full_output, "the gathered output weight", err)) ||
-               (rc = dalloc(f, V * dim, sizeof(float), (void **)&f->grad_output, "the output gradient", err))) {
+    } else if ((rc = dalloc(f, O, es, &f->full_output, "the gathered output weight", err)) ||
+               (rc = dalloc(f, O, sizeof(float), (void **)&f->grad_output, "the output gradient", err))) {
         return rc;
     }
     if ((rc = dev_host_alloc(f->d, 2 * sizeof(double), (void **)&f->h_stats, err)))
@@ -263,27 +277,27 @@ static int make_buffers(train_fsdp_cuda *f, fsdp_err *err) {
         if ((rc = dev_host_alloc(f->d, bytes, (void **)&f->h_stage, err)))
             return fsdp_err_prefix(err, "training (cuda): %zu bytes of pinned staging for the offloaded optimizer",
                                    bytes);
-        for (int g = 0; g < cfg->n_layers + 2; g++)
+        for (int g = 0; g < L + 2; g++)
             if ((rc = train_fsdp_cuda_event_create(&f->ev_dl[g], err))) return rc;
     }
     return 0;
 }
 
-int train_fsdp_cuda_create(fsdp_state *s, comm *c, dev_ctx *d, int B, int T, const train_fsdp_cuda_options *opt,
-                           train_fsdp_cuda **out, fsdp_err *err) {
+int train_fsdp_cuda_create(fsdp_state *s, model_blocks_cuda m, comm *c, dev_ctx *d, int B, int T,
+                           const train_fsdp_cuda_options *opt, train_fsdp_cuda **out, fsdp_err *err) {
     *out = NULL;
     if (!s || !c || !d) return fsdp_err_set(err, FSDP_E_INVALID, "training (cuda): no state, communicator or device");
-    if (!s->trainer_cfg) return fsdp_err_set(err, FSDP_E_INVALID, "training (cuda): the state has no model config");
     if (s->layout != STATE_SHARDED)
         return fsdp_err_set(err, FSDP_E_INVALID,
                             "training (cuda): parameters are not sharded (run `shard` after init-cpu)");
     if (B <= 0 || T <= 0)
         return fsdp_err_set(err, FSDP_E_INVALID, "training (cuda): batch %d x %d must be positive", B, T);
-    int rc = decoder_model_check(decoder_state_config(s), err);
+    int rc = m.host.check(m.host.impl, err);
     if (rc) return rc;
     train_fsdp_cuda_options o = {TRAIN_FSDP_MIXED_NONE, TRAIN_FSDP_AC_NONE, 0, 0, 0};
     if (opt) o = *opt;
-    if ((rc = decoder_head_chunk_check(o.head_chunk_rows, "training (cuda)", err))) return rc;
+    model_blocks_ws_opts wo = {(int)o.ac, o.head_chunk_rows};
+    if ((rc = m.host.check_opts(m.host.impl, &wo, "training (cuda)", err))) return rc;
     if ((o.mixed != TRAIN_FSDP_MIXED_NONE && o.mixed != TRAIN_FSDP_MIXED_BF16) ||
         (o.ac != TRAIN_FSDP_AC_NONE && o.ac != TRAIN_FSDP_AC_FULL && o.ac != TRAIN_FSDP_AC_SELECTIVE))
         return fsdp_err_set(err, FSDP_E_INVALID, "training (cuda): unknown mixed (%d) or ac (%d) option", (int)o.mixed,
@@ -293,7 +307,8 @@ int train_fsdp_cuda_create(fsdp_state *s, comm *c, dev_ctx *d, int B, int T, con
     f->s = s;
     f->c = c;
     f->d = d;
-    f->cfg = *decoder_state_config(s);
+    f->m = m;
+    m.host.layout(m.host.impl, &f->lay);
     f->B = B;
     f->T = T;
     f->opt = o;
@@ -308,8 +323,7 @@ int train_fsdp_cuda_create(fsdp_state *s, comm *c, dev_ctx *d, int B, int T, con
         train_fsdp_cuda_free(f);
         return rc;
     }
-    decoder_model_ws_opts wo = {(int)o.ac, o.head_chunk_rows};
-    f->ws = decoder_cuda_ws_create_opts(d, &f->cfg, B, T, f->dt, &wo, err);
+    f->ws = m.ws_create(m.host.impl, d, B, T, f->dt, &wo, err);
     if (!f->ws) {
         train_fsdp_cuda_free(f);
         return err->code ? err->code : FSDP_E_DEVICE;
@@ -320,7 +334,7 @@ int train_fsdp_cuda_create(fsdp_state *s, comm *c, dev_ctx *d, int B, int T, con
 
 int train_fsdp_cuda_alloc_acc(train_fsdp_cuda *f, fsdp_err *err) {
     if (f->gacc) return 0;
-    return dalloc(f, (size_t)f->cfg.n_layers * (size_t)f->layer_numel, sizeof(float), (void **)&f->gacc,
+    return dalloc(f, (size_t)f->lay.n_blocks * (size_t)f->layer_numel, sizeof(float), (void **)&f->gacc,
                   "the accumulated gradients of every layer (grad_accum)", err);
 }
 

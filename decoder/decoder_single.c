@@ -1,11 +1,11 @@
-/* Single-process training step on the CPU kernels. */
-#include "train/train_single.h"
+/* Single-process training step on the CPU kernels (decoder/decoder_single.h). */
+#include "decoder/decoder_single.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-int train_single_init(train_single_state *st, const decoder_config *cfg, int B_max, int T_max, fsdp_err *err) {
+int decoder_single_init(decoder_single_state *st, const decoder_config *cfg, int B_max, int T_max, fsdp_err *err) {
     memset(st, 0, sizeof *st);
     int rc = decoder_model_check(cfg, err);
     if (rc) return rc;
@@ -20,25 +20,25 @@ int train_single_init(train_single_state *st, const decoder_config *cfg, int B_m
     for (int i = 0; i < 4; i++) {
         *bufs[i] = calloc(1, bytes);
         if (!*bufs[i]) {
-            train_single_free(st);
+            decoder_single_free(st);
             return fsdp_err_set(err, FSDP_E_NOMEM, "llama train: cannot allocate %zu bytes for %lld parameters", bytes,
                                 (long long)st->numel);
         }
         rc = decoder_model_weights_bind(cfg, *bufs[i], views[i], err);
         if (rc) {
-            train_single_free(st);
+            decoder_single_free(st);
             return rc;
         }
     }
     st->ws = decoder_model_ws_create(cfg, B_max, T_max, err);
     if (!st->ws) {
-        train_single_free(st);
+        decoder_single_free(st);
         return err ? err->code : FSDP_E_RUNTIME;
     }
     return FSDP_OK;
 }
 
-void train_single_free(train_single_state *st) {
+void decoder_single_free(decoder_single_state *st) {
     if (!st) return;
     decoder_model_weights_unbind(&st->w);
     decoder_model_weights_unbind(&st->g);
@@ -52,13 +52,13 @@ void train_single_free(train_single_state *st) {
     memset(st, 0, sizeof *st);
 }
 
-void train_single_set_stats(train_single_state *st, kc_stats *stats) {
+void decoder_single_set_stats(decoder_single_state *st, kc_stats *stats) {
     st->stats = stats;
     decoder_model_ws_set_stats(st->ws, stats);
 }
 
-int train_single_step(train_single_state *st, const int32_t *tokens, const int32_t *labels, int B, int T, double lr,
-                     const train_single_hparams *hp, train_single_result *res, fsdp_err *err) {
+int decoder_single_step(decoder_single_state *st, const int32_t *tokens, const int32_t *labels, int B, int T, double lr,
+                     const decoder_single_hparams *hp, decoder_single_result *res, fsdp_err *err) {
     if (!st || !st->params || !st->ws)
         return fsdp_err_set(err, FSDP_E_INVALID, "llama train: state not initialised");
     if (!labels) return fsdp_err_set(err, FSDP_E_INVALID, "llama train: a training step needs labels");
