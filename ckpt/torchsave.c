@@ -1,3 +1,4 @@
+/* torch.save archives read and written (ckpt/torchsave.h). */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>

@@ -1,3 +1,4 @@
+/* The stage DAG of one recipe (pipeline/dag.h): dependencies, cycles, order, the state contract. */
 #include "pipeline/dag.h"
 
 #include <stdint.h>

@@ -1,3 +1,4 @@
+/* A stage's `with:` map checked against its declared schema, defaults filled (pipeline/schema.h). */
 #include "pipeline/schema.h"
 
 #include <stdio.h>

@@ -1,3 +1,4 @@
+/* Tensor dtypes (include/fsdp/tensor.h): sizes, names in PyTorch, safetensors and recipes, conversions. */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>

@@ -1,3 +1,4 @@
+/* The error struct of every call (include/fsdp/error.h): setting, prefixing, codes and exit codes. */
 #include "fsdp/error.h"
 
 #include <stdio.h>

@@ -1,3 +1,4 @@
+/* FSDP2 sharding math (runtime/shard.h): Shard(0) rows with torch.chunk semantics. */
 #include "runtime/shard.h"
 
 #include "runtime/checked.h"

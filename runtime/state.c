@@ -1,3 +1,4 @@
+/* The sharded state (runtime/state.h): parameters, their arrays wherever they live, gradients and moments. */
 #include "runtime/state.h"
 
 #include <stdio.h>
