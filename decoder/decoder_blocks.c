@@ -49,20 +49,18 @@ static void blocks_layout(const void *impl, model_blocks_layout *out) {
     out->ignore_index = DECODER_MODEL_IGNORE_INDEX;
 }
 
-/* Name and size from the parameter table, the offset from the model's own layout of a block. */
+/* Name and size from the parameter table, the offset from the model's own layout of a block
+ * (decoder_model_layer_offset: the same sizes decoder_model_layer_bind binds with). */
 static void blocks_block_param(const void *impl, int block, int k, model_blocks_tensor *out) {
     const decoder_config *cfg = impl;
     decoder_param_kind kinds[DECODER_PARAMS_PER_LAYER_MAX];
     decoder_params_layer_kinds(cfg, kinds);
     decoder_param p;
     decoder_param_describe(cfg, kinds[k], block, &p);
-    decoder_model_layer lw;
-    float *base = (float *)(uintptr_t)64; /* only differences are used */
-    decoder_model_layer_bind(cfg, base, &lw);
     memset(out, 0, sizeof *out);
     memcpy(out->name, p.name, sizeof out->name);
     out->numel = p.numel;
-    out->offset = *decoder_model_layer_slot(&lw, kinds[k]) - base;
+    out->offset = decoder_model_layer_offset(cfg, kinds[k]);
 }
 
 static void *blocks_ws_create(const void *impl, int B, int T, const model_blocks_ws_opts *o, fsdp_err *err) {

@@ -72,6 +72,9 @@ int64_t decoder_model_numel(const decoder_config *cfg);       /* all parameters;
 int64_t decoder_model_layer_numel(const decoder_config *cfg); /* one layer's block */
 /* Points lw at the layer block that starts at flat_layer. */
 void decoder_model_layer_bind(const decoder_config *cfg, float *flat_layer, decoder_model_layer *lw);
+/* Where parameter kind `kind` (decoder_params.h) starts in a layer's flat block, in elements; -1 when
+ * the config's layers have no such parameter. */
+int64_t decoder_model_layer_offset(const decoder_config *cfg, int kind);
 /* Points w at the whole flat layout (decoder_model_numel floats); allocates w->layers. */
 int decoder_model_weights_bind(const decoder_config *cfg, float *flat, decoder_model_weights *w, fsdp_err *err);
 /* Frees w->layers (not the data) and clears w. */

@@ -97,6 +97,17 @@ int64_t decoder_model_numel(const decoder_config *c) {
     return decoder_param_count(c);
 }
 
+int64_t decoder_model_layer_offset(const decoder_config *c, int kind) {
+    decoder_param_kind k[DECODER_PARAMS_PER_LAYER_MAX];
+    int64_t sz[DECODER_PARAMS_PER_LAYER_MAX], at = 0;
+    int n = layer_sizes(c, k, sz);
+    for (int i = 0; i < n; i++) {
+        if ((int)k[i] == kind) return at;
+        at += sz[i];
+    }
+    return -1;
+}
+
 void decoder_model_layer_bind(const decoder_config *c, float *flat_layer, decoder_model_layer *lw) {
     decoder_param_kind k[DECODER_PARAMS_PER_LAYER_MAX];
     int64_t sz[DECODER_PARAMS_PER_LAYER_MAX];
