@@ -12,6 +12,10 @@
 #include "runtime/comm.h"
 #include "runtime/name_index.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 #define STATE_ATTACH_NAME "fsdp.state"
 
 struct mt_table; /* model/model_table.h: the state does not look inside it */
@@ -186,4 +190,7 @@ int state_param_unmap(fsdp_state *s, state_param *p, state_array a, float *host,
 int state_host_view(const fsdp_state *s, fsdp_state **view, fsdp_err *err);
 void state_host_view_free(fsdp_state *view);
 
+#ifdef __cplusplus
+}
+#endif
 #endif

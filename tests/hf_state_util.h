@@ -15,6 +15,7 @@ extern "C" {
 #include "decoder/decoder_table.h"
 #include "runtime/state.h"
 }
+#include "decoder_state_util.h"
 #include "test_util.h"
 
 namespace fsdp_test {
@@ -25,10 +26,7 @@ inline fsdp_state *hf_state(const std::string &model, const decoder_config &cfg)
     fsdp_err err;
     decoder_params t;
     EXPECT_EQ(decoder_params_build(&cfg, &t, &err), 0) << err.msg;
-    fsdp_state *s = (fsdp_state *)calloc(1, sizeof(fsdp_state));
-    s->layout = STATE_SHARDED;
-    s->world = 1;
-    EXPECT_EQ(decoder_state_set_config(s, &cfg, &err), 0);
+    fsdp_state *s = decoder_test_state(cfg);
     for (int i = 0; i < t.n; i++)
         EXPECT_EQ(state_add_param(s, t.p[i].name, t.p[i].ndim, t.p[i].shape, t.p[i].layer, &err), 0) << err.msg;
     decoder_params_free(&t);

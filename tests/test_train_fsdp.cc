@@ -16,6 +16,7 @@ extern "C" {
 #include "runtime/state.h"
 }
 #include "st_test_reader.h"
+#include "decoder_state_util.h"
 #include "test_util.h"
 
 namespace {
@@ -42,14 +43,7 @@ static void five_steps_match_reference(int head_chunk_rows) {
     comm *c;
     fsdp_err err;
     ASSERT_EQ(comm_create_single(&c, &err), 0);
-    fsdp_state *s = (fsdp_state *)calloc(1, sizeof(fsdp_state));
-    s->layout = STATE_SHARDED;
-    s->world = 1;
-    {
-        const decoder_config tmp_cfg = tiny();
-        fsdp_err cfg_err;
-        EXPECT_EQ(decoder_state_set_config(s, &tmp_cfg, &cfg_err), 0);
-    }
+    fsdp_state *s = decoder_test_state(tiny());
     json_t *names = json_object_get(ref, "param_names");
     for (size_t i = 0; i < json_array_size(names); i++) {
         const char *n = json_string_value(json_array_get(names, i));
@@ -100,14 +94,7 @@ TEST(LlamaFsdp, HeadChunkRowsMustNotBeNegative) {
     comm *c;
     fsdp_err err;
     ASSERT_EQ(comm_create_single(&c, &err), 0);
-    fsdp_state *s = (fsdp_state *)calloc(1, sizeof(fsdp_state));
-    s->layout = STATE_SHARDED;
-    s->world = 1;
-    {
-        const decoder_config tmp_cfg = tiny();
-        fsdp_err cfg_err;
-        EXPECT_EQ(decoder_state_set_config(s, &tmp_cfg, &cfg_err), 0);
-    }
+    fsdp_state *s = decoder_test_state(tiny());
     train_fsdp *f = nullptr;
     EXPECT_EQ(train_fsdp_create_opts(s, decoder_blocks_cpu(decoder_state_config(s)), c, 2, 32, 0, -2, &f, &err), FSDP_E_INVALID);
     EXPECT_EQ(f, nullptr);
@@ -132,14 +119,7 @@ TEST(LlamaFsdp, ActivationCheckpointingIsBitIdenticalAndSmaller) {
     fsdp_state *st[NAC];
     train_fsdp *f[NAC];
     for (int ac = 0; ac < NAC; ac++) {
-        fsdp_state *s = st[ac] = (fsdp_state *)calloc(1, sizeof(fsdp_state));
-        s->layout = STATE_SHARDED;
-        s->world = 1;
-        {
-            const decoder_config tmp_cfg = tiny();
-            fsdp_err cfg_err;
-            EXPECT_EQ(decoder_state_set_config(s, &tmp_cfg, &cfg_err), 0);
-        }
+        fsdp_state *s = st[ac] = decoder_test_state(tiny());
         json_t *names = json_object_get(ref, "param_names");
         for (size_t i = 0; i < json_array_size(names); i++) {
             const char *n = json_string_value(json_array_get(names, i));

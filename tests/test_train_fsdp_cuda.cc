@@ -24,6 +24,7 @@ extern "C" {
 }
 #include "st_test_reader.h"
 #include "gpu_util.h"
+#include "decoder_state_util.h"
 #include "test_util.h"
 
 using fsdp_test::gpu_count;
@@ -69,15 +70,8 @@ protected:
 
     // The fixture's initial weights, sharded over a world of 1; on the device unless host is set.
     fsdp_state *make_state(bool host = false, bool offloaded = false) {
-        fsdp_state *s = (fsdp_state *)calloc(1, sizeof(fsdp_state));
+        fsdp_state *s = decoder_test_state(tiny());
         states_.push_back(s);
-        s->layout = STATE_SHARDED;
-        s->world = 1;
-        {
-            const decoder_config tmp_cfg = tiny();
-            fsdp_err cfg_err;
-            EXPECT_EQ(decoder_state_set_config(s, &tmp_cfg, &cfg_err), 0);
-        }
         for (const std::string &n : names_) {
             auto &t = init_.at(n);
             std::vector<int64_t> shp(t.shape.begin(), t.shape.end());
