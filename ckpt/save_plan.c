@@ -118,29 +118,41 @@ static int rank0_values(fsdp_state *s, const sio_save_opts *o, int with_opt, sav
     return rc;
 }
 
+/* HSDP (runtime/mesh.h): world rank w is replica w / S of a state sharded over S ranks, and every
+ * replica holds the same chunks. Each chunk is written once, by one replica: parameter i's chunk of
+ * shard rank k by replica (i + k) mod R, so that every replica (every node) writes its share. 1 when
+ * this rank writes parameter i's chunk. */
+static int writes_chunk(const fsdp_state *s, int rank, int world, size_t i) {
+    if (s->layout != STATE_SHARDED || s->world < 1 || world <= s->world || world % s->world) return 1;
+    int R = world / s->world, replica = rank / s->world;
+    return (int)((i + (size_t)s->rank) % (size_t)R) == replica;
+}
+
 /* The chunks of every parameter this rank writes (and its AdamW moments). */
 static int param_chunks(fsdp_state *s, int rank, int world, const sio_save_opts *o, int with_opt, save_plan *p,
                         fsdp_err *err) {
     int rc = 0, full = s->layout == STATE_FULL;
+    int shard_world = full ? 1 : s->world < world && s->world > 0 ? s->world : world;
     char key[1200];
     for (size_t i = 0; i < s->n && !rc; i++) {
         state_param *sp = &s->p[i];
         if (full && rank != 0) break;
+        if (!writes_chunk(s, rank, world, i)) continue;
         /* a 0-d value is replicated on every rank: written once, by rank 0 (as PyTorch's planner
          * dedups replicated items) */
         if (sp->ndim == 0 && rank != 0) continue;
         snprintf(key, sizeof key, "%s%s", o->key_prefix ? o->key_prefix : "", sp->name);
-        rc = add_chunk(p, sp, key, STATE_DATA, sp->dtype, full ? 1 : world, err);
+        rc = add_chunk(p, sp, key, STATE_DATA, sp->dtype, shard_world, err);
         if (!rc) {
             p->items[p->n - 1].param = (long)i;
             p->items[p->n - 1].nest = prefix_nest(o->key_prefix);
         }
         if (!rc && with_opt) {
             snprintf(key, sizeof key, "optimizer.state.%s.exp_avg", sp->name);
-            rc = add_chunk(p, sp, key, STATE_EXP_AVG, FSDP_DT_F32, full ? 1 : world, err);
+            rc = add_chunk(p, sp, key, STATE_EXP_AVG, FSDP_DT_F32, shard_world, err);
             if (!rc) {
                 snprintf(key, sizeof key, "optimizer.state.%s.exp_avg_sq", sp->name);
-                rc = add_chunk(p, sp, key, STATE_EXP_AVG_SQ, FSDP_DT_F32, full ? 1 : world, err);
+                rc = add_chunk(p, sp, key, STATE_EXP_AVG_SQ, FSDP_DT_F32, shard_world, err);
             }
         }
     }

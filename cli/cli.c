@@ -35,6 +35,8 @@ static void usage(FILE *f) {
           "  -q, --quiet       warnings and errors only\n"
           "  -v, --verbose     debug messages, from every rank\n"
           "  --nproc N         re-run under the system's mpirun with N local ranks\n"
+          "  --fake-nodes K    treat the ranks as K nodes of consecutive ranks (tests of multi-node\n"
+          "                    meshes on one machine; sets FSDP_FAKE_NODES=K for every rank)\n"
           "\n"
           "exit codes: 0 success, 1 runtime failure, 2 usage or validation error\n",
           f);
@@ -316,7 +318,30 @@ static int relaunch_mpi(int argc, char **argv, int at, FILE *log) {
     return 1;
 }
 
+/* --fake-nodes K: FSDP_FAKE_NODES=K for this process and the ranks --nproc starts (runtime/comm.h:
+ * the ranks split into K nodes of consecutive ranks); the two words are taken out of argv. 0 to go
+ * on, else the exit status. */
+static int take_fake_nodes(int *argc, char **argv) {
+    for (int i = 1; i < *argc; i++) {
+        if (strcmp(argv[i], "--fake-nodes")) continue;
+        const char *k = i + 1 < *argc ? argv[i + 1] : "";
+        char *end;
+        long n = strtol(k, &end, 10);
+        if (!*k || *end || n < 1 || n > 4096) {
+            fprintf(stderr, "fsdp-run: error: --fake-nodes expects a positive number of nodes, got '%s'\n", k);
+            return 2;
+        }
+        setenv("FSDP_FAKE_NODES", k, 1);
+        memmove(argv + i, argv + i + 2, (size_t)(*argc - i - 2 + 1) * sizeof *argv);
+        *argc -= 2;
+        i--;
+    }
+    return 0;
+}
+
 int fsdp_cli_main(int argc, char **argv) {
+    int frc = take_fake_nodes(&argc, argv);
+    if (frc) return frc;
     for (int i = 1; i + 1 < argc; i++) {
         if (!strcmp(argv[i], "--nproc")) {
             if (comm_launched_by_mpi()) {

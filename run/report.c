@@ -62,6 +62,8 @@ int report_add_not_run(run_result *r, const char *recipe, const char *id, const 
 }
 
 void report_free(run_result *r) {
+    for (int i = 0; i < r->n_hosts; i++) free(r->hosts[i]);
+    free(r->hosts);
     for (size_t i = 0; i < r->n; i++) {
         free(r->recs[i].recipe);
         free(r->recs[i].id);
@@ -133,6 +135,18 @@ int report_write(const run_result *r, const char *path, fsdp_err *err) {
     json_object_set_new(root, "end_time", iso_time(r->end_wall));
     json_object_set_new(root, "seconds", json_real(r->end_wall - r->start_wall));
     json_object_set_new(root, "world_size", json_integer(r->world_size));
+    if (r->n_hosts) {
+        json_t *h = json_array();
+        for (int i = 0; i < r->n_hosts; i++) json_array_append_new(h, json_string(r->hosts[i] ? r->hosts[i] : "?"));
+        json_object_set_new(root, "hosts", h);
+        json_object_set_new(root, "nodes", json_integer(r->nodes));
+    }
+    if (r->mesh_r) {
+        json_t *m = json_object();
+        json_object_set_new(m, "replicate", json_integer(r->mesh_r));
+        json_object_set_new(m, "shard", json_integer(r->mesh_s));
+        json_object_set_new(root, "mesh", m);
+    }
     json_object_set_new(root, "exit_code", json_integer(r->exit_code));
     json_object_set_new(root, "status", json_string(r->exit_code == 0 ? "ok" : r->error ? "invalid" : "failed"));
     if (r->error) json_object_set_new(root, "error", json_string(r->error));

@@ -40,6 +40,10 @@ typedef struct run_result {
     double start_wall, end_wall; /* UNIX time */
     int exit_code;
     int world_size;
+    int mesh_r, mesh_s;   /* the last recipe's runtime.mesh (0 x 0: none, 1-D) */
+    int nodes;            /* nodes the ranks are on */
+    char **hosts;         /* rank 0: every rank's host name (n_hosts) */
+    int n_hosts;
     char run_id[48];      /* "" when the run did not start */
     char *error;          /* the validation error(s) when the recipes were refused before running */
     run_not_run *not_run;

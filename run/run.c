@@ -13,6 +13,7 @@
 #include "run/checks.h"
 #include "pipeline/dag.h"
 #include "runtime/launch.h"
+#include "run/run_mesh.h"
 #include "train/data.h"
 #include "runtime/device.h"
 #include "pipeline/registry.h"
@@ -29,6 +30,9 @@ static const fsdp_param_spec RUNTIME_SPEC[] = {
     {"device", FSDP_T_STRING, 0, "auto", DEVICES, "auto = cuda when every rank has a GPU of its own, else cpu"},
     {"seed", FSDP_T_INT, 0, "0", NULL, "seed of every random stream (init, data)"},
     {"threads", FSDP_T_INT, 0, "0", NULL, "OpenMP threads per rank (0 = OpenMP's default)"},
+    {"mesh", FSDP_T_MAP, 0, NULL, NULL,
+     "HSDP device mesh {replicate: R, shard: S} (each a number of ranks or auto; R x S = the world): parameters "
+     "sharded over S ranks (shard: auto = the ranks of one node), replicated over R; default: 1-D, shard over all"},
     {NULL, 0, 0, NULL, NULL, NULL}};
 
 static double wall_now(void) {
@@ -70,7 +74,7 @@ static int check_device(const fsdp_value *rt, fsdp_err *err) {
 
 /* The runtime section (schema, device), then the sizes of the runtime, model and data sections
  * against their bounds and the host (run/sizes.h): every error found, one per line. */
-static int check_runtime(recipe *r, int probe_device, const sizes_host *host, sizes_chain *chain, fsdp_err *err) {
+static int check_runtime(recipe *r, int probe_device, sizes_host *host, sizes_chain *chain, fsdp_err *err) {
     fsdp_value *rt = val_get_mut(r->root, "runtime");
     if (!rt || fsdp_value_type(rt) == FSDP_V_NULL) {
         fsdp_value *m = val_new(FSDP_V_MAP, r->path, 1, 1);
@@ -86,6 +90,8 @@ static int check_runtime(recipe *r, int probe_device, const sizes_host *host, si
     } else if (probe_device && check_device(rt, &e)) {
         errlist_add(&el, &e);
     }
+    fsdp_err_clear(&e);
+    if (run_mesh_check(rt, host, &e)) errlist_add(&el, &e);
     sizes_check(r, host, chain, &el);
     return errlist_finish(&el, err);
 }
@@ -153,6 +159,7 @@ int run_plan_build(fsdp_registry *reg, const char *const *paths, size_t n, const
     int probe = !o->validate_only && !o->dry_run;
     sizes_host host;
     sizes_host_probe(&host, launch_world(o->comm ? comm_size(o->comm) : 1), probe);
+    host.ranks_per_node = run_ranks_per_node(o->comm, host.world);
     sizes_chain chain = {0};
     for (size_t i = 0; i < n && !stop; i++) {
         recipe *r;
@@ -166,12 +173,13 @@ int run_plan_build(fsdp_registry *reg, const char *const *paths, size_t n, const
         check_plugins(reg, r, &el);
         const fsdp_value *prev_model = chain.model_node;
         fsdp_err_clear(&e);
-        if (check_runtime(r, probe, &host, &chain, &e)) errlist_add(&el, &e);
+        sizes_host rh = host; /* with this recipe's mesh */
+        if (check_runtime(r, probe, &rh, &chain, &e)) errlist_add(&el, &e);
         else if (o->dry_run && (plan->notes[i] = malloc(2048)))
-            sizes_describe(r, &host, &chain, plan->notes[i], 2048);
+            sizes_describe(r, &rh, &chain, plan->notes[i], 2048);
         stop = check_stages(reg, r, &el);
-        checks_recipe(r, &host, prev_model, &el);
-        checks_inputs((const recipe *const *)plan->recipes, i, r, &host, &el);
+        checks_recipe(r, &rh, prev_model, &el);
+        checks_inputs((const recipe *const *)plan->recipes, i, r, &rh, &el);
         if (stop) break;
         plan->orders[i] = calloc(r->n_stages ? r->n_stages : 1, sizeof(size_t));
         if (!plan->orders[i]) {
@@ -285,9 +293,20 @@ static void begin_recipe(exec_state *x, const recipe *r) {
     ctx->root = r->root;
     ctx->recipe_name = r->name;
     ctx->recipe_path = r->path;
-    int64_t threads = fsdp_arg_int(fsdp_value_get(r->root, "runtime"), "threads", 0);
+    const fsdp_value *rt = fsdp_value_get(r->root, "runtime");
+    int64_t threads = fsdp_arg_int(rt, "threads", 0);
     if (threads > 0) omp_set_num_threads((int)threads);
     if (!x->failed) fsdp_log(ctx, FSDP_LOG_INFO, "recipe %s (%s): %zu stages", r->name, r->path, r->n_stages);
+    /* the recipe's mesh (collective: every rank reaches here, failed or not, in the same order) */
+    fsdp_err merr;
+    fsdp_err_clear(&merr);
+    if (run_mesh_setup(ctx, rt, &merr)) {
+        if (!x->failed) fsdp_log(ctx, FSDP_LOG_ERROR, "recipe %s: %s", r->name, merr.msg);
+        x->failed = 1;
+        if (x->res->n > x->rec && !x->res->recs[x->rec].error) x->res->recs[x->rec].error = strdup(merr.msg);
+    }
+    if (ctx->mesh) x->res->mesh_r = ctx->mesh->R, x->res->mesh_s = ctx->mesh->S;
+    else x->res->mesh_r = 0, x->res->mesh_s = 0;
     for (size_t k = 0; k < r->n_skipped && !x->failed; k++)
         fsdp_log(ctx, FSDP_LOG_INFO, "stage %s (%s) not run: when: %s is false", r->skipped[k].id, r->skipped[k].uses,
                  r->skipped[k].when);
@@ -467,6 +486,7 @@ int run_main(fsdp_registry *reg, const char *const *paths, size_t n, const run_o
     res.world_size = ctx->world;
     set_run_id(ctx, o->comm, start);
     snprintf(res.run_id, sizeof res.run_id, "%s", ctx->run_id);
+    run_mesh_hosts(ctx, &res);
     int rc = execute(ctx, &plan, &res, o);
     res.end_wall = wall_now();
     res.exit_code = rc ? 1 : 0;

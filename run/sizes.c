@@ -21,6 +21,7 @@ void sizes_host_probe(sizes_host *h, int world, int probe_device) {
     if (pages > 0 && page > 0 && !__builtin_mul_overflow((uint64_t)pages, (uint64_t)page, &mem)) h->mem_bytes = mem;
     h->cores = sysconf(_SC_NPROCESSORS_ONLN);
     h->world = world > 0 ? world : 1;
+    h->shard_world = h->world;
     h->probe_device = probe_device;
 }
 
@@ -131,7 +132,7 @@ static int model_of(const recipe *r, const sizes_host *h, sizes_chain *chain, er
         return -1;
     }
     memset(chain, 0, sizeof *chain);
-    chain_from_table(chain, &t, h->world);
+    chain_from_table(chain, &t, h->shard_world);
     chain->model_node = model;
     sizes_check_transform(r, &t, el); /* transform globs against the model's names */
     mt_free(&t);
@@ -204,7 +205,12 @@ static int check_data(const recipe *r, const sizes_host *h, const sizes_chain *c
                "data.seq_len: %lld is more than model.max_seq_len %d (the longest sequence the model is configured "
                "for: shorten data.seq_len or raise model.max_seq_len)",
                (long long)dc->seq_len, chain->model.max_seq_len);
-    if (dc->batch_size % h->world)
+    if (dc->batch_size % h->world && h->mesh_r)
+        errlist_add_at(el, at_b,
+               "data.batch_size: the global batch of %lld does not divide evenly over the %d ranks of "
+               "runtime.mesh (replicate %d x shard %d)",
+               (long long)dc->batch_size, h->world, h->mesh_r, h->mesh_s);
+    else if (dc->batch_size % h->world)
         errlist_add_at(el, at_b, "data.batch_size: the global batch of %lld does not divide evenly over %d ranks",
                (long long)dc->batch_size, h->world);
     else if (dc->batch_size / h->world * dc->seq_len > INT_MAX)
@@ -294,7 +300,7 @@ static void stage_need_of(const recipe_stage *s, const sizes_chain *chain, const
     } else if (!strcmp(s->uses, "init-meta") || !strcmp(s->uses, "load-ckpt")) {
         n->bytes = sat_mul((uint64_t)shard, 4);
         snprintf(n->detail, sizeof n->detail, "stage '%s' (%s) holds %lld of the %lld parameters as float32, %d rank%s",
-                 s->id, s->uses, (long long)shard, (long long)full, h->world, h->world > 1 ? "s" : "");
+                 s->id, s->uses, (long long)shard, (long long)full, h->shard_world, h->shard_world > 1 ? "s" : "");
     } else if (!strcmp(s->uses, "shard")) {
         n->bytes = sat_mul(sat_add((uint64_t)full, (uint64_t)shard), 4);
         snprintf(n->detail, sizeof n->detail,
@@ -409,7 +415,9 @@ void sizes_describe(const recipe *r, const sizes_host *h, const sizes_chain *cha
     else
         off = put(out, cap, off, "  model (resolved): %s\n", chain->kind);
     off = put(out, cap, off, "  parameters: %lld (%lld on rank 0 of %d)\n", (long long)chain->full,
-              (long long)chain->shard, h->world);
+              (long long)chain->shard, h->shard_world);
+    if (h->mesh_r)
+        off = put(out, cap, off, "  mesh: replicate %d x shard %d (%d ranks)\n", h->mesh_r, h->mesh_s, h->world);
     data_config dc;
     fsdp_err e;
     int have_dc = data_config_from_value(fsdp_value_get(r->root, "data"), 0, &dc, &e) == 0 && dc.batch_size > 0 &&

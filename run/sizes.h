@@ -26,6 +26,9 @@ typedef struct sizes_host {
     uint64_t mem_bytes; /* the host's physical memory; 0: unknown (no memory check) */
     long cores;         /* online CPU cores (for messages) */
     int world;          /* ranks the recipe runs on */
+    int ranks_per_node; /* ranks of one node (0: not known) */
+    int mesh_r, mesh_s; /* runtime.mesh resolved (0 x 0: no mesh, or shard: auto not known yet) */
+    int shard_world;    /* ranks the parameters are sharded over: mesh_s, else world */
     int probe_device;   /* a real run: device auto is resolved here (validate leaves it unknown) */
 } sizes_host;
 

@@ -23,6 +23,8 @@ int comm_create_single(comm **out, fsdp_err *err) {
     comm *c = calloc(1, sizeof *c);
     if (!c) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
     c->size = 1;
+    c->local_size = 1;
+    c->nodes = 1;
     *out = c;
     return 0;
 }
@@ -57,10 +59,10 @@ int comm_create(comm **out, fsdp_err *err) {
     MPI_Comm_set_errhandler(c->world, MPI_ERRORS_RETURN);
     MPI_Comm_rank(c->world, &c->rank);
     MPI_Comm_size(c->world, &c->size);
-    MPI_Comm local;
-    if (MPI_Comm_split_type(c->world, MPI_COMM_TYPE_SHARED, c->rank, MPI_INFO_NULL, &local) == MPI_SUCCESS) {
-        MPI_Comm_rank(local, &c->local_rank);
-        MPI_Comm_free(&local);
+    int rc = comm_find_nodes(c, err);
+    if (rc) {
+        comm_destroy(c);
+        return rc;
     }
     *out = c;
     return 0;
@@ -83,17 +85,21 @@ void comm_destroy(comm *c) {
 int comm_rank(const comm *c) { return c->rank; }
 int comm_size(const comm *c) { return c->size; }
 int comm_local_rank(const comm *c) { return c->local_rank; }
+int comm_local_size(const comm *c) { return c->local_size; }
+int comm_node(const comm *c) { return c->node; }
+int comm_nodes(const comm *c) { return c->nodes; }
+int comm_spans_nodes(const comm *c) { return c->spans_nodes; }
 const char *comm_backend(const comm *c) { return c->is_mpi ? "mpi" : "single"; }
 
 int comm_barrier(comm *c, fsdp_err *err) {
-    comm_count(c, COMM_K_OTHER);
+    comm_count(c, COMM_K_OTHER, 0);
     if (!c->is_mpi) return 0;
     int rc = MPI_Barrier(c->world);
     return rc == MPI_SUCCESS ? 0 : mpi_err(err, rc, "MPI_Barrier");
 }
 
 int comm_bcast(comm *c, void *buf, size_t bytes, int root, fsdp_err *err) {
-    comm_count(c, COMM_K_BCAST);
+    comm_count(c, COMM_K_BCAST, bytes);
     if (!c->is_mpi) return 0;
     for (size_t off = 0; off < bytes; off += COMM_CHUNK) {
         size_t n = bytes - off < COMM_CHUNK ? bytes - off : COMM_CHUNK;
@@ -113,10 +119,10 @@ static MPI_Datatype mpi_type(comm_dtype dt, size_t *esz) {
 }
 
 int comm_allreduce(comm *c, void *buf, size_t count, comm_dtype dt, comm_op op, fsdp_err *err) {
-    comm_count(c, COMM_K_ALLREDUCE);
-    if (!c->is_mpi) return 0;
     size_t esz;
     MPI_Datatype t = mpi_type(dt, &esz);
+    comm_count(c, COMM_K_ALLREDUCE, count * esz);
+    if (!c->is_mpi) return 0;
     MPI_Op o = op == COMM_SUM ? MPI_SUM : op == COMM_MAX ? MPI_MAX : MPI_MIN;
     for (size_t off = 0; off < count; off += COMM_CHUNK) {
         size_t n = count - off < COMM_CHUNK ? count - off : COMM_CHUNK;
@@ -127,7 +133,7 @@ int comm_allreduce(comm *c, void *buf, size_t count, comm_dtype dt, comm_op op, 
 }
 
 int comm_allgatherv(comm *c, const void *send, void *recv, const size_t *recv_bytes, fsdp_err *err) {
-    comm_count(c, COMM_K_ALLGATHER);
+    comm_count(c, COMM_K_ALLGATHER, comm_sum_sizes(recv_bytes, c->size, 1));
     if (!c->is_mpi) {
         if (recv != send) memmove(recv, send, recv_bytes[0]);
         return 0;
@@ -167,7 +173,7 @@ int comm_allgatherv(comm *c, const void *send, void *recv, const size_t *recv_by
 }
 
 int comm_reduce_scatterv_f32(comm *c, const float *send, float *recv, const size_t *counts, fsdp_err *err) {
-    comm_count(c, COMM_K_REDUCE_SCATTER);
+    comm_count(c, COMM_K_REDUCE_SCATTER, comm_sum_sizes(counts, c->size, sizeof(float)));
     if (!c->is_mpi) {
         if (recv != send) memmove(recv, send, counts[0] * sizeof(float));
         return 0;
@@ -196,7 +202,7 @@ int comm_reduce_scatterv_f32(comm *c, const float *send, float *recv, const size
 }
 
 int comm_scatterv_f32(comm *c, const float *send, float *recv, const size_t *counts, int root, fsdp_err *err) {
-    comm_count(c, COMM_K_OTHER);
+    comm_count(c, COMM_K_OTHER, comm_sum_sizes(counts, c->size, sizeof(float)));
     if (!c->is_mpi) {
         if (recv != send) memmove(recv, send, counts[0] * sizeof(float));
         return 0;
@@ -247,7 +253,7 @@ int comm_scatterv_f32(comm *c, const float *send, float *recv, const size_t *cou
 }
 
 int comm_gather_bytes(comm *c, const void *send, size_t n, int root, void **out, size_t **sizes, fsdp_err *err) {
-    comm_count(c, COMM_K_OTHER);
+    comm_count(c, COMM_K_OTHER, n);
     *out = NULL;
     if (sizes) *sizes = NULL;
     int is_root = c->rank == root;
@@ -332,6 +338,8 @@ int comm_agree(comm *c, int status, int *who, fsdp_err *err) {
 }
 
 uint64_t comm_calls(const comm *c, comm_kind k) { return c && (unsigned)k < (unsigned)COMM_KINDS ? c->calls[k] : 0; }
+
+uint64_t comm_bytes(const comm *c, comm_kind k) { return c && (unsigned)k < (unsigned)COMM_KINDS ? c->bytes[k] : 0; }
 
 uint64_t comm_calls_total(const comm *c) {
     uint64_t n = 0;

@@ -25,6 +25,22 @@ void comm_destroy(comm *c);
 int comm_rank(const comm *c);
 int comm_size(const comm *c);
 int comm_local_rank(const comm *c); /* rank among the processes of this node */
+int comm_local_size(const comm *c); /* processes of this node */
+/* Nodes: the ranks that share memory (MPI_Comm_split_type MPI_COMM_TYPE_SHARED), never a guess from
+ * a launcher's variables. FSDP_FAKE_NODES=K (set by `--fake-nodes K`) splits the ranks instead into K
+ * nodes of consecutive ranks, to test multi-node layouts on one machine (K must divide the world).
+ * comm_node: this rank's node, numbered in the order of the nodes' lowest ranks; comm_nodes: how many
+ * nodes c's ranks are on; comm_spans_nodes: 1 when that is more than one. */
+int comm_node(const comm *c);
+int comm_nodes(const comm *c);
+int comm_spans_nodes(const comm *c);
+/* This node's host name ("host/fake-node-K" under FSDP_FAKE_NODES). */
+void comm_host_name(const comm *c, char *buf, size_t size);
+/* Sub-communicator (collective over c): the ranks of c with the same color, ordered by key
+ * (MPI_Comm_split; a world of 1 gives a world of 1). It keeps this rank's node facts; its own
+ * collectives (and comm_dev_init's NCCL communicator) involve only its ranks. Free with
+ * comm_destroy before c. */
+int comm_split(comm *c, int color, int key, comm **out, fsdp_err *err);
 const char *comm_backend(const comm *c); /* "single" or "mpi" (host collectives) */
 
 int comm_barrier(comm *c, fsdp_err *err);
@@ -62,6 +78,9 @@ typedef enum comm_kind {
     COMM_KINDS
 } comm_kind;
 uint64_t comm_calls(const comm *c, comm_kind k);
+/* Payload bytes of those calls: the whole buffer of a collective (an all-gather's or reduce-scatter's
+ * every block, an all-reduce's or broadcast's buffer), not what a rank puts on the wire. */
+uint64_t comm_bytes(const comm *c, comm_kind k);
 /* The sum over every kind. */
 uint64_t comm_calls_total(const comm *c);
 

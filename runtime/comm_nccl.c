@@ -107,7 +107,7 @@ static int group_end(const comm *c, fsdp_err *err, const char *what) {
 }
 
 int comm_dev_allgatherv(comm *c, const void *send, void *recv, const size_t *bytes, void *stream, fsdp_err *err) {
-    comm_count(c, COMM_K_ALLGATHER);
+    comm_count(c, COMM_K_ALLGATHER, comm_sum_sizes(bytes, c->size, 1));
     int rc = need(c, err);
     if (rc) return rc;
     ncclComm_t nc = (ncclComm_t)c->nccl;
@@ -137,7 +137,7 @@ int comm_dev_allgatherv(comm *c, const void *send, void *recv, const size_t *byt
 
 int comm_dev_reduce_scatterv_f32(comm *c, const float *send, float *recv, const size_t *counts, void *stream,
                                  fsdp_err *err) {
-    comm_count(c, COMM_K_REDUCE_SCATTER);
+    comm_count(c, COMM_K_REDUCE_SCATTER, comm_sum_sizes(counts, c->size, sizeof(float)));
     int rc = need(c, err);
     if (rc) return rc;
     ncclComm_t nc = (ncclComm_t)c->nccl;
@@ -184,7 +184,7 @@ static int nccl_op(comm_op op, ncclRedOp_t *o, fsdp_err *err) {
 }
 
 int comm_dev_allreduce(comm *c, void *buf, size_t count, comm_dtype dt, comm_op op, void *stream, fsdp_err *err) {
-    comm_count(c, COMM_K_ALLREDUCE);
+    comm_count(c, COMM_K_ALLREDUCE, count * (dt == COMM_U8 ? 1u : dt == COMM_F32 ? 4u : 8u));
     int rc = need(c, err);
     if (rc) return rc;
     ncclDataType_t t = ncclFloat32;
@@ -196,7 +196,7 @@ int comm_dev_allreduce(comm *c, void *buf, size_t count, comm_dtype dt, comm_op 
 }
 
 int comm_dev_bcast(comm *c, void *buf, size_t bytes, int root, void *stream, fsdp_err *err) {
-    comm_count(c, COMM_K_BCAST);
+    comm_count(c, COMM_K_BCAST, bytes);
     int rc = need(c, err);
     if (rc) return rc;
     if (root < 0 || root >= c->size)

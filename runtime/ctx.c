@@ -111,8 +111,12 @@ void ctx_free(fsdp_ctx *ctx) {
     free(ctx->att);
     for (size_t i = 0; i < ctx->n_state; i++) free(ctx->state[i]);
     free(ctx->state);
+    mesh_free(ctx->mesh);
     free(ctx);
 }
+
+comm *ctx_shard_comm(const fsdp_ctx *ctx) { return ctx->mesh ? ctx->mesh->shard : ctx->comm; }
+comm *ctx_replicate_comm(const fsdp_ctx *ctx) { return ctx->mesh && ctx->mesh->R > 1 ? ctx->mesh->replicate : NULL; }
 
 void ctx_metrics_free(ctx_metrics *m) {
     if (!m) return;

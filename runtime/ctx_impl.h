@@ -7,6 +7,7 @@
 
 #include "fsdp/ctx.h"
 #include "runtime/comm.h"
+#include "runtime/mesh.h"
 
 typedef struct ctx_metric {
     char *name;
@@ -42,6 +43,7 @@ typedef struct ctx_attachment {
 struct fsdp_ctx {
     int rank, world;
     comm *comm;           /* borrowed from the caller of run_main */
+    mesh *mesh;           /* the current recipe's runtime.mesh (owned; NULL: 1-D over comm) */
     int verbosity;        /* 0 quiet (warnings+errors), 1 normal, 2 verbose */
     FILE *log;            /* stderr unless redirected (tests) */
     int log_is_tty;
@@ -64,6 +66,10 @@ struct fsdp_ctx {
 
 fsdp_ctx *ctx_new(comm *c, int verbosity, FILE *log);
 void ctx_free(fsdp_ctx *ctx);
+/* The communicator parameters are sharded over (the mesh's shard group; the world by default) and
+ * the one they are replicated over (NULL without replicas); NULL comm: no communicator. */
+comm *ctx_shard_comm(const fsdp_ctx *ctx);
+comm *ctx_replicate_comm(const fsdp_ctx *ctx);
 /* Sets the run's id and start time from start (UNIX time); random: 32 random bits. */
 void ctx_set_run(fsdp_ctx *ctx, double start, uint32_t random);
 double ctx_now(void); /* monotonic seconds */

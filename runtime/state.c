@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "runtime/ctx_impl.h"
 #include "runtime/shard.h"
 
 static void state_destroy(void *p) { state_free((fsdp_state *)p); }
@@ -15,8 +16,10 @@ int state_create(fsdp_ctx *ctx, state_layout layout, fsdp_state **out, fsdp_err 
     fsdp_state *s = calloc(1, sizeof *s);
     if (!s) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
     s->layout = layout;
-    s->rank = fsdp_ctx_rank(ctx);
-    s->world = fsdp_ctx_world_size(ctx);
+    /* rows are those of this rank's place in the shard group (the world without a mesh) */
+    comm *sc = ctx_shard_comm(ctx);
+    s->rank = sc ? comm_rank(sc) : fsdp_ctx_rank(ctx);
+    s->world = sc ? comm_size(sc) : fsdp_ctx_world_size(ctx);
     s->beta1 = 0.9;
     s->beta2 = 0.95;
     s->eps = 1e-8;

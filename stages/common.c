@@ -29,6 +29,9 @@ comm *stage_comm(fsdp_ctx *ctx) {
     return ctx->comm;
 }
 
+comm *stage_shard_comm(fsdp_ctx *ctx) { return ctx->mesh ? ctx_shard_comm(ctx) : stage_comm(ctx); }
+comm *stage_replicate_comm(fsdp_ctx *ctx) { return ctx_replicate_comm(ctx); }
+
 double stage_now(void) { return ctx_now(); }
 
 static void note_warn(void *ctx, const char *msg) { fsdp_log(ctx, FSDP_LOG_WARN, "%s", msg); }

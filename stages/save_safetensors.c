@@ -119,7 +119,8 @@ typedef struct sst_job {
     fsdp_ctx *ctx;
     const fsdp_value *with;
     fsdp_state *s;
-    comm *c;
+    comm *c;  /* the world: agreement, rank 0 writes */
+    comm *sc; /* the shard group the rows are gathered over */
     int rank, hf, hf_dir;
     const char *dts, *path;
     int64_t shard_mb;
@@ -208,7 +209,7 @@ static int sst_gather_param(sst_job *j, size_t i, fsdp_err *err) {
             state_param_unmap(s, p, STATE_DATA, local, 0, err);
             return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory gathering %s", p->name);
         }
-        rc = state_unshard(p, local, j->c, full, err);
+        rc = state_unshard(p, local, j->sc, full, err);
     }
     if (!rc && j->rank == 0) rc = sst_write_tensor(j, i, full, err);
     if (s->layout != STATE_FULL) free(full);
@@ -267,6 +268,7 @@ static int sst_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
     j.with = with;
     j.s = s;
     j.c = stage_comm(ctx);
+    j.sc = stage_shard_comm(ctx);
     j.rank = comm_rank(j.c);
     j.hf = !strcmp(fsdp_arg_str(with, "names", "torchtitan"), "hf");
     j.dts = fsdp_arg_str(with, "dtype", "auto");

@@ -15,7 +15,7 @@ static int shard_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
     if (s->layout == STATE_SHARDED)
         return fsdp_err_set(err, FSDP_E_INVALID, "shard: the parameters are already sharded");
     double t0 = stage_now();
-    int rc = state_shard(s, stage_comm(ctx), err);
+    int rc = state_shard(s, stage_shard_comm(ctx), err);
     if (rc) return rc;
     int on_gpu = 0;
     if ((rc = stage_place_state(ctx, s, &on_gpu, err))) return rc;

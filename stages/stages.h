@@ -15,6 +15,11 @@
 
 /* The context's communicator (a world of 1 when none). */
 comm *stage_comm(fsdp_ctx *ctx);
+/* HSDP (runtime.mesh, runtime/mesh.h): the group the state's parameters are sharded over (the world
+ * without a mesh) and the one they are replicated over (NULL without replicas). Stages that move
+ * rows of the state use the shard group; agreement, saving and the data use the world. */
+comm *stage_shard_comm(fsdp_ctx *ctx);
+comm *stage_replicate_comm(fsdp_ctx *ctx);
 double stage_now(void);
 /* Before a checkpoint save to path: rank 0 removes the stale temporaries of earlier interrupted
  * saves there (ckpt/ckpt_stale.h) and logs each removal as a warning. */

@@ -6,6 +6,7 @@
 
 #include "decoder/decoder_blocks.h"
 #include "decoder/decoder_table.h"
+#include "stages/stages.h"
 
 int train_on_gpu(fsdp_ctx *ctx, const fsdp_state *s) {
     (void)ctx;
@@ -18,11 +19,17 @@ int train_on_gpu(fsdp_ctx *ctx, const fsdp_state *s) {
 int train_backend_open(fsdp_ctx *ctx, fsdp_state *s, comm *c, int B, int T, const train_fsdp_cuda_options *opt,
                        train_backend *b, fsdp_err *err) {
     memset(b, 0, sizeof *b);
+    /* HSDP: the trainer shards over the mesh's shard group, c (the world) splits the batch */
+    comm *sc = stage_shard_comm(ctx), *rep = stage_replicate_comm(ctx);
+    if (!sc || comm_size(sc) * (rep ? comm_size(rep) : 1) != comm_size(c)) sc = c, rep = NULL;
     if (train_on_gpu(ctx, s)) {
         b->on_gpu = 1;
         b->dev = s->dev;
         if (!s->trainer_cfg) return fsdp_err_set(err, FSDP_E_INVALID, "training (cuda): the state has no model config");
-        return train_fsdp_cuda_create(s, decoder_blocks_cuda(decoder_state_config(s)), c, s->dev, B, T, opt, &b->gpu, err);
+        int rc = train_fsdp_cuda_create(s, decoder_blocks_cuda(decoder_state_config(s)), sc, s->dev, B, T, opt, &b->gpu,
+                                        err);
+        if (!rc && sc != c) rc = train_fsdp_cuda_set_replicas(b->gpu, c, rep, err);
+        return rc;
     }
     if (s && s->dev && s->offload_params)
         return fsdp_err_set(err, FSDP_E_INVALID,
@@ -35,9 +42,11 @@ int train_backend_open(fsdp_ctx *ctx, fsdp_state *s, comm *c, int B, int T, cons
                             "train-steps: mixed: bf16 needs the model on the GPU (runtime.device: cuda); the CPU path "
                             "trains in float32 (mixed: none)");
     if (!s->trainer_cfg) return fsdp_err_set(err, FSDP_E_INVALID, "training: the state has no model config");
-    int rc = train_fsdp_create_opts(s, decoder_blocks_cpu(decoder_state_config(s)), c, B, T, opt ? (int)opt->ac : MODEL_BLOCKS_AC_NONE,
-                                    opt ? opt->head_chunk_rows : 0, &b->cpu, err);
+    int rc = train_fsdp_create_opts(s, decoder_blocks_cpu(decoder_state_config(s)), sc, B, T,
+                                    opt ? (int)opt->ac : MODEL_BLOCKS_AC_NONE, opt ? opt->head_chunk_rows : 0, &b->cpu,
+                                    err);
     if (!rc) train_fsdp_set_flat(b->cpu, !(opt && opt->per_param));
+    if (!rc && sc != c) rc = train_fsdp_set_replicas(b->cpu, c, rep, err);
     return rc;
 }
 

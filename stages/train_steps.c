@@ -42,6 +42,7 @@
 #include "stages/stages.h"
 #include "model/mt_state.h"
 #include "stages/train_backend.h"
+#include "stages/train_calls.h"
 #include "stages/train_opts.h"
 
 /* The default peak for MFU on the GPU: H100 SXM dense bf16 (TFLOP/s). */
@@ -232,38 +233,6 @@ static int poll_saves(fsdp_ctx *ctx, fsdp_err *err) {
     return rc ? fsdp_err_prefix(err, "train-steps: periodic save") : 0;
 }
 
-/* Collectives issued by the training steps (comm_calls around each step, evaluations and saves
- * left out). */
-typedef struct train_calls {
-    uint64_t before[COMM_KINDS], sum[COMM_KINDS];
-    int64_t steps;
-} train_calls;
-
-static void train_calls_begin(const comm *c, train_calls *t) {
-    for (int k = 0; k < COMM_KINDS; k++) t->before[k] = comm_calls(c, (comm_kind)k);
-}
-
-static void train_calls_end(const comm *c, train_calls *t) {
-    for (int k = 0; k < COMM_KINDS; k++) t->sum[k] += comm_calls(c, (comm_kind)k) - t->before[k];
-    t->steps++;
-}
-
-/* The report's collectives_per_step (every kind) and per kind; one log line. */
-static void train_calls_report(fsdp_ctx *ctx, const train_calls *t, int per_param) {
-    if (t->steps <= 0) return;
-    double n = (double)t->steps, total = 0;
-    for (int k = 0; k < COMM_KINDS; k++) total += (double)t->sum[k];
-    fsdp_ctx_metric(ctx, "collectives_per_step", total / n);
-    fsdp_ctx_metric(ctx, "all_gathers_per_step", (double)t->sum[COMM_K_ALLGATHER] / n);
-    fsdp_ctx_metric(ctx, "reduce_scatters_per_step", (double)t->sum[COMM_K_REDUCE_SCATTER] / n);
-    fsdp_ctx_metric(ctx, "all_reduces_per_step", (double)t->sum[COMM_K_ALLREDUCE] / n);
-    fsdp_ctx_metric_str(ctx, "collectives", per_param ? "per parameter" : "per block");
-    fsdp_log(ctx, FSDP_LOG_INFO,
-             "collectives per step (%s): %.4g (%.4g all-gathers, %.4g reduce-scatters, %.4g all-reduces)",
-             per_param ? "per parameter" : "per block", total / n, (double)t->sum[COMM_K_ALLGATHER] / n,
-             (double)t->sum[COMM_K_REDUCE_SCATTER] / n, (double)t->sum[COMM_K_ALLREDUCE] / n);
-}
-
 /* The run report's metrics of the stage: the last loss and norm, steps, tokens/s over the whole
  * stage (global), FLOPs per token, MFU and the peak memory. */
 static void train_final_metrics(fsdp_ctx *ctx, const train_backend *be, train_fsdp_ac ac, double loss, double gnorm,
@@ -336,6 +305,7 @@ static int train_place_model(train_run_state *tr, fsdp_err *err) {
     if (!prc && on_gpu) prc = stage_device_nccl(ctx, err);
     if (prc) return fsdp_err_prefix(err, "train-steps");
     tr->s = s;
+    train_calls_init(ctx, &tr->calls);
     return 0;
 }
 
@@ -442,12 +412,12 @@ static int train_take_step(train_run_state *tr, fsdp_err *err) {
     int rc;
     if ((rc = data_batch(tr->data, s->data_pos, tr->tokens, tr->labels, err))) return rc;
     train_fsdp_result r;
-    train_calls_begin(tr->c, &tr->calls);
+    train_calls_begin(&tr->calls);
     if ((rc = train_backend_step_accum(&tr->be, tr->tokens, tr->labels, tr->n_micro, &tr->hp, &r, err))) {
         fsdp_err_prefix(err, "train-steps: step %lld", (long long)step + 1);
         return rc;
     }
-    train_calls_end(tr->c, &tr->calls);
+    train_calls_end(&tr->calls);
     s->train_step++;
     /* what PyTorch's param_groups / LambdaLR hold now (the checkpoints' resume entries) */
     s->lr_initial = tr->sched.lr;

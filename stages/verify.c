@@ -149,7 +149,7 @@ static int verify_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
     j.ctx = ctx;
     j.with = with;
     j.s = s;
-    j.c = stage_comm(ctx);
+    j.c = stage_shard_comm(ctx); /* the state's rows: replicas hold the same */
     j.against = fsdp_arg_str(with, "against", NULL);
     j.rtol = fsdp_arg_float(with, "rtol", 0);
     j.atol = fsdp_arg_float(with, "atol", 0);

@@ -188,7 +188,7 @@ TEST(FsdpFlat, OneRankGathersAndReducesByCopying) {
     EXPECT_EQ(memcmp(fb, bd, sizeof fb), 0);
     for (float &x : fa) x *= -1;
     const float *cfull[2] = {fa, fb};
-    ASSERT_EQ(flat_group_reduce_scatter(g, c, cfull, nullptr, &err), 0) << err.msg;
+    ASSERT_EQ(flat_group_reduce_scatter(g, c, nullptr, cfull, nullptr, &err), 0) << err.msg;
     EXPECT_EQ(ag[5], -6.0f);
     EXPECT_EQ(bg[3], 10.0f);
     flat_group_free(g);

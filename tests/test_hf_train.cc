@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "ckpt_compare.h"
+#include "hf_batch_util.h"
 #include "hf_state_util.h"
 #include "st_test_reader.h"
 #include "jsonl_util.h"
@@ -145,28 +146,6 @@ double state_vs(const fsdp_state *s, int which, const Tensors &want, const std::
 }
 
 
-
-// The fixture's batch repeated `times` times along the batch (rows b, b+2, ... are sample b): the
-// same mean loss and gradients, split over `times` ranks of 2 rows each.
-void write_tiled_batch(const std::string &model, int times, const std::string &path) {
-    Tensors b = load_st(hf_fixture(model, "batch.safetensors"));
-    st_writer *w;
-    fsdp_err err;
-    ASSERT_EQ(st_writer_new(&w, path.c_str(), &err), 0) << err.msg;
-    const char *names[2] = {"input_ids", "labels"};
-    size_t idx[2];
-    int64_t rows = b.at("input_ids").shape[0], T = b.at("input_ids").shape[1];
-    int64_t shape[2] = {rows * times, T};
-    for (int k = 0; k < 2; k++) ASSERT_EQ(st_writer_declare(w, names[k], FSDP_DT_I32, 2, shape, &idx[k], &err), 0);
-    ASSERT_EQ(st_writer_begin(w, &err), 0) << err.msg;
-    for (int k = 0; k < 2; k++) {
-        std::vector<int32_t> v;
-        for (int r = 0; r < times; r++) v.insert(v.end(), b.at(names[k]).i32.begin(), b.at(names[k]).i32.end());
-        ASSERT_EQ(st_writer_write(w, idx[k], v.data(), v.size() * 4, &err), 0) << err.msg;
-    }
-    ASSERT_EQ(st_writer_finish(w, &err), 0) << err.msg;
-    st_writer_free(w);
-}
 
 // The recipe of the Done-when: from_hf, strict load under HF names, 5 AdamW steps of the fixture's
 // optimizer, a DCP checkpoint with the optimizer state and an HF export.
@@ -318,7 +297,7 @@ TEST(HfTrain, FixturesOnOneAndThreeRanks) {
             std::string batch = hf_fixture(m, "batch.safetensors");
             if (np > 1) {
                 batch = t / (std::string(m) + "_batch3.safetensors");
-                write_tiled_batch(m, np, batch);
+                hf_batch::write_tiled_batch(m, np, batch);
             }
             std::string r = t / (std::string(m) + ".yaml"), out = t / (std::string(m) + std::to_string(np)),
                         met = out + ".jsonl";

@@ -99,10 +99,10 @@ int flat_group_gather(const flat_group *g, comm *c, float *scratch, float *const
     return 0;
 }
 
-int flat_group_reduce_scatter(const flat_group *g, comm *c, const float *const *full, float *scratch,
+int flat_group_reduce_scatter(const flat_group *g, comm *c, comm *rep, const float *const *full, float *scratch,
                               fsdp_err *err) {
     const size_t n = (size_t)g->n_params;
-    if (g->world == 1) {
+    if (g->world == 1 && !rep) {
         for (size_t k = 0; k < n; k++)
             if (g->segs[k].n) memcpy(g->ps[k]->grad, full[k], g->segs[k].n * sizeof(float));
         return 0;
@@ -113,11 +113,14 @@ int flat_group_reduce_scatter(const flat_group *g, comm *c, const float *const *
             if (s->n) memcpy(scratch + s->flat_off, full[k] + s->full_off, s->n * sizeof(float));
         }
     }
-    float *mine = scratch + g->total; /* MPI's reduce-scatter does not take overlapping buffers */
-    int rc = comm_reduce_scatterv_f32(c, scratch, mine, g->counts, err);
+    /* MPI's reduce-scatter does not take overlapping buffers; one shard: the block is the whole */
+    float *mine = g->world > 1 ? scratch + g->total : scratch;
+    int rc = g->world > 1 ? comm_reduce_scatterv_f32(c, scratch, mine, g->counts, err) : 0;
+    /* HSDP: the shard's sums over this replica's ranks, summed over the replicas */
+    if (!rc && rep) rc = comm_allreduce(rep, mine, g->counts[g->rank], COMM_F32, COMM_SUM, err);
     if (rc) return rc;
     const flat_group_seg *own = g->segs + (size_t)g->rank * n;
-    const size_t base = g->displs[g->rank];
+    const size_t base = g->world > 1 ? g->displs[g->rank] : 0;
     for (size_t k = 0; k < n; k++)
         if (own[k].n) memcpy(g->ps[k]->grad, mine + (own[k].flat_off - base), own[k].n * sizeof(float));
     return 0;

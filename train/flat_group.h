@@ -46,8 +46,10 @@ size_t flat_group_scratch_numel(const flat_group *g);
 /* Every parameter's full tensor from the ranks' p->data: full[k] receives parameter k
  * (state_param_numel elements). scratch: flat_group_scratch_numel floats. World 1: plain copies. */
 int flat_group_gather(const flat_group *g, comm *c, float *scratch, float *const *full, fsdp_err *err);
-/* Sum over the ranks of the full gradients full[k], each rank's rows into its p->grad. */
-int flat_group_reduce_scatter(const flat_group *g, comm *c, const float *const *full, float *scratch,
+/* Sum over the ranks of the full gradients full[k], each rank's rows into its p->grad. rep (NULL:
+ * none): HSDP's replicate group, over which the reduced block is then all-reduced (one call) before
+ * it is copied out, so that p->grad holds the sum over every replica's ranks. */
+int flat_group_reduce_scatter(const flat_group *g, comm *c, comm *rep, const float *const *full, float *scratch,
                               fsdp_err *err);
 
 #endif

@@ -11,7 +11,9 @@
 
 struct train_fsdp {
     fsdp_state *s;
-    comm *c;
+    comm *c;   /* the shard group: the parameters' Shard(0) rows are over its ranks */
+    comm *wc;  /* every rank of the step (the batch is split over them): c unless HSDP */
+    comm *rep; /* HSDP's replicate group (gradients all-reduced over it), NULL without replicas */
     model_blocks m;          /* the model (model/model_blocks.h) */
     model_blocks_layout lay; /* its layout: blocks (the layers), embedding, head */
     int B, T;
@@ -29,6 +31,7 @@ struct train_fsdp {
      * group's); per_param: one all-gather / reduce-scatter per parameter instead (train_fsdp_set_flat) */
     flat_group **groups;
     float *flat_scratch;
+    size_t scratch_numel;
     int per_param;
 };
 
@@ -78,9 +81,20 @@ static int make_groups(train_fsdp *f, int world, int rank, fsdp_err *err) {
         size_t n = flat_group_scratch_numel(f->groups[i]);
         if (n > scratch) scratch = n;
     }
+    f->scratch_numel = scratch;
     if (world > 1 && !(f->flat_scratch = malloc(scratch * sizeof(float))))
         return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory (training: %zu floats of flat collective buffer)",
                             scratch);
+    return 0;
+}
+
+int train_fsdp_set_replicas(train_fsdp *f, comm *world, comm *replicate, fsdp_err *err) {
+    f->wc = world ? world : f->c;
+    f->rep = replicate;
+    /* one shard and replicas: the reduced block is all-reduced from the scratch too */
+    if (replicate && !f->flat_scratch && !(f->flat_scratch = malloc(f->scratch_numel * sizeof(float))))
+        return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory (training: %zu floats of flat collective buffer)",
+                            f->scratch_numel);
     return 0;
 }
 
@@ -152,6 +166,7 @@ int train_fsdp_create_opts(fsdp_state *s, model_blocks m, comm *c, int B, int T,
     if (!f) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
     f->s = s;
     f->c = c;
+    f->wc = c;
     f->m = m;
     m.layout(m.impl, &f->lay);
     f->B = B;
@@ -204,17 +219,26 @@ static int gather_layer(train_fsdp *f, int i, fsdp_err *err) {
     return 0;
 }
 
+/* p's full gradient reduce-scattered into p->grad over the shard group, then (HSDP) all-reduced
+ * over the replicas: the sum over every rank. */
+static int reduce_param(train_fsdp *f, state_param *p, const float *full, fsdp_err *err) {
+    int rc = state_reduce_scatter(p, full, f->c, p->grad, err);
+    if (!rc && f->rep) rc = comm_allreduce(f->rep, p->grad, state_param_local_numel(p), COMM_F32, COMM_SUM, err);
+    return rc;
+}
+
 /* Layer i's full gradient g (a full-layer buffer) reduce-scattered into its parameters' p->grad. */
 static int reduce_layer(train_fsdp *f, int i, float *g, fsdp_err *err) {
     if (!f->per_param) {
         float *full[MODEL_BLOCKS_PARAMS_MAX];
         layer_slots(f, g, full);
-        int rc = flat_group_reduce_scatter(f->groups[i], f->c, (const float *const *)full, f->flat_scratch, err);
+        int rc = flat_group_reduce_scatter(f->groups[i], f->c, f->rep, (const float *const *)full, f->flat_scratch,
+                                           err);
         return rc ? fsdp_err_prefix(err, "training: reduce-scatter of layer %d", i) : 0;
     }
     for (int k = 0; k < f->per_layer; k++) {
         state_param *p = f->layer[i * f->per_layer + k];
-        int rc = state_reduce_scatter(p, g + f->layer_off[k], f->c, p->grad, err);
+        int rc = reduce_param(f, p, g + f->layer_off[k], err);
         if (rc) return rc;
     }
     return 0;
@@ -257,9 +281,8 @@ static int micro_forward(train_fsdp *f, const int32_t *tokens, const int32_t *la
  * micro-batch) run only on the last micro-batch. */
 static int micro_backward(train_fsdp *f, int first, int last, fsdp_err *err) {
     int rc;
-    if (last && (rc = state_reduce_scatter(f->norm, f->grad_norm, f->c, f->norm->grad, err))) return rc;
-    if (last && f->output && (rc = state_reduce_scatter(f->output, f->grad_output, f->c, f->output->grad, err)))
-        return rc;
+    if (last && (rc = reduce_param(f, f->norm, f->grad_norm, err))) return rc;
+    if (last && f->output && (rc = reduce_param(f, f->output, f->grad_output, err))) return rc;
     for (int i = f->lay.n_blocks - 1; i >= 0; i--) {
         if ((rc = gather_layer(f, i, err))) return rc;
         float *g = f->acc ? f->acc + (size_t)i * (size_t)f->layer_numel : f->grad_layer;
@@ -269,7 +292,7 @@ static int micro_backward(train_fsdp *f, int first, int last, fsdp_err *err) {
     }
     if (first && !f->lay.tied) memset(f->grad_embed, 0, (size_t)f->lay.embed.numel * sizeof(float));
     if ((rc = f->m.bwd_embed(f->ws, f->grad_embed, err))) return rc;
-    if (last && (rc = state_reduce_scatter(f->embed, f->grad_embed, f->c, f->embed->grad, err))) return rc;
+    if (last && (rc = reduce_param(f, f->embed, f->grad_embed, err))) return rc;
     return 0;
 }
 
@@ -292,7 +315,7 @@ int train_fsdp_grads_accum(train_fsdp *f, const int32_t *tokens, const int32_t *
     /* global number of tokens in the mean: every micro-batch of every rank */
     int64_t nvalid = 0;
     for (int64_t i = 0; i < mb * n_micro; i++) nvalid += labels[i] != f->lay.ignore_index;
-    if ((rc = comm_allreduce(f->c, &nvalid, 1, COMM_I64, COMM_SUM, err))) return rc;
+    if ((rc = comm_allreduce(f->wc, &nvalid, 1, COMM_I64, COMM_SUM, err))) return rc;
     if (n_micro > 1 && (rc = ensure_acc(f, err))) return rc;
     float *acc = f->acc;
     if (n_micro == 1) f->acc = NULL; /* one micro-batch: the rotating layer buffer and no copy */
@@ -303,10 +326,10 @@ int train_fsdp_grads_accum(train_fsdp *f, const int32_t *tokens, const int32_t *
     }
     f->acc = acc;
     if (rc) return rc;
-    if ((rc = comm_allreduce(f->c, &lsum, 1, COMM_F64, COMM_SUM, err))) return rc;
+    if ((rc = comm_allreduce(f->wc, &lsum, 1, COMM_F64, COMM_SUM, err))) return rc;
     res->loss = nvalid > 0 ? lsum / (double)nvalid : 0.0;
     res->tokens = nvalid;
-    /* global gradient norm over every rank's shards */
+    /* global gradient norm over the shard group's shards (the replicas hold the same ones) */
     double sumsq = 0;
     for (size_t k = 0; k < f->s->n; k++) {
         state_param *p = &f->s->p[k];

@@ -44,6 +44,10 @@ int train_fsdp_create_ac(fsdp_state *s, model_blocks m, comm *c, int local_batch
  * the head runs as m.head_train, so at most one chunk of logits exists. */
 int train_fsdp_create_opts(fsdp_state *s, model_blocks m, comm *c, int local_batch, int seq_len, int ac,
                            int head_chunk_rows, train_fsdp **out, fsdp_err *err);
+/* HSDP (runtime/mesh.h): c given to create is the shard group; world is every rank the batch is
+ * split over (the loss's token count and sum), replicate the group the reduced gradient shards are
+ * all-reduced over after each reduce-scatter (NULL: no replicas). Without this call world = c. */
+int train_fsdp_set_replicas(train_fsdp *f, comm *world, comm *replicate, fsdp_err *err);
 void train_fsdp_free(train_fsdp *f);
 /* Collectives per transformer block (flat != 0, the default: one all-gather and one reduce-scatter
  * of each layer's parameters together, train/flat_group.h) or per parameter (0). Both give the

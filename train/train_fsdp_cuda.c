@@ -38,7 +38,10 @@ static int reduce_param(train_fsdp_cuda *f, const state_param *p, const float *f
     size_t k = (size_t)(p - f->s->p);
     int rc = comm_dev_reduce_scatterv_f32(f->c, full, p->d_grad, f->blocks + k * (size_t)f->world, comm_stream(f),
                                           err);
-    return rc ? fsdp_err_prefix(err, "training (cuda): reduce-scatter of the gradient of %s", p->name) : 0;
+    if (rc) return fsdp_err_prefix(err, "training (cuda): reduce-scatter of the gradient of %s", p->name);
+    if (f->rep)
+        rc = comm_dev_allreduce(f->rep, p->d_grad, state_param_local_numel(p), COMM_F32, COMM_SUM, comm_stream(f), err);
+    return rc ? fsdp_err_prefix(err, "training (cuda): all-reduce over the replicas of the gradient of %s", p->name) : 0;
 }
 
 static int buf_of(const train_fsdp_cuda *f, int layer) { return f->opt.keep_gathered ? layer : layer % 2; }
@@ -186,7 +189,7 @@ static int queue_grads(train_fsdp_cuda *f, const int32_t *tokens, const int32_t 
     const int64_t mb = (int64_t)f->B * f->T;
     int64_t nv = 0;
     for (int64_t i = 0; i < mb * n_micro; i++) nv += labels[i] != f->lay.ignore_index;
-    TRY(comm_allreduce(f->c, &nv, 1, COMM_I64, COMM_SUM, err));
+    TRY(comm_allreduce(f->wc, &nv, 1, COMM_I64, COMM_SUM, err));
     *nvalid = nv;
     if (n_micro > 1) TRY(train_fsdp_cuda_alloc_acc(f, err));
     float *gacc = f->gacc;
@@ -205,6 +208,9 @@ static int queue_grads(train_fsdp_cuda *f, const int32_t *tokens, const int32_t 
     TRY(kcu_list_grad_sumsq(f->list, f->d_stats + 1, dev_ctx_stream(d, DEV_STREAM_COMPUTE), err));
     TRY(dev_stream_wait(d, DEV_STREAM_COMM, DEV_STREAM_COMPUTE, err));
     rc = comm_dev_allreduce(f->c, f->d_stats, 2, COMM_F64, COMM_SUM, comm_stream(f), err);
+    /* HSDP: the gradient norm is the shard group's (the replicas hold the same shards); the loss sums
+     * every replica's too */
+    if (!rc && f->rep) rc = comm_dev_allreduce(f->rep, f->d_stats, 1, COMM_F64, COMM_SUM, comm_stream(f), err);
     if (rc) return fsdp_err_prefix(err, "training (cuda): all-reduce of the loss and gradient norm");
     /* read back asynchronously: the host looks at it only once the rest of the step is queued */
     TRY(dev_copy_d2h(d, f->h_stats, f->d_stats, 2 * sizeof(double), DEV_STREAM_COMM, err));

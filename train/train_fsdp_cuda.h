@@ -106,6 +106,10 @@ typedef struct train_fsdp_cuda train_fsdp_cuda;
  * the call. opt NULL: defaults (f32, no checkpointing, two gather buffers). */
 int train_fsdp_cuda_create(fsdp_state *s, model_blocks_cuda m, comm *c, dev_ctx *d, int local_batch, int seq_len,
                            const train_fsdp_cuda_options *opt, train_fsdp_cuda **out, fsdp_err *err);
+/* HSDP (runtime/mesh.h): c given to create is the shard group; world is every rank the batch is split
+ * over (the token count), replicate the group whose NCCL communicator (made here: collective over
+ * every rank) all-reduces each reduced gradient shard in float32 and the loss sum (NULL: none). */
+int train_fsdp_cuda_set_replicas(train_fsdp_cuda *f, comm *world, comm *replicate, fsdp_err *err);
 /* Waits for the device work and frees the buffers (not the state's arrays). */
 void train_fsdp_cuda_free(train_fsdp_cuda *f);
 /* Forward and backward only: the global loss, token count and gradient norm (waits for them); the

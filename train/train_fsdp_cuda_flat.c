@@ -90,6 +90,9 @@ int train_fsdp_cuda_flat_reduce(train_fsdp_cuda *f, int layer, const float *grad
     }
     int rc = comm_dev_reduce_scatterv_f32(f->c, flat, mine, g->counts, dev_ctx_stream(f->d, DEV_STREAM_COMM), err);
     if (rc) return fsdp_err_prefix(err, "training (cuda): reduce-scatter of the gradients of layer %d", layer);
+    if (f->rep && (rc = comm_dev_allreduce(f->rep, mine, g->counts[f->rank], COMM_F32, COMM_SUM,
+                                           dev_ctx_stream(f->d, DEV_STREAM_COMM), err)))
+        return fsdp_err_prefix(err, "training (cuda): all-reduce over the replicas of the gradients of layer %d", layer);
     const flat_group_seg *own = g->segs + (size_t)f->rank * n;
     const size_t base = g->displs[f->rank];
     for (size_t k = 0; k < n; k++)

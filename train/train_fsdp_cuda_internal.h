@@ -24,7 +24,9 @@ enum {
 
 struct train_fsdp_cuda {
     fsdp_state *s;
-    comm *c;
+    comm *c;   /* the shard group (the parameters' Shard(0) rows are over its ranks) */
+    comm *wc;  /* every rank of the step (token count): c unless HSDP */
+    comm *rep; /* HSDP's replicate group, NULL without replicas */
     dev_ctx *d;
     model_blocks_cuda m;     /* the model (model/model_blocks.h) */
     model_blocks_layout lay; /* its layout: blocks (the layers), embedding, head */

@@ -283,6 +283,13 @@ static int make_buffers(train_fsdp_cuda *f, fsdp_err *err) {
     return 0;
 }
 
+int train_fsdp_cuda_set_replicas(train_fsdp_cuda *f, comm *world, comm *replicate, fsdp_err *err) {
+    f->wc = world ? world : f->c;
+    f->rep = replicate;
+    int rc = replicate ? comm_dev_init(replicate, err) : 0;
+    return rc ? fsdp_err_prefix(err, "training (cuda): the replicate group's NCCL communicator") : 0;
+}
+
 int train_fsdp_cuda_create(fsdp_state *s, model_blocks_cuda m, comm *c, dev_ctx *d, int B, int T,
                            const train_fsdp_cuda_options *opt, train_fsdp_cuda **out, fsdp_err *err) {
     *out = NULL;
@@ -306,6 +313,7 @@ int train_fsdp_cuda_create(fsdp_state *s, model_blocks_cuda m, comm *c, dev_ctx 
     if (!f) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
     f->s = s;
     f->c = c;
+    f->wc = c;
     f->d = d;
     f->m = m;
     m.host.layout(m.host.impl, &f->lay);
