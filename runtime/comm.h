@@ -24,8 +24,9 @@ void comm_destroy(comm *c);
 
 int comm_rank(const comm *c);
 int comm_size(const comm *c);
-int comm_local_rank(const comm *c); /* rank among the processes of this node */
-int comm_local_size(const comm *c); /* processes of this node */
+/* Rank among the processes of this (real) node: it chooses the GPU, fake nodes or not. */
+int comm_local_rank(const comm *c);
+int comm_local_size(const comm *c); /* processes of this node (of a fake node under FSDP_FAKE_NODES) */
 /* Nodes: the ranks that share memory (MPI_Comm_split_type MPI_COMM_TYPE_SHARED), never a guess from
  * a launcher's variables. FSDP_FAKE_NODES=K (set by `--fake-nodes K`) splits the ranks instead into K
  * nodes of consecutive ranks, to test multi-node layouts on one machine (K must divide the world).

@@ -58,15 +58,10 @@ int comm_find_nodes(comm *c, fsdp_err *err) {
     if (fake < 0)
         return fsdp_err_set(err, FSDP_E_INVALID, "FSDP_FAKE_NODES=\"%s\" is not a positive number of nodes",
                             getenv("FSDP_FAKE_NODES"));
-    if (fake > 0) {
-        if (c->size % fake)
-            return fsdp_err_set(err, FSDP_E_INVALID,
-                                "FSDP_FAKE_NODES=%ld does not divide the %d ranks into nodes of equal size", fake,
-                                c->size);
-        c->local_size = c->size / (int)fake;
-        c->local_rank = c->rank % c->local_size;
-        return number_nodes(c, c->rank - c->local_rank, err);
-    }
+    if (fake > 0 && c->size % fake)
+        return fsdp_err_set(err, FSDP_E_INVALID,
+                            "FSDP_FAKE_NODES=%ld does not divide the %d ranks into nodes of equal size", fake, c->size);
+    /* the real node: its local rank chooses the GPU, fake nodes or not */
     MPI_Comm local;
     int rc = MPI_Comm_split_type(c->world, MPI_COMM_TYPE_SHARED, c->rank, MPI_INFO_NULL, &local);
     if (rc != MPI_SUCCESS) return mpi_fail(err, rc, "MPI_Comm_split_type (ranks of this node)");
@@ -76,6 +71,10 @@ int comm_find_nodes(comm *c, fsdp_err *err) {
     rc = MPI_Allreduce(MPI_IN_PLACE, &key, 1, MPI_INT, MPI_MIN, local);
     MPI_Comm_free(&local);
     if (rc != MPI_SUCCESS) return mpi_fail(err, rc, "MPI_Allreduce (ranks of this node)");
+    if (fake > 0) {
+        c->local_size = c->size / (int)fake;
+        key = c->rank - c->rank % c->local_size;
+    }
     return number_nodes(c, key, err);
 }
 

@@ -228,6 +228,33 @@ TEST(HardenAtomicKill, SaveDcpOverwriteTwoRanksAtEveryCrashPoint) {
     EXPECT_EQ(list_dir(dst).size(), 3u) << joined(list_dir(dst));
 }
 
+// The same on an HSDP mesh (4 ranks as replicate 2 x shard 2 over two fake nodes, runtime/mesh.h): the
+// replicas share the writing, so kills of replica 1's ranks (2, 3) while they write their chunks, of rank 0
+// around .metadata: the old checkpoint or the new one, never neither.
+TEST(HardenAtomicKill, SaveDcpOverwriteOnAMeshAtEveryCrashPoint) {
+    Refs refs;
+    const Point points[] = {{"save.prepared@3", "old"},   {"dcp.data.item:3@2", "old"}, {"dcp.data.synced@3", "old"},
+                            {"dcp.data.renamed@2", "old"}, {"save.gathered", "old"},      {"dcp.meta.written", "old"},
+                            {"dcp.meta.renamed", "new"},   {"save.committed", "new"},     {"dcp.cleanup.unlink:3", "new"}};
+    std::string old4 = refs.t + "/old4", dst = refs.t + "/ck", out;
+    const std::string mesh = " --fake-nodes 2 --set 'runtime.mesh={shard: auto}' ";
+    write_file(refs.t + "/o4.yaml", save_recipe(0, old4));
+    ASSERT_EQ(run_cmd(launch(4) + mesh + "-q " + refs.t + "/o4.yaml", &out), 0) << out;
+    write_file(refs.t + "/s.yaml", save_recipe(1, dst));
+    for (const Point &p : points) {
+        copy_dir(old4, dst);
+        int rc = run_cmd(mpirun_prefix(4) + " -x FSDP_CRASH_AT=" + p.spec + " " + fsdp_run_bin() + mesh + "-q " + refs.t +
+                             "/s.yaml",
+                         &out);
+        expect_killed(rc, 4, out, p.spec);
+        EXPECT_EQ(classify(dst, refs.old_ref, refs.new_ref), p.expect) << "killed at " << p.spec << "; left "
+                                                                       << joined(list_dir(dst));
+    }
+    ASSERT_EQ(run_cmd(launch(4) + mesh + "-q " + refs.t + "/s.yaml", &out), 0) << out;
+    EXPECT_EQ(classify(dst, refs.old_ref, refs.new_ref), "new");
+    EXPECT_EQ(list_dir(dst).size(), 5u) << joined(list_dir(dst));
+}
+
 // ckpt convert --overwrite into an existing DCP directory, killed at every crash point.
 TEST(HardenAtomicKill, ConvertIntoExistingDcpAtEveryCrashPoint) {
     Refs refs;

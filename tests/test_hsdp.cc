@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 #include <vector>
 
+#include "gpu_util.h"
 #include "hf_batch_util.h"
 #include "test_util.h"
 #include "train_run_util.h"
@@ -115,6 +116,11 @@ TEST(Hsdp, EveryMeshTrainsTheQuickstartModelAsOneRank) {
         }
         json_decref(j);
     }
+    // one collective per parameter instead of per block: the same
+    std::string pp = t / "pp";
+    ASSERT_EQ(run_on(MESHES[0], with_out(pp, pp + ".json") + " --set stages.t.with.flat_collectives=false", &out), 0)
+        << out;
+    expect_same_training(pp, one, 4);
     // collectives: 2 x 2 adds one all-reduce over the replicas per reduce-scatter of 1-D FSDP; across two
     // nodes it sends less than 1-D FSDP over the same two nodes (every collective of which crosses them)
     std::string d1 = t / "d1", rep1 = d1 + ".json", rep2 = t / "m0.json";
@@ -346,4 +352,45 @@ TEST(Hsdp, FakeNodesSplitTheRanks) {
         << out;
     EXPECT_EQ(train_test::run("--fake-nodes 0 " + r, &out), 2) << out;
     EXPECT_NE(out.find("--fake-nodes expects a positive number of nodes, got '0'"), std::string::npos) << out;
+}
+
+// The GPU step (the emulated device in build-emu; real GPUs when present): 2 ranks as 2 x 1 (whole
+// parameters, gradients all-reduced over the replicas through their own NCCL communicator) and 4 as
+// 2 x 2 train as 1-D FSDP over the same ranks, with per-block (flat) and per-parameter collectives.
+TEST(HsdpGpu, MeshesTrainAsOneDimensionalFsdpOnTheGpu) {
+    std::string why;
+    if (!gpu_present(&why)) GTEST_SKIP() << why;
+    const bool emu = getenv("FSDP_EMU_DEVICES") != nullptr;
+    if (!emu && gpu_count() < 2) GTEST_SKIP() << "needs 2 GPUs";
+    Dir t;
+    std::string out;
+    write_file(t / "g.yaml", "vars: {out: x}\nruntime: {device: cuda}\nmodel: {preset: tiny, n_layers: 2}\n"
+                             "data: {kind: text, path: data/quickstart.txt, batch_size: 8, seq_len: 16}\nstages:\n"
+                             "  - {id: i, uses: init-meta}\n"
+                             "  - {id: t, uses: train-steps, with: {steps: 3, lr: 3e-3, metrics: \"${out}.jsonl\"}}\n"
+                             "  - {id: s, uses: save-safetensors, with: {path: \"${out}.safetensors\"}}\n");
+    auto run_gpu = [&](int np, const std::string &mesh, const std::string &o, const std::string &extra) {
+        std::string prefix = (emu ? "env FSDP_EMU_DEVICES=" + std::to_string(np) + " " : std::string()) + mpirun_prefix(np);
+        std::string args = t / "g.yaml --set vars.out=" + o + extra +
+                           (mesh.empty() ? std::string() : " --set 'runtime.mesh=" + mesh + "'");
+        return train_test::run(args, &out, prefix);
+    };
+    int v = 0;
+    for (const std::string extra : {"", " --set stages.t.with.flat_collectives=false"}) {
+        SCOPED_TRACE(extra);
+        const std::string k = std::to_string(v++);
+        std::string d2 = t / ("d2_" + k), h21 = t / ("h21_" + k);
+        ASSERT_EQ(run_gpu(2, "", d2, extra), 0) << out;
+        ASSERT_EQ(run_gpu(2, "{replicate: 2, shard: 1}", h21, extra), 0) << out;
+        expect_same_training(h21, d2, 3);
+        if (v == 2) continue; /* per parameter: 2 x 1 is enough (the 2 x 2 path is the same calls) */
+        if (!emu && gpu_count() < 4) {
+            printf("[ HsdpGpu ] 2 x 2 not run: %d GPU(s)\n", gpu_count());
+            continue;
+        }
+        std::string d4 = t / ("d4_" + k), h22 = t / ("h22_" + k);
+        ASSERT_EQ(run_gpu(4, "", d4, extra), 0) << out;
+        ASSERT_EQ(run_gpu(4, "{replicate: 2, shard: 2}", h22, extra), 0) << out;
+        expect_same_training(h22, d4, 3);
+    }
 }
