@@ -394,3 +394,25 @@ TEST(HsdpGpu, MeshesTrainAsOneDimensionalFsdpOnTheGpu) {
         expect_same_training(h22, d4, 3);
     }
 }
+
+// The README's Slurm batch script (examples/slurm/hsdp_2x8.sbatch), with mpirun for srun and 4 ranks
+// on two fake nodes for the 2 x 8 GPUs: validate, bootstrap and train all run, on a 2 x 2 mesh.
+TEST(Hsdp, SlurmScriptRunsOnFakeNodes) {
+    Dir t;
+    std::string out;
+    std::string env = "env SLURM_NTASKS=4 SLURM_NTASKS_PER_NODE=2 FSDP_FAKE_NODES=2 OMP_NUM_THREADS=1 SRUN='" +
+                      mpirun_prefix(4) + "' FSDP_RUN=" + fsdp_run_bin() + " OUT=" + t.d +
+                      " EXTRA='--set runtime.device=cpu --set vars.steps=2' ";
+    ASSERT_EQ(run_cmd("timeout 300 " + env + "bash examples/slurm/hsdp_2x8.sbatch", &out), 0) << out;
+    EXPECT_NE(out.find("recipes/llama_train.yaml: valid"), std::string::npos) << out;
+    for (const char *rep : {"bootstrap.json", "train.json"}) {
+        json_t *j = load_json(t / rep);
+        json_t *mesh = json_object_get(j, "mesh");
+        EXPECT_EQ(json_integer_value(json_object_get(mesh, "replicate")), 2) << rep;
+        EXPECT_EQ(json_integer_value(json_object_get(mesh, "shard")), 2) << rep;
+        EXPECT_STREQ(json_string_value(json_object_get(j, "status")), "ok") << rep;
+        json_decref(j);
+    }
+    EXPECT_FALSE(train_test::column(t / "metrics.jsonl", "loss").empty());
+    EXPECT_EQ(train_test::run("ckpt inspect " + t / "final", &out), 0) << out;
+}
