@@ -416,3 +416,20 @@ TEST(Hsdp, SlurmScriptRunsOnFakeNodes) {
     EXPECT_FALSE(train_test::column(t / "metrics.jsonl", "loss").empty());
     EXPECT_EQ(train_test::run("ckpt inspect " + t / "final", &out), 0) << out;
 }
+
+// The first command a Bagel user types, on a mesh: recipes/bagel_bootstrap.yaml (the fixture's sources
+// at its sizes) on 2 x 2 over two fake nodes writes the checkpoint a 1-D run on 2 ranks writes, exactly
+// (but for the per-rank dataloader entries), from all 4 ranks.
+TEST(Hsdp, BagelBootstrapOnAMeshEqualsOneDimensional) {
+    Dir t;
+    const std::string f = fixtures_dir() + "/bagel-056b5fd/sources";
+    const std::string args = "recipes/bagel_bootstrap.yaml --set vars.llm=" + f + "/llm --set vars.vit=" + f +
+                             "/vit --set vars.max_latent_size=4 --set vars.vit_max_num_patch_per_side=5 "
+                             "--set vars.layout=dcp --set vars.out=";
+    std::string out;
+    ASSERT_EQ(run_on({2, 0, ""}, args + t / "d1", &out), 0) << out;
+    ASSERT_EQ(run_on({4, 2, "{shard: auto}"}, args + t / "hsdp", &out), 0) << out;
+    EXPECT_NE(out.find("mesh: replicate 2 x shard 2"), std::string::npos) << out;
+    EXPECT_EQ(train_test::run("ckpt diff " + t / "d1" + " " + t / "hsdp" + " --ignore dataloader", &out), 0) << out;
+    EXPECT_EQ(chunks_of(t / "hsdp").file_bytes.size(), 4u);
+}
