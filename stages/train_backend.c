@@ -20,7 +20,7 @@ int train_backend_open(fsdp_ctx *ctx, fsdp_state *s, comm *c, int B, int T, cons
                        train_backend *b, fsdp_err *err) {
     memset(b, 0, sizeof *b);
     /* HSDP: the trainer shards over the mesh's shard group, c (the world) splits the batch */
-    comm *sc = stage_shard_comm(ctx), *rep = stage_replicate_comm(ctx);
+    comm *sc = ctx ? stage_shard_comm(ctx) : c, *rep = ctx ? stage_replicate_comm(ctx) : NULL;
     if (!sc || comm_size(sc) * (rep ? comm_size(rep) : 1) != comm_size(c)) sc = c, rep = NULL;
     if (train_on_gpu(ctx, s)) {
         b->on_gpu = 1;
