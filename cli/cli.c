@@ -176,7 +176,7 @@ static int cli_parse_arg(cli_args *A, int argc, char **argv, int *i, FILE *out, 
         usage(out);
         return 0;
     } else if (!strcmp(a, "--version")) {
-        fprintf(out, "fsdp-run %s (stage ABI %u, %s)\n", FSDP_VERSION_STRING, FSDP_STAGE_ABI_VERSION,
+        fprintf(out, "fsdp-run %s (stage ABI %u.%u, %s)\n", FSDP_VERSION_STRING, FSDP_STAGE_ABI_MAJOR, FSDP_STAGE_ABI_MINOR,
                 FSDP_HAVE_CUDA ? "CUDA" : "CPU only");
         return 0;
     } else if (!strcmp(a, "--set") || !strncmp(a, "--set=", 6)) {

@@ -2,6 +2,7 @@
 #include "decoder/decoder_table.h"
 #include "decoder/decoder_spec.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -87,4 +88,16 @@ int decoder_state_set_config(fsdp_state *s, const decoder_config *cfg, fsdp_err 
     memset(&s->hf, 0, sizeof s->hf);
     if (own) s->hf = (state_hf_names){1, own->n_heads, own->n_kv_heads, own->tie_embeddings};
     return 0;
+}
+
+int decoder_state_param_resized(fsdp_state *s, const char *name, int64_t rows, fsdp_err *err) {
+    const decoder_config *c = decoder_state_config(s);
+    if (!c || (strcmp(name, decoder_param_kind_name(DECODER_P_TOK_EMBEDDINGS)) &&
+               strcmp(name, decoder_param_kind_name(DECODER_P_OUTPUT))))
+        return 0;
+    if (rows < 1 || rows > INT32_MAX)
+        return fsdp_err_set(err, FSDP_E_INVALID, "%s: a vocabulary of %lld rows", name, (long long)rows);
+    decoder_config cfg = *c;
+    cfg.vocab_size = (int)rows;
+    return decoder_state_set_config(s, &cfg, err);
 }

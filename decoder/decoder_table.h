@@ -35,6 +35,10 @@ const decoder_config *decoder_state_config(const fsdp_state *s);
 /* Gives the state a copy of cfg as its trainer's config (replacing any) and the Hugging Face naming
  * facts that go with it (s->hf); cfg NULL clears both. */
 int decoder_state_set_config(fsdp_state *s, const decoder_config *cfg, fsdp_err *err);
+/* Dim 0 of the state's parameter `name` became `rows` (the plugin API's resize): when the state has a
+ * decoder and that is its embedding (or its untied output head), vocab_size follows it, so that an
+ * export writes the new vocabulary and train-steps checks the other matrix against it. */
+int decoder_state_param_resized(fsdp_state *s, const char *name, int64_t rows, fsdp_err *err);
 
 #ifdef __cplusplus
 }

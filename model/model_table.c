@@ -196,6 +196,25 @@ int mt_add(mt_table *t, const mt_param *p, fsdp_err *err) {
     return 0;
 }
 
+int mt_remove(mt_table *t, size_t i, fsdp_err *err) {
+    if (i >= t->n) return fsdp_err_set(err, FSDP_E_INVALID, "model: parameter index %zu of %zu", i, t->n);
+    free(t->p[i].name);
+    memmove(t->p + i, t->p + i + 1, (t->n - i - 1) * sizeof *t->p);
+    t->n--;
+    nidx_free(&t->names);
+    nidx_init(&t->names);
+    for (size_t k = 0; k < t->n; k++)
+        if (nidx_add(&t->names, t->p[k].name, k, NULL) != 0)
+            return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory indexing the model's parameters");
+    return 0;
+}
+
+long mt_find_part(const mt_table *t, const char *name) {
+    for (size_t i = 0; t && name && i < t->n_parts; i++)
+        if (!strcmp(t->parts[i].name, name)) return (long)i;
+    return -1;
+}
+
 long mt_find(const mt_table *t, const char *name) {
     long i = t && name ? nidx_get(&t->names, name) : -1;
     return i >= 0 && (size_t)i < t->n ? i : -1;

@@ -129,6 +129,10 @@ int mt_add_part(mt_table *t, const char *name, const char *prefix, const char *s
  * f32/bf16/f16, at most MT_PARAMS_MAX parameters in all. A name already in the table is FSDP_E_INVALID naming both parts and, when the shapes
  * differ, both shapes ("shape conflict"). */
 int mt_add(mt_table *t, const mt_param *p, fsdp_err *err);
+/* Removes parameter i (the ones after it move down by one). */
+int mt_remove(mt_table *t, size_t i, fsdp_err *err);
+/* The index of the part named `name`, or -1. */
+long mt_find_part(const mt_table *t, const char *name);
 
 /* Index of a name, -1 when absent: O(log n). */
 long mt_find(const mt_table *t, const char *name);

@@ -96,12 +96,19 @@ static int check_default(const fsdp_stage_desc *d, const fsdp_param_spec *p, con
 int fsdp_registry_add(fsdp_registry *reg, const fsdp_stage_desc *d, fsdp_err *err) {
     const char *origin = reg->current_origin ? reg->current_origin : "built-in";
     if (!d) return fsdp_err_set(err, FSDP_E_INVALID, "%s: fsdp_registry_add called with a NULL descriptor", origin);
-    const char *nm = d->abi_version == FSDP_STAGE_ABI_VERSION && d->name ? d->name : "?";
-    if (d->abi_version != FSDP_STAGE_ABI_VERSION)
+    const unsigned major = d->abi_version & 0xffffu, minor = d->abi_version >> 16;
+    const char *nm = major == FSDP_STAGE_ABI_MAJOR && d->name ? d->name : "?";
+    if (major != FSDP_STAGE_ABI_MAJOR)
         return fsdp_err_set(err, FSDP_E_INVALID,
                             "%s: stage ABI mismatch: the stage was built for stage ABI version %u, this fsdp-run "
                             "provides version %u; rebuild it against this fsdp-run's include/fsdp/stage.h",
-                            origin, d->abi_version, FSDP_STAGE_ABI_VERSION);
+                            origin, major, FSDP_STAGE_ABI_MAJOR);
+    if (minor > FSDP_STAGE_ABI_MINOR)
+        return fsdp_err_set(err, FSDP_E_INVALID,
+                            "%s: stage '%s' was built for stage ABI %u.%u, newer than this fsdp-run's %u.%u (it may "
+                            "call what this fsdp-run does not have): upgrade fsdp-run, or rebuild the plugin against "
+                            "this fsdp-run's include/fsdp/",
+                            origin, d->name ? d->name : "?", major, minor, FSDP_STAGE_ABI_MAJOR, FSDP_STAGE_ABI_MINOR);
     if (d->struct_size != sizeof(fsdp_stage_desc))
         return fsdp_err_set(err, FSDP_E_INVALID,
                             "%s: stage '%s': descriptor size %u does not match this fsdp-run's %zu (ABI mismatch); "

@@ -369,6 +369,7 @@ static void run_stage(exec_state *x, const recipe_stage *s) {
         return;
     }
     ctx->stage_id = s->id;
+    ctx->stage_uses = s->uses;
     ctx->metrics = &rr->metrics;
     fsdp_log(ctx, FSDP_LOG_INFO, "stage %s (%s) ...", s->id, s->uses);
     fsdp_err err;
@@ -415,6 +416,7 @@ static int execute(fsdp_ctx *ctx, const run_plan *plan, run_result *res, const r
         for (size_t k = 0; k < r->n_stages; k++, x.rec++) run_stage(&x, &r->stages[plan->orders[i][k]]);
     }
     ctx->stage_id = NULL;
+    ctx->stage_uses = NULL;
     finish_background(&x);
     return x.failed ? FSDP_E_RUNTIME : 0;
 }

@@ -115,7 +115,20 @@ void ctx_free(fsdp_ctx *ctx) {
     free(ctx);
 }
 
-comm *ctx_shard_comm(const fsdp_ctx *ctx) { return ctx->mesh ? ctx->mesh->shard : ctx->comm; }
+comm *ctx_world_comm(fsdp_ctx *ctx) {
+    if (ctx->comm) return ctx->comm;
+    comm *c = fsdp_ctx_attached(ctx, "fsdp.comm.single");
+    if (c) return c;
+    fsdp_err e;
+    if (comm_create_single(&c, &e)) return NULL;
+    if (fsdp_ctx_attach(ctx, "fsdp.comm.single", c, (void (*)(void *))comm_destroy)) {
+        comm_destroy(c);
+        return NULL;
+    }
+    return c;
+}
+
+comm *ctx_shard_comm(fsdp_ctx *ctx) { return ctx->mesh ? ctx->mesh->shard : ctx_world_comm(ctx); }
 comm *ctx_replicate_comm(const fsdp_ctx *ctx) { return ctx->mesh && ctx->mesh->R > 1 ? ctx->mesh->replicate : NULL; }
 
 void ctx_metrics_free(ctx_metrics *m) {

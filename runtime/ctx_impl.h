@@ -51,6 +51,8 @@ struct fsdp_ctx {
     /* current recipe / stage */
     const fsdp_value *root;
     const char *recipe_name, *recipe_path, *stage_id;
+    const char *stage_uses; /* the running stage's kind (`uses:`), for the plugin API's messages */
+    int in_callback;        /* a train-steps callback runs (include/fsdp/callbacks.h) */
     ctx_metrics *metrics; /* sink of the running stage (owned by the run record) */
     /* DAG state names present */
     char **state;
@@ -66,9 +68,12 @@ struct fsdp_ctx {
 
 fsdp_ctx *ctx_new(comm *c, int verbosity, FILE *log);
 void ctx_free(fsdp_ctx *ctx);
+/* Every rank's communicator: the run's, or (in-process runs without one: tests) a world of 1 that
+ * lives with the context; NULL only when out of memory. */
+comm *ctx_world_comm(fsdp_ctx *ctx);
 /* The communicator parameters are sharded over (the mesh's shard group; the world by default) and
- * the one they are replicated over (NULL without replicas); NULL comm: no communicator. */
-comm *ctx_shard_comm(const fsdp_ctx *ctx);
+ * the one they are replicated over (NULL without replicas). */
+comm *ctx_shard_comm(fsdp_ctx *ctx);
 comm *ctx_replicate_comm(const fsdp_ctx *ctx);
 /* Sets the run's id and start time from start (UNIX time); random: 32 random bits. */
 void ctx_set_run(fsdp_ctx *ctx, double start, uint32_t random);

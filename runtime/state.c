@@ -17,7 +17,7 @@ int state_create(fsdp_ctx *ctx, state_layout layout, fsdp_state **out, fsdp_err 
     if (!s) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
     s->layout = layout;
     /* rows are those of this rank's place in the shard group (the world without a mesh) */
-    comm *sc = ctx_shard_comm(ctx);
+    comm *sc = ctx->mesh ? ctx_shard_comm(ctx) : NULL;
     s->rank = sc ? comm_rank(sc) : fsdp_ctx_rank(ctx);
     s->world = sc ? comm_size(sc) : fsdp_ctx_world_size(ctx);
     s->beta1 = 0.9;

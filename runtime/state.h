@@ -92,6 +92,9 @@ typedef struct fsdp_state {
      * the lr of the next step; has_lr_schedule 0 when no train-steps or checkpoint set them. */
     double lr_initial, lr_next;
     int has_lr_schedule;
+    /* fsdp_optim_set_lr (include/fsdp/params.h): train-steps multiplies its schedule by this from the
+     * next step on (0: not set, 1) */
+    double lr_scale;
     int64_t train_step;      /* training steps done (train_state.step) */
     int64_t tokens_seen;     /* train_state.ntokens_seen */
     uint64_t data_pos;       /* position of the data stream (batches consumed) */
@@ -128,6 +131,14 @@ int state_alloc_optimizer(fsdp_state *s, fsdp_err *err);
  * memory when the data is on the host of a state with a device). */
 int state_alloc_grads(fsdp_state *s, fsdp_err *err);
 
+
+/* Parameter p's dim 0 becomes d0 (runtime/state_resize.c): its rows become those of the layout for d0,
+ * and each array it had (data always; the moments when present) holds this rank's rows of full[a]
+ * (d0 x row_numel floats on the host: the new whole tensor; NULL: zeros), in the place it was (device
+ * arrays uploaded). Gradients are dropped. */
+int state_param_set_rows(fsdp_state *s, state_param *p, int64_t d0, const float *const *full, fsdp_err *err);
+/* Removes parameter i and its arrays; the ones after it move down by one. */
+int state_remove_param(fsdp_state *s, size_t i, fsdp_err *err);
 
 /* STATE_FULL on rank 0 -> STATE_SHARDED on every rank (scatter through the communicator);
  * frees the full copy. Optimizer moments move too when present. The full state must be in host

@@ -7,10 +7,12 @@
  * with: eval_data (a map with data:'s keys; those it leaves out are data:'s; default data: itself),
  *       eval_batches, micro_batch (rows per rank per forward, default the whole rank's batch),
  *       mixed (none|bf16, GPU) */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "api/api_callbacks.h"
 #include "train/data.h"
 #include "stages/stages.h"
 #include "model/mt_state.h"
@@ -92,6 +94,15 @@ static int eval_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
         fsdp_ctx_metric(ctx, "eval_loss", loss);
         fsdp_ctx_metric(ctx, "eval_tokens", (double)n);
         fsdp_ctx_metric(ctx, "eval_step", (double)s->train_step);
+    }
+    if (!rc && api_callbacks_count(ctx)) {
+        /* the plugins' callbacks (include/fsdp/callbacks.h) see the evaluation; there is no loop to stop */
+        fsdp_step_metrics m = {1, s->train_step, NAN, NAN, s->lr, 0, loss};
+        unsigned req = 0;
+        rc = api_callbacks_run(ctx, &m, &req, err);
+        if (!rc && req)
+            fsdp_log(ctx, FSDP_LOG_INFO, "eval: a callback asked to %s; outside train-steps that is ignored",
+                     req & FSDP_REQUEST_STOP ? "stop" : "save");
     }
     train_backend_close(&be);
     free(tokens);

@@ -41,6 +41,7 @@
 #include "runtime/fileio.h"
 #include "stages/stages.h"
 #include "model/mt_state.h"
+#include "api/api_callbacks.h"
 #include "stages/train_backend.h"
 #include "stages/train_calls.h"
 #include "stages/train_opts.h"
@@ -164,10 +165,11 @@ static int write_metrics(FILE *f, const train_metrics *m) {
  * "eval_tokens", "run_id", "run_start"} and the report's eval_loss / eval_tokens (the last evaluation's). */
 static int train_eval_report(fsdp_ctx *ctx, train_backend *be, data_source *eval, int64_t batches, int n_micro,
                              int64_t micro_elems, int32_t *tokens, int32_t *labels, FILE *mf, int64_t step,
-                             fsdp_err *err) {
+                             double *out_loss, fsdp_err *err) {
     double loss;
     int64_t n;
     int rc = train_eval_loss(be, eval, batches, n_micro, micro_elems, tokens, labels, &loss, &n, err);
+    *out_loss = loss;
     if (rc) return fsdp_err_prefix(err, "train-steps: step %lld", (long long)step);
     fsdp_log(ctx, FSDP_LOG_INFO, "step %lld  eval_loss %.4f  (%lld tokens)", (long long)step, loss, (long long)n);
     fsdp_ctx_metric(ctx, "eval_loss", loss);
@@ -283,6 +285,8 @@ typedef struct train_run_state {
     double t0, t_last, loss, gnorm;
     int64_t first, tok_since;
     train_calls calls;
+    double step_tps; /* the last step's tokens/s (global) */
+    int stop;        /* a callback asked to stop after this step */
 } train_run_state;
 
 /* The model must be a built-in arch with valid values; places the state on the run's device
@@ -408,10 +412,12 @@ static int train_log_step(train_run_state *tr, fsdp_err *err) {
 static int train_take_step(train_run_state *tr, fsdp_err *err) {
     fsdp_state *s = tr->s;
     int64_t step = s->train_step; /* 0-based index of this step */
-    tr->hp.lr = lrs_at(&tr->sched, step);
+    const double scale = s->lr_scale > 0 ? s->lr_scale : 1.0; /* fsdp_optim_set_lr */
+    tr->hp.lr = lrs_at(&tr->sched, step) * scale;
     int rc;
     if ((rc = data_batch(tr->data, s->data_pos, tr->tokens, tr->labels, err))) return rc;
     train_fsdp_result r;
+    double t0 = stage_now();
     train_calls_begin(&tr->calls);
     if ((rc = train_backend_step_accum(&tr->be, tr->tokens, tr->labels, tr->n_micro, &tr->hp, &r, err))) {
         fsdp_err_prefix(err, "train-steps: step %lld", (long long)step + 1);
@@ -421,13 +427,48 @@ static int train_take_step(train_run_state *tr, fsdp_err *err) {
     s->train_step++;
     /* what PyTorch's param_groups / LambdaLR hold now (the checkpoints' resume entries) */
     s->lr_initial = tr->sched.lr;
-    s->lr_next = lrs_at(&tr->sched, s->train_step);
+    s->lr_next = lrs_at(&tr->sched, s->train_step) * scale;
     s->has_lr_schedule = 1;
     s->data_pos++;
     s->tokens_seen += tr->dc.batch_size * tr->T;
     tr->tok_since += tr->dc.batch_size * tr->T;
     tr->loss = r.loss;
     tr->gnorm = r.grad_norm;
+    double dt = stage_now() - t0;
+    tr->step_tps = dt > 0 ? (double)(tr->dc.batch_size * tr->T) / dt : 0;
+    return 0;
+}
+
+/* The plugins' callbacks (include/fsdp/callbacks.h) after the step and after its evaluation (evaled):
+ * a save request saves now (unless the periodic save does at this step), a stop request ends the loop. */
+static int train_callbacks(train_run_state *tr, int evaled, double eval_loss, fsdp_err *err) {
+    if (!api_callbacks_count(tr->ctx)) return 0;
+    fsdp_state *s = tr->s;
+    fsdp_step_metrics m = {0, s->train_step, tr->loss, tr->gnorm, tr->hp.lr, tr->step_tps, NAN};
+    unsigned req = 0, r = 0;
+    int rc = api_callbacks_run(tr->ctx, &m, &req, err);
+    if (!rc && evaled) {
+        m.is_eval = 1;
+        m.eval_loss = eval_loss;
+        rc = api_callbacks_run(tr->ctx, &m, &r, err);
+        req |= r;
+    }
+    if (rc) return fsdp_err_prefix(err, "train-steps");
+    int periodic = tr->save_every > 0 && s->train_step % tr->save_every == 0;
+    if ((req & FSDP_REQUEST_SAVE) && !periodic) {
+        if (!*tr->save_path)
+            return fsdp_err_set(err, FSDP_E_INVALID,
+                                "train-steps: a callback asked for a save at step %lld, but the stage has no save_path",
+                                (long long)s->train_step);
+        fsdp_log(tr->ctx, FSDP_LOG_INFO, "step %lld: a callback asked for a save", (long long)s->train_step);
+        if ((rc = stage_save_dcp_step(tr->ctx, s, tr->save_path, &tr->save_pol, err))) return rc;
+    }
+    if (req & FSDP_REQUEST_STOP) {
+        tr->stop = 1;
+        fsdp_log(tr->ctx, FSDP_LOG_INFO, "step %lld: a callback asked to stop: train-steps ends here (of %lld steps)",
+                 (long long)s->train_step, (long long)tr->steps);
+        fsdp_ctx_metric(tr->ctx, "stopped_at_step", (double)s->train_step);
+    }
     return 0;
 }
 
@@ -437,10 +478,13 @@ static int train_iteration(train_run_state *tr, fsdp_err *err) {
     int rc;
     if ((rc = train_take_step(tr, err))) return rc;
     if ((s->train_step % tr->log_every == 0 || s->train_step == tr->steps) && (rc = train_log_step(tr, err))) return rc;
-    if (tr->eval && tr->eval_every > 0 && (s->train_step % tr->eval_every == 0 || s->train_step == tr->steps) &&
-        (rc = train_eval_report(tr->ctx, &tr->be, tr->eval, tr->eval_batches, tr->n_micro,
-                                (tr->B / tr->n_micro) * tr->T, tr->tokens, tr->labels, tr->mf, s->train_step, err)))
+    double eval_loss = NAN;
+    int evaled = tr->eval && tr->eval_every > 0 && (s->train_step % tr->eval_every == 0 || s->train_step == tr->steps);
+    if (evaled && (rc = train_eval_report(tr->ctx, &tr->be, tr->eval, tr->eval_batches, tr->n_micro,
+                                          (tr->B / tr->n_micro) * tr->T, tr->tokens, tr->labels, tr->mf, s->train_step,
+                                          &eval_loss, err)))
         return rc;
+    if ((rc = train_callbacks(tr, evaled, eval_loss, err))) return rc;
     char status[64];
     snprintf(status, sizeof status, "loss %.4f", tr->loss);
     fsdp_progress_update(tr->prog, (double)(s->train_step - tr->first), status);
@@ -460,7 +504,7 @@ static int train_loop(train_run_state *tr, fsdp_err *err) {
     tr->t_last = tr->t0;
     tr->first = s->train_step;
     int rc = 0;
-    while (s->train_step < tr->steps)
+    while (s->train_step < tr->steps && !tr->stop)
         if ((rc = train_iteration(tr, err))) break;
     fsdp_progress_end(tr->prog);
     train_final_metrics(tr->ctx, &tr->be, tr->gopt.ac, tr->loss, tr->gnorm, s->train_step - tr->first,

@@ -17,7 +17,7 @@ namespace st_test {
 struct Tensor {
     std::string dtype;
     std::vector<int64_t> shape;
-    std::vector<float> f32;   // F32 / F64 data
+    std::vector<float> f32;   // F32 / F64 / BF16 data
     std::vector<int32_t> i32; // I32 data
     int64_t numel() const {
         int64_t n = 1;
@@ -79,6 +79,14 @@ inline bool load(const std::string &path, std::map<std::string, Tensor> *out, st
                 double d;
                 memcpy(&d, p + 8 * i, 8);
                 t.f32[i] = (float)d;
+            }
+        } else if (t.dtype == "BF16" && e - b == n * 2) {
+            t.f32.resize(n);
+            for (size_t i = 0; i < n; i++) {
+                uint16_t h;
+                memcpy(&h, p + 2 * i, 2);
+                uint32_t bits = (uint32_t)h << 16;
+                memcpy(&t.f32[i], &bits, 4);
             }
         } else if (t.dtype == "I32" && e - b == n * 4) {
             t.i32.resize(n);

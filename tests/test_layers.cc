@@ -21,6 +21,7 @@ const std::vector<std::vector<std::string>> kRooms = {
     {"cli"},              // main, argument parsing and the launcher, `fsdp-run ckpt`, `fsdp-run plot`
     {"run"},              // running and validating a recipe: checks, sizes, the DAG run, the report
     {"stages"},           // the built-in stages
+    {"api"},              // the plugin API (include/fsdp/params.h ...) over the state, collectives, callbacks
     {"train"},            // the sharded training step: flat groups, collectives, optimizer, schedule
     {"decoder"},          // the trainable decoder family (Llama 3.x, Qwen2, Qwen3 as rows of a table)
     {"model"},            // any model: the table of named tensors, init rules, the sharded state

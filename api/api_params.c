@@ -1,0 +1,154 @@
+/* The parameters of the plugin API (include/fsdp/params.h): looking them up and moving their rows. */
+#include "fsdp/params.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "api/api_util.h"
+#include "ckpt/namemap.h"
+#include "model/model_table.h"
+#include "runtime/ctx_impl.h"
+
+size_t fsdp_param_count(fsdp_ctx *ctx) {
+    fsdp_state *s = ctx ? state_get(ctx) : NULL;
+    return s ? s->n : 0;
+}
+
+int fsdp_param_info_at(fsdp_ctx *ctx, size_t i, fsdp_param_info *out, fsdp_err *err) {
+    const char *call = "fsdp_param_info_at";
+    fsdp_state *s = api_state(ctx, call, err);
+    state_param *p = s ? api_param(ctx, s, i, call, err) : NULL;
+    if (!p) return err->code;
+    if (!out) return api_fail(ctx, err, FSDP_E_INVALID, call, "NULL info");
+    memset(out, 0, sizeof *out);
+    out->name = p->name;
+    out->ndim = p->ndim;
+    memcpy(out->shape, p->shape, sizeof out->shape);
+    out->dtype = p->dtype;
+    out->row0 = p->ndim ? p->row0 : 0;
+    out->rows = p->ndim ? p->rows : 1;
+    out->row_numel = p->row_numel;
+    const mt_table *t = s->model;
+    int part = t && i < t->n ? t->p[i].part : -1;
+    out->part = part >= 0 && (size_t)part < t->n_parts && t->parts[part].name ? t->parts[part].name : "";
+    out->has_value = !p->no_value;
+    out->has_optimizer = state_place_of(p, STATE_EXP_AVG) != STATE_ABSENT;
+    return 0;
+}
+
+long fsdp_param_find(fsdp_ctx *ctx, const char *name) {
+    fsdp_state *s = ctx && name ? state_get(ctx) : NULL;
+    state_param *p = s ? state_find(s, name) : NULL;
+    return p ? (long)(p - s->p) : -1;
+}
+
+int fsdp_param_glob(fsdp_ctx *ctx, const char *pattern, size_t *idx, size_t cap, size_t *n, fsdp_err *err) {
+    const char *call = "fsdp_param_glob";
+    fsdp_state *s = api_state(ctx, call, err);
+    if (!s) return err->code;
+    if (!pattern || !n || (cap && !idx)) return api_fail(ctx, err, FSDP_E_INVALID, call, "NULL pattern, idx or n");
+    fsdp_err e;
+    if (nmap_glob_check(pattern, NULL, &e)) return api_fail(ctx, err, FSDP_E_INVALID, call, "%s", e.msg);
+    *n = 0;
+    for (size_t i = 0; i < s->n; i++) {
+        if (nmap_glob_match(pattern, s->p[i].name, NULL) < 0) continue;
+        if (*n < cap) idx[*n] = i;
+        (*n)++;
+    }
+    return 0;
+}
+
+int fsdp_param_read(fsdp_ctx *ctx, size_t i, int64_t row0, int64_t rows, fsdp_dtype dt, void *dst, fsdp_err *err) {
+    const char *call = "fsdp_param_read";
+    fsdp_state *s = api_state(ctx, call, err);
+    state_param *p = s ? api_param(ctx, s, i, call, err) : NULL;
+    if (!p || api_check_rows(ctx, p, row0, rows, dt, dst, call, err)) return err->code;
+    if (p->no_value)
+        return api_fail(ctx, err, FSDP_E_INVALID, call, "%s holds no value yet (declared, not loaded or filled)",
+                        p->name);
+    return rows ? api_move_rows(ctx, s, p, STATE_DATA, row0, rows, dt, dst, 0, call, err) : 0;
+}
+
+int fsdp_param_write(fsdp_ctx *ctx, size_t i, int64_t row0, int64_t rows, fsdp_dtype dt, const void *src,
+                     fsdp_err *err) {
+    const char *call = "fsdp_param_write";
+    fsdp_state *s = api_state(ctx, call, err);
+    state_param *p = s ? api_param(ctx, s, i, call, err) : NULL;
+    if (!p || api_check_rows(ctx, p, row0, rows, dt, src, call, err)) return err->code;
+    int rc = rows ? api_move_rows(ctx, s, p, STATE_DATA, row0, rows, dt, (void *)src, 1, call, err) : 0;
+    if (!rc) p->no_value = 0;
+    return rc;
+}
+
+/* The whole of p in float32 on every rank of the shard group (malloc'd into *full). */
+static int gather_full(fsdp_ctx *ctx, fsdp_state *s, state_param *p, float **full, const char *call, fsdp_err *err) {
+    int64_t numel = state_param_numel(p);
+    *full = malloc((size_t)(numel ? numel : 1) * sizeof(float));
+    if (!*full) return api_fail(ctx, err, FSDP_E_NOMEM, call, "%s: out of memory (%lld floats)", p->name, (long long)numel);
+    float *local = NULL;
+    int rc = state_param_map(s, p, STATE_DATA, &local, err);
+    if (!rc) {
+        rc = s->layout == STATE_FULL ? (memcpy(*full, local, (size_t)state_param_local_numel(p) * sizeof(float)), 0)
+                                     : state_unshard(p, local, api_shard(ctx), *full, err);
+        fsdp_err e2;
+        state_param_unmap(s, p, STATE_DATA, local, 0, &e2);
+    }
+    if (rc) {
+        free(*full);
+        *full = NULL;
+        return api_fail(ctx, err, rc, call, "%s: %s", p->name, err->msg);
+    }
+    return 0;
+}
+
+/* The root's check of its buffer, agreed on by every rank (so no rank waits in a collective alone). */
+static int agree_root(fsdp_ctx *ctx, int root, int bad, const char *call, const char *what, fsdp_err *err) {
+    comm *w = api_world(ctx);
+    if (root < 0 || root >= comm_size(w))
+        return api_fail(ctx, err, FSDP_E_INVALID, call, "root %d outside [0, %d)", root, comm_size(w));
+    int64_t v = comm_rank(w) == root && bad;
+    int rc = comm_allreduce(w, &v, 1, COMM_I64, COMM_MAX, err);
+    if (rc) return rc;
+    return v ? api_fail(ctx, err, FSDP_E_INVALID, call, "rank %d passed %s", root, what) : 0;
+}
+
+int fsdp_param_gather(fsdp_ctx *ctx, size_t i, int root, fsdp_dtype dt, void *dst, fsdp_err *err) {
+    const char *call = "fsdp_param_gather";
+    fsdp_state *s = api_state(ctx, call, err);
+    state_param *p = s ? api_param(ctx, s, i, call, err) : NULL;
+    if (!p) return err->code;
+    int rc = agree_root(ctx, root, !dst || !fsdp_dtype_is_float(dt), call, "a NULL buffer or a dtype that is not a float", err);
+    if (rc) return rc;
+    float *full = NULL;
+    /* a full layout: rank 0 holds it whole (the others hold nothing) */
+    if (s->layout == STATE_FULL && root != 0)
+        return api_fail(ctx, err, FSDP_E_INVALID, call, "%s: the model is not sharded yet (rank 0 holds it): root must be 0",
+                        p->name);
+    if ((rc = gather_full(ctx, s, p, &full, call, err))) return rc;
+    if (comm_rank(api_world(ctx)) == root)
+        rc = fsdp_convert(dst, dt, full, FSDP_DT_F32, (size_t)state_param_numel(p), err);
+    free(full);
+    return rc;
+}
+
+int fsdp_param_scatter(fsdp_ctx *ctx, size_t i, int root, fsdp_dtype dt, const void *src, fsdp_err *err) {
+    const char *call = "fsdp_param_scatter";
+    fsdp_state *s = api_state(ctx, call, err);
+    state_param *p = s ? api_param(ctx, s, i, call, err) : NULL;
+    if (!p) return err->code;
+    int rc = agree_root(ctx, root, !src || !fsdp_dtype_is_float(dt), call, "a NULL buffer or a dtype that is not a float", err);
+    if (rc) return rc;
+    comm *w = api_world(ctx);
+    size_t numel = (size_t)state_param_numel(p);
+    float *full = malloc((numel ? numel : 1) * sizeof(float));
+    if (!full) return api_fail(ctx, err, FSDP_E_NOMEM, call, "%s: out of memory", p->name);
+    if (comm_rank(w) == root) rc = fsdp_convert(full, FSDP_DT_F32, src, dt, numel, err);
+    if (!rc) rc = comm_bcast(w, full, numel * sizeof(float), root, err);
+    int64_t r0 = p->ndim ? p->row0 : 0, rows = s->layout == STATE_FULL && s->rank != 0 ? 0 : p->ndim ? p->rows : 1;
+    if (!rc && rows)
+        rc = api_move_rows(ctx, s, p, STATE_DATA, r0, rows, FSDP_DT_F32, full + (size_t)r0 * (size_t)p->row_numel, 1, call,
+                       err);
+    if (!rc) p->no_value = 0;
+    free(full);
+    return rc;
+}
