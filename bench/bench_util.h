@@ -21,6 +21,20 @@ static inline double bench_now(void) {
 }
 
 /* system(cmd); prints the command when it fails */
+static inline int bench_cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* The median of v[0..n) (n <= 64; v is left as it is). */
+static inline double bench_median(const double *v, int n) {
+    double t[64];
+    if (n < 1 || n > 64) return 0;
+    memcpy(t, v, (size_t)n * sizeof *t);
+    qsort(t, (size_t)n, sizeof *t, bench_cmp_double);
+    return n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
+}
+
 static inline int bench_sh(const char *cmd) {
     int rc = system(cmd);
     if (rc != 0) fprintf(stderr, "bench: '%s' failed (%d)\n", cmd, rc);

@@ -47,18 +47,6 @@ static int run_case(const char *bin, const char *dir, int layers, int steps, int
     return 0;
 }
 
-static int cmp_d(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(const double *v, int n) {
-    double t[32];
-    memcpy(t, v, (size_t)n * sizeof *t);
-    qsort(t, (size_t)n, sizeof *t, cmp_d);
-    return n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
-}
-
 int main(int argc, char **argv) {
     const char *bin = "build/fsdp-run", *dir = "/tmp/fsdp-bench-flat";
     int steps = 40, reps = 3, threads = 2, layers = 4;
@@ -89,7 +77,7 @@ int main(int argc, char **argv) {
             if (run_case(bin, dir, layers, steps, threads, &cs[k], r)) return 1;
     double m[4];
     for (int k = 0; k < nc; k++) {
-        m[k] = median(cs[k].sps, reps);
+        m[k] = bench_median(cs[k].sps, reps);
         printf("%-10s %d rank%s %-14s %8.2f steps/s  %5.0f collectives/step\n", cs[k].name, cs[k].ranks,
                cs[k].ranks > 1 ? "s" : " ", cs[k].flat ? "per block" : "per parameter", m[k], cs[k].coll);
     }

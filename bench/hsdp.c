@@ -52,18 +52,6 @@ static int run_case(const char *bin, const char *dir, int steps, int threads, bc
     return 0;
 }
 
-static int cmp_d(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(const double *v, int n) {
-    double t[32];
-    memcpy(t, v, (size_t)n * sizeof *t);
-    qsort(t, (size_t)n, sizeof *t, cmp_d);
-    return n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
-}
-
 /* What the schedule sends per rank and step, by the ring model: an all-gather or reduce-scatter over n
  * ranks sends (n-1)/n of its payload, an all-reduce twice that. blocks: elements of the blocks (gathered
  * twice), rest: of embedding, norm and output (gathered once); gb, rb: bytes per element of the gathers
@@ -116,7 +104,7 @@ int main(int argc, char **argv) {
     printf("measured (4 ranks on 2 fake nodes, %d steps, median of %d):\n", steps, reps);
     double m[2];
     for (int k = 0; k < 2; k++) {
-        m[k] = median(cs[k].ms, reps);
+        m[k] = bench_median(cs[k].ms, reps);
         sched_bytes s = k ? q2 : q1;
         printf("  %-9s %8.2f ms/step  sent per rank and step: %9.0f B inside a node, %9.0f B across nodes "
                "(schedule: %9.0f, %9.0f)\n",
