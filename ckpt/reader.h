@@ -26,6 +26,10 @@ typedef struct ckpt_entry {
      * them, an earlier one). Its values are that entry's; its bytes are stored once. */
     int is_alias;
     size_t alias_of;
+    /* FP8 block scaling (safetensors, DeepSeek-V3): 1 on `<w>_scale_inv`, the block scales of fp8 weight
+     * w, whose values a read as any wider float returns dequantised (ckpt/reader_st.c). A conversion
+     * to such a dtype leaves these entries out. */
+    int fp8_scale;
 } ckpt_entry;
 
 typedef struct ckpt_reader ckpt_reader;

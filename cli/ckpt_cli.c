@@ -272,6 +272,12 @@ static int read_converted(const conv *c, size_t i, const nmap_info *info, fsdp_d
     return ckpt_tool_read(c->r, i, dt, dir, info, buf, err);
 }
 
+/* fp8 read as a wider float: through the reader, which applies its block scales (ckpt/reader_st.c) */
+static int fp8_widened(const conv *c, size_t i) {
+    fsdp_dtype d = ckpt_entry_at(c->r, i)->dtype;
+    return c->dtype && c->dtype != d && (d == FSDP_DT_F8_E4M3FN || d == FSDP_DT_F8_E5M2);
+}
+
 typedef struct conv_out {
     const char *src, *dst, *to;
     int overwrite;
@@ -450,7 +456,7 @@ static int convert_to_safetensors(const conv *c, conv_out *o, FILE *log, fsdp_er
         const ckpt_entry *e = ckpt_entry_at(c->r, i);
         char name[1024];
         skip[i] = 1;
-        if (!e->is_tensor) continue;
+        if (!e->is_tensor || (e->fp8_scale && c->dtype)) continue; /* dequantised: the scales are used */
         if ((rc = out_name(c, e->name, name, sizeof name, &info[i], err))) break;
         if (!name[0]) continue;
         skip[i] = 0;
@@ -470,7 +476,9 @@ static int convert_to_safetensors(const conv *c, conv_out *o, FILE *log, fsdp_er
         size_t len = (size_t)numel_of(e) * fsdp_dtype_size(dt);
         cks_src s;
         int ok = 0;
-        if (cks_enabled() && info[i].qk == NMAP_QK_NONE && (rc = cks_src_resolve(c->r, i, &fc, &s, &ok, err))) break;
+        if (cks_enabled() && info[i].qk == NMAP_QK_NONE && !fp8_widened(c, i) &&
+            (rc = cks_src_resolve(c->r, i, &fc, &s, &ok, err)))
+            break;
         if (ok) { /* streamed through a small ring: memory bounded by it, not by the tensor */
             rc = cks_to_st(&s, dt, w, idx[i], what, &so, err);
             cks_src_free(&s);
@@ -510,7 +518,7 @@ typedef struct conv_rs {
 
 static int rs_can_stream(void *user, size_t i) {
     conv_rs *u = user;
-    return cks_enabled() && u->info[i].qk == NMAP_QK_NONE;
+    return cks_enabled() && u->info[i].qk == NMAP_QK_NONE && !fp8_widened(u->c, i);
 }
 
 static int rs_read_whole(void *user, size_t i, fsdp_dtype dt, void **buf, fsdp_err *err) {
@@ -533,6 +541,7 @@ static int dcp_entries(const conv *c, conv_out *o, ckrs_entry *e, char (*names)[
     for (size_t i = 0; i < n; i++) {
         const ckpt_entry *x = ckpt_entry_at(c->r, i);
         if (!x->is_tensor && c->names) continue; /* --names: the model keys only */
+        if (x->fp8_scale && c->dtype) continue;   /* dequantised: the scales are used */
         int rc = out_name(c, x->name, names[*ne], sizeof names[*ne], &info[i], err);
         if (rc) return rc;
         if (!names[*ne][0]) continue;

@@ -89,6 +89,31 @@ uint16_t fsdp_f32_to_bf16(float f) {
     return (uint16_t)(u >> 16);
 }
 
+/* An 8-bit float with `mbits` mantissa bits and exponent bias `bias`, decoded exactly (every fp8 value
+ * is a float32). e4m3fn (1-4-3, bias 7) has no infinities: S.1111.111 is its only NaN; e5m2 (1-5-2,
+ * bias 15) is IEEE-like: exponent 31 holds infinities and NaNs. */
+static float f8_to_f32(uint8_t v, int mbits, int bias, int ieee_top) {
+    int ebits = 7 - mbits;
+    uint32_t sign = (uint32_t)(v >> 7) << 31, exp = (v >> mbits) & ((1u << ebits) - 1u), man = v & ((1u << mbits) - 1u);
+    uint32_t u;
+    float f;
+    if (ieee_top && exp == (1u << ebits) - 1u) {
+        u = sign | 0x7f800000u | (man ? 0x400000u : 0u);
+    } else if (!ieee_top && exp == (1u << ebits) - 1u && man == (1u << mbits) - 1u) {
+        u = 0x7fc00000u | sign;
+    } else if (exp == 0) { /* zero or subnormal: man x 2^(1 - bias - mbits) */
+        f = ldexpf((float)man, 1 - bias - mbits);
+        return sign ? -f : f;
+    } else {
+        u = sign | ((exp - (uint32_t)bias + 127u) << 23) | (man << (23 - mbits));
+    }
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+float fsdp_f8e4m3_to_f32(uint8_t v) { return f8_to_f32(v, 3, 7, 0); }
+float fsdp_f8e5m2_to_f32(uint8_t v) { return f8_to_f32(v, 2, 15, 1); }
+
 float fsdp_f16_to_f32(uint16_t h) {
     uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
     uint32_t exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, u;
@@ -189,6 +214,20 @@ int fsdp_convert(void *dst, fsdp_dtype dst_dt, const void *src, fsdp_dtype src_d
         return fsdp_err_set(err, FSDP_E_INVALID, "convert: invalid dtype");
     if (dst_dt == src_dt) {
         memmove(dst, src, n * DT[dst_dt].size);
+        return FSDP_OK;
+    }
+    if ((src_dt == FSDP_DT_F8_E4M3FN || src_dt == FSDP_DT_F8_E5M2) && dst_dt != FSDP_DT_C64 && dst_dt != FSDP_DT_C128 &&
+        dst_dt != FSDP_DT_F8_E4M3FN && dst_dt != FSDP_DT_F8_E5M2 && fsdp_dtype_is_float(dst_dt)) {
+        /* fp8 -> any wider float: exact to float32, then as float32 converts */
+        const uint8_t *s = (const uint8_t *)src;
+        float buf[256];
+        for (size_t i = 0; i < n; i += 256) {
+            size_t k = n - i < 256 ? n - i : 256;
+            for (size_t j = 0; j < k; j++)
+                buf[j] = src_dt == FSDP_DT_F8_E4M3FN ? fsdp_f8e4m3_to_f32(s[i + j]) : fsdp_f8e5m2_to_f32(s[i + j]);
+            int rc = fsdp_convert((char *)dst + i * DT[dst_dt].size, dst_dt, buf, FSDP_DT_F32, k, err);
+            if (rc) return rc;
+        }
         return FSDP_OK;
     }
     int special_src = src_dt == FSDP_DT_C64 || src_dt == FSDP_DT_C128 || src_dt == FSDP_DT_F8_E4M3FN ||

@@ -60,13 +60,17 @@ int64_t fsdp_numel(int ndim, const int64_t *shape);
 char *fsdp_shape_str(int ndim, const int64_t *shape, char *buf, size_t cap);
 
 /* Element conversion between dtypes (float <-> float with round-to-nearest-even for
- * bf16/f16, ints by value). Complex and fp8 convert only to themselves. */
+ * bf16/f16, ints by value). fp8 (e4m3fn, e5m2) converts to any wider float (exactly, as its value);
+ * nothing converts to fp8; complex converts only to itself. */
 int fsdp_convert(void *dst, fsdp_dtype dst_dt, const void *src, fsdp_dtype src_dt, size_t n,
                  fsdp_err *err);
 
 float fsdp_bf16_to_f32(uint16_t h);
 uint16_t fsdp_f32_to_bf16(float f);
 float fsdp_f16_to_f32(uint16_t h);
+/* The value of an fp8 e4m3fn / e5m2 byte (exact). */
+float fsdp_f8e4m3_to_f32(uint8_t v);
+float fsdp_f8e5m2_to_f32(uint8_t v);
 uint16_t fsdp_f32_to_f16(float f);
 
 #ifdef __cplusplus
