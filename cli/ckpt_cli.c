@@ -147,6 +147,9 @@ static void print_checked(FILE *out, ckpt_reader *r, const ckpt_check_report *re
                 rep->files == 1 ? "" : "s", rep->records,
                 verify ? "" : "; not the bytes: `--verify` also checks the CRC-32 of every byte");
     if (verify && records) fprintf(out, "verified: the CRC-32 of all %zu records matches\n", records);
+    else if (verify && f == CKPT_PT)
+        fprintf(out, "verified: nothing to check (this torch.save file is of the legacy format of PyTorch < 1.6, "
+                     "which carries no checksums)\n");
     else if (verify) fprintf(out, "verified: nothing to check (%s files carry no checksums)\n", ckpt_format_name(f));
 }
 

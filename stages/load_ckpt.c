@@ -31,8 +31,8 @@
  * parameter of load-ckpt rather than a condition on stages because the DAG is checked whole before
  * anything runs (pipeline/dag.c): a stage that may or may not run would make what later stages need
  * unknowable; this stage provides params either way. Any async save of the run is committed first.
- * strict: false logs (and reports as `not_restored`) every parameter it did not restore and what it
- * holds instead. */
+ * strict: false reports (as `not_restored`) every parameter it did not restore and what it holds
+ * instead, and logs the first 16 of them and how many more there are. */
 #include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -224,18 +224,23 @@ static void report_not_restored(fsdp_ctx *ctx, const fsdp_state *s, const unsign
     for (size_t i = 0; i < s->n; i++) n += !restored[i];
     fsdp_ctx_metric(ctx, "params_not_restored", (double)n);
     if (!n) return;
-    size_t cap = 64 + n * 96, o = 0;
+    size_t cap = 64 + n * 96, o = 0, logged = 0;
+    enum { LOG_MAX = 16 }; /* lines in the log; the report's not_restored names every one */
     char *list = malloc(cap);
     for (size_t i = 0; list && i < s->n; i++) {
         if (restored[i]) continue;
         const char *holds = s->p[i].no_value ? "no value (declared only: initialise or load it before it is used)"
                                              : "its value from before this load";
-        fsdp_log(ctx, FSDP_LOG_WARN, "load-ckpt (strict: false): %s not restored from %s; it holds %s", s->p[i].name,
-                 path, holds);
+        if (logged++ < LOG_MAX)
+            fsdp_log(ctx, FSDP_LOG_WARN, "load-ckpt (strict: false): %s not restored from %s; it holds %s",
+                     s->p[i].name, path, holds);
         int k = snprintf(list + o, cap - o, "%s%s: %s", o ? "; " : "", s->p[i].name,
                          s->p[i].no_value ? "no value" : "value from before this load");
         if (k > 0 && (size_t)k < cap - o) o += (size_t)k;
     }
+    if (n > LOG_MAX)
+        fsdp_log(ctx, FSDP_LOG_WARN, "load-ckpt (strict: false): %zu more parameters not restored from %s (%zu in all; "
+                 "the run report's not_restored names each)", n - LOG_MAX, path, n);
     if (list) fsdp_ctx_metric_str(ctx, "not_restored", list);
     free(list);
 }

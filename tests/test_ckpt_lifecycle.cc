@@ -375,8 +375,8 @@ TEST(CkptLifecycle, PeriodicSaveRefusesExistingStepUnlessTold) {
     EXPECT_NE(read_file(base + "/step-2/.metadata"), before) << "not replaced (2 ranks write other records)";
 }
 
-// strict: false names every parameter it did not restore and what it holds instead, in the log and
-// in the report.
+// strict: false names every parameter it did not restore and what it holds instead, in the report
+// and in the log (the first 16 there, then how many more).
 TEST(CkptLifecycle, NonStrictLoadListsEveryParameterNotRestored) {
     Tmp t;
     std::string out, ck = t / "ck";
@@ -412,6 +412,15 @@ TEST(CkptLifecycle, NonStrictLoadListsEveryParameterNotRestored) {
     for (const std::string &n : dropped)
         EXPECT_NE(out.find(n + " not restored from " + ck + "; it holds no value"), std::string::npos) << n << "\n"
                                                                                                         << out;
+    // every layer dropped: the log names the first 16 and counts the rest; the report names each
+    std::string all = "uses: load-ckpt, with: {path: " + ck +
+                      ", strict: false, rename: {'layers.*.*.*': null, 'layers.*.*.*.*': null}}}\n";
+    rc = run_recipe(1, t / "c.yaml", std::string(HEAD) + "  - {id: i, uses: init-meta}\n  - {id: l, after: [i], " + all,
+                    &out, "", " --report " + (t / "rep2.json"));
+    ASSERT_EQ(rc, 0) << out;
+    EXPECT_EQ(count(out, "not restored from " + ck + ";"), 16u) << out;
+    EXPECT_NE(out.find("more parameters not restored from " + ck), std::string::npos) << out;
+    EXPECT_NE(read_file(t / "rep2.json").find("layers.1.feed_forward"), std::string::npos);
 }
 
 // The step directories themselves: which names count, which are committed, what keep_last removes.

@@ -813,3 +813,12 @@ TEST(HardenPtCorpus, HarnessTakesTheCraftedFiles) {
         EXPECT_EQ(fsdp_fuzz_pt((const uint8_t *)bytes.data(), bytes.size()), 0) << c.name;
     }
 }
+
+// The legacy format (PyTorch < 1.6) carries no checksums: --verify says so instead of claiming a CRC
+// match it could not check.
+TEST(HardenPtCrc, LegacyFormatHasNothingToVerify) {
+    std::string fx = fixtures_dir() + "/torch-2.11/everyday/legacy_format.pt", out;
+    ASSERT_EQ(run_cmd(fsdp_run_bin() + " ckpt inspect --verify " + fx, &out), 0) << out;
+    EXPECT_TRUE(has(out, "verified: nothing to check (this torch.save file is of the legacy format")) << out;
+    EXPECT_FALSE(has(out, "CRC-32 of all")) << out;
+}
