@@ -27,6 +27,9 @@ static int in_list(const char *const *list, const char *s) {
 
 int recipe_is_top_key(const char *key) { return in_list(TOP_KEYS, key); }
 
+static void join_list(const char *const *list, char *buf, size_t cap);
+void recipe_top_keys(char *buf, size_t cap) { join_list(TOP_KEYS, buf, cap); }
+
 static void join_list(const char *const *list, char *buf, size_t cap) {
     size_t off = 0;
     buf[0] = '\0';

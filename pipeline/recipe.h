@@ -54,6 +54,8 @@ void recipe_free(recipe *r);
 
 /* Whether key is one of the recipe's top-level keys (version, name, ..., stages). */
 int recipe_is_top_key(const char *key);
+/* The top-level keys a recipe may have, as "version, name, ..." (for messages). */
+void recipe_top_keys(char *buf, size_t cap);
 /* Applies one override to a recipe tree (pipeline/recipe_set.c): the value is parsed as YAML only
  * when it is a flow collection, a quoted scalar or a plain scalar YAML reads back whole; anything
  * else (a newline, a ` #` comment, ...) is kept literally as a string. Returns 0 when applied, 1

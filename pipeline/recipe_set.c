@@ -12,6 +12,7 @@
 
 #include "pipeline/recipe.h"
 #include "pipeline/yaml_load.h"
+#include "runtime/nearest.h"
 
 /* The value of a --set argument; `where` names the argument in positions, col0 is the value's
  * column offset in it (the key and '='). */
@@ -120,8 +121,12 @@ static int set_walk_key(set_walk *w, fsdp_value *root, char *key) {
     char *part = strtok_r(key, ".", &save);
     for (int depth = 0; part; depth++) {
         char *nextp = strtok_r(NULL, ".", &save);
-        if (depth == 0 && !recipe_is_top_key(part))
-            return fsdp_err_set(w->err, FSDP_E_INVALID, "--set %s: unknown top-level key '%s'", w->arg, part);
+        if (depth == 0 && !recipe_is_top_key(part)) {
+            char known[256], hint[300];
+            recipe_top_keys(known, sizeof known);
+            return fsdp_err_set(w->err, FSDP_E_INVALID, "--set %s: unknown top-level key '%s'%s (expected one of: %s)",
+                                w->arg, part, nearest_hint(part, known, hint, sizeof hint), known);
+        }
         int rc, done = 0;
         if (cur->kind == FSDP_V_LIST) {
             rc = step_list(w, &cur, part, !nextp, &done);

@@ -367,4 +367,11 @@ TEST(ValidateAll, UnknownTopLevelKeysAndVariablesSayTheNearest) {
     EXPECT_NE(out.find("undefined variable '${outdir}': did you mean 'out_dir'? (defined in vars: out_dir)"),
               std::string::npos)
         << out;
+    // the same for a key given with --set
+    write_file(d / "s.yaml", "model: {preset: tiny}\nstages: [{id: i, uses: init-meta}]\n");
+    EXPECT_EQ(run("", "validate " + d / "s.yaml --set runtim.device=cpu", &out), 2) << out;
+    EXPECT_NE(out.find("--set runtim.device=cpu: unknown top-level key 'runtim': did you mean 'runtime'? (expected one "
+                       "of: version, "),
+              std::string::npos)
+        << out;
 }
