@@ -6,10 +6,10 @@
 
 int decoder_bwd_layer(const decoder_config *c, const decoder_model_layer *lw, decoder_model_layer *lg, int layer,
                     decoder_model_ws *ws, fsdp_err *err) {
-    int rc = decoder_model_ws_check(c, ws, "llama backward (layer)", err);
+    int rc = decoder_model_ws_check(c, ws, "decoder backward (layer)", err);
     if (rc) return rc;
     if (ws->phase != DECODER_PHASE_BWD || ws->bwd_next != layer)
-        return fsdp_err_set(err, FSDP_E_INVALID, "llama backward: layer %d run out of order (expected layer %d)",
+        return fsdp_err_set(err, FSDP_E_INVALID, "decoder backward: layer %d run out of order (expected layer %d)",
                             layer, ws->phase == DECODER_PHASE_BWD ? ws->bwd_next : -1);
     const int B = ws->B, T = ws->T, n = B * T, d = c->dim, H = c->n_heads, KV = c->n_kv_heads, hd = c->head_dim,
               F = c->ffn_hidden, qd = H * hd, kvd = KV * hd;
@@ -21,7 +21,7 @@ int decoder_bwd_layer(const decoder_config *c, const decoder_model_layer *lw, de
      * checkpointing recomputes g and the norm outputs below, right before their use. */
     const int sel = ws->ac == DECODER_AC_SELECTIVE;
     if (ws->ac == DECODER_AC_FULL && (rc = decoder_fwd_layer_compute(c, lw, layer, ws, err)))
-        return fsdp_err_prefix(err, "llama backward: layer %d recomputation", layer);
+        return fsdp_err_prefix(err, "decoder backward: layer %d recomputation", layer);
 
     /* out = h + w2(g): dres is d(out); it also flows unchanged into d(h). */
     kc_linear_backward_input(ws->dres, lw->w2, ws->dg, n, F, d, 0.0f, st);
@@ -45,7 +45,7 @@ int decoder_bwd_layer(const decoder_config *c, const decoder_model_layer *lw, de
     kc_linear_backward_weight(ws->dres, a->att, lg->wo, n, qd, d, st);
     rc = kc_attention_backward(a->q, a->k, a->v, a->att, a->lse, ws->datt, ws->dq, ws->dk, ws->dv, B, T, H, KV, hd,
                                st, err);
-    if (rc) return fsdp_err_prefix(err, "llama backward: layer %d", layer);
+    if (rc) return fsdp_err_prefix(err, "decoder backward: layer %d", layer);
     kc_rope_backward(ws->dq, ws->rope_cos, ws->rope_sin, B, T, H, hd);
     kc_rope_backward(ws->dk, ws->rope_cos, ws->rope_sin, B, T, KV, hd);
     /* q/k norms: the gradients before them (into zeroed dqr/dkr; the norms' weight gradients +=) */
@@ -78,13 +78,13 @@ int decoder_bwd_layer(const decoder_config *c, const decoder_model_layer *lw, de
 }
 
 int decoder_bwd_embed(const decoder_config *c, float *d_tok_embeddings, decoder_model_ws *ws, fsdp_err *err) {
-    int rc = decoder_model_ws_check(c, ws, "llama backward (embedding)", err);
+    int rc = decoder_model_ws_check(c, ws, "decoder backward (embedding)", err);
     if (rc) return rc;
     if (ws->phase != DECODER_PHASE_BWD_LAYERS)
-        return fsdp_err_set(err, FSDP_E_INVALID, "llama backward: embedding backward run before every layer's backward");
+        return fsdp_err_set(err, FSDP_E_INVALID, "decoder backward: embedding backward run before every layer's backward");
     rc = kc_embedding_backward(ws->dres, ws->tokens, d_tok_embeddings, (int64_t)ws->B * ws->T, c->vocab_size, c->dim,
                                err);
-    if (rc) return fsdp_err_prefix(err, "llama backward");
+    if (rc) return fsdp_err_prefix(err, "decoder backward");
     ws->phase = DECODER_PHASE_EMPTY;
     return FSDP_OK;
 }
@@ -92,7 +92,7 @@ int decoder_bwd_embed(const decoder_config *c, float *d_tok_embeddings, decoder_
 int decoder_model_backward(const decoder_config *c, const decoder_model_weights *w, decoder_model_weights *g,
                          double loss_denom, decoder_model_ws *ws, fsdp_err *err) {
     if (!c || !w || !g || w->n_layers != c->n_layers || g->n_layers != c->n_layers || !w->layers || !g->layers)
-        return fsdp_err_set(err, FSDP_E_INVALID, "llama backward: weights or gradients do not match the config's %d layers",
+        return fsdp_err_set(err, FSDP_E_INVALID, "decoder backward: weights or gradients do not match the config's %d layers",
                             c ? c->n_layers : -1);
     int rc = decoder_bwd_head(c, w->norm, w->output, g->norm, g->output, loss_denom, ws, err);
     for (int l = c->n_layers - 1; !rc && l >= 0; l--) rc = decoder_bwd_layer(c, &w->layers[l], &g->layers[l], l, ws, err);
@@ -105,9 +105,9 @@ int decoder_model_forward_backward(const decoder_config *c, const decoder_model_
                                  decoder_model_ws *ws, decoder_model_loss *loss, fsdp_err *err) {
     if (!c || !w || !g || w->n_layers != c->n_layers || g->n_layers != c->n_layers || !w->layers || !g->layers)
         return fsdp_err_set(err, FSDP_E_INVALID,
-                            "llama forward/backward: weights or gradients do not match the config's %d layers",
+                            "decoder forward/backward: weights or gradients do not match the config's %d layers",
                             c ? c->n_layers : -1);
-    if (!labels) return fsdp_err_set(err, FSDP_E_INVALID, "llama forward/backward: no labels, there is no loss");
+    if (!labels) return fsdp_err_set(err, FSDP_E_INVALID, "decoder forward/backward: no labels, there is no loss");
     int rc = decoder_fwd_embed(c, w->tok_embeddings, tokens, labels, B, T, ws, err);
     for (int l = 0; !rc && l < c->n_layers; l++) rc = decoder_fwd_layer(c, &w->layers[l], l, ws, err);
     if (!rc) rc = decoder_head_train(c, w->norm, w->output, g->norm, g->output, loss_denom, ws, loss, err);

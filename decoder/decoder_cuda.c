@@ -17,21 +17,21 @@
 
 int decoder_cuda_fwd_embed(const decoder_config *c, const void *tok_embeddings, const int32_t *tokens,
                          const int32_t *labels, int B, int T, decoder_cuda_ws *ws, fsdp_err *err) {
-    int rc = decoder_cuda_ws_check(c, ws, "llama (cuda) forward (embedding)", err);
+    int rc = decoder_cuda_ws_check(c, ws, "decoder (cuda) forward (embedding)", err);
     if (rc) return rc;
     if (B <= 0 || T <= 0 || B > ws->B_max || T > ws->T_max)
         return fsdp_err_set(err, FSDP_E_INVALID,
-                            "llama (cuda) forward: batch %d x %d does not fit the workspace (at most %d x %d)", B, T,
+                            "decoder (cuda) forward: batch %d x %d does not fit the workspace (at most %d x %d)", B, T,
                             ws->B_max, ws->T_max);
     if (!tokens || !tok_embeddings)
-        return fsdp_err_set(err, FSDP_E_INVALID, "llama (cuda) forward: no input_ids or embedding weights");
+        return fsdp_err_set(err, FSDP_E_INVALID, "decoder (cuda) forward: no input_ids or embedding weights");
     const int64_t n = (int64_t)B * T;
     ws->phase = DECODER_CUDA_EMPTY;
     /* the ids are checked on the host, where they are (the kernels would only flag them) */
     for (int64_t i = 0; i < n; i++)
         if (tokens[i] < 0 || tokens[i] >= c->vocab_size)
             return fsdp_err_set(err, FSDP_E_INVALID,
-                                "llama (cuda) forward: input_ids: token %lld is %d, expected 0 <= id < vocab %d",
+                                "decoder (cuda) forward: input_ids: token %lld is %d, expected 0 <= id < vocab %d",
                                 (long long)i, (int)tokens[i], c->vocab_size);
     int64_t kept = 0;
     if (labels) {
@@ -39,19 +39,19 @@ int decoder_cuda_fwd_embed(const decoder_config *c, const void *tok_embeddings, 
             if (labels[i] == DECODER_MODEL_IGNORE_INDEX) continue;
             if (labels[i] < 0 || labels[i] >= c->vocab_size)
                 return fsdp_err_set(err, FSDP_E_INVALID,
-                                    "llama (cuda) forward: labels: label %lld is %d, expected 0 <= label < vocab %d or "
+                                    "decoder (cuda) forward: labels: label %lld is %d, expected 0 <= label < vocab %d or "
                                     "ignore_index %d",
                                     (long long)i, (int)labels[i], c->vocab_size, DECODER_MODEL_IGNORE_INDEX);
             kept++;
         }
     }
     const size_t tok_bytes = (size_t)n * sizeof(int32_t);
-    TRY(dev_copy_h2d(ws->d, ws->tokens, tokens, tok_bytes, DEV_STREAM_COMPUTE, err), "llama (cuda) forward: input_ids");
+    TRY(dev_copy_h2d(ws->d, ws->tokens, tokens, tok_bytes, DEV_STREAM_COMPUTE, err), "decoder (cuda) forward: input_ids");
     if (labels)
-        TRY(dev_copy_h2d(ws->d, ws->labels, labels, tok_bytes, DEV_STREAM_COMPUTE, err), "llama (cuda) forward: labels");
+        TRY(dev_copy_h2d(ws->d, ws->labels, labels, tok_bytes, DEV_STREAM_COMPUTE, err), "decoder (cuda) forward: labels");
     TRY(kcu_embedding_forward(ws->dt, tok_embeddings, ws->tokens, ws->acts[0].x, n, c->vocab_size, c->dim, NULL,
                               ws->s, err),
-        "llama (cuda) forward: embedding");
+        "decoder (cuda) forward: embedding");
     ws->has_labels = labels != NULL;
     ws->n_valid = kept;
     ws->B = B;
@@ -75,51 +75,51 @@ static int layer_forward(const decoder_config *c, const decoder_cuda_layer *lw, 
     const float eps = (float)c->norm_eps;
 
     TRY(kcu_rmsnorm_forward(dt, a->x, lw->attention_norm, a->xn1, a->rstd1, n, d, eps, s, err),
-        "llama (cuda) forward: layer %d attention_norm", layer);
+        "decoder (cuda) forward: layer %d attention_norm", layer);
     /* with q/k norms the projections land in qr/kr and the per-head norms write q/k */
     void *qp = c->qk_norm ? a->qr : a->q, *kp = c->qk_norm ? a->kr : a->k;
-    TRY(dev_linear_forward(dc, dt, a->xn1, lw->wq, qp, n, d, qd, err), "llama (cuda) forward: layer %d wq", layer);
-    TRY(dev_linear_forward(dc, dt, a->xn1, lw->wk, kp, n, d, kvd, err), "llama (cuda) forward: layer %d wk", layer);
-    TRY(dev_linear_forward(dc, dt, a->xn1, lw->wv, a->v, n, d, kvd, err), "llama (cuda) forward: layer %d wv", layer);
+    TRY(dev_linear_forward(dc, dt, a->xn1, lw->wq, qp, n, d, qd, err), "decoder (cuda) forward: layer %d wq", layer);
+    TRY(dev_linear_forward(dc, dt, a->xn1, lw->wk, kp, n, d, kvd, err), "decoder (cuda) forward: layer %d wk", layer);
+    TRY(dev_linear_forward(dc, dt, a->xn1, lw->wv, a->v, n, d, kvd, err), "decoder (cuda) forward: layer %d wv", layer);
     if (c->qkv_bias) {
-        TRY(kcu_bias_forward(dt, qp, lw->wq_b, n, qd, s, err), "llama (cuda) forward: layer %d wq bias", layer);
-        TRY(kcu_bias_forward(dt, kp, lw->wk_b, n, kvd, s, err), "llama (cuda) forward: layer %d wk bias", layer);
-        TRY(kcu_bias_forward(dt, a->v, lw->wv_b, n, kvd, s, err), "llama (cuda) forward: layer %d wv bias", layer);
+        TRY(kcu_bias_forward(dt, qp, lw->wq_b, n, qd, s, err), "decoder (cuda) forward: layer %d wq bias", layer);
+        TRY(kcu_bias_forward(dt, kp, lw->wk_b, n, kvd, s, err), "decoder (cuda) forward: layer %d wk bias", layer);
+        TRY(kcu_bias_forward(dt, a->v, lw->wv_b, n, kvd, s, err), "decoder (cuda) forward: layer %d wv bias", layer);
     }
     if (c->qk_norm) {
         TRY(kcu_rmsnorm_forward(dt, a->qr, lw->q_norm, a->q, a->rstdq, (int64_t)n * H, hd, eps, s, err),
-            "llama (cuda) forward: layer %d q_norm", layer);
+            "decoder (cuda) forward: layer %d q_norm", layer);
         TRY(kcu_rmsnorm_forward(dt, a->kr, lw->k_norm, a->k, a->rstdk, (int64_t)n * KV, hd, eps, s, err),
-            "llama (cuda) forward: layer %d k_norm", layer);
+            "decoder (cuda) forward: layer %d k_norm", layer);
     }
     TRY(kcu_rope_qk_forward(dt, a->q, a->k, ws->rope_cos, ws->rope_sin, B, T, H, KV, hd, s, err),
-        "llama (cuda) forward: layer %d rope", layer);
+        "decoder (cuda) forward: layer %d rope", layer);
     TRY(kcu_attention_forward(dt, a->q, a->k, a->v, a->att, a->lse, B, T, H, KV, hd, s, err),
-        "llama (cuda) forward: layer %d attention", layer);
+        "decoder (cuda) forward: layer %d attention", layer);
     /* h = x + wo(att): the residual add in the GEMM's epilogue */
     TRY(dev_linear_forward_residual(dc, dt, a->att, lw->wo, a->x, a->h, n, qd, d, err),
-        "llama (cuda) forward: layer %d wo", layer);
+        "decoder (cuda) forward: layer %d wo", layer);
 
     TRY(kcu_rmsnorm_forward(dt, a->h, lw->ffn_norm, a->xn2, a->rstd2, n, d, eps, s, err),
-        "llama (cuda) forward: layer %d ffn_norm", layer);
-    TRY(dev_linear_forward(dc, dt, a->xn2, lw->w1, a->a, n, d, F, err), "llama (cuda) forward: layer %d w1", layer);
-    TRY(dev_linear_forward(dc, dt, a->xn2, lw->w3, a->b, n, d, F, err), "llama (cuda) forward: layer %d w3", layer);
-    TRY(kcu_swiglu_forward(dt, a->a, a->b, a->g, (int64_t)n * F, s, err), "llama (cuda) forward: layer %d swiglu",
+        "decoder (cuda) forward: layer %d ffn_norm", layer);
+    TRY(dev_linear_forward(dc, dt, a->xn2, lw->w1, a->a, n, d, F, err), "decoder (cuda) forward: layer %d w1", layer);
+    TRY(dev_linear_forward(dc, dt, a->xn2, lw->w3, a->b, n, d, F, err), "decoder (cuda) forward: layer %d w3", layer);
+    TRY(kcu_swiglu_forward(dt, a->a, a->b, a->g, (int64_t)n * F, s, err), "decoder (cuda) forward: layer %d swiglu",
         layer);
     /* out = h + w2(g), likewise */
     TRY(dev_linear_forward_residual(dc, dt, a->g, lw->w2, a->h, out, n, F, d, err),
-        "llama (cuda) forward: layer %d w2", layer);
+        "decoder (cuda) forward: layer %d w2", layer);
     return FSDP_OK;
 }
 
 int decoder_cuda_fwd_layer(const decoder_config *c, const decoder_cuda_layer *lw, int layer, decoder_cuda_ws *ws,
                          fsdp_err *err) {
-    int rc = decoder_cuda_ws_check(c, ws, "llama (cuda) forward (layer)", err);
+    int rc = decoder_cuda_ws_check(c, ws, "decoder (cuda) forward (layer)", err);
     if (rc) return rc;
     if (ws->phase != DECODER_CUDA_FWD || ws->fwd_next != layer)
-        return fsdp_err_set(err, FSDP_E_INVALID, "llama (cuda) forward: layer %d run out of order (expected layer %d)",
+        return fsdp_err_set(err, FSDP_E_INVALID, "decoder (cuda) forward: layer %d run out of order (expected layer %d)",
                             layer, ws->phase == DECODER_CUDA_FWD ? ws->fwd_next : -1);
-    if (!lw) return fsdp_err_set(err, FSDP_E_INVALID, "llama (cuda) forward: no weights for layer %d", layer);
+    if (!lw) return fsdp_err_set(err, FSDP_E_INVALID, "decoder (cuda) forward: no weights for layer %d", layer);
     if ((rc = layer_forward(c, lw, layer, ws, err))) return rc;
     ws->fwd_next = layer + 1;
     return FSDP_OK;
@@ -129,7 +129,7 @@ int decoder_cuda_model_forward(const decoder_config *c, const decoder_cuda_weigh
                              const int32_t *labels, int B, int T, decoder_cuda_ws *ws, decoder_model_loss *loss,
                              fsdp_err *err) {
     if (!w || !c || w->n_layers != c->n_layers || !w->layers)
-        return fsdp_err_set(err, FSDP_E_INVALID, "llama (cuda) forward: weights do not match the config's %d layers",
+        return fsdp_err_set(err, FSDP_E_INVALID, "decoder (cuda) forward: weights do not match the config's %d layers",
                             c ? c->n_layers : -1);
     int rc = decoder_cuda_fwd_embed(c, w->tok_embeddings, tokens, labels, B, T, ws, err);
     for (int l = 0; !rc && l < c->n_layers; l++) rc = decoder_cuda_fwd_layer(c, &w->layers[l], l, ws, err);
@@ -149,21 +149,21 @@ static int qk_pre_grads(const decoder_config *c, const decoder_cuda_layer *lw, d
     const size_t es = fsdp_dtype_size(dt);
     kcu_stream s = ws->s;
     if (c->qk_norm) {
-        TRY(dev_memset0(ws->d, ws->dqr, (size_t)n * qd * es, DEV_STREAM_COMPUTE, err), "llama (cuda) backward");
-        TRY(dev_memset0(ws->d, ws->dkr, (size_t)n * kvd * es, DEV_STREAM_COMPUTE, err), "llama (cuda) backward");
+        TRY(dev_memset0(ws->d, ws->dqr, (size_t)n * qd * es, DEV_STREAM_COMPUTE, err), "decoder (cuda) backward");
+        TRY(dev_memset0(ws->d, ws->dkr, (size_t)n * kvd * es, DEV_STREAM_COMPUTE, err), "decoder (cuda) backward");
         TRY(kcu_rmsnorm_backward(dt, ws->dq, a->qr, lw->q_norm, a->rstdq, ws->dqr, lg->q_norm, (int64_t)n * H, hd, s,
                                  err),
-            "llama (cuda) backward: layer %d q_norm", layer);
+            "decoder (cuda) backward: layer %d q_norm", layer);
         TRY(kcu_rmsnorm_backward(dt, ws->dk, a->kr, lw->k_norm, a->rstdk, ws->dkr, lg->k_norm, (int64_t)n * KV, hd, s,
                                  err),
-            "llama (cuda) backward: layer %d k_norm", layer);
+            "decoder (cuda) backward: layer %d k_norm", layer);
         *dq = ws->dqr;
         *dk = ws->dkr;
     }
     if (c->qkv_bias) {
-        TRY(kcu_bias_backward(dt, *dq, lg->wq_b, n, qd, s, err), "llama (cuda) backward: layer %d wq bias", layer);
-        TRY(kcu_bias_backward(dt, *dk, lg->wk_b, n, kvd, s, err), "llama (cuda) backward: layer %d wk bias", layer);
-        TRY(kcu_bias_backward(dt, ws->dv, lg->wv_b, n, kvd, s, err), "llama (cuda) backward: layer %d wv bias", layer);
+        TRY(kcu_bias_backward(dt, *dq, lg->wq_b, n, qd, s, err), "decoder (cuda) backward: layer %d wq bias", layer);
+        TRY(kcu_bias_backward(dt, *dk, lg->wk_b, n, kvd, s, err), "decoder (cuda) backward: layer %d wk bias", layer);
+        TRY(kcu_bias_backward(dt, ws->dv, lg->wv_b, n, kvd, s, err), "decoder (cuda) backward: layer %d wv bias", layer);
     }
     return FSDP_OK;
 }
@@ -179,32 +179,32 @@ static int bwd_ffn(const decoder_config *c, const decoder_cuda_layer *lw, decode
     dev_ctx *dc = ws->d;
     kcu_stream s = ws->s;
     TRY(dev_linear_backward_input(dc, dt, ws->dres, lw->w2, ws->dg, n, F, d, 0.0f, err),
-        "llama (cuda) backward: layer %d w2", layer);
+        "decoder (cuda) backward: layer %d w2", layer);
     if (sel) {
         /* g = silu(a)*b recomputed in the SwiGLU backward's pass, then w2's weight gradient */
         TRY(kcu_swiglu_backward_recompute(dt, a->a, a->b, ws->dg, ws->da, ws->db, a->g, (int64_t)n * F, s, err),
-            "llama (cuda) backward: layer %d swiglu", layer);
+            "decoder (cuda) backward: layer %d swiglu", layer);
         TRY(dev_linear_backward_weight(dc, dt, ws->dres, a->g, lg->w2, n, F, d, err),
-            "llama (cuda) backward: layer %d w2", layer);
+            "decoder (cuda) backward: layer %d w2", layer);
     } else {
         TRY(dev_linear_backward_weight(dc, dt, ws->dres, a->g, lg->w2, n, F, d, err),
-            "llama (cuda) backward: layer %d w2", layer);
+            "decoder (cuda) backward: layer %d w2", layer);
         TRY(kcu_swiglu_backward(dt, a->a, a->b, ws->dg, ws->da, ws->db, (int64_t)n * F, s, err),
-            "llama (cuda) backward: layer %d swiglu", layer);
+            "decoder (cuda) backward: layer %d swiglu", layer);
     }
     TRY(dev_linear_backward_input(dc, dt, ws->da, lw->w1, ws->dxn, n, d, F, 0.0f, err),
-        "llama (cuda) backward: layer %d w1", layer);
+        "decoder (cuda) backward: layer %d w1", layer);
     TRY(dev_linear_backward_input(dc, dt, ws->db, lw->w3, ws->dxn, n, d, F, 1.0f, err),
-        "llama (cuda) backward: layer %d w3", layer);
+        "decoder (cuda) backward: layer %d w3", layer);
     if (sel)
         TRY(kcu_rmsnorm_apply(dt, a->h, lw->ffn_norm, a->rstd2, a->xn2, n, d, s, err),
-            "llama (cuda) backward: layer %d ffn_norm recomputation", layer);
-    TRY(dev_linear_backward_weight(dc, dt, ws->da, a->xn2, lg->w1, n, d, F, err), "llama (cuda) backward: layer %d w1",
+            "decoder (cuda) backward: layer %d ffn_norm recomputation", layer);
+    TRY(dev_linear_backward_weight(dc, dt, ws->da, a->xn2, lg->w1, n, d, F, err), "decoder (cuda) backward: layer %d w1",
         layer);
-    TRY(dev_linear_backward_weight(dc, dt, ws->db, a->xn2, lg->w3, n, d, F, err), "llama (cuda) backward: layer %d w3",
+    TRY(dev_linear_backward_weight(dc, dt, ws->db, a->xn2, lg->w3, n, d, F, err), "decoder (cuda) backward: layer %d w3",
         layer);
     TRY(kcu_rmsnorm_backward(dt, ws->dxn, a->h, lw->ffn_norm, a->rstd2, ws->dres, lg->ffn_norm, n, d, s, err),
-        "llama (cuda) backward: layer %d ffn_norm", layer);
+        "decoder (cuda) backward: layer %d ffn_norm", layer);
     return FSDP_OK;
 }
 
@@ -221,46 +221,46 @@ static int bwd_attention(const decoder_config *c, const decoder_cuda_layer *lw, 
     kcu_stream s = ws->s;
     int rc;
     TRY(dev_linear_backward_input(dc, dt, ws->dres, lw->wo, ws->datt, n, qd, d, 0.0f, err),
-        "llama (cuda) backward: layer %d wo", layer);
+        "decoder (cuda) backward: layer %d wo", layer);
     TRY(dev_linear_backward_weight(dc, dt, ws->dres, a->att, lg->wo, n, qd, d, err),
-        "llama (cuda) backward: layer %d wo", layer);
+        "decoder (cuda) backward: layer %d wo", layer);
     TRY(kcu_attention_backward(dt, a->q, a->k, a->v, a->att, a->lse, ws->datt, ws->dq, ws->dk, ws->dv, B, T, H, KV, hd,
                                ws->attn_scratch, s, err),
-        "llama (cuda) backward: layer %d attention", layer);
+        "decoder (cuda) backward: layer %d attention", layer);
     TRY(kcu_rope_qk_backward(dt, ws->dq, ws->dk, ws->rope_cos, ws->rope_sin, B, T, H, KV, hd, s, err),
-        "llama (cuda) backward: layer %d rope", layer);
+        "decoder (cuda) backward: layer %d rope", layer);
     void *dq = ws->dq, *dk = ws->dk;
     if ((rc = qk_pre_grads(c, lw, lg, a, layer, ws, &dq, &dk, err))) return rc;
     TRY(dev_linear_backward_input(dc, dt, dq, lw->wq, ws->dxn, n, d, qd, 0.0f, err),
-        "llama (cuda) backward: layer %d wq", layer);
+        "decoder (cuda) backward: layer %d wq", layer);
     TRY(dev_linear_backward_input(dc, dt, dk, lw->wk, ws->dxn, n, d, kvd, 1.0f, err),
-        "llama (cuda) backward: layer %d wk", layer);
+        "decoder (cuda) backward: layer %d wk", layer);
     TRY(dev_linear_backward_input(dc, dt, ws->dv, lw->wv, ws->dxn, n, d, kvd, 1.0f, err),
-        "llama (cuda) backward: layer %d wv", layer);
+        "decoder (cuda) backward: layer %d wv", layer);
     if (sel)
         TRY(kcu_rmsnorm_apply(dt, a->x, lw->attention_norm, a->rstd1, a->xn1, n, d, s, err),
-            "llama (cuda) backward: layer %d attention_norm recomputation", layer);
-    TRY(dev_linear_backward_weight(dc, dt, dq, a->xn1, lg->wq, n, d, qd, err), "llama (cuda) backward: layer %d wq",
+            "decoder (cuda) backward: layer %d attention_norm recomputation", layer);
+    TRY(dev_linear_backward_weight(dc, dt, dq, a->xn1, lg->wq, n, d, qd, err), "decoder (cuda) backward: layer %d wq",
         layer);
-    TRY(dev_linear_backward_weight(dc, dt, dk, a->xn1, lg->wk, n, d, kvd, err), "llama (cuda) backward: layer %d wk",
+    TRY(dev_linear_backward_weight(dc, dt, dk, a->xn1, lg->wk, n, d, kvd, err), "decoder (cuda) backward: layer %d wk",
         layer);
     TRY(dev_linear_backward_weight(dc, dt, ws->dv, a->xn1, lg->wv, n, d, kvd, err),
-        "llama (cuda) backward: layer %d wv", layer);
+        "decoder (cuda) backward: layer %d wv", layer);
     TRY(kcu_rmsnorm_backward(dt, ws->dxn, a->x, lw->attention_norm, a->rstd1, ws->dres, lg->attention_norm, n, d, s,
                              err),
-        "llama (cuda) backward: layer %d attention_norm", layer);
+        "decoder (cuda) backward: layer %d attention_norm", layer);
     return FSDP_OK;
 }
 
 int decoder_cuda_bwd_layer(const decoder_config *c, const decoder_cuda_layer *lw, decoder_model_layer *lg, int layer,
                          decoder_cuda_ws *ws, fsdp_err *err) {
-    int rc = decoder_cuda_ws_check(c, ws, "llama (cuda) backward (layer)", err);
+    int rc = decoder_cuda_ws_check(c, ws, "decoder (cuda) backward (layer)", err);
     if (rc) return rc;
     if (ws->phase != DECODER_CUDA_BWD || ws->bwd_next != layer)
-        return fsdp_err_set(err, FSDP_E_INVALID, "llama (cuda) backward: layer %d run out of order (expected layer %d)",
+        return fsdp_err_set(err, FSDP_E_INVALID, "decoder (cuda) backward: layer %d run out of order (expected layer %d)",
                             layer, ws->phase == DECODER_CUDA_BWD ? ws->bwd_next : -1);
     if (!lw || !lg)
-        return fsdp_err_set(err, FSDP_E_INVALID, "llama (cuda) backward: no weights or gradients for layer %d", layer);
+        return fsdp_err_set(err, FSDP_E_INVALID, "decoder (cuda) backward: no weights or gradients for layer %d", layer);
 
     /* full activation checkpointing: the shared intermediates hold another layer's; recompute this
      * layer's from its saved input (same kernels, same values; the output it rewrites is no
@@ -268,7 +268,7 @@ int decoder_cuda_bwd_layer(const decoder_config *c, const decoder_cuda_layer *lw
      * below, right before the weight gradients that read them. */
     const int sel = ws->ac == DECODER_AC_SELECTIVE;
     if (ws->ac == DECODER_AC_FULL && (rc = layer_forward(c, lw, layer, ws, err)))
-        return fsdp_err_prefix(err, "llama (cuda) backward: layer %d recomputation", layer);
+        return fsdp_err_prefix(err, "decoder (cuda) backward: layer %d recomputation", layer);
     if ((rc = bwd_ffn(c, lw, lg, layer, ws, sel, err))) return rc;
     if ((rc = bwd_attention(c, lw, lg, layer, ws, sel, err))) return rc;
 
@@ -278,14 +278,14 @@ int decoder_cuda_bwd_layer(const decoder_config *c, const decoder_cuda_layer *lw
 }
 
 int decoder_cuda_bwd_embed(const decoder_config *c, float *d_tok_embeddings, decoder_cuda_ws *ws, fsdp_err *err) {
-    int rc = decoder_cuda_ws_check(c, ws, "llama (cuda) backward (embedding)", err);
+    int rc = decoder_cuda_ws_check(c, ws, "decoder (cuda) backward (embedding)", err);
     if (rc) return rc;
     if (ws->phase != DECODER_CUDA_BWD_LAYERS)
         return fsdp_err_set(err, FSDP_E_INVALID,
-                            "llama (cuda) backward: embedding backward run before every layer's backward");
+                            "decoder (cuda) backward: embedding backward run before every layer's backward");
     TRY(kcu_embedding_backward(ws->dt, ws->dres, ws->tokens, d_tok_embeddings, (int64_t)ws->B * ws->T, c->vocab_size,
                                c->dim, NULL, ws->s, err),
-        "llama (cuda) backward: embedding");
+        "decoder (cuda) backward: embedding");
     ws->phase = DECODER_CUDA_EMPTY;
     return FSDP_OK;
 }
@@ -294,7 +294,7 @@ int decoder_cuda_model_backward(const decoder_config *c, const decoder_cuda_weig
                               double loss_denom, decoder_cuda_ws *ws, fsdp_err *err) {
     if (!c || !w || !g || w->n_layers != c->n_layers || g->n_layers != c->n_layers || !w->layers || !g->layers)
         return fsdp_err_set(err, FSDP_E_INVALID,
-                            "llama (cuda) backward: weights or gradients do not match the config's %d layers",
+                            "decoder (cuda) backward: weights or gradients do not match the config's %d layers",
                             c ? c->n_layers : -1);
     int rc = decoder_cuda_bwd_head(c, w->norm, w->output, g->norm, g->output, loss_denom, ws, err);
     for (int l = c->n_layers - 1; !rc && l >= 0; l--)

@@ -39,9 +39,9 @@ int decoder_cuda_weights_bind(const decoder_config *c, const void *flat, fsdp_dt
     memset(w, 0, sizeof *w);
     if (decoder_model_check(c, err)) return err ? err->code : FSDP_E_INVALID;
     if (dt != FSDP_DT_F32 && dt != FSDP_DT_BF16)
-        return fsdp_err_set(err, FSDP_E_INVALID, "llama (cuda): weight dtype %s is not f32 or bf16", fsdp_dtype_name(dt));
+        return fsdp_err_set(err, FSDP_E_INVALID, "decoder (cuda): weight dtype %s is not f32 or bf16", fsdp_dtype_name(dt));
     w->layers = calloc((size_t)c->n_layers, sizeof *w->layers);
-    if (!w->layers) return fsdp_err_set(err, FSDP_E_NOMEM, "llama (cuda): out of memory binding %d layers", c->n_layers);
+    if (!w->layers) return fsdp_err_set(err, FSDP_E_NOMEM, "decoder (cuda): out of memory binding %d layers", c->n_layers);
     const size_t es = fsdp_dtype_size(dt), emb = (size_t)c->vocab_size * (size_t)c->dim * es,
                  layer = (size_t)decoder_model_layer_numel(c) * es;
     const unsigned char *p = flat;
@@ -72,9 +72,9 @@ static int ws_layout(const decoder_cuda_ws *ws, decoder_model_ws_layout *L, fsdp
     const decoder_model_ws_layout_spec spec = {1, fsdp_dtype_size(ws->dt), 256, 1};
     const decoder_model_ws_layout_shape sh = {&ws->cfg, ws->ac, ws->B_max, ws->T_max, ws->head_chunk};
     int rc = decoder_model_ws_layout_compute(&spec, &sh, L);
-    if (rc == FSDP_E_NOMEM) return fsdp_err_set(err, rc, "llama (cuda) workspace: out of host memory");
+    if (rc == FSDP_E_NOMEM) return fsdp_err_set(err, rc, "decoder (cuda) workspace: out of host memory");
     if (rc)
-        return fsdp_err_set(err, rc, "llama (cuda) workspace: activation size for batch %d x %d overflows", ws->B_max,
+        return fsdp_err_set(err, rc, "decoder (cuda) workspace: activation size for batch %d x %d overflows", ws->B_max,
                             ws->T_max);
     return FSDP_OK;
 }
@@ -110,22 +110,22 @@ static int upload_rope(decoder_cuda_ws *ws, fsdp_err *err);
 static int ws_args(const decoder_config *cfg, int B_max, int T_max, fsdp_dtype dt, const decoder_model_ws_opts *o,
                    fsdp_err *err) {
     if (decoder_model_check(cfg, err)) return err ? err->code : FSDP_E_INVALID;
-    if (decoder_head_chunk_check(o->head_chunk_rows, "llama (cuda) workspace", err)) return FSDP_E_INVALID;
+    if (decoder_head_chunk_check(o->head_chunk_rows, "decoder (cuda) workspace", err)) return FSDP_E_INVALID;
     if (cfg->head_dim > KCU_ATTN_MAX_HEAD_DIM)
         return fsdp_err_set(err, FSDP_E_INVALID,
-                            "llama (cuda) workspace: head_dim %d is larger than the attention kernel's %d",
+                            "decoder (cuda) workspace: head_dim %d is larger than the attention kernel's %d",
                             cfg->head_dim, KCU_ATTN_MAX_HEAD_DIM);
     if (dt != FSDP_DT_F32 && dt != FSDP_DT_BF16)
-        return fsdp_err_set(err, FSDP_E_INVALID, "llama (cuda) workspace: dtype %s is not f32 or bf16",
+        return fsdp_err_set(err, FSDP_E_INVALID, "decoder (cuda) workspace: dtype %s is not f32 or bf16",
                             fsdp_dtype_name(dt));
     if (o->ac != DECODER_AC_NONE && o->ac != DECODER_AC_FULL && o->ac != DECODER_AC_SELECTIVE)
         return fsdp_err_set(err, FSDP_E_INVALID,
-                            "llama (cuda) workspace: activation checkpointing mode %d is not none (%d), full (%d) or "
+                            "decoder (cuda) workspace: activation checkpointing mode %d is not none (%d), full (%d) or "
                             "selective (%d)",
                             o->ac, DECODER_AC_NONE, DECODER_AC_FULL, DECODER_AC_SELECTIVE);
     if (B_max <= 0 || T_max <= 0 || B_max > 65535 || (int64_t)B_max * T_max > INT_MAX)
         return fsdp_err_set(err, FSDP_E_INVALID,
-                            "llama (cuda) workspace: batch %d x %d must be positive with B <= 65535 and B*T <= %d",
+                            "decoder (cuda) workspace: batch %d x %d must be positive with B <= 65535 and B*T <= %d",
                             B_max, T_max, INT_MAX);
     return FSDP_OK;
 }
@@ -157,14 +157,14 @@ decoder_cuda_ws *decoder_cuda_ws_create_opts(dev_ctx *d, const decoder_config *c
     decoder_model_ws_opts o = {0, 0};
     if (opts) o = *opts;
     if (!d) {
-        fsdp_err_set(err, FSDP_E_INVALID, "llama (cuda) workspace: no device context");
+        fsdp_err_set(err, FSDP_E_INVALID, "decoder (cuda) workspace: no device context");
         return NULL;
     }
     if (ws_args(cfg, B_max, T_max, dt, &o, err)) return NULL;
     decoder_cuda_ws *ws = calloc(1, sizeof *ws);
     if (!ws || !(ws->acts = calloc((size_t)cfg->n_layers, sizeof *ws->acts))) {
         free(ws);
-        fsdp_err_set(err, FSDP_E_NOMEM, "llama (cuda) workspace: out of host memory");
+        fsdp_err_set(err, FSDP_E_NOMEM, "decoder (cuda) workspace: out of host memory");
         return NULL;
     }
     ws->d = d;
@@ -181,7 +181,7 @@ decoder_cuda_ws *decoder_cuda_ws_create_opts(dev_ctx *d, const decoder_config *c
         return NULL;
     }
     if (dev_alloc(d, L.total, &ws->arena, err)) {
-        fsdp_err_prefix(err, "llama (cuda) workspace: %zu bytes of activations for batch %d x %d", L.total, B_max,
+        fsdp_err_prefix(err, "decoder (cuda) workspace: %zu bytes of activations for batch %d x %d", L.total, B_max,
                         T_max);
         decoder_model_ws_layout_free(&L);
         decoder_cuda_ws_free(ws);
@@ -191,7 +191,7 @@ decoder_cuda_ws *decoder_cuda_ws_create_opts(dev_ctx *d, const decoder_config *c
     bind(ws, &L);
     decoder_model_ws_layout_free(&L);
     if (upload_rope(ws, err)) {
-        fsdp_err_prefix(err, "llama (cuda) workspace");
+        fsdp_err_prefix(err, "decoder (cuda) workspace");
         decoder_cuda_ws_free(ws);
         return NULL;
     }

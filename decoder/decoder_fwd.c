@@ -5,16 +5,16 @@
 
 int decoder_fwd_embed(const decoder_config *c, const float *tok_embeddings, const int32_t *tokens,
                     const int32_t *labels, int B, int T, decoder_model_ws *ws, fsdp_err *err) {
-    int rc = decoder_model_ws_check(c, ws, "llama forward (embedding)", err);
+    int rc = decoder_model_ws_check(c, ws, "decoder forward (embedding)", err);
     if (rc) return rc;
     if (B <= 0 || T <= 0 || B > ws->B_max || T > ws->T_max)
         return fsdp_err_set(err, FSDP_E_INVALID,
-                            "llama forward: batch %d x %d does not fit the workspace (at most %d x %d)", B, T,
+                            "decoder forward: batch %d x %d does not fit the workspace (at most %d x %d)", B, T,
                             ws->B_max, ws->T_max);
     size_t n = (size_t)B * (size_t)T;
     ws->phase = DECODER_PHASE_EMPTY;
     rc = kc_embedding_forward(tok_embeddings, tokens, ws->acts[0].x, (int64_t)n, c->vocab_size, c->dim, err);
-    if (rc) return fsdp_err_prefix(err, "llama forward: input_ids");
+    if (rc) return fsdp_err_prefix(err, "decoder forward: input_ids");
     memcpy(ws->tokens, tokens, n * sizeof(int32_t));
     ws->has_labels = labels != NULL;
     if (labels) memcpy(ws->labels, labels, n * sizeof(int32_t));
@@ -54,7 +54,7 @@ int decoder_fwd_layer_compute(const decoder_config *c, const decoder_model_layer
     kc_rope_forward(a->q, ws->rope_cos, ws->rope_sin, B, T, H, hd);
     kc_rope_forward(a->k, ws->rope_cos, ws->rope_sin, B, T, KV, hd);
     rc = kc_attention_forward(a->q, a->k, a->v, a->att, a->lse, B, T, H, KV, hd, st, err);
-    if (rc) return fsdp_err_prefix(err, "llama forward: layer %d", layer);
+    if (rc) return fsdp_err_prefix(err, "decoder forward: layer %d", layer);
     kc_linear_forward(a->att, lw->wo, a->h, n, qd, d, st);
     size_t nd = (size_t)n * (size_t)d;
 #pragma omp parallel for schedule(static)
@@ -72,10 +72,10 @@ int decoder_fwd_layer_compute(const decoder_config *c, const decoder_model_layer
 
 int decoder_fwd_layer(const decoder_config *c, const decoder_model_layer *lw, int layer, decoder_model_ws *ws,
                     fsdp_err *err) {
-    int rc = decoder_model_ws_check(c, ws, "llama forward (layer)", err);
+    int rc = decoder_model_ws_check(c, ws, "decoder forward (layer)", err);
     if (rc) return rc;
     if (ws->phase != DECODER_PHASE_FWD || ws->fwd_next != layer)
-        return fsdp_err_set(err, FSDP_E_INVALID, "llama forward: layer %d run out of order (expected layer %d)", layer,
+        return fsdp_err_set(err, FSDP_E_INVALID, "decoder forward: layer %d run out of order (expected layer %d)", layer,
                             ws->phase == DECODER_PHASE_FWD ? ws->fwd_next : -1);
     if ((rc = decoder_fwd_layer_compute(c, lw, layer, ws, err))) return rc;
     ws->fwd_next = layer + 1;
@@ -86,7 +86,7 @@ int decoder_model_forward(const decoder_config *c, const decoder_model_weights *
                         const int32_t *labels, int B, int T, decoder_model_ws *ws, decoder_model_loss *loss,
                         fsdp_err *err) {
     if (!w || !c || w->n_layers != c->n_layers || !w->layers)
-        return fsdp_err_set(err, FSDP_E_INVALID, "llama forward: weights do not match the config's %d layers",
+        return fsdp_err_set(err, FSDP_E_INVALID, "decoder forward: weights do not match the config's %d layers",
                             c ? c->n_layers : -1);
     int rc = decoder_fwd_embed(c, w->tok_embeddings, tokens, labels, B, T, ws, err);
     for (int l = 0; !rc && l < c->n_layers; l++) rc = decoder_fwd_layer(c, &w->layers[l], l, ws, err);

@@ -13,7 +13,7 @@ static int count_labels(const decoder_config *c, const decoder_model_ws *ws, int
         if (lab == DECODER_MODEL_IGNORE_INDEX) continue;
         if (lab < 0 || lab >= c->vocab_size)
             return fsdp_err_set(err, FSDP_E_INVALID,
-                                "llama forward: labels: cross-entropy: label %lld is %d, expected 0 <= label < vocab "
+                                "decoder forward: labels: cross-entropy: label %lld is %d, expected 0 <= label < vocab "
                                 "%d or ignore_index %d",
                                 (long long)i, (int)lab, c->vocab_size, DECODER_MODEL_IGNORE_INDEX);
         k++;
@@ -33,7 +33,7 @@ static int chunk_loss(const decoder_config *c, decoder_model_ws *ws, int r0, int
     int64_t kept = 0;
     int rc = kc_xent_forward(ws->logits, ws->labels + r0, m, c->vocab_size, DECODER_MODEL_IGNORE_INDEX, ws->lse_x + r0,
                              &sum, &kept, err);
-    if (rc) return fsdp_err_prefix(err, "llama forward: labels");
+    if (rc) return fsdp_err_prefix(err, "decoder forward: labels");
     ws->loss.loss_sum += sum;
     ws->loss.n_valid += kept;
     return FSDP_OK;
@@ -66,14 +66,14 @@ static int head_ready(const decoder_config *c, const decoder_model_ws *ws, const
     int rc = decoder_model_ws_check(c, ws, what, err);
     if (rc) return rc;
     if (ws->phase != DECODER_PHASE_FWD || ws->fwd_next != c->n_layers)
-        return fsdp_err_set(err, FSDP_E_INVALID, "llama forward: head run before all %d layers (next layer %d)",
+        return fsdp_err_set(err, FSDP_E_INVALID, "decoder forward: head run before all %d layers (next layer %d)",
                             c->n_layers, ws->phase == DECODER_PHASE_FWD ? ws->fwd_next : -1);
     return FSDP_OK;
 }
 
 int decoder_fwd_head(const decoder_config *c, const float *norm_w, const float *output_w, decoder_model_ws *ws,
                    decoder_model_loss *loss, fsdp_err *err) {
-    int rc = head_ready(c, ws, "llama forward (head)", err);
+    int rc = head_ready(c, ws, "decoder forward (head)", err);
     if (rc) return rc;
     const int n = ws->B * ws->T, C = ws->head_chunk;
     int64_t kept = 0;
@@ -97,12 +97,12 @@ int decoder_fwd_head(const decoder_config *c, const float *norm_w, const float *
 
 int decoder_bwd_head(const decoder_config *c, const float *norm_w, const float *output_w, float *d_norm,
                    float *d_output, double loss_denom, decoder_model_ws *ws, fsdp_err *err) {
-    int rc = decoder_model_ws_check(c, ws, "llama backward (head)", err);
+    int rc = decoder_model_ws_check(c, ws, "decoder backward (head)", err);
     if (rc) return rc;
     if (ws->phase != DECODER_PHASE_HEAD)
-        return fsdp_err_set(err, FSDP_E_INVALID, "llama backward: the head backward needs a completed forward");
+        return fsdp_err_set(err, FSDP_E_INVALID, "decoder backward: the head backward needs a completed forward");
     if (!ws->has_labels)
-        return fsdp_err_set(err, FSDP_E_INVALID, "llama backward: the forward ran without labels, there is no loss");
+        return fsdp_err_set(err, FSDP_E_INVALID, "decoder backward: the forward ran without labels, there is no loss");
     const int n = ws->B * ws->T, C = ws->head_chunk;
     const float scale = loss_scale(loss_denom, ws->loss.n_valid);
     /* one chunk: the forward's logits are still there; several: each chunk's logits again (the
@@ -118,10 +118,10 @@ int decoder_bwd_head(const decoder_config *c, const float *norm_w, const float *
 
 int decoder_head_train(const decoder_config *c, const float *norm_w, const float *output_w, float *d_norm,
                      float *d_output, double loss_denom, decoder_model_ws *ws, decoder_model_loss *loss, fsdp_err *err) {
-    int rc = head_ready(c, ws, "llama training head", err);
+    int rc = head_ready(c, ws, "decoder training head", err);
     if (rc) return rc;
     if (!ws->has_labels)
-        return fsdp_err_set(err, FSDP_E_INVALID, "llama training head: the forward ran without labels, there is no loss");
+        return fsdp_err_set(err, FSDP_E_INVALID, "decoder training head: the forward ran without labels, there is no loss");
     const int n = ws->B * ws->T, C = ws->head_chunk;
     int64_t kept = 0;
     if ((rc = count_labels(c, ws, &kept, err))) return rc;

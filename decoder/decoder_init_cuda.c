@@ -7,24 +7,24 @@
 
 int decoder_init_rows_dev(dev_ctx *d, const decoder_param *p, uint64_t seed, int64_t r0, int64_t r1, float *d_dst,
                         fsdp_err *err) {
-    if (!p) return fsdp_err_set(err, FSDP_E_INVALID, "llama init (cuda): no parameter given");
+    if (!p) return fsdp_err_set(err, FSDP_E_INVALID, "decoder init (cuda): no parameter given");
     if (r0 < 0 || r1 < r0 || r1 > p->shape[0])
-        return fsdp_err_set(err, FSDP_E_INVALID, "llama init (cuda): rows [%lld, %lld) are outside [0, %lld) of %s",
+        return fsdp_err_set(err, FSDP_E_INVALID, "decoder init (cuda): rows [%lld, %lld) are outside [0, %lld) of %s",
                             (long long)r0, (long long)r1, (long long)p->shape[0], p->name);
     if (p->row_numel <= 0 || p->shape[0] > INT64_MAX / p->row_numel)
-        return fsdp_err_set(err, FSDP_E_INVALID, "llama init (cuda): bad shape of %s", p->name);
+        return fsdp_err_set(err, FSDP_E_INVALID, "decoder init (cuda): bad shape of %s", p->name);
 #if FSDP_HAVE_CUDA
     if (r1 == r0) return FSDP_OK;
-    if (!d) return fsdp_err_set(err, FSDP_E_INVALID, "llama init (cuda): no device context for %s", p->name);
-    if (!d_dst) return fsdp_err_set(err, FSDP_E_INVALID, "llama init (cuda): no output buffer for %s", p->name);
+    if (!d) return fsdp_err_set(err, FSDP_E_INVALID, "decoder init (cuda): no device context for %s", p->name);
+    if (!d_dst) return fsdp_err_set(err, FSDP_E_INVALID, "decoder init (cuda): no output buffer for %s", p->name);
     rng_dist dist;
     int rc = decoder_init_dist(p, &dist, err);
     if (rc) return rc;
     rc = kcu_init_fill(d_dst, &dist, seed, decoder_init_stream(p), (uint64_t)(r0 * p->row_numel),
                        (r1 - r0) * p->row_numel, (kcu_stream)dev_ctx_stream(d, DEV_STREAM_COMPUTE), err);
-    return rc ? fsdp_err_prefix(err, "llama init (cuda): %s", p->name) : FSDP_OK;
+    return rc ? fsdp_err_prefix(err, "decoder init (cuda): %s", p->name) : FSDP_OK;
 #else
     (void)d, (void)seed, (void)d_dst;
-    return fsdp_err_set(err, FSDP_E_DEVICE, "llama init (cuda): %s: fsdp-run was built without CUDA", p->name);
+    return fsdp_err_set(err, FSDP_E_DEVICE, "decoder init (cuda): %s: fsdp-run was built without CUDA", p->name);
 #endif
 }

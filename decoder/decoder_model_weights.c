@@ -9,44 +9,44 @@
 #include <string.h>
 
 int decoder_model_check(const decoder_config *c, fsdp_err *err) {
-    if (!c) return fsdp_err_set(err, FSDP_E_INVALID, "llama model: no config");
+    if (!c) return fsdp_err_set(err, FSDP_E_INVALID, "decoder model: no config");
     if (c->dim <= 0 || c->n_layers <= 0 || c->n_heads <= 0 || c->n_kv_heads <= 0 || c->vocab_size <= 0)
         return fsdp_err_set(err, FSDP_E_INVALID,
-                            "llama model: dim %d, n_layers %d, n_heads %d, n_kv_heads %d and vocab_size %d must "
+                            "decoder model: dim %d, n_layers %d, n_heads %d, n_kv_heads %d and vocab_size %d must "
                             "all be positive",
                             c->dim, c->n_layers, c->n_heads, c->n_kv_heads, c->vocab_size);
     if (c->n_heads % c->n_kv_heads != 0)
-        return fsdp_err_set(err, FSDP_E_INVALID, "llama model: n_heads %d is not a multiple of n_kv_heads %d",
+        return fsdp_err_set(err, FSDP_E_INVALID, "decoder model: n_heads %d is not a multiple of n_kv_heads %d",
                             c->n_heads, c->n_kv_heads);
     if (c->head_dim <= 0 || c->head_dim % 2 != 0)
         return fsdp_err_set(err, FSDP_E_INVALID,
-                            "llama model: head_dim %d must be positive and even (is the config finalized?)",
+                            "decoder model: head_dim %d must be positive and even (is the config finalized?)",
                             c->head_dim);
     if (c->ffn_hidden <= 0)
-        return fsdp_err_set(err, FSDP_E_INVALID, "llama model: ffn_hidden %d must be positive (is the config finalized?)",
+        return fsdp_err_set(err, FSDP_E_INVALID, "decoder model: ffn_hidden %d must be positive (is the config finalized?)",
                             c->ffn_hidden);
     if ((int64_t)c->n_heads * c->head_dim > INT_MAX)
-        return fsdp_err_set(err, FSDP_E_INVALID, "llama model: n_heads*head_dim = %lld does not fit in int",
+        return fsdp_err_set(err, FSDP_E_INVALID, "decoder model: n_heads*head_dim = %lld does not fit in int",
                             (long long)c->n_heads * c->head_dim);
     if (!(c->norm_eps > 0.0) || !isfinite(c->norm_eps))
-        return fsdp_err_set(err, FSDP_E_INVALID, "llama model: norm_eps %g must be a positive number", c->norm_eps);
+        return fsdp_err_set(err, FSDP_E_INVALID, "decoder model: norm_eps %g must be a positive number", c->norm_eps);
     if (!(c->rope_theta > 0.0) || !isfinite(c->rope_theta))
-        return fsdp_err_set(err, FSDP_E_INVALID, "llama model: rope_theta %g must be a positive number", c->rope_theta);
+        return fsdp_err_set(err, FSDP_E_INVALID, "decoder model: rope_theta %g must be a positive number", c->rope_theta);
     if (c->rope_scaling != DECODER_ROPE_NONE && c->rope_scaling != DECODER_ROPE_LLAMA3)
-        return fsdp_err_set(err, FSDP_E_INVALID, "llama model: unknown rope_scaling %d", (int)c->rope_scaling);
+        return fsdp_err_set(err, FSDP_E_INVALID, "decoder model: unknown rope_scaling %d", (int)c->rope_scaling);
     if (c->rope_scaling == DECODER_ROPE_LLAMA3 &&
         (!(c->rope_factor > 0.0) || !(c->rope_low_freq_factor > 0.0) || !(c->rope_high_freq_factor > 0.0) ||
          c->rope_original_max_pos <= 0 || c->rope_low_freq_factor == c->rope_high_freq_factor))
         return fsdp_err_set(err, FSDP_E_INVALID,
-                            "llama model: llama3 rope scaling needs factor %g, low_freq_factor %g, high_freq_factor "
+                            "decoder model: llama3 rope scaling needs factor %g, low_freq_factor %g, high_freq_factor "
                             "%g and original_max_pos %d positive, with low != high",
                             c->rope_factor, c->rope_low_freq_factor, c->rope_high_freq_factor,
                             c->rope_original_max_pos);
     if ((c->qkv_bias | c->qk_norm | c->tie_embeddings) & ~1)
-        return fsdp_err_set(err, FSDP_E_INVALID, "llama model: qkv_bias %d, qk_norm %d and tie_embeddings %d must be 0 or 1",
+        return fsdp_err_set(err, FSDP_E_INVALID, "decoder model: qkv_bias %d, qk_norm %d and tie_embeddings %d must be 0 or 1",
                             c->qkv_bias, c->qk_norm, c->tie_embeddings);
     if (decoder_model_numel(c) < 0)
-        return fsdp_err_set(err, FSDP_E_INVALID, "llama model: the parameter count overflows int64");
+        return fsdp_err_set(err, FSDP_E_INVALID, "decoder model: the parameter count overflows int64");
     return FSDP_OK;
 }
 
@@ -126,7 +126,7 @@ int decoder_model_weights_bind(const decoder_config *c, float *flat, decoder_mod
     memset(w, 0, sizeof *w);
     w->layers = calloc((size_t)c->n_layers, sizeof *w->layers);
     if (!w->layers)
-        return fsdp_err_set(err, FSDP_E_NOMEM, "llama model: cannot allocate %d layer views", c->n_layers);
+        return fsdp_err_set(err, FSDP_E_NOMEM, "decoder model: cannot allocate %d layer views", c->n_layers);
     w->n_layers = c->n_layers;
     int64_t vd = (int64_t)c->vocab_size * c->dim, layer = decoder_model_layer_numel(c);
     float *p = flat;
@@ -158,9 +158,9 @@ int decoder_model_param_at(const decoder_config *c, const decoder_model_weights 
                          fsdp_err *err) {
     int n = decoder_model_param_count(c);
     if (index < 0 || index >= n)
-        return fsdp_err_set(err, FSDP_E_INVALID, "llama model: parameter index %d out of range 0..%d", index, n - 1);
+        return fsdp_err_set(err, FSDP_E_INVALID, "decoder model: parameter index %d out of range 0..%d", index, n - 1);
     if (!w || w->n_layers != c->n_layers || !w->layers)
-        return fsdp_err_set(err, FSDP_E_INVALID, "llama model: weights have %d layers, config has %d",
+        return fsdp_err_set(err, FSDP_E_INVALID, "decoder model: weights have %d layers, config has %d",
                             w ? w->n_layers : -1, c->n_layers);
     decoder_param_kind k[DECODER_PARAMS_PER_LAYER_MAX];
     const int per = decoder_params_layer_kinds(c, k);

@@ -13,10 +13,10 @@ static const decoder_model_ws_layout_spec cpu_spec = {sizeof(float), sizeof(floa
 static int ws_layout(const decoder_model_ws *ws, decoder_model_ws_layout *L, fsdp_err *err) {
     const decoder_model_ws_layout_shape sh = {&ws->cfg, ws->ac, ws->B_max, ws->T_max, ws->head_chunk};
     int rc = decoder_model_ws_layout_compute(&cpu_spec, &sh, L);
-    if (rc == FSDP_E_NOMEM) return fsdp_err_set(err, rc, "llama workspace: out of memory for the layout");
+    if (rc == FSDP_E_NOMEM) return fsdp_err_set(err, rc, "decoder workspace: out of memory for the layout");
     if (!rc && L->total <= SIZE_MAX / sizeof(float)) return FSDP_OK;
     decoder_model_ws_layout_free(L);
-    return fsdp_err_set(err, FSDP_E_INVALID, "llama workspace: activation size for batch %d x %d overflows", ws->B_max,
+    return fsdp_err_set(err, FSDP_E_INVALID, "decoder workspace: activation size for batch %d x %d overflows", ws->B_max,
                         ws->T_max);
 }
 
@@ -105,20 +105,20 @@ decoder_model_ws *decoder_model_ws_create_opts(const decoder_config *cfg, int B_
     decoder_model_ws_opts o = {0, 0};
     if (opts) o = *opts;
     if (decoder_model_check(cfg, err)) return NULL;
-    if (decoder_head_chunk_check(o.head_chunk_rows, "llama workspace", err)) return NULL;
+    if (decoder_head_chunk_check(o.head_chunk_rows, "decoder workspace", err)) return NULL;
     if (B_max <= 0 || T_max <= 0 || (int64_t)B_max * T_max > INT_MAX) {
-        fsdp_err_set(err, FSDP_E_INVALID, "llama workspace: batch %d x %d must be positive with B*T <= %d", B_max,
+        fsdp_err_set(err, FSDP_E_INVALID, "decoder workspace: batch %d x %d must be positive with B*T <= %d", B_max,
                      T_max, INT_MAX);
         return NULL;
     }
     if (o.ac != DECODER_AC_NONE && o.ac != DECODER_AC_FULL && o.ac != DECODER_AC_SELECTIVE) {
-        fsdp_err_set(err, FSDP_E_INVALID, "llama workspace: activation checkpointing mode %d is not none (%d), full (%d) "
+        fsdp_err_set(err, FSDP_E_INVALID, "decoder workspace: activation checkpointing mode %d is not none (%d), full (%d) "
                      "or selective (%d)", o.ac, DECODER_AC_NONE, DECODER_AC_FULL, DECODER_AC_SELECTIVE);
         return NULL;
     }
     decoder_model_ws *ws = calloc(1, sizeof *ws);
     if (!ws) {
-        fsdp_err_set(err, FSDP_E_NOMEM, "llama workspace: out of memory");
+        fsdp_err_set(err, FSDP_E_NOMEM, "decoder workspace: out of memory");
         return NULL;
     }
     ws->cfg = *cfg;
@@ -131,7 +131,7 @@ decoder_model_ws *decoder_model_ws_create_opts(const decoder_config *cfg, int B_
     ws->tokens = malloc(bt * sizeof(int32_t));
     ws->labels = malloc(bt * sizeof(int32_t));
     if (!ws->acts || !ws->tokens || !ws->labels) {
-        fsdp_err_set(err, FSDP_E_NOMEM, "llama workspace: out of memory for %zu tokens", bt);
+        fsdp_err_set(err, FSDP_E_NOMEM, "decoder workspace: out of memory for %zu tokens", bt);
         decoder_model_ws_free(ws);
         return NULL;
     }
@@ -142,7 +142,7 @@ decoder_model_ws *decoder_model_ws_create_opts(const decoder_config *cfg, int B_
     }
     ws->arena = aligned_alloc(64, L.total * sizeof(float));
     if (!ws->arena) {
-        fsdp_err_set(err, FSDP_E_NOMEM, "llama workspace: cannot allocate %zu bytes of activations for batch %d x %d",
+        fsdp_err_set(err, FSDP_E_NOMEM, "decoder workspace: cannot allocate %zu bytes of activations for batch %d x %d",
                      L.total * sizeof(float), B_max, T_max);
         decoder_model_ws_layout_free(&L);
         decoder_model_ws_free(ws);
@@ -152,7 +152,7 @@ decoder_model_ws *decoder_model_ws_create_opts(const decoder_config *cfg, int B_
     bind(ws, &L);
     decoder_model_ws_layout_free(&L);
     if (fill_rope(ws, err)) {
-        fsdp_err_prefix(err, "llama workspace");
+        fsdp_err_prefix(err, "decoder workspace");
         decoder_model_ws_free(ws);
         return NULL;
     }

@@ -187,16 +187,16 @@ int decoder_params_build(const decoder_config *cfg, decoder_params *out, fsdp_er
     memset(out, 0, sizeof *out);
     if (decoder_param_count(cfg) < 0)
         return fsdp_err_set(err, FSDP_E_INVALID,
-                            "llama parameter table: the model config is invalid or not finalized");
+                            "decoder parameter table: the model config is invalid or not finalized");
     decoder_param_kind lk[DECODER_PARAMS_PER_LAYER_MAX], hk[2];
     const int per = decoder_params_layer_kinds(cfg, lk), nh = head_kinds(cfg, hk);
     if (cfg->n_layers > (INT32_MAX - 3) / per)
-        return fsdp_err_set(err, FSDP_E_INVALID, "llama parameter table: n_layers %d is too large",
+        return fsdp_err_set(err, FSDP_E_INVALID, "decoder parameter table: n_layers %d is too large",
                             cfg->n_layers);
     int n = 1 + per * cfg->n_layers + nh;
     decoder_param *p = calloc((size_t)n, sizeof *p);
     if (!p)
-        return fsdp_err_set(err, FSDP_E_NOMEM, "llama parameter table: out of memory (%d entries)",
+        return fsdp_err_set(err, FSDP_E_NOMEM, "decoder parameter table: out of memory (%d entries)",
                             n);
     int k = 0;
     decoder_param_describe(cfg, DECODER_P_TOK_EMBEDDINGS, -1, &p[k++]);

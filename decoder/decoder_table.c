@@ -12,7 +12,7 @@
 
 int decoder_table_add(const decoder_config *cfg, mt_table *t, int part, fsdp_err *err) {
     if (part < 0 || (size_t)part >= t->n_parts)
-        return fsdp_err_set(err, FSDP_E_INVALID, "llama table: part %d does not exist", part);
+        return fsdp_err_set(err, FSDP_E_INVALID, "decoder table: part %d does not exist", part);
     decoder_params lp;
     int rc = decoder_params_build(cfg, &lp, err);
     if (rc) return rc;

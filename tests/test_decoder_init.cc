@@ -399,7 +399,7 @@ TEST(LlamaInit, BadArguments) {
     q.init.kind = INIT_TRUNC_NORMAL;
     q.init.std = 0.0;
     EXPECT_EQ(decoder_init_rows_f32(&q, 0, 0, 1, buf, &err), FSDP_E_INVALID);
-    EXPECT_NE(std::string(err.msg).find("llama init: tok_embeddings.weight"), std::string::npos)
+    EXPECT_NE(std::string(err.msg).find("decoder init: tok_embeddings.weight"), std::string::npos)
         << err.msg;
     q.init.kind = INIT_NORMAL;
     EXPECT_EQ(decoder_init_rows_f32(&q, 0, 0, 1, buf, &err), FSDP_E_INVALID);
