@@ -424,6 +424,19 @@ typedef struct load_marks {
 } load_marks;
 
 /* Every model tensor of the checkpoint into the parameter it names (the first pass of sio_load). */
+/* Entry ci is the block scale of an fp8 weight that was loaded (dequantised by it: ckpt/reader_st.c). */
+static int scale_used(ckpt_reader *r, size_t ci, const int *used) {
+    const ckpt_entry *e = ckpt_entry_at(r, ci);
+    if (!e->fp8_scale) return 0;
+    char base[1024];
+    size_t n = strlen(e->name), suf = strlen("_scale_inv");
+    if (n <= suf || n - suf >= sizeof base) return 0;
+    memcpy(base, e->name, n - suf);
+    base[n - suf] = '\0';
+    long w = ckpt_find(r, base);
+    return w >= 0 && used[w];
+}
+
 static int load_params(loader *L, ckpt_reader *r, nmap_rules *rules, load_marks *m, sio_load_result *res,
                        fsdp_err *err) {
     fsdp_state *s = L->s;
@@ -607,7 +620,7 @@ static void strict_report(const loader *L, ckpt_reader *r, const load_marks *m) 
                o->names == SIO_NAMES_HF ? " under its Hugging Face name" : "");
     }
     for (size_t ci = 0; ci < nck; ci++)
-        if (!used[ci] && ckpt_entry_at(r, ci)->is_tensor)
+        if (!used[ci] && ckpt_entry_at(r, ci)->is_tensor && !scale_used(r, ci, used))
             append(problems, 8192, "\n  unexpected key %s in the checkpoint%s", ckpt_entry_at(r, ci)->name, "");
     /* NaN left over in a restored parameter means the checkpoint itself holds NaN */
     for (size_t i = 0; i < s->n; i++) {

@@ -46,8 +46,12 @@ static int add_entry(mt_table *t, int part, const char *path, const ckpt_entry *
         if (k < 0) return 0;
         keys_hit[k]++;
     }
+    /* an fp8 weight converted to a float dtype reads dequantised by its block scales (ckpt/reader_st.c),
+     * which are then no parameters of their own */
+    if (e->fp8_scale && o->dtype) return 0;
+    int fp8 = e->dtype == FSDP_DT_F8_E4M3FN || e->dtype == FSDP_DT_F8_E5M2;
     fsdp_dtype dt = o->dtype ? o->dtype : e->dtype;
-    if (o->dtype && !fsdp_dtype_is_float(e->dtype))
+    if (o->dtype && !fsdp_dtype_is_float(e->dtype) && !fp8)
         return fsdp_err_set(err, FSDP_E_INVALID, "model: %s: tensor %s is %s, which does not convert to %s", path,
                             e->name, fsdp_dtype_name(e->dtype), fsdp_dtype_name(o->dtype));
     if (dt != FSDP_DT_F32 && dt != FSDP_DT_BF16 && dt != FSDP_DT_F16)

@@ -95,3 +95,31 @@ TEST(Fp8, ConvertDequantisesAndLeavesTheScalesOut) {
     EXPECT_NE(out.find("f8_e4m3fn"), std::string::npos) << out;
     rm_rf(t);
 }
+
+// An FP8 checkpoint as a model (`model: {from: F, dtype: bf16}`): its weights become bf16 parameters read
+// dequantised, its block scales no parameters of their own, and a strict load takes them without an
+// unexpected key; the values saved equal the reference's bf16 dequantisation. Without dtype the fp8
+// tensors are refused, naming the way out.
+TEST(Fp8, CheckpointLoadsAsADequantisedModel) {
+    std::string t = make_tmpdir("fsdp-fp8"), out, st = t + "/m.safetensors";
+    write_file(t + "/r.yaml", std::string("model: {from: ") + FP8 + ", dtype: bf16}\nstages:\n"
+                              "  - {id: l, uses: load-ckpt, with: {path: " + FP8 + ", strict: true}}\n"
+                              "  - {id: s, uses: save-safetensors, with: {path: " + st + "}}\n");
+    ASSERT_EQ(run_cmd(fsdp_run_bin() + " " + t + "/r.yaml", &out), 0) << out;
+    std::map<std::string, st_test::Tensor> got, want;
+    std::string why;
+    ASSERT_TRUE(st_test::load(st, &got, &why)) << why;
+    ASSERT_TRUE(st_test::load(WANT, &want, &why)) << why;
+    EXPECT_EQ(got.size(), 4u);
+    EXPECT_FALSE(got.count("model.layers.0.self_attn.q_b_proj.weight_scale_inv"));
+    EXPECT_EQ(got.at("model.layers.0.self_attn.q_b_proj.weight").dtype, "BF16");
+    EXPECT_EQ(got.at("model.layers.0.self_attn.q_b_proj.weight").f32,
+              want.at("model.layers.0.self_attn.q_b_proj.weight.bf16").f32);
+    write_file(t + "/n.yaml", std::string("model: {from: ") + FP8 + "}\nstages:\n  - {id: l, uses: load-ckpt, with: {path: " +
+                                  FP8 + "}}\n");
+    EXPECT_EQ(run_cmd(fsdp_run_bin() + " validate " + t + "/n.yaml", &out), 2) << out;
+    EXPECT_NE(out.find("is f8_e4m3fn; a parameter is f32, bf16 or f16 (exclude it, or set dtype to convert it)"),
+              std::string::npos)
+        << out;
+    rm_rf(t);
+}
