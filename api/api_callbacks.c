@@ -109,7 +109,7 @@ int api_callbacks_run(fsdp_ctx *ctx, const fsdp_step_metrics *m, unsigned *reque
         *request |= r;
     }
     ctx->in_callback = 0;
-    comm *w = api_world(ctx);
+    comm *w = ctx_world_comm(ctx);
     int who = -1;
     fsdp_err e2;
     int agreed = comm_agree(w, rc, &who, &e2);

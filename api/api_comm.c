@@ -9,7 +9,7 @@
 
 /* The world for `call`, or an error (outside a stage, out of memory). */
 static comm *world_for(fsdp_ctx *ctx, const char *call, fsdp_err *err) {
-    comm *w = ctx ? api_world(ctx) : NULL;
+    comm *w = ctx ? ctx_world_comm(ctx) : NULL;
     if (!w) fsdp_err_set(err, FSDP_E_INVALID, "%s: no context or communicator", call);
     return w;
 }

@@ -80,30 +80,9 @@ int fsdp_param_write(fsdp_ctx *ctx, size_t i, int64_t row0, int64_t rows, fsdp_d
     return rc;
 }
 
-/* The whole of p in float32 on every rank of the shard group (malloc'd into *full). */
-static int gather_full(fsdp_ctx *ctx, fsdp_state *s, state_param *p, float **full, const char *call, fsdp_err *err) {
-    int64_t numel = state_param_numel(p);
-    *full = malloc((size_t)(numel ? numel : 1) * sizeof(float));
-    if (!*full) return api_fail(ctx, err, FSDP_E_NOMEM, call, "%s: out of memory (%lld floats)", p->name, (long long)numel);
-    float *local = NULL;
-    int rc = state_param_map(s, p, STATE_DATA, &local, err);
-    if (!rc) {
-        rc = s->layout == STATE_FULL ? (memcpy(*full, local, (size_t)state_param_local_numel(p) * sizeof(float)), 0)
-                                     : state_unshard(p, local, api_shard(ctx), *full, err);
-        fsdp_err e2;
-        state_param_unmap(s, p, STATE_DATA, local, 0, &e2);
-    }
-    if (rc) {
-        free(*full);
-        *full = NULL;
-        return api_fail(ctx, err, rc, call, "%s: %s", p->name, err->msg);
-    }
-    return 0;
-}
-
 /* The root's check of its buffer, agreed on by every rank (so no rank waits in a collective alone). */
 static int agree_root(fsdp_ctx *ctx, int root, int bad, const char *call, const char *what, fsdp_err *err) {
-    comm *w = api_world(ctx);
+    comm *w = ctx_world_comm(ctx);
     if (root < 0 || root >= comm_size(w))
         return api_fail(ctx, err, FSDP_E_INVALID, call, "root %d outside [0, %d)", root, comm_size(w));
     int64_t v = comm_rank(w) == root && bad;
@@ -124,8 +103,9 @@ int fsdp_param_gather(fsdp_ctx *ctx, size_t i, int root, fsdp_dtype dt, void *ds
     if (s->layout == STATE_FULL && root != 0)
         return api_fail(ctx, err, FSDP_E_INVALID, call, "%s: the model is not sharded yet (rank 0 holds it): root must be 0",
                         p->name);
-    if ((rc = gather_full(ctx, s, p, &full, call, err))) return rc;
-    if (comm_rank(api_world(ctx)) == root)
+    if ((rc = api_gather_array(ctx, s, p, STATE_DATA, &full, err)))
+        return api_fail(ctx, err, rc, call, "%s: %s", p->name, err->msg);
+    if (comm_rank(ctx_world_comm(ctx)) == root)
         rc = fsdp_convert(dst, dt, full, FSDP_DT_F32, (size_t)state_param_numel(p), err);
     free(full);
     return rc;
@@ -138,7 +118,7 @@ int fsdp_param_scatter(fsdp_ctx *ctx, size_t i, int root, fsdp_dtype dt, const v
     if (!p) return err->code;
     int rc = agree_root(ctx, root, !src || !fsdp_dtype_is_float(dt), call, "a NULL buffer or a dtype that is not a float", err);
     if (rc) return rc;
-    comm *w = api_world(ctx);
+    comm *w = ctx_world_comm(ctx);
     size_t numel = (size_t)state_param_numel(p);
     float *full = malloc((numel ? numel : 1) * sizeof(float));
     if (!full) return api_fail(ctx, err, FSDP_E_NOMEM, call, "%s: out of memory", p->name);

@@ -18,7 +18,7 @@
 static int agree(fsdp_ctx *ctx, int rc, const char *call, fsdp_err *err) {
     int who = -1;
     fsdp_err e2;
-    int agreed = comm_agree(api_world(ctx), rc, &who, &e2);
+    int agreed = comm_agree(ctx_world_comm(ctx), rc, &who, &e2);
     if (rc) return rc;
     return agreed ? api_fail(ctx, err, agreed, call, "failed on rank %d", who) : 0;
 }
@@ -132,29 +132,13 @@ int fsdp_param_remove(fsdp_ctx *ctx, size_t i, fsdp_err *err) {
     return agree(ctx, rc, call, err);
 }
 
-/* The whole of array a of p (float32, every rank of the shard group), malloc'd into *full. */
-static int gather_array(fsdp_ctx *ctx, fsdp_state *s, state_param *p, state_array a, float **full, fsdp_err *err) {
-    size_t numel = (size_t)state_param_numel(p);
-    float *local = NULL;
-    *full = malloc((numel ? numel : 1) * sizeof(float));
-    if (!*full) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory (%zu floats)", numel);
-    int rc = state_param_map(s, p, a, &local, err);
-    if (!rc) {
-        if (s->layout == STATE_FULL) memcpy(*full, local, state_param_local_numel(p) * sizeof(float));
-        else rc = state_unshard(p, local, api_shard(ctx), *full, err);
-        fsdp_err e2;
-        state_param_unmap(s, p, a, local, 0, &e2);
-    }
-    return rc;
-}
-
 /* The new rows of the data: given (rank 0's, broadcast), a rule's draw, or the kept rows' mean. */
 static int new_rows(fsdp_ctx *ctx, state_param *p, int64_t old, int64_t d0, const char *rule, fsdp_dtype dt,
                     const void *given, float *full, const char *call, fsdp_err *err) {
     const int64_t rn = p->row_numel, add = d0 - old;
     float *dst = full + (size_t)(old * rn);
     if (add <= 0) return 0;
-    comm *w = api_world(ctx);
+    comm *w = ctx_world_comm(ctx);
     if (given) {
         int rc = comm_rank(w) == 0 ? fsdp_convert(dst, FSDP_DT_F32, given, dt, (size_t)(add * rn), err) : 0;
         if (!rc) rc = comm_bcast(w, dst, (size_t)(add * rn) * sizeof(float), 0, err);
@@ -191,7 +175,7 @@ static int resize_local(fsdp_ctx *ctx, fsdp_state *s, state_param *p, int64_t d0
     for (int a = 0; a < STATE_ARRAYS && !rc; a++) {
         if (a == STATE_GRAD || state_place_of(p, (state_array)a) == STATE_ABSENT) continue;
         float *old_full = NULL;
-        rc = gather_array(ctx, s, p, (state_array)a, &old_full, err);
+        rc = api_gather_array(ctx, s, p, (state_array)a, &old_full, err);
         if (!rc && !(full[a] = calloc(numel ? numel : 1, sizeof(float)))) rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
         if (!rc) memcpy(full[a], old_full, keep * sizeof(float));
         if (!rc && a == STATE_DATA && d0 > old) {

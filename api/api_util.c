@@ -4,6 +4,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "runtime/ctx_impl.h"
 
@@ -71,6 +72,26 @@ int api_move_rows(fsdp_ctx *ctx, fsdp_state *s, state_param *p, state_array a, i
     return 0;
 }
 
+int api_gather_array(fsdp_ctx *ctx, fsdp_state *s, state_param *p, state_array a, float **full, fsdp_err *err) {
+    size_t numel = (size_t)state_param_numel(p);
+    float *local = NULL;
+    *full = malloc((numel ? numel : 1) * sizeof(float));
+    if (!*full) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory (%zu floats)", numel);
+    int rc = state_param_map(s, p, a, &local, err);
+    if (!rc) {
+        /* a full layout: rank 0 holds it whole (the others nothing) */
+        if (s->layout == STATE_FULL) memcpy(*full, local, state_param_local_numel(p) * sizeof(float));
+        else rc = state_unshard(p, local, ctx_shard_comm(ctx), *full, err);
+        fsdp_err e2;
+        state_param_unmap(s, p, a, local, 0, &e2);
+    }
+    if (rc) {
+        free(*full);
+        *full = NULL;
+    }
+    return rc;
+}
+
 int api_not_in_callback(fsdp_ctx *ctx, const char *call, fsdp_err *err) {
     if (ctx->in_callback)
         return api_fail(ctx, err, FSDP_E_INVALID, call,
@@ -78,6 +99,3 @@ int api_not_in_callback(fsdp_ctx *ctx, const char *call, fsdp_err *err) {
                         "do it in a stage before or after train-steps");
     return 0;
 }
-
-comm *api_world(fsdp_ctx *ctx) { return ctx_world_comm(ctx); }
-comm *api_shard(fsdp_ctx *ctx) { return ctx_shard_comm(ctx); }

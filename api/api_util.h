@@ -9,6 +9,7 @@
 #include "fsdp/error.h"
 #include "fsdp/tensor.h"
 #include "runtime/comm.h"
+#include "runtime/ctx_impl.h" /* ctx_world_comm, ctx_shard_comm */
 #include "runtime/state.h"
 
 /* Sets err to "stage 'ID' (USES): CALL: <message>" and returns code. */
@@ -28,8 +29,8 @@ int api_move_rows(fsdp_ctx *ctx, fsdp_state *s, state_param *p, state_array a, i
                   fsdp_dtype dt, void *buf, int to_state, const char *call, fsdp_err *err);
 /* Refused inside a train-steps callback (add, remove, resize). */
 int api_not_in_callback(fsdp_ctx *ctx, const char *call, fsdp_err *err);
-/* The world communicator (every rank), and the shard group's (the state's rows). */
-comm *api_world(fsdp_ctx *ctx);
-comm *api_shard(fsdp_ctx *ctx);
+/* The whole of array a of p in float32 on every rank of the shard group (its rows gathered, through a
+ * host copy on the GPU), malloc'd into *full (NULL on error). */
+int api_gather_array(fsdp_ctx *ctx, fsdp_state *s, state_param *p, state_array a, float **full, fsdp_err *err);
 
 #endif

@@ -1,31 +1,20 @@
 /* runtime.mesh in a run (run/run_mesh.h). */
 #include "run/run_mesh.h"
 
-#include <errno.h>
-#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "runtime/ctx_impl.h"
+#include "runtime/launch.h"
 #include "runtime/mesh.h"
 #include "runtime/state.h"
 
-/* A positive integer environment variable, else 0. */
-static int env_count(const char *name) {
-    const char *v = getenv(name);
-    if (!v || !*v) return 0;
-    char *end;
-    errno = 0;
-    long n = strtol(v, &end, 10);
-    return errno || *end || n < 1 || n > INT_MAX ? 0 : (int)n;
-}
-
 int run_ranks_per_node(comm *c, int world) {
     if (c && comm_size(c) > 1) return comm_local_size(c);
-    int fake = env_count("FSDP_FAKE_NODES");
+    int fake = (int)launch_env_count("FSDP_FAKE_NODES");
     if (fake && world % fake == 0) return world / fake;
-    int per = env_count("SLURM_NTASKS_PER_NODE");
+    int per = (int)launch_env_count("SLURM_NTASKS_PER_NODE");
     if (per) return per;
     return world == 1 ? 1 : 0;
 }

@@ -29,28 +29,33 @@ static long fake_nodes(void) {
     return errno || *end || k < 1 || k > INT_MAX ? -1 : k;
 }
 
-/* nodes and this rank's node from every rank's node key (the lowest world rank of its node),
- * all-gathered over c->world: nodes are numbered in the order of their keys. */
-static int number_nodes(comm *c, int key, fsdp_err *err) {
-    int *keys = malloc((size_t)c->size * sizeof *keys);
-    if (!keys) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
-    int rc = MPI_Allgather(&key, 1, MPI_INT, keys, 1, MPI_INT, c->world);
+/* Every rank of c's value `mine` all-gathered: *distinct, how many different values there are, and
+ * *below, how many of those are lower than mine (so values number from 0 in their order). */
+static int count_distinct(comm *c, int mine, int *distinct, int *below, fsdp_err *err) {
+    int *v = malloc((size_t)c->size * sizeof *v);
+    if (!v) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+    int rc = MPI_Allgather(&mine, 1, MPI_INT, v, 1, MPI_INT, c->world);
     if (rc != MPI_SUCCESS) {
-        free(keys);
-        return mpi_fail(err, rc, "MPI_Allgather (node numbering)");
+        free(v);
+        return mpi_fail(err, rc, "MPI_Allgather (nodes)");
     }
-    c->nodes = 0;
-    c->node = 0;
+    *distinct = *below = 0;
     for (int r = 0; r < c->size; r++) {
         int first = 1;
-        for (int q = 0; q < r && first; q++) first = keys[q] != keys[r];
-        if (!first) continue;
-        c->nodes++;
-        if (keys[r] < key) c->node++;
+        for (int q = 0; q < r && first; q++) first = v[q] != v[r];
+        *distinct += first;
+        *below += first && v[r] < mine;
     }
-    c->spans_nodes = c->nodes > 1;
-    free(keys);
+    free(v);
     return 0;
+}
+
+/* nodes and this rank's node from every rank's node key (the lowest world rank of its node): nodes are
+ * numbered in the order of their keys. */
+static int number_nodes(comm *c, int key, fsdp_err *err) {
+    int rc = count_distinct(c, key, &c->nodes, &c->node, err);
+    c->spans_nodes = c->nodes > 1;
+    return rc;
 }
 
 int comm_find_nodes(comm *c, fsdp_err *err) {
@@ -103,22 +108,14 @@ int comm_split(comm *c, int color, int key, comm **out, fsdp_err *err) {
     s->local_rank = c->local_rank;
     s->local_size = c->local_size;
     /* the parent's node numbers, counted over the sub-communicator's ranks */
-    int *nodes = malloc((size_t)s->size * sizeof *nodes);
-    if (!nodes) rc = -1;
-    else rc = MPI_Allgather(&c->node, 1, MPI_INT, nodes, 1, MPI_INT, s->world);
-    if (rc != MPI_SUCCESS) {
-        free(nodes);
-        comm_destroy(s);
-        return rc == -1 ? fsdp_err_set(err, FSDP_E_NOMEM, "out of memory") : mpi_fail(err, rc, "MPI_Allgather");
-    }
     s->node = c->node;
-    for (int r = 0; r < s->size; r++) {
-        int first = 1;
-        for (int q = 0; q < r && first; q++) first = nodes[q] != nodes[r];
-        s->nodes += first;
+    int below;
+    rc = count_distinct(s, c->node, &s->nodes, &below, err);
+    if (rc) {
+        comm_destroy(s);
+        return rc;
     }
     s->spans_nodes = s->nodes > 1;
-    free(nodes);
     *out = s;
     return 0;
 }

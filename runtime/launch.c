@@ -4,8 +4,8 @@
 #include <errno.h>
 #include <stdlib.h>
 
-long launch_slurm_ntasks(void) {
-    const char *s = getenv("SLURM_NTASKS");
+long launch_env_count(const char *name) {
+    const char *s = getenv(name);
     if (!s || !*s) return 0;
     char *end;
     errno = 0;
@@ -13,6 +13,8 @@ long launch_slurm_ntasks(void) {
     if (errno || *end || n < 1 || n > 1L << 24) return 0;
     return n;
 }
+
+long launch_slurm_ntasks(void) { return launch_env_count("SLURM_NTASKS"); }
 
 int launch_world(int mpi_world) {
     if (mpi_world > 1) return mpi_world;

@@ -5,6 +5,8 @@
 
 #include "fsdp/error.h"
 
+/* Environment variable `name` as a positive count (0: unset, or not an integer in [1, 2^24]). */
+long launch_env_count(const char *name);
 /* SLURM_NTASKS as a number (0: unset or not a positive integer). */
 long launch_slurm_ntasks(void);
 
