@@ -65,6 +65,7 @@ void decoder_config_defaults(decoder_config *cfg) {
     cfg->rope_low_freq_factor = 1.0;
     cfg->rope_high_freq_factor = 4.0;
     cfg->rope_original_max_pos = 8192;
+    cfg->moe_step = 1;
 }
 
 void decoder_config_arch_defaults(const decoder_arch_info *a, decoder_config *cfg) {
@@ -76,6 +77,8 @@ void decoder_config_arch_defaults(const decoder_arch_info *a, decoder_config *cf
     cfg->rope_theta = a->rope_theta;
     cfg->rope_scaling = a->rope_scaling;
     cfg->init_std = a->init_std;
+    cfg->qk_norm_full = a->qk_norm_full;
+    cfg->moe_step = 1;
 }
 
 const char *decoder_config_preset_name(int i) {
@@ -296,7 +299,7 @@ static int derive_sizes(decoder_config *c, fsdp_err *err) {
 int decoder_config_finalize(decoder_config *c, fsdp_err *err) {
     int rc;
     if ((rc = check_sizes(c, err)) || (rc = check_switches(c, err)) || (rc = check_heads(c, err)) ||
-        (rc = check_scalars(c, err)) || (rc = check_rope_scaling(c, err)))
+        (rc = check_scalars(c, err)) || (rc = check_rope_scaling(c, err)) || (rc = decoder_config_check_moe(c, err)))
         return rc;
     return derive_sizes(c, err);
 }

@@ -457,7 +457,7 @@ TEST(HfArchParams, TableOfEachArchitecture) {
         ASSERT_EQ(hf_config_read(hf(w.model).c_str(), &c, &err), 0) << err.msg;
         decoder_params t;
         ASSERT_EQ(decoder_params_build(&c, &t, &err), 0) << err.msg;
-        EXPECT_EQ(t.per_layer, w.per_layer) << w.model;
+        EXPECT_EQ(t.layer_start[1] - t.layer_start[0], w.per_layer) << w.model;
         EXPECT_EQ(t.n, 1 + w.per_layer * 2 + 1) << w.model;  // tied: tok_embeddings, layers, norm
         EXPECT_EQ(decoder_params_find(&t, "output.weight"), -1) << w.model;
         EXPECT_EQ(decoder_params_index(&t, DECODER_P_OUTPUT, -1), -1) << w.model;

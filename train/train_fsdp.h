@@ -26,7 +26,11 @@ typedef struct train_fsdp_hparams {
 } train_fsdp_hparams;
 
 typedef struct train_fsdp_result {
-    double loss;      /* global mean cross-entropy before the update */
+    double loss;      /* the objective before the update: ce_loss plus the weighted auxiliary loss */
+    double ce_loss;   /* global mean cross-entropy */
+    double aux_loss;  /* the model's auxiliary loss (a mixture of experts' load balancing; mean over the
+                         micro-batches), unweighted; 0 without one */
+    int has_aux;      /* the model has an auxiliary loss */
     double grad_norm; /* global L2 norm of the gradients before clipping */
     int64_t tokens;   /* global tokens counted in the loss */
 } train_fsdp_result;
