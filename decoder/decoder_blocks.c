@@ -52,6 +52,7 @@ static void blocks_layout(const void *impl, model_blocks_layout *out) {
     out->n_params = decoder_model_param_count(cfg);
     out->ignore_index = DECODER_MODEL_IGNORE_INDEX;
     out->n_aux = DECODER_MODEL_AUX_STATS(cfg);
+    out->n_experts = cfg->n_experts;
 }
 
 static void blocks_block_shape(const void *impl, int block, int *n_params, int64_t *numel) {
@@ -145,6 +146,11 @@ static int blocks_aux_apply(void *ws, const double *sums, double scale, model_bl
     return rc;
 }
 
+static int blocks_expert_load(void *ws, int block, int64_t *counts) {
+    decoder_blocks_ws *w = ws;
+    return decoder_model_expert_load(w->ws, block, counts, NULL) == 0;
+}
+
 model_blocks decoder_blocks_cpu(const decoder_config *cfg) {
     model_blocks m = {
         .impl = cfg,
@@ -164,6 +170,7 @@ model_blocks decoder_blocks_cpu(const decoder_config *cfg) {
     if (cfg && cfg->n_experts > 0) {
         m.aux_stats = blocks_aux_stats;
         m.aux_apply = blocks_aux_apply;
+        m.expert_load = blocks_expert_load;
     }
     return m;
 }

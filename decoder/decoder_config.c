@@ -163,6 +163,9 @@ double decoder_flops_per_token(const decoder_config *cfg, int64_t seq_len) {
     /* a tied embedding is one parameter in n, but the output projection's FLOPs are spent all the
      * same: count them as if output.weight were separate */
     double nonemb = (double)n - (cfg->tie_embeddings ? 0.0 : emb);
+    /* a mixture of experts counts its active parameters only (torchtitan's MoE MFU): top_k of n_experts */
+    nonemb -= (double)decoder_moe_layers(cfg) * (double)(cfg->n_experts - cfg->top_k) * 3.0 *
+              (double)cfg->moe_ffn_hidden * (double)cfg->dim;
     return 6.0 * nonemb + 12.0 * cfg->n_layers * (double)cfg->n_heads * cfg->head_dim * (double)seq_len;
 }
 

@@ -118,7 +118,8 @@ int64_t decoder_param_count(const decoder_config *cfg);
 int64_t decoder_param_count_shard(const decoder_config *cfg, int world);
 
 /* torchtitan's MFU FLOPs per token: 6 * (N - vocab*dim) + 12 * n_layers * n_heads * head_dim *
- * seq_len, with N = decoder_param_count (tok_embeddings excluded, output.weight included).
+ * seq_len, with N = decoder_param_count (tok_embeddings excluded, output.weight included) less the
+ * experts no token uses (MoE layers x (n_experts - top_k) x 3 x moe_ffn_hidden x dim: active parameters).
  * -1 when cfg is invalid or seq_len < 0. */
 double decoder_flops_per_token(const decoder_config *cfg, int64_t seq_len);
 

@@ -73,6 +73,7 @@ typedef struct model_blocks_layout {
     int n_params;     /* parameters of the whole model (embedding, blocks, norm, output unless tied) */
     int ignore_index; /* the label that counts in no loss */
     int n_aux;        /* statistics of an auxiliary loss summed over the ranks (0: none; see aux_stats) */
+    int n_experts;    /* experts of a block with a mixture of experts (0: none; see expert_load) */
 } model_blocks_layout;
 
 /* An auxiliary loss of one micro-batch (a mixture of experts' load balancing). */
@@ -100,6 +101,9 @@ typedef struct model_blocks {
      * the first bwd_block: the loss's value and its gradient, scaled by `scale` (1 / micro-batches). */
     int (*aux_stats)(void *ws, double *stats, fsdp_err *err);
     int (*aux_apply)(void *ws, const double *sums, double scale, model_blocks_aux *out, fsdp_err *err);
+    /* Tokens routed to each expert of block `block` in the last forward (counts[layout.n_experts]);
+     * returns 1 for a block with experts, 0 for one without (counts untouched). NULL: no experts. */
+    int (*expert_load)(void *ws, int block, int64_t *counts);
     /* A workspace for batches of B x T tokens; NULL with err set. */
     void *(*ws_create)(const void *impl, int B, int T, const model_blocks_ws_opts *o, fsdp_err *err);
     void (*ws_free)(void *ws);

@@ -27,6 +27,7 @@ struct train_fsdp {
     int64_t layer_numel; /* the largest layer's */
     float *full_layer, *grad_layer; /* one gathered layer and its gradient */
     double *aux_buf;     /* [lay.n_aux]: the auxiliary loss's statistics of a micro-batch */
+    int64_t *load;       /* [n_blocks * lay.n_experts]: the step's tokens per expert (-1: a dense block) */
     float *full_embed, *full_norm, *full_output; /* full_output == full_embed when tied */
     float *grad_embed, *grad_norm, *grad_output; /* grad_output == grad_embed when tied */
     float *acc; /* gradient accumulation: every layer's full gradient (n_layers x layer_numel), or NULL */
@@ -50,6 +51,7 @@ void train_fsdp_free(train_fsdp *f) {
     free(f->numel);
     free(f->acc_at);
     free(f->aux_buf);
+    free(f->load);
     free(f->acc);
     free(f->full_layer);
     free(f->grad_layer);
@@ -184,6 +186,9 @@ static int alloc_buffers(train_fsdp *f, fsdp_err *err) {
     f->grad_norm = malloc(N * sizeof(float));
     if (lay->n_aux > 0 && !(f->aux_buf = calloc((size_t)lay->n_aux, sizeof *f->aux_buf)))
         return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory (training buffers)");
+    if (lay->n_experts > 0 && f->m.expert_load &&
+        !(f->load = calloc((size_t)lay->n_blocks * (size_t)lay->n_experts, sizeof *f->load)))
+        return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory (training buffers)");
     if (!f->full_layer || !f->grad_layer || !f->full_embed || !f->full_output || !f->full_norm ||
         !f->grad_embed || !f->grad_output || !f->grad_norm)
         return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory (training buffers)");
@@ -296,6 +301,31 @@ static int micro_aux(train_fsdp *f, int n_micro, model_blocks_aux *aux, fsdp_err
     return 0;
 }
 
+/* Adds the last forward's tokens per expert of every block to f->load (first: starts it over). */
+static void micro_load(train_fsdp *f, int first) {
+    const int E = f->lay.n_experts;
+    int64_t counts[E > 0 ? E : 1];
+    for (int i = 0; i < f->lay.n_blocks; i++) {
+        int64_t *row = f->load + (size_t)i * (size_t)E;
+        int moe = f->m.expert_load(f->ws, i, counts);
+        for (int e = 0; e < E; e++) row[e] = !moe ? -1 : first ? counts[e] : row[e] + counts[e];
+    }
+}
+
+/* The step's expert load summed over the ranks (a dense block's -1 row stays -1: every rank has it). */
+static int reduce_load(train_fsdp *f, train_fsdp_result *res, fsdp_err *err) {
+    const size_t n = (size_t)f->lay.n_blocks * (size_t)f->lay.n_experts;
+    int64_t w = comm_size(f->wc);
+    int rc = comm_allreduce(f->wc, f->load, n, COMM_I64, COMM_SUM, err);
+    if (rc) return rc;
+    for (size_t i = 0; i < n; i++)
+        if (f->load[i] == -w) f->load[i] = -1;
+    res->expert_load = f->load;
+    res->load_blocks = f->lay.n_blocks;
+    res->load_experts = f->lay.n_experts;
+    return 0;
+}
+
 static int micro_forward(train_fsdp *f, const int32_t *tokens, const int32_t *labels, double denom, int first,
                          int n_micro, double *lsum, model_blocks_aux *aux, fsdp_err *err) {
     const model_blocks *m = &f->m;
@@ -308,6 +338,7 @@ static int micro_forward(train_fsdp *f, const int32_t *tokens, const int32_t *la
         if ((rc = m->fwd_block(f->ws, i, f->full_layer, err))) return rc;
     }
     if (f->lay.n_aux && (rc = micro_aux(f, n_micro, aux, err))) return rc;
+    if (f->load) micro_load(f, first);
     if ((rc = state_unshard(f->norm, f->norm->data, f->c, f->full_norm, err))) return rc;
     if (f->output && (rc = state_unshard(f->output, f->output->data, f->c, f->full_output, err))) return rc;
     /* the head's forward and backward in one pass over chunks of rows: the loss differentiated is
@@ -383,6 +414,9 @@ int train_fsdp_grads_accum(train_fsdp *f, const int32_t *tokens, const int32_t *
     res->has_aux = f->lay.n_aux > 0;
     res->loss = res->ce_loss + aux.weighted;
     res->tokens = nvalid;
+    res->expert_load = NULL;
+    res->load_blocks = res->load_experts = 0;
+    if (f->load && (rc = reduce_load(f, res, err))) return rc;
     /* global gradient norm over the shard group's shards (the replicas hold the same ones) */
     double sumsq = 0;
     for (size_t k = 0; k < f->s->n; k++) {

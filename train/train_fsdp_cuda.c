@@ -225,6 +225,8 @@ static int read_stats(train_fsdp_cuda *f, int64_t nvalid, train_fsdp_result *res
     res->ce_loss = res->loss;
     res->aux_loss = 0.0;
     res->has_aux = 0;
+    res->expert_load = NULL;
+    res->load_blocks = res->load_experts = 0;
     res->tokens = nvalid;
     res->grad_norm = f->h_stats[1] >= 0 ? sqrt(f->h_stats[1]) : NAN;
     return 0;
