@@ -1,7 +1,6 @@
 /* The decoder family's backward on the CPU: one transformer block, embedding (the head is in decoder_head.c).
  * The gradient of the residual stream travels in ws->dres; parameter gradients accumulate. */
 #include "decoder/decoder_model_internal.h"
-#include "decoder/decoder_moe.h"
 
 #include <string.h>
 

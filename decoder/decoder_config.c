@@ -79,6 +79,8 @@ void decoder_config_arch_defaults(const decoder_arch_info *a, decoder_config *cf
     cfg->init_std = a->init_std;
     cfg->qk_norm_full = a->qk_norm_full;
     cfg->moe_step = 1;
+    cfg->norm_topk = a->norm_topk_fixed > 0;
+    cfg->router_aux_coef = a->hf_aux_coef;
 }
 
 const char *decoder_config_preset_name(int i) {

@@ -1,6 +1,5 @@
 /* The decoder family's forward on the CPU: embedding, one transformer block (the head is in decoder_head.c). */
 #include "decoder/decoder_model_internal.h"
-#include "decoder/decoder_moe.h"
 
 #include <string.h>
 

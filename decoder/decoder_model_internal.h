@@ -87,6 +87,17 @@ kc_moe_dims decoder_moe_dims(const decoder_model_ws *ws);
 /* The MoE buffers of a new workspace (cfg.n_experts > 0); 0 or an error. */
 int decoder_moe_ws_alloc(decoder_model_ws *ws, fsdp_err *err);
 void decoder_moe_ws_free(decoder_model_ws *ws);
+/* ---- decoder/decoder_moe.c: the mixture-of-experts feed-forward of a MoE layer (decoder_layer_is_moe) */
+/* Clears the load-balancing statistics and gradient (a new forward). */
+void decoder_moe_ws_reset(decoder_model_ws *ws);
+/* out = the experts' feed-forward of xn (the ffn_norm output) for layer `layer`; records the routing
+ * statistics unless ws->recompute. */
+int decoder_moe_forward(const decoder_config *c, const decoder_model_layer *lw, int layer, decoder_model_ws *ws,
+                        const float *xn, float *out, fsdp_err *err);
+/* dxn (overwritten) and the layer's expert and router gradients (+=) from dout. */
+int decoder_moe_backward(const decoder_config *c, const decoder_model_layer *lw, decoder_model_layer *lg, int layer,
+                         decoder_model_ws *ws, const float *xn, const float *dout, float *dxn, fsdp_err *err);
+
 
 /* Layer `layer`'s forward from acts[layer].x into acts[layer+1].x (or x_final), without the phase
  * checks: the forward itself and the recomputation of activation checkpointing. */

@@ -1,6 +1,5 @@
 /* The decoder model's CPU workspace: one arena holding the saved activations and the backward scratch. */
 #include "decoder/decoder_model_internal.h"
-#include "decoder/decoder_moe.h"
 #include "decoder/decoder_model_ws_layout.h"
 
 #include <limits.h>

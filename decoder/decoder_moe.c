@@ -1,6 +1,6 @@
 /* The decoder family's mixture-of-experts layers on the CPU: their workspace, their feed-forward
  * through kc_moe.h, and the load-balancing loss (decoder_model.h). */
-#include "decoder/decoder_moe.h"
+#include "decoder/decoder_model_internal.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -30,6 +30,13 @@ int decoder_config_set_dense_layer(decoder_config *c, int layer, fsdp_err *err) 
 /* The expert sizes of a config with experts (finalize): every number in range, the dense-layer list
  * within the model. */
 int decoder_config_check_moe(const decoder_config *c, fsdp_err *err) {
+    const decoder_arch_info *a = decoder_arch_get(c->arch);
+    if (a && a->moe && c->n_experts == 0)
+        return fsdp_err_set(err, FSDP_E_INVALID, "model: arch %s is a mixture of experts: set n_experts, top_k and "
+                            "moe_ffn_hidden (or read the model from its config.json with from_hf)", a->name);
+    if (a && !a->moe && c->n_experts > 0)
+        return fsdp_err_set(err, FSDP_E_INVALID, "model: n_experts is set, but arch %s has no experts (mixture-of-"
+                            "experts archs: qwen3_moe, olmoe, mixtral)", a->name);
     if (c->n_experts == 0) {
         if (c->top_k || c->moe_ffn_hidden)
             return fsdp_err_set(err, FSDP_E_INVALID, "model: top_k / moe_ffn_hidden are set but n_experts is 0");

@@ -475,3 +475,33 @@ TEST(MoeTrain, OneTwoAndFourRanksAgree) {
     comm_destroy(c);
     rm_rf(dir);
 }
+
+// A mixture of experts declared in a recipe (arch + sizes) initialises, shards over 2 ranks and trains;
+// a MoE arch without experts, or experts on a dense arch, is refused naming the keys.
+TEST(MoeConfig, RecipeDeclaredModelTrains) {
+    std::string dir = make_tmpdir("fsdp-moe-recipe");
+    const std::string model = "model: {arch: mixtral, dim: 64, n_layers: 2, n_heads: 4, n_kv_heads: 2, vocab_size: 256, "
+                              "ffn_hidden: 32, max_seq_len: 64";
+    auto recipe = [&](const std::string &extra) {
+        return model + extra + "}\ndata: {kind: synthetic, batch_size: 4, seq_len: 32}\n"
+               "stages:\n  - {id: i, uses: init-meta}\n"
+               "  - {id: t, uses: train-steps, with: {steps: 2, metrics: " + dir + "/m.jsonl}}\n";
+    };
+    write_file(dir + "/ok.yaml", recipe(", n_experts: 4, top_k: 2, moe_ffn_hidden: 32"));
+    int rc;
+    std::string o = run_np(2, dir + "/ok.yaml", &rc);
+    ASSERT_EQ(rc, 0) << o;
+    std::vector<double> aux = jsonl_field(dir + "/m.jsonl", "aux_loss");
+    ASSERT_EQ(aux.size(), 2u);
+    EXPECT_GT(aux[0], 0.5) << "a load-balancing loss near 1 for a random router";
+    write_file(dir + "/none.yaml", recipe(""));
+    o = run_np(1, "validate " + dir + "/none.yaml", &rc);
+    EXPECT_EQ(rc, 2) << o;
+    EXPECT_NE(o.find("set n_experts"), std::string::npos) << o;
+    write_file(dir + "/dense.yaml", "model: {arch: qwen3, dim: 64, n_layers: 2, n_heads: 4, vocab_size: 256, n_experts: 4}\n"
+                                    "stages:\n  - {id: i, uses: init-meta}\n");
+    o = run_np(1, "validate " + dir + "/dense.yaml", &rc);
+    EXPECT_EQ(rc, 2) << o;
+    EXPECT_NE(o.find("has no experts"), std::string::npos) << o;
+    rm_rf(dir);
+}
