@@ -74,6 +74,7 @@ static void blocks_block_param(const void *impl, int block, int k, model_blocks_
     memcpy(out->name, p.name, sizeof out->name);
     out->numel = p.numel;
     out->offset = decoder_model_layer_offset(cfg, block, kinds[k]);
+    out->expert = kinds[k] >= DECODER_P_EXPERTS_W1 && kinds[k] <= DECODER_P_EXPERTS_W3;
 }
 
 static void *blocks_ws_create(const void *impl, int B, int T, const model_blocks_ws_opts *o, fsdp_err *err) {
@@ -151,6 +152,11 @@ static int blocks_expert_load(void *ws, int block, int64_t *counts) {
     return decoder_model_expert_load(w->ws, block, counts, NULL) == 0;
 }
 
+static int blocks_set_ep(void *ws, comm *ep, fsdp_err *err) {
+    decoder_blocks_ws *w = ws;
+    return decoder_model_set_expert_parallel(w->ws, ep, err);
+}
+
 model_blocks decoder_blocks_cpu(const decoder_config *cfg) {
     model_blocks m = {
         .impl = cfg,
@@ -171,6 +177,7 @@ model_blocks decoder_blocks_cpu(const decoder_config *cfg) {
         m.aux_stats = blocks_aux_stats;
         m.aux_apply = blocks_aux_apply;
         m.expert_load = blocks_expert_load;
+        m.set_expert_parallel = blocks_set_ep;
     }
     return m;
 }

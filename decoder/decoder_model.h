@@ -22,6 +22,7 @@
 #include "fsdp/error.h"
 #include "kernels/cpu/kc.h"
 #include "decoder/decoder_config.h"
+#include "runtime/comm.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -208,6 +209,11 @@ int decoder_model_expert_load(const decoder_model_ws *ws, int layer, int64_t *co
  * probability; FSDP_E_INVALID for a dense layer, and under full activation checkpointing (the layers
  * share one set of routing buffers). */
 int decoder_model_expert_choices(const decoder_model_ws *ws, int layer, int32_t *top, fsdp_err *err);
+/* Expert parallelism over ep (size P dividing n_experts; NULL or size 1: off): from the next forward
+ * the MoE layers compute only the experts of ep rank r (r * E/P .. (r+1) * E/P - 1), whose weights
+ * (and gradients) are the first E/P experts' rows of the expert tensors the layer is given; the tokens
+ * travel to their experts' ranks and back by all-to-all, collectively over ep. ep must outlive ws. */
+int decoder_model_set_expert_parallel(decoder_model_ws *ws, comm *ep, fsdp_err *err);
 
 /* ---- whole model ------------------------------------------------------------------------------- */
 

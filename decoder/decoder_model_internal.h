@@ -80,7 +80,23 @@ struct decoder_model_ws {
     float *dp_aux;                 /* [E] the aux loss's gradient per probability (decoder_model_aux_apply) */
     int64_t *load;                 /* [n_layers * E] tokens per expert of each MoE layer's last forward */
     int recompute;                 /* a FULL-checkpointing recomputation: no statistics */
+    /* expert parallelism (decoder_model_set_expert_parallel; ep_size 1: off): this rank computes experts
+     * ep_rank * ep_experts .. + ep_experts - 1 for the tokens its ep group sends it */
+    comm *ep;
+    int ep_size, ep_rank, ep_experts;
+    struct decoder_ep_saved *eps; /* [n_layers] (FULL: one set shared) */
+    float *ep_buf, *ep_dyr, *ep_dxr, *ep_dg, *ep_da, *ep_db; /* scratch: [R_max, d] x3, [R_max, F] x3 */
+    float *ep_arena;
+    size_t ep_floats;
 };
+
+/* What an expert-parallel MoE layer's forward keeps for its backward (received rows in expert-major order). */
+typedef struct decoder_ep_saved {
+    float *xr, *ar, *br, *gr; /* [R_max, d], [R_max, F] x3 */
+    int32_t *perm;            /* [R_max]: expert-major row -> row in the received order (source rank, expert) */
+    int32_t *recvc;           /* [ep_size * ep_experts]: rows each source sent for each local expert */
+    int32_t *loff;            /* [ep_experts + 1]: the local experts' rows in expert-major order */
+} decoder_ep_saved;
 
 /* The MoE dims of ws's current batch. */
 kc_moe_dims decoder_moe_dims(const decoder_model_ws *ws);
@@ -94,6 +110,12 @@ void decoder_moe_ws_reset(decoder_model_ws *ws);
  * statistics unless ws->recompute. */
 int decoder_moe_forward(const decoder_config *c, const decoder_model_layer *lw, int layer, decoder_model_ws *ws,
                         const float *xn, float *out, fsdp_err *err);
+/* The same with expert parallelism (ws->ep_size > 1; decoder/decoder_moe_ep.c). */
+int decoder_moe_ep_forward(const decoder_config *c, const decoder_model_layer *lw, int layer, decoder_model_ws *ws,
+                           const float *xn, float *out, fsdp_err *err);
+int decoder_moe_ep_backward(const decoder_config *c, const decoder_model_layer *lw, decoder_model_layer *lg, int layer,
+                            decoder_model_ws *ws, const float *xn, const float *dout, float *dxn, fsdp_err *err);
+void decoder_moe_ep_free(decoder_model_ws *ws);
 /* dxn (overwritten) and the layer's expert and router gradients (+=) from dout. */
 int decoder_moe_backward(const decoder_config *c, const decoder_model_layer *lw, decoder_model_layer *lg, int layer,
                          decoder_model_ws *ws, const float *xn, const float *dout, float *dxn, fsdp_err *err);

@@ -44,6 +44,7 @@ int decoder_moe_ws_alloc(decoder_model_ws *ws, fsdp_err *err) {
 }
 
 void decoder_moe_ws_free(decoder_model_ws *ws) {
+    decoder_moe_ep_free(ws);
     free(ws->moe);
     free(ws->moe_arena);
     free(ws->aux_counts);
@@ -63,7 +64,8 @@ int decoder_moe_forward(const decoder_config *c, const decoder_model_layer *lw, 
                         const float *xn, float *out, fsdp_err *err) {
     const kc_moe_dims m = decoder_moe_dims(ws);
     kc_moe_acts *a = &ws->moe[layer];
-    int rc = kc_moe_forward(&m, xn, lw->router, lw->ew1, lw->ew2, lw->ew3, a, out, ws->stats, err);
+    int rc = ws->ep_size > 1 ? decoder_moe_ep_forward(c, lw, layer, ws, xn, out, err)
+                             : kc_moe_forward(&m, xn, lw->router, lw->ew1, lw->ew2, lw->ew3, a, out, ws->stats, err);
     if (rc) return fsdp_err_prefix(err, "decoder forward: layer %d", layer);
     if (ws->recompute) return FSDP_OK;
     kc_moe_stats(&m, a, ws->aux_counts, ws->aux_psum);
@@ -75,7 +77,7 @@ int decoder_moe_forward(const decoder_config *c, const decoder_model_layer *lw, 
 
 int decoder_moe_backward(const decoder_config *c, const decoder_model_layer *lw, decoder_model_layer *lg, int layer,
                          decoder_model_ws *ws, const float *xn, const float *dout, float *dxn, fsdp_err *err) {
-    (void)c;
+    if (ws->ep_size > 1) return decoder_moe_ep_backward(c, lw, lg, layer, ws, xn, dout, dxn, err);
     const kc_moe_dims m = decoder_moe_dims(ws);
     int rc = kc_moe_backward(&m, dout, xn, lw->router, lw->ew1, lw->ew2, lw->ew3, &ws->moe[layer], ws->dp_aux,
                              &ws->moe_s, dxn, lg->router, lg->ew1, lg->ew2, lg->ew3, ws->stats, err);

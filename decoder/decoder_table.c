@@ -86,7 +86,16 @@ int decoder_state_set_config(fsdp_state *s, const decoder_config *cfg, fsdp_err 
     free(s->trainer_cfg);
     s->trainer_cfg = own;
     memset(&s->hf, 0, sizeof s->hf);
+    memset(&s->hf_moe, 0, sizeof s->hf_moe);
     if (own) s->hf = (state_hf_names){1, own->n_heads, own->n_kv_heads, own->tie_embeddings};
+    const decoder_arch_info *a = own ? decoder_arch_get(own->arch) : NULL;
+    if (a) {
+        _Static_assert((int)DECODER_MOE_NAMES_MLP == (int)STATE_HF_MOE_MLP &&
+                           (int)DECODER_MOE_NAMES_MIXTRAL == (int)STATE_HF_MOE_MIXTRAL,
+                       "the expert namings of decoder_arch.h and runtime/state.h must agree");
+        s->hf_moe.qk_norm_full = own->qk_norm && own->qk_norm_full;
+        s->hf_moe.moe_style = own->n_experts > 0 ? (int)a->moe_names : STATE_HF_MOE_NONE;
+    }
     return 0;
 }
 

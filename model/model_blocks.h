@@ -32,6 +32,7 @@
 
 #include "fsdp/error.h"
 #include "fsdp/tensor.h"
+#include "runtime/comm.h"
 #include "runtime/device.h"
 
 #ifdef __cplusplus
@@ -61,6 +62,8 @@ typedef struct model_blocks_tensor {
     char name[MODEL_BLOCKS_NAME_MAX];
     int64_t numel;
     int64_t offset;
+    int expert; /* dim 0 are experts: under expert parallelism the block's buffer holds only this ep rank's
+                   experts there (their first rows), and their gradient comes back the same way */
 } model_blocks_tensor;
 
 typedef struct model_blocks_layout {
@@ -104,6 +107,11 @@ typedef struct model_blocks {
     /* Tokens routed to each expert of block `block` in the last forward (counts[layout.n_experts]);
      * returns 1 for a block with experts, 0 for one without (counts untouched). NULL: no experts. */
     int (*expert_load)(void *ws, int block, int64_t *counts);
+    /* Expert parallelism over ep (NULL or size 1: off): from now on the workspace's MoE blocks compute
+     * only ep rank r's experts (r * n_experts / size ...), exchanging tokens with the other ep ranks by
+     * all-to-all, and read / write only those experts' rows of the expert tensors. ep lives as long as
+     * the workspace. NULL when the model has no experts. */
+    int (*set_expert_parallel)(void *ws, comm *ep, fsdp_err *err);
     /* A workspace for batches of B x T tokens; NULL with err set. */
     void *(*ws_create)(const void *impl, int B, int T, const model_blocks_ws_opts *o, fsdp_err *err);
     void (*ws_free)(void *ws);

@@ -105,6 +105,9 @@ static const fsdp_param_spec PARAMS[] = {
     {"head_chunk_rows", FSDP_T_INT, 0, "0", NULL,
      "rows of the output head (logits, cross-entropy and their gradient) per chunk, so that at most that many rows "
      "of logits exist at once (0 = automatic: 256 MiB of logits per chunk)"},
+    {"expert_parallel", FSDP_T_INT, 0, "1", NULL,
+     "mixture of experts: ranks over which whole experts are placed and tokens dispatched by all-to-all (1 = off: "
+     "FSDP gathers every expert); must divide the shard group's ranks, which must divide the experts (CPU only)"},
     {"peak_tflops", FSDP_T_FLOAT, 0, NULL, NULL,
      "peak TFLOP/s of one device for mfu (GPU default 989, H100 SXM bf16 dense; CPU: no mfu unless given)"},
     {NULL, 0, 0, NULL, NULL, NULL}};
@@ -130,6 +133,9 @@ static int train_check(const fsdp_value *with, fsdp_err *err) {
     if (fsdp_value_get(with, "peak_tflops") && !(fsdp_arg_float(with, "peak_tflops", 0) > 0))
         return fsdp_err_at(err, FSDP_E_INVALID, fsdp_value_get(with, "peak_tflops"),
                            "train-steps: peak_tflops must be > 0");
+    if (fsdp_arg_int(with, "expert_parallel", 1) < 1)
+        return fsdp_err_at(err, FSDP_E_INVALID, fsdp_value_get(with, "expert_parallel"),
+                           "train-steps: expert_parallel must be >= 1 (1: off)");
     if (fsdp_arg_int(with, "keep_last", 0) < 0)
         return fsdp_err_at(err, FSDP_E_INVALID, fsdp_value_get(with, "keep_last"),
                            "train-steps: keep_last must be >= 0 (0 keeps every checkpoint)");
@@ -198,6 +204,7 @@ static int train_options(const fsdp_value *with, train_fsdp_cuda_options *o, fsd
     o->keep_gathered = !fsdp_arg_bool(with, "reshard_after_forward", 1);
     o->head_chunk_rows = (int)fsdp_arg_int(with, "head_chunk_rows", 0);
     o->per_param = !fsdp_arg_bool(with, "flat_collectives", 1);
+    o->expert_parallel = (int)fsdp_arg_int(with, "expert_parallel", 1);
     return rc ? fsdp_err_prefix(err, "train-steps") : 0;
 }
 

@@ -183,8 +183,8 @@ protected:
     std::vector<fsdp_state *> states_;
 };
 
-const train_fsdp_cuda_options F32 = {TRAIN_FSDP_MIXED_NONE, TRAIN_FSDP_AC_NONE, 0, 0, 0};
-const train_fsdp_cuda_options BF16 = {TRAIN_FSDP_MIXED_BF16, TRAIN_FSDP_AC_NONE, 0, 0, 0};
+const train_fsdp_cuda_options F32 = {TRAIN_FSDP_MIXED_NONE, TRAIN_FSDP_AC_NONE, 0, 0, 0, 0};
+const train_fsdp_cuda_options BF16 = {TRAIN_FSDP_MIXED_BF16, TRAIN_FSDP_AC_NONE, 0, 0, 0, 0};
 
 }  // namespace
 
@@ -308,9 +308,9 @@ TEST_F(HfArchCuda, CheckpointingChunkedHeadAndOffloadMatchTheDefault) {
         struct {
             train_fsdp_cuda_options o;
             bool offload, exact;
-        } runs[] = {{{TRAIN_FSDP_MIXED_NONE, TRAIN_FSDP_AC_FULL, 0, 0, 0}, false, true},
-                    {{TRAIN_FSDP_MIXED_NONE, TRAIN_FSDP_AC_SELECTIVE, 0, 0, 0}, false, true},
-                    {{TRAIN_FSDP_MIXED_NONE, TRAIN_FSDP_AC_NONE, 0, 7, 0}, false, false},
+        } runs[] = {{{TRAIN_FSDP_MIXED_NONE, TRAIN_FSDP_AC_FULL, 0, 0, 0, 0}, false, true},
+                    {{TRAIN_FSDP_MIXED_NONE, TRAIN_FSDP_AC_SELECTIVE, 0, 0, 0, 0}, false, true},
+                    {{TRAIN_FSDP_MIXED_NONE, TRAIN_FSDP_AC_NONE, 0, 7, 0, 0}, false, false},
                     {F32, true, true}};
         for (const auto &r : runs) {
             fsdp_state *s = make_state(m, false, r.offload);

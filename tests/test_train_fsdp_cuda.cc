@@ -175,7 +175,7 @@ protected:
     std::vector<fsdp_state *> states_;
 };
 
-const train_fsdp_cuda_options F32 = {TRAIN_FSDP_MIXED_NONE, TRAIN_FSDP_AC_NONE, 0, 0, 0};
+const train_fsdp_cuda_options F32 = {TRAIN_FSDP_MIXED_NONE, TRAIN_FSDP_AC_NONE, 0, 0, 0, 0};
 
 }  // namespace
 
@@ -222,7 +222,7 @@ TEST_F(LlamaFsdpCuda, F32FiveStepsMatchReferenceAndCpuPath) {
 TEST_F(LlamaFsdpCuda, Bf16MixedPrecisionWithinOnePercentOfF32) {
     fsdp_state *a = make_state(), *b = make_state();
     std::vector<train_fsdp_result> fr = run_gpu(a, F32, 5);
-    train_fsdp_cuda_options o = {TRAIN_FSDP_MIXED_BF16, TRAIN_FSDP_AC_NONE, 0, 0, 0};
+    train_fsdp_cuda_options o = {TRAIN_FSDP_MIXED_BF16, TRAIN_FSDP_AC_NONE, 0, 0, 0, 0};
     std::vector<train_fsdp_result> br = run_gpu(b, o, 5);
     ASSERT_EQ(fr.size(), 5u);
     ASSERT_EQ(br.size(), 5u);
@@ -292,10 +292,10 @@ TEST_F(LlamaFsdpCuda, OffloadedOptimizerBitIdenticalOnOneStepFromTheSameGradient
 TEST_F(LlamaFsdpCuda, ActivationCheckpointingAndKeptLayersMatchTheDefault) {
     fsdp_state *base = make_state(), *ac = make_state(), *keep = make_state(), *both = make_state(),
                *sel = make_state();
-    train_fsdp_cuda_options oac = {TRAIN_FSDP_MIXED_NONE, TRAIN_FSDP_AC_FULL, 0, 0, 0};
-    train_fsdp_cuda_options osel = {TRAIN_FSDP_MIXED_NONE, TRAIN_FSDP_AC_SELECTIVE, 0, 0, 0};
-    train_fsdp_cuda_options okeep = {TRAIN_FSDP_MIXED_NONE, TRAIN_FSDP_AC_NONE, 1, 0, 0};
-    train_fsdp_cuda_options oboth = {TRAIN_FSDP_MIXED_BF16, TRAIN_FSDP_AC_FULL, 1, 0, 0};
+    train_fsdp_cuda_options oac = {TRAIN_FSDP_MIXED_NONE, TRAIN_FSDP_AC_FULL, 0, 0, 0, 0};
+    train_fsdp_cuda_options osel = {TRAIN_FSDP_MIXED_NONE, TRAIN_FSDP_AC_SELECTIVE, 0, 0, 0, 0};
+    train_fsdp_cuda_options okeep = {TRAIN_FSDP_MIXED_NONE, TRAIN_FSDP_AC_NONE, 1, 0, 0, 0};
+    train_fsdp_cuda_options oboth = {TRAIN_FSDP_MIXED_BF16, TRAIN_FSDP_AC_FULL, 1, 0, 0, 0};
     std::vector<train_fsdp_result> r0 = run_gpu(base, F32, 3), r1 = run_gpu(ac, oac, 3), r2 = run_gpu(keep, okeep, 3);
     std::vector<train_fsdp_result> r3 = run_gpu(both, oboth, 3), r4 = run_gpu(sel, osel, 3);
     ASSERT_EQ(r4.size(), 3u);
@@ -340,8 +340,8 @@ TEST_F(LlamaFsdpCuda, ActivationCheckpointingAndKeptLayersMatchTheDefault) {
 // its workspace holds 5 rows of logits instead of 64.
 TEST_F(LlamaFsdpCuda, ChunkedHeadMatchesTheWholeBatchHead) {
     fsdp_state *base = make_state(), *chunked = make_state(), *chunked16 = make_state();
-    train_fsdp_cuda_options o5 = {TRAIN_FSDP_MIXED_NONE, TRAIN_FSDP_AC_NONE, 0, 5, 0};
-    train_fsdp_cuda_options o5b = {TRAIN_FSDP_MIXED_BF16, TRAIN_FSDP_AC_NONE, 0, 5, 0};
+    train_fsdp_cuda_options o5 = {TRAIN_FSDP_MIXED_NONE, TRAIN_FSDP_AC_NONE, 0, 5, 0, 0};
+    train_fsdp_cuda_options o5b = {TRAIN_FSDP_MIXED_BF16, TRAIN_FSDP_AC_NONE, 0, 5, 0, 0};
     std::vector<train_fsdp_result> r0 = run_gpu(base, F32, 3), r1 = run_gpu(chunked, o5, 3);
     std::vector<train_fsdp_result> r2 = run_gpu(chunked16, o5b, 3);
     ASSERT_EQ(r0.size(), 3u);
@@ -360,7 +360,7 @@ TEST_F(LlamaFsdpCuda, ChunkedHeadMatchesTheWholeBatchHead) {
     EXPECT_LT(train_fsdp_cuda_bytes(fb), train_fsdp_cuda_bytes(fa));
     train_fsdp_cuda_free(fa);
     train_fsdp_cuda_free(fb);
-    train_fsdp_cuda_options bad = {TRAIN_FSDP_MIXED_NONE, TRAIN_FSDP_AC_NONE, 0, -1, 0};
+    train_fsdp_cuda_options bad = {TRAIN_FSDP_MIXED_NONE, TRAIN_FSDP_AC_NONE, 0, -1, 0, 0};
     EXPECT_EQ(train_fsdp_cuda_create(base, decoder_blocks_cuda(decoder_state_config(base)), c_, d_, 2, 32, &bad, &fa, &err_), FSDP_E_INVALID);
     EXPECT_NE(std::string(err_.msg).find("head_chunk_rows"), std::string::npos) << err_.msg;
 }
@@ -394,7 +394,7 @@ TEST_F(LlamaFsdpCuda, TrainStepsBackendPicksTheGpuAndReportsDeviceMemory) {
     EXPECT_TRUE(train_on_gpu(nullptr, s));
     EXPECT_FALSE(train_on_gpu(nullptr, h));
     train_backend b;
-    train_fsdp_cuda_options o = {TRAIN_FSDP_MIXED_BF16, TRAIN_FSDP_AC_FULL, 0, 0, 0};
+    train_fsdp_cuda_options o = {TRAIN_FSDP_MIXED_BF16, TRAIN_FSDP_AC_FULL, 0, 0, 0, 0};
     ASSERT_EQ(train_backend_open(nullptr, s, c_, 2, 32, &o, &b, &err_), 0) << err_.msg;
     EXPECT_TRUE(b.on_gpu);
     train_backend_reset_peak(&b);

@@ -9,35 +9,7 @@
 #include "kernels/cpu/kc.h"
 #include "train/flat_group.h"
 
-struct train_fsdp {
-    fsdp_state *s;
-    comm *c;   /* the shard group: the parameters' Shard(0) rows are over its ranks */
-    comm *wc;  /* every rank of the step (the batch is split over them): c unless HSDP */
-    comm *rep; /* HSDP's replicate group (gradients all-reduced over it), NULL without replicas */
-    model_blocks m;          /* the model (model/model_blocks.h) */
-    model_blocks_layout lay; /* its layout: blocks (the layers), embedding, head */
-    int B, T;
-    void *ws;                           /* m's workspace */
-    state_param *embed, *norm, *output; /* output NULL with tied embeddings */
-    int *first;          /* [n_layers + 1]: layer i's parameters are layer[first[i] .. first[i+1]-1] */
-    state_param **layer; /* every layer's parameters, in the flat layer order */
-    int64_t *off;        /* [first[n_layers]]: each parameter's offset in its layer's flat buffer */
-    int64_t *numel;      /* [n_layers]: each layer's flat elements */
-    int64_t *acc_at;     /* [n_layers]: where each layer's gradient starts in acc */
-    int64_t layer_numel; /* the largest layer's */
-    float *full_layer, *grad_layer; /* one gathered layer and its gradient */
-    double *aux_buf;     /* [lay.n_aux]: the auxiliary loss's statistics of a micro-batch */
-    int64_t *load;       /* [n_blocks * lay.n_experts]: the step's tokens per expert (-1: a dense block) */
-    float *full_embed, *full_norm, *full_output; /* full_output == full_embed when tied */
-    float *grad_embed, *grad_norm, *grad_output; /* grad_output == grad_embed when tied */
-    float *acc; /* gradient accumulation: every layer's full gradient (n_layers x layer_numel), or NULL */
-    /* per-block collectives (train/flat_group.h): one group per layer, its scratch (the largest
-     * group's); per_param: one all-gather / reduce-scatter per parameter instead (train_fsdp_set_flat) */
-    flat_group **groups;
-    float *flat_scratch;
-    size_t scratch_numel;
-    int per_param;
-};
+#include "train/train_fsdp_internal.h"
 
 void train_fsdp_free(train_fsdp *f) {
     if (!f) return;
@@ -52,6 +24,9 @@ void train_fsdp_free(train_fsdp *f) {
     free(f->acc_at);
     free(f->aux_buf);
     free(f->load);
+    free(f->expert);
+    if (f->ep_c) comm_destroy(f->ep_c);
+    if (f->edp_c) comm_destroy(f->edp_c);
     free(f->acc);
     free(f->full_layer);
     free(f->grad_layer);
@@ -78,21 +53,29 @@ static state_param *need(fsdp_state *s, const char *name, int64_t numel, fsdp_er
     return p;
 }
 
-/* One flat group per layer (its parameters in the table's order) and the scratch they share. */
-static int make_groups(train_fsdp *f, int world, int rank, fsdp_err *err) {
+/* One flat group per layer (its parameters in the table's order, less the expert-parallel ones) and the
+ * scratch they share. */
+int train_fsdp_make_groups(train_fsdp *f, int world, int rank, fsdp_err *err) {
     const int L = f->lay.n_blocks;
+    for (int i = 0; f->groups && i < L; i++) flat_group_free(f->groups[i]);
+    free(f->groups);
+    free(f->flat_scratch);
+    f->flat_scratch = NULL;
     if (!(f->groups = calloc((size_t)L, sizeof *f->groups)))
         return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory (training: parameter groups)");
     size_t scratch = 1;
     for (int i = 0; i < L; i++) {
-        int rc = flat_group_create(f->layer + f->first[i], f->first[i + 1] - f->first[i], world, rank,
-                                   &f->groups[i], err);
+        state_param *ps[MODEL_BLOCKS_PARAMS_MAX];
+        int n = 0;
+        for (int k = f->first[i]; k < f->first[i + 1]; k++)
+            if (!train_fsdp_is_ep(f, k)) ps[n++] = f->layer[k];
+        int rc = flat_group_create(ps, n, world, rank, &f->groups[i], err);
         if (rc) return fsdp_err_prefix(err, "training: layer %d", i);
-        size_t n = flat_group_scratch_numel(f->groups[i]);
-        if (n > scratch) scratch = n;
+        size_t sn = flat_group_scratch_numel(f->groups[i]);
+        if (sn > scratch) scratch = sn;
     }
     f->scratch_numel = scratch;
-    if (world > 1 && !(f->flat_scratch = malloc(scratch * sizeof(float))))
+    if ((world > 1 || f->rep) && !(f->flat_scratch = malloc(scratch * sizeof(float))))
         return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory (training: %zu floats of flat collective buffer)",
                             scratch);
     return 0;
@@ -139,6 +122,7 @@ static int find_params(train_fsdp *f, fsdp_err *err) {
             f->m.block_param(f->m.impl, i, k - f->first[i], &p);
             if (!(f->layer[k] = need(s, p.name, p.numel, err))) return err->code;
             f->off[k] = p.offset;
+            f->expert[k] = (unsigned char)p.expert;
         }
     }
     return 0;
@@ -166,6 +150,7 @@ static int block_shapes(train_fsdp *f, fsdp_err *err) {
         f->acc_at[i + 1] = f->acc_at[i] + numel;
     }
     if (!(f->off = calloc((size_t)f->first[L] + 1, sizeof *f->off)) ||
+        !(f->expert = calloc((size_t)f->first[L] + 1, sizeof *f->expert)) ||
         !(f->layer = calloc((size_t)f->first[L] + 1, sizeof *f->layer)))
         return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory (training)");
     return 0;
@@ -224,7 +209,7 @@ int train_fsdp_create_opts(fsdp_state *s, model_blocks m, comm *c, int B, int T,
         return fsdp_err_set(err, FSDP_E_INVALID, "training: the model declares an auxiliary loss but no way to compute it");
     }
     if ((rc = block_shapes(f, err)) || (rc = alloc_buffers(f, err)) || (rc = find_params(f, err)) || (rc = state_alloc_grads(s, err)) ||
-        (rc = make_groups(f, comm_size(c), comm_rank(c), err))) {
+        (rc = train_fsdp_make_groups(f, comm_size(c), comm_rank(c), err))) {
         train_fsdp_free(f);
         return rc;
     }
@@ -237,24 +222,29 @@ int train_fsdp_create_opts(fsdp_state *s, model_blocks m, comm *c, int B, int T,
     return 0;
 }
 
-/* The parameter slots of layer i's full-layer buffer, in the group's order. */
+/* The slots of layer i's flat group (its parameters that are not expert-parallel) in base. */
 static void layer_slots(const train_fsdp *f, int i, float *base, float **slots) {
-    for (int k = f->first[i]; k < f->first[i + 1]; k++) slots[k - f->first[i]] = base + f->off[k];
+    int n = 0;
+    for (int k = f->first[i]; k < f->first[i + 1]; k++)
+        if (!train_fsdp_is_ep(f, k)) slots[n++] = base + f->off[k];
 }
 
-/* Layer i's parameters all-gathered into full_layer. */
+/* Layer i's parameters all-gathered into full_layer (the expert-parallel ones: this ep rank's experts). */
 static int gather_layer(train_fsdp *f, int i, fsdp_err *err) {
+    int rc;
+    for (int k = f->first[i]; f->ep > 1 && k < f->first[i + 1]; k++)
+        if (f->expert[k] && (rc = train_fsdp_ep_gather(f, k, f->full_layer + f->off[k], err))) return rc;
     if (!f->per_param) {
         float *full[MODEL_BLOCKS_PARAMS_MAX];
         layer_slots(f, i, f->full_layer, full);
-        int rc = flat_group_gather(f->groups[i], f->c, f->flat_scratch, full, err);
+        rc = flat_group_gather(f->groups[i], f->c, f->flat_scratch, full, err);
         if (rc) return fsdp_err_prefix(err, "training: all-gather of layer %d", i);
         return 0;
     }
     for (int k = f->first[i]; k < f->first[i + 1]; k++) {
         state_param *p = f->layer[k];
-        int rc = state_unshard(p, p->data, f->c, f->full_layer + f->off[k], err);
-        if (rc) return rc;
+        if (train_fsdp_is_ep(f, k)) continue;
+        if ((rc = state_unshard(p, p->data, f->c, f->full_layer + f->off[k], err))) return rc;
     }
     return 0;
 }
@@ -269,24 +259,22 @@ static int reduce_param(train_fsdp *f, state_param *p, const float *full, fsdp_e
 
 /* Layer i's full gradient g (a full-layer buffer) reduce-scattered into its parameters' p->grad. */
 static int reduce_layer(train_fsdp *f, int i, float *g, fsdp_err *err) {
+    int rc;
+    for (int k = f->first[i]; f->ep > 1 && k < f->first[i + 1]; k++)
+        if (f->expert[k] && (rc = train_fsdp_ep_reduce(f, k, g + f->off[k], err))) return rc;
     if (!f->per_param) {
         float *full[MODEL_BLOCKS_PARAMS_MAX];
         layer_slots(f, i, g, full);
-        int rc = flat_group_reduce_scatter(f->groups[i], f->c, f->rep, (const float *const *)full, f->flat_scratch,
-                                           err);
+        rc = flat_group_reduce_scatter(f->groups[i], f->c, f->rep, (const float *const *)full, f->flat_scratch, err);
         return rc ? fsdp_err_prefix(err, "training: reduce-scatter of layer %d", i) : 0;
     }
     for (int k = f->first[i]; k < f->first[i + 1]; k++) {
-        state_param *p = f->layer[k];
-        int rc = reduce_param(f, p, g + f->off[k], err);
-        if (rc) return rc;
+        if (train_fsdp_is_ep(f, k)) continue;
+        if ((rc = reduce_param(f, f->layer[k], g + f->off[k], err))) return rc;
     }
     return 0;
 }
 
-/* Forward and the training head of one micro-batch (tokens, labels: B x T): the head's gradients
- * accumulate into grad_norm / grad_output (zeroed by the caller before the first micro-batch);
- * *lsum += this rank's loss sum. denom: the global token count of the whole step. */
 /* The model's auxiliary loss of this micro-batch (layout.n_aux > 0): its statistics summed over every
  * rank of the step, its gradient set (scaled by 1 / n_micro), its value added to *aux. */
 static int micro_aux(train_fsdp *f, int n_micro, model_blocks_aux *aux, fsdp_err *err) {

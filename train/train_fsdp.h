@@ -61,6 +61,10 @@ void train_fsdp_free(train_fsdp *f);
 /* Collectives per transformer block (flat != 0, the default: one all-gather and one reduce-scatter
  * of each layer's parameters together, train/flat_group.h) or per parameter (0). Both give the
  * same values: bit for bit on 2 ranks, within float32 summation order on more. */
+/* Expert parallelism `ep` (1: off) over the shard group: each rank computes the experts of its ep rank
+ * for the tokens of its ep group, exchanged by all-to-all (train/train_fsdp_ep.c has the layout). ep
+ * must divide the shard group's size, which must divide the experts. Call once, after create. */
+int train_fsdp_set_expert_parallel(train_fsdp *f, int ep, fsdp_err *err);
 void train_fsdp_set_flat(train_fsdp *f, int flat);
 /* Forward and backward only: the global loss and reduce-scattered gradients in p->grad. */
 int train_fsdp_grads(train_fsdp *f, const int32_t *tokens, const int32_t *labels, train_fsdp_result *res,

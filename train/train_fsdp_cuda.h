@@ -92,6 +92,9 @@ typedef struct train_fsdp_cuda_options {
     /* 0 (default): one all-gather and one reduce-scatter per transformer block on a flat buffer
      * (train/flat_group.h); 1: one per parameter (the CPU path takes it too, train_fsdp_set_flat) */
     int per_param;
+    /* expert parallelism degree of a mixture of experts (0 or 1: off; the CPU path only so far:
+     * train_fsdp_set_expert_parallel) */
+    int expert_parallel;
 } train_fsdp_cuda_options;
 
 /* "none" / "bf16" and "none" / "full" / "selective" -> the enums; FSDP_E_INVALID naming the key,

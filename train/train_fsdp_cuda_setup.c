@@ -313,7 +313,7 @@ int train_fsdp_cuda_create(fsdp_state *s, model_blocks_cuda m, comm *c, dev_ctx 
         return fsdp_err_set(err, FSDP_E_INVALID, "training (cuda): batch %d x %d must be positive", B, T);
     int rc = m.host.check(m.host.impl, err);
     if (rc) return rc;
-    train_fsdp_cuda_options o = {TRAIN_FSDP_MIXED_NONE, TRAIN_FSDP_AC_NONE, 0, 0, 0};
+    train_fsdp_cuda_options o = {TRAIN_FSDP_MIXED_NONE, TRAIN_FSDP_AC_NONE, 0, 0, 0, 0};
     if (opt) o = *opt;
     model_blocks_ws_opts wo = {(int)o.ac, o.head_chunk_rows};
     if ((rc = m.host.check_opts(m.host.impl, &wo, "training (cuda)", err))) return rc;

@@ -108,12 +108,11 @@ static void sort_pairs(const kc_moe_dims *m, kc_moe_acts *a) {
     a->offsets[0] = 0;
 }
 
-int kc_moe_forward(const kc_moe_dims *m, const float *x, const float *router, const float *w1, const float *w2,
-                   const float *w3, kc_moe_acts *a, float *out, kc_stats *st, fsdp_err *err) {
-    int rc = check_dims(m, "mixture of experts (forward)", err);
-    if (rc) return rc;
-    const int n = m->n, d = m->d, F = m->F, E = m->E, K = m->K;
-    if (n == 0) return FSDP_OK;
+int kc_moe_route(const kc_moe_dims *m, const float *x, const float *router, kc_moe_acts *a, kc_stats *st,
+                 fsdp_err *err) {
+    int rc = check_dims(m, "mixture of experts (routing)", err);
+    if (rc || m->n == 0) return rc;
+    const int n = m->n, d = m->d, E = m->E, K = m->K;
     kc_linear_forward(x, router, a->probs, n, d, E, st);
     int bad = -1;
 #pragma omp parallel for schedule(static)
@@ -130,18 +129,26 @@ int kc_moe_forward(const kc_moe_dims *m, const float *x, const float *router, co
 #pragma omp parallel for schedule(static)
     for (int s = 0; s < nk; s++)
         memcpy(a->xs + (size_t)s * d, x + (size_t)(a->pair_of[s] / K) * d, (size_t)d * sizeof(float));
-    for (int e = 0; e < E; e++) {
-        const int s0 = a->offsets[e], ne = a->offsets[e + 1] - s0;
+    return FSDP_OK;
+}
+
+void kc_moe_experts_forward(int n_experts, const int32_t *offsets, int d, int F, const float *xs, const float *w1,
+                            const float *w2, const float *w3, float *a, float *b, float *g, float *y, kc_stats *st) {
+    for (int e = 0; e < n_experts; e++) {
+        const int s0 = offsets[e], ne = offsets[e + 1] - s0;
         if (!ne) continue;
-        const size_t wf = (size_t)e * F * d;
-        kc_linear_forward(a->xs + (size_t)s0 * d, w1 + wf, a->a + (size_t)s0 * F, ne, d, F, st);
-        kc_linear_forward(a->xs + (size_t)s0 * d, w3 + wf, a->b + (size_t)s0 * F, ne, d, F, st);
-        kc_swiglu_forward(a->a + (size_t)s0 * F, a->b + (size_t)s0 * F, a->g + (size_t)s0 * F, (int64_t)ne * F);
-        kc_linear_forward(a->g + (size_t)s0 * F, w2 + wf, a->y + (size_t)s0 * d, ne, F, d, st);
+        const size_t wf = (size_t)e * F * d, sd = (size_t)s0 * d, sf = (size_t)s0 * F;
+        kc_linear_forward(xs + sd, w1 + wf, a + sf, ne, d, F, st);
+        kc_linear_forward(xs + sd, w3 + wf, b + sf, ne, d, F, st);
+        kc_swiglu_forward(a + sf, b + sf, g + sf, (int64_t)ne * F);
+        kc_linear_forward(g + sf, w2 + wf, y + sd, ne, F, d, st);
     }
-    /* combine: each token sums its K weighted outputs in k order */
+}
+
+void kc_moe_combine(const kc_moe_dims *m, const kc_moe_acts *a, float *out) {
+    const int d = m->d, K = m->K;
 #pragma omp parallel for schedule(static)
-    for (int t = 0; t < n; t++) {
+    for (int t = 0; t < m->n; t++) {
         float *o = out + (size_t)t * d;
         for (int j = 0; j < d; j++) o[j] = 0.0f;
         for (int k = 0; k < K; k++) {
@@ -150,6 +157,14 @@ int kc_moe_forward(const kc_moe_dims *m, const float *x, const float *router, co
             for (int j = 0; j < d; j++) o[j] += w * y[j];
         }
     }
+}
+
+int kc_moe_forward(const kc_moe_dims *m, const float *x, const float *router, const float *w1, const float *w2,
+                   const float *w3, kc_moe_acts *a, float *out, kc_stats *st, fsdp_err *err) {
+    int rc = kc_moe_route(m, x, router, a, st, err);
+    if (rc || m->n == 0) return rc;
+    kc_moe_experts_forward(m->E, a->offsets, m->d, m->F, a->xs, w1, w2, w3, a->a, a->b, a->g, a->y, st);
+    kc_moe_combine(m, a, out);
     return FSDP_OK;
 }
 
@@ -194,22 +209,17 @@ static void router_token_backward(const kc_moe_dims *m, const float *p, const in
     for (int e = 0; e < E; e++) dp[e] = p[e] * (dp[e] - dot);
 }
 
-int kc_moe_backward(const kc_moe_dims *m, const float *dout, const float *x, const float *router, const float *w1,
-                    const float *w2, const float *w3, const kc_moe_acts *a, const float *dp_aux, kc_moe_scratch *s,
-                    float *dx, float *drouter, float *dw1, float *dw2, float *dw3, kc_stats *st, fsdp_err *err) {
-    int rc = check_dims(m, "mixture of experts (backward)", err);
-    if (rc) return rc;
-    const int n = m->n, d = m->d, F = m->F, E = m->E, K = m->K;
-    if (n == 0) return FSDP_OK;
-    /* dy of each slot = its weight x dout of its token; the weights' gradients dw = dout . y go to dp */
+void kc_moe_combine_backward(const kc_moe_dims *m, const kc_moe_acts *a, const float *dout, const float *dp_aux,
+                             float *dys, float *dlogits) {
+    const int d = m->d, E = m->E, K = m->K;
 #pragma omp parallel for schedule(static)
-    for (int t = 0; t < n; t++) {
+    for (int t = 0; t < m->n; t++) {
         const float *go = dout + (size_t)t * d;
         float dw[K];
         for (int k = 0; k < K; k++) {
             const int sl = a->slot_of[(size_t)t * K + k];
             const float w = a->topw[(size_t)t * K + k], *y = a->y + (size_t)sl * d;
-            float *dy = s->dys + (size_t)sl * d, acc = 0.0f;
+            float *dy = dys + (size_t)sl * d, acc = 0.0f;
             for (int j = 0; j < d; j++) {
                 dy[j] = w * go[j];
                 acc += go[j] * y[j];
@@ -217,30 +227,52 @@ int kc_moe_backward(const kc_moe_dims *m, const float *dout, const float *x, con
             dw[k] = acc;
         }
         router_token_backward(m, a->probs + (size_t)t * E, a->top + (size_t)t * K, a->topw + (size_t)t * K, dw,
-                              dp_aux, s->dp + (size_t)t * E);
+                              dp_aux, dlogits + (size_t)t * E);
     }
-    for (int e = 0; e < E; e++) {
-        const int s0 = a->offsets[e], ne = a->offsets[e + 1] - s0;
+}
+
+void kc_moe_experts_backward(int n_experts, const int32_t *offsets, int d, int F, const float *dys, const float *xs,
+                             const float *w1, const float *w2, const float *w3, const float *a, const float *b,
+                             const float *g, float *dg, float *da, float *db, float *dxs, float *dw1, float *dw2,
+                             float *dw3, kc_stats *st) {
+    for (int e = 0; e < n_experts; e++) {
+        const int s0 = offsets[e], ne = offsets[e + 1] - s0;
         if (!ne) continue;
         const size_t wf = (size_t)e * F * d, sd = (size_t)s0 * d, sf = (size_t)s0 * F;
-        kc_linear_backward_input(s->dys + sd, w2 + wf, s->dg + sf, ne, F, d, 0.0f, st);
-        kc_linear_backward_weight(s->dys + sd, a->g + sf, dw2 + wf, ne, F, d, st);
-        kc_swiglu_backward(a->a + sf, a->b + sf, s->dg + sf, s->da + sf, s->db + sf, (int64_t)ne * F);
-        kc_linear_backward_input(s->da + sf, w1 + wf, s->dxs + sd, ne, d, F, 0.0f, st);
-        kc_linear_backward_input(s->db + sf, w3 + wf, s->dxs + sd, ne, d, F, 1.0f, st);
-        kc_linear_backward_weight(s->da + sf, a->xs + sd, dw1 + wf, ne, d, F, st);
-        kc_linear_backward_weight(s->db + sf, a->xs + sd, dw3 + wf, ne, d, F, st);
+        kc_linear_backward_input(dys + sd, w2 + wf, dg + sf, ne, F, d, 0.0f, st);
+        kc_linear_backward_weight(dys + sd, g + sf, dw2 + wf, ne, F, d, st);
+        kc_swiglu_backward(a + sf, b + sf, dg + sf, da + sf, db + sf, (int64_t)ne * F);
+        kc_linear_backward_input(da + sf, w1 + wf, dxs + sd, ne, d, F, 0.0f, st);
+        kc_linear_backward_input(db + sf, w3 + wf, dxs + sd, ne, d, F, 1.0f, st);
+        kc_linear_backward_weight(da + sf, xs + sd, dw1 + wf, ne, d, F, st);
+        kc_linear_backward_weight(db + sf, xs + sd, dw3 + wf, ne, d, F, st);
     }
+}
+
+void kc_moe_router_backward(const kc_moe_dims *m, const kc_moe_acts *a, const float *dlogits, const float *dxs,
+                            const float *x, const float *router, float *dx, float *drouter, kc_stats *st) {
+    const int n = m->n, d = m->d, E = m->E, K = m->K;
     /* dx = the router's input gradient, then each token's K expert input gradients in k order */
-    kc_linear_backward_input(s->dp, router, dx, n, d, E, 0.0f, st);
-    kc_linear_backward_weight(s->dp, x, drouter, n, d, E, st);
+    kc_linear_backward_input(dlogits, router, dx, n, d, E, 0.0f, st);
+    kc_linear_backward_weight(dlogits, x, drouter, n, d, E, st);
 #pragma omp parallel for schedule(static)
     for (int t = 0; t < n; t++) {
         float *o = dx + (size_t)t * d;
         for (int k = 0; k < K; k++) {
-            const float *g = s->dxs + (size_t)a->slot_of[(size_t)t * K + k] * d;
+            const float *g = dxs + (size_t)a->slot_of[(size_t)t * K + k] * d;
             for (int j = 0; j < d; j++) o[j] += g[j];
         }
     }
+}
+
+int kc_moe_backward(const kc_moe_dims *m, const float *dout, const float *x, const float *router, const float *w1,
+                    const float *w2, const float *w3, const kc_moe_acts *a, const float *dp_aux, kc_moe_scratch *s,
+                    float *dx, float *drouter, float *dw1, float *dw2, float *dw3, kc_stats *st, fsdp_err *err) {
+    int rc = check_dims(m, "mixture of experts (backward)", err);
+    if (rc || m->n == 0) return rc;
+    kc_moe_combine_backward(m, a, dout, dp_aux, s->dys, s->dp);
+    kc_moe_experts_backward(m->E, a->offsets, m->d, m->F, s->dys, a->xs, w1, w2, w3, a->a, a->b, a->g, s->dg, s->da,
+                            s->db, s->dxs, dw1, dw2, dw3, st);
+    kc_moe_router_backward(m, a, s->dp, s->dxs, x, router, dx, drouter, st);
     return FSDP_OK;
 }

@@ -100,6 +100,33 @@ int kc_moe_backward(const kc_moe_dims *m, const float *dout, const float *x, con
                     const float *w2, const float *w3, const kc_moe_acts *a, const float *dp_aux, kc_moe_scratch *s,
                     float *dx, float *drouter, float *dw1, float *dw2, float *dw3, kc_stats *st, fsdp_err *err);
 
+/* ---- the phases the two calls above run, for expert parallelism to move rows between them -------
+ * kc_moe_forward = route, experts_forward (every expert, slot order), combine;
+ * kc_moe_backward = combine_backward, experts_backward, router_backward. */
+
+/* probs, top, topw, the sort (slot_of, pair_of, offsets) and xs (the input rows in slot order). */
+int kc_moe_route(const kc_moe_dims *m, const float *x, const float *router, kc_moe_acts *a, kc_stats *st,
+                 fsdp_err *err);
+/* n_experts experts (w1, w3 [n_experts, F, d], w2 [n_experts, d, F]) on their rows offsets[e] ..
+ * offsets[e+1]-1 of xs [rows, d]: a, b, g [rows, F] and y [rows, d] overwritten. */
+void kc_moe_experts_forward(int n_experts, const int32_t *offsets, int d, int F, const float *xs, const float *w1,
+                            const float *w2, const float *w3, float *a, float *b, float *g, float *y, kc_stats *st);
+/* out[t] = sum_k topw[t][k] * a->y[slot of (t, k)] (overwritten). */
+void kc_moe_combine(const kc_moe_dims *m, const kc_moe_acts *a, float *out);
+/* From dout [n, d]: dys [nK, d] (slot order, overwritten) and dlogits [n, E] (overwritten), with dp_aux
+ * (may be NULL) added to every dL/dp. */
+void kc_moe_combine_backward(const kc_moe_dims *m, const kc_moe_acts *a, const float *dout, const float *dp_aux,
+                             float *dys, float *dlogits);
+/* The experts' backward on their rows: dg, da, db [rows, F] and dxs [rows, d] overwritten; dw1, dw2, dw3
+ * accumulated. */
+void kc_moe_experts_backward(int n_experts, const int32_t *offsets, int d, int F, const float *dys, const float *xs,
+                             const float *w1, const float *w2, const float *w3, const float *a, const float *b,
+                             const float *g, float *dg, float *da, float *db, float *dxs, float *dw1, float *dw2,
+                             float *dw3, kc_stats *st);
+/* dx [n, d] = dlogits router + each token's K rows of dxs (slot order) (overwritten); drouter += dlogits^T x. */
+void kc_moe_router_backward(const kc_moe_dims *m, const kc_moe_acts *a, const float *dlogits, const float *dxs,
+                            const float *x, const float *router, float *dx, float *drouter, kc_stats *st);
+
 #ifdef __cplusplus
 }
 #endif
