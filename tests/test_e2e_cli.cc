@@ -27,9 +27,11 @@ TEST(E2ECli, HelpVersionStages) {
 // program executing itself a second time (which loaded every library twice): libgomp starts once.
 TEST(E2ECli, PassiveWaitPolicyWithoutASecondExec) {
     std::string out;
-    ASSERT_EQ(run_cmd("OMP_NUM_THREADS=3 OMP_DISPLAY_ENV=true " + fsdp_run_bin() + " --version", &out), 0) << out;
+    ASSERT_EQ(run_cmd("OMP_NUM_THREADS=3 OMP_DISPLAY_ENV=verbose " + fsdp_run_bin() + " --version", &out), 0) << out;
     size_t at = out.find("OMP_WAIT_POLICY = 'PASSIVE'");
     EXPECT_NE(at, std::string::npos) << out;
+    // libgomp shows PASSIVE for an unset policy too: its spin count says whether it took it
+    EXPECT_NE(out.find("GOMP_SPINCOUNT = '0'"), std::string::npos) << out;
     EXPECT_NE(out.find("OMP_NUM_THREADS = '3'"), std::string::npos) << out;  // and the rest of the environment
     EXPECT_EQ(out.find("OPENMP DISPLAY ENVIRONMENT BEGIN", out.find("OPENMP DISPLAY ENVIRONMENT BEGIN") + 1),
               std::string::npos)
@@ -48,6 +50,9 @@ TEST(E2ECli, PassiveWaitPolicyWithoutASecondExec) {
     // a policy the user set is kept
     ASSERT_EQ(run_cmd("OMP_WAIT_POLICY=active OMP_DISPLAY_ENV=true " + fsdp_run_bin() + " --version", &out), 0);
     EXPECT_NE(out.find("OMP_WAIT_POLICY = 'ACTIVE'"), std::string::npos) << out;
+    // without a `_` entry to stand in for, fsdp-run executes itself once with the policy set
+    ASSERT_EQ(run_cmd("env -i PATH=/usr/bin:/bin OMP_DISPLAY_ENV=verbose " + fsdp_run_bin() + " --version", &out), 0);
+    EXPECT_NE(out.find("GOMP_SPINCOUNT = '0'"), std::string::npos) << out;
 }
 
 TEST(E2ECli, ValidateCycleExitsTwoAndPrintsCycle) {
