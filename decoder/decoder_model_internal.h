@@ -84,16 +84,20 @@ struct decoder_model_ws {
      * ep_rank * ep_experts .. + ep_experts - 1 for the tokens its ep group sends it */
     comm *ep;
     int ep_size, ep_rank, ep_experts;
-    struct decoder_ep_saved *eps; /* [n_layers] (FULL: one set shared) */
-    float *ep_buf, *ep_dyr, *ep_dxr, *ep_dg, *ep_da, *ep_db; /* scratch: [R_max, d] x3, [R_max, F] x3 */
-    float *ep_arena;
-    size_t ep_floats;
+    struct decoder_ep_saved *eps; /* [n_layers] (FULL: every layer uses the first MoE layer's) */
+    float *ep_scratch;            /* ep_buf, ep_dyr, ep_dxr [cap, d] and ep_dg, ep_da, ep_db [cap, F] */
+    size_t ep_scratch_cap;        /* rows */
+    float *ep_buf, *ep_dyr, *ep_dxr, *ep_dg, *ep_da, *ep_db;
 };
 
-/* What an expert-parallel MoE layer's forward keeps for its backward (received rows in expert-major order). */
+/* What an expert-parallel MoE layer's forward keeps for its backward (received rows in expert-major order).
+ * The row buffers grow to the rows a forward receives (cap), not to the worst case of every token of
+ * every ep rank. */
 typedef struct decoder_ep_saved {
-    float *xr, *ar, *br, *gr; /* [R_max, d], [R_max, F] x3 */
-    int32_t *perm;            /* [R_max]: expert-major row -> row in the received order (source rank, expert) */
+    float *rows;              /* one allocation: xr [cap, d], ar, br, gr [cap, F], perm [cap] */
+    size_t cap;
+    float *xr, *ar, *br, *gr;
+    int32_t *perm;            /* expert-major row -> row in the received order (source rank, expert) */
     int32_t *recvc;           /* [ep_size * ep_experts]: rows each source sent for each local expert */
     int32_t *loff;            /* [ep_experts + 1]: the local experts' rows in expert-major order */
 } decoder_ep_saved;

@@ -10,23 +10,58 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Rows the largest forward may receive over P ep ranks: every token of every ep rank routed here, K times. */
-static size_t rows_max(const decoder_model_ws *ws, int P) {
-    return (size_t)P * (size_t)ws->B_max * (size_t)ws->T_max * (size_t)ws->cfg.top_k;
-}
+static size_t round16(size_t n) { return (n + 15) & ~(size_t)15; }
 
 void decoder_moe_ep_free(decoder_model_ws *ws) {
-    free(ws->ep_arena);
+    for (int l = 0; ws->eps && l < ws->cfg.n_layers; l++) {
+        free(ws->eps[l].rows);
+        free(ws->eps[l].recvc);
+    }
     free(ws->eps);
-    ws->ep_arena = NULL;
+    free(ws->ep_scratch);
     ws->eps = NULL;
+    ws->ep_scratch = NULL;
+    ws->ep_scratch_cap = 0;
     ws->ep_size = 1;
 }
 
-static float *take(float **at, size_t n) {
-    float *p = *at;
-    *at += (n + 15) & ~(size_t)15;
-    return p;
+/* e's row buffers for at least R rows (a quarter more than asked, kept across steps). */
+static int grow_saved(decoder_model_ws *ws, decoder_ep_saved *e, size_t R, fsdp_err *err) {
+    if (R <= e->cap && e->rows) return FSDP_OK;
+    const size_t cap = R + R / 4 + 16, d = (size_t)ws->cfg.dim, F = (size_t)ws->cfg.moe_ffn_hidden;
+    const size_t n = round16(cap * d) + 3 * round16(cap * F) + round16(cap);
+    float *p = malloc(n * sizeof(float));
+    if (!p)
+        return fsdp_err_set(err, FSDP_E_NOMEM, "decoder: expert parallelism: cannot allocate %zu bytes for the %zu rows "
+                            "this rank's experts received", n * sizeof(float), R);
+    free(e->rows);
+    e->rows = p;
+    e->cap = cap;
+    e->xr = p;
+    e->ar = p + round16(cap * d);
+    e->br = e->ar + round16(cap * F);
+    e->gr = e->br + round16(cap * F);
+    e->perm = (int32_t *)(e->gr + round16(cap * F));
+    return FSDP_OK;
+}
+
+/* The shared scratch for at least R rows. */
+static int grow_scratch(decoder_model_ws *ws, size_t R, fsdp_err *err) {
+    if (R <= ws->ep_scratch_cap && ws->ep_scratch) return FSDP_OK;
+    const size_t cap = R + R / 4 + 16, d = (size_t)ws->cfg.dim, F = (size_t)ws->cfg.moe_ffn_hidden;
+    float *p = malloc((3 * round16(cap * d) + 3 * round16(cap * F)) * sizeof(float));
+    if (!p)
+        return fsdp_err_set(err, FSDP_E_NOMEM, "decoder: expert parallelism: cannot allocate the scratch of %zu rows", R);
+    free(ws->ep_scratch);
+    ws->ep_scratch = p;
+    ws->ep_scratch_cap = cap;
+    ws->ep_buf = p;
+    ws->ep_dyr = p + round16(cap * d);
+    ws->ep_dxr = ws->ep_dyr + round16(cap * d);
+    ws->ep_dg = ws->ep_dxr + round16(cap * d);
+    ws->ep_da = ws->ep_dg + round16(cap * F);
+    ws->ep_db = ws->ep_da + round16(cap * F);
+    return FSDP_OK;
 }
 
 int decoder_model_set_expert_parallel(decoder_model_ws *ws, comm *ep, fsdp_err *err) {
@@ -37,47 +72,32 @@ int decoder_model_set_expert_parallel(decoder_model_ws *ws, comm *ep, fsdp_err *
     if (c->n_experts <= 0 || c->n_experts % P)
         return fsdp_err_set(err, FSDP_E_INVALID, "decoder: expert parallelism over %d ranks needs a number of experts "
                             "it divides (the model has %d)", P, c->n_experts);
-    const int El = c->n_experts / P, sets = ws->ac == DECODER_AC_FULL ? 1 : decoder_moe_layers(c);
-    const size_t R = rows_max(ws, P), d = (size_t)c->dim, F = (size_t)c->moe_ffn_hidden;
-    const size_t saved = R * d + 3 * R * F + R + (size_t)P * El + El + 1 + 7 * 16;
-    const size_t scratch = 3 * R * d + 3 * R * F + 6 * 16;
-    ws->ep_floats = saved * (size_t)sets + scratch;
-    ws->ep_arena = malloc(ws->ep_floats * sizeof(float));
-    ws->eps = calloc((size_t)c->n_layers, sizeof *ws->eps);
-    if (!ws->ep_arena || !ws->eps) {
-        decoder_moe_ep_free(ws);
-        return fsdp_err_set(err, FSDP_E_NOMEM, "decoder: cannot allocate %zu bytes for expert parallelism over %d "
-                            "ranks", ws->ep_floats * sizeof(float), P);
-    }
-    float *at = ws->ep_arena;
-    decoder_ep_saved first;
-    for (int l = 0, k = 0; l < c->n_layers; l++) {
+    const int El = c->n_experts / P;
+    int ok = (ws->eps = calloc((size_t)c->n_layers, sizeof *ws->eps)) != NULL;
+    for (int l = 0; ok && l < c->n_layers; l++) {
         if (!decoder_layer_is_moe(c, l)) continue;
-        decoder_ep_saved *e = &ws->eps[l];
-        if (k++ && sets == 1) {
-            *e = first;
-            continue;
-        }
-        e->xr = take(&at, R * d);
-        e->ar = take(&at, R * F);
-        e->br = take(&at, R * F);
-        e->gr = take(&at, R * F);
-        e->perm = (int32_t *)take(&at, R);
-        e->recvc = (int32_t *)take(&at, (size_t)P * El);
-        e->loff = (int32_t *)take(&at, (size_t)El + 1);
-        first = *e;
+        /* recvc [P * El] and loff [El + 1] in one allocation */
+        ok = (ws->eps[l].recvc = malloc(((size_t)P * El + El + 1) * sizeof(int32_t))) != NULL;
+        if (ok) ws->eps[l].loff = ws->eps[l].recvc + (size_t)P * El;
     }
-    ws->ep_buf = take(&at, R * d);
-    ws->ep_dyr = take(&at, R * d);
-    ws->ep_dxr = take(&at, R * d);
-    ws->ep_dg = take(&at, R * F);
-    ws->ep_da = take(&at, R * F);
-    ws->ep_db = take(&at, R * F);
+    if (!ok) {
+        decoder_moe_ep_free(ws);
+        return fsdp_err_set(err, FSDP_E_NOMEM, "decoder: out of memory (expert parallelism)");
+    }
     ws->ep = ep;
     ws->ep_size = P;
     ws->ep_rank = comm_rank(ep);
     ws->ep_experts = El;
     return FSDP_OK;
+}
+
+/* The saved buffers of MoE layer `layer`: its own, or under full checkpointing the first MoE layer's
+ * (the backward recomputes each layer's forward right before using them). */
+static decoder_ep_saved *saved_of(decoder_model_ws *ws, int layer) {
+    if (ws->ac != DECODER_AC_FULL) return &ws->eps[layer];
+    for (int l = 0; l < ws->cfg.n_layers; l++)
+        if (decoder_layer_is_moe(&ws->cfg, l)) return &ws->eps[l];
+    return &ws->eps[layer];
 }
 
 /* Rows this rank sends to each ep rank (its slots of that rank's experts) and receives from each. */
@@ -127,7 +147,7 @@ int decoder_moe_ep_forward(const decoder_config *c, const decoder_model_layer *l
                            const float *xn, float *out, fsdp_err *err) {
     const kc_moe_dims m = decoder_moe_dims(ws);
     kc_moe_acts *a = &ws->moe[layer];
-    decoder_ep_saved *e = &ws->eps[layer];
+    decoder_ep_saved *e = saved_of(ws, layer);
     const int P = ws->ep_size, El = ws->ep_experts, d = c->dim;
     int rc = kc_moe_route(&m, xn, lw->router, a, ws->stats, err);
     if (rc) return fsdp_err_prefix(err, "decoder forward: layer %d", layer);
@@ -137,6 +157,10 @@ int decoder_moe_ep_forward(const decoder_config *c, const decoder_model_layer *l
     size_t cb[P], send[P], recv[P];
     for (int q = 0; q < P; q++) cb[q] = (size_t)El * sizeof(int32_t);
     if ((rc = comm_alltoallv(ws->ep, sendc, cb, e->recvc, cb, err))) goto fail;
+    row_counts(ws, a, e, send, recv, 1);
+    size_t rows = 0;
+    for (int q = 0; q < P; q++) rows += recv[q];
+    if ((rc = grow_saved(ws, e, rows, err)) || (rc = grow_scratch(ws, rows, err))) return rc;
     row_counts(ws, a, e, send, recv, (size_t)d * sizeof(float));
     if ((rc = comm_alltoallv(ws->ep, a->xs, send, ws->ep_buf, recv, err))) goto fail;
     expert_major(ws, e);
@@ -156,7 +180,7 @@ int decoder_moe_ep_backward(const decoder_config *c, const decoder_model_layer *
                             decoder_model_ws *ws, const float *xn, const float *dout, float *dxn, fsdp_err *err) {
     const kc_moe_dims m = decoder_moe_dims(ws);
     const kc_moe_acts *a = &ws->moe[layer];
-    decoder_ep_saved *e = &ws->eps[layer];
+    decoder_ep_saved *e = saved_of(ws, layer);
     const int P = ws->ep_size, El = ws->ep_experts, d = c->dim;
     kc_moe_scratch *s = &ws->moe_s;
     kc_moe_combine_backward(&m, a, dout, ws->dp_aux, s->dys, s->dp);
