@@ -148,6 +148,12 @@ typedef struct model_blocks_cuda {
     const double *(*loss_sums)(const void *ws);
     int (*bwd_block)(void *ws, int block, const void *w, float *g, fsdp_err *err);
     int (*bwd_embed)(void *ws, float *d_embed, fsdp_err *err);
+    /* model_blocks' aux_stats / aux_apply / expert_load on the GPU workspace (NULL without experts):
+     * aux_stats waits for the compute stream and gives host statistics; aux_apply queues the gradient's
+     * upload on the compute stream; expert_load reads what the forward already brought to the host. */
+    int (*aux_stats)(void *ws, double *stats, fsdp_err *err);
+    int (*aux_apply)(void *ws, const double *sums, double scale, model_blocks_aux *out, fsdp_err *err);
+    int (*expert_load)(void *ws, int block, int64_t *counts);
 } model_blocks_cuda;
 
 #ifdef __cplusplus

@@ -53,9 +53,8 @@ static int issue_gather(train_fsdp_cuda *f, int i, fsdp_err *err) {
     if (f->buf_layer[b] == i) return 0;
     TRY(train_fsdp_cuda_event_wait(f->d, DEV_STREAM_COMM, f->use_done[b], err)); /* its last reader */
     if (!f->opt.per_param) TRY(train_fsdp_cuda_flat_gather(f, i, f->wbuf[b], err));
-    for (int k = 0; f->opt.per_param && k < f->per_layer; k++)
-        TRY(gather_param(f, f->layer[i * f->per_layer + k],
-                         (char *)f->wbuf[b] + (size_t)f->layer_off[k] * f->es, err));
+    for (int k = f->first[i]; f->opt.per_param && k < f->first[i + 1]; k++)
+        TRY(gather_param(f, f->layer[k], (char *)f->wbuf[b] + (size_t)f->off[k] * f->es, err));
     TRY(train_fsdp_cuda_event_record(f->d, f->g_done[b], DEV_STREAM_COMM, err));
     f->buf_layer[b] = i;
     return 0;
@@ -76,10 +75,33 @@ static int download_group(train_fsdp_cuda *f, state_param *const *ps, int n, dev
     return train_fsdp_cuda_event_record(f->d, f->ev_dl[g], DEV_STREAM_COPY, err);
 }
 
+/* The auxiliary loss of this micro-batch (lay.n_aux): the model's statistics (the host waits for the
+ * compute stream) summed over every rank of the step on the host, its gradient queued, its value added
+ * to f->aux; and the micro-batch's tokens per expert added to f->load. */
+static int micro_aux(train_fsdp_cuda *f, int n_micro, int first, fsdp_err *err) {
+    const model_blocks_cuda *m = &f->m;
+    model_blocks_aux a;
+    const int E = f->lay.n_experts;
+    int rc = m->aux_stats(f->ws, f->aux_buf, err);
+    if (!rc) rc = comm_allreduce(f->wc, f->aux_buf, (size_t)f->lay.n_aux, COMM_F64, COMM_SUM, err);
+    if (!rc) rc = m->aux_apply(f->ws, f->aux_buf, 1.0 / n_micro, &a, err);
+    if (rc) return fsdp_err_prefix(err, "training (cuda): auxiliary loss");
+    if (first) memset(&f->aux, 0, sizeof f->aux);
+    f->aux.loss += a.loss / n_micro;
+    f->aux.weighted += a.weighted / n_micro;
+    int64_t counts[E > 0 ? E : 1];
+    for (int i = 0; f->load && i < f->lay.n_blocks; i++) {
+        int64_t *row = f->load + (size_t)i * (size_t)E;
+        int moe = m->expert_load(f->ws, i, counts);
+        for (int e = 0; e < E; e++) row[e] = !moe ? -1 : first ? counts[e] : row[e] + counts[e];
+    }
+    return 0;
+}
+
 /* Forward and the training head (loss and head gradients in one chunked pass; the loss's
  * denominator, the global token count, is known before). */
 static int forward(train_fsdp_cuda *f, const int32_t *tokens, const int32_t *labels, double denom, int first,
-                   fsdp_err *err) {
+                   int n_micro, fsdp_err *err) {
     const model_blocks_cuda *m = &f->m;
     const int L = f->lay.n_blocks;
     dev_ctx *d = f->d;
@@ -98,6 +120,7 @@ static int forward(train_fsdp_cuda *f, const int32_t *tokens, const int32_t *lab
         TRY(m->fwd_block(f->ws, i, f->wbuf[b], err));
         TRY(train_fsdp_cuda_event_record(d, f->use_done[b], DEV_STREAM_COMPUTE, err));
     }
+    if (f->lay.n_aux) TRY(micro_aux(f, n_micro, first, err));
     if (first) { /* later micro-batches of the step add to the head's gradients */
         TRY(dev_memset0(d, f->grad_norm, (size_t)f->lay.norm.numel * sizeof(float), DEV_STREAM_COMPUTE, err));
         /* tied: the head's gradient is the first half of the embedding's (grad_output == grad_embed) */
@@ -135,23 +158,24 @@ static int backward(train_fsdp_cuda *f, int first, int last, fsdp_err *err) {
     for (int i = L - 1; i >= 0; i--) {
         if (i >= 1) TRY(issue_gather(f, i - 1, err)); /* prefetch, overlaps layer i */
         int b = buf_of(f, i), gb = i % 2;
-        float *g = f->gacc ? f->gacc + (size_t)i * (size_t)f->layer_numel : f->gbuf[gb];
+        float *g = f->gacc ? f->gacc + f->acc_at[i] : f->gbuf[gb];
         TRY(train_fsdp_cuda_event_wait(d, DEV_STREAM_COMPUTE, f->g_done[b], err));
         /* the gradient buffer's previous reduce-scatter (layer i+2) must be done */
         if (!f->gacc) TRY(train_fsdp_cuda_event_wait(d, DEV_STREAM_COMPUTE, f->rs_done[gb], err));
         if (!f->gacc || first)
-            TRY(dev_memset0(d, g, (size_t)f->layer_numel * sizeof(float), DEV_STREAM_COMPUTE, err));
+            TRY(dev_memset0(d, g, (size_t)f->bnumel[i] * sizeof(float), DEV_STREAM_COMPUTE, err));
         TRY(m->bwd_block(f->ws, i, f->wbuf[b], g, err));
         TRY(train_fsdp_cuda_event_record(d, f->use_done[b], DEV_STREAM_COMPUTE, err));
         if (!last) continue;
         TRY(train_fsdp_cuda_event_record(d, f->gl_ready[gb], DEV_STREAM_COMPUTE, err));
         TRY(train_fsdp_cuda_event_wait(d, DEV_STREAM_COMM, f->gl_ready[gb], err));
-        state_param **ps = f->layer + (size_t)i * f->per_layer;
+        state_param **ps = f->layer + f->first[i];
+        const int np = f->first[i + 1] - f->first[i];
         if (!f->opt.per_param) TRY(train_fsdp_cuda_flat_reduce(f, i, g, err));
-        for (int k = 0; f->opt.per_param && k < f->per_layer; k++)
-            TRY(reduce_param(f, ps[k], g + f->layer_off[k], err));
+        for (int k = 0; f->opt.per_param && k < np; k++)
+            TRY(reduce_param(f, ps[k], g + f->off[f->first[i] + k], err));
         TRY(train_fsdp_cuda_event_record(d, f->rs_done[gb], DEV_STREAM_COMM, err));
-        if (f->offload) TRY(download_group(f, ps, f->per_layer, f->rs_done[gb], i, err));
+        if (f->offload) TRY(download_group(f, ps, np, f->rs_done[gb], i, err));
     }
     TRY(m->bwd_embed(f->ws, f->grad_embed, err));
     if (!last) return 0;
@@ -198,11 +222,18 @@ static int queue_grads(train_fsdp_cuda *f, const int32_t *tokens, const int32_t 
     int rc = 0;
     for (int m = 0; m < n_micro && !rc; m++) {
         rc = join_streams(d, err);
-        if (!rc) rc = forward(f, tokens + m * mb, labels + m * mb, (double)(nv > 0 ? nv : 1), m == 0, err);
+        if (!rc) rc = forward(f, tokens + m * mb, labels + m * mb, (double)(nv > 0 ? nv : 1), m == 0, n_micro, err);
         if (!rc) rc = backward(f, m == 0, m == n_micro - 1, err);
     }
     f->gacc = gacc;
     if (rc) return rc;
+    if (f->load) {
+        const size_t n = (size_t)f->lay.n_blocks * (size_t)f->lay.n_experts;
+        const int64_t w = comm_size(f->wc);
+        TRY(comm_allreduce(f->wc, f->load, n, COMM_I64, COMM_SUM, err));
+        for (size_t i = 0; i < n; i++)
+            if (f->load[i] == -w) f->load[i] = -1;
+    }
     /* global gradient norm: local sum of squares, all-reduced with the loss sum in one call */
     TRY(dev_stream_wait(d, DEV_STREAM_COMPUTE, DEV_STREAM_COMM, err));
     TRY(kcu_list_grad_sumsq(f->list, f->d_stats + 1, dev_ctx_stream(d, DEV_STREAM_COMPUTE), err));
@@ -221,12 +252,13 @@ static int queue_grads(train_fsdp_cuda *f, const int32_t *tokens, const int32_t 
 static int read_stats(train_fsdp_cuda *f, int64_t nvalid, train_fsdp_result *res, fsdp_err *err) {
     int rc = train_fsdp_cuda_event_sync(f->ev[TRAIN_FSDP_CUDA_EV_STATS], err);
     if (rc) return fsdp_err_prefix(err, "training (cuda): reading the loss and gradient norm");
-    res->loss = nvalid > 0 ? f->h_stats[0] / (double)nvalid : 0.0;
-    res->ce_loss = res->loss;
-    res->aux_loss = 0.0;
-    res->has_aux = 0;
-    res->expert_load = NULL;
-    res->load_blocks = res->load_experts = 0;
+    res->ce_loss = nvalid > 0 ? f->h_stats[0] / (double)nvalid : 0.0;
+    res->has_aux = f->lay.n_aux > 0;
+    res->aux_loss = res->has_aux ? f->aux.loss : 0.0;
+    res->loss = res->ce_loss + (res->has_aux ? f->aux.weighted : 0.0);
+    res->expert_load = f->load;
+    res->load_blocks = f->load ? f->lay.n_blocks : 0;
+    res->load_experts = f->load ? f->lay.n_experts : 0;
     res->tokens = nvalid;
     res->grad_norm = f->h_stats[1] >= 0 ? sqrt(f->h_stats[1]) : NAN;
     return 0;
@@ -259,8 +291,8 @@ static int offloaded_adamw(train_fsdp_cuda *f, double coef, const kc_adamw_hpara
     for (int j = 0; j < L + 2; j++) {
         int g = j == 0 ? L : j <= L ? L - j : L + 1; /* head, layers L-1..0, embedding */
         state_param *head[2] = {f->norm, f->output};
-        state_param **ps = g == L ? head : g == L + 1 ? &f->embed : f->layer + (size_t)g * f->per_layer;
-        int n = g == L ? (f->output ? 2 : 1) : g == L + 1 ? 1 : f->per_layer;
+        state_param **ps = g == L ? head : g == L + 1 ? &f->embed : f->layer + f->first[g];
+        int n = g == L ? (f->output ? 2 : 1) : g == L + 1 ? 1 : f->first[g + 1] - f->first[g];
         TRY(train_fsdp_cuda_event_sync(f->ev_dl[g], err));
         for (int q = 0; q < n; q++) {
             state_param *p = ps[q];

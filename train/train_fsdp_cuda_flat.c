@@ -21,7 +21,7 @@ int train_fsdp_cuda_flat_setup(train_fsdp_cuda *f, fsdp_err *err) {
         return fsdp_err_set(err, FSDP_E_NOMEM, "training (cuda): out of memory (parameter groups)");
     size_t need = 1;
     for (int i = 0; i < L; i++) {
-        int rc = flat_group_create(f->layer + (size_t)i * (size_t)f->per_layer, f->per_layer, f->world, f->rank,
+        int rc = flat_group_create(f->layer + f->first[i], f->first[i + 1] - f->first[i], f->world, f->rank,
                                    &f->groups[i], err);
         if (rc) return fsdp_err_prefix(err, "training (cuda): layer %d", i);
         /* the f32 reduce-scatter needs total + own elements; the gather total of dtype dt (<= f32) */
@@ -69,7 +69,7 @@ int train_fsdp_cuda_flat_gather(train_fsdp_cuda *f, int layer, void *dst, fsdp_e
         for (size_t k = 0; k < n; k++) {
             const flat_group_seg *s = &g->segs[r * n + k];
             if (s->n)
-                TRY(dev_copy_d2d(f->d, out + ((size_t)f->layer_off[k] + s->full_off) * es, flat + s->flat_off * es,
+                TRY(dev_copy_d2d(f->d, out + ((size_t)f->off[f->first[layer] + k] + s->full_off) * es, flat + s->flat_off * es,
                                  s->n * es, DEV_STREAM_COMM, err));
         }
     }
@@ -84,7 +84,7 @@ int train_fsdp_cuda_flat_reduce(train_fsdp_cuda *f, int layer, const float *grad
         for (size_t k = 0; k < n; k++) {
             const flat_group_seg *s = &g->segs[r * n + k];
             if (s->n)
-                TRY(dev_copy_d2d(f->d, flat + s->flat_off, grad + (size_t)f->layer_off[k] + s->full_off,
+                TRY(dev_copy_d2d(f->d, flat + s->flat_off, grad + (size_t)f->off[f->first[layer] + k] + s->full_off,
                                  s->n * sizeof(float), DEV_STREAM_COMM, err));
         }
     }

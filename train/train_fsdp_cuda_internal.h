@@ -9,7 +9,7 @@
 
 #include "train/flat_group.h"
 
-/* The most parameters a layer's block holds (model/model_blocks.h); f->per_layer is the model's. */
+/* The most parameters a layer's block holds (model/model_blocks.h). */
 #define TRAIN_FSDP_CUDA_LAYER_PARAMS MODEL_BLOCKS_PARAMS_MAX
 
 enum {
@@ -37,10 +37,12 @@ struct train_fsdp_cuda {
     size_t es;     /* its size */
     void *ws; /* m's workspace */
     state_param *embed, *norm, *output; /* output NULL with tied embeddings */
-    int per_layer;                      /* parameters per layer (lay.per_block) */
-    state_param **layer; /* n_layers * per_layer in the flat layer order */
-    int64_t layer_off[TRAIN_FSDP_CUDA_LAYER_PARAMS];
-    int64_t layer_numel;
+    int *first;          /* [n_layers + 1]: layer i's parameters are layer[first[i] .. first[i+1]-1] */
+    state_param **layer; /* every layer's parameters in the flat layer order */
+    int64_t *off;        /* [first[n_layers]]: each parameter's element offset in its layer's flat buffer */
+    int64_t *bnumel;     /* [n_layers]: each layer's flat elements */
+    int64_t *acc_at;     /* [n_layers + 1]: where each layer's gradient starts in gacc */
+    int64_t layer_numel; /* the largest layer's */
     /* gathered layers: nbuf buffers (2, or n_layers with keep_gathered), what each holds, and
      * events: gather done (COMM), last compute reading it done (COMPUTE) */
     int nbuf;
@@ -61,7 +63,7 @@ struct train_fsdp_cuda {
      * step that has one, rebuilt when it changes), NULL when empty */
     kcu_tensor_list *list_wd, *list_nowd;
     unsigned char *split_mask; /* s->n flags the lists were built from */
-    /* gradient accumulation: every layer's full f32 gradient (n_layers x layer_numel), or NULL */
+    /* gradient accumulation: every layer's full f32 gradient (acc_at[n_layers] floats), or NULL */
     float *gacc;
     double *d_stats; /* device [2]: loss sum, gradient sum of squares */
     double *h_stats; /* pinned host copy, valid once EV_STATS completed */
@@ -77,6 +79,12 @@ struct train_fsdp_cuda {
      * they take turns in on the COMM stream; unused with opt.per_param */
     flat_group **groups;
     void *flat;
+    /* a model with an auxiliary loss (lay.n_aux) and experts (lay.n_experts): the micro-batch's host
+     * statistics, the step's loss so far, and the step's tokens per expert ([n_blocks * n_experts], -1
+     * rows for dense blocks) */
+    double *aux_buf;
+    model_blocks_aux aux;
+    int64_t *load;
 };
 
 /* Allocates f->gacc once (train_fsdp_cuda_setup.c). */

@@ -73,6 +73,12 @@ void train_fsdp_cuda_free(train_fsdp_cuda *f) {
     free(f->use_done);
     free(f->ev_dl);
     free(f->layer);
+    free(f->aux_buf);
+    free(f->load);
+    free(f->first);
+    free(f->off);
+    free(f->bnumel);
+    free(f->acc_at);
     free(f->blocks);
     free(f->own_off);
     free(f->bytes);
@@ -116,39 +122,47 @@ static int find_params(train_fsdp_cuda *f, fsdp_err *err) {
     const model_blocks_layout *lay = &f->lay;
     const model_blocks *m = &f->m.host;
     const int tied = lay->tied;
-    f->layer_numel = lay->block_numel;
-    f->per_layer = lay->per_block;
-    if (f->per_layer < 0 || f->per_layer > TRAIN_FSDP_CUDA_LAYER_PARAMS)
+    const int L = lay->n_blocks;
+    if (lay->per_block < 0 || lay->per_block > TRAIN_FSDP_CUDA_LAYER_PARAMS)
         return fsdp_err_set(err, FSDP_E_INVALID, "training (cuda): a block of %d parameters (at most %d)",
-                            f->per_layer, TRAIN_FSDP_CUDA_LAYER_PARAMS);
-    for (int i = 0; m->block_shape && i < lay->n_blocks; i++) {
-        int per;
-        int64_t numel;
-        m->block_shape(m->impl, i, &per, &numel);
-        if (per != lay->per_block || numel != lay->block_numel)
-            return fsdp_err_set(err, FSDP_E_INVALID, "training (cuda): block %d has %d parameters and block 0 %d; "
-                                "blocks of different shapes (a mixture of experts beside dense layers) train only on "
-                                "the CPU so far (runtime.device: cpu)", i, per, lay->per_block);
-    }
-    if (lay->n_aux)
-        return fsdp_err_set(err, FSDP_E_INVALID, "training (cuda): the model has an auxiliary load-balancing loss (a "
-                            "mixture of experts), which trains only on the CPU so far (runtime.device: cpu)");
-    for (int k = 0; k < f->per_layer; k++) {
-        model_blocks_tensor p;
-        m->block_param(m->impl, 0, k, &p);
-        f->layer_off[k] = p.offset;
+                            lay->per_block, TRAIN_FSDP_CUDA_LAYER_PARAMS);
+    if (lay->n_aux && (!f->m.aux_stats || !f->m.aux_apply))
+        return fsdp_err_set(err, FSDP_E_INVALID, "training (cuda): the model declares an auxiliary loss but no way to "
+                            "compute it on the GPU");
+    if (lay->n_aux && !(f->aux_buf = calloc((size_t)lay->n_aux, sizeof *f->aux_buf)))
+        return fsdp_err_set(err, FSDP_E_NOMEM, "training (cuda): out of memory");
+    if (lay->n_experts && f->m.expert_load &&
+        !(f->load = calloc((size_t)L * (size_t)lay->n_experts, sizeof *f->load)))
+        return fsdp_err_set(err, FSDP_E_NOMEM, "training (cuda): out of memory");
+    f->layer_numel = lay->block_numel;
+    if (!(f->first = calloc((size_t)L + 1, sizeof *f->first)) || !(f->bnumel = calloc((size_t)L + 1, sizeof *f->bnumel)) ||
+        !(f->acc_at = calloc((size_t)L + 1, sizeof *f->acc_at)))
+        return fsdp_err_set(err, FSDP_E_NOMEM, "training (cuda): out of memory");
+    for (int i = 0; i < L; i++) {
+        int per = lay->per_block;
+        int64_t numel = lay->block_numel;
+        if (m->block_shape) m->block_shape(m->impl, i, &per, &numel);
+        if (per < 0 || per > lay->per_block || numel > lay->block_numel)
+            return fsdp_err_set(err, FSDP_E_INVALID, "training (cuda): block %d of %d parameters and %lld elements (at "
+                                "most %d and %lld)", i, per, (long long)numel, lay->per_block,
+                                (long long)lay->block_numel);
+        f->first[i + 1] = f->first[i] + per;
+        f->bnumel[i] = numel;
+        f->acc_at[i + 1] = f->acc_at[i] + numel;
     }
     if (!(f->embed = need(s, lay->embed.name, lay->embed.numel, err)) ||
         !(f->norm = need(s, lay->norm.name, lay->norm.numel, err)) ||
         (!tied && !(f->output = need(s, lay->output.name, lay->output.numel, err))))
         return err->code;
-    if (!(f->layer = calloc((size_t)lay->n_blocks * (size_t)f->per_layer, sizeof *f->layer)))
+    if (!(f->layer = calloc((size_t)f->first[L] + 1, sizeof *f->layer)) ||
+        !(f->off = calloc((size_t)f->first[L] + 1, sizeof *f->off)))
         return fsdp_err_set(err, FSDP_E_NOMEM, "training (cuda): out of memory");
-    for (int i = 0; i < lay->n_blocks; i++) {
-        for (int k = 0; k < f->per_layer; k++) {
+    for (int i = 0; i < L; i++) {
+        for (int k = f->first[i]; k < f->first[i + 1]; k++) {
             model_blocks_tensor p;
-            m->block_param(m->impl, i, k, &p);
-            if (!(f->layer[i * f->per_layer + k] = need(s, p.name, p.numel, err))) return err->code;
+            m->block_param(m->impl, i, k - f->first[i], &p);
+            if (!(f->layer[k] = need(s, p.name, p.numel, err))) return err->code;
+            f->off[k] = p.offset;
         }
     }
     size_t want = (size_t)lay->n_params;
@@ -354,7 +368,7 @@ int train_fsdp_cuda_create(fsdp_state *s, model_blocks_cuda m, comm *c, dev_ctx 
 
 int train_fsdp_cuda_alloc_acc(train_fsdp_cuda *f, fsdp_err *err) {
     if (f->gacc) return 0;
-    return dalloc(f, (size_t)f->lay.n_blocks * (size_t)f->layer_numel, sizeof(float), (void **)&f->gacc,
+    return dalloc(f, (size_t)f->acc_at[f->lay.n_blocks], sizeof(float), (void **)&f->gacc,
                   "the accumulated gradients of every layer (grad_accum)", err);
 }
 
