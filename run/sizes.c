@@ -368,6 +368,7 @@ void sizes_check(const recipe *r, const sizes_host *h, sizes_chain *chain, errli
     check_threads(r, h, el);
     int has_model = model_of(r, h, chain, el) == 0;
     if (has_model) check_trainer(r, chain, el);
+    if (has_model) sizes_check_expert_parallel(r, h, chain, el);
     data_config dc;
     int data_ok = check_data(r, h, chain, has_model, &dc, el) == 0;
     if (data_ok) sizes_check_micro(r, h, &dc, el);

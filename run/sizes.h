@@ -56,6 +56,11 @@ void sizes_check(const recipe *r, const sizes_host *h, sizes_chain *chain, errli
  * memory check, as indented lines into out ("" without a model). Call after sizes_check of r. */
 void sizes_describe(const recipe *r, const sizes_host *h, const sizes_chain *chain, char *out, size_t cap);
 
+/* expert_parallel of every train-steps stage against the model's experts and the shard group
+ * (run/sizes_train.c): the model has experts, the degree divides the shard group's ranks, which divide
+ * the experts. */
+void sizes_check_expert_parallel(const recipe *r, const sizes_host *h, const sizes_chain *chain, errlist *el);
+
 /* Gradient accumulation (run/sizes_train.c): every train-steps / eval stage's grad_accum or
  * micro_batch divides the rank's batch of dc (batch_size / world); errors point at the key. */
 void sizes_check_micro(const recipe *r, const sizes_host *h, const data_config *dc, errlist *el);
