@@ -166,6 +166,10 @@ int ckrs_write_ranks(const ckrs_src *s, int lo, int hi, dcp_file_writer *fw, cks
             continue;
         }
         if (!e->is_tensor) continue;
+        if (s->e[k].parts) { /* a stack of parts (experts) */
+            rc = ckrs_write_stack(s, k, lo, hi, fw, fc, recs, nrec, err);
+            continue;
+        }
         long j = alias_source(s, &m, k);
         if (j >= 0) {
             alias_records(s, &m, k, (size_t)j, lo, hi, recs, nrec);

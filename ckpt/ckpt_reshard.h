@@ -15,11 +15,18 @@
 #include "ckpt/dcp.h"
 #include "ckpt/reader.h"
 
-/* One entry to write: entry i of the reader under name, tensors as dt. */
+/* One entry to write: entry i of the reader under name, tensors as dt; or a stack (ckpt/namemap.h
+ * "Stacks": torchtitan's grouped experts from per-expert HF tensors): entries parts[0 .. nparts) of
+ * the reader, each of one shape, stacked along a new dim 0 into a tensor of ndim / shape (nparts by
+ * the parts' shape); i is then parts[0]. */
 typedef struct ckrs_entry {
     size_t i;
     const char *name;
     fsdp_dtype dt;
+    const size_t *parts; /* NULL: not a stack */
+    size_t nparts;
+    int ndim;
+    int64_t shape[FSDP_MAX_DIMS];
 } ckrs_entry;
 
 /* Tensor i as dt whole into a malloc'd *buf, for tensors the stream cannot take (a .pt source, rows
@@ -54,6 +61,13 @@ typedef struct ckrs_src {
  * not cover every row of a record reads it unchecked, as any partial read). */
 int ckrs_write_ranks(const ckrs_src *s, int lo, int hi, dcp_file_writer *fw, cks_files *fc, dcp_record **recs,
                      size_t *nrec, fsdp_err *err);
+
+/* The stacked entry k of s (ckrs_entry.parts) written as ckrs_write_ranks writes a tensor: the chunk
+ * of each rank of [lo, hi) (Shard(0) of the stack: whole parts, or rows of the parts at its ends when
+ * the ranks outnumber them) streamed part piece by piece into one record, parts the stream cannot take
+ * read whole through s->read_whole. ckpt_reshard_stack.c. */
+int ckrs_write_stack(const ckrs_src *s, size_t k, int lo, int hi, dcp_file_writer *fw, cks_files *fc,
+                     dcp_record **recs, size_t *nrec, fsdp_err *err);
 
 /* 1 for dataloader.dp_rank_<r> and dataloader.world_size. */
 int ckrs_is_loader_key(const char *name);

@@ -5,18 +5,23 @@
 
 #include "ckpt/zip_write_at.h"
 
-int cks_to_st(cks_src *s, fsdp_dtype dt, st_writer *w, size_t idx, const char *what, const cks_opts *o,
-              fsdp_err *err) {
+int cks_rows_to_st(cks_src *s, int64_t r0, int64_t r1, fsdp_dtype dt, st_writer *w, size_t idx, const char *what,
+                   const cks_opts *o, fsdp_err *err) {
     int fd;
     uint64_t off;
     int rc = st_writer_target(w, idx, &fd, &off, err);
     if (rc) return rc;
-    rc = cks_copy_rows(s, 0, s->rows, dt, fd, off, NULL, o, what, err);
-    uint64_t n = (uint64_t)s->rows * (s->row_bytes / fsdp_dtype_size(s->dtype)) * fsdp_dtype_size(dt);
+    rc = cks_copy_rows(s, r0, r1, dt, fd, off, NULL, o, what, err);
+    uint64_t n = (uint64_t)(r1 - r0) * (s->row_bytes / fsdp_dtype_size(s->dtype)) * fsdp_dtype_size(dt);
     fsdp_err e2;
     int rc2 = st_writer_wrote(w, idx, rc ? 0 : n, rc != 0, &e2);
     if (!rc && rc2) *err = e2;
     return rc ? rc : rc2;
+}
+
+int cks_to_st(cks_src *s, fsdp_dtype dt, st_writer *w, size_t idx, const char *what, const cks_opts *o,
+              fsdp_err *err) {
+    return cks_rows_to_st(s, 0, s->rows, dt, w, idx, what, o, err);
 }
 
 typedef struct dcp_fill {

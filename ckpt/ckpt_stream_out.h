@@ -10,6 +10,9 @@
 /* Tensor s (all its rows) as dt into declared tensor idx of w; what names w's file in errors. */
 int cks_to_st(cks_src *s, fsdp_dtype dt, st_writer *w, size_t idx, const char *what, const cks_opts *o,
               fsdp_err *err);
+/* Rows [r0, r1) of s as dt: all of declared tensor idx of w (e.g. one expert of a stack). */
+int cks_rows_to_st(cks_src *s, int64_t r0, int64_t r1, fsdp_dtype dt, st_writer *w, size_t idx, const char *what,
+                   const cks_opts *o, fsdp_err *err);
 /* Rows [r0, r1) of tensor s as dt appended to fw as the chunk of global tensor name (shape: s's
  * rows by its trailing dims) at row offset r0; *rec its record. */
 int cks_to_dcp(cks_src *s, int64_t r0, int64_t r1, const char *name, fsdp_dtype dt, int ndim, const int64_t *shape,

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "ckpt/namemap.h"
+#include "ckpt/namemap_moe.h"
 
 typedef struct {
     const char *tt, *hf;
@@ -101,6 +102,8 @@ static void set_info(nmap_info *info, int dropped, nmap_qk qk, int n_heads, int 
                                        : 0;
     if (info->heads < 0) info->heads = 0;
     info->layer = layer;
+    info->stacked = 0;
+    info->part = 0;
 }
 
 static int in_list(const char *s, const char *const *list, size_t n) {
@@ -109,11 +112,36 @@ static int in_list(const char *s, const char *const *list, size_t n) {
     return 0;
 }
 
-int nmap_map(nmap_dir dir, const char *name, int n_heads, int n_kv_heads, char *out, size_t cap, nmap_info *info,
-             fsdp_err *err) {
-    if (!name || !out || !cap) return fsdp_err_set(err, FSDP_E_INVALID, "nmap_map: NULL argument");
-    out[0] = '\0';
+/* The Llama table's permutation under hf: q/k norms over the whole projection move like q / k rows. */
+static nmap_qk layer_qk(const pair *p, const nmap_hf *hf) {
+    if (p->qk != NMAP_QK_HEAD || !hf->qk_norm_full) return p->qk;
+    return strstr(p->tt, "q_norm") ? NMAP_QK_Q : NMAP_QK_K;
+}
+
+/* rest (the suffix after a layer prefix) mapped into suffix: the MLA names first for an MLA model,
+ * the Llama table, the MoE names. 1 when mapped, 0 when rest is none of them, -1 on an error (err). */
+static int map_layer_rest(nmap_dir dir, const char *rest, const nmap_hf *hf, char *suffix, size_t cap, nmap_qk *qk,
+                          int *stacked, int *part, fsdp_err *err) {
     int to_hf = dir == NMAP_TT_TO_HF;
+    *qk = NMAP_QK_NONE;
+    int m = hf->mla ? nmap_moe_rest(dir, rest, hf, 1, suffix, cap, stacked, part) : 0;
+    for (size_t i = 0; !m && i < sizeof LAYER / sizeof LAYER[0]; i++) {
+        if (strcmp(rest, to_hf ? LAYER[i].tt : LAYER[i].hf) != 0) continue;
+        *stacked = *part = 0;
+        *qk = hf->mla ? NMAP_QK_NONE : layer_qk(&LAYER[i], hf);
+        if (put(suffix, cap, err, to_hf ? LAYER[i].hf : LAYER[i].tt, "", "")) return -1;
+        m = 1;
+    }
+    if (!m) m = nmap_moe_rest(dir, rest, hf, 0, suffix, cap, stacked, part);
+    if (m < 0) fsdp_err_set(err, FSDP_E_INVALID, "the name mapped from '%s' does not fit in %zu bytes", rest, cap);
+    return m;
+}
+
+int nmap_map_hf(nmap_dir dir, const char *name, const nmap_hf *hf, char *out, size_t cap, nmap_info *info,
+                fsdp_err *err) {
+    if (!name || !out || !cap || !hf) return fsdp_err_set(err, FSDP_E_INVALID, "nmap_map: NULL argument");
+    out[0] = '\0';
+    int to_hf = dir == NMAP_TT_TO_HF, n_heads = hf->n_heads, n_kv_heads = hf->n_kv_heads;
     char canon[NMAP_NAME_MAX];
     const char *in = name;
     if (to_hf) {
@@ -141,16 +169,41 @@ int nmap_map(nmap_dir dir, const char *name, int n_heads, int n_kv_heads, char *
             set_info(info, 1, NMAP_QK_NONE, n_heads, n_kv_heads, layer);
             return FSDP_OK;
         }
-        for (size_t i = 0; i < sizeof LAYER / sizeof LAYER[0]; i++) {
-            if (strcmp(rest, to_hf ? LAYER[i].tt : LAYER[i].hf) != 0) continue;
+        char suffix[NMAP_NAME_MAX];
+        nmap_qk qk;
+        int stacked, part;
+        int m = map_layer_rest(dir, rest, hf, suffix, sizeof suffix, &qk, &stacked, &part, err);
+        if (m < 0) return err->code;
+        if (m == 1) {
+            set_info(info, 0, qk, n_heads, n_kv_heads, layer);
+            if (stacked && !info)
+                return fsdp_err_set(err, FSDP_E_INVALID, "'%s' is a stacked tensor (experts): its mapping needs an nmap_info",
+                                    name);
+            if (info) info->stacked = stacked, info->part = part;
+            if (stacked && to_hf) return FSDP_OK; /* out "": nmap_stack_part_name names the parts */
             char head[64];
             snprintf(head, sizeof head, "%s%.*s.", to_prefix, (int)nd, digits);
-            set_info(info, 0, LAYER[i].qk, n_heads, n_kv_heads, layer);
-            return put(out, cap, err, head, to_hf ? LAYER[i].hf : LAYER[i].tt, "");
+            return put(out, cap, err, head, suffix, "");
         }
     }
     return fsdp_err_set(err, FSDP_E_INVALID, "no %s name for %s tensor '%s'", to_hf ? "Hugging Face" : "torchtitan",
                         to_hf ? "torchtitan" : "Hugging Face", name);
+}
+
+int nmap_map(nmap_dir dir, const char *name, int n_heads, int n_kv_heads, char *out, size_t cap, nmap_info *info,
+             fsdp_err *err) {
+    nmap_hf hf = {n_heads, n_kv_heads, 0, 0, 0};
+    nmap_info tmp;
+    int rc = nmap_map_hf(dir, name, &hf, out, cap, &tmp, err);
+    if (rc) return rc;
+    if (tmp.stacked) {
+        out[0] = '\0';
+        return fsdp_err_set(err, FSDP_E_INVALID,
+                            "'%s' is %s of a stacked tensor of experts: map it with the MoE-aware mapping "
+                            "(nmap_map_hf)", name, dir == NMAP_TT_TO_HF ? "the whole" : "one expert");
+    }
+    if (info) *info = tmp;
+    return FSDP_OK;
 }
 
 const char *nmap_strip_prefix(const char *name, const char *prefix) {

@@ -72,6 +72,10 @@ typedef struct nmap_info {
     nmap_qk qk;  /* rows need nmap_permute_rows in the same direction */
     int heads;   /* the head count for the permutation: n_heads (Q), n_kv_heads (K), 1 (HEAD); 0 if none */
     int layer;   /* layer index, -1 for global tensors */
+    /* A stacked tensor (see "Stacks" below): HF -> torchtitan, the name is part `part` (the expert) of
+     * the stacked torchtitan tensor out; torchtitan -> HF, out is "" and nmap_stack_part_name names
+     * its parts. 0 for every other tensor. */
+    int stacked, part;
 } nmap_info;
 
 /* ------------------------------------------------------------------ torchtitan <-> HF names */
@@ -79,11 +83,56 @@ typedef struct nmap_info {
 /* Maps one parameter name in direction dir (see the table above) into out (cap bytes). TT->HF
  * accepts classic and 2026 torchtitan names; HF->TT produces classic names. n_heads and
  * n_kv_heads only fill info->heads (n_kv_heads <= 0 means n_heads). A name outside the table is
- * FSDP_E_INVALID with a message naming it. info may be NULL. */
+ * FSDP_E_INVALID with a message naming it. info may be NULL. The MoE names below map too (Qwen3-MoE
+ * style), except a stacked tensor or a part of one: FSDP_E_INVALID (nmap_map_hf maps those). */
 int nmap_map(nmap_dir dir, const char *name, int n_heads, int n_kv_heads, char *out, size_t cap,
              nmap_info *info, fsdp_err *err);
 
 typedef enum nmap_tt_style { NMAP_TT_CLASSIC = 0, NMAP_TT_2026 = 1 } nmap_tt_style;
+
+/* ------------------------------------------------------------------ mixtures of experts, MLA */
+
+/* Mixtures of experts (torchtitan's GroupedExperts, its qwen3 / deepseek_v3 state_dict_adapter):
+ *   torchtitan                               Hugging Face
+ *   layers.{i}.moe.router.gate.weight  [E,d] model.layers.{i}.mlp.gate.weight                 (Mixtral:
+ *                                            model.layers.{i}.block_sparse_moe.gate.weight)
+ *   layers.{i}.moe.experts.w1        [E,F,d] model.layers.{i}.mlp.experts.{e}.gate_proj.weight [F,d]  (Mixtral:
+ *                                            ....block_sparse_moe.experts.{e}.w1.weight)
+ *   layers.{i}.moe.experts.w2        [E,d,F] ....mlp.experts.{e}.down_proj.weight [d,F]  (Mixtral: w2)
+ *   layers.{i}.moe.experts.w3        [E,F,d] ....mlp.experts.{e}.up_proj.weight [F,d]    (Mixtral: w3)
+ *   layers.{i}.moe.shared_experts.w{1,2,3}.weight   ....mlp.shared_experts.{gate,down,up}_proj.weight
+ *   layers.{i}.moe.expert_bias                      ....mlp.gate.e_score_correction_bias
+ * DeepSeek-V3's MLA attention (hf.mla; renamed only, no row permutation of any attention tensor):
+ *   layers.{i}.attention.wq_a.weight       ....self_attn.q_a_proj.weight
+ *   layers.{i}.attention.q_norm.weight     ....self_attn.q_a_layernorm.weight
+ *   layers.{i}.attention.wq_b.weight       ....self_attn.q_b_proj.weight
+ *   layers.{i}.attention.wq.weight         ....self_attn.q_proj.weight        (q_lora_rank 0)
+ *   layers.{i}.attention.wkv_a.weight      ....self_attn.kv_a_proj_with_mqa.weight
+ *   layers.{i}.attention.kv_norm.weight    ....self_attn.kv_a_layernorm.weight
+ *   layers.{i}.attention.wkv_b.weight      ....self_attn.kv_b_proj.weight
+ * HF -> torchtitan accepts both expert namings; torchtitan -> HF writes hf.mixtral's.
+ *
+ * Stacks: one torchtitan tensor of shape [P, s1, s2, ...] stacks P source tensors of shape [s1, s2, ...]
+ * along a new dim 0 (the experts). Viewed as [P*s1, s2, ...], part k holds its rows [k*s1, (k+1)*s1):
+ * a Shard(0) row range of the stack (or any range of that flat view) spans whole parts and pieces of
+ * the parts at its ends; nmap_stack_piece walks it. */
+typedef struct nmap_hf {
+    int n_heads, n_kv_heads; /* the q/k permutation's heads (n_kv_heads <= 0: n_heads) */
+    int qk_norm_full;        /* q_norm / k_norm span the whole projection (OLMoE): permuted as q / k rows */
+    int mixtral;             /* experts and router named as Mixtral's (block_sparse_moe.*, w1/w3/w2) */
+    int mla;                 /* DeepSeek-V3 MLA attention names (nothing permuted) */
+} nmap_hf;
+
+/* nmap_map with every fact of the model: the table at the top, the MoE and MLA names above and their
+ * stacks (info->stacked; info must not be NULL when a name may be stacked). */
+int nmap_map_hf(nmap_dir dir, const char *name, const nmap_hf *hf, char *out, size_t cap, nmap_info *info,
+                fsdp_err *err);
+/* The Hugging Face name of part `part` (expert) of the stacked torchtitan tensor tt (a name nmap_map_hf
+ * reports stacked). */
+int nmap_stack_part_name(const char *tt, int part, const nmap_hf *hf, char *out, size_t cap, fsdp_err *err);
+/* For flat rows [r0, r1) of a stack of parts of part_rows rows each (r0 < r1, part_rows > 0): the
+ * first piece, rows [*a, *b) of part *part; the next piece starts at flat row r0 + (*b - *a). */
+void nmap_stack_piece(int64_t part_rows, int64_t r0, int64_t r1, int *part, int64_t *a, int64_t *b);
 
 /* Rewrites a torchtitan name into the given naming style (classic <-> 2026 aliases; other names
  * are copied unchanged). *changed (may be NULL) tells whether it was rewritten. */

@@ -8,6 +8,7 @@
 #include "ckpt/key_layout.h"
 #include "ckpt/namemap.h"
 #include "ckpt/state_load_hint.h"
+#include "ckpt/state_load_parts.h"
 #include "ckpt/state_io.h"
 #include "ckpt/tensor_permute.h"
 
@@ -71,7 +72,9 @@ static int map_key(const fsdp_state *s, const sio_load_opts *o, nmap_rules *rule
     }
     if (o->names == SIO_NAMES_HF) {
         fsdp_err e2;
-        if (nmap_map(NMAP_HF_TO_TT, k, s->hf.n_heads, s->hf.n_kv_heads, out, NAME_CAP, info, &e2)) {
+        nmap_hf hf;
+        sio_hf_facts(s, &hf);
+        if (nmap_map_hf(NMAP_HF_TO_TT, k, &hf, out, NAME_CAP, info, &e2)) {
             out[0] = '\0'; /* not a model parameter name */
             return 0;
         }
@@ -421,6 +424,7 @@ typedef struct load_marks {
     char *problems;
     const ckl_layout *lay; /* where the optimizer's state is (ckpt/key_layout.h) */
     sio_load_result *res;  /* non-strict: optimizer moments not restored are listed there */
+    sio_parts parts;       /* the parts of stacked parameters seen (HF experts) */
 } load_marks;
 
 /* Every model tensor of the checkpoint into the parameter it names (the first pass of sio_load). */
@@ -435,6 +439,57 @@ static int scale_used(ckpt_reader *r, size_t ci, const int *used) {
     base[n - suf] = '\0';
     long w = ckpt_find(r, base);
     return w >= 0 && used[w];
+}
+
+/* Checkpoint tensor ci as part info->part (an expert) of the stacked parameter p: its rows that fall
+ * in p's local rows, wherever p's data lives; the part's shape checked (a problem naming both), the
+ * part marked seen, p marked loaded once every part has been. */
+static int load_part(loader *L, ckpt_reader *r, size_t ci, state_param *p, const nmap_info *info, load_marks *m,
+                     sio_load_result *res, fsdp_err *err) {
+    const ckpt_entry *e = ckpt_entry_at(r, ci);
+    size_t pi = (size_t)(p - L->s->p);
+    char a[128], b[128], c[128], msg[NAME_CAP * 2 + 400];
+    int fits = p->ndim >= 2 && e->ndim == p->ndim - 1 && !memcmp(e->shape, p->shape + 1, (size_t)e->ndim * sizeof *e->shape);
+    if (!fits) {
+        snprintf(msg, sizeof msg, "%s (expert %d of %s %s) has shape %s in the checkpoint, the model needs %s", e->name,
+                 info->part, p->name, fsdp_shape_str(p->ndim, p->shape, a, sizeof a),
+                 fsdp_shape_str(e->ndim, e->shape, b, sizeof b),
+                 p->ndim >= 2 ? fsdp_shape_str(p->ndim - 1, p->shape + 1, c, sizeof c) : "a stack of experts");
+        append(m->problems, 8192, "\n  %s%s", msg, "");
+        return 0;
+    }
+    if (info->part >= p->shape[0]) {
+        snprintf(msg, sizeof msg, "%s is expert %d of %s, whose shape %s holds experts 0 to %lld only", e->name,
+                 info->part, p->name, fsdp_shape_str(p->ndim, p->shape, a, sizeof a), (long long)p->shape[0] - 1);
+        append(m->problems, 8192, "\n  %s%s", msg, "");
+        return 0;
+    }
+    int complete;
+    int rc = sio_parts_mark(&m->parts, pi, p->shape[0], info->part, &complete, err);
+    state_place where;
+    if (!rc) rc = load_place(L, p, STATE_DATA, &where, err);
+    int64_t lo, hi;
+    size_t off;
+    sio_part_local(p, info->part, &lo, &hi, &off);
+    size_t sub = (size_t)(p->row_numel / p->shape[1]), n = (size_t)(hi - lo) * sub;
+    if (!rc && hi > lo) {
+        int nan = 0;
+        float *dst = where == STATE_DEVICE ? malloc(n * sizeof *dst) : *state_param_host_slot(p, STATE_DATA) + off;
+        if (!dst) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory reading %s", e->name);
+        rc = ckpt_read_rows_nan(r, ci, lo, hi, dst, FSDP_DT_F32, L->o->strict ? &nan : NULL, err);
+        chunk_xf x = {0, round_of(L->o, p), nan};
+        if (!rc && where == STATE_DEVICE)
+            rc = ckpt_up_host(&L->up, *state_param_dev_slot(p, STATE_DATA) + off, dst, n, chunk_fn, &x, err);
+        else if (!rc) rc = chunk_fn(&x, dst, n, 0, err);
+        if (where == STATE_DEVICE) free(dst);
+        if (x.nan) m->nan_dev[pi] = 1;
+        res->bytes_read += (uint64_t)n * fsdp_dtype_size(e->dtype);
+    }
+    if (!rc && complete) {
+        m->loaded[pi] = 1;
+        res->params_loaded++;
+    }
+    return rc;
 }
 
 static int load_params(loader *L, ckpt_reader *r, nmap_rules *rules, load_marks *m, sio_load_result *res,
@@ -475,6 +530,11 @@ static int load_params(loader *L, ckpt_reader *r, nmap_rules *rules, load_marks 
             continue;
         }
         used[ci] = 1;
+        if (info.stacked) {
+            if ((rc = load_part(L, r, ci, p, &info, m, res, err))) break;
+            used[ci] = 2;
+            continue;
+        }
         const sio_xform *xf = o->xforms && o->xforms[p - s->p].ndim ? &o->xforms[p - s->p] : NULL;
         if (xf ? !xform_shape_eq(e, xf) : !shape_eq(e, p)) {
             char a[128], b[128], c[160] = "";
@@ -614,8 +674,11 @@ static void strict_report(const loader *L, ckpt_reader *r, const load_marks *m) 
             return;
         }
     }
+    nmap_hf hf;
+    sio_hf_facts(s, &hf);
     for (size_t i = 0; i < s->n; i++) {
         if (loaded[i] || !matches_only(o, s, &s->p[i])) continue;
+        if (o->names == SIO_NAMES_HF && sio_parts_report(&m->parts, i, &s->p[i], &hf, problems, 8192)) continue;
         append(problems, 8192, "\n  %s not restored (no such key in the checkpoint%s)", s->p[i].name,
                o->names == SIO_NAMES_HF ? " under its Hugging Face name" : "");
     }
@@ -718,8 +781,9 @@ static int sio_alloc_marks(sio_job *J, fsdp_err *err) {
     const fsdp_state *s = J->L.s;
     size_t nck = ckpt_count(J->r);
     load_marks m = {calloc(s->n ? s->n : 1, sizeof(int)), calloc(s->n ? s->n : 1, sizeof(int)),
-                    calloc(nck ? nck : 1, sizeof(int)), calloc(1, 8192), &J->lay, J->res};
-    if (!m.loaded || !m.nan_dev || !m.used || !m.problems) {
+                    calloc(nck ? nck : 1, sizeof(int)), calloc(1, 8192), &J->lay, J->res, {NULL, 0}};
+    if (!m.loaded || !m.nan_dev || !m.used || !m.problems || sio_parts_init(&m.parts, s->n, err)) {
+        sio_parts_free(&m.parts);
         free(m.loaded);
         free(m.nan_dev);
         free(m.used);
@@ -868,6 +932,7 @@ static int sio_load_marked(sio_job *J, fsdp_err *err) {
     free(J->marks.nan_dev);
     free(J->marks.used);
     free(J->marks.problems);
+    sio_parts_free(&J->marks.parts);
     return rc;
 }
 

@@ -19,6 +19,7 @@
 #include "cli/ckpt_keys.h"
 #include "cli/ckpt_tool.h"
 #include "cli/ckpt_cli_model.h"
+#include "cli/ckpt_convert_moe.h"
 #include "runtime/crash.h"
 
 static void ckpt_usage(FILE *f) {
@@ -27,6 +28,7 @@ static void ckpt_usage(FILE *f) {
           "                             [--keys GLOB[,GLOB...]]... [--exclude GLOB[,GLOB...]]... [--strip-prefix P]\n"
           "                             [--add-prefix P] [--n-heads H --n-kv-heads K] [--model PRESET|HF_DIR] [--overwrite]\n"
           "                             [--prefixes model=P,optim=P] [--layout torchtitan|keep] [--world M]\n"
+          "                             [--hf-config HF_DIR|config.json] [--moe-names mlp|mixtral]\n"
           "       fsdp-run ckpt diff A B [--rtol R] [--atol A] [--round] [--ignore GLOB[,GLOB...]]...\n"
           "                              [--names hf|torchtitan [--n-heads H --n-kv-heads K]]\n"
           "       fsdp-run ckpt clean PATH [--dry-run] [--force] [--min-age SECONDS]\n"
@@ -46,6 +48,10 @@ static void ckpt_usage(FILE *f) {
           "checked against it and its config.json is written next to DST, so transformers opens the directory.\n"
           "--world M (--to dcp) writes M ranks' data files, each tensor split along dim 0 as FSDP2's Shard(0),\n"
           "the bytes save-dcp on M ranks writes (an N -> M reshard, streamed: memory stays a few MiB).\n"
+          "Mixtures of experts: --names torchtitan --to dcp stacks the per-expert HF tensors (mlp.experts.E.*_proj,\n"
+          "block_sparse_moe.experts.E.w*) into torchtitan's layers.L.moe.experts.w1|w2|w3 [experts, ...]; --names hf\n"
+          "--to safetensors writes them per expert again, under Mixtral's names with --moe-names mixtral or an\n"
+          "--hf-config whose model_type is mixtral (its head counts, q/k norm width and DeepSeek-V3 MLA names too).\n"
           "inspect, diff and convert's SRC never remove anything: they report the temporaries of saves they find.\n"
           "clean removes what interrupted saves left at PATH, printing each file and why: the temporaries the\n"
           "writers create (*.distcp.tmp, *.metadata.tmp, *.safetensors.tmp, *.safetensors.index.json.tmp) and, in a\n"
@@ -238,6 +244,8 @@ typedef struct conv {
     fsdp_dtype dtype;
     int heads, kv_heads;
     decoder_config cfg; /* --model's, when given */
+    const char *hf_config, *moe_names; /* --hf-config, --moe-names */
+    nmap_hf hf;                        /* the name map's facts (ckcv_facts) */
 } conv;
 
 /* output name of input entry i, "" to skip */
@@ -259,9 +267,13 @@ static int out_name(const conv *c, const char *in, char *out, size_t cap, nmap_i
     char tmp[1024];
     if (c->names) {
         nmap_dir dir = !strcmp(c->names, "hf") ? NMAP_TT_TO_HF : NMAP_HF_TO_TT;
-        if (nmap_map(dir, k, c->heads, c->kv_heads, tmp, sizeof tmp, info, err)) return err->code;
+        if (nmap_map_hf(dir, k, &c->hf, tmp, sizeof tmp, info, err)) return err->code;
         if (info->dropped) return 0;
-        if (info->qk != NMAP_QK_NONE && c->heads <= 0)
+        if (info->stacked && dir == NMAP_TT_TO_HF) { /* its parts' names: ckcv_st_declare */
+            snprintf(out, cap, "%s", k);
+            return 0;
+        }
+        if (info->qk != NMAP_QK_NONE && c->hf.n_heads <= 0)
             return fsdp_err_set(err, FSDP_E_INVALID, "%s needs the q/k row permutation: pass --n-heads and --n-kv-heads",
                                 in);
         k = tmp;
@@ -360,6 +372,15 @@ static int convert_args(int argc, char **argv, conv *c, conv_out *o, FILE *log) 
         else if (!strcmp(a, "--n-heads") && v) c->heads = atoi(v), i++;
         else if (!strcmp(a, "--n-kv-heads") && v) c->kv_heads = atoi(v), i++;
         else if (!strcmp(a, "--model") && v) c->model = v, i++;
+        else if (!strcmp(a, "--hf-config") && v) c->hf_config = v, i++;
+        else if (!strcmp(a, "--moe-names") && v) {
+            if (strcmp(v, "mlp") && strcmp(v, "mixtral")) {
+                fprintf(log, "fsdp-run ckpt convert: --moe-names must be mlp or mixtral\n");
+                return 2;
+            }
+            c->moe_names = v;
+            i++;
+        }
         else if (!strcmp(a, "--prefixes") && v) {
             if (prefixes_arg(c, argv[i + 1], log)) return 2;
             i++;
@@ -444,15 +465,21 @@ static int check_model(const conv *c, const char *skip, fsdp_err *err) {
     return rc ? fsdp_err_prefix(err, "--model %s", c->model) : 0;
 }
 
+/* ckcv_read_fn: tensor i whole as dt (no permutation: a stack of experts) */
+static int st_read_whole(void *user, size_t i, fsdp_dtype dt, void **buf, fsdp_err *err) {
+    const conv *c = user;
+    return ckpt_tool_read(c->r, i, dt, NMAP_TT_TO_HF, NULL, buf, err);
+}
+
 static int convert_to_safetensors(const conv *c, conv_out *o, FILE *log, fsdp_err *err) {
     int rc = check_st_dest(o, log, err);
     if (rc) return rc;
     size_t n = ckpt_count(c->r);
     st_writer *w = NULL;
-    size_t *idx = calloc(n ? n : 1, sizeof *idx);
+    size_t *idx = calloc(n ? n : 1, sizeof *idx), **pidx = calloc(n ? n : 1, sizeof *pidx);
     nmap_info *info = calloc(n ? n : 1, sizeof *info);
     char *skip = calloc(n ? n : 1, 1);
-    if (!idx || !info || !skip) rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+    if (!idx || !pidx || !info || !skip) rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
     if (!rc) rc = st_writer_new(&w, o->dst, err);
     if (!rc) rc = st_writer_set_metadata(w, "format", "pt", err);
     for (size_t i = 0; i < n && !rc; i++) {
@@ -463,6 +490,15 @@ static int convert_to_safetensors(const conv *c, conv_out *o, FILE *log, fsdp_er
         if ((rc = out_name(c, e->name, name, sizeof name, &info[i], err))) break;
         if (!name[0]) continue;
         skip[i] = 0;
+        if (info[i].stacked && !strcmp(c->names, "torchtitan")) {
+            rc = fsdp_err_set(err, FSDP_E_INVALID, "%s is expert %d of %s: stacking experts writes a DCP checkpoint "
+                              "(--to dcp)", e->name, info[i].part, name);
+            break;
+        }
+        if (info[i].stacked) { /* a stack of experts: one HF tensor per expert */
+            rc = ckcv_st_declare(c->r, i, name, &c->hf, c->add, c->dtype ? c->dtype : e->dtype, w, &pidx[i], err);
+            continue;
+        }
         rc = st_writer_declare(w, name, c->dtype ? c->dtype : e->dtype, e->ndim, e->shape, &idx[i], err);
     }
     if (!rc && c->model && c->names && !strcmp(c->names, "hf")) rc = check_model(c, skip, err);
@@ -477,6 +513,12 @@ static int convert_to_safetensors(const conv *c, conv_out *o, FILE *log, fsdp_er
         const ckpt_entry *e = ckpt_entry_at(c->r, i);
         fsdp_dtype dt = c->dtype ? c->dtype : e->dtype;
         size_t len = (size_t)numel_of(e) * fsdp_dtype_size(dt);
+        if (pidx[i]) {
+            rc = ckcv_st_write(c->r, i, dt, w, pidx[i], cks_enabled() && !fp8_widened(c, i), st_read_whole, (void *)c,
+                               what, &o->bytes, err);
+            o->written += (size_t)e->shape[0];
+            continue;
+        }
         cks_src s;
         int ok = 0;
         if (cks_enabled() && info[i].qk == NMAP_QK_NONE && !fp8_widened(c, i) &&
@@ -506,6 +548,8 @@ static int convert_to_safetensors(const conv *c, conv_out *o, FILE *log, fsdp_er
         fprintf(log, "fsdp-run ckpt convert: no config.json written (pass --model PRESET|HF_DIR to write one)\n");
     }
     st_writer_free(w);
+    for (size_t i = 0; pidx && i < n; i++) free(pidx[i]);
+    free(pidx);
     free(idx);
     free(info);
     free(skip);
@@ -538,7 +582,7 @@ static int rs_same_bytes(void *user, size_t i, size_t j) {
 
 /* The entries convert writes (out_name's names) into e / names; *ne of them. */
 static int dcp_entries(const conv *c, conv_out *o, ckrs_entry *e, char (*names)[1024], nmap_info *info, size_t *ne,
-                       fsdp_err *err) {
+                       ckcv_stacks *st, fsdp_err *err) {
     size_t n = ckpt_count(c->r);
     *ne = 0;
     for (size_t i = 0; i < n; i++) {
@@ -548,6 +592,21 @@ static int dcp_entries(const conv *c, conv_out *o, ckrs_entry *e, char (*names)[
         int rc = out_name(c, x->name, names[*ne], sizeof names[*ne], &info[i], err);
         if (rc) return rc;
         if (!names[*ne][0]) continue;
+        if (info[i].stacked && !strcmp(c->names, "hf"))
+            return fsdp_err_set(err, FSDP_E_INVALID, "%s is a stack of experts: its per-expert Hugging Face tensors are "
+                                "written to safetensors (--to safetensors)", x->name);
+        if (info[i].stacked) { /* an expert: part of the stacked tensor names[*ne] (ckcv_stacks_finish) */
+            int is_new;
+            size_t pos;
+            if ((rc = ckcv_stacks_add(st, c->r, names[*ne], info[i].part, i, *ne, &is_new, &pos, err))) return rc;
+            e[pos].dt = c->dtype ? c->dtype : x->dtype;
+            o->bytes += (uint64_t)numel_of(x) * fsdp_dtype_size(e[pos].dt);
+            if (!is_new) continue;
+            e[*ne].name = names[*ne];
+            o->written++;
+            (*ne)++;
+            continue;
+        }
         e[*ne].i = i;
         e[*ne].name = names[*ne];
         e[*ne].dt = x->is_tensor && c->dtype ? c->dtype : x->dtype;
@@ -611,7 +670,9 @@ static int convert_to_dcp(const conv *c, conv_out *o, FILE *log, fsdp_err *err) 
     nmap_info *info = calloc(n ? n : 1, sizeof *info);
     dcp_record *recs = calloc(per * (size_t)world, sizeof *recs);
     if (!e || !names || !info || !recs) rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
-    if (!rc) rc = dcp_entries(c, o, e, names, info, &ne, err);
+    ckcv_stacks st = {0};
+    if (!rc) rc = dcp_entries(c, o, e, names, info, &ne, &st, err);
+    if (!rc) rc = ckcv_stacks_finish(&st, c->r, &c->hf, e, err);
     conv_rs u = {c, info};
     ckrs_src rs = {c->r, e, ne, world, o->world > 0, o->world > 0, rs_can_stream, rs_read_whole, &u, {0, 0, 0},
                    rs_same_bytes};
@@ -622,6 +683,7 @@ static int convert_to_dcp(const conv *c, conv_out *o, FILE *log, fsdp_err *err) 
         crash_point("convert.committed", 1, 0);
         dcp_remove_old_generations(o->dst, gen.num, world, recs, nr, note_log, log);
     }
+    ckcv_stacks_free(&st);
     free(e);
     free(names);
     free(info);
@@ -676,7 +738,8 @@ static int cmd_convert(int argc, char **argv, FILE *out, FILE *log) {
         ckpt_keys_free(&c.exclude);
         return 1;
     }
-    if ((rc = convert_layout(&c, &err))) {
+    if ((rc = convert_layout(&c, &err)) ||
+        (rc = ckcv_facts(c.r, c.heads, c.kv_heads, c.hf_config, c.moe_names, &c.hf, &err))) {
         fprintf(log, "fsdp-run ckpt convert: error: %s: %s\n", o.src, err.msg);
         ckpt_close(c.r);
         ckpt_keys_free(&c.keys);

@@ -9,6 +9,12 @@
  *   qwen2   qwen2  / Qwen2ForCausalLM      q, k, v   no       norm_eps 1e-6, theta 1e6, no scaling,
  *                                                             HF init (normal 0.02)
  *   qwen3   qwen3  / Qwen3ForCausalLM      no        yes      as qwen2
+ *   qwen3_moe  qwen3_moe / Qwen3MoeForCausalLM  no   yes      as qwen3; experts (norm_topk_prob read,
+ *                                                             decoder_sparse_step, mlp_only_layers)
+ *   olmoe   olmoe  / OlmoeForCausalLM      no        yes (over the whole projection)  experts,
+ *                                                             norm_topk_prob read (false by default)
+ *   mixtral mixtral / MixtralForCausalLM   no        no       experts, top-k always renormalised,
+ *                                                             block_sparse_moe names
  * Qwen2.5 checkpoints are model_type qwen2. */
 #ifndef FSDP_DECODER_DECODER_ARCH_H
 #define FSDP_DECODER_DECODER_ARCH_H
@@ -27,7 +33,18 @@ typedef enum decoder_rope_scaling { DECODER_ROPE_NONE = 0, DECODER_ROPE_LLAMA3 =
  * Face model_type and class, defaults). They differ only in data: the switches of decoder_config
  * (decoder/decoder_config.h: qkv_bias, qk_norm, tie_embeddings, head_dim, rope scaling, norm_eps) feed one forward and
  * backward. DECODER_ARCH_LLAMA3 is torchtitan's Llama 3.x (and Hugging Face's `llama`). */
-typedef enum decoder_arch { DECODER_ARCH_LLAMA3 = 0, DECODER_ARCH_QWEN2 = 1, DECODER_ARCH_QWEN3 = 2, DECODER_ARCH_COUNT } decoder_arch;
+typedef enum decoder_arch {
+    DECODER_ARCH_LLAMA3 = 0,
+    DECODER_ARCH_QWEN2 = 1,
+    DECODER_ARCH_QWEN3 = 2,
+    DECODER_ARCH_QWEN3_MOE = 3,
+    DECODER_ARCH_OLMOE = 4,
+    DECODER_ARCH_MIXTRAL = 5,
+    DECODER_ARCH_COUNT
+} decoder_arch;
+
+/* How an architecture's Hugging Face checkpoint names its experts (runtime/state.h's moe_style). */
+typedef enum decoder_moe_names { DECODER_MOE_NAMES_NONE = 0, DECODER_MOE_NAMES_MLP = 1, DECODER_MOE_NAMES_MIXTRAL = 2 } decoder_moe_names;
 
 typedef struct decoder_arch_info {
     decoder_arch arch;
@@ -43,6 +60,15 @@ typedef struct decoder_arch_info {
     /* Hugging Face config class defaults, for keys a config.json leaves out */
     double hf_norm_eps, hf_rope_theta;
     int hf_head_dim; /* 0: hidden_size / num_attention_heads */
+    /* mixture of experts */
+    int moe;               /* a mixture-of-experts family: its config.json must give the experts */
+    int qk_norm_full;      /* q/k norms over the whole projection (OLMoE) */
+    int norm_topk_fixed;   /* -1: norm_topk_prob is read from the config; 0/1: the family's fixed rule */
+    decoder_moe_names moe_names;
+    int moe_every_layer;   /* no decoder_sparse_step / mlp_only_layers: every layer is MoE */
+    /* Hugging Face config class defaults of the experts, for keys a config.json leaves out */
+    int hf_n_experts, hf_top_k;
+    double hf_aux_coef;
 } decoder_arch_info;
 
 /* The entry of arch, NULL when out of range. */

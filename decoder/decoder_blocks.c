@@ -39,14 +39,27 @@ static void blocks_layout(const void *impl, model_blocks_layout *out) {
     const int64_t V = cfg->vocab_size, d = cfg->dim;
     memset(out, 0, sizeof *out);
     out->n_blocks = cfg->n_layers;
-    out->per_block = decoder_params_layer_kinds(cfg, kinds);
-    out->block_numel = decoder_model_layer_numel(cfg);
+    for (int l = 0; l < cfg->n_layers; l++) {
+        int per = decoder_params_layer_kinds(cfg, l, kinds);
+        int64_t numel = decoder_model_layer_numel(cfg, l);
+        if (per > out->per_block) out->per_block = per;
+        if (numel > out->block_numel) out->block_numel = numel;
+    }
     tensor(&out->embed, "tok_embeddings.weight", V * d);
     tensor(&out->norm, "norm.weight", d);
     tensor(&out->output, "output.weight", V * d);
     out->tied = cfg->tie_embeddings;
     out->n_params = decoder_model_param_count(cfg);
     out->ignore_index = DECODER_MODEL_IGNORE_INDEX;
+    out->n_aux = DECODER_MODEL_AUX_STATS(cfg);
+    out->n_experts = cfg->n_experts;
+}
+
+static void blocks_block_shape(const void *impl, int block, int *n_params, int64_t *numel) {
+    const decoder_config *cfg = impl;
+    decoder_param_kind kinds[DECODER_PARAMS_PER_LAYER_MAX];
+    *n_params = decoder_params_layer_kinds(cfg, block, kinds);
+    *numel = decoder_model_layer_numel(cfg, block);
 }
 
 /* Name and size from the parameter table, the offset from the model's own layout of a block
@@ -54,13 +67,13 @@ static void blocks_layout(const void *impl, model_blocks_layout *out) {
 static void blocks_block_param(const void *impl, int block, int k, model_blocks_tensor *out) {
     const decoder_config *cfg = impl;
     decoder_param_kind kinds[DECODER_PARAMS_PER_LAYER_MAX];
-    decoder_params_layer_kinds(cfg, kinds);
+    decoder_params_layer_kinds(cfg, block, kinds);
     decoder_param p;
     decoder_param_describe(cfg, kinds[k], block, &p);
     memset(out, 0, sizeof *out);
     memcpy(out->name, p.name, sizeof out->name);
     out->numel = p.numel;
-    out->offset = decoder_model_layer_offset(cfg, kinds[k]);
+    out->offset = decoder_model_layer_offset(cfg, block, kinds[k]);
 }
 
 static void *blocks_ws_create(const void *impl, int B, int T, const model_blocks_ws_opts *o, fsdp_err *err) {
@@ -95,7 +108,7 @@ static int blocks_fwd_embed(void *ws, const float *embed, const int32_t *tokens,
 static int blocks_fwd_block(void *ws, int block, const float *wb, fsdp_err *err) {
     decoder_blocks_ws *w = ws;
     decoder_model_layer lw;
-    decoder_model_layer_bind(&w->cfg, (float *)(uintptr_t)wb, &lw);
+    decoder_model_layer_bind(&w->cfg, block, (float *)(uintptr_t)wb, &lw);
     return decoder_fwd_layer(&w->cfg, &lw, block, w->ws, err);
 }
 
@@ -111,14 +124,31 @@ static int blocks_head_train(void *ws, const float *norm, const float *output, f
 static int blocks_bwd_block(void *ws, int block, const float *wb, float *g, fsdp_err *err) {
     decoder_blocks_ws *w = ws;
     decoder_model_layer lw, lg;
-    decoder_model_layer_bind(&w->cfg, (float *)(uintptr_t)wb, &lw);
-    decoder_model_layer_bind(&w->cfg, g, &lg);
+    decoder_model_layer_bind(&w->cfg, block, (float *)(uintptr_t)wb, &lw);
+    decoder_model_layer_bind(&w->cfg, block, g, &lg);
     return decoder_bwd_layer(&w->cfg, &lw, &lg, block, w->ws, err);
 }
 
 static int blocks_bwd_embed(void *ws, float *d_embed, fsdp_err *err) {
     decoder_blocks_ws *w = ws;
     return decoder_bwd_embed(&w->cfg, d_embed, w->ws, err);
+}
+
+static int blocks_aux_stats(void *ws, double *stats, fsdp_err *err) {
+    decoder_blocks_ws *w = ws;
+    return decoder_model_aux_stats(w->ws, stats, err);
+}
+
+static int blocks_aux_apply(void *ws, const double *sums, double scale, model_blocks_aux *out, fsdp_err *err) {
+    decoder_blocks_ws *w = ws;
+    int rc = decoder_model_aux_apply(w->ws, sums, scale, &out->loss, err);
+    out->weighted = rc ? 0.0 : w->cfg.router_aux_coef * out->loss;
+    return rc;
+}
+
+static int blocks_expert_load(void *ws, int block, int64_t *counts) {
+    decoder_blocks_ws *w = ws;
+    return decoder_model_expert_load(w->ws, block, counts, NULL) == 0;
 }
 
 model_blocks decoder_blocks_cpu(const decoder_config *cfg) {
@@ -128,6 +158,7 @@ model_blocks decoder_blocks_cpu(const decoder_config *cfg) {
         .check_opts = blocks_check_opts,
         .layout = blocks_layout,
         .block_param = blocks_block_param,
+        .block_shape = blocks_block_shape,
         .ws_create = blocks_ws_create,
         .ws_free = blocks_ws_free,
         .fwd_embed = blocks_fwd_embed,
@@ -136,5 +167,10 @@ model_blocks decoder_blocks_cpu(const decoder_config *cfg) {
         .bwd_block = blocks_bwd_block,
         .bwd_embed = blocks_bwd_embed,
     };
+    if (cfg && cfg->n_experts > 0) {
+        m.aux_stats = blocks_aux_stats;
+        m.aux_apply = blocks_aux_apply;
+        m.expert_load = blocks_expert_load;
+    }
     return m;
 }

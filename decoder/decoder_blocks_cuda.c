@@ -52,7 +52,7 @@ static int cuda_fwd_embed(void *ws, const void *embed, const int32_t *tokens, co
 static int cuda_fwd_block(void *ws, int block, const void *wb, fsdp_err *err) {
     decoder_blocks_cuda_ws *w = ws;
     decoder_cuda_layer lw;
-    decoder_cuda_layer_bind(&w->cfg, wb, w->dt, &lw);
+    decoder_cuda_layer_bind(&w->cfg, block, wb, w->dt, &lw);
     return decoder_cuda_fwd_layer(&w->cfg, &lw, block, w->ws, err);
 }
 
@@ -71,8 +71,8 @@ static int cuda_bwd_block(void *ws, int block, const void *wb, float *g, fsdp_er
     decoder_blocks_cuda_ws *w = ws;
     decoder_cuda_layer lw;
     decoder_model_layer lg;
-    decoder_cuda_layer_bind(&w->cfg, wb, w->dt, &lw);
-    decoder_model_layer_bind(&w->cfg, g, &lg);
+    decoder_cuda_layer_bind(&w->cfg, block, wb, w->dt, &lw);
+    decoder_model_layer_bind(&w->cfg, block, g, &lg);
     return decoder_cuda_bwd_layer(&w->cfg, &lw, &lg, block, w->ws, err);
 }
 

@@ -4,26 +4,11 @@
 
 #include <string.h>
 
-int decoder_bwd_layer(const decoder_config *c, const decoder_model_layer *lw, decoder_model_layer *lg, int layer,
-                    decoder_model_ws *ws, fsdp_err *err) {
-    int rc = decoder_model_ws_check(c, ws, "decoder backward (layer)", err);
-    if (rc) return rc;
-    if (ws->phase != DECODER_PHASE_BWD || ws->bwd_next != layer)
-        return fsdp_err_set(err, FSDP_E_INVALID, "decoder backward: layer %d run out of order (expected layer %d)",
-                            layer, ws->phase == DECODER_PHASE_BWD ? ws->bwd_next : -1);
-    const int B = ws->B, T = ws->T, n = B * T, d = c->dim, H = c->n_heads, KV = c->n_kv_heads, hd = c->head_dim,
-              F = c->ffn_hidden, qd = H * hd, kvd = KV * hd;
-    decoder_model_acts *a = &ws->acts[layer];
+/* The dense SwiGLU MLP's backward: dxn (overwritten) and w1/w2/w3's gradients from dres = d(out). */
+static void dense_ffn_backward(const decoder_config *c, const decoder_model_layer *lw, decoder_model_layer *lg,
+                               decoder_model_acts *a, decoder_model_ws *ws, int n, int sel) {
+    const int d = c->dim, F = c->ffn_hidden;
     kc_stats *st = ws->stats;
-
-    /* full activation checkpointing: the shared intermediates hold another layer's; recompute this
-     * layer's from its saved input (the output it rewrites is no longer needed). Selective
-     * checkpointing recomputes g and the norm outputs below, right before their use. */
-    const int sel = ws->ac == DECODER_AC_SELECTIVE;
-    if (ws->ac == DECODER_AC_FULL && (rc = decoder_fwd_layer_compute(c, lw, layer, ws, err)))
-        return fsdp_err_prefix(err, "decoder backward: layer %d recomputation", layer);
-
-    /* out = h + w2(g): dres is d(out); it also flows unchanged into d(h). */
     kc_linear_backward_input(ws->dres, lw->w2, ws->dg, n, F, d, 0.0f, st);
     if (sel) {
         /* g = silu(a)*b recomputed in the SwiGLU backward's pass, then w2's weight gradient */
@@ -38,6 +23,38 @@ int decoder_bwd_layer(const decoder_config *c, const decoder_model_layer *lw, de
     if (sel) kc_rmsnorm_apply(a->h, lw->ffn_norm, a->rstd2, a->xn2, n, d);
     kc_linear_backward_weight(ws->da, a->xn2, lg->w1, n, d, F, st);
     kc_linear_backward_weight(ws->db, a->xn2, lg->w3, n, d, F, st);
+}
+
+int decoder_bwd_layer(const decoder_config *c, const decoder_model_layer *lw, decoder_model_layer *lg, int layer,
+                    decoder_model_ws *ws, fsdp_err *err) {
+    int rc = decoder_model_ws_check(c, ws, "decoder backward (layer)", err);
+    if (rc) return rc;
+    if (ws->phase != DECODER_PHASE_BWD || ws->bwd_next != layer)
+        return fsdp_err_set(err, FSDP_E_INVALID, "decoder backward: layer %d run out of order (expected layer %d)",
+                            layer, ws->phase == DECODER_PHASE_BWD ? ws->bwd_next : -1);
+    const int B = ws->B, T = ws->T, n = B * T, d = c->dim, H = c->n_heads, KV = c->n_kv_heads, hd = c->head_dim,
+              qd = H * hd, kvd = KV * hd;
+    decoder_model_acts *a = &ws->acts[layer];
+    kc_stats *st = ws->stats;
+
+    /* full activation checkpointing: the shared intermediates hold another layer's; recompute this
+     * layer's from its saved input (the output it rewrites is no longer needed). Selective
+     * checkpointing recomputes g and the norm outputs below, right before their use. */
+    const int sel = ws->ac == DECODER_AC_SELECTIVE;
+    if (ws->ac == DECODER_AC_FULL) {
+        ws->recompute = 1;
+        rc = decoder_fwd_layer_compute(c, lw, layer, ws, err);
+        ws->recompute = 0;
+        if (rc) return fsdp_err_prefix(err, "decoder backward: layer %d recomputation", layer);
+    }
+
+    /* out = h + ffn(xn2): dres is d(out); it also flows unchanged into d(h). */
+    if (decoder_layer_is_moe(c, layer)) {
+        if (sel) kc_rmsnorm_apply(a->h, lw->ffn_norm, a->rstd2, a->xn2, n, d);
+        if ((rc = decoder_moe_backward(c, lw, lg, layer, ws, a->xn2, ws->dres, ws->dxn, err))) return rc;
+    } else {
+        dense_ffn_backward(c, lw, lg, a, ws, n, sel);
+    }
     kc_rmsnorm_backward(ws->dxn, a->h, lw->ffn_norm, a->rstd2, ws->dres, lg->ffn_norm, n, d);
 
     /* h = x + wo(att): dres is now d(h); it flows unchanged into d(x). */
@@ -51,10 +68,13 @@ int decoder_bwd_layer(const decoder_config *c, const decoder_model_layer *lw, de
     /* q/k norms: the gradients before them (into zeroed dqr/dkr; the norms' weight gradients +=) */
     float *dq = ws->dq, *dk = ws->dk;
     if (c->qk_norm) {
+        const int full = c->qk_norm_full;
         memset(ws->dqr, 0, (size_t)n * (size_t)qd * sizeof(float));
         memset(ws->dkr, 0, (size_t)n * (size_t)kvd * sizeof(float));
-        kc_rmsnorm_backward(ws->dq, a->qr, lw->q_norm, a->rstdq, ws->dqr, lg->q_norm, (int64_t)n * H, hd);
-        kc_rmsnorm_backward(ws->dk, a->kr, lw->k_norm, a->rstdk, ws->dkr, lg->k_norm, (int64_t)n * KV, hd);
+        kc_rmsnorm_backward(ws->dq, a->qr, lw->q_norm, a->rstdq, ws->dqr, lg->q_norm, full ? n : (int64_t)n * H,
+                            full ? qd : hd);
+        kc_rmsnorm_backward(ws->dk, a->kr, lw->k_norm, a->rstdk, ws->dkr, lg->k_norm, full ? n : (int64_t)n * KV,
+                            full ? kvd : hd);
         dq = ws->dqr;
         dk = ws->dkr;
     }

@@ -65,6 +65,7 @@ void decoder_config_defaults(decoder_config *cfg) {
     cfg->rope_low_freq_factor = 1.0;
     cfg->rope_high_freq_factor = 4.0;
     cfg->rope_original_max_pos = 8192;
+    cfg->moe_step = 1;
 }
 
 void decoder_config_arch_defaults(const decoder_arch_info *a, decoder_config *cfg) {
@@ -76,6 +77,10 @@ void decoder_config_arch_defaults(const decoder_arch_info *a, decoder_config *cf
     cfg->rope_theta = a->rope_theta;
     cfg->rope_scaling = a->rope_scaling;
     cfg->init_std = a->init_std;
+    cfg->qk_norm_full = a->qk_norm_full;
+    cfg->moe_step = 1;
+    cfg->norm_topk = a->norm_topk_fixed > 0;
+    cfg->router_aux_coef = a->hf_aux_coef;
 }
 
 const char *decoder_config_preset_name(int i) {
@@ -160,6 +165,9 @@ double decoder_flops_per_token(const decoder_config *cfg, int64_t seq_len) {
     /* a tied embedding is one parameter in n, but the output projection's FLOPs are spent all the
      * same: count them as if output.weight were separate */
     double nonemb = (double)n - (cfg->tie_embeddings ? 0.0 : emb);
+    /* a mixture of experts counts its active parameters only (torchtitan's MoE MFU): top_k of n_experts */
+    nonemb -= (double)decoder_moe_layers(cfg) * (double)(cfg->n_experts - cfg->top_k) * 3.0 *
+              (double)cfg->moe_ffn_hidden * (double)cfg->dim;
     return 6.0 * nonemb + 12.0 * cfg->n_layers * (double)cfg->n_heads * cfg->head_dim * (double)seq_len;
 }
 
@@ -296,7 +304,7 @@ static int derive_sizes(decoder_config *c, fsdp_err *err) {
 int decoder_config_finalize(decoder_config *c, fsdp_err *err) {
     int rc;
     if ((rc = check_sizes(c, err)) || (rc = check_switches(c, err)) || (rc = check_heads(c, err)) ||
-        (rc = check_scalars(c, err)) || (rc = check_rope_scaling(c, err)))
+        (rc = check_scalars(c, err)) || (rc = check_rope_scaling(c, err)) || (rc = decoder_config_check_moe(c, err)))
         return rc;
     return derive_sizes(c, err);
 }

@@ -16,6 +16,9 @@
 extern "C" {
 #endif
 
+/* mlp_only_layers may name layers below 64 * DECODER_DENSE_LAYER_WORDS. */
+#define DECODER_DENSE_LAYER_WORDS 16
+
 typedef struct decoder_config {
     char preset[32];           /* a preset's name (decoder_config_preset_name), or "" */
     decoder_arch arch;           /* the family (names, defaults, the HF config.json it writes) */
@@ -43,6 +46,18 @@ typedef struct decoder_config {
     int ffn_hidden_set;    /* explicit FFN width (HF intermediate_size); 0: torchtitan's formula */
     double init_std;       /* > 0: Hugging Face init (normal(0, init_std) matrices and embedding, zero
                               biases, unit norms); 0: torchtitan's init (decoder_params.h) */
+    /* mixture of experts (n_experts 0: every layer has the dense SwiGLU MLP). A layer l is a MoE layer
+     * when n_experts > 0, (l + 1) % moe_step == 0 and l is not in dense_layers (Qwen3-MoE's
+     * decoder_sparse_step and mlp_only_layers; OLMoE and Mixtral: every layer). */
+    int n_experts;          /* num_experts / num_local_experts */
+    int top_k;              /* num_experts_per_tok */
+    int moe_ffn_hidden;     /* an expert's width: moe_intermediate_size (Qwen3-MoE) or intermediate_size */
+    int norm_topk;          /* the top-k probabilities are renormalised to sum to 1 (norm_topk_prob) */
+    int moe_step;           /* decoder_sparse_step (>= 1) */
+    uint64_t dense_layers[DECODER_DENSE_LAYER_WORDS]; /* mlp_only_layers, a bit per layer */
+    double router_aux_coef; /* router_aux_loss_coef: the load-balancing loss's weight in the objective */
+    int qk_norm_full;       /* with qk_norm: one RMSNorm over the whole q (k) projection, weights [H*hd]
+                               ([KV*hd]) (OLMoE), instead of one per head over head_dim */
     /* derived by decoder_config_finalize() */
     int head_dim;              /* head_dim_set, or dim / n_heads */
     int ffn_hidden;            /* ffn_hidden_set, or multiple_of * ceil(int(mult * int(2*4*dim/3)) / multiple_of) */
@@ -87,6 +102,15 @@ const char *decoder_config_preset_name(int i);
  * h = int(2*(4*dim)/3); if mult: h = int(mult*h); F = multiple_of * ceil(h / multiple_of). */
 int decoder_config_finalize(decoder_config *cfg, fsdp_err *err);
 
+/* Whether layer l of cfg has a mixture of experts (see n_experts) instead of the dense MLP. */
+int decoder_layer_is_moe(const decoder_config *cfg, int layer);
+/* The number of MoE layers of cfg. */
+int decoder_moe_layers(const decoder_config *cfg);
+/* The expert fields of a config (decoder_config_finalize calls it): each an error naming the key. */
+int decoder_config_check_moe(const decoder_config *cfg, fsdp_err *err);
+/* Marks layer l as dense (mlp_only_layers); FSDP_E_INVALID when l is out of the bitmask's range. */
+int decoder_config_set_dense_layer(decoder_config *cfg, int layer, fsdp_err *err);
+
 /* Total number of parameters of a finalized config (untied output), -1 when invalid. */
 int64_t decoder_param_count(const decoder_config *cfg);
 /* Parameter elements rank 0 holds when every parameter is Shard(0) over `world` ranks (the largest
@@ -94,7 +118,8 @@ int64_t decoder_param_count(const decoder_config *cfg);
 int64_t decoder_param_count_shard(const decoder_config *cfg, int world);
 
 /* torchtitan's MFU FLOPs per token: 6 * (N - vocab*dim) + 12 * n_layers * n_heads * head_dim *
- * seq_len, with N = decoder_param_count (tok_embeddings excluded, output.weight included).
+ * seq_len, with N = decoder_param_count (tok_embeddings excluded, output.weight included) less the
+ * experts no token uses (MoE layers x (n_experts - top_k) x 3 x moe_ffn_hidden x dim: active parameters).
  * -1 when cfg is invalid or seq_len < 0. */
 double decoder_flops_per_token(const decoder_config *cfg, int64_t seq_len);
 

@@ -43,6 +43,7 @@ extern "C" {
 typedef struct decoder_cuda_layer {
     const void *wq, *wk, *wv, *wo, *w1, *w2, *w3, *attention_norm, *ffn_norm;
     const void *wq_b, *wk_b, *wv_b, *q_norm, *k_norm;
+    const void *ew1, *ew2, *ew3, *router; /* a MoE layer's experts and router (decoder_model_layer) */
 } decoder_cuda_layer;
 
 typedef struct decoder_cuda_weights {
@@ -53,8 +54,9 @@ typedef struct decoder_cuda_weights {
     const void *output;
 } decoder_cuda_weights;
 
-/* Points lw at a device layer block in the flat layout of decoder_model.h (elements of dtype dt). */
-void decoder_cuda_layer_bind(const decoder_config *cfg, const void *flat_layer, fsdp_dtype dt, decoder_cuda_layer *lw);
+/* Points lw at layer `layer`'s device block in the flat layout of decoder_model.h (elements of dtype dt). */
+void decoder_cuda_layer_bind(const decoder_config *cfg, int layer, const void *flat_layer, fsdp_dtype dt,
+                             decoder_cuda_layer *lw);
 /* Points w at the whole flat layout (decoder_model_numel elements of dtype dt); allocates w->layers. */
 int decoder_cuda_weights_bind(const decoder_config *cfg, const void *flat, fsdp_dtype dt, decoder_cuda_weights *w,
                             fsdp_err *err);

@@ -9,11 +9,12 @@
 
 /* ---- binding ------------------------------------------------------------------------------------ */
 
-void decoder_cuda_layer_bind(const decoder_config *c, const void *flat_layer, fsdp_dtype dt, decoder_cuda_layer *lw) {
+void decoder_cuda_layer_bind(const decoder_config *c, int layer, const void *flat_layer, fsdp_dtype dt,
+                             decoder_cuda_layer *lw) {
     /* the flat layout of decoder_model_layer_bind (table order) in elements of dt */
     decoder_model_layer f;
     float *base = (float *)(uintptr_t)64; /* only differences are used */
-    decoder_model_layer_bind(c, base, &f);
+    decoder_model_layer_bind(c, layer, base, &f);
     const size_t es = fsdp_dtype_size(dt);
     const unsigned char *p = flat_layer;
 #define AT(field) (f.field ? p + (size_t)(f.field - base) * es : NULL)
@@ -31,6 +32,10 @@ void decoder_cuda_layer_bind(const decoder_config *c, const void *flat_layer, fs
     lw->wv_b = AT(wv_b);
     lw->q_norm = AT(q_norm);
     lw->k_norm = AT(k_norm);
+    lw->ew1 = AT(ew1);
+    lw->ew2 = AT(ew2);
+    lw->ew3 = AT(ew3);
+    lw->router = AT(router);
 #undef AT
 }
 
@@ -42,14 +47,13 @@ int decoder_cuda_weights_bind(const decoder_config *c, const void *flat, fsdp_dt
         return fsdp_err_set(err, FSDP_E_INVALID, "decoder (cuda): weight dtype %s is not f32 or bf16", fsdp_dtype_name(dt));
     w->layers = calloc((size_t)c->n_layers, sizeof *w->layers);
     if (!w->layers) return fsdp_err_set(err, FSDP_E_NOMEM, "decoder (cuda): out of memory binding %d layers", c->n_layers);
-    const size_t es = fsdp_dtype_size(dt), emb = (size_t)c->vocab_size * (size_t)c->dim * es,
-                 layer = (size_t)decoder_model_layer_numel(c) * es;
+    const size_t es = fsdp_dtype_size(dt), emb = (size_t)c->vocab_size * (size_t)c->dim * es;
     const unsigned char *p = flat;
     w->tok_embeddings = p;
     p += emb;
     for (int l = 0; l < c->n_layers; l++) {
-        decoder_cuda_layer_bind(c, p, dt, &w->layers[l]);
-        p += layer;
+        decoder_cuda_layer_bind(c, l, p, dt, &w->layers[l]);
+        p += (size_t)decoder_model_layer_numel(c, l) * es;
     }
     w->norm = p;
     p += (size_t)c->dim * es;
@@ -161,6 +165,12 @@ decoder_cuda_ws *decoder_cuda_ws_create_opts(dev_ctx *d, const decoder_config *c
         return NULL;
     }
     if (ws_args(cfg, B_max, T_max, dt, &o, err)) return NULL;
+    if (cfg->n_experts > 0 || cfg->qk_norm_full) {
+        fsdp_err_set(err, FSDP_E_INVALID, "decoder (cuda): %s are not implemented on the GPU yet; train this model with "
+                     "runtime.device: cpu", cfg->n_experts > 0 ? "mixture-of-experts layers" : "q/k norms over the whole "
+                     "projection (OLMoE)");
+        return NULL;
+    }
     decoder_cuda_ws *ws = calloc(1, sizeof *ws);
     if (!ws || !(ws->acts = calloc((size_t)cfg->n_layers, sizeof *ws->acts))) {
         free(ws);

@@ -23,6 +23,7 @@ int decoder_fwd_embed(const decoder_config *c, const float *tok_embeddings, cons
     ws->phase = DECODER_PHASE_FWD;
     ws->fwd_next = 0;
     memset(&ws->loss, 0, sizeof ws->loss);
+    decoder_moe_ws_reset(ws);
     return FSDP_OK;
 }
 
@@ -47,7 +48,10 @@ int decoder_fwd_layer_compute(const decoder_config *c, const decoder_model_layer
         kc_bias_forward(kp, lw->wk_b, n, kvd);
         kc_bias_forward(a->v, lw->wv_b, n, kvd);
     }
-    if (c->qk_norm) {
+    if (c->qk_norm && c->qk_norm_full) {
+        kc_rmsnorm_forward(a->qr, lw->q_norm, a->q, a->rstdq, n, qd, eps);
+        kc_rmsnorm_forward(a->kr, lw->k_norm, a->k, a->rstdk, n, kvd, eps);
+    } else if (c->qk_norm) {
         kc_rmsnorm_forward(a->qr, lw->q_norm, a->q, a->rstdq, (int64_t)n * H, hd, eps);
         kc_rmsnorm_forward(a->kr, lw->k_norm, a->k, a->rstdk, (int64_t)n * KV, hd, eps);
     }
@@ -61,10 +65,14 @@ int decoder_fwd_layer_compute(const decoder_config *c, const decoder_model_layer
     for (size_t i = 0; i < nd; i++) a->h[i] = a->x[i] + a->h[i];
 
     kc_rmsnorm_forward(a->h, lw->ffn_norm, a->xn2, a->rstd2, n, d, eps);
-    kc_linear_forward(a->xn2, lw->w1, a->a, n, d, F, st);
-    kc_linear_forward(a->xn2, lw->w3, a->b, n, d, F, st);
-    kc_swiglu_forward(a->a, a->b, a->g, (int64_t)n * F);
-    kc_linear_forward(a->g, lw->w2, out, n, F, d, st);
+    if (decoder_layer_is_moe(c, layer)) {
+        if ((rc = decoder_moe_forward(c, lw, layer, ws, a->xn2, out, err))) return rc;
+    } else {
+        kc_linear_forward(a->xn2, lw->w1, a->a, n, d, F, st);
+        kc_linear_forward(a->xn2, lw->w3, a->b, n, d, F, st);
+        kc_swiglu_forward(a->a, a->b, a->g, (int64_t)n * F);
+        kc_linear_forward(a->g, lw->w2, out, n, F, d, st);
+    }
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < nd; i++) out[i] = a->h[i] + out[i];
     return FSDP_OK;

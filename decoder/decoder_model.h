@@ -42,7 +42,10 @@ typedef struct decoder_model_layer {
     float *attention_norm; /* attention_norm.weight     [d] */
     float *ffn_norm;       /* ffn_norm.weight           [d] */
     float *wq_b, *wk_b, *wv_b; /* attention.w{q,k,v}.bias [H*hd], [KV*hd], [KV*hd] (qkv_bias) */
-    float *q_norm, *k_norm;    /* attention.{q,k}_norm.weight [hd] (qk_norm) */
+    float *q_norm, *k_norm;    /* attention.{q,k}_norm.weight [hd] (qk_norm; [H*hd], [KV*hd] qk_norm_full) */
+    /* a MoE layer (decoder_layer_is_moe) has these instead of w1, w2, w3 */
+    float *ew1, *ew2, *ew3;    /* moe.experts.w1 [E, Fm, d], w2 [E, d, Fm], w3 [E, Fm, d] */
+    float *router;             /* moe.router.gate.weight [E, d] */
 } decoder_model_layer;
 
 /* All parameters (or all gradients, or an optimizer moment) of the model. With tied embeddings
@@ -69,12 +72,12 @@ int decoder_model_check(const decoder_config *cfg, fsdp_err *err);
  * attention_norm, ffn_norm, with the biases and q/k norms of the config where the table puts
  * them), then norm and output (none when tied). */
 int64_t decoder_model_numel(const decoder_config *cfg);       /* all parameters; -1 on a bad config */
-int64_t decoder_model_layer_numel(const decoder_config *cfg); /* one layer's block */
-/* Points lw at the layer block that starts at flat_layer. */
-void decoder_model_layer_bind(const decoder_config *cfg, float *flat_layer, decoder_model_layer *lw);
-/* Where parameter kind `kind` (decoder_params.h) starts in a layer's flat block, in elements; -1 when
- * the config's layers have no such parameter. */
-int64_t decoder_model_layer_offset(const decoder_config *cfg, int kind);
+int64_t decoder_model_layer_numel(const decoder_config *cfg, int layer); /* layer `layer`'s block */
+/* Points lw at layer `layer`'s block that starts at flat_layer. */
+void decoder_model_layer_bind(const decoder_config *cfg, int layer, float *flat_layer, decoder_model_layer *lw);
+/* Where parameter kind `kind` (decoder_params.h) starts in layer `layer`'s flat block, in elements; -1
+ * when that layer has no such parameter. */
+int64_t decoder_model_layer_offset(const decoder_config *cfg, int layer, int kind);
 /* Points w at the whole flat layout (decoder_model_numel floats); allocates w->layers. */
 int decoder_model_weights_bind(const decoder_config *cfg, float *flat, decoder_model_weights *w, fsdp_err *err);
 /* Frees w->layers (not the data) and clears w. */
@@ -83,8 +86,8 @@ void decoder_model_weights_unbind(decoder_model_weights *w);
 /* One parameter of a decoder_model_weights, by index in named_parameters() order. */
 typedef struct decoder_model_param {
     char name[64]; /* "layers.0.attention.wq.weight" */
-    int ndim;      /* 1 or 2 */
-    int64_t shape[2];
+    int ndim;      /* 1, 2 or 3 */
+    int64_t shape[3];
     int64_t numel;
     float *data;
 } decoder_model_param;
@@ -188,6 +191,23 @@ int decoder_head_train(const decoder_config *cfg, const float *norm_w, const flo
 int decoder_bwd_layer(const decoder_config *cfg, const decoder_model_layer *lw, decoder_model_layer *lg, int layer,
                     decoder_model_ws *ws, fsdp_err *err);
 int decoder_bwd_embed(const decoder_config *cfg, float *d_tok_embeddings, decoder_model_ws *ws, fsdp_err *err);
+
+/* ---- mixture of experts: the load-balancing loss ------------------------------------------------
+ * A model with experts keeps the routing statistics of its forward (every MoE layer's). After the
+ * last layer's forward and before the first layer's backward, decoder_model_aux_stats gives them
+ * (DECODER_MODEL_AUX_STATS(cfg) doubles: counts[E], probability sums[E], rows), the caller sums them over
+ * the data-parallel ranks and decoder_model_aux_apply sets the loss's gradient (router_aux_coef x
+ * scale) and returns its value (kc_moe_aux). Without it the backward takes no aux gradient. */
+#define DECODER_MODEL_AUX_STATS(cfg) ((cfg)->n_experts > 0 ? 2 * (cfg)->n_experts + 1 : 0)
+int decoder_model_aux_stats(const decoder_model_ws *ws, double *stats, fsdp_err *err);
+int decoder_model_aux_apply(decoder_model_ws *ws, const double *sums, double scale, double *aux, fsdp_err *err);
+/* Tokens each expert of MoE layer `layer` received in the last forward (counts[E]); FSDP_E_INVALID for a
+ * dense layer or before a forward. */
+int decoder_model_expert_load(const decoder_model_ws *ws, int layer, int64_t *counts, fsdp_err *err);
+/* The experts MoE layer `layer` chose for each token of the last forward, top[B*T][top_k] in descending
+ * probability; FSDP_E_INVALID for a dense layer, and under full activation checkpointing (the layers
+ * share one set of routing buffers). */
+int decoder_model_expert_choices(const decoder_model_ws *ws, int layer, int32_t *top, fsdp_err *err);
 
 /* ---- whole model ------------------------------------------------------------------------------- */
 

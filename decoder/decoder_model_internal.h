@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #include "decoder/decoder_model.h"
+#include "kernels/cpu/kc_moe.h"
 
 /* What one layer's forward saves for its backward. Shapes use the current B*T rows. */
 typedef struct decoder_model_acts {
@@ -67,7 +68,36 @@ struct decoder_model_ws {
     kc_stats *stats;
     float *arena;
     size_t arena_floats;
+    /* mixture of experts (cfg.n_experts > 0): each MoE layer's routing and expert activations
+     * (FULL checkpointing: one set shared by every layer, recomputed), the backward scratch, and the
+     * load-balancing statistics of the current forward (kc_moe.h) with their gradient */
+    kc_moe_acts *moe;        /* [n_layers]; unused for dense layers */
+    kc_moe_scratch moe_s;
+    float *moe_arena;
+    size_t moe_floats;
+    double *aux_counts, *aux_psum; /* [E] each, summed over this forward's MoE layers */
+    double aux_rows;               /* MoE layers x tokens of this forward */
+    float *dp_aux;                 /* [E] the aux loss's gradient per probability (decoder_model_aux_apply) */
+    int64_t *load;                 /* [n_layers * E] tokens per expert of each MoE layer's last forward */
+    int recompute;                 /* a FULL-checkpointing recomputation: no statistics */
 };
+
+/* The MoE dims of ws's current batch. */
+kc_moe_dims decoder_moe_dims(const decoder_model_ws *ws);
+/* The MoE buffers of a new workspace (cfg.n_experts > 0); 0 or an error. */
+int decoder_moe_ws_alloc(decoder_model_ws *ws, fsdp_err *err);
+void decoder_moe_ws_free(decoder_model_ws *ws);
+/* ---- decoder/decoder_moe.c: the mixture-of-experts feed-forward of a MoE layer (decoder_layer_is_moe) */
+/* Clears the load-balancing statistics and gradient (a new forward). */
+void decoder_moe_ws_reset(decoder_model_ws *ws);
+/* out = the experts' feed-forward of xn (the ffn_norm output) for layer `layer`; records the routing
+ * statistics unless ws->recompute. */
+int decoder_moe_forward(const decoder_config *c, const decoder_model_layer *lw, int layer, decoder_model_ws *ws,
+                        const float *xn, float *out, fsdp_err *err);
+/* dxn (overwritten) and the layer's expert and router gradients (+=) from dout. */
+int decoder_moe_backward(const decoder_config *c, const decoder_model_layer *lw, decoder_model_layer *lg, int layer,
+                         decoder_model_ws *ws, const float *xn, const float *dout, float *dxn, fsdp_err *err);
+
 
 /* Layer `layer`'s forward from acts[layer].x into acts[layer+1].x (or x_final), without the phase
  * checks: the forward itself and the recomputation of activation checkpointing. */

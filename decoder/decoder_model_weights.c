@@ -45,6 +45,8 @@ int decoder_model_check(const decoder_config *c, fsdp_err *err) {
     if ((c->qkv_bias | c->qk_norm | c->tie_embeddings) & ~1)
         return fsdp_err_set(err, FSDP_E_INVALID, "decoder model: qkv_bias %d, qk_norm %d and tie_embeddings %d must be 0 or 1",
                             c->qkv_bias, c->qk_norm, c->tie_embeddings);
+    int rc = decoder_config_check_moe(c, err);
+    if (rc) return fsdp_err_prefix(err, "decoder model");
     if (decoder_model_numel(c) < 0)
         return fsdp_err_set(err, FSDP_E_INVALID, "decoder model: the parameter count overflows int64");
     return FSDP_OK;
@@ -66,41 +68,45 @@ float **decoder_model_layer_slot(decoder_model_layer *l, int kind) {
     case DECODER_P_WV_BIAS: return &l->wv_b;
     case DECODER_P_Q_NORM: return &l->q_norm;
     case DECODER_P_K_NORM: return &l->k_norm;
+    case DECODER_P_EXPERTS_W1: return &l->ew1;
+    case DECODER_P_EXPERTS_W2: return &l->ew2;
+    case DECODER_P_EXPERTS_W3: return &l->ew3;
+    case DECODER_P_ROUTER: return &l->router;
     default: return NULL;
     }
 }
 
 /* The sizes of a layer's tensors in table order; returns their number. */
-static int layer_sizes(const decoder_config *c, decoder_param_kind *kinds, int64_t *sz) {
-    int n = decoder_params_layer_kinds(c, kinds);
+static int layer_sizes(const decoder_config *c, int layer, decoder_param_kind *kinds, int64_t *sz) {
+    int n = decoder_params_layer_kinds(c, layer, kinds);
     for (int i = 0; i < n; i++) {
         decoder_param p;
-        decoder_param_describe(c, kinds[i], 0, &p);
+        decoder_param_describe(c, kinds[i], layer, &p);
         sz[i] = p.numel;
     }
     return n;
 }
 
-int64_t decoder_model_layer_numel(const decoder_config *c) {
+int64_t decoder_model_layer_numel(const decoder_config *c, int layer) {
     if (!c || c->dim <= 0 || c->n_heads <= 0 || c->n_kv_heads <= 0 || c->head_dim <= 0 || c->ffn_hidden <= 0)
         return -1;
     decoder_param_kind k[DECODER_PARAMS_PER_LAYER_MAX];
     int64_t sz[DECODER_PARAMS_PER_LAYER_MAX], total = 0;
-    int n = layer_sizes(c, k, sz);
+    int n = layer_sizes(c, layer, k, sz);
     for (int i = 0; i < n; i++)
         if (__builtin_add_overflow(total, sz[i], &total)) return -1;
     return total;
 }
 
 int64_t decoder_model_numel(const decoder_config *c) {
-    if (decoder_model_layer_numel(c) < 0 || c->n_layers <= 0 || c->vocab_size <= 0) return -1;
+    if (decoder_model_layer_numel(c, 0) < 0 || c->n_layers <= 0 || c->vocab_size <= 0) return -1;
     return decoder_param_count(c);
 }
 
-int64_t decoder_model_layer_offset(const decoder_config *c, int kind) {
+int64_t decoder_model_layer_offset(const decoder_config *c, int layer, int kind) {
     decoder_param_kind k[DECODER_PARAMS_PER_LAYER_MAX];
     int64_t sz[DECODER_PARAMS_PER_LAYER_MAX], at = 0;
-    int n = layer_sizes(c, k, sz);
+    int n = layer_sizes(c, layer, k, sz);
     for (int i = 0; i < n; i++) {
         if ((int)k[i] == kind) return at;
         at += sz[i];
@@ -108,10 +114,10 @@ int64_t decoder_model_layer_offset(const decoder_config *c, int kind) {
     return -1;
 }
 
-void decoder_model_layer_bind(const decoder_config *c, float *flat_layer, decoder_model_layer *lw) {
+void decoder_model_layer_bind(const decoder_config *c, int layer, float *flat_layer, decoder_model_layer *lw) {
     decoder_param_kind k[DECODER_PARAMS_PER_LAYER_MAX];
     int64_t sz[DECODER_PARAMS_PER_LAYER_MAX];
-    int n = layer_sizes(c, k, sz);
+    int n = layer_sizes(c, layer, k, sz);
     memset(lw, 0, sizeof *lw);
     float *p = flat_layer;
     for (int i = 0; i < n; i++) {
@@ -128,13 +134,13 @@ int decoder_model_weights_bind(const decoder_config *c, float *flat, decoder_mod
     if (!w->layers)
         return fsdp_err_set(err, FSDP_E_NOMEM, "decoder model: cannot allocate %d layer views", c->n_layers);
     w->n_layers = c->n_layers;
-    int64_t vd = (int64_t)c->vocab_size * c->dim, layer = decoder_model_layer_numel(c);
+    int64_t vd = (int64_t)c->vocab_size * c->dim;
     float *p = flat;
     w->tok_embeddings = p;
     p += vd;
     for (int i = 0; i < c->n_layers; i++) {
-        decoder_model_layer_bind(c, p, &w->layers[i]);
-        p += layer;
+        decoder_model_layer_bind(c, i, p, &w->layers[i]);
+        p += decoder_model_layer_numel(c, i);
     }
     w->norm = p;
     p += c->dim;
@@ -151,7 +157,9 @@ void decoder_model_weights_unbind(decoder_model_weights *w) {
 int decoder_model_param_count(const decoder_config *c) {
     if (!c || c->n_layers <= 0) return 0;
     decoder_param_kind k[DECODER_PARAMS_PER_LAYER_MAX];
-    return 1 + decoder_params_layer_kinds(c, k) * c->n_layers + (c->tie_embeddings ? 1 : 2);
+    int n = 1 + (c->tie_embeddings ? 1 : 2);
+    for (int l = 0; l < c->n_layers; l++) n += decoder_params_layer_kinds(c, l, k);
+    return n;
 }
 
 int decoder_model_param_at(const decoder_config *c, const decoder_model_weights *w, int index, decoder_model_param *o,
@@ -163,28 +171,30 @@ int decoder_model_param_at(const decoder_config *c, const decoder_model_weights 
         return fsdp_err_set(err, FSDP_E_INVALID, "decoder model: weights have %d layers, config has %d",
                             w ? w->n_layers : -1, c->n_layers);
     decoder_param_kind k[DECODER_PARAMS_PER_LAYER_MAX];
-    const int per = decoder_params_layer_kinds(c, k);
     decoder_param p;
-    float *data;
+    float *data = NULL;
+    int at = index - 1, layer = 0;
     if (index == 0) {
         decoder_param_describe(c, DECODER_P_TOK_EMBEDDINGS, -1, &p);
         data = w->tok_embeddings;
-    } else if (index == 1 + per * c->n_layers) {
-        decoder_param_describe(c, DECODER_P_NORM, -1, &p);
-        data = w->norm;
-    } else if (index == 2 + per * c->n_layers) {
-        decoder_param_describe(c, DECODER_P_OUTPUT, -1, &p);
-        data = w->output;
     } else {
-        int layer = (index - 1) / per;
-        decoder_param_describe(c, k[(index - 1) % per], layer, &p);
-        data = *decoder_model_layer_slot(&w->layers[layer], p.kind);
+        for (; layer < c->n_layers; layer++) {
+            int per = decoder_params_layer_kinds(c, layer, k);
+            if (at < per) break;
+            at -= per;
+        }
+        if (layer < c->n_layers) {
+            decoder_param_describe(c, k[at], layer, &p);
+            data = *decoder_model_layer_slot(&w->layers[layer], p.kind);
+        } else {
+            decoder_param_describe(c, at == 0 ? DECODER_P_NORM : DECODER_P_OUTPUT, -1, &p);
+            data = at == 0 ? w->norm : w->output;
+        }
     }
     memset(o, 0, sizeof *o);
     snprintf(o->name, sizeof o->name, "%s", p.name);
     o->ndim = p.ndim;
-    o->shape[0] = p.shape[0];
-    o->shape[1] = p.ndim == 2 ? p.shape[1] : 0;
+    for (int d = 0; d < 3; d++) o->shape[d] = d < p.ndim ? p.shape[d] : 0;
     o->numel = p.numel;
     o->data = data;
     return FSDP_OK;

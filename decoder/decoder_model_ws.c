@@ -81,8 +81,14 @@ int decoder_model_ws_size(const decoder_config *cfg, int B_max, int T_max, const
     size_t bt = (size_t)B_max * (size_t)T_max, b;
     decoder_model_ws_layout L;
     if (ws_layout(&ws, &L, NULL)) return -1;
+    size_t moe = 0;
+    if (cfg->n_experts > 0) {
+        kc_moe_dims m = {B_max * T_max, cfg->dim, cfg->moe_ffn_hidden, cfg->n_experts, cfg->top_k, cfg->norm_topk};
+        size_t sets = o.ac == DECODER_AC_FULL ? 1 : (size_t)decoder_moe_layers(cfg);
+        moe = (kc_moe_acts_floats(&m) * sets + kc_moe_scratch_floats(&m)) * sizeof(float);
+    }
     int over = __builtin_mul_overflow(L.total, sizeof(float), &b) ||
-               __builtin_add_overflow(b, 2 * bt * sizeof(int32_t), &b);
+               __builtin_add_overflow(b, 2 * bt * sizeof(int32_t), &b) || __builtin_add_overflow(b, moe, &b);
     decoder_model_ws_layout_free(&L);
     if (over) return -1;
     *bytes = b;
@@ -151,6 +157,10 @@ decoder_model_ws *decoder_model_ws_create_opts(const decoder_config *cfg, int B_
     ws->arena_floats = L.total;
     bind(ws, &L);
     decoder_model_ws_layout_free(&L);
+    if (decoder_moe_ws_alloc(ws, err)) {
+        decoder_model_ws_free(ws);
+        return NULL;
+    }
     if (fill_rope(ws, err)) {
         fsdp_err_prefix(err, "decoder workspace");
         decoder_model_ws_free(ws);
@@ -162,6 +172,7 @@ decoder_model_ws *decoder_model_ws_create_opts(const decoder_config *cfg, int B_
 
 void decoder_model_ws_free(decoder_model_ws *ws) {
     if (!ws) return;
+    decoder_moe_ws_free(ws);
     free(ws->arena);
     free(ws->acts);
     free(ws->tokens);
@@ -179,7 +190,8 @@ const float *decoder_model_ws_logits(const decoder_model_ws *ws) {
 
 size_t decoder_model_ws_bytes(const decoder_model_ws *ws) {
     if (!ws) return 0;
-    return ws->arena_floats * sizeof(float) + 2 * (size_t)ws->B_max * (size_t)ws->T_max * sizeof(int32_t);
+    return (ws->arena_floats + ws->moe_floats) * sizeof(float) +
+           2 * (size_t)ws->B_max * (size_t)ws->T_max * sizeof(int32_t);
 }
 
 int decoder_model_ws_check(const decoder_config *c, const decoder_model_ws *ws, const char *what, fsdp_err *err) {
@@ -191,7 +203,10 @@ int decoder_model_ws_check(const decoder_config *c, const decoder_model_ws *ws, 
         c->rope_scaling != w->rope_scaling || c->rope_factor != w->rope_factor ||
         c->rope_low_freq_factor != w->rope_low_freq_factor || c->rope_high_freq_factor != w->rope_high_freq_factor ||
         c->rope_original_max_pos != w->rope_original_max_pos || c->qkv_bias != w->qkv_bias ||
-        c->qk_norm != w->qk_norm || c->tie_embeddings != w->tie_embeddings)
+        c->qk_norm != w->qk_norm || c->tie_embeddings != w->tie_embeddings || c->qk_norm_full != w->qk_norm_full ||
+        c->n_experts != w->n_experts || c->top_k != w->top_k || c->moe_ffn_hidden != w->moe_ffn_hidden ||
+        c->norm_topk != w->norm_topk || c->moe_step != w->moe_step ||
+        memcmp(c->dense_layers, w->dense_layers, sizeof c->dense_layers))
         return fsdp_err_set(err, FSDP_E_INVALID, "%s: the config does not match the one the workspace was made for",
                             what);
     return FSDP_OK;

@@ -80,6 +80,7 @@ static void carve_layer(ws_cursor *cur, const ws_sizes *s, const decoder_model_w
     a->h = carve(cur, s->nd);
     a->rstd2 = carve(cur, s->nstat);
     a->xn2 = sel ? sel_xn : carve(cur, s->nd);
+    if (decoder_layer_is_moe(sh->cfg, l) && sh->ac != DECODER_AC_FULL) return; /* its experts' are elsewhere */
     a->a = carve(cur, s->nf);
     a->b = carve(cur, s->nf);
     a->g = sel ? sel_g : carve(cur, s->nf);

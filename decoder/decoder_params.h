@@ -9,11 +9,14 @@
  *                     layers.{i}.attention.wk.weight  [+ .bias], layers.{i}.attention.wv.weight [+ .bias],
  *                     layers.{i}.attention.wo.weight,
  *                     [layers.{i}.attention.q_norm.weight, layers.{i}.attention.k_norm.weight]  (qk_norm)
- *                     layers.{i}.feed_forward.w1/w2/w3.weight,
+ *                     layers.{i}.feed_forward.w1/w2/w3.weight  (dense layers), or
+ *                     layers.{i}.moe.experts.w1/w2/w3, layers.{i}.moe.router.gate.weight  (MoE layers),
  *                     layers.{i}.attention_norm.weight, layers.{i}.ffn_norm.weight
  *   norm.weight, output.weight (absent with tie_embeddings: the head uses tok_embeddings.weight)
  * Shapes: wq [H*hd, d], wk/wv [KV*hd, d], wo [d, H*hd] (hd = head_dim, which may differ from
- * d / H), biases [rows of their weight], q_norm/k_norm [hd], w1/w3 [F, d], w2 [d, F], norms [d].
+ * d / H), biases [rows of their weight], q_norm/k_norm [hd] (qk_norm_full: [H*hd], [KV*hd]),
+ * w1/w3 [F, d], w2 [d, F], norms [d]; experts w1/w3 [E, Fm, d], w2 [E, d, Fm], router [E, d] (E experts
+ * of width Fm = moe_ffn_hidden: torchtitan's GroupedExperts and TokenChoiceTopKRouter).
  * q/k rows (and the q/k biases and q/k-norm weights) are in torchtitan's interleaved RoPE layout
  * (ckpt/namemap.h permutes them to and from Hugging Face's).
  *
@@ -59,10 +62,15 @@ typedef enum decoder_param_kind {
     DECODER_P_WV_BIAS,
     DECODER_P_Q_NORM, /* qk_norm */
     DECODER_P_K_NORM,
+    DECODER_P_EXPERTS_W1, /* a MoE layer's grouped experts [E, F, d], [E, d, F], [E, F, d] and router [E, d] */
+    DECODER_P_EXPERTS_W2,
+    DECODER_P_EXPERTS_W3,
+    DECODER_P_ROUTER,
     DECODER_P_KIND_COUNT
 } decoder_param_kind;
 
-/* Parameters per transformer layer: 9 (Llama), 12 with q/k/v biases, 11 with q/k norms. */
+/* Parameters per transformer layer: 9 (Llama), 12 with q/k/v biases, 11 with q/k norms, one more with
+ * experts (router). */
 #define DECODER_PARAMS_PER_LAYER_MAX 14
 
 #define DECODER_PARAM_NAME_MAX 64
@@ -71,21 +79,23 @@ typedef struct decoder_param {
     char name[DECODER_PARAM_NAME_MAX]; /* torchtitan FQN, e.g. "layers.3.feed_forward.w2.weight" */
     decoder_param_kind kind;
     int layer;        /* transformer layer, -1 for tok_embeddings, norm and output */
-    int ndim;         /* 2, or 1 for norms */
-    int64_t shape[2]; /* global (unsharded) shape; shape[1] = 1 for 1-D */
+    int ndim;         /* 2, 1 for norms, 3 for grouped experts */
+    int64_t shape[3]; /* global (unsharded) shape; the dims past ndim are 1 */
     int64_t numel;
-    int64_t row_numel; /* elements per row of dim 0 (shape[1], or 1 for 1-D) */
+    int64_t row_numel; /* elements per row of dim 0 (the product of the other dims; 1 for 1-D) */
     int64_t offset;    /* elements before this parameter in table order */
     init_rule init;   /* model/init_rule.h */
 } decoder_param;
 
 typedef struct decoder_params {
     decoder_param *p;
-    int n;         /* 1 + per_layer * n_layers + (tied ? 1 : 2) */
+    int n;         /* 1 + the layers' parameters + (tied ? 1 : 2) */
     int64_t total; /* sum of numel == decoder_param_count(cfg) */
     int n_layers;
-    int per_layer;                  /* parameters in each layer's block */
-    int slot[DECODER_P_KIND_COUNT];   /* a layer kind's position in its block; -1 when the config has none */
+    int *layer_start;               /* [n_layers + 1]: table index of each layer's first parameter */
+    int *layer_moe;                 /* [n_layers]: 1 when the layer has experts */
+    int slot[2][DECODER_P_KIND_COUNT]; /* [moe][kind]: a layer kind's position in a dense (0) or MoE (1) block;
+                                          -1 when such a layer has none */
     int tied;                       /* no output.weight: the head uses tok_embeddings.weight */
 } decoder_params;
 
@@ -99,9 +109,10 @@ int decoder_params_find(const decoder_params *t, const char *name);
  * when the config has no such parameter (a bias without qkv_bias, output with tied embeddings). */
 int decoder_params_index(const decoder_params *t, decoder_param_kind kind, int layer);
 
-/* The kinds of one layer's block in table order (kinds has room for DECODER_PARAMS_PER_LAYER_MAX);
- * returns their number. */
-int decoder_params_layer_kinds(const decoder_config *cfg, decoder_param_kind *kinds);
+/* The kinds of layer `layer`'s block in table order (kinds has room for DECODER_PARAMS_PER_LAYER_MAX);
+ * returns their number. A MoE layer (decoder_layer_is_moe) has the grouped experts and the router
+ * where a dense one has feed_forward.w1/w2/w3. */
+int decoder_params_layer_kinds(const decoder_config *cfg, int layer, decoder_param_kind *kinds);
 /* Name, shape and init rule of (kind, layer) of a finalized cfg into p (offset 0). */
 void decoder_param_describe(const decoder_config *cfg, decoder_param_kind kind, int layer, decoder_param *p);
 /* Whether kind is a per-layer kind. */

@@ -46,6 +46,12 @@ static const key_desc KEYS[] = {
     KB(qk_norm),
     KB(tie_embeddings),
     {"init_std", K_FLOAT, offsetof(decoder_config, init_std), 1},
+    {"n_experts", K_INT, offsetof(decoder_config, n_experts), 1},
+    {"top_k", K_INT, offsetof(decoder_config, top_k), 1},
+    {"moe_ffn_hidden", K_INT, offsetof(decoder_config, moe_ffn_hidden), 1},
+    KB(norm_topk),
+    KI(moe_step),
+    {"router_aux_coef", K_FLOAT, offsetof(decoder_config, router_aux_coef), 1},
 };
 #undef KI
 #undef KF
@@ -54,7 +60,7 @@ static const key_desc KEYS[] = {
     "from_hf, arch, preset, dim, n_layers, n_heads, n_kv_heads, vocab_size, multiple_of, ffn_dim_multiplier, " \
     "ffn_hidden, head_dim, norm_eps, rope_theta, max_seq_len, depth_init, rope_scaling, rope_factor, "         \
     "rope_low_freq_factor, rope_high_freq_factor, rope_original_max_pos, qkv_bias, qk_norm, tie_embeddings, "   \
-    "init_std"
+    "init_std, n_experts, top_k, moe_ffn_hidden, norm_topk, moe_step, router_aux_coef"
 
 static int set_key(decoder_config *cfg, const key_desc *k, const fsdp_value *v, fsdp_err *err) {
     char *base = (char *)cfg;

@@ -63,6 +63,22 @@ static int get_pos(hf_rd *r, const json_t *obj, const char *key, double *out) {
     return FSDP_OK;
 }
 
+/* A number >= 0 at key (absent or null: *out untouched). */
+static int get_nonneg(hf_rd *r, const json_t *obj, const char *key, double *out) {
+    const json_t *v = get(obj, key);
+    if (!v) return FSDP_OK;
+    double x = json_is_number(v) ? json_number_value(v) : NAN;
+    if (!isfinite(x) || x < 0) {
+        char *text = json_dumps(v, JSON_ENCODE_ANY);
+        int rc = fsdp_err_set(r->err, FSDP_E_INVALID, "%s: \"%s\" is %s, expected a finite number >= 0", r->what, key,
+                              text ? text : "?");
+        free(text);
+        return rc;
+    }
+    *out = x;
+    return FSDP_OK;
+}
+
 /* A boolean at key (absent or null: *out untouched). */
 static int get_bool(hf_rd *r, const json_t *obj, const char *key, int *out) {
     const json_t *v = get(obj, key);
@@ -179,6 +195,26 @@ static int check_unsupported(hf_rd *r, const decoder_arch_info *a) {
             add_finding(buf, sizeof buf, &off, "\"%s\": true is not supported for model_type '%s'", flags[i],
                         a->model_type);
     }
+    if (a->moe) {
+        double jitter = 0.0;
+        if ((rc = get_nonneg(r, r->root, "router_jitter_noise", &jitter))) return rc;
+        if (jitter > 0)
+            add_finding(buf, sizeof buf, &off, "router_jitter_noise %g is not supported (deterministic routing only)",
+                        jitter);
+        if (get(r->root, "clip_qkv"))
+            add_finding(buf, sizeof buf, &off, "clip_qkv is not supported (it must be null)");
+        if (a->arch == DECODER_ARCH_MIXTRAL && get(r->root, "sliding_window"))
+            add_finding(buf, sizeof buf, &off, "sliding_window is not supported for model_type 'mixtral' (it must "
+                        "be null)");
+        const char *rz[] = {"router_z_loss_coef", "moe_layer_freq", "shared_expert_intermediate_size",
+                            "n_shared_experts", "first_k_dense_replace"};
+        for (size_t i = 0; i < sizeof rz / sizeof *rz; i++) {
+            const json_t *v = get(r->root, rz[i]);
+            if (v && !(json_is_number(v) && json_number_value(v) == 0))
+                add_finding(buf, sizeof buf, &off, "\"%s\" is not supported for model_type '%s'", rz[i],
+                            a->model_type);
+        }
+    }
     const json_t *lt = get(r->root, "layer_types");
     size_t bad = 0, first = 0;
     for (size_t i = 0; lt && i < json_array_size(lt); i++) {
@@ -251,6 +287,53 @@ static int read_sizes(hf_rd *r, const decoder_arch_info *a, decoder_config *c) {
     return get_bool(r, r->root, "tie_word_embeddings", &c->tie_embeddings);
 }
 
+/* mlp_only_layers: a list of layer indices within the model. */
+static int read_dense_layers(hf_rd *r, decoder_config *c) {
+    const json_t *v = get(r->root, "mlp_only_layers");
+    if (!v) return FSDP_OK;
+    if (!json_is_array(v))
+        return fsdp_err_set(r->err, FSDP_E_INVALID, "%s: \"mlp_only_layers\" must be a list of layer indices", r->what);
+    for (size_t i = 0; i < json_array_size(v); i++) {
+        const json_t *e = json_array_get(v, i);
+        json_int_t l = json_is_integer(e) ? json_integer_value(e) : -1;
+        if (l < 0 || l >= c->n_layers)
+            return fsdp_err_set(r->err, FSDP_E_INVALID, "%s: mlp_only_layers[%zu] must be a layer index in 0..%d "
+                                "(num_hidden_layers %d)", r->what, i, c->n_layers - 1, c->n_layers);
+        int rc = decoder_config_set_dense_layer(c, (int)l, r->err);
+        if (rc) return fsdp_err_prefix(r->err, "%s", r->what);
+    }
+    return FSDP_OK;
+}
+
+/* The experts of a mixture-of-experts family: their number (num_experts or num_local_experts), top-k,
+ * width, renormalisation, the layers that have them and the load-balancing loss's weight in the
+ * objective (0 unless output_router_logits, as transformers adds it to outputs.loss only then). */
+static int read_moe(hf_rd *r, const decoder_arch_info *a, decoder_config *c) {
+    int rc, both = get(r->root, "num_experts") && get(r->root, "num_local_experts");
+    c->n_experts = a->hf_n_experts;
+    c->top_k = a->hf_top_k;
+    c->router_aux_coef = a->hf_aux_coef;
+    c->moe_ffn_hidden = c->ffn_hidden_set;
+    c->norm_topk = a->norm_topk_fixed >= 0 ? a->norm_topk_fixed : 0;
+    int out_logits = 0, e1 = 0, e2 = 0;
+    if ((rc = get_int(r, r->root, "num_experts", 0, &e1)) || (rc = get_int(r, r->root, "num_local_experts", 0, &e2)))
+        return rc;
+    if (both && e1 != e2)
+        return fsdp_err_set(r->err, FSDP_E_INVALID, "%s: num_experts (%d) and num_local_experts (%d) disagree",
+                            r->what, e1, e2);
+    if (e1 || e2) c->n_experts = e1 ? e1 : e2;
+    if ((rc = get_int(r, r->root, "num_experts_per_tok", 0, &c->top_k)) ||
+        (rc = get_int(r, r->root, "moe_intermediate_size", 0, &c->moe_ffn_hidden)) ||
+        (rc = get_nonneg(r, r->root, "router_aux_loss_coef", &c->router_aux_coef)) ||
+        (rc = get_bool(r, r->root, "output_router_logits", &out_logits)))
+        return rc;
+    if (a->norm_topk_fixed < 0 && (rc = get_bool(r, r->root, "norm_topk_prob", &c->norm_topk))) return rc;
+    if (!out_logits) c->router_aux_coef = 0.0;
+    if (a->moe_every_layer) return FSDP_OK;
+    if ((rc = get_int(r, r->root, "decoder_sparse_step", 0, &c->moe_step))) return rc;
+    return read_dense_layers(r, c);
+}
+
 static int parse_root(const json_t *root, const char *what, decoder_config *cfg, fsdp_err *err) {
     if (!json_is_object(root)) return fsdp_err_set(err, FSDP_E_INVALID, "%s: not a JSON object", what);
     hf_rd r = {what, root, err};
@@ -264,7 +347,8 @@ static int parse_root(const json_t *root, const char *what, decoder_config *cfg,
     cfg->init_std = 0.02;
     cfg->tie_embeddings = 0;
     cfg->depth_init = 0;
-    if ((rc = read_sizes(&r, a, cfg)) || (rc = read_rope(&r, cfg))) return rc;
+    if ((rc = read_sizes(&r, a, cfg)) || (rc = read_rope(&r, cfg)) || (a->moe && (rc = read_moe(&r, a, cfg))))
+        return rc;
     if ((rc = decoder_config_finalize(cfg, err))) return fsdp_err_prefix(err, "%s", what);
     return FSDP_OK;
 }

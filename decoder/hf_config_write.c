@@ -37,6 +37,25 @@ static json_t *rope_scaling_of(const decoder_config *c) {
     return d;
 }
 
+/* The experts' keys of a mixture-of-experts family (those hf_config.c reads back); 1 when out of memory.
+ * The load-balancing loss is part of the objective when router_aux_coef > 0 (output_router_logits). */
+static int put_moe(json_t *o, const decoder_config *c, const decoder_arch_info *a) {
+    int bad = put(o, a->arch == DECODER_ARCH_MIXTRAL ? "num_local_experts" : "num_experts", json_integer(c->n_experts)) ||
+              put(o, "num_experts_per_tok", json_integer(c->top_k)) ||
+              put(o, "router_aux_loss_coef", json_real(c->router_aux_coef > 0 ? c->router_aux_coef : a->hf_aux_coef)) ||
+              put(o, "output_router_logits", json_boolean(c->router_aux_coef > 0));
+    if (a->norm_topk_fixed < 0) bad = bad || put(o, "norm_topk_prob", json_boolean(c->norm_topk));
+    if (a->arch == DECODER_ARCH_MIXTRAL) bad = bad || put(o, "sliding_window", json_null());
+    if (a->arch == DECODER_ARCH_OLMOE) bad = bad || put(o, "clip_qkv", json_null());
+    if (a->moe_every_layer) return bad;
+    json_t *dense = json_array();
+    for (int l = 0; dense && l < c->n_layers && !bad; l++)
+        if (!decoder_layer_is_moe(c, l) && (l + 1) % c->moe_step == 0) bad = json_array_append_new(dense, json_integer(l));
+    return bad || !dense || put(o, "mlp_only_layers", dense) ||
+           put(o, "moe_intermediate_size", json_integer(c->moe_ffn_hidden)) ||
+           put(o, "decoder_sparse_step", json_integer(c->moe_step));
+}
+
 /* The config object; NULL when out of memory. */
 static json_t *config_object(const decoder_config *c, const decoder_arch_info *a, const char *dt) {
     json_t *o = json_object(), *archs = json_array();
@@ -57,11 +76,13 @@ static json_t *config_object(const decoder_config *c, const decoder_arch_info *a
           put(o, "initializer_range", json_real(c->init_std > 0 ? c->init_std : 0.02)) ||
           put(o, "attention_dropout", json_real(0.0)) || put(o, "use_cache", json_true()) ||
           put(o, "torch_dtype", json_string(dt));
-    if (a->arch == DECODER_ARCH_QWEN2 || a->arch == DECODER_ARCH_QWEN3)
+    if (a->arch == DECODER_ARCH_QWEN2 || a->arch == DECODER_ARCH_QWEN3 || a->arch == DECODER_ARCH_QWEN3_MOE)
         bad = bad || put(o, "use_sliding_window", json_false());
-    if (a->arch == DECODER_ARCH_LLAMA3 || a->arch == DECODER_ARCH_QWEN3)
+    if (a->arch == DECODER_ARCH_LLAMA3 || a->arch == DECODER_ARCH_QWEN3 || a->arch == DECODER_ARCH_QWEN3_MOE ||
+        a->arch == DECODER_ARCH_OLMOE)
         bad = bad || put(o, "attention_bias", json_false());
     if (a->arch == DECODER_ARCH_LLAMA3) bad = bad || put(o, "mlp_bias", json_false());
+    if (a->moe) bad = bad || put_moe(o, c, a);
     json_decref(archs);
     if (bad) {
         json_decref(o);
@@ -84,7 +105,7 @@ static int digits_of(double x) {
  * 9.9999999999999995e-07, as Python's json writes them). */
 static int real_precision(const decoder_config *c) {
     const double xs[] = {c->norm_eps, c->rope_theta, c->rope_factor, c->rope_low_freq_factor, c->rope_high_freq_factor,
-                         c->init_std > 0 ? c->init_std : 0.02};
+                         c->init_std > 0 ? c->init_std : 0.02, c->router_aux_coef};
     int p = 1;
     for (size_t i = 0; i < sizeof xs / sizeof *xs; i++) {
         int d = digits_of(xs[i]);

@@ -7,10 +7,11 @@
  *
  * The model, seen from the step:
  *   embedding  one tensor (layout.embed), gathered whole; its forward reads the token ids
- *   blocks     layout.n_blocks blocks of layout.per_block parameters each (block_param: the name in
- *              the sharded state, the element count and the offset in the block's flat buffer of
- *              layout.block_numel elements, in the order the parameters are gathered and
- *              reduce-scattered); forward 0..n-1, backward n-1..0, one gathered block at a time
+ *   blocks     layout.n_blocks blocks of parameters (block_shape: how many and the block's flat
+ *              elements, at most layout.per_block and layout.block_numel; block_param: the name in
+ *              the sharded state, the element count and the offset in the block's flat buffer, in
+ *              the order the parameters are gathered and reduce-scattered); forward 0..n-1, backward
+ *              n-1..0, one gathered block at a time
  *   head       a final norm (layout.norm) and an output weight (layout.output; layout.tied: the output
  *              weight is the embedding itself, and a state must not hold layout.output's name); the
  *              training head computes the loss and the head's gradients in one pass
@@ -64,14 +65,22 @@ typedef struct model_blocks_tensor {
 
 typedef struct model_blocks_layout {
     int n_blocks;
-    int per_block;       /* parameters per block, <= MODEL_BLOCKS_PARAMS_MAX */
-    int64_t block_numel; /* elements of one block's flat buffer */
+    int per_block;       /* the most parameters a block holds, <= MODEL_BLOCKS_PARAMS_MAX */
+    int64_t block_numel; /* elements of the largest block's flat buffer */
     model_blocks_tensor embed, norm, output;
     int tied;         /* the output weight is the embedding (output: the name a state must not hold, and
                        * output.numel == embed.numel) */
     int n_params;     /* parameters of the whole model (embedding, blocks, norm, output unless tied) */
     int ignore_index; /* the label that counts in no loss */
+    int n_aux;        /* statistics of an auxiliary loss summed over the ranks (0: none; see aux_stats) */
+    int n_experts;    /* experts of a block with a mixture of experts (0: none; see expert_load) */
 } model_blocks_layout;
+
+/* An auxiliary loss of one micro-batch (a mixture of experts' load balancing). */
+typedef struct model_blocks_aux {
+    double loss;     /* its value */
+    double weighted; /* what it adds to the objective (its coefficient times loss) */
+} model_blocks_aux;
 
 /* The CPU interface: weights and gradients are float32 host buffers. */
 typedef struct model_blocks {
@@ -81,8 +90,20 @@ typedef struct model_blocks {
     /* The workspace options are valid; errors start with `what` ("training"). */
     int (*check_opts)(const void *impl, const model_blocks_ws_opts *o, const char *what, fsdp_err *err);
     void (*layout)(const void *impl, model_blocks_layout *out);
-    /* Parameter k (0..per_block-1) of block `block`. */
+    /* Parameter k (0..block's count - 1) of block `block`. */
     void (*block_param)(const void *impl, int block, int k, model_blocks_tensor *out);
+    /* Block `block`'s parameter count and flat elements; NULL when every block has layout.per_block
+     * and layout.block_numel. */
+    void (*block_shape)(const void *impl, int block, int *n_params, int64_t *numel);
+    /* The auxiliary loss (layout.n_aux > 0; NULL otherwise). After fwd_block of the last block,
+     * aux_stats writes this micro-batch's layout.n_aux statistics; the trainer sums them over every
+     * rank of the step (the ranks run the same micro-batch index) and aux_apply takes the sums before
+     * the first bwd_block: the loss's value and its gradient, scaled by `scale` (1 / micro-batches). */
+    int (*aux_stats)(void *ws, double *stats, fsdp_err *err);
+    int (*aux_apply)(void *ws, const double *sums, double scale, model_blocks_aux *out, fsdp_err *err);
+    /* Tokens routed to each expert of block `block` in the last forward (counts[layout.n_experts]);
+     * returns 1 for a block with experts, 0 for one without (counts untouched). NULL: no experts. */
+    int (*expert_load)(void *ws, int block, int64_t *counts);
     /* A workspace for batches of B x T tokens; NULL with err set. */
     void *(*ws_create)(const void *impl, int B, int T, const model_blocks_ws_opts *o, fsdp_err *err);
     void (*ws_free)(void *ws);

@@ -262,7 +262,11 @@ static void train_need(const recipe_stage *s, const decoder_config *c, const siz
                        int64_t shard, stage_need *n) {
     /* per rank: float32 parameters, gradients and two AdamW moments; the gathered weights and gradients
      * of one layer, of the embeddings and of the output head (train/train_fsdp.c); the workspace */
-    int64_t layer = decoder_model_layer_numel(c);
+    int64_t layer = 0; /* the largest layer's (a MoE layer's experts are larger than a dense MLP) */
+    for (int l = 0; l < c->n_layers; l++) {
+        int64_t k = decoder_model_layer_numel(c, l);
+        if (k > layer) layer = k;
+    }
     uint64_t vd = sat_mul((uint64_t)c->vocab_size, (uint64_t)c->dim);
     uint64_t bufs = sat_add(sat_mul(2, (uint64_t)(layer > 0 ? layer : 0)), sat_add(sat_mul(4, vd), 2 * (uint64_t)c->dim));
     int64_t B = dc->batch_size / h->world, T = dc->seq_len;

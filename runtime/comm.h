@@ -53,6 +53,11 @@ int comm_allreduce(comm *c, void *buf, size_t count, comm_dtype dt, comm_op op, 
 int comm_allgatherv(comm *c, const void *send, void *recv, const size_t *recv_bytes, fsdp_err *err);
 /* Reduce-scatter (sum) of float32: send holds the whole vector (sum of counts elements, in
  * rank order); rank r receives its counts[r] summed elements in recv. */
+/* All-to-all with per-rank sizes: rank r sends send_bytes[q] bytes (packed in rank order in send) to
+ * each rank q and receives recv_bytes[q] from each (packed in rank order in recv). Counted as
+ * COMM_K_OTHER. */
+int comm_alltoallv(comm *c, const void *send, const size_t *send_bytes, void *recv, const size_t *recv_bytes,
+                   fsdp_err *err);
 int comm_reduce_scatterv_f32(comm *c, const float *send, float *recv, const size_t *counts, fsdp_err *err);
 /* Scatter of float32 from root: send (significant on root) holds sum(counts) elements in
  * rank order; rank r receives counts[r] elements in recv. */

@@ -20,12 +20,31 @@ extern "C" {
 
 struct mt_table; /* model/model_table.h: the state does not look inside it */
 
+/* How a mixture-of-experts model names its experts and router in Hugging Face checkpoints (the state
+ * holds them grouped, torchtitan's layers.{i}.moe.experts.w{1,2,3} [E, ...]: ckpt/namemap.h). */
+typedef enum state_hf_moe {
+    STATE_HF_MOE_NONE = 0,   /* no experts */
+    STATE_HF_MOE_MLP = 1,    /* mlp.experts.{e}.{gate,up,down}_proj.weight, router mlp.gate.weight
+                                (Qwen3-MoE, OLMoE, DeepSeek-V3) */
+    STATE_HF_MOE_MIXTRAL = 2 /* block_sparse_moe.experts.{e}.{w1,w3,w2}.weight, router
+                                block_sparse_moe.gate.weight (Mixtral) */
+} state_hf_moe;
+
 /* What the Hugging Face name mapping (ckpt/namemap.h) needs of a trainable decoder: its head counts
  * (the q/k rows are permuted per head) and whether the head is tied to the embedding. */
 typedef struct state_hf_names {
     int has; /* 0: the model has no built-in trainer (names map without permutation facts) */
     int n_heads, n_kv_heads, tied;
 } state_hf_names;
+
+/* The rest of what the mapping needs of a decoder, beside state_hf_names (set with it, by
+ * decoder_state_set_config; kept apart so that state_hf_names' positional initialisers stay whole):
+ * whether the q/k norms span the whole projection and how the experts are named. */
+typedef struct state_hf_moe_names {
+    int qk_norm_full; /* 1: q_norm / k_norm weights span the whole q / k projection (OLMoE): their rows
+                         move like q rows (n_heads heads) and k rows (n_kv_heads heads) */
+    int moe_style;    /* state_hf_moe */
+} state_hf_moe_names;
 
 typedef enum state_layout {
     STATE_SHARDED = 0, /* each rank holds its Shard(0) rows of every parameter */
@@ -84,6 +103,7 @@ typedef struct fsdp_state {
      * decoder_state_config and set with decoder_state_set_config), owned (free()); NULL otherwise. */
     void *trainer_cfg;
     state_hf_names hf; /* set with trainer_cfg */
+    state_hf_moe_names hf_moe; /* set with hf */
     int has_optimizer;
     int64_t opt_step;        /* AdamW step count (PyTorch's state['step']) */
     double lr, beta1, beta2, eps, weight_decay; /* hyper-parameters of the last step */

@@ -7,7 +7,9 @@
  * removed and logged.
  *
  * Any model: the parameters under their own names (names: hf needs a Llama-family model), each in its
- * own dtype unless `dtype` says otherwise; every parameter must hold a value.
+ * own dtype unless `dtype` says otherwise; every parameter must hold a value. With names: hf a stack of
+ * experts (layers.L.moe.experts.w1|w2|w3 [E, ...], ckpt/namemap.h) is written as its E per-expert HF
+ * tensors (Mixtral's names when state.hf_moe.moe_style says so).
  * With Hugging Face names the model's config.json is written next to the weights (atomically, after
  * them), so that transformers' from_pretrained opens the directory as it is.
  *
@@ -31,6 +33,7 @@
 
 #include "ckpt/file_copy.h"
 #include "ckpt/namemap.h"
+#include "ckpt/state_load_parts.h"
 #include "ckpt/safetensors.h"
 #include "decoder/hf_config.h"
 #include "stages/stages.h"
@@ -128,6 +131,7 @@ typedef struct sst_job {
     st_writer *w;
     st_shards *sh;
     size_t *idx;
+    size_t **part_idx; /* a stacked parameter (HF experts): the tensor index of each part */
     nmap_info *info;
     uint64_t bytes;
 } sst_job;
@@ -146,6 +150,24 @@ static int sst_check_hf_config(const sst_job *j, fsdp_err *err) {
     return rc;
 }
 
+/* Rank 0: the parts of stacked parameter i (its experts, shape[1:] each) declared under their HF names. */
+static int sst_declare_parts(sst_job *j, size_t i, const nmap_hf *hf, fsdp_dtype dt, fsdp_err *err) {
+    state_param *p = &j->s->p[i];
+    if (p->ndim < 2)
+        return fsdp_err_set(err, FSDP_E_INVALID, "save-safetensors: %s is a stack of experts and has shape of %d dims "
+                            "(expected [experts, ...])", p->name, p->ndim);
+    j->part_idx[i] = calloc((size_t)p->shape[0] + 1, sizeof *j->part_idx[i]);
+    if (!j->part_idx[i]) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+    int rc = 0;
+    for (int64_t e = 0; e < p->shape[0] && !rc; e++) {
+        char name[1024];
+        if ((rc = nmap_stack_part_name(p->name, (int)e, hf, name, sizeof name, err))) break;
+        rc = j->sh ? st_shards_declare(j->sh, name, dt, p->ndim - 1, p->shape + 1, &j->part_idx[i][e], err)
+                   : st_writer_declare(j->w, name, dt, p->ndim - 1, p->shape + 1, &j->part_idx[i][e], err);
+    }
+    return rc;
+}
+
 /* Rank 0: opens the file or shards, declares every tensor (under its HF name with names: hf)
  * and begins the data. */
 static int sst_declare(sst_job *j, fsdp_err *err) {
@@ -154,14 +176,18 @@ static int sst_declare(sst_job *j, fsdp_err *err) {
                              : st_writer_new(&j->w, j->file, err);
     if (!rc)
         rc = j->sh ? st_shards_set_metadata(j->sh, "format", "pt", err) : st_writer_set_metadata(j->w, "format", "pt", err);
+    nmap_hf hf;
+    sio_hf_facts(s, &hf);
     for (size_t i = 0; i < s->n && !rc; i++) {
         state_param *p = &s->p[i];
         char name[1024];
         snprintf(name, sizeof name, "%s", p->name);
-        if (j->hf && (rc = nmap_map(NMAP_TT_TO_HF, p->name, decoder_state_config(s)->n_heads, decoder_state_config(s)->n_kv_heads, name, sizeof name,
-                                    &j->info[i], err)))
-            break;
+        if (j->hf && (rc = nmap_map_hf(NMAP_TT_TO_HF, p->name, &hf, name, sizeof name, &j->info[i], err))) break;
         fsdp_dtype dt = sst_dtype(j->dts, p);
+        if (j->hf && j->info[i].stacked) { /* grouped experts: one HF tensor per expert */
+            rc = sst_declare_parts(j, i, &hf, dt, err);
+            continue;
+        }
         rc = j->sh ? st_shards_declare(j->sh, name, dt, p->ndim, p->shape, &j->idx[i], err)
                    : st_writer_declare(j->w, name, dt, p->ndim, p->shape, &j->idx[i], err);
     }
@@ -184,8 +210,13 @@ static int sst_write_tensor(sst_job *j, size_t i, const float *full, fsdp_err *e
         if (!perm) rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
         else rc = nmap_permute_rows(NMAP_TT_TO_HF, perm, out, p->shape[0], p->row_numel, esz, j->info[i].heads, err);
     }
-    if (!rc) rc = j->sh ? st_shards_write(j->sh, j->idx[i], perm ? perm : out, (size_t)n * esz, err)
-                        : st_writer_write(j->w, j->idx[i], perm ? perm : out, (size_t)n * esz, err);
+    /* a stack of experts: expert e is rows [e, e+1) of dim 0 */
+    size_t nparts = j->part_idx[i] ? (size_t)p->shape[0] : 1, part_bytes = (size_t)n * esz / (nparts ? nparts : 1);
+    for (size_t e = 0; e < nparts && !rc; e++) {
+        const char *src = (const char *)(perm ? perm : out) + e * part_bytes;
+        size_t at = j->part_idx[i] ? j->part_idx[i][e] : j->idx[i];
+        rc = j->sh ? st_shards_write(j->sh, at, src, part_bytes, err) : st_writer_write(j->w, at, src, part_bytes, err);
+    }
     j->bytes += (uint64_t)n * esz;
     free(out);
     free(perm);
@@ -236,7 +267,7 @@ static int sst_preflight(sst_job *j, fsdp_err *err) {
     int rc = mt_state_check_values(s, "save-safetensors", err);
     if (!rc) rc = sst_refuse_existing(j->c, j->with, j->shard_mb > 0 ? j->path : j->file, j->shard_mb > 0, err);
     if (rc) return rc;
-    if (j->hf && !s->trainer_cfg)
+    if (j->hf && !s->trainer_cfg && !s->hf.has)
         return fsdp_err_set(err, FSDP_E_INVALID,
                             "save-safetensors: names: hf maps Llama-family names, and the model is a %s (its names are "
                             "written as they are without names: hf)",
@@ -279,7 +310,8 @@ static int sst_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
     if (rc) return rc;
     j.idx = calloc(s->n ? s->n : 1, sizeof *j.idx);
     j.info = calloc(s->n ? s->n : 1, sizeof *j.info);
-    if (!j.idx || !j.info) rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+    j.part_idx = calloc(s->n ? s->n : 1, sizeof *j.part_idx);
+    if (!j.idx || !j.info || !j.part_idx) rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
     /* rank 0 declares every tensor; every rank takes part in the gathers */
     stage_sweep_stale(ctx, j.path);
     rc = sst_start(&j, rc, err);
@@ -289,6 +321,8 @@ static int sst_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
     if (j.sh) st_shards_free(j.sh);
     free(j.idx);
     free(j.info);
+    for (size_t i = 0; j.part_idx && i < s->n; i++) free(j.part_idx[i]);
+    free(j.part_idx);
     int who;
     fsdp_err e2;
     int st = comm_agree(j.c, rc, &who, &e2);

@@ -146,6 +146,7 @@ typedef struct train_metrics {
     const char *mem_name;
     double mem_mib;
     const char *run_id, *run_start; /* which run wrote the line (fsdp_ctx_run_id) */
+    const char *moe;                /* a mixture of experts' fields (train_moe_fields), or NULL */
 } train_metrics;
 
 static int write_metrics(FILE *f, const train_metrics *m) {
@@ -154,9 +155,10 @@ static int write_metrics(FILE *f, const train_metrics *m) {
     return fprintf(f,
                    "{\"step\": %lld, \"loss\": %.9g, \"grad_norm\": %.9g, \"lr\": %.9g, \"tokens\": %lld, "
                    "\"tokens_per_s\": %.6g%s, \"%s\": %.6g, \"elapsed_s\": %.6g, \"run_id\": \"%s\", "
-                   "\"run_start\": \"%s\"}\n",
+                   "\"run_start\": \"%s\"%s}\n",
                    (long long)m->step, m->loss, m->gnorm, m->lr, (long long)m->tokens, m->tps, mfu, m->mem_name,
-                   m->mem_mib, m->elapsed, m->run_id ? m->run_id : "", m->run_start ? m->run_start : "") < 0
+                   m->mem_mib, m->elapsed, m->run_id ? m->run_id : "", m->run_start ? m->run_start : "",
+                   m->moe ? m->moe : "") < 0
                ? -1
                : fflush(f);
 }
@@ -283,6 +285,7 @@ typedef struct train_run_state {
     /* the step loop */
     fsdp_progress *prog;
     double t0, t_last, loss, gnorm;
+    train_fsdp_result res; /* the last step's (ce_loss, aux_loss, expert_load of a mixture of experts) */
     int64_t first, tok_since;
     train_calls calls;
     double step_tps; /* the last step's tokens/s (global) */
@@ -388,19 +391,56 @@ static void train_log_start(const train_run_state *tr) {
                  tr->n_micro, (long long)(tr->B / tr->n_micro));
 }
 
+/* The metrics fields of a mixture of experts into buf: ", "ce_loss": .., "aux_loss": .., "expert_load":
+ * {"<layer>": [tokens per expert], ..}, "expert_load_min_max": {"<layer>": min / max, ..}" (the step's
+ * tokens over every rank; a ratio of 1 is a perfectly balanced layer). */
+static void train_moe_fields(const train_run_state *tr, char *buf, size_t cap) {
+    size_t at = (size_t)snprintf(buf, cap, ", \"ce_loss\": %.9g, \"aux_loss\": %.9g", tr->res.ce_loss,
+                                 tr->res.aux_loss);
+    const train_fsdp_result *r = &tr->res;
+    for (int pass = 0; r->expert_load && pass < 2 && at < cap; pass++) {
+        at += (size_t)snprintf(buf + at, cap - at, pass ? "}, \"expert_load_min_max\": {" : ", \"expert_load\": {");
+        int n = 0;
+        for (int b = 0; b < r->load_blocks && at < cap; b++) {
+            const int64_t *row = r->expert_load + (size_t)b * (size_t)r->load_experts;
+            if (row[0] < 0) continue;
+            int64_t lo = row[0], hi = row[0];
+            at += (size_t)snprintf(buf + at, cap - at, "%s\"%d\": ", n++ ? ", " : "", b);
+            for (int e = 0; e < r->load_experts && at < cap; e++) {
+                lo = row[e] < lo ? row[e] : lo;
+                hi = row[e] > hi ? row[e] : hi;
+                if (!pass) at += (size_t)snprintf(buf + at, cap - at, "%s%lld", e ? ", " : "[", (long long)row[e]);
+            }
+            if (at >= cap) break;
+            at += pass ? (size_t)snprintf(buf + at, cap - at, "%.6g", hi > 0 ? (double)lo / (double)hi : 1.0)
+                       : (size_t)snprintf(buf + at, cap - at, "]");
+        }
+    }
+    if (r->expert_load && at < cap) snprintf(buf + at, cap - at, "}");
+}
+
 /* The step's log line and metrics-file record (tokens/s since the last one). */
 static int train_log_step(train_run_state *tr, fsdp_err *err) {
     fsdp_state *s = tr->s;
     double now = stage_now();
     double tps = now > tr->t_last ? (double)tr->tok_since / (now - tr->t_last) : 0;
     train_metrics m = {s->train_step, s->tokens_seen, tr->loss, tr->gnorm, tr->hp.lr, tps, now - tr->t0, -1, NULL, 0,
-                       NULL, NULL};
+                       NULL, NULL, NULL};
     if (tr->peak_tflops > 0) m.mfu = train_mfu_percent(tr->flops_tok, tps / comm_size(tr->c), tr->peak_tflops);
     m.mem_mib = train_backend_peak_mib(&tr->be, &m.mem_name);
     m.run_id = fsdp_ctx_run_id(tr->ctx);
     m.run_start = fsdp_ctx_run_start(tr->ctx);
-    fsdp_log(tr->ctx, FSDP_LOG_INFO, "step %lld/%lld  loss %.4f  grad_norm %.4f  lr %.3g  %.0f tok/s",
-             (long long)s->train_step, (long long)tr->steps, tr->loss, tr->gnorm, tr->hp.lr, tps);
+    char moe[16384];
+    if (tr->res.has_aux) {
+        train_moe_fields(tr, moe, sizeof moe);
+        m.moe = moe;
+        fsdp_log(tr->ctx, FSDP_LOG_INFO, "step %lld/%lld  loss %.4f (ce %.4f, aux %.4f)  grad_norm %.4f  lr %.3g  %.0f tok/s",
+                 (long long)s->train_step, (long long)tr->steps, tr->loss, tr->res.ce_loss, tr->res.aux_loss,
+                 tr->gnorm, tr->hp.lr, tps);
+    } else {
+        fsdp_log(tr->ctx, FSDP_LOG_INFO, "step %lld/%lld  loss %.4f  grad_norm %.4f  lr %.3g  %.0f tok/s",
+                 (long long)s->train_step, (long long)tr->steps, tr->loss, tr->gnorm, tr->hp.lr, tps);
+    }
     if (tr->mf && write_metrics(tr->mf, &m))
         return fsdp_err_set(err, FSDP_E_IO, "train-steps: cannot write metrics file %s", tr->metrics_path);
     tr->t_last = now;
@@ -434,6 +474,7 @@ static int train_take_step(train_run_state *tr, fsdp_err *err) {
     tr->tok_since += tr->dc.batch_size * tr->T;
     tr->loss = r.loss;
     tr->gnorm = r.grad_norm;
+    tr->res = r;
     double dt = stage_now() - t0;
     tr->step_tps = dt > 0 ? (double)(tr->dc.batch_size * tr->T) / dt : 0;
     return 0;

@@ -19,10 +19,10 @@ namespace hf_batch {
 
 // The fixture's batch repeated `times` times along the batch (rows b, b+2, ... are sample b): the
 // same mean loss and gradients, split over `times` ranks of 2 rows each.
-inline void write_tiled_batch(const std::string &model, int times, const std::string &path) {
+inline void write_tiled_batch_of(const std::string &src, int times, const std::string &path) {
     std::map<std::string, st_test::Tensor> b;
     std::string why;
-    ASSERT_TRUE(st_test::load(fsdp_test::hf_fixture(model, "batch.safetensors"), &b, &why)) << why;
+    ASSERT_TRUE(st_test::load(src, &b, &why)) << why;
     st_writer *w;
     fsdp_err err;
     ASSERT_EQ(st_writer_new(&w, path.c_str(), &err), 0) << err.msg;
@@ -39,6 +39,10 @@ inline void write_tiled_batch(const std::string &model, int times, const std::st
     }
     ASSERT_EQ(st_writer_finish(w, &err), 0) << err.msg;
     st_writer_free(w);
+}
+
+inline void write_tiled_batch(const std::string &model, int times, const std::string &path) {
+    write_tiled_batch_of(fsdp_test::hf_fixture(model, "batch.safetensors"), times, path);
 }
 
 }  // namespace hf_batch

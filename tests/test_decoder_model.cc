@@ -190,7 +190,7 @@ TEST_F(LlamaModelTest, LayerByLayerMatchesWholeModel) {
 
     decoder_model_ws *ws = decoder_model_ws_create(&cfg, 2, 32, &err);
     ASSERT_NE(ws, nullptr) << err.msg;
-    int64_t ln = decoder_model_layer_numel(&cfg);
+    int64_t ln = decoder_model_layer_numel(&cfg, 0);
     std::vector<float> gathered(ln), lgrad(ln * cfg.n_layers, 0.0f);
     std::vector<float> dtok((size_t)cfg.vocab_size * cfg.dim, 0.0f), dnorm(cfg.dim, 0.0f),
         dout((size_t)cfg.vocab_size * cfg.dim, 0.0f);
@@ -198,7 +198,7 @@ TEST_F(LlamaModelTest, LayerByLayerMatchesWholeModel) {
     ASSERT_EQ(decoder_fwd_embed(&cfg, st.w.tok_embeddings, tokens.data(), labels.data(), 2, 32, ws, &err), 0);
     for (int l = 0; l < cfg.n_layers; l++) {
         memcpy(gathered.data(), st.w.layers[l].wq, ln * sizeof(float));
-        decoder_model_layer_bind(&cfg, gathered.data(), &lw);
+        decoder_model_layer_bind(&cfg, l, gathered.data(), &lw);
         ASSERT_EQ(decoder_fwd_layer(&cfg, &lw, l, ws, &err), 0) << err.msg;
         std::fill(gathered.begin(), gathered.end(), NAN);  // "resharded"
     }
@@ -208,8 +208,8 @@ TEST_F(LlamaModelTest, LayerByLayerMatchesWholeModel) {
     ASSERT_EQ(decoder_bwd_head(&cfg, st.w.norm, st.w.output, dnorm.data(), dout.data(), 0.0, ws, &err), 0);
     for (int l = cfg.n_layers - 1; l >= 0; l--) {
         memcpy(gathered.data(), st.w.layers[l].wq, ln * sizeof(float));
-        decoder_model_layer_bind(&cfg, gathered.data(), &lw);
-        decoder_model_layer_bind(&cfg, lgrad.data() + l * ln, &lg);
+        decoder_model_layer_bind(&cfg, l, gathered.data(), &lw);
+        decoder_model_layer_bind(&cfg, l, lgrad.data() + l * ln, &lg);
         ASSERT_EQ(decoder_bwd_layer(&cfg, &lw, &lg, l, ws, &err), 0) << err.msg;
     }
     ASSERT_EQ(decoder_bwd_embed(&cfg, dtok.data(), ws, &err), 0);
@@ -489,7 +489,7 @@ TEST(LlamaModelConfig, ChecksAndLayout) {
     EXPECT_STREQ(p.name, "output.weight");
     EXPECT_EQ(p.shape[0], 256);
     EXPECT_EQ(decoder_model_param_at(&c, &w, 21, &p, &err), FSDP_E_INVALID);
-    EXPECT_EQ(w.layers[1].wq - w.layers[0].wq, decoder_model_layer_numel(&c));
+    EXPECT_EQ(w.layers[1].wq - w.layers[0].wq, decoder_model_layer_numel(&c, 0));
     decoder_model_weights_unbind(&w);
 }
 

@@ -232,11 +232,11 @@ TEST(HfArchConfig, UnsupportedArchitecturesAndFeaturesAreNamed) {
         const char *needle;
     } cases[] = {
         {[](json_t *o) {
-             json_object_set_new(o, "model_type", json_string("mixtral"));
-             json_object_set_new(o, "architectures", json_pack("[s]", "MixtralForCausalLM"));
+             json_object_set_new(o, "model_type", json_string("deepseek_v3"));
+             json_object_set_new(o, "architectures", json_pack("[s]", "DeepseekV3ForCausalLM"));
          },
-         "cfg.json: model_type 'mixtral' (MixtralForCausalLM) is not an architecture fsdp-run trains (supported "
-         "model types: llama, qwen2, qwen3)"},
+         "cfg.json: model_type 'deepseek_v3' (DeepseekV3ForCausalLM) is not an architecture fsdp-run trains (supported "
+         "model types: llama, qwen2, qwen3, qwen3_moe, olmoe, mixtral)"},
         {[](json_t *o) { json_object_set_new(o, "architectures", json_pack("[s]", "LlamaForSequenceClassification")); },
          "architectures[0] is 'LlamaForSequenceClassification', but fsdp-run trains model_type 'llama' as the causal "
          "LM 'LlamaForCausalLM'"},
@@ -358,8 +358,8 @@ TEST(HfArchRecipe, FromHfArchAndOverrides) {
     EXPECT_NE(msg.find("from_hf and preset both give the whole model"), std::string::npos) << msg;
     EXPECT_EQ(from_yaml("model: {from_hf: /nonexistent/model}\n", &c, &msg), FSDP_E_IO);
     EXPECT_NE(msg.find("m.yaml:1:18: model.from_hf: /nonexistent/model/config.json"), std::string::npos) << msg;
-    EXPECT_EQ(from_yaml("model: {arch: mixtral, dim: 64}\n", &c, &msg), FSDP_E_INVALID);
-    EXPECT_NE(msg.find("model.arch: unsupported architecture 'mixtral' (supported: llama3, qwen2, qwen3)"),
+    EXPECT_EQ(from_yaml("model: {arch: deepseek_v3, dim: 64}\n", &c, &msg), FSDP_E_INVALID);
+    EXPECT_NE(msg.find("model.arch: unsupported architecture 'deepseek_v3' (supported: llama3, qwen2, qwen3, qwen3_moe, olmoe, mixtral)"),
               std::string::npos)
         << msg;
     // a recipe-declared Qwen3 with its switches and sizes
@@ -457,7 +457,7 @@ TEST(HfArchParams, TableOfEachArchitecture) {
         ASSERT_EQ(hf_config_read(hf(w.model).c_str(), &c, &err), 0) << err.msg;
         decoder_params t;
         ASSERT_EQ(decoder_params_build(&c, &t, &err), 0) << err.msg;
-        EXPECT_EQ(t.per_layer, w.per_layer) << w.model;
+        EXPECT_EQ(t.layer_start[1] - t.layer_start[0], w.per_layer) << w.model;
         EXPECT_EQ(t.n, 1 + w.per_layer * 2 + 1) << w.model;  // tied: tok_embeddings, layers, norm
         EXPECT_EQ(decoder_params_find(&t, "output.weight"), -1) << w.model;
         EXPECT_EQ(decoder_params_index(&t, DECODER_P_OUTPUT, -1), -1) << w.model;
@@ -556,10 +556,10 @@ TEST(HfArchRecipe, UnsupportedModelTypeFailsValidation) {
     std::string cfg = read_file(hf("llama32_tiny") + "/config.json");
     size_t at = cfg.find("\"model_type\": \"llama\"");
     ASSERT_NE(at, std::string::npos);
-    cfg.replace(at, strlen("\"model_type\": \"llama\""), "\"model_type\": \"mixtral\"");
+    cfg.replace(at, strlen("\"model_type\": \"llama\""), "\"model_type\": \"deepseek_v3\"");
     at = cfg.find("LlamaForCausalLM");
     ASSERT_NE(at, std::string::npos);
-    cfg.replace(at, strlen("LlamaForCausalLM"), "MixtralForCausalLM");
+    cfg.replace(at, strlen("LlamaForCausalLM"), "DeepseekV3ForCausalLM");
     write_file(t / "config.json", cfg);
     write_file(t / "r.yaml", "model: {from_hf: " + t.d + "}\nstages:\n  - {id: l, uses: load-ckpt, with: {path: " +
                                  t.d + ", names: hf}}\n  - {id: s, uses: save-dcp, with: {path: " + (t / "out") +
@@ -568,7 +568,7 @@ TEST(HfArchRecipe, UnsupportedModelTypeFailsValidation) {
     int rc = run_cmd(fsdp_run_bin() + " " + (t / "r.yaml"), &o);
     EXPECT_EQ(rc, 2) << o;
     EXPECT_NE(o.find("r.yaml:1:18: model.from_hf: " + (t / "config.json") +
-                     ": model_type 'mixtral' (MixtralForCausalLM) is not an architecture fsdp-run trains"),
+                     ": model_type 'deepseek_v3' (DeepseekV3ForCausalLM) is not an architecture fsdp-run trains"),
               std::string::npos)
         << o;
     EXPECT_EQ(o.find("stage l"), std::string::npos) << o;

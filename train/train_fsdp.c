@@ -19,11 +19,15 @@ struct train_fsdp {
     int B, T;
     void *ws;                           /* m's workspace */
     state_param *embed, *norm, *output; /* output NULL with tied embeddings */
-    int per_layer;                      /* parameters per layer (lay.per_block) */
-    state_param **layer; /* n_layers * per_layer, in the flat layer order */
-    int64_t layer_off[MODEL_BLOCKS_PARAMS_MAX];
-    int64_t layer_numel;
+    int *first;          /* [n_layers + 1]: layer i's parameters are layer[first[i] .. first[i+1]-1] */
+    state_param **layer; /* every layer's parameters, in the flat layer order */
+    int64_t *off;        /* [first[n_layers]]: each parameter's offset in its layer's flat buffer */
+    int64_t *numel;      /* [n_layers]: each layer's flat elements */
+    int64_t *acc_at;     /* [n_layers]: where each layer's gradient starts in acc */
+    int64_t layer_numel; /* the largest layer's */
     float *full_layer, *grad_layer; /* one gathered layer and its gradient */
+    double *aux_buf;     /* [lay.n_aux]: the auxiliary loss's statistics of a micro-batch */
+    int64_t *load;       /* [n_blocks * lay.n_experts]: the step's tokens per expert (-1: a dense block) */
     float *full_embed, *full_norm, *full_output; /* full_output == full_embed when tied */
     float *grad_embed, *grad_norm, *grad_output; /* grad_output == grad_embed when tied */
     float *acc; /* gradient accumulation: every layer's full gradient (n_layers x layer_numel), or NULL */
@@ -42,6 +46,12 @@ void train_fsdp_free(train_fsdp *f) {
     free(f->groups);
     free(f->flat_scratch);
     free(f->layer);
+    free(f->first);
+    free(f->off);
+    free(f->numel);
+    free(f->acc_at);
+    free(f->aux_buf);
+    free(f->load);
     free(f->acc);
     free(f->full_layer);
     free(f->grad_layer);
@@ -75,7 +85,7 @@ static int make_groups(train_fsdp *f, int world, int rank, fsdp_err *err) {
         return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory (training: parameter groups)");
     size_t scratch = 1;
     for (int i = 0; i < L; i++) {
-        int rc = flat_group_create(f->layer + (size_t)i * (size_t)f->per_layer, f->per_layer, world, rank,
+        int rc = flat_group_create(f->layer + f->first[i], f->first[i + 1] - f->first[i], world, rank,
                                    &f->groups[i], err);
         if (rc) return fsdp_err_prefix(err, "training: layer %d", i);
         size_t n = flat_group_scratch_numel(f->groups[i]);
@@ -124,12 +134,40 @@ static int find_params(train_fsdp *f, fsdp_err *err) {
                             "training: the model ties output to %s, but the state also holds an %s", lay->embed.name,
                             lay->output.name);
     for (int i = 0; i < lay->n_blocks; i++) {
-        for (int k = 0; k < f->per_layer; k++) {
+        for (int k = f->first[i]; k < f->first[i + 1]; k++) {
             model_blocks_tensor p;
-            f->m.block_param(f->m.impl, i, k, &p);
-            if (!(f->layer[i * f->per_layer + k] = need(s, p.name, p.numel, err))) return err->code;
+            f->m.block_param(f->m.impl, i, k - f->first[i], &p);
+            if (!(f->layer[k] = need(s, p.name, p.numel, err))) return err->code;
+            f->off[k] = p.offset;
         }
     }
+    return 0;
+}
+
+/* Each block's parameter count and elements (model_blocks' block_shape, or the layout's), the index
+ * of its first parameter and where its gradient starts in the accumulator. */
+static int block_shapes(train_fsdp *f, fsdp_err *err) {
+    const model_blocks_layout *lay = &f->lay;
+    const int L = lay->n_blocks;
+    f->first = calloc((size_t)L + 1, sizeof *f->first);
+    f->numel = calloc((size_t)L + 1, sizeof *f->numel);
+    f->acc_at = calloc((size_t)L + 1, sizeof *f->acc_at);
+    if (!f->first || !f->numel || !f->acc_at) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory (training)");
+    for (int i = 0; i < L; i++) {
+        int per = lay->per_block;
+        int64_t numel = lay->block_numel;
+        if (f->m.block_shape) f->m.block_shape(f->m.impl, i, &per, &numel);
+        if (per < 0 || per > lay->per_block || per > MODEL_BLOCKS_PARAMS_MAX || numel > lay->block_numel)
+            return fsdp_err_set(err, FSDP_E_INVALID, "training: block %d of %d parameters and %lld elements (at most %d "
+                                "and %lld)", i, per, (long long)numel, lay->per_block < MODEL_BLOCKS_PARAMS_MAX ?
+                                lay->per_block : MODEL_BLOCKS_PARAMS_MAX, (long long)lay->block_numel);
+        f->first[i + 1] = f->first[i] + per;
+        f->numel[i] = numel;
+        f->acc_at[i + 1] = f->acc_at[i] + numel;
+    }
+    if (!(f->off = calloc((size_t)f->first[L] + 1, sizeof *f->off)) ||
+        !(f->layer = calloc((size_t)f->first[L] + 1, sizeof *f->layer)))
+        return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory (training)");
     return 0;
 }
 
@@ -138,7 +176,6 @@ static int alloc_buffers(train_fsdp *f, fsdp_err *err) {
     const model_blocks_layout *lay = &f->lay;
     const size_t E = (size_t)lay->embed.numel, N = (size_t)lay->norm.numel, O = (size_t)lay->output.numel;
     const int tied = lay->tied;
-    f->layer = calloc((size_t)lay->n_blocks * (size_t)f->per_layer, sizeof *f->layer);
     f->full_layer = malloc((size_t)f->layer_numel * sizeof(float));
     f->grad_layer = malloc((size_t)f->layer_numel * sizeof(float));
     f->full_embed = malloc(E * sizeof(float));
@@ -147,7 +184,12 @@ static int alloc_buffers(train_fsdp *f, fsdp_err *err) {
     f->grad_embed = malloc(E * sizeof(float));
     f->grad_output = tied ? f->grad_embed : malloc(O * sizeof(float));
     f->grad_norm = malloc(N * sizeof(float));
-    if (!f->layer || !f->full_layer || !f->grad_layer || !f->full_embed || !f->full_output || !f->full_norm ||
+    if (lay->n_aux > 0 && !(f->aux_buf = calloc((size_t)lay->n_aux, sizeof *f->aux_buf)))
+        return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory (training buffers)");
+    if (lay->n_experts > 0 && f->m.expert_load &&
+        !(f->load = calloc((size_t)lay->n_blocks * (size_t)lay->n_experts, sizeof *f->load)))
+        return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory (training buffers)");
+    if (!f->full_layer || !f->grad_layer || !f->full_embed || !f->full_output || !f->full_norm ||
         !f->grad_embed || !f->grad_output || !f->grad_norm)
         return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory (training buffers)");
     return 0;
@@ -172,18 +214,16 @@ int train_fsdp_create_opts(fsdp_state *s, model_blocks m, comm *c, int B, int T,
     f->B = B;
     f->T = T;
     f->layer_numel = f->lay.block_numel;
-    f->per_layer = f->lay.per_block;
-    if (f->per_layer < 0 || f->per_layer > MODEL_BLOCKS_PARAMS_MAX) {
+    if (f->lay.per_block < 0 || f->lay.per_block > MODEL_BLOCKS_PARAMS_MAX) {
         train_fsdp_free(f);
         return fsdp_err_set(err, FSDP_E_INVALID, "training: a block of %d parameters (at most %d)", f->lay.per_block,
                             MODEL_BLOCKS_PARAMS_MAX);
     }
-    for (int k = 0; k < f->per_layer; k++) {
-        model_blocks_tensor p;
-        m.block_param(m.impl, 0, k, &p);
-        f->layer_off[k] = p.offset;
+    if (f->lay.n_aux && (!m.aux_stats || !m.aux_apply)) {
+        train_fsdp_free(f);
+        return fsdp_err_set(err, FSDP_E_INVALID, "training: the model declares an auxiliary loss but no way to compute it");
     }
-    if ((rc = alloc_buffers(f, err)) || (rc = find_params(f, err)) || (rc = state_alloc_grads(s, err)) ||
+    if ((rc = block_shapes(f, err)) || (rc = alloc_buffers(f, err)) || (rc = find_params(f, err)) || (rc = state_alloc_grads(s, err)) ||
         (rc = make_groups(f, comm_size(c), comm_rank(c), err))) {
         train_fsdp_free(f);
         return rc;
@@ -197,23 +237,23 @@ int train_fsdp_create_opts(fsdp_state *s, model_blocks m, comm *c, int B, int T,
     return 0;
 }
 
-/* The parameter slots of a full-layer buffer, in the group's order. */
-static void layer_slots(const train_fsdp *f, float *base, float **slots) {
-    for (int k = 0; k < f->per_layer; k++) slots[k] = base + f->layer_off[k];
+/* The parameter slots of layer i's full-layer buffer, in the group's order. */
+static void layer_slots(const train_fsdp *f, int i, float *base, float **slots) {
+    for (int k = f->first[i]; k < f->first[i + 1]; k++) slots[k - f->first[i]] = base + f->off[k];
 }
 
 /* Layer i's parameters all-gathered into full_layer. */
 static int gather_layer(train_fsdp *f, int i, fsdp_err *err) {
     if (!f->per_param) {
         float *full[MODEL_BLOCKS_PARAMS_MAX];
-        layer_slots(f, f->full_layer, full);
+        layer_slots(f, i, f->full_layer, full);
         int rc = flat_group_gather(f->groups[i], f->c, f->flat_scratch, full, err);
         if (rc) return fsdp_err_prefix(err, "training: all-gather of layer %d", i);
         return 0;
     }
-    for (int k = 0; k < f->per_layer; k++) {
-        state_param *p = f->layer[i * f->per_layer + k];
-        int rc = state_unshard(p, p->data, f->c, f->full_layer + f->layer_off[k], err);
+    for (int k = f->first[i]; k < f->first[i + 1]; k++) {
+        state_param *p = f->layer[k];
+        int rc = state_unshard(p, p->data, f->c, f->full_layer + f->off[k], err);
         if (rc) return rc;
     }
     return 0;
@@ -231,14 +271,14 @@ static int reduce_param(train_fsdp *f, state_param *p, const float *full, fsdp_e
 static int reduce_layer(train_fsdp *f, int i, float *g, fsdp_err *err) {
     if (!f->per_param) {
         float *full[MODEL_BLOCKS_PARAMS_MAX];
-        layer_slots(f, g, full);
+        layer_slots(f, i, g, full);
         int rc = flat_group_reduce_scatter(f->groups[i], f->c, f->rep, (const float *const *)full, f->flat_scratch,
                                            err);
         return rc ? fsdp_err_prefix(err, "training: reduce-scatter of layer %d", i) : 0;
     }
-    for (int k = 0; k < f->per_layer; k++) {
-        state_param *p = f->layer[i * f->per_layer + k];
-        int rc = reduce_param(f, p, g + f->layer_off[k], err);
+    for (int k = f->first[i]; k < f->first[i + 1]; k++) {
+        state_param *p = f->layer[k];
+        int rc = reduce_param(f, p, g + f->off[k], err);
         if (rc) return rc;
     }
     return 0;
@@ -247,8 +287,47 @@ static int reduce_layer(train_fsdp *f, int i, float *g, fsdp_err *err) {
 /* Forward and the training head of one micro-batch (tokens, labels: B x T): the head's gradients
  * accumulate into grad_norm / grad_output (zeroed by the caller before the first micro-batch);
  * *lsum += this rank's loss sum. denom: the global token count of the whole step. */
+/* The model's auxiliary loss of this micro-batch (layout.n_aux > 0): its statistics summed over every
+ * rank of the step, its gradient set (scaled by 1 / n_micro), its value added to *aux. */
+static int micro_aux(train_fsdp *f, int n_micro, model_blocks_aux *aux, fsdp_err *err) {
+    const model_blocks *m = &f->m;
+    model_blocks_aux a;
+    int rc = m->aux_stats(f->ws, f->aux_buf, err);
+    if (!rc) rc = comm_allreduce(f->wc, f->aux_buf, (size_t)f->lay.n_aux, COMM_F64, COMM_SUM, err);
+    if (!rc) rc = m->aux_apply(f->ws, f->aux_buf, 1.0 / n_micro, &a, err);
+    if (rc) return fsdp_err_prefix(err, "training: auxiliary loss");
+    aux->loss += a.loss / n_micro;
+    aux->weighted += a.weighted / n_micro;
+    return 0;
+}
+
+/* Adds the last forward's tokens per expert of every block to f->load (first: starts it over). */
+static void micro_load(train_fsdp *f, int first) {
+    const int E = f->lay.n_experts;
+    int64_t counts[E > 0 ? E : 1];
+    for (int i = 0; i < f->lay.n_blocks; i++) {
+        int64_t *row = f->load + (size_t)i * (size_t)E;
+        int moe = f->m.expert_load(f->ws, i, counts);
+        for (int e = 0; e < E; e++) row[e] = !moe ? -1 : first ? counts[e] : row[e] + counts[e];
+    }
+}
+
+/* The step's expert load summed over the ranks (a dense block's -1 row stays -1: every rank has it). */
+static int reduce_load(train_fsdp *f, train_fsdp_result *res, fsdp_err *err) {
+    const size_t n = (size_t)f->lay.n_blocks * (size_t)f->lay.n_experts;
+    int64_t w = comm_size(f->wc);
+    int rc = comm_allreduce(f->wc, f->load, n, COMM_I64, COMM_SUM, err);
+    if (rc) return rc;
+    for (size_t i = 0; i < n; i++)
+        if (f->load[i] == -w) f->load[i] = -1;
+    res->expert_load = f->load;
+    res->load_blocks = f->lay.n_blocks;
+    res->load_experts = f->lay.n_experts;
+    return 0;
+}
+
 static int micro_forward(train_fsdp *f, const int32_t *tokens, const int32_t *labels, double denom, int first,
-                         double *lsum, fsdp_err *err) {
+                         int n_micro, double *lsum, model_blocks_aux *aux, fsdp_err *err) {
     const model_blocks *m = &f->m;
     int rc;
     /* forward: gather each piece right before it runs */
@@ -258,6 +337,8 @@ static int micro_forward(train_fsdp *f, const int32_t *tokens, const int32_t *la
         if ((rc = gather_layer(f, i, err))) return rc;
         if ((rc = m->fwd_block(f->ws, i, f->full_layer, err))) return rc;
     }
+    if (f->lay.n_aux && (rc = micro_aux(f, n_micro, aux, err))) return rc;
+    if (f->load) micro_load(f, first);
     if ((rc = state_unshard(f->norm, f->norm->data, f->c, f->full_norm, err))) return rc;
     if (f->output && (rc = state_unshard(f->output, f->output->data, f->c, f->full_output, err))) return rc;
     /* the head's forward and backward in one pass over chunks of rows: the loss differentiated is
@@ -285,8 +366,8 @@ static int micro_backward(train_fsdp *f, int first, int last, fsdp_err *err) {
     if (last && f->output && (rc = reduce_param(f, f->output, f->grad_output, err))) return rc;
     for (int i = f->lay.n_blocks - 1; i >= 0; i--) {
         if ((rc = gather_layer(f, i, err))) return rc;
-        float *g = f->acc ? f->acc + (size_t)i * (size_t)f->layer_numel : f->grad_layer;
-        if (!f->acc || first) memset(g, 0, (size_t)f->layer_numel * sizeof(float));
+        float *g = f->acc ? f->acc + f->acc_at[i] : f->grad_layer;
+        if (!f->acc || first) memset(g, 0, (size_t)f->numel[i] * sizeof(float));
         if ((rc = f->m.bwd_block(f->ws, i, f->full_layer, g, err))) return rc;
         if (last && (rc = reduce_layer(f, i, g, err))) return rc;
     }
@@ -299,7 +380,7 @@ static int micro_backward(train_fsdp *f, int first, int last, fsdp_err *err) {
 /* The full-gradient accumulator of every layer (n_layers x layer_numel floats), allocated once. */
 static int ensure_acc(train_fsdp *f, fsdp_err *err) {
     if (f->acc) return 0;
-    size_t n = (size_t)f->lay.n_blocks * (size_t)f->layer_numel;
+    size_t n = (size_t)f->acc_at[f->lay.n_blocks];
     f->acc = malloc(n * sizeof(float));
     if (!f->acc)
         return fsdp_err_set(err, FSDP_E_NOMEM,
@@ -320,15 +401,22 @@ int train_fsdp_grads_accum(train_fsdp *f, const int32_t *tokens, const int32_t *
     float *acc = f->acc;
     if (n_micro == 1) f->acc = NULL; /* one micro-batch: the rotating layer buffer and no copy */
     double lsum = 0, denom = (double)(nvalid > 0 ? nvalid : 1);
+    model_blocks_aux aux = {0, 0};
     for (int m = 0; m < n_micro && !rc; m++) {
-        rc = micro_forward(f, tokens + m * mb, labels + m * mb, denom, m == 0, &lsum, err);
+        rc = micro_forward(f, tokens + m * mb, labels + m * mb, denom, m == 0, n_micro, &lsum, &aux, err);
         if (!rc) rc = micro_backward(f, m == 0, m == n_micro - 1, err);
     }
     f->acc = acc;
     if (rc) return rc;
     if ((rc = comm_allreduce(f->wc, &lsum, 1, COMM_F64, COMM_SUM, err))) return rc;
-    res->loss = nvalid > 0 ? lsum / (double)nvalid : 0.0;
+    res->ce_loss = nvalid > 0 ? lsum / (double)nvalid : 0.0;
+    res->aux_loss = aux.loss;
+    res->has_aux = f->lay.n_aux > 0;
+    res->loss = res->ce_loss + aux.weighted;
     res->tokens = nvalid;
+    res->expert_load = NULL;
+    res->load_blocks = res->load_experts = 0;
+    if (f->load && (rc = reduce_load(f, res, err))) return rc;
     /* global gradient norm over the shard group's shards (the replicas hold the same ones) */
     double sumsq = 0;
     for (size_t k = 0; k < f->s->n; k++) {

@@ -26,7 +26,16 @@ typedef struct train_fsdp_hparams {
 } train_fsdp_hparams;
 
 typedef struct train_fsdp_result {
-    double loss;      /* global mean cross-entropy before the update */
+    double loss;      /* the objective before the update: ce_loss plus the weighted auxiliary loss */
+    double ce_loss;   /* global mean cross-entropy */
+    double aux_loss;  /* the model's auxiliary loss (a mixture of experts' load balancing; mean over the
+                         micro-batches), unweighted; 0 without one */
+    int has_aux;      /* the model has an auxiliary loss */
+    /* a mixture of experts: tokens routed to each expert over the step's micro-batches and ranks,
+     * [n_blocks][load_experts] (a dense block's row is all -1); NULL without experts. Valid until the
+     * next step. */
+    const int64_t *expert_load;
+    int load_blocks, load_experts;
     double grad_norm; /* global L2 norm of the gradients before clipping */
     int64_t tokens;   /* global tokens counted in the loss */
 } train_fsdp_result;

@@ -222,6 +222,11 @@ static int read_stats(train_fsdp_cuda *f, int64_t nvalid, train_fsdp_result *res
     int rc = train_fsdp_cuda_event_sync(f->ev[TRAIN_FSDP_CUDA_EV_STATS], err);
     if (rc) return fsdp_err_prefix(err, "training (cuda): reading the loss and gradient norm");
     res->loss = nvalid > 0 ? f->h_stats[0] / (double)nvalid : 0.0;
+    res->ce_loss = res->loss;
+    res->aux_loss = 0.0;
+    res->has_aux = 0;
+    res->expert_load = NULL;
+    res->load_blocks = res->load_experts = 0;
     res->tokens = nvalid;
     res->grad_norm = f->h_stats[1] >= 0 ? sqrt(f->h_stats[1]) : NAN;
     return 0;

@@ -121,6 +121,18 @@ static int find_params(train_fsdp_cuda *f, fsdp_err *err) {
     if (f->per_layer < 0 || f->per_layer > TRAIN_FSDP_CUDA_LAYER_PARAMS)
         return fsdp_err_set(err, FSDP_E_INVALID, "training (cuda): a block of %d parameters (at most %d)",
                             f->per_layer, TRAIN_FSDP_CUDA_LAYER_PARAMS);
+    for (int i = 0; m->block_shape && i < lay->n_blocks; i++) {
+        int per;
+        int64_t numel;
+        m->block_shape(m->impl, i, &per, &numel);
+        if (per != lay->per_block || numel != lay->block_numel)
+            return fsdp_err_set(err, FSDP_E_INVALID, "training (cuda): block %d has %d parameters and block 0 %d; "
+                                "blocks of different shapes (a mixture of experts beside dense layers) train only on "
+                                "the CPU so far (runtime.device: cpu)", i, per, lay->per_block);
+    }
+    if (lay->n_aux)
+        return fsdp_err_set(err, FSDP_E_INVALID, "training (cuda): the model has an auxiliary load-balancing loss (a "
+                            "mixture of experts), which trains only on the CPU so far (runtime.device: cpu)");
     for (int k = 0; k < f->per_layer; k++) {
         model_blocks_tensor p;
         m->block_param(m->impl, 0, k, &p);
