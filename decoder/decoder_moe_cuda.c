@@ -174,15 +174,17 @@ int decoder_moe_cuda_forward(dev_ctx *dc, fsdp_dtype dt, const kc_moe_dims *m, c
     TRY(dev_download(dc, a->host_offsets, a->offsets, ((size_t)E + 2) * sizeof(int32_t), err),
         "decoder (cuda) moe forward: expert offsets to the host");
     const int32_t flag = a->host_offsets[E + 1];
-    if (flag != 0)
-        return fsdp_err_set(err, FSDP_E_INVALID, "decoder (cuda) moe forward: token %d has a router logit that is not finite",
+    if (flag != 0) /* kc_moe_forward's error */
+        return fsdp_err_set(err, FSDP_E_NUMERIC,
+                            "decoder (cuda) moe forward: token %d has a router logit that is not finite (NaN or infinity "
+                            "in the layer's input or gate weight)",
                             (int)flag - 1);
     if (a->host_offsets[E] != n * K)
         return fsdp_err_set(err, FSDP_E_DEVICE, "decoder (cuda) moe forward: %d of %d routed pairs sorted",
                             (int)a->host_offsets[E], n * K);
     TRY(kcu_moe_gather(dt, x, a->pair_of, n, K, d, a->xs, s, err), "decoder (cuda) moe forward");
     RET(experts_forward(dc, dt, m, w1, w2, w3, a, err));
-    TRY(kcu_moe_combine(dt, a->y, a->topw, a->slot_of, n, K, d, out, s, err), "decoder (cuda) moe forward");
+    TRY(kcu_moe_combine(dt, a->y, a->topw, a->slot_of, n, K, d, 0, out, s, err), "decoder (cuda) moe forward");
     return FSDP_OK;
 }
 
@@ -249,16 +251,18 @@ int decoder_moe_cuda_backward(dev_ctx *dc, fsdp_dtype dt, const kc_moe_dims *m, 
     kcu_stream st = dev_ctx_stream(dc, DEV_STREAM_COMPUTE);
     TRY(kcu_moe_combine_backward(dt, dout, a->y, a->topw, a->slot_of, n, K, d, s->dys, s->dtopw, st, err),
         "decoder (cuda) moe backward");
-    RET(experts_backward(dc, dt, m, w1, w2, w3, a, s, dw1, dw2, dw3, err));
-    TRY(kcu_moe_combine(dt, s->dxs, NULL, a->slot_of, n, K, d, dx, st, err), "decoder (cuda) moe backward: dx");
+    /* kc_moe_backward's order: the router's gradients, dx = dlogits router, then each token's K expert input
+     * gradients added in k order */
     TRY(kcu_moe_router_backward(a->probs, a->top, a->topw, s->dtopw, d_dp_aux, n, E, K, m->norm_topk, s->dp,
                                 s->dlogits, st, err),
         "decoder (cuda) moe backward");
     if (dt != FSDP_DT_F32)
         TRY(kcu_cast(s->dlogits_dt, dt, s->dlogits, FSDP_DT_F32, (int64_t)n * E, st, err),
             "decoder (cuda) moe backward: router gradient");
-    TRY(dev_linear_backward_weight(dc, dt, s->dlogits_dt, x, drouter, n, d, E, err), "decoder (cuda) moe backward: router");
-    TRY(dev_linear_backward_input(dc, dt, s->dlogits_dt, router, dx, n, d, E, 1.0f, err),
+    TRY(dev_linear_backward_input(dc, dt, s->dlogits_dt, router, dx, n, d, E, 0.0f, err),
         "decoder (cuda) moe backward: router dx");
+    TRY(dev_linear_backward_weight(dc, dt, s->dlogits_dt, x, drouter, n, d, E, err), "decoder (cuda) moe backward: router");
+    RET(experts_backward(dc, dt, m, w1, w2, w3, a, s, dw1, dw2, dw3, err));
+    TRY(kcu_moe_combine(dt, s->dxs, NULL, a->slot_of, n, K, d, 1, dx, st, err), "decoder (cuda) moe backward: dx");
     return FSDP_OK;
 }

@@ -15,8 +15,8 @@
  * E+2-int copy). The host copy of offsets is kept in the activations (host_offsets), so the backward
  * does not synchronise. (cuBLAS's grouped GEMM, cublasGemmGroupedBatchedEx, also takes its per-group
  * sizes in host arrays; only a custom device-side grouped GEMM reading the offsets on the device would
- * avoid the copy.) The same copy lets the forward report a non-finite router logit as FSDP_E_INVALID
- * naming the token, before any expert GEMM runs.
+ * avoid the copy.) The same copy lets the forward report a non-finite router logit as kc_moe_forward
+ * does (FSDP_E_NUMERIC naming the lowest such token), before any expert GEMM runs.
  *
  * Deterministic: no float atomics; the combine sums every token's K expert outputs in k order. */
 #ifndef FSDP_DECODER_DECODER_MOE_CUDA_H
@@ -74,8 +74,8 @@ int decoder_moe_cuda_scratch_bind(const kc_moe_dims *m, fsdp_dtype dt, void *dev
                                   fsdp_err *err);
 
 /* out [n, d] = the MoE feed-forward of x (overwritten); fills a (device and a->host_offsets).
- * FSDP_E_INVALID on bad dims, and on a router logit that is not finite (the error names the token; out
- * is then not written). Synchronises the host with the compute stream once (see above). */
+ * FSDP_E_INVALID on bad dims; FSDP_E_NUMERIC on a router logit that is not finite (the error names the
+ * lowest such token, as kc_moe_forward's; out is then not written). Synchronises the host with the compute stream once (see above). */
 int decoder_moe_cuda_forward(dev_ctx *d, fsdp_dtype dt, const kc_moe_dims *m, const void *x, const void *router,
                              const void *w1, const void *w2, const void *w3, decoder_moe_cuda_acts *a, void *out,
                              fsdp_err *err);

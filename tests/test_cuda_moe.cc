@@ -1,9 +1,10 @@
 // The mixture-of-experts feed-forward on the GPU (decoder/decoder_moe_cuda.h) against the double-precision
-// reference of tests/moe_ref.h: outputs, routing choices (with exact ties), the expert sort, the routing
-// statistics and every gradient, for several shapes (an expert that receives no token, K = 1, K = E,
-// norm_topk on and off, token counts that fill no block, the load-balancing gradient), in float32 and bf16
-// storage; a non-finite router logit is an error naming the token. Skipped when no GPU is present (the
-// emulated device of `make test-emu` runs it).
+// reference of tests/moe_ref.h and, in float32, against the CPU's kc_moe (kernels/cpu/kc_moe.c): outputs,
+// routing choices (with exact ties), the expert sort, the routing statistics and every gradient, for several
+// shapes (an expert that receives no token, K = 1, K = E, norm_topk on and off, token counts that fill no
+// block, the load-balancing gradient), in float32 and bf16 storage; a non-finite router logit is
+// kc_moe_forward's error naming the lowest such token. Skipped when no GPU is present (the emulated device
+// of `make test-emu` runs it).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -200,6 +201,42 @@ void CudaMoe::run_case(const Case &c, fsdp_dtype dt) {
         const auto g1 = down(DW1, (size_t)E * F * d, FSDP_DT_F32);
         for (size_t i = (size_t)(E - 1) * F * d; i < g1.size(); i++) ASSERT_EQ(g1[i], g_10[i]) << i;
     }
+    if (dt == FSDP_DT_F32) { // the CPU implementation (kernels/cpu/kc_moe.c) on the same float inputs
+        std::vector<float> ab(kc_moe_acts_floats(&m)), sbuf(kc_moe_scratch_floats(&m));
+        kc_moe_acts ka;
+        kc_moe_scratch ks;
+        kc_moe_acts_bind(&m, ab.data(), &ka);
+        kc_moe_scratch_bind(&m, sbuf.data(), &ks);
+        std::vector<float> kout((size_t)n * d), kdx((size_t)n * d), kdr((size_t)E * d, 0.0f),
+            kd1((size_t)E * F * d, 0.0f), kd2((size_t)E * d * F, 0.0f), kd3((size_t)E * F * d, 0.0f);
+        ASSERT_EQ(kc_moe_forward(&m, x.data(), router.data(), w1.data(), w2.data(), w3.data(), &ka, kout.data(), nullptr,
+                                 &err),
+                  0)
+            << err.msg;
+        ASSERT_EQ(kc_moe_backward(&m, dout.data(), x.data(), router.data(), w1.data(), w2.data(), w3.data(), &ka,
+                                  c.aux ? aux.data() : nullptr, &ks, kdx.data(), kdr.data(), kd1.data(), kd2.data(),
+                                  kd3.data(), nullptr, &err),
+                  0)
+            << err.msg;
+        EXPECT_EQ(down_raw(a.top, nK), std::vector<int32_t>(ka.top, ka.top + nK));
+        EXPECT_EQ(offs, std::vector<int32_t>(ka.offsets, ka.offsets + E + 1));
+        EXPECT_EQ(down_raw(a.slot_of, nK), std::vector<int32_t>(ka.slot_of, ka.slot_of + nK));
+        EXPECT_EQ(down_raw(a.pair_of, nK), std::vector<int32_t>(ka.pair_of, ka.pair_of + nK));
+        using moe_ref::to_double;
+        EXPECT_LT(rel_err(down_raw(a.probs, (size_t)n * E), to_double({ka.probs, ka.probs + (size_t)n * E})), 1e-6);
+        EXPECT_LT(rel_err(down_raw(a.topw, nK), to_double({ka.topw, ka.topw + nK})), 1e-6);
+        EXPECT_LT(rel_err(down(OUT, (size_t)n * d, dt), to_double(kout)), 1e-5);
+        EXPECT_LT(rel_err(down(DX, (size_t)n * d, dt), to_double(kdx)), 2e-5);
+        EXPECT_LT(rel_err(minus(down(DR, (size_t)E * d, FSDP_DT_F32), g_r0), to_double(kdr)), 2e-5);
+        EXPECT_LT(rel_err(minus(down(DW1, (size_t)E * F * d, FSDP_DT_F32), g_10), to_double(kd1)), 2e-5);
+        EXPECT_LT(rel_err(minus(down(DW2, (size_t)E * d * F, FSDP_DT_F32), g_20), to_double(kd2)), 2e-5);
+        EXPECT_LT(rel_err(minus(down(DW3, (size_t)E * F * d, FSDP_DT_F32), g_30), to_double(kd3)), 2e-5);
+        std::vector<double> kc_cnt(E, 0.0), kc_ps(E, 0.0);
+        kc_moe_stats(&m, &ka, kc_cnt.data(), kc_ps.data());
+        kc_moe_stats(&m, &ka, kc_cnt.data(), kc_ps.data());
+        EXPECT_EQ(cnt, kc_cnt);
+        for (int e = 0; e < E; e++) EXPECT_NEAR(ps[e], kc_ps[e], 1e-6 * n) << e;
+    }
     // the same inputs again give the same bits (no atomics, fixed orders)
     std::vector<float> out1 = down(OUT, (size_t)n * d, dt), dx1 = down(DX, (size_t)n * d, dt);
     ASSERT_EQ(decoder_moe_cuda_forward(d_, dt, &m, X, R, W1, W2, W3, &a, OUT, &err), 0) << err.msg;
@@ -227,7 +264,8 @@ TEST_F(CudaMoe, Bf16Storage) { run_case({45, 32, 16, 5, 2, 1, true, false, true}
 TEST_F(CudaMoe, NonFiniteRouterLogitIsAnError) {
     const kc_moe_dims m = {9, 8, 4, 3, 2, 1};
     auto x = randn(9 * 8, 1), router = randn(3 * 8, 2);
-    x[5 * 8 + 3] = INFINITY; // token 5: inf * w gives +-inf or nan logits
+    x[7 * 8 + 1] = NAN;      // tokens 5 and 7 have non-finite logits: the error names the lower one
+    x[5 * 8 + 3] = INFINITY; // inf * w gives +-inf or nan logits
     void *X = up(x, FSDP_DT_F32), *R = up(router, FSDP_DT_F32), *W1 = up(randn(3 * 4 * 8, 3), FSDP_DT_F32),
          *W2 = up(randn(3 * 8 * 4, 4), FSDP_DT_F32), *W3 = up(randn(3 * 4 * 8, 5), FSDP_DT_F32),
          *OUT = alloc(9 * 8 * 4);
@@ -238,8 +276,8 @@ TEST_F(CudaMoe, NonFiniteRouterLogitIsAnError) {
                                          host_off.data(), &a, &err),
               0)
         << err.msg;
-    ASSERT_EQ(decoder_moe_cuda_forward(d_, FSDP_DT_F32, &m, X, R, W1, W2, W3, &a, OUT, &err), FSDP_E_INVALID);
-    EXPECT_NE(std::string(err.msg).find("token 5"), std::string::npos) << err.msg;
+    ASSERT_EQ(decoder_moe_cuda_forward(d_, FSDP_DT_F32, &m, X, R, W1, W2, W3, &a, OUT, &err), FSDP_E_NUMERIC);
+    EXPECT_NE(std::string(err.msg).find("token 5 has a router logit that is not finite"), std::string::npos) << err.msg;
     // the backward refuses activations of a failed forward
     decoder_moe_cuda_scratch s;
     ASSERT_EQ(decoder_moe_cuda_scratch_bind(&m, FSDP_DT_F32, alloc(decoder_moe_cuda_scratch_bytes(&m, FSDP_DT_F32)),

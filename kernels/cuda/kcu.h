@@ -209,7 +209,8 @@ int kcu_init_fill(float *dst, const rng_dist *dist, uint64_t seed, uint64_t stre
 /* probs [n,E] = softmax(logits [n,E]) (max subtracted, float); top [n,K] the K most probable experts
  * in descending order (equal probabilities: the lower expert first); topw [n,K] their probabilities,
  * divided by their sum (added in k order) when norm_topk. A row with a non-finite logit gets probs 0,
- * top 0..K-1 and topw 0 and sets *d_bad to 1 + its token (d_bad may be NULL). */
+ * top 0..K-1 and topw 0, and *d_bad (zeroed by the caller; may be NULL) becomes 1 + the LOWEST such
+ * token (kc_moe_forward's error names that one). */
 int kcu_moe_route(const float *logits, int64_t n, int E, int K, int norm_topk, float *probs, int32_t *top,
                   float *topw, int *d_bad, kcu_stream stream, fsdp_err *err);
 /* Ints of scratch kcu_moe_sort needs: E counters per chunk of KCU_MOE_SORT_CHUNK pairs (at least one). */
@@ -228,10 +229,10 @@ int kcu_moe_sort(const int32_t *top, int64_t n, int E, int K, int32_t *offsets, 
 /* xs[s, :] = x[pair_of[s] / K, :] for the n*K slots (rows of d elements). */
 int kcu_moe_gather(fsdp_dtype dt, const void *x, const int32_t *pair_of, int64_t n, int K, int d, void *xs,
                    kcu_stream stream, fsdp_err *err);
-/* out[t, :] = sum over k in k order of w[t,k] * ys[slot_of[t*K+k], :] in float, overwritten; w NULL:
- * weights 1 (the backward's dx from the expert rows). */
+/* out[t, :] = (accumulate ? out[t, :] : 0) + the sum over k in k order of w[t,k] * ys[slot_of[t*K+k], :],
+ * in float; w NULL: weights 1 (the backward's dx += each token's expert input gradients). */
 int kcu_moe_combine(fsdp_dtype dt, const void *ys, const float *w, const int32_t *slot_of, int64_t n, int K, int d,
-                    void *out, kcu_stream stream, fsdp_err *err);
+                    int accumulate, void *out, kcu_stream stream, fsdp_err *err);
 /* Backward of kcu_moe_combine with weights: dys[slot_of[p], :] = w[p] * dout[t, :] and
  * dw[p] = dout[t, :] . ys[slot_of[p], :] (float32), both overwritten. */
 int kcu_moe_combine_backward(fsdp_dtype dt, const void *dout, const void *ys, const float *w, const int32_t *slot_of,
@@ -242,8 +243,8 @@ int kcu_moe_combine_backward(fsdp_dtype dt, const void *dout, const void *ys, co
 int kcu_moe_router_backward(const float *probs, const int32_t *top, const float *topw, const float *dtopw,
                             const float *dp_aux, int64_t n, int E, int K, int norm_topk, float *dp, float *dlogits,
                             kcu_stream stream, fsdp_err *err);
-/* counts[e] += offsets[e+1] - offsets[e]; psum[e] += sum over tokens of probs[t, e] (double, token
- * order): kc_moe_stats on the device. */
+/* counts[e] += offsets[e+1] - offsets[e]; psum[e] += probs[t, e] for every token in order (double):
+ * kc_moe_stats on the device, the same additions (bit-equal from equal probs). */
 int kcu_moe_stats(const float *probs, const int32_t *offsets, int64_t n, int E, double *counts, double *psum,
                   kcu_stream stream, fsdp_err *err);
 

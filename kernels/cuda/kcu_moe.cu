@@ -19,6 +19,18 @@ static inline int moe_check(const char *what, int64_t n, int E, int K, fsdp_err 
 
 // ---- router: softmax and top-K --------------------------------------------------------------------
 
+// *d_bad = min(*d_bad, 1 + row) where 0 means none yet: the lowest bad row, whatever the block order.
+__device__ __forceinline__ void moe_set_bad_min(int *d_bad, int64_t row) {
+    if (!d_bad) return;
+    const int v = row < 0x7ffffffe ? (int)(row + 1) : 0x7fffffff;
+    int old = *(volatile int *)d_bad;
+    while (old == 0 || old > v) {
+        const int prev = atomicCAS(d_bad, old, v);
+        if (prev == old) break;
+        old = prev;
+    }
+}
+
 // One warp per token. probs = softmax(logits) (max subtracted, float); top-K by repeated warp arg-max
 // over the experts not taken yet, equal probabilities resolved to the lower expert; topw the chosen
 // probabilities, divided by their sum (added in k order) when norm. A row with a non-finite logit gets
@@ -45,7 +57,7 @@ __global__ void moe_route_kernel(const float *logits, int64_t n, int E, int K, i
             tp[k] = k;
             tw[k] = 0.0f;
         }
-        if (lane == 0) kcu_set_bad(d_bad, t);
+        if (lane == 0) moe_set_bad_min(d_bad, t);
         return;
     }
     mx = kcu_warp_max(mx);
@@ -201,14 +213,15 @@ KCU_API int kcu_moe_gather(fsdp_dtype dt, const void *x, const int32_t *pair_of,
     return kcu_launch_check(err, "kcu_moe_gather");
 }
 
-// out[t, j] = sum over k (in k order, from 0) of w[t, k] * ys[slot_of[t*K + k], j]; w NULL: weight 1.
+// out[t, j] = (accumulate ? out[t, j] : 0) + the sum over k (in k order) of w[t, k] * ys[slot_of[t*K + k], j];
+// w NULL: weight 1.
 template <class T>
 __global__ void moe_combine_kernel(const T *ys, const float *w, const int32_t *slot_of, int64_t n, int K, int d,
-                                   T *out) {
+                                   int accumulate, T *out) {
     const int64_t total = n * d;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
         const int64_t t = i / d, j = i % d;
-        float acc = 0.0f;
+        float acc = accumulate ? kcu_ld(out, (size_t)i) : 0.0f;
         for (int k = 0; k < K; k++) {
             const float v = kcu_ld(ys, (size_t)slot_of[t * K + k] * d + j);
             acc = __fadd_rn(acc, w ? __fmul_rn(w[t * K + k], v) : v);
@@ -218,14 +231,14 @@ __global__ void moe_combine_kernel(const T *ys, const float *w, const int32_t *s
 }
 
 KCU_API int kcu_moe_combine(fsdp_dtype dt, const void *ys, const float *w, const int32_t *slot_of, int64_t n, int K,
-                            int d, void *out, kcu_stream stream, fsdp_err *err) {
+                            int d, int accumulate, void *out, kcu_stream stream, fsdp_err *err) {
     if (kcu_check_dt(dt, "kcu_moe_combine", err)) return FSDP_E_INVALID;
     if (n < 0 || K < 1 || d < 1 || n > INT32_MAX / K)
         return fsdp_err_set(err, FSDP_E_INVALID, "kcu_moe_combine: bad sizes (n %lld, K %d, d %d)", (long long)n, K, d);
     if (n == 0) return FSDP_OK;
     KCU_DISPATCH(dt, T,
                  KCU_LAUNCH(moe_combine_kernel<T>, kcu_blocks(n * d, KCU_MOE_THREADS), KCU_MOE_THREADS, 0, stream)(
-                     (const T *)ys, w, slot_of, n, K, d, (T *)out));
+                     (const T *)ys, w, slot_of, n, K, d, accumulate != 0, (T *)out));
     return kcu_launch_check(err, "kcu_moe_combine");
 }
 
@@ -316,14 +329,14 @@ KCU_API int kcu_moe_router_backward(const float *probs, const int32_t *top, cons
 
 // ---- routing statistics ----------------------------------------------------------------------------------
 
-// Thread e: counts[e] += offsets[e+1] - offsets[e]; psum[e] += probs[:, e] summed in token order in double.
+// Thread e: counts[e] += offsets[e+1] - offsets[e]; psum[e] += probs[t, e] for t in token order, in double.
 __global__ void moe_stats_kernel(const float *probs, const int32_t *offsets, int64_t n, int E, double *counts,
                                  double *psum) {
     for (int e = blockIdx.x * blockDim.x + threadIdx.x; e < E; e += gridDim.x * blockDim.x) {
-        double s = 0.0;
+        double s = psum[e]; // kc_moe_stats' additions, in its order
         for (int64_t t = 0; t < n; t++) s = __dadd_rn(s, (double)probs[t * E + e]);
         counts[e] = __dadd_rn(counts[e], (double)(offsets[e + 1] - offsets[e]));
-        psum[e] = __dadd_rn(psum[e], s);
+        psum[e] = s;
     }
 }
 

@@ -251,8 +251,8 @@ int kcu_moe_gather(fsdp_dtype dt, const void *x, const int32_t *pair_of, int64_t
 }
 
 int kcu_moe_combine(fsdp_dtype dt, const void *ys, const float *w, const int32_t *slot_of, int64_t n, int K, int d,
-                    void *out, kcu_stream stream, fsdp_err *err) {
-    (void)dt, (void)ys, (void)w, (void)slot_of, (void)n, (void)K, (void)d, (void)out, (void)stream;
+                    int accumulate, void *out, kcu_stream stream, fsdp_err *err) {
+    (void)dt, (void)ys, (void)w, (void)slot_of, (void)n, (void)K, (void)d, (void)accumulate, (void)out, (void)stream;
     NOCUDA(kcu_moe_combine);
 }
 
