@@ -9,4 +9,5 @@ namespace kcu_emu_dev {
 #include "kernels/cuda/kcu_attention_tc.cu"
 #include "kernels/cuda/kcu_attention.cu"
 #include "kernels/cuda/kcu_init.cu"
+#include "kernels/cuda/kcu_moe.cu"
 }

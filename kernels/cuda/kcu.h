@@ -199,6 +199,55 @@ int kcu_adamw_step_guarded(const kcu_tensor_list *l, const kc_adamw_hparams *h, 
 int kcu_init_fill(float *dst, const rng_dist *dist, uint64_t seed, uint64_t stream, uint64_t start, int64_t n,
                   kcu_stream s, fsdp_err *err);
 
+
+/* ---- mixture of experts (kernels/cpu/kc_moe.h's arithmetic; kcu_moe.cu) --------------------------
+ * n tokens, E experts (1 <= E <= KCU_MOE_MAX_EXPERTS), K experts per token (1 <= K <= E); a "pair" is
+ * p = t*K + k, a "slot" its row in expert order. Router tensors are float32; x/xs/ys/out/dout/dys of
+ * dtype dt. Every sum has a fixed order (no float atomics): results are deterministic. */
+#define KCU_MOE_MAX_EXPERTS 1024
+
+/* probs [n,E] = softmax(logits [n,E]) (max subtracted, float); top [n,K] the K most probable experts
+ * in descending order (equal probabilities: the lower expert first); topw [n,K] their probabilities,
+ * divided by their sum (added in k order) when norm_topk. A row with a non-finite logit gets probs 0,
+ * top 0..K-1 and topw 0, and *d_bad (zeroed by the caller; may be NULL) becomes 1 + the LOWEST such
+ * token (kc_moe_forward's error names that one). */
+int kcu_moe_route(const float *logits, int64_t n, int E, int K, int norm_topk, float *probs, int32_t *top,
+                  float *topw, int *d_bad, kcu_stream stream, fsdp_err *err);
+/* Ints of scratch kcu_moe_sort needs: E counters per chunk of KCU_MOE_SORT_CHUNK pairs (at least one). */
+#define KCU_MOE_SORT_CHUNK 64
+static inline size_t kcu_moe_sort_scratch_ints(int64_t n, int E, int K) {
+    if (n < 0 || E < 1 || K < 1) return 0;
+    const int64_t chunks = (n * K + KCU_MOE_SORT_CHUNK - 1) / KCU_MOE_SORT_CHUNK;
+    return (size_t)(chunks < 1 ? 1 : chunks) * (size_t)E;
+}
+/* The stable counting sort of the n*K pairs by expert (slot order: expert, token, k):
+ * offsets [E+1] (expert e's slots are offsets[e] .. offsets[e+1]-1), slot_of [nK] (pair -> slot),
+ * pair_of [nK] (slot -> pair). An expert outside 0..E-1 is sorted nowhere (slot_of -1, offsets[E] < nK)
+ * and sets *d_bad to 1 + the pair. scratch: kcu_moe_sort_scratch_ints ints. */
+int kcu_moe_sort(const int32_t *top, int64_t n, int E, int K, int32_t *offsets, int32_t *slot_of, int32_t *pair_of,
+                 int32_t *scratch, int *d_bad, kcu_stream stream, fsdp_err *err);
+/* xs[s, :] = x[pair_of[s] / K, :] for the n*K slots (rows of d elements). */
+int kcu_moe_gather(fsdp_dtype dt, const void *x, const int32_t *pair_of, int64_t n, int K, int d, void *xs,
+                   kcu_stream stream, fsdp_err *err);
+/* out[t, :] = (accumulate ? out[t, :] : 0) + the sum over k in k order of w[t,k] * ys[slot_of[t*K+k], :],
+ * in float; w NULL: weights 1 (the backward's dx += each token's expert input gradients). */
+int kcu_moe_combine(fsdp_dtype dt, const void *ys, const float *w, const int32_t *slot_of, int64_t n, int K, int d,
+                    int accumulate, void *out, kcu_stream stream, fsdp_err *err);
+/* Backward of kcu_moe_combine with weights: dys[slot_of[p], :] = w[p] * dout[t, :] and
+ * dw[p] = dout[t, :] . ys[slot_of[p], :] (float32), both overwritten. */
+int kcu_moe_combine_backward(fsdp_dtype dt, const void *dout, const void *ys, const float *w, const int32_t *slot_of,
+                             int64_t n, int K, int d, void *dys, float *dw, kcu_stream stream, fsdp_err *err);
+/* dp [n,E] = dL/dprobs from dtopw [n,K] = dL/dtopw (through the renormalisation when norm_topk) plus
+ * dp_aux [E] (may be NULL) on every token; dlogits [n,E] = the softmax backward of dp. Both
+ * overwritten, float32. */
+int kcu_moe_router_backward(const float *probs, const int32_t *top, const float *topw, const float *dtopw,
+                            const float *dp_aux, int64_t n, int E, int K, int norm_topk, float *dp, float *dlogits,
+                            kcu_stream stream, fsdp_err *err);
+/* counts[e] += offsets[e+1] - offsets[e]; psum[e] += probs[t, e] for every token in order (double):
+ * kc_moe_stats on the device, the same additions (bit-equal from equal probs). */
+int kcu_moe_stats(const float *probs, const int32_t *offsets, int64_t n, int E, double *counts, double *psum,
+                  kcu_stream stream, fsdp_err *err);
+
 #if defined(__cplusplus) && !defined(KCU_EMULATE)
 }
 #endif

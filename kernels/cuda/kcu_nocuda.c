@@ -230,4 +230,51 @@ int kcu_init_fill(float *dst, const rng_dist *dist, uint64_t seed, uint64_t stre
     NOCUDA(kcu_init_fill);
 }
 
+int kcu_moe_route(const float *logits, int64_t n, int E, int K, int norm_topk, float *probs, int32_t *top,
+                  float *topw, int *d_bad, kcu_stream stream, fsdp_err *err) {
+    (void)logits, (void)n, (void)E, (void)K, (void)norm_topk, (void)probs, (void)top, (void)topw, (void)d_bad,
+        (void)stream;
+    NOCUDA(kcu_moe_route);
+}
+
+int kcu_moe_sort(const int32_t *top, int64_t n, int E, int K, int32_t *offsets, int32_t *slot_of, int32_t *pair_of,
+                 int32_t *scratch, int *d_bad, kcu_stream stream, fsdp_err *err) {
+    (void)top, (void)n, (void)E, (void)K, (void)offsets, (void)slot_of, (void)pair_of, (void)scratch, (void)d_bad,
+        (void)stream;
+    NOCUDA(kcu_moe_sort);
+}
+
+int kcu_moe_gather(fsdp_dtype dt, const void *x, const int32_t *pair_of, int64_t n, int K, int d, void *xs,
+                   kcu_stream stream, fsdp_err *err) {
+    (void)dt, (void)x, (void)pair_of, (void)n, (void)K, (void)d, (void)xs, (void)stream;
+    NOCUDA(kcu_moe_gather);
+}
+
+int kcu_moe_combine(fsdp_dtype dt, const void *ys, const float *w, const int32_t *slot_of, int64_t n, int K, int d,
+                    int accumulate, void *out, kcu_stream stream, fsdp_err *err) {
+    (void)dt, (void)ys, (void)w, (void)slot_of, (void)n, (void)K, (void)d, (void)accumulate, (void)out, (void)stream;
+    NOCUDA(kcu_moe_combine);
+}
+
+int kcu_moe_combine_backward(fsdp_dtype dt, const void *dout, const void *ys, const float *w, const int32_t *slot_of,
+                             int64_t n, int K, int d, void *dys, float *dw, kcu_stream stream, fsdp_err *err) {
+    (void)dt, (void)dout, (void)ys, (void)w, (void)slot_of, (void)n, (void)K, (void)d, (void)dys, (void)dw,
+        (void)stream;
+    NOCUDA(kcu_moe_combine_backward);
+}
+
+int kcu_moe_router_backward(const float *probs, const int32_t *top, const float *topw, const float *dtopw,
+                            const float *dp_aux, int64_t n, int E, int K, int norm_topk, float *dp, float *dlogits,
+                            kcu_stream stream, fsdp_err *err) {
+    (void)probs, (void)top, (void)topw, (void)dtopw, (void)dp_aux, (void)n, (void)E, (void)K, (void)norm_topk,
+        (void)dp, (void)dlogits, (void)stream;
+    NOCUDA(kcu_moe_router_backward);
+}
+
+int kcu_moe_stats(const float *probs, const int32_t *offsets, int64_t n, int E, double *counts, double *psum,
+                  kcu_stream stream, fsdp_err *err) {
+    (void)probs, (void)offsets, (void)n, (void)E, (void)counts, (void)psum, (void)stream;
+    NOCUDA(kcu_moe_stats);
+}
+
 #endif

@@ -17,3 +17,4 @@ extern "C" {
 #include "kernels/cuda/kcu_attention_tc.cu"
 #include "kernels/cuda/kcu_attention.cu"
 #include "kernels/cuda/kcu_init.cu"
+#include "kernels/cuda/kcu_moe.cu"
