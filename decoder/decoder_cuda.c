@@ -86,10 +86,13 @@ static int layer_forward(const decoder_config *c, const decoder_cuda_layer *lw, 
         TRY(kcu_bias_forward(dt, kp, lw->wk_b, n, kvd, s, err), "decoder (cuda) forward: layer %d wk bias", layer);
         TRY(kcu_bias_forward(dt, a->v, lw->wv_b, n, kvd, s, err), "decoder (cuda) forward: layer %d wv bias", layer);
     }
-    if (c->qk_norm) {
-        TRY(kcu_rmsnorm_forward(dt, a->qr, lw->q_norm, a->q, a->rstdq, (int64_t)n * H, hd, eps, s, err),
+    if (c->qk_norm) { /* per head, or (qk_norm_full, OLMoE) over the whole projection */
+        const int full = c->qk_norm_full;
+        TRY(kcu_rmsnorm_forward(dt, a->qr, lw->q_norm, a->q, a->rstdq, full ? n : (int64_t)n * H, full ? qd : hd, eps,
+                                s, err),
             "decoder (cuda) forward: layer %d q_norm", layer);
-        TRY(kcu_rmsnorm_forward(dt, a->kr, lw->k_norm, a->k, a->rstdk, (int64_t)n * KV, hd, eps, s, err),
+        TRY(kcu_rmsnorm_forward(dt, a->kr, lw->k_norm, a->k, a->rstdk, full ? n : (int64_t)n * KV, full ? kvd : hd, eps,
+                                s, err),
             "decoder (cuda) forward: layer %d k_norm", layer);
     }
     TRY(kcu_rope_qk_forward(dt, a->q, a->k, ws->rope_cos, ws->rope_sin, B, T, H, KV, hd, s, err),
@@ -151,11 +154,12 @@ static int qk_pre_grads(const decoder_config *c, const decoder_cuda_layer *lw, d
     if (c->qk_norm) {
         TRY(dev_memset0(ws->d, ws->dqr, (size_t)n * qd * es, DEV_STREAM_COMPUTE, err), "decoder (cuda) backward");
         TRY(dev_memset0(ws->d, ws->dkr, (size_t)n * kvd * es, DEV_STREAM_COMPUTE, err), "decoder (cuda) backward");
-        TRY(kcu_rmsnorm_backward(dt, ws->dq, a->qr, lw->q_norm, a->rstdq, ws->dqr, lg->q_norm, (int64_t)n * H, hd, s,
-                                 err),
+        const int full = c->qk_norm_full;
+        TRY(kcu_rmsnorm_backward(dt, ws->dq, a->qr, lw->q_norm, a->rstdq, ws->dqr, lg->q_norm,
+                                 full ? n : (int64_t)n * H, full ? qd : hd, s, err),
             "decoder (cuda) backward: layer %d q_norm", layer);
-        TRY(kcu_rmsnorm_backward(dt, ws->dk, a->kr, lw->k_norm, a->rstdk, ws->dkr, lg->k_norm, (int64_t)n * KV, hd, s,
-                                 err),
+        TRY(kcu_rmsnorm_backward(dt, ws->dk, a->kr, lw->k_norm, a->rstdk, ws->dkr, lg->k_norm,
+                                 full ? n : (int64_t)n * KV, full ? kvd : hd, s, err),
             "decoder (cuda) backward: layer %d k_norm", layer);
         *dq = ws->dqr;
         *dk = ws->dkr;

@@ -74,8 +74,8 @@ size_t kc_moe_scratch_floats(const kc_moe_dims *m);
 void kc_moe_acts_bind(const kc_moe_dims *m, float *base, kc_moe_acts *a);
 void kc_moe_scratch_bind(const kc_moe_dims *m, float *base, kc_moe_scratch *s);
 
-/* out[n, d] = the MoE feed-forward of x (overwritten); fills a. FSDP_E_INVALID on bad dims, and on a
- * router logit that is not finite (the error names the token). */
+/* out[n, d] = the MoE feed-forward of x (overwritten); fills a. FSDP_E_INVALID on bad dims; FSDP_E_NUMERIC
+ * on a router logit that is not finite (the error names the lowest such token). */
 int kc_moe_forward(const kc_moe_dims *m, const float *x, const float *router, const float *w1, const float *w2,
                    const float *w3, kc_moe_acts *a, float *out, kc_stats *st, fsdp_err *err);
 
