@@ -190,7 +190,7 @@ ifeq ($(EMU)$(SAN_FLAGS),0)
 endif
 
 # The GPU suites (their tests skip in a build without a GPU) run in the emulated-device build.
-EMU_SUITES := EmuCudart*:CudaMoe*:HsdpGpu*:PluginApiGpu*:ModelTableDevice*:CommNccl*:CudaBlas*:CudaBundle*:CudaCache*:CudaDevice*:CudaModel*:*KcuAttentionTc*:LlamaFsdpCuda*:LlamaInitCuda*:StageDevice*:StateDev*:CudaExact*:*CudaKernels*:HfArchCuda*:TrainAccumGpu*:TrainEvalGpu*:SchedulesGpu*
+EMU_SUITES := EmuCudart*:CudaMoe*:MoeCuda*:HsdpGpu*:PluginApiGpu*:ModelTableDevice*:CommNccl*:CudaBlas*:CudaBundle*:CudaCache*:CudaDevice*:CudaModel*:*KcuAttentionTc*:LlamaFsdpCuda*:LlamaInitCuda*:StageDevice*:StateDev*:CudaExact*:*CudaKernels*:HfArchCuda*:TrainAccumGpu*:TrainEvalGpu*:SchedulesGpu*
 # What `make test` runs of them: the tests that take seconds under emulation (measured on 2 loaded
 # cores with the fiber emulation of tests/kcu_emu.h: *CudaKernels* 11 s, CudaModelGpu* 12 s, the
 # LlamaFsdpCuda steps 3-23 s each, LlamaInitCuda* 21 s, StageDevice.GpuInitMetaEqualsCpuWithinOneUlp 13 s;
@@ -199,7 +199,7 @@ EMU_SUITES := EmuCudart*:CudaMoe*:HsdpGpu*:PluginApiGpu*:ModelTableDevice*:CommN
 # print, the FSDP tests of 45-95 s (activation checkpointing, chunked head, offloaded optimizer over several
 # steps; HfArchCuda's bf16, checkpointing and 2-rank runs), and the bagel recipe on the emulated GPU (over 4
 # minutes).
-EMU_QUICK := EmuCudart*:CudaMoe*:HsdpGpu*:PluginApiGpu*:*CudaKernels*:ModelTableDevice*:CommNccl*:CudaBlas*:CudaCache*:CudaDevice*:CudaModel*:StateDev*:StageDevice*:LlamaFsdpCuda*:LlamaInitCuda*:KcuAttentionTc.*:HfArchCudaKernels*:HfArchCuda.F32FiveStepsMatchTheCpuPath:E2EWorkflow.Offload*-StageDevice.GpuBagelBootstrapEqualsCpu:LlamaFsdpCuda.ActivationCheckpointingAndKeptLayersMatchTheDefault:LlamaFsdpCuda.ChunkedHeadMatchesTheWholeBatchHead:LlamaFsdpCuda.OffloadedOptimizerEqualsDeviceOptimizer
+EMU_QUICK := EmuCudart*:CudaMoe*:MoeCuda.FourSteps*:HsdpGpu*:PluginApiGpu*:*CudaKernels*:ModelTableDevice*:CommNccl*:CudaBlas*:CudaCache*:CudaDevice*:CudaModel*:StateDev*:StageDevice*:LlamaFsdpCuda*:LlamaInitCuda*:KcuAttentionTc.*:HfArchCudaKernels*:HfArchCuda.F32FiveStepsMatchTheCpuPath:E2EWorkflow.Offload*-StageDevice.GpuBagelBootstrapEqualsCpu:LlamaFsdpCuda.ActivationCheckpointingAndKeptLayersMatchTheDefault:LlamaFsdpCuda.ChunkedHeadMatchesTheWholeBatchHead:LlamaFsdpCuda.OffloadedOptimizerEqualsDeviceOptimizer
 emu:
 	$(MAKE) EMU=1 all $(addprefix build-emu/,tests/fsdp_tests $(TEST_PLUGIN_SRCS:tests/plugins/%.c=tests/plugins/lib%.so) \
 	  $(TEST_MPI_SRCS:tests/mpi/%.c=tests/mpi/%))

@@ -81,6 +81,23 @@ static int cuda_bwd_embed(void *ws, float *d_embed, fsdp_err *err) {
     return decoder_cuda_bwd_embed(&w->cfg, d_embed, w->ws, err);
 }
 
+static int cuda_aux_stats(void *ws, double *stats, fsdp_err *err) {
+    decoder_blocks_cuda_ws *w = ws;
+    return decoder_cuda_aux_stats(w->ws, stats, err);
+}
+
+static int cuda_aux_apply(void *ws, const double *sums, double scale, model_blocks_aux *out, fsdp_err *err) {
+    decoder_blocks_cuda_ws *w = ws;
+    int rc = decoder_cuda_aux_apply(w->ws, sums, scale, &out->loss, err);
+    out->weighted = rc ? 0.0 : w->cfg.router_aux_coef * out->loss;
+    return rc;
+}
+
+static int cuda_expert_load(void *ws, int block, int64_t *counts) {
+    decoder_blocks_cuda_ws *w = ws;
+    return decoder_cuda_expert_load(w->ws, block, counts);
+}
+
 model_blocks_cuda decoder_blocks_cuda(const decoder_config *cfg) {
     model_blocks_cuda m = {
         .host = decoder_blocks_cpu(cfg),
@@ -94,5 +111,10 @@ model_blocks_cuda decoder_blocks_cuda(const decoder_config *cfg) {
         .bwd_block = cuda_bwd_block,
         .bwd_embed = cuda_bwd_embed,
     };
+    if (cfg && cfg->n_experts > 0) {
+        m.aux_stats = cuda_aux_stats;
+        m.aux_apply = cuda_aux_apply;
+        m.expert_load = cuda_expert_load;
+    }
     return m;
 }

@@ -59,7 +59,7 @@ int decoder_cuda_fwd_embed(const decoder_config *c, const void *tok_embeddings, 
     ws->phase = DECODER_CUDA_FWD;
     ws->fwd_next = 0;
     memset(&ws->loss, 0, sizeof ws->loss);
-    return FSDP_OK;
+    return decoder_cuda_moe_reset(ws, err);
 }
 
 /* The layer's forward from acts[layer].x (also the recomputation of full activation checkpointing). */
@@ -105,6 +105,7 @@ static int layer_forward(const decoder_config *c, const decoder_cuda_layer *lw, 
 
     TRY(kcu_rmsnorm_forward(dt, a->h, lw->ffn_norm, a->xn2, a->rstd2, n, d, eps, s, err),
         "decoder (cuda) forward: layer %d ffn_norm", layer);
+    if (decoder_layer_is_moe(c, layer)) return decoder_cuda_moe_forward(c, lw, layer, ws, out, err);
     TRY(dev_linear_forward(dc, dt, a->xn2, lw->w1, a->a, n, d, F, err), "decoder (cuda) forward: layer %d w1", layer);
     TRY(dev_linear_forward(dc, dt, a->xn2, lw->w3, a->b, n, d, F, err), "decoder (cuda) forward: layer %d w3", layer);
     TRY(kcu_swiglu_forward(dt, a->a, a->b, a->g, (int64_t)n * F, s, err), "decoder (cuda) forward: layer %d swiglu",
@@ -271,9 +272,17 @@ int decoder_cuda_bwd_layer(const decoder_config *c, const decoder_cuda_layer *lw
      * longer needed by the backward). Selective checkpointing recomputes g and the norm outputs
      * below, right before the weight gradients that read them. */
     const int sel = ws->ac == DECODER_AC_SELECTIVE;
-    if (ws->ac == DECODER_AC_FULL && (rc = layer_forward(c, lw, layer, ws, err)))
-        return fsdp_err_prefix(err, "decoder (cuda) backward: layer %d recomputation", layer);
-    if ((rc = bwd_ffn(c, lw, lg, layer, ws, sel, err))) return rc;
+    if (ws->ac == DECODER_AC_FULL) {
+        ws->recompute = 1;
+        rc = layer_forward(c, lw, layer, ws, err);
+        ws->recompute = 0;
+        if (rc) return fsdp_err_prefix(err, "decoder (cuda) backward: layer %d recomputation", layer);
+    }
+    if (decoder_layer_is_moe(c, layer))
+        rc = decoder_cuda_moe_backward(c, lw, lg, layer, ws, err);
+    else
+        rc = bwd_ffn(c, lw, lg, layer, ws, sel, err);
+    if (rc) return rc;
     if ((rc = bwd_attention(c, lw, lg, layer, ws, sel, err))) return rc;
 
     ws->bwd_next = layer - 1;

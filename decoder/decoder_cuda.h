@@ -134,6 +134,14 @@ int decoder_cuda_model_forward(const decoder_config *cfg, const decoder_cuda_wei
 int decoder_cuda_model_backward(const decoder_config *cfg, const decoder_cuda_weights *w, decoder_model_weights *g,
                               double loss_denom, decoder_cuda_ws *ws, fsdp_err *err);
 
+/* ---- mixture of experts (decoder_model.h's load-balancing loss, on the GPU workspace) ----------
+ * aux_stats waits for the compute stream and gives DECODER_MODEL_AUX_STATS(cfg) host doubles; aux_apply
+ * sets the gradient (uploaded on the compute stream) and returns the loss; expert_load gives MoE layer
+ * `layer`'s tokens per expert of the last forward (1), or 0 for a dense layer. */
+int decoder_cuda_aux_stats(decoder_cuda_ws *ws, double *stats, fsdp_err *err);
+int decoder_cuda_aux_apply(decoder_cuda_ws *ws, const double *sums, double scale, double *aux, fsdp_err *err);
+int decoder_cuda_expert_load(const decoder_cuda_ws *ws, int layer, int64_t *counts);
+
 #ifdef __cplusplus
 }
 #endif

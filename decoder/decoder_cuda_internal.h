@@ -4,6 +4,7 @@
 
 #include "kernels/cuda/kcu.h"
 #include "decoder/decoder_cuda.h"
+#include "decoder/decoder_moe_cuda.h"
 
 /* What one layer's forward saves for its backward (device; the void * in the workspace dtype).
  * With selective checkpointing xn1 and xn2 point at one buffer and g at another, both shared by
@@ -48,7 +49,36 @@ struct decoder_cuda_ws {
     decoder_model_loss loss;
     void *arena;
     size_t arena_bytes;
+    /* mixture of experts (cfg.n_experts > 0; decoder/decoder_cuda_moe.c): each MoE layer's saved routing and
+     * expert activations (FULL checkpointing: one set, recomputed), the backward scratch, the experts'
+     * output before the residual add, the load-balancing statistics of the current forward (device
+     * counts[E], psum[E]) and their gradient, the host copies */
+    decoder_moe_cuda_acts *moe; /* [n_layers] */
+    decoder_moe_cuda_scratch moe_s;
+    void *moe_arena;
+    size_t moe_bytes;
+    int32_t *moe_host_offsets; /* host [sets * (E + 2)] */
+    void *moe_out;             /* inside moe_arena: [B_max*T_max, d] of dt */
+    double *d_aux;             /* inside moe_arena: device [2E] counts, psum */
+    float *d_dp_aux;           /* inside moe_arena: device [E] */
+    double *h_aux;             /* host [2E] */
+    float *h_dp_aux;           /* host [E] */
+    double aux_rows;
+    int64_t *load;             /* host [n_layers * E]: tokens per expert of each MoE layer's last forward */
+    int recompute;             /* a FULL-checkpointing recomputation: no statistics */
 };
+
+/* The MoE buffers of a new workspace; 0 or an error (decoder_cuda_moe.c). */
+int decoder_cuda_moe_alloc(decoder_cuda_ws *ws, fsdp_err *err);
+void decoder_cuda_moe_free(decoder_cuda_ws *ws);
+/* A new forward: statistics and their gradient cleared. */
+int decoder_cuda_moe_reset(decoder_cuda_ws *ws, fsdp_err *err);
+/* out = h + experts(xn2) of MoE layer `layer`; records the statistics unless ws->recompute. */
+int decoder_cuda_moe_forward(const decoder_config *c, const decoder_cuda_layer *lw, int layer, decoder_cuda_ws *ws,
+                             void *out, fsdp_err *err);
+/* dxn (overwritten) and the layer's router and expert gradients (+=) from dres. */
+int decoder_cuda_moe_backward(const decoder_config *c, const decoder_cuda_layer *lw, decoder_model_layer *lg, int layer,
+                              decoder_cuda_ws *ws, fsdp_err *err);
 
 int decoder_cuda_ws_check(const decoder_config *cfg, const decoder_cuda_ws *ws, const char *what, fsdp_err *err);
 

@@ -165,12 +165,6 @@ decoder_cuda_ws *decoder_cuda_ws_create_opts(dev_ctx *d, const decoder_config *c
         return NULL;
     }
     if (ws_args(cfg, B_max, T_max, dt, &o, err)) return NULL;
-    if (cfg->n_experts > 0 || cfg->qk_norm_full) {
-        fsdp_err_set(err, FSDP_E_INVALID, "decoder (cuda): %s are not implemented on the GPU yet; train this model with "
-                     "runtime.device: cpu", cfg->n_experts > 0 ? "mixture-of-experts layers" : "q/k norms over the whole "
-                     "projection (OLMoE)");
-        return NULL;
-    }
     decoder_cuda_ws *ws = calloc(1, sizeof *ws);
     if (!ws || !(ws->acts = calloc((size_t)cfg->n_layers, sizeof *ws->acts))) {
         free(ws);
@@ -205,6 +199,10 @@ decoder_cuda_ws *decoder_cuda_ws_create_opts(dev_ctx *d, const decoder_config *c
         decoder_cuda_ws_free(ws);
         return NULL;
     }
+    if (decoder_cuda_moe_alloc(ws, err)) {
+        decoder_cuda_ws_free(ws);
+        return NULL;
+    }
     ws->phase = DECODER_CUDA_EMPTY;
     return ws;
 }
@@ -232,6 +230,7 @@ static int upload_rope(decoder_cuda_ws *ws, fsdp_err *err) {
 
 void decoder_cuda_ws_free(decoder_cuda_ws *ws) {
     if (!ws) return;
+    decoder_cuda_moe_free(ws);
     if (ws->arena) {
         fsdp_err err;
         /* pending kernels may still use the arena: wait before giving it back */
@@ -242,7 +241,7 @@ void decoder_cuda_ws_free(decoder_cuda_ws *ws) {
     free(ws);
 }
 
-size_t decoder_cuda_ws_bytes(const decoder_cuda_ws *ws) { return ws ? ws->arena_bytes : 0; }
+size_t decoder_cuda_ws_bytes(const decoder_cuda_ws *ws) { return ws ? ws->arena_bytes + ws->moe_bytes : 0; }
 fsdp_dtype decoder_cuda_ws_dtype(const decoder_cuda_ws *ws) { return ws ? ws->dt : FSDP_DT_INVALID; }
 
 const void *decoder_cuda_ws_logits(const decoder_cuda_ws *ws) {
