@@ -261,7 +261,10 @@ int decoder_cuda_ws_check(const decoder_config *c, const decoder_cuda_ws *ws, co
         c->rope_scaling != w->rope_scaling || c->rope_factor != w->rope_factor ||
         c->rope_low_freq_factor != w->rope_low_freq_factor || c->rope_high_freq_factor != w->rope_high_freq_factor ||
         c->rope_original_max_pos != w->rope_original_max_pos || c->qkv_bias != w->qkv_bias ||
-        c->qk_norm != w->qk_norm || c->tie_embeddings != w->tie_embeddings)
+        c->qk_norm != w->qk_norm || c->tie_embeddings != w->tie_embeddings || c->qk_norm_full != w->qk_norm_full ||
+        c->n_experts != w->n_experts || c->top_k != w->top_k || c->moe_ffn_hidden != w->moe_ffn_hidden ||
+        c->norm_topk != w->norm_topk || c->moe_step != w->moe_step ||
+        memcmp(c->dense_layers, w->dense_layers, sizeof c->dense_layers))
         return fsdp_err_set(err, FSDP_E_INVALID, "%s: the config does not match the one the workspace was made for",
                             what);
     return FSDP_OK;
