@@ -400,7 +400,8 @@ TEST(MoeConfig, ExportedConfigReadsBack) {
 // fixture's batch tiled so that each rank has its 2 rows): the objective, its terms and the gradient
 // norm of each step equal the float64 run, and the expert load is the same routing on every world size
 // and EP degree (the one-rank counts times the ranks); so do full and selective activation
-// checkpointing under expert parallelism (the recomputed forward exchanges the tokens again). The weights come from a DCP of the fixture
+// checkpointing under expert parallelism (the recomputed forward exchanges the tokens again), and HSDP
+// (2 replicas of 2 shards) with expert parallelism 2 inside each replica. The weights come from a DCP of the fixture
 // written here, so this checks the model, not the Hugging Face loader.
 TEST(MoeTrain, OneTwoAndFourRanksWithAndWithoutExpertParallelAgree) {
     std::string dir = make_tmpdir("fsdp-moe");
@@ -421,16 +422,21 @@ TEST(MoeTrain, OneTwoAndFourRanksWithAndWithoutExpertParallelAgree) {
         const struct {
             int np, ep;
             const char *ac;
-        } runs[] = {{1, 1, "none"}, {2, 1, "none"}, {2, 2, "none"}, {4, 1, "none"},
-                    {4, 2, "none"}, {4, 4, "none"}, {2, 2, "full"}, {4, 4, "selective"}};
+            bool hsdp; /* runtime.mesh: 2 replicas of 2 shards */
+        } runs[] = {{1, 1, "none", false}, {2, 1, "none", false},     {2, 2, "none", false},
+                    {4, 1, "none", false}, {4, 2, "none", false},     {4, 4, "none", false},
+                    {2, 2, "full", false}, {4, 4, "selective", false}, {4, 2, "none", true}};
         for (const auto &run : runs) {
             const int np = run.np, ep = run.ep;
-            SCOPED_TRACE(std::to_string(np) + " ranks, expert_parallel " + std::to_string(ep) + ", ac " + run.ac);
+            SCOPED_TRACE(std::to_string(np) + " ranks, expert_parallel " + std::to_string(ep) + ", ac " + run.ac +
+                         (run.hsdp ? ", HSDP 2 x 2" : ""));
             std::string batch = dir + "/" + m + "_batch" + std::to_string(np) + ".safetensors";
             hf_batch::write_tiled_batch_of(moe_fixture(m, "batch.safetensors"), np, batch);
             std::string r = dir + "/" + m + ".yaml",
-                        met = dir + "/" + m + std::to_string(np) + "_" + std::to_string(ep) + run.ac + ".jsonl";
-            write_file(r, "model: {from_hf: " + moe_fixture(m) + "}\n"
+                        met = dir + "/" + m + std::to_string(np) + "_" + std::to_string(ep) + run.ac +
+                              (run.hsdp ? "_hsdp" : "") + ".jsonl";
+            write_file(r, std::string(run.hsdp ? "runtime: {mesh: {replicate: 2, shard: 2}}\n" : "") +
+                          "model: {from_hf: " + moe_fixture(m) + "}\n"
                           "data: {kind: safetensors, path: " + batch + ", batch_size: " + std::to_string(2 * np) +
                           ", seq_len: 32}\n"
                           "stages:\n"
