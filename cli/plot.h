@@ -9,12 +9,17 @@
 
 #include "fsdp/error.h"
 
-/* The four panels' metrics, then the eval loss (eval lines of an eval_every run), drawn on the loss
- * panel as its own series: dashed, a marker at each of its steps. */
-enum { PLOT_LOSS = 0, PLOT_LR, PLOT_GRAD_NORM, PLOT_TOKENS_PER_S, PLOT_N_METRICS, PLOT_EVAL_LOSS = PLOT_N_METRICS,
-       PLOT_N_VALUES };
+/* The panels' metrics, then the eval loss (eval lines of an eval_every run), drawn on the loss panel as
+ * its own series: dashed, a marker at each of its steps. The last two panels are a mixture of experts'
+ * (drawn when a run has them): its load-balancing loss and the balance of its experts (the smallest over
+ * the MoE layers of the least over the most loaded expert's tokens: 1 = balanced). */
+enum { PLOT_LOSS = 0, PLOT_LR, PLOT_GRAD_NORM, PLOT_TOKENS_PER_S, PLOT_AUX_LOSS, PLOT_EXPERT_BALANCE, PLOT_N_METRICS,
+       PLOT_EVAL_LOSS = PLOT_N_METRICS, PLOT_N_VALUES };
+/* The panels every plot has (the MoE ones come after them). */
+#define PLOT_N_BASIC PLOT_AUX_LOSS
 
-/* The JSON keys of the values: the metrics in panel order, then "eval_loss". */
+/* The JSON keys of the values: the metrics in panel order, then "eval_loss" ("expert_load_min_max" is an
+ * object of layers: its smallest value is taken). */
 extern const char *const PLOT_KEYS[PLOT_N_VALUES];
 
 typedef struct plot_series {
@@ -35,7 +40,7 @@ typedef struct plot_set {
 int plot_read(const char *path, plot_set *set, fsdp_err *err);
 void plot_set_free(plot_set *set);
 
-/* Draws the four panels into out (.png or .svg). */
+/* Draws the panels into out (.png or .svg): four, or six when a run has a mixture of experts' metrics. */
 int plot_draw(const plot_set *set, const char *out, fsdp_err *err);
 
 /* The subcommand: argv[0] is the first argument after `plot`. Returns the exit code. */

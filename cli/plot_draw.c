@@ -1,4 +1,5 @@
-/* The plot's drawing with cairo: four panels (loss, lr, grad-norm, tokens/s against step), a line
+/* The plot's drawing with cairo: four panels (loss, lr, grad-norm, tokens/s against step; six with a
+ * mixture of experts' aux loss and expert balance), a line
  * per series in its colour, ticks, labels and a legend; PNG or SVG by the output's extension. */
 #include <cairo-svg.h>
 #include <cairo.h>
@@ -22,7 +23,8 @@ typedef struct {
 static const double PALETTE[][3] = {{0.12, 0.47, 0.71}, {1.00, 0.50, 0.05}, {0.17, 0.63, 0.17}, {0.84, 0.15, 0.16},
                                     {0.58, 0.40, 0.74}, {0.55, 0.34, 0.29}, {0.89, 0.47, 0.76}, {0.50, 0.50, 0.50}};
 #define N_PALETTE (sizeof PALETTE / sizeof *PALETTE)
-static const char *const TITLES[PLOT_N_METRICS] = {"loss", "lr", "grad norm", "tokens/s"};
+static const char *const TITLES[PLOT_N_METRICS] = {"loss",     "lr", "grad norm", "tokens/s", "aux loss (experts)",
+                                                   "expert balance (min/max tokens)"};
 
 /* The range of the finite values of metric k (k < 0: the steps) over every series, the loss panel's
  * with the eval loss; 0 when there are none. */
@@ -158,11 +160,13 @@ static void draw_all(cairo_t *cr, const plot_set *set) {
     cairo_paint(cr);
     cairo_select_font_face(cr, "sans-serif", CAIRO_FONT_SLANT_NORMAL, CAIRO_FONT_WEIGHT_NORMAL);
     double legend = 14.0 * (double)legend_rows(set) + 10;
-    double pw = PLOT_W / 2.0, ph = (PLOT_H - legend) / 2.0;
+    plot_range moe;
+    const int panels = range_of(set, PLOT_AUX_LOSS, &moe) ? PLOT_N_METRICS : PLOT_N_BASIC, cols = panels / 2;
+    double pw = PLOT_W / (double)cols, ph = (PLOT_H - legend) / 2.0;
     plot_range xr;
     if (!range_of(set, -1, &xr)) xr = (plot_range){0, 1};
-    for (int k = 0; k < PLOT_N_METRICS; k++) {
-        plot_rect p = {(k % 2) * pw + 80, (k / 2) * ph + 34, pw - 110, ph - 84};
+    for (int k = 0; k < panels; k++) {
+        plot_rect p = {(k % cols) * pw + 80, (k / cols) * ph + 34, pw - 110, ph - 84};
         plot_range yr;
         if (!range_of(set, k, &yr)) {
             cairo_set_source_rgb(cr, 0, 0, 0);

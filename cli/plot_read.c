@@ -8,7 +8,19 @@
 #include "cli/plot.h"
 #include "runtime/fileio.h"
 
-const char *const PLOT_KEYS[PLOT_N_VALUES] = {"loss", "lr", "grad_norm", "tokens_per_s", "eval_loss"};
+const char *const PLOT_KEYS[PLOT_N_VALUES] = {"loss",     "lr", "grad_norm", "tokens_per_s", "aux_loss",
+                                              "expert_load_min_max", "eval_loss"};
+
+/* A number, or the smallest number of an object's values (NaN without one). */
+static double value_of(const json_t *x) {
+    if (json_is_number(x)) return json_number_value(x);
+    double m = NAN;
+    const char *key;
+    json_t *v;
+    json_object_foreach((json_t *)x, key, v)
+        if (json_is_number(v) && !(json_number_value(v) >= m)) m = json_number_value(v);
+    return m;
+}
 
 void plot_set_free(plot_set *set) {
     for (size_t i = 0; i < set->n; i++) {
@@ -74,8 +86,7 @@ static int read_line(const char *path, size_t lineno, const char *text, size_t l
     }
     double v[PLOT_N_VALUES];
     for (int k = 0; k < PLOT_N_VALUES; k++) {
-        json_t *x = json_object_get(j, PLOT_KEYS[k]);
-        v[k] = json_is_number(x) ? json_number_value(x) : NAN;
+        v[k] = value_of(json_object_get(j, PLOT_KEYS[k]));
     }
     const char *rid = json_string_value(json_object_get(j, "run_id"));
     plot_series *s = series_of(set, first, base, rid ? rid : "");

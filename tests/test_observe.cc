@@ -292,3 +292,35 @@ TEST(Observe, PlotErrorsNameTheFileAndLine) {
     EXPECT_EQ(run("plot " + d / "ok.jsonl -o " + d / "no/dir/x.png", &out), 1) << out;
     EXPECT_NE(out.find("plot: cannot write " + d / "no/dir/x.png"), std::string::npos) << out;
 }
+
+// A mixture of experts' metrics (aux_loss, expert_load_min_max per layer) add two panels: six solid
+// lines of the run, the balance panel the smallest layer's ratio; a dense run keeps four panels.
+TEST(Observe, PlotDrawsTheExpertPanelsOfAMixtureOfExperts) {
+    Dir d;
+    std::string m;
+    for (int s = 1; s <= 4; s++)
+        m += "{\"step\": " + std::to_string(s) + ", \"loss\": " + std::to_string(5 - 0.1 * s * s) +
+             ", \"lr\": " + std::to_string(0.001 * s * s) + ", \"grad_norm\": " + std::to_string(1 + 0.1 * s * s) +
+             ", \"tokens_per_s\": " + std::to_string(1000 + s * s) + ", \"aux_loss\": " + std::to_string(2 + 0.01 * s * s) +
+             ", \"expert_load\": {\"0\": [10, 20, 30, 40], \"1\": [25, 25, 25, 25]}, \"expert_load_min_max\": {\"0\": " +
+             std::to_string(0.1 * s * s) + ", \"1\": 1}, \"run_id\": \"r\"}\n";
+    write_file(d / "moe.jsonl", m);
+    std::string out;
+    ASSERT_EQ(run("plot " + d / "moe.jsonl -o " + d / "p.svg", &out), 0) << out;
+    std::string svg = read_file(d / "p.svg");
+    auto solid = svg_paths(svg, "stroke-width:2;stroke-linecap:butt;stroke-linejoin:miter;stroke:rgb(12%,47%,71%)");
+    EXPECT_EQ(solid.size(), 6u) << svg.substr(0, 3000);
+    for (auto &p : solid) EXPECT_EQ(count_of(p, "L "), 3u) << p;  // every panel has all 4 steps
+    // without the expert metrics: the four panels
+    std::string dense;
+    for (int s = 1; s <= 3; s++)
+        dense += "{\"step\": " + std::to_string(s) + ", \"loss\": " + std::to_string(5 - 0.1 * s * s) +
+                 ", \"lr\": " + std::to_string(0.001 * s * s) + ", \"grad_norm\": " + std::to_string(1 + 0.1 * s * s) +
+                 ", \"tokens_per_s\": " + std::to_string(1000 + s * s) + "}\n";
+    write_file(d / "dense.jsonl", dense);
+    ASSERT_EQ(run("plot " + d / "dense.jsonl -o " + d / "q.svg", &out), 0) << out;
+    EXPECT_EQ(svg_paths(read_file(d / "q.svg"),
+                        "stroke-width:2;stroke-linecap:butt;stroke-linejoin:miter;stroke:rgb(12%,47%,71%)")
+                  .size(),
+              4u);
+}
