@@ -175,6 +175,26 @@ static void add_finding(char *buf, size_t cap, size_t *off, const char *fmt, ...
     if (k > 0) *off += (size_t)k;
 }
 
+/* The keys of a mixture-of-experts family the rows cannot honour, added to buf. */
+static int check_unsupported_moe(hf_rd *r, const decoder_arch_info *a, char *buf, size_t cap, size_t *off) {
+    double jitter = 0.0;
+    int rc = get_nonneg(r, r->root, "router_jitter_noise", &jitter);
+    if (rc) return rc;
+    if (jitter > 0)
+        add_finding(buf, cap, off, "router_jitter_noise %g is not supported (deterministic routing only)", jitter);
+    if (get(r->root, "clip_qkv")) add_finding(buf, cap, off, "clip_qkv is not supported (it must be null)");
+    if (a->arch == DECODER_ARCH_MIXTRAL && get(r->root, "sliding_window"))
+        add_finding(buf, cap, off, "sliding_window is not supported for model_type 'mixtral' (it must be null)");
+    const char *rz[] = {"router_z_loss_coef", "moe_layer_freq", "shared_expert_intermediate_size", "n_shared_experts",
+                        "first_k_dense_replace"};
+    for (size_t i = 0; i < sizeof rz / sizeof *rz; i++) {
+        const json_t *v = get(r->root, rz[i]);
+        if (v && !(json_is_number(v) && json_number_value(v) == 0))
+            add_finding(buf, cap, off, "\"%s\" is not supported for model_type '%s'", rz[i], a->model_type);
+    }
+    return FSDP_OK;
+}
+
 /* What the model computes that fsdp-run does not: one error naming every such key. */
 static int check_unsupported(hf_rd *r, const decoder_arch_info *a) {
     char buf[1536] = "";
@@ -195,26 +215,7 @@ static int check_unsupported(hf_rd *r, const decoder_arch_info *a) {
             add_finding(buf, sizeof buf, &off, "\"%s\": true is not supported for model_type '%s'", flags[i],
                         a->model_type);
     }
-    if (a->moe) {
-        double jitter = 0.0;
-        if ((rc = get_nonneg(r, r->root, "router_jitter_noise", &jitter))) return rc;
-        if (jitter > 0)
-            add_finding(buf, sizeof buf, &off, "router_jitter_noise %g is not supported (deterministic routing only)",
-                        jitter);
-        if (get(r->root, "clip_qkv"))
-            add_finding(buf, sizeof buf, &off, "clip_qkv is not supported (it must be null)");
-        if (a->arch == DECODER_ARCH_MIXTRAL && get(r->root, "sliding_window"))
-            add_finding(buf, sizeof buf, &off, "sliding_window is not supported for model_type 'mixtral' (it must "
-                        "be null)");
-        const char *rz[] = {"router_z_loss_coef", "moe_layer_freq", "shared_expert_intermediate_size",
-                            "n_shared_experts", "first_k_dense_replace"};
-        for (size_t i = 0; i < sizeof rz / sizeof *rz; i++) {
-            const json_t *v = get(r->root, rz[i]);
-            if (v && !(json_is_number(v) && json_number_value(v) == 0))
-                add_finding(buf, sizeof buf, &off, "\"%s\" is not supported for model_type '%s'", rz[i],
-                            a->model_type);
-        }
-    }
+    if (a->moe && (rc = check_unsupported_moe(r, a, buf, sizeof buf, &off))) return rc;
     const json_t *lt = get(r->root, "layer_types");
     size_t bad = 0, first = 0;
     for (size_t i = 0; lt && i < json_array_size(lt); i++) {
