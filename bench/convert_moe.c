@@ -102,20 +102,36 @@ int main(int argc, char **argv) {
     free(idx);
     free(t);
     printf("convert_moe: %zu HF tensors (32 experts per layer), %.1f MB bf16, --world %d\n", n, bytes / 1e6, world);
-    snprintf(cmd, sizeof cmd, "cp '%s' '%s/copy.safetensors' && sync", src, dir);
-    double t_cp = timed(cmd, NULL);
-    double rss1, rss2;
-    snprintf(cmd, sizeof cmd,
+    /* the disk of a shared machine swings by 3x from one write to the next: each measure ends with a
+     * sync, cp takes each place among the two conversions in turn, and the medians of REPS rounds are
+     * compared */
+    enum { REPS = 3 };
+    double cp_s[REPS], to_s[REPS], back_s[REPS], rss1 = 0, rss2 = 0;
+    char cmds[3][8192];
+    snprintf(cmds[0], sizeof cmds[0], "cp '%s' '%s/copy.safetensors' && sync", src, dir);
+    snprintf(cmds[1], sizeof cmds[1],
              "%s ckpt convert '%s' '%s/dcp' --names torchtitan --n-heads 16 --n-kv-heads 8 --world %d >/dev/null && sync",
              bin, src, dir, world);
-    double t_to = timed(cmd, &rss1);
-    snprintf(cmd, sizeof cmd,
+    snprintf(cmds[2], sizeof cmds[2],
              "%s ckpt convert '%s/dcp' '%s/back.safetensors' --names hf --n-heads 16 --n-kv-heads 8 >/dev/null && sync",
              bin, dir, dir);
-    double t_back = timed(cmd, &rss2);
+    double *out[3] = {cp_s, to_s, back_s};
+    for (int r = 0; r < REPS; r++) {
+        /* each round starts the three at a different place (DCP -> HF always after HF -> DCP, which makes
+         * its input): cp first, then second, then last */
+        const int order[3][3] = {{0, 1, 2}, {1, 0, 2}, {1, 2, 0}};
+        snprintf(cmd, sizeof cmd, "rm -rf '%s/copy.safetensors' '%s/dcp' '%s/back.safetensors' && sync", dir, dir, dir);
+        timed(cmd, NULL);
+        for (int k = 0; k < 3; k++) {
+            const int which = order[r % 3][k];
+            out[which][r] = timed(cmds[which], which == 1 ? &rss1 : which == 2 ? &rss2 : NULL);
+        }
+    }
+    const double t_cp = bench_median(cp_s, REPS), t_to = bench_median(to_s, REPS), t_back = bench_median(back_s, REPS);
     snprintf(cmd, sizeof cmd, "%s ckpt diff '%s' '%s/back.safetensors' >/dev/null", bin, src, dir);
     timed(cmd, NULL);
     double gb = bytes / 1e9;
+    printf("medians of %d rounds (cp first, second and last among the conversions; each write synced)\n", REPS);
     printf("cp                           %6.2f s  %6.2f GB/s\n", t_cp, gb / t_cp);
     printf("HF -> DCP (experts stacked)  %6.2f s  %6.2f GB/s  ratio to cp %.2f  peak RSS %.0f MiB\n", t_to, gb / t_to,
            t_cp / t_to, rss1);
