@@ -93,6 +93,11 @@ static int cuda_aux_apply(void *ws, const double *sums, double scale, model_bloc
     return rc;
 }
 
+static int cuda_set_ep(void *ws, comm *ep, fsdp_err *err) {
+    decoder_blocks_cuda_ws *w = ws;
+    return decoder_cuda_set_expert_parallel(w->ws, ep, err);
+}
+
 static int cuda_expert_load(void *ws, int block, int64_t *counts) {
     decoder_blocks_cuda_ws *w = ws;
     return decoder_cuda_expert_load(w->ws, block, counts);
@@ -115,6 +120,7 @@ model_blocks_cuda decoder_blocks_cuda(const decoder_config *cfg) {
         m.aux_stats = cuda_aux_stats;
         m.aux_apply = cuda_aux_apply;
         m.expert_load = cuda_expert_load;
+        m.set_expert_parallel = cuda_set_ep;
     }
     return m;
 }

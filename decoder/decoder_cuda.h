@@ -32,6 +32,7 @@
 #include "fsdp/error.h"
 #include "fsdp/tensor.h"
 #include "decoder/decoder_model.h"
+#include "runtime/comm.h"
 #include "runtime/device.h"
 
 #ifdef __cplusplus
@@ -141,6 +142,10 @@ int decoder_cuda_model_backward(const decoder_config *cfg, const decoder_cuda_we
 int decoder_cuda_aux_stats(decoder_cuda_ws *ws, double *stats, fsdp_err *err);
 int decoder_cuda_aux_apply(decoder_cuda_ws *ws, const double *sums, double scale, double *aux, fsdp_err *err);
 int decoder_cuda_expert_load(const decoder_cuda_ws *ws, int layer, int64_t *counts);
+/* Expert parallelism over ep (decoder_model_set_expert_parallel's contract on the GPU): the rows travel
+ * by NCCL all-to-all (comm_dev_alltoallv: ep's device communicator must be initialised), the counts by
+ * MPI. */
+int decoder_cuda_set_expert_parallel(decoder_cuda_ws *ws, comm *ep, fsdp_err *err);
 
 #ifdef __cplusplus
 }

@@ -66,7 +66,30 @@ struct decoder_cuda_ws {
     double aux_rows;
     int64_t *load;             /* host [n_layers * E]: tokens per expert of each MoE layer's last forward */
     int recompute;             /* a FULL-checkpointing recomputation: no statistics */
+    /* expert parallelism (decoder_cuda_set_expert_parallel; ep_size 1: off; decoder_cuda_moe_ep.c) */
+    comm *ep;
+    int ep_size, ep_rank, ep_experts;
+    struct decoder_cuda_ep *eps; /* [n_layers] (FULL: the first MoE layer's for every layer) */
+    void *ep_scratch;            /* device: recv [cap, d], dyr [cap, d], dxr [cap, d], dg, da, db [cap, F] */
+    size_t ep_scratch_cap;
 };
+
+/* What an expert-parallel MoE layer's forward keeps for its backward (received rows, expert-major). */
+typedef struct decoder_cuda_ep {
+    void *rows;             /* device: xr [cap, d], ar, br, gr [cap, F], perm, inv [cap] int32 */
+    size_t cap;
+    void *xr, *ar, *br, *gr;
+    int32_t *perm, *inv;    /* device: expert-major row -> received row, and back */
+    int32_t *h_recvc, *h_loff, *h_perm, *h_inv; /* host: [P*El], [El+1], [cap], [cap] */
+    int32_t rows_in;        /* rows received */
+} decoder_cuda_ep;
+
+/* Expert parallelism's forward and backward of MoE layer `layer` (ws->ep_size > 1). */
+int decoder_cuda_moe_ep_forward(const decoder_config *c, const decoder_cuda_layer *lw, int layer, decoder_cuda_ws *ws,
+                                fsdp_err *err);
+int decoder_cuda_moe_ep_backward(const decoder_config *c, const decoder_cuda_layer *lw, decoder_model_layer *lg,
+                                 int layer, decoder_cuda_ws *ws, fsdp_err *err);
+void decoder_cuda_moe_ep_free(decoder_cuda_ws *ws);
 
 /* The MoE buffers of a new workspace; 0 or an error (decoder_cuda_moe.c). */
 int decoder_cuda_moe_alloc(decoder_cuda_ws *ws, fsdp_err *err);

@@ -57,6 +57,7 @@ int decoder_cuda_moe_alloc(decoder_cuda_ws *ws, fsdp_err *err) {
 }
 
 void decoder_cuda_moe_free(decoder_cuda_ws *ws) {
+    decoder_cuda_moe_ep_free(ws);
     if (ws->moe_arena) {
         fsdp_err err;
         dev_stream_sync(ws->d, DEV_STREAM_COMPUTE, &err);
@@ -83,8 +84,9 @@ int decoder_cuda_moe_forward(const decoder_config *c, const decoder_cuda_layer *
     const kc_moe_dims m = dims_of(ws, ws->B * ws->T);
     decoder_cuda_acts *a = &ws->acts[layer];
     decoder_moe_cuda_acts *ma = &ws->moe[layer];
-    int rc = decoder_moe_cuda_forward(ws->d, ws->dt, &m, a->xn2, lw->router, lw->ew1, lw->ew2, lw->ew3, ma,
-                                      ws->moe_out, err);
+    int rc = ws->ep_size > 1 ? decoder_cuda_moe_ep_forward(c, lw, layer, ws, err)
+                             : decoder_moe_cuda_forward(ws->d, ws->dt, &m, a->xn2, lw->router, lw->ew1, lw->ew2,
+                                                        lw->ew3, ma, ws->moe_out, err);
     if (!rc) rc = kcu_add(ws->dt, a->h, ws->moe_out, out, (int64_t)m.n * m.d, ws->s, err);
     if (rc) return fsdp_err_prefix(err, "decoder (cuda) forward: layer %d experts", layer);
     if (ws->recompute) return FSDP_OK;
@@ -104,14 +106,14 @@ int decoder_cuda_moe_backward(const decoder_config *c, const decoder_cuda_layer 
     int rc = 0;
     if (ws->ac == DECODER_AC_SELECTIVE)
         rc = kcu_rmsnorm_apply(ws->dt, a->h, lw->ffn_norm, a->rstd2, a->xn2, m.n, m.d, ws->s, err);
-    if (!rc)
+    if (!rc && ws->ep_size > 1) rc = decoder_cuda_moe_ep_backward(c, lw, lg, layer, ws, err);
+    else if (!rc)
         rc = decoder_moe_cuda_backward(ws->d, ws->dt, &m, ws->dres, a->xn2, lw->router, lw->ew1, lw->ew2, lw->ew3,
                                        &ws->moe[layer], ws->d_dp_aux, &ws->moe_s, ws->dxn, lg->router, lg->ew1,
                                        lg->ew2, lg->ew3, err);
     if (!rc)
         rc = kcu_rmsnorm_backward(ws->dt, ws->dxn, a->h, lw->ffn_norm, a->rstd2, ws->dres, lg->ffn_norm, m.n, m.d, ws->s,
                                   err);
-    (void)c;
     return rc ? fsdp_err_prefix(err, "decoder (cuda) backward: layer %d experts", layer) : FSDP_OK;
 }
 

@@ -124,36 +124,41 @@ int decoder_moe_cuda_scratch_bind(const kc_moe_dims *m, fsdp_dtype dt, void *dev
 static const void *at_c(const void *p, size_t i, size_t es) { return (const char *)p + i * es; }
 static void *at(void *p, size_t i, size_t es) { return (char *)p + i * es; }
 
-/* The expert GEMMs of the forward: a = xs w1_e^T, b = xs w3_e^T, g = silu(a) b, y = g w2_e^T per slot range. */
-static int experts_forward(dev_ctx *dc, fsdp_dtype dt, const kc_moe_dims *m, const void *w1, const void *w2,
-                           const void *w3, decoder_moe_cuda_acts *a, fsdp_err *err) {
-    const int d = m->d, F = m->F;
-    const size_t es = fsdp_dtype_size(dt), nK = (size_t)m->n * m->K;
-    const int32_t *off = a->host_offsets;
-    for (int e = 0; e < m->E; e++) {
+int decoder_moe_cuda_experts_forward(dev_ctx *dc, fsdp_dtype dt, int d, int F, int n_experts, const int32_t *off,
+                                     const void *xs, const void *w1, const void *w2, const void *w3, void *a, void *b,
+                                     void *g, void *y, fsdp_err *err) {
+    const size_t es = fsdp_dtype_size(dt), rows = (size_t)off[n_experts];
+    for (int e = 0; e < n_experts; e++) {
         const int r = off[e + 1] - off[e];
         if (r == 0) continue;
         const size_t o = (size_t)off[e], we = (size_t)e * F * d;
-        TRY(dev_linear_forward(dc, dt, at_c(a->xs, o * d, es), at_c(w1, we, es), at(a->a, o * F, es), r, d, F, err),
+        TRY(dev_linear_forward(dc, dt, at_c(xs, o * d, es), at_c(w1, we, es), at(a, o * F, es), r, d, F, err),
             "decoder (cuda) moe forward: expert %d w1", e);
-        TRY(dev_linear_forward(dc, dt, at_c(a->xs, o * d, es), at_c(w3, we, es), at(a->b, o * F, es), r, d, F, err),
+        TRY(dev_linear_forward(dc, dt, at_c(xs, o * d, es), at_c(w3, we, es), at(b, o * F, es), r, d, F, err),
             "decoder (cuda) moe forward: expert %d w3", e);
     }
-    TRY(kcu_swiglu_forward(dt, a->a, a->b, a->g, (int64_t)(nK * F), dev_ctx_stream(dc, DEV_STREAM_COMPUTE), err),
-        "decoder (cuda) moe forward: swiglu");
-    for (int e = 0; e < m->E; e++) {
+    if (rows)
+        TRY(kcu_swiglu_forward(dt, a, b, g, (int64_t)(rows * F), dev_ctx_stream(dc, DEV_STREAM_COMPUTE), err),
+            "decoder (cuda) moe forward: swiglu");
+    for (int e = 0; e < n_experts; e++) {
         const int r = off[e + 1] - off[e];
         if (r == 0) continue;
         const size_t o = (size_t)off[e], we = (size_t)e * d * F;
-        TRY(dev_linear_forward(dc, dt, at_c(a->g, o * F, es), at_c(w2, we, es), at(a->y, o * d, es), r, F, d, err),
+        TRY(dev_linear_forward(dc, dt, at_c(g, o * F, es), at_c(w2, we, es), at(y, o * d, es), r, F, d, err),
             "decoder (cuda) moe forward: expert %d w2", e);
     }
     return FSDP_OK;
 }
 
-int decoder_moe_cuda_forward(dev_ctx *dc, fsdp_dtype dt, const kc_moe_dims *m, const void *x, const void *router,
-                             const void *w1, const void *w2, const void *w3, decoder_moe_cuda_acts *a, void *out,
-                             fsdp_err *err) {
+/* The expert GEMMs of the forward on the activations' slots (every expert). */
+static int experts_forward(dev_ctx *dc, fsdp_dtype dt, const kc_moe_dims *m, const void *w1, const void *w2,
+                           const void *w3, decoder_moe_cuda_acts *a, fsdp_err *err) {
+    return decoder_moe_cuda_experts_forward(dc, dt, m->d, m->F, m->E, a->host_offsets, a->xs, w1, w2, w3, a->a, a->b,
+                                            a->g, a->y, err);
+}
+
+int decoder_moe_cuda_route(dev_ctx *dc, fsdp_dtype dt, const kc_moe_dims *m, const void *x, const void *router,
+                           decoder_moe_cuda_acts *a, fsdp_err *err) {
     RET(check(m, dt, "decoder (cuda) moe forward", err));
     if (!dc || !a || !a->host_offsets)
         return fsdp_err_set(err, FSDP_E_INVALID, "decoder (cuda) moe forward: no device or activations");
@@ -183,8 +188,18 @@ int decoder_moe_cuda_forward(dev_ctx *dc, fsdp_dtype dt, const kc_moe_dims *m, c
         return fsdp_err_set(err, FSDP_E_DEVICE, "decoder (cuda) moe forward: %d of %d routed pairs sorted",
                             (int)a->host_offsets[E], n * K);
     TRY(kcu_moe_gather(dt, x, a->pair_of, n, K, d, a->xs, s, err), "decoder (cuda) moe forward");
+    return FSDP_OK;
+}
+
+int decoder_moe_cuda_forward(dev_ctx *dc, fsdp_dtype dt, const kc_moe_dims *m, const void *x, const void *router,
+                             const void *w1, const void *w2, const void *w3, decoder_moe_cuda_acts *a, void *out,
+                             fsdp_err *err) {
+    RET(decoder_moe_cuda_route(dc, dt, m, x, router, a, err));
+    if (m->n == 0) return FSDP_OK;
     RET(experts_forward(dc, dt, m, w1, w2, w3, a, err));
-    TRY(kcu_moe_combine(dt, a->y, a->topw, a->slot_of, n, K, d, 0, out, s, err), "decoder (cuda) moe forward");
+    TRY(kcu_moe_combine(dt, a->y, a->topw, a->slot_of, m->n, m->K, m->d, 0, out, dev_ctx_stream(dc, DEV_STREAM_COMPUTE),
+                        err),
+        "decoder (cuda) moe forward");
     return FSDP_OK;
 }
 
@@ -197,49 +212,54 @@ int decoder_moe_cuda_stats(dev_ctx *dc, const kc_moe_dims *m, const decoder_moe_
     return FSDP_OK;
 }
 
-/* The expert GEMMs of the backward: dg = dys w2_e, dw2_e += dys^T g; SwiGLU backward; dxs = da w1_e + db w3_e,
- * dw1_e += da^T xs, dw3_e += db^T xs. */
-static int experts_backward(dev_ctx *dc, fsdp_dtype dt, const kc_moe_dims *m, const void *w1, const void *w2,
-                            const void *w3, const decoder_moe_cuda_acts *a, decoder_moe_cuda_scratch *s, float *dw1,
-                            float *dw2, float *dw3, fsdp_err *err) {
-    const int d = m->d, F = m->F;
-    const size_t es = fsdp_dtype_size(dt), nK = (size_t)m->n * m->K;
-    const int32_t *off = a->host_offsets;
-    for (int e = 0; e < m->E; e++) {
+int decoder_moe_cuda_experts_backward(dev_ctx *dc, fsdp_dtype dt, int d, int F, int n_experts, const int32_t *off,
+                                      const void *dys, const void *xs, const void *w1, const void *w2, const void *w3,
+                                      const void *a, const void *b, const void *g, void *dg, void *dda, void *ddb,
+                                      void *dxs, float *dw1, float *dw2, float *dw3, fsdp_err *err) {
+    const size_t es = fsdp_dtype_size(dt), rows = (size_t)off[n_experts];
+    for (int e = 0; e < n_experts; e++) {
         const int r = off[e + 1] - off[e];
         if (r == 0) continue;
         const size_t o = (size_t)off[e], we = (size_t)e * d * F;
-        TRY(dev_linear_backward_input(dc, dt, at_c(s->dys, o * d, es), at_c(w2, we, es), at(s->dg, o * F, es), r, F,
-                                      d, 0.0f, err),
+        TRY(dev_linear_backward_input(dc, dt, at_c(dys, o * d, es), at_c(w2, we, es), at(dg, o * F, es), r, F, d, 0.0f,
+                                      err),
             "decoder (cuda) moe backward: expert %d w2", e);
-        TRY(dev_linear_backward_weight(dc, dt, at_c(s->dys, o * d, es), at_c(a->g, o * F, es), dw2 + we, r, F, d, err),
+        TRY(dev_linear_backward_weight(dc, dt, at_c(dys, o * d, es), at_c(g, o * F, es), dw2 + we, r, F, d, err),
             "decoder (cuda) moe backward: expert %d w2", e);
     }
-    TRY(kcu_swiglu_backward(dt, a->a, a->b, s->dg, s->da, s->db, (int64_t)(nK * F),
-                            dev_ctx_stream(dc, DEV_STREAM_COMPUTE), err),
-        "decoder (cuda) moe backward: swiglu");
-    for (int e = 0; e < m->E; e++) {
+    if (rows)
+        TRY(kcu_swiglu_backward(dt, a, b, dg, dda, ddb, (int64_t)(rows * F), dev_ctx_stream(dc, DEV_STREAM_COMPUTE), err),
+            "decoder (cuda) moe backward: swiglu");
+    for (int e = 0; e < n_experts; e++) {
         const int r = off[e + 1] - off[e];
         if (r == 0) continue;
         const size_t o = (size_t)off[e], we = (size_t)e * F * d;
-        const void *da = at_c(s->da, o * F, es), *db = at_c(s->db, o * F, es), *xs = at_c(a->xs, o * d, es);
-        void *dxs = at(s->dxs, o * d, es);
-        TRY(dev_linear_backward_input(dc, dt, da, at_c(w1, we, es), dxs, r, d, F, 0.0f, err),
+        const void *da = at_c(dda, o * F, es), *db = at_c(ddb, o * F, es), *x = at_c(xs, o * d, es);
+        void *dx = at(dxs, o * d, es);
+        TRY(dev_linear_backward_input(dc, dt, da, at_c(w1, we, es), dx, r, d, F, 0.0f, err),
             "decoder (cuda) moe backward: expert %d w1", e);
-        TRY(dev_linear_backward_input(dc, dt, db, at_c(w3, we, es), dxs, r, d, F, 1.0f, err),
+        TRY(dev_linear_backward_input(dc, dt, db, at_c(w3, we, es), dx, r, d, F, 1.0f, err),
             "decoder (cuda) moe backward: expert %d w3", e);
-        TRY(dev_linear_backward_weight(dc, dt, da, xs, dw1 + we, r, d, F, err), "decoder (cuda) moe backward: expert %d w1",
+        TRY(dev_linear_backward_weight(dc, dt, da, x, dw1 + we, r, d, F, err), "decoder (cuda) moe backward: expert %d w1",
             e);
-        TRY(dev_linear_backward_weight(dc, dt, db, xs, dw3 + we, r, d, F, err), "decoder (cuda) moe backward: expert %d w3",
+        TRY(dev_linear_backward_weight(dc, dt, db, x, dw3 + we, r, d, F, err), "decoder (cuda) moe backward: expert %d w3",
             e);
     }
     return FSDP_OK;
 }
 
-int decoder_moe_cuda_backward(dev_ctx *dc, fsdp_dtype dt, const kc_moe_dims *m, const void *dout, const void *x,
-                              const void *router, const void *w1, const void *w2, const void *w3,
-                              const decoder_moe_cuda_acts *a, const float *d_dp_aux, decoder_moe_cuda_scratch *s,
-                              void *dx, float *drouter, float *dw1, float *dw2, float *dw3, fsdp_err *err) {
+/* The expert GEMMs of the backward on the activations' slots (every expert). */
+static int experts_backward(dev_ctx *dc, fsdp_dtype dt, const kc_moe_dims *m, const void *w1, const void *w2,
+                            const void *w3, const decoder_moe_cuda_acts *a, decoder_moe_cuda_scratch *s, float *dw1,
+                            float *dw2, float *dw3, fsdp_err *err) {
+    return decoder_moe_cuda_experts_backward(dc, dt, m->d, m->F, m->E, a->host_offsets, s->dys, a->xs, w1, w2, w3, a->a,
+                                             a->b, a->g, s->dg, s->da, s->db, s->dxs, dw1, dw2, dw3, err);
+}
+
+int decoder_moe_cuda_backward_router(dev_ctx *dc, fsdp_dtype dt, const kc_moe_dims *m, const void *dout,
+                                     const void *x, const void *router, const decoder_moe_cuda_acts *a,
+                                     const float *d_dp_aux, decoder_moe_cuda_scratch *s, void *dx, float *drouter,
+                                     fsdp_err *err) {
     RET(check(m, dt, "decoder (cuda) moe backward", err));
     if (!dc || !a || !a->host_offsets || !s)
         return fsdp_err_set(err, FSDP_E_INVALID, "decoder (cuda) moe backward: no device, activations or scratch");
@@ -262,7 +282,18 @@ int decoder_moe_cuda_backward(dev_ctx *dc, fsdp_dtype dt, const kc_moe_dims *m, 
     TRY(dev_linear_backward_input(dc, dt, s->dlogits_dt, router, dx, n, d, E, 0.0f, err),
         "decoder (cuda) moe backward: router dx");
     TRY(dev_linear_backward_weight(dc, dt, s->dlogits_dt, x, drouter, n, d, E, err), "decoder (cuda) moe backward: router");
+    return FSDP_OK;
+}
+
+int decoder_moe_cuda_backward(dev_ctx *dc, fsdp_dtype dt, const kc_moe_dims *m, const void *dout, const void *x,
+                              const void *router, const void *w1, const void *w2, const void *w3,
+                              const decoder_moe_cuda_acts *a, const float *d_dp_aux, decoder_moe_cuda_scratch *s,
+                              void *dx, float *drouter, float *dw1, float *dw2, float *dw3, fsdp_err *err) {
+    RET(decoder_moe_cuda_backward_router(dc, dt, m, dout, x, router, a, d_dp_aux, s, dx, drouter, err));
+    if (m->n == 0) return FSDP_OK;
     RET(experts_backward(dc, dt, m, w1, w2, w3, a, s, dw1, dw2, dw3, err));
-    TRY(kcu_moe_combine(dt, s->dxs, NULL, a->slot_of, n, K, d, 1, dx, st, err), "decoder (cuda) moe backward: dx");
+    TRY(kcu_moe_combine(dt, s->dxs, NULL, a->slot_of, m->n, m->K, m->d, 1, dx, dev_ctx_stream(dc, DEV_STREAM_COMPUTE),
+                        err),
+        "decoder (cuda) moe backward: dx");
     return FSDP_OK;
 }

@@ -94,6 +94,28 @@ int decoder_moe_cuda_backward(dev_ctx *d, fsdp_dtype dt, const kc_moe_dims *m, c
                               const decoder_moe_cuda_acts *a, const float *d_dp_aux, decoder_moe_cuda_scratch *s,
                               void *dx, float *drouter, float *dw1, float *dw2, float *dw3, fsdp_err *err);
 
+/* ---- the phases of the two calls above, for expert parallelism to move rows between them ---------
+ * forward = route (router, top-k, sort, the offsets' one host copy, gather into a->xs), experts_forward
+ * (every expert on its slots), kcu_moe_combine; backward = backward_router (combine's and the router's
+ * backward, dx = dlogits router, s->dys written), experts_backward, kcu_moe_combine of s->dxs into dx. */
+int decoder_moe_cuda_route(dev_ctx *d, fsdp_dtype dt, const kc_moe_dims *m, const void *x, const void *router,
+                           decoder_moe_cuda_acts *a, fsdp_err *err);
+/* n_experts experts (w1, w3 [n_experts, F, d], w2 [n_experts, d, F]) on their rows off[e] .. off[e+1]-1
+ * (off: a HOST array of n_experts + 1) of xs: a, b, g [rows, F] and y [rows, d] overwritten (dtype dt). */
+int decoder_moe_cuda_experts_forward(dev_ctx *d, fsdp_dtype dt, int dim, int F, int n_experts, const int32_t *off,
+                                     const void *xs, const void *w1, const void *w2, const void *w3, void *a, void *b,
+                                     void *g, void *y, fsdp_err *err);
+/* Their backward from dys [rows, d]: dg, da, db [rows, F] and dxs [rows, d] overwritten, dw1, dw2, dw3 (float32)
+ * accumulated. */
+int decoder_moe_cuda_experts_backward(dev_ctx *d, fsdp_dtype dt, int dim, int F, int n_experts, const int32_t *off,
+                                      const void *dys, const void *xs, const void *w1, const void *w2, const void *w3,
+                                      const void *a, const void *b, const void *g, void *dg, void *da, void *db,
+                                      void *dxs, float *dw1, float *dw2, float *dw3, fsdp_err *err);
+int decoder_moe_cuda_backward_router(dev_ctx *d, fsdp_dtype dt, const kc_moe_dims *m, const void *dout,
+                                     const void *x, const void *router, const decoder_moe_cuda_acts *a,
+                                     const float *d_dp_aux, decoder_moe_cuda_scratch *s, void *dx, float *drouter,
+                                     fsdp_err *err);
+
 #ifdef __cplusplus
 }
 #endif

@@ -6,6 +6,7 @@
  * GEMMs take them expert-major (expert, then source rank, then the source's slot order), which is the
  * order one rank holding every expert would use for the same tokens. */
 #include "decoder/decoder_model_internal.h"
+#include "decoder/decoder_ep_order.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -112,27 +113,6 @@ static void row_counts(const decoder_model_ws *ws, const kc_moe_acts *a, const d
     }
 }
 
-/* The expert-major order of the received rows: perm and the local experts' offsets. */
-static void expert_major(const decoder_model_ws *ws, decoder_ep_saved *e) {
-    const int P = ws->ep_size, El = ws->ep_experts;
-    int32_t start[P];
-    int32_t at = 0;
-    for (int q = 0; q < P; q++) {
-        start[q] = at;
-        for (int j = 0; j < El; j++) at += e->recvc[q * El + j];
-    }
-    int32_t row = 0;
-    e->loff[0] = 0;
-    for (int j = 0; j < El; j++) {
-        for (int q = 0; q < P; q++) {
-            int32_t from = start[q];
-            for (int jj = 0; jj < j; jj++) from += e->recvc[q * El + jj];
-            for (int32_t i = 0; i < e->recvc[q * El + j]; i++) e->perm[row++] = from + i;
-        }
-        e->loff[j + 1] = row;
-    }
-}
-
 /* dst[r] = src[perm[r]] (gather: to expert-major) or dst[perm[r]] = src[r] (scatter: back), rows of w floats. */
 static void permute(const int32_t *perm, int32_t rows, int w, const float *src, float *dst, int scatter) {
 #pragma omp parallel for schedule(static)
@@ -163,7 +143,7 @@ int decoder_moe_ep_forward(const decoder_config *c, const decoder_model_layer *l
     if ((rc = grow_saved(ws, e, rows, err)) || (rc = grow_scratch(ws, rows, err))) return rc;
     row_counts(ws, a, e, send, recv, (size_t)d * sizeof(float));
     if ((rc = comm_alltoallv(ws->ep, a->xs, send, ws->ep_buf, recv, err))) goto fail;
-    expert_major(ws, e);
+    decoder_ep_order(P, El, e->recvc, e->perm, e->loff);
     const int32_t R = e->loff[El];
     permute(e->perm, R, d, ws->ep_buf, e->xr, 0);
     kc_moe_experts_forward(El, e->loff, d, m.F, e->xr, lw->ew1, lw->ew2, lw->ew3, e->ar, e->br, e->gr, ws->ep_dyr,

@@ -154,6 +154,8 @@ typedef struct model_blocks_cuda {
     int (*aux_stats)(void *ws, double *stats, fsdp_err *err);
     int (*aux_apply)(void *ws, const double *sums, double scale, model_blocks_aux *out, fsdp_err *err);
     int (*expert_load)(void *ws, int block, int64_t *counts);
+    /* model_blocks' set_expert_parallel on the GPU workspace (ep's device communicator initialised). */
+    int (*set_expert_parallel)(void *ws, comm *ep, fsdp_err *err);
 } model_blocks_cuda;
 
 #ifdef __cplusplus

@@ -40,10 +40,6 @@ void sizes_check_expert_parallel(const recipe *r, const sizes_host *h, const siz
         const int64_t P = fsdp_arg_int(s->with, "expert_parallel", 1);
         if (P <= 1) continue; /* < 1 is the stage's own check */
         if (!chain->has_llama) continue; /* a model train-steps cannot train is reported elsewhere */
-        const char *dev = fsdp_value_text(fsdp_value_path(r->root, "runtime.device"));
-        if (dev && !strcmp(dev, "cuda"))
-            errlist_add_at(el, v, "stage '%s' (train-steps): expert_parallel %lld runs on the CPU only so far "
-                           "(runtime.device: cuda)", s->id, (long long)P);
         if (!E)
             errlist_add_at(el, v, "stage '%s' (train-steps): expert_parallel %lld, but the model has no experts", s->id,
                            (long long)P);

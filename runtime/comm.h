@@ -114,5 +114,9 @@ int comm_dev_reduce_scatterv_f32(comm *c, const float *send, float *recv, const 
 /* In-place all-reduce of count elements (COMM_F32, COMM_F64, COMM_I64 or COMM_U8). */
 int comm_dev_allreduce(comm *c, void *buf, size_t count, comm_dtype dt, comm_op op, void *stream, fsdp_err *err);
 int comm_dev_bcast(comm *c, void *buf, size_t bytes, int root, void *stream, fsdp_err *err);
+/* comm_alltoallv of device buffers on `stream` (one NCCL group of sends and receives; counted as
+ * COMM_K_OTHER). */
+int comm_dev_alltoallv(comm *c, const void *send, const size_t *send_bytes, void *recv, const size_t *recv_bytes,
+                       void *stream, fsdp_err *err);
 
 #endif

@@ -206,6 +206,29 @@ int comm_dev_bcast(comm *c, void *buf, size_t bytes, int root, void *stream, fsd
     return r == ncclSuccess ? 0 : nccl_fail(c, err, r, "ncclBroadcast");
 }
 
+int comm_dev_alltoallv(comm *c, const void *send, const size_t *send_bytes, void *recv, const size_t *recv_bytes,
+                       void *stream, fsdp_err *err) {
+    comm_count(c, COMM_K_OTHER, comm_sum_sizes(send_bytes, c->size, 1));
+    int rc = need(c, err);
+    if (rc) return rc;
+    ncclComm_t nc = (ncclComm_t)c->nccl;
+    cudaStream_t st = (cudaStream_t)stream;
+    ncclResult_t r = c->napi->GroupStart();
+    if (r != ncclSuccess) return nccl_fail(c, err, r, "ncclGroupStart");
+    size_t so = 0, ro = 0;
+    for (int q = 0; q < c->size && r == ncclSuccess; q++) {
+        if (send_bytes[q]) r = c->napi->Send((const uint8_t *)send + so, send_bytes[q], ncclUint8, q, nc, st);
+        if (r == ncclSuccess && recv_bytes[q]) r = c->napi->Recv((uint8_t *)recv + ro, recv_bytes[q], ncclUint8, q, nc, st);
+        so += send_bytes[q];
+        ro += recv_bytes[q];
+    }
+    if (r != ncclSuccess) {
+        c->napi->GroupEnd();
+        return nccl_fail(c, err, r, "ncclSend/ncclRecv (all-to-all)");
+    }
+    return group_end(c, err, "all-to-all group");
+}
+
 #else /* !FSDP_HAVE_CUDA */
 
 static int no_cuda(fsdp_err *err) {
@@ -232,6 +255,11 @@ int comm_dev_allreduce(comm *c, void *buf, size_t count, comm_dtype dt, comm_op 
 }
 int comm_dev_bcast(comm *c, void *buf, size_t bytes, int root, void *stream, fsdp_err *err) {
     (void)c, (void)buf, (void)bytes, (void)root, (void)stream;
+    return no_cuda(err);
+}
+int comm_dev_alltoallv(comm *c, const void *send, const size_t *send_bytes, void *recv, const size_t *recv_bytes,
+                       void *stream, fsdp_err *err) {
+    (void)c, (void)send, (void)send_bytes, (void)recv, (void)recv_bytes, (void)stream;
     return no_cuda(err);
 }
 

@@ -31,12 +31,14 @@ typedef struct nccl_api {
     ncclResult_t (*AllReduce)(const void *, void *, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t, cudaStream_t);
     ncclResult_t (*Reduce)(const void *, void *, size_t, ncclDataType_t, ncclRedOp_t, int, ncclComm_t, cudaStream_t);
     ncclResult_t (*Broadcast)(const void *, void *, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
+    ncclResult_t (*Send)(const void *, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
+    ncclResult_t (*Recv)(void *, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
 } nccl_api;
 
 /* Every field of nccl_api, for X(field) (the function is nccl<field>). */
 #define NCCL_API_FNS(X)                                                                                        \
     X(GetErrorString) X(GetUniqueId) X(CommInitRank) X(CommDestroy) X(GroupStart) X(GroupEnd) X(AllGather) \
-    X(ReduceScatter) X(AllReduce) X(Reduce) X(Broadcast)
+    X(ReduceScatter) X(AllReduce) X(Reduce) X(Broadcast) X(Send) X(Recv)
 
 /* Fills api (FSDP_E_DEVICE naming the library or the missing symbol when it cannot). The library
  * stays loaded for the process's life (NCCL's own threads may outlive a communicator). */

@@ -26,12 +26,11 @@ int train_backend_open(fsdp_ctx *ctx, fsdp_state *s, comm *c, int B, int T, cons
         b->on_gpu = 1;
         b->dev = s->dev;
         if (!s->trainer_cfg) return fsdp_err_set(err, FSDP_E_INVALID, "training (cuda): the state has no model config");
-        if (opt && opt->expert_parallel > 1)
-            return fsdp_err_set(err, FSDP_E_INVALID, "train-steps: expert_parallel runs on the CPU only so far "
-                                "(runtime.device: cpu)");
         int rc = train_fsdp_cuda_create(s, decoder_blocks_cuda(decoder_state_config(s)), sc, s->dev, B, T, opt, &b->gpu,
                                         err);
         if (!rc && sc != c) rc = train_fsdp_cuda_set_replicas(b->gpu, c, rep, err);
+        if (!rc && opt && opt->expert_parallel > 1)
+            rc = train_fsdp_cuda_set_expert_parallel(b->gpu, opt->expert_parallel, err);
         return rc;
     }
     if (s && s->dev && s->offload_params)

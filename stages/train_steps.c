@@ -107,7 +107,7 @@ static const fsdp_param_spec PARAMS[] = {
      "of logits exist at once (0 = automatic: 256 MiB of logits per chunk)"},
     {"expert_parallel", FSDP_T_INT, 0, "1", NULL,
      "mixture of experts: ranks over which whole experts are placed and tokens dispatched by all-to-all (1 = off: "
-     "FSDP gathers every expert); must divide the shard group's ranks, which must divide the experts (CPU only)"},
+     "FSDP gathers every expert); must divide the shard group's ranks, which must divide the experts"},
     {"peak_tflops", FSDP_T_FLOAT, 0, NULL, NULL,
      "peak TFLOP/s of one device for mfu (GPU default 989, H100 SXM bf16 dense; CPU: no mfu unless given)"},
     {NULL, 0, 0, NULL, NULL, NULL}};

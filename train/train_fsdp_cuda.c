@@ -53,8 +53,11 @@ static int issue_gather(train_fsdp_cuda *f, int i, fsdp_err *err) {
     if (f->buf_layer[b] == i) return 0;
     TRY(train_fsdp_cuda_event_wait(f->d, DEV_STREAM_COMM, f->use_done[b], err)); /* its last reader */
     if (!f->opt.per_param) TRY(train_fsdp_cuda_flat_gather(f, i, f->wbuf[b], err));
-    for (int k = f->first[i]; f->opt.per_param && k < f->first[i + 1]; k++)
-        TRY(gather_param(f, f->layer[k], (char *)f->wbuf[b] + (size_t)f->off[k] * f->es, err));
+    for (int k = f->first[i]; k < f->first[i + 1]; k++) {
+        void *dst = (char *)f->wbuf[b] + (size_t)f->off[k] * f->es;
+        if (train_fsdp_cuda_is_ep(f, k)) TRY(train_fsdp_cuda_ep_gather(f, k, dst, err));
+        else if (f->opt.per_param) TRY(gather_param(f, f->layer[k], dst, err));
+    }
     TRY(train_fsdp_cuda_event_record(f->d, f->g_done[b], DEV_STREAM_COMM, err));
     f->buf_layer[b] = i;
     return 0;
@@ -172,8 +175,10 @@ static int backward(train_fsdp_cuda *f, int first, int last, fsdp_err *err) {
         state_param **ps = f->layer + f->first[i];
         const int np = f->first[i + 1] - f->first[i];
         if (!f->opt.per_param) TRY(train_fsdp_cuda_flat_reduce(f, i, g, err));
-        for (int k = 0; f->opt.per_param && k < np; k++)
-            TRY(reduce_param(f, ps[k], g + f->off[f->first[i] + k], err));
+        for (int k = f->first[i]; k < f->first[i + 1]; k++) {
+            if (train_fsdp_cuda_is_ep(f, k)) TRY(train_fsdp_cuda_ep_reduce(f, k, g + f->off[k], err));
+            else if (f->opt.per_param) TRY(reduce_param(f, f->layer[k], g + f->off[k], err));
+        }
         TRY(train_fsdp_cuda_event_record(d, f->rs_done[gb], DEV_STREAM_COMM, err));
         if (f->offload) TRY(download_group(f, ps, np, f->rs_done[gb], i, err));
     }

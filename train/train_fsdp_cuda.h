@@ -92,8 +92,8 @@ typedef struct train_fsdp_cuda_options {
     /* 0 (default): one all-gather and one reduce-scatter per transformer block on a flat buffer
      * (train/flat_group.h); 1: one per parameter (the CPU path takes it too, train_fsdp_set_flat) */
     int per_param;
-    /* expert parallelism degree of a mixture of experts (0 or 1: off; the CPU path only so far:
-     * train_fsdp_set_expert_parallel) */
+    /* expert parallelism degree of a mixture of experts (0 or 1: off; train_fsdp_set_expert_parallel,
+     * train_fsdp_cuda_set_expert_parallel) */
     int expert_parallel;
 } train_fsdp_cuda_options;
 
@@ -134,6 +134,10 @@ int train_fsdp_cuda_step_accum(train_fsdp_cuda *f, const int32_t *tokens, const 
                                const train_fsdp_hparams *hp, train_fsdp_result *res, fsdp_err *err);
 /* Bytes of device memory this module holds (gather/gradient buffers, workspace). */
 size_t train_fsdp_cuda_bytes(const train_fsdp_cuda *f);
+
+/* Expert parallelism `ep` (1: off) of a mixture of experts over the shard group (train_fsdp_set_expert_parallel's
+ * layout): tokens travel by NCCL all-to-all. Call once, after create. */
+int train_fsdp_cuda_set_expert_parallel(train_fsdp_cuda *f, int ep, fsdp_err *err);
 
 #ifdef __cplusplus
 }

@@ -21,12 +21,18 @@ int train_fsdp_cuda_flat_setup(train_fsdp_cuda *f, fsdp_err *err) {
         return fsdp_err_set(err, FSDP_E_NOMEM, "training (cuda): out of memory (parameter groups)");
     size_t need = 1;
     for (int i = 0; i < L; i++) {
-        int rc = flat_group_create(f->layer + f->first[i], f->first[i + 1] - f->first[i], f->world, f->rank,
-                                   &f->groups[i], err);
+        state_param *ps[TRAIN_FSDP_CUDA_LAYER_PARAMS];
+        int n = 0;
+        for (int k = f->first[i]; k < f->first[i + 1]; k++)
+            if (!train_fsdp_cuda_is_ep(f, k)) {
+                f->fmap[f->first[i] + n] = k;
+                ps[n++] = f->layer[k];
+            }
+        int rc = flat_group_create(ps, n, f->world, f->rank, &f->groups[i], err);
         if (rc) return fsdp_err_prefix(err, "training (cuda): layer %d", i);
         /* the f32 reduce-scatter needs total + own elements; the gather total of dtype dt (<= f32) */
-        size_t n = flat_group_scratch_numel(f->groups[i]);
-        if (n > need) need = n;
+        size_t sn = flat_group_scratch_numel(f->groups[i]);
+        if (sn > need) need = sn;
     }
     size_t bytes;
     if (__builtin_mul_overflow(need, sizeof(float), &bytes))
@@ -34,6 +40,7 @@ int train_fsdp_cuda_flat_setup(train_fsdp_cuda *f, fsdp_err *err) {
     int rc = dev_alloc(f->d, bytes, &f->flat, err);
     if (rc) return fsdp_err_prefix(err, "training (cuda): %zu bytes for the flat collective buffer", bytes);
     f->dev_bytes += bytes;
+    f->flat_bytes = bytes;
     return 0;
 }
 
@@ -44,8 +51,10 @@ void train_fsdp_cuda_flat_free(train_fsdp_cuda *f) {
     if (f->flat && f->d) {
         fsdp_err e;
         dev_free(f->d, f->flat, &e);
+        f->dev_bytes -= f->flat_bytes;
     }
     f->flat = NULL;
+    f->flat_bytes = 0;
 }
 
 int train_fsdp_cuda_flat_gather(train_fsdp_cuda *f, int layer, void *dst, fsdp_err *err) {
@@ -69,7 +78,7 @@ int train_fsdp_cuda_flat_gather(train_fsdp_cuda *f, int layer, void *dst, fsdp_e
         for (size_t k = 0; k < n; k++) {
             const flat_group_seg *s = &g->segs[r * n + k];
             if (s->n)
-                TRY(dev_copy_d2d(f->d, out + ((size_t)f->off[f->first[layer] + k] + s->full_off) * es, flat + s->flat_off * es,
+                TRY(dev_copy_d2d(f->d, out + ((size_t)f->off[f->fmap[f->first[layer] + k]] + s->full_off) * es, flat + s->flat_off * es,
                                  s->n * es, DEV_STREAM_COMM, err));
         }
     }
@@ -84,7 +93,7 @@ int train_fsdp_cuda_flat_reduce(train_fsdp_cuda *f, int layer, const float *grad
         for (size_t k = 0; k < n; k++) {
             const flat_group_seg *s = &g->segs[r * n + k];
             if (s->n)
-                TRY(dev_copy_d2d(f->d, flat + s->flat_off, grad + (size_t)f->off[f->first[layer] + k] + s->full_off,
+                TRY(dev_copy_d2d(f->d, flat + s->flat_off, grad + (size_t)f->off[f->fmap[f->first[layer] + k]] + s->full_off,
                                  s->n * sizeof(float), DEV_STREAM_COMM, err));
         }
     }

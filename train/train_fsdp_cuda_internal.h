@@ -79,13 +79,24 @@ struct train_fsdp_cuda {
      * they take turns in on the COMM stream; unused with opt.per_param */
     flat_group **groups;
     void *flat;
+    size_t flat_bytes;
     /* a model with an auxiliary loss (lay.n_aux) and experts (lay.n_experts): the micro-batch's host
      * statistics, the step's loss so far, and the step's tokens per expert ([n_blocks * n_experts], -1
      * rows for dense blocks) */
     double *aux_buf;
     model_blocks_aux aux;
     int64_t *load;
+    /* expert parallelism (train_fsdp_cuda_set_expert_parallel; ep 1: off), as the CPU trainer's
+     * (train/train_fsdp_ep.c): expert[k] marks the layer parameters whose rows are experts; fmap lists each
+     * layer's other parameters (the flat group's, fmap[first[i] + j] = the j-th one's index in layer) */
+    int ep;
+    unsigned char *expert; /* [first[n_layers]] */
+    int *fmap;             /* [first[n_layers]] */
+    comm *ep_c, *edp_c;
 };
+
+/* Layer parameter k goes through expert parallelism. */
+static inline int train_fsdp_cuda_is_ep(const train_fsdp_cuda *f, int k) { return f->ep > 1 && f->expert[k]; }
 
 /* Allocates f->gacc once (train_fsdp_cuda_setup.c). */
 int train_fsdp_cuda_alloc_acc(train_fsdp_cuda *f, fsdp_err *err);
@@ -99,5 +110,11 @@ int train_fsdp_cuda_flat_setup(train_fsdp_cuda *f, fsdp_err *err);
 void train_fsdp_cuda_flat_free(train_fsdp_cuda *f);
 int train_fsdp_cuda_flat_gather(train_fsdp_cuda *f, int layer, void *dst, fsdp_err *err);
 int train_fsdp_cuda_flat_reduce(train_fsdp_cuda *f, int layer, const float *grad, fsdp_err *err);
+
+/* Expert parallelism (train_fsdp_cuda_ep.c), on the COMM stream: layer parameter k's ep rank's experts
+ * gathered into dst (dtype f->dt) over the edp group; their f32 gradient reduce-scattered over it into
+ * d_grad (then over the replicas). */
+int train_fsdp_cuda_ep_gather(train_fsdp_cuda *f, int k, void *dst, fsdp_err *err);
+int train_fsdp_cuda_ep_reduce(train_fsdp_cuda *f, int k, const float *full, fsdp_err *err);
 
 #endif

@@ -73,6 +73,10 @@ void train_fsdp_cuda_free(train_fsdp_cuda *f) {
     free(f->use_done);
     free(f->ev_dl);
     free(f->layer);
+    free(f->expert);
+    free(f->fmap);
+    if (f->ep_c) comm_destroy(f->ep_c);
+    if (f->edp_c) comm_destroy(f->edp_c);
     free(f->aux_buf);
     free(f->load);
     free(f->first);
@@ -155,7 +159,9 @@ static int find_params(train_fsdp_cuda *f, fsdp_err *err) {
         (!tied && !(f->output = need(s, lay->output.name, lay->output.numel, err))))
         return err->code;
     if (!(f->layer = calloc((size_t)f->first[L] + 1, sizeof *f->layer)) ||
-        !(f->off = calloc((size_t)f->first[L] + 1, sizeof *f->off)))
+        !(f->off = calloc((size_t)f->first[L] + 1, sizeof *f->off)) ||
+        !(f->expert = calloc((size_t)f->first[L] + 1, sizeof *f->expert)) ||
+        !(f->fmap = calloc((size_t)f->first[L] + 1, sizeof *f->fmap)))
         return fsdp_err_set(err, FSDP_E_NOMEM, "training (cuda): out of memory");
     for (int i = 0; i < L; i++) {
         for (int k = f->first[i]; k < f->first[i + 1]; k++) {
@@ -163,6 +169,7 @@ static int find_params(train_fsdp_cuda *f, fsdp_err *err) {
             m->block_param(m->impl, i, k - f->first[i], &p);
             if (!(f->layer[k] = need(s, p.name, p.numel, err))) return err->code;
             f->off[k] = p.offset;
+            f->expert[k] = (unsigned char)p.expert;
         }
     }
     size_t want = (size_t)lay->n_params;

@@ -20,6 +20,9 @@
 #include <unistd.h>
 
 #include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -33,6 +36,23 @@ struct ncclComm {
 namespace {
 
 thread_local int group_depth = 0;
+
+// Point-to-point (ncclSend / ncclRecv): executed as MPI_Isend / MPI_Irecv when their stream runs them;
+// the requests wait in `pending` until the op the group's end (or a lone call) queues after them waits
+// for all of them, so that a group of sends and receives between ranks cannot deadlock. One rank's
+// messages to itself (and a communicator of one rank) go through `self_fifo`.
+struct P2p {
+    std::mutex mu;
+    std::vector<MPI_Request> pending;
+    std::vector<std::shared_ptr<std::vector<unsigned char>>> send_bufs;
+    std::deque<std::vector<unsigned char>> self_fifo;
+};
+P2p &p2p() {
+    static P2p p;
+    return p;
+}
+thread_local cudaStream_t p2p_stream = nullptr; // the stream of this group's point-to-point calls
+thread_local bool p2p_in_group = false;
 
 bool mpi_type(ncclDataType_t t, MPI_Datatype *m, size_t *size) {
     switch (t) {
@@ -132,6 +152,83 @@ ncclResult_t ncclCommDestroy(ncclComm_t comm) {
     return ncclSuccess;
 }
 
+// Queues the wait for every posted point-to-point request on `stream`.
+static ncclResult_t p2p_wait(cudaStream_t stream) {
+    return queue(stream, "ncclGroupEnd (send/recv)", []() -> std::string {
+        std::vector<MPI_Request> reqs;
+        std::vector<std::shared_ptr<std::vector<unsigned char>>> bufs;
+        {
+            std::lock_guard<std::mutex> lk(p2p().mu);
+            reqs.swap(p2p().pending);
+            bufs.swap(p2p().send_bufs);
+        }
+        if (reqs.empty()) return std::string();
+        return mpi_err(MPI_Waitall((int)reqs.size(), reqs.data(), MPI_STATUSES_IGNORE), "MPI_Waitall");
+    });
+}
+
+// After a point-to-point call: inside a group, the group's end waits; alone, it waits at once.
+static ncclResult_t p2p_after(ncclResult_t r, cudaStream_t stream) {
+    if (r != ncclSuccess) return r;
+    if (group_depth > 0) {
+        p2p_in_group = true;
+        p2p_stream = stream;
+        return ncclSuccess;
+    }
+    return p2p_wait(stream);
+}
+
+ncclResult_t ncclSend(const void *send, size_t count, ncclDataType_t dt, int peer, ncclComm_t comm,
+                      cudaStream_t stream) {
+    MPI_Datatype t;
+    size_t es;
+    if (!comm || !mpi_type(dt, &t, &es) || peer < 0 || peer >= comm->nranks) return ncclInvalidArgument;
+    const size_t bytes = count * es;
+    if (!dev(send, bytes)) return ncclInvalidArgument;
+    ncclComm c = *comm;
+    return p2p_after(queue(stream, "ncclSend", [c, send, bytes, peer]() -> std::string {
+        auto buf = std::make_shared<std::vector<unsigned char>>((const unsigned char *)send,
+                                                                  (const unsigned char *)send + bytes);
+        std::lock_guard<std::mutex> lk(p2p().mu);
+        if (c.nranks == 1 || peer == c.rank) {
+            p2p().self_fifo.push_back(*buf);
+            return std::string();
+        }
+        MPI_Request rq;
+        int rc = MPI_Isend(buf->data(), (int)bytes, MPI_BYTE, peer, 7, c.mpi, &rq);
+        if (rc == MPI_SUCCESS) {
+            p2p().pending.push_back(rq);
+            p2p().send_bufs.push_back(buf);
+        }
+        return mpi_err(rc, "MPI_Isend");
+    }),
+                     stream);
+}
+
+ncclResult_t ncclRecv(void *recv, size_t count, ncclDataType_t dt, int peer, ncclComm_t comm, cudaStream_t stream) {
+    MPI_Datatype t;
+    size_t es;
+    if (!comm || !mpi_type(dt, &t, &es) || peer < 0 || peer >= comm->nranks) return ncclInvalidArgument;
+    const size_t bytes = count * es;
+    if (!dev(recv, bytes)) return ncclInvalidArgument;
+    ncclComm c = *comm;
+    return p2p_after(queue(stream, "ncclRecv", [c, recv, bytes, peer]() -> std::string {
+        std::lock_guard<std::mutex> lk(p2p().mu);
+        if (c.nranks == 1 || peer == c.rank) {
+            if (p2p().self_fifo.empty() || p2p().self_fifo.front().size() != bytes)
+                return "ncclRecv from itself: no send of that size before it";
+            memcpy(recv, p2p().self_fifo.front().data(), bytes);
+            p2p().self_fifo.pop_front();
+            return std::string();
+        }
+        MPI_Request rq;
+        int rc = MPI_Irecv(recv, (int)bytes, MPI_BYTE, peer, 7, c.mpi, &rq);
+        if (rc == MPI_SUCCESS) p2p().pending.push_back(rq);
+        return mpi_err(rc, "MPI_Irecv");
+    }),
+                     stream);
+}
+
 ncclResult_t ncclGroupStart(void) {
     group_depth++;
     return ncclSuccess;
@@ -140,6 +237,10 @@ ncclResult_t ncclGroupStart(void) {
 ncclResult_t ncclGroupEnd(void) {
     if (group_depth == 0) return ncclInvalidUsage;
     group_depth--;
+    if (group_depth == 0 && p2p_in_group) {
+        p2p_in_group = false;
+        return p2p_wait(p2p_stream);
+    }
     return ncclSuccess;
 }
 
