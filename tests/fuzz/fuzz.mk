@@ -8,7 +8,7 @@ FUZZ_CFLAGS := -g -O1 -std=c11 -D_GNU_SOURCE -Iinclude -I. -fsanitize=fuzzer-no-
 FUZZ_LIB_SRCS := $(wildcard ckpt/*.c runtime/*.c train/data*.c) pipeline/value.c pipeline/yaml_load.c pipeline/strmap.c \
                  pipeline/recipe_vars.c pipeline/recipe.c pipeline/recipe_set.c pipeline/recipe_paths.c pipeline/recipe_merge.c pipeline/recipe_when.c \
                  pipeline/recipe_cond.c pipeline/recipe_choices.c pipeline/errlist.c decoder/hf_config.c decoder/hf_config_write.c decoder/decoder_arch.c \
-                 model/init_rule.c decoder/decoder_config.c decoder/decoder_spec.c decoder/decoder_params.c decoder/decoder_table.c \
+                 model/init_rule.c decoder/decoder_config.c decoder/decoder_moe_config.c decoder/decoder_spec.c decoder/decoder_params.c decoder/decoder_table.c \
                  model/model_table.c model/init_fill.c model/init_sincos.c $(wildcard model/mt_*.c)
 FUZZ_LIB_OBJS := $(FUZZ_LIB_SRCS:%.c=$(BUILD)/obj/%.o)
 HARNESSES := $(patsubst tests/fuzz/fuzz_%.c,%,$(wildcard tests/fuzz/fuzz_*.c))
