@@ -64,7 +64,7 @@ static int grow_saved(decoder_cuda_ws *ws, decoder_cuda_ep *e, size_t R, fsdp_er
                  F = (size_t)ws->cfg.moe_ffn_hidden;
     const size_t xr = up256(cap * d * es), f = up256(cap * F * es), ix = up256(cap * sizeof(int32_t));
     void *p;
-    int32_t *h = malloc(2 * cap * sizeof(int32_t));
+    int32_t *h = malloc(2 * ix); /* h_perm, h_inv laid out as perm, inv: one upload moves both */
     if (!h || dev_alloc(ws->d, xr + 3 * f + 2 * ix, &p, err)) {
         free(h);
         return h ? fsdp_err_prefix(err, "decoder (cuda): expert parallelism: %zu received rows", R)
@@ -83,7 +83,7 @@ static int grow_saved(decoder_cuda_ws *ws, decoder_cuda_ep *e, size_t R, fsdp_er
     e->perm = (int32_t *)(b + xr + 3 * f);
     e->inv = (int32_t *)(b + xr + 3 * f + ix);
     e->h_perm = h;
-    e->h_inv = h + cap;
+    e->h_inv = h + ix / sizeof(int32_t);
     return FSDP_OK;
 }
 
@@ -148,8 +148,8 @@ int decoder_cuda_moe_ep_forward(const decoder_config *c, const decoder_cuda_laye
     if ((rc = grow_saved(ws, e, rows, err)) || (rc = grow_scratch(ws, rows, sc, err))) return rc;
     e->rows_in = decoder_ep_order(P, El, e->h_recvc, e->h_perm, e->h_loff);
     for (int32_t r = 0; r < e->rows_in; r++) e->h_inv[e->h_perm[r]] = r;
-    const size_t ib = (size_t)e->rows_in * sizeof(int32_t);
-    if (ib && ((rc = dev_upload(ws->d, e->perm, e->h_perm, ib, err)) || (rc = dev_upload(ws->d, e->inv, e->h_inv, ib, err))))
+    const size_t ib = (size_t)e->rows_in * sizeof(int32_t), gap = (size_t)((char *)e->inv - (char *)e->perm);
+    if (ib && (rc = dev_upload(ws->d, e->perm, e->h_perm, gap + ib, err))) /* perm, then inv at the same gap */
         return fsdp_err_prefix(err, "decoder (cuda) forward: layer %d: expert order", layer);
     row_bytes(ws, off, e, send, recv);
     dev_stream st = dev_ctx_stream(ws->d, DEV_STREAM_COMPUTE);

@@ -8,6 +8,7 @@
 
 #include "kernels/cpu/kc.h"
 #include "train/flat_group.h"
+#include "train/train_moe.h"
 
 #include "train/train_fsdp_internal.h"
 
@@ -275,45 +276,6 @@ static int reduce_layer(train_fsdp *f, int i, float *g, fsdp_err *err) {
     return 0;
 }
 
-/* The model's auxiliary loss of this micro-batch (layout.n_aux > 0): its statistics summed over every
- * rank of the step, its gradient set (scaled by 1 / n_micro), its value added to *aux. */
-static int micro_aux(train_fsdp *f, int n_micro, model_blocks_aux *aux, fsdp_err *err) {
-    const model_blocks *m = &f->m;
-    model_blocks_aux a;
-    int rc = m->aux_stats(f->ws, f->aux_buf, err);
-    if (!rc) rc = comm_allreduce(f->wc, f->aux_buf, (size_t)f->lay.n_aux, COMM_F64, COMM_SUM, err);
-    if (!rc) rc = m->aux_apply(f->ws, f->aux_buf, 1.0 / n_micro, &a, err);
-    if (rc) return fsdp_err_prefix(err, "training: auxiliary loss");
-    aux->loss += a.loss / n_micro;
-    aux->weighted += a.weighted / n_micro;
-    return 0;
-}
-
-/* Adds the last forward's tokens per expert of every block to f->load (first: starts it over). */
-static void micro_load(train_fsdp *f, int first) {
-    const int E = f->lay.n_experts;
-    int64_t counts[E > 0 ? E : 1];
-    for (int i = 0; i < f->lay.n_blocks; i++) {
-        int64_t *row = f->load + (size_t)i * (size_t)E;
-        int moe = f->m.expert_load(f->ws, i, counts);
-        for (int e = 0; e < E; e++) row[e] = !moe ? -1 : first ? counts[e] : row[e] + counts[e];
-    }
-}
-
-/* The step's expert load summed over the ranks (a dense block's -1 row stays -1: every rank has it). */
-static int reduce_load(train_fsdp *f, train_fsdp_result *res, fsdp_err *err) {
-    const size_t n = (size_t)f->lay.n_blocks * (size_t)f->lay.n_experts;
-    int64_t w = comm_size(f->wc);
-    int rc = comm_allreduce(f->wc, f->load, n, COMM_I64, COMM_SUM, err);
-    if (rc) return rc;
-    for (size_t i = 0; i < n; i++)
-        if (f->load[i] == -w) f->load[i] = -1;
-    res->expert_load = f->load;
-    res->load_blocks = f->lay.n_blocks;
-    res->load_experts = f->lay.n_experts;
-    return 0;
-}
-
 static int micro_forward(train_fsdp *f, const int32_t *tokens, const int32_t *labels, double denom, int first,
                          int n_micro, double *lsum, model_blocks_aux *aux, fsdp_err *err) {
     const model_blocks *m = &f->m;
@@ -325,8 +287,10 @@ static int micro_forward(train_fsdp *f, const int32_t *tokens, const int32_t *la
         if ((rc = gather_layer(f, i, err))) return rc;
         if ((rc = m->fwd_block(f->ws, i, f->full_layer, err))) return rc;
     }
-    if (f->lay.n_aux && (rc = micro_aux(f, n_micro, aux, err))) return rc;
-    if (f->load) micro_load(f, first);
+    if (f->lay.n_aux &&
+        (rc = train_moe_aux(m->aux_stats, m->aux_apply, f->ws, f->wc, f->aux_buf, f->lay.n_aux, n_micro, aux, err)))
+        return rc;
+    if (f->load) train_moe_load_add(m->expert_load, f->ws, f->lay.n_blocks, f->lay.n_experts, f->load, first);
     if ((rc = state_unshard(f->norm, f->norm->data, f->c, f->full_norm, err))) return rc;
     if (f->output && (rc = state_unshard(f->output, f->output->data, f->c, f->full_output, err))) return rc;
     /* the head's forward and backward in one pass over chunks of rows: the loss differentiated is
@@ -404,7 +368,13 @@ int train_fsdp_grads_accum(train_fsdp *f, const int32_t *tokens, const int32_t *
     res->tokens = nvalid;
     res->expert_load = NULL;
     res->load_blocks = res->load_experts = 0;
-    if (f->load && (rc = reduce_load(f, res, err))) return rc;
+    if (f->load) {
+        const size_t n = (size_t)f->lay.n_blocks * (size_t)f->lay.n_experts;
+        if ((rc = train_moe_load_reduce(f->wc, f->load, n, err))) return rc;
+        res->expert_load = f->load;
+        res->load_blocks = f->lay.n_blocks;
+        res->load_experts = f->lay.n_experts;
+    }
     /* global gradient norm over the shard group's shards (the replicas hold the same ones) */
     double sumsq = 0;
     for (size_t k = 0; k < f->s->n; k++) {

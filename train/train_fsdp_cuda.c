@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "kernels/cpu/kc.h"
+#include "train/train_moe.h"
 
 #define TRY(call)                   \
     do {                            \
@@ -78,29 +79,6 @@ static int download_group(train_fsdp_cuda *f, state_param *const *ps, int n, dev
     return train_fsdp_cuda_event_record(f->d, f->ev_dl[g], DEV_STREAM_COPY, err);
 }
 
-/* The auxiliary loss of this micro-batch (lay.n_aux): the model's statistics (the host waits for the
- * compute stream) summed over every rank of the step on the host, its gradient queued, its value added
- * to f->aux; and the micro-batch's tokens per expert added to f->load. */
-static int micro_aux(train_fsdp_cuda *f, int n_micro, int first, fsdp_err *err) {
-    const model_blocks_cuda *m = &f->m;
-    model_blocks_aux a;
-    const int E = f->lay.n_experts;
-    int rc = m->aux_stats(f->ws, f->aux_buf, err);
-    if (!rc) rc = comm_allreduce(f->wc, f->aux_buf, (size_t)f->lay.n_aux, COMM_F64, COMM_SUM, err);
-    if (!rc) rc = m->aux_apply(f->ws, f->aux_buf, 1.0 / n_micro, &a, err);
-    if (rc) return fsdp_err_prefix(err, "training (cuda): auxiliary loss");
-    if (first) memset(&f->aux, 0, sizeof f->aux);
-    f->aux.loss += a.loss / n_micro;
-    f->aux.weighted += a.weighted / n_micro;
-    int64_t counts[E > 0 ? E : 1];
-    for (int i = 0; f->load && i < f->lay.n_blocks; i++) {
-        int64_t *row = f->load + (size_t)i * (size_t)E;
-        int moe = m->expert_load(f->ws, i, counts);
-        for (int e = 0; e < E; e++) row[e] = !moe ? -1 : first ? counts[e] : row[e] + counts[e];
-    }
-    return 0;
-}
-
 /* Forward and the training head (loss and head gradients in one chunked pass; the loss's
  * denominator, the global token count, is known before). */
 static int forward(train_fsdp_cuda *f, const int32_t *tokens, const int32_t *labels, double denom, int first,
@@ -123,7 +101,11 @@ static int forward(train_fsdp_cuda *f, const int32_t *tokens, const int32_t *lab
         TRY(m->fwd_block(f->ws, i, f->wbuf[b], err));
         TRY(train_fsdp_cuda_event_record(d, f->use_done[b], DEV_STREAM_COMPUTE, err));
     }
-    if (f->lay.n_aux) TRY(micro_aux(f, n_micro, first, err));
+    if (f->lay.n_aux) {
+        if (first) memset(&f->aux, 0, sizeof f->aux);
+        TRY(train_moe_aux(m->aux_stats, m->aux_apply, f->ws, f->wc, f->aux_buf, f->lay.n_aux, n_micro, &f->aux, err));
+    }
+    if (f->load) train_moe_load_add(m->expert_load, f->ws, L, f->lay.n_experts, f->load, first);
     if (first) { /* later micro-batches of the step add to the head's gradients */
         TRY(dev_memset0(d, f->grad_norm, (size_t)f->lay.norm.numel * sizeof(float), DEV_STREAM_COMPUTE, err));
         /* tied: the head's gradient is the first half of the embedding's (grad_output == grad_embed) */
@@ -232,13 +214,7 @@ static int queue_grads(train_fsdp_cuda *f, const int32_t *tokens, const int32_t 
     }
     f->gacc = gacc;
     if (rc) return rc;
-    if (f->load) {
-        const size_t n = (size_t)f->lay.n_blocks * (size_t)f->lay.n_experts;
-        const int64_t w = comm_size(f->wc);
-        TRY(comm_allreduce(f->wc, f->load, n, COMM_I64, COMM_SUM, err));
-        for (size_t i = 0; i < n; i++)
-            if (f->load[i] == -w) f->load[i] = -1;
-    }
+    if (f->load) TRY(train_moe_load_reduce(f->wc, f->load, (size_t)f->lay.n_blocks * (size_t)f->lay.n_experts, err));
     /* global gradient norm: local sum of squares, all-reduced with the loss sum in one call */
     TRY(dev_stream_wait(d, DEV_STREAM_COMPUTE, DEV_STREAM_COMM, err));
     TRY(kcu_list_grad_sumsq(f->list, f->d_stats + 1, dev_ctx_stream(d, DEV_STREAM_COMPUTE), err));

@@ -3,21 +3,14 @@
  * (the S/P ranks that hold their rows), their gradient reduce-scattered over it, and the model's MoE
  * layers exchange tokens over the ep group (NCCL all-to-all). */
 #include "train/train_fsdp_cuda_internal.h"
+#include "train/train_moe.h"
 
 #include <stdlib.h>
 
 int train_fsdp_cuda_set_expert_parallel(train_fsdp_cuda *f, int ep, fsdp_err *err) {
-    const int S = comm_size(f->c), r = comm_rank(f->c), E = f->lay.n_experts;
     if (ep <= 1) return 0;
-    if (!E || !f->m.set_expert_parallel)
-        return fsdp_err_set(err, FSDP_E_INVALID, "train-steps: expert_parallel %d, but the model has no experts", ep);
-    if (S % ep || E % S)
-        return fsdp_err_set(err, FSDP_E_INVALID, "train-steps: expert_parallel %d needs a shard group whose size (%d "
-                            "ranks) it divides and that divides the %d experts (each rank holds whole experts)", ep, S,
-                            E);
-    const int per = S / ep;
-    int rc = comm_split(f->c, r % per, r, &f->ep_c, err);
-    if (!rc) rc = comm_split(f->c, r / per, r, &f->edp_c, err);
+    int rc = train_moe_ep_groups(f->c, ep, f->lay.n_experts, f->m.set_expert_parallel != NULL, &f->ep_c, &f->edp_c,
+                                 err);
     if (!rc) rc = comm_dev_init(f->ep_c, err);
     if (!rc) rc = comm_dev_init(f->edp_c, err);
     if (rc) return fsdp_err_prefix(err, "train-steps: expert parallelism groups");

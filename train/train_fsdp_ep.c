@@ -9,25 +9,17 @@
  * owner's gradient sums its ep group's tokens; the reduce-scatter over the edp group adds the other ep
  * groups' and leaves each rank its own experts' rows; the replicas (HSDP) then add theirs. */
 #include "train/train_fsdp_internal.h"
+#include "train/train_moe.h"
 
 #include <stdlib.h>
 #include <string.h>
 
 int train_fsdp_set_expert_parallel(train_fsdp *f, int ep, fsdp_err *err) {
-    const int S = comm_size(f->c), r = comm_rank(f->c), E = f->lay.n_experts;
     if (ep <= 1) return 0;
-    if (!E || !f->m.set_expert_parallel)
-        return fsdp_err_set(err, FSDP_E_INVALID, "train-steps: expert_parallel %d, but the model has no experts", ep);
-    if (S % ep || E % S)
-        return fsdp_err_set(err, FSDP_E_INVALID, "train-steps: expert_parallel %d needs a shard group whose size (%d "
-                            "ranks) it divides and that divides the %d experts (each rank holds whole experts)", ep, S,
-                            E);
-    const int per = S / ep;
-    int rc = comm_split(f->c, r % per, r, &f->ep_c, err);
-    if (!rc) rc = comm_split(f->c, r / per, r, &f->edp_c, err);
-    if (rc) return fsdp_err_prefix(err, "train-steps: expert parallelism groups");
+    int rc = train_moe_ep_groups(f->c, ep, f->lay.n_experts, f->m.set_expert_parallel != NULL, &f->ep_c, &f->edp_c, err);
+    if (rc) return rc;
     f->ep = ep;
-    if ((rc = train_fsdp_make_groups(f, S, r, err))) return rc;
+    if ((rc = train_fsdp_make_groups(f, comm_size(f->c), comm_rank(f->c), err))) return rc;
     if (f->rep && !f->flat_scratch && !(f->flat_scratch = malloc(f->scratch_numel * sizeof(float))))
         return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory (training: flat collective buffer)");
     return f->m.set_expert_parallel(f->ws, f->ep_c, err);
