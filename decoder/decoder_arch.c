@@ -6,17 +6,17 @@
 
 static const decoder_arch_info ARCHS[DECODER_ARCH_COUNT] = {
     {DECODER_ARCH_LLAMA3, "llama3", "llama", "LlamaForCausalLM", 0, 0, 1e-5, 10000.0, DECODER_ROPE_LLAMA3, 0.0, 1e-6,
-     10000.0, 0, 0, 0, -1, DECODER_MOE_NAMES_NONE, 0, 0, 0, 0.0},
+     10000.0, 0, 0, 0, -1, DECODER_MOE_NAMES_NONE, 0, 0, 0, 0.0, -1},
     {DECODER_ARCH_QWEN2, "qwen2", "qwen2", "Qwen2ForCausalLM", 1, 0, 1e-6, 1000000.0, DECODER_ROPE_NONE, 0.02, 1e-6,
-     10000.0, 0, 0, 0, -1, DECODER_MOE_NAMES_NONE, 0, 0, 0, 0.0},
+     10000.0, 0, 0, 0, -1, DECODER_MOE_NAMES_NONE, 0, 0, 0, 0.0, -1},
     {DECODER_ARCH_QWEN3, "qwen3", "qwen3", "Qwen3ForCausalLM", 0, 1, 1e-6, 1000000.0, DECODER_ROPE_NONE, 0.02, 1e-6,
-     10000.0, 128, 0, 0, -1, DECODER_MOE_NAMES_NONE, 0, 0, 0, 0.0},
+     10000.0, 128, 0, 0, -1, DECODER_MOE_NAMES_NONE, 0, 0, 0, 0.0, -1},
     {DECODER_ARCH_QWEN3_MOE, "qwen3_moe", "qwen3_moe", "Qwen3MoeForCausalLM", 0, 1, 1e-6, 1000000.0,
-     DECODER_ROPE_NONE, 0.02, 1e-6, 10000.0, 128, 1, 0, -1, DECODER_MOE_NAMES_MLP, 0, 128, 8, 0.001},
+     DECODER_ROPE_NONE, 0.02, 1e-6, 10000.0, 128, 1, 0, -1, DECODER_MOE_NAMES_MLP, 0, 128, 8, 0.001, -1},
     {DECODER_ARCH_OLMOE, "olmoe", "olmoe", "OlmoeForCausalLM", 0, 1, 1e-5, 10000.0, DECODER_ROPE_NONE, 0.02, 1e-5,
-     10000.0, 0, 1, 1, -1, DECODER_MOE_NAMES_MLP, 1, 64, 8, 0.01},
+     10000.0, 0, 1, 1, -1, DECODER_MOE_NAMES_MLP, 1, 64, 8, 0.01, 1},
     {DECODER_ARCH_MIXTRAL, "mixtral", "mixtral", "MixtralForCausalLM", 0, 0, 1e-5, 1000000.0, DECODER_ROPE_NONE, 0.02,
-     1e-5, 1000000.0, 0, 1, 0, 1, DECODER_MOE_NAMES_MIXTRAL, 1, 8, 2, 0.001},
+     1e-5, 1000000.0, 0, 1, 0, 1, DECODER_MOE_NAMES_MIXTRAL, 1, 8, 2, 0.001, -1},
 };
 
 const decoder_arch_info *decoder_arch_get(decoder_arch arch) {

@@ -69,6 +69,9 @@ typedef struct decoder_arch_info {
     /* Hugging Face config class defaults of the experts, for keys a config.json leaves out */
     int hf_n_experts, hf_top_k;
     double hf_aux_coef;
+    /* the config class's pad_token_id when config.json has no such key (-1: None); the class passes it to
+     * nn.Embedding as padding_idx */
+    int hf_pad_token_id;
 } decoder_arch_info;
 
 /* The entry of arch, NULL when out of range. */

@@ -103,7 +103,7 @@ int decoder_bwd_embed(const decoder_config *c, float *d_tok_embeddings, decoder_
     if (ws->phase != DECODER_PHASE_BWD_LAYERS)
         return fsdp_err_set(err, FSDP_E_INVALID, "decoder backward: embedding backward run before every layer's backward");
     rc = kc_embedding_backward(ws->dres, ws->tokens, d_tok_embeddings, (int64_t)ws->B * ws->T, c->vocab_size, c->dim,
-                               err);
+                               decoder_padding_idx(c), err);
     if (rc) return fsdp_err_prefix(err, "decoder backward");
     ws->phase = DECODER_PHASE_EMPTY;
     return FSDP_OK;

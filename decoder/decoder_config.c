@@ -301,10 +301,26 @@ static int derive_sizes(decoder_config *c, fsdp_err *err) {
     return FSDP_OK;
 }
 
+/* The embedding's padding row is a row of the vocabulary. */
+static int check_padding(const decoder_config *c, fsdp_err *err) {
+    if (c->has_padding_idx != 0 && c->has_padding_idx != 1)
+        return fsdp_err_set(err, FSDP_E_INVALID, "model: has_padding_idx must be 0 or 1 (got %d)", c->has_padding_idx);
+    if (c->has_padding_idx && (c->padding_idx < 0 || c->padding_idx >= c->vocab_size))
+        return fsdp_err_set(err, FSDP_E_INVALID,
+                            "model.pad_token_id %d is not a token of the vocabulary (expected 0 <= pad_token_id < "
+                            "vocab_size %d)", c->padding_idx, c->vocab_size);
+    return FSDP_OK;
+}
+
+int decoder_padding_idx(const decoder_config *c) {
+    return c && c->has_padding_idx ? c->padding_idx : -1;
+}
+
 int decoder_config_finalize(decoder_config *c, fsdp_err *err) {
     int rc;
     if ((rc = check_sizes(c, err)) || (rc = check_switches(c, err)) || (rc = check_heads(c, err)) ||
-        (rc = check_scalars(c, err)) || (rc = check_rope_scaling(c, err)) || (rc = decoder_config_check_moe(c, err)))
+        (rc = check_scalars(c, err)) || (rc = check_rope_scaling(c, err)) || (rc = decoder_config_check_moe(c, err)) ||
+        (rc = check_padding(c, err)))
         return rc;
     return derive_sizes(c, err);
 }

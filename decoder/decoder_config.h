@@ -58,6 +58,12 @@ typedef struct decoder_config {
     double router_aux_coef; /* router_aux_loss_coef: the load-balancing loss's weight in the objective */
     int qk_norm_full;       /* with qk_norm: one RMSNorm over the whole q (k) projection, weights [H*hd]
                                ([KV*hd]) (OLMoE), instead of one per head over head_dim */
+    /* The embedding's padding_idx (Hugging Face's pad_token_id: every class of the family builds
+     * nn.Embedding(vocab, hidden, padding_idx=pad_token_id)): the lookup's backward gives that row no
+     * gradient (on every path: CPU, GPU, accumulation, checkpointing, experts, HSDP; a tied head's own
+     * gradient into it stays), and Hugging Face's init draws it as zeros. has_padding_idx 0: none. */
+    int has_padding_idx;
+    int padding_idx;        /* 0 <= padding_idx < vocab_size */
     /* derived by decoder_config_finalize() */
     int head_dim;              /* head_dim_set, or dim / n_heads */
     int ffn_hidden;            /* ffn_hidden_set, or multiple_of * ceil(int(mult * int(2*4*dim/3)) / multiple_of) */
@@ -110,6 +116,9 @@ int decoder_moe_layers(const decoder_config *cfg);
 int decoder_config_check_moe(const decoder_config *cfg, fsdp_err *err);
 /* Marks layer l as dense (mlp_only_layers); FSDP_E_INVALID when l is out of the bitmask's range. */
 int decoder_config_set_dense_layer(decoder_config *cfg, int layer, fsdp_err *err);
+
+/* The token whose embedding row gets no gradient (cfg->padding_idx), or -1 when there is none. */
+int decoder_padding_idx(const decoder_config *cfg);
 
 /* Total number of parameters of a finalized config (untied output), -1 when invalid. */
 int64_t decoder_param_count(const decoder_config *cfg);

@@ -297,7 +297,7 @@ int decoder_cuda_bwd_embed(const decoder_config *c, float *d_tok_embeddings, dec
         return fsdp_err_set(err, FSDP_E_INVALID,
                             "decoder (cuda) backward: embedding backward run before every layer's backward");
     TRY(kcu_embedding_backward(ws->dt, ws->dres, ws->tokens, d_tok_embeddings, (int64_t)ws->B * ws->T, c->vocab_size,
-                               c->dim, NULL, ws->s, err),
+                               c->dim, decoder_padding_idx(c), NULL, ws->s, err),
         "decoder (cuda) backward: embedding");
     ws->phase = DECODER_CUDA_EMPTY;
     return FSDP_OK;

@@ -60,7 +60,7 @@ static const key_desc KEYS[] = {
     "from_hf, arch, preset, dim, n_layers, n_heads, n_kv_heads, vocab_size, multiple_of, ffn_dim_multiplier, " \
     "ffn_hidden, head_dim, norm_eps, rope_theta, max_seq_len, depth_init, rope_scaling, rope_factor, "         \
     "rope_low_freq_factor, rope_high_freq_factor, rope_original_max_pos, qkv_bias, qk_norm, tie_embeddings, "   \
-    "init_std, n_experts, top_k, moe_ffn_hidden, norm_topk, moe_step, router_aux_coef"
+    "init_std, n_experts, top_k, moe_ffn_hidden, norm_topk, moe_step, router_aux_coef, pad_token_id"
 
 static int set_key(decoder_config *cfg, const key_desc *k, const fsdp_value *v, fsdp_err *err) {
     char *base = (char *)cfg;
@@ -111,6 +111,23 @@ static int set_rope_scaling(decoder_config *cfg, const fsdp_value *v, fsdp_err *
     else
         return fsdp_err_at(err, FSDP_E_INVALID, v, "model.rope_scaling must be none or llama3, got '%s'",
                            text ? text : "a list or map");
+    return FSDP_OK;
+}
+
+/* pad_token_id: the embedding's padding_idx (a token id >= 0; null: none); finalize checks it against the
+ * vocabulary. */
+static int set_pad_token_id(decoder_config *cfg, const fsdp_value *v, fsdp_err *err) {
+    if (fsdp_value_type(v) == FSDP_V_NULL) {
+        cfg->has_padding_idx = 0;
+        cfg->padding_idx = 0;
+        return FSDP_OK;
+    }
+    int64_t x;
+    if (fsdp_value_type(v) != FSDP_V_SCALAR || fsdp_value_int(v, &x) != 0 || x < 0 || x > INT32_MAX)
+        return fsdp_err_at(err, FSDP_E_INVALID, v, "model.pad_token_id must be a token id >= 0 or null, got '%s'",
+                           fsdp_value_text(v) ? fsdp_value_text(v) : "a list or map");
+    cfg->has_padding_idx = 1;
+    cfg->padding_idx = (int)x;
     return FSDP_OK;
 }
 
@@ -181,6 +198,10 @@ int decoder_spec_from_value(decoder_config *cfg, const fsdp_value *model, fsdp_e
         if (!key || !strcmp(key, "preset") || !strcmp(key, "arch") || !strcmp(key, "from_hf")) continue;
         if (!strcmp(key, "rope_scaling")) {
             if ((rc = set_rope_scaling(cfg, v, err))) return rc;
+            continue;
+        }
+        if (!strcmp(key, "pad_token_id")) {
+            if ((rc = set_pad_token_id(cfg, v, err))) return rc;
             continue;
         }
         const key_desc *k = find_key(key);

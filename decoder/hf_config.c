@@ -288,6 +288,38 @@ static int read_sizes(hf_rd *r, const decoder_arch_info *a, decoder_config *c) {
     return get_bool(r, r->root, "tie_word_embeddings", &c->tie_embeddings);
 }
 
+/* pad_token_id: the embedding's padding_idx (absent: the config class's default; null: none). Like
+ * nn.Embedding, a negative id counts from the end of the vocabulary; outside [-vocab, vocab) it is an
+ * error (transformers cannot build the model). */
+static int read_padding(hf_rd *r, const decoder_arch_info *a, decoder_config *c) {
+    const json_t *v = json_object_get(r->root, "pad_token_id");
+    c->has_padding_idx = 0;
+    c->padding_idx = 0;
+    if (!v) {
+        if (a->hf_pad_token_id < 0) return FSDP_OK;
+        if (a->hf_pad_token_id >= c->vocab_size)
+            return fsdp_err_set(r->err, FSDP_E_INVALID, "%s: \"pad_token_id\" is missing and model_type '%s''s default, %d, "
+                                "is outside the vocabulary (vocab_size %d): set it (null for none)",
+                                r->what, a->model_type, a->hf_pad_token_id, c->vocab_size);
+        c->has_padding_idx = 1;
+        c->padding_idx = a->hf_pad_token_id;
+        return FSDP_OK;
+    }
+    if (json_is_null(v)) return FSDP_OK;
+    json_int_t x = json_is_integer(v) ? json_integer_value(v) : 0;
+    if (!json_is_integer(v) || x < -(json_int_t)c->vocab_size || x >= c->vocab_size) {
+        char *text = json_dumps(v, JSON_ENCODE_ANY);
+        int rc = fsdp_err_set(r->err, FSDP_E_INVALID, "%s: \"pad_token_id\" is %s, expected null or a token id in "
+                              "[-%d, %d) (vocab_size %d; the embedding's padding_idx)", r->what, text ? text : "?",
+                              c->vocab_size, c->vocab_size, c->vocab_size);
+        free(text);
+        return rc;
+    }
+    c->has_padding_idx = 1;
+    c->padding_idx = (int)(x < 0 ? x + c->vocab_size : x);
+    return FSDP_OK;
+}
+
 /* mlp_only_layers: a list of layer indices within the model. */
 static int read_dense_layers(hf_rd *r, decoder_config *c) {
     const json_t *v = get(r->root, "mlp_only_layers");
@@ -348,7 +380,8 @@ static int parse_root(const json_t *root, const char *what, decoder_config *cfg,
     cfg->init_std = 0.02;
     cfg->tie_embeddings = 0;
     cfg->depth_init = 0;
-    if ((rc = read_sizes(&r, a, cfg)) || (rc = read_rope(&r, cfg)) || (a->moe && (rc = read_moe(&r, a, cfg))))
+    if ((rc = read_sizes(&r, a, cfg)) || (rc = read_rope(&r, cfg)) || (rc = read_padding(&r, a, cfg)) ||
+        (a->moe && (rc = read_moe(&r, a, cfg))))
         return rc;
     if ((rc = decoder_config_finalize(cfg, err))) return fsdp_err_prefix(err, "%s", what);
     return FSDP_OK;

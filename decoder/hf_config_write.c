@@ -72,6 +72,8 @@ static json_t *config_object(const decoder_config *c, const decoder_arch_info *a
           put(o, "rms_norm_eps", json_real(c->norm_eps)) || put(o, "rope_theta", json_real(c->rope_theta)) ||
           put(o, "rope_scaling", rope_scaling_of(c)) ||
           put(o, "tie_word_embeddings", json_boolean(c->tie_embeddings)) ||
+          /* always written: null is no padding row even where the class's default is a token (OLMoE's 1) */
+          put(o, "pad_token_id", c->has_padding_idx ? json_integer(c->padding_idx) : json_null()) ||
           put(o, "hidden_act", json_string("silu")) ||
           put(o, "initializer_range", json_real(c->init_std > 0 ? c->init_std : 0.02)) ||
           put(o, "attention_dropout", json_real(0.0)) || put(o, "use_cache", json_true()) ||

@@ -238,13 +238,21 @@ TEST_P(CudaKernels, Embedding) {
     int32_t *dTok = up_raw(tok);
     int *dBad = up_raw(std::vector<int>{0});
     ASSERT_EQ(kcu_embedding_forward(dt(), dT, dTok, dO, n, vocab, dim, dBad, s_, &err), 0) << err.msg;
-    ASSERT_EQ(kcu_embedding_backward(dt(), dG, dTok, dTab, n, vocab, dim, dBad, s_, &err), 0) << err.msg;
+    ASSERT_EQ(kcu_embedding_backward(dt(), dG, dTok, dTab, n, vocab, dim, -1, dBad, s_, &err), 0) << err.msg;
     std::vector<float> out(n * dim), dtab(dtab0);
     ASSERT_EQ(kc_embedding_forward(table.data(), tok.data(), out.data(), n, vocab, dim, &err), 0);
-    ASSERT_EQ(kc_embedding_backward(dout.data(), tok.data(), dtab.data(), n, vocab, dim, &err), 0);
+    ASSERT_EQ(kc_embedding_backward(dout.data(), tok.data(), dtab.data(), n, vocab, dim, -1, &err), 0);
     EXPECT_EQ(down(dO, out.size(), dt()), out); // a copy: exact
     EXPECT_LT(rel_err(down(dTab, dtab.size(), FSDP_DT_F32), dtab), 1e-5);
     EXPECT_EQ(down_raw(dBad, 1)[0], 0);
+    // padding_idx 7 (a token of the batch): its row keeps its value, the others are the CPU kernel's
+    float *dPad = (float *)up(dtab0, FSDP_DT_F32);
+    ASSERT_EQ(kcu_embedding_backward(dt(), dG, dTok, dPad, n, vocab, dim, 7, dBad, s_, &err), 0) << err.msg;
+    std::vector<float> dpad(dtab0);
+    ASSERT_EQ(kc_embedding_backward(dout.data(), tok.data(), dpad.data(), n, vocab, dim, 7, &err), 0);
+    std::vector<float> gp = down(dPad, dpad.size(), FSDP_DT_F32);
+    for (int j = 0; j < dim; j++) ASSERT_EQ(gp[(size_t)7 * dim + j], dtab0[(size_t)7 * dim + j]);
+    EXPECT_LT(rel_err(gp, dpad), 1e-5);
     // bad ids: zero rows, no out-of-range access, the flag names a bad row
     tok[5] = vocab;
     tok[9] = -3;

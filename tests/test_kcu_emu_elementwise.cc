@@ -161,14 +161,25 @@ TEST_P(KcuEmuElementwise, Embedding) {
     fsdp_err err;
     ASSERT_EQ(dev::kcu_embedding_forward(dt(), T.ptr(), tok.data(), O.ptr(), n, vocab, dim, &bad, nullptr, &err), 0)
         << err.msg;
-    ASSERT_EQ(dev::kcu_embedding_backward(dt(), G.ptr(), tok.data(), DT.f(), n, vocab, dim, &bad, nullptr, &err), 0)
+    ASSERT_EQ(dev::kcu_embedding_backward(dt(), G.ptr(), tok.data(), DT.f(), n, vocab, dim, -1, &bad, nullptr, &err), 0)
         << err.msg;
     std::vector<float> out((size_t)n * dim), dtab(dtab0);
     ASSERT_EQ(kc_embedding_forward(table.data(), tok.data(), out.data(), n, vocab, dim, &err), 0);
-    ASSERT_EQ(kc_embedding_backward(dout.data(), tok.data(), dtab.data(), n, vocab, dim, &err), 0);
+    ASSERT_EQ(kc_embedding_backward(dout.data(), tok.data(), dtab.data(), n, vocab, dim, -1, &err), 0);
     EXPECT_EQ(O.get(), out); // a copy: exact
     EXPECT_LT(rel_err(DT.get(), dtab), 1e-5);
     EXPECT_EQ(bad, 0);
+    // padding_idx 7 (a token of the batch): its row keeps its value, the others are the CPU kernel's
+    Buf DP(dtab0, FSDP_DT_F32);
+    ASSERT_EQ(dev::kcu_embedding_backward(dt(), G.ptr(), tok.data(), DP.f(), n, vocab, dim, 7, &bad, nullptr, &err), 0)
+        << err.msg;
+    std::vector<float> dpad(dtab0);
+    ASSERT_EQ(kc_embedding_backward(dout.data(), tok.data(), dpad.data(), n, vocab, dim, 7, &err), 0);
+    std::vector<float> gp = DP.get();
+    for (int j = 0; j < dim; j++) ASSERT_EQ(gp[(size_t)7 * dim + j], dtab0[(size_t)7 * dim + j]);
+    EXPECT_LT(rel_err(gp, dpad), 1e-5);
+    EXPECT_EQ(dev::kcu_embedding_backward(dt(), G.ptr(), tok.data(), DP.f(), n, vocab, dim, vocab, &bad, nullptr, &err),
+              FSDP_E_INVALID);
     // bad ids: zero rows, the flag names a bad row, nothing out of range is touched
     tok[5] = vocab;
     tok[9] = -3;
@@ -183,7 +194,7 @@ TEST_P(KcuEmuElementwise, Embedding) {
     }
     bad = 0;
     std::vector<float> before = DT.get();
-    ASSERT_EQ(dev::kcu_embedding_backward(dt(), G.ptr(), tok.data(), DT.f(), n, vocab, dim, &bad, nullptr, &err), 0);
+    ASSERT_EQ(dev::kcu_embedding_backward(dt(), G.ptr(), tok.data(), DT.f(), n, vocab, dim, -1, &bad, nullptr, &err), 0);
     EXPECT_TRUE(bad == 6 || bad == 10) << bad;
     std::vector<float> ref(before);
     for (int i = 0; i < n; i++)

@@ -113,16 +113,28 @@ TEST(KcEmbedding, GatherAndScatterAdd) {
     for (int i = 0; i < n; i++) EXPECT_EQ(0, memcmp(&out[i * d], &table[tok[i] * d], d * sizeof(float)));
     auto dout = randn(n * d, 5);
     std::vector<float> dt(V * d, 1.0f);
-    ASSERT_EQ(kc_embedding_backward(dout.data(), tok.data(), dt.data(), n, V, d, &err), 0);
+    ASSERT_EQ(kc_embedding_backward(dout.data(), tok.data(), dt.data(), n, V, d, -1, &err), 0);
     std::vector<double> ref(V * d, 1.0);
     for (int i = 0; i < n; i++)
         for (int j = 0; j < d; j++) ref[tok[i] * d + j] += dout[i * d + j];
     EXPECT_LT(rel_err(dt, ref), 1e-6);
+    // padding_idx 3 (nn.Embedding's): the three rows of token 3 add nothing, every other row as before
+    std::vector<float> dp(V * d, 1.0f);
+    ASSERT_EQ(kc_embedding_backward(dout.data(), tok.data(), dp.data(), n, V, d, 3, &err), 0);
+    for (int r = 0; r < V; r++)
+        for (int j = 0; j < d; j++) {
+            if (r == 3)
+                ASSERT_EQ(dp[r * d + j], 1.0f) << "the padding row is untouched";
+            else
+                ASSERT_EQ(dp[r * d + j], dt[r * d + j]) << r;
+        }
+    EXPECT_EQ(kc_embedding_backward(dout.data(), tok.data(), dp.data(), n, V, d, V, &err), FSDP_E_INVALID);
+    EXPECT_NE(std::string(err.msg).find("padding_idx 10"), std::string::npos) << err.msg;
     tok[4] = V;
     EXPECT_EQ(kc_embedding_forward(table.data(), tok.data(), out.data(), n, V, d, &err), FSDP_E_INVALID);
     EXPECT_NE(std::string(err.msg).find("token 4 is 10"), std::string::npos) << err.msg;
     tok[4] = -1;
-    EXPECT_EQ(kc_embedding_backward(dout.data(), tok.data(), dt.data(), n, V, d, &err), FSDP_E_INVALID);
+    EXPECT_EQ(kc_embedding_backward(dout.data(), tok.data(), dt.data(), n, V, d, -1, &err), FSDP_E_INVALID);
 }
 
 // ---- RMSNorm ------------------------------------------------------------------------------------

@@ -61,9 +61,10 @@ void kc_bias_backward(const float *dy, float *db, int64_t n, int out);
 /* out[i,:] = table[tokens[i],:]. Fails (FSDP_E_INVALID) on a token outside [0, vocab). */
 int kc_embedding_forward(const float *table, const int32_t *tokens, float *out, int64_t n, int vocab,
                          int dim, fsdp_err *err);
-/* dtable[tokens[i],:] += dout[i,:] (scatter-add, accumulates). Same token check. */
+/* dtable[tokens[i],:] += dout[i,:] (scatter-add, accumulates) for every i with tokens[i] != padding_idx
+ * (nn.Embedding's padding_idx: that row gets no gradient; -1: none). Same token check. */
 int kc_embedding_backward(const float *dout, const int32_t *tokens, float *dtable, int64_t n, int vocab,
-                          int dim, fsdp_err *err);
+                          int dim, int padding_idx, fsdp_err *err);
 
 /* ---- RMSNorm: y = x * rsqrt(mean(x^2) + eps) * w ------------------------------------------- *
  * A per-head norm (Qwen3's q_norm / k_norm over head_dim) is the same kernel on [n*heads, head_dim]. */

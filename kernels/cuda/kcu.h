@@ -62,9 +62,10 @@ int kcu_bias_backward(fsdp_dtype dt, const void *dy, float *db, int64_t n, int o
 /* out[i,:] = table[tokens[i],:] (a bad token gives a zero row). */
 int kcu_embedding_forward(fsdp_dtype dt, const void *table, const int32_t *tokens, void *out, int64_t n, int vocab,
                           int dim, int *d_bad, kcu_stream stream, fsdp_err *err);
-/* dtable[tokens[i],:] += dout[i,:] (float32 dtable, atomic adds). */
+/* dtable[tokens[i],:] += dout[i,:] (float32 dtable, atomic adds) for every tokens[i] != padding_idx (no
+ * gradient into nn.Embedding's padding row; -1: none). */
 int kcu_embedding_backward(fsdp_dtype dt, const void *dout, const int32_t *tokens, float *dtable, int64_t n,
-                           int vocab, int dim, int *d_bad, kcu_stream stream, fsdp_err *err);
+                           int vocab, int dim, int padding_idx, int *d_bad, kcu_stream stream, fsdp_err *err);
 
 /* ---- RMSNorm (a per-head norm, Qwen3's q_norm / k_norm, is the same kernel on [n*heads, head_dim]) -- */
 

@@ -300,7 +300,7 @@ __global__ void embedding_fwd(const T *table, const int32_t *tokens, T *out, int
 
 template <class T>
 __global__ void embedding_bwd(const T *dout, const int32_t *tokens, float *dtable, int64_t n, int vocab, int dim,
-                              int *d_bad) {
+                              int padding_idx, int *d_bad) {
     const int64_t total = n * dim;
     for (int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; idx < total;
          idx += (int64_t)gridDim.x * blockDim.x) {
@@ -311,6 +311,7 @@ __global__ void embedding_bwd(const T *dout, const int32_t *tokens, float *dtabl
             if (j == 0) kcu_set_bad(d_bad, i);
             continue;
         }
+        if (tok == padding_idx) continue;
         atomicAdd(dtable + (size_t)tok * dim + j, kcu_ld(dout, (size_t)idx));
     }
 }
@@ -334,11 +335,14 @@ KCU_API int kcu_embedding_forward(fsdp_dtype dt, const void *table, const int32_
 }
 
 KCU_API int kcu_embedding_backward(fsdp_dtype dt, const void *dout, const int32_t *tokens, float *dtable, int64_t n,
-                                   int vocab, int dim, int *d_bad, kcu_stream stream, fsdp_err *err) {
+                                   int vocab, int dim, int padding_idx, int *d_bad, kcu_stream stream, fsdp_err *err) {
     if (embedding_check(dt, n, vocab, dim, "kcu_embedding_backward", err)) return FSDP_E_INVALID;
+    if (padding_idx < -1 || padding_idx >= vocab)
+        return fsdp_err_set(err, FSDP_E_INVALID, "kcu_embedding_backward: padding_idx %d, expected -1 (none) or 0 <= it "
+                            "< vocab %d", padding_idx, vocab);
     if (n == 0) return FSDP_OK;
     KCU_DISPATCH(dt, T,
                  KCU_LAUNCH(embedding_bwd<T>, kcu_blocks(n * dim, KCU_THREADS), KCU_THREADS, 0, stream)(
-                     (const T *)dout, tokens, dtable, n, vocab, dim, d_bad));
+                     (const T *)dout, tokens, dtable, n, vocab, dim, padding_idx, d_bad));
     return kcu_launch_check(err, "kcu_embedding_backward");
 }

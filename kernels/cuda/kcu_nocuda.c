@@ -53,8 +53,9 @@ int kcu_embedding_forward(fsdp_dtype dt, const void *table, const int32_t *token
 }
 
 int kcu_embedding_backward(fsdp_dtype dt, const void *dout, const int32_t *tokens, float *dtable, int64_t n, int vocab,
-                           int dim, int *d_bad, kcu_stream stream, fsdp_err *err) {
-    (void)dt, (void)dout, (void)tokens, (void)dtable, (void)n, (void)vocab, (void)dim, (void)d_bad, (void)stream;
+                           int dim, int padding_idx, int *d_bad, kcu_stream stream, fsdp_err *err) {
+    (void)dt, (void)dout, (void)tokens, (void)dtable, (void)n, (void)vocab, (void)dim, (void)padding_idx, (void)d_bad,
+        (void)stream;
     NOCUDA(kcu_embedding_backward);
 }
 

@@ -1,0 +1,231 @@
+// The grid of small Hugging Face models (tests/data/hf-grid-5.24, written by tools/gen/gen_hf_grid.py
+// with transformers 5.24 and torch 2.11): its configs, each one's float64 reference run, PyTorch's own
+// float32 and bf16-autocast runs of the same steps, and the tolerance rules every grid test applies.
+//
+// Tolerances (one place, never widened per config):
+//   loss, ce_loss      |got - ref| <= max(1e-7 * ref, 2 * P)     (every step; P = the largest |loss - ref| of
+//                      PyTorch's own float32 run over the config's steps: on some configs PyTorch itself is
+//                      further than 1e-7 from the float64 run, up to 2.1e-7 relative, and float32 cannot
+//                      be asked to do better than float32)
+//   aux_loss           |got - ref| <= 1e-6 * ref                  (transformers computes it in float32)
+//   grad_norm          |got - ref| <= max(1e-5 * ref, 2 * G)     (every step; G likewise for the grad norm)
+//   step-0 gradient    per parameter, max |got - ref| <= 4 * max(e, r * max|ref|), e = PyTorch's own
+//                      float32 error on that parameter (its checkpoint tensors' largest), r = the median
+//                      over the config's parameters of PyTorch's relative float32 error (so a parameter
+//                      PyTorch happened to get exactly is held to the config's typical float32 error, not
+//                      to exactness)
+//   final weights      max |got - ref| <= 3 * PyTorch's float32 run's distance from the float64 one
+//   bf16 (GPU)         per step |loss - ref| <= 4 * L + 1e-3 * ref and |grad_norm - ref| <= 4 * G + 1e-2 * ref,
+//                      L and G the largest such deviation of transformers' own bf16 autocast run over the
+//                      steps
+#ifndef FSDP_TESTS_HF_GRID_UTIL_H
+#define FSDP_TESTS_HF_GRID_UTIL_H
+
+#include <gtest/gtest.h>
+#include <jansson.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <string>
+#include <vector>
+
+extern "C" {
+#include "ckpt/namemap.h"
+#include "decoder/decoder_params.h"
+#include "decoder/hf_config.h"
+}
+#include "moe_state_util.h"
+
+namespace hf_grid {
+
+inline std::string dir(const std::string &name = "", const std::string &file = "") {
+    std::string d = "tests/data/hf-grid-5.24";
+    if (!name.empty()) d += "/" + name;
+    if (!file.empty()) d += "/" + file;
+    return d;
+}
+
+// The configs of grid.json, in order.
+inline std::vector<std::string> names() {
+    std::vector<std::string> out;
+    json_error_t je;
+    json_t *g = json_load_file(dir("", "grid.json").c_str(), 0, &je);
+    EXPECT_TRUE(g) << dir("", "grid.json") << ": " << je.text;
+    if (!g) return out;
+    json_t *cs = json_object_get(g, "configs");
+    for (size_t i = 0; i < json_array_size(cs); i++)
+        out.push_back(json_string_value(json_object_get(json_array_get(cs, i), "name")));
+    json_decref(g);
+    return out;
+}
+
+struct Step {
+    double lr = 0, loss = 0, ce = 0, aux = 0, gn = 0;
+};
+
+inline std::vector<Step> read_steps(json_t *arr) {
+    std::vector<Step> v;
+    for (size_t i = 0; i < json_array_size(arr); i++) {
+        json_t *s = json_array_get(arr, i);
+        Step x;
+        x.lr = json_number_value(json_object_get(s, "lr"));
+        x.loss = json_number_value(json_object_get(s, "loss"));
+        x.ce = json_number_value(json_object_get(s, "ce_loss"));
+        x.aux = json_number_value(json_object_get(s, "aux_loss"));
+        x.gn = json_number_value(json_object_get(s, "grad_norm"));
+        v.push_back(x);
+    }
+    return v;
+}
+
+// reference.json of one config.
+struct Ref {
+    std::string name, model_type;
+    int rows = 0, seq = 0;
+    bool moe = false, aux_in_loss = false, pad_in_batch = false;
+    int pad = -1; // pad_token_id, -1 when unset
+    std::vector<Step> steps, f32_steps, bf16_steps;
+    double loss_after = 0, ce_after = 0, f32_weight_diff = 0, bf16_weight_diff = 0;
+    double f32_loss_err = 0, f32_ce_err = 0, f32_gn_err = 0; // PyTorch's float32 run: largest |x - ref| over the steps
+    std::map<std::string, double> f32_grad_err; // checkpoint name -> PyTorch's float32 error
+    double f32_rel_median = 0;                   // median over parameters of f32 error / max |grad|
+    std::string traits;                          // the traits, for messages
+    explicit Ref(const std::string &n) : name(n) {
+        json_error_t je;
+        json_t *r = json_load_file(dir(n, "reference.json").c_str(), 0, &je);
+        EXPECT_TRUE(r) << dir(n, "reference.json") << ": " << je.text;
+        if (!r) return;
+        model_type = json_string_value(json_object_get(r, "model_type"));
+        json_t *b = json_object_get(r, "batch");
+        rows = (int)json_integer_value(json_array_get(b, 0));
+        seq = (int)json_integer_value(json_array_get(b, 1));
+        json_t *t = json_object_get(r, "traits");
+        moe = json_object_get(t, "experts") != nullptr;
+        aux_in_loss = json_is_true(json_object_get(t, "aux_in_loss"));
+        json_t *pv = json_object_get(t, "pad_token_id");
+        pad = json_is_integer(pv) ? (int)json_integer_value(pv) : -1;
+        pad_in_batch = json_integer_value(json_object_get(t, "pad_in_batch")) > 0;
+        char *tx = json_dumps(t, JSON_COMPACT | JSON_SORT_KEYS);
+        traits = tx ? tx : "";
+        free(tx);
+        steps = read_steps(json_object_get(r, "steps"));
+        loss_after = json_number_value(json_object_get(r, "loss_after"));
+        ce_after = json_number_value(json_object_get(r, "ce_loss_after"));
+        json_t *f = json_object_get(r, "f32_run");
+        f32_steps = read_steps(json_object_get(f, "steps"));
+        f32_weight_diff = json_number_value(json_object_get(f, "max_abs_weight_diff"));
+        json_t *bf = json_object_get(r, "bf16_autocast_run");
+        bf16_steps = read_steps(json_object_get(bf, "steps"));
+        for (size_t k = 0; k < steps.size() && k < f32_steps.size(); k++) {
+            f32_loss_err = std::max(f32_loss_err, std::fabs(f32_steps[k].loss - steps[k].loss));
+            f32_ce_err = std::max(f32_ce_err, std::fabs(f32_steps[k].ce - steps[k].ce));
+            f32_gn_err = std::max(f32_gn_err, std::fabs(f32_steps[k].gn - steps[k].gn));
+        }
+        bf16_weight_diff = json_number_value(json_object_get(bf, "max_abs_weight_diff"));
+        const char *k;
+        json_t *v;
+        json_object_foreach(json_object_get(f, "step0_grad_max_abs_err"), k, v) f32_grad_err[k] = json_number_value(v);
+        json_decref(r);
+    }
+};
+
+// The checkpoint tensors parameter p of the table is made of (one per expert for grouped experts).
+inline std::vector<std::string> hf_parts(const decoder_config &c, const decoder_param &p) {
+    std::vector<std::string> out;
+    if (p.kind >= DECODER_P_EXPERTS_W1 && p.kind <= DECODER_P_EXPERTS_W3) {
+        for (int e = 0; e < c.n_experts; e++)
+            out.push_back(fsdp_test::moe_hf_expert(c, p.layer, e, p.kind - DECODER_P_EXPERTS_W1, ""));
+        return out;
+    }
+    if (p.kind == DECODER_P_ROUTER) {
+        out.push_back("model.layers." + std::to_string(p.layer) +
+                      (c.arch == DECODER_ARCH_MIXTRAL ? ".block_sparse_moe.gate.weight" : ".mlp.gate.weight"));
+        return out;
+    }
+    char name[NMAP_NAME_MAX];
+    nmap_info info;
+    fsdp_err err;
+    EXPECT_EQ(nmap_map(NMAP_TT_TO_HF, p.name, c.n_heads, c.n_kv_heads, name, sizeof name, &info, &err), 0) << err.msg;
+    out.push_back(name);
+    return out;
+}
+
+// The per-config failures of a grid test, reported together at the end (which configs, what failed).
+struct Report {
+    std::string what;
+    std::map<std::string, std::vector<std::string>> fails;
+    int checked = 0;
+    explicit Report(const std::string &w) : what(w) {}
+    void fail(const std::string &cfg, const std::string &msg) { fails[cfg].push_back(msg); }
+    void check(const Ref &r, const std::string &item, double got, double want, double tol) {
+        if (!(std::fabs(got - want) <= tol)) {
+            char b[320];
+            snprintf(b, sizeof b, "%s: %.12g, reference %.12g (|diff| %.3g > tolerance %.3g)", item.c_str(), got, want,
+                     std::fabs(got - want), tol);
+            fail(r.name, b);
+        }
+    }
+    void check_rel(const Ref &r, const std::string &item, double got, double want, double rel) {
+        check(r, item, got, want, rel * std::fabs(want));
+    }
+    // Loss (and its terms) and grad norm of each step against the float64 run.
+    void check_steps(const Ref &r, const std::vector<Step> &got, const std::string &tag) {
+        if (got.size() != r.steps.size()) {
+            fail(r.name, tag + ": " + std::to_string(got.size()) + " steps ran, expected " + std::to_string(r.steps.size()));
+            return;
+        }
+        for (size_t k = 0; k < got.size(); k++) {
+            std::string s = tag + "step " + std::to_string(k + 1) + " ";
+            check(r, s + "loss", got[k].loss, r.steps[k].loss, std::max(1e-7 * r.steps[k].loss, 2 * r.f32_loss_err));
+            check(r, s + "ce_loss", got[k].ce, r.steps[k].ce, std::max(1e-7 * r.steps[k].ce, 2 * r.f32_ce_err));
+            if (r.moe) check_rel(r, s + "aux_loss", got[k].aux, r.steps[k].aux, 1e-6);
+            check(r, s + "grad_norm", got[k].gn, r.steps[k].gn, std::max(1e-5 * r.steps[k].gn, 2 * r.f32_gn_err));
+        }
+    }
+    void check_weights(const Ref &r, double max_abs_diff, const std::string &tag) {
+        check(r, tag + "final weights (max |w - w_ref|)", max_abs_diff, 0.0, 3 * r.f32_weight_diff);
+    }
+    // One parameter's step-0 gradient: max |got - ref| against PyTorch's own float32 error (see the top).
+    void check_grad(const Ref &r, const std::string &param, const std::vector<std::string> &parts, double err,
+                    double ref_max_abs, const std::string &tag) {
+        double e = 0;
+        for (const std::string &h : parts) {
+            auto it = r.f32_grad_err.find(h);
+            if (it == r.f32_grad_err.end()) {
+                fail(r.name, tag + param + ": no float32 error recorded for " + h);
+                return;
+            }
+            e = std::max(e, it->second);
+        }
+        check(r, tag + "step-0 gradient of " + param, err, 0.0, 4 * std::max(e, r.f32_rel_median * ref_max_abs));
+    }
+    // Prints the summary and fails the test with every config's findings.
+    void finish() {
+        printf("[ %s ] %d configs checked, %zu with findings\n", what.c_str(), checked, fails.size());
+        for (const auto &kv : fails) {
+            std::string all;
+            for (const std::string &m : kv.second) all += "\n    " + m;
+            ADD_FAILURE() << what << ": " << kv.first << " (" << kv.second.size() << " findings)" << all;
+        }
+    }
+};
+
+// r.f32_rel_median from the reference gradients (checkpoint names) of the config.
+inline void set_rel_median(Ref &r, const fsdp_test::MoeTensors &grads) {
+    std::vector<double> rel;
+    for (const auto &kv : grads) {
+        double m = 0;
+        for (float x : kv.second.f32) m = std::max(m, (double)std::fabs(x));
+        auto it = r.f32_grad_err.find(kv.first);
+        if (m > 0 && it != r.f32_grad_err.end()) rel.push_back(it->second / m);
+    }
+    if (rel.empty()) return;
+    std::sort(rel.begin(), rel.end());
+    r.f32_rel_median = rel[rel.size() / 2];
+}
+
+}  // namespace hf_grid
+
+#endif
