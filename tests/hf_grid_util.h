@@ -3,10 +3,13 @@
 // float32 and bf16-autocast runs of the same steps, and the tolerance rules every grid test applies.
 //
 // Tolerances (one place, never widened per config):
+// "PyTorch's own float32 error" is the largest deviation from the float64 run of 6 float32 runs of the
+// same steps (plain, and with the initial weights perturbed by one ulp and the batch rows permuted: the
+// generator's F32_RUNS), recorded per config, per step and per checkpoint tensor.
 //   loss, ce_loss      |got - ref| <= max(1e-7 * ref, 2 * P)     (every step; P = the largest |loss - ref| of
-//                      PyTorch's own float32 run over the config's steps: on some configs PyTorch itself is
-//                      further than 1e-7 from the float64 run, up to 2.1e-7 relative, and float32 cannot
-//                      be asked to do better than float32)
+//                      PyTorch's float32 runs over the config's steps: on some configs PyTorch itself is
+//                      further than 1e-7 from the float64 run, up to 2e-7 relative, and float32 cannot be
+//                      asked to do better than float32)
 //   aux_loss           |got - ref| <= 1e-6 * ref                  (transformers computes it in float32)
 //   grad_norm          |got - ref| <= max(1e-5 * ref, 2 * G)     (every step; G likewise for the grad norm)
 //   step-0 gradient    per parameter, max |got - ref| <= 4 * max(e, r * max|ref|), e = PyTorch's own
@@ -36,6 +39,7 @@ extern "C" {
 #include "decoder/decoder_params.h"
 #include "decoder/hf_config.h"
 }
+#include "jsonl_util.h"
 #include "moe_state_util.h"
 
 namespace hf_grid {
@@ -80,19 +84,28 @@ inline std::vector<Step> read_steps(json_t *arr) {
     return v;
 }
 
-// reference.json of one config.
+inline double max_of(json_t *arr) {
+    double m = 0;
+    for (size_t i = 0; i < json_array_size(arr); i++) m = std::max(m, json_number_value(json_array_get(arr, i)));
+    return m;
+}
+
+// reference.json of one config: the whole batch's run (variant "") or, for a MoE, that of the two
+// accumulated micro-batches (variant "_accum", its files named with that suffix).
 struct Ref {
-    std::string name, model_type;
+    std::string name, model_type, variant;
     int rows = 0, seq = 0;
     bool moe = false, aux_in_loss = false, pad_in_batch = false;
     int pad = -1; // pad_token_id, -1 when unset
     std::vector<Step> steps, f32_steps, bf16_steps;
+    std::vector<std::vector<int>> micro_batches; // the variant's groups of batch rows
     double loss_after = 0, ce_after = 0, f32_weight_diff = 0, bf16_weight_diff = 0;
-    double f32_loss_err = 0, f32_ce_err = 0, f32_gn_err = 0; // PyTorch's float32 run: largest |x - ref| over the steps
+    double f32_loss_err = 0, f32_ce_err = 0, f32_gn_err = 0; // PyTorch's float32 runs: largest |x - ref| over the steps
     std::map<std::string, double> f32_grad_err; // checkpoint name -> PyTorch's float32 error
     double f32_rel_median = 0;                   // median over parameters of f32 error / max |grad|
     std::string traits;                          // the traits, for messages
-    explicit Ref(const std::string &n) : name(n) {
+    bool ok = false;
+    explicit Ref(const std::string &n, const std::string &v = "") : name(n), variant(v) {
         json_error_t je;
         json_t *r = json_load_file(dir(n, "reference.json").c_str(), 0, &je);
         EXPECT_TRUE(r) << dir(n, "reference.json") << ": " << je.text;
@@ -110,24 +123,35 @@ struct Ref {
         char *tx = json_dumps(t, JSON_COMPACT | JSON_SORT_KEYS);
         traits = tx ? tx : "";
         free(tx);
-        steps = read_steps(json_object_get(r, "steps"));
-        loss_after = json_number_value(json_object_get(r, "loss_after"));
-        ce_after = json_number_value(json_object_get(r, "ce_loss_after"));
-        json_t *f = json_object_get(r, "f32_run");
-        f32_steps = read_steps(json_object_get(f, "steps"));
-        f32_weight_diff = json_number_value(json_object_get(f, "max_abs_weight_diff"));
         json_t *bf = json_object_get(r, "bf16_autocast_run");
         bf16_steps = read_steps(json_object_get(bf, "steps"));
-        for (size_t k = 0; k < steps.size() && k < f32_steps.size(); k++) {
-            f32_loss_err = std::max(f32_loss_err, std::fabs(f32_steps[k].loss - steps[k].loss));
-            f32_ce_err = std::max(f32_ce_err, std::fabs(f32_steps[k].ce - steps[k].ce));
-            f32_gn_err = std::max(f32_gn_err, std::fabs(f32_steps[k].gn - steps[k].gn));
-        }
         bf16_weight_diff = json_number_value(json_object_get(bf, "max_abs_weight_diff"));
-        const char *k;
-        json_t *v;
-        json_object_foreach(json_object_get(f, "step0_grad_max_abs_err"), k, v) f32_grad_err[k] = json_number_value(v);
+        json_t *var = v.empty() ? r : json_object_get(r, "accum");
+        EXPECT_TRUE(var) << n << ": no reference of variant '" << v << "'";
+        if (var) read_variant(var);
         json_decref(r);
+    }
+    void read_variant(json_t *var) {
+        steps = read_steps(json_object_get(var, "steps"));
+        loss_after = json_number_value(json_object_get(var, "loss_after"));
+        ce_after = json_number_value(json_object_get(var, "ce_loss_after"));
+        json_t *mb = json_object_get(var, "micro_batches");
+        for (size_t i = 0; i < json_array_size(mb); i++) {
+            std::vector<int> g;
+            for (size_t j = 0; j < json_array_size(json_array_get(mb, i)); j++)
+                g.push_back((int)json_integer_value(json_array_get(json_array_get(mb, i), j)));
+            micro_batches.push_back(g);
+        }
+        json_t *f = json_object_get(var, "f32_run");
+        f32_steps = read_steps(json_object_get(f, "steps"));
+        f32_weight_diff = json_number_value(json_object_get(f, "max_abs_weight_diff"));
+        f32_loss_err = max_of(json_object_get(f, "loss_err"));
+        f32_ce_err = max_of(json_object_get(f, "ce_err"));
+        f32_gn_err = max_of(json_object_get(f, "gn_err"));
+        const char *k;
+        json_t *x;
+        json_object_foreach(json_object_get(f, "step0_grad_max_abs_err"), k, x) f32_grad_err[k] = json_number_value(x);
+        ok = !steps.empty();
     }
 };
 
@@ -224,6 +248,86 @@ inline void set_rel_median(Ref &r, const fsdp_test::MoeTensors &grads) {
     if (rel.empty()) return;
     std::sort(rel.begin(), rel.end());
     r.f32_rel_median = rel[rel.size() / 2];
+}
+
+// What tests/mpi/hf_grid_run measured for one config (one JSON line of its output).
+struct Measured {
+    std::string error;
+    std::map<std::string, std::pair<double, double>> grads; // param -> (max |g - g_ref|, max |g_ref|)
+    std::vector<Step> steps;
+    double weight_diff = 0;
+    std::vector<std::vector<int>> micro_batches; // the global batch rows of each micro-batch
+    int ac = 0, expert_parallel = 1;
+};
+
+inline std::map<std::string, Measured> read_measured(const std::string &path) {
+    std::map<std::string, Measured> out;
+    for (json_t *j : fsdp_test::jsonl_objects(path)) {
+        Measured m;
+        json_t *e = json_object_get(j, "error");
+        if (e) m.error = json_string_value(e);
+        const char *k;
+        json_t *v;
+        json_object_foreach(json_object_get(j, "grads"), k, v) m.grads[k] = {json_number_value(json_array_get(v, 0)),
+                                                                             json_number_value(json_array_get(v, 1))};
+        m.steps = read_steps(json_object_get(j, "steps"));
+        m.weight_diff = json_number_value(json_object_get(j, "weight_diff"));
+        json_t *mb = json_object_get(j, "micro_batches");
+        for (size_t i = 0; i < json_array_size(mb); i++) {
+            std::vector<int> g;
+            for (size_t q = 0; q < json_array_size(json_array_get(mb, i)); q++)
+                g.push_back((int)json_integer_value(json_array_get(json_array_get(mb, i), q)));
+            std::sort(g.begin(), g.end());
+            m.micro_batches.push_back(g);
+        }
+        m.ac = (int)json_integer_value(json_object_get(j, "ac"));
+        m.expert_parallel = (int)json_integer_value(json_object_get(j, "expert_parallel"));
+        out[json_string_value(json_object_get(j, "name"))] = m;
+        json_decref(j);
+    }
+    return out;
+}
+
+// Judges one config's measurements: every parameter's step-0 gradient, the steps, the final weights,
+// against the whole batch's run or, for a MoE trained in more than one micro-batch (whose aux loss is
+// each micro-batch's), the run of exactly those micro-batches.
+inline void judge(Report &rep, const std::string &name, const Measured &m, const std::string &tag) {
+    Ref whole(name);
+    const bool accum = whole.moe && m.micro_batches.size() > 1;
+    Ref ref(name, accum ? "_accum" : "");
+    rep.checked++;
+    if (accum) {
+        std::vector<std::vector<int>> want = ref.micro_batches;
+        for (auto &g : want) std::sort(g.begin(), g.end());
+        if (want != m.micro_batches) {
+            rep.fail(name, tag + "no reference for the micro-batches this run made");
+            return;
+        }
+    }
+    if (!m.error.empty()) {
+        rep.fail(ref.name, tag + "the run failed: " + m.error);
+        return;
+    }
+    decoder_config cfg;
+    fsdp_err err;
+    if (hf_config_read(dir(ref.name).c_str(), &cfg, &err)) {
+        rep.fail(ref.name, tag + "config.json: " + err.msg);
+        return;
+    }
+    set_rel_median(ref, fsdp_test::moe_load_st(dir(ref.name, "grads_step0" + ref.variant + ".safetensors")));
+    decoder_params t;
+    EXPECT_EQ(decoder_params_build(&cfg, &t, &err), 0) << err.msg;
+    for (int i = 0; i < t.n; i++) {
+        auto it = m.grads.find(t.p[i].name);
+        if (it == m.grads.end()) {
+            rep.fail(ref.name, tag + "no step-0 gradient measured for " + t.p[i].name);
+            continue;
+        }
+        rep.check_grad(ref, t.p[i].name, hf_parts(cfg, t.p[i]), it->second.first, it->second.second, tag);
+    }
+    decoder_params_free(&t);
+    rep.check_steps(ref, m.steps, tag);
+    rep.check_weights(ref, m.weight_diff, tag);
 }
 
 }  // namespace hf_grid

@@ -8,6 +8,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <map>
+#include <set>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -126,4 +128,85 @@ TEST(HfGrid, CpuOneRankMatchesTransformers) {
     }
     rep.finish();
     comm_destroy(c);
+}
+
+namespace {
+
+// tests/mpi/hf_grid_run on np ranks with `args` (its selection of the grid); the measurements per config.
+std::map<std::string, hf_grid::Measured> run_harness(int np, const std::string &args, std::string *log) {
+    std::string dir = make_tmpdir("fsdp-grid");
+    std::string out = dir + "/m.jsonl";
+    std::string cmd = "timeout 600 " + mpirun_prefix(np) + " -x OMP_NUM_THREADS=1 " + std::string(FSDP_BUILD_DIR) +
+                      "/tests/mpi/hf_grid_run --data " + hf_grid::dir() + " --out " + out + " " + args;
+    int rc = run_cmd(cmd, log);
+    EXPECT_EQ(rc, 0) << cmd << "\n" << *log;
+    std::map<std::string, hf_grid::Measured> m = hf_grid::read_measured(out);
+    rm_rf(dir);
+    return m;
+}
+
+// Every config the harness ran, judged; returns their names.
+std::vector<std::string> judge_all(hf_grid::Report &rep, const std::map<std::string, hf_grid::Measured> &m,
+                                   const std::string &tag) {
+    std::vector<std::string> ran;
+    for (const auto &kv : m) {
+        hf_grid::judge(rep, kv.first, kv.second, tag);
+        ran.push_back(kv.first);
+    }
+    return ran;
+}
+
+}  // namespace
+
+// Three ranks (2 rows each), every config, through the loader (load-ckpt names: hf's sio_load) with the
+// training paths varied by config: activation checkpointing none / full / selective (config i % 3) and
+// one or two accumulated micro-batches (i % 2).
+TEST(HfGrid, ThreeRanksWithCheckpointingAndAccumulation) {
+    std::string log;
+    auto m = run_harness(3, "--ac cycle --accum cycle", &log);
+    EXPECT_EQ(m.size(), hf_grid::names().size()) << log;
+    hf_grid::Report rep("HfGrid.ThreeRanks");
+    judge_all(rep, m, "3 ranks: ");
+    rep.finish();
+}
+
+// Expert parallelism on every expert count of the grid: the whole shard group as the EP degree on 2
+// ranks (2, 4, 6, 8 experts), 3 (3, 6), 5 (5) and 7 (7) ranks (the batch tiled so that it splits), and
+// EP 2 inside a shard group of 4 (4, 8 experts); every MoE config runs with experts on several ranks.
+TEST(HfGrid, ExpertParallelOnEveryExpertCount) {
+    hf_grid::Report rep("HfGrid.ExpertParallel");
+    std::set<std::string> covered;
+    const struct {
+        int np;
+        const char *args;
+    } runs[] = {{2, "--ep world --select ep"},
+                {3, "--ep world --select ep"},
+                {5, "--ep world --select ep --tile 5"},
+                {7, "--ep world --select ep --tile 7"},
+                {4, "--ep 2 --select ep --tile 2"}};
+    for (const auto &r : runs) {
+        std::string log;
+        auto m = run_harness(r.np, r.args, &log);
+        EXPECT_FALSE(m.empty()) << r.np << " ranks: " << log;
+        for (const std::string &n : judge_all(rep, m, std::to_string(r.np) + " ranks, " + r.args + ": "))
+            covered.insert(n);
+    }
+    for (const std::string &n : hf_grid::names()) {
+        hf_grid::Ref ref(n);
+        if (ref.moe) {
+            EXPECT_TRUE(covered.count(n)) << n << " ran with no expert parallelism";
+        }
+    }
+    rep.finish();
+}
+
+// HSDP: 2 replicas of 2 shards (runtime.mesh), every config, the batch tiled to 3 rows per rank; the MoE
+// configs with an even expert count with expert parallelism 2 inside each replica.
+TEST(HfGrid, HsdpTwoReplicasOfTwoShards) {
+    std::string log;
+    auto m = run_harness(4, "--replicas 2 --tile 2 --ep world", &log);
+    EXPECT_EQ(m.size(), hf_grid::names().size()) << log;
+    hf_grid::Report rep("HfGrid.Hsdp");
+    judge_all(rep, m, "HSDP 2 x 2: ");
+    rep.finish();
 }

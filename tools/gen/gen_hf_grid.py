@@ -215,53 +215,65 @@ def ckpt(m, named):
 
 
 class Objective:
+    """transformers' training objective of a model, over micro-batches (groups of batch rows, one forward
+    each): ce = the summed cross-entropy of every group over the kept tokens of all of them (one
+    denominator: the whole batch's mean, as gradient accumulation with a global token count computes it);
+    for a MoE, aux = the mean over the groups of load_balancing_loss_func of each group's router logits
+    (each micro-batch's forward computes its own, as in transformers), added with router_aux_loss_coef
+    when output_router_logits. One group of every row: the whole batch in one forward."""
+
     def __init__(self, spec):
         self.spec = spec
         self.lbl = None
         if spec["moe"]:
             mod = importlib.import_module(f"transformers.models.{spec['mod']}.modeling_{spec['mod']}")
             self.lbl = mod.load_balancing_loss_func
-        self.captured = {}
 
-    def routers(self, m):
-        return [(i, l.mlp.gate) for i, l in enumerate(m.model.layers) if hasattr(l.mlp, "gate")]
-
-    def __call__(self, m, inp, lab, autocast=False):
-        """(loss, ce, aux, router logits per MoE layer)."""
+    def __call__(self, m, inp, lab, groups, autocast=False):
+        """(loss, ce, aux, router logits [MoE layer][B, T, E] in inp's row order)."""
         ctx = torch.autocast("cpu", dtype=torch.bfloat16) if autocast else torch.autocast("cpu", enabled=False)
-        with ctx:
+        ce_sum, kept, auxes, rl = 0.0, 0, [], None
+        for g in groups:
+            with ctx:
+                out = m(input_ids=inp[g], output_router_logits=True) if self.spec["moe"] else m(input_ids=inp[g])
+            logits = out.logits.float() if autocast else out.logits
+            ce_sum = ce_sum + F.cross_entropy(logits.flatten(0, 1), lab[g].flatten(0, 1).long(), ignore_index=-100,
+                                              reduction="sum")
+            kept += int((lab[g] != -100).sum())
             if self.spec["moe"]:
-                out = m(input_ids=inp, output_router_logits=True)
-            else:
-                out = m(input_ids=inp)
-        logits = out.logits.float() if autocast else out.logits
-        ce = F.cross_entropy(logits.flatten(0, 1), lab.flatten(0, 1).long(), ignore_index=-100)
+                assert isinstance(out.router_logits, tuple)
+                auxes.append(self.lbl(out.router_logits, m.num_experts, m.num_experts_per_tok, None))
+                if rl is None:
+                    rl = [torch.zeros(inp.shape[0], inp.shape[1], x.shape[-1], dtype=x.dtype) for x in out.router_logits]
+                for l, x in enumerate(out.router_logits):
+                    rl[l][g] = x.detach().view(len(g), inp.shape[1], -1)
+        ce = ce_sum / kept
         if not self.spec["moe"]:
             return ce, ce, None, []
-        assert isinstance(out.router_logits, tuple)
-        aux = self.lbl(out.router_logits, m.num_experts, m.num_experts_per_tok, None)
+        aux = sum(auxes) / len(auxes)
         loss = ce + m.router_aux_loss_coef * aux.to(ce.dtype) if self.spec["kw"]["output_router_logits"] else ce
-        return loss, ce, aux, [r.detach() for r in out.router_logits]
+        return loss, ce, aux, rl
 
 
-def routing(logits_list, K):
-    """Per MoE layer: the sorted top-K sets per token, the smallest k-th/(k+1)-th probability gap, counts."""
+def routing(rl, K):
+    """Per MoE layer ([B, T, E] logits): the sorted top-K sets per token, the smallest gap between the k-th
+    and (k+1)-th routing probability of any token, the tokens per expert."""
     sets, margin, counts = [], float("inf"), []
-    for lg in logits_list:
-        p = torch.softmax(lg.float(), dim=-1)
+    for lg in rl:
+        p = torch.softmax(lg.reshape(-1, lg.shape[-1]).float(), dim=-1)
         E = p.shape[-1]
         idx = torch.topk(p, K, dim=-1).indices
         sets.append(idx.sort(dim=-1).values)
         if K < E:
-            s = p.sort(dim=-1, descending=True).values
-            margin = min(margin, float((s[:, K - 1] - s[:, K]).min()))
+            srt = p.sort(dim=-1, descending=True).values
+            margin = min(margin, float((srt[:, K - 1] - srt[:, K]).min()))
         counts.append(torch.bincount(idx.flatten(), minlength=E).tolist())
     return sets, margin, counts
 
 
-def train(spec, m, obj, inp, lab, autocast=False, record_grads=False):
-    """STEPS AdamW steps of m; per step (loss, ce, aux, grad_norm), the routing per step (and after), the
-    step-0 gradients (checkpoint names) when asked, and the final loss."""
+def train(spec, m, obj, inp, lab, groups, autocast=False):
+    """STEPS AdamW steps of m; per step (loss, ce, aux, grad_norm), the routing of each step's forward and
+    of the one after, the step-0 gradients (in-memory names) and the final (loss, ce, aux)."""
     opt = torch.optim.AdamW(m.parameters(), lr=OPT["lr"], betas=OPT["betas"], eps=OPT["eps"],
                             weight_decay=OPT["weight_decay"], foreach=False)
     steps, routes, grads0 = [], [], None
@@ -270,47 +282,136 @@ def train(spec, m, obj, inp, lab, autocast=False, record_grads=False):
         for g in opt.param_groups:
             g["lr"] = lr_at(s, STEPS)
         opt.zero_grad()
-        loss, ce, aux, rl = obj(m, inp, lab, autocast)
+        loss, ce, aux, rl = obj(m, inp, lab, groups, autocast)
         if spec["moe"]:
             routes.append(routing(rl, K))
         loss.backward()
-        if record_grads and s == 0:
+        if s == 0:
             grads0 = {n: p.grad.detach().clone() for n, p in m.named_parameters()}
         gn = torch.nn.utils.clip_grad_norm_(m.parameters(), OPT["max_norm"], foreach=False)
         opt.step()
         steps.append(dict(step=s + 1, lr=lr_at(s, STEPS), loss=loss.item(), ce_loss=ce.item(),
                           aux_loss=aux.item() if aux is not None else 0.0, grad_norm=float(gn)))
     with torch.no_grad():
-        loss, ce, aux, rl = obj(m, inp, lab, autocast)
+        loss, ce, aux, rl = obj(m, inp, lab, groups, autocast)
         if spec["moe"]:
             routes.append(routing(rl, K))
-    return steps, routes, grads0, (loss.item(), ce.item(), aux.item() if aux is not None else 0.0)
+    return dict(steps=steps, routes=routes, grads0=grads0, model=m,
+                after=(loss.item(), ce.item(), aux.item() if aux is not None else 0.0))
+
+
+# PyTorch's own float32 error is measured over several float32 runs, the largest deviation of any of them
+# from the float64 run: one plain run, and runs whose initial weights are perturbed by at most one unit in
+# the last place (each element times 1 + k * 2^-24, k in {-1, 0, 1} drawn per element: what float32
+# rounding of the inputs is) and whose batch rows are permuted (every weight gradient's sum over tokens
+# in another order) on 1 or 2 threads. One run is one sample of the rounding: an element whose update
+# hangs on rounding (a gradient at float32's noise level, as that of a bias the softmax nearly ignores)
+# would otherwise set a tolerance by luck; over these runs such an element's deviation was seen to vary
+# sevenfold.
+F32_RUNS = [("plain", 0, lambda B: list(range(B)), 2),
+            ("weights +-1 ulp (seed 1), rows reversed, 1 thread", 1, lambda B: list(range(B))[::-1], 1),
+            ("weights +-1 ulp (seed 2), rows rotated by 1", 2, lambda B: list(range(1, B)) + [0], 2),
+            ("weights +-1 ulp (seed 3), rows rotated by 3, 1 thread", 3, lambda B: list(range(3, B)) + list(range(3)), 1),
+            ("weights +-1 ulp (seed 4)", 4, lambda B: list(range(B)), 2),
+            ("weights +-1 ulp (seed 5), rows reversed", 5, lambda B: list(range(B))[::-1], 2)]
+
+
+def perturbed(m, ulp_seed):
+    """m with every initial weight times 1 + k * 2^-24 (k in {-1, 0, 1} per element); ulp_seed 0: as it is."""
+    if ulp_seed:
+        g = torch.Generator().manual_seed(ulp_seed)
+        with torch.no_grad():
+            for p in m.parameters():
+                p.mul_(1 + torch.randint(-1, 2, p.shape, generator=g).to(p.dtype) * 2.0 ** -24)
+    return m
+
+
+def f32_envelope(spec, seed, obj, inp, lab, groups, ref):
+    """The float32 runs against the float64 run ref: per step the largest |loss|, |ce|, |aux|, |grad_norm|
+    deviation, per parameter (in-memory names) the largest step-0 gradient and final weight deviation,
+    and whether every run routed every token of every step as the float64 run. Also the first run."""
+    env = dict(loss=[0.0] * STEPS, ce=[0.0] * STEPS, aux=[0.0] * STEPS, gn=[0.0] * STEPS, grad={}, weight={}, routes_same=True)
+    first = None
+    fin = dict(ref["model"].named_parameters())
+    for desc, ulp_seed, order, threads in F32_RUNS:
+        perm = order(inp.shape[0])
+        pos = {r: j for j, r in enumerate(perm)}
+        torch.set_num_threads(threads)
+        run = train(spec, perturbed(build(spec, seed), ulp_seed), obj, inp[perm], lab[perm],
+                    [[pos[r] for r in g] for g in groups])
+        torch.set_num_threads(2)
+        first = first or run
+        for k in range(STEPS):
+            for key, name in (("loss", "loss"), ("ce", "ce_loss"), ("aux", "aux_loss"), ("gn", "grad_norm")):
+                env[key][k] = max(env[key][k], abs(run["steps"][k][name] - ref["steps"][k][name]))
+        for n, g in run["grads0"].items():
+            env["grad"][n] = torch.maximum(env["grad"].get(n, torch.zeros_like(g, dtype=torch.float64)),
+                                           (g.double() - ref["grads0"][n]).abs())
+        with torch.no_grad():
+            for n, p in run["model"].named_parameters():
+                env["weight"][n] = max(env["weight"].get(n, 0.0), float((p.double() - fin[n]).abs().max()))
+        inv = [perm.index(r) for r in range(inp.shape[0])]
+        for a, b in zip(ref["routes"], run["routes"]):
+            for x, y in zip(a[0], b[0]):
+                y = y.view(inp.shape[0], inp.shape[1], -1)[inv].reshape(x.shape)
+                env["routes_same"] = env["routes_same"] and torch.equal(x, y)
+    return env, first
+
+
+def envelope_record(m, env, first):
+    """The JSON record of an envelope; per-parameter errors in checkpoint names (an expert's tensor: its
+    slice of the grouped tensor)."""
+    grad = {n: float(v.max()) for n, v in
+            revert_weight_conversion(m, {k: v.clone() for k, v in env["grad"].items()}).items()}
+    return dict(runs=[r[0] for r in F32_RUNS], steps=first["steps"], loss_err=env["loss"], ce_err=env["ce"],
+                aux_err=env["aux"], gn_err=env["gn"], step0_grad_max_abs_err=grad,
+                max_abs_weight_diff=max(env["weight"].values()), routes_same_as_float64=env["routes_same"])
+
+
+def accum_groups(spec):
+    """The micro-batches of fsdp-run's gradient accumulation that the grid's tests run: 3 ranks of 2 rows,
+    2 micro-batches of 1 row each: micro-batch m is row m of every rank (global rows {m, 2 + m, 4 + m})."""
+    return [[0, 2, 4], [1, 3, 5]] if spec["moe"] else None
 
 
 def attempt(spec, seed):
-    """The three runs from one weight seed; None when routing is not robust (or no empty expert was asked
-    for and got)."""
+    """Every run from one weight seed: None (and why) when the routing is not robust or no expert is left
+    without tokens where one was asked for."""
     obj = Objective(spec)
     inp, lab = make_batch(spec, seed + 1)
-    m64 = build(spec, seed).double()
-    init = f32(build(spec, seed).named_parameters())
-    st64, r64, g64, after = train(spec, m64, obj, inp, lab, record_grads=True)
-    m32 = build(spec, seed)
-    st32, r32, g32, _ = train(spec, m32, obj, inp, lab, record_grads=True)
-    margin = None
-    if spec["moe"]:
-        margin = min(r[1] for r in r64)
-        if margin < MARGIN_MIN:
-            return None, f"routing margin {margin:.2g}"
-        for a, b in zip(r64, r32):
-            if any(not torch.equal(x, y) for x, y in zip(a[0], b[0])):
-                return None, "PyTorch's float32 run routes differently"
-        if spec["traits"]["want_empty_expert"] and not any(0 in c for c in r64[0][2]):
-            return None, "no empty expert"
-    mb = build(spec, seed)
-    stbf, _, _, _ = train(spec, mb, obj, inp, lab, autocast=True)
-    return dict(init=init, inp=inp, lab=lab, m64=m64, m32=m32, st64=st64, st32=st32, stbf=stbf, g64=g64, g32=g32,
-                r64=r64, margin=margin, after=after, mbf=mb), None
+    whole = [list(range(B))]
+    res = dict(inp=inp, lab=lab, variants={})
+    for v, groups in (("whole", whole), ("accum", accum_groups(spec))):
+        if groups is None:
+            continue
+        ref = train(spec, build(spec, seed).double(), obj, inp, lab, groups)
+        env, first = f32_envelope(spec, seed, obj, inp, lab, groups, ref)
+        margin = min((r[1] for r in ref["routes"]), default=None)
+        if spec["moe"]:
+            if margin < MARGIN_MIN:
+                return None, f"{v}: routing margin {margin:.2g}"
+            if not env["routes_same"]:
+                return None, f"{v}: PyTorch's float32 runs route differently"
+            if v == "whole" and spec["traits"]["want_empty_expert"] and not any(0 in c for c in ref["routes"][0][2]):
+                return None, "no empty expert"
+        res["variants"][v] = dict(ref=ref, env=env, first=first, margin=margin, groups=groups)
+    res["bf16"] = train(spec, build(spec, seed), obj, inp, lab, whole, autocast=True)
+    return res, None
+
+
+def variant_record(v, var, d, suffix):
+    """Writes a variant's step-0 gradients and final weights; its JSON record."""
+    ref = var["ref"]
+    m = ref["model"]
+    save_file(ckpt(m, list(ref["grads0"].items())), os.path.join(d, f"grads_step0{suffix}.safetensors"))
+    save_file(ckpt(m, m.named_parameters()), os.path.join(d, f"model_step{STEPS}{suffix}.safetensors"))
+    rec = dict(micro_batches=var["groups"], steps=ref["steps"], loss_after=ref["after"][0], ce_loss_after=ref["after"][1],
+               aux_loss_after=ref["after"][2], f32_run=envelope_record(m, var["env"], var["first"]))
+    if var["margin"] is not None:
+        rec["routing"] = dict(min_prob_margin=var["margin"] if var["margin"] != float("inf") else None,
+                              step0_expert_counts=ref["routes"][0][2],
+                              empty_experts_step0=sum(c.count(0) for c in ref["routes"][0][2]))
+    return rec
 
 
 def run(name, spec, out):
@@ -331,46 +432,57 @@ def run(name, spec, out):
     saved = load_file(os.path.join(d, "model.safetensors"))
     mine = ckpt(m, m.named_parameters())
     assert mine.keys() == saved.keys() and all(torch.equal(mine[k], saved[k]) for k in saved), "layout check"
-    emb = m.model.embed_tokens
-    assert emb.padding_idx == spec["pad"], (emb.padding_idx, spec["pad"])
-    save_file({"input_ids": res["inp"].to(torch.int32), "labels": res["lab"].to(torch.int32)},
-              os.path.join(d, "batch.safetensors"))
-    m64, m32, mbf = res["m64"], res["m32"], res["mbf"]
-    save_file(ckpt(m64, list(res["g64"].items())), os.path.join(d, "grads_step0.safetensors"))
-    save_file(ckpt(m64, m64.named_parameters()), os.path.join(d, f"model_step{STEPS}.safetensors"))
-    # PyTorch's own float32 error, per parameter of the step-0 gradient (checkpoint names) and overall
-    g64c, g32c = ckpt(m64, list(res["g64"].items())), ckpt(m32, list(res["g32"].items()))
-    e64 = {n: v.double() for n, v in revert_weight_conversion(m64, {k: v.detach().clone() for k, v in res["g64"].items()}).items()}
-    e32 = {n: v.double() for n, v in revert_weight_conversion(m32, {k: v.detach().clone() for k, v in res["g32"].items()}).items()}
-    grad_err = {n: float((e32[n] - e64[n]).abs().max()) for n in e64}
-    fin = dict(m64.named_parameters())
+    assert m.model.embed_tokens.padding_idx == spec["pad"], (m.model.embed_tokens.padding_idx, spec["pad"])
+    inp, lab, pad = res["inp"], res["lab"], spec["pad"]
+    save_file({"input_ids": inp.to(torch.int32), "labels": lab.to(torch.int32)}, os.path.join(d, "batch.safetensors"))
+    whole = variant_record("whole", res["variants"]["whole"], d, "")
+    fin = dict(res["variants"]["whole"]["ref"]["model"].named_parameters())
     with torch.no_grad():
-        w32 = max(float((p.double() - fin[n]).abs().max()) for n, p in m32.named_parameters())
-        wbf = max(float((p.double() - fin[n]).abs().max()) for n, p in mbf.named_parameters())
-    pad = spec["pad"]
-    inp, lab = res["inp"], res["lab"]
+        wbf = max(float((p.double() - fin[n]).abs().max()) for n, p in res["bf16"]["model"].named_parameters())
     rec = dict(name=name, model_type=spec["mod"], arch=spec["cls"], config=spec["kw"], batch=[B, spec["T"]],
-               traits=dict(spec["traits"], tied=bool(spec["kw"]["tie_word_embeddings"]), layers=spec["kw"]["num_hidden_layers"],
-                           pad_token_id=pad, pad_in_batch=int((inp == pad).sum()) if pad is not None else 0,
+               traits=dict(spec["traits"], tied=bool(spec["kw"]["tie_word_embeddings"]),
+                           layers=spec["kw"]["num_hidden_layers"], pad_token_id=pad,
+                           pad_in_batch=int((inp == pad).sum()) if pad is not None else 0,
                            ignored_labels=int((lab == -100).sum())),
                seed=seed, transformers=transformers.__version__, torch=torch.__version__,
-               optimizer=dict(OPT, betas=list(OPT["betas"])), steps=res["st64"],
-               loss_after=res["after"][0], ce_loss_after=res["after"][1], aux_loss_after=res["after"][2],
-               param_names=list(g64c.keys()),
-               f32_run=dict(steps=res["st32"], step0_grad_max_abs_err=grad_err, max_abs_weight_diff=w32),
-               f32_run_max_abs_weight_diff=w32,
-               bf16_autocast_run=dict(steps=res["stbf"], max_abs_weight_diff=wbf))
-    if spec["moe"]:
-        rec["routing"] = dict(min_prob_margin=res["margin"] if res["margin"] != float("inf") else None, step0_expert_counts=res["r64"][0][2],
-                              empty_experts_step0=sum(c.count(0) for c in res["r64"][0][2]))
+               optimizer=dict(OPT, betas=list(OPT["betas"])), param_names=list(mine.keys()), **whole,
+               bf16_autocast_run=dict(steps=res["bf16"]["steps"], max_abs_weight_diff=wbf))
+    rec["f32_run_max_abs_weight_diff"] = whole["f32_run"]["max_abs_weight_diff"]
+    if "accum" in res["variants"]:
+        rec["accum"] = variant_record("accum", res["variants"]["accum"], d, "_accum")
     with open(os.path.join(d, "reference.json"), "w") as f:
         json.dump(rec, f, indent=1)
     for fn in os.listdir(d):
         os.chmod(os.path.join(d, fn), 0o644)
-    del g32c
-    print(f"{name}: seed {seed} ({len(why)} redrawn) loss {[round(s['loss'], 6) for s in res['st64']]} "
-          f"f32 drift {w32:.3g} margin {res['margin']}", flush=True)
+    print(f"{name}: seed {seed} ({len(why)} redrawn) loss {[round(s['loss'], 6) for s in whole['steps']]} "
+          f"f32 envelope {rec['f32_run_max_abs_weight_diff']:.3g} margin {whole.get('routing', {}).get('min_prob_margin')}",
+          flush=True)
     return rec
+
+
+README = """# A grid of small Hugging Face models with transformers' own training runs
+
+Written by transformers {tv} on PyTorch {pv} (CPU) with `tools/gen/gen_hf_grid.py` (read it for the
+exact draws, objective and optimizer; `python tools/gen/gen_hf_grid.py tests/data/hf-grid-5.24` writes
+it all again, bit for bit). Never edit it: where a test disagrees, fsdp-run is wrong. `grid.json` lists
+the configs and their traits; each config directory holds:
+
+| file | what it is |
+| --- | --- |
+| `config.json`, `model.safetensors`, `generation_config.json` | `save_pretrained`'s output (float32) |
+| `batch.safetensors` | `input_ids`, `labels`: int32 [6, T]; labels already the next tokens, -100 ignored |
+| `grads_step0.safetensors` | the float64 run's step-0 gradients (stored float32), checkpoint names |
+| `model_step3.safetensors` | the float64 run's weights after 3 AdamW steps (stored float32) |
+| `grads_step0_accum.safetensors`, `model_step3_accum.safetensors` | (MoE configs) the same for 2 accumulated micro-batches of rows {{0, 2, 4}} and {{1, 3, 5}} (3 ranks of 2 rows, one row each per micro-batch): the load-balancing loss is each micro-batch's, averaged |
+| `reference.json` | traits; per step `lr`, `loss`, `ce_loss`, `aux_loss`, `grad_norm` of the float64 run and `loss_after`; `f32_run`: PyTorch's own float32 error, the largest deviation of {nruns} float32 runs (plain, and initial weights perturbed by one ulp with the batch rows permuted) per step (`loss_err`, `ce_err`, `aux_err`, `gn_err`), per checkpoint tensor of the step-0 gradient (`step0_grad_max_abs_err`) and over the final weights (`max_abs_weight_diff`); `bf16_autocast_run`: the same model and optimizer under `torch.autocast("cpu", torch.bfloat16)`; `accum`: the micro-batch variant's run (MoE); `routing`: the smallest top-k probability gap over every step, tokens per expert at step 0 |
+
+Objective: ce = cross-entropy of the logits over the kept labels (mean over the batch's kept tokens);
+a MoE with `output_router_logits` adds `router_aux_loss_coef` times the model module's
+`load_balancing_loss_func(router_logits, num_experts, num_experts_per_tok, None)`. transformers
+computes RoPE's cos/sin, the routers' softmax and the aux loss in float32 even in a float64 model: the
+reference keeps that. AdamW lr 1e-3 (warmup 2, then linear decay to 10%: 5e-4, 1e-3, 1e-3), betas
+(0.9, 0.95), eps 1e-8, weight decay 0.1 on every parameter, clipping to norm 1.0.
+"""
 
 
 def all_specs():
@@ -389,6 +501,8 @@ if __name__ == "__main__":
     a = ap.parse_args()
     torch.set_num_threads(2)
     os.makedirs(a.out, exist_ok=True)
+    with open(os.path.join(a.out, "README.md"), "w") as f:
+        f.write(README.format(tv=transformers.__version__, pv=torch.__version__.split("+")[0], nruns=len(F32_RUNS)))
     specs = all_specs()
     index = []
     for name, spec in specs.items():
