@@ -215,7 +215,9 @@ int train_eval_loss(train_backend *be, data_source *data, int64_t n_batches, int
         for (int m = 0; m < n_micro && !rc; m++) {
             train_fsdp_result r;
             rc = train_backend_grads(be, tokens + m * micro_elems, labels + m * micro_elems, &r, err);
-            sum += rc ? 0 : r.loss * (double)r.tokens; /* the global mean back to the global sum */
+            /* the global mean back to the global sum; the cross-entropy alone (a mixture of experts' objective
+             * adds its load-balancing term, which is no measure of the held-out data) */
+            sum += rc ? 0 : r.ce_loss * (double)r.tokens;
             n += rc ? 0 : r.tokens;
         }
         if (rc) return fsdp_err_prefix(err, "evaluation batch %lld", (long long)b + 1);

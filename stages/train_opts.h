@@ -33,7 +33,8 @@ int train_micro_count(const fsdp_value *with, const char *stage, int64_t local_b
  * with_eval: the map (or NULL for the data: section itself). */
 int train_eval_open(fsdp_ctx *ctx, const fsdp_value *eval_data, int vocab, int world, int rank,
                     const data_config *train_dc, data_source **out, fsdp_err *err);
-/* The mean cross-entropy over every token of batches 0..n_batches-1 of `data` (the same batches
+/* The mean cross-entropy over every token of batches 0..n_batches-1 of `data` (not a mixture of experts'
+ * load-balancing term: perplexity is exp of it; the same batches
  * every time, each as n_micro micro-batches of micro_elems tokens per rank, the backend's shape),
  * through the model in the backend's current state (no update; the forward and backward of
  * training, the gradients discarded). tokens / labels: scratch of the local batch. */

@@ -5,7 +5,9 @@
 //
 // Execution: a launch runs its blocks one after another (threadIdx from x fastest, warps of 32
 // consecutive threads; shared memory is refilled with the poison between blocks). The threads of a
-// block are fibers (ucontext, 256 KiB stacks with a guard page, mapped once per OS thread and reused)
+// block are fibers (256 KiB stacks with a guard page, mapped once per OS thread and reused; on x86-64 a
+// switch saves the callee-saved registers, the stack pointer, MXCSR and the x87 control word, the System V
+// ABI's whole callee-saved state, without the signal-mask system call of swapcontext; ucontext elsewhere)
 // that one OS thread runs, resumed round-robin by thread index by the block scheduler of run_grid: a
 // thread runs until it waits at a barrier or exits, so the interleaving is deterministic. Under ASan or
 // TSan (which track stacks and would need fiber-switch annotations) the block runs instead on
@@ -63,6 +65,11 @@
 #include <sys/mman.h>
 #include <ucontext.h>
 #include <unistd.h>
+#if defined(__x86_64__) && defined(__GNUC__)
+#define KCU_EMU_FAST_SWITCH 1
+#else
+#define KCU_EMU_FAST_SWITCH 0
+#endif
 #endif
 #include <stdint.h>
 #include <stdlib.h>
@@ -176,13 +183,69 @@ struct Block {
     std::vector<std::pair<const void *, std::pair<unsigned char *, size_t>>> statics;
 };
 
+#if KCU_EMU_FIBERS
+#if KCU_EMU_FAST_SWITCH
+// A fiber's saved context: its stack pointer, below which fiber_switch pushed the callee-saved state.
+struct FiberCtx {
+    void *sp = nullptr;
+};
+
+// Saves the caller's callee-saved registers, MXCSR and x87 control word on its stack and its stack
+// pointer in save->sp, then resumes the context of load (returning from that context's own call of
+// fiber_switch, or entering a new fiber at the function fiber_make put on its stack). A plain call for
+// the compiler: every caller-saved register is clobbered by the ABI anyway.
+__attribute__((naked, noinline)) inline void fiber_switch(FiberCtx *, FiberCtx *) { // save: %rdi, load: %rsi
+    __asm__ volatile("pushq %rbp\n\t"
+                     "pushq %rbx\n\t"
+                     "pushq %r12\n\t"
+                     "pushq %r13\n\t"
+                     "pushq %r14\n\t"
+                     "pushq %r15\n\t"
+                     "subq $8, %rsp\n\t"
+                     "stmxcsr (%rsp)\n\t"
+                     "fnstcw 4(%rsp)\n\t"
+                     "movq %rsp, (%rdi)\n\t"
+                     "movq (%rsi), %rsp\n\t"
+                     "ldmxcsr (%rsp)\n\t"
+                     "fldcw 4(%rsp)\n\t"
+                     "addq $8, %rsp\n\t"
+                     "popq %r15\n\t"
+                     "popq %r14\n\t"
+                     "popq %r13\n\t"
+                     "popq %r12\n\t"
+                     "popq %rbx\n\t"
+                     "popq %rbp\n\t"
+                     "ret\n\t");
+}
+
+// A new context on [stack, stack + size) that enters fn() (which must never return) at its first switch.
+inline void fiber_ctx_make(FiberCtx *c, unsigned char *stack, size_t size, void (*fn)()) {
+    uint64_t *top = reinterpret_cast<uint64_t *>((reinterpret_cast<uintptr_t>(stack + size)) & ~uintptr_t(15));
+    uint32_t csr;
+    uint16_t cw;
+    __asm__ volatile("stmxcsr %0" : "=m"(csr));
+    __asm__ volatile("fnstcw %0" : "=m"(cw));
+    top[-1] = 0;                                   // fn's return address: none (it never returns)
+    top[-2] = reinterpret_cast<uint64_t>(fn);      // where fiber_switch's ret goes: rsp = top - 8 at fn's entry,
+                                                   // as after a call (16-byte aligned before it)
+    for (int r = 3; r <= 8; r++) top[-r] = 0;      // rbp, rbx, r12 .. r15
+    top[-9] = (uint64_t)csr | ((uint64_t)cw << 32);
+    c->sp = top - 9;
+}
+#else
+typedef ucontext_t FiberCtx;
+
+inline void fiber_switch(FiberCtx *save, FiberCtx *load) { swapcontext(save, load); }
+#endif
+#endif
+
 struct Thread {
     uint3 tid;
     unsigned lin; // linear thread index
     Block *b;
 #if KCU_EMU_FIBERS
-    ucontext_t ctx;                           // this CUDA thread's fiber
-    ucontext_t *sched = nullptr;              // the block scheduler's context
+    FiberCtx ctx;                             // this CUDA thread's fiber
+    FiberCtx *sched = nullptr;                // the block scheduler's context
     const std::function<void()> *body = nullptr;
     bool done = false;                        // the fiber returned
 #endif
@@ -263,7 +326,7 @@ inline void check_stuck_locked(Block &b) {
 // Back to the block scheduler; returns when the scheduler resumes this fiber.
 inline void fiber_yield() {
     Thread *me = cur;
-    swapcontext(&me->ctx, me->sched);
+    fiber_switch(&me->ctx, me->sched);
     cur = me;
 }
 #endif
@@ -524,22 +587,32 @@ inline void fiber_entry() {
         thread_exit_locked(b, me->lin);
     }
     me->done = true;
+#if KCU_EMU_FAST_SWITCH
+    FiberCtx dead;
+    fiber_switch(&dead, me->sched); // never resumed
+    __builtin_unreachable();
+#else
     setcontext(me->sched);
+#endif
 }
 
 // Sets f's fiber up to run the kernel from the start on `stack`. Apart from run_grid: getcontext
 // returns twice, which would make the compiler assume the scheduler's locals clobbered.
 __attribute__((noinline)) inline void fiber_make(Thread &f, unsigned char *stack) {
     f.done = false;
+#if KCU_EMU_FAST_SWITCH
+    fiber_ctx_make(&f.ctx, stack, kFiberStack, fiber_entry);
+#else
     getcontext(&f.ctx);
     f.ctx.uc_stack.ss_sp = stack;
     f.ctx.uc_stack.ss_size = kFiberStack;
     f.ctx.uc_link = f.sched;
     makecontext(&f.ctx, fiber_entry, 0);
+#endif
 }
 
 // Runs body() as every thread of every block of the grid, the blocks one after another on the calling
-// OS thread, the threads of a block as fibers (ucontext) that a scheduler resumes round-robin by thread
+// OS thread, the threads of a block as fibers that a scheduler resumes round-robin by thread
 // index: a thread runs until it waits at a barrier or exits, and a waiting thread is resumed once its
 // barrier completed (or the block aborted, so that it unwinds). Deterministic: the same launch always
 // interleaves the same way. Returns "" or the first failure (the remaining blocks do not run).
@@ -547,7 +620,7 @@ inline std::string run_grid(dim3 gdim, dim3 bdim, size_t smem, const std::functi
     Block b;
     std::string err = block_init(b, gdim, bdim, smem);
     if (!err.empty()) return err;
-    ucontext_t sched;
+    FiberCtx sched;
     std::vector<Thread> th(b.n);
     for (unsigned t = 0; t < b.n && err.empty(); t++) {
         th[t].tid = {t % b.bdim.x, t / b.bdim.x % b.bdim.y, t / (b.bdim.x * b.bdim.y)};
@@ -573,7 +646,7 @@ inline std::string run_grid(dim3 gdim, dim3 bdim, size_t smem, const std::functi
                         left = true;
                         if (b.at[t] && !b.abort) continue; // waits at a barrier that has not completed
                         cur = &th[t];
-                        swapcontext(&sched, &th[t].ctx);
+                        fiber_switch(&sched, &th[t].ctx);
                         ran = true;
                     }
                     if (!left) break;

@@ -99,14 +99,14 @@ inline std::vector<float> moe_tt_tensor(const decoder_config &c, const decoder_p
     return out;
 }
 
-// A one-rank state of the fixture's table with the weights of `file` (model.safetensors by default).
-inline fsdp_state *moe_state(const std::string &model, const decoder_config &cfg,
-                             const std::string &file = "model.safetensors") {
+// A one-rank state of cfg's table with the weights of dir/file (a checkpoint in Hugging Face names and
+// layout), converted by moe_tt_tensor.
+inline fsdp_state *moe_state_dir(const std::string &dir, const decoder_config &cfg, const std::string &file) {
     fsdp_err err;
     decoder_params t;
     EXPECT_EQ(decoder_params_build(&cfg, &t, &err), 0) << err.msg;
     fsdp_state *s = decoder_test_state(cfg);
-    MoeTensors hf = moe_load_st(moe_fixture(model, file));
+    MoeTensors hf = moe_load_st(dir + "/" + file);
     for (int i = 0; i < t.n; i++) {
         EXPECT_EQ(state_add_param(s, t.p[i].name, t.p[i].ndim, t.p[i].shape, t.p[i].layer, &err), 0) << err.msg;
         std::vector<float> v = moe_tt_tensor(cfg, t.p[i], hf);
@@ -116,6 +116,12 @@ inline fsdp_state *moe_state(const std::string &model, const decoder_config &cfg
     }
     decoder_params_free(&t);
     return s;
+}
+
+// A one-rank state of the fixture's table with the weights of `file` (model.safetensors by default).
+inline fsdp_state *moe_state(const std::string &model, const decoder_config &cfg,
+                             const std::string &file = "model.safetensors") {
+    return moe_state_dir(moe_fixture(model), cfg, file);
 }
 
 }  // namespace fsdp_test

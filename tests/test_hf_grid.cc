@@ -14,7 +14,9 @@
 #include <string>
 #include <vector>
 
+#include "gpu_util.h"
 #include "hf_grid_util.h"
+#include "train_run_util.h"
 
 extern "C" {
 #include "decoder/decoder_blocks.h"
@@ -27,24 +29,6 @@ extern "C" {
 using namespace fsdp_test;
 
 namespace {
-
-// A one-rank state of the config with the weights of `file`, converted from the checkpoint's tensors by
-// the tests' own mapping (moe_state_util.h), not by the loader.
-fsdp_state *grid_state(const std::string &name, const decoder_config &cfg, const std::string &file) {
-    fsdp_err err;
-    decoder_params t;
-    EXPECT_EQ(decoder_params_build(&cfg, &t, &err), 0) << err.msg;
-    fsdp_state *s = decoder_test_state(cfg);
-    MoeTensors hf = moe_load_st(hf_grid::dir(name, file));
-    for (int i = 0; i < t.n; i++) {
-        EXPECT_EQ(state_add_param(s, t.p[i].name, t.p[i].ndim, t.p[i].shape, t.p[i].layer, &err), 0) << err.msg;
-        std::vector<float> v = moe_tt_tensor(cfg, t.p[i], hf);
-        state_param *p = state_find(s, t.p[i].name);
-        if (p && (int64_t)v.size() == t.p[i].numel) memcpy(p->data, v.data(), v.size() * sizeof(float));
-    }
-    decoder_params_free(&t);
-    return s;
-}
 
 double max_abs(const std::vector<float> &a) {
     double m = 0;
@@ -81,7 +65,7 @@ TEST(HfGrid, CpuOneRankMatchesTransformers) {
                    want = moe_load_st(hf_grid::dir(n, "grads_step0.safetensors")),
                    fin = moe_load_st(hf_grid::dir(n, "model_step3.safetensors"));
         hf_grid::set_rel_median(ref, want);
-        fsdp_state *s = grid_state(n, cfg, "model.safetensors");
+        fsdp_state *s = moe_state_dir(hf_grid::dir(n), cfg, "model.safetensors");
         train_fsdp *f;
         if (train_fsdp_create(s, decoder_blocks_cpu(&cfg), c, ref.rows, ref.seq, &f, &err)) {
             rep.fail(n, std::string("train_fsdp_create: ") + err.msg);
@@ -208,5 +192,92 @@ TEST(HfGrid, HsdpTwoReplicasOfTwoShards) {
     EXPECT_EQ(m.size(), hf_grid::names().size()) << log;
     hf_grid::Report rep("HfGrid.Hsdp");
     judge_all(rep, m, "HSDP 2 x 2: ");
+    rep.finish();
+}
+
+namespace {
+
+// The eval stage (load-ckpt names: hf, then eval over the config's one batch) on np ranks: its
+// eval_loss from the report, NAN when the run failed (*log says why).
+double eval_stage_loss(const std::string &name, int np, std::string *log) {
+    hf_grid::Ref ref(name);
+    std::string dir = make_tmpdir("fsdp-grid-eval");
+    std::string recipe = dir + "/r.yaml", report = dir + "/report.json";
+    write_file(recipe, "model: {from_hf: " + hf_grid::dir(name) + "}\n"
+                       "data: {kind: safetensors, path: " + hf_grid::dir(name, "batch.safetensors") +
+                       ", batch_size: " + std::to_string(ref.rows) + ", seq_len: " + std::to_string(ref.seq) + "}\n"
+                       "stages:\n"
+                       "  - {id: l, uses: load-ckpt, with: {path: " + hf_grid::dir(name) + ", names: hf}}\n"
+                       "  - {id: e, uses: eval, with: {eval_batches: 1}}\n");
+    int rc;
+    *log = run_np(np, recipe + " --report " + report, &rc);
+    double v = rc ? NAN : train_test::report_metric(report, "eval", "eval_loss");
+    rm_rf(dir);
+    return v;
+}
+
+}  // namespace
+
+// The forward-only evaluation people run (the `eval` stage's loss) on every config: transformers' mean
+// cross-entropy of the batch (step 1's ce_loss) on one rank, and on three ranks for a config of each
+// model type whose batch holds its pad token.
+TEST(HfGrid, EvalStageLossOnEveryConfig) {
+    hf_grid::Report rep("HfGrid.Eval");
+    for (const std::string &n : hf_grid::names()) {
+        hf_grid::Ref ref(n);
+        std::string log;
+        std::vector<int> worlds = {1};
+        if (ref.pad_in_batch && (n.size() > 3 && n.compare(n.size() - 3, 3, "_04") == 0)) worlds.push_back(3);
+        for (int np : worlds) {
+            rep.checked++;
+            double got = eval_stage_loss(n, np, &log);
+            if (std::isnan(got)) {
+                rep.fail(n, std::to_string(np) + " ranks: the eval run failed: " + log);
+                continue;
+            }
+            rep.check(ref, std::to_string(np) + " ranks: eval_loss", got, ref.steps[0].ce,
+                      std::max(1e-7 * ref.steps[0].ce, 2 * ref.f32_ce_err));
+        }
+    }
+    rep.finish();
+}
+
+// ---- the GPU path (the emulated device in build-emu; skipped without a GPU) ----------------------------
+
+// Every config in float32 on one GPU: the same checks and tolerances as the CPU path.
+TEST(HfGridGpu, F32OneRankEveryConfig) {
+    std::string why;
+    if (!gpu_present(&why)) GTEST_SKIP() << why;
+    std::string log;
+    auto m = run_harness(1, "--device cuda", &log);
+    EXPECT_EQ(m.size(), hf_grid::names().size()) << log;
+    hf_grid::Report rep("HfGridGpu.F32");
+    judge_all(rep, m, "GPU f32: ");
+    rep.finish();
+}
+
+// Every config in bf16 mixed precision on one GPU (FSDP2's param_dtype=bf16, reduce_dtype=float32): each
+// step's loss and grad norm within twice PyTorch's own bf16 error for that config.
+TEST(HfGridGpu, Bf16OneRankEveryConfig) {
+    std::string why;
+    if (!gpu_present(&why)) GTEST_SKIP() << why;
+    std::string log;
+    auto m = run_harness(1, "--device cuda --mixed bf16", &log);
+    EXPECT_EQ(m.size(), hf_grid::names().size()) << log;
+    hf_grid::Report rep("HfGridGpu.Bf16");
+    for (const auto &kv : m) hf_grid::judge_bf16(rep, kv.first, kv.second, "GPU bf16: ");
+    rep.finish();
+}
+
+// Two GPUs with expert parallelism 2 on the MoE configs of an even expert count, activation checkpointing
+// and two accumulated micro-batches varied by config as on the CPU.
+TEST(HfGridGpu, TwoRanksWithExpertParallel) {
+    std::string why;
+    if (!gpu_present(&why)) GTEST_SKIP() << why;
+    std::string log;
+    auto m = run_harness(2, "--device cuda --ep world --select ep --ac cycle", &log);
+    EXPECT_FALSE(m.empty()) << log;
+    hf_grid::Report rep("HfGridGpu.ExpertParallel");
+    judge_all(rep, m, "2 GPUs, EP 2: ");
     rep.finish();
 }

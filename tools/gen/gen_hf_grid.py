@@ -49,11 +49,14 @@ on every parameter, foreach=False), clip_grad_norm_(1.0), lr 1e-3 with 2 warmup 
 to 10% (the fixtures' schedule). transformers computes RoPE's cos/sin, the routers' softmax and the aux
 loss in float32 even in a float64 model: the reference keeps that (it is transformers' behaviour).
 
-bf16: the same float32 model and optimizer with forward and loss under torch.autocast("cpu",
-torch.bfloat16) (transformers' own mixed precision: bf16 matmuls, float32 master weights, AdamW and
-norms), the cross-entropy of logits.float().
+bf16, two runs: the same float32 model and optimizer with forward and loss under torch.autocast("cpu",
+torch.bfloat16) (transformers' autocast: bf16 matmuls, float32 master weights, AdamW, norms and residual
+stream), and FSDP2's MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32) (the whole forward
+and backward in bf16, float32 master weights, gradients and AdamW: the policy fsdp-run's bf16 path
+implements); both take the cross-entropy of float32 logits, as transformers' loss does.
 """
 import argparse
+import copy
 import importlib
 import json
 import os
@@ -74,7 +77,8 @@ B = 6                 # divisible by 1, 2 and 3 ranks
 PER_TYPE = 12
 MARGIN_MIN = 2e-5     # smallest routing-probability gap kept (float32 routing noise is ~1e-7)
 GRID_SEED = 20261201
-ROUTER_BOOST = 6.0    # want_empty_expert configs: router weights scaled at init
+ROUTER_BOOST = 6.0
+BF16_PERTURBED = 4    # FSDP2-policy bf16 runs from perturbed weights in the bf16 envelope    # want_empty_expert configs: router weights scaled at init
 
 TYPES = {
     "llama": ("LlamaForCausalLM", "LlamaConfig", False),
@@ -236,7 +240,8 @@ class Objective:
         for g in groups:
             with ctx:
                 out = m(input_ids=inp[g], output_router_logits=True) if self.spec["moe"] else m(input_ids=inp[g])
-            logits = out.logits.float() if autocast else out.logits
+            # the cross-entropy of float32 logits below float64, as transformers' ForCausalLMLoss takes it
+            logits = out.logits if out.logits.dtype == torch.float64 else out.logits.float()
             ce_sum = ce_sum + F.cross_entropy(logits.flatten(0, 1), lab[g].flatten(0, 1).long(), ignore_index=-100,
                                               reduction="sum")
             kept += int((lab[g] != -100).sum())
@@ -368,6 +373,38 @@ def envelope_record(m, env, first):
                 max_abs_weight_diff=max(env["weight"].values()), routes_same_as_float64=env["routes_same"])
 
 
+def train_fsdp2_bf16(spec, seed, obj, inp, lab, pert=0):
+    """FSDP2's MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32) on one rank, the policy of
+    fsdp-run's bf16 training: each step the float32 master weights are cast to a bf16 model whose forward
+    and backward run in bf16 (transformers' RMSNorm upcasting inside, the cross-entropy of float32
+    logits), its gradients cast to float32 for the float32 master weights, clipping and AdamW. pert > 0:
+    the initial weights times 1 + k * 2^-9 (k in {-1, 0, 1} per element, seed pert), which moves about
+    half of them to the neighbouring bf16 value: what bf16 rounding of the inputs is."""
+    master = build(spec, seed)
+    if pert:
+        g = torch.Generator().manual_seed(pert)
+        with torch.no_grad():
+            for p in master.parameters():
+                p.mul_(1 + torch.randint(-1, 2, p.shape, generator=g).to(p.dtype) * 2.0 ** -9)
+    opt = torch.optim.AdamW(master.parameters(), lr=OPT["lr"], betas=OPT["betas"], eps=OPT["eps"],
+                            weight_decay=OPT["weight_decay"], foreach=False)
+    steps = []
+    for s in range(STEPS):
+        for g in opt.param_groups:
+            g["lr"] = lr_at(s, STEPS)
+        work = copy.deepcopy(master).to(torch.bfloat16)
+        loss, ce, aux, _ = obj(work, inp, lab, [list(range(inp.shape[0]))])
+        loss.backward()
+        for p, q in zip(master.parameters(), work.parameters()):
+            p.grad = q.grad.float()
+        gn = torch.nn.utils.clip_grad_norm_(master.parameters(), OPT["max_norm"], foreach=False)
+        opt.step()
+        opt.zero_grad()
+        steps.append(dict(step=s + 1, lr=lr_at(s, STEPS), loss=loss.item(), ce_loss=ce.item(),
+                          aux_loss=aux.item() if aux is not None else 0.0, grad_norm=float(gn)))
+    return steps
+
+
 def accum_groups(spec):
     """The micro-batches of fsdp-run's gradient accumulation that the grid's tests run: 3 ranks of 2 rows,
     2 micro-batches of 1 row each: micro-batch m is row m of every rank (global rows {m, 2 + m, 4 + m})."""
@@ -396,7 +433,16 @@ def attempt(spec, seed):
                 return None, "no empty expert"
         res["variants"][v] = dict(ref=ref, env=env, first=first, margin=margin, groups=groups)
     res["bf16"] = train(spec, build(spec, seed), obj, inp, lab, whole, autocast=True)
+    res["bf16_fsdp2"] = [train_fsdp2_bf16(spec, seed, obj, inp, lab, pert) for pert in range(BF16_PERTURBED + 1)]
     return res, None
+
+
+def bf16_envelope(ref_steps, runs):
+    """Per step the largest |loss|, |ce|, |aux|, |grad_norm| deviation of the bf16 runs from the float64 run."""
+    env = {}
+    for key in ("loss", "ce_loss", "aux_loss", "grad_norm"):
+        env[key] = [max(abs(r[k][key] - ref_steps[k][key]) for r in runs) for k in range(STEPS)]
+    return dict(loss_err=env["loss"], ce_err=env["ce_loss"], aux_err=env["aux_loss"], gn_err=env["grad_norm"])
 
 
 def variant_record(v, var, d, suffix):
@@ -446,7 +492,12 @@ def run(name, spec, out):
                            ignored_labels=int((lab == -100).sum())),
                seed=seed, transformers=transformers.__version__, torch=torch.__version__,
                optimizer=dict(OPT, betas=list(OPT["betas"])), param_names=list(mine.keys()), **whole,
-               bf16_autocast_run=dict(steps=res["bf16"]["steps"], max_abs_weight_diff=wbf))
+               bf16_autocast_run=dict(steps=res["bf16"]["steps"], max_abs_weight_diff=wbf),
+               bf16_fsdp2_run=dict(policy="MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32)",
+                                   steps=res["bf16_fsdp2"][0]),
+               bf16_envelope=dict(runs=["autocast", "fsdp2 policy"] +
+                                  [f"fsdp2 policy, weights +-2^-9 (seed {k})" for k in range(1, BF16_PERTURBED + 1)],
+                                  **bf16_envelope(whole["steps"], [res["bf16"]["steps"]] + res["bf16_fsdp2"])))
     rec["f32_run_max_abs_weight_diff"] = whole["f32_run"]["max_abs_weight_diff"]
     if "accum" in res["variants"]:
         rec["accum"] = variant_record("accum", res["variants"]["accum"], d, "_accum")
@@ -474,7 +525,7 @@ the configs and their traits; each config directory holds:
 | `grads_step0.safetensors` | the float64 run's step-0 gradients (stored float32), checkpoint names |
 | `model_step3.safetensors` | the float64 run's weights after 3 AdamW steps (stored float32) |
 | `grads_step0_accum.safetensors`, `model_step3_accum.safetensors` | (MoE configs) the same for 2 accumulated micro-batches of rows {{0, 2, 4}} and {{1, 3, 5}} (3 ranks of 2 rows, one row each per micro-batch): the load-balancing loss is each micro-batch's, averaged |
-| `reference.json` | traits; per step `lr`, `loss`, `ce_loss`, `aux_loss`, `grad_norm` of the float64 run and `loss_after`; `f32_run`: PyTorch's own float32 error, the largest deviation of {nruns} float32 runs (plain, and initial weights perturbed by one ulp with the batch rows permuted) per step (`loss_err`, `ce_err`, `aux_err`, `gn_err`), per checkpoint tensor of the step-0 gradient (`step0_grad_max_abs_err`) and over the final weights (`max_abs_weight_diff`); `bf16_autocast_run`: the same model and optimizer under `torch.autocast("cpu", torch.bfloat16)`; `accum`: the micro-batch variant's run (MoE); `routing`: the smallest top-k probability gap over every step, tokens per expert at step 0 |
+| `reference.json` | traits; per step `lr`, `loss`, `ce_loss`, `aux_loss`, `grad_norm` of the float64 run and `loss_after`; `f32_run`: PyTorch's own float32 error, the largest deviation of {nruns} float32 runs (plain, and initial weights perturbed by one ulp with the batch rows permuted) per step (`loss_err`, `ce_err`, `aux_err`, `gn_err`), per checkpoint tensor of the step-0 gradient (`step0_grad_max_abs_err`) and over the final weights (`max_abs_weight_diff`); `bf16_autocast_run`: the same model and optimizer under `torch.autocast("cpu", torch.bfloat16)`; `bf16_fsdp2_run`: FSDP2's `MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32)` on one rank (a bf16 copy of the float32 master weights runs forward and backward, its gradients go back to float32 for clipping and AdamW); `bf16_envelope`: PyTorch's own bf16 error, the largest deviation per step of the autocast run, the FSDP2-policy run and {npert} FSDP2-policy runs from initial weights perturbed by half a bf16 ulp; `accum`: the micro-batch variant's run (MoE); `routing`: the smallest top-k probability gap over every step, tokens per expert at step 0 |
 
 Objective: ce = cross-entropy of the logits over the kept labels (mean over the batch's kept tokens);
 a MoE with `output_router_logits` adds `router_aux_loss_coef` times the model module's
@@ -502,7 +553,7 @@ if __name__ == "__main__":
     torch.set_num_threads(2)
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, "README.md"), "w") as f:
-        f.write(README.format(tv=transformers.__version__, pv=torch.__version__.split("+")[0], nruns=len(F32_RUNS)))
+        f.write(README.format(tv=transformers.__version__, pv=torch.__version__.split("+")[0], nruns=len(F32_RUNS), npert=BF16_PERTURBED))
     specs = all_specs()
     index = []
     for name, spec in specs.items():
