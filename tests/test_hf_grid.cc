@@ -199,7 +199,7 @@ namespace {
 
 // The eval stage (load-ckpt names: hf, then eval over the config's one batch) on np ranks: its
 // eval_loss from the report, NAN when the run failed (*log says why).
-double eval_stage_loss(const std::string &name, int np, std::string *log) {
+double eval_stage_loss(const std::string &name, int np, std::string *log, const std::string &device = "cpu") {
     hf_grid::Ref ref(name);
     std::string dir = make_tmpdir("fsdp-grid-eval");
     std::string recipe = dir + "/r.yaml", report = dir + "/report.json";
@@ -210,7 +210,7 @@ double eval_stage_loss(const std::string &name, int np, std::string *log) {
                        "  - {id: l, uses: load-ckpt, with: {path: " + hf_grid::dir(name) + ", names: hf}}\n"
                        "  - {id: e, uses: eval, with: {eval_batches: 1}}\n");
     int rc;
-    *log = run_np(np, recipe + " --report " + report, &rc);
+    *log = run_np(np, recipe + " --report " + report + " --set runtime.device=" + device, &rc);
     double v = rc ? NAN : train_test::report_metric(report, "eval", "eval_loss");
     rm_rf(dir);
     return v;
@@ -266,6 +266,31 @@ TEST(HfGridGpu, Bf16OneRankEveryConfig) {
     EXPECT_EQ(m.size(), hf_grid::names().size()) << log;
     hf_grid::Report rep("HfGridGpu.Bf16");
     for (const auto &kv : m) hf_grid::judge_bf16(rep, kv.first, kv.second, "GPU bf16: ");
+    rep.finish();
+}
+
+// The configs whose batch holds their pad token (those whose padding row took a gradient before) in
+// float32 on one GPU, and the eval stage's loss on the GPU for one of each model type: the quick part of
+// the GPU grid that `make test` runs.
+TEST(HfGridGpu, PadConfigsAndEvalOnOneGpu) {
+    std::string why;
+    if (!gpu_present(&why)) GTEST_SKIP() << why;
+    std::string only, log;
+    for (const std::string &n : hf_grid::names())
+        if (hf_grid::Ref(n).pad_in_batch) only += (only.empty() ? "" : ",") + n;
+    auto m = run_harness(1, "--device cuda --only " + only, &log);
+    EXPECT_GE(m.size(), 12u) << log;
+    hf_grid::Report rep("HfGridGpu.PadConfigs");
+    judge_all(rep, m, "GPU f32: ");
+    for (const char *n : {"llama_04", "qwen2_04", "qwen3_04", "qwen3_moe_04", "olmoe_04", "mixtral_04"}) {
+        hf_grid::Ref ref(n);
+        rep.checked++;
+        double got = eval_stage_loss(n, 1, &log, "cuda");
+        if (std::isnan(got))
+            rep.fail(n, "GPU: the eval run failed: " + log);
+        else
+            rep.check(ref, "GPU: eval_loss", got, ref.steps[0].ce, std::max(1e-7 * ref.steps[0].ce, 2 * ref.f32_ce_err));
+    }
     rep.finish();
 }
 
