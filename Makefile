@@ -190,7 +190,7 @@ ifeq ($(EMU)$(SAN_FLAGS),0)
 endif
 
 # The GPU suites (their tests skip in a build without a GPU) run in the emulated-device build.
-EMU_SUITES := EmuCudart*:HfGridGpu*:CudaMoe*:MoeCuda*:HsdpGpu*:PluginApiGpu*:ModelTableDevice*:CommNccl*:CudaBlas*:CudaBundle*:CudaCache*:CudaDevice*:CudaModel*:*KcuAttentionTc*:LlamaFsdpCuda*:LlamaInitCuda*:StageDevice*:StateDev*:CudaExact*:*CudaKernels*:HfArchCuda*:TrainAccumGpu*:TrainEvalGpu*:SchedulesGpu*
+EMU_SUITES := EmuCudart*:HfGridGpu*:PadTokenGpu*:CudaMoe*:MoeCuda*:HsdpGpu*:PluginApiGpu*:ModelTableDevice*:CommNccl*:CudaBlas*:CudaBundle*:CudaCache*:CudaDevice*:CudaModel*:*KcuAttentionTc*:LlamaFsdpCuda*:LlamaInitCuda*:StageDevice*:StateDev*:CudaExact*:*CudaKernels*:HfArchCuda*:TrainAccumGpu*:TrainEvalGpu*:SchedulesGpu*
 # What `make test` runs of them: the tests that take seconds under emulation (the fiber emulation of
 # tests/kcu_emu.h; measured 2026-12-01 on 2 cores: the whole set about 2 minutes, of which the Hugging Face
 # grid's configs with the pad token in their batch in float32 and the eval stage on the GPU take 25 s).
@@ -198,7 +198,7 @@ EMU_SUITES := EmuCudart*:HfGridGpu*:CudaMoe*:MoeCuda*:HsdpGpu*:PluginApiGpu*:Mod
 # GPUs, about 3.5 minutes), the attention sweeps and throughput print, the FSDP tests of 45-95 s (activation
 # checkpointing, chunked head, offloaded optimizer over several steps; HfArchCuda's bf16, checkpointing and
 # 2-rank runs), and the bagel recipe on the emulated GPU.
-EMU_QUICK := EmuCudart*:HfGridGpu.PadConfigsAndEvalOnOneGpu:CudaMoe*:MoeCuda.FourSteps*:HsdpGpu*:PluginApiGpu*:*CudaKernels*:ModelTableDevice*:CommNccl*:CudaBlas*:CudaCache*:CudaDevice*:CudaModel*:StateDev*:StageDevice*:LlamaFsdpCuda*:LlamaInitCuda*:KcuAttentionTc.*:HfArchCudaKernels*:HfArchCuda.F32FiveStepsMatchTheCpuPath:E2EWorkflow.Offload*-StageDevice.GpuBagelBootstrapEqualsCpu:LlamaFsdpCuda.ActivationCheckpointingAndKeptLayersMatchTheDefault:LlamaFsdpCuda.ChunkedHeadMatchesTheWholeBatchHead:LlamaFsdpCuda.OffloadedOptimizerEqualsDeviceOptimizer
+EMU_QUICK := EmuCudart*:HfGridGpu.PadConfigsAndEvalOnOneGpu:PadTokenGpu*:CudaMoe*:MoeCuda.FourSteps*:HsdpGpu*:PluginApiGpu*:*CudaKernels*:ModelTableDevice*:CommNccl*:CudaBlas*:CudaCache*:CudaDevice*:CudaModel*:StateDev*:StageDevice*:LlamaFsdpCuda*:LlamaInitCuda*:KcuAttentionTc.*:HfArchCudaKernels*:HfArchCuda.F32FiveStepsMatchTheCpuPath:E2EWorkflow.Offload*-StageDevice.GpuBagelBootstrapEqualsCpu:LlamaFsdpCuda.ActivationCheckpointingAndKeptLayersMatchTheDefault:LlamaFsdpCuda.ChunkedHeadMatchesTheWholeBatchHead:LlamaFsdpCuda.OffloadedOptimizerEqualsDeviceOptimizer
 emu:
 	$(MAKE) EMU=1 all $(addprefix build-emu/,tests/fsdp_tests $(TEST_PLUGIN_SRCS:tests/plugins/%.c=tests/plugins/lib%.so) \
 	  $(TEST_MPI_SRCS:tests/mpi/%.c=tests/mpi/%))

@@ -126,7 +126,8 @@ static init_rule torchtitan_rule(const decoder_config *c, decoder_param_kind kin
     }
 }
 
-/* Hugging Face's _init_weights: normal(0, init_std) for matrices and the embedding. */
+/* Hugging Face's _init_weights: normal(0, init_std) for matrices and the embedding, whose padding row
+ * (padding_idx = pad_token_id) it zeroes. */
 static init_rule hf_rule(const decoder_config *c, decoder_param_kind kind, int ndim) {
     init_rule r;
     if (kind == DECODER_P_WQ_BIAS || kind == DECODER_P_WK_BIAS || kind == DECODER_P_WV_BIAS) {
@@ -136,6 +137,10 @@ static init_rule hf_rule(const decoder_config *c, decoder_param_kind kind, int n
     } else {
         init_rule_default(INIT_NORMAL, &r);
         r.std = c->init_std;
+    }
+    if (kind == DECODER_P_TOK_EMBEDDINGS && c->has_padding_idx) {
+        r.has_zero_row = 1;
+        r.zero_row = c->padding_idx;
     }
     return r;
 }

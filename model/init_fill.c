@@ -18,6 +18,8 @@ int init_job_for_rule(init_job *j, const init_rule *r, int ndim, const int64_t *
                       fsdp_err *err) {
     memset(&j->dist, 0, sizeof j->dist);
     memset(&j->sincos, 0, sizeof j->sincos);
+    int rc = init_rule_zero_range(r, ndim, shape, what, &j->zero_e0, &j->zero_e1, err);
+    if (rc) return rc;
     if (r->kind == INIT_SINCOS_2D) return init_sincos_make(r->grid, r->base, ndim, shape, what, &j->sincos, err);
     return init_rule_dist(r, ndim, shape, what, &j->dist, err);
 }
@@ -30,6 +32,12 @@ static void gen(const init_job *j, const double *omega, uint64_t seed, rng_path 
     else rng_fill_dist_path(path, &j->dist, dst, seed, j->stream, (uint64_t)e, (size_t)m);
 }
 
+/* The job's zero row within elements [e, e + m) written at dst (element e at dst[0]). */
+static void zero_overlap(const init_job *j, int64_t e, int64_t m, float *dst) {
+    int64_t a = j->zero_e0 > e ? j->zero_e0 : e, b = j->zero_e1 < e + m ? j->zero_e1 : e + m;
+    if (a < b) memset(dst + (a - e), 0, (size_t)(b - a) * sizeof(float));
+}
+
 /* Elements [a, b) of job j. */
 static void run_piece(const init_job *j, const double *omega, uint64_t seed, rng_path path, int64_t a, int64_t b) {
     const int half = j->dtype == FSDP_DT_BF16 || j->dtype == FSDP_DT_F16, bf16 = j->dtype == FSDP_DT_BF16;
@@ -40,9 +48,11 @@ static void run_piece(const init_job *j, const double *omega, uint64_t seed, rng
         if (j->f32) {
             float *dst = j->f32 + (e - j->e0);
             gen(j, omega, seed, path, e, m, dst);
+            zero_overlap(j, e, m, dst);
             if (half) rng_round_half_path(path, dst, (size_t)m, bf16);
         } else {
             gen(j, omega, seed, path, e, m, buf);
+            zero_overlap(j, e, m, buf);
             rng_to_half_path(path, buf, j->half + (e - j->e0), (size_t)m, bf16);
         }
         e += m;

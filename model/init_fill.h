@@ -31,10 +31,12 @@ typedef struct init_job {
     float *f32;
     uint16_t *half;
     fsdp_dtype dtype; /* FSDP_DT_F32 (or 0), FSDP_DT_BF16, FSDP_DT_F16 */
+    int64_t zero_e0, zero_e1; /* elements [zero_e0, zero_e1) of the parameter are zeros (a padding row); empty: none */
 } init_job;
 
 /* The values of rule r for a parameter of FULL shape (ndim, shape): j->dist (init_rule_dist) or, for
- * a fixed table, j->sincos; the other fields are left alone. Errors name `what`. */
+ * a fixed table, j->sincos, and its zero row (j->zero_e0 / zero_e1, init_rule_zero_range); the other
+ * fields are left alone. Errors name `what`. */
 int init_job_for_rule(init_job *j, const init_rule *r, int ndim, const int64_t *shape, const char *what,
                       fsdp_err *err);
 

@@ -164,6 +164,26 @@ static int arg_index(const char *const *names, const char *name) {
     return -1;
 }
 
+/* padding_idx=N: a whole number >= 0 (a row of dim 0) */
+static int set_padding_idx(parser *ps, init_rule *r) {
+    double v;
+    if (number(ps, &v)) return ps->err->code;
+    if (!(v >= 0 && v <= 9.0e15 && v == floor(v))) return perr(ps, "padding_idx must be a whole number >= 0 (a row)");
+    if (r->has_zero_row) return perr(ps, "an argument given twice");
+    r->has_zero_row = 1;
+    r->zero_row = (int64_t)v;
+    return 0;
+}
+
+/* Whether the text at p is `padding_idx` followed by '='. */
+static int at_padding_idx(const char *p) {
+    while (isspace((unsigned char)*p)) p++;
+    if (strncmp(p, "padding_idx", 11)) return 0;
+    p += 11;
+    while (isspace((unsigned char)*p)) p++;
+    return *p == '=';
+}
+
 /* (arg, ..., name=arg, ...) after the rule's name */
 static int parse_args(parser *ps, init_rule *r) {
     const char *const *names = args_of(r->kind);
@@ -180,6 +200,19 @@ static int parse_args(parser *ps, init_rule *r) {
         int idx;
         if (ident(ps, name, sizeof name) && (skip_ws(ps), *ps->p == '=')) {
             ps->p++;
+            if (!strcmp(name, "padding_idx") && r->kind != INIT_NONE && r->kind != INIT_SINCOS_2D) {
+                kw = 1;
+                int rc = set_padding_idx(ps, r);
+                if (rc) return rc;
+                skip_ws(ps);
+                if (*ps->p == ')') {
+                    ps->p++;
+                    return 0;
+                }
+                if (*ps->p != ',') return perr(ps, "expected ',' or ')'");
+                ps->p++;
+                continue;
+            }
             if ((idx = arg_index(names, name)) < 0) {
                 char m[160];
                 snprintf(m, sizeof m, "%s takes no argument '%s'", KIND_NAMES[r->kind], name);
@@ -253,7 +286,7 @@ int init_rule_parse(const char *text, init_rule *out, fsdp_err *err) {
         if (!args_of(out->kind)[0]) {
             const char *q = ps.p + 1;
             while (isspace((unsigned char)*q)) q++;
-            if (*q != ')') {
+            if (*q != ')' && !(at_padding_idx(q) && kind != INIT_NONE)) {
                 char m[96];
                 snprintf(m, sizeof m, "%s takes no arguments", KIND_NAMES[kind]);
                 return perr(&ps, m);
@@ -269,7 +302,8 @@ int init_rule_parse(const char *text, init_rule *out, fsdp_err *err) {
     return check_values(&ps, out);
 }
 
-void init_rule_format(const init_rule *r, char *buf, size_t cap) {
+/* The rule's own arguments (no padding_idx) in buf. */
+static void format_args(const init_rule *r, char *buf, size_t cap) {
     const char *n = init_kind_name(r->kind);
     switch (r->kind) {
     case INIT_NORMAL: snprintf(buf, cap, "%s(mean=%.17g, std=%.17g)", n, r->mean, r->std); break;
@@ -288,6 +322,16 @@ void init_rule_format(const init_rule *r, char *buf, size_t cap) {
     case INIT_SINCOS_2D: snprintf(buf, cap, "%s(grid=%lld, base=%.17g)", n, (long long)r->grid, r->base); break;
     default: snprintf(buf, cap, "%s", n); break;
     }
+}
+
+void init_rule_format(const init_rule *r, char *buf, size_t cap) {
+    format_args(r, buf, cap);
+    if (!r->has_zero_row || !cap) return;
+    size_t len = strlen(buf);
+    char tail[48];
+    snprintf(tail, sizeof tail, "padding_idx=%lld)", (long long)r->zero_row);
+    if (len && buf[len - 1] == ')') snprintf(buf + len - 1, cap - (len - 1), ", %s", tail);
+    else snprintf(buf + len, cap - len, "(%s", tail);
 }
 
 /* ---- resolution into a distribution -------------------------------------------------------- */
@@ -404,6 +448,21 @@ int init_rule_dist(const init_rule *r, int ndim, const int64_t *shape, const cha
     default: return fan_rules(r, ndim, shape, what, d, err);
     }
     return rc ? fsdp_err_prefix(err, "%s", what) : 0;
+}
+
+int init_rule_zero_range(const init_rule *r, int ndim, const int64_t *shape, const char *what, int64_t *z0,
+                         int64_t *z1, fsdp_err *err) {
+    *z0 = *z1 = 0;
+    if (!r->has_zero_row) return 0;
+    if (!what) what = "init";
+    if (ndim < 1 || r->zero_row < 0 || r->zero_row >= shape[0])
+        return fsdp_err_set(err, FSDP_E_INVALID, "%s: padding_idx %lld is not a row of its %lld (expected 0 <= "
+                            "padding_idx < dim 0)", what, (long long)r->zero_row, ndim < 1 ? 0LL : (long long)shape[0]);
+    int64_t row = 1;
+    for (int d = 1; d < ndim; d++) row *= shape[d];
+    *z0 = r->zero_row * row;
+    *z1 = *z0 + row;
+    return 0;
 }
 
 uint64_t init_stream(const char *name) { return rng_fnv1a64(name); }

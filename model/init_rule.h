@@ -25,6 +25,9 @@
  *                                            parameter of shape [S*S, D], D a positive multiple of 4 (see
  *                                            model/init_sincos.h); the same on every seed
  *   none                                     no rule: the parameter must be loaded or copied
+ * Every rule that draws or sets values also takes the keyword padding_idx=N (N >= 0, a row of dim 0):
+ * that row is zeros whatever the rule, as nn.Embedding(padding_idx=N) and transformers' _init_weights
+ * leave it ("normal(0, 0.02, padding_idx=0)", "default_embedding(padding_idx=1)").
  * Fans are torch's (_calculate_fan_in_and_fan_out) of the FULL (unsharded) shape: fan_in =
  * shape[1] * receptive, fan_out = shape[0] * receptive, receptive = prod(shape[2:]); a rule that
  * needs them on a tensor of fewer than 2 dims is an error (as in torch), except default_linear's
@@ -87,6 +90,8 @@ typedef struct init_rule {
     int64_t fan_in;             /* default_linear on a 1-D bias: its weight's fan_in (0: not known) */
     int64_t grid;               /* sincos_2d: the side S of the S x S grid (0: not given) */
     double base;                /* sincos_2d: the base of the frequencies (10000) */
+    int has_zero_row;           /* padding_idx given: row zero_row of dim 0 is zeros */
+    int64_t zero_row;
 } init_rule;
 
 /* A rule with torch's default arguments for kind. */
@@ -110,6 +115,12 @@ int init_fans(int ndim, const int64_t *shape, int64_t *fan_in, int64_t *fan_out,
 /* The distribution of rule r for a parameter of FULL shape (ndim, shape), `what` naming it in
  * errors. INIT_NONE is FSDP_E_INVALID ("has no init rule"), and so is a fixed table (sincos_2d). */
 int init_rule_dist(const init_rule *r, int ndim, const int64_t *shape, const char *what, rng_dist *d, fsdp_err *err);
+
+/* The elements [*z0, *z1) of the FULL parameter (flat row-major) that rule r leaves zero (its padding_idx
+ * row; an empty range, *z0 == *z1 == 0, without one). FSDP_E_INVALID naming `what` when the row is not one
+ * of the shape's. */
+int init_rule_zero_range(const init_rule *r, int ndim, const int64_t *shape, const char *what, int64_t *z0,
+                         int64_t *z1, fsdp_err *err);
 
 /* The RNG stream of a parameter: rng_fnv1a64(name) (the one Llama's init has always used). */
 uint64_t init_stream(const char *name);

@@ -236,6 +236,19 @@ static int fixed_table_dev(fsdp_state *s, state_param *sp, const mt_param *p, fs
     return rc;
 }
 
+/* The rule's padding row (nn.Embedding's padding_idx) within this rank's rows: zeros, after the draw on the
+ * compute stream. */
+static int zero_row_dev(dev_ctx *d, state_param *sp, const mt_param *p, fsdp_err *err) {
+    int64_t z0, z1, e0 = sp->row0 * sp->row_numel, e1 = e0 + (int64_t)state_param_local_numel(sp);
+    char what[MT_NAME_MAX + 32];
+    snprintf(what, sizeof what, "init of %s", p->name);
+    int rc = init_rule_zero_range(&p->init, p->ndim, p->shape, what, &z0, &z1, err);
+    if (z0 < e0) z0 = e0;
+    if (z1 > e1) z1 = e1;
+    if (rc || z0 >= z1) return rc;
+    return dev_memset0(d, (float *)sp->d_data + (z0 - e0), (size_t)(z1 - z0) * sizeof(float), DEV_STREAM_COMPUTE, err);
+}
+
 int stage_init_values_dev(fsdp_state *s, dev_ctx *d, uint64_t seed, fsdp_dtype over, fsdp_err *err) {
     const mt_table *t = s->model;
     if (!t || t->n != s->n) return fsdp_err_set(err, FSDP_E_INVALID, "init (cuda): the state has no model table");
@@ -256,6 +269,7 @@ int stage_init_values_dev(fsdp_state *s, dev_ctx *d, uint64_t seed, fsdp_dtype o
         if ((rc = kcu_init_fill(sp->d_data, &dist, seed, init_stream(p->name), (uint64_t)(sp->row0 * sp->row_numel), n,
                                 st, err)))
             fsdp_err_prefix(err, "init %s on the GPU", sp->name);
+        if (!rc && !sp->no_value) rc = zero_row_dev(d, sp, p, err);
     }
     if (!rc) rc = dev_sync(d, err);
     for (size_t i = 0; i < s->n && !rc; i++)

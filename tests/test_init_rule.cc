@@ -125,7 +125,8 @@ TEST(InitRule, FormatParsesBackToTheSameRule) {
     for (const char *t : {"normal(0.5, 0.25)", "trunc_normal(0, 0.02, -0.04, 0.04)", "uniform(-3, 7)", "zeros",
                           "ones", "constant(-2.5)", "kaiming_uniform(0.1, fan_out, tanh)", "kaiming_normal",
                           "xavier_uniform(1.5)", "xavier_normal", "default_linear", "default_embedding", "none",
-                          "sincos_2d(grid=5)", "sincos_2d(7, base=100.5)"}) {
+                          "sincos_2d(grid=5)", "sincos_2d(7, base=100.5)", "normal(0, 0.02, padding_idx=3)",
+                          "default_embedding(padding_idx=0)", "zeros(padding_idx=2)", "uniform(padding_idx=1, a=-1)"}) {
         init_rule a = parse_ok(t), b;
         char buf[256];
         init_rule_format(&a, buf, sizeof buf);
@@ -154,6 +155,63 @@ TEST(InitRule, BadRulesNameWhatIsWrong) {
     EXPECT_NE(parse_err("").find("expected a rule name"), std::string::npos);
     // the message quotes the text
     EXPECT_NE(parse_err("normal(0, -1)").find("init rule 'normal(0, -1)'"), std::string::npos);
+    // padding_idx: a row (a whole number >= 0), once, on a rule that gives values
+    EXPECT_NE(parse_err("normal(0, 1, padding_idx=-1)").find("padding_idx must be a whole number >= 0"), std::string::npos);
+    EXPECT_NE(parse_err("default_embedding(padding_idx=1.5)").find("padding_idx must be a whole number"), std::string::npos);
+    EXPECT_NE(parse_err("normal(padding_idx=1, padding_idx=2)").find("given twice"), std::string::npos);
+    EXPECT_NE(parse_err("sincos_2d(grid=4, padding_idx=0)").find("sincos_2d takes no argument 'padding_idx'"),
+              std::string::npos);
+    EXPECT_NE(parse_err("none(padding_idx=0)").find("takes no arguments"), std::string::npos);
+}
+
+// padding_idx=N: row N of dim 0 is zeros (nn.Embedding's padding row, as transformers' _init_weights
+// leaves it), every other element the value the rule draws without it, in any slice of rows and in
+// float32, bf16 and f16; a row outside the shape is an error naming the parameter.
+TEST(InitRule, PaddingRowIsZerosAndTheRestIsUnchanged) {
+    init_rule plain = parse_ok("normal(0, 0.02)"), pad = parse_ok("normal(0, 0.02, padding_idx=7)");
+    const int64_t shape[2] = {50, 24}, n = 50 * 24;
+    for (fsdp_dtype dt : {FSDP_DT_F32, FSDP_DT_BF16, FSDP_DT_F16})
+        for (int64_t r0 : {0, 6, 7, 8}) {
+            int64_t e0 = r0 * 24, m = n - e0;
+            init_job a = {}, b = {};
+            fsdp_err err;
+            ASSERT_EQ(init_job_for_rule(&a, &plain, 2, shape, "tok_embeddings.weight", &err), 0) << err.msg;
+            ASSERT_EQ(init_job_for_rule(&b, &pad, 2, shape, "tok_embeddings.weight", &err), 0) << err.msg;
+            EXPECT_EQ(b.zero_e0, 7 * 24);
+            EXPECT_EQ(b.zero_e1, 8 * 24);
+            std::vector<float> va((size_t)m), vb((size_t)m);
+            std::vector<uint16_t> ha((size_t)m), hb((size_t)m);
+            for (init_job *j : {&a, &b}) {
+                j->stream = init_stream("tok_embeddings.weight");
+                j->e0 = e0;
+                j->n = m;
+                j->dtype = dt;
+            }
+            if (dt == FSDP_DT_F32) {
+                a.f32 = va.data(), b.f32 = vb.data();
+            } else {
+                a.half = ha.data(), b.half = hb.data();
+            }
+            ASSERT_EQ(init_fill_jobs(&a, 1, 11, "t", &err), 0) << err.msg;
+            ASSERT_EQ(init_fill_jobs(&b, 1, 11, "t", &err), 0) << err.msg;
+            for (int64_t i = 0; i < m; i++) {
+                const int64_t row = (e0 + i) / 24;
+                const bool zero = dt == FSDP_DT_F32 ? vb[i] == 0.0f : hb[i] == 0;
+                if (row == 7) {
+                    ASSERT_TRUE(zero) << "dtype " << dt << ", rows from " << r0 << ", element " << i;
+                } else if (dt == FSDP_DT_F32) {
+                    ASSERT_EQ(vb[i], va[i]) << i;
+                } else {
+                    ASSERT_EQ(hb[i], ha[i]) << i;
+                }
+            }
+        }
+    init_rule far = parse_ok("normal(0, 0.02, padding_idx=50)");
+    init_job j = {};
+    fsdp_err err;
+    EXPECT_EQ(init_job_for_rule(&j, &far, 2, shape, "tok_embeddings.weight", &err), FSDP_E_INVALID);
+    EXPECT_NE(std::string(err.msg).find("tok_embeddings.weight: padding_idx 50 is not a row of its 50"), std::string::npos)
+        << err.msg;
 }
 
 TEST(InitRule, FansAreTorchsFromTheFullShape) {

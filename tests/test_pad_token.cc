@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "gpu_util.h"
 #include "hf_grid_util.h"
 #include "test_util.h"
 
@@ -200,4 +201,62 @@ TEST(PadToken, NoGradientIntoThePaddingRowOnEveryCpuPath) {
                 }
     }
     comm_destroy(c);
+}
+
+namespace {
+
+// init-meta of a recipe-declared model (HF init when init_std > 0) on `device`, saved as HF safetensors;
+// the tensors by name.
+MoeTensors init_and_export(const std::string &model, const std::string &device, const std::string &dir) {
+    std::string recipe = dir + "/r.yaml", out = dir + "/out.safetensors";
+    write_file(recipe, "model: {" + model + "}\n"
+                       "stages:\n"
+                       "  - {id: i, uses: init-meta, with: {seed: 5}}\n"
+                       "  - {id: s, uses: save-safetensors, after: [i], with: {path: " + out + "}}\n");
+    int rc;
+    std::string o = run_np(1, recipe + " --set runtime.device=" + device, &rc);
+    EXPECT_EQ(rc, 0) << o;
+    MoeTensors t = moe_load_st(out);
+    rm_rf(out);
+    return t;
+}
+
+// transformers' _init_weights zeroes the padding row of an HF-initialised embedding: with pad_token_id the
+// row is zeros and every other value is the one drawn without it; torchtitan's init (no padding_idx in its
+// nn.Embedding) draws the row as always.
+void expect_padding_row_init(const std::string &device) {
+    std::string dir = make_tmpdir("fsdp-padinit");
+    const std::string base = "arch: qwen2, dim: 32, n_layers: 1, n_heads: 4, vocab_size: 50, ffn_hidden: 40";
+    for (bool tied : {false, true}) {
+        std::string m = base + (tied ? ", tie_embeddings: true" : "");
+        MoeTensors a = init_and_export(m, device, dir), b = init_and_export(m + ", pad_token_id: 7", device, dir);
+        ASSERT_EQ(a.size(), b.size());
+        for (const auto &kv : a) {
+            const std::vector<float> &x = kv.second.f32, &y = b.at(kv.first).f32;
+            ASSERT_EQ(x.size(), y.size()) << kv.first;
+            for (size_t i = 0; i < x.size(); i++) {
+                if (kv.first == "tok_embeddings.weight" && i / 32 == 7) {
+                    ASSERT_EQ(y[i], 0.0f) << device << ": element " << i << " of the padding row";
+                    ASSERT_NE(x[i], 0.0f) << "drawn without padding_idx";
+                } else {
+                    ASSERT_EQ(y[i], x[i]) << device << ": " << kv.first << "[" << i << "]";
+                }
+            }
+        }
+    }
+    MoeTensors tt = init_and_export("arch: llama3, dim: 32, n_layers: 1, n_heads: 4, vocab_size: 50, pad_token_id: 7",
+                                    device, dir);
+    const std::vector<float> &e = tt.at("tok_embeddings.weight").f32;
+    EXPECT_NE(e[7 * 32], 0.0f) << "torchtitan's init has no padding row";
+    rm_rf(dir);
+}
+
+}  // namespace
+
+TEST(PadToken, HfInitZeroesThePaddingRow) { expect_padding_row_init("cpu"); }
+
+TEST(PadTokenGpu, HfInitZeroesThePaddingRowOnTheGpu) {
+    std::string why;
+    if (!gpu_present(&why)) GTEST_SKIP() << why;
+    expect_padding_row_init("cuda");
 }
