@@ -117,10 +117,12 @@ TEST(HfGrid, CpuOneRankMatchesTransformers) {
 namespace {
 
 // tests/mpi/hf_grid_run on np ranks with `args` (its selection of the grid); the measurements per config.
-std::map<std::string, hf_grid::Measured> run_harness(int np, const std::string &args, std::string *log) {
+std::map<std::string, hf_grid::Measured> run_harness(int np, const std::string &args, std::string *log,
+                                                     const std::string &env = "") {
     std::string dir = make_tmpdir("fsdp-grid");
     std::string out = dir + "/m.jsonl";
-    std::string cmd = "timeout 600 " + mpirun_prefix(np) + " -x OMP_NUM_THREADS=1 " + std::string(FSDP_BUILD_DIR) +
+    std::string cmd = "timeout 900 " + env + (env.empty() ? "" : " ") + mpirun_prefix(np) + " -x OMP_NUM_THREADS=1 " +
+                      std::string(FSDP_BUILD_DIR) +
                       "/tests/mpi/hf_grid_run --data " + hf_grid::dir() + " --out " + out + " " + args;
     int rc = run_cmd(cmd, log);
     EXPECT_EQ(rc, 0) << cmd << "\n" << *log;
@@ -294,6 +296,34 @@ TEST(HfGridGpu, PadConfigsAndEvalOnOneGpu) {
     rep.finish();
 }
 
+// Three GPUs with activation checkpointing and two accumulated micro-batches varied by config (as the
+// CPU's ThreeRanks test), every config.
+TEST(HfGridGpu, ThreeGpusWithCheckpointingAndAccumulation) {
+    std::string why;
+    if (!gpu_present(&why)) GTEST_SKIP() << why;
+    std::string log;
+    auto m = run_harness(3, "--device cuda --ac cycle --accum cycle", &log, "env FSDP_EMU_DEVICES=3");
+    EXPECT_EQ(m.size(), hf_grid::names().size()) << log;
+    hf_grid::Report rep("HfGridGpu.ThreeGpus");
+    judge_all(rep, m, "3 GPUs: ");
+    rep.finish();
+}
+
+// HSDP on four GPUs (2 replicas of 2 shards) for the configs whose batch holds their pad token, the MoE
+// ones of an even expert count with expert parallelism 2 inside each replica.
+TEST(HfGridGpu, HsdpOnFourGpusPadConfigs) {
+    std::string why;
+    if (!gpu_present(&why)) GTEST_SKIP() << why;
+    std::string only, log;
+    for (const std::string &n : hf_grid::names())
+        if (hf_grid::Ref(n).pad_in_batch) only += (only.empty() ? "" : ",") + n;
+    auto m = run_harness(4, "--device cuda --replicas 2 --tile 2 --ep world --only " + only, &log, "env FSDP_EMU_DEVICES=4");
+    EXPECT_GE(m.size(), 12u) << log;
+    hf_grid::Report rep("HfGridGpu.Hsdp");
+    judge_all(rep, m, "HSDP 2 x 2 GPUs: ");
+    rep.finish();
+}
+
 // Two GPUs with expert parallelism 2 on the MoE configs of an even expert count, activation checkpointing
 // and two accumulated micro-batches varied by config as on the CPU.
 TEST(HfGridGpu, TwoRanksWithExpertParallel) {
@@ -304,5 +334,46 @@ TEST(HfGridGpu, TwoRanksWithExpertParallel) {
     EXPECT_FALSE(m.empty()) << log;
     hf_grid::Report rep("HfGridGpu.ExpertParallel");
     judge_all(rep, m, "2 GPUs, EP 2: ");
+    rep.finish();
+}
+
+// The user's recipe, through fsdp-run itself on 3 ranks (model: {from_hf}, load-ckpt names: hf,
+// train-steps with the reference's optimizer and schedule): a config of each model type whose batch holds
+// its pad token trains as transformers does, step by step.
+TEST(HfGrid, RecipeOnThreeRanksForEachModelType) {
+    hf_grid::Report rep("HfGrid.Recipe");
+    for (const char *n : {"llama_04", "qwen2_00", "qwen3_10", "qwen3_moe_00", "olmoe_04", "mixtral_06"}) {
+        hf_grid::Ref ref(n);
+        EXPECT_TRUE(ref.pad_in_batch) << n;
+        std::string dir = make_tmpdir("fsdp-grid-recipe"), met = dir + "/m.jsonl";
+        write_file(dir + "/r.yaml",
+                   "model: {from_hf: " + hf_grid::dir(n) + "}\n"
+                   "data: {kind: safetensors, path: " + hf_grid::dir(n, "batch.safetensors") +
+                   ", batch_size: " + std::to_string(ref.rows) + ", seq_len: " + std::to_string(ref.seq) + "}\n"
+                   "stages:\n"
+                   "  - {id: l, uses: load-ckpt, with: {path: " + hf_grid::dir(n) + ", names: hf}}\n"
+                   "  - {id: t, uses: train-steps, with: {steps: 3, lr: 1e-3, warmup_steps: 2, decay: linear,"
+                   " min_lr_ratio: 0.1, betas: [0.9, 0.95], eps: 1e-8, weight_decay: 0.1, max_grad_norm: 1.0,"
+                   " metrics: " + met + "}}\n");
+        int rc;
+        std::string o = run_np(3, dir + "/r.yaml", &rc);
+        rep.checked++;
+        if (rc) {
+            rep.fail(n, "the run failed: " + o);
+        } else {
+            std::vector<hf_grid::Step> got;
+            for (json_t *j : jsonl_objects(met)) {
+                if (json_object_get(j, "loss"))
+                    got.push_back({json_number_value(json_object_get(j, "lr")),
+                                   json_number_value(json_object_get(j, "loss")),
+                                   json_number_value(json_object_get(j, json_object_get(j, "ce_loss") ? "ce_loss" : "loss")),
+                                   json_number_value(json_object_get(j, "aux_loss")),
+                                   json_number_value(json_object_get(j, "grad_norm"))});
+                json_decref(j);
+            }
+            rep.check_steps(ref, got, "fsdp-run on 3 ranks: ");
+        }
+        rm_rf(dir);
+    }
     rep.finish();
 }
