@@ -197,23 +197,11 @@ static int parse_args(parser *ps, init_rule *r) {
     for (;;) {
         const char *save = ps->p;
         char name[32];
-        int idx;
+        int idx = -1, pad = 0;
         if (ident(ps, name, sizeof name) && (skip_ws(ps), *ps->p == '=')) {
             ps->p++;
-            if (!strcmp(name, "padding_idx") && r->kind != INIT_NONE && r->kind != INIT_SINCOS_2D) {
-                kw = 1;
-                int rc = set_padding_idx(ps, r);
-                if (rc) return rc;
-                skip_ws(ps);
-                if (*ps->p == ')') {
-                    ps->p++;
-                    return 0;
-                }
-                if (*ps->p != ',') return perr(ps, "expected ',' or ')'");
-                ps->p++;
-                continue;
-            }
-            if ((idx = arg_index(names, name)) < 0) {
+            pad = !strcmp(name, "padding_idx") && r->kind != INIT_NONE && r->kind != INIT_SINCOS_2D;
+            if (!pad && (idx = arg_index(names, name)) < 0) {
                 char m[160];
                 snprintf(m, sizeof m, "%s takes no argument '%s'", KIND_NAMES[r->kind], name);
                 return perr(ps, m);
@@ -225,9 +213,9 @@ static int parse_args(parser *ps, init_rule *r) {
             if (!names[pos]) return perr(ps, "too many arguments");
             idx = pos++;
         }
-        if (given[idx]) return perr(ps, "an argument given twice");
-        given[idx] = 1;
-        int rc = set_arg(ps, r, names[idx]);
+        if (!pad && given[idx]) return perr(ps, "an argument given twice");
+        if (!pad) given[idx] = 1;
+        int rc = pad ? set_padding_idx(ps, r) : set_arg(ps, r, names[idx]);
         if (rc) return rc;
         skip_ws(ps);
         if (*ps->p == ')') {

@@ -201,36 +201,24 @@ struct Report {
             fail(r.name, b);
         }
     }
-    void check_rel(const Ref &r, const std::string &item, double got, double want, double rel) {
-        check(r, item, got, want, rel * std::fabs(want));
-    }
-    // Loss (and its terms) and grad norm of each step against the float64 run.
-    void check_steps(const Ref &r, const std::vector<Step> &got, const std::string &tag) {
+    // Loss (and its terms) and grad norm of each step against the float64 run, within the float32
+    // tolerances or (bf16) twice PyTorch's own bf16 error (see the top).
+    void check_steps(const Ref &r, const std::vector<Step> &got, const std::string &tag, bool bf16 = false) {
         if (got.size() != r.steps.size()) {
             fail(r.name, tag + ": " + std::to_string(got.size()) + " steps ran, expected " + std::to_string(r.steps.size()));
             return;
         }
         for (size_t k = 0; k < got.size(); k++) {
+            const Step &w = r.steps[k];
+            const double tl = bf16 ? 2 * r.bf16_loss_err : std::max(1e-7 * w.loss, 2 * r.f32_loss_err),
+                         tc = bf16 ? 2 * r.bf16_ce_err : std::max(1e-7 * w.ce, 2 * r.f32_ce_err),
+                         ta = bf16 ? 2 * r.bf16_aux_err : 1e-6 * std::fabs(w.aux),
+                         tg = bf16 ? 2 * r.bf16_gn_err : std::max(1e-5 * w.gn, 2 * r.f32_gn_err);
             std::string s = tag + "step " + std::to_string(k + 1) + " ";
-            check(r, s + "loss", got[k].loss, r.steps[k].loss, std::max(1e-7 * r.steps[k].loss, 2 * r.f32_loss_err));
-            check(r, s + "ce_loss", got[k].ce, r.steps[k].ce, std::max(1e-7 * r.steps[k].ce, 2 * r.f32_ce_err));
-            if (r.moe) check_rel(r, s + "aux_loss", got[k].aux, r.steps[k].aux, 1e-6);
-            check(r, s + "grad_norm", got[k].gn, r.steps[k].gn, std::max(1e-5 * r.steps[k].gn, 2 * r.f32_gn_err));
-        }
-    }
-    // bf16 mixed precision: each step's loss, its terms and the grad norm against the float64 run within
-    // twice PyTorch's own bf16 error (see the top).
-    void check_steps_bf16(const Ref &r, const std::vector<Step> &got, const std::string &tag) {
-        if (got.size() != r.steps.size()) {
-            fail(r.name, tag + ": " + std::to_string(got.size()) + " steps ran, expected " + std::to_string(r.steps.size()));
-            return;
-        }
-        for (size_t k = 0; k < got.size(); k++) {
-            std::string s = tag + "step " + std::to_string(k + 1) + " ";
-            check(r, s + "loss", got[k].loss, r.steps[k].loss, 2 * r.bf16_loss_err);
-            check(r, s + "ce_loss", got[k].ce, r.steps[k].ce, 2 * r.bf16_ce_err);
-            if (r.moe) check(r, s + "aux_loss", got[k].aux, r.steps[k].aux, 2 * r.bf16_aux_err);
-            check(r, s + "grad_norm", got[k].gn, r.steps[k].gn, 2 * r.bf16_gn_err);
+            check(r, s + "loss", got[k].loss, w.loss, tl);
+            check(r, s + "ce_loss", got[k].ce, w.ce, tc);
+            if (r.moe) check(r, s + "aux_loss", got[k].aux, w.aux, ta);
+            check(r, s + "grad_norm", got[k].gn, w.gn, tg);
         }
     }
     void check_weights(const Ref &r, double max_abs_diff, const std::string &tag) {
@@ -367,7 +355,7 @@ inline void judge_bf16(Report &rep, const std::string &name, const Measured &m, 
         rep.fail(name, tag + "reference.json has no bf16_envelope");
         return;
     }
-    rep.check_steps_bf16(ref, m.steps, tag);
+    rep.check_steps(ref, m.steps, tag, true);
 }
 
 }  // namespace hf_grid

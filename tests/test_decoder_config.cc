@@ -7,6 +7,7 @@
 #include <cstring>
 #include <string>
 
+#include "decoder_yaml_util.h"
 #include "test_util.h"
 
 extern "C" {
@@ -15,6 +16,8 @@ extern "C" {
 #include "pipeline/yaml_load.h"
 }
 
+using fsdp_test::from_yaml;
+
 namespace {
 
 decoder_config preset(const char *name) {
@@ -22,20 +25,6 @@ decoder_config preset(const char *name) {
     fsdp_err err;
     EXPECT_EQ(decoder_config_preset(&c, name, &err), 0) << err.msg;
     return c;
-}
-
-// Parses `yaml` (a document whose top level holds `model:`) and runs decoder_spec_from_value.
-int from_yaml(const std::string &yaml, decoder_config *c, std::string *msg) {
-    fsdp_value *root = nullptr;
-    fsdp_err err;
-    fsdp_err_clear(&err);
-    int rc = yaml_load_string(yaml.data(), yaml.size(), "m.yaml", 0, 0, &root, &err);
-    EXPECT_EQ(rc, 0) << err.msg;
-    if (rc) return rc;
-    rc = decoder_spec_from_value(c, fsdp_value_get(root, "model"), &err);
-    if (msg) *msg = err.msg;
-    val_free(root);
-    return rc;
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include <string>
 #include <sys/stat.h>
 
+#include "decoder_yaml_util.h"
 #include "test_util.h"
 
 extern "C" {
@@ -54,19 +55,6 @@ std::string edited(const std::string &model, void (*edit)(json_t *)) {
     free(s);
     json_decref(root);
     return out;
-}
-
-int from_yaml(const std::string &yaml, decoder_config *c, std::string *msg) {
-    fsdp_value *root = nullptr;
-    fsdp_err err;
-    fsdp_err_clear(&err);
-    int rc = yaml_load_string(yaml.data(), yaml.size(), "m.yaml", 0, 0, &root, &err);
-    EXPECT_EQ(rc, 0) << err.msg;
-    if (rc) return rc;
-    rc = decoder_spec_from_value(c, fsdp_value_get(root, "model"), &err);
-    if (msg) *msg = err.msg;
-    val_free(root);
-    return rc;
 }
 
 // Every field of two configs that describes the model (not the preset's name).

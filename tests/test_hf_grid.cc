@@ -144,16 +144,51 @@ std::vector<std::string> judge_all(hf_grid::Report &rep, const std::map<std::str
 
 }  // namespace
 
+namespace {
+
+// The configs whose batch holds their pad token (those whose padding row took a gradient before), as an
+// --only list.
+std::string pad_configs() {
+    std::string only;
+    for (const std::string &n : hf_grid::names())
+        if (hf_grid::Ref(n).pad_in_batch) only += (only.empty() ? "" : ",") + n;
+    return only;
+}
+
+// One harness run judged as test `what`: `want` configs ran (0: at least one), each against the float32
+// rules (bf16: the bf16 rules).
+void grid_variant(const std::string &what, int np, const std::string &args, const std::string &tag, size_t want,
+                  const std::string &env = "", bool bf16 = false) {
+    std::string log;
+    auto m = run_harness(np, args, &log, env);
+    if (want) {
+        EXPECT_EQ(m.size(), want) << log;
+    } else {
+        EXPECT_FALSE(m.empty()) << log;
+    }
+    hf_grid::Report rep(what);
+    for (const auto &kv : m) {
+        if (bf16)
+            hf_grid::judge_bf16(rep, kv.first, kv.second, tag);
+        else
+            hf_grid::judge(rep, kv.first, kv.second, tag);
+    }
+    rep.finish();
+}
+
+}  // namespace
+
+#define SKIP_WITHOUT_GPU()                              \
+    do {                                                \
+        std::string why_;                               \
+        if (!gpu_present(&why_)) GTEST_SKIP() << why_;  \
+    } while (0)
+
 // Three ranks (2 rows each), every config, through the loader (load-ckpt names: hf's sio_load) with the
 // training paths varied by config: activation checkpointing none / full / selective (config i % 3) and
 // one or two accumulated micro-batches (i % 2).
 TEST(HfGrid, ThreeRanksWithCheckpointingAndAccumulation) {
-    std::string log;
-    auto m = run_harness(3, "--ac cycle --accum cycle", &log);
-    EXPECT_EQ(m.size(), hf_grid::names().size()) << log;
-    hf_grid::Report rep("HfGrid.ThreeRanks");
-    judge_all(rep, m, "3 ranks: ");
-    rep.finish();
+    grid_variant("HfGrid.ThreeRanks", 3, "--ac cycle --accum cycle", "3 ranks: ", hf_grid::names().size());
 }
 
 // Expert parallelism on every expert count of the grid: the whole shard group as the EP degree on 2
@@ -189,12 +224,7 @@ TEST(HfGrid, ExpertParallelOnEveryExpertCount) {
 // HSDP: 2 replicas of 2 shards (runtime.mesh), every config, the batch tiled to 3 rows per rank; the MoE
 // configs with an even expert count with expert parallelism 2 inside each replica.
 TEST(HfGrid, HsdpTwoReplicasOfTwoShards) {
-    std::string log;
-    auto m = run_harness(4, "--replicas 2 --tile 2 --ep world", &log);
-    EXPECT_EQ(m.size(), hf_grid::names().size()) << log;
-    hf_grid::Report rep("HfGrid.Hsdp");
-    judge_all(rep, m, "HSDP 2 x 2: ");
-    rep.finish();
+    grid_variant("HfGrid.Hsdp", 4, "--replicas 2 --tile 2 --ep world", "HSDP 2 x 2: ", hf_grid::names().size());
 }
 
 namespace {
@@ -248,44 +278,26 @@ TEST(HfGrid, EvalStageLossOnEveryConfig) {
 
 // Every config in float32 on one GPU: the same checks and tolerances as the CPU path.
 TEST(HfGridGpu, F32OneRankEveryConfig) {
-    std::string why;
-    if (!gpu_present(&why)) GTEST_SKIP() << why;
-    std::string log;
-    auto m = run_harness(1, "--device cuda", &log);
-    EXPECT_EQ(m.size(), hf_grid::names().size()) << log;
-    hf_grid::Report rep("HfGridGpu.F32");
-    judge_all(rep, m, "GPU f32: ");
-    rep.finish();
+    SKIP_WITHOUT_GPU();
+    grid_variant("HfGridGpu.F32", 1, "--device cuda", "GPU f32: ", hf_grid::names().size());
 }
 
 // Every config in bf16 mixed precision on one GPU (FSDP2's param_dtype=bf16, reduce_dtype=float32): each
 // step's loss and grad norm within twice PyTorch's own bf16 error for that config.
 TEST(HfGridGpu, Bf16OneRankEveryConfig) {
-    std::string why;
-    if (!gpu_present(&why)) GTEST_SKIP() << why;
-    std::string log;
-    auto m = run_harness(1, "--device cuda --mixed bf16", &log);
-    EXPECT_EQ(m.size(), hf_grid::names().size()) << log;
-    hf_grid::Report rep("HfGridGpu.Bf16");
-    for (const auto &kv : m) hf_grid::judge_bf16(rep, kv.first, kv.second, "GPU bf16: ");
-    rep.finish();
+    SKIP_WITHOUT_GPU();
+    grid_variant("HfGridGpu.Bf16", 1, "--device cuda --mixed bf16", "GPU bf16: ", hf_grid::names().size(), "", true);
 }
 
-// The configs whose batch holds their pad token (those whose padding row took a gradient before) in
-// float32 on one GPU, and the eval stage's loss on the GPU for one of each model type: the quick part of
-// the GPU grid that `make test` runs.
+// The configs whose batch holds their pad token in float32 on one GPU, and the eval stage's loss on the
+// GPU for one of each model type: the quick part of the GPU grid that `make test` runs.
 TEST(HfGridGpu, PadConfigsAndEvalOnOneGpu) {
-    std::string why;
-    if (!gpu_present(&why)) GTEST_SKIP() << why;
-    std::string only, log;
-    for (const std::string &n : hf_grid::names())
-        if (hf_grid::Ref(n).pad_in_batch) only += (only.empty() ? "" : ",") + n;
-    auto m = run_harness(1, "--device cuda --only " + only, &log);
-    EXPECT_GE(m.size(), 12u) << log;
-    hf_grid::Report rep("HfGridGpu.PadConfigs");
-    judge_all(rep, m, "GPU f32: ");
+    SKIP_WITHOUT_GPU();
+    grid_variant("HfGridGpu.PadConfigs", 1, "--device cuda --only " + pad_configs(), "GPU f32: ", 0);
+    hf_grid::Report rep("HfGridGpu.Eval");
     for (const char *n : {"llama_04", "qwen2_04", "qwen3_04", "qwen3_moe_04", "olmoe_04", "mixtral_04"}) {
         hf_grid::Ref ref(n);
+        std::string log;
         rep.checked++;
         double got = eval_stage_loss(n, 1, &log, "cuda");
         if (std::isnan(got))
@@ -299,42 +311,24 @@ TEST(HfGridGpu, PadConfigsAndEvalOnOneGpu) {
 // Three GPUs with activation checkpointing and two accumulated micro-batches varied by config (as the
 // CPU's ThreeRanks test), every config.
 TEST(HfGridGpu, ThreeGpusWithCheckpointingAndAccumulation) {
-    std::string why;
-    if (!gpu_present(&why)) GTEST_SKIP() << why;
-    std::string log;
-    auto m = run_harness(3, "--device cuda --ac cycle --accum cycle", &log, "env FSDP_EMU_DEVICES=3");
-    EXPECT_EQ(m.size(), hf_grid::names().size()) << log;
-    hf_grid::Report rep("HfGridGpu.ThreeGpus");
-    judge_all(rep, m, "3 GPUs: ");
-    rep.finish();
+    SKIP_WITHOUT_GPU();
+    grid_variant("HfGridGpu.ThreeGpus", 3, "--device cuda --ac cycle --accum cycle", "3 GPUs: ", hf_grid::names().size(),
+                 "env FSDP_EMU_DEVICES=3");
 }
 
 // HSDP on four GPUs (2 replicas of 2 shards) for the configs whose batch holds their pad token, the MoE
 // ones of an even expert count with expert parallelism 2 inside each replica.
 TEST(HfGridGpu, HsdpOnFourGpusPadConfigs) {
-    std::string why;
-    if (!gpu_present(&why)) GTEST_SKIP() << why;
-    std::string only, log;
-    for (const std::string &n : hf_grid::names())
-        if (hf_grid::Ref(n).pad_in_batch) only += (only.empty() ? "" : ",") + n;
-    auto m = run_harness(4, "--device cuda --replicas 2 --tile 2 --ep world --only " + only, &log, "env FSDP_EMU_DEVICES=4");
-    EXPECT_GE(m.size(), 12u) << log;
-    hf_grid::Report rep("HfGridGpu.Hsdp");
-    judge_all(rep, m, "HSDP 2 x 2 GPUs: ");
-    rep.finish();
+    SKIP_WITHOUT_GPU();
+    grid_variant("HfGridGpu.Hsdp", 4, "--device cuda --replicas 2 --tile 2 --ep world --only " + pad_configs(),
+                 "HSDP 2 x 2 GPUs: ", 0, "env FSDP_EMU_DEVICES=4");
 }
 
 // Two GPUs with expert parallelism 2 on the MoE configs of an even expert count, activation checkpointing
-// and two accumulated micro-batches varied by config as on the CPU.
+// varied by config.
 TEST(HfGridGpu, TwoRanksWithExpertParallel) {
-    std::string why;
-    if (!gpu_present(&why)) GTEST_SKIP() << why;
-    std::string log;
-    auto m = run_harness(2, "--device cuda --ep world --select ep --ac cycle", &log);
-    EXPECT_FALSE(m.empty()) << log;
-    hf_grid::Report rep("HfGridGpu.ExpertParallel");
-    judge_all(rep, m, "2 GPUs, EP 2: ");
-    rep.finish();
+    SKIP_WITHOUT_GPU();
+    grid_variant("HfGridGpu.ExpertParallel", 2, "--device cuda --ep world --select ep --ac cycle", "2 GPUs, EP 2: ", 0);
 }
 
 // The user's recipe, through fsdp-run itself on 3 ranks (model: {from_hf}, load-ckpt names: hf,

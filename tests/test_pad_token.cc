@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "decoder_yaml_util.h"
 #include "gpu_util.h"
 #include "hf_grid_util.h"
 #include "test_util.h"
@@ -55,19 +56,6 @@ int parse(const std::string &text, decoder_config *c, std::string *msg) {
     fsdp_err_clear(&err);
     int rc = hf_config_parse(text.data(), text.size(), "config.json", c, &err);
     *msg = err.msg;
-    return rc;
-}
-
-int from_yaml(const std::string &yaml, decoder_config *c, std::string *msg) {
-    fsdp_value *root = nullptr;
-    fsdp_err err;
-    fsdp_err_clear(&err);
-    int rc = yaml_load_string(yaml.data(), yaml.size(), "m.yaml", 0, 0, &root, &err);
-    EXPECT_EQ(rc, 0) << err.msg;
-    if (rc) return rc;
-    rc = decoder_spec_from_value(c, fsdp_value_get(root, "model"), &err);
-    *msg = err.msg;
-    val_free(root);
     return rc;
 }
 
