@@ -126,7 +126,10 @@ def draw_config(mt, i, rng):
     kw = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=rng.choice(EXPERT_INTERS if moe and mt != "qwen3_moe" else INTERS), num_hidden_layers=layers,
               num_attention_heads=h, num_key_value_heads=kv, max_position_embeddings=64,
               rms_norm_eps=EPS[(i + len(mt)) % len(EPS)], initializer_range=STDS[(i // 2 + len(mt)) % len(STDS)],
-              tie_word_embeddings=(i % 4 == 0) if moe else (i % 2 == 1),
+              # tied: MoE i % 4 == 0, dense i % 4 in {0, 1}: 0 and 4 hold the pad in the batch with its labels
+              # kept (so the lookup's gradient would reach the row beside the head's), 6 and 10 untied with them
+              # ignored
+              tie_word_embeddings=(i % 4 == 0) if moe else (i % 4 in (0, 1)),
               bos_token_id=1, eos_token_id=2)
     if explicit_hd:
         kw["head_dim"] = hd
