@@ -39,8 +39,8 @@ int decoder_init_jobs(const decoder_init_job *jobs, int n, uint64_t seed, fsdp_e
         const decoder_init_job *j = &jobs[i];
         rc = check_rows(j->p, j->r0, j->r1, j->f32 ? (const void *)j->f32 : (const void *)j->bf16, err);
         if (!rc) rc = decoder_init_dist(j->p, &g[i].dist, err);
-        if (!rc) rc = init_rule_zero_range(&j->p->init, j->p->ndim, j->p->shape, j->p->name, &g[i].zero_e0,
-                                           &g[i].zero_e1, err);
+        if (!rc) rc = init_rule_zero_range(&j->p->init, j->p->ndim, j->p->shape, 0, INT64_MAX, j->p->name,
+                                           &g[i].zero_e0, &g[i].zero_e1, err);
         g[i].stream = decoder_init_stream(j->p);
         g[i].e0 = j->r0 * j->p->row_numel;
         g[i].n = (j->r1 - j->r0) * j->p->row_numel;

@@ -23,10 +23,9 @@ int decoder_init_rows_dev(dev_ctx *d, const decoder_param *p, uint64_t seed, int
     rc = kcu_init_fill(d_dst, &dist, seed, decoder_init_stream(p), (uint64_t)(r0 * p->row_numel),
                        (r1 - r0) * p->row_numel, (kcu_stream)dev_ctx_stream(d, DEV_STREAM_COMPUTE), err);
     /* the padding row (nn.Embedding's padding_idx) within these rows: zeros, after the draw on the same stream */
-    int64_t z0, z1;
-    if (!rc) rc = init_rule_zero_range(&p->init, p->ndim, p->shape, p->name, &z0, &z1, err);
-    if (z0 < r0 * p->row_numel) z0 = r0 * p->row_numel;
-    if (z1 > r1 * p->row_numel) z1 = r1 * p->row_numel;
+    int64_t z0 = 0, z1 = 0;
+    if (!rc) rc = init_rule_zero_range(&p->init, p->ndim, p->shape, r0 * p->row_numel, r1 * p->row_numel, p->name, &z0,
+                                       &z1, err);
     if (!rc && z0 < z1)
         rc = dev_memset0(d, d_dst + (z0 - r0 * p->row_numel), (size_t)(z1 - z0) * sizeof(float), DEV_STREAM_COMPUTE, err);
     return rc ? fsdp_err_prefix(err, "decoder init (cuda): %s", p->name) : FSDP_OK;

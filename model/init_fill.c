@@ -18,7 +18,7 @@ int init_job_for_rule(init_job *j, const init_rule *r, int ndim, const int64_t *
                       fsdp_err *err) {
     memset(&j->dist, 0, sizeof j->dist);
     memset(&j->sincos, 0, sizeof j->sincos);
-    int rc = init_rule_zero_range(r, ndim, shape, what, &j->zero_e0, &j->zero_e1, err);
+    int rc = init_rule_zero_range(r, ndim, shape, 0, INT64_MAX, what, &j->zero_e0, &j->zero_e1, err);
     if (rc) return rc;
     if (r->kind == INIT_SINCOS_2D) return init_sincos_make(r->grid, r->base, ndim, shape, what, &j->sincos, err);
     return init_rule_dist(r, ndim, shape, what, &j->dist, err);

@@ -438,8 +438,8 @@ int init_rule_dist(const init_rule *r, int ndim, const int64_t *shape, const cha
     return rc ? fsdp_err_prefix(err, "%s", what) : 0;
 }
 
-int init_rule_zero_range(const init_rule *r, int ndim, const int64_t *shape, const char *what, int64_t *z0,
-                         int64_t *z1, fsdp_err *err) {
+int init_rule_zero_range(const init_rule *r, int ndim, const int64_t *shape, int64_t e0, int64_t e1, const char *what,
+                         int64_t *z0, int64_t *z1, fsdp_err *err) {
     *z0 = *z1 = 0;
     if (!r->has_zero_row) return 0;
     if (!what) what = "init";
@@ -448,8 +448,9 @@ int init_rule_zero_range(const init_rule *r, int ndim, const int64_t *shape, con
                             "padding_idx < dim 0)", what, (long long)r->zero_row, ndim < 1 ? 0LL : (long long)shape[0]);
     int64_t row = 1;
     for (int d = 1; d < ndim; d++) row *= shape[d];
-    *z0 = r->zero_row * row;
-    *z1 = *z0 + row;
+    *z0 = r->zero_row * row > e0 ? r->zero_row * row : e0;
+    *z1 = (r->zero_row + 1) * row < e1 ? (r->zero_row + 1) * row : e1;
+    if (*z1 < *z0) *z1 = *z0;
     return 0;
 }
 

@@ -117,10 +117,10 @@ int init_fans(int ndim, const int64_t *shape, int64_t *fan_in, int64_t *fan_out,
 int init_rule_dist(const init_rule *r, int ndim, const int64_t *shape, const char *what, rng_dist *d, fsdp_err *err);
 
 /* The elements [*z0, *z1) of the FULL parameter (flat row-major) that rule r leaves zero (its padding_idx
- * row; an empty range, *z0 == *z1 == 0, without one). FSDP_E_INVALID naming `what` when the row is not one
- * of the shape's. */
-int init_rule_zero_range(const init_rule *r, int ndim, const int64_t *shape, const char *what, int64_t *z0,
-                         int64_t *z1, fsdp_err *err);
+ * row) within the elements [e0, e1) (a rank's rows, say); an empty range (*z0 == *z1) without one or
+ * outside them. FSDP_E_INVALID naming `what` when the row is not one of the shape's. */
+int init_rule_zero_range(const init_rule *r, int ndim, const int64_t *shape, int64_t e0, int64_t e1, const char *what,
+                         int64_t *z0, int64_t *z1, fsdp_err *err);
 
 /* The RNG stream of a parameter: rng_fnv1a64(name) (the one Llama's init has always used). */
 uint64_t init_stream(const char *name);

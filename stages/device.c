@@ -242,9 +242,7 @@ static int zero_row_dev(dev_ctx *d, state_param *sp, const mt_param *p, fsdp_err
     int64_t z0, z1, e0 = sp->row0 * sp->row_numel, e1 = e0 + (int64_t)state_param_local_numel(sp);
     char what[MT_NAME_MAX + 32];
     snprintf(what, sizeof what, "init of %s", p->name);
-    int rc = init_rule_zero_range(&p->init, p->ndim, p->shape, what, &z0, &z1, err);
-    if (z0 < e0) z0 = e0;
-    if (z1 > e1) z1 = e1;
+    int rc = init_rule_zero_range(&p->init, p->ndim, p->shape, e0, e1, what, &z0, &z1, err);
     if (rc || z0 >= z1) return rc;
     return dev_memset0(d, (float *)sp->d_data + (z0 - e0), (size_t)(z1 - z0) * sizeof(float), DEV_STREAM_COMPUTE, err);
 }
