@@ -8,6 +8,7 @@
 #include "ckpt/dcp.h"
 #include "ckpt/dcp_st.h"
 #include "ckpt/reader_impl.h"
+#include "ckpt/reader_view.h"
 #include "ckpt/safetensors.h"
 #include "ckpt/torchsave.h"
 #include "ckpt/zip.h"
@@ -128,6 +129,15 @@ static int resolve_st(ckpt_reader *r, size_t i, cks_files *fc, cks_src *s, fsdp_
 int cks_src_resolve(ckpt_reader *r, size_t i, cks_files *fc, cks_src *s, int *ok, fsdp_err *err) {
     memset(s, 0, sizeof *s);
     const ckpt_entry *e = ckpt_entry_at(r, i);
+    if (r->inner) { /* a view: an entry passed through streams from its source; rows of runs do not */
+        ckpt_reader *src;
+        long j = ckpt_view_same(r, i, &src);
+        *ok = 0;
+        if (j < 0) return 0;
+        int rc = cks_src_resolve(src, (size_t)j, fc, s, ok, err);
+        if (!rc && *ok) s->name = e->name;
+        return rc;
+    }
     *ok = e && e->is_tensor && (r->format == CKPT_DCP || r->format == CKPT_SAFETENSORS);
     if (!*ok) return 0;
     s->name = e->name;

@@ -13,6 +13,7 @@
 #include "ckpt/ckpt_steps.h"
 #include "ckpt/dcp.h"
 #include "ckpt/reader_impl.h"
+#include "ckpt/reader_view.h"
 #include "runtime/fileio.h"
 
 static int has_suffix(const char *s, const char *suf) {
@@ -224,6 +225,7 @@ void ckpt_close(ckpt_reader *r) {
     if (r) r->ops->close(r);
 }
 ckpt_format ckpt_reader_format(const ckpt_reader *r) { return r->format; }
+const char *ckpt_reader_path(const ckpt_reader *r) { return r->path; }
 size_t ckpt_count(const ckpt_reader *r) { return r->n; }
 const ckpt_entry *ckpt_entry_at(const ckpt_reader *r, size_t i) { return i < r->n ? &r->entries[i] : NULL; }
 
@@ -237,6 +239,7 @@ long ckpt_find(const ckpt_reader *r, const char *name) {
 
 int ckpt_verify(ckpt_reader *r, size_t *records, fsdp_err *err) {
     *records = 0;
+    if (r->inner) return ckpt_verify(r->inner, records, err); /* a view: its source's files */
     switch (r->format) {
     case CKPT_PT: return ckpt_verify_pt(r, records, err);
     case CKPT_DCP: return dcp_verify(r->impl, records, err);
@@ -271,6 +274,11 @@ int ckpt_value(ckpt_reader *r, size_t i, const char **text, fsdp_err *err) {
     *text = NULL;
     if (i >= r->n || r->entries[i].is_tensor)
         return fsdp_err_set(err, FSDP_E_INVALID, "checkpoint %s: entry #%zu is not a value", r->path, i);
+    ckpt_reader *src;
+    long j = ckpt_view_same(r, i, &src);
+    if (j >= 0) return ckpt_value(src, (size_t)j, text, err);
+    if (r->inner) return fsdp_err_set(err, FSDP_E_FORMAT, "checkpoint %s: value %s is not decodable", r->path,
+                                      r->entries[i].name);
     if (r->format == CKPT_DCP) {
         int rc = dcp_value(r->impl, i, text, err);
         return rc ? fsdp_err_prefix(err, "checkpoint %s", r->path) : 0;
@@ -284,8 +292,11 @@ int ckpt_value_pickle(ckpt_reader *r, size_t i, void **buf, size_t *len, fsdp_er
     *buf = NULL;
     if (i >= r->n || r->entries[i].is_tensor)
         return fsdp_err_set(err, FSDP_E_INVALID, "checkpoint %s: entry #%zu is not a value", r->path, i);
+    ckpt_reader *src;
+    long j = ckpt_view_same(r, i, &src);
+    if (j >= 0) return ckpt_value_pickle(src, (size_t)j, buf, len, err);
     int rc;
-    switch (r->format) {
+    switch (r->inner ? CKPT_AUTO : r->format) {
     case CKPT_DCP: rc = dcp_value_pickle(r->impl, i, buf, len, err); break;
     case CKPT_PT: rc = ckpt_pt_value_pickle(r, i, buf, len, err); break;
     default: rc = fsdp_err_set(err, FSDP_E_INVALID, "value %s: this format holds no values", r->entries[i].name);

@@ -40,6 +40,8 @@ typedef struct ckpt_reader ckpt_reader;
 int ckpt_open(const char *path, ckpt_format fmt, ckpt_reader **out, fsdp_err *err);
 void ckpt_close(ckpt_reader *r);
 ckpt_format ckpt_reader_format(const ckpt_reader *r);
+/* The path it was opened from. */
+const char *ckpt_reader_path(const ckpt_reader *r);
 const char *ckpt_format_name(ckpt_format f);
 int ckpt_format_from_name(const char *name, ckpt_format *out);
 

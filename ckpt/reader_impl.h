@@ -25,6 +25,8 @@ struct ckpt_reader {
     nidx names; /* entry name -> index of its first entry (built by ckpt_open unless ops->find) */
     uint64_t identity; /* ckpt_identity (set by ckpt_open) */
     int restarts;      /* ckpt_restarts */
+    /* a view's source (ckpt/reader_view.h): what is stored is its; NULL for a reader of files */
+    struct ckpt_reader *inner;
 };
 
 /* A reader with room for n entries (zeroed) over impl; NULL when out of memory. */

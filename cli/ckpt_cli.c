@@ -20,11 +20,13 @@
 #include "cli/ckpt_tool.h"
 #include "cli/ckpt_cli_model.h"
 #include "cli/ckpt_convert_moe.h"
+#include "cli/ckpt_layout.h"
 #include "runtime/crash.h"
 
 static void ckpt_usage(FILE *f) {
     fputs("usage: fsdp-run ckpt inspect PATH [--json] [--verify]\n"
-          "       fsdp-run ckpt convert SRC DST [--to dcp|safetensors] [--names hf|torchtitan] [--dtype f32|bf16|f16]\n"
+          "       fsdp-run ckpt convert SRC DST [--from auto|LAYOUT] [--to dcp|safetensors|LAYOUT] [--names hf|torchtitan]\n"
+          "                             [--dtype f32|bf16|f16]\n"
           "                             [--keys GLOB[,GLOB...]]... [--exclude GLOB[,GLOB...]]... [--strip-prefix P]\n"
           "                             [--add-prefix P] [--n-heads H --n-kv-heads K] [--model PRESET|HF_DIR] [--overwrite]\n"
           "                             [--prefixes model=P,optim=P] [--layout torchtitan|keep] [--world M]\n"
@@ -52,6 +54,10 @@ static void ckpt_usage(FILE *f) {
           "block_sparse_moe.experts.E.w*) into torchtitan's layers.L.moe.experts.w1|w2|w3 [experts, ...]; --names hf\n"
           "--to safetensors writes them per expert again, under Mixtral's names with --moe-names mixtral or an\n"
           "--hf-config whose model_type is mixtral (its head counts, q/k norm width and DeepSeek-V3 MLA names too).\n"
+          "Layouts (LAYOUT: torchtitan-0.2, torchtitan-0.3, ...; inspect names the one it recognises): --from reads\n"
+          "SRC in that layout (auto: detected from its keys), --to writes DST in that one (its names, fused\n"
+          "tensors, q/k row order and optimizer keys), weights and optimizer moments alike; --from alone writes\n"
+          "fsdp-run's own layout (torchtitan-0.2). --to hf exports Hugging Face names (--names hf).\n"
           "inspect, diff and convert's SRC never remove anything: they report the temporaries of saves they find.\n"
           "clean removes what interrupted saves left at PATH, printing each file and why: the temporaries the\n"
           "writers create (*.distcp.tmp, *.metadata.tmp, *.safetensors.tmp, *.safetensors.index.json.tmp) and, in a\n"
@@ -193,6 +199,7 @@ static int cmd_inspect(int argc, char **argv, FILE *out, FILE *log) {
     uint64_t total = 0, stored = 0;
     json_t *arr = json ? json_array() : NULL;
     if (!json) fprintf(out, "%s: %s checkpoint, %zu keys\n", path, ckpt_format_name(ckpt_reader_format(r)), n);
+    if (!json) ckcl_print_layout(r, out);
     for (size_t i = 0; i < n; i++) {
         const ckpt_entry *e = ckpt_entry_at(r, i);
         const char *val = NULL;
@@ -216,6 +223,8 @@ static int cmd_inspect(int argc, char **argv, FILE *out, FILE *log) {
         if (verify) json_object_set_new(o, "verified_records", json_integer((json_int_t)records));
         json_object_set_new(o, "checked", checked_json(&rep, verify));
         json_object_set_new(o, "format", json_string(ckpt_format_name(ckpt_reader_format(r))));
+        const char *lname = ckcl_layout_name(r);
+        json_object_set_new(o, "layout", lname ? json_string(lname) : json_null());
         json_object_set_new(o, "tensor_bytes", json_integer((json_int_t)total));
         json_object_set_new(o, "stored_tensor_bytes", json_integer((json_int_t)stored));
         json_object_set_new(o, "keys", arr);
@@ -246,6 +255,8 @@ typedef struct conv {
     decoder_config cfg; /* --model's, when given */
     const char *hf_config, *moe_names; /* --hf-config, --moe-names */
     nmap_hf hf;                        /* the name map's facts (ckcv_facts) */
+    const char *from, *to_layout;      /* --from, --to LAYOUT */
+    char layouts[256];                 /* "A -> B" when a layout was converted */
 } conv;
 
 /* output name of input entry i, "" to skip */
@@ -354,7 +365,10 @@ static int convert_layout(conv *c, fsdp_err *err) {
 static int convert_args(int argc, char **argv, conv *c, conv_out *o, FILE *log) {
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--to") && v) o->to = v, i++;
+        if (!strcmp(a, "--to") && v && ckcl_is_layout(v) && strcmp(v, "hf")) c->to_layout = v, i++;
+        else if (!strcmp(a, "--to") && v && !strcmp(v, "hf")) c->names = "hf", o->to = "safetensors", i++;
+        else if (!strcmp(a, "--to") && v) o->to = v, i++;
+        else if (!strcmp(a, "--from") && v) c->from = v, i++;
         else if (!strcmp(a, "--names") && v) c->names = v, i++;
         else if (!strcmp(a, "--dtype") && v) {
             c->dtype = fsdp_dtype_from_name(v);
@@ -703,6 +717,7 @@ static void convert_report(const conv *c, const conv_out *o, FILE *out) {
     fprintf(out, "converted %zu tensors (%.1f MB)", o->written, (double)o->bytes / 1e6);
     if (o->values) fprintf(out, " and %zu non-tensor entries", o->values);
     fprintf(out, " from %s to %s (%s)\n", o->src, o->dst, o->to);
+    if (c->layouts[0]) fprintf(out, "layout: %s\n", c->layouts);
     if (training)
         fprintf(out, "--names %s exports the model keys: left out %zu training entries (optimizer.*, train_state.*, "
                      "lr_scheduler.*, dataloader.*)\n", c->names, training);
@@ -737,6 +752,15 @@ static int cmd_convert(int argc, char **argv, FILE *out, FILE *log) {
         ckpt_keys_free(&c.keys);
         ckpt_keys_free(&c.exclude);
         return 1;
+    }
+    if (c.from || c.to_layout) {
+        ckcl_req q = {c.from, c.to_layout, c.heads, c.kv_heads};
+        if ((rc = ckcl_wrap(&c.r, &q, c.layouts, sizeof c.layouts, &err))) {
+            fprintf(log, "fsdp-run ckpt convert: error: %s: %s\n", o.src, err.msg);
+            ckpt_keys_free(&c.keys);
+            ckpt_keys_free(&c.exclude);
+            return fsdp_err_exit_code(rc);
+        }
     }
     if ((rc = convert_layout(&c, &err)) ||
         (rc = ckcv_facts(c.r, c.heads, c.kv_heads, c.hf_config, c.moe_names, &c.hf, &err))) {

@@ -59,6 +59,9 @@ static const fsdp_param_spec PARAMS[] = {
     {"path", FSDP_T_STRING, 0, NULL, NULL,
      "checkpoint: DCP directory, .safetensors / HF directory / index, .pt (without it: `parts` from their own sources)"},
     {"format", FSDP_T_STRING, 0, "auto", FORMATS, "checkpoint format (auto detects it)"},
+    {"layout", FSDP_T_STRING, 0, "auto", NULL,
+     "the trainer's checkpoint layout (layouts/layout.h: torchtitan-0.2, torchtitan-0.3, ...; hf as names: hf; "
+     "auto detects it from the keys)"},
     {"names", FSDP_T_STRING, 0, "torchtitan", NAMES, "key names in the checkpoint (hf: Hugging Face Llama)"},
     {"strip_prefix", FSDP_T_STRING, 0, NULL, NULL, "remove this prefix from checkpoint keys (e.g. 'model.')"},
     {"add_prefix", FSDP_T_STRING, 0, NULL, NULL, "add this prefix to checkpoint keys"},
@@ -404,8 +407,8 @@ static int resolve_again(void *user, char *path, size_t cap, fsdp_err *err) {
 /* One sio_load, its results added to *sum; strict: false reports what it did not restore. Every
  * rank reads one save (ckpt/ckpt_agree.h); given: the path as the recipe gives it (DIR/latest is
  * looked up again when the step it named changes while it is opened). */
-static int load_one(fsdp_ctx *ctx, fsdp_state *s, const char *given, const char *path, sio_load_opts *o,
-                    sio_load_result *sum, fsdp_err *err) {
+static int load_one(fsdp_ctx *ctx, fsdp_state *s, const char *given, const char *path, const char *layout,
+                    sio_load_opts *o, sio_load_result *sum, fsdp_err *err) {
     char base[4200], at[4400];
     snprintf(at, sizeof at, "%s", path);
     relatest q = {ctx, given, 0};
@@ -414,12 +417,18 @@ static int load_one(fsdp_ctx *ctx, fsdp_state *s, const char *given, const char 
     int rc = ckpt_open_agreed(stage_comm(ctx), o->format, latest ? resolve_again : NULL, &q, at, sizeof at, &r,
                               &restarts, err);
     if (rc) return rc;
+    ckpt_reader *src = r;
+    if ((rc = stage_layout_view(ctx, s, layout, &r, err))) {
+        ckpt_close(src);
+        return rc;
+    }
     if (restarts)
         fsdp_log(ctx, FSDP_LOG_WARN, "load-ckpt: %s changed while it was being opened (a save replaced it); read the "
                  "new save (%d restart%s)", at, restarts, restarts == 1 ? "" : "s");
     unsigned char *restored = o->strict ? NULL : calloc(s->n ? s->n : 1, 1);
     if (!o->strict && !restored) {
-        ckpt_close(r);
+        if (r != src) ckpt_close(r);
+        ckpt_close(src);
         return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
     }
     o->restored = restored;
@@ -427,7 +436,8 @@ static int load_one(fsdp_ctx *ctx, fsdp_state *s, const char *given, const char 
     sio_load_result res;
     rc = sio_load(s, at, o, &res, err);
     o->reader = NULL;
-    ckpt_close(r);
+    if (r != src) ckpt_close(r);
+    ckpt_close(src);
     if (!rc && restored) report_not_restored(ctx, s, restored, at);
     free(restored);
     if (rc) return rc;
@@ -468,7 +478,7 @@ static int load_sources(fsdp_ctx *ctx, const fsdp_value *with, fsdp_state *s, co
         load_args a = {0};
         rc = common_opts(with, s, sink, staged, &o, &a, err);
         if (!rc) rc = part_opts(s, pi, &o, &a, err);
-        if (!rc) rc = load_one(ctx, s, NULL, t->parts[pi].from, &o, sum, err);
+        if (!rc) rc = load_one(ctx, s, NULL, t->parts[pi].from, "auto", &o, sum, err);
         if (rc) fsdp_err_prefix(err, "load-ckpt part '%s'", name);
         load_args_free(&a);
         int w = snprintf(what + o_len, cap - o_len, "%s%s (part %s)", o_len ? ", " : "", t->parts[pi].from, name);
@@ -530,7 +540,8 @@ static int load_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
         load_args a = {0};
         rc = common_opts(with, s, &sink, staged, &o, &a, err);
         if (!rc) rc = path_opts(with, s, &o, &a, err);
-        if (!rc) rc = load_one(ctx, s, fsdp_arg_str(with, "path", ""), path, &o, &sum, err);
+        if (!rc) rc = load_one(ctx, s, fsdp_arg_str(with, "path", ""), path, fsdp_arg_str(with, "layout", "auto"), &o, &sum,
+                                  err);
         load_args_free(&a);
     }
     stage_ckpt_sink_free(&sink);
@@ -558,11 +569,12 @@ static int prefixes_check(const fsdp_value *pre, fsdp_err *err) {
 }
 
 static int load_check(const fsdp_value *with, fsdp_err *err) {
-    int prc = prefixes_check(fsdp_value_get(with, "prefixes"), err);
+    int prc = stage_layout_check(fsdp_value_get(with, "layout"), err);
+    if (!prc) prc = prefixes_check(fsdp_value_get(with, "prefixes"), err);
     if (prc) return prc;
     if (!fsdp_value_get(with, "path")) {
         /* each part from its own source: the options of a path make no sense there */
-        static const char *const PATH_ONLY[] = {"format", "names", "strip_prefix", "add_prefix", "rename", "drop",
+        static const char *const PATH_ONLY[] = {"format", "layout", "names", "strip_prefix", "add_prefix", "rename", "drop",
                                                 "prefixes", "if_missing", "load_optimizer", NULL};
         if (!fsdp_value_get(with, "parts"))
             return fsdp_err_at(err, FSDP_E_INVALID, with, "load-ckpt: give path (a checkpoint), or parts without path "

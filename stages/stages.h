@@ -3,6 +3,7 @@
 #define FSDP_STAGES_STAGES_H
 
 #include "ckpt/ckpt_pipe.h"
+#include "ckpt/reader.h"
 #include "fsdp/stage.h"
 #include "decoder/decoder_config.h"
 #include "decoder/decoder_init.h"
@@ -111,5 +112,12 @@ typedef struct stage_save_policy {
 int stage_save_dcp_step(fsdp_ctx *ctx, fsdp_state *s, const char *base, const stage_save_policy *p, fsdp_err *err);
 /* Waits for the run's async save in flight, if any, and commits it. */
 int stage_wait_saves(fsdp_ctx *ctx, fsdp_err *err);
+
+/* load-ckpt's `layout:` (stages/load_layout.c): the value checked (auto, hf or a layout's name); the
+ * checkpoint *r seen in fsdp-run's layout when it is another trainer's (auto: detected, the layout named in
+ * the log; two candidates an error listing them): *r becomes a view over it (the source stays open: close
+ * the view, then the source). hf and fsdp-run's own leave *r as it is. */
+int stage_layout_check(const fsdp_value *v, fsdp_err *err);
+int stage_layout_view(fsdp_ctx *ctx, const fsdp_state *s, const char *layout, ckpt_reader **r, fsdp_err *err);
 
 #endif

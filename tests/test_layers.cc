@@ -26,6 +26,7 @@ const std::vector<std::vector<std::string>> kRooms = {
     {"decoder"},          // the trainable decoder family (Llama 3.x, Qwen2, Qwen3 as rows of a table)
     {"model"},            // any model: the table of named tensors, init rules, the sharded state
     {"pipeline"},         // the recipe language: YAML, values, variables, the DAG, the registry
+    {"layouts"},          // trainers' checkpoint layouts as data, and views of a checkpoint in another
     {"ckpt", "kernels"},  // checkpoint formats and I/O; CPU and GPU kernels
     {"runtime"},          // errors, files, communicators, devices, RNG, logging
     {"include"},          // the public headers of the stage ABI

@@ -1,0 +1,55 @@
+/* Layouts in the ckpt tools (cli/ckpt_layout.h). */
+#include "cli/ckpt_layout.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static int pick(const char *name, ckpt_reader *r, const lay_layout **L, fsdp_err *err) {
+    char names[512];
+    if (!name || !strcmp(name, "auto")) return lay_detect(r, lay_find("torchtitan"), L, err);
+    if ((*L = lay_find(name))) return 0;
+    return fsdp_err_set(err, FSDP_E_INVALID, "no layout named %s (layouts: %s, or auto)", name,
+                        lay_names(names, sizeof names));
+}
+
+int ckcl_is_layout(const char *name) { return name && lay_find(name) != NULL; }
+
+int ckcl_wrap(ckpt_reader **r, const ckcl_req *q, char *said, size_t cap, fsdp_err *err) {
+    const lay_layout *from, *to = NULL;
+    int rc = pick(q->from, *r, &from, err);
+    if (!rc && q->to) rc = pick(q->to, *r, &to, err);
+    if (rc) return rc;
+    lay_facts f = {q->n_heads, q->n_kv_heads};
+    ckpt_reader *v;
+    if ((rc = lay_view(*r, 1, from, LAY_TO_CANON, &f, &v, err))) {
+        *r = NULL; /* closed by lay_view */
+        return rc;
+    }
+    *r = v;
+    if (to) {
+        if ((rc = lay_view(*r, 1, to, LAY_FROM_CANON, &f, &v, err))) {
+            *r = NULL;
+            return rc;
+        }
+        *r = v;
+    }
+    snprintf(said, cap, "%s -> %s", from->name, to ? to->name : "torchtitan-0.2 (fsdp-run's own)");
+    return 0;
+}
+
+void ckcl_print_layout(ckpt_reader *r, FILE *out) {
+    const lay_layout *L;
+    fsdp_err err;
+    char names[512];
+    size_t n = 0;
+    for (size_t i = 0; i < lay_count(); i++) n += (size_t)lay_matches(r, lay_at(i));
+    if (!n) fprintf(out, "layout: none of fsdp-run's (%s)\n", lay_names(names, sizeof names));
+    else if (lay_detect(r, NULL, &L, &err)) fprintf(out, "layout: ambiguous: %s\n", err.msg);
+    else fprintf(out, "layout: %s (%s; %s)\n", L->name, L->system, L->covers);
+}
+
+const char *ckcl_layout_name(ckpt_reader *r) {
+    const lay_layout *L;
+    fsdp_err err;
+    return lay_detect(r, NULL, &L, &err) ? NULL : L->name;
+}

@@ -1,0 +1,27 @@
+/* Layouts in the ckpt tools (layouts/layout.h): convert --from/--to, inspect's and diff's detection. */
+#ifndef FSDP_CLI_CKPT_LAYOUT_H
+#define FSDP_CLI_CKPT_LAYOUT_H
+
+#include <stddef.h>
+#include <stdio.h>
+
+#include "ckpt/reader.h"
+#include "layouts/layout.h"
+
+/* What --from / --to asked for: names (or NULL / "auto") and the model's head counts. */
+typedef struct ckcl_req {
+    const char *from, *to;
+    int n_heads, n_kv_heads;
+} ckcl_req;
+
+/* *r seen as fsdp-run's layout (from: "auto" or NULL detects, a name takes that one), then, when to is set,
+ * in layout `to`; *r is replaced by the view (which owns it). said (cap bytes): "torchtitan-0.3 -> olmo-core-3"
+ * for the report. A layout name fsdp-run does not know is FSDP_E_INVALID listing them. */
+int ckcl_wrap(ckpt_reader **r, const ckcl_req *q, char *said, size_t cap, fsdp_err *err);
+/* A name --to names a layout by (1), or a format (0). */
+int ckcl_is_layout(const char *name);
+/* inspect's line: "layout: NAME (SYSTEM; covers ...)", or why none / which candidates. json: the name or null. */
+void ckcl_print_layout(ckpt_reader *r, FILE *out);
+const char *ckcl_layout_name(ckpt_reader *r);
+
+#endif

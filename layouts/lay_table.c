@@ -1,0 +1,63 @@
+/* Every layout, and finding and telling them apart (layouts/layout.h). */
+#include <stdio.h>
+#include <string.h>
+
+#include "ckpt/namemap.h"
+#include "layouts/lay_rows.h"
+
+static const lay_layout *const all[] = {&lay_torchtitan_02, &lay_torchtitan_03};
+
+size_t lay_count(void) { return LAY_N(all); }
+const lay_layout *lay_at(size_t i) { return i < LAY_N(all) ? all[i] : NULL; }
+
+const lay_layout *lay_find(const char *name) {
+    if (!name) return NULL;
+    if (!strcmp(name, "torchtitan")) return &lay_torchtitan_02;
+    for (size_t i = 0; i < LAY_N(all); i++)
+        if (!strcmp(all[i]->name, name)) return all[i];
+    return NULL;
+}
+
+const char *lay_names(char *buf, size_t cap) {
+    size_t n = 0;
+    if (cap) buf[0] = '\0';
+    for (size_t i = 0; i < LAY_N(all) && n < cap; i++)
+        n += (size_t)snprintf(buf + n, cap - n, "%s%s", i ? ", " : "", all[i]->name);
+    return buf;
+}
+
+/* The first key of r matching one of L's marks, or -1. */
+static long first_mark(ckpt_reader *r, const lay_layout *L) {
+    for (size_t i = 0; i < ckpt_count(r); i++)
+        for (size_t m = 0; m < L->n_marks; m++)
+            if (nmap_glob_match(L->marks[m], ckpt_entry_at(r, i)->name, NULL) >= 0) return (long)i;
+    return -1;
+}
+
+int lay_matches(ckpt_reader *r, const lay_layout *L) { return first_mark(r, L) >= 0; }
+
+int lay_detect(ckpt_reader *r, const lay_layout *fallback, const lay_layout **out, fsdp_err *err) {
+    *out = NULL;
+    char list[2048] = "";
+    size_t n = 0, used = 0;
+    for (size_t i = 0; i < LAY_N(all); i++) {
+        long k = first_mark(r, all[i]);
+        if (k < 0) continue;
+        if (!n++) *out = all[i];
+        used += (size_t)snprintf(list + used, used < sizeof list ? sizeof list - used : 0, "%s%s (key %s)",
+                                 n > 1 ? ", " : "", all[i]->name, ckpt_entry_at(r, (size_t)k)->name);
+        if (used >= sizeof list) used = sizeof list - 1;
+    }
+    if (n == 1) return 0;
+    *out = NULL;
+    if (n > 1)
+        return fsdp_err_set(err, FSDP_E_FORMAT, "checkpoint %s matches more than one layout: %s; name one with "
+                            "layout: NAME", ckpt_reader_path(r), list);
+    char names[512];
+    if (fallback) {
+        *out = fallback;
+        return 0;
+    }
+    return fsdp_err_set(err, FSDP_E_FORMAT, "checkpoint %s is in none of the layouts fsdp-run knows (%s); name one "
+                        "with layout: NAME", ckpt_reader_path(r), lay_names(names, sizeof names));
+}

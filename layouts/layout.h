@@ -1,0 +1,97 @@
+/* Trainers' checkpoint layouts as data (module prefix lay_).
+ *
+ * fsdp-run's own layout, the "canonical" one every load and save speaks, is torchtitan's classic one
+ * (ckpt/namemap.h: `tok_embeddings.weight`, `layers.{i}.attention.wq.weight`, ..., `output.weight`; q/k rows
+ * in interleaved RoPE order) with its training entries: `optimizer.state.<fqn>.<kind>` (AdamW's exp_avg,
+ * exp_avg_sq, step), `optimizer.param_groups.<fqn>.<option>`, `train_state.*`, `lr_scheduler.*`,
+ * `dataloader.*`. A trainer's layout is one lay_layout row (a file per trainer, layouts/lay_<trainer>.c):
+ *   - the prefix of its weights and of its optimizer state (`<optim>state.<fqn>.<kind>`,
+ *     `<optim>param_groups.<fqn>.<option>`: a moment or an option follows its parameter's name);
+ *   - name rules: glob pairs (ckpt/namemap.h's `*` and `**`), canonical <-> its own, e.g.
+ *     "layers.*.attention.wq.weight" <-> "blocks.*.attention.w_q.weight";
+ *   - fused tensors: one of its tensors whose rows are several canonical tensors' (torchtitan 0.3's wqkv,
+ *     fms's qkv_fused), with their order (one after another, or torchtitan 0.3's GQA interleave
+ *     [n_kv, heads_per_kv + 2, head_dim]) and whether the weights, the moments or both are fused; a moment
+ *     of a fused tensor is split and fused with it, its 0-d `step` and its options copied to every part;
+ *   - the RoPE row order its q/k weights expect (interleaved, or rotate-half: the rows of wq, wk, their
+ *     biases and the q/k-norm weights are permuted inside each head, as `names: hf` does);
+ *   - marks: keys that tell its checkpoints apart (`auto` detection).
+ * A view (ckpt/reader_view.h) shows a checkpoint of one layout in the other without copying it:
+ * LAY_TO_CANON reads a trainer's checkpoint as fsdp-run's (load-ckpt, convert --from), LAY_FROM_CANON shows
+ * a canonical checkpoint in the trainer's names (convert --to, save in a layout). A key no rule maps passes
+ * through under its own name (a strict load then names it unexpected), so nothing is dropped silently. */
+#ifndef FSDP_LAYOUTS_LAYOUT_H
+#define FSDP_LAYOUTS_LAYOUT_H
+
+#include <stddef.h>
+
+#include "ckpt/reader.h"
+#include "fsdp/error.h"
+
+typedef enum lay_rope { LAY_ROPE_INTERLEAVED = 0, LAY_ROPE_HALF = 1 } lay_rope;
+typedef enum lay_dir { LAY_TO_CANON = 0, LAY_FROM_CANON = 1 } lay_dir;
+
+typedef struct lay_name {
+    const char *canon, *native; /* globs with the same wildcards */
+} lay_name;
+
+typedef enum lay_fuse_kind {
+    LAY_FUSE_QKV = 0, /* q rows (n_heads heads), then k (n_kv heads), then v (n_kv heads) */
+    LAY_FUSE_GQA = 1, /* per kv head j: its heads_per_kv q heads, then k head j, then v head j */
+    LAY_FUSE_EQUAL = 2 /* the parts one after another, of equal rows (fms's wg1_fused: gate, then up) */
+} lay_fuse_kind;
+
+#define LAY_FUSE_WEIGHTS 1u
+#define LAY_FUSE_MOMENTS 2u
+#define LAY_MAX_PARTS 3
+
+typedef struct lay_fuse {
+    const char *native;                   /* its fused tensor (a glob) */
+    const char *part[LAY_MAX_PARTS];      /* the canonical tensors, in order (globs with the same wildcards) */
+    int n_part;
+    lay_fuse_kind kind;
+    unsigned what;                        /* LAY_FUSE_WEIGHTS | LAY_FUSE_MOMENTS */
+} lay_fuse;
+
+typedef struct lay_layout {
+    const char *name;     /* "torchtitan-0.3" */
+    const char *system;   /* "torchtitan 0.3.0 (CheckpointManager)", for the log and the README */
+    const char *covers;   /* "weights, optimizer, train_state, lr_scheduler, dataloader" */
+    const char *model;    /* prefix of its weights ("" top level) */
+    const char *optim;    /* prefix of its optimizer state ("optimizer.") */
+    lay_rope rope;
+    const lay_name *names;
+    size_t n_names;
+    const lay_fuse *fuse;
+    size_t n_fuse;
+    const char *const *marks; /* globs of keys only its checkpoints have (any one: this layout) */
+    size_t n_marks;
+} lay_layout;
+
+/* What a view needs of the model: head counts for q/k row orders and fused q/k/v (0: unknown; a view
+ * that needs them then fails naming the tensor). */
+typedef struct lay_facts {
+    int n_heads, n_kv_heads;
+} lay_facts;
+
+/* Every layout, in the order `auto` tries them. */
+size_t lay_count(void);
+const lay_layout *lay_at(size_t i);
+/* A layout by name (or alias: "torchtitan" is "torchtitan-0.2"); NULL when none. */
+const lay_layout *lay_find(const char *name);
+/* The names of every layout into buf, ", " between ("torchtitan-0.2, torchtitan-0.3, ..."). */
+const char *lay_names(char *buf, size_t cap);
+
+/* The layout of r's keys: the one whose marks match; none is FSDP_E_FORMAT saying so (unless
+ * fallback is not NULL: then *out = fallback); two or more is FSDP_E_FORMAT listing the candidates with a
+ * key of each. */
+int lay_detect(ckpt_reader *r, const lay_layout *fallback, const lay_layout **out, fsdp_err *err);
+/* 1 when r has a key matching one of L's marks. */
+int lay_matches(ckpt_reader *r, const lay_layout *L);
+
+/* A view of src in direction dir (src kept open; closed with the view when own). A layout whose
+ * rules are all the identity gives a view of src's own entries. */
+int lay_view(ckpt_reader *src, int own, const lay_layout *L, lay_dir dir, const lay_facts *f, ckpt_reader **out,
+             fsdp_err *err);
+
+#endif
