@@ -91,6 +91,9 @@ static const allow_mod ALLOWED[] = {
     {"torch.distributed.checkpoint.metadata", DCP_METADATA},
     {"torch.distributed._shard.sharded_tensor.metadata", DCP_SHARDED_METADATA},
     {"torch.distributed.checkpoint.filesystem", DCP_FILESYSTEM},
+    /* OLMo-core 3's writer pickles its own _StorageInfo: a dataclass of the same three fields
+     * (relative_path, offset, length), read as torch's (layouts/lay_olmo_core.c) */
+    {"olmo_core.distributed.checkpoint.filesystem", DCP_FILESYSTEM},
     {"pathlib", PATHLIB},
     {"_io", IO},
     {"io", IO},

@@ -277,6 +277,9 @@ int ckpt_value(ckpt_reader *r, size_t i, const char **text, fsdp_err *err) {
     ckpt_reader *src;
     long j = ckpt_view_same(r, i, &src);
     if (j >= 0) return ckpt_value(src, (size_t)j, text, err);
+    const void *pk;
+    size_t pl;
+    if (ckpt_view_value(r, i, &pk, &pl, text)) return 0;
     if (r->inner) return fsdp_err_set(err, FSDP_E_FORMAT, "checkpoint %s: value %s is not decodable", r->path,
                                       r->entries[i].name);
     if (r->format == CKPT_DCP) {
@@ -295,6 +298,13 @@ int ckpt_value_pickle(ckpt_reader *r, size_t i, void **buf, size_t *len, fsdp_er
     ckpt_reader *src;
     long j = ckpt_view_same(r, i, &src);
     if (j >= 0) return ckpt_value_pickle(src, (size_t)j, buf, len, err);
+    const void *pk;
+    const char *tx;
+    if (ckpt_view_value(r, i, &pk, len, &tx)) {
+        if (!(*buf = malloc(*len ? *len : 1))) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+        memcpy(*buf, pk, *len);
+        return 0;
+    }
     int rc;
     switch (r->inner ? CKPT_AUTO : r->format) {
     case CKPT_DCP: rc = dcp_value_pickle(r->impl, i, buf, len, err); break;

@@ -14,6 +14,9 @@ typedef struct ckv_entry {
     size_t n_run;
     int ndim;
     int64_t shape[FSDP_MAX_DIMS];
+    void *pickle; /* a value of its own (ckv_add_value) */
+    size_t pickle_len;
+    char *text;
 } ckv_entry;
 
 struct ckv_builder {
@@ -49,7 +52,7 @@ int ckv_new(ckpt_reader *src, int own, ckv_builder **out, fsdp_err *err) {
 }
 
 static void free_entries(ckv_entry *e, size_t n) {
-    for (size_t i = 0; i < n; i++) free(e[i].name), free(e[i].run);
+    for (size_t i = 0; i < n; i++) free(e[i].name), free(e[i].run), free(e[i].pickle), free(e[i].text);
     free(e);
 }
 
@@ -81,6 +84,15 @@ int ckv_add_same(ckv_builder *b, const char *name, size_t src, fsdp_err *err) {
     ckv_entry *e = grow(b, name);
     if (!e) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
     e->same = (long)src;
+    return 0;
+}
+
+int ckv_add_value(ckv_builder *b, const char *name, const void *pickle, size_t len, const char *text, fsdp_err *err) {
+    ckv_entry *e = grow(b, name);
+    if (!e || !(e->pickle = malloc(len ? len : 1)) || !(e->text = strdup(text ? text : "")))
+        return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+    memcpy(e->pickle, pickle, len);
+    e->pickle_len = len;
     return 0;
 }
 
@@ -184,6 +196,7 @@ static int view_read_rows(ckpt_reader *r, size_t i, int64_t r0, int64_t r1, void
 
 static const char *view_value_text(ckpt_reader *r, size_t i) {
     ckv_impl *v = r->impl;
+    if (v->e[i].pickle) return v->e[i].text;
     return v->e[i].same >= 0 ? ckpt_value_text(v->src, (size_t)v->e[i].same) : NULL;
 }
 
@@ -201,6 +214,11 @@ static const ckpt_ops view_ops = {view_read_rows, view_value_text, view_close, N
 static void fill_entry(const ckv_impl *v, const ckv_entry *e, ckpt_entry *out) {
     memset(out, 0, sizeof *out);
     out->name = e->name;
+    if (e->pickle) {
+        out->nbytes = e->pickle_len;
+        out->chunks = 1;
+        return;
+    }
     if (e->same >= 0) {
         *out = *ckpt_entry_at(v->src, (size_t)e->same);
         out->name = e->name;
@@ -250,6 +268,14 @@ long ckpt_view_same(const ckpt_reader *r, size_t i, ckpt_reader **src) {
     const ckv_impl *v = r->impl;
     if (src) *src = v->src;
     return v->e[i].same;
+}
+
+int ckpt_view_value(const ckpt_reader *r, size_t i, const void **pickle, size_t *len, const char **text) {
+    if (!r->inner || r->ops != &view_ops || i >= r->n) return 0;
+    const ckv_impl *v = r->impl;
+    if (!v->e[i].pickle) return 0;
+    *pickle = v->e[i].pickle, *len = v->e[i].pickle_len, *text = v->e[i].text;
+    return 1;
 }
 
 ckpt_reader *ckpt_view_base(ckpt_reader *r) {

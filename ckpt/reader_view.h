@@ -35,12 +35,17 @@ int ckv_add_tensor(ckv_builder *b, const char *name, int ndim, const int64_t *sh
                    fsdp_err *err);
 /* Source entry src, tensor or value, unchanged under name. */
 int ckv_add_same(ckv_builder *b, const char *name, size_t src, fsdp_err *err);
+/* A value of the view's own: its pickle (PROTO ... STOP, copied) and its text as ckpt_value_text gives it
+ * (e.g. the list of parameter names a layout's param group needs). */
+int ckv_add_value(ckv_builder *b, const char *name, const void *pickle, size_t len, const char *text, fsdp_err *err);
 /* The view (b is consumed, also on failure). Two entries of one name are an error naming it. */
 int ckv_finish(ckv_builder *b, ckpt_reader **out, fsdp_err *err);
 
 /* For a view: the source entry that entry i is unchanged (-1 when it is made of runs); for any other
  * reader -1. *src (may be NULL) = the source reader. */
 long ckpt_view_same(const ckpt_reader *r, size_t i, ckpt_reader **src);
+/* For a view: 1 when value i is the view's own (ckv_add_value), its pickle and text; else 0. */
+int ckpt_view_value(const ckpt_reader *r, size_t i, const void **pickle, size_t *len, const char **text);
 /* The reader under a view (r itself for any other reader). */
 ckpt_reader *ckpt_view_base(ckpt_reader *r);
 

@@ -199,6 +199,10 @@ int st_output_exists(const char *path, const char *base);
  * from_pretrained(path) opens it); without them the path is the file as written. 1 when it is a
  * directory. */
 int st_export_file(const char *path, int hf, char *out, size_t cap);
+/* Beside the one file `file` (DIR/model.safetensors): DIR/model.safetensors.index.json naming every tensor of it
+ * ({"metadata": {"total_size": N}, "weight_map": {name: "model.safetensors"}}), written atomically: the
+ * loaders that open a Hugging Face directory by its index (OLMo-core's load_hf_model) take it too. */
+int st_write_index_of(const char *file, fsdp_err *err);
 size_t st_shards_count(const st_shards *s);                 /* after begin */
 size_t st_shards_of(const st_shards *s, size_t idx);        /* shard of tensor idx, after begin */
 const char *st_shards_file(const st_shards *s, size_t shard); /* file name (no directory) */

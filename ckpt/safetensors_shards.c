@@ -315,3 +315,34 @@ int st_shards_finish(st_shards *s, fsdp_err *err) {
 size_t st_shards_count(const st_shards *s) { return s->ns; }
 size_t st_shards_of(const st_shards *s, size_t idx) { return idx < s->n && s->begun ? s->d[idx].shard : (size_t)-1; }
 const char *st_shards_file(const st_shards *s, size_t shard) { return shard < s->ns ? s->s[shard].file : NULL; }
+
+int st_write_index_of(const char *file, fsdp_err *err) {
+    st_reader *r;
+    int rc = st_open(&r, file, err);
+    if (rc) return rc;
+    const char *slash = strrchr(file, '/'), *base = slash ? slash + 1 : file;
+    uint64_t total = 0;
+    json_t *wm = json_object();
+    for (size_t i = 0; wm && i < st_count(r); i++) {
+        total += st_tensor(r, i)->nbytes;
+        if (json_object_set_new(wm, st_tensor(r, i)->name, json_string(base))) json_decref(wm), wm = NULL;
+    }
+    st_close(r);
+    json_t *root = wm ? json_pack("{s:{s:I},s:o}", "metadata", "total_size", (json_int_t)total, "weight_map", wm) : NULL;
+    char *text = root ? json_dumps(root, JSON_INDENT(2) | JSON_SORT_KEYS) : NULL;
+    json_decref(root);
+    size_t fl = strlen(file);
+    char *path = malloc(fl + sizeof ".index.json"), *tmp = malloc(fl + sizeof ".index.json.tmp");
+    if (!text || !path || !tmp) {
+        free(text), free(path), free(tmp);
+        return fsdp_err_set(err, FSDP_E_NOMEM, "%s: out of memory writing its index", file);
+    }
+    sprintf(path, "%s.index.json", file);
+    sprintf(tmp, "%s.tmp", path);
+    size_t tl = strlen(text);
+    text[tl] = '\n';
+    rc = tmpf_write_replace(tmp, path, text, tl + 1, "st.index", err);
+    if (!rc) rc = st_int_fsync_dir_of(path, err);
+    free(text), free(path), free(tmp);
+    return rc;
+}

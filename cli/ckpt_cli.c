@@ -306,6 +306,8 @@ static int fp8_widened(const conv *c, size_t i) {
 
 typedef struct conv_out {
     const char *src, *dst, *to;
+    char dst_file[4200]; /* --names hf into a directory: DIR/model.safetensors */
+    int hf_dir;
     int overwrite;
     int world;              /* --world M (0: not given) */
     size_t written, values; /* tensors, non-tensor entries written */
@@ -485,8 +487,22 @@ static int st_read_whole(void *user, size_t i, fsdp_dtype dt, void **buf, fsdp_e
     return ckpt_tool_read(c->r, i, dt, NMAP_TT_TO_HF, NULL, buf, err);
 }
 
+/* The directories on the way to a safetensors DST (save-safetensors' rule: with --names hf a path without
+ * .safetensors is the export's directory, DST/model.safetensors its file). */
+static int st_dest_dirs(conv_out *o, const conv *c, fsdp_err *err) {
+    o->hf_dir = st_export_file(o->dst, c->names && !strcmp(c->names, "hf"), o->dst_file, sizeof o->dst_file);
+    o->dst = o->dst_file;
+    char dir[4200];
+    snprintf(dir, sizeof dir, "%s", o->dst);
+    char *slash = strrchr(dir, '/');
+    if (!slash || slash == dir) return 0;
+    *slash = '\0';
+    return st_mkdirs(dir, err);
+}
+
 static int convert_to_safetensors(const conv *c, conv_out *o, FILE *log, fsdp_err *err) {
-    int rc = check_st_dest(o, log, err);
+    int rc = st_dest_dirs(o, c, err);
+    if (!rc) rc = check_st_dest(o, log, err);
     if (rc) return rc;
     size_t n = ckpt_count(c->r);
     st_writer *w = NULL;
@@ -558,6 +574,7 @@ static int convert_to_safetensors(const conv *c, conv_out *o, FILE *log, fsdp_er
         for (size_t i = 0; i < n && !dt; i++)
             if (!skip[i]) dt = ckpt_entry_at(c->r, i)->dtype;
         rc = ckpt_cli_model_write_config(&c->cfg, dt, o->dst, err);
+        if (!rc && o->hf_dir) rc = st_write_index_of(o->dst, err);
     } else if (!rc && c->names && !strcmp(c->names, "hf")) {
         fprintf(log, "fsdp-run ckpt convert: no config.json written (pass --model PRESET|HF_DIR to write one)\n");
     }

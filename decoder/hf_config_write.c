@@ -149,6 +149,30 @@ static int fsync_dir(const char *dir, fsdp_err *err) {
     return rc ? fsdp_err_set(err, FSDP_E_IO, "%s: fsync of the directory: %s", dir, strerror(rc)) : FSDP_OK;
 }
 
+/* generation_config.json beside config.json, as save_pretrained writes it for a generative model
+ * (GenerationConfig.from_model_config): loaders that look for it (OLMo-core's load_hf_model) open the directory. */
+static int gen_config_write(const decoder_config *c, const char *dir, fsdp_err *err) {
+    json_t *o = json_object();
+    if (!o || json_object_set_new(o, "_from_model_config", json_true()) ||
+        (c->has_padding_idx && json_object_set_new(o, "pad_token_id", json_integer(c->padding_idx)))) {
+        json_decref(o);
+        return fsdp_err_set(err, FSDP_E_NOMEM, "generation_config.json: out of memory");
+    }
+    char *text = json_dumps(o, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+    json_decref(o);
+    char fin[4200], tmp[4220];
+    if (!text) return fsdp_err_set(err, FSDP_E_NOMEM, "generation_config.json: out of memory");
+    snprintf(fin, sizeof fin, "%s/generation_config.json", dir);
+    snprintf(tmp, sizeof tmp, "%s.tmp", fin);
+    size_t len = strlen(text);
+    char *nl = realloc(text, len + 2);
+    if (!nl) return free(text), fsdp_err_set(err, FSDP_E_NOMEM, "generation_config.json: out of memory");
+    nl[len++] = '\n';
+    int rc = tmpf_write_replace(tmp, fin, nl, len, "hfconfig", err);
+    free(nl);
+    return rc;
+}
+
 int hf_config_write(const decoder_config *c, fsdp_dtype dtype, const char *dir, fsdp_err *err) {
     char *text;
     int rc = hf_config_to_json(c, dtype, &text, err);
@@ -169,6 +193,7 @@ int hf_config_write(const decoder_config *c, fsdp_dtype dtype, const char *dir, 
     snprintf(tmp, sizeof tmp, "%s.tmp", fin);
     rc = tmpf_write_replace(tmp, fin, with_nl, len, "hfconfig", err);
     free(with_nl);
+    if (!rc) rc = gen_config_write(c, dir, err);
     if (!rc) rc = fsync_dir(dir, err);
     return rc;
 }

@@ -6,6 +6,6 @@
 
 #define LAY_N(a) (sizeof(a) / sizeof((a)[0]))
 
-extern const lay_layout lay_torchtitan_02, lay_torchtitan_03;
+extern const lay_layout lay_torchtitan_02, lay_torchtitan_03, lay_olmo_core_3, lay_fms_113;
 
 #endif

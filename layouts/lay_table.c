@@ -5,7 +5,7 @@
 #include "ckpt/namemap.h"
 #include "layouts/lay_rows.h"
 
-static const lay_layout *const all[] = {&lay_torchtitan_02, &lay_torchtitan_03};
+static const lay_layout *const all[] = {&lay_torchtitan_02, &lay_torchtitan_03, &lay_olmo_core_3, &lay_fms_113};
 
 size_t lay_count(void) { return LAY_N(all); }
 const lay_layout *lay_at(size_t i) { return i < LAY_N(all) ? all[i] : NULL; }

@@ -4,30 +4,18 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ckpt/namemap.h"
-#include "ckpt/reader_view.h"
-#include "layouts/layout.h"
+#include "layouts/lay_view_impl.h"
 
-#define CANON_OPTIM "optimizer."
-#define NAME_CAP NMAP_NAME_MAX
+#define CANON_OPTIM LAY_CANON_OPTIM
+#define NAME_CAP LAY_NAME_CAP
 
-typedef struct pair {
-    size_t src;
-    int64_t s, v; /* source row s fills view row v */
-} pair;
-
-typedef struct job {
-    ckpt_reader *src;
-    const lay_layout *L;
-    lay_dir dir;
-    const lay_facts *f;
-    ckv_builder *b;
-    pair *p; /* scratch for one tensor's rows */
-    size_t p_cap;
-} job;
-
-/* what a key is: a weight, a moment (state.<fqn>.<kind>), an option (param_groups.<fqn>.<opt>), other */
-typedef enum kkind { K_WEIGHT = 0, K_MOMENT, K_OPTION, K_OTHER } kkind;
+typedef lay_pair pair;
+typedef lay_job job;
+typedef lay_kkind kkind;
+#define K_WEIGHT LAY_K_WEIGHT
+#define K_MOMENT LAY_K_MOMENT
+#define K_OPTION LAY_K_OPTION
+#define K_OTHER LAY_K_OTHER
 
 static const char *model_prefix(const job *J, int native) {
     return native ? J->L->model : "";
@@ -36,8 +24,7 @@ static const char *optim_prefix(const job *J, int native) {
     return native ? J->L->optim : CANON_OPTIM;
 }
 
-/* Splits key (of the side `native`) into its kind, fqn and last component (kind / option). */
-static kkind classify(const job *J, int native, const char *key, char *fqn, char *last) {
+kkind lay_classify(const job *J, int native, const char *key, char *fqn, char *last) {
     const char *op = optim_prefix(J, native), *r;
     char st[256], pg[256];
     snprintf(st, sizeof st, "%sstate.", op);
@@ -58,8 +45,7 @@ static kkind classify(const job *J, int native, const char *key, char *fqn, char
     return k;
 }
 
-static int full_name(const job *J, int native, kkind k, const char *fqn, const char *last, char *out,
-                     fsdp_err *err) {
+int lay_full_name(const job *J, int native, kkind k, const char *fqn, const char *last, char *out, fsdp_err *err) {
     int n;
     const char *op = optim_prefix(J, native);
     if (k == K_MOMENT) n = snprintf(out, NAME_CAP, "%sstate.%s.%s", op, fqn, last);
@@ -67,6 +53,46 @@ static int full_name(const job *J, int native, kkind k, const char *fqn, const c
     else n = snprintf(out, NAME_CAP, "%s%s", model_prefix(J, native), fqn);
     return n >= NAME_CAP ? fsdp_err_set(err, FSDP_E_INVALID, "a name under layout %s is too long: %s", J->L->name, fqn)
                          : 0;
+}
+
+int lay_canon_fqns(const job *J, const char *fqn, unsigned what, char (*out)[NAME_CAP], int *n, fsdp_err *err) {
+    const lay_layout *L = J->L;
+    *n = 1;
+    for (size_t f = 0; f < L->n_fuse; f++) {
+        const lay_fuse *F = &L->fuse[f];
+        if (!(F->what & what) || nmap_glob_match(F->native, fqn, NULL) < 0) continue;
+        for (int p = 0; p < F->n_part; p++) {
+            int rc = nmap_glob_rewrite(F->native, F->part[p], fqn, out[p], NAME_CAP, err);
+            if (rc) return rc;
+        }
+        *n = F->n_part;
+        return 0;
+    }
+    for (size_t r = 0; r < L->n_names; r++)
+        if (nmap_glob_match(L->names[r].native, fqn, NULL) >= 0)
+            return nmap_glob_rewrite(L->names[r].native, L->names[r].canon, fqn, out[0], NAME_CAP, err);
+    snprintf(out[0], NAME_CAP, "%s", fqn);
+    return 0;
+}
+
+int lay_native_fqn(const job *J, const char *fqn, unsigned what, char *out, int *secondary, fsdp_err *err) {
+    const lay_layout *L = J->L;
+    *secondary = 0;
+    for (size_t f = 0; f < L->n_fuse; f++) {
+        const lay_fuse *F = &L->fuse[f];
+        if (!(F->what & what)) continue;
+        if (nmap_glob_match(F->part[0], fqn, NULL) >= 0) return nmap_glob_rewrite(F->part[0], F->native, fqn, out, NAME_CAP, err);
+        for (int p = 1; p < F->n_part; p++)
+            if (nmap_glob_match(F->part[p], fqn, NULL) >= 0) {
+                *secondary = 1;
+                return nmap_glob_rewrite(F->part[p], F->native, fqn, out, NAME_CAP, err);
+            }
+    }
+    for (size_t r = 0; r < L->n_names; r++)
+        if (nmap_glob_match(L->names[r].canon, fqn, NULL) >= 0)
+            return nmap_glob_rewrite(L->names[r].canon, L->names[r].native, fqn, out, NAME_CAP, err);
+    snprintf(out, NAME_CAP, "%s", fqn);
+    return 0;
 }
 
 /* Heads of the q/k row permutation for a canonical fqn under a rotate-half layout (0: none). */
@@ -195,7 +221,7 @@ static int split_fused(job *J, size_t i, const lay_fuse *F, kkind k, const char 
     int64_t total = shape_rows(e, 1) ? e->shape[0] : 0, rows0 = 0, hd = 0;
     for (int p = 0; p < F->n_part; p++) {
         int rc = nmap_glob_rewrite(F->native, F->part[p], fqn, cf, sizeof cf, err);
-        if (!rc) rc = full_name(J, 0, k, cf, last, name, err);
+        if (!rc) rc = lay_full_name(J, 0, k, cf, last, name, err);
         if (rc) return rc;
         if (!total) { /* a 0-d step or an option: the same for every part */
             if ((rc = ckv_add_same(J->b, name, i, err))) return rc;
@@ -224,14 +250,14 @@ static int join_fused(job *J, size_t i, const lay_fuse *F, kkind k, const char *
     const ckpt_entry *e0 = ckpt_entry_at(J->src, i);
     char nf[NAME_CAP], name[NAME_CAP], pf[NAME_CAP], pn[NAME_CAP];
     int rc = nmap_glob_rewrite(F->part[0], F->native, fqn, nf, sizeof nf, err);
-    if (!rc) rc = full_name(J, 1, k, nf, last, name, err);
+    if (!rc) rc = lay_full_name(J, 1, k, nf, last, name, err);
     if (rc) return rc;
     if (!shape_rows(e0, 1)) return ckv_add_same(J->b, name, i, err);
     size_t src[LAY_MAX_PARTS];
     int64_t total = 0;
     for (int p = 0; p < F->n_part; p++) {
         if ((rc = nmap_glob_rewrite(F->part[0], F->part[p], fqn, pf, sizeof pf, err)) ||
-            (rc = full_name(J, 0, k, pf, last, pn, err)))
+            (rc = lay_full_name(J, 0, k, pf, last, pn, err)))
             return rc;
         long j = ckpt_find(J->src, pn);
         const ckpt_entry *e = j >= 0 ? ckpt_entry_at(J->src, (size_t)j) : NULL;
@@ -269,24 +295,19 @@ static unsigned fuse_flag(kkind k) { return k == K_WEIGHT ? LAY_FUSE_WEIGHTS : L
 
 static int to_canon(job *J, size_t i, kkind k, const char *fqn, const char *last, fsdp_err *err) {
     const lay_layout *L = J->L;
-    char cf[NAME_CAP], name[NAME_CAP];
+    if (k == K_OPTION && L->groups == LAY_GROUPS_INDEXED) return lay_group_to_canon(J, i, fqn, last, err);
     for (size_t f = 0; f < L->n_fuse; f++)
         if ((L->fuse[f].what & fuse_flag(k)) && nmap_glob_match(L->fuse[f].native, fqn, NULL) >= 0)
             return split_fused(J, i, &L->fuse[f], k, fqn, last, err);
-    snprintf(cf, sizeof cf, "%s", fqn);
-    for (size_t r = 0; r < L->n_names; r++)
-        if (nmap_glob_match(L->names[r].native, fqn, NULL) >= 0) {
-            int rc = nmap_glob_rewrite(L->names[r].native, L->names[r].canon, fqn, cf, sizeof cf, err);
-            if (rc) return rc;
-            break;
-        }
-    int rc = full_name(J, 0, k, cf, last, name, err);
-    return rc ? rc : add_renamed(J, i, name, cf, err);
+    char cf[1][NAME_CAP], name[NAME_CAP];
+    int n, rc = lay_canon_fqns(J, fqn, 0, cf, &n, err);
+    if (!rc) rc = lay_full_name(J, 0, k, cf[0], last, name, err);
+    return rc ? rc : add_renamed(J, i, name, cf[0], err);
 }
 
 static int from_canon(job *J, size_t i, kkind k, const char *fqn, const char *last, fsdp_err *err) {
     const lay_layout *L = J->L;
-    char nf[NAME_CAP], name[NAME_CAP];
+    if (k == K_OPTION && L->groups == LAY_GROUPS_INDEXED) return 0; /* lay_groups_from_canon, after the keys */
     for (size_t f = 0; f < L->n_fuse; f++) {
         const lay_fuse *F = &L->fuse[f];
         if (!(F->what & fuse_flag(k))) continue;
@@ -294,14 +315,9 @@ static int from_canon(job *J, size_t i, kkind k, const char *fqn, const char *la
         for (int p = 1; p < F->n_part; p++)
             if (nmap_glob_match(F->part[p], fqn, NULL) >= 0) return 0; /* joined with its part 0 */
     }
-    snprintf(nf, sizeof nf, "%s", fqn);
-    for (size_t r = 0; r < L->n_names; r++)
-        if (nmap_glob_match(L->names[r].canon, fqn, NULL) >= 0) {
-            int rc = nmap_glob_rewrite(L->names[r].canon, L->names[r].native, fqn, nf, sizeof nf, err);
-            if (rc) return rc;
-            break;
-        }
-    int rc = full_name(J, 1, k, nf, last, name, err);
+    char nf[NAME_CAP], name[NAME_CAP];
+    int secondary, rc = lay_native_fqn(J, fqn, 0, nf, &secondary, err);
+    if (!rc) rc = lay_full_name(J, 1, k, nf, last, name, err);
     return rc ? rc : add_renamed(J, i, name, fqn, err);
 }
 
@@ -309,7 +325,7 @@ static int one_key(job *J, size_t i, fsdp_err *err) {
     const ckpt_entry *e = ckpt_entry_at(J->src, i);
     char fqn[NAME_CAP], last[128];
     int native = J->dir == LAY_TO_CANON;
-    kkind k = classify(J, native, e->name, fqn, last);
+    kkind k = lay_classify(J, native, e->name, fqn, last);
     if (k == K_OTHER) return ckv_add_same(J->b, e->name, i, err);
     return native ? to_canon(J, i, k, fqn, last, err) : from_canon(J, i, k, fqn, last, err);
 }
@@ -325,6 +341,7 @@ int lay_view(ckpt_reader *src, int own, const lay_layout *L, lay_dir dir, const 
         return rc;
     }
     for (size_t i = 0; i < ckpt_count(src) && !rc; i++) rc = one_key(&J, i, err);
+    if (!rc && dir == LAY_FROM_CANON && L->groups == LAY_GROUPS_INDEXED) rc = lay_groups_from_canon(&J, err);
     free(J.p);
     if (rc) {
         ckv_free(J.b);

@@ -53,6 +53,13 @@ typedef struct lay_fuse {
     unsigned what;                        /* LAY_FUSE_WEIGHTS | LAY_FUSE_MOMENTS */
 } lay_fuse;
 
+/* How its optimizer's param groups are keyed: by parameter (`<optim>param_groups.<fqn>.<option>`, torchtitan's
+ * flattened form, fsdp-run's), or by index as torch's Optimizer.state_dict() nests them
+ * (`<optim>param_groups.<i>.<option>` and `<optim>param_groups.<i>.params`, the list of the group's parameter
+ * names: OLMo-core's save_model_and_optim_state). Reading the indexed form gives every parameter of group i
+ * group i's options; writing it makes one group per set of equal options, in the parameters' order. */
+typedef enum lay_groups { LAY_GROUPS_BY_FQN = 0, LAY_GROUPS_INDEXED = 1 } lay_groups;
+
 typedef struct lay_layout {
     const char *name;     /* "torchtitan-0.3" */
     const char *system;   /* "torchtitan 0.3.0 (CheckpointManager)", for the log and the README */
@@ -66,6 +73,7 @@ typedef struct lay_layout {
     size_t n_fuse;
     const char *const *marks; /* globs of keys only its checkpoints have (any one: this layout) */
     size_t n_marks;
+    lay_groups groups;
 } lay_layout;
 
 /* What a view needs of the model: head counts for q/k row orders and fused q/k/v (0: unknown; a view

@@ -156,7 +156,7 @@ const lay_fuse kHalfFuse[] = {
 };
 const char *const kHalfMarks[] = {"model.blocks.*.attn.qkv.weight"};
 const lay_layout kHalf = {"test-half", "a test trainer", "weights, optimizer", "model.", "optim.", LAY_ROPE_HALF,
-                          kHalfNames, 7, kHalfFuse, 2, kHalfMarks, 1};
+                          kHalfNames, 7, kHalfFuse, 2, kHalfMarks, 1, LAY_GROUPS_INDEXED};
 
 std::vector<float> permuted(const std::vector<float> &w, int64_t rows, int heads) {
     std::vector<float> out(w.size());
@@ -188,7 +188,9 @@ TEST(Layouts, RotateHalfFusedLayoutPermutesInsideEachPartAndRoundTrips) {
         std::vector<float> part = rows_of(v, std::string(pre) + "blocks.1.attn.qkv.weight" + sfx, 5, 119);
         EXPECT_TRUE(std::equal(part.begin(), part.end(), want.begin() + 5 * DIM)) << pre;
     }
-    EXPECT_GE(ckpt_find(v, "optim.param_groups.blocks.0.attn.qkv.weight.lr"), 0);
+    EXPECT_GE(ckpt_find(v, "optim.param_groups.0.lr"), 0); // one group: every parameter has the same options
+    EXPECT_LT(ckpt_find(v, "optim.param_groups.1.lr"), 0);
+    EXPECT_GE(ckpt_find(v, "optim.param_groups.0.params"), 0);
     EXPECT_GE(ckpt_find(v, "model.head.weight"), 0);
     ckpt_reader *back = view(v, &kHalf, LAY_TO_CANON);
     ASSERT_TRUE(back);
@@ -291,6 +293,27 @@ TEST(LayoutsCli, ConvertBetweenLayoutsRoundTripsAndInspectNamesTheLayout) {
     EXPECT_NE(ckpt_cmd("convert " + src + " " + (t / "x") + " --from bagel-9", &out), 0) << out;
     EXPECT_NE(out.find("no layout named bagel-9"), std::string::npos) << out;
     EXPECT_FALSE(exists(t / "x"));
+}
+
+TEST(LayoutsCli, ConvertCreatesTheDirectoriesAndAnHfExportIsADirectoryAsSaveSafetensorsMakes) {
+    Dir t;
+    std::string out, st = tiny("model_step5.safetensors");
+    ASSERT_EQ(ckpt_cmd("convert " + st + " " + (t / "a/b/model.safetensors"), &out), 0) << out;
+    EXPECT_TRUE(exists(t / "a/b/model.safetensors"));
+    // --to hf (= --names hf --to safetensors) into a path without .safetensors: the export's directory
+    ASSERT_EQ(ckpt_cmd("convert " + st + " " + (t / "x/hf") + " --to hf --model tiny", &out), 0) << out;
+    for (const char *f : {"model.safetensors", "config.json", "generation_config.json", "model.safetensors.index.json"})
+        EXPECT_TRUE(exists(t / "x/hf/" + f)) << f;
+    std::string idx = read_file(t / "x/hf/model.safetensors.index.json");
+    EXPECT_NE(idx.find("\"model.layers.1.self_attn.k_proj.weight\": \"model.safetensors\""), std::string::npos) << idx;
+    Ckpt hf(t / "x/hf"), back(st);
+    ASSERT_TRUE(hf.r);
+    EXPECT_EQ(ckpt_count(hf.r), ckpt_count(back.r));
+    // and back into fsdp-run's names, bit for bit
+    ASSERT_EQ(ckpt_cmd("convert " + (t / "x/hf") + " " + (t / "tt.safetensors") + " --names torchtitan --model tiny", &out), 0)
+        << out;
+    Ckpt tt(t / "tt.safetensors");
+    expect_same_tensors(tt.r, back.r);
 }
 
 TEST(LayoutsLoad, Torchtitan03CheckpointLoadsStrictlyOnOneAndThreeRanks) {

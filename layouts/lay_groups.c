@@ -1,0 +1,184 @@
+/* Param groups keyed by index (layouts/layout.h, LAY_GROUPS_INDEXED): `<optim>param_groups.<i>.<option>` and the
+ * list `<optim>param_groups.<i>.params` of the group's parameter names, to and from fsdp-run's flattened
+ * `optimizer.param_groups.<fqn>.<option>`. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ckpt/pickle.h"
+#include "layouts/lay_view_impl.h"
+
+/* The names in group g's `params` list (a pickled list of str): *names malloc'd strings, *n of them. */
+static int group_params(lay_job *J, const char *g, char ***names, size_t *n, fsdp_err *err) {
+    char key[LAY_NAME_CAP];
+    *names = NULL, *n = 0;
+    int rc = lay_full_name(J, 1, LAY_K_OPTION, g, "params", key, err);
+    if (rc) return rc;
+    long k = ckpt_find(J->src, key);
+    if (k < 0)
+        return fsdp_err_set(err, FSDP_E_FORMAT, "layout %s: param group %s has no list of its parameters (%s)", J->L->name,
+                            g, key);
+    void *buf;
+    size_t len;
+    if ((rc = ckpt_value_pickle(J->src, (size_t)k, &buf, &len, err))) return rc;
+    pkl_doc *doc = NULL;
+    const pkl_obj *root;
+    rc = pkl_parse(buf, len, key, &doc, &root, err);
+    if (!rc && root->kind != PKL_LIST)
+        rc = fsdp_err_set(err, FSDP_E_FORMAT, "%s: expected a list of parameter names", key);
+    if (!rc && !(*names = calloc(root->n ? root->n : 1, sizeof **names))) rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+    for (size_t i = 0; !rc && i < root->n; i++) {
+        const pkl_obj *o = root->items[i];
+        if (o->kind != PKL_STR) rc = fsdp_err_set(err, FSDP_E_FORMAT, "%s: item %zu is not a parameter name", key, i);
+        else if (!((*names)[i] = strdup(o->s))) rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+        else (*n)++;
+    }
+    pkl_free(doc);
+    free(buf);
+    return rc;
+}
+
+static void free_names(char **names, size_t n) {
+    for (size_t i = 0; i < n; i++) free(names[i]);
+    free(names);
+}
+
+int lay_group_to_canon(lay_job *J, size_t i, const char *g, const char *opt, fsdp_err *err) {
+    if (!strcmp(opt, "params")) return 0; /* read by every option of the group */
+    char **names;
+    size_t n;
+    int rc = group_params(J, g, &names, &n, err);
+    for (size_t p = 0; p < n && !rc; p++) {
+        char cf[LAY_MAX_PARTS][LAY_NAME_CAP], key[LAY_NAME_CAP];
+        int parts;
+        rc = lay_canon_fqns(J, names[p], LAY_FUSE_MOMENTS, cf, &parts, err);
+        for (int q = 0; q < parts && !rc; q++)
+            if (!(rc = lay_full_name(J, 0, LAY_K_OPTION, cf[q], opt, key, err))) rc = ckv_add_same(J->b, key, i, err);
+    }
+    free_names(names, n);
+    return rc;
+}
+
+/* ------------------------------------------------------------------ fsdp-run's options -> groups */
+
+typedef struct gparam {
+    char *fqn;    /* canonical */
+    char *sig;    /* its options and their values, in key order: equal sig, same group */
+    size_t first; /* the entry index of its first option */
+    int group;
+} gparam;
+
+typedef struct gset {
+    gparam *p;
+    size_t n, cap;
+} gset;
+
+static gparam *param_of(gset *s, const char *fqn, size_t entry) {
+    for (size_t k = s->n; k-- > 0;)
+        if (!strcmp(s->p[k].fqn, fqn)) return &s->p[k];
+    if (s->n == s->cap) {
+        size_t cap = s->cap ? 2 * s->cap : 64;
+        gparam *p = realloc(s->p, cap * sizeof *p);
+        if (!p) return NULL;
+        s->p = p, s->cap = cap;
+    }
+    gparam *p = &s->p[s->n];
+    memset(p, 0, sizeof *p);
+    p->first = entry;
+    p->group = -1;
+    if (!(p->fqn = strdup(fqn)) || !(p->sig = strdup(""))) return NULL;
+    s->n++;
+    return p;
+}
+
+static int add_sig(gparam *p, const char *opt, const char *text) {
+    size_t a = strlen(p->sig), b = strlen(opt) + strlen(text ? text : "?") + 3;
+    char *s = realloc(p->sig, a + b);
+    if (!s) return -1;
+    snprintf(s + a, b, "%s=%s;", opt, text ? text : "?");
+    p->sig = s;
+    return 0;
+}
+
+static int collect(lay_job *J, gset *s, fsdp_err *err) {
+    char fqn[LAY_NAME_CAP], last[128];
+    for (size_t i = 0; i < ckpt_count(J->src); i++) {
+        const ckpt_entry *e = ckpt_entry_at(J->src, i);
+        if (lay_classify(J, 0, e->name, fqn, last) != LAY_K_OPTION) continue;
+        gparam *p = param_of(s, fqn, i);
+        if (!p || add_sig(p, last, ckpt_value_text(J->src, i)))
+            return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+    }
+    return 0;
+}
+
+/* The pickled list of group g's parameter names (the trainer's; a fused tensor once), and its text
+ * (*text malloc'd, "['a', 'b']"). */
+static int params_value(lay_job *J, const gset *s, int g, pkl_w *w, char **text, fsdp_err *err) {
+    size_t tl = 1, tcap = 256;
+    char *t = malloc(tcap);
+    if (!t) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+    strcpy(t, "[");
+    pkl_w_proto(w, 2);
+    pkl_w_empty_list(w);
+    pkl_w_mark(w);
+    for (size_t k = 0; k < s->n; k++) {
+        if (s->p[k].group != g) continue;
+        char nf[LAY_NAME_CAP];
+        int secondary, rc = lay_native_fqn(J, s->p[k].fqn, LAY_FUSE_MOMENTS, nf, &secondary, err);
+        if (rc) return free(t), rc;
+        if (secondary) continue;
+        pkl_w_str(w, nf);
+        size_t need = tl + strlen(nf) + 5;
+        if (need > tcap) {
+            char *u = realloc(t, tcap = 2 * need);
+            if (!u) return free(t), fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+            t = u;
+        }
+        tl += (size_t)sprintf(t + tl, "%s'%s'", tl > 1 ? ", " : "", nf);
+    }
+    strcpy(t + tl, "]");
+    pkl_w_appends(w);
+    pkl_w_stop(w);
+    *text = t;
+    return w->oom ? fsdp_err_set(err, FSDP_E_NOMEM, "out of memory") : 0;
+}
+
+/* Group g: the options of its first parameter p under `<optim>param_groups.<g>.`, and its list. */
+static int emit_group(lay_job *J, const gset *s, const gparam *p, int g, fsdp_err *err) {
+    char gi[32], fqn[LAY_NAME_CAP], last[128], key[LAY_NAME_CAP];
+    snprintf(gi, sizeof gi, "%d", g);
+    int rc = 0;
+    for (size_t i = p->first; i < ckpt_count(J->src) && !rc; i++) {
+        const ckpt_entry *e = ckpt_entry_at(J->src, i);
+        if (lay_classify(J, 0, e->name, fqn, last) != LAY_K_OPTION || strcmp(fqn, p->fqn)) continue;
+        if (!(rc = lay_full_name(J, 1, LAY_K_OPTION, gi, last, key, err))) rc = ckv_add_same(J->b, key, i, err);
+    }
+    pkl_w w;
+    pkl_w_init(&w);
+    char *text = NULL;
+    if (!rc) rc = params_value(J, s, g, &w, &text, err);
+    if (!rc && !(rc = lay_full_name(J, 1, LAY_K_OPTION, gi, "params", key, err)))
+        rc = ckv_add_value(J->b, key, w.buf, w.len, text, err);
+    free(text);
+    pkl_w_free(&w);
+    return rc;
+}
+
+int lay_groups_from_canon(lay_job *J, fsdp_err *err) {
+    gset s = {0};
+    int rc = collect(J, &s, err), groups = 0;
+    for (size_t k = 0; k < s.n && !rc; k++) {
+        if (s.p[k].group >= 0) continue;
+        for (size_t m = k; m < s.n; m++)
+            if (s.p[m].group < 0 && !strcmp(s.p[m].sig, s.p[k].sig)) s.p[m].group = groups;
+        groups++;
+    }
+    for (int g = 0, k = 0; g < groups && !rc; g++) {
+        while (s.p[k].group != g) k++;
+        rc = emit_group(J, &s, &s.p[k], g, err);
+    }
+    for (size_t k = 0; k < s.n; k++) free(s.p[k].fqn), free(s.p[k].sig);
+    free(s.p);
+    return rc;
+}
