@@ -35,13 +35,18 @@ static int add_loader_value(void *user, const char *key, pkl_w *w, fsdp_err *err
     return rc;
 }
 
+static int nested(int rc, const ckrs_entry *e, dcp_record *rec) {
+    if (!rc && e->nest > 0) rec->nest = e->nest, rec->tail = e->tail, rec->int_mask = e->int_mask;
+    return rc;
+}
+
 /* Value k as the pickle it was read from (a DCP byte item byte for byte), so that torch.load /
  * dcp.load read back the same value. */
 static int write_value(const ckrs_src *s, size_t k, dcp_file_writer *fw, dcp_record *rec, fsdp_err *err) {
     void *p;
     size_t len;
     int rc = ckpt_value_pickle(s->r, s->e[k].i, &p, &len, err);
-    if (!rc) rc = dcp_file_add_pickle(fw, s->e[k].name, p, len, rec, err);
+    if (!rc) rc = nested(dcp_file_add_pickle(fw, s->e[k].name, p, len, rec, err), &s->e[k], rec);
     free(p);
     return rc;
 }
@@ -95,9 +100,9 @@ static int write_chunk(const ckrs_src *s, size_t k, const ckpt_entry *e, int r, 
         /* an empty shard records the dimension size as its offset (as save-dcp, PyTorch >= 2.8) */
         off[0] = rows == 0 && s->world > 1 ? e->shape[0] : row0;
     }
-    if (!ok) return write_whole(s, k, e, off, sizes, fw, rec, err);
+    if (!ok) return nested(write_whole(s, k, e, off, sizes, fw, rec, err), &s->e[k], rec);
     int64_t a = e->ndim ? off[0] : 0, b = e->ndim ? off[0] + rows : 1;
-    return cks_to_dcp(src, a, b, s->e[k].name, s->e[k].dt, e->ndim, e->shape, fw, &s->o, rec, err);
+    return nested(cks_to_dcp(src, a, b, s->e[k].name, s->e[k].dt, e->ndim, e->shape, fw, &s->o, rec, err), &s->e[k], rec);
 }
 
 /* Aliases kept (ckrs_src.same_bytes): for each written entry, its source index's position in s->e,

@@ -27,6 +27,9 @@ typedef struct ckrs_entry {
     size_t nparts;
     int ndim;
     int64_t shape[FSDP_MAX_DIMS];
+    /* its planner_data path (dcp_record's nest, tail, int_mask); nest 0: by torchtitan's sections */
+    int16_t nest, tail;
+    uint16_t int_mask;
 } ckrs_entry;
 
 /* Tensor i as dt whole into a malloc'd *buf, for tensors the stream cannot take (a .pt source, rows

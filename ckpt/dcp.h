@@ -130,6 +130,10 @@ typedef struct dcp_record {
      * 3 and int_mask 4 is ("optimizer", "param_groups", 0, "lr"). */
     int16_t nest;
     uint16_t int_mask;
+    /* with nest > 0: the last `tail` dotted components are elements of their own too, the middle one element
+     * ("optimizer_state.state.a.b.exp_avg" with nest 2 and tail 1 is ("optimizer_state", "state", "a.b",
+     * "exp_avg"): a torch optimizer state_dict nested under a key) */
+    int16_t tail;
 } dcp_record;
 
 /* One rank's data file (dcp_data_file_name), written into dir as `<name>.tmp` (created by

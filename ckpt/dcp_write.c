@@ -231,7 +231,7 @@ static void section_path(pkl_w *w, const char *fqn) {
     pkl_w_tuple_n(w, 1);
 }
 
-/* The record's planner_data path (dcp_record.nest): its first nest components, then the rest. */
+/* The record's planner_data path (dcp_record.nest): its first nest components, the middle, its last tail. */
 static void key_path(pkl_w *w, const dcp_record *r) {
     if (r->nest <= 0) {
         section_path(w, r->fqn);
@@ -249,7 +249,27 @@ static void key_path(pkl_w *w, const dcp_record *r) {
         p += len + (dot ? 1 : 0);
         if (!dot) p = "";
     }
-    if (*p) pkl_w_str(w, p);
+    const char *end = p + strlen(p), *cut = end; /* the tail: the last r->tail components */
+    for (int t = 0; t < r->tail && cut > p; t++) {
+        const char *q = cut - 1;
+        while (q > p && *q != '.') q--;
+        cut = q;
+    }
+    if (cut > p) {
+        char mid[sizeof r->fqn];
+        snprintf(mid, sizeof mid, "%.*s", (int)(cut - p), p);
+        pkl_w_str(w, mid);
+        p = cut + 1;
+    }
+    while (p < end && *p) {
+        const char *dot = strchr(p, '.');
+        size_t len = dot ? (size_t)(dot - p) : strlen(p);
+        char part[sizeof r->fqn];
+        snprintf(part, sizeof part, "%.*s", (int)len, p);
+        pkl_w_str(w, part);
+        p += len + (dot ? 1 : 0);
+        if (!dot) break;
+    }
     pkl_w_tuple(w);
 }
 

@@ -256,6 +256,7 @@ typedef struct conv {
     const char *hf_config, *moe_names; /* --hf-config, --moe-names */
     nmap_hf hf;                        /* the name map's facts (ckcv_facts) */
     const char *from, *to_layout;      /* --from, --to LAYOUT */
+    ckpt_reader *canon;                /* the source in fsdp-run's layout (a view under r) */
     char layouts[256];                 /* "A -> B" when a layout was converted */
 } conv;
 
@@ -641,6 +642,7 @@ static int dcp_entries(const conv *c, conv_out *o, ckrs_entry *e, char (*names)[
         e[*ne].i = i;
         e[*ne].name = names[*ne];
         e[*ne].dt = x->is_tensor && c->dtype ? c->dtype : x->dtype;
+        ckcl_nest(c->to_layout, names[*ne], &e[*ne]);
         if (x->is_tensor) {
             o->bytes += (uint64_t)numel_of(x) * fsdp_dtype_size(e[*ne].dt);
             o->written++;
@@ -772,7 +774,7 @@ static int cmd_convert(int argc, char **argv, FILE *out, FILE *log) {
     }
     if (c.from || c.to_layout) {
         ckcl_req q = {c.from, c.to_layout, c.heads, c.kv_heads};
-        if ((rc = ckcl_wrap(&c.r, &q, c.layouts, sizeof c.layouts, &err))) {
+        if ((rc = ckcl_wrap(&c.r, &q, &c.canon, c.layouts, sizeof c.layouts, &err))) {
             fprintf(log, "fsdp-run ckpt convert: error: %s: %s\n", o.src, err.msg);
             ckpt_keys_free(&c.keys);
             ckpt_keys_free(&c.exclude);
@@ -788,6 +790,7 @@ static int cmd_convert(int argc, char **argv, FILE *out, FILE *log) {
         return fsdp_err_exit_code(rc);
     }
     rc = !strcmp(o.to, "safetensors") ? convert_to_safetensors(&c, &o, log, &err) : convert_to_dcp(&c, &o, log, &err);
+    if (!rc && c.to_layout && !strcmp(o.to, "dcp")) rc = ckcl_side_write(c.to_layout, c.canon, o.dst, &err);
     if (!rc) convert_report(&c, &o, out);
     ckpt_close(c.r);
     ckpt_keys_free(&c.keys);

@@ -14,26 +14,31 @@ static int pick(const char *name, ckpt_reader *r, const lay_layout **L, fsdp_err
 
 int ckcl_is_layout(const char *name) { return name && lay_find(name) != NULL; }
 
-int ckcl_wrap(ckpt_reader **r, const ckcl_req *q, char *said, size_t cap, fsdp_err *err) {
+int ckcl_wrap(ckpt_reader **r, const ckcl_req *q, ckpt_reader **canon, char *said, size_t cap, fsdp_err *err) {
     const lay_layout *from, *to = NULL;
     int rc = pick(q->from, *r, &from, err);
     if (!rc && q->to) rc = pick(q->to, *r, &to, err);
     if (rc) return rc;
-    lay_facts f = {q->n_heads, q->n_kv_heads};
+    lay_facts f = {q->n_heads, q->n_kv_heads, ckpt_reader_path(*r)};
     ckpt_reader *v;
-    if ((rc = lay_view(*r, 1, from, LAY_TO_CANON, &f, &v, err))) {
+    if ((rc = lay_view(*r, 1, from, LAY_TO_CANON, &f, &v, NULL, err))) {
         *r = NULL; /* closed by lay_view */
         return rc;
     }
     *r = v;
+    *canon = v;
+    size_t left = 0;
     if (to) {
-        if ((rc = lay_view(*r, 1, to, LAY_FROM_CANON, &f, &v, err))) {
+        if ((rc = lay_view(*r, 1, to, LAY_FROM_CANON, &f, &v, &left, err))) {
             *r = NULL;
             return rc;
         }
         *r = v;
     }
-    snprintf(said, cap, "%s -> %s", from->name, to ? to->name : "torchtitan-0.2 (fsdp-run's own)");
+    int n = snprintf(said, cap, "%s -> %s", from->name, to ? to->name : "torchtitan-0.2 (fsdp-run's own)");
+    if (left && n > 0 && (size_t)n < cap)
+        snprintf(said + n, cap - (size_t)n, " (left out %zu entries of train_state.*, lr_scheduler.*, dataloader.*: "
+                 "%s holds none of them)", left, to->name);
     return 0;
 }
 
@@ -52,4 +57,16 @@ const char *ckcl_layout_name(ckpt_reader *r) {
     const lay_layout *L;
     fsdp_err err;
     return lay_detect(r, NULL, &L, &err) ? NULL : L->name;
+}
+
+int ckcl_side_write(const char *to, ckpt_reader *canon, const char *dst, fsdp_err *err) {
+    const lay_layout *L = lay_find(to);
+    return L && canon ? lay_side_write(L, canon, dst, err) : 0;
+}
+
+void ckcl_nest(const char *to, const char *key, ckrs_entry *e) {
+    int nest, tail;
+    unsigned mask;
+    if (!to || !lay_nest(lay_find(to), key, &nest, &tail, &mask)) return;
+    e->nest = (int16_t)nest, e->tail = (int16_t)tail, e->int_mask = (uint16_t)mask;
 }

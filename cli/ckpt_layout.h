@@ -5,6 +5,7 @@
 #include <stddef.h>
 #include <stdio.h>
 
+#include "ckpt/ckpt_reshard.h"
 #include "ckpt/reader.h"
 #include "layouts/layout.h"
 
@@ -15,11 +16,16 @@ typedef struct ckcl_req {
 } ckcl_req;
 
 /* *r seen as fsdp-run's layout (from: "auto" or NULL detects, a name takes that one), then, when to is set,
- * in layout `to`; *r is replaced by the view (which owns it). said (cap bytes): "torchtitan-0.3 -> olmo-core-3"
+ * in layout `to`; *r is replaced by the view (which owns it), *canon is the view in fsdp-run's layout (owned
+ * by *r when to is set). said (cap bytes): "torchtitan-0.3 -> olmo-core-3"
  * for the report. A layout name fsdp-run does not know is FSDP_E_INVALID listing them. */
-int ckcl_wrap(ckpt_reader **r, const ckcl_req *q, char *said, size_t cap, fsdp_err *err);
+int ckcl_wrap(ckpt_reader **r, const ckcl_req *q, ckpt_reader **canon, char *said, size_t cap, fsdp_err *err);
+/* Layout `to`'s side file (lay_side_write) into the DCP directory dst, from canon. */
+int ckcl_side_write(const char *to, ckpt_reader *canon, const char *dst, fsdp_err *err);
 /* A name --to names a layout by (1), or a format (0). */
 int ckcl_is_layout(const char *name);
+/* e's planner_data nesting as layout `to`'s own save writes key (lay_nest); nothing without a layout. */
+void ckcl_nest(const char *to, const char *key, ckrs_entry *e);
 /* inspect's line: "layout: NAME (SYSTEM; covers ...)", or why none / which candidates. json: the name or null. */
 void ckcl_print_layout(ckpt_reader *r, FILE *out);
 const char *ckcl_layout_name(ckpt_reader *r);

@@ -6,6 +6,7 @@
  *                                              .ff_sub_layer.w2, base_model.dec_norm, head
  *   optimizer_state.state.<fqn>.step|exp_avg|exp_avg_sq   by parameter name, fused as the parameter
  *   optimizer_state.param_groups.<i>.<option>, ....params   torch's nested groups, by index
+ * and its train state in metadata.pth (read as train_state.step / ntokens_seen, written from them).
  * q/k rows interleaved (fms/modules/positions.py rotates pairs x[2j], x[2j+1]), as fsdp-run's. A
  * torch.compile'd job (fms-fsdp's default use_torch_compile) puts _orig_mod. before every name: not this row.
  * fms builds its embedding with padding_idx=-1 (the last row gets no gradient), which fsdp-run's tiny Llama
@@ -34,6 +35,8 @@ static const lay_fuse fuse[] = {
 static const char *const marks[] = {"model_state.base_model.layers.*.attn.in_proj.qkv_fused.weight",
                                     "optimizer_state.state.base_model.layers.*.attn.in_proj.qkv_fused.weight.*"};
 
+static const lay_side side = {"metadata.pth", {"tokens_seen", "step"}, {"train_state.ntokens_seen", "train_state.step"}, 2};
+
 const lay_layout lay_fms_113 = {
     .name = "fms-1.13",
     .system = "fms-fsdp Checkpointer + ibm-fms 1.13.1 LLaMA (FSDP1)",
@@ -48,4 +51,5 @@ const lay_layout lay_fms_113 = {
     .marks = marks,
     .n_marks = LAY_N(marks),
     .groups = LAY_GROUPS_INDEXED,
+    .side = &side,
 };

@@ -61,3 +61,15 @@ int lay_detect(ckpt_reader *r, const lay_layout *fallback, const lay_layout **ou
     return fsdp_err_set(err, FSDP_E_FORMAT, "checkpoint %s is in none of the layouts fsdp-run knows (%s); name one "
                         "with layout: NAME", ckpt_reader_path(r), lay_names(names, sizeof names));
 }
+
+int lay_nest(const lay_layout *L, const char *key, int *nest, int *tail, unsigned *int_mask) {
+    *nest = 0, *tail = 0, *int_mask = 0;
+    if (!L || L->groups != LAY_GROUPS_INDEXED) return 0; /* torchtitan's flattened sections */
+    char st[160], pg[160];
+    snprintf(st, sizeof st, "%sstate.", L->optim);
+    snprintf(pg, sizeof pg, "%sparam_groups.", L->optim);
+    if (nmap_strip_prefix(key, st)) *nest = 2, *tail = 1;          /* (optim, "state", fqn, kind) */
+    else if (nmap_strip_prefix(key, pg)) *nest = 3, *int_mask = 4u; /* (optim, "param_groups", i, option) */
+    else if (L->model[0] && nmap_strip_prefix(key, L->model)) *nest = 1; /* (model, fqn) */
+    return *nest > 0;
+}

@@ -8,6 +8,8 @@
  * weights (ckpt/key_layout.h). */
 #include "layouts/lay_rows.h"
 
+static const char *const extra[] = {"train_state.**", "lr_scheduler.**", "dataloader.**"};
+
 static const char *const tt02_marks[] = {"layers.*.attention.wq.weight", "optimizer.state.layers.*.attention.wq.weight.*"};
 
 const lay_layout lay_torchtitan_02 = {
@@ -19,6 +21,8 @@ const lay_layout lay_torchtitan_02 = {
     .rope = LAY_ROPE_INTERLEAVED,
     .marks = tt02_marks,
     .n_marks = LAY_N(tt02_marks),
+    .extra = extra,
+    .n_extra = LAY_N(extra),
 };
 
 static const lay_name tt03_names[] = {
@@ -50,4 +54,6 @@ const lay_layout lay_torchtitan_03 = {
     .n_fuse = LAY_N(tt03_fuse),
     .marks = tt03_marks,
     .n_marks = LAY_N(tt03_marks),
+    .extra = extra,
+    .n_extra = LAY_N(extra),
 };

@@ -24,8 +24,16 @@ static const char *optim_prefix(const job *J, int native) {
     return native ? J->L->optim : CANON_OPTIM;
 }
 
+int lay_canon_extra(const char *key) {
+    static const char *const pre[] = {"train_state.", "lr_scheduler.", "dataloader."};
+    for (size_t i = 0; i < sizeof pre / sizeof *pre; i++)
+        if (nmap_strip_prefix(key, pre[i])) return 1;
+    return 0;
+}
+
 kkind lay_classify(const job *J, int native, const char *key, char *fqn, char *last) {
     const char *op = optim_prefix(J, native), *r;
+    if (!native && lay_canon_extra(key)) return K_OTHER;
     char st[256], pg[256];
     snprintf(st, sizeof st, "%sstate.", op);
     snprintf(pg, sizeof pg, "%sparam_groups.", op);
@@ -321,27 +329,40 @@ static int from_canon(job *J, size_t i, kkind k, const char *fqn, const char *la
     return rc ? rc : add_renamed(J, i, name, fqn, err);
 }
 
-static int one_key(job *J, size_t i, fsdp_err *err) {
+/* FROM_CANON: one of fsdp-run's training entries the layout does not keep */
+static int left_out(const job *J, const char *key) {
+    if (J->dir != LAY_FROM_CANON || !lay_canon_extra(key)) return 0;
+    for (size_t k = 0; k < J->L->n_extra; k++)
+        if (nmap_glob_match(J->L->extra[k], key, NULL) >= 0) return 0;
+    return 1;
+}
+
+static int one_key(job *J, size_t i, size_t *omitted, fsdp_err *err) {
     const ckpt_entry *e = ckpt_entry_at(J->src, i);
     char fqn[NAME_CAP], last[128];
     int native = J->dir == LAY_TO_CANON;
+    if (left_out(J, e->name)) return ++*omitted, 0;
     kkind k = lay_classify(J, native, e->name, fqn, last);
     if (k == K_OTHER) return ckv_add_same(J->b, e->name, i, err);
     return native ? to_canon(J, i, k, fqn, last, err) : from_canon(J, i, k, fqn, last, err);
 }
 
 int lay_view(ckpt_reader *src, int own, const lay_layout *L, lay_dir dir, const lay_facts *f, ckpt_reader **out,
-             fsdp_err *err) {
+             size_t *omitted, fsdp_err *err) {
     *out = NULL;
-    lay_facts none = {0, 0};
+    size_t none_left = 0;
+    if (!omitted) omitted = &none_left;
+    *omitted = 0;
+    lay_facts none = {0, 0, NULL};
     job J = {src, L, dir, f ? f : &none, NULL, NULL, 0};
     int rc = ckv_new(src, own, &J.b, err);
     if (rc) {
         if (own) ckpt_close(src);
         return rc;
     }
-    for (size_t i = 0; i < ckpt_count(src) && !rc; i++) rc = one_key(&J, i, err);
+    for (size_t i = 0; i < ckpt_count(src) && !rc; i++) rc = one_key(&J, i, omitted, err);
     if (!rc && dir == LAY_FROM_CANON && L->groups == LAY_GROUPS_INDEXED) rc = lay_groups_from_canon(&J, err);
+    if (!rc) rc = lay_side_read(&J, err);
     free(J.p);
     if (rc) {
         ckv_free(J.b);

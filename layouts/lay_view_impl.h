@@ -45,4 +45,7 @@ int lay_native_fqn(const lay_job *J, const char *fqn, unsigned what, char *out, 
 int lay_group_to_canon(lay_job *J, size_t i, const char *g, const char *opt, fsdp_err *err);
 int lay_groups_from_canon(lay_job *J, fsdp_err *err);
 
+/* The layout's side file (layouts/lay_side.c) into the view: its values under fsdp-run's names. */
+int lay_side_read(lay_job *J, fsdp_err *err);
+
 #endif

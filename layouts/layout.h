@@ -60,6 +60,17 @@ typedef struct lay_fuse {
  * group i's options; writing it makes one group per set of equal options, in the parameters' order. */
 typedef enum lay_groups { LAY_GROUPS_BY_FQN = 0, LAY_GROUPS_INDEXED = 1 } lay_groups;
 
+/* A torch.save file of plain values beside the checkpoint (fms-fsdp's metadata.pth: {"tokens_seen": N,
+ * "step": N}): its dict keys and the fsdp-run entries they are. Read into the view (LAY_TO_CANON, when
+ * lay_facts.dir names the checkpoint's directory); written by lay_side_write. */
+#define LAY_SIDE_MAX 4
+typedef struct lay_side {
+    const char *file;
+    const char *key[LAY_SIDE_MAX];
+    const char *canon[LAY_SIDE_MAX];
+    int n;
+} lay_side;
+
 typedef struct lay_layout {
     const char *name;     /* "torchtitan-0.3" */
     const char *system;   /* "torchtitan 0.3.0 (CheckpointManager)", for the log and the README */
@@ -74,12 +85,18 @@ typedef struct lay_layout {
     const char *const *marks; /* globs of keys only its checkpoints have (any one: this layout) */
     size_t n_marks;
     lay_groups groups;
+    /* fsdp-run's training entries besides the weights and the optimizer (train_state.*, lr_scheduler.*,
+     * dataloader.*) it keeps, as globs; the others are left out of a view in its layout (and counted) */
+    const char *const *extra;
+    size_t n_extra;
+    const lay_side *side; /* NULL: none */
 } lay_layout;
 
 /* What a view needs of the model: head counts for q/k row orders and fused q/k/v (0: unknown; a view
  * that needs them then fails naming the tensor). */
 typedef struct lay_facts {
     int n_heads, n_kv_heads;
+    const char *dir; /* the checkpoint's directory, where the layout's side file is looked for (NULL: none) */
 } lay_facts;
 
 /* Every layout, in the order `auto` tries them. */
@@ -98,8 +115,19 @@ int lay_detect(ckpt_reader *r, const lay_layout *fallback, const lay_layout **ou
 int lay_matches(ckpt_reader *r, const lay_layout *L);
 
 /* A view of src in direction dir (src kept open; closed with the view when own). A layout whose
- * rules are all the identity gives a view of src's own entries. */
+ * rules are all the identity gives a view of src's own entries. *omitted (may be NULL): how many of fsdp-run's
+ * training entries L does not hold were left out (LAY_FROM_CANON). */
 int lay_view(ckpt_reader *src, int own, const lay_layout *L, lay_dir dir, const lay_facts *f, ckpt_reader **out,
-             fsdp_err *err);
+             size_t *omitted, fsdp_err *err);
+/* L's side file into dir, from canonical reader r's entries (a missing train_state.step: the optimizer's
+ * step; a missing count: 0). Nothing when L has none. */
+int lay_side_write(const lay_layout *L, ckpt_reader *r, const char *dir, fsdp_err *err);
+/* How L's own save nests key of its layout in the state dict (a DCP's planner_data path; dcp_record's nest,
+ * tail and int_mask): the model prefix a level of its own, and an indexed layout's optimizer torch's nested
+ * state_dict ((optim, "state", fqn, kind), (optim, "param_groups", i, option)). 0 (nest 0): torchtitan's
+ * flattened sections. */
+int lay_nest(const lay_layout *L, const char *key, int *nest, int *tail, unsigned *int_mask);
+/* 1 when key is one of fsdp-run's training entries besides the weights and the optimizer. */
+int lay_canon_extra(const char *key);
 
 #endif

@@ -44,10 +44,10 @@ ckpt_reader *open_ckpt(const std::string &p) {
 }
 
 ckpt_reader *view(ckpt_reader *src, const lay_layout *L, lay_dir dir, int h = H, int kv = KV) {
-    lay_facts f = {h, kv};
+    lay_facts f = {h, kv, nullptr};
     ckpt_reader *v = nullptr;
     fsdp_err err;
-    EXPECT_EQ(lay_view(src, 0, L, dir, &f, &v, &err), 0) << err.msg;
+    EXPECT_EQ(lay_view(src, 0, L, dir, &f, &v, nullptr, &err), 0) << err.msg;
     return v;
 }
 
@@ -155,8 +155,9 @@ const lay_fuse kHalfFuse[] = {
      LAY_FUSE_EQUAL, LAY_FUSE_WEIGHTS | LAY_FUSE_MOMENTS},
 };
 const char *const kHalfMarks[] = {"model.blocks.*.attn.qkv.weight"};
+const char *const kHalfExtra[] = {"train_state.**"};
 const lay_layout kHalf = {"test-half", "a test trainer", "weights, optimizer", "model.", "optim.", LAY_ROPE_HALF,
-                          kHalfNames, 7, kHalfFuse, 2, kHalfMarks, 1, LAY_GROUPS_INDEXED};
+                          kHalfNames, 7, kHalfFuse, 2, kHalfMarks, 1, LAY_GROUPS_INDEXED, kHalfExtra, 1, nullptr};
 
 std::vector<float> permuted(const std::vector<float> &w, int64_t rows, int heads) {
     std::vector<float> out(w.size());
@@ -206,13 +207,21 @@ TEST(Layouts, WhatALayoutCannotDoIsAnErrorNamingTheTensor) {
     fsdp_err err;
     ckpt_reader *v = nullptr;
     // head counts unknown: the fused order cannot be computed
-    EXPECT_EQ(lay_view(src, 0, lay_find("torchtitan-0.3"), LAY_FROM_CANON, nullptr, &v, &err), FSDP_E_INVALID);
+    EXPECT_EQ(lay_view(src, 0, lay_find("torchtitan-0.3"), LAY_FROM_CANON, nullptr, &v, nullptr, &err), FSDP_E_INVALID);
     EXPECT_NE(std::string(err.msg).find("--n-heads"), std::string::npos) << err.msg;
     EXPECT_NE(std::string(err.msg).find("torchtitan-0.3"), std::string::npos) << err.msg;
     // head counts that do not divide the rows
-    lay_facts bad = {5, 2};
-    EXPECT_EQ(lay_view(src, 0, lay_find("torchtitan-0.3"), LAY_FROM_CANON, &bad, &v, &err), FSDP_E_INVALID);
+    lay_facts bad = {5, 2, nullptr};
+    EXPECT_EQ(lay_view(src, 0, lay_find("torchtitan-0.3"), LAY_FROM_CANON, &bad, &v, nullptr, &err), FSDP_E_INVALID);
     EXPECT_NE(std::string(err.msg).find("not q, k and v of 5 heads"), std::string::npos) << err.msg;
+    // a layout that holds no train state leaves fsdp-run's out, and says how many
+    lay_facts hk = {H, KV, nullptr};
+    size_t left = 0;
+    ASSERT_EQ(lay_view(src, 0, lay_find("olmo-core-3"), LAY_FROM_CANON, &hk, &v, &left, &err), 0) << err.msg;
+    EXPECT_EQ(left, 1u); // train_state.step
+    EXPECT_LT(ckpt_find(v, "train_state.step"), 0);
+    EXPECT_LT(ckpt_find(v, "model.train_state.step"), 0);
+    ckpt_close(v);
     ckpt_close(src);
     // a part missing: the weights alone (no moments) fuse, but a checkpoint lacking wk cannot
     ckpt_reader *st = open_ckpt(tiny("model_step5.safetensors"));
@@ -226,8 +235,8 @@ TEST(Layouts, WhatALayoutCannotDoIsAnErrorNamingTheTensor) {
     }
     ckpt_reader *nok = nullptr;
     ASSERT_EQ(ckv_finish(b, &nok, &err), 0) << err.msg;
-    lay_facts f = {H, KV};
-    EXPECT_EQ(lay_view(nok, 0, &kHalf, LAY_FROM_CANON, &f, &v, &err), FSDP_E_INVALID);
+    lay_facts f = {H, KV, nullptr};
+    EXPECT_EQ(lay_view(nok, 0, &kHalf, LAY_FROM_CANON, &f, &v, nullptr, &err), FSDP_E_INVALID);
     EXPECT_NE(std::string(err.msg).find("layers.0.attention.wk.weight"), std::string::npos) << err.msg;
     EXPECT_NE(std::string(err.msg).find("lacks"), std::string::npos) << err.msg;
     ckpt_close(nok);

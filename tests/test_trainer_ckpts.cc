@@ -1,0 +1,172 @@
+// Checkpoints written by other trainers' own code (tests/data/trainers/*, tools/gen/trainers/gen_*.py): each is
+// recognised, round-trips through fsdp-run's layout bit for bit, loads strictly with its optimizer on 1, 2 and
+// 3 ranks, and the next training steps equal the trainer's own next steps (expected.json, the trainer's run
+// after loading its checkpoint with its own loader).
+#include <gtest/gtest.h>
+#include <jansson.h>
+
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "ckpt_compare.h"
+#include "jsonl_util.h"
+#include "st_test_reader.h"
+#include "test_util.h"
+
+using namespace fsdp_test;
+
+namespace {
+
+struct Sys {
+    const char *dir;    // under tests/data/trainers
+    const char *sub;    // the checkpoint inside ws1/, ws2/
+    const char *layout; // the layout fsdp-run names it
+    const char *model;  // its parameters' prefix (the after-step weights have none)
+    int start;          // the step fsdp-run resumes at: the trainer's train state (OLMo-core's checkpoint has none)
+};
+
+const Sys kSystems[] = {
+    {"torchtitan-0.3", "step-3", "torchtitan-0.3", "", 3},
+    {"torchtitan-0.2", "step-3", "torchtitan-0.2", "", 3},
+    {"olmo-core-3.0", "", "olmo-core-3", "model.", 0},
+    {"fms-1.13", "checkpoints/step_3_ckp", "fms-1.13", "model_state.", 3}, // its metadata.pth
+};
+
+std::string data(const Sys &s, const std::string &f = "") {
+    return std::string("tests/data/trainers/") + s.dir + (f.empty() ? "" : "/" + f);
+}
+std::string ckpt_of(const Sys &s, int ws) {
+    std::string d = data(s, "ws" + std::to_string(ws));
+    return *s.sub ? d + "/" + s.sub : d;
+}
+
+struct Dir {
+    std::string d = make_tmpdir("fsdp-trainers");
+    ~Dir() { rm_rf(d); }
+    std::string operator/(const std::string &n) const { return d + "/" + n; }
+};
+
+int ckpt_cmd(const std::string &args, std::string *out) { return run_cmd(fsdp_run_bin() + " ckpt " + args, out); }
+
+std::vector<double> expected(const Sys &s, const char *ws, const char *key) {
+    json_error_t je;
+    json_t *j = json_load_file(data(s, "expected.json").c_str(), 0, &je);
+    EXPECT_TRUE(j) << data(s, "expected.json") << ": " << je.text;
+    std::vector<double> v;
+    json_t *a = json_object_get(json_object_get(j, ws), key);
+    for (size_t i = 0; i < json_array_size(a); i++) v.push_back(json_number_value(json_array_get(a, i)));
+    json_decref(j);
+    EXPECT_FALSE(v.empty()) << s.dir << " " << ws << " " << key;
+    return v;
+}
+
+// the training the fixtures' generators ran after the save (tools/gen/trainers: constant lr, AdamW, clip 1)
+std::string recipe(const Sys &s, const std::string &ckpt, int steps, const std::string &metrics,
+                   const std::string &save) {
+    std::string r = "model: {preset: tiny}\ndata: {kind: safetensors, path: " + data(s, "batch.safetensors") +
+                    ", batch_size: 4, seq_len: 32}\nstages:\n  - {id: l, uses: load-ckpt, with: {path: " + ckpt +
+                    ", load_optimizer: true}}\n";
+    if (steps)
+        r += "  - {id: t, uses: train-steps, with: {steps: " + std::to_string(s.start + steps) +
+             ", lr: 1e-3, decay: none, betas: [0.9, 0.95], eps: 1e-8, weight_decay: 0.1, max_grad_norm: 1.0, "
+             "metrics: " + metrics + "}}\n";
+    if (!save.empty()) r += "  - {id: s, uses: save-dcp, with: {path: " + save + "}}\n";
+    return r;
+}
+
+TEST(TrainerCkpts, EachIsRecognisedAndRoundTripsThroughFsdpRunsLayoutBitForBit) {
+    Dir t;
+    for (const Sys &s : kSystems) {
+        for (int ws : {1, 2}) {
+            std::string src = ckpt_of(s, ws), out, canon = t / (std::string(s.dir) + std::to_string(ws)),
+                        back = canon + "_back";
+            ASSERT_EQ(ckpt_cmd("inspect " + src, &out), 0) << out;
+            EXPECT_NE(out.find(std::string("layout: ") + s.layout + " ("), std::string::npos) << out;
+            ASSERT_EQ(ckpt_cmd("convert " + src + " " + canon + " --from auto --n-heads 4 --n-kv-heads 2", &out), 0) << out;
+            ASSERT_EQ(ckpt_cmd("inspect " + canon, &out), 0) << out;
+            EXPECT_NE(out.find("layout: torchtitan-0.2 ("), std::string::npos) << out;
+            ASSERT_EQ(ckpt_cmd("convert " + canon + " " + back + " --to " + s.layout + " --n-heads 4 --n-kv-heads 2 --world " +
+                                   std::to_string(ws), &out), 0) << out;
+            Ckpt a(src), b(back);
+            ASSERT_TRUE(a.r && b.r);
+            expect_same_tensors(b.r, a.r); // every tensor of the trainer's, under its own name, bit for bit
+            expect_same_tensors(a.r, b.r);
+        }
+    }
+}
+
+TEST(TrainerCkpts, TheNextStepsEqualTheTrainersOwnOnOneAndTwoRanks) {
+    Dir t;
+    for (const Sys &s : kSystems) {
+        std::vector<double> loss = expected(s, "ws1", "resumed_losses"), gn = expected(s, "ws1", "resumed_grad_norms");
+        for (int ws : {1, 2}) {
+            for (int np : {1, 2}) {
+                std::string m = t / (std::string(s.dir) + "_" + std::to_string(ws) + std::to_string(np) + ".jsonl");
+                write_file(t / "r.yaml", recipe(s, ckpt_of(s, ws), 2, m, ""));
+                int rc;
+                std::string log = run_np(np, t / "r.yaml", &rc);
+                ASSERT_EQ(rc, 0) << s.dir << " ws" << ws << " on " << np << ": " << log;
+                std::vector<double> got = jsonl_field(m, "loss"), gg = jsonl_field(m, "grad_norm");
+                ASSERT_EQ(got.size(), 2u) << s.dir;
+                // float32 against the trainer's float32 run: its own ws1 and ws2 runs differ by up to 5e-7
+                for (size_t k = 0; k < 2; k++) {
+                    EXPECT_NEAR(got[k], loss[k], 2e-6 * loss[k]) << s.dir << " ws" << ws << " np " << np << " step " << k;
+                    EXPECT_NEAR(gg[k], gn[k], 2e-5 * gn[k]) << s.dir << " ws" << ws << " np " << np << " step " << k;
+                }
+            }
+        }
+    }
+}
+
+TEST(TrainerCkpts, ThreeRanksLoadWhatOneRankLoads) {
+    Dir t;
+    for (const Sys &s : kSystems) {
+        std::string one = t / (std::string(s.dir) + "_1"), three = t / (std::string(s.dir) + "_3");
+        for (auto [np, out] : {std::pair<int, std::string>{1, one}, {3, three}}) {
+            write_file(t / "r.yaml", recipe(s, ckpt_of(s, 2), 0, "", out));
+            int rc;
+            std::string log = run_np(np, t / "r.yaml", &rc);
+            ASSERT_EQ(rc, 0) << s.dir << " on " << np << ": " << log;
+        }
+        Ckpt a(one), b(three);
+        ASSERT_TRUE(a.r && b.r);
+        expect_same_tensors(a.r, b.r);
+        EXPECT_GE(ckpt_find(a.r, "optimizer.state.layers.1.attention.wk.weight.exp_avg_sq"), 0) << s.dir;
+    }
+}
+
+TEST(TrainerCkpts, WeightsAfterTheNextStepAreTheTrainersOwn) {
+    Dir t;
+    for (const Sys &s : kSystems) {
+        std::string saved = t / (std::string(s.dir) + "_s"), native = saved + "_n", out;
+        write_file(t / "r.yaml", recipe(s, ckpt_of(s, 1), 1, t / "m.jsonl", saved));
+        int rc;
+        std::string log = run_np(1, t / "r.yaml", &rc);
+        ASSERT_EQ(rc, 0) << log;
+        ASSERT_EQ(ckpt_cmd("convert " + saved + " " + native + " --to " + s.layout + " --n-heads 4 --n-kv-heads 2", &out), 0)
+            << out;
+        std::map<std::string, st_test::Tensor> want;
+        std::string why;
+        ASSERT_TRUE(st_test::load(data(s, "ws1_after_resume_step.safetensors"), &want, &why)) << why;
+        Ckpt got(native);
+        ASSERT_TRUE(got.r);
+        double worst = 0;
+        std::string where;
+        for (auto &kv : want) {
+            std::vector<unsigned char> b = tensor_bytes(got.r, s.model + kv.first, FSDP_DT_F32);
+            std::vector<float> g(b.size() / 4);
+            memcpy(g.data(), b.data(), b.size());
+            const std::vector<float> &w = kv.second.f32;
+            ASSERT_EQ(g.size(), w.size()) << kv.first;
+            for (size_t i = 0; i < g.size(); i++)
+                if (std::fabs(g[i] - w[i]) > worst) worst = std::fabs(g[i] - w[i]), where = kv.first;
+        }
+        // one AdamW step of lr 1e-3 from the same state: float32 rounding of the update, far below its size
+        EXPECT_LT(worst, 2e-6) << s.dir << ": " << where;
+    }
+}
+
+} // namespace
