@@ -772,6 +772,13 @@ static int cmd_convert(int argc, char **argv, FILE *out, FILE *log) {
         ckpt_keys_free(&c.exclude);
         return 1;
     }
+    if ((rc = ckcl_check(c.r, &err))) {
+        fprintf(log, "fsdp-run ckpt convert: error: %s\n", err.msg);
+        ckpt_close(c.r);
+        ckpt_keys_free(&c.keys);
+        ckpt_keys_free(&c.exclude);
+        return fsdp_err_exit_code(rc);
+    }
     if (c.from || c.to_layout) {
         ckcl_req q = {c.from, c.to_layout, c.heads, c.kv_heads};
         if ((rc = ckcl_wrap(&c.r, &q, &c.canon, c.layouts, sizeof c.layouts, &err))) {

@@ -70,3 +70,5 @@ void ckcl_nest(const char *to, const char *key, ckrs_entry *e) {
     if (!to || !lay_nest(lay_find(to), key, &nest, &tail, &mask)) return;
     e->nest = (int16_t)nest, e->tail = (int16_t)tail, e->int_mask = (uint16_t)mask;
 }
+
+int ckcl_check(ckpt_reader *r, fsdp_err *err) { return lay_check_placeholders(r, err); }

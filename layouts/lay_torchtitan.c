@@ -8,7 +8,14 @@
  * weights (ckpt/key_layout.h). */
 #include "layouts/lay_rows.h"
 
-static const char *const extra[] = {"train_state.**", "lr_scheduler.**", "dataloader.**"};
+/* the train state each version's CheckpointManager keeps (fsdp-run's train_state.data_pos and its scheduler's
+ * lr_lambdas are its own) */
+static const char *const tt02_extra[] = {"train_state.step", "train_state.ntokens_seen", "lr_scheduler.base_lrs",
+                                         "lr_scheduler.last_epoch", "lr_scheduler._step_count", "lr_scheduler._is_initial",
+                                         "lr_scheduler._get_lr_called_within_step", "lr_scheduler._last_lr",
+                                         "dataloader.**"};
+static const char *const tt03_extra[] = {"train_state.step", "train_state.ntokens_seen", "lr_scheduler.last_epoch",
+                                         "dataloader.**"};
 
 static const char *const tt02_marks[] = {"layers.*.attention.wq.weight", "optimizer.state.layers.*.attention.wq.weight.*"};
 
@@ -21,8 +28,8 @@ const lay_layout lay_torchtitan_02 = {
     .rope = LAY_ROPE_INTERLEAVED,
     .marks = tt02_marks,
     .n_marks = LAY_N(tt02_marks),
-    .extra = extra,
-    .n_extra = LAY_N(extra),
+    .extra = tt02_extra,
+    .n_extra = LAY_N(tt02_extra),
 };
 
 static const lay_name tt03_names[] = {
@@ -54,6 +61,6 @@ const lay_layout lay_torchtitan_03 = {
     .n_fuse = LAY_N(tt03_fuse),
     .marks = tt03_marks,
     .n_marks = LAY_N(tt03_marks),
-    .extra = extra,
-    .n_extra = LAY_N(extra),
+    .extra = tt03_extra,
+    .n_extra = LAY_N(tt03_extra),
 };

@@ -127,6 +127,10 @@ int lay_side_write(const lay_layout *L, ckpt_reader *r, const char *dir, fsdp_er
  * state_dict ((optim, "state", fqn, kind), (optim, "param_groups", i, option)). 0 (nest 0): torchtitan's
  * flattened sections. */
 int lay_nest(const lay_layout *L, const char *key, int *nest, int *tail, unsigned *int_mask);
+/* FSDP_E_FORMAT when r holds placeholders for values that live elsewhere (a DeepSpeed ZeRO-3
+ * model_states.pt: [0]-shaped weights beside param_shapes), naming the tensor: never read or written as the
+ * weights. */
+int lay_check_placeholders(ckpt_reader *r, fsdp_err *err);
 /* 1 when key is one of fsdp-run's training entries besides the weights and the optimizer. */
 int lay_canon_extra(const char *key);
 

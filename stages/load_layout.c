@@ -15,8 +15,9 @@ int stage_layout_check(const fsdp_value *v, fsdp_err *err) {
 
 int stage_layout_view(fsdp_ctx *ctx, const fsdp_state *s, const char *layout, ckpt_reader **r, fsdp_err *err) {
     const lay_layout *L = NULL;
+    int rc = lay_check_placeholders(*r, err);
+    if (rc) return fsdp_err_prefix(err, "load-ckpt");
     if (!layout || !strcmp(layout, "hf")) return 0; /* hf: names: hf reads it (ckpt/state_load.c) */
-    int rc = 0;
     if (!strcmp(layout, "auto")) {
         size_t n = 0;
         for (size_t i = 0; i < lay_count(); i++) n += (size_t)lay_matches(*r, lay_at(i));
@@ -32,9 +33,9 @@ int stage_layout_view(fsdp_ctx *ctx, const fsdp_state *s, const char *layout, ck
                      L->name, ckpt_reader_path(*r), seen->name);
     }
     if (L == lay_find("torchtitan")) return 0; /* fsdp-run's own */
-    lay_facts f = {s->hf.n_heads, s->hf.n_kv_heads};
+    lay_facts f = {s->hf.n_heads, s->hf.n_kv_heads, ckpt_reader_path(*r)};
     ckpt_reader *v;
-    if ((rc = lay_view(*r, 0, L, LAY_TO_CANON, &f, &v, err))) return fsdp_err_prefix(err, "load-ckpt");
+    if ((rc = lay_view(*r, 0, L, LAY_TO_CANON, &f, &v, NULL, err))) return fsdp_err_prefix(err, "load-ckpt");
     fsdp_log(ctx, FSDP_LOG_INFO, "load-ckpt: %s is in layout %s (%s): read as fsdp-run's", ckpt_reader_path(*r),
              L->name, L->system);
     *r = v; /* the caller closes the view, then the source */

@@ -100,3 +100,33 @@ TEST(DcpMetadataStructure, SameTreeAsPyTorchForTheSameContent) {
     EXPECT_EQ(repr(os["'version'"]), repr(ts["'version'"]));
     rm_rf(t);
 }
+
+// What fsdp-run writes in a trainer's layout nests every key in .metadata's planner_data as that trainer's own
+// save does (torch's optimizer state_dict under its prefix for fms-fsdp and OLMo-core; FSDP1's
+// load_sharded_optimizer_state_dict rebuilds the optimizer's dict from it).
+TEST(DcpMetadataStructure, PlannerDataOfATrainersLayoutIsTheTrainersOwn) {
+    struct Case {
+        const char *ckpt, *layout;
+    } cases[] = {{"tests/data/trainers/fms-1.13/ws2/checkpoints/step_3_ckp", "fms-1.13"},
+                 {"tests/data/trainers/olmo-core-3.0/ws2", "olmo-core-3"},
+                 {"tests/data/trainers/torchtitan-0.3/ws2/step-3", "torchtitan-0.3"}};
+    std::string t = make_tmpdir("fsdp-meta-lay"), out;
+    for (const Case &c : cases) {
+        std::string canon = t + "/" + c.layout, back = canon + "_back";
+        ASSERT_EQ(run_cmd(fsdp_run_bin() + " ckpt convert " + c.ckpt + " " + canon + " --from auto --n-heads 4 --n-kv-heads 2",
+                          &out), 0) << out;
+        ASSERT_EQ(run_cmd(fsdp_run_bin() + " ckpt convert " + canon + " " + back + " --to " + c.layout +
+                              " --n-heads 4 --n-kv-heads 2 --world 2", &out), 0) << out;
+        Tree theirs(std::string(c.ckpt) + "/.metadata"), ours(back + "/.metadata");
+        auto tpd = dict(dict(pkl_state(theirs.root))["'planner_data'"]), opd = dict(dict(pkl_state(ours.root))["'planner_data'"]);
+        size_t same = 0;
+        for (auto &kv : tpd) {
+            if (kv.first.find("dataloader.") != std::string::npos) continue; // torchtitan's per-rank loader state
+            ASSERT_TRUE(opd.count(kv.first)) << c.layout << ": " << kv.first;
+            EXPECT_EQ(repr(opd[kv.first]), repr(kv.second)) << c.layout << ": " << kv.first;
+            same++;
+        }
+        EXPECT_GT(same, 60u) << c.layout;
+    }
+    rm_rf(t);
+}

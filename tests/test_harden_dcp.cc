@@ -896,7 +896,7 @@ TEST(HardenDcpScale, TwentyThousandLayersInitSaveLoadInspect) {
     EXPECT_EQ(rc, 0) << out;
     std::string listing = read_file(d + "/inspect.txt");
     EXPECT_TRUE(has(listing.substr(0, 200), "dcp checkpoint, 180006 keys")) << listing.substr(0, 200);
-    EXPECT_EQ(std::count(listing.begin(), listing.end(), '\n'), 180006 + 3); // + total, checked
+    EXPECT_EQ(std::count(listing.begin(), listing.end(), '\n'), 180006 + 4); // + header, layout, total, checked
     rm_rf(d);
 }
 

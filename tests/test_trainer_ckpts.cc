@@ -170,3 +170,28 @@ TEST(TrainerCkpts, WeightsAfterTheNextStepAreTheTrainersOwn) {
 }
 
 } // namespace
+
+namespace {
+
+// DeepSpeed ZeRO-3's model_states.pt holds [0]-shaped placeholders for every weight (the values are in the
+// *_optim_states.pt partitions): convert and load refuse it naming the tensor, and write nothing.
+TEST(TrainerCkpts, DeepSpeedZero3PlaceholdersAreNeverTakenForTheWeights) {
+    Dir t;
+    std::string z3 = "tests/data/trainers/deepspeed-0.19/zero3/ws1/global_step3/zero_pp_rank_0_mp_rank_00_model_states.pt", out;
+    ASSERT_TRUE(exists(z3));
+    for (const char *dst : {"z.safetensors", "z_dcp", "hf"}) {
+        std::string extra = !strcmp(dst, "hf") ? " --to hf --strip-prefix module. --model tiny" : "";
+        EXPECT_EQ(ckpt_cmd("convert " + z3 + " " + (t / dst) + extra, &out), 1) << out;
+        EXPECT_NE(out.find("tensor module.model.embed_tokens.weight has no elements where "
+                           "param_shapes.0.model.embed_tokens.weight gives"), std::string::npos) << out;
+        EXPECT_FALSE(exists(t / dst)) << dst;
+    }
+    write_file(t / "l.yaml", "model: {preset: tiny}\nstages:\n  - {id: l, uses: load-ckpt, with: {path: " + z3 +
+                                 ", names: hf, strip_prefix: module.}}\n");
+    int rc;
+    std::string log = run_np(1, t / "l.yaml", &rc);
+    EXPECT_EQ(rc, 1) << log;
+    EXPECT_NE(log.find("DeepSpeed ZeRO-3 model_states.pt keeps placeholders"), std::string::npos) << log;
+}
+
+} // namespace
