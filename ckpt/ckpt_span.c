@@ -126,14 +126,77 @@ static int resolve_st(ckpt_reader *r, size_t i, cks_files *fc, cks_src *s, fsdp_
     return 0;
 }
 
+static int cmp_seg_row(const void *a, const void *b) {
+    const cks_seg *x = a, *y = b;
+    return x->row0 < y->row0 ? -1 : x->row0 > y->row0;
+}
+
+/* A view's entry made of runs of consecutive rows (a fused tensor's part, a renamed whole): its source's
+ * byte ranges, cut to each run's rows and placed at the view's; not when a run permutes rows. */
+static int resolve_view_runs(ckpt_reader *r, size_t i, cks_files *fc, cks_src *s, int *ok, fsdp_err *err) {
+    ckpt_reader *src;
+    const ckv_run *run;
+    size_t nr;
+    *ok = 0;
+    if (!ckpt_view_runs(r, i, &src, &run, &nr)) return 0;
+    for (size_t k = 0; k < nr; k++)
+        if (run[k].vstride != 1 || run[k].sstride != 1) return 0;
+    size_t cap = 0;
+    int rc = 0, all = 1;
+    for (size_t k = 0; k < nr && all && !rc; k++) {
+        cks_src t;
+        int ok2 = 0;
+        if ((rc = cks_src_resolve(src, run[k].src, fc, &t, &ok2, err)) || !ok2) {
+            all = ok2;
+            continue;
+        }
+        if (k == 0) s->dtype = t.dtype, s->row_bytes = t.row_bytes;
+        for (size_t g = 0; g < t.n && !rc; g++) {
+            const cks_seg *x = &t.seg[g];
+            int64_t a = x->row0 > run[k].s0 ? x->row0 : run[k].s0;
+            int64_t b = x->row0 + x->rows < run[k].s0 + run[k].n ? x->row0 + x->rows : run[k].s0 + run[k].n;
+            if (a >= b) continue;
+            if (s->n == cap) {
+                cks_seg *ns = realloc(s->seg, (cap = cap ? 2 * cap : 16) * sizeof *ns);
+                if (!ns) {
+                    rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+                    break;
+                }
+                s->seg = ns;
+            }
+            cks_seg *y = &s->seg[s->n++];
+            *y = *x;
+            y->off = x->off + (uint64_t)(a - x->row0) * t.row_bytes;
+            y->len = (uint64_t)(b - a) * t.row_bytes;
+            y->row0 = run[k].v0 + (a - run[k].s0);
+            y->rows = b - a;
+            y->run = 0, y->done = 0;
+            if (a != x->row0 || b != x->row0 + x->rows) y->check = 0; /* a record's CRC covers all of it */
+        }
+        cks_src_free(&t);
+    }
+    if (rc || !all) {
+        free(s->seg);
+        s->seg = NULL, s->n = 0;
+        return rc;
+    }
+    qsort(s->seg, s->n, sizeof *s->seg, cmp_seg_row);
+    const ckpt_entry *e = ckpt_entry_at(r, i);
+    s->name = e->name;
+    s->rows = e->ndim ? e->shape[0] : 1;
+    s->fc = fc;
+    *ok = 1;
+    return 0;
+}
+
 int cks_src_resolve(ckpt_reader *r, size_t i, cks_files *fc, cks_src *s, int *ok, fsdp_err *err) {
     memset(s, 0, sizeof *s);
     const ckpt_entry *e = ckpt_entry_at(r, i);
-    if (r->inner) { /* a view: an entry passed through streams from its source; rows of runs do not */
+    if (r->inner) { /* a view: an entry passed through streams from its source, runs of whole rows too */
         ckpt_reader *src;
         long j = ckpt_view_same(r, i, &src);
         *ok = 0;
-        if (j < 0) return 0;
+        if (j < 0) return resolve_view_runs(r, i, fc, s, ok, err);
         int rc = cks_src_resolve(src, (size_t)j, fc, s, ok, err);
         if (!rc && *ok) s->name = e->name;
         return rc;

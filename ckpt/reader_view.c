@@ -278,6 +278,14 @@ int ckpt_view_value(const ckpt_reader *r, size_t i, const void **pickle, size_t 
     return 1;
 }
 
+int ckpt_view_runs(const ckpt_reader *r, size_t i, ckpt_reader **src, const ckv_run **runs, size_t *n) {
+    if (!r->inner || r->ops != &view_ops || i >= r->n) return 0;
+    const ckv_impl *v = r->impl;
+    if (!v->e[i].n_run) return 0;
+    *src = v->src, *runs = v->e[i].run, *n = v->e[i].n_run;
+    return 1;
+}
+
 ckpt_reader *ckpt_view_base(ckpt_reader *r) {
     while (r->inner) r = r->inner;
     return r;

@@ -46,6 +46,8 @@ int ckv_finish(ckv_builder *b, ckpt_reader **out, fsdp_err *err);
 long ckpt_view_same(const ckpt_reader *r, size_t i, ckpt_reader **src);
 /* For a view: 1 when value i is the view's own (ckv_add_value), its pickle and text; else 0. */
 int ckpt_view_value(const ckpt_reader *r, size_t i, const void **pickle, size_t *len, const char **text);
+/* For a view: 1 when entry i is made of runs, which *runs / *n give (of source *src); else 0. */
+int ckpt_view_runs(const ckpt_reader *r, size_t i, ckpt_reader **src, const ckv_run **runs, size_t *n);
 /* The reader under a view (r itself for any other reader). */
 ckpt_reader *ckpt_view_base(ckpt_reader *r);
 

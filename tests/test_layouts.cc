@@ -325,6 +325,25 @@ TEST(LayoutsCli, ConvertCreatesTheDirectoriesAndAnHfExportIsADirectoryAsSaveSafe
     expect_same_tensors(tt.r, back.r);
 }
 
+// A fused tensor's parts (runs of whole rows) stream from the source's bytes as a renamed tensor does; the
+// permuted q/k rows of a rotate-half layout are read and written whole: the same checkpoint either way.
+TEST(LayoutsCli, StreamedPartsAreTheRowsReadWhole) {
+    Dir t;
+    std::string out;
+    for (const char *src : {"tests/data/trainers/torchtitan-0.3/ws2/step-3", "tests/data/trainers/olmo-core-3.0/ws2",
+                            "tests/data/trainers/fms-1.13/ws2/checkpoints/step_3_ckp"}) {
+        rm_rf(t / "a");
+        rm_rf(t / "b");
+        ASSERT_EQ(ckpt_cmd(std::string("convert ") + src + " " + (t / "a") + " --from auto --n-heads 4 --n-kv-heads 2 --world 3",
+                           &out), 0) << out;
+        ASSERT_EQ(run_cmd("FSDP_CONVERT_STREAM=0 " + fsdp_run_bin() + " ckpt convert " + src + " " + (t / "b") +
+                              " --from auto --n-heads 4 --n-kv-heads 2 --world 3", &out), 0) << out;
+        Ckpt a(t / "a"), b(t / "b");
+        expect_same_tensors(a.r, b.r);
+        ASSERT_EQ(ckpt_cmd("inspect --verify " + (t / "a"), &out), 0) << out;
+    }
+}
+
 TEST(LayoutsLoad, Torchtitan03CheckpointLoadsStrictlyOnOneAndThreeRanks) {
     Dir t;
     std::string out;
