@@ -98,6 +98,27 @@ TEST(TrainerCkpts, EachIsRecognisedAndRoundTripsThroughFsdpRunsLayoutBitForBit) 
     }
 }
 
+// Between every pair of layouts, straight from one trainer's checkpoint into the other's and back: bit for bit.
+TEST(TrainerCkpts, EveryPairOfLayoutsRoundTripsBitForBit) {
+    Dir t;
+    for (const Sys &a : kSystems) {
+        for (const Sys &b : kSystems) {
+            if (&a == &b) continue;
+            std::string src = ckpt_of(a, 2), mid = t / (std::string(a.dir) + "_to_" + b.dir), back = mid + "_back", out;
+            ASSERT_EQ(ckpt_cmd("convert " + src + " " + mid + " --from " + a.layout + " --to " + b.layout +
+                                   " --n-heads 4 --n-kv-heads 2 --world 2", &out), 0) << out;
+            ASSERT_EQ(ckpt_cmd("inspect " + mid, &out), 0) << out;
+            EXPECT_NE(out.find(std::string("layout: ") + b.layout + " ("), std::string::npos) << out;
+            ASSERT_EQ(ckpt_cmd("convert " + mid + " " + back + " --from auto --to " + a.layout +
+                                   " --n-heads 4 --n-kv-heads 2 --world 2", &out), 0) << out;
+            Ckpt x(src), y(back);
+            ASSERT_TRUE(x.r && y.r);
+            expect_same_tensors(y.r, x.r);
+            expect_same_tensors(x.r, y.r);
+        }
+    }
+}
+
 TEST(TrainerCkpts, TheNextStepsEqualTheTrainersOwnOnOneAndTwoRanks) {
     Dir t;
     for (const Sys &s : kSystems) {

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# By hand (needs the seed systems: ../shared/seed-systems/install.sh): a checkpoint fsdp-run trained itself (the tiny
+# preset, 3 AdamW steps on the trainer fixtures' batch) written in each trainer's layout with `fsdp-run ckpt convert
+# --to LAYOUT`, loaded by that trainer's own strict loader (tools/gen/trainers/check_*.py: weights, moments, train
+# state) on WORLD ranks, and its next two steps printed beside fsdp-run's own next two steps.
+#   PY=/work/torchenv/bin/python SEEDPKGS=/work/seedpkgs FMS_SRC=/work/fms-fsdp-src bash tools/check_trainer_layouts.sh [WORLD]
+set -euo pipefail
+WORLD=${1:-1}
+: "${PY:?set PY to a Python with torch 2.11}" "${SEEDPKGS:?set SEEDPKGS}"
+BIN=${BIN:-build/fsdp-run}
+STUBS=${STUBS:-../shared/seed-systems/stubs}
+D=$(mktemp -d /tmp/fsdp-trainer-check.XXXXXX)
+trap 'rm -rf "$D"' EXIT
+BATCH=tests/data/trainers/torchtitan-0.3/batch.safetensors
+train() { # STEPS LOAD(or "") OUT METRICS
+  {
+    echo "model: {preset: tiny}"
+    echo "data: {kind: safetensors, path: $BATCH, batch_size: 4, seq_len: 32}"
+    echo "stages:"
+    if [ -n "$2" ]; then echo "  - {id: l, uses: load-ckpt, with: {path: $2}}"; else echo "  - {id: i, uses: init-meta}"; fi
+    echo "  - {id: t, uses: train-steps, with: {steps: $1, lr: 1e-3, decay: none, betas: [0.9, 0.95], eps: 1e-8, weight_decay: 0.1, max_grad_norm: 1.0, metrics: $4}}"
+    [ -n "$3" ] && echo "  - {id: s, uses: save-dcp, with: {path: $3}}"
+  } > "$D/r.yaml"
+  "$BIN" -q "$D/r.yaml"
+}
+train 3 "" "$D/ff" "$D/m0.jsonl"
+train 5 "$D/ff" "" "$D/m1.jsonl"
+echo "fsdp-run's next two steps:"
+grep -o '"step": [0-9]*, "loss": [0-9.e-]*, "grad_norm": [0-9.e-]*' "$D/m1.jsonl"
+conv() { "$BIN" ckpt convert "$D/ff" "$1" --to "$2" --n-heads 4 --n-kv-heads 2 --world "$WORLD" > /dev/null; }
+export OMP_NUM_THREADS=1
+mkdir -p "$D/tt3" "$D/tt2" "$D/fms/checkpoints"
+conv "$D/tt3/step-3" torchtitan-0.3
+conv "$D/tt2/step-3" torchtitan-0.2
+conv "$D/oc" olmo-core-3
+conv "$D/fms/checkpoints/step_3_ckp" fms-1.13
+echo "torchtitan 0.3.0:"; "$PY" tools/gen/trainers/check_torchtitan.py "$D/tt3" --batch "$BATCH" 2>/dev/null | tail -1
+echo "torchtitan 0.2.2:"; "$PY" tools/gen/trainers/check_torchtitan.py "$D/tt2" --batch "$BATCH" 2>/dev/null | tail -1
+echo "OLMo-core 3.0.0:"; PYTHONPATH="$STUBS:$SEEDPKGS/olmocore" "$PY" tools/gen/trainers/check_olmo_core.py "$D/oc" --world "$WORLD" --batch "$BATCH" 2>/dev/null | tail -1
+echo "fms-fsdp + ibm-fms 1.13.1:"; PYTHONPATH="$SEEDPKGS/fms:${FMS_SRC:-/work/fms-fsdp-src}" "$PY" tools/gen/trainers/check_fms.py "$D/fms" --world "$WORLD" --batch "$BATCH" 2>/dev/null | tail -1
