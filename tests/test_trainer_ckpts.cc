@@ -6,6 +6,7 @@
 #include <jansson.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <string>
@@ -132,10 +133,11 @@ TEST(TrainerCkpts, TheNextStepsEqualTheTrainersOwnOnOneAndTwoRanks) {
                 ASSERT_EQ(rc, 0) << s.dir << " ws" << ws << " on " << np << ": " << log;
                 std::vector<double> got = jsonl_field(m, "loss"), gg = jsonl_field(m, "grad_norm");
                 ASSERT_EQ(got.size(), 2u) << s.dir;
-                // float32 against the trainer's float32 run: its own ws1 and ws2 runs differ by up to 5e-7
+                // float32 against the trainer's float32 run (its own world-1 and world-2 runs differ by up to 1e-7
+                // relative; fsdp-run is within 1e-7 of them)
                 for (size_t k = 0; k < 2; k++) {
-                    EXPECT_NEAR(got[k], loss[k], 2e-6 * loss[k]) << s.dir << " ws" << ws << " np " << np << " step " << k;
-                    EXPECT_NEAR(gg[k], gn[k], 2e-5 * gn[k]) << s.dir << " ws" << ws << " np " << np << " step " << k;
+                    EXPECT_NEAR(got[k], loss[k], 5e-7 * loss[k]) << s.dir << " ws" << ws << " np " << np << " step " << k;
+                    EXPECT_NEAR(gg[k], gn[k], 2e-6 * gn[k]) << s.dir << " ws" << ws << " np " << np << " step " << k;
                 }
             }
         }
@@ -185,8 +187,9 @@ TEST(TrainerCkpts, WeightsAfterTheNextStepAreTheTrainersOwn) {
             for (size_t i = 0; i < g.size(); i++)
                 if (std::fabs(g[i] - w[i]) > worst) worst = std::fabs(g[i] - w[i]), where = kv.first;
         }
-        // one AdamW step of lr 1e-3 from the same state: float32 rounding of the update, far below its size
-        EXPECT_LT(worst, 2e-6) << s.dir << ": " << where;
+        // one AdamW step of lr 1e-3 from the same state: a few float32 ulps of the weights (1.2e-7 at 1.0)
+        EXPECT_LT(worst, 5e-7) << s.dir << ": " << where;
+        printf("%s: weights after the next step within %.3g of the trainer's (worst %s)\n", s.dir, worst, where.c_str());
     }
 }
 
