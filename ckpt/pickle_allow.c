@@ -76,6 +76,12 @@ static const char *const IO[] = {"BytesIO", NULL};
  * from its state dict; listed in PyTorch's documentation of torch.serialization.add_safe_globals */
 static const char *const ARGPARSE[] = {"Namespace", NULL};
 
+/* DeepSpeed's *_optim_states.pt: classes that carry only data (never called here: a LossScaler's state dict
+ * {cur_scale, dynamic}, the int of a ZeroStageEnum, a fragment_address's {numel, start}) */
+static const char *const DS_LOSS_SCALER[] = {"LossScaler", "DynamicLossScaler", NULL};
+static const char *const DS_ZERO_CONFIG[] = {"ZeroStageEnum", NULL};
+static const char *const DS_FRAGMENT[] = {"fragment_address", NULL};
+
 static const allow_mod ALLOWED[] = {
     {"torch", TORCH},
     {"torch.cuda", TORCH_TENSOR_CLASSES},
@@ -98,6 +104,9 @@ static const allow_mod ALLOWED[] = {
     {"_io", IO},
     {"io", IO},
     {"argparse", ARGPARSE},
+    {"deepspeed.runtime.fp16.loss_scaler", DS_LOSS_SCALER},
+    {"deepspeed.runtime.zero.config", DS_ZERO_CONFIG},
+    {"deepspeed.utils.tensor_fragment", DS_FRAGMENT},
 };
 
 int pkl_global_allowed(const char *module, size_t module_len, const char *name, size_t name_len) {

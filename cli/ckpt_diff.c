@@ -15,10 +15,12 @@
 
 #include "ckpt/ckpt_stale.h"
 #include "cli/ckpt_keys.h"
+#include "cli/ckpt_layout.h"
 #include "cli/ckpt_tool.h"
 
 typedef struct diff_opts {
     const char *a, *b, *names;
+    const char *layout; /* --layout auto|LAYOUT: both sides read in fsdp-run's layout */
     double rtol, atol;
     int round, heads, kv_heads;
     ckpt_keys ignore;
@@ -51,6 +53,7 @@ static int diff_args(int argc, char **argv, diff_opts *o, FILE *log) {
         else if (!strcmp(a, "--atol") && v) o->atol = atof(v), i++;
         else if (!strcmp(a, "--round")) o->round = 1;
         else if (!strcmp(a, "--names") && v) o->names = v, i++;
+        else if (!strcmp(a, "--layout") && v) o->layout = v, i++;
         else if (!strcmp(a, "--n-heads") && v) o->heads = atoi(v), i++;
         else if (!strcmp(a, "--n-kv-heads") && v) o->kv_heads = atoi(v), i++;
         else if (!strcmp(a, "--ignore") && v) {
@@ -230,6 +233,20 @@ static int open_side(const char *path, diff_side *s, FILE *log) {
     return rc ? 1 : 0;
 }
 
+/* --layout: the side seen in fsdp-run's layout (auto: its own detected), named in the output. */
+static int layout_side(const diff_opts *o, diff_side *s, FILE *log) {
+    ckcl_req q = {o->layout, NULL, o->heads, o->kv_heads > 0 ? o->kv_heads : o->heads};
+    ckpt_reader *canon;
+    char said[256];
+    fsdp_err err;
+    if (ckcl_wrap(&s->r, &q, &canon, said, sizeof said, &err)) {
+        fprintf(log, "fsdp-run ckpt: error: %s: %s\n", s->path, err.msg);
+        return 1;
+    }
+    fprintf(log, "fsdp-run ckpt: %s: layout %s\n", s->path, said);
+    return 0;
+}
+
 /* Walks both sorted key lists; returns 1 if they differ, 0 if not, -1 on an error. */
 static int diff_walk(const diff_opts *o, diff_side *A, diff_side *B, FILE *out, FILE *log) {
     int differ = 0;
@@ -257,6 +274,11 @@ int ckpt_cli_diff(int argc, char **argv, FILE *out, FILE *log) {
     if (!rc && open_side(o.a, &A, log)) rc = 1;
     if (!rc && open_side(o.b, &B, log)) {
         ckpt_close(A.r);
+        rc = 1;
+    }
+    if (!rc && o.layout && (layout_side(&o, &A, log) || layout_side(&o, &B, log))) {
+        if (A.r) ckpt_close(A.r);
+        if (B.r) ckpt_close(B.r);
         rc = 1;
     }
     if (rc) {

@@ -120,6 +120,25 @@ TEST(TrainerCkpts, EveryPairOfLayoutsRoundTripsBitForBit) {
     }
 }
 
+// ckpt diff across layouts: a torchtitan 0.3 checkpoint and the same one in OLMo-core's layout compare equal
+// once both are read in fsdp-run's layout (not as they are: no key in common).
+TEST(TrainerCkpts, DiffComparesAcrossLayouts) {
+    Dir t;
+    std::string src = ckpt_of(kSystems[0], 2), oc = t / "oc", out;
+    ASSERT_EQ(ckpt_cmd("convert " + src + " " + oc + " --to olmo-core-3 --n-heads 4 --n-kv-heads 2", &out), 0) << out;
+    std::string ign = " --ignore 'train_state.**,lr_scheduler.**,dataloader.**'";
+    EXPECT_EQ(ckpt_cmd("diff " + src + " " + oc + ign, &out), 1) << out;
+    EXPECT_EQ(ckpt_cmd("diff " + src + " " + oc + ign + " --layout auto --n-heads 4 --n-kv-heads 2", &out), 0) << out;
+    EXPECT_NE(out.find("layout olmo-core-3 -> torchtitan-0.2"), std::string::npos) << out;
+    EXPECT_NE(out.find("equal: "), std::string::npos) << out;
+    // one moment changed in the OLMo-core copy: found, under fsdp-run's name
+    std::string mod = t / "mod";
+    ASSERT_EQ(ckpt_cmd("convert " + src + " " + mod + " --to olmo-core-3 --n-heads 4 --n-kv-heads 2 "
+                       "--exclude optim.state.blocks.1.attention.w_k.weight.exp_avg", &out), 0) << out;
+    EXPECT_EQ(ckpt_cmd("diff " + src + " " + mod + ign + " --layout auto --n-heads 4 --n-kv-heads 2", &out), 1) << out;
+    EXPECT_NE(out.find("only in " + src + ": optimizer.state.layers.1.attention.wk.weight.exp_avg"), std::string::npos) << out;
+}
+
 TEST(TrainerCkpts, TheNextStepsEqualTheTrainersOwnOnOneAndTwoRanks) {
     Dir t;
     for (const Sys &s : kSystems) {
@@ -216,6 +235,27 @@ TEST(TrainerCkpts, DeepSpeedZero3PlaceholdersAreNeverTakenForTheWeights) {
     std::string log = run_np(1, t / "l.yaml", &rc);
     EXPECT_EQ(rc, 1) << log;
     EXPECT_NE(log.find("DeepSpeed ZeRO-3 model_states.pt keeps placeholders"), std::string::npos) << log;
+}
+
+// Every file of a ZeRO checkpoint opens: the optimizer files' DeepSpeed objects (LossScaler, ZeroStageEnum,
+// fragment_address) are data; a ZeRO-2 model_states.pt's weights (views into one flat storage) are the fp32
+// weights zero_to_fp32.py merges, bit for bit.
+TEST(TrainerCkpts, DeepSpeedFilesOpenAndZero2WeightsAreZeroToFp32s) {
+    Dir t;
+    const std::string z = "tests/data/trainers/deepspeed-0.19/";
+    std::string out;
+    for (const char *f : {"zero2/ws2/global_step3/zero_pp_rank_1_mp_rank_00_optim_states.pt",
+                          "zero3/ws2/global_step3/zero_pp_rank_1_mp_rank_00_optim_states.pt"}) {
+        ASSERT_EQ(ckpt_cmd("inspect " + z + f, &out), 0) << out;
+        EXPECT_NE(out.find("optimizer_state_dict.loss_scaler"), std::string::npos) << out;
+        EXPECT_NE(out.find("ZeroStageEnum("), std::string::npos) << out;
+    }
+    for (int ws : {1, 2}) {
+        std::string w = t / ("z2_" + std::to_string(ws) + ".safetensors");
+        ASSERT_EQ(ckpt_cmd("convert " + z + "zero2/ws" + std::to_string(ws) + "/global_step3/mp_rank_00_model_states.pt " + w +
+                               " --keys module. --strip-prefix module.", &out), 0) << out;
+        ASSERT_EQ(ckpt_cmd("diff " + w + " " + z + "zero2/ws" + std::to_string(ws) + "_fp32.safetensors", &out), 0) << out;
+    }
 }
 
 } // namespace
