@@ -27,7 +27,7 @@ void ckpt_check_report_free(ckpt_check_report *rep) {
 
 int ckpt_check(ckpt_reader *r, ckpt_check_report *rep, fsdp_err *err) {
     memset(rep, 0, sizeof *rep);
-    if (r->inner) return ckpt_check(r->inner, rep, err); /* a view: its source's files */
+    if (r->ops->check) return r->ops->check(r, rep, err); /* a reader over others: their files */
     int rc = 0;
     switch (r->format) {
     case CKPT_DCP: rc = ckpt_check_dcp(r, rep, err); break;

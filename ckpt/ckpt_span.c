@@ -192,7 +192,7 @@ static int resolve_view_runs(ckpt_reader *r, size_t i, cks_files *fc, cks_src *s
 int cks_src_resolve(ckpt_reader *r, size_t i, cks_files *fc, cks_src *s, int *ok, fsdp_err *err) {
     memset(s, 0, sizeof *s);
     const ckpt_entry *e = ckpt_entry_at(r, i);
-    if (r->inner) { /* a view: an entry passed through streams from its source, runs of whole rows too */
+    if (r->ops->same) { /* a view or a union: an entry passed through streams from its source, runs of whole rows too */
         ckpt_reader *src;
         long j = ckpt_view_same(r, i, &src);
         *ok = 0;

@@ -239,7 +239,7 @@ long ckpt_find(const ckpt_reader *r, const char *name) {
 
 int ckpt_verify(ckpt_reader *r, size_t *records, fsdp_err *err) {
     *records = 0;
-    if (r->inner) return ckpt_verify(r->inner, records, err); /* a view: its source's files */
+    if (r->ops->verify) return r->ops->verify(r, records, err); /* a reader over others: their files */
     switch (r->format) {
     case CKPT_PT: return ckpt_verify_pt(r, records, err);
     case CKPT_DCP: return dcp_verify(r->impl, records, err);
@@ -280,8 +280,8 @@ int ckpt_value(ckpt_reader *r, size_t i, const char **text, fsdp_err *err) {
     const void *pk;
     size_t pl;
     if (ckpt_view_value(r, i, &pk, &pl, text)) return 0;
-    if (r->inner) return fsdp_err_set(err, FSDP_E_FORMAT, "checkpoint %s: value %s is not decodable", r->path,
-                                      r->entries[i].name);
+    if (r->ops->same) return fsdp_err_set(err, FSDP_E_FORMAT, "checkpoint %s: value %s is not decodable", r->path,
+                                          r->entries[i].name);
     if (r->format == CKPT_DCP) {
         int rc = dcp_value(r->impl, i, text, err);
         return rc ? fsdp_err_prefix(err, "checkpoint %s", r->path) : 0;
@@ -306,7 +306,7 @@ int ckpt_value_pickle(ckpt_reader *r, size_t i, void **buf, size_t *len, fsdp_er
         return 0;
     }
     int rc;
-    switch (r->inner ? CKPT_AUTO : r->format) {
+    switch (r->ops->same ? CKPT_AUTO : r->format) {
     case CKPT_DCP: rc = dcp_value_pickle(r->impl, i, buf, len, err); break;
     case CKPT_PT: rc = ckpt_pt_value_pickle(r, i, buf, len, err); break;
     default: rc = fsdp_err_set(err, FSDP_E_INVALID, "value %s: this format holds no values", r->entries[i].name);

@@ -26,7 +26,7 @@ static void dcp_close_op(ckpt_reader *r) {
     ckpt_reader_free(r);
 }
 
-static const ckpt_ops DCP_OPS = {dcp_rows_op, dcp_text_op, dcp_close_op, NULL};
+static const ckpt_ops DCP_OPS = {dcp_rows_op, dcp_text_op, dcp_close_op, NULL, NULL, NULL, NULL};
 
 static int cmp_where(const dcp_storage *a, const dcp_storage *b) {
     int c = strcmp(a->relative_path, b->relative_path);

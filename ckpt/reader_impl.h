@@ -13,6 +13,11 @@ typedef struct ckpt_ops {
     void (*close)(ckpt_reader *r);
     /* the index of name, -1 when absent (NULL: ckpt_open builds the name index `names`) */
     long (*find)(const ckpt_reader *r, const char *name);
+    /* Readers over other readers (a view, a union; NULL for a reader of files): the reader and index that entry i
+     * is unchanged (-1 when none: made of others' rows); a check and a verification of the files beneath. */
+    long (*same)(const ckpt_reader *r, size_t i, ckpt_reader **src);
+    int (*verify)(ckpt_reader *r, size_t *records, fsdp_err *err);
+    int (*check)(ckpt_reader *r, ckpt_check_report *rep, fsdp_err *err);
 } ckpt_ops;
 
 struct ckpt_reader {
@@ -25,7 +30,7 @@ struct ckpt_reader {
     nidx names; /* entry name -> index of its first entry (built by ckpt_open unless ops->find) */
     uint64_t identity; /* ckpt_identity (set by ckpt_open) */
     int restarts;      /* ckpt_restarts */
-    /* a view's source (ckpt/reader_view.h): what is stored is its; NULL for a reader of files */
+    /* a view's source (ckpt/reader_view.h); NULL for a reader of files and for a union (ops->same tells) */
     struct ckpt_reader *inner;
 };
 

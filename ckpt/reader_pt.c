@@ -90,7 +90,7 @@ static void pt_close_op(ckpt_reader *r) {
     ckpt_reader_free(r);
 }
 
-static const ckpt_ops PT_OPS = {pt_rows_op, pt_text_op, pt_close_op, NULL};
+static const ckpt_ops PT_OPS = {pt_rows_op, pt_text_op, pt_close_op, NULL, NULL, NULL, NULL};
 
 static int add(pt_impl *p, const char *name, const ts_tensor *t, char *text, fsdp_err *err) {
     if (p->n == p->cap) {

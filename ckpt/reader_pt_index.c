@@ -51,7 +51,7 @@ static void ptx_close(ckpt_reader *r) {
     ckpt_reader_free(r);
 }
 
-static const ckpt_ops PTX_OPS = {ptx_rows, ptx_text, ptx_close, NULL};
+static const ckpt_ops PTX_OPS = {ptx_rows, ptx_text, ptx_close, NULL, NULL, NULL, NULL};
 
 int ckpt_pt_shards(const ckpt_reader *r, ckpt_reader *const **shard, size_t *n) {
     if (r->ops != &PTX_OPS) return 0;

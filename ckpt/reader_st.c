@@ -112,7 +112,7 @@ static long st_find_op(const ckpt_reader *r, const char *name) {
     return t ? (long)(t - st_tensor(r->impl, 0)) : -1;
 }
 
-static const ckpt_ops ST_OPS = {st_rows_op, NULL, st_close_op, st_find_op};
+static const ckpt_ops ST_OPS = {st_rows_op, NULL, st_close_op, st_find_op, NULL, NULL, NULL};
 
 /* st_open; when it fails while the checkpoint at path changes (an HF directory whose index a save
  * replaced, its old shards removed), again from the new index, at most DCP_OPEN_TRIES times */

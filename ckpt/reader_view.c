@@ -14,6 +14,8 @@ typedef struct ckv_entry {
     size_t n_run;
     int ndim;
     int64_t shape[FSDP_MAX_DIMS];
+    ckv_piece *piece; /* elements made of pieces (sorted by v0) */
+    size_t n_piece;
     void *pickle; /* a value of its own (ckv_add_value) */
     size_t pickle_len;
     char *text;
@@ -52,7 +54,7 @@ int ckv_new(ckpt_reader *src, int own, ckv_builder **out, fsdp_err *err) {
 }
 
 static void free_entries(ckv_entry *e, size_t n) {
-    for (size_t i = 0; i < n; i++) free(e[i].name), free(e[i].run), free(e[i].pickle), free(e[i].text);
+    for (size_t i = 0; i < n; i++) free(e[i].name), free(e[i].run), free(e[i].piece), free(e[i].pickle), free(e[i].text);
     free(e);
 }
 
@@ -84,6 +86,45 @@ int ckv_add_same(ckv_builder *b, const char *name, size_t src, fsdp_err *err) {
     ckv_entry *e = grow(b, name);
     if (!e) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
     e->same = (long)src;
+    return 0;
+}
+
+static int cmp_piece(const void *a, const void *b) {
+    const ckv_piece *x = a, *y = b;
+    return x->v0 < y->v0 ? -1 : x->v0 > y->v0;
+}
+
+int ckv_add_pieces(ckv_builder *b, const char *name, int ndim, const int64_t *shape, const ckv_piece *p, size_t n,
+                   fsdp_err *err) {
+    if (ndim < 0 || ndim > FSDP_MAX_DIMS || !n)
+        return fsdp_err_set(err, FSDP_E_INVALID, "view %s: a tensor needs a shape and its pieces", name);
+    ckv_piece *q = malloc(n * sizeof *q);
+    if (!q) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+    memcpy(q, p, n * sizeof *q);
+    qsort(q, n, sizeof *q, cmp_piece);
+    int64_t next = 0, numel = fsdp_numel(ndim, shape);
+    const ckpt_entry *first = ckpt_entry_at(b->src, q[0].src);
+    int rc = 0;
+    for (size_t k = 0; k < n && !rc; k++) {
+        const ckpt_entry *s = ckpt_entry_at(b->src, q[k].src);
+        if (!s || !s->is_tensor || s->ndim != 1 || s->dtype != first->dtype)
+            rc = fsdp_err_set(err, FSDP_E_INVALID, "view %s: a piece's source is not a flat tensor of its dtype", name);
+        else if (q[k].n < 1 || q[k].s0 < 0 || q[k].s0 + q[k].n > s->shape[0])
+            rc = fsdp_err_set(err, FSDP_E_INVALID, "view %s: elements [%lld, %lld) are outside %s's %lld", name,
+                              (long long)q[k].s0, (long long)(q[k].s0 + q[k].n), s->name, (long long)s->shape[0]);
+        else if (q[k].v0 != next)
+            rc = fsdp_err_set(err, FSDP_E_INVALID, "view %s: element %lld is given %s", name, (long long)next,
+                              q[k].v0 > next ? "by no piece" : "twice");
+        next = q[k].v0 + q[k].n;
+    }
+    if (!rc && next != numel)
+        rc = fsdp_err_set(err, FSDP_E_INVALID, "view %s: pieces give %lld of its %lld elements", name, (long long)next,
+                          (long long)numel);
+    ckv_entry *e = rc ? NULL : grow(b, name);
+    if (!rc && !e) rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+    if (rc) return free(q), rc;
+    e->piece = q, e->n_piece = n, e->ndim = ndim;
+    if (ndim) memcpy(e->shape, shape, (size_t)ndim * sizeof *shape);
     return 0;
 }
 
@@ -183,11 +224,34 @@ static int read_run(ckv_impl *v, const ckv_run *u, int64_t r0, int64_t r1, char 
     return rc;
 }
 
+/* View rows [r0, r1) of an entry of pieces: the elements they hold, read from each piece's source. */
+static int read_pieces(ckv_impl *v, const ckv_entry *e, int64_t r0, int64_t r1, void *dst, fsdp_dtype dt, int *nan,
+                       fsdp_err *err) {
+    int64_t c = row_numel(e->ndim, e->shape), e0 = r0 * c, e1 = r1 * c;
+    size_t esz = fsdp_dtype_size(dt);
+    int rc = 0;
+    for (size_t k = 0; k < e->n_piece && !rc; k++) {
+        const ckv_piece *p = &e->piece[k];
+        int64_t a = p->v0 > e0 ? p->v0 : e0, b = p->v0 + p->n < e1 ? p->v0 + p->n : e1;
+        if (a >= b) continue;
+        int n2 = 0;
+        rc = ckpt_read_rows_nan(v->src, p->src, p->s0 + (a - p->v0), p->s0 + (b - p->v0), (char *)dst + (size_t)(a - e0) * esz,
+                                dt, &n2, err);
+        if (nan && n2) *nan = 1;
+    }
+    return rc;
+}
+
 static int view_read_rows(ckpt_reader *r, size_t i, int64_t r0, int64_t r1, void *dst, fsdp_dtype dt, int *nan,
                           fsdp_err *err) {
     ckv_impl *v = r->impl;
     const ckv_entry *e = &v->e[i];
     if (e->same >= 0) return ckpt_read_rows_nan(v->src, (size_t)e->same, r0, r1, dst, dt, nan, err);
+    if (e->n_piece) {
+        if (nan) *nan = 0;
+        int rc = read_pieces(v, e, r0, r1, dst, dt, nan, err);
+        return rc ? fsdp_err_prefix(err, "%s (read as %s)", r->path, e->name) : 0;
+    }
     size_t row_bytes = (size_t)row_numel(e->ndim, e->shape) * fsdp_dtype_size(dt);
     int rc = 0;
     for (size_t k = 0; k < e->n_run && !rc; k++) rc = read_run(v, &e->run[k], r0, r1, dst, row_bytes, dt, nan, err);
@@ -209,7 +273,21 @@ static void view_close(ckpt_reader *r) {
     ckpt_reader_free(r);
 }
 
-static const ckpt_ops view_ops = {view_read_rows, view_value_text, view_close, NULL};
+static long view_same(const ckpt_reader *r, size_t i, ckpt_reader **src) {
+    const ckv_impl *v = r->impl;
+    if (src) *src = v->src;
+    return i < r->n ? v->e[i].same : -1;
+}
+
+static int view_verify(ckpt_reader *r, size_t *records, fsdp_err *err) {
+    return ckpt_verify(((ckv_impl *)r->impl)->src, records, err);
+}
+
+static int view_check(ckpt_reader *r, ckpt_check_report *rep, fsdp_err *err) {
+    return ckpt_check(((ckv_impl *)r->impl)->src, rep, err);
+}
+
+static const ckpt_ops view_ops = {view_read_rows, view_value_text, view_close, NULL, view_same, view_verify, view_check};
 
 static void fill_entry(const ckv_impl *v, const ckv_entry *e, ckpt_entry *out) {
     memset(out, 0, sizeof *out);
@@ -225,7 +303,7 @@ static void fill_entry(const ckv_impl *v, const ckv_entry *e, ckpt_entry *out) {
         out->is_alias = 0; /* its index is the source's: not this reader's */
         return;
     }
-    const ckpt_entry *s = ckpt_entry_at(v->src, e->run[0].src);
+    const ckpt_entry *s = ckpt_entry_at(v->src, e->n_piece ? e->piece[0].src : e->run[0].src);
     out->is_tensor = 1;
     out->dtype = s->dtype;
     out->ndim = e->ndim;
@@ -264,10 +342,7 @@ int ckv_finish(ckv_builder *b, ckpt_reader **out, fsdp_err *err) {
 }
 
 long ckpt_view_same(const ckpt_reader *r, size_t i, ckpt_reader **src) {
-    if (!r->inner || r->ops != &view_ops || i >= r->n) return -1;
-    const ckv_impl *v = r->impl;
-    if (src) *src = v->src;
-    return v->e[i].same;
+    return r->ops->same ? r->ops->same(r, i, src) : -1;
 }
 
 int ckpt_view_value(const ckpt_reader *r, size_t i, const void **pickle, size_t *len, const char **text) {

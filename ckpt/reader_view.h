@@ -25,6 +25,14 @@ typedef struct ckv_run {
     int64_t n;               /* rows */
 } ckv_run;
 
+/* Element pieces, for a tensor whose values lie in flat 1-D tensors (DeepSpeed's ZeRO partitions, cut
+ * anywhere, even inside a row): view elements [v0, v0 + n) (row-major) <- elements [s0, s0 + n) of source
+ * src, a 1-D tensor. */
+typedef struct ckv_piece {
+    size_t src;
+    int64_t s0, v0, n;
+} ckv_piece;
+
 typedef struct ckv_builder ckv_builder;
 
 /* A builder over src (kept open; the view owns it when own is 1 and closes it with itself). */
@@ -32,6 +40,9 @@ int ckv_new(ckpt_reader *src, int own, ckv_builder **out, fsdp_err *err);
 void ckv_free(ckv_builder *b); /* a builder not finished (closes an owned source) */
 /* A tensor of shape[ndim] made of runs (copied). */
 int ckv_add_tensor(ckv_builder *b, const char *name, int ndim, const int64_t *shape, const ckv_run *runs, size_t n,
+                   fsdp_err *err);
+/* A tensor of shape[ndim] made of pieces (copied); every element given once. */
+int ckv_add_pieces(ckv_builder *b, const char *name, int ndim, const int64_t *shape, const ckv_piece *p, size_t n,
                    fsdp_err *err);
 /* Source entry src, tensor or value, unchanged under name. */
 int ckv_add_same(ckv_builder *b, const char *name, size_t src, fsdp_err *err);
@@ -41,8 +52,8 @@ int ckv_add_value(ckv_builder *b, const char *name, const void *pickle, size_t l
 /* The view (b is consumed, also on failure). Two entries of one name are an error naming it. */
 int ckv_finish(ckv_builder *b, ckpt_reader **out, fsdp_err *err);
 
-/* For a view: the source entry that entry i is unchanged (-1 when it is made of runs); for any other
- * reader -1. *src (may be NULL) = the source reader. */
+/* For a reader over others (a view, a union): the source entry that entry i is unchanged (-1 when it is made of
+ * runs); for a reader of files -1. *src (may be NULL) = the source reader. */
 long ckpt_view_same(const ckpt_reader *r, size_t i, ckpt_reader **src);
 /* For a view: 1 when value i is the view's own (ckv_add_value), its pickle and text; else 0. */
 int ckpt_view_value(const ckpt_reader *r, size_t i, const void **pickle, size_t *len, const char **text);

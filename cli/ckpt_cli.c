@@ -769,10 +769,23 @@ static int cmd_convert(int argc, char **argv, FILE *out, FILE *log) {
         }
         if (c.heads <= 0) c.heads = c.cfg.n_heads, c.kv_heads = c.cfg.n_kv_heads;
     }
-    if (open_or_say(o.src, &c.r, log)) {
+    int ds = ckcl_is_deepspeed(o.src);
+    if (ds ? ckcl_open_deepspeed(o.src, c.heads, c.kv_heads, &c.r, log) : open_or_say(o.src, &c.r, log)) {
         ckpt_keys_free(&c.keys);
         ckpt_keys_free(&c.exclude);
         return 1;
+    }
+    if (ds) { /* read in fsdp-run's layout already */
+        snprintf(c.layouts, sizeof c.layouts, "deepspeed-zero -> torchtitan-0.2 (fsdp-run's own)");
+        if (c.from && strcmp(c.from, "auto") && strcmp(c.from, "deepspeed-zero")) {
+            fprintf(log, "fsdp-run ckpt convert: error: %s is a DeepSpeed ZeRO checkpoint, not --from %s\n", o.src, c.from);
+            ckpt_close(c.r);
+            ckpt_keys_free(&c.keys);
+            ckpt_keys_free(&c.exclude);
+            return 2;
+        }
+        c.from = c.to_layout ? "torchtitan" : NULL;
+        if (c.to_layout) snprintf(c.layouts, sizeof c.layouts, "deepspeed-zero -> %s", c.to_layout);
     }
     if ((rc = ckcl_check(c.r, &err))) {
         fprintf(log, "fsdp-run ckpt convert: error: %s\n", err.msg);
@@ -783,7 +796,8 @@ static int cmd_convert(int argc, char **argv, FILE *out, FILE *log) {
     }
     if (c.from || c.to_layout) {
         ckcl_req q = {c.from, c.to_layout, c.heads, c.kv_heads};
-        if ((rc = ckcl_wrap(&c.r, &q, &c.canon, c.layouts, sizeof c.layouts, &err))) {
+        char said[256];
+        if ((rc = ckcl_wrap(&c.r, &q, &c.canon, ds ? said : c.layouts, sizeof c.layouts, &err))) {
             fprintf(log, "fsdp-run ckpt convert: error: %s: %s\n", o.src, err.msg);
             ckpt_keys_free(&c.keys);
             ckpt_keys_free(&c.exclude);

@@ -4,6 +4,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "layouts/lay_deepspeed.h"
+
 static int pick(const char *name, ckpt_reader *r, const lay_layout **L, fsdp_err *err) {
     char names[512];
     if (!name || !strcmp(name, "auto")) return lay_detect(r, lay_find("torchtitan"), L, err);
@@ -72,3 +74,13 @@ void ckcl_nest(const char *to, const char *key, ckrs_entry *e) {
 }
 
 int ckcl_check(ckpt_reader *r, fsdp_err *err) { return lay_check_placeholders(r, err); }
+
+int ckcl_is_deepspeed(const char *path) { return lay_ds_is(path); }
+
+int ckcl_open_deepspeed(const char *path, int heads, int kv_heads, ckpt_reader **r, FILE *log) {
+    lay_facts f = {heads, kv_heads > 0 ? kv_heads : heads, path};
+    fsdp_err err;
+    int rc = lay_ds_open(path, &f, r, &err);
+    if (rc) fprintf(log, "fsdp-run ckpt: error: %s\n", err.msg);
+    return rc ? 1 : 0;
+}

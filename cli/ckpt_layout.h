@@ -26,6 +26,10 @@ int ckcl_side_write(const char *to, ckpt_reader *canon, const char *dst, fsdp_er
 int ckcl_is_layout(const char *name);
 /* e's planner_data nesting as layout `to`'s own save writes key (lay_nest); nothing without a layout. */
 void ckcl_nest(const char *to, const char *key, ckrs_entry *e);
+/* A DeepSpeed ZeRO checkpoint directory (layouts/lay_deepspeed.h), and it opened in fsdp-run's layout (an error
+ * printed to log: 1). */
+int ckcl_is_deepspeed(const char *path);
+int ckcl_open_deepspeed(const char *path, int heads, int kv_heads, ckpt_reader **r, FILE *log);
 /* A checkpoint whose tensors are placeholders for values kept elsewhere (lay_check_placeholders): an error. */
 int ckcl_check(ckpt_reader *r, fsdp_err *err);
 /* inspect's line: "layout: NAME (SYSTEM; covers ...)", or why none / which candidates. json: the name or null. */

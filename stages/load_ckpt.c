@@ -414,8 +414,10 @@ static int load_one(fsdp_ctx *ctx, fsdp_state *s, const char *given, const char 
     relatest q = {ctx, given, 0};
     int latest = given && ckpt_steps_is_latest(given, base, sizeof base), restarts = 0;
     ckpt_reader *r;
-    int rc = ckpt_open_agreed(stage_comm(ctx), o->format, latest ? resolve_again : NULL, &q, at, sizeof at, &r,
-                              &restarts, err);
+    int rc = stage_open_deepspeed(ctx, s, at, &r, err); /* 1: not one */
+    if (rc == 1)
+        rc = ckpt_open_agreed(stage_comm(ctx), o->format, latest ? resolve_again : NULL, &q, at, sizeof at, &r, &restarts,
+                              err);
     if (rc) return rc;
     ckpt_reader *src = r;
     if ((rc = stage_layout_view(ctx, s, layout, &r, err))) {

@@ -2,6 +2,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "layouts/lay_deepspeed.h"
 #include "layouts/layout.h"
 #include "stages/stages.h"
 
@@ -39,5 +40,15 @@ int stage_layout_view(fsdp_ctx *ctx, const fsdp_state *s, const char *layout, ck
     fsdp_log(ctx, FSDP_LOG_INFO, "load-ckpt: %s is in layout %s (%s): read as fsdp-run's", ckpt_reader_path(*r),
              L->name, L->system);
     *r = v; /* the caller closes the view, then the source */
+    return 0;
+}
+
+int stage_open_deepspeed(fsdp_ctx *ctx, const fsdp_state *s, const char *path, ckpt_reader **r, fsdp_err *err) {
+    if (!lay_ds_is(path)) return 1;
+    lay_facts f = {s->hf.n_heads, s->hf.n_kv_heads, path};
+    int rc = lay_ds_open(path, &f, r, err);
+    if (rc) return fsdp_err_prefix(err, "load-ckpt");
+    fsdp_log(ctx, FSDP_LOG_INFO, "load-ckpt: %s is a DeepSpeed ZeRO checkpoint: read as fsdp-run's (weights and moments "
+             "from the ranks' partitions)", path);
     return 0;
 }

@@ -259,3 +259,123 @@ TEST(TrainerCkpts, DeepSpeedFilesOpenAndZero2WeightsAreZeroToFp32s) {
 }
 
 } // namespace
+
+namespace {
+
+// DeepSpeed ZeRO-2 and ZeRO-3 checkpoint directories (DeepSpeed 0.19.8's save_checkpoint, 1 and 2 ranks): the
+// weights are what zero_to_fp32.py merges, bit for bit; loaded with their moments on 1, 2 and 3 ranks, the next
+// two steps are DeepSpeed's own, and the weights after the next step its own.
+struct Zero {
+    int stage, ws;
+};
+const Zero kZero[] = {{2, 1}, {2, 2}, {3, 1}, {3, 2}};
+std::string zdir(const Zero &z, const std::string &f = "") {
+    return "tests/data/trainers/deepspeed-0.19/zero" + std::to_string(z.stage) + (f.empty() ? "" : "/" + f);
+}
+std::string zckpt(const Zero &z) { return zdir(z, "ws" + std::to_string(z.ws)); }
+
+TEST(DeepSpeedCkpts, WeightsAreZeroToFp32sBitForBit) {
+    Dir t;
+    for (const Zero &z : kZero) {
+        std::string out, hf = t / ("hf" + std::to_string(z.stage) + std::to_string(z.ws));
+        ASSERT_EQ(ckpt_cmd("convert " + zckpt(z) + " " + hf + " --to hf --n-heads 4 --n-kv-heads 2", &out), 0) << out;
+        EXPECT_NE(out.find("layout: deepspeed-zero -> "), std::string::npos) << out;
+        ASSERT_EQ(ckpt_cmd("diff " + hf + "/model.safetensors " + zdir(z, "ws" + std::to_string(z.ws) + "_fp32.safetensors"),
+                           &out), 0) << out;
+    }
+    // the q/k rows need the head counts: without them an error naming the tensor, nothing written
+    std::string out;
+    EXPECT_EQ(ckpt_cmd("convert " + zckpt(kZero[1]) + " " + (t / "nohead"), &out), 1) << out;
+    EXPECT_NE(out.find("model.layers.0.self_attn.q_proj.weight needs the model's head counts"), std::string::npos) << out;
+    EXPECT_FALSE(exists(t / "nohead"));
+}
+
+TEST(DeepSpeedCkpts, TheNextStepsAreDeepSpeedsOwnOnOneAndTwoRanks) {
+    Dir t;
+    for (const Zero &z : kZero) {
+        Sys s = {"deepspeed-0.19", "", "", "", 3};
+        std::vector<double> loss, gn;
+        {
+            json_error_t je;
+            json_t *j = json_load_file(zdir(z, "expected.json").c_str(), 0, &je);
+            ASSERT_TRUE(j) << je.text;
+            json_t *w = json_object_get(j, "ws1");
+            for (size_t i = 0; i < 2; i++) {
+                loss.push_back(json_number_value(json_array_get(json_object_get(w, "resumed_losses"), i)));
+                gn.push_back(json_number_value(json_array_get(json_object_get(w, "resumed_grad_norms"), i)));
+            }
+            json_decref(j);
+        }
+        for (int np : {1, 2}) {
+            std::string m = t / ("m" + std::to_string(z.stage) + std::to_string(z.ws) + std::to_string(np) + ".jsonl");
+            std::string r = recipe(s, zckpt(z), 2, m, "");
+            size_t at = r.find("tests/data/trainers/deepspeed-0.19/batch.safetensors");
+            ASSERT_NE(at, std::string::npos);
+            r.replace(at, strlen("tests/data/trainers/deepspeed-0.19/batch.safetensors"), zdir(z, "batch.safetensors"));
+            write_file(t / "r.yaml", r);
+            int rc;
+            std::string log = run_np(np, t / "r.yaml", &rc);
+            ASSERT_EQ(rc, 0) << log;
+            std::vector<double> got = jsonl_field(m, "loss"), gg = jsonl_field(m, "grad_norm");
+            ASSERT_EQ(got.size(), 2u) << log;
+            for (size_t k = 0; k < 2; k++) {
+                EXPECT_NEAR(got[k], loss[k], 5e-7 * loss[k]) << "zero" << z.stage << " ws" << z.ws << " np " << np;
+                EXPECT_NEAR(gg[k], gn[k], 2e-6 * gn[k]) << "zero" << z.stage << " ws" << z.ws << " np " << np;
+            }
+        }
+    }
+}
+
+TEST(DeepSpeedCkpts, ThreeRanksLoadWhatOneRankLoadsAndTheStepAfterIsDeepSpeeds) {
+    Dir t;
+    for (const Zero &z : kZero) {
+        if (z.ws != 2) continue;
+        std::string one = t / ("one" + std::to_string(z.stage)), three = t / ("three" + std::to_string(z.stage));
+        for (auto [np, out] : {std::pair<int, std::string>{1, one}, {3, three}}) {
+            write_file(t / "r.yaml", "model: {preset: tiny}\nstages:\n  - {id: l, uses: load-ckpt, with: {path: " + zckpt(z) +
+                                         ", load_optimizer: true}}\n  - {id: s, uses: save-dcp, with: {path: " + out + "}}\n");
+            int rc;
+            std::string log = run_np(np, t / "r.yaml", &rc);
+            ASSERT_EQ(rc, 0) << log;
+        }
+        Ckpt a(one), b(three);
+        expect_same_tensors(a.r, b.r);
+        int64_t step = 0;
+        ASSERT_EQ(ckpt_value_int(a.r, (size_t)ckpt_find(a.r, "train_state.step"), &step), 0);
+        EXPECT_EQ(step, 3);
+    }
+    // one step from ZeRO-3 ws1, exported under HF names: DeepSpeed's weights after its first resumed step
+    const Zero &z = kZero[2];
+    std::string saved = t / "after", hf = t / "after_hf", out;
+    write_file(t / "r.yaml", "model: {preset: tiny}\ndata: {kind: safetensors, path: " + zdir(z, "batch.safetensors") +
+                                 ", batch_size: 4, seq_len: 32}\nstages:\n  - {id: l, uses: load-ckpt, with: {path: " +
+                                 zckpt(z) + "}}\n  - {id: t, uses: train-steps, with: {steps: 4, lr: 1e-3, decay: none, "
+                                 "betas: [0.9, 0.95], eps: 1e-8, weight_decay: 0.1, max_grad_norm: 1.0}}\n"
+                                 "  - {id: s, uses: save-dcp, with: {path: " + saved + "}}\n");
+    int rc;
+    std::string log = run_np(1, t / "r.yaml", &rc);
+    ASSERT_EQ(rc, 0) << log;
+    ASSERT_EQ(ckpt_cmd("convert " + saved + " " + hf + " --to hf --n-heads 4 --n-kv-heads 2", &out), 0) << out;
+    ASSERT_EQ(ckpt_cmd("diff " + hf + "/model.safetensors " + zdir(z, "ws1_after_resume_step.safetensors") + " --atol 5e-7",
+                       &out), 0) << out;
+}
+
+TEST(DeepSpeedCkpts, AMissingRankFileIsAnErrorNamingIt) {
+    Dir t;
+    for (int stage : {2, 3}) {
+        std::string out, z = t / ("z" + std::to_string(stage)), o = z + "_out";
+        ASSERT_EQ(run_cmd("cp -r " + zckpt(kZero[stage == 2 ? 1 : 3]) + " " + z + " && rm " + z +
+                              "/global_step3/zero_pp_rank_1_mp_rank_00_optim_states.pt", &out), 0) << out;
+        EXPECT_EQ(ckpt_cmd("convert " + z + " " + o + " --n-heads 4 --n-kv-heads 2", &out), 1) << out;
+        EXPECT_NE(out.find("its partitions are those of 2 ranks, and 1 rank's optimizer file is there"), std::string::npos)
+            << out;
+        EXPECT_FALSE(exists(o));
+        write_file(t / "l.yaml", "model: {preset: tiny}\nstages:\n  - {id: l, uses: load-ckpt, with: {path: " + z + "}}\n");
+        int rc;
+        std::string log = run_np(1, t / "l.yaml", &rc);
+        EXPECT_EQ(rc, 1) << log;
+        EXPECT_NE(log.find("rank's optimizer file is there"), std::string::npos) << log;
+    }
+}
+
+} // namespace

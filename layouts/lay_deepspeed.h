@@ -1,0 +1,33 @@
+/* DeepSpeed ZeRO checkpoints (module prefix lay_ds_): a directory of torch.save files, read in fsdp-run's layout.
+ *
+ *   DIR/latest                                       the tag ("global_step3")
+ *   DIR/<tag>/mp_rank_00_model_states.pt             ZeRO-1/2: the module's weights, param_shapes, global_steps
+ *   DIR/<tag>/zero_pp_rank_0_mp_rank_00_model_states.pt   ZeRO-3: the same with [0] placeholders for the weights
+ *   DIR/<tag>/[bf16_]zero_pp_rank_R_mp_rank_00_optim_states.pt   one per data-parallel rank R: the fp32 master
+ *                                                    weights and AdamW's moments of the rank's flat partition
+ *
+ * The parameters are param_shapes' (Hugging Face names, q/k rows rotate-half), in its order. Their fp32 values and
+ * moments are elements of the ranks' flat partitions, as zero_to_fp32.py merges them:
+ *   ZeRO-1/2  one flat vector per param group g: the parameters one after another (param_alignment_paddings[g]
+ *             after each), cut into N partitions of P elements; rank R's single_partition_of_fp32_groups[g] holds
+ *             flat[R*P, R*P + P - group_paddings[g]), its base_optimizer_state.state[g].exp_avg[_sq] all P.
+ *   ZeRO-3    each parameter of n elements cut into N partitions of ceil(n/N) (the last padded); rank R's flat
+ *             partition holds its partition of every parameter one after another, split into sub groups
+ *             fp32_flat_groups[k] (optimizer_state_dict.state[k].exp_avg[_sq] the same).
+ * Each fsdp-run tensor is a view of those elements (ckpt/reader_view.h pieces): nothing is gathered in memory, a
+ * rank reads only the elements of its rows. step: the AdamW step of the param's group; options: its param group's;
+ * train_state.step: global_steps. Frozen and shared (tied) parameters are refused, as are MoE experts. */
+#ifndef FSDP_LAYOUTS_LAY_DEEPSPEED_H
+#define FSDP_LAYOUTS_LAY_DEEPSPEED_H
+
+#include "ckpt/reader.h"
+#include "fsdp/error.h"
+#include "layouts/layout.h"
+
+/* 1 when path is a DeepSpeed checkpoint: a directory with `latest` naming a tag directory, or a tag directory,
+ * holding a *model_states.pt and *_optim_states.pt files. */
+int lay_ds_is(const char *path);
+/* The checkpoint at path in fsdp-run's layout (f: the head counts for the q/k rows). */
+int lay_ds_open(const char *path, const lay_facts *f, ckpt_reader **out, fsdp_err *err);
+
+#endif
