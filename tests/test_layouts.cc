@@ -263,10 +263,33 @@ TEST(Layouts, AViewChecksItsRuns) {
     EXPECT_EQ(ckv_add_tensor(b, "y", 2, shape, &other, 1, &err), FSDP_E_INVALID); // another row shape
     runs[1].v0 = 64;
     ASSERT_EQ(ckv_add_tensor(b, "x", 2, shape, runs, 2, &err), 0) << err.msg;
+    // element pieces of a flat source: a gap, an overlap, and a piece past the source's end are refused
+    long flat = ckpt_find(st, "norm.weight"); // [64]
+    int64_t s88[2] = {8, 8};
+    ckv_piece gap[2] = {{(size_t)flat, 0, 0, 30}, {(size_t)flat, 30, 31, 33}};
+    EXPECT_EQ(ckv_add_pieces(b, "p", 2, s88, gap, 2, &err), FSDP_E_INVALID);
+    EXPECT_NE(std::string(err.msg).find("element 30 is given by no piece"), std::string::npos) << err.msg;
+    ckv_piece twice[2] = {{(size_t)flat, 0, 0, 32}, {(size_t)flat, 0, 31, 33}};
+    EXPECT_EQ(ckv_add_pieces(b, "p", 2, s88, twice, 2, &err), FSDP_E_INVALID);
+    EXPECT_NE(std::string(err.msg).find("element 32 is given twice"), std::string::npos) << err.msg;
+    ckv_piece past[1] = {{(size_t)flat, 1, 0, 64}};
+    EXPECT_EQ(ckv_add_pieces(b, "p", 2, s88, past, 1, &err), FSDP_E_INVALID);
+    EXPECT_NE(std::string(err.msg).find("outside norm.weight's 64"), std::string::npos) << err.msg;
+    // pieces out of order, reversed halves: rows read back in the view's order, whole or in part
+    ckv_piece swap[2] = {{(size_t)flat, 32, 0, 32}, {(size_t)flat, 0, 32, 32}};
+    ASSERT_EQ(ckv_add_pieces(b, "p", 2, s88, swap, 2, &err), 0) << err.msg;
     ASSERT_EQ(ckv_add_same(b, "x", (size_t)norm, &err), 0);
     ckpt_reader *v = nullptr;
     EXPECT_EQ(ckv_finish(b, &v, &err), FSDP_E_INVALID); // two entries named x
     EXPECT_NE(std::string(err.msg).find("two entries would be named x"), std::string::npos) << err.msg;
+    // the same pieces in a view that finishes
+    ASSERT_EQ(ckv_new(st, 0, &b, &err), 0);
+    ASSERT_EQ(ckv_add_pieces(b, "p", 2, s88, swap, 2, &err), 0) << err.msg;
+    ASSERT_EQ(ckv_finish(b, &v, &err), 0) << err.msg;
+    std::vector<float> n64 = rows_of(st, "norm.weight"), p = rows_of(v, "p"), p35 = rows_of(v, "p", 3, 5);
+    for (int k = 0; k < 64; k++) EXPECT_EQ(p[k], n64[(k + 32) % 64]) << k;
+    for (int k = 0; k < 16; k++) EXPECT_EQ(p35[k], n64[(24 + k + 32) % 64]) << k;
+    ckpt_close(v);
     ckpt_close(st);
 }
 
