@@ -96,6 +96,28 @@ TEST(Layouts, TableNamesAndAliases) {
     for (size_t i = 0; i < lay_count(); i++) EXPECT_GT(lay_at(i)->n_marks, 0u) << lay_at(i)->name;
 }
 
+TEST(Layouts, ACheckpointOfTwoLayoutsIsAnErrorListingBoth) {
+    ckpt_reader *st = open_ckpt(tiny("model_step5.safetensors"));
+    ASSERT_TRUE(st);
+    long wq = ckpt_find(st, "layers.0.attention.wq.weight");
+    ckv_builder *b = nullptr;
+    fsdp_err err;
+    ASSERT_EQ(ckv_new(st, 0, &b, &err), 0);
+    ASSERT_EQ(ckv_add_same(b, "layers.0.attention.wq.weight", (size_t)wq, &err), 0);
+    ASSERT_EQ(ckv_add_same(b, "layers.0.attention.qkv_linear.wq.weight", (size_t)wq, &err), 0);
+    ckpt_reader *two = nullptr;
+    ASSERT_EQ(ckv_finish(b, &two, &err), 0) << err.msg;
+    const lay_layout *got = nullptr;
+    EXPECT_EQ(lay_detect(two, nullptr, &got, &err), FSDP_E_FORMAT);
+    std::string m = err.msg;
+    EXPECT_NE(m.find("matches more than one layout"), std::string::npos) << m;
+    EXPECT_NE(m.find("torchtitan-0.2 (key layers.0.attention.wq.weight)"), std::string::npos) << m;
+    EXPECT_NE(m.find("torchtitan-0.3 (key layers.0.attention.qkv_linear.wq.weight)"), std::string::npos) << m;
+    EXPECT_EQ(got, nullptr);
+    ckpt_close(two);
+    ckpt_close(st);
+}
+
 TEST(Layouts, Torchtitan03FusesTheMomentsInItsGqaOrderAndRoundTripsBitForBit) {
     ckpt_reader *src = open_ckpt(tiny("dcp_full_ws3"));
     ASSERT_TRUE(src);
