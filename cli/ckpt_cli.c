@@ -727,6 +727,33 @@ static int convert_to_dcp(const conv *c, conv_out *o, FILE *log, fsdp_err *err) 
 }
 
 /* What was written, and what was left out and why. */
+/* A layout of several DCP directories (accelerate's pytorch_model_fsdp_0 and optimizer_0): each part the keys of its
+ * prefix, into DST/<part>. */
+static int convert_to_parts(conv *c, conv_out *o, FILE *log, fsdp_err *err) {
+    const char *dst = o->dst;
+    char sub[4400];
+    int rc = st_mkdirs(dst, err);
+    ckpt_keys keep = c->keys;
+    size_t written = 0, values = 0;
+    uint64_t bytes = 0;
+    for (size_t k = 0; k < ckcl_n_parts(c->to_layout) && !rc; k++) {
+        const char *name, *prefix;
+        ckcl_part(c->to_layout, k, &name, &prefix);
+        memset(&c->keys, 0, sizeof c->keys);
+        ckpt_keys_add(&c->keys, prefix);
+        snprintf(sub, sizeof sub, "%s/%s", dst, name);
+        o->dst = sub;
+        o->written = o->values = 0, o->bytes = 0;
+        rc = convert_to_dcp(c, o, log, err);
+        written += o->written, values += o->values, bytes += o->bytes;
+        ckpt_keys_free(&c->keys);
+    }
+    c->keys = keep;
+    o->dst = dst;
+    o->written = written, o->values = values, o->bytes = bytes;
+    return rc;
+}
+
 static void convert_report(const conv *c, const conv_out *o, FILE *out) {
     size_t training = 0, values = 0;
     for (size_t i = 0; i < ckpt_count(c->r); i++) {
@@ -770,7 +797,11 @@ static int cmd_convert(int argc, char **argv, FILE *out, FILE *log) {
         if (c.heads <= 0) c.heads = c.cfg.n_heads, c.kv_heads = c.cfg.n_kv_heads;
     }
     int ds = ckcl_is_deepspeed(o.src);
-    if (ds ? ckcl_open_deepspeed(o.src, c.heads, c.kv_heads, &c.r, log) : open_or_say(o.src, &c.r, log)) {
+    const char *container = NULL;
+    int opened = ds ? ckcl_open_deepspeed(o.src, c.heads, c.kv_heads, &c.r, log) : ckcl_open_container(o.src, &c.r, &container, log);
+    if (opened == 0 && !ds && !container) opened = open_or_say(o.src, &c.r, log);
+    if (container && (!c.from || !strcmp(c.from, "auto"))) c.from = container;
+    if (opened) {
         ckpt_keys_free(&c.keys);
         ckpt_keys_free(&c.exclude);
         return 1;
@@ -812,7 +843,10 @@ static int cmd_convert(int argc, char **argv, FILE *out, FILE *log) {
         ckpt_keys_free(&c.exclude);
         return fsdp_err_exit_code(rc);
     }
-    rc = !strcmp(o.to, "safetensors") ? convert_to_safetensors(&c, &o, log, &err) : convert_to_dcp(&c, &o, log, &err);
+    if (c.to_layout && ckcl_n_parts(c.to_layout) && !strcmp(o.to, "dcp"))
+        rc = convert_to_parts(&c, &o, log, &err);
+    else
+        rc = !strcmp(o.to, "safetensors") ? convert_to_safetensors(&c, &o, log, &err) : convert_to_dcp(&c, &o, log, &err);
     if (!rc && c.to_layout && !strcmp(o.to, "dcp")) rc = ckcl_side_write(c.to_layout, c.canon, o.dst, &err);
     if (!rc) convert_report(&c, &o, out);
     ckpt_close(c.r);

@@ -84,3 +84,26 @@ int ckcl_open_deepspeed(const char *path, int heads, int kv_heads, ckpt_reader *
     if (rc) fprintf(log, "fsdp-run ckpt: error: %s\n", err.msg);
     return rc ? 1 : 0;
 }
+
+int ckcl_open_container(const char *path, ckpt_reader **r, const char **layout, FILE *log) {
+    const lay_layout *L;
+    fsdp_err err;
+    *layout = NULL;
+    int rc = lay_container_open(path, &L, r, &err);
+    if (rc < 0) {
+        fprintf(log, "fsdp-run ckpt: error: %s\n", err.msg);
+        return 1;
+    }
+    if (rc) *layout = L->name;
+    return 0;
+}
+
+size_t ckcl_n_parts(const char *layout) {
+    const lay_layout *L = lay_find(layout);
+    return L ? L->n_parts : 0;
+}
+
+void ckcl_part(const char *layout, size_t k, const char **name, const char **prefix) {
+    const lay_layout *L = lay_find(layout);
+    *name = L->parts[k], *prefix = L->part_keys[k];
+}

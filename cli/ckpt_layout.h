@@ -30,6 +30,12 @@ void ckcl_nest(const char *to, const char *key, ckrs_entry *e);
  * printed to log: 1). */
 int ckcl_is_deepspeed(const char *path);
 int ckcl_open_deepspeed(const char *path, int heads, int kv_heads, ckpt_reader **r, FILE *log);
+/* A layout's container of several DCP directories at path (lay_container_open): *r the parts as one and *layout
+ * its name, or nothing opened (*layout NULL); 0, or 1 after printing an error. */
+int ckcl_open_container(const char *path, ckpt_reader **r, const char **layout, FILE *log);
+/* The parts of a layout written as directories of their own: how many, and part k's name and key prefix. */
+size_t ckcl_n_parts(const char *layout);
+void ckcl_part(const char *layout, size_t k, const char **name, const char **prefix);
 /* A checkpoint whose tensors are placeholders for values kept elsewhere (lay_check_placeholders): an error. */
 int ckcl_check(ckpt_reader *r, fsdp_err *err);
 /* inspect's line: "layout: NAME (SYSTEM; covers ...)", or why none / which candidates. json: the name or null. */

@@ -29,8 +29,12 @@ static int group_params(lay_job *J, const char *g, char ***names, size_t *n, fsd
     if (!rc && !(*names = calloc(root->n ? root->n : 1, sizeof **names))) rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
     for (size_t i = 0; !rc && i < root->n; i++) {
         const pkl_obj *o = root->items[i];
-        if (o->kind != PKL_STR) rc = fsdp_err_set(err, FSDP_E_FORMAT, "%s: item %zu is not a parameter name", key, i);
-        else if (!((*names)[i] = strdup(o->s))) rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+        const char *name = o->kind == PKL_STR ? o->s : NULL;
+        if (o->kind == PKL_INT && J->L->ids == LAY_IDS_MODULE_ORDER) name = lay_id_name(J, (long)o->i);
+        if (!name || !*name)
+            rc = fsdp_err_set(err, FSDP_E_FORMAT, "%s: item %zu is not a parameter %s", key, i,
+                              J->L->ids == LAY_IDS_MODULE_ORDER ? "id of the checkpoint's model" : "name");
+        else if (!((*names)[i] = strdup(name))) rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
         else (*n)++;
     }
     pkl_free(doc);
@@ -128,14 +132,22 @@ static int params_value(lay_job *J, const gset *s, int g, pkl_w *w, char **text,
         int secondary, rc = lay_native_fqn(J, s->p[k].fqn, LAY_FUSE_MOMENTS, nf, &secondary, err);
         if (rc) return free(t), rc;
         if (secondary) continue;
-        pkl_w_str(w, nf);
+        if (J->L->ids == LAY_IDS_MODULE_ORDER) {
+            long id = lay_name_id(J, nf);
+            if (id < 0) return free(t), fsdp_err_set(err, FSDP_E_INVALID, "param group %d: %s is no parameter of the "
+                                                   "checkpoint's model", g, nf);
+            pkl_w_int(w, id);
+            snprintf(nf, sizeof nf, "%ld", id);
+        } else {
+            pkl_w_str(w, nf);
+        }
         size_t need = tl + strlen(nf) + 5;
         if (need > tcap) {
             char *u = realloc(t, tcap = 2 * need);
             if (!u) return free(t), fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
             t = u;
         }
-        tl += (size_t)sprintf(t + tl, "%s'%s'", tl > 1 ? ", " : "", nf);
+        tl += (size_t)sprintf(t + tl, J->L->ids == LAY_IDS_MODULE_ORDER ? "%s%s" : "%s'%s'", tl > 1 ? ", " : "", nf);
     }
     strcpy(t + tl, "]");
     pkl_w_appends(w);

@@ -1,11 +1,15 @@
 /* Every layout, and finding and telling them apart (layouts/layout.h). */
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
+
+#include "ckpt/reader_union.h"
 
 #include "ckpt/namemap.h"
 #include "layouts/lay_rows.h"
 
-static const lay_layout *const all[] = {&lay_torchtitan_02, &lay_torchtitan_03, &lay_olmo_core_3, &lay_fms_113};
+static const lay_layout *const all[] = {&lay_torchtitan_02, &lay_torchtitan_03, &lay_olmo_core_3, &lay_fms_113,
+                                        &lay_megatron_fsdp_06, &lay_accelerate_115};
 
 size_t lay_count(void) { return LAY_N(all); }
 const lay_layout *lay_at(size_t i) { return i < LAY_N(all) ? all[i] : NULL; }
@@ -72,4 +76,40 @@ int lay_nest(const lay_layout *L, const char *key, int *nest, int *tail, unsigne
     else if (nmap_strip_prefix(key, pg)) *nest = 3, *int_mask = 4u; /* (optim, "param_groups", i, option) */
     else if (L->model[0] && nmap_strip_prefix(key, L->model)) *nest = 1; /* (model, fqn) */
     return *nest > 0;
+}
+
+static int is_dir(const char *dir, const char *name) {
+    char p[4400];
+    struct stat st;
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+int lay_container_open(const char *path, const lay_layout **L, ckpt_reader **r, fsdp_err *err) {
+    *L = NULL, *r = NULL;
+    for (size_t i = 0; i < LAY_N(all); i++) {
+        const lay_layout *c = all[i];
+        size_t have = 0;
+        for (size_t k = 0; k < c->n_parts; k++) have += (size_t)is_dir(path, c->parts[k]);
+        if (!c->n_parts || have != c->n_parts) continue;
+        ckpt_reader *parts[8];
+        const char *pre[8];
+        int rc = 0;
+        size_t n = 0;
+        for (; n < c->n_parts && n < 8 && !rc; n++) {
+            char p[4400];
+            snprintf(p, sizeof p, "%s/%s", path, c->parts[n]);
+            pre[n] = "";
+            if ((rc = ckpt_open(p, CKPT_DCP, &parts[n], err))) break;
+        }
+        if (rc) {
+            for (size_t k = 0; k < n; k++) ckpt_close(parts[k]);
+            fsdp_err_prefix(err, "layout %s", c->name);
+            return -1;
+        }
+        if (ckpt_union_open(path, parts, pre, n, r, err)) return fsdp_err_prefix(err, "layout %s", c->name), -1;
+        *L = c;
+        return 1;
+    }
+    return 0;
 }

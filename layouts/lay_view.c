@@ -301,9 +301,23 @@ static int join_fused(job *J, size_t i, const lay_fuse *F, kkind k, const char *
 
 static unsigned fuse_flag(kkind k) { return k == K_WEIGHT ? LAY_FUSE_WEIGHTS : LAY_FUSE_MOMENTS; }
 
+static int all_digits(const char *s) {
+    if (!*s) return 0;
+    for (; *s; s++)
+        if (*s < '0' || *s > '9') return 0;
+    return 1;
+}
+
 static int to_canon(job *J, size_t i, kkind k, const char *fqn, const char *last, fsdp_err *err) {
     const lay_layout *L = J->L;
     if (k == K_OPTION && L->groups == LAY_GROUPS_INDEXED) return lay_group_to_canon(J, i, fqn, last, err);
+    if (k == K_MOMENT && L->ids == LAY_IDS_MODULE_ORDER && all_digits(fqn)) {
+        const char *name = lay_id_name(J, strtol(fqn, NULL, 10));
+        if (!*name)
+            return fsdp_err_set(err, FSDP_E_FORMAT, "%s: optimizer state of parameter id %s, and the checkpoint has %zu "
+                                "parameters (layout %s)", ckpt_entry_at(J->src, i)->name, fqn, J->n_ids, L->name);
+        fqn = name;
+    }
     for (size_t f = 0; f < L->n_fuse; f++)
         if ((L->fuse[f].what & fuse_flag(k)) && nmap_glob_match(L->fuse[f].native, fqn, NULL) >= 0)
             return split_fused(J, i, &L->fuse[f], k, fqn, last, err);
@@ -325,6 +339,13 @@ static int from_canon(job *J, size_t i, kkind k, const char *fqn, const char *la
     }
     char nf[NAME_CAP], name[NAME_CAP];
     int secondary, rc = lay_native_fqn(J, fqn, 0, nf, &secondary, err);
+    if (!rc && k == K_MOMENT && L->ids == LAY_IDS_MODULE_ORDER) {
+        long id = lay_name_id(J, nf);
+        if (id < 0)
+            return fsdp_err_set(err, FSDP_E_INVALID, "%s: optimizer state of %s, which the checkpoint's model lacks (layout "
+                                "%s keys it by the parameter's id)", ckpt_entry_at(J->src, i)->name, nf, L->name);
+        snprintf(nf, sizeof nf, "%ld", id);
+    }
     if (!rc) rc = lay_full_name(J, 1, k, nf, last, name, err);
     return rc ? rc : add_renamed(J, i, name, fqn, err);
 }
@@ -354,16 +375,18 @@ int lay_view(ckpt_reader *src, int own, const lay_layout *L, lay_dir dir, const 
     if (!omitted) omitted = &none_left;
     *omitted = 0;
     lay_facts none = {0, 0, NULL};
-    job J = {src, L, dir, f ? f : &none, NULL, NULL, 0};
+    job J = {src, L, dir, f ? f : &none, NULL, NULL, 0, NULL, 0};
     int rc = ckv_new(src, own, &J.b, err);
     if (rc) {
         if (own) ckpt_close(src);
         return rc;
     }
+    rc = lay_ids_build(&J, err);
     for (size_t i = 0; i < ckpt_count(src) && !rc; i++) rc = one_key(&J, i, omitted, err);
     if (!rc && dir == LAY_FROM_CANON && L->groups == LAY_GROUPS_INDEXED) rc = lay_groups_from_canon(&J, err);
     if (!rc) rc = lay_side_read(&J, err);
     free(J.p);
+    lay_ids_free(&J);
     if (rc) {
         ckv_free(J.b);
         return rc;

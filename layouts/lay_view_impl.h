@@ -22,6 +22,9 @@ typedef struct lay_job {
     ckv_builder *b;
     lay_pair *p; /* scratch for one tensor's rows */
     size_t p_cap;
+    /* LAY_IDS_MODULE_ORDER: the trainer's parameter names by id */
+    char **id_name;
+    size_t n_ids;
 } lay_job;
 
 /* what a key is: a weight, a moment (state.<fqn>.<kind>), an option (param_groups.<fqn>.<opt>), other */
@@ -38,6 +41,14 @@ int lay_canon_fqns(const lay_job *J, const char *fqn, unsigned what, char (*out)
 /* The trainer's name of canonical parameter fqn; *secondary 1 when it is a fused tensor's part other than the
  * first (the fused tensor is named with its first part). */
 int lay_native_fqn(const lay_job *J, const char *fqn, unsigned what, char *out, int *secondary, fsdp_err *err);
+
+/* LAY_IDS_MODULE_ORDER (layouts/lay_ids.c): the ids of the trainer's parameters, from the model keys of the
+ * source (its own side's when TO_CANON, mapped to its names when FROM_CANON); the name of id i ("" when none); the
+ * id of a trainer's name (-1). */
+int lay_ids_build(lay_job *J, fsdp_err *err);
+void lay_ids_free(lay_job *J);
+const char *lay_id_name(const lay_job *J, long i);
+long lay_name_id(const lay_job *J, const char *native_fqn);
 
 /* Param groups of an indexed layout (layouts/lay_groups.c). TO_CANON: option opt of the trainer's group g
  * (source entry i) given to every parameter of the group's list. FROM_CANON: after every key, the groups of

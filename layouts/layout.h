@@ -60,6 +60,12 @@ typedef struct lay_fuse {
  * group i's options; writing it makes one group per set of equal options, in the parameters' order. */
 typedef enum lay_groups { LAY_GROUPS_BY_FQN = 0, LAY_GROUPS_INDEXED = 1 } lay_groups;
 
+/* How its optimizer state names a parameter: by name, or by integer id (torch's plain optimizer.state_dict():
+ * `<optim>state.<i>.<kind>`, the ids in the params lists of the groups) in the order of the model's
+ * named_parameters(), which is the order of the layout's name rules (layer by layer; rules without a layer
+ * before the layers when they come before them in the table, after them otherwise). */
+typedef enum lay_ids { LAY_IDS_NONE = 0, LAY_IDS_MODULE_ORDER = 1 } lay_ids;
+
 /* A torch.save file of plain values beside the checkpoint (fms-fsdp's metadata.pth: {"tokens_seen": N,
  * "step": N}): its dict keys and the fsdp-run entries they are. Read into the view (LAY_TO_CANON, when
  * lay_facts.dir names the checkpoint's directory); written by lay_side_write. */
@@ -90,6 +96,12 @@ typedef struct lay_layout {
     const char *const *extra;
     size_t n_extra;
     const lay_side *side; /* NULL: none */
+    lay_ids ids;
+    /* A container of several DCP directories under the checkpoint's (accelerate's pytorch_model_fsdp_0 and
+     * optimizer_0): their names and the prefix of the keys each holds; read as one (lay_container_open). */
+    const char *const *parts;
+    const char *const *part_keys;
+    size_t n_parts;
 } lay_layout;
 
 /* What a view needs of the model: head counts for q/k row orders and fused q/k/v (0: unknown; a view
@@ -122,6 +134,9 @@ int lay_view(ckpt_reader *src, int own, const lay_layout *L, lay_dir dir, const 
 /* L's side file into dir, from canonical reader r's entries (a missing train_state.step: the optimizer's
  * step; a missing count: 0). Nothing when L has none. */
 int lay_side_write(const lay_layout *L, ckpt_reader *r, const char *dir, fsdp_err *err);
+/* When path is a directory holding a layout's parts (lay_layout.parts): *L that layout and *r its parts read as
+ * one checkpoint (its keys as the layout names them), 1; else 0 (nothing opened) or an error opening them (-1). */
+int lay_container_open(const char *path, const lay_layout **L, ckpt_reader **r, fsdp_err *err);
 /* How L's own save nests key of its layout in the state dict (a DCP's planner_data path; dcp_record's nest,
  * tail and int_mask): the model prefix a level of its own, and an indexed layout's optimizer torch's nested
  * state_dict ((optim, "state", fqn, kind), (optim, "param_groups", i, option)). 0 (nest 0): torchtitan's

@@ -44,6 +44,10 @@ int stage_layout_view(fsdp_ctx *ctx, const fsdp_state *s, const char *layout, ck
 }
 
 int stage_open_deepspeed(fsdp_ctx *ctx, const fsdp_state *s, const char *path, ckpt_reader **r, fsdp_err *err) {
+    const lay_layout *L;
+    int c = lay_container_open(path, &L, r, err); /* accelerate's two DCPs: read as one, its layout detected */
+    if (c < 0) return fsdp_err_prefix(err, "load-ckpt"), err->code;
+    if (c > 0) return 0;
     if (!lay_ds_is(path)) return 1;
     lay_facts f = {s->hf.n_heads, s->hf.n_kv_heads, path};
     int rc = lay_ds_open(path, &f, r, err);

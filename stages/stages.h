@@ -119,8 +119,9 @@ int stage_wait_saves(fsdp_ctx *ctx, fsdp_err *err);
  * the view, then the source). hf and fsdp-run's own leave *r as it is. */
 int stage_layout_check(const fsdp_value *v, fsdp_err *err);
 int stage_layout_view(fsdp_ctx *ctx, const fsdp_state *s, const char *layout, ckpt_reader **r, fsdp_err *err);
-/* A DeepSpeed ZeRO checkpoint directory at path opened in fsdp-run's layout (layouts/lay_deepspeed.h): 0 and *r,
- * an error, or 1 when path is not one. */
+/* A checkpoint of several files at path opened: a DeepSpeed ZeRO directory in fsdp-run's layout
+ * (layouts/lay_deepspeed.h), a layout's container of DCP directories (accelerate's) as one; 0 and *r, an error, or 1
+ * when path is neither. */
 int stage_open_deepspeed(fsdp_ctx *ctx, const fsdp_state *s, const char *path, ckpt_reader **r, fsdp_err *err);
 
 #endif

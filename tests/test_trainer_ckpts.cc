@@ -27,13 +27,16 @@ struct Sys {
     const char *layout; // the layout fsdp-run names it
     const char *model;  // its parameters' prefix (the after-step weights have none)
     int start;          // the step fsdp-run resumes at: the trainer's train state (OLMo-core's checkpoint has none)
+    const char *parts;  // a container of DCP directories (accelerate's): their names, ',' between; "" for one DCP
 };
 
 const Sys kSystems[] = {
-    {"torchtitan-0.3", "step-3", "torchtitan-0.3", "", 3},
-    {"torchtitan-0.2", "step-3", "torchtitan-0.2", "", 3},
-    {"olmo-core-3.0", "", "olmo-core-3", "model.", 0},
-    {"fms-1.13", "checkpoints/step_3_ckp", "fms-1.13", "model_state.", 3}, // its metadata.pth
+    {"torchtitan-0.3", "step-3", "torchtitan-0.3", "", 3, ""},
+    {"torchtitan-0.2", "step-3", "torchtitan-0.2", "", 3, ""},
+    {"olmo-core-3.0", "", "olmo-core-3", "model.", 0, ""},
+    {"fms-1.13", "checkpoints/step_3_ckp", "fms-1.13", "model_state.", 3, ""}, // its metadata.pth
+    {"megatron-fsdp-0.6", "", "megatron-fsdp-0.6", "model.", 0, ""},        // after-step weights: module.<HF name>
+    {"accelerate-1.15", "", "accelerate-1.15", "model.", 0, "pytorch_model_fsdp_0,optimizer_0"},
 };
 
 std::string data(const Sys &s, const std::string &f = "") {
@@ -42,6 +45,19 @@ std::string data(const Sys &s, const std::string &f = "") {
 std::string ckpt_of(const Sys &s, int ws) {
     std::string d = data(s, "ws" + std::to_string(ws));
     return *s.sub ? d + "/" + s.sub : d;
+}
+
+// The DCP directories of a checkpoint of system s at path: itself, or its parts.
+std::vector<std::string> dcps(const Sys &s, const std::string &path) {
+    std::vector<std::string> v;
+    std::string p = s.parts;
+    if (p.empty()) return {path};
+    for (size_t a = 0, b; a <= p.size(); a = b + 1) {
+        b = p.find(',', a);
+        if (b == std::string::npos) b = p.size();
+        v.push_back(path + "/" + p.substr(a, b - a));
+    }
+    return v;
 }
 
 struct Dir {
@@ -84,17 +100,20 @@ TEST(TrainerCkpts, EachIsRecognisedAndRoundTripsThroughFsdpRunsLayoutBitForBit) 
         for (int ws : {1, 2}) {
             std::string src = ckpt_of(s, ws), out, canon = t / (std::string(s.dir) + std::to_string(ws)),
                         back = canon + "_back";
-            ASSERT_EQ(ckpt_cmd("inspect " + src, &out), 0) << out;
+            ASSERT_EQ(ckpt_cmd("inspect " + dcps(s, src)[0], &out), 0) << out;
             EXPECT_NE(out.find(std::string("layout: ") + s.layout + " ("), std::string::npos) << out;
             ASSERT_EQ(ckpt_cmd("convert " + src + " " + canon + " --from auto --n-heads 4 --n-kv-heads 2", &out), 0) << out;
             ASSERT_EQ(ckpt_cmd("inspect " + canon, &out), 0) << out;
             EXPECT_NE(out.find("layout: torchtitan-0.2 ("), std::string::npos) << out;
             ASSERT_EQ(ckpt_cmd("convert " + canon + " " + back + " --to " + s.layout + " --n-heads 4 --n-kv-heads 2 --world " +
                                    std::to_string(ws), &out), 0) << out;
-            Ckpt a(src), b(back);
-            ASSERT_TRUE(a.r && b.r);
-            expect_same_tensors(b.r, a.r); // every tensor of the trainer's, under its own name, bit for bit
-            expect_same_tensors(a.r, b.r);
+            std::vector<std::string> pa = dcps(s, src), pb = dcps(s, back);
+            for (size_t k = 0; k < pa.size(); k++) {
+                Ckpt a(pa[k]), b(pb[k]);
+                ASSERT_TRUE(a.r && b.r) << pa[k];
+                expect_same_tensors(b.r, a.r); // every tensor of the trainer's, under its own name, bit for bit
+                expect_same_tensors(a.r, b.r);
+            }
         }
     }
 }
@@ -108,14 +127,17 @@ TEST(TrainerCkpts, EveryPairOfLayoutsRoundTripsBitForBit) {
             std::string src = ckpt_of(a, 2), mid = t / (std::string(a.dir) + "_to_" + b.dir), back = mid + "_back", out;
             ASSERT_EQ(ckpt_cmd("convert " + src + " " + mid + " --from " + a.layout + " --to " + b.layout +
                                    " --n-heads 4 --n-kv-heads 2 --world 2", &out), 0) << out;
-            ASSERT_EQ(ckpt_cmd("inspect " + mid, &out), 0) << out;
+            ASSERT_EQ(ckpt_cmd("inspect " + dcps(b, mid)[0], &out), 0) << out;
             EXPECT_NE(out.find(std::string("layout: ") + b.layout + " ("), std::string::npos) << out;
             ASSERT_EQ(ckpt_cmd("convert " + mid + " " + back + " --from auto --to " + a.layout +
                                    " --n-heads 4 --n-kv-heads 2 --world 2", &out), 0) << out;
-            Ckpt x(src), y(back);
-            ASSERT_TRUE(x.r && y.r);
-            expect_same_tensors(y.r, x.r);
-            expect_same_tensors(x.r, y.r);
+            std::vector<std::string> px = dcps(a, src), py = dcps(a, back);
+            for (size_t k = 0; k < px.size(); k++) {
+                Ckpt x(px[k]), y(py[k]);
+                ASSERT_TRUE(x.r && y.r) << px[k];
+                expect_same_tensors(y.r, x.r);
+                expect_same_tensors(x.r, y.r);
+            }
         }
     }
 }
@@ -193,7 +215,7 @@ TEST(TrainerCkpts, WeightsAfterTheNextStepAreTheTrainersOwn) {
         std::map<std::string, st_test::Tensor> want;
         std::string why;
         ASSERT_TRUE(st_test::load(data(s, "ws1_after_resume_step.safetensors"), &want, &why)) << why;
-        Ckpt got(native);
+        Ckpt got(dcps(s, native)[0]);
         ASSERT_TRUE(got.r);
         double worst = 0;
         std::string where;
@@ -293,7 +315,7 @@ TEST(DeepSpeedCkpts, WeightsAreZeroToFp32sBitForBit) {
 TEST(DeepSpeedCkpts, TheNextStepsAreDeepSpeedsOwnOnOneAndTwoRanks) {
     Dir t;
     for (const Zero &z : kZero) {
-        Sys s = {"deepspeed-0.19", "", "", "", 3};
+        Sys s = {"deepspeed-0.19", "", "", "", 3, ""};
         std::vector<double> loss, gn;
         {
             json_error_t je;
