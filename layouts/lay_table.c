@@ -9,7 +9,7 @@
 #include "layouts/lay_rows.h"
 
 static const lay_layout *const all[] = {&lay_torchtitan_02, &lay_torchtitan_03, &lay_olmo_core_3, &lay_fms_113,
-                                        &lay_megatron_fsdp_06, &lay_accelerate_115};
+                                        &lay_megatron_fsdp_06, &lay_accelerate_115, &lay_olmo_06};
 
 size_t lay_count(void) { return LAY_N(all); }
 const lay_layout *lay_at(size_t i) { return i < LAY_N(all) ? all[i] : NULL; }
@@ -78,11 +78,11 @@ int lay_nest(const lay_layout *L, const char *key, int *nest, int *tail, unsigne
     return *nest > 0;
 }
 
-static int is_dir(const char *dir, const char *name) {
+static int exists_in(const char *dir, const char *name) {
     char p[4400];
     struct stat st;
     snprintf(p, sizeof p, "%s/%s", dir, name);
-    return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
+    return stat(p, &st) == 0 && (S_ISDIR(st.st_mode) || S_ISREG(st.st_mode));
 }
 
 int lay_container_open(const char *path, const lay_layout **L, ckpt_reader **r, fsdp_err *err) {
@@ -90,7 +90,7 @@ int lay_container_open(const char *path, const lay_layout **L, ckpt_reader **r, 
     for (size_t i = 0; i < LAY_N(all); i++) {
         const lay_layout *c = all[i];
         size_t have = 0;
-        for (size_t k = 0; k < c->n_parts; k++) have += (size_t)is_dir(path, c->parts[k]);
+        for (size_t k = 0; k < c->n_parts; k++) have += (size_t)exists_in(path, c->parts[k]);
         if (!c->n_parts || have != c->n_parts) continue;
         ckpt_reader *parts[8];
         const char *pre[8];
@@ -99,8 +99,8 @@ int lay_container_open(const char *path, const lay_layout **L, ckpt_reader **r, 
         for (; n < c->n_parts && n < 8 && !rc; n++) {
             char p[4400];
             snprintf(p, sizeof p, "%s/%s", path, c->parts[n]);
-            pre[n] = "";
-            if ((rc = ckpt_open(p, CKPT_DCP, &parts[n], err))) break;
+            pre[n] = c->part_prefix ? c->part_prefix[n] : "";
+            if ((rc = ckpt_open(p, CKPT_AUTO, &parts[n], err))) break;
         }
         if (rc) {
             for (size_t k = 0; k < n; k++) ckpt_close(parts[k]);

@@ -102,6 +102,9 @@ typedef struct lay_layout {
     const char *const *parts;
     const char *const *part_keys;
     size_t n_parts;
+    const char *const *part_prefix; /* NULL: the parts' keys as they are; else put before each part's keys */
+    /* Why fsdp-run does not write this layout (NULL: it does): convert --to refuses it with this. */
+    const char *no_write;
 } lay_layout;
 
 /* What a view needs of the model: head counts for q/k row orders and fused q/k/v (0: unknown; a view

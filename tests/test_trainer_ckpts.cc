@@ -401,3 +401,45 @@ TEST(DeepSpeedCkpts, AMissingRankFileIsAnErrorNamingIt) {
 }
 
 } // namespace
+
+namespace {
+
+// OLMo 0.6's unsharded step directory (model.pt, optim.pt of FullCheckpointer; 1 and 2 ranks, different inits):
+// read in fsdp-run's layout (fused att_proj and ff_proj split, rotate-half rows), loaded with its moments on 1, 2
+// and 3 ranks, the next two steps OLMo's own. fsdp-run does not write it (torch.save files): convert says so.
+TEST(OlmoCkpts, TheNextStepsAreOlmosOwnAndItIsNotWritten) {
+    Dir t;
+    const std::string o = "tests/data/trainers/olmo-0.6/";
+    Sys s = {"olmo-0.6", "step3-unsharded", "olmo-0.6", "model.", 0, ""};
+    for (int ws : {1, 2}) {
+        const char *key = ws == 1 ? "ws1" : "ws2";
+        std::vector<double> loss = expected(s, key, "resumed_losses"), gn = expected(s, key, "resumed_grad_norms");
+        for (int np : {1, 2}) {
+            std::string m = t / ("m" + std::to_string(ws) + std::to_string(np) + ".jsonl");
+            write_file(t / "r.yaml", recipe(s, ckpt_of(s, ws), 2, m, ""));
+            int rc;
+            std::string log = run_np(np, t / "r.yaml", &rc);
+            ASSERT_EQ(rc, 0) << log;
+            std::vector<double> got = jsonl_field(m, "loss"), gg = jsonl_field(m, "grad_norm");
+            ASSERT_EQ(got.size(), 2u) << log;
+            for (size_t k = 0; k < 2; k++) {
+                EXPECT_NEAR(got[k], loss[k], 5e-7 * loss[k]) << "ws" << ws << " np " << np << " step " << k;
+                EXPECT_NEAR(gg[k], gn[k], 2e-6 * gn[k]) << "ws" << ws << " np " << np << " step " << k;
+            }
+        }
+    }
+    std::string one = t / "one", three = t / "three", out;
+    for (auto [np, dst] : {std::pair<int, std::string>{1, one}, {3, three}}) {
+        write_file(t / "r.yaml", recipe(s, ckpt_of(s, 2), 0, "", dst));
+        int rc;
+        std::string log = run_np(np, t / "r.yaml", &rc);
+        ASSERT_EQ(rc, 0) << log;
+    }
+    Ckpt a(one), b(three);
+    expect_same_tensors(a.r, b.r);
+    EXPECT_EQ(ckpt_cmd("convert " + one + " " + (t / "back") + " --to olmo-0.6 --n-heads 4 --n-kv-heads 2", &out), 2) << out;
+    EXPECT_NE(out.find("fsdp-run does not write layout olmo-0.6"), std::string::npos) << out;
+    EXPECT_FALSE(exists(t / "back"));
+}
+
+} // namespace
