@@ -116,44 +116,82 @@ static int collect(lay_job *J, gset *s, fsdp_err *err) {
     return 0;
 }
 
-/* The pickled list of group g's parameter names (the trainer's; a fused tensor once), and its text
- * (*text malloc'd, "['a', 'b']"). */
-static int params_value(lay_job *J, const gset *s, int g, pkl_w *w, char **text, fsdp_err *err) {
-    size_t tl = 1, tcap = 256;
-    char *t = malloc(tcap);
-    if (!t) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
-    strcpy(t, "[");
-    pkl_w_proto(w, 2);
-    pkl_w_empty_list(w);
-    pkl_w_mark(w);
-    for (size_t k = 0; k < s->n; k++) {
+static int cmp_long(const void *a, const void *b) {
+    long x = *(const long *)a, y = *(const long *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Group g's members as the trainer names them (a fused tensor once); with ids (LAY_IDS_MODULE_ORDER) their ids
+ * in ascending order, which torch's load_state_dict pairs with the live group's parameters by position.
+ * *names malloc'd (strings in s's order, or ids as text), *n of them. */
+static int members(lay_job *J, const gset *s, int g, char ***names, size_t *n, fsdp_err *err) {
+    *names = calloc(s->n ? s->n : 1, sizeof **names), *n = 0;
+    long *ids = calloc(s->n ? s->n : 1, sizeof *ids);
+    int rc = *names && ids ? 0 : fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+    for (size_t k = 0; k < s->n && !rc; k++) {
         if (s->p[k].group != g) continue;
         char nf[LAY_NAME_CAP];
-        int secondary, rc = lay_native_fqn(J, s->p[k].fqn, LAY_FUSE_MOMENTS, nf, &secondary, err);
-        if (rc) return free(t), rc;
-        if (secondary) continue;
-        if (J->L->ids == LAY_IDS_MODULE_ORDER) {
-            long id = lay_name_id(J, nf);
-            if (id < 0) return free(t), fsdp_err_set(err, FSDP_E_INVALID, "param group %d: %s is no parameter of the "
-                                                   "checkpoint's model", g, nf);
-            pkl_w_int(w, id);
-            snprintf(nf, sizeof nf, "%ld", id);
-        } else {
-            pkl_w_str(w, nf);
+        int secondary;
+        if ((rc = lay_native_fqn(J, s->p[k].fqn, LAY_FUSE_MOMENTS, nf, &secondary, err)) || secondary) continue;
+        if (J->L->ids == LAY_IDS_MODULE_ORDER && (ids[*n] = lay_name_id(J, nf)) < 0)
+            rc = fsdp_err_set(err, FSDP_E_INVALID, "param group %d: %s is no parameter of the checkpoint's model", g, nf);
+        else if (J->L->ids != LAY_IDS_MODULE_ORDER && !((*names)[*n] = strdup(nf)))
+            rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+        if (!rc) (*n)++;
+    }
+    if (!rc && J->L->ids == LAY_IDS_MODULE_ORDER) {
+        qsort(ids, *n, sizeof *ids, cmp_long);
+        for (size_t k = 0; k < *n && !rc; k++) {
+            char t[32];
+            snprintf(t, sizeof t, "%ld", ids[k]);
+            if (!((*names)[k] = strdup(t))) rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
         }
-        size_t need = tl + strlen(nf) + 5;
+    }
+    free(ids);
+    return rc;
+}
+
+/* The pickled list of group g's parameters (names, or ids), and its text (*text malloc'd, "['a', 'b']", "[0, 1]"). */
+static int params_value(lay_job *J, const gset *s, int g, pkl_w *w, char **text, fsdp_err *err) {
+    char **names;
+    size_t n;
+    int rc = members(J, s, g, &names, &n, err), ids = J->L->ids == LAY_IDS_MODULE_ORDER;
+    size_t tl = 1, tcap = 256;
+    char *t = rc ? NULL : malloc(tcap);
+    if (!rc && !t) rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+    if (!rc) {
+        strcpy(t, "[");
+        pkl_w_proto(w, 2);
+        pkl_w_empty_list(w);
+        pkl_w_mark(w);
+    }
+    for (size_t k = 0; k < n && !rc; k++) {
+        if (ids) pkl_w_int(w, strtol(names[k], NULL, 10));
+        else pkl_w_str(w, names[k]);
+        size_t need = tl + strlen(names[k]) + 5;
         if (need > tcap) {
             char *u = realloc(t, tcap = 2 * need);
-            if (!u) return free(t), fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+            if (!u) {
+                rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+                break;
+            }
             t = u;
         }
-        tl += (size_t)sprintf(t + tl, J->L->ids == LAY_IDS_MODULE_ORDER ? "%s%s" : "%s'%s'", tl > 1 ? ", " : "", nf);
+        tl += (size_t)sprintf(t + tl, ids ? "%s%s" : "%s'%s'", tl > 1 ? ", " : "", names[k]);
     }
+    free_names(names, n);
+    if (rc) return free(t), rc;
     strcpy(t + tl, "]");
     pkl_w_appends(w);
     pkl_w_stop(w);
     *text = t;
     return w->oom ? fsdp_err_set(err, FSDP_E_NOMEM, "out of memory") : 0;
+}
+
+static int no_option(const lay_layout *L, const char *opt) {
+    for (const char *const *o = L->no_options; o && *o; o++)
+        if (!strcmp(*o, opt)) return 1;
+    return 0;
 }
 
 /* Group g: the options of its first parameter p under `<optim>param_groups.<g>.`, and its list. */
@@ -163,7 +201,8 @@ static int emit_group(lay_job *J, const gset *s, const gparam *p, int g, fsdp_er
     int rc = 0;
     for (size_t i = p->first; i < ckpt_count(J->src) && !rc; i++) {
         const ckpt_entry *e = ckpt_entry_at(J->src, i);
-        if (lay_classify(J, 0, e->name, fqn, last) != LAY_K_OPTION || strcmp(fqn, p->fqn)) continue;
+        if (lay_classify(J, 0, e->name, fqn, last) != LAY_K_OPTION || strcmp(fqn, p->fqn) || no_option(J->L, last))
+            continue;
         if (!(rc = lay_full_name(J, 1, LAY_K_OPTION, gi, last, key, err))) rc = ckv_add_same(J->b, key, i, err);
     }
     pkl_w w;

@@ -8,6 +8,7 @@
  * (Megatron-LM's own --ckpt-format fsdp_dtensor, with param_to_group_meta, needs megatron-core: not this row.) */
 #include "layouts/lay_rows.h"
 
+static const char *const no_options[] = {"initial_lr", NULL}; /* torch AdamW, no scheduler */
 static const char *const marks[] = {"model.module.model.layers.*.self_attn.q_proj.weight"};
 
 const lay_layout lay_megatron_fsdp_06 = {
@@ -23,4 +24,5 @@ const lay_layout lay_megatron_fsdp_06 = {
     .n_marks = LAY_N(marks),
     .groups = LAY_GROUPS_INDEXED,
     .ids = LAY_IDS_MODULE_ORDER,
+    .no_options = no_options,
 };

@@ -105,6 +105,9 @@ typedef struct lay_layout {
     const char *const *part_prefix; /* NULL: the parts' keys as they are; else put before each part's keys */
     /* Why fsdp-run does not write this layout (NULL: it does): convert --to refuses it with this. */
     const char *no_write;
+    /* Param-group options of fsdp-run's its groups do not have (NULL-terminated; a plain AdamW without a scheduler
+     * has no initial_lr): left out when writing it */
+    const char *const *no_options;
 } lay_layout;
 
 /* What a view needs of the model: head counts for q/k row orders and fused q/k/v (0: unknown; a view

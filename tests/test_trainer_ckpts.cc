@@ -68,6 +68,26 @@ struct Dir {
 
 int ckpt_cmd(const std::string &args, std::string *out) { return run_cmd(fsdp_run_bin() + " ckpt " + args, out); }
 
+// Every non-tensor entry of a is in b with the same value (the dataloader's per-rank blobs aside: convert --world
+// writes them for the ranks it writes).
+size_t expect_same_values(ckpt_reader *a, ckpt_reader *b, const std::string &what) {
+    size_t n = 0;
+    for (size_t i = 0; i < ckpt_count(a); i++) {
+        const ckpt_entry *e = ckpt_entry_at(a, i);
+        if (e->is_tensor || !strncmp(e->name, "dataloader.", 11)) continue;
+        long j = ckpt_find(b, e->name);
+        EXPECT_GE(j, 0) << what << ": value " << e->name << " lost";
+        if (j < 0) continue;
+        const char *x = nullptr, *y = nullptr;
+        fsdp_err err;
+        EXPECT_EQ(ckpt_value(a, i, &x, &err), 0) << err.msg;
+        EXPECT_EQ(ckpt_value(b, (size_t)j, &y, &err), 0) << err.msg;
+        EXPECT_STREQ(x ? x : "?", y ? y : "-") << what << ": " << e->name;
+        n++;
+    }
+    return n;
+}
+
 std::vector<double> expected(const Sys &s, const char *ws, const char *key) {
     json_error_t je;
     json_t *j = json_load_file(data(s, "expected.json").c_str(), 0, &je);
@@ -108,12 +128,15 @@ TEST(TrainerCkpts, EachIsRecognisedAndRoundTripsThroughFsdpRunsLayoutBitForBit) 
             ASSERT_EQ(ckpt_cmd("convert " + canon + " " + back + " --to " + s.layout + " --n-heads 4 --n-kv-heads 2 --world " +
                                    std::to_string(ws), &out), 0) << out;
             std::vector<std::string> pa = dcps(s, src), pb = dcps(s, back);
+            size_t values = 0;
             for (size_t k = 0; k < pa.size(); k++) {
                 Ckpt a(pa[k]), b(pb[k]);
                 ASSERT_TRUE(a.r && b.r) << pa[k];
                 expect_same_tensors(b.r, a.r); // every tensor of the trainer's, under its own name, bit for bit
                 expect_same_tensors(a.r, b.r);
+                values += expect_same_values(a.r, b.r, pa[k]); // and every value: options, params lists, train state
             }
+            EXPECT_GT(values, 0u) << src;
         }
     }
 }

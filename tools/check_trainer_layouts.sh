@@ -34,7 +34,14 @@ conv "$D/tt3/step-3" torchtitan-0.3
 conv "$D/tt2/step-3" torchtitan-0.2
 conv "$D/oc" olmo-core-3
 conv "$D/fms/checkpoints/step_3_ckp" fms-1.13
+conv "$D/meg" megatron-fsdp-0.6
+conv "$D/acc" accelerate-1.15
+# accelerate's load_state also wants its scheduler and RNG files, which fsdp-run neither holds nor writes: the fixture's
+cp tests/data/trainers/accelerate-1.15/ws1/scheduler.bin "$D/acc/"
+for r in $(seq 0 $((WORLD - 1))); do cp tests/data/trainers/accelerate-1.15/ws2/random_states_$((r % 2)).pkl "$D/acc/random_states_$r.pkl"; done
 echo "torchtitan 0.3.0:"; "$PY" tools/gen/trainers/check_torchtitan.py "$D/tt3" --batch "$BATCH" 2>/dev/null | tail -1
 echo "torchtitan 0.2.2:"; "$PY" tools/gen/trainers/check_torchtitan.py "$D/tt2" --batch "$BATCH" 2>/dev/null | tail -1
 echo "OLMo-core 3.0.0:"; PYTHONPATH="$STUBS:$SEEDPKGS/olmocore" "$PY" tools/gen/trainers/check_olmo_core.py "$D/oc" --world "$WORLD" --batch "$BATCH" 2>/dev/null | tail -1
+echo "Megatron-FSDP 0.6.1:"; PYTHONPATH="$SEEDPKGS/megatron" "$PY" tools/gen/trainers/check_megatron_fsdp.py "$D/meg" --world "$WORLD" --batch "$BATCH" 2>/dev/null | tail -1
+echo "accelerate 1.15.0:"; MASTER_PORT=29611 PYTHONPATH="$SEEDPKGS/accelerate" "$PY" tools/gen/trainers/check_accelerate.py "$D/acc" --world "$WORLD" --batch "$BATCH" 2>/dev/null | tail -1
 echo "fms-fsdp + ibm-fms 1.13.1:"; PYTHONPATH="$SEEDPKGS/fms:${FMS_SRC:-/work/fms-fsdp-src}" "$PY" tools/gen/trainers/check_fms.py "$D/fms" --world "$WORLD" --batch "$BATCH" 2>/dev/null | tail -1
