@@ -774,6 +774,43 @@ static void convert_report(const conv *c, const conv_out *o, FILE *out) {
                 c->names ? "--names exports the model keys" : "safetensors holds tensors only");
 }
 
+/* SRC opened as convert reads it: a DeepSpeed ZeRO directory (in fsdp-run's layout already), a layout's container of
+ * parts (its layout the --from), else the checkpoint; checked for placeholders, then seen in --from's layout and
+ * --to's. 0 with c->r open, or the exit code with nothing open (the error printed). */
+static int convert_source(conv *c, conv_out *o, FILE *log) {
+    fsdp_err err;
+    int ds = ckcl_is_deepspeed(o->src), rc;
+    const char *container = NULL;
+    int opened = ds ? ckcl_open_deepspeed(o->src, c->heads, c->kv_heads, &c->r, log)
+                    : ckcl_open_container(o->src, &c->r, &container, log);
+    if (opened == 0 && !ds && !container) opened = open_or_say(o->src, &c->r, log);
+    if (opened) return 1;
+    if (container && (!c->from || !strcmp(c->from, "auto"))) c->from = container;
+    if (ds) { /* read in fsdp-run's layout already */
+        if (c->from && strcmp(c->from, "auto") && strcmp(c->from, "deepspeed-zero")) {
+            fprintf(log, "fsdp-run ckpt convert: error: %s is a DeepSpeed ZeRO checkpoint, not --from %s\n", o->src, c->from);
+            ckpt_close(c->r);
+            return 2;
+        }
+        snprintf(c->layouts, sizeof c->layouts, "deepspeed-zero -> %s",
+                 c->to_layout ? c->to_layout : "torchtitan-0.2 (fsdp-run's own)");
+        c->from = c->to_layout ? "torchtitan" : NULL;
+    }
+    if ((rc = ckcl_check(c->r, &err))) {
+        fprintf(log, "fsdp-run ckpt convert: error: %s\n", err.msg);
+        ckpt_close(c->r);
+        return fsdp_err_exit_code(rc);
+    }
+    if (!c->from && !c->to_layout) return 0;
+    ckcl_req q = {c->from, c->to_layout, c->heads, c->kv_heads};
+    char said[256];
+    if ((rc = ckcl_wrap(&c->r, &q, &c->canon, ds ? said : c->layouts, sizeof c->layouts, &err))) {
+        fprintf(log, "fsdp-run ckpt convert: error: %s: %s\n", o->src, err.msg);
+        return fsdp_err_exit_code(rc); /* closed by the wrap */
+    }
+    return 0;
+}
+
 static int cmd_convert(int argc, char **argv, FILE *out, FILE *log) {
     conv c;
     conv_out o;
@@ -796,44 +833,10 @@ static int cmd_convert(int argc, char **argv, FILE *out, FILE *log) {
         }
         if (c.heads <= 0) c.heads = c.cfg.n_heads, c.kv_heads = c.cfg.n_kv_heads;
     }
-    int ds = ckcl_is_deepspeed(o.src);
-    const char *container = NULL;
-    int opened = ds ? ckcl_open_deepspeed(o.src, c.heads, c.kv_heads, &c.r, log) : ckcl_open_container(o.src, &c.r, &container, log);
-    if (opened == 0 && !ds && !container) opened = open_or_say(o.src, &c.r, log);
-    if (container && (!c.from || !strcmp(c.from, "auto"))) c.from = container;
-    if (opened) {
+    if ((rc = convert_source(&c, &o, log))) {
         ckpt_keys_free(&c.keys);
         ckpt_keys_free(&c.exclude);
-        return 1;
-    }
-    if (ds) { /* read in fsdp-run's layout already */
-        snprintf(c.layouts, sizeof c.layouts, "deepspeed-zero -> torchtitan-0.2 (fsdp-run's own)");
-        if (c.from && strcmp(c.from, "auto") && strcmp(c.from, "deepspeed-zero")) {
-            fprintf(log, "fsdp-run ckpt convert: error: %s is a DeepSpeed ZeRO checkpoint, not --from %s\n", o.src, c.from);
-            ckpt_close(c.r);
-            ckpt_keys_free(&c.keys);
-            ckpt_keys_free(&c.exclude);
-            return 2;
-        }
-        c.from = c.to_layout ? "torchtitan" : NULL;
-        if (c.to_layout) snprintf(c.layouts, sizeof c.layouts, "deepspeed-zero -> %s", c.to_layout);
-    }
-    if ((rc = ckcl_check(c.r, &err))) {
-        fprintf(log, "fsdp-run ckpt convert: error: %s\n", err.msg);
-        ckpt_close(c.r);
-        ckpt_keys_free(&c.keys);
-        ckpt_keys_free(&c.exclude);
-        return fsdp_err_exit_code(rc);
-    }
-    if (c.from || c.to_layout) {
-        ckcl_req q = {c.from, c.to_layout, c.heads, c.kv_heads};
-        char said[256];
-        if ((rc = ckcl_wrap(&c.r, &q, &c.canon, ds ? said : c.layouts, sizeof c.layouts, &err))) {
-            fprintf(log, "fsdp-run ckpt convert: error: %s: %s\n", o.src, err.msg);
-            ckpt_keys_free(&c.keys);
-            ckpt_keys_free(&c.exclude);
-            return fsdp_err_exit_code(rc);
-        }
+        return rc;
     }
     if ((rc = convert_layout(&c, &err)) ||
         (rc = ckcv_facts(c.r, c.heads, c.kv_heads, c.hf_config, c.moe_names, &c.hf, &err))) {

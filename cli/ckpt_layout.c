@@ -22,7 +22,11 @@ int ckcl_wrap(ckpt_reader **r, const ckcl_req *q, ckpt_reader **canon, char *sai
     if (!rc && q->to) rc = pick(q->to, *r, &to, err);
     if (!rc && to && to->no_write)
         rc = fsdp_err_set(err, FSDP_E_INVALID, "fsdp-run does not write layout %s: %s", to->name, to->no_write);
-    if (rc) return rc;
+    if (rc) {
+        ckpt_close(*r);
+        *r = NULL;
+        return rc;
+    }
     lay_facts f = {q->n_heads, q->n_kv_heads, ckpt_reader_path(*r)};
     ckpt_reader *v;
     if ((rc = lay_view(*r, 1, from, LAY_TO_CANON, &f, &v, NULL, err))) {

@@ -17,7 +17,7 @@ typedef struct ckcl_req {
 
 /* *r seen as fsdp-run's layout (from: "auto" or NULL detects, a name takes that one), then, when to is set,
  * in layout `to`; *r is replaced by the view (which owns it), *canon is the view in fsdp-run's layout (owned
- * by *r when to is set). said (cap bytes): "torchtitan-0.3 -> olmo-core-3"
+ * by *r when to is set). On failure *r is closed (NULL). said (cap bytes): "torchtitan-0.3 -> olmo-core-3"
  * for the report. A layout name fsdp-run does not know is FSDP_E_INVALID listing them. */
 int ckcl_wrap(ckpt_reader **r, const ckcl_req *q, ckpt_reader **canon, char *said, size_t cap, fsdp_err *err);
 /* Layout `to`'s side file (lay_side_write) into the DCP directory dst, from canon. */
