@@ -189,7 +189,9 @@ static int cmd_inspect(int argc, char **argv, FILE *out, FILE *log) {
         return 2;
     }
     ckpt_reader *r;
-    if (open_or_say(path, &r, log)) return 1;
+    char said[512];
+    int special = ckcl_open_inspect(path, &r, said, sizeof said, log);
+    if (special == 1 || (!special && open_or_say(path, &r, log))) return 1;
     size_t records = 0;
     ckpt_check_report rep;
     if (inspect_check(r, path, verify, &rep, &records, log)) {
@@ -201,7 +203,8 @@ static int cmd_inspect(int argc, char **argv, FILE *out, FILE *log) {
     uint64_t total = 0, stored = 0;
     json_t *arr = json ? json_array() : NULL;
     if (!json) fprintf(out, "%s: %s checkpoint, %zu keys\n", path, ckpt_format_name(ckpt_reader_format(r)), n);
-    if (!json) ckcl_print_layout(r, out);
+    if (!json && special == 2) fprintf(out, "layout: %s\n", said);
+    else if (!json) ckcl_print_layout(r, out);
     for (size_t i = 0; i < n; i++) {
         const ckpt_entry *e = ckpt_entry_at(r, i);
         const char *val = NULL;

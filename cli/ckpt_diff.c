@@ -220,11 +220,19 @@ static int diff_one(const diff_opts *o, diff_side *A, const diff_key *ka, diff_s
 static void note_log(void *log, const char *msg) { fprintf(log, "fsdp-run ckpt: %s\n", msg); }
 
 /* As ckpt inspect: the temporaries of saves are reported, never removed. */
-static int open_side(const char *path, diff_side *s, FILE *log) {
+static int open_side(const diff_opts *o, const char *path, diff_side *s, FILE *log) {
     fsdp_err err;
     memset(s, 0, sizeof *s);
     s->path = path;
-    int rc = ckpt_open(path, CKPT_AUTO, &s->r, &err);
+    char said[512];
+    int special = ckcl_open_inspect(path, &s->r, said, sizeof said, log); /* a container's or ZeRO's files as one */
+    if (special == 1) return 1;
+    if (special == 2 && o->layout) { /* --layout: a ZeRO checkpoint in fsdp-run's layout */
+        ckpt_close(s->r);
+        s->r = NULL;
+        return ckcl_open_deepspeed(path, o->heads, o->kv_heads > 0 ? o->kv_heads : o->heads, &s->r, log);
+    }
+    int rc = special ? 0 : ckpt_open(path, CKPT_AUTO, &s->r, &err);
     if (rc) fprintf(log, "fsdp-run ckpt: error: %s\n", err.msg);
     else if (ckpt_restarts(s->r))
         fprintf(log, "fsdp-run ckpt: %s changed while it was being opened (a save replaced it); reading the new save "
@@ -271,8 +279,8 @@ int ckpt_cli_diff(int argc, char **argv, FILE *out, FILE *log) {
     memset(&o, 0, sizeof o);
     int rc = diff_args(argc, argv, &o, log);
     diff_side A, B;
-    if (!rc && open_side(o.a, &A, log)) rc = 1;
-    if (!rc && open_side(o.b, &B, log)) {
+    if (!rc && open_side(&o, o.a, &A, log)) rc = 1;
+    if (!rc && open_side(&o, o.b, &B, log)) {
         ckpt_close(A.r);
         rc = 1;
     }

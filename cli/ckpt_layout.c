@@ -113,3 +113,22 @@ void ckcl_part(const char *layout, size_t k, const char **name, const char **pre
     const lay_layout *L = lay_find(layout);
     *name = L->parts[k], *prefix = L->part_keys[k];
 }
+
+int ckcl_open_inspect(const char *path, ckpt_reader **r, char *said, size_t cap, FILE *log) {
+    fsdp_err err;
+    said[0] = '\0';
+    if (lay_ds_is(path)) {
+        int ranks;
+        if (lay_ds_open_files(path, r, &ranks, &err)) {
+            fprintf(log, "fsdp-run ckpt: error: %s\n", err.msg);
+            return 1;
+        }
+        snprintf(said, cap, "a DeepSpeed ZeRO checkpoint of %d rank%s: its files below (ms. the model states, r<R>. "
+                 "rank R's optimizer state); load-ckpt and convert read it in fsdp-run's layout", ranks,
+                 ranks == 1 ? "" : "s");
+        return 2;
+    }
+    const char *layout;
+    if (ckcl_open_container(path, r, &layout, log)) return 1;
+    return layout ? 3 : 0;
+}

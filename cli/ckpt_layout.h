@@ -36,6 +36,9 @@ int ckcl_open_container(const char *path, ckpt_reader **r, const char **layout, 
 /* The parts of a layout written as directories of their own: how many, and part k's name and key prefix. */
 size_t ckcl_n_parts(const char *layout);
 void ckcl_part(const char *layout, size_t k, const char **name, const char **prefix);
+/* What `inspect` and `diff` open beyond ckpt_open: 2 a DeepSpeed ZeRO directory's files as one (*said: what it is),
+ * 3 a layout's container of parts as one, 0 neither (nothing opened), 1 an error (printed). */
+int ckcl_open_inspect(const char *path, ckpt_reader **r, char *said, size_t cap, FILE *log);
 /* A checkpoint whose tensors are placeholders for values kept elsewhere (lay_check_placeholders): an error. */
 int ckcl_check(ckpt_reader *r, fsdp_err *err);
 /* inspect's line: "layout: NAME (SYSTEM; covers ...)", or why none / which candidates. json: the name or null. */

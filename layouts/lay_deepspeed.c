@@ -55,7 +55,7 @@ int lay_ds_is(const char *path) {
 }
 
 /* Every file of the checkpoint as one union: "ms." the model states, "r<R>." rank R's optimizer state. */
-static int open_files(const char *path, ckpt_reader **out, int *ranks, fsdp_err *err) {
+int lay_ds_open_files(const char *path, ckpt_reader **out, int *ranks, fsdp_err *err) {
     char dir[4400], f[4600];
     tag_dir(path, dir, sizeof dir);
     if (!model_states(dir, f, sizeof f))
@@ -156,7 +156,7 @@ int lay_ds_open(const char *path, const lay_facts *f, ckpt_reader **out, fsdp_er
     d.path = path;
     d.hf.n_heads = f ? f->n_heads : 0;
     d.hf.n_kv_heads = f ? f->n_kv_heads : 0;
-    int rc = open_files(path, &d.u, &d.ranks, err);
+    int rc = lay_ds_open_files(path, &d.u, &d.ranks, err);
     if (!rc) rc = zero_stage(&d, err);
     if (!rc) rc = list_params(&d, err);
     if (!rc && (rc = ckv_new(d.u, 1, &d.b, err))) ckpt_close(d.u);

@@ -27,6 +27,9 @@
 /* 1 when path is a DeepSpeed checkpoint: a directory with `latest` naming a tag directory, or a tag directory,
  * holding a *model_states.pt and *_optim_states.pt files. */
 int lay_ds_is(const char *path);
+/* Its files as one reader, as they are ("ms." the model states, "r<R>." rank R's optimizer state): what inspect
+ * shows. */
+int lay_ds_open_files(const char *path, ckpt_reader **out, int *ranks, fsdp_err *err);
 /* The checkpoint at path in fsdp-run's layout (f: the head counts for the q/k rows). */
 int lay_ds_open(const char *path, const lay_facts *f, ckpt_reader **out, fsdp_err *err);
 

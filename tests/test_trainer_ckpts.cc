@@ -466,3 +466,26 @@ TEST(OlmoCkpts, TheNextStepsAreOlmosOwnAndItIsNotWritten) {
 }
 
 } // namespace
+
+namespace {
+
+// inspect and diff take a checkpoint of several files as its trainer saves it: accelerate's directory of two DCPs,
+// OLMo's step directory, a DeepSpeed ZeRO directory (its files as they are; with diff --layout in fsdp-run's).
+TEST(TrainerCkpts, InspectAndDiffTakeCheckpointsOfSeveralFiles) {
+    Dir t;
+    std::string out;
+    ASSERT_EQ(ckpt_cmd("inspect tests/data/trainers/accelerate-1.15/ws2", &out), 0) << out;
+    EXPECT_NE(out.find("layout: accelerate-1.15 ("), std::string::npos) << out;
+    EXPECT_NE(out.find("optimizer.state.model.layers.1.self_attn.k_proj.weight.exp_avg_sq"), std::string::npos) << out;
+    ASSERT_EQ(ckpt_cmd("inspect tests/data/trainers/olmo-0.6/ws2/step3-unsharded", &out), 0) << out;
+    EXPECT_NE(out.find("layout: olmo-0.6 ("), std::string::npos) << out;
+    ASSERT_EQ(ckpt_cmd("inspect tests/data/trainers/deepspeed-0.19/zero3/ws2", &out), 0) << out;
+    EXPECT_NE(out.find("layout: a DeepSpeed ZeRO checkpoint of 2 ranks"), std::string::npos) << out;
+    EXPECT_NE(out.find("r1.optimizer_state_dict.fp32_flat_groups.0"), std::string::npos) << out;
+    std::string z = "tests/data/trainers/deepspeed-0.19/zero3/ws2", c = t / "z";
+    ASSERT_EQ(ckpt_cmd("convert " + z + " " + c + " --n-heads 4 --n-kv-heads 2", &out), 0) << out;
+    EXPECT_EQ(ckpt_cmd("diff " + z + " " + c + " --layout auto --n-heads 4 --n-kv-heads 2", &out), 0) << out;
+    EXPECT_NE(out.find("equal: "), std::string::npos) << out;
+}
+
+} // namespace
