@@ -83,6 +83,15 @@ static inline double bench_run(const char *cmd, long *maxrss_kb) {
     return el;
 }
 
+/* bench_run that exits the benchmark when cmd fails: its wall seconds; *rss_mib (may be NULL) its peak RSS in MiB. */
+static inline double bench_timed(const char *cmd, double *rss_mib) {
+    long kb = 0;
+    double el = bench_run(cmd, &kb);
+    if (el < 0) exit(1);
+    if (rss_mib) *rss_mib = (double)kb / 1024.0;
+    return el;
+}
+
 /* Apparent size in bytes of a file or a directory tree (du -sb); -1 when unknown. */
 static inline double bench_path_bytes(const char *path) {
     char cmd[4200];

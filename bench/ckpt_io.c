@@ -15,15 +15,6 @@
 #include "bench_util.h"
 #include "ckpt/safetensors.h"
 
-/* runs a shell command (exits when it fails); returns seconds, fills the child's peak RSS in MiB */
-static double timed(const char *cmd, double *rss_mib) {
-    long kb = 0;
-    double el = bench_run(cmd, &kb);
-    if (el < 0) exit(1);
-    if (rss_mib) *rss_mib = (double)kb / 1024.0;
-    return el;
-}
-
 int main(int argc, char **argv) {
     double gib = 2.0;
     const char *dir = "/tmp/fsdp-ckpt-io", *bin = "build/fsdp-run";
@@ -34,7 +25,7 @@ int main(int argc, char **argv) {
     }
     char cmd[8192], src[4096];
     snprintf(cmd, sizeof cmd, "rm -rf '%s' && mkdir -p '%s'", dir, dir);
-    timed(cmd, NULL);
+    bench_timed(cmd, NULL);
     snprintf(src, sizeof src, "%s/src.safetensors", dir);
     /* 256 MiB tensors (f32 [16384, 4096], the size of a 8B model's embedding shard) */
     int64_t shape[2] = {16384, 4096};
@@ -65,14 +56,14 @@ int main(int argc, char **argv) {
     double bytes = (double)nt * (double)tbytes;
     printf("ckpt_io: %d tensors of %.0f MiB, %.2f GiB\n", nt, (double)tbytes / (1 << 20), bytes / (1ull << 30));
     snprintf(cmd, sizeof cmd, "cp '%s' '%s/copy.safetensors' && sync", src, dir);
-    double t_cp = timed(cmd, NULL);
+    double t_cp = bench_timed(cmd, NULL);
     double rss1, rss2;
     snprintf(cmd, sizeof cmd, "%s ckpt convert '%s' '%s/dcp' --to dcp >/dev/null && sync", bin, src, dir);
-    double t_to = timed(cmd, &rss1);
+    double t_to = bench_timed(cmd, &rss1);
     snprintf(cmd, sizeof cmd, "%s ckpt convert '%s/dcp' '%s/back.safetensors' >/dev/null && sync", bin, dir, dir);
-    double t_back = timed(cmd, &rss2);
+    double t_back = bench_timed(cmd, &rss2);
     snprintf(cmd, sizeof cmd, "%s ckpt diff '%s' '%s/back.safetensors' >/dev/null", bin, src, dir);
-    timed(cmd, NULL);
+    bench_timed(cmd, NULL);
     double gb = bytes / 1e9;
     printf("cp                      %6.2f s  %6.2f GB/s\n", t_cp, gb / t_cp);
     printf("safetensors -> DCP      %6.2f s  %6.2f GB/s  ratio to cp %.2f  peak RSS %.0f MiB (%.2fx the largest tensor)\n",
@@ -81,6 +72,6 @@ int main(int argc, char **argv) {
            t_back, gb / t_back, t_cp / t_back, rss2, rss2 / ((double)tbytes / (1 << 20)));
     printf("round trip identical (fsdp-run ckpt diff)\n");
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    timed(cmd, NULL);
+    bench_timed(cmd, NULL);
     return 0;
 }

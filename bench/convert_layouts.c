@@ -17,14 +17,6 @@
 #include "bench_util.h"
 #include "ckpt/safetensors.h"
 
-static double timed(const char *cmd, double *rss_mib) {
-    long kb = 0;
-    double el = bench_run(cmd, &kb);
-    if (el < 0) exit(1);
-    if (rss_mib) *rss_mib = (double)kb / 1024.0;
-    return el;
-}
-
 typedef struct tensor {
     char name[160];
     int64_t shape[2];
@@ -141,13 +133,13 @@ int main(int argc, char **argv) {
     }
     char cmd[16384], src[4096];
     snprintf(cmd, sizeof cmd, "rm -rf '%s' && mkdir -p '%s'", dir, dir);
-    timed(cmd, NULL);
+    bench_timed(cmd, NULL);
     snprintf(src, sizeof src, "%s/canon.safetensors", dir);
     double bytes;
     int layers;
     if (write_source(src, mb, &bytes, &layers)) return 1;
     snprintf(cmd, sizeof cmd, "%s ckpt convert '%s' '%s/canon' >/dev/null", bin, src, dir);
-    timed(cmd, NULL);
+    bench_timed(cmd, NULL);
     printf("convert_layouts: Llama d 1024, %d layers, 16 heads / 4 kv, weights + exp_avg + exp_avg_sq, %.1f MB f32\n",
            layers, bytes / 1e6);
     for (size_t s = 0; s < sizeof kSys / sizeof *kSys; s++) {
@@ -156,7 +148,7 @@ int main(int argc, char **argv) {
         snprintf(ck, sizeof ck, "%s/%s", dir, S->dirname);
         snprintf(cmd, sizeof cmd, "%s ckpt convert '%s/canon' '%s' --to %s --n-heads 16 --n-kv-heads 4 >/dev/null && sync",
                  bin, dir, ck, S->layout);
-        timed(cmd, NULL);
+        bench_timed(cmd, NULL);
         enum { REPS = 3 };
         double cp_s[REPS], fr_s[REPS], own_s[REPS], rss_fr = 0, rss_own = 0;
         int own = py != NULL;
@@ -173,11 +165,11 @@ int main(int argc, char **argv) {
         for (int r = 0; r < REPS; r++) {
             const int order[3][3] = {{0, 1, 2}, {1, 2, 0}, {2, 0, 1}};
             snprintf(cmd, sizeof cmd, "rm -rf '%s/copy' '%s/out' '%s/own' && sync", dir, dir, dir);
-            timed(cmd, NULL);
+            bench_timed(cmd, NULL);
             for (int k = 0; k < 3; k++) {
                 int which = order[r][k];
                 if (which == 2 && !own) continue;
-                out[which][r] = timed(cmds[which], which == 1 ? &rss_fr : which == 2 ? &rss_own : NULL);
+                out[which][r] = bench_timed(cmds[which], which == 1 ? &rss_fr : which == 2 ? &rss_own : NULL);
             }
         }
         double t_cp = bench_median(cp_s, REPS), t_fr = bench_median(fr_s, REPS);
@@ -192,10 +184,10 @@ int main(int argc, char **argv) {
         }
         /* what came back is the checkpoint it started from, bit for bit (fms-fsdp's metadata.pth gives a train state) */
         snprintf(cmd, sizeof cmd, "%s ckpt diff '%s/canon' '%s/out' --ignore 'train_state.**' >/dev/null", bin, dir, dir);
-        timed(cmd, NULL);
+        bench_timed(cmd, NULL);
     }
     printf("each layout converted back is fsdp-run's checkpoint bit for bit (fsdp-run ckpt diff)\n");
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    timed(cmd, NULL);
+    bench_timed(cmd, NULL);
     return 0;
 }

@@ -12,15 +12,6 @@
 #include "bench_util.h"
 #include "ckpt/safetensors.h"
 
-/* runs a shell command (exits when it fails); returns seconds, fills the child's peak RSS in MiB */
-static double timed(const char *cmd, double *rss_mib) {
-    long kb = 0;
-    double el = bench_run(cmd, &kb);
-    if (el < 0) exit(1);
-    if (rss_mib) *rss_mib = (double)kb / 1024.0;
-    return el;
-}
-
 typedef struct tensor {
     char name[128];
     int64_t shape[2];
@@ -72,7 +63,7 @@ int main(int argc, char **argv) {
     }
     char cmd[8192], src[4096];
     snprintf(cmd, sizeof cmd, "rm -rf '%s' && mkdir -p '%s'", dir, dir);
-    timed(cmd, NULL);
+    bench_timed(cmd, NULL);
     snprintf(src, sizeof src, "%s/model.safetensors", dir);
     size_t n;
     tensor *t = model(mb, &n);
@@ -121,15 +112,15 @@ int main(int argc, char **argv) {
          * its input): cp first, then second, then last */
         const int order[3][3] = {{0, 1, 2}, {1, 0, 2}, {1, 2, 0}};
         snprintf(cmd, sizeof cmd, "rm -rf '%s/copy.safetensors' '%s/dcp' '%s/back.safetensors' && sync", dir, dir, dir);
-        timed(cmd, NULL);
+        bench_timed(cmd, NULL);
         for (int k = 0; k < 3; k++) {
             const int which = order[r % 3][k];
-            out[which][r] = timed(cmds[which], which == 1 ? &rss1 : which == 2 ? &rss2 : NULL);
+            out[which][r] = bench_timed(cmds[which], which == 1 ? &rss1 : which == 2 ? &rss2 : NULL);
         }
     }
     const double t_cp = bench_median(cp_s, REPS), t_to = bench_median(to_s, REPS), t_back = bench_median(back_s, REPS);
     snprintf(cmd, sizeof cmd, "%s ckpt diff '%s' '%s/back.safetensors' >/dev/null", bin, src, dir);
-    timed(cmd, NULL);
+    bench_timed(cmd, NULL);
     double gb = bytes / 1e9;
     printf("medians of %d rounds (cp first, second and last among the conversions; each write synced)\n", REPS);
     printf("cp                           %6.2f s  %6.2f GB/s\n", t_cp, gb / t_cp);
@@ -140,6 +131,6 @@ int main(int argc, char **argv) {
     printf("round trip identical (fsdp-run ckpt diff)\n");
     if (getenv("CONVERT_MOE_KEEP")) return 0;
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    timed(cmd, NULL);
+    bench_timed(cmd, NULL);
     return 0;
 }

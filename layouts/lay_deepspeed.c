@@ -168,5 +168,6 @@ int lay_ds_open(const char *path, const lay_facts *f, ckpt_reader **out, fsdp_er
     }
     free(d.p);
     free(d.pieces);
+    free(d.opts);
     return rc;
 }

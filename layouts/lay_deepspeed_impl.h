@@ -25,6 +25,9 @@ typedef struct lay_ds {
     ckv_builder *b;
     ckv_piece *pieces; /* scratch */
     size_t n_pieces, cap_pieces;
+    size_t *opts;      /* the option entries of param group opts_group (found once per group, not per parameter) */
+    size_t n_opts;
+    int opts_group;
 } lay_ds;
 
 /* Every parameter's weights, moments, step and options, and the train step, into d->b. */

@@ -125,14 +125,23 @@ static int add_values(lay_ds *d, const place *pl, const char *cn, fsdp_err *err)
     }
     /* the options of the optimizer param group holding the (sub) group: ZeRO-1/2's group g is param group g; a
      * ZeRO-3 sub group k is in the group whose params list holds it (one group: 0) */
+    int g = d->stage == 3 ? 0 : pl->group;
     char pre[256];
-    snprintf(pre, sizeof pre, "%sparam_groups.%d.", base, d->stage == 3 ? 0 : pl->group);
+    snprintf(pre, sizeof pre, "%sparam_groups.%d.", base, g);
     size_t pl_len = strlen(pre);
-    for (size_t i = 0; i < ckpt_count(d->u) && !rc; i++) {
-        const char *name = ckpt_entry_at(d->u, i)->name;
-        if (strncmp(name, pre, pl_len) || !strcmp(name + pl_len, "params")) continue;
-        snprintf(key, sizeof key, "optimizer.param_groups.%s.%s", cn, name + pl_len);
-        rc = ckv_add_same(d->b, key, i, err);
+    if (!d->opts || d->opts_group != g) { /* the group's option entries, once */
+        free(d->opts);
+        d->n_opts = 0, d->opts_group = g;
+        if (!(d->opts = malloc((ckpt_count(d->u) ? ckpt_count(d->u) : 1) * sizeof *d->opts)))
+            return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+        for (size_t i = 0; i < ckpt_count(d->u); i++) {
+            const char *name = ckpt_entry_at(d->u, i)->name;
+            if (!strncmp(name, pre, pl_len) && strcmp(name + pl_len, "params")) d->opts[d->n_opts++] = i;
+        }
+    }
+    for (size_t k = 0; k < d->n_opts && !rc; k++) {
+        snprintf(key, sizeof key, "optimizer.param_groups.%s.%s", cn, ckpt_entry_at(d->u, d->opts[k])->name + pl_len);
+        rc = ckv_add_same(d->b, key, d->opts[k], err);
     }
     return rc;
 }

@@ -114,6 +114,25 @@ std::string recipe(const Sys &s, const std::string &ckpt, int steps, const std::
     return r;
 }
 
+// fsdp-run's next two steps from ckpt on np ranks (tmp: a scratch directory) give the trainer's own of expected.json's
+// `ws` run: float32 against the trainer's float32 run (its own world-1 and world-2 runs differ by up to 1e-7 relative;
+// fsdp-run is within 1e-7 of them).
+void expect_next_steps(const std::string &tmp, const Sys &s, const std::string &ckpt, int np, const char *ws) {
+    std::vector<double> loss = expected(s, ws, "resumed_losses"), gn = expected(s, ws, "resumed_grad_norms");
+    std::string m = tmp + "/m.jsonl", what = std::string(s.dir) + " " + ckpt + " on " + std::to_string(np);
+    rm_rf(m);
+    write_file(tmp + "/r.yaml", recipe(s, ckpt, 2, m, ""));
+    int rc;
+    std::string log = run_np(np, tmp + "/r.yaml", &rc);
+    ASSERT_EQ(rc, 0) << what << ": " << log;
+    std::vector<double> got = jsonl_field(m, "loss"), gg = jsonl_field(m, "grad_norm");
+    ASSERT_EQ(got.size(), 2u) << what << ": " << log;
+    for (size_t k = 0; k < 2; k++) {
+        EXPECT_NEAR(got[k], loss[k], 5e-7 * loss[k]) << what << " step " << k;
+        EXPECT_NEAR(gg[k], gn[k], 2e-6 * gn[k]) << what << " step " << k;
+    }
+}
+
 TEST(TrainerCkpts, EachIsRecognisedAndRoundTripsThroughFsdpRunsLayoutBitForBit) {
     Dir t;
     for (const Sys &s : kSystems) {
@@ -186,26 +205,9 @@ TEST(TrainerCkpts, DiffComparesAcrossLayouts) {
 
 TEST(TrainerCkpts, TheNextStepsEqualTheTrainersOwnOnOneAndTwoRanks) {
     Dir t;
-    for (const Sys &s : kSystems) {
-        std::vector<double> loss = expected(s, "ws1", "resumed_losses"), gn = expected(s, "ws1", "resumed_grad_norms");
-        for (int ws : {1, 2}) {
-            for (int np : {1, 2}) {
-                std::string m = t / (std::string(s.dir) + "_" + std::to_string(ws) + std::to_string(np) + ".jsonl");
-                write_file(t / "r.yaml", recipe(s, ckpt_of(s, ws), 2, m, ""));
-                int rc;
-                std::string log = run_np(np, t / "r.yaml", &rc);
-                ASSERT_EQ(rc, 0) << s.dir << " ws" << ws << " on " << np << ": " << log;
-                std::vector<double> got = jsonl_field(m, "loss"), gg = jsonl_field(m, "grad_norm");
-                ASSERT_EQ(got.size(), 2u) << s.dir;
-                // float32 against the trainer's float32 run (its own world-1 and world-2 runs differ by up to 1e-7
-                // relative; fsdp-run is within 1e-7 of them)
-                for (size_t k = 0; k < 2; k++) {
-                    EXPECT_NEAR(got[k], loss[k], 5e-7 * loss[k]) << s.dir << " ws" << ws << " np " << np << " step " << k;
-                    EXPECT_NEAR(gg[k], gn[k], 2e-6 * gn[k]) << s.dir << " ws" << ws << " np " << np << " step " << k;
-                }
-            }
-        }
-    }
+    for (const Sys &s : kSystems)
+        for (int ws : {1, 2})
+            for (int np : {1, 2}) expect_next_steps(t.d, s, ckpt_of(s, ws), np, "ws1");
 }
 
 TEST(TrainerCkpts, ThreeRanksLoadWhatOneRankLoads) {
@@ -338,36 +340,9 @@ TEST(DeepSpeedCkpts, WeightsAreZeroToFp32sBitForBit) {
 TEST(DeepSpeedCkpts, TheNextStepsAreDeepSpeedsOwnOnOneAndTwoRanks) {
     Dir t;
     for (const Zero &z : kZero) {
-        Sys s = {"deepspeed-0.19", "", "", "", 3, ""};
-        std::vector<double> loss, gn;
-        {
-            json_error_t je;
-            json_t *j = json_load_file(zdir(z, "expected.json").c_str(), 0, &je);
-            ASSERT_TRUE(j) << je.text;
-            json_t *w = json_object_get(j, "ws1");
-            for (size_t i = 0; i < 2; i++) {
-                loss.push_back(json_number_value(json_array_get(json_object_get(w, "resumed_losses"), i)));
-                gn.push_back(json_number_value(json_array_get(json_object_get(w, "resumed_grad_norms"), i)));
-            }
-            json_decref(j);
-        }
-        for (int np : {1, 2}) {
-            std::string m = t / ("m" + std::to_string(z.stage) + std::to_string(z.ws) + std::to_string(np) + ".jsonl");
-            std::string r = recipe(s, zckpt(z), 2, m, "");
-            size_t at = r.find("tests/data/trainers/deepspeed-0.19/batch.safetensors");
-            ASSERT_NE(at, std::string::npos);
-            r.replace(at, strlen("tests/data/trainers/deepspeed-0.19/batch.safetensors"), zdir(z, "batch.safetensors"));
-            write_file(t / "r.yaml", r);
-            int rc;
-            std::string log = run_np(np, t / "r.yaml", &rc);
-            ASSERT_EQ(rc, 0) << log;
-            std::vector<double> got = jsonl_field(m, "loss"), gg = jsonl_field(m, "grad_norm");
-            ASSERT_EQ(got.size(), 2u) << log;
-            for (size_t k = 0; k < 2; k++) {
-                EXPECT_NEAR(got[k], loss[k], 5e-7 * loss[k]) << "zero" << z.stage << " ws" << z.ws << " np " << np;
-                EXPECT_NEAR(gg[k], gn[k], 2e-6 * gn[k]) << "zero" << z.stage << " ws" << z.ws << " np " << np;
-            }
-        }
+        const std::string dir = "deepspeed-0.19/zero" + std::to_string(z.stage);
+        Sys s = {dir.c_str(), "", "", "", 3, ""}; // global_steps 3
+        for (int np : {1, 2}) expect_next_steps(t.d, s, zckpt(z), np, "ws1");
     }
 }
 
@@ -432,25 +407,9 @@ namespace {
 // and 3 ranks, the next two steps OLMo's own. fsdp-run does not write it (torch.save files): convert says so.
 TEST(OlmoCkpts, TheNextStepsAreOlmosOwnAndItIsNotWritten) {
     Dir t;
-    const std::string o = "tests/data/trainers/olmo-0.6/";
     Sys s = {"olmo-0.6", "step3-unsharded", "olmo-0.6", "model.", 0, ""};
-    for (int ws : {1, 2}) {
-        const char *key = ws == 1 ? "ws1" : "ws2";
-        std::vector<double> loss = expected(s, key, "resumed_losses"), gn = expected(s, key, "resumed_grad_norms");
-        for (int np : {1, 2}) {
-            std::string m = t / ("m" + std::to_string(ws) + std::to_string(np) + ".jsonl");
-            write_file(t / "r.yaml", recipe(s, ckpt_of(s, ws), 2, m, ""));
-            int rc;
-            std::string log = run_np(np, t / "r.yaml", &rc);
-            ASSERT_EQ(rc, 0) << log;
-            std::vector<double> got = jsonl_field(m, "loss"), gg = jsonl_field(m, "grad_norm");
-            ASSERT_EQ(got.size(), 2u) << log;
-            for (size_t k = 0; k < 2; k++) {
-                EXPECT_NEAR(got[k], loss[k], 5e-7 * loss[k]) << "ws" << ws << " np " << np << " step " << k;
-                EXPECT_NEAR(gg[k], gn[k], 2e-6 * gn[k]) << "ws" << ws << " np " << np << " step " << k;
-            }
-        }
-    }
+    for (int ws : {1, 2})
+        for (int np : {1, 2}) expect_next_steps(t.d, s, ckpt_of(s, ws), np, ws == 1 ? "ws1" : "ws2");
     std::string one = t / "one", three = t / "three", out;
     for (auto [np, dst] : {std::pair<int, std::string>{1, one}, {3, three}}) {
         write_file(t / "r.yaml", recipe(s, ckpt_of(s, 2), 0, "", dst));
