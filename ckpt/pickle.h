@@ -116,6 +116,8 @@ void pkl_w_bytes(pkl_w *w, const void *b, size_t n);
  * it passed the allow-list when it was parsed). -1 when the value holds a persistent id (a
  * storage) or more than budget nodes (a memo DAG is written expanded). */
 int pkl_w_obj(pkl_w *w, const pkl_obj *o, size_t budget);
+/* The same value without PROTO and STOP, inside a pickle being written. */
+int pkl_w_value(pkl_w *w, const pkl_obj *o, size_t budget);
 /* torch.Size((d...)) */
 void pkl_w_size(pkl_w *w, const int64_t *d, int n);
 /* A tuple of ints (d...) */

@@ -207,6 +207,8 @@ static int w_obj(pkl_w *w, const pkl_obj *o, size_t *budget) {
     return rc;
 }
 
+int pkl_w_value(pkl_w *w, const pkl_obj *o, size_t budget) { return w_obj(w, o, &budget); }
+
 int pkl_w_obj(pkl_w *w, const pkl_obj *o, size_t budget) {
     pkl_w_proto(w, 2);
     int rc = w_obj(w, o, &budget);

@@ -276,42 +276,48 @@ static int write_common(zip_writer *zw, const void *pkl, size_t n, fsdp_err *err
     return rc;
 }
 
-int ts_write_tensor(FILE *f, fsdp_dtype dt, int ndim, const int64_t *shape, const void *data, ts_fill_fn fill,
-                    void *user, uint64_t *len, fsdp_err *err) {
+void ts_w_tensor_ref(pkl_w *w, fsdp_dtype dt, int ndim, const int64_t *shape, const char *key) {
     int64_t numel = fsdp_numel(ndim, shape);
-    if (numel < 0) return fsdp_err_set(err, FSDP_E_INVALID, "torch.save: invalid shape");
     size_t esz = fsdp_dtype_size(dt);
     const char *cls = ts_storage_class(dt);
-    pkl_w w;
-    pkl_w_init(&w);
-    pkl_w_proto(&w, 2);
-    pkl_w_global(&w, "torch._utils", cls ? "_rebuild_tensor_v2" : "_rebuild_tensor_v3");
-    pkl_w_mark(&w);
-    pkl_w_mark(&w);
-    pkl_w_str(&w, "storage");
-    if (cls) pkl_w_global(&w, "torch", cls);
-    else pkl_w_global(&w, "torch.storage", "UntypedStorage");
-    pkl_w_str(&w, "0");
-    pkl_w_str(&w, "cpu");
-    pkl_w_int(&w, cls ? numel : numel * (int64_t)esz);
-    pkl_w_tuple(&w);
-    pkl_w_binpersid(&w);
-    pkl_w_int(&w, 0);
+    pkl_w_global(w, "torch._utils", cls ? "_rebuild_tensor_v2" : "_rebuild_tensor_v3");
+    pkl_w_mark(w);
+    pkl_w_mark(w);
+    pkl_w_str(w, "storage");
+    if (cls) pkl_w_global(w, "torch", cls);
+    else pkl_w_global(w, "torch.storage", "UntypedStorage");
+    pkl_w_str(w, key);
+    pkl_w_str(w, "cpu");
+    pkl_w_int(w, cls ? numel : numel * (int64_t)esz);
+    pkl_w_tuple(w);
+    pkl_w_binpersid(w);
+    pkl_w_int(w, 0);
     int64_t stride[FSDP_MAX_DIMS];
     int64_t s = 1;
     for (int d = ndim - 1; d >= 0; d--) {
         stride[d] = s;
         s *= shape[d] ? shape[d] : 1;
     }
-    pkl_w_int_tuple(&w, shape, ndim);
-    pkl_w_int_tuple(&w, stride, ndim);
-    pkl_w_bool(&w, 0);
-    pkl_w_global(&w, "collections", "OrderedDict");
-    pkl_w_empty_tuple(&w);
-    pkl_w_reduce(&w);
-    if (!cls) pkl_w_global(&w, "torch", fsdp_dtype_torch_name(dt));
-    pkl_w_tuple(&w);
-    pkl_w_reduce(&w);
+    pkl_w_int_tuple(w, shape, ndim);
+    pkl_w_int_tuple(w, stride, ndim);
+    pkl_w_bool(w, 0);
+    pkl_w_global(w, "collections", "OrderedDict");
+    pkl_w_empty_tuple(w);
+    pkl_w_reduce(w);
+    if (!cls) pkl_w_global(w, "torch", fsdp_dtype_torch_name(dt));
+    pkl_w_tuple(w);
+    pkl_w_reduce(w);
+}
+
+int ts_write_tensor(FILE *f, fsdp_dtype dt, int ndim, const int64_t *shape, const void *data, ts_fill_fn fill,
+                    void *user, uint64_t *len, fsdp_err *err) {
+    int64_t numel = fsdp_numel(ndim, shape);
+    if (numel < 0) return fsdp_err_set(err, FSDP_E_INVALID, "torch.save: invalid shape");
+    size_t esz = fsdp_dtype_size(dt);
+    pkl_w w;
+    pkl_w_init(&w);
+    pkl_w_proto(&w, 2);
+    ts_w_tensor_ref(&w, dt, ndim, shape, "0");
     pkl_w_stop(&w);
     if (w.oom) {
         pkl_w_free(&w);

@@ -1,9 +1,11 @@
 /* fsdp-run ckpt inspect|convert|diff: checkpoint tools over every readable format. */
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <jansson.h>
 
@@ -22,6 +24,7 @@
 #include "cli/ckpt_convert_moe.h"
 #include "cli/ckpt_layout.h"
 #include "runtime/crash.h"
+#include "runtime/fileio.h"
 
 static void ckpt_usage(FILE *f) {
     fputs("usage: fsdp-run ckpt inspect PATH [--json] [--verify]\n"
@@ -31,6 +34,7 @@ static void ckpt_usage(FILE *f) {
           "                             [--add-prefix P] [--n-heads H --n-kv-heads K] [--model PRESET|HF_DIR] [--overwrite]\n"
           "                             [--prefixes model=P,optim=P] [--layout torchtitan|keep] [--world M]\n"
           "                             [--hf-config HF_DIR|config.json] [--moe-names mlp|mixtral]\n"
+          "                             [--group-option NAME=VALUE]...\n"
           "       fsdp-run ckpt diff A B [--rtol R] [--atol A] [--round] [--ignore GLOB[,GLOB...]]...\n"
           "                              [--names hf|torchtitan [--n-heads H --n-kv-heads K]] [--layout auto|LAYOUT]\n"
           "       fsdp-run ckpt clean PATH [--dry-run] [--force] [--min-age SECONDS]\n"
@@ -58,6 +62,8 @@ static void ckpt_usage(FILE *f) {
           "SRC in that layout (auto: detected from its keys), --to writes DST in that one (its names, fused\n"
           "tensors, q/k row order and optimizer keys), weights and optimizer moments alike; --from alone writes\n"
           "fsdp-run's own layout (torchtitan-0.2). --to hf exports Hugging Face names (--names hf).\n"
+          "--group-option NAME=VALUE (a Python literal) sets a param-group option --to's layout needs and fsdp-run's\n"
+          "checkpoint lacks (olmo-0.6: max_grad_norm, its TrainConfig's; convert says which are missing).\n"
           "diff --layout auto reads both sides in fsdp-run's layout, each from the layout detected (e.g. a\n"
           "torchtitan 0.3 checkpoint against an OLMo-core one; head counts as for convert).\n"
           "inspect, diff and convert's SRC never remove anything: they report the temporaries of saves they find.\n"
@@ -263,6 +269,8 @@ typedef struct conv {
     const char *from, *to_layout;      /* --from, --to LAYOUT */
     ckpt_reader *canon;                /* the source in fsdp-run's layout (a view under r) */
     char layouts[256];                 /* "A -> B" when a layout was converted */
+    const char *group_opt[16];         /* --group-option NAME=VALUE */
+    size_t n_group_opt;
 } conv;
 
 /* output name of input entry i, "" to skip */
@@ -318,6 +326,7 @@ typedef struct conv_out {
     int world;              /* --world M (0: not given) */
     size_t written, values; /* tensors, non-tensor entries written */
     uint64_t bytes;
+    const char *wrote;      /* what was written, when not `to` ("torch.save files") */
 } conv_out;
 
 /* --keys / --exclude GLOBS; 0, or the exit code of a usage error */
@@ -377,6 +386,13 @@ static int convert_args(int argc, char **argv, conv *c, conv_out *o, FILE *log) 
         else if (!strcmp(a, "--to") && v && !strcmp(v, "hf")) c->names = "hf", o->to = "safetensors", i++;
         else if (!strcmp(a, "--to") && v) o->to = v, i++;
         else if (!strcmp(a, "--from") && v) c->from = v, i++;
+        else if (!strcmp(a, "--group-option") && v) {
+            if (!strchr(v, '=') || v[0] == '=' || c->n_group_opt == 16) {
+                fprintf(log, "fsdp-run ckpt convert: --group-option %s: expected NAME=VALUE (at most 16)\n", v);
+                return 2;
+            }
+            c->group_opt[c->n_group_opt++] = v, i++;
+        }
         else if (!strcmp(a, "--names") && v) c->names = v, i++;
         else if (!strcmp(a, "--dtype") && v) {
             c->dtype = fsdp_dtype_from_name(v);
@@ -732,8 +748,20 @@ static int convert_to_dcp(const conv *c, conv_out *o, FILE *log, fsdp_err *err) 
 /* What was written, and what was left out and why. */
 /* A layout of several DCP directories (accelerate's pytorch_model_fsdp_0 and optimizer_0): each part the keys of its
  * prefix, into DST/<part>. */
-static int convert_to_parts(conv *c, conv_out *o, FILE *log, fsdp_err *err) {
-    const char *dst = o->dst;
+/* Part k, a torch.save file (OLMo's model.pt, optim.pt), from the view in its layout: counted as convert_to_dcp counts. */
+static int convert_to_pt(conv *c, conv_out *o, size_t k, fsdp_err *err) {
+    if (!o->overwrite && access(o->dst, F_OK) == 0)
+        return fsdp_err_set(err, FSDP_E_INVALID, "%s exists (pass --overwrite to replace it)", o->dst);
+    for (size_t i = 0; i < ckpt_count(c->r); i++) {
+        const ckpt_entry *e = ckpt_entry_at(c->r, i);
+        if (!ckpt_keys_match(&c->keys, e->name)) continue;
+        if (e->is_tensor) o->written++, o->bytes += e->nbytes;
+        else o->values++;
+    }
+    return ckcl_part_write_pt(c->to_layout, c->r, k, o->dst, err);
+}
+
+static int convert_parts_into(conv *c, conv_out *o, const char *dst, FILE *log, fsdp_err *err) {
     char sub[4400];
     int rc = st_mkdirs(dst, err);
     ckpt_keys keep = c->keys;
@@ -747,13 +775,37 @@ static int convert_to_parts(conv *c, conv_out *o, FILE *log, fsdp_err *err) {
         snprintf(sub, sizeof sub, "%s/%s", dst, name);
         o->dst = sub;
         o->written = o->values = 0, o->bytes = 0;
-        rc = convert_to_dcp(c, o, log, err);
+        if (ckcl_part_is_pt(c->to_layout, k)) {
+            rc = convert_to_pt(c, o, k, err);
+            o->wrote = "torch.save files";
+        } else {
+            rc = convert_to_dcp(c, o, log, err);
+        }
         written += o->written, values += o->values, bytes += o->bytes;
         ckpt_keys_free(&c->keys);
     }
     c->keys = keep;
-    o->dst = dst;
     o->written = written, o->values = values, o->bytes = bytes;
+    if (!rc) rc = ckcl_side_write(c->to_layout, c->canon, dst, err);
+    return rc;
+}
+
+/* A layout of several parts (accelerate's DCP directories pytorch_model_fsdp_0 and optimizer_0, OLMo's model.pt and
+ * optim.pt) and its side file: each part the keys of its prefix, into DST/<part>. A new DST is staged in DST.partial
+ * and renamed at the end, so that a failure leaves no DST that looks like a checkpoint (the stage removed); an
+ * existing one (--overwrite) has each part replaced atomically. */
+static int convert_to_parts(conv *c, conv_out *o, FILE *log, fsdp_err *err) {
+    const char *dst = o->dst;
+    char stage[4400];
+    int fresh = access(dst, F_OK) != 0;
+    snprintf(stage, sizeof stage, "%s.partial", dst);
+    if (fresh && access(stage, F_OK) == 0)
+        return fsdp_err_set(err, FSDP_E_INVALID, "%s exists (left by an interrupted convert?): remove it first", stage);
+    int rc = convert_parts_into(c, o, fresh ? stage : dst, log, err);
+    if (!rc && fresh && rename(stage, dst) != 0)
+        rc = fsdp_err_set(err, FSDP_E_IO, "cannot rename %s to %s: %s", stage, dst, strerror(errno));
+    if (rc && fresh) fio_remove_tree(stage);
+    o->dst = dst;
     return rc;
 }
 
@@ -767,7 +819,7 @@ static void convert_report(const conv *c, const conv_out *o, FILE *out) {
     }
     fprintf(out, "converted %zu tensors (%.1f MB)", o->written, (double)o->bytes / 1e6);
     if (o->values) fprintf(out, " and %zu non-tensor entries", o->values);
-    fprintf(out, " from %s to %s (%s)\n", o->src, o->dst, o->to);
+    fprintf(out, " from %s to %s (%s)\n", o->src, o->dst, o->wrote ? o->wrote : o->to);
     if (c->layouts[0]) fprintf(out, "layout: %s\n", c->layouts);
     if (training)
         fprintf(out, "--names %s exports the model keys: left out %zu training entries (optimizer.*, train_state.*, "
@@ -805,7 +857,7 @@ static int convert_source(conv *c, conv_out *o, FILE *log) {
         return fsdp_err_exit_code(rc);
     }
     if (!c->from && !c->to_layout) return 0;
-    ckcl_req q = {c->from, c->to_layout, c->heads, c->kv_heads};
+    ckcl_req q = {c->from, c->to_layout, c->heads, c->kv_heads, c->group_opt, c->n_group_opt};
     char said[256];
     if ((rc = ckcl_wrap(&c->r, &q, &c->canon, ds ? said : c->layouts, sizeof c->layouts, &err))) {
         fprintf(log, "fsdp-run ckpt convert: error: %s: %s\n", o->src, err.msg);
@@ -849,11 +901,12 @@ static int cmd_convert(int argc, char **argv, FILE *out, FILE *log) {
         ckpt_keys_free(&c.exclude);
         return fsdp_err_exit_code(rc);
     }
-    if (c.to_layout && ckcl_n_parts(c.to_layout) && !strcmp(o.to, "dcp"))
+    if (c.to_layout && ckcl_n_parts(c.to_layout) && !strcmp(o.to, "dcp")) {
         rc = convert_to_parts(&c, &o, log, &err);
-    else
+    } else {
         rc = !strcmp(o.to, "safetensors") ? convert_to_safetensors(&c, &o, log, &err) : convert_to_dcp(&c, &o, log, &err);
-    if (!rc && c.to_layout && !strcmp(o.to, "dcp")) rc = ckcl_side_write(c.to_layout, c.canon, o.dst, &err);
+        if (!rc && c.to_layout && !strcmp(o.to, "dcp")) rc = ckcl_side_write(c.to_layout, c.canon, o.dst, &err);
+    }
     if (!rc) convert_report(&c, &o, out);
     ckpt_close(c.r);
     ckpt_keys_free(&c.keys);

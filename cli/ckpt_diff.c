@@ -243,7 +243,7 @@ static int open_side(const diff_opts *o, const char *path, diff_side *s, FILE *l
 
 /* --layout: the side seen in fsdp-run's layout (auto: its own detected), named in the output. */
 static int layout_side(const diff_opts *o, diff_side *s, FILE *log) {
-    ckcl_req q = {o->layout, NULL, o->heads, o->kv_heads > 0 ? o->kv_heads : o->heads};
+    ckcl_req q = {o->layout, NULL, o->heads, o->kv_heads > 0 ? o->kv_heads : o->heads, NULL, 0};
     ckpt_reader *canon;
     char said[256];
     fsdp_err err;

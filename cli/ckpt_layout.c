@@ -27,7 +27,7 @@ int ckcl_wrap(ckpt_reader **r, const ckcl_req *q, ckpt_reader **canon, char *sai
         *r = NULL;
         return rc;
     }
-    lay_facts f = {q->n_heads, q->n_kv_heads, ckpt_reader_path(*r)};
+    lay_facts f = {q->n_heads, q->n_kv_heads, ckpt_reader_path(*r), q->group_opt, q->n_group_opt};
     ckpt_reader *v;
     if ((rc = lay_view(*r, 1, from, LAY_TO_CANON, &f, &v, NULL, err))) {
         *r = NULL; /* closed by lay_view */
@@ -46,7 +46,8 @@ int ckcl_wrap(ckpt_reader **r, const ckcl_req *q, ckpt_reader **canon, char *sai
     int n = snprintf(said, cap, "%s -> %s", from->name, to ? to->name : "torchtitan-0.2 (fsdp-run's own)");
     if (left && n > 0 && (size_t)n < cap)
         snprintf(said + n, cap - (size_t)n, " (left out %zu entries of train_state.*, lr_scheduler.*, dataloader.*: "
-                 "%s holds none of them)", left, to->name);
+                 "%s holds none of them%s%s%s)", left, to->name, to->side ? "; its " : "", to->side ? to->side->file : "",
+                 to->side ? " has the step and tokens seen" : "");
     return 0;
 }
 
@@ -84,7 +85,7 @@ int ckcl_check(ckpt_reader *r, fsdp_err *err) { return lay_check_placeholders(r,
 int ckcl_is_deepspeed(const char *path) { return lay_ds_is(path); }
 
 int ckcl_open_deepspeed(const char *path, int heads, int kv_heads, ckpt_reader **r, FILE *log) {
-    lay_facts f = {heads, kv_heads > 0 ? kv_heads : heads, path};
+    lay_facts f = {heads, kv_heads > 0 ? kv_heads : heads, path, NULL, 0};
     fsdp_err err;
     int rc = lay_ds_open(path, &f, r, &err);
     if (rc) fprintf(log, "fsdp-run ckpt: error: %s\n", err.msg);
@@ -112,6 +113,12 @@ size_t ckcl_n_parts(const char *layout) {
 void ckcl_part(const char *layout, size_t k, const char **name, const char **prefix) {
     const lay_layout *L = lay_find(layout);
     *name = L->parts[k], *prefix = L->part_keys[k];
+}
+
+int ckcl_part_is_pt(const char *layout, size_t k) { return lay_part_is_pt(lay_find(layout), k); }
+
+int ckcl_part_write_pt(const char *layout, ckpt_reader *r, size_t k, const char *path, fsdp_err *err) {
+    return lay_part_write_pt(lay_find(layout), r, k, path, err);
 }
 
 int ckcl_open_inspect(const char *path, ckpt_reader **r, char *said, size_t cap, FILE *log) {

@@ -13,6 +13,8 @@
 typedef struct ckcl_req {
     const char *from, *to;
     int n_heads, n_kv_heads;
+    const char *const *group_opt; /* --group-option NAME=VALUE, n_group_opt of them */
+    size_t n_group_opt;
 } ckcl_req;
 
 /* *r seen as fsdp-run's layout (from: "auto" or NULL detects, a name takes that one), then, when to is set,
@@ -33,9 +35,12 @@ int ckcl_open_deepspeed(const char *path, int heads, int kv_heads, ckpt_reader *
 /* A layout's container of several DCP directories at path (lay_container_open): *r the parts as one and *layout
  * its name, or nothing opened (*layout NULL); 0, or 1 after printing an error. */
 int ckcl_open_container(const char *path, ckpt_reader **r, const char **layout, FILE *log);
-/* The parts of a layout written as directories of their own: how many, and part k's name and key prefix. */
+/* The parts of a layout written as directories or files of their own: how many, and part k's name and key prefix;
+ * whether it is a torch.save file (else a DCP directory), and writing such a part from r (a view in the layout). */
 size_t ckcl_n_parts(const char *layout);
 void ckcl_part(const char *layout, size_t k, const char **name, const char **prefix);
+int ckcl_part_is_pt(const char *layout, size_t k);
+int ckcl_part_write_pt(const char *layout, ckpt_reader *r, size_t k, const char *path, fsdp_err *err);
 /* What `inspect` and `diff` open beyond ckpt_open: 2 a DeepSpeed ZeRO directory's files as one (*said: what it is),
  * 3 a layout's container of parts as one, 0 neither (nothing opened), 1 an error (printed). */
 int ckcl_open_inspect(const char *path, ckpt_reader **r, char *said, size_t cap, FILE *log);

@@ -35,7 +35,8 @@ static const lay_fuse fuse[] = {
 static const char *const marks[] = {"model_state.base_model.layers.*.attn.in_proj.qkv_fused.weight",
                                     "optimizer_state.state.base_model.layers.*.attn.in_proj.qkv_fused.weight.*"};
 
-static const lay_side side = {"metadata.pth", {"tokens_seen", "step"}, {"train_state.ntokens_seen", "train_state.step"}, 2};
+static const lay_side side = {"metadata.pth", {"tokens_seen", "step"}, {"train_state.ntokens_seen", "train_state.step"}, 2,
+                              {NULL}, 0, 0};
 
 const lay_layout lay_fms_113 = {
     .name = "fms-1.13",

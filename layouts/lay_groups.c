@@ -49,6 +49,7 @@ static void free_names(char **names, size_t n) {
 
 int lay_group_to_canon(lay_job *J, size_t i, const char *g, const char *opt, fsdp_err *err) {
     if (!strcmp(opt, "params")) return 0; /* read by every option of the group */
+    if (J->L->params_also && !strcmp(opt, J->L->params_also)) return 0; /* the same list again */
     char **names;
     size_t n;
     int rc = group_params(J, g, &names, &n, err);
@@ -194,6 +195,59 @@ static int no_option(const lay_layout *L, const char *opt) {
     return 0;
 }
 
+/* A Python literal (None, True, False, an int, a float) as a pickle, 1; 0 when text is none of them. */
+static int literal_pickle(const char *text, pkl_w *w) {
+    char *end;
+    pkl_w_proto(w, 2);
+    if (!strcmp(text, "None")) pkl_w_none(w);
+    else if (!strcmp(text, "True") || !strcmp(text, "False")) pkl_w_bool(w, text[0] == 'T');
+    else {
+        long long i = strtoll(text, &end, 10);
+        if (*text && !*end) pkl_w_int(w, i);
+        else {
+            double d = strtod(text, &end);
+            if (!*text || *end) return 0;
+            pkl_w_float(w, d);
+        }
+    }
+    pkl_w_stop(w);
+    return 1;
+}
+
+/* The value of add-option o: from `--group-option NAME=VALUE`, else its default (NULL: none). */
+static const char *add_option_value(const lay_job *J, const lay_add_option *o) {
+    size_t n = strlen(o->name);
+    for (size_t k = 0; k < J->f->n_group_opt; k++)
+        if (!strncmp(J->f->group_opt[k], o->name, n) && J->f->group_opt[k][n] == '=') return J->f->group_opt[k] + n + 1;
+    return o->def;
+}
+
+/* The layout's options fsdp-run's groups lack (lay_add_option) into group gi, unless the group has them (have:
+ * the canonical parameter's own options were written: a checkpoint read from this layout keeps its values). */
+static int add_options(lay_job *J, const char *gi, const char *fqn, fsdp_err *err) {
+    int rc = 0;
+    for (const lay_add_option *o = J->L->add_options; o && o->name && !rc; o++) {
+        char key[LAY_NAME_CAP];
+        if ((rc = lay_full_name(J, 0, LAY_K_OPTION, fqn, o->name, key, err))) break;
+        if (ckpt_find(J->src, key) >= 0) continue; /* the checkpoint has it */
+        const char *v = add_option_value(J, o);
+        if (!v)
+            return fsdp_err_set(err, FSDP_E_INVALID, "layout %s needs param-group option %s, which fsdp-run's checkpoint "
+                                "does not hold (the trainer reads it from the loaded groups): pass --group-option "
+                                "%s=VALUE (a Python literal; None where the trainer takes none)", J->L->name, o->name,
+                                o->name);
+        pkl_w w;
+        pkl_w_init(&w);
+        if (!literal_pickle(v, &w))
+            rc = fsdp_err_set(err, FSDP_E_INVALID, "--group-option %s=%s: not None, True, False or a number", o->name, v);
+        else if (w.oom) rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+        if (!rc && !(rc = lay_full_name(J, 1, LAY_K_OPTION, gi, o->name, key, err)))
+            rc = ckv_add_value(J->b, key, w.buf, w.len, v, err);
+        pkl_w_free(&w);
+    }
+    return rc;
+}
+
 /* Group g: the options of its first parameter p under `<optim>param_groups.<g>.`, and its list. */
 static int emit_group(lay_job *J, const gset *s, const gparam *p, int g, fsdp_err *err) {
     char gi[32], fqn[LAY_NAME_CAP], last[128], key[LAY_NAME_CAP];
@@ -201,15 +255,19 @@ static int emit_group(lay_job *J, const gset *s, const gparam *p, int g, fsdp_er
     int rc = 0;
     for (size_t i = p->first; i < ckpt_count(J->src) && !rc; i++) {
         const ckpt_entry *e = ckpt_entry_at(J->src, i);
-        if (lay_classify(J, 0, e->name, fqn, last) != LAY_K_OPTION || strcmp(fqn, p->fqn) || no_option(J->L, last))
+        if (lay_classify(J, 0, e->name, fqn, last) != LAY_K_OPTION || strcmp(fqn, p->fqn) || no_option(J->L, last) ||
+            (J->L->params_also && !strcmp(last, J->L->params_also)))
             continue;
         if (!(rc = lay_full_name(J, 1, LAY_K_OPTION, gi, last, key, err))) rc = ckv_add_same(J->b, key, i, err);
     }
     pkl_w w;
     pkl_w_init(&w);
     char *text = NULL;
+    if (!rc) rc = add_options(J, gi, p->fqn, err);
     if (!rc) rc = params_value(J, s, g, &w, &text, err);
     if (!rc && !(rc = lay_full_name(J, 1, LAY_K_OPTION, gi, "params", key, err)))
+        rc = ckv_add_value(J->b, key, w.buf, w.len, text, err);
+    if (!rc && J->L->params_also && !(rc = lay_full_name(J, 1, LAY_K_OPTION, gi, J->L->params_also, key, err)))
         rc = ckv_add_value(J->b, key, w.buf, w.len, text, err);
     free(text);
     pkl_w_free(&w);

@@ -5,9 +5,15 @@
  *              transformer.ln_f, transformer.ff_out (the head)
  *   optim.pt   FSDP1's full optimizer state dict: state.<fqn>.step|exp_avg|exp_avg_sq by name, fused as the
  *              parameter; param_groups.<i>.<option>, ....params (names) and param_names
- *   train.pt   global_step, the RNG states (numpy objects: not read; fsdp-run resumes its steps at 0)
- * q/k rows rotate-half (olmo/model.py RotaryEmbedding.rotate_half). Read only: fsdp-run writes DCP and
- * safetensors, not OLMo's torch.save files (its safetensors twins, olmo/safetensors_util.py, neither). */
+ *   train.pt   global_step, the RNG states (numpy objects: not read; fsdp-run resumes its steps at 0); written
+ *              with global_step, global_train_tokens_seen and the empty lists of earlier checkpoints
+ *              Trainer.load_trainer_state_dict wants (no RNG states: OLMo then keeps its own, as it does on a
+ *              change of world size)
+ * q/k rows rotate-half (olmo/model.py RotaryEmbedding.rotate_half). Its groups carry OLMo's own options:
+ * param_names (= params), sharded, and max_grad_norm / max_grad_norm_ratio, which OLMo's clipping reads from
+ * the loaded groups and fsdp-run's checkpoint does not hold: writing this layout from fsdp-run's needs
+ * `--group-option max_grad_norm=X` (its TrainConfig.max_grad_norm; None: no clipping). Its safetensors twins
+ * (olmo/safetensors_util.py) are neither read nor written. */
 #include "layouts/lay_rows.h"
 
 static const lay_name names[] = {
@@ -28,6 +34,13 @@ static const lay_fuse fuse[] = {
      2, LAY_FUSE_EQUAL, LAY_FUSE_WEIGHTS | LAY_FUSE_MOMENTS},
 };
 
+static const lay_side side = {"train.pt", {"global_step", "global_train_tokens_seen"},
+                              {"train_state.step", "train_state.ntokens_seen"}, 2,
+                              {"checkpoints", "unsharded_checkpoints", "ephemeral_checkpoints"}, 3, 1};
+
+static const lay_add_option add_options[] = {{"sharded", "True"}, {"max_grad_norm", NULL},
+                                             {"max_grad_norm_ratio", "None"}, {NULL, NULL}};
+
 static const char *const marks[] = {"model.transformer.blocks.*.att_proj.weight"};
 static const char *const parts[] = {"model.pt", "optim.pt"};
 static const char *const part_keys[] = {"model.", "optim."};
@@ -35,7 +48,7 @@ static const char *const part_keys[] = {"model.", "optim."};
 const lay_layout lay_olmo_06 = {
     .name = "olmo-0.6",
     .system = "OLMo 0.6.0 (FullCheckpointer, unsharded model.pt / optim.pt)",
-    .covers = "weights, optimizer (train.pt's step and RNG states are not read)",
+    .covers = "weights, optimizer; train.pt written (global_step, tokens), its RNG states and step not read",
     .model = "model.",
     .optim = "optim.",
     .rope = LAY_ROPE_HALF,
@@ -50,5 +63,7 @@ const lay_layout lay_olmo_06 = {
     .part_keys = part_keys,
     .n_parts = LAY_N(parts),
     .part_prefix = part_keys,
-    .no_write = "its checkpoints are torch.save files (model.pt, optim.pt), and fsdp-run writes DCP and safetensors",
+    .side = &side,
+    .add_options = add_options,
+    .params_also = "param_names",
 };

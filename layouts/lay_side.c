@@ -17,7 +17,7 @@ static int int_pickle(pkl_w *w, int64_t v) {
 
 int lay_side_read(lay_job *J, fsdp_err *err) {
     const lay_side *sd = J->L->side;
-    if (!sd || J->dir != LAY_TO_CANON || !J->f->dir) return 0;
+    if (!sd || sd->write_only || J->dir != LAY_TO_CANON || !J->f->dir) return 0;
     char path[4200];
     snprintf(path, sizeof path, "%s/%s", J->f->dir, sd->file);
     FILE *probe = fopen(path, "rb");
@@ -76,6 +76,10 @@ int lay_side_write(const lay_layout *L, ckpt_reader *r, const char *dir, fsdp_er
     for (int k = 0; k < sd->n; k++) {
         pkl_w_str(&w, sd->key[k]);
         pkl_w_int(&w, canon_int(r, sd->canon[k]));
+    }
+    for (int k = 0; k < sd->n_empty; k++) {
+        pkl_w_str(&w, sd->empty_list[k]);
+        pkl_w_empty_list(&w);
     }
     pkl_w_setitems(&w);
     pkl_w_stop(&w);

@@ -374,7 +374,7 @@ int lay_view(ckpt_reader *src, int own, const lay_layout *L, lay_dir dir, const 
     size_t none_left = 0;
     if (!omitted) omitted = &none_left;
     *omitted = 0;
-    lay_facts none = {0, 0, NULL};
+    lay_facts none = {0, 0, NULL, NULL, 0};
     job J = {src, L, dir, f ? f : &none, NULL, NULL, 0, NULL, 0};
     int rc = ckv_new(src, own, &J.b, err);
     if (rc) {

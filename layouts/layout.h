@@ -75,7 +75,18 @@ typedef struct lay_side {
     const char *key[LAY_SIDE_MAX];
     const char *canon[LAY_SIDE_MAX];
     int n;
+    const char *empty_list[LAY_SIDE_MAX]; /* keys written as [] (OLMo's train.pt lists of earlier checkpoints) */
+    int n_empty;
+    /* not read: the trainer's own file holds objects outside the pickle allow-list (OLMo's numpy RNG states) */
+    int write_only;
 } lay_side;
+
+/* A param-group option the trainer's groups need and fsdp-run's lack (OLMo's max_grad_norm, which its clipping
+ * reads from the loaded groups): written into every group with its value from `--group-option NAME=VALUE`, else
+ * def (a Python literal); def NULL: the option must be given. */
+typedef struct lay_add_option {
+    const char *name, *def;
+} lay_add_option;
 
 typedef struct lay_layout {
     const char *name;     /* "torchtitan-0.3" */
@@ -108,6 +119,9 @@ typedef struct lay_layout {
     /* Param-group options of fsdp-run's its groups do not have (NULL-terminated; a plain AdamW without a scheduler
      * has no initial_lr): left out when writing it */
     const char *const *no_options;
+    const lay_add_option *add_options; /* NULL-name-terminated; NULL: none */
+    /* another key of each indexed group holding the same list as its `params` (OLMo's param_names); NULL: none */
+    const char *params_also;
 } lay_layout;
 
 /* What a view needs of the model: head counts for q/k row orders and fused q/k/v (0: unknown; a view
@@ -115,6 +129,8 @@ typedef struct lay_layout {
 typedef struct lay_facts {
     int n_heads, n_kv_heads;
     const char *dir; /* the checkpoint's directory, where the layout's side file is looked for (NULL: none) */
+    const char *const *group_opt; /* "NAME=VALUE" options for the layout's add_options (LAY_FROM_CANON) */
+    size_t n_group_opt;
 } lay_facts;
 
 /* Every layout, in the order `auto` tries them. */
@@ -140,6 +156,11 @@ int lay_view(ckpt_reader *src, int own, const lay_layout *L, lay_dir dir, const 
 /* L's side file into dir, from canonical reader r's entries (a missing train_state.step: the optimizer's
  * step; a missing count: 0). Nothing when L has none. */
 int lay_side_write(const lay_layout *L, ckpt_reader *r, const char *dir, fsdp_err *err);
+/* Part `part` of L (a name ending in .pt: one torch.save file) from r, a view in L's names: the keys of the part's
+ * prefix nested as the trainer's torch.save nests them, written to path (its temporary renamed at the end). */
+int lay_part_write_pt(const lay_layout *L, ckpt_reader *r, size_t part, const char *path, fsdp_err *err);
+/* 1 when part `part` of L is a torch.save file (its name ends in .pt), 0 when a DCP directory. */
+int lay_part_is_pt(const lay_layout *L, size_t part);
 /* When path is a directory holding a layout's parts (lay_layout.parts): *L that layout and *r its parts read as
  * one checkpoint (its keys as the layout names them), 1; else 0 (nothing opened) or an error opening them (-1). */
 int lay_container_open(const char *path, const lay_layout **L, ckpt_reader **r, fsdp_err *err);

@@ -44,6 +44,10 @@ int fio_fsync_parent(const char *path);
 
 /* ---- inside a checkpoint's directory (fileio_beneath.c) ---------------------------------- */
 
+/* Removes path and, when it is a directory, everything under it (symlinks themselves, never what they point to):
+ * a writer's staging directory after a failure. 0, or -1 when the tree could not be walked. */
+int fio_remove_tree(const char *path);
+
 /* Opens dir (a directory; it may itself be a symlink) as a descriptor for fio_open_beneath. */
 int fio_open_dir(const char *dir, int *dfd, fsdp_err *err);
 /* Opens name (relative to the directory open as dfd, named dir in messages) read-only, as a

@@ -34,7 +34,7 @@ int stage_layout_view(fsdp_ctx *ctx, const fsdp_state *s, const char *layout, ck
                      L->name, ckpt_reader_path(*r), seen->name);
     }
     if (L == lay_find("torchtitan")) return 0; /* fsdp-run's own */
-    lay_facts f = {s->hf.n_heads, s->hf.n_kv_heads, ckpt_reader_path(*r)};
+    lay_facts f = {s->hf.n_heads, s->hf.n_kv_heads, ckpt_reader_path(*r), NULL, 0};
     ckpt_reader *v;
     if ((rc = lay_view(*r, 0, L, LAY_TO_CANON, &f, &v, NULL, err))) return fsdp_err_prefix(err, "load-ckpt");
     fsdp_log(ctx, FSDP_LOG_INFO, "load-ckpt: %s is in layout %s (%s): read as fsdp-run's", ckpt_reader_path(*r),
@@ -49,7 +49,7 @@ int stage_open_deepspeed(fsdp_ctx *ctx, const fsdp_state *s, const char *path, c
     if (c < 0) return fsdp_err_prefix(err, "load-ckpt"), err->code;
     if (c > 0) return 0;
     if (!lay_ds_is(path)) return 1;
-    lay_facts f = {s->hf.n_heads, s->hf.n_kv_heads, path};
+    lay_facts f = {s->hf.n_heads, s->hf.n_kv_heads, path, NULL, 0};
     int rc = lay_ds_open(path, &f, r, err);
     if (rc) return fsdp_err_prefix(err, "load-ckpt");
     fsdp_log(ctx, FSDP_LOG_INFO, "load-ckpt: %s is a DeepSpeed ZeRO checkpoint: read as fsdp-run's (weights and moments "

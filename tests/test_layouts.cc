@@ -44,7 +44,7 @@ ckpt_reader *open_ckpt(const std::string &p) {
 }
 
 ckpt_reader *view(ckpt_reader *src, const lay_layout *L, lay_dir dir, int h = H, int kv = KV) {
-    lay_facts f = {h, kv, nullptr};
+    lay_facts f = {h, kv, nullptr, nullptr, 0};
     ckpt_reader *v = nullptr;
     fsdp_err err;
     EXPECT_EQ(lay_view(src, 0, L, dir, &f, &v, nullptr, &err), 0) << err.msg;
@@ -180,7 +180,7 @@ const char *const kHalfMarks[] = {"model.blocks.*.attn.qkv.weight"};
 const char *const kHalfExtra[] = {"train_state.**"};
 const lay_layout kHalf = {"test-half", "a test trainer", "weights, optimizer", "model.", "optim.", LAY_ROPE_HALF,
                           kHalfNames, 7, kHalfFuse, 2, kHalfMarks, 1, LAY_GROUPS_INDEXED, kHalfExtra, 1, nullptr,
-                          LAY_IDS_NONE, nullptr, nullptr, 0, nullptr, nullptr, nullptr};
+                          LAY_IDS_NONE, nullptr, nullptr, 0, nullptr, nullptr, nullptr, nullptr, nullptr};
 
 std::vector<float> permuted(const std::vector<float> &w, int64_t rows, int heads) {
     std::vector<float> out(w.size());
@@ -234,11 +234,11 @@ TEST(Layouts, WhatALayoutCannotDoIsAnErrorNamingTheTensor) {
     EXPECT_NE(std::string(err.msg).find("--n-heads"), std::string::npos) << err.msg;
     EXPECT_NE(std::string(err.msg).find("torchtitan-0.3"), std::string::npos) << err.msg;
     // head counts that do not divide the rows
-    lay_facts bad = {5, 2, nullptr};
+    lay_facts bad = {5, 2, nullptr, nullptr, 0};
     EXPECT_EQ(lay_view(src, 0, lay_find("torchtitan-0.3"), LAY_FROM_CANON, &bad, &v, nullptr, &err), FSDP_E_INVALID);
     EXPECT_NE(std::string(err.msg).find("not q, k and v of 5 heads"), std::string::npos) << err.msg;
     // a layout that holds no train state leaves fsdp-run's out, and says how many
-    lay_facts hk = {H, KV, nullptr};
+    lay_facts hk = {H, KV, nullptr, nullptr, 0};
     size_t left = 0;
     ASSERT_EQ(lay_view(src, 0, lay_find("olmo-core-3"), LAY_FROM_CANON, &hk, &v, &left, &err), 0) << err.msg;
     EXPECT_EQ(left, 1u); // train_state.step
@@ -258,7 +258,7 @@ TEST(Layouts, WhatALayoutCannotDoIsAnErrorNamingTheTensor) {
     }
     ckpt_reader *nok = nullptr;
     ASSERT_EQ(ckv_finish(b, &nok, &err), 0) << err.msg;
-    lay_facts f = {H, KV, nullptr};
+    lay_facts f = {H, KV, nullptr, nullptr, 0};
     EXPECT_EQ(lay_view(nok, 0, &kHalf, LAY_FROM_CANON, &f, &v, nullptr, &err), FSDP_E_INVALID);
     EXPECT_NE(std::string(err.msg).find("layers.0.attention.wk.weight"), std::string::npos) << err.msg;
     EXPECT_NE(std::string(err.msg).find("lacks"), std::string::npos) << err.msg;

@@ -39,6 +39,16 @@ const Sys kSystems[] = {
     {"accelerate-1.15", "", "accelerate-1.15", "model.", 0, "pytorch_model_fsdp_0,optimizer_0"},
 };
 
+// OLMo 0.6's step directory of torch.save files (model.pt, optim.pt; train.pt beside them): in the round trips below.
+// Its loading and next steps have tests of their own (OlmoCkpts): fsdp-run does not read its train.pt's step.
+const Sys kOlmo = {"olmo-0.6", "step3-unsharded", "olmo-0.6", "model.", 0, "model.pt,optim.pt"};
+
+std::vector<Sys> round_trip_systems() {
+    std::vector<Sys> v(std::begin(kSystems), std::end(kSystems));
+    v.push_back(kOlmo);
+    return v;
+}
+
 std::string data(const Sys &s, const std::string &f = "") {
     return std::string("tests/data/trainers/") + s.dir + (f.empty() ? "" : "/" + f);
 }
@@ -70,11 +80,16 @@ int ckpt_cmd(const std::string &args, std::string *out) { return run_cmd(fsdp_ru
 
 // Every non-tensor entry of a is in b with the same value (the dataloader's per-rank blobs aside: convert --world
 // writes them for the ranks it writes).
+// Every value of a in b, the same. OLMo's param_names (FSDP1's wrapped-module names of the job that saved, which
+// OLMo's loader strips and asserts equal to params) are written as its params, the plain names: not compared.
 size_t expect_same_values(ckpt_reader *a, ckpt_reader *b, const std::string &what) {
     size_t n = 0;
     for (size_t i = 0; i < ckpt_count(a); i++) {
         const ckpt_entry *e = ckpt_entry_at(a, i);
-        if (e->is_tensor || !strncmp(e->name, "dataloader.", 11)) continue;
+        size_t len = strlen(e->name);
+        if (e->is_tensor || !strncmp(e->name, "dataloader.", 11) ||
+            (len > 11 && !strcmp(e->name + len - 11, "param_names")))
+            continue;
         long j = ckpt_find(b, e->name);
         EXPECT_GE(j, 0) << what << ": value " << e->name << " lost";
         if (j < 0) continue;
@@ -135,11 +150,11 @@ void expect_next_steps(const std::string &tmp, const Sys &s, const std::string &
 
 TEST(TrainerCkpts, EachIsRecognisedAndRoundTripsThroughFsdpRunsLayoutBitForBit) {
     Dir t;
-    for (const Sys &s : kSystems) {
+    for (const Sys &s : round_trip_systems()) {
         for (int ws : {1, 2}) {
             std::string src = ckpt_of(s, ws), out, canon = t / (std::string(s.dir) + std::to_string(ws)),
                         back = canon + "_back";
-            ASSERT_EQ(ckpt_cmd("inspect " + dcps(s, src)[0], &out), 0) << out;
+            ASSERT_EQ(ckpt_cmd("inspect " + src, &out), 0) << out;
             EXPECT_NE(out.find(std::string("layout: ") + s.layout + " ("), std::string::npos) << out;
             ASSERT_EQ(ckpt_cmd("convert " + src + " " + canon + " --from auto --n-heads 4 --n-kv-heads 2", &out), 0) << out;
             ASSERT_EQ(ckpt_cmd("inspect " + canon, &out), 0) << out;
@@ -163,16 +178,19 @@ TEST(TrainerCkpts, EachIsRecognisedAndRoundTripsThroughFsdpRunsLayoutBitForBit) 
 // Between every pair of layouts, straight from one trainer's checkpoint into the other's and back: bit for bit.
 TEST(TrainerCkpts, EveryPairOfLayoutsRoundTripsBitForBit) {
     Dir t;
-    for (const Sys &a : kSystems) {
-        for (const Sys &b : kSystems) {
-            if (&a == &b) continue;
+    std::vector<Sys> all = round_trip_systems();
+    // OLMo's groups need max_grad_norm (its clipping reads it from the loaded groups), which the other trainers'
+    // checkpoints lack; a checkpoint that has it (OLMo's own, or one converted from it) keeps its value.
+    const std::string opts = " --n-heads 4 --n-kv-heads 2 --world 2 --group-option max_grad_norm=1.0";
+    for (const Sys &a : all) {
+        for (const Sys &b : all) {
+            if (!strcmp(a.dir, b.dir)) continue;
             std::string src = ckpt_of(a, 2), mid = t / (std::string(a.dir) + "_to_" + b.dir), back = mid + "_back", out;
-            ASSERT_EQ(ckpt_cmd("convert " + src + " " + mid + " --from " + a.layout + " --to " + b.layout +
-                                   " --n-heads 4 --n-kv-heads 2 --world 2", &out), 0) << out;
-            ASSERT_EQ(ckpt_cmd("inspect " + dcps(b, mid)[0], &out), 0) << out;
+            ASSERT_EQ(ckpt_cmd("convert " + src + " " + mid + " --from " + a.layout + " --to " + b.layout + opts, &out), 0)
+                << out;
+            ASSERT_EQ(ckpt_cmd("inspect " + mid, &out), 0) << out;
             EXPECT_NE(out.find(std::string("layout: ") + b.layout + " ("), std::string::npos) << out;
-            ASSERT_EQ(ckpt_cmd("convert " + mid + " " + back + " --from auto --to " + a.layout +
-                                   " --n-heads 4 --n-kv-heads 2 --world 2", &out), 0) << out;
+            ASSERT_EQ(ckpt_cmd("convert " + mid + " " + back + " --from auto --to " + a.layout + opts, &out), 0) << out;
             std::vector<std::string> px = dcps(a, src), py = dcps(a, back);
             for (size_t k = 0; k < px.size(); k++) {
                 Ckpt x(px[k]), y(py[k]);
@@ -404,10 +422,10 @@ namespace {
 
 // OLMo 0.6's unsharded step directory (model.pt, optim.pt of FullCheckpointer; 1 and 2 ranks, different inits):
 // read in fsdp-run's layout (fused att_proj and ff_proj split, rotate-half rows), loaded with its moments on 1, 2
-// and 3 ranks, the next two steps OLMo's own. fsdp-run does not write it (torch.save files): convert says so.
-TEST(OlmoCkpts, TheNextStepsAreOlmosOwnAndItIsNotWritten) {
+// and 3 ranks, the next two steps OLMo's own.
+TEST(OlmoCkpts, TheNextStepsAreOlmosOwn) {
     Dir t;
-    Sys s = {"olmo-0.6", "step3-unsharded", "olmo-0.6", "model.", 0, ""};
+    Sys s = kOlmo;
     for (int ws : {1, 2})
         for (int np : {1, 2}) expect_next_steps(t.d, s, ckpt_of(s, ws), np, ws == 1 ? "ws1" : "ws2");
     std::string one = t / "one", three = t / "three", out;
@@ -419,9 +437,66 @@ TEST(OlmoCkpts, TheNextStepsAreOlmosOwnAndItIsNotWritten) {
     }
     Ckpt a(one), b(three);
     expect_same_tensors(a.r, b.r);
-    EXPECT_EQ(ckpt_cmd("convert " + one + " " + (t / "back") + " --to olmo-0.6 --n-heads 4 --n-kv-heads 2", &out), 2) << out;
-    EXPECT_NE(out.find("fsdp-run does not write layout olmo-0.6"), std::string::npos) << out;
-    EXPECT_FALSE(exists(t / "back"));
+}
+
+// A value of a .pt file as text ("" when absent).
+std::string pt_value(const std::string &file, const std::string &key) {
+    Ckpt c(file);
+    long i = c.r ? ckpt_find(c.r, key.c_str()) : -1;
+    const char *v = i >= 0 ? ckpt_value_text(c.r, (size_t)i) : nullptr;
+    return v ? v : "";
+}
+
+// fsdp-run's own checkpoint written as OLMo's step directory: model.pt / optim.pt as OLMo's torch.save nests them
+// (a state dict; {state: {fqn: {step, exp_avg, exp_avg_sq}}, param_groups: [...]}), train.pt with the step and
+// tokens OLMo's Trainer.load_trainer_state_dict reads. OLMo's clipping reads max_grad_norm from the loaded groups,
+// which fsdp-run's checkpoint lacks: refused without --group-option (nothing written), set with it. Read back:
+// every tensor fsdp-run wrote. (tools/check_trainer_layouts.sh: OLMo's own loader resumes it, its next steps equal
+// fsdp-run's.)
+TEST(OlmoCkpts, FsdpRunsCheckpointIsWrittenAsOlmosStepDirectory) {
+    Dir t;
+    std::string ours = t / "ours", dst = t / "run/step3-unsharded", back = t / "back", out;
+    write_file(t / "r.yaml", recipe(kOlmo, ckpt_of(kOlmo, 1), 0, "", ours));
+    int rc;
+    std::string log = run_np(1, t / "r.yaml", &rc);
+    ASSERT_EQ(rc, 0) << log;
+    std::string plain = t / "plain"; // without any option OLMo's groups had (fsdp-run's own options only)
+    ASSERT_EQ(ckpt_cmd("convert " + ours + " " + plain + " --exclude '**.max_grad_norm,**.max_grad_norm_ratio,**.sharded,"
+                       "**.param_names'", &out), 0) << out;
+    EXPECT_EQ(ckpt_cmd("convert " + plain + " " + dst + " --to olmo-0.6 --n-heads 4 --n-kv-heads 2", &out), 2) << out;
+    EXPECT_NE(out.find("needs param-group option max_grad_norm"), std::string::npos) << out;
+    EXPECT_NE(out.find("--group-option max_grad_norm=VALUE"), std::string::npos) << out;
+    EXPECT_FALSE(exists(dst));
+    EXPECT_FALSE(exists(dst + ".partial"));
+    EXPECT_EQ(ckpt_cmd("convert " + plain + " " + dst + " --to olmo-0.6 --n-heads 4 --n-kv-heads 2 --group-option "
+                       "max_grad_norm=one", &out), 2) << out;
+    EXPECT_FALSE(exists(dst));
+    ASSERT_EQ(ckpt_cmd("convert " + plain + " " + dst + " --to olmo-0.6 --n-heads 4 --n-kv-heads 2 --group-option "
+                       "max_grad_norm=0.5", &out), 0) << out;
+    EXPECT_NE(out.find("(torch.save files)"), std::string::npos) << out;
+    for (const char *f : {"model.pt", "optim.pt", "train.pt"}) EXPECT_TRUE(exists(dst + "/" + f)) << f;
+    EXPECT_EQ(pt_value(dst + "/optim.pt", "param_groups.0.max_grad_norm"), "0.5");
+    EXPECT_EQ(pt_value(dst + "/optim.pt", "param_groups.0.sharded"), "True");
+    EXPECT_EQ(pt_value(dst + "/optim.pt", "param_groups.0.max_grad_norm_ratio"), "None");
+    EXPECT_EQ(pt_value(dst + "/optim.pt", "param_groups.0.param_names"), pt_value(dst + "/optim.pt", "param_groups.0.params"));
+    EXPECT_NE(pt_value(dst + "/optim.pt", "param_groups.0.params").find("'transformer.blocks.1.att_proj.weight'"),
+              std::string::npos);
+    EXPECT_EQ(pt_value(dst + "/train.pt", "global_step"), "0"); // loaded at step 0 (OLMo's train.pt is not read)
+    EXPECT_EQ(pt_value(dst + "/train.pt", "unsharded_checkpoints"), "[]");
+    Ckpt m(dst + "/model.pt"), o(dst + "/optim.pt");
+    ASSERT_TRUE(m.r && o.r);
+    EXPECT_GE(ckpt_find(m.r, "transformer.blocks.0.att_proj.weight"), 0);
+    EXPECT_GE(ckpt_find(o.r, "state.transformer.blocks.0.att_proj.weight.exp_avg_sq"), 0);
+    // read back in fsdp-run's layout: every tensor of fsdp-run's checkpoint, bit for bit
+    ASSERT_EQ(ckpt_cmd("convert " + dst + " " + back + " --from auto --n-heads 4 --n-kv-heads 2", &out), 0) << out;
+    Ckpt a(plain), b(back);
+    expect_same_tensors(b.r, a.r);
+    // an existing step directory is kept unless --overwrite, which replaces each file
+    EXPECT_EQ(ckpt_cmd("convert " + plain + " " + dst + " --to olmo-0.6 --n-heads 4 --n-kv-heads 2 --group-option "
+                       "max_grad_norm=0.5", &out), 2) << out;
+    ASSERT_EQ(ckpt_cmd("convert " + plain + " " + dst + " --to olmo-0.6 --n-heads 4 --n-kv-heads 2 --group-option "
+                       "max_grad_norm=None --overwrite", &out), 0) << out;
+    EXPECT_EQ(pt_value(dst + "/optim.pt", "param_groups.0.max_grad_norm"), "None");
 }
 
 } // namespace

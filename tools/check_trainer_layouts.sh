@@ -27,7 +27,7 @@ train 3 "" "$D/ff" "$D/m0.jsonl"
 train 5 "$D/ff" "" "$D/m1.jsonl"
 echo "fsdp-run's next two steps:"
 grep -o '"step": [0-9]*, "loss": [0-9.e-]*, "grad_norm": [0-9.e-]*' "$D/m1.jsonl"
-conv() { "$BIN" ckpt convert "$D/ff" "$1" --to "$2" --n-heads 4 --n-kv-heads 2 --world "$WORLD" > /dev/null; }
+conv() { "$BIN" ckpt convert "$D/ff" "$1" --to "$2" --n-heads 4 --n-kv-heads 2 --world "$WORLD" "${@:3}" > /dev/null; }
 export OMP_NUM_THREADS=1
 mkdir -p "$D/tt3" "$D/tt2" "$D/fms/checkpoints"
 conv "$D/tt3/step-3" torchtitan-0.3
@@ -36,6 +36,8 @@ conv "$D/oc" olmo-core-3
 conv "$D/fms/checkpoints/step_3_ckp" fms-1.13
 conv "$D/meg" megatron-fsdp-0.6
 conv "$D/acc" accelerate-1.15
+# OLMo's clipping reads max_grad_norm from the loaded param groups: its TrainConfig's (the fixtures' 1.0)
+conv "$D/olmo/step3-unsharded" olmo-0.6 --group-option max_grad_norm=1.0
 # accelerate's load_state also wants its scheduler and RNG files, which fsdp-run neither holds nor writes: the fixture's
 cp tests/data/trainers/accelerate-1.15/ws1/scheduler.bin "$D/acc/"
 for r in $(seq 0 $((WORLD - 1))); do cp tests/data/trainers/accelerate-1.15/ws2/random_states_$((r % 2)).pkl "$D/acc/random_states_$r.pkl"; done
@@ -45,3 +47,4 @@ echo "OLMo-core 3.0.0:"; PYTHONPATH="$STUBS:$SEEDPKGS/olmocore" "$PY" tools/gen/
 echo "Megatron-FSDP 0.6.1:"; PYTHONPATH="$SEEDPKGS/megatron" "$PY" tools/gen/trainers/check_megatron_fsdp.py "$D/meg" --world "$WORLD" --batch "$BATCH" 2>/dev/null | tail -1
 echo "accelerate 1.15.0:"; MASTER_PORT=29611 PYTHONPATH="$SEEDPKGS/accelerate" "$PY" tools/gen/trainers/check_accelerate.py "$D/acc" --world "$WORLD" --batch "$BATCH" 2>/dev/null | tail -1
 echo "fms-fsdp + ibm-fms 1.13.1:"; PYTHONPATH="$SEEDPKGS/fms:${FMS_SRC:-/work/fms-fsdp-src}" "$PY" tools/gen/trainers/check_fms.py "$D/fms" --world "$WORLD" --batch "$BATCH" 2>/dev/null | tail -1
+echo "OLMo 0.6.0:"; PYTHONPATH="$SEEDPKGS/olmo:$SEEDPKGS/olmo-extra" "$PY" tools/gen/trainers/check_olmo.py "$D/olmo/step3-unsharded" --world "$WORLD" --batch "$BATCH" 2>/dev/null | tail -1
