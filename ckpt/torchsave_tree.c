@@ -73,6 +73,17 @@ int ts_tree_tensor_mem(ts_tree *t, fsdp_dtype dt, int ndim, const int64_t *shape
     return rc;
 }
 
+int ts_tree_tensor_begin(ts_tree *t, fsdp_dtype dt, int ndim, const int64_t *shape, fsdp_err *err) {
+    uint64_t bytes;
+    return start_record(t, dt, ndim, shape, &bytes, err);
+}
+
+int ts_tree_tensor_data(ts_tree *t, const void *data, size_t n, fsdp_err *err) {
+    return n ? zip_writer_data(&t->zw, data, n, err) : 0;
+}
+
+int ts_tree_tensor_end(ts_tree *t, fsdp_err *err) { return zip_writer_end_record(&t->zw, err); }
+
 int ts_tree_tensor_from(ts_tree *t, ckpt_reader *r, size_t i, fsdp_dtype dt, fsdp_err *err) {
     const ckpt_entry *e = ckpt_entry_at(r, i);
     if (!dt) dt = e->dtype;

@@ -23,6 +23,11 @@ pkl_w *ts_tree_pickle(ts_tree *t);
 int ts_tree_tensor_from(ts_tree *t, ckpt_reader *r, size_t i, fsdp_dtype dt, fsdp_err *err);
 /* A C-contiguous tensor in memory. */
 int ts_tree_tensor_mem(ts_tree *t, fsdp_dtype dt, int ndim, const int64_t *shape, const void *data, fsdp_err *err);
+/* A tensor whose bytes the caller streams: begin (writes its rebuild call), data... (exactly numel x element size
+ * bytes in all), end. */
+int ts_tree_tensor_begin(ts_tree *t, fsdp_dtype dt, int ndim, const int64_t *shape, fsdp_err *err);
+int ts_tree_tensor_data(ts_tree *t, const void *data, size_t n, fsdp_err *err);
+int ts_tree_tensor_end(ts_tree *t, fsdp_err *err);
 /* The non-tensor value i of r, written into the pickle as the same value (its own pickle parsed and written
  * again: memo references do not cross pickles). */
 int ts_tree_value_from(ts_tree *t, ckpt_reader *r, size_t i, fsdp_err *err);

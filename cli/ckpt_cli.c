@@ -34,7 +34,7 @@ static void ckpt_usage(FILE *f) {
           "                             [--add-prefix P] [--n-heads H --n-kv-heads K] [--model PRESET|HF_DIR] [--overwrite]\n"
           "                             [--prefixes model=P,optim=P] [--layout torchtitan|keep] [--world M]\n"
           "                             [--hf-config HF_DIR|config.json] [--moe-names mlp|mixtral]\n"
-          "                             [--group-option NAME=VALUE]...\n"
+          "                             [--option NAME=VALUE]...\n"
           "       fsdp-run ckpt diff A B [--rtol R] [--atol A] [--round] [--ignore GLOB[,GLOB...]]...\n"
           "                              [--names hf|torchtitan [--n-heads H --n-kv-heads K]] [--layout auto|LAYOUT]\n"
           "       fsdp-run ckpt clean PATH [--dry-run] [--force] [--min-age SECONDS]\n"
@@ -62,8 +62,12 @@ static void ckpt_usage(FILE *f) {
           "SRC in that layout (auto: detected from its keys), --to writes DST in that one (its names, fused\n"
           "tensors, q/k row order and optimizer keys), weights and optimizer moments alike; --from alone writes\n"
           "fsdp-run's own layout (torchtitan-0.2). --to hf exports Hugging Face names (--names hf).\n"
-          "--group-option NAME=VALUE (a Python literal) sets a param-group option --to's layout needs and fsdp-run's\n"
-          "checkpoint lacks (olmo-0.6: max_grad_norm, its TrainConfig's; convert says which are missing).\n"
+          "--option NAME=VALUE (a Python literal) sets a setting --to's layout keeps in its checkpoint and fsdp-run's\n"
+          "lacks (olmo-0.6: max_grad_norm, its TrainConfig's; deepspeed-zero1|2: gradient_clipping, its ds_config's,\n"
+          "which DeepSpeed's load takes from the checkpoint); convert says which are missing.\n"
+          "--to deepspeed-zero1|deepspeed-zero2 writes DST as DeepSpeed's save_checkpoint does for fp32 training of a\n"
+          "transformers Llama on --world N data-parallel ranks (DeepSpeed loads it on N ranks only): DST/latest,\n"
+          "DST/global_step<S>/ (mp_rank_00_model_states.pt, zero_pp_rank_R_mp_rank_00_optim_states.pt).\n"
           "diff --layout auto reads both sides in fsdp-run's layout, each from the layout detected (e.g. a\n"
           "torchtitan 0.3 checkpoint against an OLMo-core one; head counts as for convert).\n"
           "inspect, diff and convert's SRC never remove anything: they report the temporaries of saves they find.\n"
@@ -269,8 +273,9 @@ typedef struct conv {
     const char *from, *to_layout;      /* --from, --to LAYOUT */
     ckpt_reader *canon;                /* the source in fsdp-run's layout (a view under r) */
     char layouts[256];                 /* "A -> B" when a layout was converted */
-    const char *group_opt[16];         /* --group-option NAME=VALUE */
+    const char *group_opt[16];         /* --option NAME=VALUE */
     size_t n_group_opt;
+    int ds_stage;                      /* --to deepspeed-zero1|2: the stage */
 } conv;
 
 /* output name of input entry i, "" to skip */
@@ -382,13 +387,14 @@ static int convert_layout(conv *c, fsdp_err *err) {
 static int convert_args(int argc, char **argv, conv *c, conv_out *o, FILE *log) {
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--to") && v && ckcl_is_layout(v) && strcmp(v, "hf")) c->to_layout = v, i++;
+        if (!strcmp(a, "--to") && v && (c->ds_stage = ckcl_deepspeed_stage(v))) i++;
+        else if (!strcmp(a, "--to") && v && ckcl_is_layout(v) && strcmp(v, "hf")) c->to_layout = v, i++;
         else if (!strcmp(a, "--to") && v && !strcmp(v, "hf")) c->names = "hf", o->to = "safetensors", i++;
         else if (!strcmp(a, "--to") && v) o->to = v, i++;
         else if (!strcmp(a, "--from") && v) c->from = v, i++;
-        else if (!strcmp(a, "--group-option") && v) {
+        else if (!strcmp(a, "--option") && v) {
             if (!strchr(v, '=') || v[0] == '=' || c->n_group_opt == 16) {
-                fprintf(log, "fsdp-run ckpt convert: --group-option %s: expected NAME=VALUE (at most 16)\n", v);
+                fprintf(log, "fsdp-run ckpt convert: --option %s: expected NAME=VALUE (at most 16)\n", v);
                 return 2;
             }
             c->group_opt[c->n_group_opt++] = v, i++;
@@ -901,7 +907,12 @@ static int cmd_convert(int argc, char **argv, FILE *out, FILE *log) {
         ckpt_keys_free(&c.exclude);
         return fsdp_err_exit_code(rc);
     }
-    if (c.to_layout && ckcl_n_parts(c.to_layout) && !strcmp(o.to, "dcp")) {
+    if (c.ds_stage) {
+        ckcl_ds_req q = {c.ds_stage, o.world > 0 ? o.world : 1, c.heads, c.kv_heads, c.group_opt, c.n_group_opt,
+                         o.overwrite};
+        rc = ckcl_write_deepspeed(c.r, &q, o.dst, &o.written, &o.bytes, &err);
+        o.wrote = "DeepSpeed ZeRO";
+    } else if (c.to_layout && ckcl_n_parts(c.to_layout) && !strcmp(o.to, "dcp")) {
         rc = convert_to_parts(&c, &o, log, &err);
     } else {
         rc = !strcmp(o.to, "safetensors") ? convert_to_safetensors(&c, &o, log, &err) : convert_to_dcp(&c, &o, log, &err);

@@ -2,6 +2,7 @@
 #include "cli/ckpt_layout.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "layouts/lay_deepspeed.h"
@@ -90,6 +91,32 @@ int ckcl_open_deepspeed(const char *path, int heads, int kv_heads, ckpt_reader *
     int rc = lay_ds_open(path, &f, r, &err);
     if (rc) fprintf(log, "fsdp-run ckpt: error: %s\n", err.msg);
     return rc ? 1 : 0;
+}
+
+int ckcl_deepspeed_stage(const char *to) {
+    if (!strcmp(to, "deepspeed-zero1")) return 1;
+    if (!strcmp(to, "deepspeed-zero2")) return 2;
+    return 0;
+}
+
+int ckcl_write_deepspeed(ckpt_reader *r, const ckcl_ds_req *q, const char *dst, size_t *written, uint64_t *bytes,
+                         fsdp_err *err) {
+    const char *clip = NULL;
+    for (size_t k = 0; k < q->n_opt; k++)
+        if (!strncmp(q->opt[k], "gradient_clipping=", 18)) clip = q->opt[k] + 18;
+        else return fsdp_err_set(err, FSDP_E_INVALID, "--option %s: DeepSpeed's checkpoint keeps no such setting "
+                                 "(gradient_clipping only)", q->opt[k]);
+    if (!clip)
+        return fsdp_err_set(err, FSDP_E_INVALID, "DeepSpeed keeps gradient_clipping in its checkpoint (clip_grad, which "
+                            "replaces the engine's on load) and fsdp-run's checkpoint does not hold it: pass --option "
+                            "gradient_clipping=VALUE (the job's ds_config value; 0 for none)");
+    char *end;
+    double c = strtod(clip, &end);
+    if (!*clip || *end || c < 0)
+        return fsdp_err_set(err, FSDP_E_INVALID, "--option gradient_clipping=%s: not a number >= 0", clip);
+    lay_facts f = {q->n_heads, q->n_kv_heads > 0 ? q->n_kv_heads : q->n_heads, NULL, NULL, 0};
+    lay_ds_wopts o = {q->stage, q->world, c, NULL, q->overwrite, written, bytes};
+    return lay_ds_write(r, &f, dst, &o, err);
 }
 
 int ckcl_open_container(const char *path, ckpt_reader **r, const char **layout, FILE *log) {

@@ -13,7 +13,7 @@
 typedef struct ckcl_req {
     const char *from, *to;
     int n_heads, n_kv_heads;
-    const char *const *group_opt; /* --group-option NAME=VALUE, n_group_opt of them */
+    const char *const *group_opt; /* --option NAME=VALUE, n_group_opt of them */
     size_t n_group_opt;
 } ckcl_req;
 
@@ -32,6 +32,17 @@ void ckcl_nest(const char *to, const char *key, ckrs_entry *e);
  * printed to log: 1). */
 int ckcl_is_deepspeed(const char *path);
 int ckcl_open_deepspeed(const char *path, int heads, int kv_heads, ckpt_reader **r, FILE *log);
+/* --to deepspeed-zero1|deepspeed-zero2: the stage (0: not such a name). */
+int ckcl_deepspeed_stage(const char *to);
+/* Writing one (layouts/lay_deepspeed.h lay_ds_write) from fsdp-run's layout r; gradient_clipping from the options. */
+typedef struct ckcl_ds_req {
+    int stage, world, n_heads, n_kv_heads;
+    const char *const *opt; /* --option NAME=VALUE */
+    size_t n_opt;
+    int overwrite;
+} ckcl_ds_req;
+int ckcl_write_deepspeed(ckpt_reader *r, const ckcl_ds_req *q, const char *dst, size_t *written, uint64_t *bytes,
+                         fsdp_err *err);
 /* A layout's container of several DCP directories at path (lay_container_open): *r the parts as one and *layout
  * its name, or nothing opened (*layout NULL); 0, or 1 after printing an error. */
 int ckcl_open_container(const char *path, ckpt_reader **r, const char **layout, FILE *log);

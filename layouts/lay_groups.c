@@ -214,7 +214,7 @@ static int literal_pickle(const char *text, pkl_w *w) {
     return 1;
 }
 
-/* The value of add-option o: from `--group-option NAME=VALUE`, else its default (NULL: none). */
+/* The value of add-option o: from `--option NAME=VALUE`, else its default (NULL: none). */
 static const char *add_option_value(const lay_job *J, const lay_add_option *o) {
     size_t n = strlen(o->name);
     for (size_t k = 0; k < J->f->n_group_opt; k++)
@@ -233,13 +233,13 @@ static int add_options(lay_job *J, const char *gi, const char *fqn, fsdp_err *er
         const char *v = add_option_value(J, o);
         if (!v)
             return fsdp_err_set(err, FSDP_E_INVALID, "layout %s needs param-group option %s, which fsdp-run's checkpoint "
-                                "does not hold (the trainer reads it from the loaded groups): pass --group-option "
+                                "does not hold (the trainer reads it from the loaded groups): pass --option "
                                 "%s=VALUE (a Python literal; None where the trainer takes none)", J->L->name, o->name,
                                 o->name);
         pkl_w w;
         pkl_w_init(&w);
         if (!literal_pickle(v, &w))
-            rc = fsdp_err_set(err, FSDP_E_INVALID, "--group-option %s=%s: not None, True, False or a number", o->name, v);
+            rc = fsdp_err_set(err, FSDP_E_INVALID, "--option %s=%s: not None, True, False or a number", o->name, v);
         else if (w.oom) rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
         if (!rc && !(rc = lay_full_name(J, 1, LAY_K_OPTION, gi, o->name, key, err)))
             rc = ckv_add_value(J->b, key, w.buf, w.len, v, err);

@@ -8,6 +8,7 @@
 typedef struct ranked {
     char *name;
     long section, layer, row; /* 0 before the layers, 1 a layer's, 2 after them; the layer; the rule */
+    size_t idx;               /* lay_module_order: its index in the caller's list */
 } ranked;
 
 /* Where the trainer's name fqn stands in the module order: its rule of L's name table (-1: none). */
@@ -31,6 +32,21 @@ static int cmp_ranked(const void *a, const void *b) {
     if (x->section != y->section) return x->section < y->section ? -1 : 1;
     if (x->layer != y->layer) return x->layer < y->layer ? -1 : 1;
     return x->row < y->row ? -1 : x->row > y->row;
+}
+
+int lay_module_order(const lay_layout *L, const char *const *names, size_t n, size_t *order, fsdp_err *err) {
+    ranked *v = calloc(n ? n : 1, sizeof *v);
+    if (!v) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+    int rc = 0;
+    for (size_t i = 0; i < n && !rc; i++) {
+        if (rank_of(L, names[i], &v[i]))
+            rc = fsdp_err_set(err, FSDP_E_INVALID, "layout %s: %s is no parameter it knows the place of", L->name, names[i]);
+        v[i].idx = i;
+    }
+    if (!rc) qsort(v, n, sizeof *v, cmp_ranked);
+    for (size_t i = 0; i < n && !rc; i++) order[i] = v[i].idx;
+    free(v);
+    return rc;
 }
 
 int lay_ids_build(lay_job *J, fsdp_err *err) {

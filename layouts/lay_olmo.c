@@ -12,7 +12,7 @@
  * q/k rows rotate-half (olmo/model.py RotaryEmbedding.rotate_half). Its groups carry OLMo's own options:
  * param_names (= params), sharded, and max_grad_norm / max_grad_norm_ratio, which OLMo's clipping reads from
  * the loaded groups and fsdp-run's checkpoint does not hold: writing this layout from fsdp-run's needs
- * `--group-option max_grad_norm=X` (its TrainConfig.max_grad_norm; None: no clipping). Its safetensors twins
+ * `--option max_grad_norm=X` (its TrainConfig.max_grad_norm; None: no clipping). Its safetensors twins
  * (olmo/safetensors_util.py) are neither read nor written. */
 #include "layouts/lay_rows.h"
 

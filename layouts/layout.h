@@ -82,7 +82,7 @@ typedef struct lay_side {
 } lay_side;
 
 /* A param-group option the trainer's groups need and fsdp-run's lack (OLMo's max_grad_norm, which its clipping
- * reads from the loaded groups): written into every group with its value from `--group-option NAME=VALUE`, else
+ * reads from the loaded groups): written into every group with its value from `--option NAME=VALUE`, else
  * def (a Python literal); def NULL: the option must be given. */
 typedef struct lay_add_option {
     const char *name, *def;
@@ -169,6 +169,9 @@ int lay_container_open(const char *path, const lay_layout **L, ckpt_reader **r, 
  * state_dict ((optim, "state", fqn, kind), (optim, "param_groups", i, option)). 0 (nest 0): torchtitan's
  * flattened sections. */
 int lay_nest(const lay_layout *L, const char *key, int *nest, int *tail, unsigned *int_mask);
+/* The order of n parameter names of L (its own names) in the model's module order (named_parameters(): the order of
+ * its name rules, layer by layer): order[k] is the index of the k-th. A name no rule matches is FSDP_E_INVALID. */
+int lay_module_order(const lay_layout *L, const char *const *names, size_t n, size_t *order, fsdp_err *err);
 /* FSDP_E_FORMAT when r holds placeholders for values that live elsewhere (a DeepSpeed ZeRO-3
  * model_states.pt: [0]-shaped weights beside param_shapes), naming the tensor: never read or written as the
  * weights. */

@@ -17,6 +17,10 @@
 #include "st_test_reader.h"
 #include "test_util.h"
 
+extern "C" {
+#include "layouts/lay_deepspeed.h"
+}
+
 using namespace fsdp_test;
 
 namespace {
@@ -181,7 +185,7 @@ TEST(TrainerCkpts, EveryPairOfLayoutsRoundTripsBitForBit) {
     std::vector<Sys> all = round_trip_systems();
     // OLMo's groups need max_grad_norm (its clipping reads it from the loaded groups), which the other trainers'
     // checkpoints lack; a checkpoint that has it (OLMo's own, or one converted from it) keeps its value.
-    const std::string opts = " --n-heads 4 --n-kv-heads 2 --world 2 --group-option max_grad_norm=1.0";
+    const std::string opts = " --n-heads 4 --n-kv-heads 2 --world 2 --option max_grad_norm=1.0";
     for (const Sys &a : all) {
         for (const Sys &b : all) {
             if (!strcmp(a.dir, b.dir)) continue;
@@ -398,6 +402,139 @@ TEST(DeepSpeedCkpts, ThreeRanksLoadWhatOneRankLoadsAndTheStepAfterIsDeepSpeeds) 
                        &out), 0) << out;
 }
 
+// A DeepSpeed directory's files as one reader ("ms." the model states, "r<R>." rank R's optimizer state).
+struct DsFiles {
+    ckpt_reader *r = nullptr;
+    explicit DsFiles(const std::string &dir) {
+        int ranks;
+        fsdp_err err;
+        EXPECT_EQ(lay_ds_open_files(dir.c_str(), &r, &ranks, &err), 0) << err.msg;
+    }
+    ~DsFiles() {
+        if (r) ckpt_close(r);
+    }
+};
+
+// DeepSpeed's own ZeRO-2 checkpoints (ZeRO-3's too, as ZeRO-2 of the same world), read into fsdp-run's layout and
+// written back with --to deepspeed-zero2: every tensor of every file DeepSpeed wrote, under its own key, bit for bit
+// (the module weights, param_shapes, each rank's flat fp32 partition and AdamW moments of its param group), and the
+// values its loader reads (partition_count, group_paddings, zero_stage, clip_grad, global_steps, dp_world_size,
+// param_slice_mappings, the AdamW hyper-parameters). ds_config is the job's dict, informational: not compared; nor
+// global_samples, which fsdp-run leaves out so that DeepSpeed takes its own (global_steps x train_batch_size).
+// (tools/check_trainer_layouts.sh: DeepSpeed's load_checkpoint resumes fsdp-run's ZeRO-1/2 checkpoints.)
+TEST(DeepSpeedCkpts, WrittenBackAsDeepSpeedWritesItBitForBit) {
+    Dir t;
+    for (const Zero &z : kZero) {
+        std::string ws = std::to_string(z.ws), canon = t / ("c" + std::to_string(z.stage) + ws), back = canon + "_ds", out;
+        ASSERT_EQ(ckpt_cmd("convert " + zckpt(z) + " " + canon + " --n-heads 4 --n-kv-heads 2", &out), 0) << out;
+        ASSERT_EQ(ckpt_cmd("convert " + canon + " " + back + " --to deepspeed-zero2 --world " + ws +
+                           " --n-heads 4 --n-kv-heads 2 --option gradient_clipping=1.0", &out), 0) << out;
+        EXPECT_NE(out.find("(DeepSpeed ZeRO)"), std::string::npos) << out;
+        EXPECT_TRUE(exists(back + "/latest") && exists(back + "/global_step3/mp_rank_00_model_states.pt")) << back;
+        // read again: the same checkpoint in fsdp-run's layout (ZeRO-3's, whose files are another stage's, this only)
+        std::string again = back + "_canon";
+        ASSERT_EQ(ckpt_cmd("convert " + back + " " + again + " --n-heads 4 --n-kv-heads 2", &out), 0) << out;
+        Ckpt x(canon), y(again);
+        expect_same_tensors(y.r, x.r);
+        expect_same_tensors(x.r, y.r);
+        if (z.stage != 2) continue;
+        DsFiles a(zckpt(z)), b(back);
+        ASSERT_TRUE(a.r && b.r);
+        expect_same_tensors(b.r, a.r);
+        expect_same_tensors(a.r, b.r);
+        size_t values = 0;
+        for (size_t i = 0; i < ckpt_count(a.r); i++) {
+            const ckpt_entry *e = ckpt_entry_at(a.r, i);
+            if (e->is_tensor || strstr(e->name, "ds_config") || strstr(e->name, "global_samples")) continue;
+            long j = ckpt_find(b.r, e->name);
+            EXPECT_GE(j, 0) << e->name << " not written";
+            if (j < 0) continue;
+            const char *x = ckpt_value_text(a.r, i), *y = ckpt_value_text(b.r, (size_t)j);
+            EXPECT_STREQ(x ? x : "?", y ? y : "-") << e->name;
+            values++;
+        }
+        EXPECT_GT(values, 40u);
+    }
+}
+
+// A partition with DeepSpeed's padding: 3 ranks (the 131392 elements padded to a multiple of 2 x 3 = 131394, P =
+// 43798, the last rank's fp32 partition 2 short, its moments whole with zeros): read back bit for bit; loaded on 1
+// and 2 ranks the next steps are DeepSpeed's own, on 3 ranks the state loaded is 1 rank's.
+TEST(DeepSpeedCkpts, ThreeRanksPartitionsArePaddedAsDeepSpeedPadsThem) {
+    Dir t;
+    std::string canon = t / "c", ds = t / "ds3", again = t / "again", out;
+    ASSERT_EQ(ckpt_cmd("convert " + zckpt(kZero[1]) + " " + canon + " --n-heads 4 --n-kv-heads 2", &out), 0) << out;
+    ASSERT_EQ(ckpt_cmd("convert " + canon + " " + ds + " --to deepspeed-zero2 --world 3 --n-heads 4 --n-kv-heads 2 "
+                       "--option gradient_clipping=1.0", &out), 0) << out;
+    DsFiles f(ds);
+    ASSERT_TRUE(f.r);
+    const char *want[][2] = {
+        {"r0.optimizer_state_dict.group_paddings", "[0]"},
+        {"r2.optimizer_state_dict.group_paddings", "[2]"},
+        {"r2.optimizer_state_dict.partition_count", "[3]"},
+        {"ms.dp_world_size", "3"},
+    };
+    for (auto &w : want) {
+        long i = ckpt_find(f.r, w[0]);
+        ASSERT_GE(i, 0) << w[0];
+        EXPECT_STREQ(ckpt_value_text(f.r, (size_t)i), w[1]) << w[0];
+    }
+    for (const char *k : {"r2.optimizer_state_dict.single_partition_of_fp32_groups.0",
+                          "r2.optimizer_state_dict.base_optimizer_state.state.0.exp_avg"}) {
+        long i = ckpt_find(f.r, k);
+        ASSERT_GE(i, 0) << k;
+        EXPECT_EQ(ckpt_entry_at(f.r, (size_t)i)->shape[0], strstr(k, "exp_avg") ? 43798 : 43796) << k;
+    }
+    ASSERT_EQ(ckpt_cmd("convert " + ds + " " + again + " --n-heads 4 --n-kv-heads 2", &out), 0) << out;
+    Ckpt x(canon), y(again);
+    expect_same_tensors(y.r, x.r);
+    Sys s = {"deepspeed-0.19/zero2", "", "", "", 3, ""};
+    for (int np : {1, 2}) expect_next_steps(t.d, s, ds, np, "ws1");
+    std::string one = t / "one", three = t / "three";
+    for (auto [np, dst] : {std::pair<int, std::string>{1, one}, {3, three}}) {
+        write_file(t / "r.yaml", "model: {preset: tiny}\nstages:\n  - {id: l, uses: load-ckpt, with: {path: " + ds +
+                                     ", load_optimizer: true}}\n  - {id: s, uses: save-dcp, with: {path: " + dst + "}}\n");
+        int rc;
+        std::string log = run_np(np, t / "r.yaml", &rc);
+        ASSERT_EQ(rc, 0) << log;
+    }
+    Ckpt a(one), b(three);
+    expect_same_tensors(a.r, b.r);
+    expect_same_tensors(b.r, x.r, "", "", "");
+}
+
+// What DeepSpeed's writer refuses, naming why, with nothing written: no gradient_clipping (its load takes clip_grad
+// from the checkpoint), an unknown option, a frozen parameter (no moments), ZeRO-3, an existing tag without --overwrite.
+TEST(DeepSpeedCkpts, WritingRefusesWhatItCannotWriteAndLeavesNothing) {
+    Dir t;
+    std::string canon = t / "c", out, ds = t / "ds";
+    ASSERT_EQ(ckpt_cmd("convert " + zckpt(kZero[0]) + " " + canon + " --n-heads 4 --n-kv-heads 2", &out), 0) << out;
+    const std::string base = "convert " + canon + " " + ds + " --n-heads 4 --n-kv-heads 2 ";
+    EXPECT_EQ(ckpt_cmd(base + "--to deepspeed-zero2", &out), 2) << out;
+    EXPECT_NE(out.find("pass --option gradient_clipping=VALUE"), std::string::npos) << out;
+    EXPECT_EQ(ckpt_cmd(base + "--to deepspeed-zero2 --option max_grad_norm=1.0", &out), 2) << out;
+    EXPECT_NE(out.find("gradient_clipping only"), std::string::npos) << out;
+    EXPECT_FALSE(exists(ds));
+    std::string frozen = t / "frozen";
+    ASSERT_EQ(ckpt_cmd("convert " + canon + " " + frozen + " --exclude 'optimizer.state.norm.weight.**'", &out), 0) << out;
+    EXPECT_EQ(ckpt_cmd("convert " + frozen + " " + ds + " --to deepspeed-zero2 --n-heads 4 --n-kv-heads 2 --option "
+                       "gradient_clipping=1.0", &out), 2) << out;
+    EXPECT_NE(out.find("model.norm.weight has no AdamW exp_avg"), std::string::npos) << out;
+    EXPECT_FALSE(exists(ds + "/global_step3")) << "nothing left";
+    EXPECT_FALSE(exists(ds + "/global_step3.partial"));
+    ASSERT_EQ(ckpt_cmd(base + "--to deepspeed-zero1 --option gradient_clipping=0.5", &out), 0) << out;
+    DsFiles f(ds);
+    ASSERT_TRUE(f.r);
+    long i = ckpt_find(f.r, "r0.optimizer_state_dict.clip_grad");
+    ASSERT_GE(i, 0);
+    EXPECT_STREQ(ckpt_value_text(f.r, (size_t)i), "0.5");
+    EXPECT_EQ(ckpt_cmd(base + "--to deepspeed-zero2 --option gradient_clipping=1.0", &out), 2) << out;
+    EXPECT_NE(out.find("exists (pass --overwrite"), std::string::npos) << out;
+    ASSERT_EQ(ckpt_cmd(base + "--to deepspeed-zero2 --option gradient_clipping=1.0 --overwrite", &out), 0) << out;
+    EXPECT_FALSE(exists(ds + "/global_step3.old"));
+    EXPECT_EQ(ckpt_cmd(base + "--to deepspeed-zero3 --option gradient_clipping=1.0", &out), 2) << out;
+}
+
 TEST(DeepSpeedCkpts, AMissingRankFileIsAnErrorNamingIt) {
     Dir t;
     for (int stage : {2, 3}) {
@@ -450,7 +587,7 @@ std::string pt_value(const std::string &file, const std::string &key) {
 // fsdp-run's own checkpoint written as OLMo's step directory: model.pt / optim.pt as OLMo's torch.save nests them
 // (a state dict; {state: {fqn: {step, exp_avg, exp_avg_sq}}, param_groups: [...]}), train.pt with the step and
 // tokens OLMo's Trainer.load_trainer_state_dict reads. OLMo's clipping reads max_grad_norm from the loaded groups,
-// which fsdp-run's checkpoint lacks: refused without --group-option (nothing written), set with it. Read back:
+// which fsdp-run's checkpoint lacks: refused without --option (nothing written), set with it. Read back:
 // every tensor fsdp-run wrote. (tools/check_trainer_layouts.sh: OLMo's own loader resumes it, its next steps equal
 // fsdp-run's.)
 TEST(OlmoCkpts, FsdpRunsCheckpointIsWrittenAsOlmosStepDirectory) {
@@ -465,13 +602,13 @@ TEST(OlmoCkpts, FsdpRunsCheckpointIsWrittenAsOlmosStepDirectory) {
                        "**.param_names'", &out), 0) << out;
     EXPECT_EQ(ckpt_cmd("convert " + plain + " " + dst + " --to olmo-0.6 --n-heads 4 --n-kv-heads 2", &out), 2) << out;
     EXPECT_NE(out.find("needs param-group option max_grad_norm"), std::string::npos) << out;
-    EXPECT_NE(out.find("--group-option max_grad_norm=VALUE"), std::string::npos) << out;
+    EXPECT_NE(out.find("--option max_grad_norm=VALUE"), std::string::npos) << out;
     EXPECT_FALSE(exists(dst));
     EXPECT_FALSE(exists(dst + ".partial"));
-    EXPECT_EQ(ckpt_cmd("convert " + plain + " " + dst + " --to olmo-0.6 --n-heads 4 --n-kv-heads 2 --group-option "
+    EXPECT_EQ(ckpt_cmd("convert " + plain + " " + dst + " --to olmo-0.6 --n-heads 4 --n-kv-heads 2 --option "
                        "max_grad_norm=one", &out), 2) << out;
     EXPECT_FALSE(exists(dst));
-    ASSERT_EQ(ckpt_cmd("convert " + plain + " " + dst + " --to olmo-0.6 --n-heads 4 --n-kv-heads 2 --group-option "
+    ASSERT_EQ(ckpt_cmd("convert " + plain + " " + dst + " --to olmo-0.6 --n-heads 4 --n-kv-heads 2 --option "
                        "max_grad_norm=0.5", &out), 0) << out;
     EXPECT_NE(out.find("(torch.save files)"), std::string::npos) << out;
     for (const char *f : {"model.pt", "optim.pt", "train.pt"}) EXPECT_TRUE(exists(dst + "/" + f)) << f;
@@ -492,9 +629,9 @@ TEST(OlmoCkpts, FsdpRunsCheckpointIsWrittenAsOlmosStepDirectory) {
     Ckpt a(plain), b(back);
     expect_same_tensors(b.r, a.r);
     // an existing step directory is kept unless --overwrite, which replaces each file
-    EXPECT_EQ(ckpt_cmd("convert " + plain + " " + dst + " --to olmo-0.6 --n-heads 4 --n-kv-heads 2 --group-option "
+    EXPECT_EQ(ckpt_cmd("convert " + plain + " " + dst + " --to olmo-0.6 --n-heads 4 --n-kv-heads 2 --option "
                        "max_grad_norm=0.5", &out), 2) << out;
-    ASSERT_EQ(ckpt_cmd("convert " + plain + " " + dst + " --to olmo-0.6 --n-heads 4 --n-kv-heads 2 --group-option "
+    ASSERT_EQ(ckpt_cmd("convert " + plain + " " + dst + " --to olmo-0.6 --n-heads 4 --n-kv-heads 2 --option "
                        "max_grad_norm=None --overwrite", &out), 0) << out;
     EXPECT_EQ(pt_value(dst + "/optim.pt", "param_groups.0.max_grad_norm"), "None");
 }

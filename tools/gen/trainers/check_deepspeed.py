@@ -4,7 +4,7 @@
 print the losses and grad norms as JSON.
 
     OMP_NUM_THREADS=1 DS_ACCELERATOR=cpu PYTHONPATH=/work/seedpkgs/deepspeed \
-    /work/torchenv/bin/python tools/gen/trainers/check_deepspeed.py DIR --stage 2|3 [--world N] \
+    /work/torchenv/bin/python tools/gen/trainers/check_deepspeed.py DIR --stage 1|2|3 [--world N] \
         [--tag TAG] [--batch tests/data/trainers/deepspeed-0.19/zero2/batch.safetensors] \
         [--save-weights OUT.safetensors]
 
@@ -13,7 +13,7 @@ DIR is a save_dir as DeepSpeedEngine.save_checkpoint writes it (DIR/latest namin
 (ZeRO-3, one per rank), DIR/<tag>/zero_pp_rank_<r>_mp_rank_00_optim_states.pt, one per rank).
 --world N (default: the checkpoint's dp_world_size) runs N gloo ranks under torchrun; DeepSpeed
 0.19.8 can only load ZeRO optimizer state on the world size that saved it.  --batch defaults to
-DIR/../batch.safetensors.
+DIR/../batch.safetensors; its rows are the job's train_batch_size (split evenly over the ranks).
 
 The engine is built exactly as gen_deepspeed.py builds it (HF LlamaForCausalLM of the fixture
 config, torch AdamW, ds config with zero_optimization.stage = --stage, gradient_clipping 1.0), then
@@ -62,7 +62,7 @@ def saved_world(d, tag):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("dir")
-    ap.add_argument("--stage", type=int, choices=(2, 3), required=True)
+    ap.add_argument("--stage", type=int, choices=(1, 2, 3), required=True)
     ap.add_argument("--world", type=int, default=None)
     ap.add_argument("--tag", default=None)
     ap.add_argument("--batch", default=None)
@@ -93,6 +93,8 @@ def main():
     try:
         import torch.distributed as dist
 
+        # the job's batch is the batch file's rows (4 for the fixtures; e.g. 6 for a 3-rank check of ZeRO's padding)
+        G.B = G.load_batch(batch)[0].shape[0]
         r = G.resume_and_run(Path(a.dir), a.stage, batch, a.save_weights, tag=a.tag)
         if dist.get_world_size() != a.world:
             raise RuntimeError(f"world size {dist.get_world_size()} != --world {a.world}")
