@@ -35,22 +35,24 @@ int lay_ds_open_files(const char *path, ckpt_reader **out, int *ranks, fsdp_err 
 /* The checkpoint at path in fsdp-run's layout (f: the head counts for the q/k rows). */
 int lay_ds_open(const char *path, const lay_facts *f, ckpt_reader **out, fsdp_err *err);
 
-/* What lay_ds_write writes: ZeRO stage 1 or 2, for `world` data-parallel ranks (DeepSpeed loads a ZeRO checkpoint
+/* What lay_ds_write writes: ZeRO stage 1, 2 or 3, for `world` data-parallel ranks (DeepSpeed loads a ZeRO checkpoint
  * on the world size it was written for only), its clip_grad (which replaces the engine's gradient_clipping on load:
  * the job's own; 0 none), the tag (NULL: global_step<N>). *written, *bytes (may be NULL): tensors and bytes written. */
 typedef struct lay_ds_wopts {
     int stage, world;
-    double clip_grad;
+    double clip_grad;       /* < 0: not given (ZeRO-3 keeps none) */
+    int64_t sub_group_size; /* ZeRO-3's zero_optimization.sub_group_size (DeepSpeed's default 1e9) */
     const char *tag;
     int overwrite;
     size_t *written;
     uint64_t *bytes;
 } lay_ds_wopts;
 
-/* fsdp-run's checkpoint canon (its layout; f: the head counts for the q/k rows) as a DeepSpeed ZeRO-1/2 checkpoint of
- * a transformers Llama trained in fp32 in directory dir: dir/<tag>/mp_rank_00_model_states.pt (the module's weights,
- * param_shapes, global_steps), one dir/<tag>/zero_pp_rank_<R>_mp_rank_00_optim_states.pt per rank (its flat fp32
- * partition and AdamW moments per param group, as DeepSpeed partitions them), dir/latest. The tag directory is
+/* fsdp-run's checkpoint canon (its layout; f: the head counts for the q/k rows) as a DeepSpeed ZeRO checkpoint of a
+ * transformers Llama trained in fp32 in directory dir: dir/<tag>/mp_rank_00_model_states.pt (the module's weights,
+ * param_shapes, global_steps; ZeRO-3: one zero_pp_rank_<R>_mp_rank_00_model_states.pt per rank, [0] placeholders
+ * for the weights), one dir/<tag>/zero_pp_rank_<R>_mp_rank_00_optim_states.pt per rank (its flat fp32 partition and
+ * AdamW moments, as DeepSpeed partitions them), dir/latest. The tag directory is
  * staged and renamed; an existing one is an error unless o->overwrite. Frozen parameters (no moments) are refused. */
 int lay_ds_write(ckpt_reader *canon, const lay_facts *f, const char *dir, const lay_ds_wopts *o, fsdp_err *err);
 

@@ -4,7 +4,10 @@
 
 #include <stdint.h>
 
+#include "ckpt/torchsave_tree.h"
 #include "layouts/lay_deepspeed.h"
+
+#define LAY_DSW_VERSION "0.19.8" /* the ds_version written: the release checked */
 
 typedef struct lay_dsw_param {
     size_t w;          /* the view's entry of its weight (HF name) */
@@ -19,7 +22,8 @@ typedef struct lay_dsw_group {
     long *ids;           /* its parameters (ids: indices of lay_dsw.p), in module order */
     size_t n;
     int64_t total;       /* elements of its parameters */
-    int64_t part;        /* P: the elements of each rank's partition (the flat vector padded to 2 x world, / world) */
+    int64_t part;        /* ZeRO-1/2's P: the elements of each rank's partition (the flat vector padded to 2 x world,
+                            / world) */
 } lay_dsw_group;
 
 typedef struct lay_dsw {
@@ -40,7 +44,18 @@ typedef struct lay_dsw {
 int lay_dsw_step(lay_dsw *d, fsdp_err *err);
 /* Rank r's zero_pp_rank_<r>_mp_rank_00_optim_states.pt into dir. */
 int lay_dsw_optim_file(lay_dsw *d, const char *dir, int r, fsdp_err *err);
-/* mp_rank_00_model_states.pt into dir. */
-int lay_dsw_model_file(lay_dsw *d, const char *dir, fsdp_err *err);
+/* The model states into dir: ZeRO-1/2's mp_rank_00_model_states.pt, ZeRO-3's zero_pp_rank_<r>_mp_rank_00_... */
+int lay_dsw_model_file(lay_dsw *d, const char *dir, int r, fsdp_err *err);
+/* ZeRO-3: rank r's optimizer file, each parameter cut into world parts of ceil(n / world) (layouts/lay_deepspeed_w3.c) */
+int lay_dsw_optim_file3(lay_dsw *d, const char *dir, int r, fsdp_err *err);
+
+/* Shared by both: elements [e0, e1) of view tensor i (float32, C order) and n zeros into the record being written;
+ * the ds_config dict; an object as DeepSpeed pickles its classes, NEWOBJ(cls, ()) + BUILD({key: value}) with
+ * kind[k] 0 float, 1 int, 2 bool. */
+int lay_dsw_put_elems(lay_dsw *d, ts_tree *t, size_t i, int64_t e0, int64_t e1, fsdp_err *err);
+int lay_dsw_put_zeros(ts_tree *t, int64_t n, fsdp_err *err);
+void lay_dsw_ds_config(lay_dsw *d, pkl_w *w);
+void lay_dsw_object(pkl_w *w, const char *module, const char *cls, const char *const *keys, const double *vals,
+                    const int *kind, int n);
 
 #endif

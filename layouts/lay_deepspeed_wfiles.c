@@ -8,7 +8,7 @@
 #include "ckpt/torchsave_tree.h"
 #include "layouts/lay_deepspeed_w.h"
 
-#define DSW_VERSION "0.19.8"
+
 #define DSW_PIECE ((size_t)4 << 20) /* elements read at a time */
 
 int lay_dsw_step(lay_dsw *d, fsdp_err *err) {
@@ -28,8 +28,7 @@ int lay_dsw_step(lay_dsw *d, fsdp_err *err) {
     return 0;
 }
 
-/* Elements [e0, e1) of view tensor i (float32, C order) into the record being written. */
-static int put_elems(lay_dsw *d, ts_tree *t, size_t i, int64_t e0, int64_t e1, fsdp_err *err) {
+int lay_dsw_put_elems(lay_dsw *d, ts_tree *t, size_t i, int64_t e0, int64_t e1, fsdp_err *err) {
     const ckpt_entry *e = ckpt_entry_at(d->v, i);
     int64_t rows = e->ndim ? e->shape[0] : 1, numel = 1;
     for (int a = 0; a < e->ndim; a++) numel *= e->shape[a];
@@ -51,7 +50,7 @@ static int put_elems(lay_dsw *d, ts_tree *t, size_t i, int64_t e0, int64_t e1, f
     return rc;
 }
 
-static int put_zeros(ts_tree *t, int64_t n, fsdp_err *err) {
+int lay_dsw_put_zeros(ts_tree *t, int64_t n, fsdp_err *err) {
     static const float zero[1024];
     int rc = 0;
     for (int64_t k = 0; k < n && !rc; k += 1024) rc = ts_tree_tensor_data(t, zero, (size_t)(n - k < 1024 ? n - k : 1024) * 4, err);
@@ -68,16 +67,16 @@ static int flat_tensor(lay_dsw *d, ts_tree *t, const lay_dsw_group *G, int which
         int64_t lo = a > p->off ? a : p->off, hi = b < p->off + p->numel ? b : p->off + p->numel;
         if (lo >= hi) continue;
         size_t i = which == 0 ? p->w : (size_t)(which == 1 ? p->m1 : p->m2);
-        rc = put_elems(d, t, i, lo - p->off, hi - p->off, err);
+        rc = lay_dsw_put_elems(d, t, i, lo - p->off, hi - p->off, err);
     }
-    if (!rc) rc = put_zeros(t, len - (b > a ? b - a : 0), err);
+    if (!rc) rc = lay_dsw_put_zeros(t, len - (b > a ? b - a : 0), err);
     if (!rc) rc = ts_tree_tensor_end(t, err);
     d->written++;
     d->bytes += (uint64_t)len * 4;
     return rc;
 }
 
-static void w_ds_config(lay_dsw *d, pkl_w *w) {
+void lay_dsw_ds_config(lay_dsw *d, pkl_w *w) {
     pkl_w_empty_dict(w);
     pkl_w_mark(w);
     pkl_w_str(w, "zero_optimization");
@@ -86,14 +85,15 @@ static void w_ds_config(lay_dsw *d, pkl_w *w) {
     pkl_w_str(w, "stage");
     pkl_w_int(w, d->o->stage);
     pkl_w_setitems(w);
-    pkl_w_str(w, "gradient_clipping");
-    pkl_w_float(w, d->o->clip_grad);
+    if (d->o->clip_grad >= 0) {
+        pkl_w_str(w, "gradient_clipping");
+        pkl_w_float(w, d->o->clip_grad);
+    }
     pkl_w_setitems(w);
 }
 
-/* An object as DeepSpeed pickles its classes: NEWOBJ(cls, ()) + BUILD({key: int or float}) */
-static void w_object(pkl_w *w, const char *module, const char *cls, const char *const *keys, const double *vals,
-                     const int *is_int, int n) {
+void lay_dsw_object(pkl_w *w, const char *module, const char *cls, const char *const *keys, const double *vals,
+                     const int *kind, int n) {
     pkl_w_global(w, module, cls);
     pkl_w_empty_tuple(w);
     pkl_w_newobj(w);
@@ -101,8 +101,8 @@ static void w_object(pkl_w *w, const char *module, const char *cls, const char *
     pkl_w_mark(w);
     for (int k = 0; k < n; k++) {
         pkl_w_str(w, keys[k]);
-        if (is_int[k] == 2) pkl_w_bool(w, vals[k] != 0);
-        else if (is_int[k]) pkl_w_int(w, (int64_t)vals[k]);
+        if (kind[k] == 2) pkl_w_bool(w, vals[k] != 0);
+        else if (kind[k]) pkl_w_int(w, (int64_t)vals[k]);
         else pkl_w_float(w, vals[k]);
     }
     pkl_w_setitems(w);
@@ -210,7 +210,7 @@ static int w_partition(lay_dsw *d, ts_tree *t, int r, fsdp_err *err) {
     w_int_list(w, v, d->ng);
     free(v);
     pkl_w_str(w, "ds_version");
-    pkl_w_str(w, DSW_VERSION);
+    pkl_w_str(w, LAY_DSW_VERSION);
     return rc;
 }
 
@@ -234,7 +234,7 @@ static void w_mappings(lay_dsw *d, pkl_w *w, int r) {
             if (lo >= hi) continue;
             pkl_w_str(w, ckpt_entry_at(d->v, p->w)->name);
             double vals[2] = {(double)(hi - lo), (double)(lo - a)};
-            w_object(w, "deepspeed.utils.tensor_fragment", "fragment_address", keys, vals, ints, 2);
+            lay_dsw_object(w, "deepspeed.utils.tensor_fragment", "fragment_address", keys, vals, ints, 2);
         }
         pkl_w_setitems(w);
     }
@@ -258,7 +258,7 @@ int lay_dsw_optim_file(lay_dsw *d, const char *dir, int r, fsdp_err *err) {
     pkl_w_empty_dict(w);
     pkl_w_mark(w);
     pkl_w_str(w, "loss_scaler"); /* a static scaler of 1: fp32 training */
-    w_object(w, "deepspeed.runtime.fp16.loss_scaler", "LossScaler", ls_keys, ls_vals, ls_kind, 2);
+    lay_dsw_object(w, "deepspeed.runtime.fp16.loss_scaler", "LossScaler", ls_keys, ls_vals, ls_kind, 2);
     pkl_w_str(w, "dynamic_loss_scale");
     pkl_w_bool(w, 0);
     pkl_w_str(w, "overflow");
@@ -270,16 +270,17 @@ int lay_dsw_optim_file(lay_dsw *d, const char *dir, int r, fsdp_err *err) {
     if (!rc) w_mappings(d, w, r);
     pkl_w_setitems(w);
     pkl_w_str(w, "ds_config");
-    w_ds_config(d, w);
+    lay_dsw_ds_config(d, w);
     pkl_w_str(w, "ds_version");
-    pkl_w_str(w, DSW_VERSION);
+    pkl_w_str(w, LAY_DSW_VERSION);
     pkl_w_setitems(w);
     if (!rc) return ts_tree_finish(t, err);
     ts_tree_abort(t);
     return rc;
 }
 
-/* 'module' (the weights in module order) and 'param_shapes' (per group) */
+/* 'module' (the weights in module order; ZeRO-3: [0] placeholders, the values being in the partitions) and
+ * 'param_shapes' (per group) */
 static int w_module(lay_dsw *d, ts_tree *t, fsdp_err *err) {
     pkl_w *w = ts_tree_pickle(t);
     int rc = 0;
@@ -290,6 +291,11 @@ static int w_module(lay_dsw *d, ts_tree *t, fsdp_err *err) {
     pkl_w_mark(w);
     for (size_t k = 0; k < d->np && !rc; k++) {
         pkl_w_str(w, ckpt_entry_at(d->v, d->p[k].w)->name);
+        if (d->o->stage == 3) {
+            int64_t zero = 0;
+            rc = ts_tree_tensor_mem(t, FSDP_DT_F32, 1, &zero, NULL, err);
+            continue;
+        }
         rc = ts_tree_tensor_from(t, d->v, d->p[k].w, FSDP_DT_F32, err);
         d->written++;
         d->bytes += (uint64_t)d->p[k].numel * 4;
@@ -318,11 +324,13 @@ static int w_module(lay_dsw *d, ts_tree *t, fsdp_err *err) {
     return rc;
 }
 
-int lay_dsw_model_file(lay_dsw *d, const char *dir, fsdp_err *err) {
-    char path[4600];
-    snprintf(path, sizeof path, "%s/mp_rank_00_model_states.pt", dir);
+int lay_dsw_model_file(lay_dsw *d, const char *dir, int r, fsdp_err *err) {
+    char path[4600], arch[128];
+    if (d->o->stage == 3) snprintf(arch, sizeof arch, "zero_pp_rank_%d_mp_rank_00_model_states", r);
+    else snprintf(arch, sizeof arch, "mp_rank_00_model_states");
+    snprintf(path, sizeof path, "%s/%s.pt", dir, arch);
     ts_tree *t;
-    int rc = ts_tree_begin(path, "mp_rank_00_model_states", &t, err);
+    int rc = ts_tree_begin(path, arch, &t, err);
     if (rc) return rc;
     pkl_w *w = ts_tree_pickle(t);
     pkl_w_empty_dict(w);
@@ -354,9 +362,9 @@ int lay_dsw_model_file(lay_dsw *d, const char *dir, fsdp_err *err) {
     pkl_w_int(w, 1);
     pkl_w_setitems(w);
     pkl_w_str(w, "ds_config");
-    w_ds_config(d, w);
+    lay_dsw_ds_config(d, w);
     pkl_w_str(w, "ds_version");
-    pkl_w_str(w, DSW_VERSION);
+    pkl_w_str(w, LAY_DSW_VERSION);
     pkl_w_setitems(w);
     if (!rc) return ts_tree_finish(t, err);
     ts_tree_abort(t);

@@ -1,4 +1,4 @@
-/* DeepSpeed ZeRO-1/2 checkpoints written from fsdp-run's layout (layouts/lay_deepspeed.h, lay_ds_write): the files
+/* DeepSpeed ZeRO-1/2/3 checkpoints written from fsdp-run's layout (layouts/lay_deepspeed.h, lay_ds_write): the files
  * DeepSpeedEngine.save_checkpoint writes for fp32 training of a transformers Llama, which its load_checkpoint resumes
  * on the same data-parallel world size (tests/data/trainers/deepspeed-0.19/zero2/README.md has the format). */
 #include <errno.h>
@@ -20,7 +20,7 @@ static const char *const no_options[] = {"initial_lr", NULL}; /* torch AdamW wit
  * optimizer state by parameter id in module order, the groups by index with their lists of ids */
 static const lay_layout ds_row = {
     .name = "deepspeed-zero",
-    .system = "DeepSpeed 0.19.8 ZeRO-1/2 (DeepSpeedEngine.save_checkpoint, fp32) of a transformers Llama",
+    .system = "DeepSpeed 0.19.8 ZeRO-1/2/3 (DeepSpeedEngine.save_checkpoint, fp32) of a transformers Llama",
     .covers = "weights, optimizer, global_steps",
     .model = "",
     .optim = "optimizer.",
@@ -152,8 +152,10 @@ static int commit_tag(const char *dir, const char *tag, const char *stage, int o
 }
 
 int lay_ds_write(ckpt_reader *canon, const lay_facts *f, const char *dir, const lay_ds_wopts *o, fsdp_err *err) {
-    if (o->stage != 1 && o->stage != 2)
-        return fsdp_err_set(err, FSDP_E_INVALID, "DeepSpeed ZeRO stage %d is not written (ZeRO-1 and ZeRO-2 are)", o->stage);
+    if (o->stage < 1 || o->stage > 3)
+        return fsdp_err_set(err, FSDP_E_INVALID, "DeepSpeed has no ZeRO stage %d to write (1, 2 or 3)", o->stage);
+    if (o->stage == 3 && o->sub_group_size < 1)
+        return fsdp_err_set(err, FSDP_E_INVALID, "ZeRO-3's sub_group_size must be >= 1");
     if (o->world < 1) return fsdp_err_set(err, FSDP_E_INVALID, "DeepSpeed's data-parallel world size must be >= 1");
     lay_dsw d = {0};
     d.o = o, d.canon = canon;
@@ -171,8 +173,10 @@ int lay_ds_write(ckpt_reader *canon, const lay_facts *f, const char *dir, const 
         rc = fsdp_err_set(err, FSDP_E_IO, "cannot create %s: %s", dir, strerror(errno));
     if (!rc && mkdir(stage, 0777) != 0) rc = fsdp_err_set(err, FSDP_E_IO, "cannot create %s: %s", stage, strerror(errno));
     int made = !rc;
-    for (int r = 0; r < o->world && !rc; r++) rc = lay_dsw_optim_file(&d, stage, r, err);
-    if (!rc) rc = lay_dsw_model_file(&d, stage, err);
+    for (int r = 0; r < o->world && !rc; r++) {
+        rc = o->stage == 3 ? lay_dsw_optim_file3(&d, stage, r, err) : lay_dsw_optim_file(&d, stage, r, err);
+        if (!rc && (o->stage == 3 || r == 0)) rc = lay_dsw_model_file(&d, stage, r, err);
+    }
     if (!rc) rc = commit_tag(dir, tag, stage, o->overwrite, err);
     if (rc && made) fio_remove_tree(stage);
     if (o->written) *o->written = rc ? 0 : d.written;

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # By hand (needs the seed systems: ../shared/seed-systems/install.sh): a checkpoint fsdp-run trained itself (the tiny
 # preset, 3 AdamW steps on the trainer fixtures' batch) written in each trainer's layout with `fsdp-run ckpt convert
-# --to LAYOUT` (DeepSpeed ZeRO-1/2 and OLMo 0.6 included), loaded by that trainer's own strict loader (tools/gen/trainers/check_*.py: weights, moments, train
+# --to LAYOUT` (DeepSpeed ZeRO-1/2/3 and OLMo 0.6 included), loaded by that trainer's own strict loader (tools/gen/trainers/check_*.py: weights, moments, train
 # state) on WORLD ranks, and its next two steps printed beside fsdp-run's own next two steps.
 #   PY=/work/torchenv/bin/python SEEDPKGS=/work/seedpkgs FMS_SRC=/work/fms-fsdp-src bash tools/check_trainer_layouts.sh [WORLD]
 set -euo pipefail
@@ -39,6 +39,7 @@ conv "$D/acc" accelerate-1.15
 # DeepSpeed's load takes clip_grad from the checkpoint: its ds_config's gradient_clipping (the fixtures' 1.0)
 conv "$D/ds2" deepspeed-zero2 --option gradient_clipping=1.0
 conv "$D/ds1" deepspeed-zero1 --option gradient_clipping=1.0
+conv "$D/ds3" deepspeed-zero3
 # OLMo's clipping reads max_grad_norm from the loaded param groups: its TrainConfig's (the fixtures' 1.0)
 conv "$D/olmo/step3-unsharded" olmo-0.6 --option max_grad_norm=1.0
 # accelerate's load_state also wants its scheduler and RNG files, which fsdp-run neither holds nor writes: the fixture's
@@ -51,6 +52,6 @@ echo "Megatron-FSDP 0.6.1:"; PYTHONPATH="$SEEDPKGS/megatron" "$PY" tools/gen/tra
 echo "accelerate 1.15.0:"; MASTER_PORT=29611 PYTHONPATH="$SEEDPKGS/accelerate" "$PY" tools/gen/trainers/check_accelerate.py "$D/acc" --world "$WORLD" --batch "$BATCH" 2>/dev/null | tail -1
 echo "fms-fsdp + ibm-fms 1.13.1:"; PYTHONPATH="$SEEDPKGS/fms:${FMS_SRC:-/work/fms-fsdp-src}" "$PY" tools/gen/trainers/check_fms.py "$D/fms" --world "$WORLD" --batch "$BATCH" 2>/dev/null | tail -1
 echo "OLMo 0.6.0:"; PYTHONPATH="$SEEDPKGS/olmo:$SEEDPKGS/olmo-extra" "$PY" tools/gen/trainers/check_olmo.py "$D/olmo/step3-unsharded" --world "$WORLD" --batch "$BATCH" 2>/dev/null | tail -1
-for st in 1 2; do
+for st in 1 2 3; do
   echo "DeepSpeed 0.19.8 ZeRO-$st:"; DS_ACCELERATOR=cpu PYTHONPATH="$SEEDPKGS/deepspeed" "$PY" tools/gen/trainers/check_deepspeed.py "$D/ds$st" --stage "$st" --world "$WORLD" --batch "$BATCH" 2>/dev/null | tail -1
 done
