@@ -467,6 +467,11 @@ static int convert_args(int argc, char **argv, conv *c, conv_out *o, FILE *log) 
         o->to = l > 12 && !strcmp(o->dst + l - 12, ".safetensors") ? "safetensors" : "dcp";
     }
     if (c->kv_heads <= 0) c->kv_heads = c->heads;
+    if (c->n_group_opt && !c->to_layout && !c->ds_stage) {
+        fprintf(log, "fsdp-run ckpt convert: --option sets a setting of --to's layout (olmo-0.6, deepspeed-zero1|2|3), "
+                     "and there is no --to LAYOUT\n");
+        return 2;
+    }
     if (o->world && strcmp(o->to, "dcp")) {
         fprintf(log, "fsdp-run ckpt convert: --world writes a DCP checkpoint (--to dcp), not %s\n", o->to);
         return 2;

@@ -28,6 +28,19 @@ int ckcl_wrap(ckpt_reader **r, const ckcl_req *q, ckpt_reader **canon, char *sai
         *r = NULL;
         return rc;
     }
+    for (size_t k = 0; to && k < q->n_group_opt && !rc; k++) { /* a setting the layout does not keep is a mistake */
+        const lay_add_option *o = to->add_options;
+        size_t n = strcspn(q->group_opt[k], "=");
+        while (o && o->name && (strlen(o->name) != n || strncmp(o->name, q->group_opt[k], n))) o++;
+        if (!o || !o->name)
+            rc = fsdp_err_set(err, FSDP_E_INVALID, "--option %s: %s keeps no such setting in its checkpoint", q->group_opt[k],
+                              to->name);
+    }
+    if (rc) {
+        ckpt_close(*r);
+        *r = NULL;
+        return rc;
+    }
     lay_facts f = {q->n_heads, q->n_kv_heads, ckpt_reader_path(*r), q->group_opt, q->n_group_opt};
     ckpt_reader *v;
     if ((rc = lay_view(*r, 1, from, LAY_TO_CANON, &f, &v, NULL, err))) {

@@ -185,16 +185,18 @@ TEST(TrainerCkpts, EveryPairOfLayoutsRoundTripsBitForBit) {
     std::vector<Sys> all = round_trip_systems();
     // OLMo's groups need max_grad_norm (its clipping reads it from the loaded groups), which the other trainers'
     // checkpoints lack; a checkpoint that has it (OLMo's own, or one converted from it) keeps its value.
-    const std::string opts = " --n-heads 4 --n-kv-heads 2 --world 2 --option max_grad_norm=1.0";
+    auto opts = [](const Sys &to) {
+        return std::string(" --n-heads 4 --n-kv-heads 2 --world 2") + (to.parts[0] == 'm' ? " --option max_grad_norm=1.0" : "");
+    };
     for (const Sys &a : all) {
         for (const Sys &b : all) {
             if (!strcmp(a.dir, b.dir)) continue;
             std::string src = ckpt_of(a, 2), mid = t / (std::string(a.dir) + "_to_" + b.dir), back = mid + "_back", out;
-            ASSERT_EQ(ckpt_cmd("convert " + src + " " + mid + " --from " + a.layout + " --to " + b.layout + opts, &out), 0)
+            ASSERT_EQ(ckpt_cmd("convert " + src + " " + mid + " --from " + a.layout + " --to " + b.layout + opts(b), &out), 0)
                 << out;
             ASSERT_EQ(ckpt_cmd("inspect " + mid, &out), 0) << out;
             EXPECT_NE(out.find(std::string("layout: ") + b.layout + " ("), std::string::npos) << out;
-            ASSERT_EQ(ckpt_cmd("convert " + mid + " " + back + " --from auto --to " + a.layout + opts, &out), 0) << out;
+            ASSERT_EQ(ckpt_cmd("convert " + mid + " " + back + " --from auto --to " + a.layout + opts(a), &out), 0) << out;
             std::vector<std::string> px = dcps(a, src), py = dcps(a, back);
             for (size_t k = 0; k < px.size(); k++) {
                 Ckpt x(px[k]), y(py[k]);
@@ -460,6 +462,29 @@ TEST(DeepSpeedCkpts, WrittenBackAsDeepSpeedWritesItBitForBit) {
     }
 }
 
+// Every trainer's checkpoint through DeepSpeed ZeRO-2 and ZeRO-3 (2 ranks) and back into its own layout: bit for bit.
+TEST(DeepSpeedCkpts, EveryLayoutRoundTripsThroughDeepSpeedBitForBit) {
+    Dir t;
+    for (const Sys &a : round_trip_systems()) {
+        for (int stage : {2, 3}) {
+            std::string src = ckpt_of(a, 2), mid = t / (std::string(a.dir) + "_z" + std::to_string(stage)),
+                        back = mid + "_back", out;
+            ASSERT_EQ(ckpt_cmd("convert " + src + " " + mid + " --from " + a.layout + " --to deepspeed-zero" +
+                               std::to_string(stage) + " --world 2 --n-heads 4 --n-kv-heads 2 --option gradient_clipping=1.0",
+                               &out), 0) << out;
+            ASSERT_EQ(ckpt_cmd("convert " + mid + " " + back + " --to " + a.layout + " --n-heads 4 --n-kv-heads 2 --world 2" +
+                               (a.parts[0] == 'm' ? " --option max_grad_norm=1.0" : ""), &out), 0) << out;
+            std::vector<std::string> px = dcps(a, src), py = dcps(a, back);
+            for (size_t k = 0; k < px.size(); k++) {
+                Ckpt x(px[k]), y(py[k]);
+                ASSERT_TRUE(x.r && y.r) << px[k];
+                expect_same_tensors(y.r, x.r);
+                expect_same_tensors(x.r, y.r);
+            }
+        }
+    }
+}
+
 // A partition with DeepSpeed's padding: 3 ranks (the 131392 elements padded to a multiple of 2 x 3 = 131394, P =
 // 43798, the last rank's fp32 partition 2 short, its moments whole with zeros): read back bit for bit; loaded on 1
 // and 2 ranks the next steps are DeepSpeed's own, on 3 ranks the state loaded is 1 rank's.
@@ -627,6 +652,9 @@ TEST(OlmoCkpts, FsdpRunsCheckpointIsWrittenAsOlmosStepDirectory) {
     EXPECT_FALSE(exists(dst + ".partial"));
     EXPECT_EQ(ckpt_cmd("convert " + plain + " " + dst + " --to olmo-0.6 --n-heads 4 --n-kv-heads 2 --option "
                        "max_grad_norm=one", &out), 2) << out;
+    EXPECT_EQ(ckpt_cmd("convert " + plain + " " + dst + " --to olmo-core-3 --n-heads 4 --n-kv-heads 2 --option "
+                       "max_grad_norm=1.0", &out), 2) << out; // a setting the layout does not keep
+    EXPECT_NE(out.find("olmo-core-3 keeps no such setting"), std::string::npos) << out;
     EXPECT_FALSE(exists(dst));
     ASSERT_EQ(ckpt_cmd("convert " + plain + " " + dst + " --to olmo-0.6 --n-heads 4 --n-kv-heads 2 --option "
                        "max_grad_norm=0.5", &out), 0) << out;
