@@ -29,10 +29,7 @@ int ckcl_wrap(ckpt_reader **r, const ckcl_req *q, ckpt_reader **canon, char *sai
         return rc;
     }
     for (size_t k = 0; to && k < q->n_group_opt && !rc; k++) { /* a setting the layout does not keep is a mistake */
-        const lay_add_option *o = to->add_options;
-        size_t n = strcspn(q->group_opt[k], "=");
-        while (o && o->name && (strlen(o->name) != n || strncmp(o->name, q->group_opt[k], n))) o++;
-        if (!o || !o->name)
+        if (!lay_option_known(to, q->group_opt[k], strcspn(q->group_opt[k], "=")))
             rc = fsdp_err_set(err, FSDP_E_INVALID, "--option %s: %s keeps no such setting in its checkpoint", q->group_opt[k],
                               to->name);
     }
@@ -106,41 +103,12 @@ int ckcl_open_deepspeed(const char *path, int heads, int kv_heads, ckpt_reader *
     return rc ? 1 : 0;
 }
 
-int ckcl_deepspeed_stage(const char *to) {
-    if (!strcmp(to, "deepspeed-zero1")) return 1;
-    if (!strcmp(to, "deepspeed-zero2")) return 2;
-    if (!strcmp(to, "deepspeed-zero3")) return 3;
-    return 0;
-}
-
-/* --option gradient_clipping=X and (ZeRO-3) sub_group_size=N into o */
-static int ds_options(const ckcl_ds_req *q, lay_ds_wopts *o, fsdp_err *err) {
-    o->clip_grad = -1, o->sub_group_size = 1000000000;
-    for (size_t k = 0; k < q->n_opt; k++) {
-        const char *v = strchr(q->opt[k], '=') + 1;
-        char *end;
-        int clip = !strncmp(q->opt[k], "gradient_clipping=", 18), sub = !strncmp(q->opt[k], "sub_group_size=", 15);
-        if (!clip && !(sub && q->stage == 3))
-            return fsdp_err_set(err, FSDP_E_INVALID, "--option %s: DeepSpeed ZeRO-%d's checkpoint keeps no such setting "
-                                "(gradient_clipping%s)", q->opt[k], q->stage, q->stage == 3 ? ", sub_group_size" : "");
-        double x = strtod(v, &end);
-        if (!*v || *end || x < 0 || (sub && (x < 1 || x != (double)(int64_t)x)))
-            return fsdp_err_set(err, FSDP_E_INVALID, "--option %s: not a %s", q->opt[k], sub ? "whole number >= 1" :
-                                "number >= 0");
-        if (clip) o->clip_grad = x;
-        else o->sub_group_size = (int64_t)x;
-    }
-    if (o->clip_grad < 0 && q->stage != 3)
-        return fsdp_err_set(err, FSDP_E_INVALID, "DeepSpeed keeps gradient_clipping in its checkpoint (clip_grad, which "
-                            "replaces the engine's on load) and fsdp-run's checkpoint does not hold it: pass --option "
-                            "gradient_clipping=VALUE (the job's ds_config value; 0 for none)");
-    return 0;
-}
+int ckcl_deepspeed_stage(const char *to) { return lay_ds_stage_of(to); }
 
 int ckcl_write_deepspeed(ckpt_reader *r, const ckcl_ds_req *q, const char *dst, size_t *written, uint64_t *bytes,
                          fsdp_err *err) {
     lay_ds_wopts o = {q->stage, q->world, -1, 0, NULL, q->overwrite, written, bytes};
-    int rc = ds_options(q, &o, err);
+    int rc = lay_ds_wopts_options(q->opt, q->n_opt, &o, err);
     if (rc) return rc;
     lay_facts f = {q->n_heads, q->n_kv_heads > 0 ? q->n_kv_heads : q->n_heads, NULL, NULL, 0};
     return lay_ds_write(r, &f, dst, &o, err);

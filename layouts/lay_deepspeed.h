@@ -48,6 +48,11 @@ typedef struct lay_ds_wopts {
     uint64_t *bytes;
 } lay_ds_wopts;
 
+/* The settings "NAME=VALUE" (ckpt convert --option, save-dcp options:) into o (o->stage set): gradient_clipping
+ * (required for ZeRO-1/2) and ZeRO-3's sub_group_size (default 1e9); any other name is FSDP_E_INVALID. */
+int lay_ds_wopts_options(const char *const *opt, size_t n_opt, lay_ds_wopts *o, fsdp_err *err);
+/* 1, 2 or 3 for the layout names deepspeed-zero1|2|3, else 0. */
+int lay_ds_stage_of(const char *name);
 /* fsdp-run's checkpoint canon (its layout; f: the head counts for the q/k rows) as a DeepSpeed ZeRO checkpoint of a
  * transformers Llama trained in fp32 in directory dir: dir/<tag>/mp_rank_00_model_states.pt (the module's weights,
  * param_shapes, global_steps; ZeRO-3: one zero_pp_rank_<R>_mp_rank_00_model_states.pt per rank, [0] placeholders

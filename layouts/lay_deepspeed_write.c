@@ -151,6 +151,37 @@ static int commit_tag(const char *dir, const char *tag, const char *stage, int o
     return 0;
 }
 
+int lay_ds_stage_of(const char *name) {
+    static const char *const names[] = {"deepspeed-zero1", "deepspeed-zero2", "deepspeed-zero3"};
+    for (int k = 0; k < 3; k++)
+        if (name && !strcmp(name, names[k])) return k + 1;
+    return 0;
+}
+
+int lay_ds_wopts_options(const char *const *opt, size_t n_opt, lay_ds_wopts *o, fsdp_err *err) {
+    o->clip_grad = -1, o->sub_group_size = 1000000000;
+    for (size_t k = 0; k < n_opt; k++) {
+        const char *eq = strchr(opt[k], '='), *v = eq ? eq + 1 : "";
+        char *end;
+        int clip = !strncmp(opt[k], "gradient_clipping=", 18), sub = !strncmp(opt[k], "sub_group_size=", 15);
+        if (!clip && !(sub && o->stage == 3))
+            return fsdp_err_set(err, FSDP_E_INVALID, "option %s: DeepSpeed ZeRO-%d's checkpoint keeps no such setting "
+                                "(gradient_clipping%s)", opt[k], o->stage, o->stage == 3 ? ", sub_group_size" : "");
+        double x = strtod(v, &end);
+        if (!*v || *end || x < 0 || (sub && (x < 1 || x != (double)(int64_t)x)))
+            return fsdp_err_set(err, FSDP_E_INVALID, "option %s: not a %s", opt[k], sub ? "whole number >= 1" :
+                                "number >= 0");
+        if (clip) o->clip_grad = x;
+        else o->sub_group_size = (int64_t)x;
+    }
+    if (o->clip_grad < 0 && o->stage != 3)
+        return fsdp_err_set(err, FSDP_E_INVALID, "DeepSpeed keeps gradient_clipping in its checkpoint (clip_grad, which "
+                            "replaces the engine's on load) and fsdp-run's checkpoint does not hold it: pass --option "
+                            "gradient_clipping=VALUE (save-dcp: options: {gradient_clipping: VALUE}; the job's ds_config "
+                            "value, 0 for none)");
+    return 0;
+}
+
 int lay_ds_write(ckpt_reader *canon, const lay_facts *f, const char *dir, const lay_ds_wopts *o, fsdp_err *err) {
     if (o->stage < 1 || o->stage > 3)
         return fsdp_err_set(err, FSDP_E_INVALID, "DeepSpeed has no ZeRO stage %d to write (1, 2 or 3)", o->stage);

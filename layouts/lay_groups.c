@@ -234,12 +234,12 @@ static int add_options(lay_job *J, const char *gi, const char *fqn, fsdp_err *er
         if (!v)
             return fsdp_err_set(err, FSDP_E_INVALID, "layout %s needs param-group option %s, which fsdp-run's checkpoint "
                                 "does not hold (the trainer reads it from the loaded groups): pass --option "
-                                "%s=VALUE (a Python literal; None where the trainer takes none)", J->L->name, o->name,
-                                o->name);
+                                "%s=VALUE (save-dcp: options: {%s: VALUE}; a Python literal, None where the trainer "
+                                "takes none)", J->L->name, o->name, o->name, o->name);
         pkl_w w;
         pkl_w_init(&w);
         if (!literal_pickle(v, &w))
-            rc = fsdp_err_set(err, FSDP_E_INVALID, "--option %s=%s: not None, True, False or a number", o->name, v);
+            rc = fsdp_err_set(err, FSDP_E_INVALID, "option %s=%s: not None, True, False or a number", o->name, v);
         else if (w.oom) rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
         if (!rc && !(rc = lay_full_name(J, 1, LAY_K_OPTION, gi, o->name, key, err)))
             rc = ckv_add_value(J->b, key, w.buf, w.len, v, err);

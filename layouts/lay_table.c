@@ -66,6 +66,12 @@ int lay_detect(ckpt_reader *r, const lay_layout *fallback, const lay_layout **ou
                         "with layout: NAME", ckpt_reader_path(r), lay_names(names, sizeof names));
 }
 
+int lay_option_known(const lay_layout *L, const char *name, size_t len) {
+    for (const lay_add_option *o = L ? L->add_options : NULL; o && o->name; o++)
+        if (strlen(o->name) == len && !strncmp(o->name, name, len)) return 1;
+    return 0;
+}
+
 int lay_nest(const lay_layout *L, const char *key, int *nest, int *tail, unsigned *int_mask) {
     *nest = 0, *tail = 0, *int_mask = 0;
     if (!L || L->groups != LAY_GROUPS_INDEXED) return 0; /* torchtitan's flattened sections */

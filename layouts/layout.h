@@ -133,6 +133,8 @@ typedef struct lay_facts {
     size_t n_group_opt;
 } lay_facts;
 
+/* 1 when name (len bytes) is one of L's add_options (a setting --option / save-dcp options: may give). */
+int lay_option_known(const lay_layout *L, const char *name, size_t len);
 /* Every layout, in the order `auto` tries them. */
 size_t lay_count(void);
 const lay_layout *lay_at(size_t i);

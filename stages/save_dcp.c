@@ -66,6 +66,14 @@ static const fsdp_param_spec PARAMS[] = {
      "torch.optim.AdamW over every parameter (state without optimizer state, step 0)"},
     {"files", FSDP_T_MAP, 0, NULL, NULL,
      "{NAME: VALUE}: torch.save(VALUE) files beside .metadata, e.g. {metadata.pt: {train_step: 0}}"},
+    {"layout", FSDP_T_STRING, 0, NULL, NULL,
+     "write the checkpoint in a trainer's layout (torchtitan-0.3, olmo-core-3, fms-1.13, megatron-fsdp-0.6, "
+     "accelerate-1.15, olmo-0.6, deepspeed-zero1|2|3; as ckpt convert --to writes it)"},
+    {"options", FSDP_T_MAP, 0, NULL, NULL,
+     "{NAME: VALUE}: settings the layout keeps and fsdp-run's state lacks (olmo-0.6 max_grad_norm, deepspeed-zero1|2 "
+     "gradient_clipping, deepspeed-zero3 sub_group_size)"},
+    {"world", FSDP_T_INT, 0, "0", NULL,
+     "with layout: the ranks the checkpoint is written for (0: this run's; DeepSpeed loads on that many only)"},
     {NULL, 0, 0, NULL, NULL, NULL}};
 static const char *const NEEDS[] = {"params|full_params", NULL};
 static const char *const PROVIDES[] = {"checkpoint", NULL};
@@ -204,10 +212,22 @@ int stage_save_dcp_step(fsdp_ctx *ctx, fsdp_state *s, const char *base, const st
 
 int stage_wait_saves(fsdp_ctx *ctx, fsdp_err *err) { return ctx_run_finisher(ctx, "save-dcp.async", err); }
 
+/* layout: the save in fsdp-run's layout into <path>.fsdp-canon, then written at path in the layout. */
+static int save_layout(fsdp_ctx *ctx, fsdp_state *s, const fsdp_value *with, const char *path, fsdp_err *err) {
+    char staged[4400];
+    snprintf(staged, sizeof staged, "%s.fsdp-canon", path);
+    sio_save_opts o = {.optimizer = fsdp_arg_bool(with, "optimizer", 1), .overwrite = 1,
+                       .no_train_state = !fsdp_arg_bool(with, "train_state", 1)};
+    int rc = save_to(ctx, s, staged, &o, err);
+    return rc ? rc : stage_save_layout(ctx, with, staged, path, err);
+}
+
 static int save_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
     fsdp_state *s = state_get(ctx);
     if (!s) return fsdp_err_set(err, FSDP_E_INVALID, "save-dcp: no model in the context");
     const char *path = fsdp_arg_str(with, "path", "");
+    const char *layout = fsdp_arg_str(with, "layout", NULL);
+    if (layout && strcmp(layout, "torchtitan-0.2") && strcmp(layout, "torchtitan")) return save_layout(ctx, s, with, path, err);
     sdcp_opts so;
     int rc = sdcp_opts_parse(with, &so, err);
     if (rc) return rc;
@@ -220,7 +240,9 @@ static int save_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
 /* The parameters the schema cannot check (aliases, fresh_optimizer, files), at validation. */
 static int save_check(const fsdp_value *with, fsdp_err *err) {
     sdcp_opts so;
-    int rc = sdcp_opts_parse(with, &so, err);
+    int rc = stage_save_layout_check(with, err);
+    if (rc) return rc;
+    rc = sdcp_opts_parse(with, &so, err);
     if (!rc) sdcp_opts_free(&so);
     return rc;
 }

@@ -113,6 +113,10 @@ int stage_save_dcp_step(fsdp_ctx *ctx, fsdp_state *s, const char *base, const st
 /* Waits for the run's async save in flight, if any, and commits it. */
 int stage_wait_saves(fsdp_ctx *ctx, fsdp_err *err);
 
+/* save-dcp's `layout:` (stages/save_layout.c): its parameters checked (a known layout, its options, nothing it
+ * does not go with); the staged save in fsdp-run's layout written at path in the layout, staged removed. */
+int stage_save_layout_check(const fsdp_value *with, fsdp_err *err);
+int stage_save_layout(fsdp_ctx *ctx, const fsdp_value *with, const char *staged, const char *path, fsdp_err *err);
 /* load-ckpt's `layout:` (stages/load_layout.c): the value checked (auto, hf or a layout's name); the
  * checkpoint *r seen in fsdp-run's layout when it is another trainer's (auto: detected, the layout named in
  * the log; two candidates an error listing them): *r becomes a view over it (the source stays open: close
