@@ -59,6 +59,9 @@ int ckcl_wrap(ckpt_reader **r, const ckcl_req *q, ckpt_reader **canon, char *sai
         snprintf(said + n, cap - (size_t)n, " (left out %zu entries of train_state.*, lr_scheduler.*, dataloader.*: "
                  "%s holds none of them%s%s%s)", left, to->name, to->side ? "; its " : "", to->side ? to->side->file : "",
                  to->side ? " has the step and tokens seen" : "");
+    n = (int)strlen(said);
+    if (to && to->values_file && (size_t)n < cap)
+        snprintf(said + n, cap - (size_t)n, " (%s* in its %s)", to->values_prefix, to->values_file);
     return 0;
 }
 

@@ -1,10 +1,12 @@
-/* A layout's side file of plain values (layouts/layout.h, lay_side): fms-fsdp's metadata.pth. */
+/* A layout's side file of plain values (layouts/layout.h, lay_side: fms-fsdp's metadata.pth, OLMo's train.pt) and
+ * its values file (lay_layout.values_file: accelerate's scheduler.bin). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "ckpt/dcp_side.h"
 #include "ckpt/pickle.h"
+#include "ckpt/torchsave_tree.h"
 #include "layouts/lay_view_impl.h"
 
 static int int_pickle(pkl_w *w, int64_t v) {
@@ -15,7 +17,77 @@ static int int_pickle(pkl_w *w, int64_t v) {
     return w->oom;
 }
 
+/* The values file (lay_layout.values_file) into the view under values_prefix, unless the checkpoint has them. */
+static int values_read(lay_job *J, fsdp_err *err) {
+    const lay_layout *L = J->L;
+    if (!L->values_file || J->dir != LAY_TO_CANON || !J->f->dir) return 0;
+    char path[4200];
+    snprintf(path, sizeof path, "%s/%s", J->f->dir, L->values_file);
+    FILE *probe = fopen(path, "rb");
+    if (!probe) return 0; /* a job without a scheduler */
+    fclose(probe);
+    ckpt_reader *r;
+    int rc = ckpt_open(path, CKPT_PT, &r, err);
+    if (rc) return fsdp_err_prefix(err, "layout %s", L->name);
+    for (size_t i = 0; i < ckpt_count(r) && !rc; i++) {
+        const ckpt_entry *e = ckpt_entry_at(r, i);
+        char key[LAY_NAME_CAP];
+        snprintf(key, sizeof key, "%s%s", L->values_prefix, e->name);
+        if (e->is_tensor) {
+            rc = fsdp_err_set(err, FSDP_E_FORMAT, "%s: %s is a tensor (layout %s keeps plain values there)", path, e->name,
+                              L->name);
+            break;
+        }
+        if (ckpt_find(J->src, key) >= 0) continue; /* the checkpoint's own wins */
+        void *buf;
+        size_t len;
+        const char *text = NULL;
+        if ((rc = ckpt_value_pickle(r, i, &buf, &len, err))) break;
+        if (!(rc = ckpt_value(r, i, &text, err))) rc = ckv_add_value(J->b, key, buf, len, text, err);
+        free(buf);
+    }
+    ckpt_close(r);
+    return rc;
+}
+
+static int values_write(const lay_layout *L, ckpt_reader *r, const char *dir, fsdp_err *err) {
+    if (!L->values_file) return 0;
+    size_t n = 0, plen = strlen(L->values_prefix);
+    for (size_t i = 0; i < ckpt_count(r); i++) n += !strncmp(ckpt_entry_at(r, i)->name, L->values_prefix, plen);
+    if (!n) return 0;
+    char path[4400], arch[128];
+    snprintf(path, sizeof path, "%s/%s", dir, L->values_file);
+    snprintf(arch, sizeof arch, "%s", L->values_file);
+    char *dot = strrchr(arch, '.');
+    if (dot) *dot = '\0';
+    ts_tree *t;
+    int rc = ts_tree_begin(path, arch, &t, err);
+    if (rc) return rc;
+    pkl_w *w = ts_tree_pickle(t);
+    pkl_w_empty_dict(w);
+    pkl_w_mark(w);
+    for (size_t i = 0; i < ckpt_count(r) && !rc; i++) {
+        const ckpt_entry *e = ckpt_entry_at(r, i);
+        if (strncmp(e->name, L->values_prefix, plen)) continue;
+        if (e->is_tensor) {
+            rc = fsdp_err_set(err, FSDP_E_FORMAT, "%s is a tensor: layout %s keeps plain values in %s", e->name, L->name,
+                              L->values_file);
+            break;
+        }
+        pkl_w_str(w, e->name + plen);
+        rc = ts_tree_value_from(t, r, i, err);
+    }
+    pkl_w_setitems(w);
+    if (rc) {
+        ts_tree_abort(t);
+        return rc;
+    }
+    return ts_tree_finish(t, err);
+}
+
 int lay_side_read(lay_job *J, fsdp_err *err) {
+    int vrc = values_read(J, err);
+    if (vrc) return vrc;
     const lay_side *sd = J->L->side;
     if (!sd || sd->write_only || J->dir != LAY_TO_CANON || !J->f->dir) return 0;
     char path[4200];
@@ -66,6 +138,8 @@ static int64_t canon_int(ckpt_reader *r, const char *name) {
 }
 
 int lay_side_write(const lay_layout *L, ckpt_reader *r, const char *dir, fsdp_err *err) {
+    int vrc = values_write(L, r, dir, err);
+    if (vrc) return vrc;
     const lay_side *sd = L->side;
     if (!sd) return 0;
     pkl_w w;

@@ -362,7 +362,11 @@ static int one_key(job *J, size_t i, size_t *omitted, fsdp_err *err) {
     const ckpt_entry *e = ckpt_entry_at(J->src, i);
     char fqn[NAME_CAP], last[128];
     int native = J->dir == LAY_TO_CANON;
-    if (left_out(J, e->name)) return ++*omitted, 0;
+    if (left_out(J, e->name)) {
+        const char *vp = J->L->values_prefix; /* kept in the layout's values file (lay_side_write), not lost */
+        if (!vp || strncmp(e->name, vp, strlen(vp))) ++*omitted;
+        return 0;
+    }
     kkind k = lay_classify(J, native, e->name, fqn, last);
     if (k == K_OTHER) return ckv_add_same(J->b, e->name, i, err);
     return native ? to_canon(J, i, k, fqn, last, err) : from_canon(J, i, k, fqn, last, err);

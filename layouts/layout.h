@@ -122,6 +122,10 @@ typedef struct lay_layout {
     const lay_add_option *add_options; /* NULL-name-terminated; NULL: none */
     /* another key of each indexed group holding the same list as its `params` (OLMo's param_names); NULL: none */
     const char *params_also;
+    /* A torch.save dict beside the checkpoint holding fsdp-run's entries under values_prefix (accelerate's
+     * scheduler.bin: torch's LambdaLR.state_dict(), fsdp-run's lr_scheduler.*): read into them, written from them
+     * (nothing written when the checkpoint has none). NULL: none. */
+    const char *values_file, *values_prefix;
 } lay_layout;
 
 /* What a view needs of the model: head counts for q/k row orders and fused q/k/v (0: unknown; a view
@@ -156,7 +160,7 @@ int lay_matches(ckpt_reader *r, const lay_layout *L);
 int lay_view(ckpt_reader *src, int own, const lay_layout *L, lay_dir dir, const lay_facts *f, ckpt_reader **out,
              size_t *omitted, fsdp_err *err);
 /* L's side file into dir, from canonical reader r's entries (a missing train_state.step: the optimizer's
- * step; a missing count: 0). Nothing when L has none. */
+ * step; a missing count: 0), and its values file (lay_layout.values_file). Nothing when L has neither. */
 int lay_side_write(const lay_layout *L, ckpt_reader *r, const char *dir, fsdp_err *err);
 /* Part `part` of L (a name ending in .pt: one torch.save file) from r, a view in L's names: the keys of the part's
  * prefix nested as the trainer's torch.save nests them, written to path (its temporary renamed at the end). */

@@ -180,7 +180,7 @@ const char *const kHalfMarks[] = {"model.blocks.*.attn.qkv.weight"};
 const char *const kHalfExtra[] = {"train_state.**"};
 const lay_layout kHalf = {"test-half", "a test trainer", "weights, optimizer", "model.", "optim.", LAY_ROPE_HALF,
                           kHalfNames, 7, kHalfFuse, 2, kHalfMarks, 1, LAY_GROUPS_INDEXED, kHalfExtra, 1, nullptr,
-                          LAY_IDS_NONE, nullptr, nullptr, 0, nullptr, nullptr, nullptr, nullptr, nullptr};
+                          LAY_IDS_NONE, nullptr, nullptr, 0, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr};
 
 std::vector<float> permuted(const std::vector<float> &w, int64_t rows, int heads) {
     std::vector<float> out(w.size());

@@ -688,6 +688,35 @@ TEST(OlmoCkpts, FsdpRunsCheckpointIsWrittenAsOlmosStepDirectory) {
 
 namespace {
 
+// accelerate's scheduler.bin (torch's LambdaLR state_dict of its scheduler) is fsdp-run's lr_scheduler.*: read with the
+// checkpoint, written beside it, value for value (the file accelerate's load_state gives its scheduler).
+TEST(TrainerCkpts, AcceleratesSchedulerFileIsReadAndWritten) {
+    Dir t;
+    const Sys &acc = kSystems[5];
+    std::string canon = t / "c", back = t / "back", out;
+    ASSERT_EQ(ckpt_cmd("convert " + ckpt_of(acc, 2) + " " + canon + " --n-heads 4 --n-kv-heads 2", &out), 0) << out;
+    Ckpt c(canon), f(ckpt_of(acc, 2) + "/scheduler.bin");
+    ASSERT_TRUE(c.r && f.r);
+    size_t n = 0;
+    for (size_t i = 0; i < ckpt_count(f.r); i++, n++) {
+        std::string key = std::string("lr_scheduler.") + ckpt_entry_at(f.r, i)->name;
+        long j = ckpt_find(c.r, key.c_str());
+        ASSERT_GE(j, 0) << key;
+        EXPECT_STREQ(ckpt_value_text(c.r, (size_t)j), ckpt_value_text(f.r, i)) << key;
+    }
+    EXPECT_EQ(n, 7u);
+    ASSERT_EQ(ckpt_cmd("convert " + canon + " " + back + " --to accelerate-1.15 --n-heads 4 --n-kv-heads 2", &out), 0) << out;
+    EXPECT_NE(out.find("lr_scheduler.* in its scheduler.bin"), std::string::npos) << out;
+    Ckpt b(back + "/scheduler.bin");
+    ASSERT_TRUE(b.r);
+    EXPECT_EQ(expect_same_values(f.r, b.r, "scheduler.bin"), 7u);
+    // a checkpoint without a scheduler writes none
+    std::string plain = t / "plain", none = t / "none";
+    ASSERT_EQ(ckpt_cmd("convert " + canon + " " + plain + " --exclude 'lr_scheduler.**'", &out), 0) << out;
+    ASSERT_EQ(ckpt_cmd("convert " + plain + " " + none + " --to accelerate-1.15 --n-heads 4 --n-kv-heads 2", &out), 0) << out;
+    EXPECT_FALSE(exists(none + "/scheduler.bin"));
+}
+
 // inspect and diff take a checkpoint of several files as its trainer saves it: accelerate's directory of two DCPs,
 // OLMo's step directory, a DeepSpeed ZeRO directory (its files as they are; with diff --layout in fsdp-run's).
 TEST(TrainerCkpts, InspectAndDiffTakeCheckpointsOfSeveralFiles) {

@@ -57,8 +57,13 @@ def main():
     ap.add_argument("--batch", default=None)
     ap.add_argument("--save-weights", default=None,
                     help="write the full weights after the first resumed step here")
+    ap.add_argument("--no-rng-states", action="store_true",
+                    help="accept a checkpoint without random_states_<r>.pkl (one another tool wrote: accelerate's "
+                         "load_state then keeps the job's own RNG states, as it does for a missing file)")
     ap.add_argument("--_inner", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.no_rng_states:
+        os.environ["ACC_CHECK_NO_RNG"] = "1"
     batch = a.batch or str(Path(a.dir).resolve().parent / "batch.safetensors")
 
     if not a._inner and "LOCAL_RANK" not in os.environ:
