@@ -242,6 +242,47 @@ static int read_pieces(ckv_impl *v, const ckv_entry *e, int64_t r0, int64_t r1, 
     return rc;
 }
 
+/* The runs k.. of one source (runs[k].src) not done yet: when several of them, or one with strides, fall in view rows
+ * [r0, r1), their source rows are read once as one span (a head's two rotate-half halves, a fused tensor's
+ * interleaved rows: the span holds each row once) and scattered; else each is read as read_run reads it. */
+static int read_src_runs(ckv_impl *v, const ckv_entry *e, size_t k, unsigned char *done, int64_t r0, int64_t r1,
+                         char *dst, size_t row_bytes, fsdp_dtype dt, int *nan, fsdp_err *err) {
+    size_t src = e->run[k].src, n = 0;
+    int64_t lo = INT64_MAX, hi = INT64_MIN, need = 0;
+    int strided = 0;
+    for (size_t j = k; j < e->n_run; j++) {
+        const ckv_run *u = &e->run[j];
+        if (done[j] || u->src != src) continue;
+        int64_t k0, k1;
+        run_span(u, r0, r1, &k0, &k1);
+        done[j] = 1;
+        if (k0 >= k1) continue;
+        int64_t a = u->s0 + k0 * u->sstride, b = u->s0 + (k1 - 1) * u->sstride + 1;
+        lo = a < lo ? a : lo, hi = b > hi ? b : hi, need += k1 - k0, n++;
+        strided |= u->vstride != 1 || u->sstride != 1;
+    }
+    if (!n) return 0;
+    if ((n == 1 && !strided) || hi - lo > 2 * need) { /* one plain run, or a span mostly of rows not asked for */
+        int rc = 0;
+        for (size_t j = k; j < e->n_run && !rc; j++)
+            if (e->run[j].src == src) rc = read_run(v, &e->run[j], r0, r1, dst, row_bytes, dt, nan, err);
+        return rc;
+    }
+    int n2 = 0, rc = grow_tmp(v, (size_t)(hi - lo) * row_bytes, err);
+    if (!rc) rc = ckpt_read_rows_nan(v->src, src, lo, hi, v->tmp, dt, &n2, err);
+    for (size_t j = k; j < e->n_run && !rc; j++) {
+        const ckv_run *u = &e->run[j];
+        if (u->src != src) continue;
+        int64_t k0, k1;
+        run_span(u, r0, r1, &k0, &k1);
+        for (int64_t q = k0; q < k1; q++)
+            memcpy(dst + (size_t)(u->v0 + q * u->vstride - r0) * row_bytes,
+                   (char *)v->tmp + (size_t)(u->s0 + q * u->sstride - lo) * row_bytes, row_bytes);
+    }
+    if (nan && n2) *nan = 1;
+    return rc;
+}
+
 static int view_read_rows(ckpt_reader *r, size_t i, int64_t r0, int64_t r1, void *dst, fsdp_dtype dt, int *nan,
                           fsdp_err *err) {
     ckv_impl *v = r->impl;
@@ -253,8 +294,13 @@ static int view_read_rows(ckpt_reader *r, size_t i, int64_t r0, int64_t r1, void
         return rc ? fsdp_err_prefix(err, "%s (read as %s)", r->path, e->name) : 0;
     }
     size_t row_bytes = (size_t)row_numel(e->ndim, e->shape) * fsdp_dtype_size(dt);
+    unsigned char *done = calloc(e->n_run ? e->n_run : 1, 1);
+    if (!done) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory reading %s", e->name);
+    if (nan) *nan = 0;
     int rc = 0;
-    for (size_t k = 0; k < e->n_run && !rc; k++) rc = read_run(v, &e->run[k], r0, r1, dst, row_bytes, dt, nan, err);
+    for (size_t k = 0; k < e->n_run && !rc; k++)
+        if (!done[k]) rc = read_src_runs(v, e, k, done, r0, r1, dst, row_bytes, dt, nan, err);
+    free(done);
     return rc ? fsdp_err_prefix(err, "%s (read as %s)", r->path, e->name) : 0;
 }
 
