@@ -59,6 +59,9 @@ int ts_load_tensor(zip_reader *z, const char *name, ts_tensor *t, fsdp_err *err)
 typedef int (*ts_fill_fn)(void *user, zip_writer *zw, fsdp_err *err);
 int ts_write_tensor(FILE *f, fsdp_dtype dt, int ndim, const int64_t *shape, const void *data, ts_fill_fn fill,
                     void *user, uint64_t *len, fsdp_err *err);
+/* The rebuild call of a tensor whose storage is record data/<key>, into a pickle being written (ts_write_tensor's,
+ * ckpt/pt_write.h's). */
+void ts_w_tensor_ref(pkl_w *w, fsdp_dtype dt, int ndim, const int64_t *shape, const char *key);
 /* Writes a pickled value (the caller supplies the protocol-2 pickle bytes) as an archive. */
 int ts_write_value(FILE *f, const void *pickle, size_t n, uint64_t *len, fsdp_err *err);
 /* The same with its records under archive/ (torch.save names them after the file it writes:

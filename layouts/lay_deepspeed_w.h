@@ -4,7 +4,7 @@
 
 #include <stdint.h>
 
-#include "ckpt/torchsave_tree.h"
+#include "ckpt/pt_write.h"
 #include "layouts/lay_deepspeed.h"
 
 #define LAY_DSW_VERSION "0.19.8" /* the ds_version written: the release checked */
@@ -52,8 +52,8 @@ int lay_dsw_optim_file3(lay_dsw *d, const char *dir, int r, fsdp_err *err);
 /* Shared by both: elements [e0, e1) of view tensor i (float32, C order) and n zeros into the record being written;
  * the ds_config dict; an object as DeepSpeed pickles its classes, NEWOBJ(cls, ()) + BUILD({key: value}) with
  * kind[k] 0 float, 1 int, 2 bool. */
-int lay_dsw_put_elems(lay_dsw *d, ts_tree *t, size_t i, int64_t e0, int64_t e1, fsdp_err *err);
-int lay_dsw_put_zeros(ts_tree *t, int64_t n, fsdp_err *err);
+int lay_dsw_put_elems(lay_dsw *d, ptw_file *t, size_t i, int64_t e0, int64_t e1, fsdp_err *err);
+int lay_dsw_put_zeros(ptw_file *t, int64_t n, fsdp_err *err);
 void lay_dsw_ds_config(lay_dsw *d, pkl_w *w);
 void lay_dsw_object(pkl_w *w, const char *module, const char *cls, const char *const *keys, const double *vals,
                     const int *kind, int n);

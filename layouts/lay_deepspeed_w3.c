@@ -26,11 +26,11 @@ static size_t sub_groups(const lay_dsw *d, const lay_dsw_group *G, size_t *first
 }
 
 /* Rank r's part of sub group [a, b) of G: weights (which 0) or a moment (1, 2), each parameter's pn elements. */
-static int sub_tensor(lay_dsw *d, ts_tree *t, const lay_dsw_group *G, size_t a, size_t b, int which, int r,
+static int sub_tensor(lay_dsw *d, ptw_file *t, const lay_dsw_group *G, size_t a, size_t b, int which, int r,
                       fsdp_err *err) {
     int64_t len = 0;
     for (size_t k = a; k < b; k++) len += part_of(d, &d->p[G->ids[k]]);
-    int rc = ts_tree_tensor_begin(t, FSDP_DT_F32, 1, &len, err);
+    int rc = ptw_tensor_begin(t, FSDP_DT_F32, 1, &len, err);
     for (size_t k = a; k < b && !rc; k++) {
         const lay_dsw_param *p = &d->p[G->ids[k]];
         int64_t pn = part_of(d, p), lo = r * pn, hi = lo + pn < p->numel ? lo + pn : p->numel;
@@ -38,15 +38,15 @@ static int sub_tensor(lay_dsw *d, ts_tree *t, const lay_dsw_group *G, size_t a, 
         if (lo < hi) rc = lay_dsw_put_elems(d, t, i, lo, hi, err);
         if (!rc) rc = lay_dsw_put_zeros(t, pn - (lo < hi ? hi - lo : 0), err);
     }
-    if (!rc) rc = ts_tree_tensor_end(t, err);
+    if (!rc) rc = ptw_tensor_end(t, err);
     d->written++;
     d->bytes += (uint64_t)len * 4;
     return rc;
 }
 
 /* optimizer_state_dict (torch AdamW over the sub groups) and fp32_flat_groups of rank r */
-static int w_state(lay_dsw *d, ts_tree *t, const size_t *first, size_t ns, int r, fsdp_err *err) {
-    pkl_w *w = ts_tree_pickle(t);
+static int w_state(lay_dsw *d, ptw_file *t, const size_t *first, size_t ns, int r, fsdp_err *err) {
+    pkl_w *w = ptw_pickle(t);
     const lay_dsw_group *G = &d->g[0];
     int rc = 0;
     pkl_w_str(w, "optimizer_state_dict");
@@ -60,7 +60,7 @@ static int w_state(lay_dsw *d, ts_tree *t, const size_t *first, size_t ns, int r
         pkl_w_empty_dict(w);
         pkl_w_mark(w);
         pkl_w_str(w, "step");
-        rc = ts_tree_tensor_from(t, d->v, (size_t)d->p[G->ids[first[k]]].st, FSDP_DT_F32, err);
+        rc = ptw_tensor_from(t, d->v, (size_t)d->p[G->ids[first[k]]].st, FSDP_DT_F32, err);
         d->written++, d->bytes += 4;
         pkl_w_str(w, "exp_avg");
         if (!rc) rc = sub_tensor(d, t, G, first[k], first[k + 1], 1, r, err);
@@ -80,7 +80,7 @@ static int w_state(lay_dsw *d, ts_tree *t, const size_t *first, size_t ns, int r
         const char *name = ckpt_entry_at(d->v, i)->name;
         if (strncmp(name, pre, pl) || !strcmp(name + pl, "params")) continue;
         pkl_w_str(w, name + pl);
-        rc = ts_tree_value_from(t, d->v, i, err);
+        rc = ptw_value_from(t, d->v, i, err);
     }
     pkl_w_str(w, "params");
     pkl_w_empty_list(w);
@@ -108,10 +108,10 @@ int lay_dsw_optim_file3(lay_dsw *d, const char *dir, int r, fsdp_err *err) {
     char path[4600], arch[128];
     snprintf(arch, sizeof arch, "zero_pp_rank_%d_mp_rank_00_optim_states", r);
     snprintf(path, sizeof path, "%s/%s.pt", dir, arch);
-    ts_tree *t;
-    int rc = ts_tree_begin(path, arch, &t, err);
+    ptw_file *t;
+    int rc = ptw_begin(path, arch, &t, err);
     if (rc) return free(first), rc;
-    pkl_w *w = ts_tree_pickle(t);
+    pkl_w *w = ptw_pickle(t);
     static const char *const ls_keys[] = {"cur_scale", "dynamic"};
     static const double ls_vals[] = {1.0, 0};
     static const int ls_kind[] = {0, 2};
@@ -141,7 +141,7 @@ int lay_dsw_optim_file3(lay_dsw *d, const char *dir, int r, fsdp_err *err) {
     pkl_w_str(w, "ds_version");
     pkl_w_str(w, LAY_DSW_VERSION);
     pkl_w_setitems(w);
-    if (!rc) return ts_tree_finish(t, err);
-    ts_tree_abort(t);
+    if (!rc) return ptw_finish(t, err);
+    ptw_abort(t);
     return rc;
 }

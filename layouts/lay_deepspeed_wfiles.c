@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ckpt/torchsave_tree.h"
+#include "ckpt/pt_write.h"
 #include "layouts/lay_deepspeed_w.h"
 
 
@@ -28,7 +28,7 @@ int lay_dsw_step(lay_dsw *d, fsdp_err *err) {
     return 0;
 }
 
-int lay_dsw_put_elems(lay_dsw *d, ts_tree *t, size_t i, int64_t e0, int64_t e1, fsdp_err *err) {
+int lay_dsw_put_elems(lay_dsw *d, ptw_file *t, size_t i, int64_t e0, int64_t e1, fsdp_err *err) {
     const ckpt_entry *e = ckpt_entry_at(d->v, i);
     int64_t rows = e->ndim ? e->shape[0] : 1, numel = 1;
     for (int a = 0; a < e->ndim; a++) numel *= e->shape[a];
@@ -45,23 +45,23 @@ int lay_dsw_put_elems(lay_dsw *d, ts_tree *t, size_t i, int64_t e0, int64_t e1, 
         int64_t r1 = r0 + step < rows ? r0 + step : rows;
         if ((rc = ckpt_read_rows(d->v, i, r0, r1, d->buf, FSDP_DT_F32, err))) break;
         int64_t a = e0 > r0 * rl ? e0 : r0 * rl, b = e1 < r1 * rl ? e1 : r1 * rl;
-        rc = ts_tree_tensor_data(t, d->buf + (a - r0 * rl), (size_t)(b - a) * sizeof(float), err);
+        rc = ptw_tensor_data(t, d->buf + (a - r0 * rl), (size_t)(b - a) * sizeof(float), err);
     }
     return rc;
 }
 
-int lay_dsw_put_zeros(ts_tree *t, int64_t n, fsdp_err *err) {
+int lay_dsw_put_zeros(ptw_file *t, int64_t n, fsdp_err *err) {
     static const float zero[1024];
     int rc = 0;
-    for (int64_t k = 0; k < n && !rc; k += 1024) rc = ts_tree_tensor_data(t, zero, (size_t)(n - k < 1024 ? n - k : 1024) * 4, err);
+    for (int64_t k = 0; k < n && !rc; k += 1024) rc = ptw_tensor_data(t, zero, (size_t)(n - k < 1024 ? n - k : 1024) * 4, err);
     return rc;
 }
 
 /* A 1-d float32 tensor of flat elements [a, b) of group G (which = 0 the weights, 1 exp_avg, 2 exp_avg_sq), then
  * zeros to `len` elements. */
-static int flat_tensor(lay_dsw *d, ts_tree *t, const lay_dsw_group *G, int which, int64_t a, int64_t b, int64_t len,
+static int flat_tensor(lay_dsw *d, ptw_file *t, const lay_dsw_group *G, int which, int64_t a, int64_t b, int64_t len,
                        fsdp_err *err) {
-    int rc = ts_tree_tensor_begin(t, FSDP_DT_F32, 1, &len, err);
+    int rc = ptw_tensor_begin(t, FSDP_DT_F32, 1, &len, err);
     for (size_t k = 0; k < G->n && !rc; k++) {
         const lay_dsw_param *p = &d->p[G->ids[k]];
         int64_t lo = a > p->off ? a : p->off, hi = b < p->off + p->numel ? b : p->off + p->numel;
@@ -70,7 +70,7 @@ static int flat_tensor(lay_dsw *d, ts_tree *t, const lay_dsw_group *G, int which
         rc = lay_dsw_put_elems(d, t, i, lo - p->off, hi - p->off, err);
     }
     if (!rc) rc = lay_dsw_put_zeros(t, len - (b > a ? b - a : 0), err);
-    if (!rc) rc = ts_tree_tensor_end(t, err);
+    if (!rc) rc = ptw_tensor_end(t, err);
     d->written++;
     d->bytes += (uint64_t)len * 4;
     return rc;
@@ -110,8 +110,8 @@ void lay_dsw_object(pkl_w *w, const char *module, const char *cls, const char *c
 }
 
 /* base_optimizer_state: torch AdamW's state_dict() of the rank's partitions, one "parameter" per group */
-static int w_base_state(lay_dsw *d, ts_tree *t, int r, fsdp_err *err) {
-    pkl_w *w = ts_tree_pickle(t);
+static int w_base_state(lay_dsw *d, ptw_file *t, int r, fsdp_err *err) {
+    pkl_w *w = ptw_pickle(t);
     pkl_w_str(w, "base_optimizer_state");
     pkl_w_empty_dict(w);
     pkl_w_mark(w);
@@ -126,7 +126,7 @@ static int w_base_state(lay_dsw *d, ts_tree *t, int r, fsdp_err *err) {
         pkl_w_empty_dict(w);
         pkl_w_mark(w);
         pkl_w_str(w, "step");
-        rc = ts_tree_tensor_from(t, d->v, (size_t)d->p[G->ids[0]].st, FSDP_DT_F32, err);
+        rc = ptw_tensor_from(t, d->v, (size_t)d->p[G->ids[0]].st, FSDP_DT_F32, err);
         d->written++, d->bytes += 4;
         pkl_w_str(w, "exp_avg");
         if (!rc) rc = flat_tensor(d, t, G, 1, a, b < G->total ? b : G->total, G->part, err);
@@ -147,7 +147,7 @@ static int w_base_state(lay_dsw *d, ts_tree *t, int r, fsdp_err *err) {
             const char *name = ckpt_entry_at(d->v, i)->name;
             if (strncmp(name, pre, pl) || !strcmp(name + pl, "params")) continue;
             pkl_w_str(w, name + pl);
-            rc = ts_tree_value_from(t, d->v, i, err);
+            rc = ptw_value_from(t, d->v, i, err);
         }
         pkl_w_str(w, "params");
         pkl_w_empty_list(w);
@@ -175,8 +175,8 @@ static void w_int_list(pkl_w *w, const int64_t *v, size_t n) {
 }
 
 /* single_partition_of_fp32_groups .. param_slice_mappings */
-static int w_partition(lay_dsw *d, ts_tree *t, int r, fsdp_err *err) {
-    pkl_w *w = ts_tree_pickle(t);
+static int w_partition(lay_dsw *d, ptw_file *t, int r, fsdp_err *err) {
+    pkl_w *w = ptw_pickle(t);
     int rc = 0;
     pkl_w_str(w, "single_partition_of_fp32_groups");
     pkl_w_empty_list(w);
@@ -245,10 +245,10 @@ int lay_dsw_optim_file(lay_dsw *d, const char *dir, int r, fsdp_err *err) {
     char path[4600], arch[128];
     snprintf(arch, sizeof arch, "zero_pp_rank_%d_mp_rank_00_optim_states", r);
     snprintf(path, sizeof path, "%s/%s.pt", dir, arch);
-    ts_tree *t;
-    int rc = ts_tree_begin(path, arch, &t, err);
+    ptw_file *t;
+    int rc = ptw_begin(path, arch, &t, err);
     if (rc) return rc;
-    pkl_w *w = ts_tree_pickle(t);
+    pkl_w *w = ptw_pickle(t);
     static const char *const ls_keys[] = {"cur_scale", "dynamic"};
     static const double ls_vals[] = {1.0, 0};
     static const int ls_kind[] = {0, 2};
@@ -274,15 +274,15 @@ int lay_dsw_optim_file(lay_dsw *d, const char *dir, int r, fsdp_err *err) {
     pkl_w_str(w, "ds_version");
     pkl_w_str(w, LAY_DSW_VERSION);
     pkl_w_setitems(w);
-    if (!rc) return ts_tree_finish(t, err);
-    ts_tree_abort(t);
+    if (!rc) return ptw_finish(t, err);
+    ptw_abort(t);
     return rc;
 }
 
 /* 'module' (the weights in module order; ZeRO-3: [0] placeholders, the values being in the partitions) and
  * 'param_shapes' (per group) */
-static int w_module(lay_dsw *d, ts_tree *t, fsdp_err *err) {
-    pkl_w *w = ts_tree_pickle(t);
+static int w_module(lay_dsw *d, ptw_file *t, fsdp_err *err) {
+    pkl_w *w = ptw_pickle(t);
     int rc = 0;
     pkl_w_str(w, "module");
     pkl_w_global(w, "collections", "OrderedDict");
@@ -293,10 +293,10 @@ static int w_module(lay_dsw *d, ts_tree *t, fsdp_err *err) {
         pkl_w_str(w, ckpt_entry_at(d->v, d->p[k].w)->name);
         if (d->o->stage == 3) {
             int64_t zero = 0;
-            rc = ts_tree_tensor_mem(t, FSDP_DT_F32, 1, &zero, NULL, err);
+            rc = ptw_tensor_mem(t, FSDP_DT_F32, 1, &zero, NULL, err);
             continue;
         }
-        rc = ts_tree_tensor_from(t, d->v, d->p[k].w, FSDP_DT_F32, err);
+        rc = ptw_tensor_from(t, d->v, d->p[k].w, FSDP_DT_F32, err);
         d->written++;
         d->bytes += (uint64_t)d->p[k].numel * 4;
     }
@@ -329,10 +329,10 @@ int lay_dsw_model_file(lay_dsw *d, const char *dir, int r, fsdp_err *err) {
     if (d->o->stage == 3) snprintf(arch, sizeof arch, "zero_pp_rank_%d_mp_rank_00_model_states", r);
     else snprintf(arch, sizeof arch, "mp_rank_00_model_states");
     snprintf(path, sizeof path, "%s/%s.pt", dir, arch);
-    ts_tree *t;
-    int rc = ts_tree_begin(path, arch, &t, err);
+    ptw_file *t;
+    int rc = ptw_begin(path, arch, &t, err);
     if (rc) return rc;
-    pkl_w *w = ts_tree_pickle(t);
+    pkl_w *w = ptw_pickle(t);
     pkl_w_empty_dict(w);
     pkl_w_mark(w);
     rc = w_module(d, t, err);
@@ -366,7 +366,7 @@ int lay_dsw_model_file(lay_dsw *d, const char *dir, int r, fsdp_err *err) {
     pkl_w_str(w, "ds_version");
     pkl_w_str(w, LAY_DSW_VERSION);
     pkl_w_setitems(w);
-    if (!rc) return ts_tree_finish(t, err);
-    ts_tree_abort(t);
+    if (!rc) return ptw_finish(t, err);
+    ptw_abort(t);
     return rc;
 }

@@ -8,7 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "ckpt/torchsave_tree.h"
+#include "ckpt/pt_write.h"
 #include "layouts/lay_deepspeed.h"
 #include "layouts/lay_deepspeed_w.h"
 #include "layouts/lay_rows.h"

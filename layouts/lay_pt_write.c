@@ -1,12 +1,12 @@
 /* A layout's part that is one torch.save file (OLMo's model.pt / optim.pt): the keys of its prefix nested as the
  * trainer's own torch.save nests them (lay_nest: (state, fqn, kind), (param_groups, i, option)), param_groups a
- * list, written by ckpt/torchsave_tree.h. */
+ * list, written by ckpt/pt_write.h. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "ckpt/torchsave_tree.h"
+#include "ckpt/pt_write.h"
 #include "layouts/layout.h"
 
 typedef struct node {
@@ -102,11 +102,11 @@ static int add_key(tree *t, const lay_layout *L, const char *key, size_t skip, l
 }
 
 
-static int write_node(ts_tree *w, tree *t, size_t k, ckpt_reader *r, int root, fsdp_err *err);
+static int write_node(ptw_file *w, tree *t, size_t k, ckpt_reader *r, int root, fsdp_err *err);
 
 /* param_groups: a list in index order */
-static int write_list(ts_tree *w, tree *t, node *x, ckpt_reader *r, fsdp_err *err) {
-    pkl_w *p = ts_tree_pickle(w);
+static int write_list(ptw_file *w, tree *t, node *x, ckpt_reader *r, fsdp_err *err) {
+    pkl_w *p = ptw_pickle(w);
     for (size_t a = 1; a < x->n; a++) /* by index (a few groups) */
         for (size_t b = a; b > 0 && t->v[x->kids[b - 1]].index > t->v[x->kids[b]].index; b--) {
             size_t k = x->kids[b];
@@ -120,13 +120,13 @@ static int write_list(ts_tree *w, tree *t, node *x, ckpt_reader *r, fsdp_err *er
     return rc;
 }
 
-static int write_node(ts_tree *w, tree *t, size_t k, ckpt_reader *r, int root, fsdp_err *err) {
+static int write_node(ptw_file *w, tree *t, size_t k, ckpt_reader *r, int root, fsdp_err *err) {
     node *x = &t->v[k];
-    pkl_w *p = ts_tree_pickle(w);
+    pkl_w *p = ptw_pickle(w);
     if (x->entry >= 0) {
         const ckpt_entry *e = ckpt_entry_at(r, (size_t)x->entry);
-        return e->is_tensor ? ts_tree_tensor_from(w, r, (size_t)x->entry, 0, err)
-                            : ts_tree_value_from(w, r, (size_t)x->entry, err);
+        return e->is_tensor ? ptw_tensor_from(w, r, (size_t)x->entry, 0, err)
+                            : ptw_value_from(w, r, (size_t)x->entry, err);
     }
     int all_int = x->n > 0, flat = 1;
     for (size_t c = 0; c < x->n; c++) {
@@ -181,11 +181,11 @@ int lay_part_write_pt(const lay_layout *L, ckpt_reader *r, size_t part, const ch
     snprintf(arch, sizeof arch, "%s", base ? base + 1 : path);
     char *dot = strrchr(arch, '.');
     if (dot) *dot = '\0';
-    ts_tree *w = NULL;
-    if (!rc) rc = ts_tree_begin(path, arch, &w, err);
+    ptw_file *w = NULL;
+    if (!rc) rc = ptw_begin(path, arch, &w, err);
     if (!rc) rc = write_node(w, &t, 0, r, 1, err);
-    if (!rc) rc = ts_tree_finish(w, err);
-    else ts_tree_abort(w);
+    if (!rc) rc = ptw_finish(w, err);
+    else ptw_abort(w);
     for (size_t k = 0; k < t.n; k++) free(t.v[k].name), free(t.v[k].kids);
     free(t.v);
     free(t.slot);

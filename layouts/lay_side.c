@@ -6,7 +6,7 @@
 
 #include "ckpt/dcp_side.h"
 #include "ckpt/pickle.h"
-#include "ckpt/torchsave_tree.h"
+#include "ckpt/pt_write.h"
 #include "layouts/lay_view_impl.h"
 
 static int int_pickle(pkl_w *w, int64_t v) {
@@ -60,10 +60,10 @@ static int values_write(const lay_layout *L, ckpt_reader *r, const char *dir, fs
     snprintf(arch, sizeof arch, "%s", L->values_file);
     char *dot = strrchr(arch, '.');
     if (dot) *dot = '\0';
-    ts_tree *t;
-    int rc = ts_tree_begin(path, arch, &t, err);
+    ptw_file *t;
+    int rc = ptw_begin(path, arch, &t, err);
     if (rc) return rc;
-    pkl_w *w = ts_tree_pickle(t);
+    pkl_w *w = ptw_pickle(t);
     pkl_w_empty_dict(w);
     pkl_w_mark(w);
     for (size_t i = 0; i < ckpt_count(r) && !rc; i++) {
@@ -75,14 +75,14 @@ static int values_write(const lay_layout *L, ckpt_reader *r, const char *dir, fs
             break;
         }
         pkl_w_str(w, e->name + plen);
-        rc = ts_tree_value_from(t, r, i, err);
+        rc = ptw_value_from(t, r, i, err);
     }
     pkl_w_setitems(w);
     if (rc) {
-        ts_tree_abort(t);
+        ptw_abort(t);
         return rc;
     }
-    return ts_tree_finish(t, err);
+    return ptw_finish(t, err);
 }
 
 int lay_side_read(lay_job *J, fsdp_err *err) {

@@ -1,5 +1,5 @@
-/* torch.save files of many tensors (ckpt/torchsave_tree.h). */
-#include "ckpt/torchsave_tree.h"
+/* torch.save files of many tensors (ckpt/pt_write.h). */
+#include "ckpt/pt_write.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -14,7 +14,7 @@
 /* a tensor's rows are read and written in pieces of about this many bytes */
 #define TS_TREE_PIECE ((size_t)32 << 20)
 
-struct ts_tree {
+struct ptw_file {
     char *path, *tmp;
     char archive[128];
     FILE *f;
@@ -23,9 +23,9 @@ struct ts_tree {
     long next; /* the next storage key */
 };
 
-int ts_tree_begin(const char *path, const char *archive, ts_tree **out, fsdp_err *err) {
+int ptw_begin(const char *path, const char *archive, ptw_file **out, fsdp_err *err) {
     *out = NULL;
-    ts_tree *t = calloc(1, sizeof *t);
+    ptw_file *t = calloc(1, sizeof *t);
     size_t n = strlen(path) + 8;
     if (!t || !(t->path = strdup(path)) || !(t->tmp = malloc(n))) {
         if (t) free(t->path);
@@ -52,9 +52,9 @@ int ts_tree_begin(const char *path, const char *archive, ts_tree **out, fsdp_err
     return 0;
 }
 
-pkl_w *ts_tree_pickle(ts_tree *t) { return &t->w; }
+pkl_w *ptw_pickle(ptw_file *t) { return &t->w; }
 
-static int start_record(ts_tree *t, fsdp_dtype dt, int ndim, const int64_t *shape, uint64_t *bytes, fsdp_err *err) {
+static int start_record(ptw_file *t, fsdp_dtype dt, int ndim, const int64_t *shape, uint64_t *bytes, fsdp_err *err) {
     int64_t numel = fsdp_numel(ndim, shape);
     if (numel < 0) return fsdp_err_set(err, FSDP_E_INVALID, "torch.save: invalid shape");
     char key[32], rec[200];
@@ -65,7 +65,7 @@ static int start_record(ts_tree *t, fsdp_dtype dt, int ndim, const int64_t *shap
     return zip_writer_start(&t->zw, rec, *bytes, err);
 }
 
-int ts_tree_tensor_mem(ts_tree *t, fsdp_dtype dt, int ndim, const int64_t *shape, const void *data, fsdp_err *err) {
+int ptw_tensor_mem(ptw_file *t, fsdp_dtype dt, int ndim, const int64_t *shape, const void *data, fsdp_err *err) {
     uint64_t bytes;
     int rc = start_record(t, dt, ndim, shape, &bytes, err);
     if (!rc && bytes) rc = zip_writer_data(&t->zw, data, (size_t)bytes, err);
@@ -73,18 +73,18 @@ int ts_tree_tensor_mem(ts_tree *t, fsdp_dtype dt, int ndim, const int64_t *shape
     return rc;
 }
 
-int ts_tree_tensor_begin(ts_tree *t, fsdp_dtype dt, int ndim, const int64_t *shape, fsdp_err *err) {
+int ptw_tensor_begin(ptw_file *t, fsdp_dtype dt, int ndim, const int64_t *shape, fsdp_err *err) {
     uint64_t bytes;
     return start_record(t, dt, ndim, shape, &bytes, err);
 }
 
-int ts_tree_tensor_data(ts_tree *t, const void *data, size_t n, fsdp_err *err) {
+int ptw_tensor_data(ptw_file *t, const void *data, size_t n, fsdp_err *err) {
     return n ? zip_writer_data(&t->zw, data, n, err) : 0;
 }
 
-int ts_tree_tensor_end(ts_tree *t, fsdp_err *err) { return zip_writer_end_record(&t->zw, err); }
+int ptw_tensor_end(ptw_file *t, fsdp_err *err) { return zip_writer_end_record(&t->zw, err); }
 
-int ts_tree_tensor_from(ts_tree *t, ckpt_reader *r, size_t i, fsdp_dtype dt, fsdp_err *err) {
+int ptw_tensor_from(ptw_file *t, ckpt_reader *r, size_t i, fsdp_dtype dt, fsdp_err *err) {
     const ckpt_entry *e = ckpt_entry_at(r, i);
     if (!dt) dt = e->dtype;
     uint64_t bytes;
@@ -106,7 +106,7 @@ int ts_tree_tensor_from(ts_tree *t, ckpt_reader *r, size_t i, fsdp_dtype dt, fsd
     return rc ? fsdp_err_prefix(err, "writing %s to %s", e->name, t->tmp) : 0;
 }
 
-int ts_tree_value_from(ts_tree *t, ckpt_reader *r, size_t i, fsdp_err *err) {
+int ptw_value_from(ptw_file *t, ckpt_reader *r, size_t i, fsdp_err *err) {
     void *buf;
     size_t len;
     const char *name = ckpt_entry_at(r, i)->name;
@@ -123,7 +123,7 @@ int ts_tree_value_from(ts_tree *t, ckpt_reader *r, size_t i, fsdp_err *err) {
     return rc;
 }
 
-static int finish(ts_tree *t, fsdp_err *err) {
+static int finish(ptw_file *t, fsdp_err *err) {
     char rec[200];
     pkl_w_stop(&t->w);
     if (t->w.oom) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
@@ -142,7 +142,7 @@ static int finish(ts_tree *t, fsdp_err *err) {
     return rc;
 }
 
-int ts_tree_finish(ts_tree *t, fsdp_err *err) {
+int ptw_finish(ptw_file *t, fsdp_err *err) {
     int rc = finish(t, err);
     if (rc) unlink(t->tmp);
     if (fclose(t->f) != 0 && !rc) rc = fsdp_err_set(err, FSDP_E_IO, "%s: close failed: %s", t->path, strerror(errno));
@@ -153,7 +153,7 @@ int ts_tree_finish(ts_tree *t, fsdp_err *err) {
     return rc;
 }
 
-void ts_tree_abort(ts_tree *t) {
+void ptw_abort(ptw_file *t) {
     if (!t) return;
     if (t->f) fclose(t->f);
     unlink(t->tmp);
