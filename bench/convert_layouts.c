@@ -2,7 +2,8 @@
  * fsdp-run's layout) written in each trainer's layout (torchtitan 0.3, OLMo-core 3, fms-fsdp), then converted
  * (and Megatron-FSDP, accelerate) from each into fsdp-run's own with `fsdp-run ckpt convert --from LAYOUT` -- q/k/v split out of fused tensors,
  * rotate-half rows permuted, weights and moments -- next to `cp -r` + sync of the same directory, measured in the
- * same run, with each converter's peak RSS. With --python (a Python with torch and the systems, as
+ * same run (medians of 5 rounds after a warm-up; the ratio to cp is the median of each round's), with each
+ * converter's peak RSS. With --python (a Python with torch and the systems, as
  * ../shared/seed-systems/install.sh installs them) each system's own converter runs on the same checkpoint:
  * OLMo-core's unshard_checkpoint (weights and optimizer to model.pt / optim.pt; it writes no safetensors with the
  * optimizer), accelerate's merge_fsdp_weights (the weights only), and torch's dcp_to_torch_save (the route
@@ -149,8 +150,8 @@ int main(int argc, char **argv) {
         snprintf(cmd, sizeof cmd, "%s ckpt convert '%s/canon' '%s' --to %s --n-heads 16 --n-kv-heads 4 >/dev/null && sync",
                  bin, dir, ck, S->layout);
         bench_timed(cmd, NULL);
-        enum { REPS = 3 };
-        double cp_s[REPS], fr_s[REPS], own_s[REPS], rss_fr = 0, rss_own = 0;
+        enum { REPS = 5 }; /* after a warm-up round; the ratio is the median of each round's (the machine drifts) */
+        double cp_s[REPS + 1], fr_s[REPS + 1], own_s[REPS + 1], ratio[REPS], rss_fr = 0, rss_own = 0;
         int own = py != NULL;
         char cmds[3][8192];
         snprintf(cmds[0], sizeof cmds[0], "cp -r '%s' '%s/copy' && sync", ck, dir);
@@ -162,23 +163,24 @@ int main(int argc, char **argv) {
                  S->needs_stubs == 1 ? "olmocore" : S->needs_stubs == 2 ? "accelerate" : "torchtitan", py ? py : "python3",
                  S->own_py, ck, dir);
         double *out[3] = {cp_s, fr_s, own_s};
-        for (int r = 0; r < REPS; r++) {
+        for (int r = 0; r <= REPS; r++) { /* round 0: the warm-up */
             const int order[3][3] = {{0, 1, 2}, {1, 2, 0}, {2, 0, 1}};
-            snprintf(cmd, sizeof cmd, "rm -rf '%s/copy' '%s/out' '%s/own' && sync", dir, dir, dir);
-            bench_timed(cmd, NULL);
             for (int k = 0; k < 3; k++) {
-                int which = order[r][k];
+                int which = order[r % 3][k];
                 if (which == 2 && !own) continue;
+                snprintf(cmd, sizeof cmd, "rm -rf '%s/copy' '%s/out' '%s/own' && sync", dir, dir, dir);
+                bench_timed(cmd, NULL);
                 out[which][r] = bench_timed(cmds[which], which == 1 ? &rss_fr : which == 2 ? &rss_own : NULL);
             }
+            if (r) ratio[r - 1] = cp_s[r] / fr_s[r];
         }
-        double t_cp = bench_median(cp_s, REPS), t_fr = bench_median(fr_s, REPS);
+        double t_cp = bench_median(cp_s + 1, REPS), t_fr = bench_median(fr_s + 1, REPS);
         double gb = bench_path_bytes(ck) / 1e9;
         printf("%-15s cp -r + sync   %6.2f s  %6.2f GB/s\n", S->layout, t_cp, gb / t_cp);
         printf("%-15s fsdp-run       %6.2f s  %6.2f GB/s  ratio to cp %.2f  peak RSS %.0f MiB\n", S->layout, t_fr,
-               gb / t_fr, t_cp / t_fr, rss_fr);
+               gb / t_fr, bench_median(ratio, REPS), rss_fr);
         if (own) {
-            double t_own = bench_median(own_s, REPS);
+            double t_own = bench_median(own_s + 1, REPS);
             printf("%-15s %s  %6.2f s  %6.2f GB/s  ratio to cp %.2f  peak RSS %.0f MiB  (fsdp-run %.1fx faster)\n",
                    S->layout, S->own_label, t_own, gb / t_own, t_cp / t_own, rss_own, t_own / t_fr);
         }

@@ -21,6 +21,8 @@ void cks_opts_default(cks_opts *o) {
     o->slots = 4;
     const char *c = getenv("FSDP_CONVERT_CFR");
     o->cfr = c && !strcmp(c, "1"); /* measured slower: the ring already holds the bytes read for the CRC */
+    const char *w = getenv("FSDP_CONVERT_WRITEBACK");
+    o->writeback = !(w && !strcmp(w, "0"));
     const char *p = getenv("FSDP_CONVERT_PIECE");
     if (p && *p) {
         char *end;
@@ -266,7 +268,7 @@ static int writer_loop(ring *q, fsdp_dtype dst_dt, int out_fd, uint64_t out_off,
                        const char *out_what, fsdp_err *err) {
     cks_src *s = q->s;
     size_t ssz = fsdp_dtype_size(s->dtype), dsz = fsdp_dtype_size(dst_dt);
-    ckpt_pio_opts po = {0, 1, 0, 0};
+    ckpt_pio_opts po = {0, 1, q->o->writeback, 0};
     uint64_t pos = out_off;
     uint32_t crc = (uint32_t)crc32(0, NULL, 0);
     slot *sl;
