@@ -31,7 +31,8 @@ struct GridSys {
     const char *dir;    // under tests/data/trainers/grid
     const char *sub;    // the checkpoint inside wsN/
     const char *layout; // the layout fsdp-run names it (--to)
-    int start;          // the step fsdp-run resumes at (the trainer's train state; none in OLMo-core's, OLMo's is not read)
+    int start;          // the step fsdp-run resumes at: the trainer's train state (none in OLMo-core's, Megatron's,
+                        // accelerate's as read; OLMo's train.pt is not read)
     const char *parts;  // the files or DCP directories of a checkpoint of several: their names, ',' between
     int ds_stage;       // a DeepSpeed ZeRO stage (its files compared as one reader), else 0
     std::vector<std::string> configs; // the grid configs it saved on 2 ranks
@@ -211,7 +212,8 @@ void expect_same_z3_partitions(ckpt_reader *got, ckpt_reader *want, int ws, cons
     std::vector<int64_t> numels;
     for (size_t i = 0; i < ckpt_count(want); i++) {
         const ckpt_entry *e = ckpt_entry_at(want, i);
-        if (!e->is_tensor && !strncmp(e->name, "ms.param_shapes.", 16)) numels.push_back(numel_of(ckpt_value_text(want, i)));
+        if (!e->is_tensor && !strncmp(e->name, "ms.param_shapes.", 16))
+            numels.push_back(numel_of(ckpt_value_text(want, i)));
     }
     ASSERT_FALSE(numels.empty()) << what;
     size_t padded = 0;
@@ -229,11 +231,13 @@ void expect_same_z3_partitions(ckpt_reader *got, ckpt_reader *want, int ws, cons
         size_t pos = 0;
         for (int64_t n : numels) {
             ASSERT_GT(n, 0) << what;
-            size_t part = (size_t)((n + ws - 1) / ws), real = (size_t)std::max<int64_t>(0, std::min<int64_t>(part, n - (int64_t)part * r));
-            ASSERT_LE(pos + part, a.size()) << what << " rank " << r;
-            EXPECT_EQ(memcmp(a.data() + pos, b.data() + pos, real * 4), 0) << what << " rank " << r << " at " << pos;
-            for (size_t k = pos + real; k < pos + part; k++, padded++) EXPECT_EQ(b[k], 0.0f) << what << " rank " << r << " padding " << k;
-            pos += part;
+            int64_t part = (n + ws - 1) / ws, real = std::max<int64_t>(0, std::min<int64_t>(part, n - part * r));
+            ASSERT_LE(pos + (size_t)part, a.size()) << what << " rank " << r;
+            EXPECT_EQ(memcmp(a.data() + pos, b.data() + pos, (size_t)real * 4), 0)
+                << what << " rank " << r << " at " << pos;
+            for (size_t k = pos + (size_t)real; k < pos + (size_t)part; k++, padded++)
+                EXPECT_EQ(b[k], 0.0f) << what << " rank " << r << " padding " << k;
+            pos += (size_t)part;
         }
         EXPECT_EQ(pos, a.size()) << what << " rank " << r << ": the partitions are the parameters' parts";
     }
@@ -280,7 +284,8 @@ TEST(TrainerGrid, EachIsRecognisedAndRoundTripsThroughFsdpRunsLayoutBitForBit) {
         std::string named = f.s.ds_stage ? "layout: a DeepSpeed ZeRO checkpoint of " + std::to_string(f.ws) + " ranks"
                                          : std::string("layout: ") + f.s.layout + " (";
         EXPECT_NE(out.find(named), std::string::npos) << f.what() << ": " << out;
-        ASSERT_EQ(ckpt_cmd("convert " + src + " " + canon + " --from auto" + heads(sh), &out), 0) << f.what() << ": " << out;
+        ASSERT_EQ(ckpt_cmd("convert " + src + " " + canon + " --from auto" + heads(sh), &out), 0)
+            << f.what() << ": " << out;
         ASSERT_EQ(ckpt_cmd("inspect " + canon, &out), 0) << out;
         EXPECT_NE(out.find("layout: torchtitan-0.2 ("), std::string::npos) << f.what() << ": " << out;
         std::string opt = f.s.ds_stage == 2 ? " --option gradient_clipping=1.0" : "";

@@ -53,6 +53,11 @@ transformers.get_constant_schedule (LambdaLR, factor 1).  Loss = mean cross-entr
 against the given labels (no shift) over the rank's rows; FSDP2 averages gradients over the ranks,
 so the gradient is that of the global mean; the recorded loss is the mean over the ranks.
 The grad norm is what accelerator.clip_grad_norm_ returns (the total norm before clipping).
+
+Grid shapes (tests/data/trainers/grid/README.md; tools/gen/trainers/gen_grid.sh runs them all):
+`gen_accelerate.py --grid NAME` (NAME one of mha, mqa, gqa3 of tools/gen/trainers/grid.py) runs the same phases
+on 2 ranks with that shape and the grid's batch, into tests/data/trainers/grid/accelerate-1.15/NAME/: ws2/,
+config.json, expected.json.
 """
 
 import io

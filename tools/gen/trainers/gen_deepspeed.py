@@ -43,6 +43,11 @@ that of the global mean; the recorded loss is the mean over the ranks (= the glo
 The grad norm is engine.get_global_grad_norm() (the norm before clipping).
 
 On this machine a rerun reproduces every file byte for byte (the .pt zips included).
+
+Grid shapes (tests/data/trainers/grid/README.md; tools/gen/trainers/gen_grid.sh runs them all):
+`gen_deepspeed.py --grid NAME [--stage 2|3|both]` (NAME one of mha, mqa, gqa3 of tools/gen/trainers/grid.py)
+runs the same phases on 2 ranks with that shape and the grid's batch, into
+tests/data/trainers/grid/deepspeed-0.19-zero{2,3}/NAME/: ws2/ (and ws3/ for mqa), config.json, expected.json.
 """
 
 import json

@@ -16,6 +16,11 @@ It runs itself under torchrun (gloo) as phases:
   --phase verify           : numeric checks of the fused-tensor row order and the RoPE order against a
                              hand-written reference forward (world 1, no FSDP)
 What follows main_training_llama.py / train_utils.train() line by line is marked "as main_training_llama".
+
+Grid shapes (tests/data/trainers/grid/README.md; tools/gen/trainers/gen_grid.sh runs them all): `gen_fms.py
+--grid NAME` (NAME one of mha, mqa, gqa3 of tools/gen/trainers/grid.py) runs the same phases on 2 ranks with
+that shape and the grid's batch, into tests/data/trainers/grid/fms-1.13/NAME/: ws2/checkpoints/step_3_ckp,
+config.json, expected.json.
 """
 import argparse
 import json

@@ -51,6 +51,11 @@ Workarounds for this CPU machine (see /work/shared/seed-systems/README.md): cuda
 before importing megatron_fsdp; the DeviceMesh is built by hand on "cpu" (fully_shard_model's own
 default mesh is a "cuda" one); device=torch.device("cpu"); fsdp_model.ddp_config.
 gradient_reduce_div_fusion = False right after fully_shard_model (gloo has no PREMUL_SUM).
+
+Grid shapes (tests/data/trainers/grid/README.md; tools/gen/trainers/gen_grid.sh runs them all):
+`gen_megatron_fsdp.py --grid NAME` (NAME one of mha, mqa, gqa3 of tools/gen/trainers/grid.py) runs the same
+phases on 2 ranks with that shape and the grid's batch, into tests/data/trainers/grid/megatron-fsdp-0.6/NAME/:
+ws2/, config.json, expected.json.
 """
 
 import io

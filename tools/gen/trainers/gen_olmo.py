@@ -26,6 +26,11 @@ Afterwards it also runs the same 5 steps uninterrupted on 1 and 2 ranks (asserti
 resumes from ws1_safetensors/ (asserting the same numbers as ws1).
 The safetensors twins (model.safetensors / optim.safetensors) are what OLMo's scripts/convert_pt_to_safetensors.py and
 scripts/unshard.py --safe-tensors write: olmo.safetensors_util.state_dict_to_safetensors_file(torch.load(x.pt)).
+
+Grid shapes (tests/data/trainers/grid/README.md; tools/gen/trainers/gen_grid.sh runs them all): `gen_olmo.py
+--grid NAME` (NAME one of mha, mqa, gqa3 of tools/gen/trainers/grid.py) runs the same phases on 2 ranks with
+that shape and the grid's batch, into tests/data/trainers/grid/olmo-0.6/NAME/: ws2/step3-unsharded, config.json,
+expected.json.
 """
 import argparse
 import json

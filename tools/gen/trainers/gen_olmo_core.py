@@ -24,6 +24,11 @@ TransformerTrainModule._clip_grad_norm, loss exactly as TransformerTrainModule.t
 
 Byte-for-byte the .distcp files differ between runs (torch.save zip records, the save_id uuid
 inside .metadata); every tensor value and every key/shape/offset is reproduced exactly.
+
+Grid shapes (tests/data/trainers/grid/README.md; tools/gen/trainers/gen_grid.sh runs them all):
+`gen_olmo_core.py --grid NAME` (NAME one of mha, mqa, gqa3 of tools/gen/trainers/grid.py) runs the same phases
+on 2 ranks with that shape and the grid's batch, into tests/data/trainers/grid/olmo-core-3.0/NAME/: ws2/,
+config.json, expected.json.
 """
 
 import json

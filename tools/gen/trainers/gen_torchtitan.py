@@ -31,6 +31,11 @@ Workarounds for torch 2.11 on CPU (see /work/shared/seed-systems/README.md):
          hf_datasets import them at module level, pulled in by importing the Trainer class whose
          state_dict/load_state_dict give the train_state entry, and in 0.2.2 by torchtitan.models.llama3).
   0.2.2: attn_type "sdpa" (its own default).
+
+Grid shapes (tests/data/trainers/grid/README.md; tools/gen/trainers/gen_grid.sh runs them all):
+`gen_torchtitan.py --version 0.3 --grid NAME` (NAME one of mha, mqa, gqa3 of tools/gen/trainers/grid.py) runs
+the same phases on 2 ranks with that shape and the grid's batch, into
+tests/data/trainers/grid/torchtitan-0.3/NAME/: ws2/step-3, config.json, expected.json.
 """
 import argparse
 import dataclasses
