@@ -53,6 +53,11 @@ transformers.get_constant_schedule (LambdaLR, factor 1).  Loss = mean cross-entr
 against the given labels (no shift) over the rank's rows; FSDP2 averages gradients over the ranks,
 so the gradient is that of the global mean; the recorded loss is the mean over the ranks.
 The grad norm is what accelerator.clip_grad_norm_ returns (the total norm before clipping).
+
+Grid shapes (tests/data/trainers/grid/README.md; tools/gen/trainers/gen_grid.sh runs them all):
+`gen_accelerate.py --grid NAME` (NAME one of mha, mqa, gqa3 of tools/gen/trainers/grid.py) runs the same phases
+on 2 ranks with that shape and the grid's batch, into tests/data/trainers/grid/accelerate-1.15/NAME/: ws2/,
+config.json, expected.json.
 """
 
 import io
@@ -81,6 +86,23 @@ MAX_GRAD_NORM = 1.0
 B, T = 4, 32
 STEPS_BEFORE, STEPS_AFTER = 3, 2
 INIT_SEED = 0
+
+import grid as _grid  # noqa: E402  (tools/gen/trainers/grid.py: --grid NAME, seen by the children as FSDP_GRID)
+
+
+def apply_grid():
+    """A grid shape in place of the common model, and the grid's batch."""
+    global B, T
+    MODEL.update({k: v for k, v in _grid.config().items() if k in MODEL})
+    B, T = _grid.B, _grid.T
+
+
+if _grid.active():
+    apply_grid()
+
+
+def batch_file(out):
+    return Path(_grid.BATCH) if _grid.active() else out / "batch.safetensors"
 
 
 def env():
@@ -377,7 +399,7 @@ def worker_train(out, ws_name):
 
     accelerator, model, optim, sched = build()
     rank, ws = dist.get_rank(), dist.get_world_size()
-    inp, lab = load_batch(out / "batch.safetensors")
+    inp, lab = load_batch(batch_file(out))
     inp, lab = local_rows(inp, rank, ws), local_rows(lab, rank, ws)
     res = [train_step(accelerator, model, optim, sched, inp, lab) for _ in range(STEPS_BEFORE)]
     os.chdir(out)  # output_dir relative, as users pass it
@@ -395,7 +417,7 @@ def worker_resume(out, ws_name):
     # ws2's weights only for the ws1-vs-ws2 comparison (not committed: size budget)
     after = (f"{ws_name}_after_resume_step.safetensors" if ws_name == "ws1"
              else f".{ws_name}_after_resume_step.safetensors")
-    r = resume_and_run(ws_name, out / "batch.safetensors", out / after)
+    r = resume_and_run(ws_name, batch_file(out), None if _grid.active() else out / after)
     if dist.get_rank() == 0:
         (out / f".{ws_name}_resume.json").write_text(json.dumps(r))
     dist.destroy_process_group()
@@ -902,8 +924,37 @@ def negative_tests(root):
     return cases
 
 
+def generate_grid(name):
+    """--grid NAME: the same train and resume workers on 2 ranks with the grid's shape and batch, into
+    tests/data/trainers/grid/accelerate-1.15/NAME/ (ws2/, config.json, expected.json)."""
+    _grid.select(name)
+    apply_grid()
+    out = Path(_grid.out_dir("accelerate-1.15"))
+    out.mkdir(parents=True, exist_ok=True)
+    _grid.write_batch()
+    expected = {}
+    for n in (2,):
+        ws = f"ws{n}"
+        shutil.rmtree(out / ws, ignore_errors=True)
+        torchrun(n, "train", out, ws)
+        torchrun(n, "resume", out, ws)
+        before = json.loads((out / f".{ws}_before.json").read_text())
+        res = json.loads((out / f".{ws}_resume.json").read_text())
+        (out / f".{ws}_before.json").unlink()
+        (out / f".{ws}_resume.json").unlink()
+        expected[ws] = {"losses_before_save": before, "resumed_losses": res["resumed_losses"],
+                        "resumed_grad_norms": res["resumed_grad_norms"]}
+    _grid.write_expected(out, expected)
+    _grid.write_config(out, "accelerate 1.15.0 (Accelerator.save_state, FSDP2 SHARDED_STATE_DICT), transformers "
+                            "LlamaForCausalLM", {"hf_config": hf_config().to_dict(), "fsdp_plugin": PLUGIN_KW})
+    print(json.dumps(expected, indent=2))
+
+
 def main():
     args = sys.argv[1:]
+    if args and args[0] == "--grid":
+        generate_grid(args[1])
+        return
     if args and args[0] == "--describe":
         describe(args[1] if len(args) > 1 else DEFAULT_OUT)
         return

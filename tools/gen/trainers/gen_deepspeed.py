@@ -43,6 +43,11 @@ that of the global mean; the recorded loss is the mean over the ranks (= the glo
 The grad norm is engine.get_global_grad_norm() (the norm before clipping).
 
 On this machine a rerun reproduces every file byte for byte (the .pt zips included).
+
+Grid shapes (tests/data/trainers/grid/README.md; tools/gen/trainers/gen_grid.sh runs them all):
+`gen_deepspeed.py --grid NAME [--stage 2|3|both]` (NAME one of mha, mqa, gqa3 of tools/gen/trainers/grid.py)
+runs the same phases on 2 ranks with that shape and the grid's batch, into
+tests/data/trainers/grid/deepspeed-0.19-zero{2,3}/NAME/: ws2/ (and ws3/ for mqa), config.json, expected.json.
 """
 
 import json
@@ -70,6 +75,23 @@ MAX_GRAD_NORM = 1.0
 B, T = 4, 32
 STEPS_BEFORE, STEPS_AFTER = 3, 2
 INIT_SEED = 0
+
+import grid as _grid  # noqa: E402  (tools/gen/trainers/grid.py: --grid NAME, seen by the children as FSDP_GRID)
+
+
+def apply_grid():
+    """A grid shape in place of the common model, and the grid's batch (6 rows: 2 and 3 ranks)."""
+    global B, T
+    MODEL.update({k: v for k, v in _grid.config().items() if k in MODEL})
+    B, T = _grid.B, _grid.T
+
+
+if _grid.active():
+    apply_grid()
+
+
+def batch_file(out):
+    return Path(_grid.BATCH) if _grid.active() else out / "batch.safetensors"
 
 
 def env():
@@ -295,7 +317,7 @@ def worker_train(out, ws_name, stage):
 
     rank, ws = init_dist()
     engine = build(stage, ws)
-    inp, lab = load_batch(out / "batch.safetensors")
+    inp, lab = load_batch(batch_file(out))
     inp, lab = local_rows(inp, rank, ws), local_rows(lab, rank, ws)
     res = [train_step(engine, inp, lab) for _ in range(STEPS_BEFORE)]
     os.chdir(out)  # save_dir relative, as users pass it
@@ -312,7 +334,7 @@ def worker_resume(out, ws_name, stage):
     after = (f"{ws_name}_after_resume_step.safetensors" if ws_name == "ws1"
              else f".{ws_name}_after_resume_step.safetensors")
     os.chdir(out)
-    r = resume_and_run(ws_name, stage, out / "batch.safetensors", out / after)
+    r = resume_and_run(ws_name, stage, batch_file(out), None if _grid.active() else out / after)
     if dist.get_rank() == 0:
         (out / f".{ws_name}_resume.json").write_text(json.dumps(r))
     dist.destroy_process_group()
@@ -440,6 +462,39 @@ def gen_stage(root, stage):
     print(f"zero{stage}: max |ws1_fp32 - ws2_fp32|:",
           max(float((f1[k] - f2[k]).abs().max()) for k in f1))
     verify(out)
+
+
+def gen_stage_grid(stage):
+    """--grid NAME: the same train and resume workers on 2 ranks (and 3 for mqa: grid.DEEPSPEED_WORLDS) with the
+    grid's shape and batch, into tests/data/trainers/grid/deepspeed-0.19-zeroS/NAME/ (ws2/, [ws3/,] config.json,
+    expected.json). The copy of
+    zero_to_fp32.py / zero_to_torch.py that save_checkpoint puts beside each checkpoint is removed (its
+    scripts, not data)."""
+    worlds = _grid.DEEPSPEED_WORLDS[_grid.active()]
+    out = Path(_grid.out_dir(f"deepspeed-0.19-zero{stage}"))
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    _grid.write_batch()
+    expected = {}
+    for n in worlds:
+        name = f"ws{n}"
+        shutil.rmtree(out / name, ignore_errors=True)
+        torchrun(n, "train", out, name, stage)
+        torchrun(n, "resume", out, name, stage)
+        before = json.loads((out / f".{name}_before.json").read_text())
+        res = json.loads((out / f".{name}_resume.json").read_text())
+        (out / f".{name}_before.json").unlink()
+        (out / f".{name}_resume.json").unlink()
+        for f in ("zero_to_fp32.py", "zero_to_torch.py"):
+            (out / name / f).unlink(missing_ok=True)
+        expected[name] = {"losses_before_save": before, "resumed_losses": res["resumed_losses"],
+                          "resumed_grad_norms": res["resumed_grad_norms"]}
+    _grid.write_expected(out, expected)
+    _grid.write_config(out, f"deepspeed {__import__('deepspeed').__version__} ZeRO-{stage} (save_checkpoint), "
+                            "transformers LlamaForCausalLM", {
+                                "hf_config": hf_config().to_dict(),
+                                **{f"ds_config_ws{n}": ds_config(stage, n) for n in worlds}})
+    print(json.dumps(expected, indent=2))
 
 
 # ----------------------------------------------------------------------------------------
@@ -847,13 +902,20 @@ def main():
         verify(args[1])
         return
     stages = (2, 3)
+    if args and args[0] == "--grid":
+        _grid.select(args[1])
+        apply_grid()
+        args = args[2:]
     if args and args[0] == "--stage":
         stages = {"2": (2,), "3": (3,), "both": (2, 3)}[args[1]]
         args = args[2:]
     root = Path(args[0]).resolve() if args else DEFAULT_OUT
     root.mkdir(parents=True, exist_ok=True)
     for s in stages:
-        gen_stage(root, s)
+        if _grid.active():
+            gen_stage_grid(s)
+        else:
+            gen_stage(root, s)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,11 @@ It runs itself under torchrun (gloo) as phases:
   --phase verify           : numeric checks of the fused-tensor row order and the RoPE order against a
                              hand-written reference forward (world 1, no FSDP)
 What follows main_training_llama.py / train_utils.train() line by line is marked "as main_training_llama".
+
+Grid shapes (tests/data/trainers/grid/README.md; tools/gen/trainers/gen_grid.sh runs them all): `gen_fms.py
+--grid NAME` (NAME one of mha, mqa, gqa3 of tools/gen/trainers/grid.py) runs the same phases on 2 ranks with
+that shape and the grid's batch, into tests/data/trainers/grid/fms-1.13/NAME/: ws2/checkpoints/step_3_ckp,
+config.json, expected.json.
 """
 import argparse
 import json
@@ -36,19 +41,38 @@ B, T, V = 4, 32, 256
 LR, BETAS, EPS, WD, CLIP = 1e-3, (0.9, 0.95), 1e-8, 0.1, 1.0
 SEED = 2023  # fms-fsdp train_config.seed default
 STEPS_BEFORE, STEPS_AFTER = 3, 2
+# the common model's sizes (emb_dim, nheads, kvheads, nlayers, hidden)
+SIZES = dict(emb_dim=64, nheads=4, kvheads=2, nlayers=2, hidden=192)
+
+import grid as _grid  # noqa: E402  (tools/gen/trainers/grid.py: --grid NAME, seen by the children as FSDP_GRID)
+
+
+def apply_grid():
+    """A grid shape in place of the common model, and the grid's batch."""
+    global B, T, V
+    g = _grid.config()
+    SIZES.update(emb_dim=g["dim"], nheads=g["n_heads"], kvheads=g["n_kv_heads"], nlayers=g["n_layers"],
+                 hidden=g["ffn_hidden"])
+    B, T, V = _grid.B, _grid.T, g["vocab"]
+
+
+if _grid.active():
+    apply_grid()
 
 
 def llama_config():
     from fms.models.llama import LLaMAConfig
 
+    grow = SIZES["hidden"] / SIZES["emb_dim"]
+    assert int(grow * SIZES["emb_dim"]) == SIZES["hidden"], grow  # GatedLinearUnit: int(grow * emb_dim)
     return LLaMAConfig(
         src_vocab_size=V,
-        emb_dim=64,
+        emb_dim=SIZES["emb_dim"],
         norm_eps=1e-5,
-        nheads=4,
-        kvheads=2,
-        nlayers=2,
-        hidden_grow_factor=3.0,  # int(3.0 * 64) = 192
+        nheads=SIZES["nheads"],
+        kvheads=SIZES["kvheads"],
+        nlayers=SIZES["nlayers"],
+        hidden_grow_factor=grow,  # int(3.0 * 64) = 192
         multiple_of=1,  # no rounding
         rope_theta=10000.0,
         tie_heads=False,
@@ -504,15 +528,55 @@ def orchestrate(out):
     print(json.dumps(expected, indent=1))
 
 
+def orchestrate_grid(out):
+    """--grid NAME: the same train and resume phases on 2 ranks with the grid's shape and batch, into
+    tests/data/trainers/grid/fms-1.13/NAME/ (ws2/checkpoints/step_3_ckp, config.json, expected.json)."""
+    os.makedirs(out, exist_ok=True)
+    batch = _grid.write_batch()
+    tmp = os.path.join(out, "_tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    expected = {}
+    for ws in (2,):
+        ck = os.path.join(out, "ws%d" % ws)
+        shutil.rmtree(ck, ignore_errors=True)
+        r1, r2 = os.path.join(tmp, "t%d.json" % ws), os.path.join(tmp, "r%d.json" % ws)
+        run_torchrun(ws, "train", ck, batch, r1)
+        run_torchrun(ws, "resume", ck, batch, r2)
+        a, b = json.load(open(r1)), json.load(open(r2))
+        expected["ws%d" % ws] = {
+            "losses_before_save": a["losses_before_save"], "grad_norms_before_save": a["grad_norms_before_save"],
+            "resumed_losses": b["resumed_losses"], "resumed_grad_norms": b["resumed_grad_norms"],
+            "resumed_start_step": b["start_step"], "resumed_tokens_seen": b["tokens_seen"],
+        }
+    shutil.rmtree(tmp)
+    _grid.write_expected(out, expected)
+    c = llama_config()
+    _grid.write_config(out, "fms-fsdp @5a296afe (Checkpointer) + ibm-fms 1.13.1 LLaMA, FSDP1", {
+        "fms_LLaMAConfig": {k: getattr(c, k) for k in [
+            "src_vocab_size", "emb_dim", "norm_eps", "nheads", "kvheads", "nlayers", "pad_id", "hidden_grow_factor",
+            "multiple_of", "rope_theta", "tie_heads", "fused_weights"]},
+        "qkv_fused_rows": "[q (nheads*head_dim); k (kvheads*head_dim); v (kvheads*head_dim)]",
+        "wg1_fused_rows": "[wg (gate); w1 (up)]", "rope_order": "interleaved",
+        "embedding_padding_idx": V - 1})
+    print(json.dumps(expected, indent=1))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=DEFAULT_OUT)
+    ap.add_argument("--grid", choices=sorted(_grid.CONFIGS), help="a grid shape (tools/gen/trainers/grid.py)")
     ap.add_argument("--phase", choices=["train", "resume", "verify"])
     ap.add_argument("--ckdir")
     ap.add_argument("--batch")
     ap.add_argument("--result")
     ap.add_argument("--weights")
     args = ap.parse_args()
+    if args.grid:
+        _grid.select(args.grid)
+        apply_grid()
+        if args.out == DEFAULT_OUT:
+            args.out = _grid.out_dir("fms-1.13")
     if args.phase in ("train", "resume"):
         (phase_train if args.phase == "train" else phase_resume)(args)
         # gloo teardown on this machine sometimes aborts a rank at interpreter exit
@@ -522,6 +586,8 @@ def main():
         os._exit(0)
     elif args.phase == "verify":
         phase_verify(args)
+    elif _grid.active():
+        orchestrate_grid(os.path.abspath(args.out))
     else:
         orchestrate(os.path.abspath(args.out))
 

@@ -51,6 +51,11 @@ Workarounds for this CPU machine (see /work/shared/seed-systems/README.md): cuda
 before importing megatron_fsdp; the DeviceMesh is built by hand on "cpu" (fully_shard_model's own
 default mesh is a "cuda" one); device=torch.device("cpu"); fsdp_model.ddp_config.
 gradient_reduce_div_fusion = False right after fully_shard_model (gloo has no PREMUL_SUM).
+
+Grid shapes (tests/data/trainers/grid/README.md; tools/gen/trainers/gen_grid.sh runs them all):
+`gen_megatron_fsdp.py --grid NAME` (NAME one of mha, mqa, gqa3 of tools/gen/trainers/grid.py) runs the same
+phases on 2 ranks with that shape and the grid's batch, into tests/data/trainers/grid/megatron-fsdp-0.6/NAME/:
+ws2/, config.json, expected.json.
 """
 
 import io
@@ -78,6 +83,23 @@ MAX_GRAD_NORM = 1.0
 B, T = 4, 32
 STEPS_BEFORE, STEPS_AFTER = 3, 2
 INIT_SEED = 0
+
+import grid as _grid  # noqa: E402  (tools/gen/trainers/grid.py: --grid NAME, seen by the children as FSDP_GRID)
+
+
+def apply_grid():
+    """A grid shape in place of the common model, and the grid's batch."""
+    global B, T
+    MODEL.update({k: v for k, v in _grid.config().items() if k in MODEL})
+    B, T = _grid.B, _grid.T
+
+
+if _grid.active():
+    apply_grid()
+
+
+def batch_file(out):
+    return Path(_grid.BATCH) if _grid.active() else out / "batch.safetensors"
 
 
 def env():
@@ -379,7 +401,7 @@ def worker_train(out, ws_name):
 
     rank, ws = init_dist()
     fsdp_model, optim, id_to_name = build()
-    inp, lab = load_batch(out / "batch.safetensors")
+    inp, lab = load_batch(batch_file(out))
     inp, lab = local_rows(inp, rank, ws), local_rows(lab, rank, ws)
     res = [train_step(fsdp_model, optim, inp, lab) for _ in range(STEPS_BEFORE)]
     os.chdir(out)  # checkpoint_id relative, as users pass it
@@ -398,7 +420,7 @@ def worker_resume(out, ws_name):
     after = (f"{ws_name}_after_resume_step.safetensors" if ws_name == "ws1"
              else f".{ws_name}_after_resume_step.safetensors")
     os.chdir(out)
-    r = resume_and_run(ws_name, out / "batch.safetensors", out / after)
+    r = resume_and_run(ws_name, batch_file(out), None if _grid.active() else out / after)
     if dist.get_rank() == 0:
         (out / f".{ws_name}_resume.json").write_text(json.dumps(r))
     dist.destroy_process_group()
@@ -803,8 +825,41 @@ def negative_tests(root):
     return cases
 
 
+def generate_grid(name):
+    """--grid NAME: the same train and resume workers on 2 ranks with the grid's shape and batch, into
+    tests/data/trainers/grid/megatron-fsdp-0.6/NAME/ (ws2/, config.json, expected.json)."""
+    _grid.select(name)
+    apply_grid()
+    out = Path(_grid.out_dir("megatron-fsdp-0.6"))
+    out.mkdir(parents=True, exist_ok=True)
+    _grid.write_batch()
+    expected = {}
+    for n in (2,):
+        ws = f"ws{n}"
+        shutil.rmtree(out / ws, ignore_errors=True)
+        torchrun(n, "train", out, ws)
+        torchrun(n, "resume", out, ws)
+        before = json.loads((out / f".{ws}_before.json").read_text())
+        res = json.loads((out / f".{ws}_resume.json").read_text())
+        (out / f".{ws}_before.json").unlink()
+        (out / f".{ws}_resume.json").unlink()
+        expected[ws] = {"losses_before_save": before["losses"], "grad_norms_before_save": before["norms"],
+                        "resumed_losses": res["resumed_losses"], "resumed_grad_norms": res["resumed_grad_norms"],
+                        "loaded_adam_step": res["loaded_adam_step"]}
+    _grid.write_expected(out, expected)
+    _grid.write_config(out, "Megatron-FSDP 0.6.1 (fully_shard_model / fully_shard_optimizer, DCP), transformers "
+                            "LlamaForCausalLM", {"hf_config": hf_config().to_dict(),
+                                                 "param_id_to_name": before["id_to_name"],
+                                                 "note": "fully_shard_optimizer's own zero-gradient step: the saved "
+                                                         "AdamW step is 4"})
+    print(json.dumps(expected, indent=2))
+
+
 def main():
     args = sys.argv[1:]
+    if args and args[0] == "--grid":
+        generate_grid(args[1])
+        return
     if args and args[0] == "--describe":
         describe(args[1])
         return

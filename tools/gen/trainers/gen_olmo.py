@@ -26,6 +26,11 @@ Afterwards it also runs the same 5 steps uninterrupted on 1 and 2 ranks (asserti
 resumes from ws1_safetensors/ (asserting the same numbers as ws1).
 The safetensors twins (model.safetensors / optim.safetensors) are what OLMo's scripts/convert_pt_to_safetensors.py and
 scripts/unshard.py --safe-tensors write: olmo.safetensors_util.state_dict_to_safetensors_file(torch.load(x.pt)).
+
+Grid shapes (tests/data/trainers/grid/README.md; tools/gen/trainers/gen_grid.sh runs them all): `gen_olmo.py
+--grid NAME` (NAME one of mha, mqa, gqa3 of tools/gen/trainers/grid.py) runs the same phases on 2 ranks with
+that shape and the grid's batch, into tests/data/trainers/grid/olmo-0.6/NAME/: ws2/step3-unsharded, config.json,
+expected.json.
 """
 import argparse
 import json
@@ -223,6 +228,22 @@ MODEL_FIELDS = dict(
 )
 
 
+import grid as _grid  # noqa: E402  (tools/gen/trainers/grid.py: --grid NAME, seen by the children as FSDP_GRID)
+
+
+def apply_grid():
+    """A grid shape in place of the common model, and the grid's batch."""
+    global B, T, V
+    g = _grid.config()
+    B, T, V = _grid.B, _grid.T, g["vocab"]
+    MODEL_FIELDS.update(d_model=g["dim"], n_heads=g["n_heads"], n_kv_heads=g["n_kv_heads"], n_layers=g["n_layers"],
+                        mlp_hidden_size=2 * g["ffn_hidden"], max_sequence_length=T, vocab_size=V, embedding_size=V)
+
+
+if _grid.active():
+    apply_grid()
+
+
 def train_config(ckdir, world_size):
     from torch.distributed.fsdp import ShardingStrategy
 
@@ -276,6 +297,11 @@ def train_config(ckdir, world_size):
 
 
 def make_batch():
+    if _grid.active():
+        from safetensors.torch import load_file
+
+        b = load_file(_grid.BATCH)
+        return b["input_ids"], b["labels"]
     g = torch.Generator().manual_seed(0)
     seq = torch.randint(0, V, (B, T + 1), generator=g)
     return seq[:, :T].to(torch.int32).contiguous(), seq[:, 1:].to(torch.int32).contiguous()
@@ -807,9 +833,41 @@ def orchestrate(out):
     print(json.dumps(expected, indent=1))
 
 
+def orchestrate_grid(out):
+    """--grid NAME: the same train and resume phases on 2 ranks with the grid's shape and batch, into
+    tests/data/trainers/grid/olmo-0.6/NAME/ (ws2/step3-unsharded, config.json, expected.json)."""
+    os.makedirs(out, exist_ok=True)
+    batch = _grid.write_batch()
+    tmp = os.path.join(out, "_tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    expected = {}
+    for ws in (2,):
+        ck = os.path.join(out, "ws%d" % ws)
+        shutil.rmtree(ck, ignore_errors=True)
+        r1, r2 = os.path.join(tmp, "t%d.json" % ws), os.path.join(tmp, "r%d.json" % ws)
+        run_torchrun(ws, "train", ck, batch, r1)
+        run_torchrun(ws, "resume", ck, batch, r2)
+        a, b = json.load(open(r1)), json.load(open(r2))
+        expected["ws%d" % ws] = {
+            "losses_before_save": a["losses_before_save"], "grad_norms_before_save": a["grad_norms_before_save"],
+            "resumed_losses": b["resumed_losses"], "resumed_grad_norms": b["resumed_grad_norms"],
+            "resumed_start_step": b["start_step"], "resumed_tokens_seen": b["tokens_seen"],
+        }
+    shutil.rmtree(tmp)
+    _grid.write_expected(out, expected)
+    _grid.write_config(out, "ai2-olmo 0.6.0 (Trainer + FullCheckpointer), FSDP1 by_block", {
+        "olmo_ModelConfig": MODEL_FIELDS,
+        "att_proj_rows": "[q (n_heads*head_dim); k (n_kv_heads*head_dim); v (n_kv_heads*head_dim)]",
+        "ff_proj_rows": "[up (ffn_hidden); gate (ffn_hidden)] (mlp_hidden_size = 2 * ffn_hidden)",
+        "rope_order": "rotate_half"})
+    print(json.dumps(expected, indent=1))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=DEFAULT_OUT)
+    ap.add_argument("--grid", choices=sorted(_grid.CONFIGS), help="a grid shape (tools/gen/trainers/grid.py)")
     ap.add_argument("--phase", choices=["train", "resume", "verify"])
     ap.add_argument("--ckdir")
     ap.add_argument("--load-path", dest="load_path")
@@ -818,6 +876,11 @@ def main():
     ap.add_argument("--weights")
     ap.add_argument("--steps", type=int, help="train phase: steps before the save (default 3)")
     args = ap.parse_args()
+    if args.grid:
+        _grid.select(args.grid)
+        apply_grid()
+        if args.out == DEFAULT_OUT:
+            args.out = _grid.out_dir("olmo-0.6")
     if args.steps:
         global STEPS_BEFORE, CKPT_NAME
         STEPS_BEFORE, CKPT_NAME = args.steps, "step%d-unsharded" % args.steps
@@ -833,6 +896,8 @@ def main():
         os._exit(0)
     elif args.phase == "verify":
         phase_verify(args)
+    elif _grid.active():
+        orchestrate_grid(os.path.abspath(args.out))
     else:
         orchestrate(os.path.abspath(args.out))
 

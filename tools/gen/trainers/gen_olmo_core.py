@@ -24,6 +24,11 @@ TransformerTrainModule._clip_grad_norm, loss exactly as TransformerTrainModule.t
 
 Byte-for-byte the .distcp files differ between runs (torch.save zip records, the save_id uuid
 inside .metadata); every tensor value and every key/shape/offset is reproduced exactly.
+
+Grid shapes (tests/data/trainers/grid/README.md; tools/gen/trainers/gen_grid.sh runs them all):
+`gen_olmo_core.py --grid NAME` (NAME one of mha, mqa, gqa3 of tools/gen/trainers/grid.py) runs the same phases
+on 2 ranks with that shape and the grid's batch, into tests/data/trainers/grid/olmo-core-3.0/NAME/: ws2/,
+config.json, expected.json.
 """
 
 import json
@@ -50,6 +55,23 @@ STEPS_BEFORE, STEPS_AFTER = 3, 2
 # RemoteFileSystemWriter writes `thread_count` files per rank (default min(16, cpu_count+4),
 # i.e. machine dependent); fixed here so the layout is reproducible: __{rank}_{0..3}.distcp.
 SAVE_THREADS = 4
+
+import grid as _grid  # noqa: E402  (tools/gen/trainers/grid.py: --grid NAME, seen by the children as FSDP_GRID)
+
+
+def apply_grid():
+    """A grid shape in place of the common model, and the grid's batch."""
+    global B, T
+    MODEL.update({k: v for k, v in _grid.config().items() if k in MODEL})
+    B, T = _grid.B, _grid.T
+
+
+if _grid.active():
+    apply_grid()
+
+
+def batch_file(out):
+    return Path(_grid.BATCH) if _grid.active() else out / "batch.safetensors"
 
 
 # ----------------------------------------------------------------------------------------
@@ -214,7 +236,7 @@ def worker_train(out, ws_name):
 
     rank, ws, mesh = init_dist()
     model, optim = build(mesh)
-    inp, lab = load_batch(out / "batch.safetensors")
+    inp, lab = load_batch(batch_file(out))
     inp, lab = local_rows(inp, rank, ws), local_rows(lab, rank, ws)
     losses = [train_step(model, optim, inp, lab)[0] for _ in range(STEPS_BEFORE)]
     # checkpoint path is given relative to OUT so .metadata's storage_meta.checkpoint_id is "wsN"
@@ -233,7 +255,7 @@ def worker_resume(out, ws_name):
     # ws2's weights go to a hidden file: compared with ws1's, then deleted (size budget)
     after = (f"{ws_name}_after_resume_step.safetensors" if ws_name == "ws1"
              else f".{ws_name}_after_resume_step.safetensors")
-    r = resume_and_run(out / ws_name, out / "batch.safetensors", out / after)
+    r = resume_and_run(out / ws_name, batch_file(out), None if _grid.active() else out / after)
     if dist.get_rank() == 0:
         (out / f".{ws_name}_resume.json").write_text(json.dumps(r))
     dist.destroy_process_group()
@@ -329,7 +351,43 @@ def write_hf(out):
     return a, b
 
 
+def main_grid(name):
+    """--grid NAME: the same train and resume workers on 2 ranks with the grid's shape and batch, into
+    tests/data/trainers/grid/olmo-core-3.0/NAME/ (ws2/, config.json, expected.json)."""
+    _grid.select(name)
+    apply_grid()
+    out = Path(_grid.out_dir("olmo-core-3.0")).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    _grid.write_batch()
+    expected = {}
+    for n in (2,):
+        ws = f"ws{n}"
+        shutil.rmtree(out / ws, ignore_errors=True)
+        torchrun(n, "train", out, ws)
+        torchrun(n, "resume", out, ws)
+        before = json.loads((out / f".{ws}_before.json").read_text())
+        res = json.loads((out / f".{ws}_resume.json").read_text())
+        (out / f".{ws}_before.json").unlink()
+        (out / f".{ws}_resume.json").unlink()
+        expected[ws] = {"losses_before_save": before, "resumed_losses": res["resumed_losses"],
+                        "resumed_grad_norms": res["resumed_grad_norms"]}
+    _grid.write_expected(out, expected)
+    cfg = model_config()
+    _grid.write_config(out, "ai2-olmo-core 3.0.0 (save_model_and_optim_state, FSDP2)", {
+        "TransformerConfig.llama_like": dict(d_model=MODEL["dim"], vocab_size=MODEL["vocab"],
+                                             n_layers=MODEL["n_layers"], n_heads=MODEL["n_heads"],
+                                             n_kv_heads=MODEL["n_kv_heads"], rope_theta=int(MODEL["rope_theta"]),
+                                             layer_norm_eps=MODEL["norm_eps"],
+                                             feed_forward="FeedForwardConfig(hidden_size=%d, bias=False)"
+                                             % MODEL["ffn_hidden"]),
+        "rope_order": "rotate_half", "save_thread_count": SAVE_THREADS,
+        "olmo_core_config": cfg.as_config_dict() if hasattr(cfg, "as_config_dict") else str(cfg)})
+    print(json.dumps(expected, indent=2))
+
+
 def main():
+    if len(sys.argv) > 2 and sys.argv[1] == "--grid":
+        return main_grid(sys.argv[2])
     out = Path(sys.argv[1]).resolve() if len(sys.argv) > 1 else DEFAULT_OUT
     out.mkdir(parents=True, exist_ok=True)
     write_batch(out)

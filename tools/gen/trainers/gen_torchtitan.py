@@ -31,6 +31,11 @@ Workarounds for torch 2.11 on CPU (see /work/shared/seed-systems/README.md):
          hf_datasets import them at module level, pulled in by importing the Trainer class whose
          state_dict/load_state_dict give the train_state entry, and in 0.2.2 by torchtitan.models.llama3).
   0.2.2: attn_type "sdpa" (its own default).
+
+Grid shapes (tests/data/trainers/grid/README.md; tools/gen/trainers/gen_grid.sh runs them all):
+`gen_torchtitan.py --version 0.3 --grid NAME` (NAME one of mha, mqa, gqa3 of tools/gen/trainers/grid.py) runs
+the same phases on 2 ranks with that shape and the grid's batch, into
+tests/data/trainers/grid/torchtitan-0.3/NAME/: ws2/step-3, config.json, expected.json.
 """
 import argparse
 import dataclasses
@@ -56,6 +61,23 @@ STEPS_BEFORE, STEPS_AFTER = 3, 2
 TRAINING_STEPS = STEPS_BEFORE + STEPS_AFTER  # training.steps of the job
 LR_TOTAL_STEPS = 1_000_000  # lr_scheduler.total_steps: the constant schedule never reaches its (empty) decay phase
 INIT_SEED = 0
+
+import grid as _grid  # noqa: E402  (tools/gen/trainers/grid.py: --grid NAME, seen by the children as FSDP_GRID)
+
+
+
+def apply_grid():
+    """A grid shape in place of the common model (0.3 only), and the grid's batch."""
+    global DIM, N_LAYERS, N_HEADS, N_KV, VOCAB, FFN, HEAD_DIM, B, T
+    g = _grid.config()
+    DIM, N_LAYERS, N_HEADS, N_KV, VOCAB, FFN = (g[k] for k in ("dim", "n_layers", "n_heads", "n_kv_heads", "vocab",
+                                                               "ffn_hidden"))
+    HEAD_DIM = DIM // N_HEADS
+    B, T = _grid.B, _grid.T
+
+
+if _grid.active():
+    apply_grid()
 
 
 def setup_path(version):
@@ -142,7 +164,8 @@ def model_config_03(fuse_qkv=True):
     from torchtitan.models.llama3 import (Llama3Model, _EMBEDDING_INIT, _NORM_INIT, _build_llama3_layers,
                                           _output_linear_init)
 
-    hidden = compute_ffn_hidden_dim(DIM, multiple_of=64)  # int(8*64/3)=170 -> 192
+    # int(8*64/3)=170 -> 192; a grid shape gives its hidden size as it is
+    hidden = FFN if _grid.active() else compute_ffn_hidden_dim(DIM, multiple_of=64)
     assert hidden == FFN, hidden
     rope = ComplexRoPE.Config(dim=HEAD_DIM, max_seq_len=T, theta=THETA, scaling="none")
     layers = _build_llama3_layers(n_layers=N_LAYERS, dim=DIM, n_heads=N_HEADS, n_kv_heads=N_KV, hidden_dim=hidden,
@@ -621,6 +644,42 @@ def orchestrate(a):
     shutil.rmtree(tmp)
 
 
+def orchestrate_grid(a):
+    """--grid NAME: the same train and resume phases on 2 ranks with the grid's shape and batch, into
+    tests/data/trainers/grid/torchtitan-0.3/NAME/ (ws2/step-3, config.json, expected.json)."""
+    import shutil
+    if a.version != "0.3":
+        raise SystemExit("--grid: torchtitan 0.3 only (0.2.2 is fsdp-run's own layout, its ffn is rounded to 64)")
+    out = os.path.abspath(a.out or _grid.out_dir("torchtitan-0.3"))
+    os.makedirs(out, exist_ok=True)
+    bpath = _grid.write_batch()
+    tmp = os.path.join(out, ".tmp")
+    os.makedirs(tmp, exist_ok=True)
+    expected = {}
+    for ws in (2,):
+        ck = os.path.join(out, f"ws{ws}")
+        if os.path.exists(ck):
+            shutil.rmtree(ck)
+        r1, r2 = os.path.join(tmp, f"train{ws}.json"), os.path.join(tmp, f"resume{ws}.json")
+        torchrun(ws, ["--version", a.version, "--phase", "train", "--ckpt", ck, "--batch", bpath, "--result", r1])
+        torchrun(ws, ["--version", a.version, "--phase", "resume", "--ckpt", ck, "--batch", bpath, "--result", r2])
+        t1, t2 = json.load(open(r1)), json.load(open(r2))
+        expected[f"ws{ws}"] = {"losses_before_save": t1["losses_before_save"],
+                               "grad_norms_before_save": t1["grad_norms_before_save"],
+                               "resumed_losses": t2["resumed_losses"], "resumed_grad_norms": t2["resumed_grad_norms"],
+                               "checkpoint_dir": f"ws{ws}/step-{STEPS_BEFORE}"}
+    _grid.write_expected(out, expected)
+    hpk = N_HEADS // N_KV
+    _grid.write_config(out, "torchtitan 0.3.0 (CheckpointManager, FSDP2, fused-QKV Llama3Model)", {
+        "Llama3Model": {"dim": DIM, "vocab_size": VOCAB, "n_layers": N_LAYERS, "n_heads": N_HEADS,
+                        "n_kv_heads": N_KV, "hidden_dim": FFN, "fuse_qkv": True, "rope": "ComplexRoPE (interleaved)",
+                        "norm_eps": EPS, "theta": THETA},
+        "wqkv_rows": f"[n_kv={N_KV}, heads_per_kv+2={hpk + 2}, head_dim={HEAD_DIM}] x dim {DIM}",
+        "init": "as the common fixture (torch.manual_seed(0), init_weights on the unsharded model)"})
+    shutil.rmtree(tmp)
+    print(json.dumps(expected, indent=1))
+
+
 def write_config(out, version, verify):
     import torch
     setup_path(version)
@@ -713,9 +772,15 @@ def main(argv=None):
     ap.add_argument("--weights")
     ap.add_argument("--allow-extra", action="store_true")
     ap.add_argument("--layout", help="also write a JSON dump of every checkpoint key (not committed)")
+    ap.add_argument("--grid", choices=sorted(_grid.CONFIGS), help="a grid shape (tools/gen/trainers/grid.py)")
     a = ap.parse_args(argv)
+    if a.grid:
+        _grid.select(a.grid)
+        apply_grid()
     setup_path(a.version)
-    if a.phase == "all":
+    if a.phase == "all" and _grid.active():
+        orchestrate_grid(a)
+    elif a.phase == "all":
         orchestrate(a)
     elif a.phase == "train":
         phase_train(a)
