@@ -3,7 +3,8 @@
 # preset, 3 AdamW steps on the trainer fixtures' batch) written in each trainer's layout with `fsdp-run ckpt convert
 # --to LAYOUT` (DeepSpeed ZeRO-1/2/3 and OLMo 0.6 included), loaded by that trainer's own strict loader (tools/gen/trainers/check_*.py: weights, moments, train
 # state) on WORLD ranks, and its next two steps printed beside fsdp-run's own next two steps.
-#   PY=/work/torchenv/bin/python SEEDPKGS=/work/seedpkgs FMS_SRC=/work/fms-fsdp-src bash tools/check_trainer_layouts.sh [WORLD]
+#   PY=/work/torchenv/bin/python SEEDPKGS=/work/seedpkgs FMS_SRC=/work/fms-fsdp-src [GRID=mha|mqa|gqa3] \
+#       bash tools/check_trainer_layouts.sh [WORLD]
 set -euo pipefail
 WORLD=${1:-1}
 : "${PY:?set PY to a Python with torch 2.11}" "${SEEDPKGS:?set SEEDPKGS}"
@@ -11,11 +12,26 @@ BIN=${BIN:-build/fsdp-run}
 STUBS=${STUBS:-../shared/seed-systems/stubs}
 D=$(mktemp -d /tmp/fsdp-trainer-check.XXXXXX)
 trap 'rm -rf "$D"' EXIT
-BATCH=tests/data/trainers/torchtitan-0.3/batch.safetensors
+# GRID=mha|mqa|gqa3: the shape of tests/data/trainers/grid (tools/gen/trainers/grid.py) and its batch, instead of the
+# tiny preset (the checkers build the same shape from FSDP_GRID)
+GRID=${GRID:-}
+BATCH=tests/data/trainers/torchtitan-0.3/batch.safetensors MODEL="{preset: tiny}" HEADS=(4 2) BS=4 SEQ=32
+grid_model() { # DIM LAYERS HEADS KV HEAD_DIM FFN VOCAB
+  MODEL="{arch: llama3, dim: $1, n_layers: $2, n_heads: $3, n_kv_heads: $4, head_dim: $5, ffn_hidden: $6, vocab_size: $7, norm_eps: 1e-5, rope_theta: 10000, tie_embeddings: false}"
+  HEADS=($3 $4) BATCH=tests/data/trainers/grid/batch.safetensors BS=6 SEQ=16
+}
+case "$GRID" in
+  "") ;;
+  mha) grid_model 48 3 3 3 16 80 96 ;;
+  mqa) grid_model 32 1 4 1 8 56 100 ;;
+  gqa3) grid_model 48 2 6 2 8 72 80 ;;
+  *) echo "GRID=$GRID: mha, mqa or gqa3" >&2; exit 2 ;;
+esac
+[ -n "$GRID" ] && export FSDP_GRID=$GRID
 train() { # STEPS LOAD(or "") OUT METRICS
   {
-    echo "model: {preset: tiny}"
-    echo "data: {kind: safetensors, path: $BATCH, batch_size: 4, seq_len: 32}"
+    echo "model: $MODEL"
+    echo "data: {kind: safetensors, path: $BATCH, batch_size: $BS, seq_len: $SEQ}"
     echo "stages:"
     if [ -n "$2" ]; then echo "  - {id: l, uses: load-ckpt, with: {path: $2}}"; else echo "  - {id: i, uses: init-meta}"; fi
     echo "  - {id: t, uses: train-steps, with: {steps: $1, lr: 1e-3, decay: none, betas: [0.9, 0.95], eps: 1e-8, weight_decay: 0.1, max_grad_norm: 1.0, metrics: $4}}"
@@ -27,7 +43,7 @@ train 3 "" "$D/ff" "$D/m0.jsonl"
 train 5 "$D/ff" "" "$D/m1.jsonl"
 echo "fsdp-run's next two steps:"
 grep -o '"step": [0-9]*, "loss": [0-9.e-]*, "grad_norm": [0-9.e-]*' "$D/m1.jsonl"
-conv() { "$BIN" ckpt convert "$D/ff" "$1" --to "$2" --n-heads 4 --n-kv-heads 2 --world "$WORLD" "${@:3}" > /dev/null; }
+conv() { "$BIN" ckpt convert "$D/ff" "$1" --to "$2" --n-heads "${HEADS[0]}" --n-kv-heads "${HEADS[1]}" --world "$WORLD" "${@:3}" > /dev/null; }
 export OMP_NUM_THREADS=1
 mkdir -p "$D/tt3" "$D/tt2" "$D/fms/checkpoints"
 conv "$D/tt3/step-3" torchtitan-0.3
