@@ -214,6 +214,7 @@ static int cmd_inspect(int argc, char **argv, FILE *out, FILE *log) {
     json_t *arr = json ? json_array() : NULL;
     if (!json) fprintf(out, "%s: %s checkpoint, %zu keys\n", path, ckpt_format_name(ckpt_reader_format(r)), n);
     if (!json && special == 2) fprintf(out, "layout: %s\n", said);
+    else if (!json && special == 3) ckcl_print_layout_named(said, out);
     else if (!json) ckcl_print_layout(r, out);
     for (size_t i = 0; i < n; i++) {
         const ckpt_entry *e = ckpt_entry_at(r, i);
@@ -238,7 +239,7 @@ static int cmd_inspect(int argc, char **argv, FILE *out, FILE *log) {
         if (verify) json_object_set_new(o, "verified_records", json_integer((json_int_t)records));
         json_object_set_new(o, "checked", checked_json(&rep, verify));
         json_object_set_new(o, "format", json_string(ckpt_format_name(ckpt_reader_format(r))));
-        const char *lname = ckcl_layout_name(r);
+        const char *lname = special == 3 ? said : ckcl_layout_name(r);
         json_object_set_new(o, "layout", lname ? json_string(lname) : json_null());
         json_object_set_new(o, "tensor_bytes", json_integer((json_int_t)total));
         json_object_set_new(o, "stored_tensor_bytes", json_integer((json_int_t)stored));

@@ -76,6 +76,11 @@ void ckcl_print_layout(ckpt_reader *r, FILE *out) {
     else fprintf(out, "layout: %s (%s; %s)\n", L->name, L->system, L->covers);
 }
 
+void ckcl_print_layout_named(const char *name, FILE *out) {
+    const lay_layout *L = lay_find(name);
+    if (L) fprintf(out, "layout: %s (%s; %s)\n", L->name, L->system, L->covers);
+}
+
 const char *ckcl_layout_name(ckpt_reader *r) {
     const lay_layout *L;
     fsdp_err err;
@@ -140,10 +145,10 @@ void ckcl_part(const char *layout, size_t k, const char **name, const char **pre
     *name = L->parts[k], *prefix = L->part_keys[k];
 }
 
-int ckcl_part_is_pt(const char *layout, size_t k) { return lay_part_is_pt(lay_find(layout), k); }
+int ckcl_part_is_pt(const char *layout, size_t k) { return lay_part_is_file(lay_find(layout), k); }
 
 int ckcl_part_write_pt(const char *layout, ckpt_reader *r, size_t k, const char *path, fsdp_err *err) {
-    return lay_part_write_pt(lay_find(layout), r, k, path, err);
+    return lay_part_write_file(lay_find(layout), r, k, path, err);
 }
 
 int ckcl_open_inspect(const char *path, ckpt_reader **r, char *said, size_t cap, FILE *log) {
@@ -162,5 +167,6 @@ int ckcl_open_inspect(const char *path, ckpt_reader **r, char *said, size_t cap,
     }
     const char *layout;
     if (ckcl_open_container(path, r, &layout, log)) return 1;
+    if (layout) snprintf(said, cap, "%s", layout); /* told apart by its files (olmo-0.6-st's keys are olmo-0.6's) */
     return layout ? 3 : 0;
 }

@@ -53,12 +53,15 @@ void ckcl_part(const char *layout, size_t k, const char **name, const char **pre
 int ckcl_part_is_pt(const char *layout, size_t k);
 int ckcl_part_write_pt(const char *layout, ckpt_reader *r, size_t k, const char *path, fsdp_err *err);
 /* What `inspect` and `diff` open beyond ckpt_open: 2 a DeepSpeed ZeRO directory's files as one (*said: what it is),
- * 3 a layout's container of parts as one, 0 neither (nothing opened), 1 an error (printed). */
+ * 3 a layout's container of parts as one (*said: the layout's name), 0 neither (nothing opened), 1 an error
+ * (printed). */
 int ckcl_open_inspect(const char *path, ckpt_reader **r, char *said, size_t cap, FILE *log);
 /* A checkpoint whose tensors are placeholders for values kept elsewhere (lay_check_placeholders): an error. */
 int ckcl_check(ckpt_reader *r, fsdp_err *err);
 /* inspect's line: "layout: NAME (SYSTEM; covers ...)", or why none / which candidates. json: the name or null. */
 void ckcl_print_layout(ckpt_reader *r, FILE *out);
 const char *ckcl_layout_name(ckpt_reader *r);
+/* The same line for a layout known by name (a container's, ckcl_open_inspect's 3). */
+void ckcl_print_layout_named(const char *name, FILE *out);
 
 #endif

@@ -12,8 +12,10 @@
  * q/k rows rotate-half (olmo/model.py RotaryEmbedding.rotate_half). Its groups carry OLMo's own options:
  * param_names (= params), sharded, and max_grad_norm / max_grad_norm_ratio, which OLMo's clipping reads from
  * the loaded groups and fsdp-run's checkpoint does not hold: writing this layout from fsdp-run's needs
- * `--option max_grad_norm=X` (its TrainConfig.max_grad_norm; None: no clipping). Its safetensors twins
- * (olmo/safetensors_util.py) are neither read nor written. */
+ * `--option max_grad_norm=X` (its TrainConfig.max_grad_norm; None: no clipping).
+ * olmo-0.6-st: the same step directory with the safetensors twins model.safetensors / optim.safetensors
+ * (olmo/safetensors_util.py, what scripts/unshard.py --safe-tensors writes; OLMo's loader prefers them to the .pt
+ * files), read and written with their key encoding (layouts/lay_stkey.h). */
 #include "layouts/lay_rows.h"
 
 static const lay_name names[] = {
@@ -45,25 +47,30 @@ static const char *const marks[] = {"model.transformer.blocks.*.att_proj.weight"
 static const char *const parts[] = {"model.pt", "optim.pt"};
 static const char *const part_keys[] = {"model.", "optim."};
 
+static const char *const st_parts[] = {"model.safetensors", "optim.safetensors"};
+
+/* The two rows differ in their parts' files only. */
+#define LAY_OLMO_06_ROW                                                                                                \
+    .model = "model.", .optim = "optim.", .rope = LAY_ROPE_HALF, .names = names, .n_names = LAY_N(names),            \
+    .fuse = fuse, .n_fuse = LAY_N(fuse), .groups = LAY_GROUPS_INDEXED, .part_keys = part_keys, .n_parts = 2,        \
+    .part_prefix = part_keys, .side = &side, .add_options = add_options, .params_also = "param_names"
+
 const lay_layout lay_olmo_06 = {
     .name = "olmo-0.6",
     .system = "OLMo 0.6.0 (FullCheckpointer, unsharded model.pt / optim.pt)",
     .covers = "weights, optimizer; train.pt written (global_step, tokens), its RNG states and step not read",
-    .model = "model.",
-    .optim = "optim.",
-    .rope = LAY_ROPE_HALF,
-    .names = names,
-    .n_names = LAY_N(names),
-    .fuse = fuse,
-    .n_fuse = LAY_N(fuse),
     .marks = marks,
     .n_marks = LAY_N(marks),
-    .groups = LAY_GROUPS_INDEXED,
     .parts = parts,
-    .part_keys = part_keys,
-    .n_parts = LAY_N(parts),
-    .part_prefix = part_keys,
-    .side = &side,
-    .add_options = add_options,
-    .params_also = "param_names",
+    LAY_OLMO_06_ROW,
+};
+
+/* no marks of its own: its keys are olmo-0.6's, and its files (lay_container_open) tell it apart */
+const lay_layout lay_olmo_06_st = {
+    .name = "olmo-0.6-st",
+    .system = "OLMo 0.6.0 (FullCheckpointer's step directory with its safetensors twins, olmo/safetensors_util.py)",
+    .covers = "weights, optimizer; train.pt written (global_step, tokens), its RNG states and step not read",
+    .parts = st_parts,
+    .parts_stkey = 1,
+    LAY_OLMO_06_ROW,
 };

@@ -12,6 +12,6 @@ extern const size_t lay_hf_llama_n_names;
 #define LAY_HF_LLAMA_N_NAMES 17 /* LAY_N(lay_hf_llama_names), for the rows' initializers (checked by lay_hf.c) */
 
 extern const lay_layout lay_torchtitan_02, lay_torchtitan_03, lay_olmo_core_3, lay_fms_113, lay_megatron_fsdp_06,
-    lay_accelerate_115, lay_olmo_06;
+    lay_accelerate_115, lay_olmo_06, lay_olmo_06_st;
 
 #endif

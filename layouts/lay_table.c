@@ -7,9 +7,10 @@
 
 #include "ckpt/namemap.h"
 #include "layouts/lay_rows.h"
+#include "layouts/lay_stkey.h"
 
 static const lay_layout *const all[] = {&lay_torchtitan_02, &lay_torchtitan_03, &lay_olmo_core_3, &lay_fms_113,
-                                        &lay_megatron_fsdp_06, &lay_accelerate_115, &lay_olmo_06};
+                                        &lay_megatron_fsdp_06, &lay_accelerate_115, &lay_olmo_06_st, &lay_olmo_06};
 
 size_t lay_count(void) { return LAY_N(all); }
 const lay_layout *lay_at(size_t i) { return i < LAY_N(all) ? all[i] : NULL; }
@@ -106,7 +107,7 @@ int lay_container_open(const char *path, const lay_layout **L, ckpt_reader **r, 
             char p[4400];
             snprintf(p, sizeof p, "%s/%s", path, c->parts[n]);
             pre[n] = c->part_prefix ? c->part_prefix[n] : "";
-            if ((rc = ckpt_open(p, CKPT_AUTO, &parts[n], err))) break;
+            if ((rc = c->parts_stkey ? lay_stkey_open(p, &parts[n], err) : ckpt_open(p, CKPT_AUTO, &parts[n], err))) break;
         }
         if (rc) {
             for (size_t k = 0; k < n; k++) ckpt_close(parts[k]);

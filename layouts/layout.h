@@ -114,6 +114,7 @@ typedef struct lay_layout {
     const char *const *part_keys;
     size_t n_parts;
     const char *const *part_prefix; /* NULL: the parts' keys as they are; else put before each part's keys */
+    int parts_stkey; /* the parts are safetensors files named in OLMo's key encoding (layouts/lay_stkey.h) */
     /* Why fsdp-run does not write this layout (NULL: it does): convert --to refuses it with this. */
     const char *no_write;
     /* Param-group options of fsdp-run's its groups do not have (NULL-terminated; a plain AdamW without a scheduler
@@ -162,11 +163,14 @@ int lay_view(ckpt_reader *src, int own, const lay_layout *L, lay_dir dir, const 
 /* L's side file into dir, from canonical reader r's entries (a missing train_state.step: the optimizer's
  * step; a missing count: 0), and its values file (lay_layout.values_file). Nothing when L has neither. */
 int lay_side_write(const lay_layout *L, ckpt_reader *r, const char *dir, fsdp_err *err);
-/* Part `part` of L (a name ending in .pt: one torch.save file) from r, a view in L's names: the keys of the part's
- * prefix nested as the trainer's torch.save nests them, written to path (its temporary renamed at the end). */
+/* Part `part` of L that is one file (lay_part_is_file) from r, a view in L's names: the keys of the part's prefix
+ * nested as the trainer's own file nests them, written to path (its temporary renamed at the end): a torch.save file
+ * (.pt), or OLMo's safetensors twin of one (.safetensors of a row with parts_stkey: layouts/lay_stkey.h). */
+int lay_part_write_file(const lay_layout *L, ckpt_reader *r, size_t part, const char *path, fsdp_err *err);
 int lay_part_write_pt(const lay_layout *L, ckpt_reader *r, size_t part, const char *path, fsdp_err *err);
-/* 1 when part `part` of L is a torch.save file (its name ends in .pt), 0 when a DCP directory. */
-int lay_part_is_pt(const lay_layout *L, size_t part);
+int lay_part_write_st(const lay_layout *L, ckpt_reader *r, size_t part, const char *path, fsdp_err *err);
+/* 1 when part `part` of L is one file (a torch.save .pt, a .safetensors twin), 0 when a DCP directory. */
+int lay_part_is_file(const lay_layout *L, size_t part);
 /* When path is a directory holding a layout's parts (lay_layout.parts): *L that layout and *r its parts read as
  * one checkpoint (its keys as the layout names them), 1; else 0 (nothing opened) or an error opening them (-1). */
 int lay_container_open(const char *path, const lay_layout **L, ckpt_reader **r, fsdp_err *err);

@@ -145,7 +145,7 @@ static int write_parts_into(sl_job *j, const char *dir, fsdp_err *err) {
     for (size_t k = 0; k < j->L->n_parts && !rc; k++) {
         char sub[4400];
         snprintf(sub, sizeof sub, "%s/%s", dir, j->L->parts[k]);
-        if (!lay_part_is_pt(j->L, k)) {
+        if (!lay_part_is_file(j->L, k)) {
             rc = write_dcp(j, j->L->part_keys[k], sub, err);
             continue;
         }
@@ -153,7 +153,7 @@ static int write_parts_into(sl_job *j, const char *dir, fsdp_err *err) {
         if (comm_rank(j->c) == 0) {
             if (!j->overwrite && access(sub, F_OK) == 0)
                 lrc = fsdp_err_set(&local, FSDP_E_INVALID, "save-dcp: %s exists (set overwrite: true to replace it)", sub);
-            else lrc = lay_part_write_pt(j->L, j->v, k, sub, &local);
+            else lrc = lay_part_write_file(j->L, j->v, k, sub, &local);
         }
         rc = from_root(j->c, lrc, &local, "writing the layout's torch.save files", err);
     }

@@ -621,6 +621,55 @@ TEST(OlmoCkpts, TheNextStepsAreOlmosOwn) {
     expect_same_tensors(a.r, b.r);
 }
 
+// OLMo's safetensors twins (model.safetensors, optim.safetensors: what OLMo's scripts/unshard.py --safe-tensors writes
+// with olmo.safetensors_util, its loader preferring them to the .pt files; ws1_safetensors/ made by OLMo's own code from
+// ws1): read as layout olmo-0.6-st, the checkpoint its .pt files hold bit for bit; written back, model.safetensors is
+// OLMo's own file byte for byte and optim.safetensors holds its tensors under its names (its pickled param_groups
+// are OLMo's values: param_names the plain names, pickled as protocol 2); loaded, the next steps are OLMo's own.
+TEST(OlmoCkpts, SafetensorsTwinsAreReadAndWrittenAsOlmosOwn) {
+    Dir t;
+    std::string twin = data(kOlmo, "ws1_safetensors/step3-unsharded"), pt = ckpt_of(kOlmo, 1), out;
+    ASSERT_EQ(ckpt_cmd("inspect " + twin, &out), 0) << out;
+    EXPECT_NE(out.find("layout: olmo-0.6-st ("), std::string::npos) << out;
+    std::string a = t / "from_twin", b = t / "from_pt", back = t / "back/step3-unsharded";
+    ASSERT_EQ(ckpt_cmd("convert " + twin + " " + a + " --n-heads 4 --n-kv-heads 2", &out), 0) << out;
+    EXPECT_NE(out.find("layout: olmo-0.6-st -> torchtitan-0.2"), std::string::npos) << out;
+    ASSERT_EQ(ckpt_cmd("convert " + pt + " " + b + " --n-heads 4 --n-kv-heads 2", &out), 0) << out;
+    {
+        Ckpt x(a), y(b);
+        expect_same_tensors(x.r, y.r);
+        expect_same_tensors(y.r, x.r);
+        EXPECT_GT(expect_same_values(y.r, x.r, "twin"), 10u);
+    }
+    ASSERT_EQ(ckpt_cmd("convert " + b + " " + back + " --to olmo-0.6-st --n-heads 4 --n-kv-heads 2", &out), 0) << out;
+    for (const char *f : {"model.safetensors", "optim.safetensors", "train.pt"}) EXPECT_TRUE(exists(back + "/" + f)) << f;
+    EXPECT_EQ(run_cmd("cmp " + back + "/model.safetensors " + twin + "/model.safetensors", &out), 0) << out;
+    {
+        Ckpt x(back + "/optim.safetensors"), y(twin + "/optim.safetensors"); // under the encoded names
+        ASSERT_TRUE(x.r && y.r);
+        EXPECT_EQ(ckpt_count(x.r), ckpt_count(y.r));
+        size_t same = 0;
+        for (size_t i = 0; i < ckpt_count(y.r); i++) {
+            const ckpt_entry *e = ckpt_entry_at(y.r, i);
+            long j = ckpt_find(x.r, e->name);
+            ASSERT_GE(j, 0) << e->name;
+            if (e->dtype == FSDP_DT_U8) continue; /* the pickled param_groups */
+            EXPECT_TRUE(tensor_bytes(x.r, e->name) == tensor_bytes(y.r, e->name)) << e->name;
+            same++;
+        }
+        EXPECT_EQ(same, 45u); // step, exp_avg, exp_avg_sq of 15 parameters
+    }
+    // and through the .pt files and back: the same twin
+    std::string via = t / "via_pt/step3-unsharded", again = t / "again/step3-unsharded";
+    ASSERT_EQ(ckpt_cmd("convert " + twin + " " + via + " --to olmo-0.6 --n-heads 4 --n-kv-heads 2", &out), 0) << out;
+    ASSERT_EQ(ckpt_cmd("convert " + via + " " + again + " --to olmo-0.6-st --n-heads 4 --n-kv-heads 2", &out), 0) << out;
+    EXPECT_EQ(run_cmd("cmp " + again + "/optim.safetensors " + back + "/optim.safetensors", &out), 0) << out;
+    Sys s = kOlmo;
+    std::vector<double> loss = expected(s, "ws1_safetensors", "resumed_losses");
+    ASSERT_EQ(loss.size(), 2u);
+    expect_next_steps(t.d, s, twin, 1, "ws1_safetensors");
+}
+
 // A value of a .pt file as text ("" when absent).
 std::string pt_value(const std::string &file, const std::string &key) {
     Ckpt c(file);
