@@ -66,6 +66,7 @@ conv "$D/ds1" deepspeed-zero1 --option gradient_clipping=1.0
 conv "$D/ds3" deepspeed-zero3
 # OLMo's clipping reads max_grad_norm from the loaded param groups: its TrainConfig's (the fixtures' 1.0)
 conv "$D/olmo/step3-unsharded" olmo-0.6 --option max_grad_norm=1.0
+conv "$D/olmo-st/step3-unsharded" olmo-0.6-st --option max_grad_norm=1.0 # its safetensors twins
 chk "torchtitan 0.3.0" "$PY" tools/gen/trainers/check_torchtitan.py "$D/tt3" --batch "$BATCH"
 if [ -n "$GRID" ]; then echo "torchtitan 0.2.2: not at the grid's shapes (its FFN width is rounded to a multiple of 64)"; else
   chk "torchtitan 0.2.2" "$PY" tools/gen/trainers/check_torchtitan.py "$D/tt2" --batch "$BATCH"
@@ -75,6 +76,7 @@ chk "Megatron-FSDP 0.6.1" PYTHONPATH="$SEEDPKGS/megatron" "$PY" tools/gen/traine
 chk "accelerate 1.15.0" MASTER_PORT=29611 PYTHONPATH="$SEEDPKGS/accelerate" "$PY" tools/gen/trainers/check_accelerate.py "$D/acc" --no-rng-states --world "$WORLD" --batch "$BATCH"
 chk "fms-fsdp + ibm-fms 1.13.1" PYTHONPATH="$SEEDPKGS/fms:${FMS_SRC:-/work/fms-fsdp-src}" "$PY" tools/gen/trainers/check_fms.py "$D/fms" --world "$WORLD" --batch "$BATCH"
 chk "OLMo 0.6.0" PYTHONPATH="$SEEDPKGS/olmo:$SEEDPKGS/olmo-extra" "$PY" tools/gen/trainers/check_olmo.py "$D/olmo/step3-unsharded" --world "$WORLD" --batch "$BATCH"
+chk "OLMo 0.6.0 (safetensors twins)" PYTHONPATH="$SEEDPKGS/olmo:$SEEDPKGS/olmo-extra" "$PY" tools/gen/trainers/check_olmo.py "$D/olmo-st/step3-unsharded" --world "$WORLD" --batch "$BATCH"
 for st in 1 2 3; do
   chk "DeepSpeed 0.19.8 ZeRO-$st" DS_ACCELERATOR=cpu PYTHONPATH="$SEEDPKGS/deepspeed" "$PY" tools/gen/trainers/check_deepspeed.py "$D/ds$st" --stage "$st" --world "$WORLD" --batch "$BATCH"
 done
