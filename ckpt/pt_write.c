@@ -106,22 +106,29 @@ int ptw_tensor_from(ptw_file *t, ckpt_reader *r, size_t i, fsdp_dtype dt, fsdp_e
     return rc ? fsdp_err_prefix(err, "writing %s to %s", e->name, t->tmp) : 0;
 }
 
-int ptw_value_from(ptw_file *t, ckpt_reader *r, size_t i, fsdp_err *err) {
+int ptw_value_parse(ckpt_reader *r, size_t i, pkl_doc **doc, const pkl_obj **root, fsdp_err *err) {
     void *buf;
     size_t len;
-    const char *name = ckpt_entry_at(r, i)->name;
     int rc = ckpt_value_pickle(r, i, &buf, &len, err);
     if (rc) return rc;
+    rc = pkl_parse(buf, len, ckpt_entry_at(r, i)->name, doc, root, err);
+    free(buf);
+    return rc;
+}
+
+int ptw_value_into(pkl_w *p, ckpt_reader *r, size_t i, fsdp_err *err) {
     pkl_doc *doc;
     const pkl_obj *root;
-    rc = pkl_parse(buf, len, name, &doc, &root, err);
-    free(buf);
+    int rc = ptw_value_parse(r, i, &doc, &root, err);
     if (rc) return rc;
-    if (pkl_w_value(&t->w, root, 1u << 20))
-        rc = fsdp_err_set(err, FSDP_E_FORMAT, "%s: a value torch.save cannot hold here (a storage, or too large)", name);
+    if (pkl_w_value(p, root, 1u << 20))
+        rc = fsdp_err_set(err, FSDP_E_FORMAT, "%s: a value torch.save cannot hold here (a storage, or too large)",
+                          ckpt_entry_at(r, i)->name);
     pkl_free(doc);
     return rc;
 }
+
+int ptw_value_from(ptw_file *t, ckpt_reader *r, size_t i, fsdp_err *err) { return ptw_value_into(&t->w, r, i, err); }
 
 static int finish(ptw_file *t, fsdp_err *err) {
     char rec[200];

@@ -31,6 +31,10 @@ int ptw_tensor_end(ptw_file *t, fsdp_err *err);
 /* The non-tensor value i of r, written into the pickle as the same value (its own pickle parsed and written
  * again: memo references do not cross pickles). */
 int ptw_value_from(ptw_file *t, ckpt_reader *r, size_t i, fsdp_err *err);
+/* The same into any pickle being written (a value of r parsed and written again; no storage allowed). */
+int ptw_value_into(pkl_w *p, ckpt_reader *r, size_t i, fsdp_err *err);
+/* The non-tensor value i of r parsed (*doc freed by the caller with pkl_free). */
+int ptw_value_parse(ckpt_reader *r, size_t i, pkl_doc **doc, const pkl_obj **root, fsdp_err *err);
 /* STOP, data.pkl, byteorder, version, the central directory; fsync and rename. Frees t. */
 int ptw_finish(ptw_file *t, fsdp_err *err);
 /* Removes the temporary and frees t (NULL: nothing). */

@@ -55,6 +55,13 @@ int lay_dsw_optim_file3(lay_dsw *d, const char *dir, int r, fsdp_err *err);
 int lay_dsw_put_elems(lay_dsw *d, ptw_file *t, size_t i, int64_t e0, int64_t e1, fsdp_err *err);
 int lay_dsw_put_zeros(ptw_file *t, int64_t n, fsdp_err *err);
 void lay_dsw_ds_config(lay_dsw *d, pkl_w *w);
+/* Param group g as torch's optimizer state_dict() keeps it (the view's options of group g, then `params`). */
+int lay_dsw_group_write(lay_dsw *d, ptw_file *t, size_t g, const int64_t *params, size_t n, fsdp_err *err);
+/* loss_scaler (a static scaler of 1), dynamic_loss_scale, overflow: the fp32 entries of every optimizer file. */
+void lay_dsw_scaler(pkl_w *w);
+/* A file's last entries (ds_config, ds_version), its top dict closed, and the file finished (rc 0) or abandoned
+ * (returns rc). */
+int lay_dsw_end(lay_dsw *d, ptw_file *t, int rc, fsdp_err *err);
 void lay_dsw_object(pkl_w *w, const char *module, const char *cls, const char *const *keys, const double *vals,
                     const int *kind, int n);
 

@@ -72,22 +72,11 @@ static int w_state(lay_dsw *d, ptw_file *t, const size_t *first, size_t ns, int 
     pkl_w_str(w, "param_groups");
     pkl_w_empty_list(w);
     pkl_w_mark(w);
-    pkl_w_empty_dict(w);
-    pkl_w_mark(w);
-    const char *pre = "optimizer.param_groups.0.";
-    size_t pl = strlen(pre);
-    for (size_t i = 0; i < ckpt_count(d->v) && !rc; i++) {
-        const char *name = ckpt_entry_at(d->v, i)->name;
-        if (strncmp(name, pre, pl) || !strcmp(name + pl, "params")) continue;
-        pkl_w_str(w, name + pl);
-        rc = ptw_value_from(t, d->v, i, err);
-    }
-    pkl_w_str(w, "params");
-    pkl_w_empty_list(w);
-    pkl_w_mark(w);
-    for (size_t k = 0; k < ns; k++) pkl_w_int(w, (int64_t)k);
-    pkl_w_appends(w);
-    pkl_w_setitems(w);
+    int64_t *subs = malloc((ns ? ns : 1) * sizeof *subs); /* the group's "parameters": its sub groups */
+    if (!subs) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+    for (size_t k = 0; k < ns; k++) subs[k] = (int64_t)k;
+    if (!rc) rc = lay_dsw_group_write(d, t, 0, subs, ns, err);
+    free(subs);
     pkl_w_appends(w);
     pkl_w_setitems(w);
     pkl_w_str(w, "fp32_flat_groups");
@@ -112,9 +101,6 @@ int lay_dsw_optim_file3(lay_dsw *d, const char *dir, int r, fsdp_err *err) {
     int rc = ptw_begin(path, arch, &t, err);
     if (rc) return free(first), rc;
     pkl_w *w = ptw_pickle(t);
-    static const char *const ls_keys[] = {"cur_scale", "dynamic"};
-    static const double ls_vals[] = {1.0, 0};
-    static const int ls_kind[] = {0, 2};
     pkl_w_empty_dict(w);
     pkl_w_mark(w);
     pkl_w_str(w, "optimizer_state_dict");
@@ -125,23 +111,11 @@ int lay_dsw_optim_file3(lay_dsw *d, const char *dir, int r, fsdp_err *err) {
     pkl_w_int(w, 3);
     pkl_w_tuple_n(w, 1);
     pkl_w_reduce(w);
-    pkl_w_str(w, "loss_scaler"); /* a static scaler of 1: fp32 training */
-    lay_dsw_object(w, "deepspeed.runtime.fp16.loss_scaler", "LossScaler", ls_keys, ls_vals, ls_kind, 2);
-    pkl_w_str(w, "dynamic_loss_scale");
-    pkl_w_bool(w, 0);
-    pkl_w_str(w, "overflow");
-    pkl_w_bool(w, 0);
+    lay_dsw_scaler(w);
     pkl_w_str(w, "partition_count");
     pkl_w_int(w, d->o->world);
     rc = w_state(d, t, first, ns, r, err);
     free(first);
     pkl_w_setitems(w);
-    pkl_w_str(w, "ds_config");
-    lay_dsw_ds_config(d, w);
-    pkl_w_str(w, "ds_version");
-    pkl_w_str(w, LAY_DSW_VERSION);
-    pkl_w_setitems(w);
-    if (!rc) return ptw_finish(t, err);
-    ptw_abort(t);
-    return rc;
+    return lay_dsw_end(d, t, rc, err);
 }

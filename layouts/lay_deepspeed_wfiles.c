@@ -139,25 +139,57 @@ static int w_base_state(lay_dsw *d, ptw_file *t, int r, fsdp_err *err) {
     pkl_w_empty_list(w);
     pkl_w_mark(w);
     for (size_t g = 0; g < d->ng && !rc; g++) {
-        char pre[64];
-        size_t pl = (size_t)snprintf(pre, sizeof pre, "optimizer.param_groups.%zu.", g);
-        pkl_w_empty_dict(w);
-        pkl_w_mark(w);
-        for (size_t i = 0; i < ckpt_count(d->v) && !rc; i++) {
-            const char *name = ckpt_entry_at(d->v, i)->name;
-            if (strncmp(name, pre, pl) || !strcmp(name + pl, "params")) continue;
-            pkl_w_str(w, name + pl);
-            rc = ptw_value_from(t, d->v, i, err);
-        }
-        pkl_w_str(w, "params");
-        pkl_w_empty_list(w);
-        pkl_w_mark(w);
-        pkl_w_int(w, (int64_t)g);
-        pkl_w_appends(w);
-        pkl_w_setitems(w);
+        int64_t me = (int64_t)g;
+        rc = lay_dsw_group_write(d, t, g, &me, 1, err);
     }
     pkl_w_appends(w);
     pkl_w_setitems(w);
+    return rc;
+}
+
+int lay_dsw_group_write(lay_dsw *d, ptw_file *t, size_t g, const int64_t *params, size_t n, fsdp_err *err) {
+    pkl_w *w = ptw_pickle(t);
+    char pre[64];
+    size_t pl = (size_t)snprintf(pre, sizeof pre, "optimizer.param_groups.%zu.", g);
+    int rc = 0;
+    pkl_w_empty_dict(w);
+    pkl_w_mark(w);
+    for (size_t i = 0; i < ckpt_count(d->v) && !rc; i++) {
+        const char *name = ckpt_entry_at(d->v, i)->name;
+        if (strncmp(name, pre, pl) || !strcmp(name + pl, "params")) continue;
+        pkl_w_str(w, name + pl);
+        rc = ptw_value_from(t, d->v, i, err);
+    }
+    pkl_w_str(w, "params");
+    pkl_w_empty_list(w);
+    pkl_w_mark(w);
+    for (size_t k = 0; k < n; k++) pkl_w_int(w, params[k]);
+    pkl_w_appends(w);
+    pkl_w_setitems(w);
+    return rc;
+}
+
+void lay_dsw_scaler(pkl_w *w) {
+    static const char *const keys[] = {"cur_scale", "dynamic"};
+    static const double vals[] = {1.0, 0};
+    static const int kind[] = {0, 2};
+    pkl_w_str(w, "loss_scaler"); /* a static scaler of 1: fp32 training */
+    lay_dsw_object(w, "deepspeed.runtime.fp16.loss_scaler", "LossScaler", keys, vals, kind, 2);
+    pkl_w_str(w, "dynamic_loss_scale");
+    pkl_w_bool(w, 0);
+    pkl_w_str(w, "overflow");
+    pkl_w_bool(w, 0);
+}
+
+int lay_dsw_end(lay_dsw *d, ptw_file *t, int rc, fsdp_err *err) {
+    pkl_w *w = ptw_pickle(t);
+    pkl_w_str(w, "ds_config");
+    lay_dsw_ds_config(d, w);
+    pkl_w_str(w, "ds_version");
+    pkl_w_str(w, LAY_DSW_VERSION);
+    pkl_w_setitems(w);
+    if (!rc) return ptw_finish(t, err);
+    ptw_abort(t);
     return rc;
 }
 
@@ -249,34 +281,19 @@ int lay_dsw_optim_file(lay_dsw *d, const char *dir, int r, fsdp_err *err) {
     int rc = ptw_begin(path, arch, &t, err);
     if (rc) return rc;
     pkl_w *w = ptw_pickle(t);
-    static const char *const ls_keys[] = {"cur_scale", "dynamic"};
-    static const double ls_vals[] = {1.0, 0};
-    static const int ls_kind[] = {0, 2};
     pkl_w_empty_dict(w);
     pkl_w_mark(w);
     pkl_w_str(w, "optimizer_state_dict");
     pkl_w_empty_dict(w);
     pkl_w_mark(w);
-    pkl_w_str(w, "loss_scaler"); /* a static scaler of 1: fp32 training */
-    lay_dsw_object(w, "deepspeed.runtime.fp16.loss_scaler", "LossScaler", ls_keys, ls_vals, ls_kind, 2);
-    pkl_w_str(w, "dynamic_loss_scale");
-    pkl_w_bool(w, 0);
-    pkl_w_str(w, "overflow");
-    pkl_w_bool(w, 0);
+    lay_dsw_scaler(w);
     pkl_w_str(w, "clip_grad");
     pkl_w_float(w, d->o->clip_grad);
     rc = w_base_state(d, t, r, err);
     if (!rc) rc = w_partition(d, t, r, err);
     if (!rc) w_mappings(d, w, r);
     pkl_w_setitems(w);
-    pkl_w_str(w, "ds_config");
-    lay_dsw_ds_config(d, w);
-    pkl_w_str(w, "ds_version");
-    pkl_w_str(w, LAY_DSW_VERSION);
-    pkl_w_setitems(w);
-    if (!rc) return ptw_finish(t, err);
-    ptw_abort(t);
-    return rc;
+    return lay_dsw_end(d, t, rc, err);
 }
 
 /* 'module' (the weights in module order; ZeRO-3: [0] placeholders, the values being in the partitions) and
@@ -361,12 +378,5 @@ int lay_dsw_model_file(lay_dsw *d, const char *dir, int r, fsdp_err *err) {
     pkl_w_str(w, "tp_degree");
     pkl_w_int(w, 1);
     pkl_w_setitems(w);
-    pkl_w_str(w, "ds_config");
-    lay_dsw_ds_config(d, w);
-    pkl_w_str(w, "ds_version");
-    pkl_w_str(w, LAY_DSW_VERSION);
-    pkl_w_setitems(w);
-    if (!rc) return ptw_finish(t, err);
-    ptw_abort(t);
-    return rc;
+    return lay_dsw_end(d, t, rc, err);
 }

@@ -68,15 +68,10 @@ static int collect_params(lay_dsw *d, fsdp_err *err) {
 
 /* The ints of list value i (the group's params): *ids malloc'd. */
 static int int_list(ckpt_reader *r, size_t i, long **ids, size_t *n, fsdp_err *err) {
-    void *buf;
-    size_t len;
     const char *name = ckpt_entry_at(r, i)->name;
-    int rc = ckpt_value_pickle(r, i, &buf, &len, err);
-    if (rc) return rc;
     pkl_doc *doc;
     const pkl_obj *root;
-    rc = pkl_parse(buf, len, name, &doc, &root, err);
-    free(buf);
+    int rc = ptw_value_parse(r, i, &doc, &root, err);
     if (rc) return rc;
     *n = 0;
     if (root->kind != PKL_LIST) rc = fsdp_err_set(err, FSDP_E_FORMAT, "%s: expected a list of parameter ids", name);

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "ckpt/pickle.h"
+#include "ckpt/pt_write.h"
 #include "layouts/lay_view_impl.h"
 
 /* The names in group g's `params` list (a pickled list of str): *names malloc'd strings, *n of them. */
@@ -18,12 +19,9 @@ static int group_params(lay_job *J, const char *g, char ***names, size_t *n, fsd
     if (k < 0)
         return fsdp_err_set(err, FSDP_E_FORMAT, "layout %s: param group %s has no list of its parameters (%s)", J->L->name,
                             g, key);
-    void *buf;
-    size_t len;
-    if ((rc = ckpt_value_pickle(J->src, (size_t)k, &buf, &len, err))) return rc;
     pkl_doc *doc = NULL;
     const pkl_obj *root;
-    rc = pkl_parse(buf, len, key, &doc, &root, err);
+    if ((rc = ptw_value_parse(J->src, (size_t)k, &doc, &root, err))) return rc;
     if (!rc && root->kind != PKL_LIST)
         rc = fsdp_err_set(err, FSDP_E_FORMAT, "%s: expected a list of parameter names", key);
     if (!rc && !(*names = calloc(root->n ? root->n : 1, sizeof **names))) rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
@@ -38,7 +36,6 @@ static int group_params(lay_job *J, const char *g, char ***names, size_t *n, fsd
         else (*n)++;
     }
     pkl_free(doc);
-    free(buf);
     return rc;
 }
 

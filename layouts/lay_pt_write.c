@@ -86,24 +86,6 @@ static int add_key(lay_tree *t, const lay_layout *L, const char *key, size_t ski
 }
 
 
-/* A value of r into the pickle p, as itself (its own pickle parsed and written again). */
-static int value_into(pkl_w *p, ckpt_reader *r, size_t i, fsdp_err *err) {
-    void *buf;
-    size_t len;
-    const char *name = ckpt_entry_at(r, i)->name;
-    int rc = ckpt_value_pickle(r, i, &buf, &len, err);
-    if (rc) return rc;
-    pkl_doc *doc;
-    const pkl_obj *root;
-    rc = pkl_parse(buf, len, name, &doc, &root, err);
-    free(buf);
-    if (!rc && pkl_w_value(p, root, 1u << 20))
-        rc = fsdp_err_set(err, FSDP_E_FORMAT, "%s: a value that cannot be written here (a storage, or too large)", name);
-    pkl_free(doc);
-    return rc;
-}
-
-
 /* param_groups: a list in index order */
 static int write_list(ptw_file *w, pkl_w *p, lay_tree *t, lay_node *x, ckpt_reader *r, fsdp_err *err) {
     for (size_t a = 1; a < x->n; a++) /* by index (a few groups) */
@@ -131,7 +113,7 @@ int lay_tree_pickle(ptw_file *w, pkl_w *p, lay_tree *t, size_t k, ckpt_reader *r
     if (x->entry >= 0) {
         const ckpt_entry *e = ckpt_entry_at(r, (size_t)x->entry);
         if (e->is_tensor && !w) return fsdp_err_set(err, FSDP_E_INVALID, "%s: a tensor inside a pickled value", e->name);
-        return e->is_tensor ? ptw_tensor_from(w, r, (size_t)x->entry, 0, err) : value_into(p, r, (size_t)x->entry, err);
+        return e->is_tensor ? ptw_tensor_from(w, r, (size_t)x->entry, 0, err) : ptw_value_into(p, r, (size_t)x->entry, err);
     }
     int flat = 1;
     for (size_t c = 0; c < x->n; c++) flat &= t->v[x->kids[c]].entry >= 0;
