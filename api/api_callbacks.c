@@ -8,6 +8,7 @@
 
 #include "api/api_util.h"
 #include "runtime/ctx_impl.h"
+#include "runtime/err_local.h"
 
 #define CALLBACKS_ATTACH "fsdp.callbacks"
 
@@ -48,6 +49,7 @@ static cb_list *list_of(fsdp_ctx *ctx, int create) {
 
 int fsdp_callback_add(fsdp_ctx *ctx, const char *name, fsdp_step_callback fn, void *user, void (*destroy)(void *),
                       fsdp_err *err) {
+    FSDP_ERR_LOCAL(err);
     const char *call = "fsdp_callback_add";
     if (!ctx) return fsdp_err_set(err, FSDP_E_INVALID, "%s: no context", call);
     if (!name || !*name || !fn) return api_fail(ctx, err, FSDP_E_INVALID, call, "a callback needs a name and a function");
@@ -74,6 +76,7 @@ int fsdp_callback_add(fsdp_ctx *ctx, const char *name, fsdp_step_callback fn, vo
 }
 
 int fsdp_callback_remove(fsdp_ctx *ctx, const char *name, fsdp_err *err) {
+    FSDP_ERR_LOCAL(err);
     const char *call = "fsdp_callback_remove";
     if (!ctx) return fsdp_err_set(err, FSDP_E_INVALID, "%s: no context", call);
     if (ctx->in_callback) return api_fail(ctx, err, FSDP_E_INVALID, call, "not allowed inside a callback");

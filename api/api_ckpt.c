@@ -6,6 +6,7 @@
 
 #include "api/api_util.h"
 #include "ckpt/reader.h"
+#include "runtime/err_local.h"
 
 struct fsdp_ckpt {
     fsdp_ctx *ctx;
@@ -14,6 +15,7 @@ struct fsdp_ckpt {
 };
 
 int fsdp_ckpt_open(fsdp_ctx *ctx, const char *path, fsdp_ckpt **out, fsdp_err *err) {
+    FSDP_ERR_LOCAL(err);
     const char *call = "fsdp_ckpt_open";
     if (!out || !path) return api_fail(ctx, err, FSDP_E_INVALID, call, "NULL path or out");
     *out = NULL;
@@ -57,6 +59,7 @@ static const ckpt_entry *entry(fsdp_ckpt *c, const char *name, long *idx, const 
 }
 
 int fsdp_ckpt_shape(fsdp_ckpt *c, const char *name, int *ndim, int64_t *shape, fsdp_dtype *dtype, fsdp_err *err) {
+    FSDP_ERR_LOCAL(err);
     long i;
     const ckpt_entry *e = entry(c, name, &i, "fsdp_ckpt_shape", err);
     if (!e) return err->code;
@@ -68,6 +71,7 @@ int fsdp_ckpt_shape(fsdp_ckpt *c, const char *name, int *ndim, int64_t *shape, f
 
 int fsdp_ckpt_read(fsdp_ckpt *c, const char *name, int64_t row0, int64_t rows, fsdp_dtype dt, void *dst,
                    fsdp_err *err) {
+    FSDP_ERR_LOCAL(err);
     const char *call = "fsdp_ckpt_read";
     long i;
     const ckpt_entry *e = entry(c, name, &i, call, err);

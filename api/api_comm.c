@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "api/api_util.h"
+#include "runtime/err_local.h"
 
 /* The world for `call`, or an error (outside a stage, out of memory). */
 static comm *world_for(fsdp_ctx *ctx, const char *call, fsdp_err *err) {
@@ -15,11 +16,13 @@ static comm *world_for(fsdp_ctx *ctx, const char *call, fsdp_err *err) {
 }
 
 int fsdp_barrier(fsdp_ctx *ctx, fsdp_err *err) {
+    FSDP_ERR_LOCAL(err);
     comm *w = world_for(ctx, "fsdp_barrier", err);
     return w ? comm_barrier(w, err) : err->code;
 }
 
 int fsdp_broadcast(fsdp_ctx *ctx, void *buf, size_t bytes, int root, fsdp_err *err) {
+    FSDP_ERR_LOCAL(err);
     const char *call = "fsdp_broadcast";
     comm *w = world_for(ctx, call, err);
     if (!w) return err->code;
@@ -31,6 +34,7 @@ int fsdp_broadcast(fsdp_ctx *ctx, void *buf, size_t bytes, int root, fsdp_err *e
 }
 
 int fsdp_allreduce(fsdp_ctx *ctx, void *buf, size_t count, fsdp_dtype dt, fsdp_reduce_op op, fsdp_err *err) {
+    FSDP_ERR_LOCAL(err);
     const char *call = "fsdp_allreduce";
     comm *w = world_for(ctx, call, err);
     if (!w) return err->code;
@@ -64,6 +68,7 @@ int fsdp_allreduce(fsdp_ctx *ctx, void *buf, size_t count, fsdp_dtype dt, fsdp_r
 }
 
 int fsdp_allgather(fsdp_ctx *ctx, const void *send, size_t bytes, void *recv, fsdp_err *err) {
+    FSDP_ERR_LOCAL(err);
     const char *call = "fsdp_allgather";
     comm *w = world_for(ctx, call, err);
     if (!w) return err->code;

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "api/api_util.h"
+#include "runtime/err_local.h"
 
 int64_t fsdp_optim_step(fsdp_ctx *ctx) {
     fsdp_state *s = ctx ? state_get(ctx) : NULL;
@@ -13,6 +14,7 @@ int64_t fsdp_optim_step(fsdp_ctx *ctx) {
 }
 
 int fsdp_optim_set_step(fsdp_ctx *ctx, int64_t step, fsdp_err *err) {
+    FSDP_ERR_LOCAL(err);
     const char *call = "fsdp_optim_set_step";
     fsdp_state *s = api_state(ctx, call, err);
     if (!s) return err->code;
@@ -28,6 +30,7 @@ double fsdp_optim_lr(fsdp_ctx *ctx) {
 }
 
 int fsdp_optim_set_lr(fsdp_ctx *ctx, double lr, fsdp_err *err) {
+    FSDP_ERR_LOCAL(err);
     const char *call = "fsdp_optim_set_lr";
     fsdp_state *s = api_state(ctx, call, err);
     if (!s) return err->code;
@@ -67,10 +70,12 @@ static int moment_rows(fsdp_ctx *ctx, size_t i, fsdp_moment m, int64_t row0, int
 
 int fsdp_optim_read(fsdp_ctx *ctx, size_t i, fsdp_moment m, int64_t row0, int64_t rows, fsdp_dtype dt, void *dst,
                     fsdp_err *err) {
+    FSDP_ERR_LOCAL(err);
     return moment_rows(ctx, i, m, row0, rows, dt, dst, 0, "fsdp_optim_read", err);
 }
 
 int fsdp_optim_write(fsdp_ctx *ctx, size_t i, fsdp_moment m, int64_t row0, int64_t rows, fsdp_dtype dt,
                      const void *src, fsdp_err *err) {
+    FSDP_ERR_LOCAL(err);
     return moment_rows(ctx, i, m, row0, rows, dt, (void *)src, 1, "fsdp_optim_write", err);
 }

@@ -8,6 +8,7 @@
 #include "ckpt/namemap.h"
 #include "model/model_table.h"
 #include "runtime/ctx_impl.h"
+#include "runtime/err_local.h"
 
 size_t fsdp_param_count(fsdp_ctx *ctx) {
     fsdp_state *s = ctx ? state_get(ctx) : NULL;
@@ -15,6 +16,7 @@ size_t fsdp_param_count(fsdp_ctx *ctx) {
 }
 
 int fsdp_param_info_at(fsdp_ctx *ctx, size_t i, fsdp_param_info *out, fsdp_err *err) {
+    FSDP_ERR_LOCAL(err);
     const char *call = "fsdp_param_info_at";
     fsdp_state *s = api_state(ctx, call, err);
     state_param *p = s ? api_param(ctx, s, i, call, err) : NULL;
@@ -43,6 +45,7 @@ long fsdp_param_find(fsdp_ctx *ctx, const char *name) {
 }
 
 int fsdp_param_glob(fsdp_ctx *ctx, const char *pattern, size_t *idx, size_t cap, size_t *n, fsdp_err *err) {
+    FSDP_ERR_LOCAL(err);
     const char *call = "fsdp_param_glob";
     fsdp_state *s = api_state(ctx, call, err);
     if (!s) return err->code;
@@ -59,6 +62,7 @@ int fsdp_param_glob(fsdp_ctx *ctx, const char *pattern, size_t *idx, size_t cap,
 }
 
 int fsdp_param_read(fsdp_ctx *ctx, size_t i, int64_t row0, int64_t rows, fsdp_dtype dt, void *dst, fsdp_err *err) {
+    FSDP_ERR_LOCAL(err);
     const char *call = "fsdp_param_read";
     fsdp_state *s = api_state(ctx, call, err);
     state_param *p = s ? api_param(ctx, s, i, call, err) : NULL;
@@ -71,6 +75,7 @@ int fsdp_param_read(fsdp_ctx *ctx, size_t i, int64_t row0, int64_t rows, fsdp_dt
 
 int fsdp_param_write(fsdp_ctx *ctx, size_t i, int64_t row0, int64_t rows, fsdp_dtype dt, const void *src,
                      fsdp_err *err) {
+    FSDP_ERR_LOCAL(err);
     const char *call = "fsdp_param_write";
     fsdp_state *s = api_state(ctx, call, err);
     state_param *p = s ? api_param(ctx, s, i, call, err) : NULL;
@@ -92,6 +97,7 @@ static int agree_root(fsdp_ctx *ctx, int root, int bad, const char *call, const 
 }
 
 int fsdp_param_gather(fsdp_ctx *ctx, size_t i, int root, fsdp_dtype dt, void *dst, fsdp_err *err) {
+    FSDP_ERR_LOCAL(err);
     const char *call = "fsdp_param_gather";
     fsdp_state *s = api_state(ctx, call, err);
     state_param *p = s ? api_param(ctx, s, i, call, err) : NULL;
@@ -112,6 +118,7 @@ int fsdp_param_gather(fsdp_ctx *ctx, size_t i, int root, fsdp_dtype dt, void *ds
 }
 
 int fsdp_param_scatter(fsdp_ctx *ctx, size_t i, int root, fsdp_dtype dt, const void *src, fsdp_err *err) {
+    FSDP_ERR_LOCAL(err);
     const char *call = "fsdp_param_scatter";
     fsdp_state *s = api_state(ctx, call, err);
     state_param *p = s ? api_param(ctx, s, i, call, err) : NULL;

@@ -13,6 +13,7 @@
 #include "model/init_fill.h"
 #include "model/model_table.h"
 #include "runtime/ctx_impl.h"
+#include "runtime/err_local.h"
 
 /* Every rank's result of a structural call: rc on any rank fails every rank. */
 static int agree(fsdp_ctx *ctx, int rc, const char *call, fsdp_err *err) {
@@ -115,6 +116,7 @@ static int add_local(fsdp_ctx *ctx, fsdp_state *s, const char *name, int ndim, c
 
 int fsdp_param_add(fsdp_ctx *ctx, const char *name, int ndim, const int64_t *shape, fsdp_dtype dtype,
                    const char *init_rule, fsdp_err *err) {
+    FSDP_ERR_LOCAL(err);
     const char *call = "fsdp_param_add";
     fsdp_state *s = api_state(ctx, call, err);
     if (!s || api_not_in_callback(ctx, call, err)) return err->code;
@@ -123,6 +125,7 @@ int fsdp_param_add(fsdp_ctx *ctx, const char *name, int ndim, const int64_t *sha
 }
 
 int fsdp_param_remove(fsdp_ctx *ctx, size_t i, fsdp_err *err) {
+    FSDP_ERR_LOCAL(err);
     const char *call = "fsdp_param_remove";
     fsdp_state *s = api_state(ctx, call, err);
     if (!s || api_not_in_callback(ctx, call, err)) return err->code;
@@ -196,6 +199,7 @@ static int resize_local(fsdp_ctx *ctx, fsdp_state *s, state_param *p, int64_t d0
 
 int fsdp_param_resize(fsdp_ctx *ctx, size_t i, int64_t new_rows_n, const char *init_rule, fsdp_dtype dt,
                       const void *given, fsdp_err *err) {
+    FSDP_ERR_LOCAL(err);
     const char *call = "fsdp_param_resize";
     fsdp_state *s = api_state(ctx, call, err);
     if (!s || api_not_in_callback(ctx, call, err)) return err->code;

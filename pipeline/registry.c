@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 
 #include "pipeline/yaml_load.h"
+#include "runtime/err_local.h"
 
 struct fsdp_registry {
     const fsdp_stage_desc **descs;
@@ -94,6 +95,8 @@ static int check_default(const fsdp_stage_desc *d, const fsdp_param_spec *p, con
 }
 
 int fsdp_registry_add(fsdp_registry *reg, const fsdp_stage_desc *d, fsdp_err *err) {
+    FSDP_ERR_LOCAL(err);
+    if (!reg) return fsdp_err_set(err, FSDP_E_INVALID, "fsdp_registry_add called with a NULL registry");
     const char *origin = reg->current_origin ? reg->current_origin : "built-in";
     if (!d) return fsdp_err_set(err, FSDP_E_INVALID, "%s: fsdp_registry_add called with a NULL descriptor", origin);
     const unsigned major = d->abi_version & 0xffffu, minor = d->abi_version >> 16;

@@ -142,12 +142,12 @@ void ctx_metrics_free(ctx_metrics *m) {
     m->n = m->cap = 0;
 }
 
-int fsdp_ctx_rank(const fsdp_ctx *ctx) { return ctx->rank; }
-int fsdp_ctx_world_size(const fsdp_ctx *ctx) { return ctx->world; }
-const char *fsdp_ctx_recipe_name(const fsdp_ctx *ctx) { return ctx->recipe_name; }
-const char *fsdp_ctx_recipe_path(const fsdp_ctx *ctx) { return ctx->recipe_path; }
-const char *fsdp_ctx_run_id(const fsdp_ctx *ctx) { return ctx->run_id; }
-const char *fsdp_ctx_run_start(const fsdp_ctx *ctx) { return ctx->run_start; }
+int fsdp_ctx_rank(const fsdp_ctx *ctx) { return ctx ? ctx->rank : -1; }
+int fsdp_ctx_world_size(const fsdp_ctx *ctx) { return ctx ? ctx->world : 0; }
+const char *fsdp_ctx_recipe_name(const fsdp_ctx *ctx) { return ctx ? ctx->recipe_name : NULL; }
+const char *fsdp_ctx_recipe_path(const fsdp_ctx *ctx) { return ctx ? ctx->recipe_path : NULL; }
+const char *fsdp_ctx_run_id(const fsdp_ctx *ctx) { return ctx ? ctx->run_id : NULL; }
+const char *fsdp_ctx_run_start(const fsdp_ctx *ctx) { return ctx ? ctx->run_start : NULL; }
 
 void ctx_set_run(fsdp_ctx *ctx, double start, uint32_t random) {
     time_t s = (time_t)start;
@@ -158,14 +158,14 @@ void ctx_set_run(fsdp_ctx *ctx, double start, uint32_t random) {
     snprintf(ctx->run_start, sizeof ctx->run_start, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900,
              tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, (int)((start - (double)s) * 1000));
 }
-const char *fsdp_ctx_stage_id(const fsdp_ctx *ctx) { return ctx->stage_id; }
+const char *fsdp_ctx_stage_id(const fsdp_ctx *ctx) { return ctx ? ctx->stage_id : NULL; }
 
 const fsdp_value *fsdp_ctx_section(const fsdp_ctx *ctx, const char *name) {
-    return fsdp_value_get(ctx->root, name);
+    return ctx && name ? fsdp_value_get(ctx->root, name) : NULL;
 }
 
 static ctx_metric *metric_slot(fsdp_ctx *ctx, const char *name) {
-    ctx_metrics *m = ctx->metrics;
+    ctx_metrics *m = ctx && name ? ctx->metrics : NULL;
     if (!m) return NULL;
     for (size_t i = 0; i < m->n; i++)
         if (!strcmp(m->items[i].name, name)) return &m->items[i];
@@ -204,12 +204,14 @@ void fsdp_ctx_metric_str(fsdp_ctx *ctx, const char *name, const char *value) {
 }
 
 int fsdp_ctx_has_state(const fsdp_ctx *ctx, const char *name) {
+    if (!ctx || !name) return 0;
     for (size_t i = 0; i < ctx->n_state; i++)
         if (!strcmp(ctx->state[i], name)) return 1;
     return 0;
 }
 
 void fsdp_ctx_set_state(fsdp_ctx *ctx, const char *name, int present) {
+    if (!ctx || !name) return;
     for (size_t i = 0; i < ctx->n_state; i++) {
         if (!strcmp(ctx->state[i], name)) {
             if (!present) {
@@ -232,6 +234,7 @@ void fsdp_ctx_set_state(fsdp_ctx *ctx, const char *name, int present) {
 }
 
 int fsdp_ctx_attach(fsdp_ctx *ctx, const char *name, void *ptr, void (*destroy)(void *)) {
+    if (!ctx || !name) return FSDP_E_INVALID;
     for (size_t i = 0; i < ctx->n_att; i++) {
         if (!strcmp(ctx->att[i].name, name)) {
             if (ctx->att[i].destroy && ctx->att[i].ptr != ptr) ctx->att[i].destroy(ctx->att[i].ptr);
@@ -257,6 +260,7 @@ int fsdp_ctx_attach(fsdp_ctx *ctx, const char *name, void *ptr, void (*destroy)(
 }
 
 void *fsdp_ctx_attached(const fsdp_ctx *ctx, const char *name) {
+    if (!ctx || !name) return NULL;
     for (size_t i = 0; i < ctx->n_att; i++)
         if (!strcmp(ctx->att[i].name, name)) return ctx->att[i].ptr;
     return NULL;

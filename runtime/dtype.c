@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "fsdp/tensor.h"
+#include "runtime/err_local.h"
 
 typedef struct {
     const char *shortname, *torch, *st;
@@ -65,7 +66,8 @@ int64_t fsdp_numel(int ndim, const int64_t *shape) {
 
 char *fsdp_shape_str(int ndim, const int64_t *shape, char *buf, size_t cap) {
     size_t off = 0;
-    if (cap == 0) return buf;
+    if (cap == 0 || !buf) return buf;
+    if (!shape) ndim = 0;
     buf[0] = '\0';
     off += (size_t)snprintf(buf + off, cap - off, "[");
     for (int i = 0; i < ndim && off < cap; i++)
@@ -210,6 +212,7 @@ static void store_elem(void *dst, fsdp_dtype dt, size_t i, double d, int64_t q, 
 
 int fsdp_convert(void *dst, fsdp_dtype dst_dt, const void *src, fsdp_dtype src_dt, size_t n,
                  fsdp_err *err) {
+    FSDP_ERR_LOCAL(err);
     if (!valid(dst_dt) || !valid(src_dt))
         return fsdp_err_set(err, FSDP_E_INVALID, "convert: invalid dtype");
     if (dst_dt == src_dt) {
