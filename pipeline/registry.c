@@ -69,11 +69,23 @@ static int valid_name(const char *s) {
     return 1;
 }
 
+/* A default is YAML text, as a recipe's value is (a string YAML reads otherwise, such as ** or a: b, is quoted:
+ * "'**'"); it must have the parameter's type, and a string with choices one of them. */
 static int check_default(const fsdp_stage_desc *d, const fsdp_param_spec *p, const char *origin, fsdp_err *err) {
     if (!p->dflt) return 0;
     fsdp_value *v;
     if (yaml_load_string(p->dflt, strlen(p->dflt), "default", 0, 0, &v, err))
-        return fsdp_err_prefix(err, "stage '%s' (%s): parameter '%s': bad default", d->name, origin, p->name);
+        return fsdp_err_prefix(err, "stage '%s' (%s): parameter '%s': bad default (defaults are YAML text: quote a "
+                               "string YAML reads otherwise, e.g. \"'**'\")", d->name, origin, p->name);
+    const char *text = p->type == FSDP_T_STRING && v->kind == FSDP_V_SCALAR ? fsdp_value_text(v) : NULL;
+    int listed = !p->choices || !text;
+    for (const char *const *c = p->choices; c && *c && !listed; c++) listed = !strcmp(*c, text);
+    if (!listed) {
+        fsdp_err_set(err, FSDP_E_INVALID, "stage '%s' (%s): parameter '%s': default '%s' is not one of its choices",
+                     d->name, origin, p->name, text);
+        val_free(v);
+        return FSDP_E_INVALID;
+    }
     int ok = 1;
     int64_t i;
     double f;

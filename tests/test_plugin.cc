@@ -80,6 +80,26 @@ TEST(Plugin, RegistryRejectsBadDescriptors) {
     fsdp_stage_desc small = {FSDP_STAGE_ABI_VERSION, 8, "small", "s", nullptr, nullptr, nullptr, t_init_run, nullptr};
     EXPECT_NE(fsdp_registry_add(reg, &small, &err), 0);
     EXPECT_NE(std::string(err.msg).find("descriptor size 8"), std::string::npos) << err.msg;
+    // stage.h: a default of the parameter's type and one of its choices, YAML text (a string YAML reads
+    // otherwise quoted); a name of a-z, 0-9, '-' and '_'
+    static const char *const modes[] = {"fast", "slow", nullptr};
+    static const fsdp_param_spec off_choice[] = {{"mode", FSDP_T_STRING, 0, "medium", modes, ""},
+                                                 {nullptr, FSDP_T_STRING, 0, nullptr, nullptr, nullptr}};
+    fsdp_stage_desc oc = {FSDP_STAGE_DESC_INIT, "off-choice", "s", off_choice, nullptr, nullptr, t_init_run, nullptr};
+    EXPECT_NE(fsdp_registry_add(reg, &oc, &err), 0);
+    EXPECT_NE(std::string(err.msg).find("default 'medium' is not one of its choices"), std::string::npos) << err.msg;
+    static const fsdp_param_spec glob_raw[] = {{"keys", FSDP_T_STRING, 0, "**", nullptr, ""},
+                                               {nullptr, FSDP_T_STRING, 0, nullptr, nullptr, nullptr}};
+    fsdp_stage_desc gr = {FSDP_STAGE_DESC_INIT, "glob-raw", "s", glob_raw, nullptr, nullptr, t_init_run, nullptr};
+    EXPECT_NE(fsdp_registry_add(reg, &gr, &err), 0);
+    EXPECT_NE(std::string(err.msg).find("defaults are YAML text: quote a string YAML reads otherwise, e.g. \"'**'\""),
+              std::string::npos) << err.msg;
     EXPECT_EQ(registry_count(reg), 0u);
+    static const fsdp_param_spec glob_quoted[] = {{"keys", FSDP_T_STRING, 0, "'**'", nullptr, ""},
+                                                  {"mode", FSDP_T_STRING, 0, "slow", modes, ""},
+                                                  {nullptr, FSDP_T_STRING, 0, nullptr, nullptr, nullptr}};
+    fsdp_stage_desc gq = {FSDP_STAGE_DESC_INIT, "glob_quoted-2", "s", glob_quoted, nullptr, nullptr, t_init_run, nullptr};
+    EXPECT_EQ(fsdp_registry_add(reg, &gq, &err), 0) << err.msg;
+    EXPECT_EQ(registry_count(reg), 1u);
     registry_free(reg);
 }

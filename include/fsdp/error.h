@@ -14,7 +14,9 @@ extern "C" {
 enum {
     FSDP_OK = 0,
     FSDP_E_RUNTIME = 1, /* generic runtime failure                          */
-    FSDP_E_INVALID = 2, /* bad usage, invalid recipe or parameter (exit 2)  */
+    FSDP_E_INVALID = 2, /* bad usage, invalid recipe or parameter (exit 2 when found before the run: validation, the
+                           recipe, a stage's check; a stage that fails while it runs ends the run with exit 1,
+                           whatever its code) */
     FSDP_E_IO = 3,      /* a file could not be opened, read or written      */
     FSDP_E_FORMAT = 4,  /* a file is corrupt, truncated or not understood   */
     FSDP_E_NOMEM = 5,   /* out of memory                                    */

@@ -61,7 +61,7 @@ int fsdp_param_gather(fsdp_ctx *ctx, size_t i, int root, fsdp_dtype dt, void *ds
 int fsdp_param_scatter(fsdp_ctx *ctx, size_t i, int root, fsdp_dtype dt, const void *src, fsdp_err *err);
 
 /* Collective: adds a parameter of the given global shape and stored dtype, drawn by an init rule of the
- * model table (`normal(std=0.02)`, `zeros`, `ones`, `const(v)`, `uniform(a, b)`, `none` ...; the
+ * model table (`normal(std=0.02)`, `zeros`, `ones`, `constant(v)`, `uniform(a, b)`, `none` ...; the
  * rule's random stream is seeded by runtime.seed and the name, as init-meta draws). It is saved,
  * reloaded and exported like every other parameter; it has no optimizer moments until a step makes
  * them (zeros). */

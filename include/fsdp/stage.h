@@ -48,7 +48,9 @@ typedef struct fsdp_param_spec {
     const char *name;
     fsdp_param_type type;
     int required;                /* 1: must be given (dflt is ignored) */
-    const char *dflt;            /* default as YAML text ("1e-3", "true", "[0.9, 0.95]") or NULL */
+    const char *dflt;            /* default as YAML text ("1e-3", "true", "[0.9, 0.95]"; a string YAML reads otherwise
+                                    quoted: "'**'") or NULL; of the parameter's type, and one of choices when given
+                                    (fsdp_registry_add refuses it otherwise) */
     const char *const *choices;  /* NULL-terminated allowed values for a string, or NULL */
     const char *help;            /* one line */
 } fsdp_param_spec;
@@ -61,7 +63,7 @@ typedef int (*fsdp_stage_check_fn)(const fsdp_value *with, fsdp_err *err);
 typedef struct fsdp_stage_desc {
     uint32_t abi_version;  /* FSDP_STAGE_ABI_VERSION */
     uint32_t struct_size;  /* sizeof(fsdp_stage_desc) */
-    const char *name;      /* what `uses:` names: lower-case, digits and '-' */
+    const char *name;      /* what `uses:` names: 1 to 64 of a-z, 0-9, '-' and '_' */
     const char *summary;   /* one line for `fsdp-run stages` */
     const fsdp_param_spec *params; /* ends with {NULL}; NULL for none */
     const char *const *needs;      /* NULL-terminated state names, or NULL */
