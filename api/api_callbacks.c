@@ -22,6 +22,7 @@ typedef struct cb_entry {
 typedef struct cb_list {
     cb_entry *e;
     size_t n;
+    char saver[128]; /* the last run: the first callback of this rank that asked for a save ("" none) */
 } cb_list;
 
 static void entry_free(cb_entry *e) {
@@ -96,6 +97,11 @@ size_t api_callbacks_count(fsdp_ctx *ctx) {
     return l ? l->n : 0;
 }
 
+const char *api_callbacks_saver(fsdp_ctx *ctx) {
+    cb_list *l = list_of(ctx, 0);
+    return l && l->saver[0] ? l->saver : NULL;
+}
+
 int api_callbacks_run(fsdp_ctx *ctx, const fsdp_step_metrics *m, unsigned *request, fsdp_err *err) {
     *request = 0;
     cb_list *l = list_of(ctx, 0);
@@ -104,11 +110,13 @@ int api_callbacks_run(fsdp_ctx *ctx, const fsdp_step_metrics *m, unsigned *reque
     fsdp_err lerr;
     fsdp_err_clear(&lerr);
     ctx->in_callback = 1;
+    l->saver[0] = '\0';
     for (size_t i = 0; i < l->n && !rc; i++) {
         unsigned r = 0;
         rc = l->e[i].fn(ctx, m, &r, l->e[i].user, &lerr);
         if (rc && !lerr.msg[0]) snprintf(lerr.msg, sizeof lerr.msg, "failed (%s)", fsdp_err_code_name(rc));
         if (rc) fsdp_err_prefix(&lerr, "callback '%s' at step %lld", l->e[i].name, (long long)m->step);
+        if ((r & FSDP_REQUEST_SAVE) && !l->saver[0]) snprintf(l->saver, sizeof l->saver, "%s", l->e[i].name);
         *request |= r;
     }
     ctx->in_callback = 0;

@@ -12,4 +12,8 @@ size_t api_callbacks_count(fsdp_ctx *ctx);
  * fails every rank (naming the callback and the rank), and *request is the OR over every rank. */
 int api_callbacks_run(fsdp_ctx *ctx, const fsdp_step_metrics *m, unsigned *request, fsdp_err *err);
 
+/* The first callback of this rank that asked for a save in the last api_callbacks_run (NULL: none here; another
+ * rank's may have). */
+const char *api_callbacks_saver(fsdp_ctx *ctx);
+
 #endif

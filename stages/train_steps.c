@@ -503,11 +503,12 @@ static int train_callbacks(train_run_state *tr, int evaled, double eval_loss, fs
     }
     if (rc) return fsdp_err_prefix(err, "train-steps");
     int periodic = tr->save_every > 0 && s->train_step % tr->save_every == 0;
-    if ((req & FSDP_REQUEST_SAVE) && !periodic) {
-        if (!*tr->save_path)
-            return fsdp_err_set(err, FSDP_E_INVALID,
-                                "train-steps: a callback asked for a save at step %lld, but the stage has no save_path",
-                                (long long)s->train_step);
+    if ((req & FSDP_REQUEST_SAVE) && !periodic && !*tr->save_path) { /* nowhere to save: said, the run goes on */
+        const char *who = api_callbacks_saver(tr->ctx);
+        fsdp_log(tr->ctx, FSDP_LOG_WARN, "train-steps: step %lld: %s%s%s asked for a save, and this train-steps has no "
+                 "save_path: nothing saved (set save_path to keep such saves)", (long long)s->train_step,
+                 who ? "callback '" : "a callback (on another rank)", who ? who : "", who ? "'" : "");
+    } else if ((req & FSDP_REQUEST_SAVE) && !periodic) {
         fsdp_log(tr->ctx, FSDP_LOG_INFO, "step %lld: a callback asked for a save", (long long)s->train_step);
         if ((rc = stage_save_dcp_step(tr->ctx, s, tr->save_path, &tr->save_pol, err))) return rc;
     }

@@ -232,11 +232,21 @@ TEST(PluginApi, AddRemoveLearningRateAndSaveRequests) {
     ASSERT_EQ(run_np(3, t / "sv.yaml", &out), 0) << out;
     EXPECT_NE(out.find("step 3: a callback asked for a save"), std::string::npos) << out;
     ASSERT_EQ(train_test::run("ckpt inspect " + sp + "/step-3", &out), 0) << out;
-    // without a save_path the request is an error naming it
-    write_file(t / "sv2.yaml", head + "  - {id: cb, uses: api-save-at, with: {step: 2}}\n"
-                                      "  - {id: t, uses: train-steps, after: [i, cb], with: {steps: 5}}\n");
-    EXPECT_EQ(run_np(1, t / "sv2.yaml", &out), 1) << out;
-    EXPECT_NE(out.find("a callback asked for a save at step 2, but the stage has no save_path"), std::string::npos) << out;
+    // without a save_path the request is a warning naming the callback; a stop in the same request is honoured and
+    // the later stages run (on every rank)
+    std::string fin = t / "final";
+    write_file(t / "sv2.yaml", head + "  - {id: cb, uses: api-save-at, with: {step: 2, stop: true}}\n"
+                                      "  - {id: t, uses: train-steps, after: [i, cb], with: {steps: 5}}\n"
+                                      "  - {id: s, uses: save-dcp, after: [t], with: {path: " + fin + "}}\n");
+    for (int np : {1, 3}) {
+        rm_rf(fin);
+        ASSERT_EQ(run_np(np, t / "sv2.yaml", &out), 0) << out;
+        EXPECT_NE(out.find("step 2: callback 'save-at' asked for a save, and this train-steps has no save_path: nothing "
+                           "saved"), std::string::npos) << out;
+        EXPECT_NE(out.find("a callback asked to stop"), std::string::npos) << out;
+        ASSERT_EQ(train_test::run("ckpt inspect " + fin + " --json", &out), 0) << out;
+        EXPECT_NE(out.find("\"train_state.step\""), std::string::npos);
+    }
 }
 
 // Every call used rightly: the probe checks reads against gathers, scatters, moments, globs and the

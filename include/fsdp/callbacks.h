@@ -31,7 +31,7 @@ typedef struct fsdp_step_metrics {
     double eval_loss;   /* is_eval: the evaluation's loss */
 } fsdp_step_metrics;
 
-#define FSDP_REQUEST_SAVE 1u /* save a checkpoint at this step */
+#define FSDP_REQUEST_SAVE 1u /* save a checkpoint at this step (no save_path: a warning naming the callback) */
 #define FSDP_REQUEST_STOP 2u /* end train-steps after this step */
 
 /* *request starts at 0; a callback ORs FSDP_REQUEST_* into it. Nonzero return: the stage fails. */

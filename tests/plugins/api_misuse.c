@@ -13,7 +13,8 @@
  * `api-edit`: adds `extra.weight` [5, 3] (init rule `rule`) and `extra.ones` [7] (ones), removes
  * `remove` (a name), and scales the learning rate of the steps to come by `lr_scale`.
  *
- * `api-save-at`: registers a callback that asks for a save after optimizer step `step`. */
+ * `api-save-at`: registers a callback that asks for a save after optimizer step `step` (with stop: true, to stop
+ * there too). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -260,19 +261,22 @@ static int edit_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
 }
 
 static const fsdp_param_spec SAVE_AT_PARAMS[] = {
-    {"step", FSDP_T_INT, 1, NULL, NULL, "ask for a save after this optimizer step"}, {NULL, 0, 0, NULL, NULL, NULL}};
+    {"step", FSDP_T_INT, 1, NULL, NULL, "ask for a save after this optimizer step"},
+    {"stop", FSDP_T_BOOL, 0, "false", NULL, "ask to stop there too"},
+    {NULL, 0, 0, NULL, NULL, NULL}};
 
 static int save_at(fsdp_ctx *ctx, const fsdp_step_metrics *m, unsigned *request, void *user, fsdp_err *err) {
     (void)ctx, (void)err;
-    if (!m->is_eval && m->step == *(int64_t *)user) *request |= FSDP_REQUEST_SAVE;
+    const int64_t *at = user; /* step, stop */
+    if (!m->is_eval && m->step == at[0]) *request |= FSDP_REQUEST_SAVE | (at[1] ? FSDP_REQUEST_STOP : 0u);
     return 0;
 }
 
 static int save_at_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
-    int64_t *step = malloc(sizeof *step);
-    if (!step) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
-    *step = fsdp_arg_int(with, "step", 1);
-    return fsdp_callback_add(ctx, "save-at", save_at, step, free, err);
+    int64_t *at = malloc(2 * sizeof *at);
+    if (!at) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+    at[0] = fsdp_arg_int(with, "step", 1), at[1] = fsdp_arg_bool(with, "stop", 0);
+    return fsdp_callback_add(ctx, "save-at", save_at, at, free, err);
 }
 
 static const fsdp_stage_desc EDIT = {FSDP_STAGE_DESC_INIT, "api-edit", "adds, removes, rescales the lr", EDIT_PARAMS,
