@@ -99,32 +99,40 @@ int ckl_is_training(const ckl_layout *l, const char *name) {
     return 0;
 }
 
-size_t ckl_unmapped_moments(ckpt_reader *r, const ckl_layout *l, int (*has_param)(void *, const char *), void *user,
-                            char *buf, size_t cap) {
-    size_t n = 0, ol = strlen(l->optim);
+static void list_key(char *buf, size_t cap, const char *key) {
+    size_t used = strlen(buf);
+    if (used + 4 >= cap) return;
+    if (used + strlen(key) + 8 >= cap) snprintf(buf + used, cap - used, "\n  ...");
+    else snprintf(buf + used, cap - used, "\n  %s", key);
+}
+
+void ckl_unmapped_moments(ckpt_reader *r, const ckl_layout *l, int (*has_param)(void *, const char *, const char *),
+                          void *user, char *bad, char *unknown, size_t cap, size_t *n_bad, size_t *n_unknown,
+                          size_t *n_known) {
+    size_t ol = strlen(l->optim);
+    *n_bad = *n_unknown = *n_known = 0;
     for (size_t ci = 0; ci < ckpt_count(r); ci++) {
         const ckpt_entry *e = ckpt_entry_at(r, ci);
         if (!e->is_tensor || !ckl_is_moment(e->name)) continue;
         int ok = !strncmp(e->name, l->optim, ol) && !strncmp(e->name + ol, "state.", 6);
-        if (ok && has_param) {
-            char fqn[1024];
-            const char *f = e->name + ol + 6, *dot = strrchr(f, '.');
-            size_t fl = dot ? (size_t)(dot - f) : 0;
-            ok = fl > 0 && fl < sizeof fqn;
-            if (ok) {
-                memcpy(fqn, f, fl);
-                fqn[fl] = 0;
-                ok = has_param(user, fqn);
-            }
+        char fqn[1024];
+        const char *f = e->name + ol + 6, *dot = ok ? strrchr(f, '.') : NULL;
+        size_t fl = dot ? (size_t)(dot - f) : 0;
+        ok = ok && fl > 0 && fl < sizeof fqn;
+        if (!ok) {
+            (*n_bad)++;
+            list_key(bad, cap, e->name);
+            continue;
         }
-        if (ok) continue;
-        n++;
-        size_t used = strlen(buf);
-        if (used + 4 >= cap) continue;
-        if (used + strlen(e->name) + 8 >= cap) snprintf(buf + used, cap - used, "\n  ...");
-        else snprintf(buf + used, cap - used, "\n  %s", e->name);
+        memcpy(fqn, f, fl);
+        fqn[fl] = 0;
+        if (has_param && !has_param(user, fqn, e->name)) {
+            (*n_unknown)++;
+            list_key(unknown, cap, e->name);
+        } else {
+            (*n_known)++;
+        }
     }
-    return n;
 }
 
 int ckl_to_torchtitan(const ckl_layout *l, const char *name, char *out, size_t cap, fsdp_err *err) {

@@ -49,10 +49,13 @@ int ckl_is_training(const ckl_layout *l, const char *name);
 int ckl_is_moment(const char *name);
 
 /* The optimizer moments of r that this layout cannot map onto a parameter: a moment key not of the
- * form <optim>state.<fqn>.<kind>, or whose <fqn> has_param (may be NULL: any) does not know.
- * Appends "\n  KEY" for each to buf (cap bytes, truncated with "..."), returns how many. */
-size_t ckl_unmapped_moments(ckpt_reader *r, const ckl_layout *l, int (*has_param)(void *, const char *), void *user,
-                            char *buf, size_t cap);
+ * form <optim>state.<fqn>.<kind> (into bad), or whose <fqn> has_param (may be NULL: any; it is given the fqn and
+ * the whole key) does not know (into unknown: moments of tensors the model does not declare). Appends "\n  KEY"
+ * for each to its buffer (cap bytes each, truncated with "..."); *n_bad and *n_unknown count them, *n_known the
+ * moments has_param knows. */
+void ckl_unmapped_moments(ckpt_reader *r, const ckl_layout *l, int (*has_param)(void *, const char *, const char *),
+                          void *user, char *bad, char *unknown, size_t cap, size_t *n_bad, size_t *n_unknown,
+                          size_t *n_known);
 
 /* name rewritten into torchtitan's layout (model prefix removed, optim prefix -> "optimizer."); a
  * name under neither prefix is copied as it is. Returns 0, or FSDP_E_INVALID when out is too small. */

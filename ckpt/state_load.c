@@ -710,23 +710,46 @@ static int sio_layout(ckpt_reader *r, const char *path, const sio_load_opts *o, 
     return 0;
 }
 
-static int has_param(void *user, const char *fqn) { return state_find(user, fqn) != NULL; }
+typedef struct moment_ok_ctx {
+    fsdp_state *s;
+    const sio_load_opts *o;
+} moment_ok_ctx;
+
+/* A moment loads when its parameter exists; one of a tensor the options exclude or drop on purpose (its key an
+ * `exclude` glob's, its fqn a `drop` glob's or none of `keep`'s) is left out with it, as the weight is. */
+static int moment_ok(void *user, const char *fqn, const char *key) {
+    const moment_ok_ctx *m = user;
+    return state_find(m->s, fqn) != NULL || any_glob(m->o->exclude, m->o->n_exclude, key) ||
+           dropped_on_purpose(m->o, fqn);
+}
 
 /* Optimizer moments the layout cannot map onto a parameter: strict, an error naming them; else
  * listed in res. Never left to become zeros unnoticed. */
-static int sio_check_moments(fsdp_state *s, ckpt_reader *r, const ckl_layout *lay, const char *path, int strict,
-                             sio_load_result *res, fsdp_err *err) {
-    char keys[1024] = "";
-    size_t n = ckl_unmapped_moments(r, lay, has_param, s, keys, sizeof keys);
-    if (!n) return 0;
-    if (strict)
+static int sio_check_moments(fsdp_state *s, ckpt_reader *r, const ckl_layout *lay, const char *path,
+                             const sio_load_opts *o, sio_load_result *res, fsdp_err *err) {
+    char bad[1024] = "", unknown[1024] = "";
+    size_t nb, nu, nk;
+    moment_ok_ctx m = {s, o};
+    ckl_unmapped_moments(r, lay, moment_ok, &m, bad, unknown, sizeof bad, &nb, &nu, &nk);
+    if (!nb && !nu) return 0;
+    if (!nk) { /* no moment names a parameter (integer ids, another prefix): the key layout, not extra tensors */
+        size_t k = strlen(bad);
+        snprintf(bad + k, sizeof bad - k, "%s", unknown);
+        nb += nu, nu = 0;
+    }
+    if (o->strict && nb)
         return fsdp_err_set(err, FSDP_E_INVALID,
                             "load-ckpt %s: %zu optimizer moment(s) under a key layout that does not map onto the "
                             "model's parameters (expected %sstate.<parameter>.<kind>):%s\n(give prefixes: {optim: "
                             "...}, or load_optimizer: false to start the optimizer afresh)",
-                            path, n, lay->optim, keys);
-    res->optim_omitted += n;
-    snprintf(res->optim_omitted_keys, sizeof res->optim_omitted_keys, "%s", keys);
+                            path, nb, lay->optim, bad);
+    if (o->strict)
+        return fsdp_err_set(err, FSDP_E_INVALID,
+                            "load-ckpt %s: %zu optimizer moment(s) of tensors the model does not declare:%s\n(leave "
+                            "them out with exclude: ['TENSOR', '%sstate.TENSOR.**'], or declare the tensors)",
+                            path, nu, unknown, lay->optim);
+    res->optim_omitted += nb + nu;
+    snprintf(res->optim_omitted_keys, sizeof res->optim_omitted_keys, "%s%s", bad, unknown);
     return 0;
 }
 
@@ -810,7 +833,7 @@ static int sio_plan_optimizer(sio_job *J, int *do_opt, fsdp_err *err) {
         return fsdp_err_set(err, FSDP_E_INVALID, "load-ckpt %s: load_optimizer is true but the checkpoint has no "
                                                  "%sstate.* keys", J->path, optim);
     int rc;
-    if (want_opt && (rc = sio_check_moments(J->L.s, J->r, &J->lay, J->path, o->strict, J->res, err))) return rc;
+    if (want_opt && (rc = sio_check_moments(J->L.s, J->r, &J->lay, J->path, o, J->res, err))) return rc;
     *do_opt = want_opt == 1 || (want_opt == -1 && has_opt);
     if (*do_opt && (rc = state_alloc_optimizer(J->L.s, err))) return rc;
     return 0;

@@ -249,6 +249,37 @@ TEST(PluginApi, AddRemoveLearningRateAndSaveRequests) {
     }
 }
 
+// A checkpoint holding tensors the plain model does not declare (a plugin's extra.weight and extra.ones, trained, so
+// with moments) is refused by a strict load naming them as undeclared and `exclude`; excluded (or dropped), they and
+// their moments are left out and the rest loads, on 1 and 3 ranks.
+TEST(PluginApi, UndeclaredTensorsAndTheirMomentsAreNamedAndExcludable) {
+    Dir t;
+    std::string ck = t / "extra", out;
+    write_file(t / "w.yaml", "plugins: [" + test_plugin("api_misuse") + "]\nmodel: {preset: tiny}\n"
+                             "data: {kind: synthetic, batch_size: 6, seq_len: 16}\nstages:\n  - {id: i, uses: init-meta}\n"
+                             "  - {id: e, uses: api-edit, after: [i]}\n  - {id: t, uses: train-steps, after: [e], with: "
+                             "{steps: 1}}\n  - {id: s, uses: save-dcp, after: [t], with: {path: " + ck + "}}\n");
+    ASSERT_EQ(run_np(1, t / "w.yaml", &out), 0) << out;
+    auto load_with = [&](const std::string &extra) {
+        write_file(t / "l.yaml", "model: {preset: tiny}\nstages:\n  - {id: l, uses: load-ckpt, with: {path: " + ck +
+                                     extra + "}}\n");
+        return t / "l.yaml";
+    };
+    for (int np : {1, 3}) {
+        int rc;
+        std::string log = run_np(np, load_with(""), &rc);
+        EXPECT_EQ(rc, 1) << log; // found while load-ckpt runs
+        EXPECT_NE(log.find("optimizer moment(s) of tensors the model does not declare"), std::string::npos) << log;
+        EXPECT_NE(log.find("optimizer.state.extra.weight.exp_avg"), std::string::npos) << log;
+        EXPECT_NE(log.find("exclude:"), std::string::npos) << log;
+        EXPECT_EQ(log.find("key layout that does not map"), std::string::npos) << log;
+        log = run_np(np, load_with(", exclude: ['extra.**', 'optimizer.state.extra.**']"), &rc);
+        EXPECT_EQ(rc, 0) << log;
+        log = run_np(np, load_with(", drop: ['extra.**']"), &rc);
+        EXPECT_EQ(rc, 0) << log;
+    }
+}
+
 // Every call used rightly: the probe checks reads against gathers, scatters, moments, globs and the
 // collectives, on 1 and 3 ranks (on a model before and after training).
 TEST(PluginApi, EveryCallWorksOnOneAndThreeRanks) {
