@@ -119,7 +119,10 @@ int stage_on_gpu(fsdp_ctx *ctx, int *on_gpu, fsdp_err *err) {
     if (!s->told_auto) {
         s->told_auto = 1;
         if (s->usable) fsdp_log(ctx, FSDP_LOG_INFO, "runtime.device auto: cuda (%s)", s->gpu);
-        else fsdp_log(ctx, FSDP_LOG_INFO, "runtime.device auto: cpu (%s)", s->why);
+        else { /* expected on a machine without a GPU: no alarming driver message at the default level */
+            fsdp_log(ctx, FSDP_LOG_INFO, "runtime.device auto: cpu (no usable GPU here)");
+            fsdp_log(ctx, FSDP_LOG_DEBUG, "runtime.device auto: why no GPU: %s", s->why);
+        }
     }
     *on_gpu = s->usable;
     return 0;

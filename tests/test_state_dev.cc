@@ -360,6 +360,13 @@ TEST(StageDevice, AutoPicksTheGpuOnlyWhenPresent) {
     bool gpu = gpu_present(&why);
     EXPECT_EQ(report_metric(t / "rep.json", "i", "device"), gpu ? "cuda" : "cpu");
     EXPECT_NE(o.find(gpu ? "runtime.device auto: cuda" : "runtime.device auto: cpu"), std::string::npos) << o;
+    if (!gpu) { // no alarming CUDA error on a machine without a GPU, unless asked for (-v: why)
+        EXPECT_EQ(o.find("cudaError"), std::string::npos) << o;
+        EXPECT_NE(o.find("runtime.device auto: cpu (no usable GPU here)"), std::string::npos) << o;
+        std::string v = run("-v " + (t / "r.yaml") + " --set stages.s.with.overwrite=true", &rc);
+        ASSERT_EQ(rc, 0) << v;
+        EXPECT_NE(v.find("runtime.device auto: why no GPU: "), std::string::npos) << v;
+    }
     // device: cpu never probes
     o = run((t / "r.yaml") + " --set runtime.device=cpu --set stages.s.with.overwrite=true --report " + (t / "rep2.json"),
             &rc);
