@@ -39,6 +39,7 @@
 #include "runtime/ctx_impl.h"
 #include "train/data.h"
 #include "runtime/fileio.h"
+#include "ckpt/safetensors.h"
 #include "stages/stages.h"
 #include "model/mt_state.h"
 #include "api/api_callbacks.h"
@@ -48,6 +49,16 @@
 
 /* The default peak for MFU on the GPU: H100 SXM dense bf16 (TFLOP/s). */
 #define TRAIN_GPU_PEAK_TFLOPS 989.0
+
+/* The metrics file's directory (mkdir -p). */
+static int metrics_dir(const char *path, fsdp_err *err) {
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (!slash || slash == dir) return 0;
+    *slash = '\0';
+    return st_mkdirs(dir, err) ? fsdp_err_prefix(err, "train-steps: metrics") : 0;
+}
 
 static const char *const DECAYS[] = {"none", "linear", "cosine", "wsd", NULL};
 static const char *const WSD_TYPES[] = {"linear", "sqrt", "cosine", NULL};
@@ -379,7 +390,9 @@ static int train_setup(train_run_state *tr, fsdp_err *err) {
     /* MFU: model FLOPs per token against one device's peak (given, or the GPU default) */
     tr->peak_tflops = fsdp_arg_float(with, "peak_tflops", tr->be.on_gpu ? TRAIN_GPU_PEAK_TFLOPS : 0);
     tr->flops_tok = decoder_flops_per_token(decoder_state_config(s), T);
-    /* never blocks on a FIFO where the metrics file should be */
+    /* its directory made now, not at validation (a refused run creates nothing); never blocks on a FIFO where the
+     * metrics file should be */
+    if (tr->metrics_path && comm_rank(c) == 0 && (rc = metrics_dir(tr->metrics_path, err))) return rc;
     if (tr->metrics_path && comm_rank(c) == 0 && (rc = fio_fopen_append(tr->metrics_path, NULL, &tr->mf, err))) {
         fsdp_err_prefix(err, "train-steps: metrics file");
         return rc;

@@ -207,3 +207,22 @@ TEST(TrainMetrics, CpuActivationCheckpointingGivesIdenticalTraining) {
     }
     for (json_t *j : a) json_decref(j);
 }
+
+namespace {
+
+// A run that validation refuses creates nothing, not even its metrics directory; a run that goes creates it.
+TEST(TrainMetrics, ARefusedRunCreatesNoMetricsDirectory) {
+    std::string d = make_tmpdir("fsdp-metrics-dir"), m = d + "/new/deeper/m.jsonl", out;
+    std::string body = "model: {preset: tiny}\ndata: {kind: synthetic, batch_size: 2, seq_len: 8}\nstages:\n"
+                       "  - {id: i, uses: init-meta}\n  - {id: t, uses: train-steps, with: {steps: 1, metrics: " + m;
+    write_file(d + "/bad.yaml", body + ", lr: fast}}\n"); // a float that is not one
+    EXPECT_EQ(run_cmd(fsdp_run_bin() + " -q " + d + "/bad.yaml", &out), 2) << out;
+    struct stat st;
+    EXPECT_NE(stat((d + "/new").c_str(), &st), 0) << "created by a refused run";
+    write_file(d + "/ok.yaml", body + "}}\n");
+    EXPECT_EQ(run_cmd(fsdp_run_bin() + " -q " + d + "/ok.yaml", &out), 0) << out;
+    EXPECT_EQ(stat(m.c_str(), &st), 0) << out;
+    rm_rf(d);
+}
+
+} // namespace
