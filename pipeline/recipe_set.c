@@ -25,7 +25,12 @@ static int set_value(const char *text, const char *where, int col0, fsdp_value *
         fsdp_value *v;
         size_t end;
         int rc = yaml_load_value(text, len, where, col0, &v, &end, &perr);
-        if (rc && typed) { /* a malformed flow collection or quoted string: report it */
+        if (rc && typed) { /* a malformed flow collection or quoted string: report it, in the argument's one line */
+            size_t wl = strlen(where);
+            int line = 0, col = 0, at = 0;
+            if (!strncmp(perr.msg, where, wl) && sscanf(perr.msg + wl, ":%d:%d:%n", &line, &col, &at) == 2 && at &&
+                line > 1) /* the parser ran past the end of the value: point at its end */
+                return fsdp_err_set(err, rc, "%s:1:%d:%s", where, col0 + (int)len + 1, perr.msg + wl + at);
             *err = perr;
             return rc;
         }

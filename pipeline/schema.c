@@ -82,9 +82,13 @@ int schema_check_map(const char *label, const fsdp_param_spec *params, const fsd
             for (const fsdp_param_spec *q = params; q && q->name && off < sizeof known; q++)
                 off += (size_t)snprintf(known + off, sizeof known - off, "%s%s", off ? ", " : "", q->name);
             char hint[300];
-            fsdp_err_set(&e, FSDP_E_INVALID, "%s:%d:%d: %s: unknown parameter '%s'%s (known: %s)", with->file,
-                         with->key_line[k], with->key_col[k], label, with->keys[k],
-                         nearest_hint(with->keys[k], known, hint, sizeof hint), off ? known : "none");
+            /* a key a --set placed is located in that argument (its start: the key), not in the recipe */
+            const fsdp_value *item = with->items[k];
+            int by_set = item && item->file && !strncmp(item->file, "--set '", 7);
+            fsdp_err_set(&e, FSDP_E_INVALID, "%s:%d:%d: %s: unknown parameter '%s'%s (known: %s)",
+                         by_set ? item->file : with->file, by_set ? 1 : with->key_line[k], by_set ? 1 : with->key_col[k],
+                         label, with->keys[k], nearest_hint(with->keys[k], known, hint, sizeof hint),
+                         off ? known : "none");
             errlist_add(&el, &e);
             continue;
         }

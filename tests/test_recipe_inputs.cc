@@ -128,5 +128,18 @@ TEST(RecipeInputs, SetParsesFlowCollectionsAndWholeScalars) {
     std::string p = d.put("s.yaml", "vars: {out: a}\n" + STAGES);
     CliResult bad = cli({"validate", "--set", "vars.out=[1", p});
     EXPECT_EQ(bad.rc, 2) << bad.log;
-    EXPECT_NE(bad.log.find("--set 'vars.out=[1'"), std::string::npos) << bad.log;
+    EXPECT_NE(bad.log.find("--set 'vars.out=[1':1:12:"), std::string::npos) << bad.log; // its end, in its one line
+}
+
+// An error in a value a --set gave names that argument, never the recipe's line 1 (issue 42).
+TEST(RecipeInputs, SetErrorsNameTheArgument) {
+    std::string out;
+    int rc = run_cmd(fsdp_run_bin() + " validate --set stages.train.with.warmup_step=5 recipes/quickstart.yaml", &out);
+    EXPECT_EQ(rc, 2) << out;
+    EXPECT_NE(out.find("--set 'stages.train.with.warmup_step=5':1:1: stage 'train' (train-steps): unknown parameter "
+                       "'warmup_step': did you mean 'warmup_steps'?"), std::string::npos) << out;
+    EXPECT_EQ(out.find("quickstart.yaml:1:1"), std::string::npos) << out;
+    rc = run_cmd(fsdp_run_bin() + " validate --set 'model.dims=[1,,2]' recipes/quickstart.yaml", &out);
+    EXPECT_EQ(rc, 2) << out;
+    EXPECT_NE(out.find("--set 'model.dims=[1,,2]':1:"), std::string::npos) << out;
 }
