@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "pipeline/errlist.h"
 #include "pipeline/strmap.h"
 
 int dag_state_add(dag_state *s, const char *name) {
@@ -61,6 +62,7 @@ typedef struct {
     size_t n;
     size_t *dep0, *deps; /* n + 1 offsets, then the edges */
     size_t *nxt0, *nxt;
+    int bad; /* an `after:` id named no stage (graph_build_all collected them) */
 } dag_graph;
 
 static void graph_free(dag_graph *g) {
@@ -85,8 +87,12 @@ static int unknown_after(const recipe *r, const recipe_stage *s, size_t k, fsdp_
                        s->after[k], known);
 }
 
-/* The dependency edges of r, ids resolved through a hash table. */
-static int graph_build(const recipe *r, dag_graph *g, fsdp_err *err) {
+/* The dependency edges of r, ids resolved through a hash table; every unknown id into el (NULL: the first is the
+ * error). */
+static int graph_build_all(const recipe *r, dag_graph *g, errlist *el, fsdp_err *err);
+static int graph_build(const recipe *r, dag_graph *g, fsdp_err *err) { return graph_build_all(r, g, NULL, err); }
+
+static int graph_build_all(const recipe *r, dag_graph *g, errlist *el, fsdp_err *err) {
     size_t n = r->n_stages, m = 0;
     memset(g, 0, sizeof *g);
     g->n = n;
@@ -109,14 +115,23 @@ static int graph_build(const recipe *r, dag_graph *g, fsdp_err *err) {
         g->dep0[i] = e;
         for (size_t k = 0; k < s->n_after && !rc; k++) {
             size_t j;
-            if (!strmap_get(&ids, s->after[k], &j)) rc = unknown_after(r, s, k, err);
-            else g->deps[e++] = j;
+            if (strmap_get(&ids, s->after[k], &j)) {
+                g->deps[e++] = j;
+            } else if (!el) {
+                rc = unknown_after(r, s, k, err);
+            } else { /* collected: the walk goes on */
+                fsdp_err one;
+                unknown_after(r, s, k, &one);
+                errlist_add(el, &one);
+                                g->bad = 1;
+            }
         }
         qsort(g->deps + g->dep0[i], e - g->dep0[i], sizeof *g->deps, cmp_size);
     }
     strmap_free(&ids);
     if (rc) return rc;
     g->dep0[n] = e;
+    if (g->bad) return FSDP_E_INVALID;
     /* reverse edges: count per target, prefix sums, fill */
     for (size_t k = 0; k < e; k++) g->nxt0[g->deps[k] + 2]++;
     for (size_t i = 0; i < n; i++) g->nxt0[i + 2] += g->nxt0[i + 1];
@@ -319,6 +334,27 @@ static int check_contract(const recipe *r, const fsdp_registry *reg, const dag_s
     }
     states_free(&st);
     return rc;
+}
+
+int dag_check_graph(const recipe *r, errlist *el) {
+    size_t n = r->n_stages;
+    dag_graph g;
+    fsdp_err err;
+    int rc = graph_build_all(r, &g, el, &err);
+    if (rc && !g.bad) errlist_add(el, &err); /* out of memory */
+    int *color = rc ? NULL : calloc(n ? n : 1, sizeof *color);
+    size_t *path = rc ? NULL : malloc((n ? n : 1) * sizeof *path), *pos = rc ? NULL : malloc((n ? n : 1) * sizeof *pos);
+    if (!rc && color && path && pos) { /* the graph whole: its cycle, if any */
+        char msg[2048];
+        long c = find_cycle(r, &g, color, path, pos, msg, sizeof msg);
+        if (c >= 0) {
+            errlist_add_at(el, r->stages[c].node, "cycle in the stage graph (each stage runs after the next): %s", msg);
+            rc = FSDP_E_INVALID;
+        }
+    }
+    graph_free(&g);
+    free(color), free(path), free(pos);
+    return rc ? 1 : 0;
 }
 
 int dag_plan(const recipe *r, const fsdp_registry *reg, const dag_state *initial, size_t *order,

@@ -178,6 +178,7 @@ int run_plan_build(fsdp_registry *reg, const char *const *paths, size_t n, const
         else if (o->dry_run && (plan->notes[i] = malloc(2048)))
             sizes_describe(r, &rh, &chain, plan->notes[i], 2048);
         stop = check_stages(reg, r, &el);
+        stop |= dag_check_graph(r, &el); /* unknown after: ids and cycles, beside unknown kinds */
         checks_recipe(r, &rh, prev_model, &el);
         checks_inputs((const recipe *const *)plan->recipes, i, r, &rh, &el);
         if (stop) break;

@@ -1,4 +1,5 @@
 /* train-steps' schedule, no_decay, accumulation and evaluation options (stages/train_opts.h). */
+#include "pipeline/errlist.h"
 #include "stages/train_opts.h"
 
 #include <errno.h>
@@ -46,12 +47,14 @@ int train_sched_from_with(const fsdp_value *with, lrs_config *c, fsdp_err *err) 
 static int check_wsd_keys(const fsdp_value *with, fsdp_err *err) {
     int wsd = !strcmp(fsdp_arg_str(with, "decay", "linear"), "wsd");
     static const char *const WSD_KEYS[] = {"decay_ratio", "decay_type", "min_lr_factor", NULL};
+    errlist el; /* every one of them, each at its place */
+    errlist_init(&el);
     for (const char *const *k = WSD_KEYS; *k && !wsd; k++)
         if (fsdp_value_get(with, *k))
-            return fsdp_err_at(err, FSDP_E_INVALID, fsdp_value_get(with, *k),
-                               "train-steps: %s is a key of the wsd schedule (decay: wsd); decay is %s", *k,
-                               fsdp_arg_str(with, "decay", "linear"));
-    return 0;
+            errlist_add_at(&el, fsdp_value_get(with, *k),
+                           "train-steps: %s is a key of the wsd schedule (decay: wsd); decay is %s", *k,
+                           fsdp_arg_str(with, "decay", "linear"));
+    return errlist_finish(&el, err);
 }
 
 static int check_positive_in(const fsdp_value *with, const char *stage, const char *key, int64_t min, fsdp_err *err) {

@@ -375,3 +375,37 @@ TEST(ValidateAll, UnknownTopLevelKeysAndVariablesSayTheNearest) {
               std::string::npos)
         << out;
 }
+
+// The structural errors of a recipe together (issue 42): an unknown stage kind, an unknown `after:` id and both of
+// two keys of another schedule in one validate, each at its place; with the ids known, the cycle beside the kind.
+TEST(ValidateAll, StructuralErrorsComeTogether) {
+    Dir d;
+    std::string p = d / "s.yaml", out;
+    const std::string head = "model: {preset: tiny}\ndata: {kind: synthetic, batch_size: 2, seq_len: 8}\nstages:\n"
+                             "  - {id: a, uses: init-meta, after: [c]}\n  - {id: b, uses: no-such-stage}\n";
+    const std::string tail = "  - {id: e, uses: train-steps, after: [a], with: {steps: 2, decay: cosine, decay_ratio: 0.1, "
+                             "min_lr_factor: 0.1}}\n";
+    write_file(p, head + "  - {id: c, uses: save-dcp, after: [a, zz], with: {path: " + (d / "x") + "}}\n" + tail);
+    EXPECT_EQ(run("", "validate " + p, &out), 2) << out;
+    EXPECT_NE(out.find("s.yaml:5:19: stage 'b': unknown stage 'no-such-stage'"), std::string::npos) << out;
+    EXPECT_NE(out.find("s.yaml:6:40: stage 'c': after: unknown stage id 'zz'"), std::string::npos) << out;
+    EXPECT_NE(out.find("decay_ratio is a key of the wsd schedule"), std::string::npos) << out;
+    EXPECT_NE(out.find("min_lr_factor is a key of the wsd schedule"), std::string::npos) << out;
+    write_file(p, head + "  - {id: c, uses: save-dcp, after: [a], with: {path: " + (d / "x") + "}}\n" + tail);
+    EXPECT_EQ(run("", "validate " + p, &out), 2) << out;
+    EXPECT_NE(out.find("unknown stage 'no-such-stage'"), std::string::npos) << out;
+    EXPECT_NE(out.find("s.yaml:4:5: cycle in the stage graph (each stage runs after the next): a -> c -> a"),
+              std::string::npos) << out;
+}
+
+// A run validation refuses leaves the file system as it was: not even the metrics directory.
+TEST(ValidateAll, ARefusedRunCreatesNothing) {
+    Dir d;
+    const std::string m = d / "runs/a/metrics.jsonl", p = d / "r.yaml";
+    write_file(p, "model: {preset: tiny}\ndata: {kind: synthetic, batch_size: 2, seq_len: 8}\nstages:\n"
+                  "  - {id: i, uses: init-meta}\n  - {id: t, uses: train-steps, with: {steps: 2, lr: fast, metrics: " + m +
+                      "}}\n  - {id: s, uses: save-dcp, after: [t], with: {path: " + (d / "runs/ck") + "}}\n");
+    std::string out;
+    EXPECT_EQ(run("", "-q " + p, &out), 2) << out;
+    EXPECT_FALSE(exists(d / "runs")) << out;
+}
