@@ -14,6 +14,12 @@
 #                      and NCCL of tests/emu/ (see tests/emu/emu_cudart.cc), so the GPU code runs on the CPU
 #   make test-emu      build it and run the GPU test suites in it (`make test` does too when nvcc exists)
 
+# As many jobs as the machine has cores unless the caller gave -j (a fresh clone's `make test` and .ci/run build
+# in parallel; the tests themselves run one binary at a time).
+ifeq ($(filter -j%,$(MAKEFLAGS)),)
+MAKEFLAGS += -j$(shell nproc 2>/dev/null || echo 2)
+endif
+
 CUDA ?= auto
 EMU ?= 0
 # a CPU-only build keeps its objects apart from the CUDA build's
