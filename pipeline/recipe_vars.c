@@ -288,16 +288,24 @@ static int subst_item(vars_ctx *vc, fsdp_value *v, size_t i, int *level, long *d
     fsdp_value *c = v->items[i];
     char *t;
     const fsdp_value *whole;
+    /* exactly "${NAME}" (no env:, nothing around it): the var the user sets for this value */
+    size_t tl = strlen(c->text);
+    char *var = tl > 3 && !strncmp(c->text, "${", 2) && c->text[tl - 1] == '}' && !strchr(c->text + 2, '$') &&
+                        strncmp(c->text + 2, "env:", 4)
+                    ? strndup(c->text + 2, tl - 3)
+                    : NULL;
     int rc = subst_text(vc, c, c->text, &t, &whole, level, deeper);
-    if (rc) return rc;
+    if (rc) return free(var), rc;
     if (!whole) {
         free(c->text);
         c->text = t;
+        free(c->from_var);
+        c->from_var = var;
         return 0;
     }
     size_t n = val_count(whole, NULL);
     if (n > VAL_MAX_COPIES - vc->budget->copies)
-        return fsdp_err_at(vc->err, FSDP_E_INVALID, c,
+        return free(var), fsdp_err_at(vc->err, FSDP_E_INVALID, c,
                            "the recipe expands to more than %d values (${var} copies: this one copies %zu, %zu copied "
                            "before it)",
                            VAL_MAX_COPIES, n, vc->budget->copies);
@@ -306,11 +314,14 @@ static int subst_item(vars_ctx *vc, fsdp_value *v, size_t i, int *level, long *d
     if (!cl || !file) {
         val_free(cl);
         free(file);
+        free(var);
         return fsdp_err_set(vc->err, FSDP_E_NOMEM, "out of memory");
     }
     vc->budget->copies += n;
     free(cl->file);
     cl->file = file;
+    free(cl->from_var);
+    cl->from_var = var;
     cl->line = c->line;
     cl->col = c->col;
     val_free(c);

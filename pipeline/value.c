@@ -46,6 +46,7 @@ void val_free(fsdp_value *v) {
     free(v->key_col);
     if (v->index) strmap_free(v->index);
     free(v->index);
+    free(v->from_var);
     free(v->text);
     free(v->file);
     free(v);
@@ -72,6 +73,8 @@ static int grow(fsdp_value *v) {
     return 0;
 }
 
+const char *val_from_var(const fsdp_value *v) { return v ? v->from_var : NULL; }
+
 fsdp_value *val_clone(const fsdp_value *v) {
     if (!v) return NULL;
     fsdp_value *c = v->kind == FSDP_V_SCALAR ? val_scalar(v->text, v->quoted, v->file, v->line, v->col)
@@ -79,6 +82,10 @@ fsdp_value *val_clone(const fsdp_value *v) {
     if (!c) return NULL;
     c->is_default = v->is_default;
     c->cwd_only = v->cwd_only;
+    if (v->from_var && !(c->from_var = strdup(v->from_var))) {
+        val_free(c);
+        return NULL;
+    }
     for (size_t i = 0; i < v->n; i++) {
         fsdp_value *ci = val_clone(v->items[i]);
         int rc = ci ? (v->kind == FSDP_V_MAP ? val_map_set(c, v->keys[i], ci, v->key_line[i], v->key_col[i])

@@ -34,9 +34,12 @@ struct fsdp_value {
     int is_default; /* filled in from a schema default */
     int cwd_only;   /* a relative path here resolves against the working directory only: the text came from
                      * --set or starts with a ${var} (or ${env:...}) whose value did (see recipe_paths.c) */
+    char *from_var; /* the value was exactly "${NAME}": NAME, the recipe var a user sets (--set vars.NAME=...) */
 };
 
 fsdp_value *val_new(fsdp_value_kind kind, const char *file, int line, int col);
+/* The recipe var a value was given by whole ("${NAME}"), or NULL: what a message tells the user to set. */
+const char *val_from_var(const fsdp_value *v);
 fsdp_value *val_scalar(const char *text, int quoted, const char *file, int line, int col);
 void val_free(fsdp_value *v);
 fsdp_value *val_clone(const fsdp_value *v);

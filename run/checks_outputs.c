@@ -6,7 +6,16 @@
 #include "ckpt/ckpt_steps.h"
 #include "ckpt/dcp.h"
 #include "ckpt/safetensors.h"
+#include "pipeline/value_impl.h"
 #include "run/checks.h"
+
+/* How the user turns the stage's `overwrite` on: the recipe var that gives it, else the key. */
+static const char *overwrite_knob(const recipe_stage *s, char *buf, size_t cap) {
+    const char *var = val_from_var(fsdp_value_get(s->with, "overwrite"));
+    if (var) snprintf(buf, cap, "pass --set vars.%s=true (the recipe's var for overwrite)", var);
+    else snprintf(buf, cap, "set overwrite: true");
+    return buf;
+}
 
 static int flag(const recipe_stage *s, const char *key, int dflt) {
     int v;
@@ -17,18 +26,20 @@ static void check_save_dcp(const recipe_stage *s, errlist *el) {
     const fsdp_value *pv = fsdp_value_get(s->with, "path");
     const char *path = fsdp_value_text(pv);
     if (!path || !*path || flag(s, "overwrite", 0) || !dcp_dir_has_checkpoint(path)) return;
+    char knob[256];
     errlist_add_at(el, pv,
-                   "stage '%s' (save-dcp): path %s already holds a checkpoint: set overwrite: true "
+                   "stage '%s' (save-dcp): path %s already holds a checkpoint: %s "
                    "to replace it (atomically: the old checkpoint stays whole until the new one is committed), "
                    "remove it, or give another path",
-                   s->id, path);
+                   s->id, path, overwrite_knob(s, knob, sizeof knob));
 }
 
 static void refuse_st(const recipe_stage *s, const fsdp_value *v, const char *what, errlist *el) {
+    char knob[256];
     errlist_add_at(el, v,
-                   "stage '%s' (save-safetensors): %s %s already exists and overwrite is false: set overwrite: true "
+                   "stage '%s' (save-safetensors): %s %s already exists and overwrite is false: %s "
                    "to replace it (by rename, atomically), remove it, or give another path",
-                   s->id, what, fsdp_value_text(v));
+                   s->id, what, fsdp_value_text(v), overwrite_knob(s, knob, sizeof knob));
 }
 
 static void check_save_safetensors(const recipe_stage *s, errlist *el) {

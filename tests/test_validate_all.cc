@@ -409,3 +409,21 @@ TEST(ValidateAll, ARefusedRunCreatesNothing) {
     EXPECT_EQ(run("", "-q " + p, &out), 2) << out;
     EXPECT_FALSE(exists(d / "runs")) << out;
 }
+
+// A message names the knob the user turns: the recipe var that gives a stage's overwrite (the Bagel recipe's
+// `overwrite: "${overwrite}"`), else the key.
+TEST(ValidateAll, AnExistingOutputNamesTheVarThatGivesOverwrite) {
+    Dir d;
+    std::string out, ck = d / "ck";
+    write_file(d / "a.yaml", "model: {preset: tiny}\nstages:\n  - {id: i, uses: init-meta}\n"
+                             "  - {id: s, uses: save-dcp, with: {path: " + ck + "}}\n");
+    ASSERT_EQ(run("", "-q " + (d / "a.yaml"), &out), 0) << out;
+    EXPECT_EQ(run("", "validate " + (d / "a.yaml"), &out), 2) << out;
+    EXPECT_NE(out.find("already holds a checkpoint: set overwrite: true to replace it"), std::string::npos) << out;
+    write_file(d / "b.yaml", "vars: {ow: false}\nmodel: {preset: tiny}\nstages:\n  - {id: i, uses: init-meta}\n"
+                             "  - {id: s, uses: save-dcp, with: {path: " + ck + ", overwrite: \"${ow}\"}}\n");
+    EXPECT_EQ(run("", "validate " + (d / "b.yaml"), &out), 2) << out;
+    EXPECT_NE(out.find("already holds a checkpoint: pass --set vars.ow=true (the recipe's var for overwrite)"),
+              std::string::npos) << out;
+    EXPECT_EQ(run("", "validate --set vars.ow=true " + (d / "b.yaml"), &out), 0) << out;
+}
