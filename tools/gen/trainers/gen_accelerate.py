@@ -101,8 +101,7 @@ if _grid.active():
     apply_grid()
 
 
-def batch_file(out):
-    return Path(_grid.BATCH) if _grid.active() else out / "batch.safetensors"
+batch_file = _grid.batch_file
 
 
 def env():

@@ -62,6 +62,13 @@ def config(name=None):
     return dict(CONFIGS[name or active()])
 
 
+def batch_file(out):
+    """The batch a generator trains on: the grid's one batch under --grid, else its fixture folder's."""
+    from pathlib import Path
+
+    return Path(BATCH) if active() else Path(out) / "batch.safetensors"
+
+
 def out_dir(system, name=None):
     return os.path.join(ROOT, system, name or active())
 
