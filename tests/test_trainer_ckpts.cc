@@ -74,6 +74,17 @@ std::vector<std::string> dcps(const Sys &s, const std::string &path) {
     return v;
 }
 
+// Each DCP part of system s's checkpoint at x holds the tensors of the same part at y, bit for bit, and no other.
+void expect_same_parts(const Sys &s, const std::string &x, const std::string &y) {
+    std::vector<std::string> px = dcps(s, x), py = dcps(s, y);
+    for (size_t k = 0; k < px.size(); k++) {
+        Ckpt a(px[k]), b(py[k]);
+        ASSERT_TRUE(a.r && b.r) << px[k];
+        expect_same_tensors(b.r, a.r);
+        expect_same_tensors(a.r, b.r);
+    }
+}
+
 struct Dir {
     std::string d = make_tmpdir("fsdp-trainers");
     ~Dir() { rm_rf(d); }
@@ -197,13 +208,7 @@ TEST(TrainerCkpts, EveryPairOfLayoutsRoundTripsBitForBit) {
             ASSERT_EQ(ckpt_cmd("inspect " + mid, &out), 0) << out;
             EXPECT_NE(out.find(std::string("layout: ") + b.layout + " ("), std::string::npos) << out;
             ASSERT_EQ(ckpt_cmd("convert " + mid + " " + back + " --from auto --to " + a.layout + opts(a), &out), 0) << out;
-            std::vector<std::string> px = dcps(a, src), py = dcps(a, back);
-            for (size_t k = 0; k < px.size(); k++) {
-                Ckpt x(px[k]), y(py[k]);
-                ASSERT_TRUE(x.r && y.r) << px[k];
-                expect_same_tensors(y.r, x.r);
-                expect_same_tensors(x.r, y.r);
-            }
+            expect_same_parts(a, src, back);
         }
     }
 }
@@ -474,13 +479,7 @@ TEST(DeepSpeedCkpts, EveryLayoutRoundTripsThroughDeepSpeedBitForBit) {
                                &out), 0) << out;
             ASSERT_EQ(ckpt_cmd("convert " + mid + " " + back + " --to " + a.layout + " --n-heads 4 --n-kv-heads 2 --world 2" +
                                (a.parts[0] == 'm' ? " --option max_grad_norm=1.0" : ""), &out), 0) << out;
-            std::vector<std::string> px = dcps(a, src), py = dcps(a, back);
-            for (size_t k = 0; k < px.size(); k++) {
-                Ckpt x(px[k]), y(py[k]);
-                ASSERT_TRUE(x.r && y.r) << px[k];
-                expect_same_tensors(y.r, x.r);
-                expect_same_tensors(x.r, y.r);
-            }
+            expect_same_parts(a, src, back);
         }
     }
 }
