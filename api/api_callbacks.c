@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "api/api_agree.h"
 #include "api/api_util.h"
 #include "runtime/ctx_impl.h"
 #include "runtime/err_local.h"
@@ -121,14 +122,10 @@ int api_callbacks_run(fsdp_ctx *ctx, const fsdp_step_metrics *m, unsigned *reque
     }
     ctx->in_callback = 0;
     comm *w = ctx_world_comm(ctx);
-    int who = -1;
-    fsdp_err e2;
-    int agreed = comm_agree(w, rc, &who, &e2);
-    if (rc) {
-        *err = lerr;
-        return rc;
-    }
-    if (agreed) return fsdp_err_set(err, agreed, "a callback failed on rank %d", who);
+    if (rc) *err = lerr;
+    int agreed = api_agree_result(ctx, w, rc, err);
+    if (rc) return rc;
+    if (agreed) return agreed; /* "rank R: callback 'x' at step N: ..." */
     int64_t bits = (int64_t)*request;
     int64_t v[2] = {bits & FSDP_REQUEST_SAVE, bits & FSDP_REQUEST_STOP};
     if ((rc = comm_allreduce(w, v, 2, COMM_I64, COMM_MAX, err))) return rc;

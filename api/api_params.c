@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "api/api_agree.h"
 #include "api/api_util.h"
 #include "ckpt/namemap.h"
 #include "model/model_table.h"
@@ -85,25 +86,39 @@ int fsdp_param_write(fsdp_ctx *ctx, size_t i, int64_t row0, int64_t rows, fsdp_d
     return rc;
 }
 
-/* The root's check of its buffer, agreed on by every rank (so no rank waits in a collective alone). */
-static int agree_root(fsdp_ctx *ctx, int root, int bad, const char *call, const char *what, fsdp_err *err) {
+/* Every rank agrees on the call, parameter i (its index and name) and the root before any payload
+ * moves; then the root, the index and the root's buffer (root_bad: NULL or not a float) are checked
+ * the same way on every rank. */
+static state_param *agree_param_root(fsdp_ctx *ctx, fsdp_state *s, size_t i, int root, int root_bad, const char *call,
+                                     fsdp_err *err) {
+    api_call a, of;
+    api_call_init(&a, call);
+    a.has = API_HAS_INDEX | API_HAS_ROOT, a.count = (int64_t)i, a.root = root;
+    api_call_name(&a, i < s->n ? s->p[i].name : "(no such parameter)");
+    if (root_bad) snprintf(a.root_bad, sizeof a.root_bad, "a NULL buffer or a dtype that is not a float");
+    memset(&of, 0, sizeof of);
+    if (api_agree(ctx, &a, root, &of, err)) return NULL;
     comm *w = ctx_world_comm(ctx);
-    if (root < 0 || root >= comm_size(w))
-        return api_fail(ctx, err, FSDP_E_INVALID, call, "root %d outside [0, %d)", root, comm_size(w));
-    int64_t v = comm_rank(w) == root && bad;
-    int rc = comm_allreduce(w, &v, 1, COMM_I64, COMM_MAX, err);
-    if (rc) return rc;
-    return v ? api_fail(ctx, err, FSDP_E_INVALID, call, "rank %d passed %s", root, what) : 0;
+    if (root < 0 || root >= comm_size(w)) {
+        api_fail(ctx, err, FSDP_E_INVALID, call, "root %d outside [0, %d)", root, comm_size(w));
+        return NULL;
+    }
+    state_param *p = api_param(ctx, s, i, call, err);
+    if (p && of.root_bad[0]) {
+        api_fail(ctx, err, FSDP_E_INVALID, call, "rank %d passed %s", root, of.root_bad);
+        return NULL;
+    }
+    return p;
 }
 
 int fsdp_param_gather(fsdp_ctx *ctx, size_t i, int root, fsdp_dtype dt, void *dst, fsdp_err *err) {
     FSDP_ERR_LOCAL(err);
     const char *call = "fsdp_param_gather";
     fsdp_state *s = api_state(ctx, call, err);
-    state_param *p = s ? api_param(ctx, s, i, call, err) : NULL;
+    int mine = ctx && comm_rank(ctx_world_comm(ctx)) == root;
+    state_param *p = s ? agree_param_root(ctx, s, i, root, mine && (!dst || !fsdp_dtype_is_float(dt)), call, err) : NULL;
     if (!p) return err->code;
-    int rc = agree_root(ctx, root, !dst || !fsdp_dtype_is_float(dt), call, "a NULL buffer or a dtype that is not a float", err);
-    if (rc) return rc;
+    int rc;
     float *full = NULL;
     /* a full layout: rank 0 holds it whole (the others hold nothing) */
     if (s->layout == STATE_FULL && root != 0)
@@ -121,10 +136,10 @@ int fsdp_param_scatter(fsdp_ctx *ctx, size_t i, int root, fsdp_dtype dt, const v
     FSDP_ERR_LOCAL(err);
     const char *call = "fsdp_param_scatter";
     fsdp_state *s = api_state(ctx, call, err);
-    state_param *p = s ? api_param(ctx, s, i, call, err) : NULL;
+    int mine = ctx && comm_rank(ctx_world_comm(ctx)) == root;
+    state_param *p = s ? agree_param_root(ctx, s, i, root, mine && (!src || !fsdp_dtype_is_float(dt)), call, err) : NULL;
     if (!p) return err->code;
-    int rc = agree_root(ctx, root, !src || !fsdp_dtype_is_float(dt), call, "a NULL buffer or a dtype that is not a float", err);
-    if (rc) return rc;
+    int rc = 0;
     comm *w = ctx_world_comm(ctx);
     size_t numel = (size_t)state_param_numel(p);
     float *full = malloc((numel ? numel : 1) * sizeof(float));

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "api/api_agree.h"
 #include "api/api_util.h"
 #include "decoder/decoder_table.h"
 #include "model/init_fill.h"
@@ -15,13 +16,18 @@
 #include "runtime/ctx_impl.h"
 #include "runtime/err_local.h"
 
-/* Every rank's result of a structural call: rc on any rank fails every rank. */
+/* Every rank's result of a structural call: rc on any rank fails every rank, each with the failing
+ * rank's message. */
 static int agree(fsdp_ctx *ctx, int rc, const char *call, fsdp_err *err) {
-    int who = -1;
-    fsdp_err e2;
-    int agreed = comm_agree(ctx_world_comm(ctx), rc, &who, &e2);
-    if (rc) return rc;
-    return agreed ? api_fail(ctx, err, agreed, call, "failed on rank %d", who) : 0;
+    (void)call;
+    return api_agree_result(ctx, ctx_world_comm(ctx), rc, err);
+}
+
+/* The call and parameter i (its index and name) every rank agrees on first. */
+static void call_of_param(api_call *a, const char *call, const fsdp_state *s, size_t i) {
+    api_call_init(a, call);
+    a->has = API_HAS_INDEX, a->count = (int64_t)i;
+    api_call_name(a, i < s->n ? s->p[i].name : "(no such parameter)");
 }
 
 /* Values of rule r for elements [e0, e0 + n) of parameter `name` of full shape (ndim, shape), into
@@ -120,6 +126,14 @@ int fsdp_param_add(fsdp_ctx *ctx, const char *name, int ndim, const int64_t *sha
     const char *call = "fsdp_param_add";
     fsdp_state *s = api_state(ctx, call, err);
     if (!s || api_not_in_callback(ctx, call, err)) return err->code;
+    api_call a;
+    api_call_init(&a, call);
+    a.has = API_HAS_SHAPE | API_HAS_DTYPE, a.dtype = (int32_t)dtype, a.ndim = ndim;
+    api_call_name(&a, name);
+    api_call_rule(&a, init_rule ? init_rule : "none");
+    if (ndim > 0 && ndim <= FSDP_MAX_DIMS && shape) memcpy(a.shape, shape, (size_t)ndim * sizeof *shape);
+    else if (ndim) api_call_bad(&a, ndim < 0 || ndim > FSDP_MAX_DIMS ? "a dim count out of range" : "a NULL shape");
+    if (api_agree(ctx, &a, -1, NULL, err)) return err->code;
     int rc = add_local(ctx, s, name, ndim, shape, dtype, init_rule, call, err);
     return agree(ctx, rc, call, err);
 }
@@ -129,6 +143,9 @@ int fsdp_param_remove(fsdp_ctx *ctx, size_t i, fsdp_err *err) {
     const char *call = "fsdp_param_remove";
     fsdp_state *s = api_state(ctx, call, err);
     if (!s || api_not_in_callback(ctx, call, err)) return err->code;
+    api_call a;
+    call_of_param(&a, call, s, i);
+    if (api_agree(ctx, &a, -1, NULL, err)) return err->code;
     int rc = api_param(ctx, s, i, call, err) ? 0 : err->code;
     if (!rc && s->model && i < s->model->n && (rc = mt_remove(s->model, i, err))) api_fail(ctx, err, rc, call, "%s", err->msg);
     if (!rc && (rc = state_remove_param(s, i, err))) api_fail(ctx, err, rc, call, "%s", err->msg);
@@ -137,12 +154,12 @@ int fsdp_param_remove(fsdp_ctx *ctx, size_t i, fsdp_err *err) {
 
 /* The new rows of the data: given (rank 0's, broadcast), a rule's draw, or the kept rows' mean. */
 static int new_rows(fsdp_ctx *ctx, state_param *p, int64_t old, int64_t d0, const char *rule, fsdp_dtype dt,
-                    const void *given, float *full, const char *call, fsdp_err *err) {
+                    int use_given, const void *given, float *full, const char *call, fsdp_err *err) {
     const int64_t rn = p->row_numel, add = d0 - old;
     float *dst = full + (size_t)(old * rn);
     if (add <= 0) return 0;
     comm *w = ctx_world_comm(ctx);
-    if (given) {
+    if (use_given) {
         int rc = comm_rank(w) == 0 ? fsdp_convert(dst, FSDP_DT_F32, given, dt, (size_t)(add * rn), err) : 0;
         if (!rc) rc = comm_bcast(w, dst, (size_t)(add * rn) * sizeof(float), 0, err);
         return rc ? api_fail(ctx, err, rc, call, "%s: %s", p->name, err->msg) : 0;
@@ -166,11 +183,10 @@ static int new_rows(fsdp_ctx *ctx, state_param *p, int64_t old, int64_t d0, cons
 }
 
 static int resize_local(fsdp_ctx *ctx, fsdp_state *s, state_param *p, int64_t d0, const char *rule, fsdp_dtype dt,
-                        const void *given, const char *call, fsdp_err *err) {
+                        int use_given, const void *given, const char *call, fsdp_err *err) {
     if (p->ndim < 1 || d0 < 1)
         return api_fail(ctx, err, FSDP_E_INVALID, call, "%s: dim 0 of a %d-d parameter cannot become %lld", p->name,
                         p->ndim, (long long)d0);
-    if (given && !fsdp_dtype_is_float(dt)) return api_fail(ctx, err, FSDP_E_INVALID, call, "%s: dtype is not a float", p->name);
     const int64_t old = p->shape[0], rn = p->row_numel;
     const size_t keep = (size_t)((old < d0 ? old : d0) * rn), numel = (size_t)(d0 * rn);
     float *full[STATE_ARRAYS] = {NULL, NULL, NULL, NULL};
@@ -184,7 +200,7 @@ static int resize_local(fsdp_ctx *ctx, fsdp_state *s, state_param *p, int64_t d0
         if (!rc && a == STATE_DATA && d0 > old) {
             float *both = realloc(old_full, numel * sizeof(float)); /* the old rows, then the new */
             if (!both) rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
-            else old_full = both, rc = new_rows(ctx, p, old, d0, rule, dt, given, old_full, call, err);
+            else old_full = both, rc = new_rows(ctx, p, old, d0, rule, dt, use_given, given, old_full, call, err);
             if (!rc) memcpy(full[a] + keep, old_full + keep, (numel - keep) * sizeof(float));
         }
         free(old_full);
@@ -203,11 +219,19 @@ int fsdp_param_resize(fsdp_ctx *ctx, size_t i, int64_t new_rows_n, const char *i
     const char *call = "fsdp_param_resize";
     fsdp_state *s = api_state(ctx, call, err);
     if (!s || api_not_in_callback(ctx, call, err)) return err->code;
+    api_call a, of0;
+    call_of_param(&a, call, s, i);
+    a.has |= API_HAS_ROWS, a.rows = new_rows_n;
+    if (init_rule) api_call_rule(&a, init_rule);
+    a.root_flag = given != NULL; /* rank 0's given decides */
+    if (given && !fsdp_dtype_is_float(dt)) snprintf(a.root_bad, sizeof a.root_bad, "given rows of a dtype that is not a float");
+    if (api_agree(ctx, &a, 0, &of0, err)) return err->code;
+    if (of0.root_flag && of0.root_bad[0]) return api_fail(ctx, err, FSDP_E_INVALID, call, "rank 0 passed %s", of0.root_bad);
     state_param *p = api_param(ctx, s, i, call, err);
     int rc = p ? 0 : err->code;
     if (!rc && p->no_value) rc = api_fail(ctx, err, FSDP_E_INVALID, call, "%s holds no value yet", p->name);
     /* the checks are the same on every rank: agree before the collectives of the resize */
     if ((rc = agree(ctx, rc, call, err))) return rc;
-    rc = resize_local(ctx, s, p, new_rows_n, init_rule, dt, given, call, err);
+    rc = resize_local(ctx, s, p, new_rows_n, init_rule, dt, of0.root_flag, given, call, err);
     return agree(ctx, rc, call, err);
 }

@@ -30,6 +30,9 @@ static const fsdp_param_spec RUNTIME_SPEC[] = {
     {"device", FSDP_T_STRING, 0, "auto", DEVICES, "auto = cuda when every rank has a GPU of its own, else cpu"},
     {"seed", FSDP_T_INT, 0, "0", NULL, "seed of every random stream (init, data)"},
     {"threads", FSDP_T_INT, 0, "0", NULL, "OpenMP threads per rank (0 = OpenMP's default)"},
+    {"collective_timeout", FSDP_T_FLOAT, 0, "300", NULL,
+     "seconds a plugin's collective call waits for every rank to make it before it fails the run, naming the "
+     "call and the ranks that did"},
     {"mesh", FSDP_T_MAP, 0, NULL, NULL,
      "HSDP device mesh {replicate: R, shard: S} (each a number of ranks or auto; R x S = the world): parameters "
      "sharded over S ranks (shard: auto = the ranks of one node), replicated over R; default: 1-D, shard over all"},
@@ -87,8 +90,14 @@ static int check_runtime(recipe *r, int probe_device, sizes_host *host, sizes_ch
     fsdp_err_clear(&e);
     if (schema_check_map("runtime", RUNTIME_SPEC, rt, rt, &e)) {
         errlist_add(&el, &e);
-    } else if (probe_device && check_device(rt, &e)) {
-        errlist_add(&el, &e);
+    } else {
+        if (probe_device && check_device(rt, &e)) errlist_add(&el, &e);
+        const fsdp_value *ct = fsdp_value_get(rt, "collective_timeout");
+        double cts = fsdp_arg_float(rt, "collective_timeout", CTX_API_TIMEOUT_DEFAULT);
+        if (ct && !(cts > 0 && cts <= 86400)) {
+            fsdp_err_at(&e, FSDP_E_INVALID, ct, "runtime.collective_timeout: expected seconds in (0, 86400], got %g", cts);
+            errlist_add(&el, &e);
+        }
     }
     fsdp_err_clear(&e);
     if (run_mesh_check(rt, host, &e)) errlist_add(&el, &e);
@@ -297,6 +306,7 @@ static void begin_recipe(exec_state *x, const recipe *r) {
     const fsdp_value *rt = fsdp_value_get(r->root, "runtime");
     int64_t threads = fsdp_arg_int(rt, "threads", 0);
     if (threads > 0) omp_set_num_threads((int)threads);
+    ctx->api_timeout_s = fsdp_arg_float(rt, "collective_timeout", CTX_API_TIMEOUT_DEFAULT);
     if (!x->failed) fsdp_log(ctx, FSDP_LOG_INFO, "recipe %s (%s): %zu stages", r->name, r->path, r->n_stages);
     /* the recipe's mesh (collective: every rank reaches here, failed or not, in the same order) */
     fsdp_err merr;

@@ -79,6 +79,7 @@ void comm_destroy(comm *c) {
             if (!fin) MPI_Finalize();
         }
     }
+    free(c->stale);
     free(c);
 }
 

@@ -43,6 +43,24 @@ void comm_host_name(const comm *c, char *buf, size_t size);
  * comm_destroy before c. */
 int comm_split(comm *c, int color, int key, comm **out, fsdp_err *err);
 const char *comm_backend(const comm *c); /* "single" or "mpi" (host collectives) */
+/* A communicator of c's ranks, in c's order, whose messages never meet c's (MPI_Comm_dup): the plugin
+ * API's collectives run on one, so that a plugin's call is never matched with the trainer's own.
+ * Collective over c. Free with comm_destroy before c. */
+int comm_dup(comm *c, comm **out, fsdp_err *err);
+/* Every rank's `n`-byte record to every rank, with a deadline (runtime/comm_timed.c): all receives
+ * size * n bytes, rank by rank. Point-to-point messages are polled until every rank's record came or
+ * timeout_s passed. Returns 0 when all came; on a timeout FSDP_E_COMM, with arrived[r] = 1 for each
+ * rank whose record came (this rank's included), and c is broken:
+ * every later exchange on it fails at once with the first one's reason (its messages may still be in
+ * flight). A world of 1 copies. */
+int comm_exchange_timed(comm *c, const void *mine, size_t n, void *all, double timeout_s, unsigned char *arrived,
+                        fsdp_err *err);
+/* The exchanges made on c so far: the next one's sequence number (0, 1, ...). */
+uint64_t comm_exchange_count(const comm *c);
+/* Marks c broken with `why` (comm_exchange_timed's later calls fail with it); comm_broken: the
+ * reason, or NULL while c is not broken. */
+void comm_set_broken(comm *c, const char *why);
+const char *comm_broken(const comm *c);
 
 int comm_barrier(comm *c, fsdp_err *err);
 int comm_bcast(comm *c, void *buf, size_t bytes, int root, fsdp_err *err);

@@ -19,6 +19,9 @@ struct comm {
     struct nccl_api *napi; /* NCCL's functions (runtime/nccl_api.h), loaded by the first comm_dev_init */
     uint64_t calls[COMM_KINDS]; /* comm_calls: calls of each kind so far */
     uint64_t bytes[COMM_KINDS]; /* comm_bytes: payload bytes of those calls */
+    uint64_t exchanges;         /* comm_exchange_timed calls so far (the next one's sequence number) */
+    char broken[160];           /* why an exchange timed out ("" while none did) */
+    void *stale;                /* that exchange's buffers, which its messages may still reach */
 };
 
 /* Counts one call of kind k moving `bytes` of payload (comm_calls, comm_bytes). */

@@ -22,6 +22,10 @@ fsdp_ctx *ctx_new(comm *cm, int verbosity, FILE *log) {
     c->log = log ? log : stderr;
     c->log_is_tty = isatty(fileno(c->log));
     c->t0 = ctx_now();
+    c->api_timeout_s = CTX_API_TIMEOUT_DEFAULT;
+    /* collective: every rank makes its context at the same point of run_main */
+    fsdp_err e;
+    if (cm && comm_size(cm) > 1 && comm_dup(cm, &c->api_comm, &e)) c->api_comm = NULL;
     return c;
 }
 
@@ -112,6 +116,7 @@ void ctx_free(fsdp_ctx *ctx) {
     for (size_t i = 0; i < ctx->n_state; i++) free(ctx->state[i]);
     free(ctx->state);
     mesh_free(ctx->mesh);
+    comm_destroy(ctx->api_comm);
     free(ctx);
 }
 
@@ -126,6 +131,12 @@ comm *ctx_world_comm(fsdp_ctx *ctx) {
         return NULL;
     }
     return c;
+}
+
+comm *ctx_api_comm(fsdp_ctx *ctx) {
+    if (ctx->api_comm) return ctx->api_comm;
+    comm *w = ctx_world_comm(ctx);
+    return w && comm_size(w) == 1 ? w : NULL;
 }
 
 comm *ctx_shard_comm(fsdp_ctx *ctx) { return ctx->mesh ? ctx->mesh->shard : ctx_world_comm(ctx); }

@@ -42,7 +42,9 @@ typedef struct ctx_attachment {
 
 struct fsdp_ctx {
     int rank, world;
+    comm *api_comm;       /* the plugin API's collectives: a duplicate of comm (owned; NULL in a world of 1) */
     comm *comm;           /* borrowed from the caller of run_main */
+    double api_timeout_s; /* how long an API collective waits for every rank (runtime.collective_timeout) */
     mesh *mesh;           /* the current recipe's runtime.mesh (owned; NULL: 1-D over comm) */
     int verbosity;        /* 0 quiet (warnings+errors), 1 normal, 2 verbose */
     FILE *log;            /* stderr unless redirected (tests) */
@@ -71,6 +73,11 @@ void ctx_free(fsdp_ctx *ctx);
 /* Every rank's communicator: the run's, or (in-process runs without one: tests) a world of 1 that
  * lives with the context; NULL only when out of memory. */
 comm *ctx_world_comm(fsdp_ctx *ctx);
+/* The plugin API's communicator: the world's ranks on a channel the trainer's collectives never use
+ * (the world's own in a world of 1); NULL when it could not be made. */
+comm *ctx_api_comm(fsdp_ctx *ctx);
+/* runtime.collective_timeout's default, seconds. */
+#define CTX_API_TIMEOUT_DEFAULT 300.0
 /* The communicator parameters are sharded over (the mesh's shard group; the world by default) and
  * the one they are replicated over (NULL without replicas). */
 comm *ctx_shard_comm(fsdp_ctx *ctx);

@@ -2,7 +2,14 @@
  *
  * Every rank of the run (the world: with an HSDP mesh every replica too) takes part, in the same
  * order, with the same counts: a plugin that computes a statistic or agrees on a decision needs no
- * MPI of its own. In a world of 1 they are copies. Errors name the stage and the call. */
+ * MPI of its own. In a world of 1 they are copies. Errors name the stage and the call.
+ *
+ * Before any payload moves every rank's call and arguments (count, dtype, operation, root, a NULL
+ * buffer) reach every rank on a communicator the trainer's collectives never use; these calls and the
+ * collective calls of params.h are numbered on it. A rank that passed something else, or made another
+ * call, fails every rank (FSDP_E_INVALID) with a message naming what each rank passed; a call that
+ * some rank does not make within runtime.collective_timeout seconds (default 300) fails the ranks that
+ * made it (FSDP_E_COMM), naming the call and the ranks that did, and every later call fails too. */
 #ifndef FSDP_COLLECTIVES_H
 #define FSDP_COLLECTIVES_H
 

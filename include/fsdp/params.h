@@ -7,7 +7,8 @@
  * the caller owns; on a GPU run fsdp-run makes the host copy, so a plugin never calls CUDA.
  *
  * Rows are given as global row indices and must lie within this rank's rows. Calls marked
- * "collective" are made by every rank, in the same order. Every call returns 0 or an FSDP_E_* code
+ * "collective" are made by every rank, in the same order, with the same arguments: every rank checks
+ * that first, as collectives.h says (a mismatch or a missing rank fails every rank with a message). Every call returns 0 or an FSDP_E_* code
  * with err naming the stage, the call and what was wrong (an unknown index, rows outside this rank's,
  * a NULL buffer, a dtype that is not a float, no model in the context, a call outside a stage).
  * Structural calls (add, remove, resize) are refused inside a train-steps callback: the trainer holds
@@ -70,8 +71,8 @@ int fsdp_param_add(fsdp_ctx *ctx, const char *name, int ndim, const int64_t *sha
 /* Collective: removes parameter i (and its moments): indices after it shift down by one. */
 int fsdp_param_remove(fsdp_ctx *ctx, size_t i, fsdp_err *err);
 /* Collective: dim 0 of parameter i becomes new_rows. Kept rows keep their values (and moments); new
- * rows come from `given` (root's (new_rows - old) * row_numel elements of dt, read on rank 0) when not
- * NULL, else from `init_rule` (NULL: the rows' mean, as transformers' mean-resizing does for
+ * rows come from `given` (root's (new_rows - old) * row_numel elements of dt, read on rank 0; the other
+ * ranks may pass NULL) when rank 0's is not NULL, else from `init_rule` (NULL: the rows' mean, as transformers' mean-resizing does for
  * embeddings). Moments of new rows are zeros. */
 int fsdp_param_resize(fsdp_ctx *ctx, size_t i, int64_t new_rows, const char *init_rule, fsdp_dtype dt,
                       const void *given, fsdp_err *err);
