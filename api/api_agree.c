@@ -45,6 +45,7 @@ void api_call_describe(const api_call *c, char *buf, size_t cap) {
     }
     if (c->has & API_HAS_ELEMS) PUT("%s%lld element%s", sep, (long long)c->count, c->count == 1 ? "" : "s"), sep = ", ";
     if (c->has & API_HAS_BYTES) PUT("%s%lld byte%s", sep, (long long)c->count, c->count == 1 ? "" : "s"), sep = ", ";
+    if (c->has & API_HAS_TRAINABLE) PUT("%strainable %lld", sep, (long long)c->rows), sep = ", ";
     if (c->has & API_HAS_ROWS) PUT("%s%lld row%s", sep, (long long)c->rows, c->rows == 1 ? "" : "s"), sep = ", ";
     if (c->has & API_HAS_DTYPE) {
         const char *dn = fsdp_dtype_name((fsdp_dtype)c->dtype);

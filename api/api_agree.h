@@ -26,7 +26,8 @@ enum {
     API_HAS_NAME = 1u << 6,
     API_HAS_SHAPE = 1u << 7,
     API_HAS_RULE = 1u << 8,
-    API_HAS_ROWS = 1u << 9 /* rows: a new dim 0 */
+    API_HAS_ROWS = 1u << 9, /* rows: a new dim 0 */
+    API_HAS_TRAINABLE = 1u << 10 /* rows: trainable 0 or 1 */
 };
 
 typedef struct api_call {

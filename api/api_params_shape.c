@@ -235,3 +235,30 @@ int fsdp_param_resize(fsdp_ctx *ctx, size_t i, int64_t new_rows_n, const char *i
     rc = resize_local(ctx, s, p, new_rows_n, init_rule, dt, of0.root_flag, given, call, err);
     return agree(ctx, rc, call, err);
 }
+
+int fsdp_param_set_trainable(fsdp_ctx *ctx, size_t i, int trainable, fsdp_err *err) {
+    FSDP_ERR_LOCAL(err);
+    const char *call = "fsdp_param_set_trainable";
+    fsdp_state *s = api_state(ctx, call, err);
+    if (!s || api_not_in_callback(ctx, call, err)) return err->code;
+    api_call a;
+    call_of_param(&a, call, s, i);
+    a.has |= API_HAS_TRAINABLE, a.rows = trainable != 0;
+    if (api_agree(ctx, &a, -1, NULL, err)) return err->code;
+    state_param *p = api_param(ctx, s, i, call, err);
+    if (!p) return err->code;
+    p->buffer = !trainable;
+    long t = s->model ? mt_find(s->model, p->name) : -1;
+    if (t >= 0) s->model->p[t].frozen = !trainable;
+    if (!trainable) {
+        state_param_release(s, p, STATE_EXP_AVG);
+        state_param_release(s, p, STATE_EXP_AVG_SQ);
+    }
+    return 0;
+}
+
+int fsdp_param_trainable(fsdp_ctx *ctx, size_t i) {
+    fsdp_state *s = ctx ? state_get(ctx) : NULL;
+    if (!s || i >= s->n) return -1;
+    return state_param_trained(&s->p[i]);
+}

@@ -100,7 +100,10 @@ int splan_prefix_ok(const char *p) {
  * (ckpt/state_resume.c), and train_state */
 static int rank0_values(fsdp_state *s, const sio_save_opts *o, int with_opt, save_plan *p, fsdp_err *err) {
     int rc = 0;
-    for (size_t i = 0; with_opt && i < s->n && !rc; i++) rc = sres_param_group(s, s->p[i].name, add_entry, p, err);
+    /* a parameter outside the optimizer (a buffer, or frozen and never trained: no moments) has no
+     * group entry, as PyTorch's optimizer of the requires_grad parameters holds none for it */
+    for (size_t i = 0; with_opt && i < s->n && !rc; i++)
+        if (state_param_has_moments(&s->p[i])) rc = sres_param_group(s, s->p[i].name, add_entry, p, err);
     if (!rc && with_opt) rc = sres_lr_scheduler(s, add_entry, p, err);
     struct {
         const char *k;
@@ -147,7 +150,7 @@ static int param_chunks(fsdp_state *s, int rank, int world, const sio_save_opts 
             p->items[p->n - 1].param = (long)i;
             p->items[p->n - 1].nest = prefix_nest(o->key_prefix);
         }
-        if (!rc && with_opt) {
+        if (!rc && with_opt && state_param_has_moments(sp)) {
             snprintf(key, sizeof key, "optimizer.state.%s.exp_avg", sp->name);
             rc = add_chunk(p, sp, key, STATE_EXP_AVG, FSDP_DT_F32, shard_world, err);
             if (!rc) {
@@ -163,6 +166,7 @@ static int param_chunks(fsdp_state *s, int rank, int world, const sio_save_opts 
  * opt_step when written) */
 static int step_tensors(const fsdp_state *s, save_plan *p, fsdp_err *err) {
     for (size_t i = 0; i < s->n; i++) {
+        if (!state_param_has_moments(&s->p[i])) continue;
         save_item *it = plan_add(p, err);
         if (!it) return err->code;
         snprintf(it->fqn, sizeof it->fqn, "optimizer.state.%s.step", s->p[i].name);

@@ -69,6 +69,7 @@ typedef struct mt_param {
     init_rule init;               /* INIT_NONE: loaded or copied, never drawn */
     int part;                     /* index in mt_table.parts */
     int layer;                    /* transformer layer of a Llama-family table, else -1 */
+    int frozen;                   /* trainable: false (the entry's or its part's): a buffer, never trained */
     /* How the part's source stores the tensor when a `transform:` of the part changed it (src_ndim
      * > 0): the source tensor has shape src_shape, and the parameter is
      * source.permute(src_perm).reshape(shape) (torch's semantics). A load from the part's source

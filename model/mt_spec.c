@@ -25,14 +25,15 @@ typedef enum form { FORM_ARCH = 0, FORM_PARAMS, FORM_TABLE, FORM_FROM, FORM_PART
 static const char *const FORM_KEYS[] = {NULL, "params", "table", "from", "parts"};
 
 /* Keys each table form accepts besides its own. */
-static const char *const KEYS_PARAMS[] = {"params", "dims", "dtype", "init", "prefix", "name", "checks", NULL};
-static const char *const KEYS_TABLE[] = {"table", "dims", "dtype", "init", "prefix", "name", "checks", NULL};
+static const char *const KEYS_PARAMS[] = {"params", "dims", "dtype", "init", "prefix", "name", "checks", "trainable",
+                                          NULL};
+static const char *const KEYS_TABLE[] = {"table", "dims", "dtype", "init", "prefix", "name", "checks", "trainable", NULL};
 static const char *const KEYS_FROM[] = {"from", "format", "strip_prefix", "keys", "exclude", "transform", "dtype",
-                                        "init", "prefix", "name", "checks", NULL};
+                                        "init", "prefix", "name", "checks", "trainable", NULL};
 static const char *const KEYS_PARTS[] = {"parts", "dims", "checks", NULL};
 /* Keys that belong to the table form only (an arch-form section with one of them mixes the forms). */
 static const char *const TABLE_ONLY[] = {"dims", "dtype", "init", "prefix", "keys", "exclude", "strip_prefix",
-                                         "format", "transform", "checks", NULL};
+                                         "format", "transform", "checks", "trainable", NULL};
 
 typedef struct builder {
     mt_table *t;
@@ -296,6 +297,16 @@ static int from_part(part_ctx *pc, fsdp_err *err) {
     return rc;
 }
 
+/* trainable: false on a part: every parameter it declared is a buffer (saved and loaded, never trained). */
+static int part_trainable(mt_table *t, int part, const fsdp_value *m, fsdp_err *err) {
+    const fsdp_value *v = fsdp_value_get(m, "trainable");
+    int on = 1;
+    if (v && fsdp_value_bool(v, &on)) return fsdp_err_at(err, FSDP_E_INVALID, v, "model: trainable must be true or false");
+    for (size_t i = 0; i < t->n && !on; i++)
+        if (t->p[i].part == part) t->p[i].frozen = 1;
+    return 0;
+}
+
 /* FSDP_E_INVALID at m when the caller gave no built-in architecture (a, NULL). */
 static int no_arch(const mt_arch *a, const fsdp_value *m, fsdp_err *err) {
     if (a) return 0;
@@ -369,6 +380,7 @@ static int build_part(builder *b, const fsdp_value *m, int is_part, fsdp_err *er
         rc = fsdp_err_at(err, FSDP_E_INVALID, checks, "model: checks belong to the model (beside parts), not to a part");
     if (!rc) rc = checks_before(b, checks, pc.dims, err);
     if (!rc) rc = f == FORM_PARAMS ? params_part(&pc, err) : f == FORM_TABLE ? table_part(&pc, err) : from_part(&pc, err);
+    if (!rc) rc = part_trainable(b->t, pc.idx, m, err);
     if (!rc) rc = checks_after(b, checks, pc.dims, err);
     mt_dims_free(pc.dims);
     return rc;

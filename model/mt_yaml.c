@@ -32,8 +32,9 @@ int mt_yaml_dtype(const fsdp_value *v, fsdp_dtype *out, fsdp_err *err) {
 
 typedef struct entry {
     const fsdp_value *v;                       /* the entry map (positions) */
-    const fsdp_value *shape, *dtype, *init, *like, *as, *unless;
+    const fsdp_value *shape, *dtype, *init, *like, *as, *unless, *trainable;
     int unless_declared;                       /* declare only the names no earlier entry or part declared */
+    int frozen;                                /* trainable: false */
     const char *name;                          /* the name pattern (NULL for like entries) */
     const fsdp_value *name_at;                 /* its value, or the entry for a map key */
 } entry;
@@ -45,14 +46,14 @@ static int read_entry(const fsdp_value *v, const char *map_name, entry *e, fsdp_
     if (fsdp_value_type(v) != FSDP_V_MAP)
         return fsdp_err_at(err, FSDP_E_INVALID, v, "model: a parameter entry is a map {name, shape, dtype, init} or "
                            "{like, as, ...}");
-    static const char *const keys[] = {"name", "shape", "dtype", "init", "like", "as", "unless_declared", NULL};
+    static const char *const keys[] = {"name", "shape", "dtype", "init", "like", "as", "unless_declared", "trainable", NULL};
     const fsdp_value *name = NULL;
-    const fsdp_value **slots[] = {&name, &e->shape, &e->dtype, &e->init, &e->like, &e->as, &e->unless};
+    const fsdp_value **slots[] = {&name, &e->shape, &e->dtype, &e->init, &e->like, &e->as, &e->unless, &e->trainable};
     for (size_t i = 0; i < fsdp_value_size(v); i++) {
         const char *k = fsdp_value_key(v, i);
         int j = 0;
         while (keys[j] && strcmp(keys[j], k)) j++;
-        static const char KNOWN[] = "name, shape, dtype, init, like, as, unless_declared";
+        static const char KNOWN[] = "name, shape, dtype, init, like, as, unless_declared, trainable";
         char hint[300];
         if (!keys[j])
             return fsdp_err_at(err, FSDP_E_INVALID, fsdp_value_item(v, i),
@@ -62,6 +63,10 @@ static int read_entry(const fsdp_value *v, const char *map_name, entry *e, fsdp_
     }
     if (e->unless && fsdp_value_bool(e->unless, &e->unless_declared))
         return fsdp_err_at(err, FSDP_E_INVALID, e->unless, "model: unless_declared must be true or false");
+    int on = 1;
+    if (e->trainable && fsdp_value_bool(e->trainable, &on))
+        return fsdp_err_at(err, FSDP_E_INVALID, e->trainable, "model: trainable must be true or false");
+    e->frozen = !on;
     if (map_name && (name || e->like))
         return fsdp_err_at(err, FSDP_E_INVALID, name ? name : e->like,
                            "model: entry '%s' is named by its key; drop '%s'", map_name, name ? "name" : "like");
@@ -136,6 +141,7 @@ static int add_one(const mt_yaml_ctx *c, const char *rel, int ndim, const int64_
     p.init = *init;
     p.part = c->part;
     p.layer = -1;
+    p.frozen = e->frozen;
     return mt_add(c->t, &p, err) ? at_value(err, at) : 0;
 }
 

@@ -115,6 +115,7 @@ static int alloc_missing(fsdp_state *s, state_param *p, state_array a, state_pla
 int state_alloc_optimizer(fsdp_state *s, fsdp_err *err) {
     for (size_t i = 0; i < s->n; i++) {
         state_param *p = &s->p[i];
+        if (!state_param_trained(p)) continue;
         state_place where = s->offloaded ? host_place(s)
                             : state_place_of(p, STATE_DATA) == STATE_DEVICE ? STATE_DEVICE
                                                                              : STATE_HOST;

@@ -84,7 +84,19 @@ typedef struct state_param {
      * loaded, copied or filled. Its rows then hold NaN; the stages that read values (save-dcp,
      * save-safetensors, verify, transform's sources, train-steps) refuse it, naming it. */
     int no_value;
+    /* 1: declared trainable: false (a model table's part or parameter, fsdp_param_set_trainable): saved,
+     * loaded, resharded and exported like the others, never trained, never given moments. */
+    int buffer;
+    /* 1: not trained by the running train-steps (buffer, or matched by its freeze: globs; set and
+     * cleared by train-steps). A trainer gives such a parameter no update, no weight decay and no new
+     * moments, and leaves its gradient out of the norm and the clipping (PyTorch's requires_grad=False). */
+    int frozen;
 } state_param;
+
+/* 1 when p has AdamW moments (a parameter the optimizer holds); defined in runtime/state_dev.c. */
+int state_param_has_moments(const state_param *p);
+/* 1 when the trainers update p (neither a buffer nor frozen). */
+static inline int state_param_trained(const state_param *p) { return !p->buffer && !p->frozen; }
 
 typedef struct fsdp_state {
     state_param *p;
@@ -143,7 +155,8 @@ state_param *state_find(fsdp_state *s, const char *name);
 size_t state_param_local_numel(const state_param *p);
 int64_t state_param_numel(const state_param *p);
 
-/* Allocates (zeroed) AdamW moments for every parameter that has none: on the device when the
+/* Allocates (zeroed) AdamW moments for every trained parameter (state_param_trained) that has none: a
+ * buffer or a frozen one gets none (it keeps moments it had, unchanged); on the device when the
  * parameter's data is there, in pinned host memory when the state is `offloaded` and has a device,
  * else in host memory. */
 int state_alloc_optimizer(fsdp_state *s, fsdp_err *err);

@@ -41,6 +41,8 @@ state_place state_place_of(const state_param *p, state_array a) {
     return STATE_ABSENT;
 }
 
+int state_param_has_moments(const state_param *p) { return state_place_of(p, STATE_EXP_AVG) != STATE_ABSENT; }
+
 int state_on_device(const fsdp_state *s) {
     for (size_t i = 0; s && i < s->n; i++)
         for (int a = 0; a < STATE_ARRAYS; a++)

@@ -81,6 +81,7 @@ int stage_state_from_table(fsdp_ctx *ctx, mt_table *t, state_layout layout, fsdp
         if ((rc = state_add_param(s, p->name, p->ndim, p->shape, p->layer, err))) return rc;
         state_param *sp = &s->p[s->n - 1];
         sp->dtype = p->dtype;
+        sp->buffer = p->frozen;
         sp->no_value = 1; /* until an init, a load or a copy gives it one */
     }
     *out = s;

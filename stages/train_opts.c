@@ -1,4 +1,4 @@
-/* train-steps' schedule, no_decay, accumulation and evaluation options (stages/train_opts.h). */
+/* train-steps' schedule, no_decay and freeze, accumulation and evaluation options (stages/train_opts.h). */
 #include "pipeline/errlist.h"
 #include "stages/train_opts.h"
 
@@ -69,13 +69,14 @@ static int check_positive(const fsdp_value *with, const char *key, int64_t min, 
     return check_positive_in(with, "train-steps", key, min, err);
 }
 
-static int check_no_decay(const fsdp_value *with, fsdp_err *err) {
-    const fsdp_value *nd = fsdp_value_get(with, "no_decay");
+/* A list of globs of parameter names (no_decay, freeze). */
+static int check_globs(const fsdp_value *with, const char *key, fsdp_err *err) {
+    const fsdp_value *nd = fsdp_value_get(with, key);
     for (size_t i = 0; i < fsdp_value_size(nd); i++) {
         const fsdp_value *g = fsdp_value_item(nd, i);
         if (fsdp_value_type(g) != FSDP_V_SCALAR || !fsdp_value_text(g) || !*fsdp_value_text(g))
             return fsdp_err_at(err, FSDP_E_INVALID, g,
-                               "train-steps: no_decay[%zu]: expected a glob of parameter names (e.g. \"*norm*\")", i);
+                               "train-steps: %s[%zu]: expected a glob of parameter names (e.g. \"*norm*\")", key, i);
     }
     return 0;
 }
@@ -129,14 +130,16 @@ int train_opts_check(const fsdp_value *with, fsdp_err *err) {
                          "train-steps: give grad_accum or micro_batch, not both");
     if (!rc) rc = check_positive(with, "eval_every", 0, err);
     if (!rc) rc = check_positive(with, "eval_batches", 1, err);
-    if (!rc) rc = check_no_decay(with, err);
+    if (!rc) rc = check_globs(with, "no_decay", err);
+    if (!rc) rc = check_globs(with, "freeze", err);
     if (!rc) rc = check_eval(with, err);
     return rc;
 }
 
-int train_no_decay_mask(const fsdp_value *with, const fsdp_state *s, unsigned char **mask, fsdp_err *err) {
+int train_glob_mask(const fsdp_value *with, const char *key, const fsdp_state *s, unsigned char **mask,
+                    fsdp_err *err) {
     *mask = NULL;
-    const fsdp_value *nd = fsdp_value_get(with, "no_decay");
+    const fsdp_value *nd = fsdp_value_get(with, key);
     if (!fsdp_value_size(nd)) return 0;
     unsigned char *m = calloc(s->n ? s->n : 1, 1);
     if (!m) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
@@ -151,7 +154,7 @@ int train_no_decay_mask(const fsdp_value *with, const fsdp_state *s, unsigned ch
         if (!hits) {
             free(m);
             return fsdp_err_at(err, FSDP_E_INVALID, fsdp_value_item(nd, i),
-                               "train-steps: no_decay glob '%s' matches no parameter of the model (names like %s)",
+                               "train-steps: %s glob '%s' matches no parameter of the model (names like %s)", key,
                                glob ? glob : "", s->n ? s->p[0].name : "tok_embeddings.weight");
         }
     }

@@ -20,9 +20,11 @@ int train_sched_from_with(const fsdp_value *with, lrs_config *out, fsdp_err *err
 /* The validate-time checks of those keys and of grad_accum / micro_batch / eval_*. */
 int train_opts_check(const fsdp_value *with, fsdp_err *err);
 
-/* One flag per state parameter (s->p[k]): 1 when its name matches a glob of `no_decay` (fnmatch).
- * *mask NULL when no_decay is absent or empty. A glob matching no parameter is an error. */
-int train_no_decay_mask(const fsdp_value *with, const fsdp_state *s, unsigned char **mask, fsdp_err *err);
+/* One flag per state parameter (s->p[k]): 1 when its name matches a glob of the list `key` (no_decay,
+ * freeze; fnmatch). *mask NULL when the list is absent or empty. A glob matching no parameter is an
+ * error naming it. */
+int train_glob_mask(const fsdp_value *with, const char *key, const fsdp_state *s, unsigned char **mask,
+                    fsdp_err *err);
 
 /* Micro-batches per optimizer step: grad_accum, or local_batch / micro_batch; the local batch must
  * divide evenly. stage: the stage's name for the messages. */

@@ -80,6 +80,9 @@ static const fsdp_param_spec PARAMS[] = {
     {"min_lr_factor", FSDP_T_FLOAT, 0, NULL, NULL, "wsd: final lr as a fraction of lr (default 0)"},
     {"no_decay", FSDP_T_LIST, 0, NULL, NULL,
      "globs of parameter names trained without weight decay, e.g. [\"*norm*\", \"*.bias\"]"},
+    {"freeze", FSDP_T_LIST, 0, NULL, NULL,
+     "globs of parameter names not trained (PyTorch's requires_grad=False): no update, no moments, no weight decay, "
+     "left out of the gradient norm and clipping; saved and loaded as before"},
     {"grad_accum", FSDP_T_INT, 0, NULL, NULL,
      "micro-batches per optimizer step (the rank's batch split in as many; one reduce-scatter per step)"},
     {"micro_batch", FSDP_T_INT, 0, NULL, NULL, "rows per micro-batch on each rank (instead of grad_accum)"},
@@ -365,6 +368,28 @@ static int train_open_data(train_run_state *tr, fsdp_err *err) {
     return data_open(&tr->dc, decoder_state_config(tr->s)->vocab_size, comm_size(tr->c), comm_rank(tr->c), &tr->data, err);
 }
 
+/* freeze: the parameters it names and the declared buffers are not trained while this stage runs
+ * (train_run_free thaws them). */
+static int train_freeze(train_run_state *tr, fsdp_err *err) {
+    unsigned char *m = NULL;
+    int rc = train_glob_mask(tr->with, "freeze", tr->s, &m, err);
+    if (rc) return rc;
+    size_t n = 0;
+    int64_t elems = 0, total = 0;
+    for (size_t k = 0; k < tr->s->n; k++) {
+        state_param *p = &tr->s->p[k];
+        p->frozen = m && m[k];
+        total += fsdp_numel(p->ndim, p->shape);
+        if (!state_param_trained(p)) n++, elems += fsdp_numel(p->ndim, p->shape);
+    }
+    free(m);
+    if (n)
+        fsdp_log(tr->ctx, FSDP_LOG_INFO, "train-steps: %zu of %zu parameters not trained (freeze, trainable: false): "
+                 "%lld of %lld elements", n, tr->s->n, (long long)elems, (long long)total);
+    fsdp_ctx_metric(tr->ctx, "frozen_params", (double)n);
+    return 0;
+}
+
 /* Batch buffers, micro-batches, the no-decay mask, evaluation data, the backend, the MFU inputs
  * and the metrics file (what train_run_free releases). */
 static int train_setup(train_run_state *tr, fsdp_err *err) {
@@ -377,7 +402,7 @@ static int train_setup(train_run_state *tr, fsdp_err *err) {
     tr->labels = malloc((size_t)(B * T) * sizeof *tr->labels);
     if (!tr->tokens || !tr->labels) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
     if ((rc = train_micro_count(with, "train-steps", B, &tr->n_micro, err)) ||
-        (rc = train_no_decay_mask(with, s, &tr->no_decay, err)))
+        (rc = train_glob_mask(with, "no_decay", s, &tr->no_decay, err)) || (rc = train_freeze(tr, err)))
         return rc;
     tr->hp.no_decay = tr->no_decay;
     if (tr->eval_every > 0 && fsdp_value_get(with, "eval_data") &&
@@ -579,6 +604,7 @@ static int train_loop(train_run_state *tr, fsdp_err *err) {
 /* Releases what train_setup and train_open_data opened. */
 static void train_run_free(train_run_state *tr) {
     free(tr->no_decay);
+    for (size_t k = 0; tr->s && k < tr->s->n; k++) tr->s->p[k].frozen = 0;
     data_close(tr->eval);
     if (tr->mf) fclose(tr->mf);
     train_backend_close(&tr->be);

@@ -337,7 +337,7 @@ TEST(PluginApi, MisuseOfEveryCallIsAnErrorNamingTheCall) {
     }
 }
 
-// The ABI's minor version: a plugin built against stage ABI 1.0 loads and runs; one built for a newer
+// The ABI's minor version: plugins built against stage ABI 1.0 and 1.1 load and run; one built for a newer
 // minor is refused, naming both versions; --version prints the ABI.
 TEST(PluginApi, OlderMinorLoadsNewerMinorIsRefused) {
     Dir t;
@@ -345,13 +345,21 @@ TEST(PluginApi, OlderMinorLoadsNewerMinorIsRefused) {
     write_file(t / "old.yaml", "plugins: [" + test_plugin("abi_minor0") + "]\nstages:\n  - {id: a, uses: abi-one-zero}\n");
     ASSERT_EQ(run_np(1, t / "old.yaml", &out), 0) << out;
     EXPECT_NE(out.find("abi-1.0 stage ran"), std::string::npos) << out;
+    // a 1.1 plugin (before 1.2's hooks and trainable flags) on 1 and 3 ranks
+    write_file(t / "one.yaml", "plugins: [" + test_plugin("abi_minor1") + "]\nmodel: {preset: tiny}\nstages:\n"
+                               "  - {id: i, uses: init-meta}\n  - {id: a, uses: abi-one-one, after: [i]}\n");
+    for (int np : {1, 3}) {
+        ASSERT_EQ(run_np(np, t / "one.yaml", &out), 0) << out;
+        EXPECT_NE(out.find("abi-1.1 stage ran: " + std::to_string(21 * np) + " parameters over the ranks"),
+                  std::string::npos) << out;
+    }
     write_file(t / "new.yaml", "plugins: [" + test_plugin("abi_future") + "]\nstages:\n  - {id: a, uses: abi-future}\n");
     EXPECT_EQ(run_np(1, "validate " + t / "new.yaml", &out), 2) << out;
-    EXPECT_NE(out.find("stage 'abi-future' was built for stage ABI 1.2, newer than this fsdp-run's 1.1"),
+    EXPECT_NE(out.find("stage 'abi-future' was built for stage ABI 1.3, newer than this fsdp-run's 1.2"),
               std::string::npos)
         << out;
     EXPECT_EQ(run_np(1, "--version", &out), 0);
-    EXPECT_NE(out.find("(stage ABI 1.1,"), std::string::npos) << out;
+    EXPECT_NE(out.find("(stage ABI 1.2,"), std::string::npos) << out;
 }
 
 // The parameter and collective calls on the GPU (the emulated device in build-emu): the state's rows

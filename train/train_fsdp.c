@@ -375,11 +375,12 @@ int train_fsdp_grads_accum(train_fsdp *f, const int32_t *tokens, const int32_t *
         res->load_blocks = f->lay.n_blocks;
         res->load_experts = f->lay.n_experts;
     }
-    /* global gradient norm over the shard group's shards (the replicas hold the same ones) */
+    /* global gradient norm over the shard group's shards (the replicas hold the same ones), of the
+     * trained parameters only (clip_grad_norm_ over those with a gradient) */
     double sumsq = 0;
     for (size_t k = 0; k < f->s->n; k++) {
         state_param *p = &f->s->p[k];
-        if (p->grad) sumsq += kc_sumsq(p->grad, (int64_t)state_param_local_numel(p));
+        if (p->grad && state_param_trained(p)) sumsq += kc_sumsq(p->grad, (int64_t)state_param_local_numel(p));
     }
     if ((rc = comm_allreduce(f->c, &sumsq, 1, COMM_F64, COMM_SUM, err))) return rc;
     res->grad_norm = sqrt(sumsq);
@@ -411,6 +412,7 @@ int train_fsdp_step_accum(train_fsdp *f, const int32_t *tokens, const int32_t *l
     kc_adamw_hparams ah = {hp->lr, hp->beta1, hp->beta2, hp->eps, hp->weight_decay};
     for (size_t k = 0; k < s->n; k++) {
         state_param *p = &s->p[k];
+        if (!state_param_trained(p)) continue; /* requires_grad=False: no update, not clipped */
         int64_t n = (int64_t)state_param_local_numel(p);
         if (coef < 1.0) kc_scale(p->grad, n, (float)coef);
         ah.weight_decay = hp->no_decay && hp->no_decay[k] ? 0.0 : hp->weight_decay;

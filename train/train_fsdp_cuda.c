@@ -278,7 +278,7 @@ static int offloaded_adamw(train_fsdp_cuda *f, double coef, const kc_adamw_hpara
         for (int q = 0; q < n; q++) {
             state_param *p = ps[q];
             size_t k = (size_t)(p - f->s->p), cnt = state_param_local_numel(p);
-            if (!cnt) continue;
+            if (!cnt || !state_param_trained(p)) continue;
             float *hg = f->h_stage + f->h_off[k], *hp = f->h_stage + f->stage_total + f->h_off[k];
             if (coef < 1.0) kc_scale(hg, (int64_t)cnt, (float)coef);
             kc_adamw_hparams h = *ah;

@@ -227,7 +227,7 @@ static int place_state(train_fsdp_cuda *f, fsdp_err *err) {
         /* gradients carry nothing between steps: fresh zeros on the device */
         if (!p->d_grad && (rc = state_param_alloc(s, p, STATE_GRAD, STATE_DEVICE, 1, err)))
             return fsdp_err_prefix(err, "training (cuda): gradient of %s", p->name);
-        for (state_array a = STATE_EXP_AVG; a <= STATE_EXP_AVG_SQ; a++) {
+        for (state_array a = STATE_EXP_AVG; a <= STATE_EXP_AVG_SQ && state_param_trained(p); a++) {
             state_place want = f->offload ? STATE_PINNED : STATE_DEVICE;
             state_place at = state_place_of(p, a);
             if (at == STATE_ABSENT) rc = state_param_alloc(s, p, a, want, 1, err);
@@ -235,14 +235,17 @@ static int place_state(train_fsdp_cuda *f, fsdp_err *err) {
             if (rc) return fsdp_err_prefix(err, "training (cuda): optimizer state of %s", p->name);
         }
     }
-    kcu_tensor *t = calloc(s->n, sizeof *t);
+    /* the trained parameters (a buffer or a frozen one: no update, not in the norm or the clipping) */
+    kcu_tensor *t = calloc(s->n ? s->n : 1, sizeof *t);
     if (!t) return fsdp_err_set(err, FSDP_E_NOMEM, "training (cuda): out of memory");
+    int nt = 0;
     for (size_t k = 0; k < s->n; k++) {
         state_param *p = &s->p[k];
-        t[k] = (kcu_tensor){p->d_data, p->d_grad, f->offload ? NULL : p->d_exp_avg,
-                            f->offload ? NULL : p->d_exp_avg_sq, (int64_t)state_param_local_numel(p)};
+        if (!state_param_trained(p)) continue;
+        t[nt++] = (kcu_tensor){p->d_data, p->d_grad, f->offload ? NULL : p->d_exp_avg,
+                               f->offload ? NULL : p->d_exp_avg_sq, (int64_t)state_param_local_numel(p)};
     }
-    rc = kcu_tensor_list_create(t, (int)s->n, &f->list, err);
+    rc = kcu_tensor_list_create(t, nt, &f->list, err);
     free(t);
     return rc ? fsdp_err_prefix(err, "training (cuda): optimizer tensor list") : 0;
 }
@@ -388,7 +391,7 @@ static int subset_list(train_fsdp_cuda *f, const unsigned char *no_decay, int wa
     int n = 0;
     for (size_t k = 0; k < s->n; k++) {
         state_param *p = &s->p[k];
-        if (!no_decay[k] != !want) continue;
+        if (!no_decay[k] != !want || !state_param_trained(p)) continue;
         t[n++] = (kcu_tensor){p->d_data, p->d_grad, p->d_exp_avg, p->d_exp_avg_sq, (int64_t)state_param_local_numel(p)};
     }
     int rc = n ? kcu_tensor_list_create(t, n, out, err) : 0;

@@ -1,4 +1,4 @@
-/* fsdp-run public API (stage ABI 1.1): callbacks in train-steps and eval.
+/* fsdp-run public API (stage ABI 1.2): callbacks in train-steps and eval.
  *
  * A plugin stage registers a callback for the rest of the run; train-steps calls it on every rank
  * after each optimizer step, and after each evaluation (its eval_every, and the eval stage), with the

@@ -1,4 +1,4 @@
-/* fsdp-run public API (stage ABI 1.1): reading checkpoints from a plugin.
+/* fsdp-run public API (stage ABI 1.2): reading checkpoints from a plugin.
  *
  * Any checkpoint fsdp-run reads (a DCP directory of any world size or mesh, a safetensors file, an
  * HF directory or its index, a torch.save .pt): its tensors by name, any rows of dim 0, as float32 or

@@ -1,4 +1,4 @@
-/* fsdp-run public API (stage ABI 1.1): collectives over host buffers on the run's communicator.
+/* fsdp-run public API (stage ABI 1.2): collectives over host buffers on the run's communicator.
  *
  * Every rank of the run (the world: with an HSDP mesh every replica too) takes part, in the same
  * order, with the same counts: a plugin that computes a statistic or agrees on a decision needs no

@@ -1,4 +1,4 @@
-/* fsdp-run public API (stage ABI 1.1): the model's parameters and the optimizer state.
+/* fsdp-run public API (stage ABI 1.2): the model's parameters and the optimizer state.
  *
  * Every parameter of the model in the context (a built-in arch or any table of named tensors,
  * trainable or not) is held as Shard(0) rows: this rank holds rows [row0, row0 + rows) of dim 0 of
@@ -76,6 +76,17 @@ int fsdp_param_remove(fsdp_ctx *ctx, size_t i, fsdp_err *err);
  * embeddings). Moments of new rows are zeros. */
 int fsdp_param_resize(fsdp_ctx *ctx, size_t i, int64_t new_rows, const char *init_rule, fsdp_dtype dt,
                       const void *given, fsdp_err *err);
+
+/* Collective (stage ABI 1.2): trainable 0 makes parameter i a buffer: saved, loaded, resharded and
+ * exported like every other parameter, never trained (no update, no weight decay, no moments: those it
+ * had are dropped; its gradient out of the norm and the clipping), as an EMA copy, a frozen tower or a
+ * statistic is kept; trainable 1 makes it a parameter again (zero moments at its next step). Refused
+ * inside a train-steps callback. The model table's `trainable: false` (a part's or an entry's) declares
+ * the same. */
+int fsdp_param_set_trainable(fsdp_ctx *ctx, size_t i, int trainable, fsdp_err *err);
+/* (stage ABI 1.2) 1 when train-steps trains parameter i, 0 when it is a buffer or frozen by the running
+ * train-steps' `freeze:`, -1 for an unknown index or no model. */
+int fsdp_param_trainable(fsdp_ctx *ctx, size_t i);
 
 /* ---- optimizer state (AdamW) ----------------------------------------------------------------- */
 

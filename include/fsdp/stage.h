@@ -25,12 +25,13 @@ extern "C" {
 #endif
 
 /* The stage ABI's version: a major and a minor. A minor adds calls (1.1: include/fsdp/params.h,
- * collectives.h, callbacks.h, ckpt.h) and changes nothing a plugin of an older minor uses, so such a
+ * collectives.h, callbacks.h, ckpt.h; 1.2: trainable flags, the hooks of callbacks.h, plugin state in
+ * checkpoints) and changes nothing a plugin of an older minor uses, so such a
  * plugin still loads; a plugin of a newer minor (it may call what this fsdp-run lacks) or another major
  * is refused. abi_version packs them: the major in the low 16 bits, the minor above (a plugin of 1.0
  * wrote just 1). */
 #define FSDP_STAGE_ABI_MAJOR 1u
-#define FSDP_STAGE_ABI_MINOR 1u
+#define FSDP_STAGE_ABI_MINOR 2u
 #define FSDP_STAGE_ABI_VERSION (FSDP_STAGE_ABI_MAJOR | (FSDP_STAGE_ABI_MINOR << 16))
 #define FSDP_VERSION_STRING "0.1.0"
 
