@@ -656,12 +656,41 @@ static int load_optimizer_state(loader *L, ckpt_reader *r, load_marks *m, sio_lo
 
 /* A strict load's findings: every selected parameter not restored, every unexpected tensor, NaN in a
  * restored parameter. */
+/* The checkpoint's tensors the model does not declare: the first UNEXPECTED_SHOWN named, a count of the
+ * rest, and the exclude: that leaves them out (their shared first name component's glob when they have
+ * one, as an EMA's ema.*). */
+#define UNEXPECTED_SHOWN 8
+static void unexpected_report(ckpt_reader *r, const int *used, char *problems) {
+    size_t nck = ckpt_count(r), n = 0, plen = 0;
+    const char *first = NULL;
+    int shared = 1;
+    for (size_t ci = 0; ci < nck; ci++) {
+        if (used[ci] || !ckpt_entry_at(r, ci)->is_tensor || scale_used(r, ci, used)) continue;
+        const char *k = ckpt_entry_at(r, ci)->name, *dot = strchr(k, '.');
+        size_t len = dot ? (size_t)(dot - k) : 0;
+        if (!first) first = k, plen = len;
+        else if (!len || len != plen || strncmp(k, first, len)) shared = 0;
+        if (n++ < UNEXPECTED_SHOWN) append(problems, 8192, "\n  unexpected key %s in the checkpoint%s", k, "");
+    }
+    if (!n) return;
+    char line[512];
+    if (n > UNEXPECTED_SHOWN) {
+        snprintf(line, sizeof line, "\n  ... and %zu more unexpected keys", n - UNEXPECTED_SHOWN);
+        append(problems, 8192, "%s%s", line, "");
+    }
+    if (shared && plen)
+        snprintf(line, sizeof line, "\n  the model does not declare these %zu tensors: leave them out with exclude: [\"%.*s.**\"]",
+                 n, (int)plen, first);
+    else
+        snprintf(line, sizeof line, "\n  the model does not declare these %zu tensors: leave them out with exclude: [GLOB, ...]", n);
+    append(problems, 8192, "%s%s", line, "");
+}
+
 static void strict_report(const loader *L, ckpt_reader *r, const load_marks *m) {
     const fsdp_state *s = L->s;
     const sio_load_opts *o = L->o;
     const int *loaded = m->loaded, *nan_dev = m->nan_dev, *used = m->used;
     char *problems = m->problems;
-    size_t nck = ckpt_count(r);
     if (o->names != SIO_NAMES_HF) {
         /* HF names without names: hf: one hint rather than a line for every parameter and key */
         int *sel = calloc(s->n ? s->n : 1, sizeof *sel);
@@ -682,9 +711,7 @@ static void strict_report(const loader *L, ckpt_reader *r, const load_marks *m) 
         append(problems, 8192, "\n  %s not restored (no such key in the checkpoint%s)", s->p[i].name,
                o->names == SIO_NAMES_HF ? " under its Hugging Face name" : "");
     }
-    for (size_t ci = 0; ci < nck; ci++)
-        if (!used[ci] && ckpt_entry_at(r, ci)->is_tensor && !scale_used(r, ci, used))
-            append(problems, 8192, "\n  unexpected key %s in the checkpoint%s", ckpt_entry_at(r, ci)->name, "");
+    unexpected_report(r, used, problems);
     /* NaN left over in a restored parameter means the checkpoint itself holds NaN */
     for (size_t i = 0; i < s->n; i++) {
         if (!loaded[i]) continue;
