@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "api/api_agree.h"
+#include "api/api_hooks.h"
 #include "api/api_util.h"
 #include "runtime/ctx_impl.h"
 #include "runtime/err_local.h"
@@ -83,6 +84,7 @@ int fsdp_callback_remove(fsdp_ctx *ctx, const char *name, fsdp_err *err) {
     if (!ctx) return fsdp_err_set(err, FSDP_E_INVALID, "%s: no context", call);
     if (ctx->in_callback) return api_fail(ctx, err, FSDP_E_INVALID, call, "not allowed inside a callback");
     cb_list *l = list_of(ctx, 0);
+    int found = api_hooks_remove(ctx, name);
     for (size_t i = 0; l && name && i < l->n; i++) {
         if (strcmp(l->e[i].name, name)) continue;
         entry_free(&l->e[i]);
@@ -90,6 +92,7 @@ int fsdp_callback_remove(fsdp_ctx *ctx, const char *name, fsdp_err *err) {
         l->n--;
         return 0;
     }
+    if (found) return 0;
     return api_fail(ctx, err, FSDP_E_INVALID, call, "no callback named '%s'", name ? name : "(null)");
 }
 

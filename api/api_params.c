@@ -86,6 +86,20 @@ int fsdp_param_write(fsdp_ctx *ctx, size_t i, int64_t row0, int64_t rows, fsdp_d
     return rc;
 }
 
+int fsdp_param_read_grad(fsdp_ctx *ctx, size_t i, int64_t row0, int64_t rows, fsdp_dtype dt, void *dst,
+                         fsdp_err *err) {
+    FSDP_ERR_LOCAL(err);
+    const char *call = "fsdp_param_read_grad";
+    fsdp_state *s = api_state(ctx, call, err);
+    state_param *p = s ? api_param(ctx, s, i, call, err) : NULL;
+    if (!p || api_check_rows(ctx, p, row0, rows, dt, dst, call, err)) return err->code;
+    if (!ctx->in_pre_update)
+        return api_fail(ctx, err, FSDP_E_INVALID, call, "the gradients are readable only inside a pre-update hook");
+    if (!state_param_trained(p) || state_place_of(p, STATE_GRAD) == STATE_ABSENT)
+        return api_fail(ctx, err, FSDP_E_INVALID, call, "%s is not trained: it has no gradient", p->name);
+    return rows ? api_move_rows(ctx, s, p, STATE_GRAD, row0, rows, dt, dst, 0, call, err) : 0;
+}
+
 /* Every rank agrees on the call, parameter i (its index and name) and the root before any payload
  * moves; then the root, the index and the root's buffer (root_bad: NULL or not a float) are checked
  * the same way on every rank. */

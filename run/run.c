@@ -386,7 +386,9 @@ static void run_stage(exec_state *x, const recipe_stage *s) {
     fsdp_err err;
     fsdp_err_clear(&err);
     double t0 = ctx_now();
+    ctx->stage_with = s->with;
     int rc = s->desc->run(ctx, s->with, &err);
+    ctx->stage_with = NULL;
     if (!rc && err.code) rc = err.code;
     rr->seconds = ctx_now() - t0;
     double rss = memstat_peak_rss();

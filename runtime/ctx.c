@@ -170,6 +170,7 @@ void ctx_set_run(fsdp_ctx *ctx, double start, uint32_t random) {
              tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, (int)((start - (double)s) * 1000));
 }
 const char *fsdp_ctx_stage_id(const fsdp_ctx *ctx) { return ctx ? ctx->stage_id : NULL; }
+const fsdp_value *fsdp_ctx_stage_args(const fsdp_ctx *ctx) { return ctx ? ctx->stage_with : NULL; }
 
 const fsdp_value *fsdp_ctx_section(const fsdp_ctx *ctx, const char *name) {
     return ctx && name ? fsdp_value_get(ctx->root, name) : NULL;

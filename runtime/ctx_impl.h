@@ -55,6 +55,8 @@ struct fsdp_ctx {
     const char *recipe_name, *recipe_path, *stage_id;
     const char *stage_uses; /* the running stage's kind (`uses:`), for the plugin API's messages */
     int in_callback;        /* a train-steps callback runs (include/fsdp/callbacks.h) */
+    int in_pre_update;      /* a pre-update hook runs: the gradients of this step are readable */
+    const fsdp_value *stage_with; /* the running stage's with: (fsdp_ctx_stage_args) */
     ctx_metrics *metrics; /* sink of the running stage (owned by the run record) */
     /* DAG state names present */
     char **state;

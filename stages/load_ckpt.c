@@ -48,6 +48,7 @@
 #include "ckpt/state_io.h"
 #include "pipeline/value_impl.h"
 #include "stages/stages.h"
+#include "stages/train_hooks.h"
 #include "runtime/nearest.h"
 
 static const char *const FORMATS[] = {"auto", "dcp", "safetensors", "pt", NULL};
@@ -516,7 +517,7 @@ static int load_done(fsdp_ctx *ctx, fsdp_state *s, int on_gpu, const sio_load_re
     fsdp_log(ctx, FSDP_LOG_INFO, "loaded %zu parameters%s from %s (step %lld) in %.2fs, %.1f MB read by this rank",
              res->params_loaded, res->optimizer_loaded ? " and optimizer state" : "", path, (long long)s->train_step, el,
              (double)res->bytes_read / 1e6);
-    return 0;
+    return train_hooks_event(ctx, FSDP_HOOK_AFTER_LOAD, s->train_step, path, err);
 }
 
 static int load_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {

@@ -47,6 +47,7 @@
 #include "runtime/ctx_impl.h"
 #include "stages/save_dcp_opts.h"
 #include "stages/stages.h"
+#include "stages/train_hooks.h"
 #include "model/mt_state.h"
 
 static const fsdp_param_spec PARAMS[] = {
@@ -110,6 +111,7 @@ static int async_finish(fsdp_ctx *ctx, void *p, fsdp_err *err) {
         fsdp_log(ctx, FSDP_LOG_INFO, "async save-dcp %s committed (%.2fs after it began, waited %.2fs)",
                  sio_async_path(j->a), stage_now() - j->t_begin, stage_now() - t0);
         if (j->base) prune(ctx, j->base, j->keep_last, j->step);
+        rc = train_hooks_event(ctx, FSDP_HOOK_AFTER_SAVE, j->step, sio_async_path(j->a), err);
     }
     return rc;
 }
@@ -157,6 +159,7 @@ static int save_to(fsdp_ctx *ctx, fsdp_state *s, const char *path, const sio_sav
                  (long long)s->train_step, el, el > 0 ? (double)bytes / el / 1e9 : 0);
         fsdp_ctx_metric(ctx, "bytes_written", (double)bytes);
         fsdp_ctx_metric(ctx, "seconds_write", el);
+        rc = train_hooks_event(ctx, FSDP_HOOK_AFTER_SAVE, s->train_step, path, err);
     }
     return rc;
 }

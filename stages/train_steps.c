@@ -43,6 +43,8 @@
 #include "stages/stages.h"
 #include "model/mt_state.h"
 #include "api/api_callbacks.h"
+#include "api/api_hooks.h"
+#include "stages/train_hooks.h"
 #include "stages/train_backend.h"
 #include "stages/train_calls.h"
 #include "stages/train_opts.h"
@@ -311,6 +313,8 @@ typedef struct train_run_state {
     train_calls calls;
     double step_tps; /* the last step's tokens/s (global) */
     int stop;        /* a callback asked to stop after this step */
+    train_hooks hooks; /* the pre-update hooks' bridge (stages/train_hooks.h) */
+    int64_t skipped; /* updates the pre-update hooks skipped */
 } train_run_state;
 
 /* The model must be a built-in arch with valid values; places the state on the run's device
@@ -405,6 +409,7 @@ static int train_setup(train_run_state *tr, fsdp_err *err) {
         (rc = train_glob_mask(with, "no_decay", s, &tr->no_decay, err)) || (rc = train_freeze(tr, err)))
         return rc;
     tr->hp.no_decay = tr->no_decay;
+    train_hooks_attach(&tr->hooks, tr->ctx, s, &tr->hp);
     if (tr->eval_every > 0 && fsdp_value_get(with, "eval_data") &&
         (rc = train_eval_open(tr->ctx, fsdp_value_get(with, "eval_data"), decoder_state_config(s)->vocab_size, comm_size(c),
                               comm_rank(c), &tr->dc, &tr->eval, err)))
@@ -475,10 +480,13 @@ static int train_log_step(train_run_state *tr, fsdp_err *err) {
     m.mem_mib = train_backend_peak_mib(&tr->be, &m.mem_name);
     m.run_id = fsdp_ctx_run_id(tr->ctx);
     m.run_start = fsdp_ctx_run_start(tr->ctx);
-    char moe[16384];
+    char moe[16384], extra[20480];
+    moe[0] = '\0';
+    if (tr->res.has_aux) train_moe_fields(tr, moe, sizeof moe);
+    size_t off = (size_t)snprintf(extra, sizeof extra, "%s%s", moe, tr->res.skipped ? ", \"skipped\": true" : "");
+    api_step_metrics_take(tr->ctx, extra + off, sizeof extra - off);
+    m.moe = extra;
     if (tr->res.has_aux) {
-        train_moe_fields(tr, moe, sizeof moe);
-        m.moe = moe;
         fsdp_log(tr->ctx, FSDP_LOG_INFO, "step %lld/%lld  loss %.4f (ce %.4f, aux %.4f)  grad_norm %.4f  lr %.3g  %.0f tok/s",
                  (long long)s->train_step, (long long)tr->steps, tr->loss, tr->res.ce_loss, tr->res.aux_loss,
                  tr->gnorm, tr->hp.lr, tps);
@@ -500,6 +508,8 @@ static int train_take_step(train_run_state *tr, fsdp_err *err) {
     const double scale = s->lr_scale > 0 ? s->lr_scale : 1.0; /* fsdp_optim_set_lr */
     tr->hp.lr = lrs_at(&tr->sched, step) * scale;
     int rc;
+    char none[8];
+    api_step_metrics_take(tr->ctx, none, sizeof none); /* a step's metrics are its own */
     if ((rc = data_batch(tr->data, s->data_pos, tr->tokens, tr->labels, err))) return rc;
     train_fsdp_result r;
     double t0 = stage_now();
@@ -509,6 +519,11 @@ static int train_take_step(train_run_state *tr, fsdp_err *err) {
         return rc;
     }
     train_calls_end(&tr->calls);
+    if (r.skipped) {
+        tr->skipped++;
+        fsdp_log(tr->ctx, FSDP_LOG_WARN, "step %lld: update skipped by a pre-update hook (loss %.6g, grad_norm %.6g): "
+                 "weights and optimizer state as they were", (long long)step + 1, r.loss, r.grad_norm);
+    }
     s->train_step++;
     /* what PyTorch's param_groups / LambdaLR hold now (the checkpoints' resume entries) */
     s->lr_initial = tr->sched.lr;
@@ -564,7 +579,6 @@ static int train_iteration(train_run_state *tr, fsdp_err *err) {
     fsdp_state *s = tr->s;
     int rc;
     if ((rc = train_take_step(tr, err))) return rc;
-    if ((s->train_step % tr->log_every == 0 || s->train_step == tr->steps) && (rc = train_log_step(tr, err))) return rc;
     double eval_loss = NAN;
     int evaled = tr->eval && tr->eval_every > 0 && (s->train_step % tr->eval_every == 0 || s->train_step == tr->steps);
     if (evaled && (rc = train_eval_report(tr->ctx, &tr->be, tr->eval, tr->eval_batches, tr->n_micro,
@@ -572,6 +586,8 @@ static int train_iteration(train_run_state *tr, fsdp_err *err) {
                                           &eval_loss, err)))
         return rc;
     if ((rc = train_callbacks(tr, evaled, eval_loss, err))) return rc;
+    /* the step's line after its callbacks (their fsdp_step_metric values are in it) */
+    if ((s->train_step % tr->log_every == 0 || s->train_step == tr->steps) && (rc = train_log_step(tr, err))) return rc;
     char status[64];
     snprintf(status, sizeof status, "loss %.4f", tr->loss);
     fsdp_progress_update(tr->prog, (double)(s->train_step - tr->first), status);
@@ -591,8 +607,11 @@ static int train_loop(train_run_state *tr, fsdp_err *err) {
     tr->t_last = tr->t0;
     tr->first = s->train_step;
     int rc = 0;
-    while (s->train_step < tr->steps && !tr->stop)
+    rc = train_hooks_event(tr->ctx, FSDP_HOOK_TRAIN_START, s->train_step, NULL, err);
+    while (!rc && s->train_step < tr->steps && !tr->stop)
         if ((rc = train_iteration(tr, err))) break;
+    if (!rc) rc = train_hooks_event(tr->ctx, FSDP_HOOK_TRAIN_END, s->train_step, NULL, err);
+    if (tr->skipped) fsdp_ctx_metric(tr->ctx, "skipped_updates", (double)tr->skipped);
     fsdp_progress_end(tr->prog);
     train_final_metrics(tr->ctx, &tr->be, tr->gopt.ac, tr->loss, tr->gnorm, s->train_step - tr->first,
                         stage_now() - tr->t0, tr->dc.batch_size * tr->T, comm_size(tr->c), tr->flops_tok,

@@ -128,7 +128,7 @@ protected:
     }
     train_fsdp_hparams hparams(int k) {
         json_t *st = json_array_get(json_object_get(ref_, "steps"), (size_t)k);
-        return {json_number_value(json_object_get(st, "lr")), 0.9, 0.95, 1e-8, 0.1, 1.0, nullptr};
+        return {json_number_value(json_object_get(st, "lr")), 0.9, 0.95, 1e-8, 0.1, 1.0, nullptr, nullptr, nullptr};
     }
     double ref_value(int k, const char *key) {
         return json_number_value(json_object_get(json_array_get(json_object_get(ref_, "steps"), (size_t)k), key));

@@ -89,7 +89,7 @@ TEST(HfGrid, CpuOneRankMatchesTransformers) {
         }
         std::vector<hf_grid::Step> got;
         for (size_t k = 0; k < ref.steps.size(); k++) {
-            train_fsdp_hparams hp = {ref.steps[k].lr, 0.9, 0.95, 1e-8, 0.1, 1.0, nullptr};
+            train_fsdp_hparams hp = {ref.steps[k].lr, 0.9, 0.95, 1e-8, 0.1, 1.0, nullptr, nullptr, nullptr};
             if (train_fsdp_step(f, in, lab, &hp, &r, &err)) {
                 rep.fail(n, "step " + std::to_string(k + 1) + ": " + err.msg);
                 break;

@@ -181,7 +181,7 @@ TEST(HfTrain, FixturesFiveStepsOnOneRank) {
         train_fsdp *f;
         ASSERT_EQ(train_fsdp_create(s, decoder_blocks_cpu(decoder_state_config(s)), c, 2, 32, &f, &err), 0) << err.msg;
         for (int k = 0; k < 5; k++) {
-            train_fsdp_hparams hp = {ref.lr[k], 0.9, 0.95, 1e-8, 0.1, 1.0, nullptr};
+            train_fsdp_hparams hp = {ref.lr[k], 0.9, 0.95, 1e-8, 0.1, 1.0, nullptr, nullptr, nullptr};
             train_fsdp_result r;
             ASSERT_EQ(train_fsdp_step(f, batch.at("input_ids").i32.data(), batch.at("labels").i32.data(), &hp, &r, &err),
                       0)

@@ -66,7 +66,7 @@ protected:
         }
         if (!g && !f) return out;
         for (size_t k = 0; k < lr.size(); k++) {
-            train_fsdp_hparams hp = {lr[k], 0.9, 0.95, 1e-8, 0.1, 1.0, nullptr};
+            train_fsdp_hparams hp = {lr[k], 0.9, 0.95, 1e-8, 0.1, 1.0, nullptr, nullptr, nullptr};
             train_fsdp_result r;
             int rc = gpu ? train_fsdp_cuda_step(g, batch.at("input_ids").i32.data(), batch.at("labels").i32.data(), &hp,
                                                 &r, &err_)

@@ -315,7 +315,7 @@ TEST(PluginApi, MisuseOfEveryCallIsAnErrorNamingTheCall) {
         EXPECT_EQ(lines.find("UNEXPECTED SUCCESS"), std::string::npos) << lines;
         size_t n = 0;
         for (char c : lines) n += c == '\n';
-        EXPECT_EQ(n, 29u) << lines;
+        EXPECT_EQ(n, 33u) << lines;
         for (const char *want :
              {"fsdp_param_read (rows): stage 'bad' (api-misuse): fsdp_param_read: tok_embeddings.weight: rows [",
               "fsdp_param_gather (root): stage 'bad' (api-misuse): fsdp_param_gather: root 99 outside [0, ",

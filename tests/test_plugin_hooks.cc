@@ -140,3 +140,146 @@ TEST(PluginHooks, EmaResumesFromACheckpointsAverages) {
         EXPECT_EQ(n, 21u);
     }
 }
+
+namespace {
+
+std::string test_plugin(const std::string &name) {
+    return std::string(FSDP_BUILD_DIR) + "/tests/plugins/lib" + name + ".so";
+}
+
+// The metrics lines of steps (those with "loss"), in order.
+std::vector<json_t *> step_lines(const std::string &path) { return train_test::lines_with(path, "loss"); }
+
+bool same_floats(const std::vector<float> &a, const std::vector<float> &b) {
+    return a.size() == b.size() && !memcmp(a.data(), b.data(), a.size() * sizeof(float));
+}
+
+}  // namespace
+
+// A skipped update leaves the weights, the AdamW moments and AdamW's step of that step bitwise as they
+// were; an updated step changes them; the metrics lines say which (the guard's own metrics in them).
+TEST(PluginHooks, SpikeGuardsSkippedUpdateLeavesTheStepBitwiseUnchanged) {
+    Dir t;
+    for (int np : {1, 3}) {
+        SCOPED_TRACE(np);
+        std::string o = t / ("o" + std::to_string(np)), out;
+        write_file(t / "g.yaml", "plugins: [" + example("spike_guard") + "]\nmodel: {preset: tiny}\n"
+                                 "data: {kind: synthetic, batch_size: 6, seq_len: 16}\nstages:\n"
+                                 "  - {id: i, uses: init-meta}\n"
+                                 "  - {id: g, uses: spike-guard, after: [i], with: {factor: 1.0, window: 1, min_steps: 1}}\n"
+                                 "  - {id: t, uses: train-steps, after: [g], with: {steps: 10, save_every: 1, save_path: " +
+                                 o + "/ck, metrics: " + o + "/m.jsonl}}\n");
+        ASSERT_EQ(run_np(np, t / "g.yaml", &out), 0) << out;
+        EXPECT_NE(out.find("spike-guard: watching train-steps to step 10 (save_path " + o + "/ck)"), std::string::npos)
+            << out;
+        EXPECT_NE(out.find("spike-guard: " + o + "/ck/step-4 saved at step 4"), std::string::npos) << out;
+        std::vector<json_t *> lines = step_lines(o + "/m.jsonl");
+        ASSERT_EQ(lines.size(), 10u);
+        int skipped = 0, updated = 0;
+        auto prev = read_all(o + "/ck/step-1", any_tensor);
+        for (int k = 2; k <= 10; k++) {
+            json_t *j = lines[(size_t)k - 1];
+            bool skip = json_is_true(json_object_get(j, "skipped"));
+            EXPECT_EQ(skip, json_number_value(json_object_get(j, "spike_guard.skipped")) == 1.0) << "step " << k;
+            EXPECT_TRUE(json_object_get(j, "spike_guard.ratio")) << "step " << k;
+            auto cur = read_all(o + "/ck/step-" + std::to_string(k), any_tensor);
+            size_t same = 0, compared = 0;
+            for (const auto &kv : cur) {
+                if (kv.first.rfind("optimizer.state.", 0) != 0 && kv.first.find("train_state") == 0) continue;
+                if (!prev.count(kv.first)) continue;
+                compared++;
+                same += same_floats(kv.second, prev.at(kv.first));
+            }
+            // skipped: every tensor (weights, exp_avg, exp_avg_sq, step) as it was; updated: every one changed
+            // but for the rows no token reached (none in the tiny model's batch of random tokens: checked)
+            if (skip) EXPECT_EQ(same, compared) << "step " << k << ": a skipped update changed something";
+            else EXPECT_LT(same, compared / 10) << "step " << k << ": an update changed nothing";
+            (skip ? skipped : updated)++;
+            prev = cur;
+        }
+        for (json_t *j : lines) json_decref(j);
+        EXPECT_GT(skipped, 0) << "no update was skipped: the test shows nothing";
+        EXPECT_GT(updated, 0);
+    }
+}
+
+// max_skips: the hook's error ends every rank with its message, naming the hook and the step.
+TEST(PluginHooks, APreUpdateHooksErrorEndsEveryRank) {
+    Dir t;
+    for (int np : {1, 3}) {
+        std::string out;
+        write_file(t / "g.yaml", "plugins: [" + example("spike_guard") + "]\nmodel: {preset: tiny}\n"
+                                 "data: {kind: synthetic, batch_size: 6, seq_len: 16}\nstages:\n"
+                                 "  - {id: i, uses: init-meta}\n"
+                                 "  - {id: g, uses: spike-guard, after: [i], with: {factor: 1e-9, window: 1, min_steps: 1, "
+                                 "max_skips: 2}}\n"
+                                 "  - {id: t, uses: train-steps, after: [g], with: {steps: 6}}\n");
+        EXPECT_EQ(run_cmd("timeout 60 " + (np > 1 ? mpirun_prefix(np) + " " : std::string()) + fsdp_run_bin() + " -q " +
+                          t / "g.yaml", &out), 1) << out;
+        EXPECT_NE(out.find("pre-update hook 'spike-guard' at step 3: spike-guard: 2 updates skipped in a row (max_skips) "
+                           "at step 3"), std::string::npos) << out;
+    }
+}
+
+// Every hook kind at its point with its step and path; the pre-update hook reads the gradients (their norm
+// is the step's grad_norm), train-steps' settings and sets metrics of its step's line, as a callback does;
+// lr_scale 0.5 gives the weights of a run at half the learning rate, bitwise (scaling by 2^-1 is exact).
+TEST(PluginHooks, EveryHookAtItsPointGradientsSettingsMetricsAndLrScale) {
+    Dir t;
+    for (int np : {1, 3}) {
+        SCOPED_TRACE(np);
+        std::string o = t / ("o" + std::to_string(np)), ev = o + "/events.txt", out;
+        write_file(t / "h.yaml", "plugins: [" + test_plugin("hook_probe") + "]\nmodel: {preset: tiny}\n"
+                                 "data: {kind: synthetic, batch_size: 6, seq_len: 16}\nstages:\n"
+                                 "  - {id: i, uses: init-meta}\n"
+                                 "  - {id: p, uses: hook-probe, after: [i], with: {file: " + ev + ", lr_scale: 0.5}}\n"
+                                 "  - {id: t, uses: train-steps, after: [p], with: {steps: 4, lr: 2e-3, save_every: 2, "
+                                 "save_path: " + o + "/ck, metrics: " + o + "/m.jsonl}}\n"
+                                 "  - {id: s, uses: save-dcp, after: [t], with: {path: " + o + "/final}}\n"
+                                 "  - {id: l, uses: load-ckpt, after: [s], with: {path: " + o + "/final}}\n"
+                                 "  - {id: e, uses: save-safetensors, after: [l], with: {path: " + o + "/w.safetensors}}\n");
+        ASSERT_EQ(run_np(np, t / "h.yaml", &out), 0) << out;
+        EXPECT_EQ(read_file(ev), "train_start 0 -\nafter_save 2 " + o + "/ck/step-2\nafter_save 4 " + o +
+                                     "/ck/step-4\ntrain_end 4 -\nafter_save 4 " + o + "/final\nafter_load 4 " + o +
+                                     "/final\n");
+        std::vector<json_t *> lines = step_lines(o + "/m.jsonl");
+        ASSERT_EQ(lines.size(), 4u);
+        for (size_t k = 0; k < lines.size(); k++) {
+            json_t *j = lines[k];
+            double gn = json_number_value(json_object_get(j, "grad_norm"));
+            EXPECT_NEAR(json_number_value(json_object_get(j, "probe.grad_norm")), gn, 1e-6 * gn) << "step " << k + 1;
+            EXPECT_EQ(json_number_value(json_object_get(j, "probe.step")), (double)(k + 1));
+            EXPECT_EQ(json_number_value(json_object_get(j, "probe.after")), (double)(k + 1));
+            EXPECT_EQ(json_number_value(json_object_get(j, "probe.steps")), 4.0);
+            EXPECT_EQ(json_number_value(json_object_get(j, "probe.save_every")), 2.0);
+            json_decref(j);
+        }
+        // the same run at lr 1e-3 without the hook
+        std::string h = t / ("half" + std::to_string(np));
+        write_file(t / "half.yaml", "model: {preset: tiny}\ndata: {kind: synthetic, batch_size: 6, seq_len: 16}\nstages:\n"
+                                    "  - {id: i, uses: init-meta}\n"
+                                    "  - {id: t, uses: train-steps, after: [i], with: {steps: 4, lr: 1e-3}}\n"
+                                    "  - {id: e, uses: save-safetensors, after: [t], with: {path: " + h + ".safetensors}}\n");
+        ASSERT_EQ(run_np(np, t / "half.yaml", &out), 0) << out;
+        auto a = read_all(o + "/w.safetensors", any_tensor), b = read_all(h + ".safetensors", any_tensor);
+        ASSERT_EQ(a.size(), b.size());
+        for (const auto &kv : a) EXPECT_TRUE(same_floats(kv.second, b.at(kv.first))) << kv.first;
+    }
+}
+
+// The calls of 1.2 say when they are used in the wrong place.
+TEST(PluginHooks, StepMetricAndGradientsOutsideTheirPlaceAreErrors) {
+    Dir t;
+    std::string f = t / "m.txt", out;
+    write_file(t / "m.yaml", "plugins: [" + test_plugin("api_misuse") + "]\nmodel: {preset: tiny}\nstages:\n"
+                             "  - {id: i, uses: init-meta}\n  - {id: bad, uses: api-misuse, after: [i], with: {file: " + f +
+                             "}}\n");
+    ASSERT_EQ(run_np(1, t / "m.yaml", &out), 0) << out;
+    std::string lines = read_file(f);
+    EXPECT_NE(lines.find("fsdp_step_metric: stage 'bad' (api-misuse): fsdp_step_metric: only inside a train-steps "
+                         "callback or hook"), std::string::npos) << lines;
+    EXPECT_NE(lines.find("fsdp_param_read_grad: stage 'bad' (api-misuse): fsdp_param_read_grad: the gradients are "
+                         "readable only inside a pre-update hook"), std::string::npos) << lines;
+    EXPECT_NE(lines.find("fsdp_hook_add (kind): stage 'bad' (api-misuse): fsdp_hook_add: unknown hook kind 9"),
+              std::string::npos) << lines;
+}

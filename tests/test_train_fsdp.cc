@@ -58,7 +58,7 @@ static void five_steps_match_reference(int head_chunk_rows) {
     json_t *steps = json_object_get(ref, "steps");
     for (int k = 0; k < 5; k++) {
         json_t *st = json_array_get(steps, k);
-        train_fsdp_hparams hp = {json_number_value(json_object_get(st, "lr")), 0.9, 0.95, 1e-8, 0.1, 1.0, nullptr};
+        train_fsdp_hparams hp = {json_number_value(json_object_get(st, "lr")), 0.9, 0.95, 1e-8, 0.1, 1.0, nullptr, nullptr, nullptr};
         train_fsdp_result r;
         ASSERT_EQ(train_fsdp_step(f, in.data(), lab.data(), &hp, &r, &err), 0) << err.msg;
         double want = json_number_value(json_object_get(st, "loss"));
@@ -72,7 +72,7 @@ static void five_steps_match_reference(int head_chunk_rows) {
     float keep = s->p[0].data[0];
     s->p[0].data[in[0] * 64] = NAN;
     float w1 = s->p[1].data[0];
-    train_fsdp_hparams hp = {1e-3, 0.9, 0.95, 1e-8, 0.1, 1.0, nullptr};
+    train_fsdp_hparams hp = {1e-3, 0.9, 0.95, 1e-8, 0.1, 1.0, nullptr, nullptr, nullptr};
     train_fsdp_result r;
     EXPECT_EQ(train_fsdp_step(f, in.data(), lab.data(), &hp, &r, &err), FSDP_E_NUMERIC);
     EXPECT_NE(std::string(err.msg).find("non-finite loss"), std::string::npos) << err.msg;
@@ -132,7 +132,7 @@ TEST(LlamaFsdp, ActivationCheckpointingIsBitIdenticalAndSmaller) {
     }
     std::vector<int32_t> in(batch.at("input_ids").i32), lab(batch.at("labels").i32);
     for (int k = 0; k < 3; k++) {
-        train_fsdp_hparams hp = {1e-3, 0.9, 0.95, 1e-8, 0.1, 1.0, nullptr};
+        train_fsdp_hparams hp = {1e-3, 0.9, 0.95, 1e-8, 0.1, 1.0, nullptr, nullptr, nullptr};
         train_fsdp_result r[NAC];
         for (int ac = 0; ac < NAC; ac++)
             ASSERT_EQ(train_fsdp_step(f[ac], in.data(), lab.data(), &hp, &r[ac], &err), 0);

@@ -402,6 +402,12 @@ int train_fsdp_step_accum(train_fsdp *f, const int32_t *tokens, const int32_t *l
     int rc = train_fsdp_grads_accum(f, tokens, labels, n_micro, res, err);
     if (rc) return rc;
     fsdp_state *s = f->s;
+    double lr_scale = 1.0;
+    res->skipped = 0;
+    if (hp->pre_update) {
+        if ((rc = hp->pre_update(hp->pre_user, res, &res->skipped, &lr_scale, err))) return rc;
+        if (res->skipped) return 0; /* weights, moments and the step count as they were */
+    }
     if (!isfinite(res->loss) || !isfinite(res->grad_norm))
         return fsdp_err_set(err, FSDP_E_NUMERIC,
                             "training step %lld: non-finite loss (%g) or gradient norm (%g); nothing was updated",
@@ -409,7 +415,7 @@ int train_fsdp_step_accum(train_fsdp *f, const int32_t *tokens, const int32_t *l
     if ((rc = state_alloc_optimizer(s, err))) return rc;
     double coef = hp->max_norm > 0 ? kc_clip_coef(res->grad_norm, hp->max_norm) : 1.0;
     int64_t step = s->opt_step + 1;
-    kc_adamw_hparams ah = {hp->lr, hp->beta1, hp->beta2, hp->eps, hp->weight_decay};
+    kc_adamw_hparams ah = {hp->lr * lr_scale, hp->beta1, hp->beta2, hp->eps, hp->weight_decay};
     for (size_t k = 0; k < s->n; k++) {
         state_param *p = &s->p[k];
         if (!state_param_trained(p)) continue; /* requires_grad=False: no update, not clipped */
@@ -419,7 +425,7 @@ int train_fsdp_step_accum(train_fsdp *f, const int32_t *tokens, const int32_t *l
         kc_adamw_step(p->data, p->grad, p->exp_avg, p->exp_avg_sq, n, &ah, step);
     }
     s->opt_step = step;
-    s->lr = hp->lr;
+    s->lr = ah.lr;
     s->beta1 = hp->beta1;
     s->beta2 = hp->beta2;
     s->eps = hp->eps;

@@ -17,12 +17,19 @@
 
 typedef struct train_fsdp train_fsdp;
 
+struct train_fsdp_result;
+
 typedef struct train_fsdp_hparams {
     double lr, beta1, beta2, eps, weight_decay;
     double max_norm; /* <= 0: no clipping */
     /* NULL, or one flag per state parameter (s->p[k]): nonzero = no weight decay for it (train-steps'
      * no_decay globs) */
     const unsigned char *no_decay;
+    /* NULL, or called on every rank after the gradients and their norm (res: loss, grad_norm, ...), before
+     * the update: *skip 1 leaves everything as it was (res->skipped set, no error even when not finite);
+     * *lr_scale multiplies this update's learning rate (train-steps' pre-update hooks). */
+    int (*pre_update)(void *user, const struct train_fsdp_result *res, int *skip, double *lr_scale, fsdp_err *err);
+    void *pre_user;
 } train_fsdp_hparams;
 
 typedef struct train_fsdp_result {
@@ -38,6 +45,7 @@ typedef struct train_fsdp_result {
     int load_blocks, load_experts;
     double grad_norm; /* global L2 norm of the gradients before clipping */
     int64_t tokens;   /* global tokens counted in the loss */
+    int skipped;      /* the pre-update hook skipped this update (nothing changed) */
 } train_fsdp_result;
 
 /* The model m (model/model_blocks.h: its blocks, their parameters in order and the pieces that run

@@ -305,6 +305,15 @@ int train_fsdp_cuda_step_accum(train_fsdp_cuda *f, const int32_t *tokens, const 
     int64_t step = s->opt_step + 1;
     kc_adamw_hparams ah = {hp->lr, hp->beta1, hp->beta2, hp->eps, hp->weight_decay};
     kcu_stream cs = dev_ctx_stream(f->d, DEV_STREAM_COMPUTE);
+    res->skipped = 0;
+    if (hp->pre_update) {
+        /* the hook decides on the statistics: read them before the update is queued */
+        double lr_scale = 1.0;
+        TRY(read_stats(f, nvalid, res, err));
+        TRY(hp->pre_update(hp->pre_user, res, &res->skipped, &lr_scale, err));
+        if (res->skipped) return 0; /* weights, moments and the step count as they were */
+        ah.lr *= lr_scale;
+    }
     if (f->offload) {
         /* the CPU optimizer needs the clip coefficient on the host: wait for the statistics */
         TRY(read_stats(f, nvalid, res, err));
@@ -335,7 +344,7 @@ int train_fsdp_cuda_step_accum(train_fsdp_cuda *f, const int32_t *tokens, const 
     }
     s->has_optimizer = 1;
     s->opt_step = step;
-    s->lr = hp->lr;
+    s->lr = ah.lr;
     s->beta1 = hp->beta1;
     s->beta2 = hp->beta2;
     s->eps = hp->eps;

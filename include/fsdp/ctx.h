@@ -31,6 +31,10 @@ const fsdp_value *fsdp_ctx_section(const fsdp_ctx *ctx, const char *name);
 const char *fsdp_ctx_recipe_name(const fsdp_ctx *ctx);
 const char *fsdp_ctx_recipe_path(const fsdp_ctx *ctx);
 const char *fsdp_ctx_stage_id(const fsdp_ctx *ctx);
+/* (stage ABI 1.2) The running stage's `with:` map as the recipe gives it (NULL outside a stage or when it
+ * has none): inside a train-steps callback or hook, train-steps' settings (save_path, steps, save_every,
+ * eval_every, ...); read them with fsdp_arg_* and the stage's documented defaults. */
+const fsdp_value *fsdp_ctx_stage_args(const fsdp_ctx *ctx);
 /* This run's id ("20261125T043512Z-1a2b3c4d": its start time and 32 random bits, the same on every
  * rank) and its start time (ISO 8601, UTC, milliseconds): in every metrics line and the report. */
 const char *fsdp_ctx_run_id(const fsdp_ctx *ctx);

@@ -88,6 +88,12 @@ int fsdp_param_set_trainable(fsdp_ctx *ctx, size_t i, int trainable, fsdp_err *e
  * train-steps' `freeze:`, -1 for an unknown index or no model. */
 int fsdp_param_trainable(fsdp_ctx *ctx, size_t i);
 
+/* (stage ABI 1.2) Inside a pre-update hook (include/fsdp/callbacks.h): rows of parameter i's gradient
+ * of this step, reduced over the ranks (this rank's rows of the mean gradient) and not yet clipped, as
+ * fsdp_param_read reads values. FSDP_E_INVALID elsewhere, and for a parameter that is not trained. */
+int fsdp_param_read_grad(fsdp_ctx *ctx, size_t i, int64_t row0, int64_t rows, fsdp_dtype dt, void *dst,
+                         fsdp_err *err);
+
 /* ---- optimizer state (AdamW) ----------------------------------------------------------------- */
 
 typedef enum fsdp_moment { FSDP_EXP_AVG = 0, FSDP_EXP_AVG_SQ = 1 } fsdp_moment;

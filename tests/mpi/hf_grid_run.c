@@ -298,7 +298,7 @@ static int train_config(const run *r, const char *name, const decoder_config *cf
     if (!rc) rc = trainer_grads(&t, tok, lab, &tr, err);
     if (!rc) rc = compare(r, s, g0, STATE_GRAD, res, 1, err);
     for (int k = 0; !rc && k < STEPS; k++) {
-        train_fsdp_hparams hp = {lr[k], 0.9, 0.95, 1e-8, 0.1, 1.0, NULL};
+        train_fsdp_hparams hp = {lr[k], 0.9, 0.95, 1e-8, 0.1, 1.0, NULL, NULL, NULL};
         if ((rc = trainer_step(&t, tok, lab, &hp, &tr, err))) break;
         res->loss[k] = tr.loss, res->ce[k] = tr.ce_loss, res->aux[k] = tr.aux_loss, res->gn[k] = tr.grad_norm;
         res->steps = k + 1;

@@ -77,6 +77,11 @@ static void misuse_params(fsdp_ctx *ctx, log_to *l) {
     expect_fail(l, "fsdp_param_remove", fsdp_param_remove(ctx, n + 1, &e), &e);
     expect_fail(l, "fsdp_param_resize (rows)", fsdp_param_resize(ctx, 0, 0, NULL, FSDP_DT_F32, NULL, &e), &e);
     expect_fail(l, "fsdp_param_resize (index)", fsdp_param_resize(ctx, n + 2, 8, NULL, FSDP_DT_F32, NULL, &e), &e);
+    /* stage ABI 1.2's calls outside their place */
+    expect_fail(l, "fsdp_step_metric", fsdp_step_metric(ctx, "x", 1, &e), &e);
+    expect_fail(l, "fsdp_param_read_grad", fsdp_param_read_grad(ctx, 0, in.row0, 1, FSDP_DT_F32, buf, &e), &e);
+    expect_fail(l, "fsdp_hook_add (kind)", fsdp_hook_add(ctx, "h", (fsdp_hook_kind)9, NULL, NULL, NULL, &e), &e);
+    expect_fail(l, "fsdp_param_set_trainable (index)", fsdp_param_set_trainable(ctx, n + 3, 0, &e), &e);
 }
 
 static void misuse_rest(fsdp_ctx *ctx, log_to *l) {

@@ -27,7 +27,7 @@ SKIP = {
 }
 
 # function-pointer typedefs of the headers (passed as NULL)
-FN_TYPES = ("fsdp_step_callback",)
+FN_TYPES = ("fsdp_step_callback", "fsdp_hook_fn", "fsdp_pre_update_fn")
 
 
 # an argument value by parameter type and name
@@ -45,7 +45,7 @@ def arg(ptype, pname):
         return "-1"
     if t in ("int", "unsigned", "uint8_t", "uint16_t"):
         return "-1" if t == "int" else "0"
-    if t in ("fsdp_dtype", "fsdp_log_level", "fsdp_reduce_op", "fsdp_moment"):
+    if t in ("fsdp_dtype", "fsdp_log_level", "fsdp_reduce_op", "fsdp_moment", "fsdp_hook_kind"):
         return "(%s)99" % t           # no such value
     if t == "va_list":
         return None
