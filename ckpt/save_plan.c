@@ -113,6 +113,13 @@ static int rank0_values(fsdp_state *s, const sio_save_opts *o, int with_opt, sav
               {"train_state.data_pos", (int64_t)s->data_pos}};
     pkl_w w;
     pkl_w_init(&w);
+    /* plugins' named bytes (include/fsdp/ckpt.h), rank 0's */
+    char key[1200];
+    for (size_t b = 0; b < s->n_blobs && !rc; b++) {
+        snprintf(key, sizeof key, "plugin_state.%s", s->blobs[b].key);
+        pkl_w_bytes(&w, s->blobs[b].data, s->blobs[b].n);
+        rc = add_entry(p, key, &w, err);
+    }
     for (int t = 0; t < 3 && !rc && !o->no_train_state; t++) {
         pkl_w_int(&w, ts[t].v);
         rc = add_entry(p, ts[t].k, &w, err);

@@ -7,6 +7,7 @@
 #include "ckpt/ckpt_pread.h"
 #include "ckpt/key_layout.h"
 #include "ckpt/namemap.h"
+#include "ckpt/pickle.h"
 #include "ckpt/state_load_hint.h"
 #include "ckpt/state_load_parts.h"
 #include "ckpt/state_io.h"
@@ -886,6 +887,32 @@ static int sio_read_train_state(sio_job *J, fsdp_err *err) {
     return rc;
 }
 
+/* The plugins' named bytes (plugin_state.<key> values: include/fsdp/ckpt.h) into the state. */
+static int sio_read_plugin_state(sio_job *J, fsdp_err *err) {
+    size_t n = ckpt_count(J->r);
+    int rc = 0;
+    for (size_t ci = 0; ci < n && !rc; ci++) {
+        const ckpt_entry *e = ckpt_entry_at(J->r, ci);
+        if (e->is_tensor || strncmp(e->name, "plugin_state.", 13)) continue;
+        void *buf = NULL;
+        size_t len = 0;
+        pkl_doc *doc = NULL;
+        const pkl_obj *root = NULL;
+        unsigned char *bytes = NULL;
+        size_t nb = 0;
+        rc = ckpt_value_pickle(J->r, ci, &buf, &len, err);
+        if (!rc) rc = pkl_parse(buf, len, e->name, &doc, &root, err);
+        if (!rc && !pkl_bytes_value(root, &bytes, &nb))
+            rc = fsdp_err_set(err, FSDP_E_INVALID, "%s: %s is not bytes (a plugin's state is saved as bytes)", J->path,
+                              e->name);
+        if (!rc && nb) rc = state_blob_set(J->L.s, e->name + 13, bytes, nb, err);
+        free(bytes);
+        pkl_free(doc);
+        free(buf);
+    }
+    return rc;
+}
+
 /* Parameters, then the optimizer's state, the staged uploads landed, the train state; strict
  * loads report what was missed, and a problem (any when strict, a shape one always) fails. */
 static int sio_read_checkpoint(sio_job *J, int do_opt, fsdp_err *err) {
@@ -896,6 +923,7 @@ static int sio_read_checkpoint(sio_job *J, int do_opt, fsdp_err *err) {
     /* every staged upload has landed before anything is reported as loaded */
     if (!rc && o->sink) rc = ckpt_up_finish(&J->L.up, err);
     if (!rc) rc = sio_read_train_state(J, err);
+    if (!rc) rc = sio_read_plugin_state(J, err);
     if (!rc && o->strict) strict_report(&J->L, J->r, &J->marks);
     if (!rc && J->marks.problems[0]) {
         if (o->strict || strstr(J->marks.problems, "shape"))

@@ -44,7 +44,43 @@ void state_free(fsdp_state *s) {
     nidx_free(&s->names);
     if (s->model && s->model_free) s->model_free(s->model);
     free(s->trainer_cfg);
+    for (size_t i = 0; i < s->n_blobs; i++) free(s->blobs[i].key), free(s->blobs[i].data);
+    free(s->blobs);
     free(s);
+}
+
+const state_blob *state_blob_get(const fsdp_state *s, const char *key) {
+    for (size_t i = 0; s && key && i < s->n_blobs; i++)
+        if (!strcmp(s->blobs[i].key, key)) return &s->blobs[i];
+    return NULL;
+}
+
+int state_blob_set(fsdp_state *s, const char *key, const void *data, size_t n, fsdp_err *err) {
+    state_blob *b = (state_blob *)state_blob_get(s, key);
+    if (!n) {
+        if (!b) return 0;
+        free(b->key), free(b->data);
+        *b = s->blobs[--s->n_blobs];
+        return 0;
+    }
+    unsigned char *copy = malloc(n);
+    if (!copy) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory for %zu bytes of %s", n, key);
+    memcpy(copy, data, n);
+    if (b) {
+        free(b->data);
+        b->data = copy, b->n = n;
+        return 0;
+    }
+    state_blob *nb = realloc(s->blobs, (s->n_blobs + 1) * sizeof *nb);
+    char *k = strdup(key);
+    if (!nb || !k) {
+        if (nb) s->blobs = nb;
+        free(k), free(copy);
+        return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+    }
+    s->blobs = nb;
+    s->blobs[s->n_blobs++] = (state_blob){k, copy, n};
+    return 0;
 }
 
 int64_t state_param_numel(const state_param *p) { return fsdp_numel(p->ndim, p->shape); }

@@ -137,7 +137,21 @@ typedef struct fsdp_state {
      * (and with `offload_params` the master weights and gradients) stay in pinned host memory
      * while the rest is on the GPU: the optimizer step for those runs on the host (CPU AdamW). */
     struct dev_ctx *dev;
+    /* Plugins' named bytes (include/fsdp/ckpt.h's fsdp_plugin_state_*): saved as plugin_state.<key> in
+     * every checkpoint in fsdp-run's layout, read back by a load of one (state_blob_set / _get). */
+    struct state_blob *blobs;
+    size_t n_blobs;
 } fsdp_state;
+
+typedef struct state_blob {
+    char *key;
+    unsigned char *data;
+    size_t n;
+} state_blob;
+
+/* Sets (n 0: removes) the bytes under key; state_blob_get: NULL when there are none. */
+int state_blob_set(fsdp_state *s, const char *key, const void *data, size_t n, fsdp_err *err);
+const state_blob *state_blob_get(const fsdp_state *s, const char *key);
 
 /* The state of the context, or NULL when no stage created one. */
 fsdp_state *state_get(fsdp_ctx *ctx);

@@ -283,3 +283,50 @@ TEST(PluginHooks, StepMetricAndGradientsOutsideTheirPlaceAreErrors) {
     EXPECT_NE(lines.find("fsdp_hook_add (kind): stage 'bad' (api-misuse): fsdp_hook_add: unknown hook kind 9"),
               std::string::npos) << lines;
 }
+
+// The guard's window and counts travel in the checkpoints (fsdp_plugin_state_set: plugin_state.spike_guard.state)
+// and come back after a load-ckpt: the run resumed at step 5 skips the same updates as the uninterrupted
+// one and ends with its weights bitwise, on 1 and 3 ranks.
+TEST(PluginHooks, PluginStateInTheCheckpointsMakesAResumeJudgeAsTheUninterruptedRun) {
+    Dir t;
+    for (int np : {1, 3}) {
+        SCOPED_TRACE(np);
+        std::string a = t / ("a" + std::to_string(np)), b = t / ("b" + std::to_string(np)), out;
+        std::string head = "plugins: [" + example("spike_guard") + "]\nmodel: {preset: tiny}\n"
+                           "data: {kind: synthetic, batch_size: 6, seq_len: 16}\nstages:\n"
+                           "  - {id: g, uses: spike-guard, with: {factor: 1.0, window: 3, min_steps: 1}}\n";
+        write_file(t / "a.yaml", head + "  - {id: i, uses: init-meta, after: [g]}\n"
+                                 "  - {id: t, uses: train-steps, after: [i], with: {steps: 10, save_every: 5, save_path: " +
+                                 a + "/ck, metrics: " + a + "/m.jsonl}}\n"
+                                 "  - {id: e, uses: save-safetensors, after: [t], with: {path: " + a + "/w.safetensors}}\n");
+        ASSERT_EQ(run_np(np, t / "a.yaml", &out), 0) << out;
+        {
+            ckpt_reader *r = nullptr;
+            fsdp_err err;
+            ASSERT_EQ(ckpt_open((a + "/ck/step-5").c_str(), CKPT_AUTO, &r, &err), 0) << err.msg;
+            EXPECT_GE(ckpt_find(r, "plugin_state.spike_guard.state"), 0);
+            ckpt_close(r);
+        }
+        write_file(t / "b.yaml", head + "  - {id: l, uses: load-ckpt, after: [g], with: {path: " + a + "/ck/step-5}}\n"
+                                 "  - {id: t, uses: train-steps, after: [l], with: {steps: 10, metrics: " + b + "/m.jsonl}}\n"
+                                 "  - {id: e, uses: save-safetensors, after: [t], with: {path: " + b + "/w.safetensors}}\n");
+        ASSERT_EQ(run_np(np, t / "b.yaml", &out), 0) << out;
+        EXPECT_NE(out.find("spike-guard: resumed from the checkpoint ("), std::string::npos) << out;
+        std::vector<json_t *> la = step_lines(a + "/m.jsonl"), lb = step_lines(b + "/m.jsonl");
+        ASSERT_EQ(la.size(), 10u);
+        ASSERT_EQ(lb.size(), 5u);
+        int skips = 0;
+        for (size_t k = 0; k < 5; k++) {
+            bool sa = json_is_true(json_object_get(la[k + 5], "skipped")), sb = json_is_true(json_object_get(lb[k], "skipped"));
+            EXPECT_EQ(sa, sb) << "step " << k + 6;
+            EXPECT_EQ(json_number_value(json_object_get(la[k + 5], "spike_guard.ratio")),
+                      json_number_value(json_object_get(lb[k], "spike_guard.ratio"))) << "step " << k + 6;
+        }
+        for (json_t *j : la) skips += json_is_true(json_object_get(j, "skipped")), json_decref(j);
+        for (json_t *j : lb) json_decref(j);
+        EXPECT_GT(skips, 0);
+        auto wa = read_all(a + "/w.safetensors", any_tensor), wb = read_all(b + "/w.safetensors", any_tensor);
+        ASSERT_EQ(wa.size(), wb.size());
+        for (const auto &kv : wa) EXPECT_TRUE(same_floats(kv.second, wb.at(kv.first))) << kv.first;
+    }
+}

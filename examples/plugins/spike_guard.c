@@ -5,7 +5,9 @@
  * moments and AdamW's step count stay bitwise as they were, the batch is consumed. Each step's metrics
  * line gets spike_guard.ratio (the loss over the window's mean) and, on a skip, spike_guard.skipped 1.
  * After `max_skips` skips in a row (0: never) the run fails, naming the step. It reads train-steps'
- * settings at train start (fsdp_ctx_stage_args) and logs each checkpoint saved (the after-save hook).
+ * settings at train start (fsdp_ctx_stage_args) and logs each checkpoint saved (the after-save hook). Its
+ * window and counts go into every checkpoint (fsdp_plugin_state_set, key spike_guard.state) and come
+ * back at train start after a load-ckpt of one: a resumed run judges as the uninterrupted one would.
  *
  * Build:  cc -shared -fPIC -Iinclude examples/plugins/spike_guard.c -o libspike_guard.so -lm
  * Use:    plugins: [build/plugins/libspike_guard.so]
@@ -16,7 +18,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include <string.h>
+
 #include "fsdp/callbacks.h"
+#include "fsdp/ckpt.h"
 #include "fsdp/stage.h"
 
 static const fsdp_param_spec PARAMS[] = {
@@ -46,6 +51,39 @@ static double mean(const guard *g) {
     return k ? s / (double)k : NAN;
 }
 
+#define STATE_KEY "spike_guard.state"
+
+/* The guard's counters then its window of losses, as bytes of the checkpoints. */
+static int save_state(fsdp_ctx *ctx, const guard *g, fsdp_err *err) {
+    int64_t head[5] = {g->window, g->n, g->next, g->in_a_row, g->total};
+    size_t n = sizeof head + (size_t)g->window * sizeof(double);
+    unsigned char *b = malloc(n);
+    if (!b) return fsdp_err_set(err, FSDP_E_NOMEM, "spike-guard: out of memory");
+    memcpy(b, head, sizeof head);
+    memcpy(b + sizeof head, g->loss, (size_t)g->window * sizeof(double));
+    int rc = fsdp_plugin_state_set(ctx, STATE_KEY, b, n, err);
+    free(b);
+    return rc;
+}
+
+static void load_state(fsdp_ctx *ctx, guard *g) {
+    const void *data;
+    size_t n;
+    fsdp_err e;
+    int64_t head[5];
+    if (fsdp_plugin_state_get(ctx, STATE_KEY, &data, &n, &e)) return; /* a fresh run */
+    memcpy(head, data, n < sizeof head ? n : sizeof head);
+    if (n != sizeof head + (size_t)g->window * sizeof(double) || head[0] != g->window) {
+        fsdp_log(ctx, FSDP_LOG_WARN, "spike-guard: the checkpoint's window is not of %lld losses: starting afresh",
+                 (long long)g->window);
+        return;
+    }
+    g->n = head[1], g->next = head[2], g->in_a_row = head[3], g->total = head[4];
+    memcpy(g->loss, (const unsigned char *)data + sizeof head, (size_t)g->window * sizeof(double));
+    fsdp_log(ctx, FSDP_LOG_INFO, "spike-guard: resumed from the checkpoint (%lld losses seen, %lld updates skipped)",
+             (long long)g->n, (long long)g->total);
+}
+
 static int pre_update(fsdp_ctx *ctx, const fsdp_step_metrics *m, fsdp_update *u, void *user, fsdp_err *err) {
     guard *g = user;
     double mu = mean(g), ratio = isfinite(mu) && mu > 0 ? m->loss / mu : NAN;
@@ -57,11 +95,12 @@ static int pre_update(fsdp_ctx *ctx, const fsdp_step_metrics *m, fsdp_update *u,
         g->next = (g->next + 1) % g->window;
         g->n++;
         g->in_a_row = 0;
-        return 0;
+        return save_state(ctx, g, err);
     }
     u->skip = 1;
     g->in_a_row++;
     g->total++;
+    if ((rc = save_state(ctx, g, err))) return rc;
     fsdp_log(ctx, FSDP_LOG_WARN, "spike-guard: step %lld: loss %.6g is %.3g x the mean of the last %lld (%.6g): update "
              "skipped (%lld in a row)", (long long)m->step, m->loss, ratio, (long long)(g->n < g->window ? g->n : g->window),
              mu, (long long)g->in_a_row);
@@ -75,6 +114,7 @@ static int on_event(fsdp_ctx *ctx, const fsdp_hook_event *ev, void *user, fsdp_e
     (void)err;
     guard *g = user;
     if (ev->kind == FSDP_HOOK_TRAIN_START) {
+        load_state(ctx, g);
         const fsdp_value *t = fsdp_ctx_stage_args(ctx);
         fsdp_log(ctx, FSDP_LOG_INFO, "spike-guard: watching train-steps to step %lld (save_path %s)",
                  (long long)fsdp_arg_int(t, "steps", 0), fsdp_arg_str(t, "save_path", "none"));
