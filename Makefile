@@ -204,7 +204,7 @@ EMU_SUITES := EmuCudart*:HfGridGpu*:PadTokenGpu*:CudaMoe*:MoeCuda*:HsdpGpu*:Plug
 # GPUs, 3 GPUs with accumulation, HSDP on 4: about 5 minutes), the attention sweeps and throughput print,
 # the FSDP tests of 45-95 s (activation checkpointing, chunked head, offloaded optimizer over several steps;
 # HfArchCuda's bf16, checkpointing and 2-rank runs), and the bagel recipe on the emulated GPU.
-EMU_QUICK := EmuCudart*:FreezeGpu*:HfGridGpu.PadConfigsAndEvalOnOneGpu:PadTokenGpu*:CudaMoe*:MoeCuda.FourSteps*:HsdpGpu*:PluginApiGpu*:*CudaKernels*:ModelTableDevice*:CommNccl*:CudaBlas*:CudaCache*:CudaDevice*:CudaModel*:StateDev*:StageDevice*:LlamaFsdpCuda*:LlamaInitCuda*:KcuAttentionTc.*:HfArchCudaKernels*:HfArchCuda.F32FiveStepsMatchTheCpuPath:E2EWorkflow.Offload*-StageDevice.GpuBagelBootstrapEqualsCpu:LlamaFsdpCuda.ActivationCheckpointingAndKeptLayersMatchTheDefault:LlamaFsdpCuda.ChunkedHeadMatchesTheWholeBatchHead:LlamaFsdpCuda.OffloadedOptimizerEqualsDeviceOptimizer
+EMU_QUICK := EmuCudart*:FreezeGpu*:PluginHooksGpu*:HfGridGpu.PadConfigsAndEvalOnOneGpu:PadTokenGpu*:CudaMoe*:MoeCuda.FourSteps*:HsdpGpu*:PluginApiGpu*:*CudaKernels*:ModelTableDevice*:CommNccl*:CudaBlas*:CudaCache*:CudaDevice*:CudaModel*:StateDev*:StageDevice*:LlamaFsdpCuda*:LlamaInitCuda*:KcuAttentionTc.*:HfArchCudaKernels*:HfArchCuda.F32FiveStepsMatchTheCpuPath:E2EWorkflow.Offload*-StageDevice.GpuBagelBootstrapEqualsCpu:LlamaFsdpCuda.ActivationCheckpointingAndKeptLayersMatchTheDefault:LlamaFsdpCuda.ChunkedHeadMatchesTheWholeBatchHead:LlamaFsdpCuda.OffloadedOptimizerEqualsDeviceOptimizer
 emu:
 	$(MAKE) EMU=1 all $(addprefix build-emu/,tests/fsdp_tests $(TEST_PLUGIN_SRCS:tests/plugins/%.c=tests/plugins/lib%.so) \
 	  $(TEST_MPI_SRCS:tests/mpi/%.c=tests/mpi/%))

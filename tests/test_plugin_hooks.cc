@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "gpu_util.h"
 #include "st_test_reader.h"
 #include "test_util.h"
 #include "train_run_util.h"
@@ -156,14 +157,17 @@ bool same_floats(const std::vector<float> &a, const std::vector<float> &b) {
 
 }  // namespace
 
+namespace {
+
 // A skipped update leaves the weights, the AdamW moments and AdamW's step of that step bitwise as they
 // were; an updated step changes them; the metrics lines say which (the guard's own metrics in them).
-TEST(PluginHooks, SpikeGuardsSkippedUpdateLeavesTheStepBitwiseUnchanged) {
+void expect_skips_leave_steps_unchanged(const std::vector<int> &worlds, bool gpu) {
     Dir t;
-    for (int np : {1, 3}) {
+    for (int np : worlds) {
         SCOPED_TRACE(np);
         std::string o = t / ("o" + std::to_string(np)), out;
-        write_file(t / "g.yaml", "plugins: [" + example("spike_guard") + "]\nmodel: {preset: tiny}\n"
+        write_file(t / "g.yaml", std::string(gpu ? "runtime: {device: cuda}\n" : "") + "plugins: [" + example("spike_guard") +
+                                 "]\nmodel: {preset: tiny}\n"
                                  "data: {kind: synthetic, batch_size: 6, seq_len: 16}\nstages:\n"
                                  "  - {id: i, uses: init-meta}\n"
                                  "  - {id: g, uses: spike-guard, after: [i], with: {factor: 1.0, window: 1, min_steps: 1}}\n"
@@ -201,6 +205,17 @@ TEST(PluginHooks, SpikeGuardsSkippedUpdateLeavesTheStepBitwiseUnchanged) {
         EXPECT_GT(skipped, 0) << "no update was skipped: the test shows nothing";
         EXPECT_GT(updated, 0);
     }
+}
+
+}  // namespace
+
+TEST(PluginHooks, SpikeGuardsSkippedUpdateLeavesTheStepBitwiseUnchanged) { expect_skips_leave_steps_unchanged({1, 3}, false); }
+
+// The GPU path (the update skipped before it is queued; the emulated device in build-emu), one GPU.
+TEST(PluginHooksGpu, SpikeGuardsSkippedUpdateOnTheGpu) {
+    std::string why;
+    if (!gpu_present(&why)) GTEST_SKIP() << why;
+    expect_skips_leave_steps_unchanged({1}, true);
 }
 
 // max_skips: the hook's error ends every rank with its message, naming the hook and the step.

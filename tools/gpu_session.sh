@@ -17,7 +17,7 @@
 #   GPU_SESSION_DRY_RUN=1 prints the phases, their budgets and commands without running them.
 set -u
 what=${1:-all}
-filter=${2:-'Cuda*:FreezeGpu*:CommNccl*:Kcu*:LlamaFsdpCuda*:LlamaInitCuda*:StageDevice*:StateDev*'}
+filter=${2:-'Cuda*:FreezeGpu*:PluginHooksGpu*:CommNccl*:Kcu*:LlamaFsdpCuda*:LlamaInitCuda*:StageDevice*:StateDev*'}
 [ "$what" = full ] && filter=${2:-'*'}
 case "$what" in tests | bench | all | full) ;; *) echo "gpu_session: unknown mode '$what' (tests|bench|all|full)"; exit 2 ;; esac
 b_smoke=${GPU_BUDGET_SMOKE:-45}
