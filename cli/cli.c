@@ -158,6 +158,7 @@ static int find_subcommand(int argc, char **argv) {
 typedef struct cli_args {
     run_opts o;
     const char **paths, **sets;
+    char **owned; /* recipe paths found in the checkout (cli_recipe_path), freed at the end */
     size_t np;
     int sub;      /* argv index of the command word (validate), or 0 */
     int validate; /* options before `validate` are validate's (--set, -q, -v) */
@@ -203,7 +204,9 @@ static int cli_parse_arg(cli_args *A, int argc, char **argv, int *i, FILE *out, 
         fprintf(log, "fsdp-run: error: unknown option '%s' (see fsdp-run --help)\n", a);
         return 2;
     } else {
-        A->paths[A->np++] = a;
+        char *found = cli_recipe_path(a);
+        A->owned[A->np] = found;
+        A->paths[A->np++] = found ? found : a;
     }
     return -1;
 }
@@ -238,9 +241,11 @@ static int cli_run_recipes(fsdp_registry *reg, int argc, char **argv, int sub, F
     A.o.validate_only = A.validate;
     A.paths = calloc((size_t)argc, sizeof *A.paths);
     A.sets = calloc((size_t)argc, sizeof *A.sets);
-    if (!A.paths || !A.sets) {
+    A.owned = calloc((size_t)argc, sizeof *A.owned);
+    if (!A.paths || !A.sets || !A.owned) {
         free(A.paths);
         free(A.sets);
+        free(A.owned);
         fprintf(log, "fsdp-run: error: out of memory\n");
         return 1;
     }
@@ -253,6 +258,8 @@ static int cli_run_recipes(fsdp_registry *reg, int argc, char **argv, int sub, F
         A.o.comm = cm;
         rc = run_main(reg, A.paths, A.np, &A.o);
     }
+    for (size_t i = 0; i < A.np; i++) free(A.owned[i]);
+    free(A.owned);
     free(A.paths);
     free(A.sets);
     return rc;

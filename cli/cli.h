@@ -15,4 +15,8 @@ int fsdp_cli_run(fsdp_registry *reg, int argc, char **argv, FILE *out, FILE *log
 /* ... with a communicator (NULL: a world of 1). */
 int fsdp_cli_run_comm(fsdp_registry *reg, int argc, char **argv, FILE *out, FILE *log, comm *cm);
 
+/* A recipe path as given when it is there (NULL), else, for a relative path, the same path in the
+ * checkout this fsdp-run was built in when it is there there (malloc'd; NULL when not). */
+char *cli_recipe_path(const char *given);
+
 #endif
