@@ -171,16 +171,23 @@ typedef struct train_metrics {
     const char *moe;                /* a mixture of experts' fields (train_moe_fields), or NULL */
 } train_metrics;
 
+/* A JSON number, or null when it is not finite (a skipped update's loss may be NaN). */
+static const char *json_num(char *buf, size_t cap, double v) {
+    if (isfinite(v)) snprintf(buf, cap, "%.9g", v);
+    else snprintf(buf, cap, "null");
+    return buf;
+}
+
 static int write_metrics(FILE *f, const train_metrics *m) {
-    char mfu[64] = "";
+    char mfu[64] = "", loss[32], gn[32];
     if (m->mfu >= 0) snprintf(mfu, sizeof mfu, ", \"mfu\": %.6g", m->mfu);
     return fprintf(f,
-                   "{\"step\": %lld, \"loss\": %.9g, \"grad_norm\": %.9g, \"lr\": %.9g, \"tokens\": %lld, "
+                   "{\"step\": %lld, \"loss\": %s, \"grad_norm\": %s, \"lr\": %.9g, \"tokens\": %lld, "
                    "\"tokens_per_s\": %.6g%s, \"%s\": %.6g, \"elapsed_s\": %.6g, \"run_id\": \"%s\", "
                    "\"run_start\": \"%s\"%s}\n",
-                   (long long)m->step, m->loss, m->gnorm, m->lr, (long long)m->tokens, m->tps, mfu, m->mem_name,
-                   m->mem_mib, m->elapsed, m->run_id ? m->run_id : "", m->run_start ? m->run_start : "",
-                   m->moe ? m->moe : "") < 0
+                   (long long)m->step, json_num(loss, sizeof loss, m->loss), json_num(gn, sizeof gn, m->gnorm), m->lr,
+                   (long long)m->tokens, m->tps, mfu, m->mem_name, m->mem_mib, m->elapsed, m->run_id ? m->run_id : "",
+                   m->run_start ? m->run_start : "", m->moe ? m->moe : "") < 0
                ? -1
                : fflush(f);
 }

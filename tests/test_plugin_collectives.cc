@@ -126,3 +126,15 @@ TEST(PluginCollectives, CollectiveTimeoutMustBePositive) {
     EXPECT_EQ(rc, 2) << out;
     EXPECT_NE(out.find("runtime.collective_timeout: expected seconds in (0, 86400], got 0"), std::string::npos) << out;
 }
+
+// After a timeout the channel is broken: a later call on that rank fails at once with the reason.
+TEST(PluginCollectives, ACallAfterATimeoutFailsAtOnce) {
+    Dir t;
+    std::string r = recipe(t, "rank0-again", false, false), out;
+    double secs = 0;
+    EXPECT_EQ(run_timed(3, r, &out, &secs), 1) << out;
+    EXPECT_LT(secs, 30.0) << out;
+    EXPECT_NE(out.find("fsdp_barrier: an earlier collective of the plugin API failed (exchange 0 timed out after "),
+              std::string::npos) << out;
+    EXPECT_EQ(run_timed(1, r, &out, &secs), 0) << out;
+}

@@ -345,3 +345,71 @@ TEST(PluginHooks, PluginStateInTheCheckpointsMakesAResumeJudgeAsTheUninterrupted
         for (const auto &kv : wa) EXPECT_TRUE(same_floats(kv.second, wb.at(kv.first))) << kv.first;
     }
 }
+
+namespace {
+
+std::string probe_recipe(const std::string &o, const std::string &probe_with, const std::string &train_with) {
+    return "plugins: [" + test_plugin("hook_probe") + ", " + test_plugin("trainable_probe") + ", " +
+           example("spike_guard") + "]\nmodel: {preset: tiny}\n"
+           "data: {kind: synthetic, batch_size: 6, seq_len: 16}\nstages:\n"
+           "  - {id: i, uses: init-meta}\n"
+           "  - {id: b, uses: save-safetensors, after: [i], with: {path: " + o + "/before.safetensors}}\n" +
+           probe_with + "  - {id: t, uses: train-steps, with: {" + train_with + "metrics: " + o + "/m.jsonl}}\n"
+           "  - {id: a, uses: save-safetensors, after: [t], with: {path: " + o + "/after.safetensors}}\n";
+}
+
+}  // namespace
+
+// A skip on one rank skips the update on every rank; scales that differ across ranks are an error naming
+// both; on 3 ranks.
+TEST(PluginHooks, OneRanksSkipSkipsEverywhereAndScalesMustAgree) {
+    Dir t;
+    std::string o = t / "s", out;
+    write_file(t / "s.yaml", probe_recipe(o, "  - {id: p, uses: hook-probe, with: {file: " + o + "/ev.txt, skip_on_rank: 1}}\n",
+                                          "steps: 3, "));
+    ASSERT_EQ(run_np(3, t / "s.yaml", &out), 0) << out;
+    std::vector<json_t *> lines = step_lines(o + "/m.jsonl");
+    ASSERT_EQ(lines.size(), 3u);
+    for (json_t *j : lines) EXPECT_TRUE(json_is_true(json_object_get(j, "skipped"))), json_decref(j);
+    auto b = read_all(o + "/before.safetensors", any_tensor), a = read_all(o + "/after.safetensors", any_tensor);
+    for (const auto &kv : b) EXPECT_TRUE(same_floats(kv.second, a.at(kv.first))) << kv.first;
+    std::string o2 = t / "d";
+    write_file(t / "d.yaml", probe_recipe(o2, "  - {id: p, uses: hook-probe, with: {file: " + o2 + "/ev.txt, "
+                                              "scale_per_rank: 0.25}}\n", "steps: 3, "));
+    EXPECT_EQ(run_np(3, t / "d.yaml", &out), 1) << out;
+    EXPECT_NE(out.find("the pre-update hooks gave lr_scale 1 on some ranks and 1.5 on others"), std::string::npos) << out;
+}
+
+// A step whose loss is NaN (a weight made NaN before training) is skipped without an error: every step
+// skipped, the metrics lines valid JSON with loss null, the run ends 0 (1 and 3 ranks).
+TEST(PluginHooks, ASkippedNotFiniteStepIsNoError) {
+    Dir t;
+    for (int np : {1, 3}) {
+        std::string o = t / ("n" + std::to_string(np)), out;
+        write_file(t / "n.yaml", probe_recipe(o, "  - {id: nan, uses: trainable-probe, with: {file: " + o +
+                                                 "/p.txt, nan_into: norm.weight}}\n"
+                                                 "  - {id: g, uses: spike-guard, with: {min_steps: 1}}\n",
+                                              "steps: 3, "));
+        ASSERT_EQ(run_np(np, t / "n.yaml", &out), 0) << out;
+        std::vector<json_t *> lines = step_lines(o + "/m.jsonl");
+        ASSERT_EQ(lines.size(), 3u) << "every line parses as JSON";
+        for (json_t *j : lines) {
+            EXPECT_TRUE(json_is_true(json_object_get(j, "skipped")));
+            EXPECT_TRUE(json_is_null(json_object_get(j, "loss")));
+            json_decref(j);
+        }
+    }
+}
+
+// The after-save hook of an async periodic save comes when the save commits, with its path.
+TEST(PluginHooks, AfterSaveOfAnAsyncSaveComesWhenItCommits) {
+    Dir t;
+    std::string o = t / "as", ev = o + "/ev.txt", out;
+    write_file(t / "as.yaml", probe_recipe(o, "  - {id: p, uses: hook-probe, with: {file: " + ev + "}}\n",
+                                           "steps: 4, save_every: 2, save_async: true, save_path: " + o + "/ck, "));
+    ASSERT_EQ(run_np(1, t / "as.yaml", &out), 0) << out;
+    std::string e = read_file(ev);
+    EXPECT_NE(e.find("after_save 2 " + o + "/ck/step-2\n"), std::string::npos) << e;
+    EXPECT_NE(e.find("after_save 4 " + o + "/ck/step-4\n"), std::string::npos) << e;
+    EXPECT_NE(out.find("async save-dcp " + o + "/ck/step-2 committed"), std::string::npos) << out;
+}

@@ -30,7 +30,7 @@ int fsdp_ckpt_read(fsdp_ckpt *c, const char *name, int64_t row0, int64_t rows, f
 /* ---- stage ABI 1.2: a plugin's state in the checkpoints ---------------------------------------
  * Named bytes a plugin keeps with the model's state: saved in every checkpoint fsdp-run writes in its
  * own layout (save-dcp, train-steps' periodic and requested saves) as the value plugin_state.<key>
- * (bytes: torch.load and DCP read it back as a Python bytes object; rank 0's value), and given back by a
+ * (a pickled Python bytes object, rank 0's value), and given back by a
  * load-ckpt of such a checkpoint (which replaces the state's). key: "<prefix>.<name>", 1-128 of a-z, A-Z,
  * 0-9, '_', '-', '.', the prefix the plugin's own (its stage kind). n 0 removes the key. Needs a model. */
 int fsdp_plugin_state_set(fsdp_ctx *ctx, const char *key, const void *data, size_t n, fsdp_err *err);

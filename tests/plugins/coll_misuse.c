@@ -2,6 +2,7 @@
  * mistake a plugin makes with collectives across ranks, chosen by `case`, in the stage body or (with
  * callback: true) in a train-steps callback at optimizer step 1:
  *   rank0-only   only rank 0 calls fsdp_allreduce (a call under `if (rank == 0)`)
+ *   rank0-again  the same, then rank 0 calls fsdp_barrier anyway (the channel broke: it fails at once)
  *   not-rank0    every rank but 0 calls it
  *   count        an all-reduce of 1 + rank elements
  *   dtype        f32 on rank 0, i32 elsewhere (the same bytes)
@@ -53,6 +54,12 @@ static int mistake(fsdp_ctx *ctx, const char *c, fsdp_err *err) {
     int rank = fsdp_ctx_rank(ctx);
     float f[8] = {1, 2, 3, 4, 5, 6, 7, 8};
     if (!strcmp(c, "rank0-only")) return rank == 0 ? fsdp_allreduce(ctx, f, 1, FSDP_DT_F32, FSDP_SUM, err) : 0;
+    if (!strcmp(c, "rank0-again")) {
+        if (rank != 0) return 0;
+        fsdp_err first;
+        if (fsdp_allreduce(ctx, f, 1, FSDP_DT_F32, FSDP_SUM, &first) == 0) return 0; /* a world of 1 */
+        return fsdp_barrier(ctx, err);
+    }
     if (!strcmp(c, "not-rank0")) return rank != 0 ? fsdp_allreduce(ctx, f, 1, FSDP_DT_F32, FSDP_SUM, err) : 0;
     if (!strcmp(c, "count")) return fsdp_allreduce(ctx, f, (size_t)(1 + rank), FSDP_DT_F32, FSDP_SUM, err);
     if (!strcmp(c, "dtype"))

@@ -4,6 +4,7 @@
  *     parameter's gradient rows (fsdp_param_read_grad) to recompute the global gradient norm (its local
  *     sum of squares all-reduced) into the step's metric probe.grad_norm, and records the settings of the
  *     running train-steps it reads (probe.steps, probe.save_every) and probe.step (the step's number);
+ *     rank `skip_on_rank` skips every update; rank r's scale is lr_scale + r x `scale_per_rank`;
  *   - a callback that sets probe.after (the step) in the same line. */
 #include <math.h>
 #include <stdio.h>
@@ -17,11 +18,14 @@
 
 static const fsdp_param_spec PARAMS[] = {{"file", FSDP_T_STRING, 1, NULL, NULL, "where the events go"},
                                          {"lr_scale", FSDP_T_FLOAT, 0, "1", NULL, "each update's lr times this"},
+                                         {"skip_on_rank", FSDP_T_INT, 0, "-1", NULL, "this rank skips every update"},
+                                         {"scale_per_rank", FSDP_T_FLOAT, 0, "0", NULL, "lr_scale + rank x this"},
                                          {NULL, 0, 0, NULL, NULL, NULL}};
 
 typedef struct probe {
     char file[1024];
-    double lr_scale;
+    double lr_scale, scale_per_rank;
+    int64_t skip_on_rank;
 } probe;
 
 static const char *const KINDS[] = {"train_start", "train_end", "after_save", "after_load"};
@@ -61,7 +65,8 @@ static int grad_norm(fsdp_ctx *ctx, double *out, fsdp_err *err) {
 
 static int pre_update(fsdp_ctx *ctx, const fsdp_step_metrics *m, fsdp_update *u, void *user, fsdp_err *err) {
     probe *p = user;
-    u->lr_scale = p->lr_scale;
+    u->lr_scale = p->lr_scale + p->scale_per_rank * fsdp_ctx_rank(ctx);
+    u->skip = fsdp_ctx_rank(ctx) == p->skip_on_rank;
     double gn = 0;
     const fsdp_value *t = fsdp_ctx_stage_args(ctx);
     int rc = grad_norm(ctx, &gn, err);
@@ -82,6 +87,8 @@ static int run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
     if (!p) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
     snprintf(p->file, sizeof p->file, "%s", fsdp_arg_str(with, "file", ""));
     p->lr_scale = fsdp_arg_float(with, "lr_scale", 1);
+    p->scale_per_rank = fsdp_arg_float(with, "scale_per_rank", 0);
+    p->skip_on_rank = fsdp_arg_int(with, "skip_on_rank", -1);
     int rc = fsdp_pre_update_add(ctx, "probe", pre_update, p, free, err);
     for (int k = 0; k < FSDP_HOOK_KINDS && !rc; k++)
         rc = fsdp_hook_add(ctx, "probe", (fsdp_hook_kind)k, on_event, p, NULL, err);
