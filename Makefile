@@ -183,12 +183,17 @@ $(BUILD)/bench/%: bench/%.c $(LIBFSDP) $(LINK_FLAGS)
 bench: $(BIN) $(BENCHES)
 
 # The suite runs from the project root; fixtures are read from ../shared/fixtures.
-# With CUDA headers the emulated build compiles beside the CPU suite, at a lower priority (nice): it takes
+# True when clang links libFuzzer harnesses (the fuzz replay of `make test` needs it).
+FUZZ_PROBE = echo 'int LLVMFuzzerTestOneInput(const char *d, long n) { return (int)(d[0] * 0) + (int)n * 0; }' | \
+	$(CLANG) -x c - -fsanitize=fuzzer -o /dev/null 2>/dev/null
+# With CUDA headers the emulated build (then the fuzz harnesses' build) compiles beside the CPU suite, at a lower priority (nice): it takes
 # the cores the suite leaves idle (waiting on mpirun, the disk, its timeouts), then its quick suite runs.
 test: $(BIN) $(PLUGINS) $(TEST_PLUGINS) $(TEST_MPI_BINS) $(TEST_BIN)
 ifeq ($(HAVE_CUDA)$(EMU)$(SAN_FLAGS),10)
 	@rm -f $(BUILD)/emu-build.rc; ( nice -n 15 $(MAKE) --no-print-directory emu > $(BUILD)/emu-build.log 2>&1; \
-	  echo $$? > $(BUILD)/emu-build.rc ) & \
+	  echo $$? > $(BUILD)/emu-build.rc; \
+	  if $(FUZZ_PROBE); then nice -n 15 $(MAKE) --no-print-directory -f tests/fuzz/fuzz.mk BUILD=build-fuzz all \
+	    > $(BUILD)/fuzz-build.log 2>&1 || true; fi ) & \
 	FSDP_RUN_BIN=$(BIN) FSDP_PLUGIN_DIR=$(BUILD)/plugins OMP_NUM_THREADS=2 $(TEST_BIN) $(GTEST_ARGS); rc=$$?; \
 	wait; if [ "$$(cat $(BUILD)/emu-build.rc 2>/dev/null)" != 0 ]; then cat $(BUILD)/emu-build.log; \
 	  echo "test: the emulated build failed (its log above)"; exit 1; fi; exit $$rc
@@ -197,8 +202,7 @@ else
 	FSDP_RUN_BIN=$(BIN) FSDP_PLUGIN_DIR=$(BUILD)/plugins OMP_NUM_THREADS=2 $(TEST_BIN) $(GTEST_ARGS)
 endif
 ifeq ($(EMU)$(SAN_FLAGS),0)
-	@if echo 'int LLVMFuzzerTestOneInput(const char *d, long n) { return (int)(d[0] * 0) + (int)n * 0; }' | \
-	    $(CLANG) -x c - -fsanitize=fuzzer -o /dev/null 2>/dev/null; then \
+	@if $(FUZZ_PROBE); then \
 	  $(MAKE) -f tests/fuzz/fuzz.mk BUILD=build-fuzz replay; \
 	else echo "test: the fuzz harnesses were not built: $(CLANG) with libFuzzer is not installed (make fuzz installs it)"; fi
 endif
