@@ -472,8 +472,13 @@ int fsdp_err_at(fsdp_err *err, int code, const fsdp_value *v, const char *fmt, .
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    /* a value given whole by a recipe var: the knob the user turns is the var (unless the message says so) */
+    char knob[256] = "";
+    if (v && v->from_var && !strstr(msg, "vars."))
+        snprintf(knob, sizeof knob, " (this value is the recipe's var %.64s: --set vars.%.64s=... changes it)", v->from_var,
+                 v->from_var);
     if (v)
-        return fsdp_err_set(err, code, "%.400s:%d:%d: %s", v->file, v->line, v->col, msg);
+        return fsdp_err_set(err, code, "%.400s:%d:%d: %s%s", v->file, v->line, v->col, msg, knob);
     return fsdp_err_set(err, code, "%s", msg);
 }
 

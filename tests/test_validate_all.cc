@@ -427,3 +427,19 @@ TEST(ValidateAll, AnExistingOutputNamesTheVarThatGivesOverwrite) {
               std::string::npos) << out;
     EXPECT_EQ(run("", "validate --set vars.ow=true " + (d / "b.yaml"), &out), 0) << out;
 }
+
+// Any error at a value a recipe var gives whole names the var, the knob the user turns (issue 42 item 6):
+// a bad default in vars: and a bad --set of it, each error at its place, both together.
+TEST(ValidateAll, AnErrorAtAVarsValueNamesTheVar) {
+    Dir d;
+    std::string out;
+    write_file(d / "v.yaml", "vars: {steps: many, lr: 1e-3}\nmodel: {preset: tiny}\n"
+                             "data: {kind: synthetic, batch_size: 4, seq_len: 16}\nstages:\n  - {id: i, uses: init-meta}\n"
+                             "  - {id: t, uses: train-steps, with: {steps: \"${steps}\", lr: \"${lr}\"}}\n");
+    EXPECT_EQ(run("", "validate --set vars.lr=fast " + (d / "v.yaml"), &out), 2) << out;
+    EXPECT_NE(out.find("parameter 'steps' expects int, got 'many' (this value is the recipe's var steps: --set "
+                       "vars.steps=... changes it)"), std::string::npos) << out;
+    EXPECT_NE(out.find("parameter 'lr' expects float, got 'fast' (this value is the recipe's var lr: --set vars.lr=... "
+                       "changes it)"), std::string::npos) << out;
+    EXPECT_EQ(run("", "validate --set vars.steps=5 " + (d / "v.yaml"), &out), 0) << out;
+}
