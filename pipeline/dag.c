@@ -114,8 +114,13 @@ static int graph_build_all(const recipe *r, dag_graph *g, errlist *el, fsdp_err 
         const recipe_stage *s = &r->stages[i];
         g->dep0[i] = e;
         for (size_t k = 0; k < s->n_after && !rc; k++) {
-            size_t j;
-            if (strmap_get(&ids, s->after[k], &j)) {
+            size_t j = (size_t)-1;
+            int found = strmap_get(&ids, s->after[k], &j) != 0;
+            if (found && j == i && el) { /* collected; to dag_plan a stage after itself is a cycle */
+                errlist_add_at(el, s->after_vals ? s->after_vals[k] : s->node,
+                               "stage '%s': after: names the stage itself", s->id);
+                g->bad = 1;
+            } else if (found) {
                 g->deps[e++] = j;
             } else if (!el) {
                 rc = unknown_after(r, s, k, err);
@@ -130,8 +135,7 @@ static int graph_build_all(const recipe *r, dag_graph *g, errlist *el, fsdp_err 
     }
     strmap_free(&ids);
     if (rc) return rc;
-    g->dep0[n] = e;
-    if (g->bad) return FSDP_E_INVALID;
+    g->dep0[n] = e; /* collected errors (g->bad): the graph of the known edges is still built */
     /* reverse edges: count per target, prefix sums, fill */
     for (size_t k = 0; k < e; k++) g->nxt0[g->deps[k] + 2]++;
     for (size_t i = 0; i < n; i++) g->nxt0[i + 2] += g->nxt0[i + 1];
@@ -341,10 +345,10 @@ int dag_check_graph(const recipe *r, errlist *el) {
     dag_graph g;
     fsdp_err err;
     int rc = graph_build_all(r, &g, el, &err);
-    if (rc && !g.bad) errlist_add(el, &err); /* out of memory */
+    if (rc) errlist_add(el, &err); /* out of memory */
     int *color = rc ? NULL : calloc(n ? n : 1, sizeof *color);
     size_t *path = rc ? NULL : malloc((n ? n : 1) * sizeof *path), *pos = rc ? NULL : malloc((n ? n : 1) * sizeof *pos);
-    if (!rc && color && path && pos) { /* the graph whole: its cycle, if any */
+    if (!rc && color && path && pos) { /* the graph of the known edges: its cycle, if any */
         char msg[2048];
         long c = find_cycle(r, &g, color, path, pos, msg, sizeof msg);
         if (c >= 0) {
@@ -352,9 +356,10 @@ int dag_check_graph(const recipe *r, errlist *el) {
             rc = FSDP_E_INVALID;
         }
     }
+    int bad = g.bad;
     graph_free(&g);
     free(color), free(path), free(pos);
-    return rc ? 1 : 0;
+    return rc || bad ? 1 : 0;
 }
 
 int dag_plan(const recipe *r, const fsdp_registry *reg, const dag_state *initial, size_t *order,

@@ -207,10 +207,15 @@ static int build_stage(recipe *r, fsdp_value *stages, size_t i, strmap *ids, fsd
         return fsdp_err_at(err, FSDP_E_INVALID, id, "stages[%zu]: `id` must be a non-empty string", i);
     rs->id = id->text;
     size_t j;
-    if (strmap_get(ids, rs->id, &j))
-        return fsdp_err_at(err, FSDP_E_INVALID, id, "duplicate stage id '%s' (first used at line %d)", rs->id,
-                           r->stages[j].node->line);
-    if (strmap_put(ids, rs->id, i)) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+    if (strmap_get(ids, rs->id, &j)) { /* recorded; the reading goes on, so that the other errors come too */
+        fsdp_err *nd = realloc(r->defects, (r->n_defects + 1) * sizeof *nd);
+        if (!nd) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+        r->defects = nd;
+        fsdp_err_at(&r->defects[r->n_defects++], FSDP_E_INVALID, id, "duplicate stage id '%s' (first used at line %d)",
+                    rs->id, r->stages[j].node->line);
+    } else if (strmap_put(ids, rs->id, i)) {
+        return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+    }
     const fsdp_value *uses = fsdp_value_get(st, "uses");
     if (!uses) return fsdp_err_at(err, FSDP_E_INVALID, st, "stage '%s': missing `uses` (the stage to run)", rs->id);
     if (!fsdp_value_text(uses))
@@ -364,6 +369,7 @@ int recipe_load(const char *path, recipe_override *ovr, size_t n_ovr, recipe **o
 
 void recipe_free(recipe *r) {
     if (!r) return;
+    free(r->defects);
     for (size_t i = 0; i < r->n_stages; i++) {
         free(r->stages[i].after);
         free(r->stages[i].after_vals);

@@ -41,6 +41,10 @@ typedef struct recipe {
     size_t n_plugins;
     recipe_skipped *skipped;      /* stages removed by `when:`, in file order */
     size_t n_skipped;
+    /* Errors found while reading the stages that do not stop the reading (a duplicate stage id): the caller
+     * reports them with what its other checks find, and does not run the recipe. */
+    fsdp_err *defects;
+    size_t n_defects;
 } recipe;
 
 /* One --set override: "a.b.c=value". */

@@ -179,6 +179,7 @@ int run_plan_build(fsdp_registry *reg, const char *const *paths, size_t n, const
         }
         plan->recipes[plan->n] = r;
         plan->n++;
+        for (size_t k = 0; k < r->n_defects; k++) errlist_add(&el, &r->defects[k]);
         check_plugins(reg, r, &el);
         const fsdp_value *prev_model = chain.model_node;
         fsdp_err_clear(&e);
@@ -190,6 +191,7 @@ int run_plan_build(fsdp_registry *reg, const char *const *paths, size_t n, const
         stop |= dag_check_graph(r, &el); /* unknown after: ids and cycles, beside unknown kinds */
         checks_recipe(r, &rh, prev_model, &el);
         checks_inputs((const recipe *const *)plan->recipes, i, r, &rh, &el);
+        stop |= r->n_defects > 0; /* a duplicate id: reported with the rest; nothing is planned */
         if (stop) break;
         plan->orders[i] = calloc(r->n_stages ? r->n_stages : 1, sizeof(size_t));
         if (!plan->orders[i]) {

@@ -396,6 +396,18 @@ TEST(ValidateAll, StructuralErrorsComeTogether) {
     EXPECT_NE(out.find("unknown stage 'no-such-stage'"), std::string::npos) << out;
     EXPECT_NE(out.find("s.yaml:4:5: cycle in the stage graph (each stage runs after the next): a -> c -> a"),
               std::string::npos) << out;
+    // five kinds at once: an unknown kind, an unknown after: id, a stage after itself, a cycle, a duplicate id,
+    // and keys of another schedule, each at its place, from one validate
+    write_file(p, head + "  - {id: c, uses: save-dcp, after: [a, zz], with: {path: " + (d / "x") + "}}\n"
+                         "  - {id: f, uses: verify, after: [f]}\n  - {id: b, uses: verify}\n" + tail);
+    EXPECT_EQ(run("", "validate " + p, &out), 2) << out;
+    for (const char *want : {"s.yaml:5:19: stage 'b': unknown stage 'no-such-stage'",
+                             "s.yaml:6:40: stage 'c': after: unknown stage id 'zz'",
+                             "s.yaml:7:35: stage 'f': after: names the stage itself",
+                             "s.yaml:4:5: cycle in the stage graph (each stage runs after the next): a -> c -> a",
+                             "s.yaml:8:10: duplicate stage id 'b' (first used at line 5)",
+                             "decay_ratio is a key of the wsd schedule", "min_lr_factor is a key of the wsd schedule"})
+        EXPECT_NE(out.find(want), std::string::npos) << want << "\n" << out;
 }
 
 // A run validation refuses leaves the file system as it was: not even the metrics directory.
