@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 
 #define COMM_CHUNK ((size_t)1 << 30)
@@ -352,6 +353,9 @@ void comm_abort(comm *c, int code) {
     if (c && c->is_mpi) {
         fflush(stdout);
         fflush(stderr);
+        /* should MPI_Abort not end this process (a launcher stuck in its teardown), SIGALRM's default action
+         * does within 30 s, and the launcher then sees a rank gone: the job ends either way */
+        alarm(30);
         MPI_Abort(c->world, code ? code : 1);
     }
 }
