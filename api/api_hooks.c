@@ -230,3 +230,8 @@ void api_step_metrics_take(fsdp_ctx *ctx, char *buf, size_t cap) {
     }
     if (l) l->n_metrics = 0;
 }
+
+void api_step_metrics_clear(fsdp_ctx *ctx) {
+    hook_list *l = list_of(ctx, 0);
+    if (l) l->n_metrics = 0;
+}

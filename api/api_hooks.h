@@ -24,6 +24,9 @@ int api_pre_update_run(fsdp_ctx *ctx, const fsdp_step_metrics *m, fsdp_update *u
  * buf, and forgotten. */
 void api_step_metrics_take(fsdp_ctx *ctx, char *buf, size_t cap);
 
+/* Forgets the metrics fsdp_step_metric set (a step's metrics are its own). */
+void api_step_metrics_clear(fsdp_ctx *ctx);
+
 /* Removes the hooks named `name` (fsdp_callback_remove's other half): 1 when one was. */
 int api_hooks_remove(fsdp_ctx *ctx, const char *name);
 

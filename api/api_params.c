@@ -62,12 +62,21 @@ int fsdp_param_glob(fsdp_ctx *ctx, const char *pattern, size_t *idx, size_t cap,
     return 0;
 }
 
+/* The state and parameter i for a call on rows [row0, row0 + rows) of it in buf (dt), checked; NULL (err set)
+ * otherwise. */
+static state_param *rows_param(fsdp_ctx *ctx, const char *call, size_t i, int64_t row0, int64_t rows, fsdp_dtype dt,
+                               const void *buf, fsdp_state **s, fsdp_err *err) {
+    *s = api_state(ctx, call, err);
+    state_param *p = *s ? api_param(ctx, *s, i, call, err) : NULL;
+    return p && !api_check_rows(ctx, p, row0, rows, dt, buf, call, err) ? p : NULL;
+}
+
 int fsdp_param_read(fsdp_ctx *ctx, size_t i, int64_t row0, int64_t rows, fsdp_dtype dt, void *dst, fsdp_err *err) {
     FSDP_ERR_LOCAL(err);
     const char *call = "fsdp_param_read";
-    fsdp_state *s = api_state(ctx, call, err);
-    state_param *p = s ? api_param(ctx, s, i, call, err) : NULL;
-    if (!p || api_check_rows(ctx, p, row0, rows, dt, dst, call, err)) return err->code;
+    fsdp_state *s;
+    state_param *p = rows_param(ctx, call, i, row0, rows, dt, dst, &s, err);
+    if (!p) return err->code;
     if (p->no_value)
         return api_fail(ctx, err, FSDP_E_INVALID, call, "%s holds no value yet (declared, not loaded or filled)",
                         p->name);
@@ -78,9 +87,9 @@ int fsdp_param_write(fsdp_ctx *ctx, size_t i, int64_t row0, int64_t rows, fsdp_d
                      fsdp_err *err) {
     FSDP_ERR_LOCAL(err);
     const char *call = "fsdp_param_write";
-    fsdp_state *s = api_state(ctx, call, err);
-    state_param *p = s ? api_param(ctx, s, i, call, err) : NULL;
-    if (!p || api_check_rows(ctx, p, row0, rows, dt, src, call, err)) return err->code;
+    fsdp_state *s;
+    state_param *p = rows_param(ctx, call, i, row0, rows, dt, src, &s, err);
+    if (!p) return err->code;
     int rc = rows ? api_move_rows(ctx, s, p, STATE_DATA, row0, rows, dt, (void *)src, 1, call, err) : 0;
     if (!rc) p->no_value = 0;
     return rc;
@@ -90,9 +99,9 @@ int fsdp_param_read_grad(fsdp_ctx *ctx, size_t i, int64_t row0, int64_t rows, fs
                          fsdp_err *err) {
     FSDP_ERR_LOCAL(err);
     const char *call = "fsdp_param_read_grad";
-    fsdp_state *s = api_state(ctx, call, err);
-    state_param *p = s ? api_param(ctx, s, i, call, err) : NULL;
-    if (!p || api_check_rows(ctx, p, row0, rows, dt, dst, call, err)) return err->code;
+    fsdp_state *s;
+    state_param *p = rows_param(ctx, call, i, row0, rows, dt, dst, &s, err);
+    if (!p) return err->code;
     if (!ctx->in_pre_update)
         return api_fail(ctx, err, FSDP_E_INVALID, call, "the gradients are readable only inside a pre-update hook");
     if (!state_param_trained(p) || state_place_of(p, STATE_GRAD) == STATE_ABSENT)

@@ -515,8 +515,7 @@ static int train_take_step(train_run_state *tr, fsdp_err *err) {
     const double scale = s->lr_scale > 0 ? s->lr_scale : 1.0; /* fsdp_optim_set_lr */
     tr->hp.lr = lrs_at(&tr->sched, step) * scale;
     int rc;
-    char none[8];
-    api_step_metrics_take(tr->ctx, none, sizeof none); /* a step's metrics are its own */
+    api_step_metrics_clear(tr->ctx); /* a step's metrics are its own */
     if ((rc = data_batch(tr->data, s->data_pos, tr->tokens, tr->labels, err))) return rc;
     train_fsdp_result r;
     double t0 = stage_now();

@@ -33,7 +33,7 @@ std::vector<std::string> header_rules() {
     return out;
 }
 
-// The header's placeholders (v, a, b) as numbers.
+// The rules with the header's symbolic arguments (v, a, b) given numbers.
 std::string concrete(std::string r) {
     if (r == "constant(v)") return "constant(0.5)";
     if (r == "uniform(a, b)") return "uniform(-0.1, 0.1)";

@@ -2,8 +2,9 @@
 // fsdp-run (`fsdp-run ...`, `mpirun ... fsdp-run ...`) and the setup lines of its blocks (`mkdir`,
 // `python3`), in the order written, from a fresh temporary directory (so a fresh `runs/`) with the build
 // on PATH, as "Where commands run" says; each must exit 0, or the code its trailing comment states
-// ("exit 2"). Commands that need what a clone lacks are left out by what they contain: placeholders
-// (`...`, `PATH`, `SRC`, `RECIPE`, `[--`), external checkpoints (`/ckpt/`), a GPU or Slurm. And every
+// ("exit 2"). Commands that need what a clone lacks are left out by what they contain: the synopsis
+// lines' symbolic arguments (`...`, `PATH`, `SRC`, `RECIPE`, `[--`), external checkpoints (`/ckpt/`), a GPU
+// or Slurm. And every
 // YAML block that starts `# recipes/NAME.yaml` is that file, byte for byte.
 #include <gtest/gtest.h>
 
