@@ -58,6 +58,7 @@ typedef struct dcp_ckpt {
     } *files;
     size_t n_files, files_cap;
     nidx item_names, file_names; /* fqn -> index in items, rel -> index in files */
+    struct dcp_plan_ix *plan;    /* per item: its chunks indexed for read planning (dcp_plan.h) */
 } dcp_ckpt;
 
 /* Reads `.metadata` (or merges rank-local `__<r>.metadata` files); a directory without

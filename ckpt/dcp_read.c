@@ -11,6 +11,7 @@
 #include "ckpt/ckpt_pread.h"
 #include "ckpt/dcp.h"
 #include "ckpt/dcp_chunks.h"
+#include "ckpt/dcp_plan.h"
 #include "ckpt/dcp_st.h"
 #include "ckpt/torchsave.h"
 #include "ckpt/zip.h"
@@ -61,6 +62,8 @@ void dcp_close(dcp_ckpt *c) {
     if (c->dfd >= 0) close(c->dfd);
     nidx_free(&c->item_names);
     nidx_free(&c->file_names);
+    for (size_t i = 0; c->plan && i < c->n; i++) dcp_plan_ix_free(&c->plan[i]);
+    free(c->plan);
     free(c->dir);
     free(c);
 }
@@ -341,6 +344,9 @@ static int open_once(const char *dir, dcp_ckpt **out, fsdp_err *err) {
     }
     for (size_t i = 0; !rc && i < c->n_files; i++)
         rc = dcp_gen_check_file(c, c->files[i].fd, c->files[i].size, c->files[i].rel, err);
+    if (!rc && !(c->plan = calloc(c->n ? c->n : 1, sizeof *c->plan)))
+        rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+    for (size_t i = 0; !rc && i < c->n; i++) rc = dcp_plan_ix_build(&c->items[i], &c->plan[i], err);
     return rc;
 }
 
@@ -463,78 +469,89 @@ int dcp_read_box(dcp_ckpt *c, size_t i, const int64_t *off, const int64_t *len, 
     return dcp_read_box_nan(c, i, off, len, dst, dst_dt, NULL, err);
 }
 
+/* A box being read (dcp_read_box_nan): where it goes, and the NaN flag. */
+typedef struct box_read {
+    dcp_ckpt *c;
+    const dcp_item *x;
+    const int64_t *off, *len;
+    int64_t dst_stride[FSDP_MAX_DIMS];
+    char *dst;
+    fsdp_dtype dst_dt;
+    int *nan;
+    fsdp_err *err;
+} box_read;
+
+/* The part [io, io + il) of a torch.save chunk ch (so: in its coordinates) into the box at tgt. */
+static int read_ts_chunk(box_read *b, const dcp_chunk *ch, const int64_t *so, const int64_t *il, char *tgt) {
+    const dcp_item *x = b->x;
+    int nd = x->ndim;
+    size_t esz = fsdp_dtype_size(b->dst_dt);
+    zip_reader z;
+    int rc = open_blob(b->c, &ch->where, &z, b->err);
+    if (rc) return rc; /* e.g. the file cut short since it was opened */
+    ts_tensor t;
+    rc = ts_load_tensor(&z, x->fqn, &t, b->err);
+    if (!rc && (t.ndim != nd || memcmp(t.shape, ch->sizes, (size_t)nd * sizeof *t.shape)))
+        rc = fsdp_err_set(b->err, FSDP_E_FORMAT, "checkpoint %s: %s: stored piece has another shape than its chunk",
+                          b->c->dir, x->fqn);
+    int64_t vol = 1;
+    int full_rows = 1; /* intersection spans whole trailing dims of the destination box */
+    for (int d = 0; d < nd; d++) {
+        vol *= il[d];
+        if (d > 0 && il[d] != b->len[d]) full_rows = 0;
+    }
+    int piece_nan = 0, *pn = b->nan ? &piece_nan : NULL;
+    if (!rc && full_rows) {
+        rc = ts_read_box_nan(&z, &t, so, il, tgt, b->dst_dt, pn, b->err);
+    } else if (!rc) { /* read the intersection into a temporary then scatter into dst's box layout */
+        void *tmp = malloc((size_t)vol * esz);
+        if (!tmp) rc = fsdp_err_set(b->err, FSDP_E_NOMEM, "out of memory");
+        else rc = ts_read_box_nan(&z, &t, so, il, tmp, b->dst_dt, pn, b->err);
+        if (!rc) scatter_box(nd, il, vol, b->dst_stride, esz, tmp, tgt);
+        free(tmp);
+    }
+    zip_close(&z);
+    if (!rc && piece_nan) *b->nan = 1;
+    return rc;
+}
+
+/* dcp_plan_fn: one chunk's part of the box */
+static int read_planned(void *user, size_t k, const int64_t *io, const int64_t *il) {
+    box_read *b = user;
+    const dcp_item *x = b->x;
+    const dcp_chunk *ch = &x->chunks[k];
+    int nd = x->ndim;
+    int64_t so[FSDP_MAX_DIMS];
+    char *tgt = b->dst;
+    size_t esz = fsdp_dtype_size(b->dst_dt);
+    for (int d = 0; d < nd; d++) {
+        so[d] = io[d] - ch->offsets[d];
+        tgt += (size_t)((io[d] - b->off[d]) * b->dst_stride[d]) * esz;
+    }
+    struct dcp_file *sf = get_file(b->c, ch->where.relative_path, b->err);
+    int rc;
+    if (!sf) rc = b->err->code;
+    else if (dcp_st_is_piece(sf->fd, ch->where.offset))
+        rc = read_st_chunk(b->c, sf, x, ch, so, il, b->len, b->dst_stride, tgt, b->dst_dt, b->nan, b->err);
+    else rc = read_ts_chunk(b, ch, so, il, tgt);
+    return rc ? name_tensor(b->err, x->fqn, rc) : 0;
+}
+
 int dcp_read_box_nan(dcp_ckpt *c, size_t i, const int64_t *off, const int64_t *len, void *dst, fsdp_dtype dst_dt,
                      int *nan, fsdp_err *err) {
     if (nan) *nan = 0;
     dcp_item *x = &c->items[i];
     if (!x->is_tensor) return fsdp_err_set(err, FSDP_E_INVALID, "checkpoint %s: %s is not a tensor", c->dir, x->fqn);
-    int nd = x->ndim;
-    size_t esz = fsdp_dtype_size(dst_dt);
-    int64_t dst_stride[FSDP_MAX_DIMS];
+    box_read b = {c, x, off, len, {0}, dst, dst_dt, nan, err};
     int64_t s = 1;
-    for (int d = nd - 1; d >= 0; d--) {
+    for (int d = x->ndim - 1; d >= 0; d--) {
         if (off[d] < 0 || len[d] < 0 || off[d] + len[d] > x->shape[d])
             return fsdp_err_set(err, FSDP_E_INVALID, "checkpoint %s: box outside tensor %s", c->dir, x->fqn);
-        dst_stride[d] = s;
+        b.dst_stride[d] = s;
         s *= len[d];
     }
     if (s == 0) return 0;
-    for (size_t k = 0; k < x->n_chunks; k++) {
-        dcp_chunk *ch = &x->chunks[k];
-        /* an empty chunk may carry any offset (only non-empty ones were bounds-checked): skip it
-         * before offsets + sizes is formed */
-        if (fsdp_numel(nd, ch->sizes) == 0) continue;
-        int64_t io[FSDP_MAX_DIMS], il[FSDP_MAX_DIMS], vol = 1;
-        for (int d = 0; d < nd; d++) {
-            int64_t a = off[d] > ch->offsets[d] ? off[d] : ch->offsets[d];
-            int64_t b = off[d] + len[d] < ch->offsets[d] + ch->sizes[d] ? off[d] + len[d] : ch->offsets[d] + ch->sizes[d];
-            il[d] = b > a ? b - a : 0;
-            io[d] = a;
-            vol *= il[d];
-        }
-        if (vol == 0) continue;
-        int64_t so[FSDP_MAX_DIMS];
-        for (int d = 0; d < nd; d++) so[d] = io[d] - ch->offsets[d];
-        char *tgt = (char *)dst;
-        for (int d = 0; d < nd; d++) tgt += (size_t)((io[d] - off[d]) * dst_stride[d]) * esz;
-        struct dcp_file *sf = get_file(c, ch->where.relative_path, err);
-        if (!sf) return name_tensor(err, x->fqn, err->code);
-        if (dcp_st_is_piece(sf->fd, ch->where.offset)) {
-            int rc = read_st_chunk(c, sf, x, ch, so, il, len, dst_stride, tgt, dst_dt, nan, err);
-            if (rc) return name_tensor(err, x->fqn, rc);
-            continue;
-        }
-        zip_reader z;
-        int rc = open_blob(c, &ch->where, &z, err);
-        if (rc) return name_tensor(err, x->fqn, rc); /* e.g. the file cut short since it was opened */
-        ts_tensor t;
-        rc = ts_load_tensor(&z, x->fqn, &t, err);
-        if (!rc && (t.ndim != nd || memcmp(t.shape, ch->sizes, (size_t)nd * sizeof *t.shape)))
-            rc = fsdp_err_set(err, FSDP_E_FORMAT, "checkpoint %s: %s: stored piece has another shape than its chunk",
-                              c->dir, x->fqn);
-        if (rc) {
-            zip_close(&z);
-            return name_tensor(err, x->fqn, rc);
-        }
-        /* read the intersection into a temporary then scatter into dst's box layout */
-        int full_rows = 1; /* intersection spans whole trailing dims of the destination box */
-        for (int d = 1; d < nd; d++)
-            if (il[d] != len[d]) full_rows = 0;
-        int piece_nan = 0;
-        if (full_rows) {
-            rc = ts_read_box_nan(&z, &t, so, il, tgt, dst_dt, nan ? &piece_nan : NULL, err);
-        } else {
-            void *tmp = malloc((size_t)vol * esz);
-            if (!tmp) rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
-            else rc = ts_read_box_nan(&z, &t, so, il, tmp, dst_dt, nan ? &piece_nan : NULL, err);
-            if (!rc) scatter_box(nd, il, vol, dst_stride, esz, tmp, tgt);
-            free(tmp);
-        }
-        zip_close(&z);
-        if (rc) return name_tensor(err, x->fqn, rc);
-        if (nan && piece_nan) *nan = 1;
-    }
-    return 0;
+    return dcp_plan_box(x, &c->plan[i], off, len, read_planned, &b);
 }
 
 int dcp_read_value(dcp_ckpt *c, size_t i, pkl_doc **doc, const pkl_obj **root, fsdp_err *err) {
