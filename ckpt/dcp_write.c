@@ -460,6 +460,11 @@ int dcp_write_metadata_gen(const char *dir, const dcp_record *recs, size_t n, co
     if (grc) return grc;
     pkl_w w;
     pkl_w_init(&w);
+    if (pkl_w_memo_on(&w)) {
+        free(g.order);
+        free(g.starts);
+        return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+    }
     pkl_w_proto(&w, 2);
     dataclass_begin(&w, META_MOD, "Metadata");
     pkl_w_empty_dict(&w);

@@ -85,9 +85,15 @@ typedef struct pkl_w {
     unsigned char *buf;
     size_t len, cap;
     int oom;
+    /* pkl_w_memo_on: each distinct string and global is written once and fetched again (BINGET), as
+     * Python's pickler does for an object it meets twice: a DCP .metadata names its tensors, files, field
+     * names and classes once per chunk */
+    struct pkl_w_memo *memo;
 } pkl_w;
 
 void pkl_w_init(pkl_w *w);
+/* Memoizes pkl_w_str and pkl_w_global from here on (0, or -1 when out of memory: w then stays without). */
+int pkl_w_memo_on(pkl_w *w);
 void pkl_w_free(pkl_w *w);
 void pkl_w_proto(pkl_w *w, int proto);
 void pkl_w_stop(pkl_w *w);

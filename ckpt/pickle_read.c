@@ -31,6 +31,15 @@ typedef struct {
     size_t nm, mcap;
     pkl_obj **memo;
     size_t nmemo, memo_cap;
+    /* the ints (below 2^31) and the empty tuple made so far, each one object however often it recurs
+     * (they are never changed once made: only lists, dicts and objects are): a DCP .metadata repeats
+     * the same offsets and sizes for every layer */
+    struct int_slot {
+        int64_t i;
+        pkl_obj *o;
+    } *ints;
+    size_t n_ints, ints_cap, made_ints;
+    pkl_obj *empty_tuple;
     fsdp_err *err;
     int truncated; /* failed because the input ended first */
 } vm;
@@ -99,6 +108,48 @@ static int fail(vm *v, const char *fmt, const char *detail) {
 static pkl_obj *new_obj(vm *v, pkl_kind k) {
     pkl_obj *o = doc_obj(v->doc);
     if (o) o->kind = k;
+    return o;
+}
+
+#define PKL_INTS_AFTER 256      /* ints made before the table starts (small pickles never need it) */
+#define PKL_INTS_MAX (1u << 20) /* distinct ints the table holds at most (then new ones are made anew) */
+
+static size_t int_hash(int64_t i, size_t cap) { return (size_t)(((uint64_t)i * 0x9E3779B97F4A7C15ull) >> 17) & (cap - 1); }
+
+/* doubles the table (a power of two), keeping its entries; 0, or -1 when out of memory */
+static int ints_grow(vm *v) {
+    size_t cap = v->ints_cap ? v->ints_cap * 2 : 1024;
+    struct int_slot *t = calloc(cap, sizeof *t);
+    if (!t) return -1;
+    for (size_t k = 0; k < v->ints_cap; k++) {
+        if (!v->ints[k].o) continue;
+        size_t h = int_hash(v->ints[k].i, cap);
+        while (t[h].o) h = (h + 1) & (cap - 1);
+        t[h] = v->ints[k];
+    }
+    free(v->ints);
+    v->ints = t;
+    v->ints_cap = cap;
+    return 0;
+}
+
+/* The int object of value i: the one made before when the table has it. */
+static pkl_obj *int_obj(vm *v, int64_t i) {
+    if (++v->made_ints > PKL_INTS_AFTER && i >= INT32_MIN && i <= INT32_MAX) {
+        if (v->n_ints * 2 >= v->ints_cap && v->n_ints < PKL_INTS_MAX) ints_grow(v);
+        if (v->ints_cap) {
+            size_t h = int_hash(i, v->ints_cap);
+            while (v->ints[h].o && v->ints[h].i != i) h = (h + 1) & (v->ints_cap - 1);
+            if (v->ints[h].o) return v->ints[h].o;
+            if (v->n_ints * 2 < v->ints_cap) {
+                pkl_obj *o = new_obj(v, PKL_INT);
+                if (o) o->i = i, v->ints[h].i = i, v->ints[h].o = o, v->n_ints++;
+                return o;
+            }
+        }
+    }
+    pkl_obj *o = new_obj(v, PKL_INT);
+    if (o) o->i = i;
     return o;
 }
 
@@ -265,9 +316,8 @@ static int run(vm *v, const pkl_obj **root) {
         case 'M': {
             int n = op == 'J' ? 4 : op == 'K' ? 1 : 2;
             if ((rc = need(v, (size_t)n))) return rc;
-            pkl_obj *o = new_obj(v, PKL_INT);
             uint64_t x = rd_le(v->p, n);
-            if (o) o->i = op == 'J' ? (int64_t)(int32_t)(uint32_t)x : (int64_t)x;
+            pkl_obj *o = int_obj(v, op == 'J' ? (int64_t)(int32_t)(uint32_t)x : (int64_t)x);
             v->p += n;
             rc = push(v, o);
             break;
@@ -323,7 +373,10 @@ static int run(vm *v, const pkl_obj **root) {
             v->p += n;
             break;
         }
-        case ')': rc = push(v, new_obj(v, PKL_TUPLE)); break;
+        case ')':
+            if (!v->empty_tuple) v->empty_tuple = new_obj(v, PKL_TUPLE);
+            rc = push(v, v->empty_tuple);
+            break;
         case ']': rc = push(v, new_obj(v, PKL_LIST)); break;
         case '}': rc = push(v, new_obj(v, PKL_DICT)); break;
         case 0x8f: rc = push(v, new_obj(v, PKL_LIST)); break; /* EMPTY_SET as a list */
@@ -604,6 +657,7 @@ int pkl_parse_prefix(const void *buf, size_t len, const char *what, pkl_doc **ou
     free(v.stack);
     free(v.marks);
     free(v.memo);
+    free(v.ints);
     if (rc) {
         pkl_free(d);
         *root = NULL;

@@ -1,13 +1,34 @@
 /* Pickle writer: protocol-2 opcodes for DCP `.metadata` and torch.save `data.pkl`. */
+#include <stdio.h>
 #include <string.h>
 #include <stdlib.h>
 
 #include "ckpt/pickle.h"
+#include "fsdp/tensor.h"
+#include "runtime/name_index.h"
+
+/* The memo: "s<string>" / "g<module>\n<name>" -> memo index (the keys owned here). */
+struct pkl_w_memo {
+    nidx map;
+    char **keys;
+    size_t n, cap;
+};
 
 void pkl_w_init(pkl_w *w) { memset(w, 0, sizeof *w); }
 void pkl_w_free(pkl_w *w) {
     free(w->buf);
+    if (w->memo) {
+        nidx_free(&w->memo->map);
+        for (size_t i = 0; i < w->memo->n; i++) free(w->memo->keys[i]);
+        free(w->memo->keys);
+        free(w->memo);
+    }
     memset(w, 0, sizeof *w);
+}
+
+int pkl_w_memo_on(pkl_w *w) {
+    if (!w->memo) w->memo = calloc(1, sizeof *w->memo);
+    return w->memo ? 0 : -1;
 }
 
 static void put(pkl_w *w, const void *p, size_t n) {
@@ -79,19 +100,70 @@ void pkl_w_float(pkl_w *w, double v) {
     put(w, b, 8);
 }
 
+/* With a memo: 1 when key was written before (its BINGET written now); else 0, and *slot is the memo index
+ * the caller's value gets (-1: not memoized, e.g. out of memory: written plainly). */
+static int memo_get(pkl_w *w, const char *tag, const char *a, const char *b, long *slot) {
+    *slot = -1;
+    struct pkl_w_memo *m = w->memo;
+    if (!m || w->oom) return 0;
+    size_t la = strlen(a), lb = b ? strlen(b) : 0;
+    char *key = malloc(la + lb + 3);
+    if (!key) return 0;
+    memcpy(key, tag, 1);
+    memcpy(key + 1, a, la);
+    if (b) key[1 + la] = '\n', memcpy(key + 2 + la, b, lb);
+    key[1 + la + (b ? lb + 1 : 0)] = 0;
+    long at = nidx_get(&m->map, key);
+    if (at >= 0) {
+        free(key);
+        if (at < 256) op(w, 'h'), le(w, (uint64_t)at, 1); /* BINGET */
+        else op(w, 'j'), le(w, (uint64_t)at, 4);          /* LONG_BINGET */
+        return 1;
+    }
+    if (m->n == m->cap) {
+        size_t cap = m->cap ? m->cap * 2 : 64;
+        char **nk = realloc(m->keys, cap * sizeof *nk);
+        if (!nk) {
+            free(key);
+            return 0;
+        }
+        m->keys = nk, m->cap = cap;
+    }
+    if (nidx_add(&m->map, key, m->n, NULL) != 0) {
+        free(key);
+        return 0;
+    }
+    m->keys[m->n] = key;
+    *slot = (long)m->n++;
+    return 0;
+}
+
+/* BINPUT / LONG_BINPUT of the value just written into memo slot (none for -1) */
+static void memo_put(pkl_w *w, long slot) {
+    if (slot < 0) return;
+    if (slot < 256) op(w, 'q'), le(w, (uint64_t)slot, 1);
+    else op(w, 'r'), le(w, (uint64_t)slot, 4);
+}
+
 void pkl_w_str(pkl_w *w, const char *s) {
+    long slot;
+    if (memo_get(w, "s", s, NULL, &slot)) return;
     size_t n = strlen(s);
     op(w, 'X');
     le(w, n, 4);
     put(w, s, n);
+    memo_put(w, slot);
 }
 
 void pkl_w_global(pkl_w *w, const char *module, const char *name) {
+    long slot;
+    if (memo_get(w, "g", module, name, &slot)) return;
     op(w, 'c');
     put(w, module, strlen(module));
     op(w, '\n');
     put(w, name, strlen(name));
     op(w, '\n');
+    memo_put(w, slot);
 }
 
 void pkl_w_empty_tuple(pkl_w *w) { op(w, ')'); }
@@ -118,10 +190,18 @@ void pkl_w_int_tuple(pkl_w *w, const int64_t *d, int n) {
 }
 
 void pkl_w_size(pkl_w *w, const int64_t *d, int n) {
+    /* with a memo, each distinct size once (a torch.Size is immutable: sharing it changes nothing) */
+    char key[FSDP_MAX_DIMS * 21 + 1];
+    size_t k = 0;
+    for (int i = 0; i < n && n <= FSDP_MAX_DIMS; i++) k += (size_t)snprintf(key + k, sizeof key - k, "%lld,", (long long)d[i]);
+    key[k] = 0;
+    long slot = -1;
+    if (n <= FSDP_MAX_DIMS && memo_get(w, "z", key, NULL, &slot)) return;
     pkl_w_global(w, "torch", "Size");
     pkl_w_int_tuple(w, d, n);
     pkl_w_tuple_n(w, 1);
     pkl_w_reduce(w);
+    memo_put(w, slot);
 }
 
 void pkl_w_bytes(pkl_w *w, const void *b, size_t n) {
