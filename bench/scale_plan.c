@@ -357,6 +357,13 @@ static void make_sparse_files(const char *dir, const uint64_t *bytes, int world)
     }
 }
 
+/* 1 when a world of that size, 3/4 of it and twice it split into the model's replicas and expert groups */
+static int world_fits(const sp_model *m, int world) {
+    int small = world * 3 / 4;
+    return world % 4 == 0 && small % m->replicas == 0 && small % m->ep == 0 && world % m->replicas == 0 &&
+           world % m->ep == 0;
+}
+
 static void run_size(const char *self, const char *python, const sp_model *m, const char *base, int world, int keep,
                      sp_result *res) {
     size_t nt, nrec;
@@ -447,8 +454,8 @@ static int parse_sizes(const char *s, int *sizes) {
     int n = 0;
     while (*s && n < MAX_SIZES) {
         sizes[n] = atoi(s);
-        if (sizes[n] < 64 || sizes[n] % 64) {
-            fprintf(stderr, "scale_plan: --sizes: %d is not a multiple of 64 (the layouts' groups)\n", sizes[n]);
+        if (sizes[n] < 4) {
+            fprintf(stderr, "scale_plan: --sizes: %d ranks: at least 4\n", sizes[n]);
             exit(2);
         }
         n++;
@@ -501,6 +508,13 @@ int main(int argc, char **argv) {
         sp_result res[MAX_SIZES];
         size_t nt;
         free(model_tensors(m, &nt));
+        for (int i = 0; i < ns; i++)
+            if (!world_fits(m, sizes[i])) {
+                fprintf(stderr, "scale_plan: --sizes: %d ranks: %s needs N, 3N/4 and 2N divisible by %d replicas and %d "
+                        "expert groups (N a multiple of %d)\n", sizes[i], m->name, m->replicas, m->ep,
+                        4 * (m->ep > m->replicas ? m->ep : m->replicas));
+                return 2;
+            }
         for (int i = 0; i < ns; i++) run_size(self, python, m, dir, sizes[i], keep, &res[i]);
         printf("scale_plan: %s, %zu tensors, %s; bf16, metadata only (sparse data files)%s\n", m->name, nt, m->layout,
                python ? "" : "; no torch (--python)");

@@ -5,22 +5,57 @@
 
 #include "ckpt/pickle.h"
 #include "fsdp/tensor.h"
-#include "runtime/name_index.h"
 
-/* The memo: "s<string>" / "g<module>\n<name>" -> memo index (the keys owned here). */
+/* The memo: "s<string>" / "g<module>\n<name>" / "z<dims>" -> memo index: keys[i] is entry i's key (owned
+ * here), slots an open-addressing hash table of entry + 1 (0: free), at most half full. */
 struct pkl_w_memo {
-    nidx map;
     char **keys;
     size_t n, cap;
+    uint32_t *slots;
+    size_t nslots;
 };
+
+static size_t key_hash(const char *k) {
+    uint64_t h = 1469598103934665603ull;
+    for (; *k; k++) h = (h ^ (unsigned char)*k) * 1099511628211ull;
+    return (size_t)(h ^ (h >> 29));
+}
+
+/* the slot holding key, or the free slot where it goes */
+static size_t memo_slot(const struct pkl_w_memo *m, const char *key) {
+    size_t h = key_hash(key) & (m->nslots - 1);
+    while (m->slots[h] && strcmp(m->keys[m->slots[h] - 1], key)) h = (h + 1) & (m->nslots - 1);
+    return h;
+}
+
+/* room for one more entry (keys and a table at most half full); 0, or -1 when out of memory */
+static int memo_room(struct pkl_w_memo *m) {
+    if (m->n == m->cap) {
+        size_t cap = m->cap ? m->cap * 2 : 64;
+        char **nk = realloc(m->keys, cap * sizeof *nk);
+        if (!nk) return -1;
+        m->keys = nk, m->cap = cap;
+    }
+    if (2 * (m->n + 1) <= m->nslots) return 0;
+    size_t ns = m->nslots ? m->nslots * 2 : 256;
+    uint32_t *old = m->slots, *t = calloc(ns, sizeof *t);
+    if (!t || m->n >= UINT32_MAX) {
+        free(t);
+        return -1;
+    }
+    m->slots = t, m->nslots = ns;
+    for (size_t i = 0; i < m->n; i++) m->slots[memo_slot(m, m->keys[i])] = (uint32_t)(i + 1);
+    free(old);
+    return 0;
+}
 
 void pkl_w_init(pkl_w *w) { memset(w, 0, sizeof *w); }
 void pkl_w_free(pkl_w *w) {
     free(w->buf);
     if (w->memo) {
-        nidx_free(&w->memo->map);
         for (size_t i = 0; i < w->memo->n; i++) free(w->memo->keys[i]);
         free(w->memo->keys);
+        free(w->memo->slots);
         free(w->memo);
     }
     memset(w, 0, sizeof *w);
@@ -106,34 +141,28 @@ static int memo_get(pkl_w *w, const char *tag, const char *a, const char *b, lon
     *slot = -1;
     struct pkl_w_memo *m = w->memo;
     if (!m || w->oom) return 0;
-    size_t la = strlen(a), lb = b ? strlen(b) : 0;
-    char *key = malloc(la + lb + 3);
+    size_t la = strlen(a), lb = b ? strlen(b) : 0, need = la + lb + 3;
+    char small[1200], *key = need <= sizeof small ? small : malloc(need); /* looked up without a copy */
     if (!key) return 0;
     memcpy(key, tag, 1);
     memcpy(key + 1, a, la);
     if (b) key[1 + la] = '\n', memcpy(key + 2 + la, b, lb);
     key[1 + la + (b ? lb + 1 : 0)] = 0;
-    long at = nidx_get(&m->map, key);
-    if (at >= 0) {
-        free(key);
-        if (at < 256) op(w, 'h'), le(w, (uint64_t)at, 1); /* BINGET */
-        else op(w, 'j'), le(w, (uint64_t)at, 4);          /* LONG_BINGET */
+    size_t h = m->nslots ? memo_slot(m, key) : 0;
+    if (m->nslots && m->slots[h]) {
+        if (key != small) free(key);
+        uint64_t at = m->slots[h] - 1;
+        if (at < 256) op(w, 'h'), le(w, at, 1); /* BINGET */
+        else op(w, 'j'), le(w, at, 4);          /* LONG_BINGET */
         return 1;
     }
-    if (m->n == m->cap) {
-        size_t cap = m->cap ? m->cap * 2 : 64;
-        char **nk = realloc(m->keys, cap * sizeof *nk);
-        if (!nk) {
-            free(key);
-            return 0;
-        }
-        m->keys = nk, m->cap = cap;
-    }
-    if (nidx_add(&m->map, key, m->n, NULL) != 0) {
-        free(key);
+    char *own = memo_room(m) ? NULL : key == small ? strdup(small) : key;
+    if (!own) { /* out of memory: written plainly */
+        if (key != small) free(key);
         return 0;
     }
-    m->keys[m->n] = key;
+    m->keys[m->n] = own;
+    m->slots[memo_slot(m, own)] = (uint32_t)(m->n + 1);
     *slot = (long)m->n++;
     return 0;
 }
