@@ -92,6 +92,23 @@ static inline double bench_timed(const char *cmd, double *rss_mib) {
     return el;
 }
 
+/* The whole file at path, malloc'd (*len its size); NULL (said on stderr) when it cannot be read. */
+static inline char *bench_slurp(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    char *b = NULL;
+    if (f && fseek(f, 0, SEEK_END) == 0) {
+        long n = ftell(f);
+        if (n >= 0 && fseek(f, 0, SEEK_SET) == 0 && (b = malloc(n ? (size_t)n : 1)) && fread(b, 1, (size_t)n, f) != (size_t)n) {
+            free(b);
+            b = NULL;
+        }
+        *len = n >= 0 ? (size_t)n : 0;
+    }
+    if (f) fclose(f);
+    if (!b) fprintf(stderr, "bench: cannot read %s\n", path);
+    return b;
+}
+
 /* Apparent size in bytes of a file or a directory tree (du -sb); -1 when unknown. */
 static inline double bench_path_bytes(const char *path) {
     char cmd[4200];

@@ -34,18 +34,6 @@ static void die(const char *what, const fsdp_err *err) {
     exit(1);
 }
 
-static char *slurp(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) die(path, NULL);
-    fseek(f, 0, SEEK_END);
-    *len = (size_t)ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc(*len ? *len : 1);
-    if (!b || fread(b, 1, *len, f) != *len) die(path, NULL);
-    fclose(f);
-    return b;
-}
-
 static void tensor_rec(dcp_record *r, const char *fqn, int ndim, const int64_t *shape, const int64_t *off,
                        const int64_t *sz, const char *file, uint64_t at) {
     memset(r, 0, sizeof *r);
@@ -68,7 +56,8 @@ static double time_parse(const char *dir, double *pickle) {
     char path[4200];
     snprintf(path, sizeof path, "%s/.metadata", dir);
     size_t len;
-    char *buf = slurp(path, &len);
+    char *buf = bench_slurp(path, &len);
+    if (!buf) exit(1);
     double best = 1e30, best_p = 1e30;
     for (int rep = 0; rep < 2; rep++) {
         fsdp_err err;

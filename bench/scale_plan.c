@@ -248,18 +248,6 @@ static double diff_walk(dcp_ckpt *a, dcp_ckpt *b, size_t *items) {
     return bench_now() - t0;
 }
 
-static char *slurp(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) die(path, NULL);
-    fseek(f, 0, SEEK_END);
-    *len = (size_t)ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc(*len ? *len : 1);
-    if (!b || fread(b, 1, *len, f) != *len) die(path, NULL);
-    fclose(f);
-    return b;
-}
-
 static long peak_rss_mib(void) {
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
@@ -273,7 +261,8 @@ static int child(const sp_model *m, const char *dir, int world, const char *out_
     char path[4200];
     snprintf(path, sizeof path, "%s/.metadata", dir);
     size_t len;
-    char *buf = slurp(path, &len);
+    char *buf = bench_slurp(path, &len);
+    if (!buf) exit(1);
     dcp_item *items;
     size_t n;
     char ver[32];

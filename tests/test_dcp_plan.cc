@@ -10,6 +10,8 @@
 #include <tuple>
 #include <vector>
 
+#include "dcp_layout.h"
+
 extern "C" {
 #include "ckpt/dcp.h"
 #include "ckpt/dcp_chunks.h"
@@ -21,26 +23,7 @@ namespace {
 
 typedef std::tuple<size_t, std::vector<int64_t>, std::vector<int64_t>> Read; // chunk, at, len
 
-struct Tensor {
-    std::vector<int64_t> shape;
-    std::vector<dcp_chunk> chunks;
-    void add(const std::vector<int64_t> &off, const std::vector<int64_t> &sz) {
-        dcp_chunk c{};
-        for (size_t d = 0; d < off.size(); d++) c.offsets[d] = off[d], c.sizes[d] = sz[d];
-        chunks.push_back(c);
-    }
-    dcp_item item() {
-        dcp_item it{};
-        it.fqn = (char *)"w";
-        it.is_tensor = 1;
-        it.dtype = FSDP_DT_BF16;
-        it.ndim = (int)shape.size();
-        for (size_t d = 0; d < shape.size(); d++) it.shape[d] = shape[d];
-        it.chunks = chunks.data();
-        it.n_chunks = chunks.size();
-        return it;
-    }
-};
+typedef fsdp_test::DcpLayout Tensor;
 
 // A grid: dim d cut into parts[d] Shard(0)-style pieces (ceil; the last ones may be empty).
 void grid(Tensor &t, const std::vector<int> &parts) {
@@ -105,7 +88,7 @@ std::vector<Read> scan(const Tensor &t, const std::vector<int64_t> &off, const s
 
 // Plans every box of a grid of boxes (and random ones) and compares with the scan; returns reads planned.
 size_t check_tensor(std::mt19937 &g, Tensor &t, int boxes) {
-    dcp_item it = t.item();
+    dcp_item it = t.item(FSDP_DT_BF16);
     fsdp_err err{};
     EXPECT_EQ(dcp_check_tiling("t", &it, &err), 0) << err.msg;
     dcp_plan_ix ix;

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "dcp_layout.h"
 #include "test_util.h"
 
 extern "C" {
@@ -219,24 +220,11 @@ bool has(const std::string &s, const std::string &sub) { return s.find(sub) != s
 
 // ---- chunk layouts checked directly (dcp_check_chunk_bounds + dcp_check_tiling) ----
 
-struct Layout {
-    std::vector<int64_t> shape;
-    std::vector<dcp_chunk> chunks;
-    void add(std::vector<int64_t> off, std::vector<int64_t> sz) {
-        dcp_chunk c{};
-        for (size_t d = 0; d < off.size(); d++) c.offsets[d] = off[d], c.sizes[d] = sz[d];
-        chunks.push_back(c);
-    }
-    dcp_item item() {
-        dcp_item it{};
-        it.fqn = (char *)"t";
-        it.is_tensor = 1;
-        it.dtype = FSDP_DT_F32;
-        it.ndim = (int)shape.size();
-        for (size_t d = 0; d < shape.size(); d++) it.shape[d] = shape[d];
-        it.chunks = chunks.data();
-        it.n_chunks = chunks.size();
-        return it;
+struct Layout : DcpLayout {
+    Layout() = default;
+    Layout(std::vector<int64_t> s, std::vector<dcp_chunk> c) {
+        shape = std::move(s);
+        chunks = std::move(c);
     }
     std::string check() {
         dcp_item it = item();
