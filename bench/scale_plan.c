@@ -20,6 +20,9 @@
  *
  *   build/bench/scale_plan [--sizes 512,1024,2048,4096] [--models llama3-405b,deepseek-v3-671b]
  *                          [--dir /tmp/fsdp-scale-plan] [--python /work/torchenv/bin/python|none] [--keep]
+ *                          [--torch-all-ranks-max 1024]
+ * Above --torch-all-ranks-max ranks torch's reshard plan and diff walk are not run (n/a): they grow as
+ * chunks^1.6-1.8 there (measured), hours at 4096 ranks on 2 cores.
  * --keep leaves the checkpoints (DIR/<model>-<ranks>: .metadata and the sparse data files) in place. */
 #include <errno.h>
 #include <fcntl.h>
@@ -353,8 +356,14 @@ static int world_fits(const sp_model *m, int world) {
            world % m->ep == 0;
 }
 
-static void run_size(const char *self, const char *python, const sp_model *m, const char *base, int world, int keep,
-                     sp_result *res) {
+/* What a run does: its Python (NULL: no torch side), the largest world torch plans every rank of, --keep. */
+typedef struct sp_opts {
+    const char *self, *python;
+    int torch_all_max, keep;
+} sp_opts;
+
+static void run_size(const sp_opts *o, const sp_model *m, const char *base, int world, sp_result *res) {
+    const char *self = o->self, *python = o->python;
     size_t nt, nrec;
     sp_tensor *t = model_tensors(m, &nt);
     char dir[4200], cmd[9000], out[4300];
@@ -390,7 +399,8 @@ static void run_size(const char *self, const char *python, const sp_model *m, co
     if (python) {
         snprintf(out, sizeof out, "%s/.torch.json", dir);
         snprintf(cmd, sizeof cmd, "'%s' bench/scale_plan_torch.py --model %s --dir '%s' --world %d --ep %d "
-                 "--replicas %d --out '%s'", python, m->name, dir, world, m->ep, m->replicas, out);
+                 "--replicas %d --out '%s'%s", python, m->name, dir, world, m->ep, m->replicas, out,
+                 world > o->torch_all_max ? " --no-all-ranks" : "");
         if (bench_sh(cmd) == 0 && (j = load_json(out))) {
             for (int s = 0; s < N_STEPS; s++) {
                 res->th[s] = jnum(j, STEP_KEY[s]);
@@ -400,7 +410,7 @@ static void run_size(const char *self, const char *python, const sp_model *m, co
             json_decref(j);
         }
     }
-    if (!keep) {
+    if (!o->keep) {
         snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
         bench_sh(cmd);
     }
@@ -466,7 +476,7 @@ int main(int argc, char **argv) {
     if (argc == 6 && !strcmp(argv[1], "--child")) return child(find_model(argv[2]), argv[3], atoi(argv[4]), argv[5]);
     const char *dir = "/tmp/fsdp-scale-plan", *models = "llama3-405b,deepseek-v3-671b", *sizes_s = "512,1024,2048,4096";
     const char *python = access("/work/torchenv/bin/python", X_OK) == 0 ? "/work/torchenv/bin/python" : NULL;
-    int keep = 0;
+    int keep = 0, torch_all_max = 1024;
     for (int i = 1; i < argc; i += 2) {
         if (!strcmp(argv[i], "--keep")) {
             keep = 1, i--;
@@ -480,6 +490,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--models")) models = argv[i + 1];
         else if (!strcmp(argv[i], "--sizes")) sizes_s = argv[i + 1];
         else if (!strcmp(argv[i], "--python")) python = strcmp(argv[i + 1], "none") ? argv[i + 1] : NULL;
+        else if (!strcmp(argv[i], "--torch-all-ranks-max")) torch_all_max = atoi(argv[i + 1]);
         else {
             fprintf(stderr, "scale_plan: unknown option %s\n", argv[i]);
             return 2;
@@ -490,6 +501,7 @@ int main(int argc, char **argv) {
     ssize_t sl = readlink("/proc/self/exe", self, sizeof self - 1);
     if (sl <= 0) die("/proc/self/exe", NULL);
     self[sl] = 0;
+    sp_opts opts = {self, python, torch_all_max, keep};
     char names[512];
     snprintf(names, sizeof names, "%s", models);
     for (char *sv, *name = strtok_r(names, ",", &sv); name; name = strtok_r(NULL, ",", &sv)) {
@@ -504,7 +516,7 @@ int main(int argc, char **argv) {
                         4 * (m->ep > m->replicas ? m->ep : m->replicas));
                 return 2;
             }
-        for (int i = 0; i < ns; i++) run_size(self, python, m, dir, sizes[i], keep, &res[i]);
+        for (int i = 0; i < ns; i++) run_size(&opts, m, dir, sizes[i], &res[i]);
         printf("scale_plan: %s, %zu tensors, %s; bf16, metadata only (sparse data files)%s\n", m->name, nt, m->layout,
                python ? "" : "; no torch (--python)");
         for (int s = 0; s < N_STEPS; s++) print_step(res, sizes, ns, s);
