@@ -194,7 +194,7 @@ ifeq ($(HAVE_CUDA)$(EMU)$(SAN_FLAGS),10)
 	  echo $$? > $(BUILD)/emu-build.rc; \
 	  if $(FUZZ_PROBE); then nice -n 15 $(MAKE) --no-print-directory -f tests/fuzz/fuzz.mk BUILD=build-fuzz all \
 	    > $(BUILD)/fuzz-build.log 2>&1 || true; fi ) & \
-	FSDP_RUN_BIN=$(BIN) FSDP_PLUGIN_DIR=$(BUILD)/plugins OMP_NUM_THREADS=2 $(TEST_BIN) $(GTEST_ARGS); rc=$$?; \
+	OPENBLAS_NUM_THREADS=1 FSDP_RUN_BIN=$(BIN) FSDP_PLUGIN_DIR=$(BUILD)/plugins OMP_NUM_THREADS=2 $(TEST_BIN) $(GTEST_ARGS); rc=$$?; \
 	wait; if [ "$$(cat $(BUILD)/emu-build.rc 2>/dev/null)" != 0 ]; then cat $(BUILD)/emu-build.log; \
 	  echo "test: the emulated build failed (its log above)"; exit 1; fi; exit $$rc
 	$(MAKE) EMU=1 test-emu-run EMU_SUITES='$(EMU_QUICK)'
