@@ -188,6 +188,8 @@ FUZZ_PROBE = echo 'int LLVMFuzzerTestOneInput(const char *d, long n) { return (i
 	$(CLANG) -x c - -fsanitize=fuzzer -o /dev/null 2>/dev/null
 # With CUDA headers the emulated build (then the fuzz harnesses' build) compiles beside the CPU suite, at a lower priority (nice): it takes
 # the cores the suite leaves idle (waiting on mpirun, the disk, its timeouts), then its quick suite runs.
+# The suite then runs with one OpenBLAS thread: OpenBLAS's own threads wait by sched_yield(), which hands their
+# cores to the niced build (the quickstart end-to-end test took 90 s there against 19 s alone; 28-34 s so).
 test: $(BIN) $(PLUGINS) $(TEST_PLUGINS) $(TEST_MPI_BINS) $(TEST_BIN)
 ifeq ($(HAVE_CUDA)$(EMU)$(SAN_FLAGS),10)
 	@rm -f $(BUILD)/emu-build.rc; ( nice -n 15 $(MAKE) --no-print-directory emu > $(BUILD)/emu-build.log 2>&1; \

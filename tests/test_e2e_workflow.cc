@@ -367,12 +367,7 @@ TEST(E2EWorkflow, SavedOnAnyWorldSizeLoadsOnEveryOther) {
 TEST(E2EWorkflow, QuickstartRunsShowsProgressAndLearns) {
     Dir t;
     std::string out;
-    // OpenBLAS's own threads off: `make test` runs this suite beside the emulated build (nice 15), and
-    // OpenBLAS's waiting threads yield their cores to it (sched_yield): the run took 90 s there, 28 s with
-    // one BLAS thread (19 s on idle cores with two). What the test checks does not depend on it.
-    int rc = run_cmd("OPENBLAS_NUM_THREADS=1 timeout 600 " + fsdp_run_bin() + " recipes/quickstart.yaml --set vars.dir=" +
-                         (t / "q"),
-                     &out);
+    int rc = run_cmd("timeout 600 " + fsdp_run_bin() + " recipes/quickstart.yaml --set vars.dir=" + (t / "q"), &out);
     ASSERT_EQ(rc, 0) << out;
     EXPECT_NE(out.find("train: "), std::string::npos) << "progress lines: " << out;
     EXPECT_NE(out.find("ETA"), std::string::npos) << out;
