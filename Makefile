@@ -142,6 +142,13 @@ $(BUILD)/obj/tests/%.o: tests/%.cc
 	@mkdir -p $(dir $@)
 	$(CXX) $(CPPFLAGS) $(CXXFLAGS) -c $< -o $@
 
+# The test files themselves (not the emulated runtime and kernels beside them, which stay at $(OPT) -g)
+# compile at -Og with line tables only: a third of the time of -O2 -g (measured 2026-12-01: 8.2 s -> 3.0 s
+# for tests/test_harden_dcp.cc), where a fresh clone's `make test` spends most of its build; what they test
+# is the library, built at $(OPT). TEST_OPT='-O2 -g' for full debug information in a test.
+TEST_OPT ?= -Og -g1
+$(BUILD)/obj/tests/test_%.o $(BUILD)/obj/tests/emu/test_%.o: CXXFLAGS := $(filter-out $(OPT) -g,$(CXXFLAGS)) $(TEST_OPT)
+
 $(LIBFSDP): $(LIB_OBJS)
 	@mkdir -p $(dir $@)
 	rm -f $@
