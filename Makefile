@@ -147,7 +147,18 @@ $(BUILD)/obj/tests/%.o: tests/%.cc
 # for tests/test_harden_dcp.cc), where a fresh clone's `make test` spends most of its build; what they test
 # is the library, built at $(OPT). TEST_OPT='-O2 -g' for full debug information in a test.
 TEST_OPT ?= -Og -g1
-$(BUILD)/obj/tests/test_%.o $(BUILD)/obj/tests/emu/test_%.o: CXXFLAGS := $(filter-out $(OPT) -g,$(CXXFLAGS)) $(TEST_OPT)
+TEST_CXXFLAGS := $(filter-out $(OPT) -g,$(CXXFLAGS)) $(TEST_OPT)
+# and with tests/test_pch.h precompiled for them (its copy in $(BUILD)/pch, where g++ looks for the .gch:
+# 3.0 s -> 2.4 s for tests/test_harden_dcp.cc); the same flags as theirs, or g++ ignores it
+TEST_PCH := $(BUILD)/pch/test_pch.h
+TEST_PCH_OBJS := $(filter $(BUILD)/obj/tests/test_% $(BUILD)/obj/tests/emu/test_%,$(TEST_OBJS))
+$(TEST_PCH_OBJS): CXXFLAGS := $(TEST_CXXFLAGS) -include $(TEST_PCH)
+$(TEST_PCH_OBJS): $(TEST_PCH).gch
+$(TEST_PCH): tests/test_pch.h
+	@mkdir -p $(dir $@)
+	cp $< $@
+$(TEST_PCH).gch: $(TEST_PCH)
+	$(CXX) $(CPPFLAGS) $(TEST_CXXFLAGS) -x c++-header $< -o $@
 
 $(LIBFSDP): $(LIB_OBJS)
 	@mkdir -p $(dir $@)

@@ -251,10 +251,24 @@ static double diff_walk(dcp_ckpt *a, dcp_ckpt *b, size_t *items) {
     return bench_now() - t0;
 }
 
+/* The process's peak RSS since the last call (MiB): VmHWM, then reset (clear_refs 5, Linux 4.0+). */
 static long peak_rss_mib(void) {
-    struct rusage ru;
-    getrusage(RUSAGE_SELF, &ru);
-    return ru.ru_maxrss / 1024;
+    long kb = -1;
+    char line[256];
+    FILE *f = fopen("/proc/self/status", "r");
+    while (f && fgets(line, sizeof line, f))
+        if (!strncmp(line, "VmHWM:", 6)) kb = strtol(line + 6, NULL, 10);
+    if (f) fclose(f);
+    if ((f = fopen("/proc/self/clear_refs", "w"))) {
+        fputs("5", f);
+        fclose(f);
+    }
+    if (kb < 0) {
+        struct rusage ru;
+        getrusage(RUSAGE_SELF, &ru);
+        kb = ru.ru_maxrss;
+    }
+    return kb / 1024;
 }
 
 static int child(const sp_model *m, const char *dir, int world, const char *out_path) {
@@ -274,6 +288,7 @@ static int child(const sp_model *m, const char *dir, int world, const char *out_
     double t_parse = bench_now() - t0;
     dcp_items_free(items, n);
     free(buf);
+    long rss_parse = peak_rss_mib(); /* the parse of a buffer the caller keeps (not given back as read) */
     dcp_ckpt *c, *c2;
     t0 = bench_now();
     if (dcp_open(dir, &c, &err)) die("dcp_open", &err);
@@ -293,6 +308,7 @@ static int child(const sp_model *m, const char *dir, int world, const char *out_
     double t_all = bench_now() - t0;
     size_t chunks, n_diff;
     double t_inspect = inspect_walk(c, &chunks);
+    long rss_plan = peak_rss_mib(); /* what one rank's planning holds: dcp_open and the plans */
     if (dcp_open(dir, &c2, &err)) die("dcp_open", &err);
     double t_diff = diff_walk(c, c2, &n_diff);
     dcp_close(c2);
@@ -301,9 +317,10 @@ static int child(const sp_model *m, const char *dir, int world, const char *out_
     if (!f) die(out_path, NULL);
     fprintf(f, "{\"chunks\": %zu, \"parse\": %.6f, \"open\": %.6f, \"plan_small\": %.6f, \"plan_small_items\": %zu, "
                "\"plan_big\": %.6f, \"plan_big_items\": %zu, \"reshard\": %.6f, \"reshard_items\": %zu, "
-               "\"inspect\": %.6f, \"diff\": %.6f, \"diff_items\": %zu, \"rss_mib\": %ld}\n",
+               "\"inspect\": %.6f, \"diff\": %.6f, \"diff_items\": %zu, \"rss_parse_mib\": %ld, \"rss_mib\": %ld, "
+               "\"rss_diff_mib\": %ld}\n",
             chunks, t_parse, t_open, t_small, n_small, t_big, n_big, t_all, n_all, t_inspect, t_diff, n_diff,
-            peak_rss_mib());
+            rss_parse, rss_plan, peak_rss_mib());
     fclose(f);
     free(idx);
     free(t);
@@ -324,7 +341,7 @@ static const char *ITEMS_KEY[N_STEPS] = {NULL, NULL, NULL, "plan_small_items", "
 typedef struct sp_result {
     double fs[N_STEPS], th[N_STEPS]; /* seconds; th < 0: no torch figure */
     double fs_items[N_STEPS], th_items[N_STEPS];
-    double chunks, rss_fs, rss_th, meta_mib, write_rss;
+    double chunks, rss_fs, rss_th, meta_mib, write_rss, rss_parse, rss_diff;
 } sp_result;
 
 static json_t *load_json(const char *path) {
@@ -389,6 +406,8 @@ static void run_size(const sp_opts *o, const sp_model *m, const char *base, int 
     for (int s = 0; s < N_STEPS; s++) res->fs_items[s] = ITEMS_KEY[s] ? jnum(j, ITEMS_KEY[s]) : -1;
     res->chunks = jnum(j, "chunks");
     res->rss_fs = jnum(j, "rss_mib");
+    res->rss_parse = jnum(j, "rss_parse_mib");
+    res->rss_diff = jnum(j, "rss_diff_mib");
     json_decref(j);
     char mp[4300];
     snprintf(mp, sizeof mp, "%s/.metadata", dir);
@@ -520,11 +539,11 @@ int main(int argc, char **argv) {
         printf("scale_plan: %s, %zu tensors, %s; bf16, metadata only (sparse data files)%s\n", m->name, nt, m->layout,
                python ? "" : "; no torch (--python)");
         for (int s = 0; s < N_STEPS; s++) print_step(res, sizes, ns, s);
-        printf("  per size: .metadata MiB, the writer's records MiB, the planning process's peak RSS MiB (fsdp-run, "
-               "torch)\n");
+        printf("  per size: .metadata MiB, the writer's records MiB; peak RSS MiB: fsdp-run's open + plans (one rank's "
+               "planning), its parse of a kept buffer, a second open beside the first (diff); torch's process\n");
         for (int i = 0; i < ns; i++)
-            printf("    %6d %9.1f %9.1f %9.0f %9.0f\n", sizes[i], res[i].meta_mib, res[i].write_rss, res[i].rss_fs,
-                   res[i].rss_th);
+            printf("    %6d %9.1f %9.1f %9.0f %9.0f %9.0f %9.0f\n", sizes[i], res[i].meta_mib, res[i].write_rss,
+                   res[i].rss_fs, res[i].rss_parse, res[i].rss_diff, res[i].rss_th);
         fflush(stdout);
     }
     return 0;

@@ -16,16 +16,25 @@
 #include "runtime/tmpfile.h"
 #include "runtime/name_index.h"
 
+#define DCP_REL_PATH_MAX 256 /* a data file's name, its NUL included */
+
+/* Where a value or chunk a reader found is stored. A checkpoint saved by thousands of ranks lists millions
+ * of chunks, so the file name is one shared string: "" when there is no storage entry, else the name as
+ * the reader interned it (owned by its items, dcp_items_free). */
 typedef struct dcp_storage {
-    char relative_path[256];
+    const char *relative_path;
     uint64_t offset, length;
 } dcp_storage;
 
+/* A chunk's offsets and sizes point into its item's coords (item->ndim of each). */
 typedef struct dcp_chunk {
-    int64_t offsets[FSDP_MAX_DIMS];
-    int64_t sizes[FSDP_MAX_DIMS];
+    int64_t *offsets;
+    int64_t *sizes;
     dcp_storage where;
 } dcp_chunk;
+
+/* The file names the parse of one `.metadata` interned (dcp_meta.c); an item array's sentinel holds them. */
+typedef struct dcp_names dcp_names;
 
 typedef struct dcp_item {
     char *fqn;
@@ -35,9 +44,17 @@ typedef struct dcp_item {
     int64_t shape[FSDP_MAX_DIMS]; /* global */
     dcp_chunk *chunks;
     size_t n_chunks;
+    int64_t *coords;              /* the chunks' offsets and sizes (2 ndim per chunk) */
     dcp_storage where;            /* byte items */
     char *value_text;             /* decoded byte item (lazily), repr-like */
+    /* An array of items from dcp_parse_metadata or dcp_open has one more, zeroed, entry after its last:
+     * it holds the file names their storage points at (dcp_items_free frees them). */
+    dcp_names *names;
 } dcp_item;
+
+/* n chunks for x (of x->ndim dims): zeroed offsets and sizes in x->coords, no storage (""); x's chunks
+ * and coords before are freed. 0, or FSDP_E_NOMEM. */
+int dcp_item_chunks_alloc(dcp_item *x, size_t n, fsdp_err *err);
 
 typedef struct dcp_ckpt {
     char *dir;
@@ -113,6 +130,12 @@ void dcp_items_free(dcp_item *items, size_t n);
 
 /* ---- writer ----------------------------------------------------------------------------- */
 
+/* Where a writer put a record (its own copy of the file name). */
+typedef struct dcp_rec_storage {
+    char relative_path[DCP_REL_PATH_MAX];
+    uint64_t offset, length;
+} dcp_rec_storage;
+
 /* A record of where one item (or one chunk of one tensor) was written. */
 typedef struct dcp_record {
     char fqn[512];
@@ -122,7 +145,7 @@ typedef struct dcp_record {
     int64_t shape[FSDP_MAX_DIMS];   /* global */
     int64_t offsets[FSDP_MAX_DIMS]; /* of this chunk */
     int64_t sizes[FSDP_MAX_DIMS];
-    dcp_storage where;
+    dcp_rec_storage where;
     /* Its planner_data path (how dcp.save's flattening nested the key; dcp_to_torch_save rebuilds
      * the state dict from it). nest 0: by torchtitan's sections (a top-level parameter, or
      * ("optimizer", rest) ...). nest k > 0: the first k dotted components of fqn are elements of their

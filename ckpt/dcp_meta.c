@@ -5,16 +5,20 @@
 
 #include "ckpt/dcp.h"
 #include "ckpt/dcp_chunks.h"
+#include "ckpt/dcp_meta_fold.h"
 #include "runtime/name_index.h"
 
 #define META_MOD "torch.distributed.checkpoint.metadata"
 
 void dcp_items_free(dcp_item *items, size_t n) {
+    if (!items) return;
     for (size_t i = 0; i < n; i++) {
         free(items[i].fqn);
         free(items[i].chunks);
+        free(items[i].coords);
         free(items[i].value_text);
     }
+    dcp_names_free(items[n].names);
     free(items);
 }
 
@@ -31,7 +35,49 @@ static int bad(fsdp_err *err, const char *what, const char *fqn, const char *msg
     return fsdp_err_set(err, FSDP_E_FORMAT, "%s: %s%s%s", what, fqn ? fqn : "", fqn ? ": " : "", msg);
 }
 
-static int tensor_meta(const char *what, const char *fqn, const pkl_obj *tsm, dcp_item *it, fsdp_err *err) {
+/* A chunk's offsets and sizes from its folded entry at coords[at] (1 + 2 ndim values); 0 when its dims are the tensor's. */
+static int folded_chunk(const dcp_fold *f, uint64_t at, dcp_chunk *c, int ndim) {
+    if (!f->coords) return -1;
+    const int64_t *e = f->coords + at;
+    if (e[0] != ndim) return -1;
+    memcpy(c->offsets, e + 1, (size_t)ndim * sizeof *e);
+    memcpy(c->sizes, e + 1 + ndim, (size_t)ndim * sizeof *e);
+    return 0;
+}
+
+/* One chunk the tree kept (a folded one among a list's own items, or one the fold refused). */
+static int tree_chunk(const dcp_fold *f, const pkl_obj *c, dcp_chunk *out, int ndim) {
+    if (dcp_fold_kind(c) == DCP_FOLD_CHUNK) return folded_chunk(f, dcp_fold_at(c), out, ndim);
+    const pkl_obj *cs = pkl_state(c);
+    int64_t off[FSDP_MAX_DIMS], sz[FSDP_MAX_DIMS];
+    int no = 0, ns = 0;
+    if (!is_meta_class(c, "ChunkStorageMetadata") || !cs ||
+        pkl_int_tuple(pkl_dict_get(cs, "offsets"), off, FSDP_MAX_DIMS, &no) ||
+        pkl_int_tuple(pkl_dict_get(cs, "sizes"), sz, FSDP_MAX_DIMS, &ns) || no != ndim || ns != ndim)
+        return -1;
+    memcpy(out->offsets, off, (size_t)ndim * sizeof *off);
+    memcpy(out->sizes, sz, (size_t)ndim * sizeof *sz);
+    return 0;
+}
+
+/* The chunks list: its folded run, then its own items. */
+static int read_chunks(const char *what, const char *fqn, const dcp_fold *f, const pkl_obj *chunks, dcp_item *it,
+                       fsdp_err *err) {
+    size_t run = chunks->len;
+    int rc = dcp_item_chunks_alloc(it, run + chunks->n, err);
+    if (rc) return rc;
+    uint64_t at = (uint64_t)chunks->i;
+    for (size_t k = 0; k < it->n_chunks; k++) {
+        int bad_chunk = k < run ? folded_chunk(f, at, &it->chunks[k], it->ndim)
+                                : tree_chunk(f, chunks->items[k - run], &it->chunks[k], it->ndim);
+        if (bad_chunk) return bad(err, what, fqn, "malformed chunk (offsets/sizes must match the tensor's dims)");
+        if (k < run) at += 1 + 2 * (uint64_t)f->coords[at];
+    }
+    return 0;
+}
+
+static int tensor_meta(const char *what, const char *fqn, const dcp_fold *f, const pkl_obj *tsm, dcp_item *it,
+                       fsdp_err *err) {
     const pkl_obj *st = pkl_state(tsm);
     if (!st) return bad(err, what, fqn, "TensorStorageMetadata without state");
     const pkl_obj *props = pkl_dict_get(st, "properties"), *size = pkl_dict_get(st, "size"),
@@ -52,29 +98,25 @@ static int tensor_meta(const char *what, const char *fqn, const pkl_obj *tsm, dc
     if (pkl_int_tuple(size, it->shape, FSDP_MAX_DIMS, &it->ndim)) return bad(err, what, fqn, "bad tensor size");
     int rc = dcp_check_tensor_size(what, it, err);
     if (rc) return rc;
-    it->n_chunks = chunks->n;
-    it->chunks = calloc(chunks->n ? chunks->n : 1, sizeof *it->chunks);
-    if (!it->chunks) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
-    for (size_t k = 0; k < chunks->n; k++) {
-        const pkl_obj *c = chunks->items[k], *cs = pkl_state(c);
-        int no = 0, ns = 0;
-        if (!is_meta_class(c, "ChunkStorageMetadata") || !cs ||
-            pkl_int_tuple(pkl_dict_get(cs, "offsets"), it->chunks[k].offsets, FSDP_MAX_DIMS, &no) ||
-            pkl_int_tuple(pkl_dict_get(cs, "sizes"), it->chunks[k].sizes, FSDP_MAX_DIMS, &ns) || no != it->ndim ||
-            ns != it->ndim)
-            return bad(err, what, fqn, "malformed chunk (offsets/sizes must match the tensor's dims)");
-    }
-    return 0;
+    return read_chunks(what, fqn, f, chunks, it, err);
 }
 
-static int storage_of(const char *what, const pkl_obj *si, dcp_storage *s, fsdp_err *err) {
+static int storage_of(const char *what, const dcp_fold *f, dcp_names *names, const pkl_obj *si, dcp_storage *s,
+                      fsdp_err *err) {
+    if (dcp_fold_kind(si) == DCP_FOLD_STORAGE) {
+        const dcp_fold_storage *fs = &f->st[dcp_fold_at(si)];
+        if (!(s->relative_path = dcp_names_intern(names, fs->rel))) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+        s->offset = fs->offset;
+        s->length = fs->length;
+        return 0;
+    }
     const pkl_obj *st = pkl_state(si);
     const pkl_obj *rp = pkl_dict_get(st, "relative_path"), *off = pkl_dict_get(st, "offset"),
                   *len = pkl_dict_get(st, "length"), *tr = pkl_dict_get(st, "transform_descriptors");
     const pkl_obj *cls = pkl_callable(si);
     if (!cls || strcmp(cls->name, "_StorageInfo")) return bad(err, what, NULL, "storage_data value is not a _StorageInfo");
     if (!rp || rp->kind != PKL_STR || !off || off->kind != PKL_INT || !len || len->kind != PKL_INT || off->i < 0 ||
-        len->i < 0 || rp->len >= sizeof s->relative_path)
+        len->i < 0 || rp->len >= DCP_REL_PATH_MAX)
         return bad(err, what, NULL, "malformed _StorageInfo");
     if (strchr(rp->s, '/') || !strcmp(rp->s, "..") || !rp->s[0])
         return bad(err, what, rp->s, "relative_path must be a file name in the checkpoint directory");
@@ -85,20 +127,22 @@ static int storage_of(const char *what, const pkl_obj *si, dcp_storage *s, fsdp_
         free(r);
         return bad(err, what, rp->s, m);
     }
-    memcpy(s->relative_path, rp->s, rp->len + 1);
+    if (!(s->relative_path = dcp_names_intern(names, rp->s))) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
     s->offset = (uint64_t)off->i;
     s->length = (uint64_t)len->i;
     return 0;
 }
 
 /* state_dict_metadata -> items (in file order) and the name index over them. */
-static int parse_items(const char *what, const pkl_obj *sdm, dcp_item *it, size_t *cnt, nidx *names, fsdp_err *err) {
+static int parse_items(const char *what, const dcp_fold *f, const pkl_obj *sdm, dcp_item *it, size_t *cnt, nidx *names,
+                       fsdp_err *err) {
     int rc = 0;
     for (size_t i = 0; i < sdm->n && !rc; i++) {
         const pkl_obj *k = sdm->items[2 * i], *v = sdm->items[2 * i + 1];
         if (k->kind != PKL_STR) return bad(err, what, NULL, "state_dict_metadata key is not a string");
         dcp_item *x = &it[*cnt];
         x->fqn = strdup(k->s);
+        x->where.relative_path = "";
         if (!x->fqn) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
         (*cnt)++;
         int dup = nidx_add(names, x->fqn, *cnt - 1, NULL);
@@ -106,7 +150,7 @@ static int parse_items(const char *what, const pkl_obj *sdm, dcp_item *it, size_
         if (dup) return bad(err, what, k->s, "corrupt .metadata: the key is listed twice in state_dict_metadata");
         if (is_meta_class(v, "TensorStorageMetadata")) {
             x->is_tensor = 1;
-            rc = tensor_meta(what, k->s, v, x, err);
+            rc = tensor_meta(what, k->s, f, v, x, err);
         } else if (is_meta_class(v, "BytesStorageMetadata")) {
             x->is_tensor = 0;
         } else {
@@ -139,31 +183,48 @@ static int sort_chunks(const dcp_item *it, size_t cnt, chunk_orders *o, fsdp_err
     return 0;
 }
 
+/* A storage_data key: its fqn and offsets (*no -1: None). */
+static int index_of(const char *what, const dcp_fold *f, const pkl_obj *k, const char **fqn, int64_t *ofs, int *no,
+                    fsdp_err *err) {
+    if (dcp_fold_kind(k) == DCP_FOLD_INDEX) {
+        const dcp_fold_index *ix = &f->ix[dcp_fold_at(k)];
+        *fqn = ix->fqn;
+        *no = ix->ndim;
+        if (ix->ndim > 0) memcpy(ofs, f->ints + ix->at, (size_t)ix->ndim * sizeof *ofs);
+        return 0;
+    }
+    const pkl_obj *ks = pkl_state(k);
+    if (!is_meta_class(k, "MetadataIndex") || !ks)
+        return bad(err, what, NULL, "storage_data key is not a MetadataIndex");
+    const pkl_obj *fo = pkl_dict_get(ks, "fqn"), *off = pkl_dict_get(ks, "offset");
+    if (!fo || fo->kind != PKL_STR) return bad(err, what, NULL, "MetadataIndex without fqn");
+    *fqn = fo->s;
+    *no = -1;
+    if (off && off->kind != PKL_NONE && pkl_int_tuple(off, ofs, FSDP_MAX_DIMS, no)) *no = -2; /* not offsets */
+    return 0;
+}
+
 /* One storage_data entry: (MetadataIndex(fqn, offset), _StorageInfo) onto its item or chunk. A
  * storage entry goes to the first chunk (in offsets order) that starts at its offset; the other
  * chunks with the same offsets (empty shards) get it from spread_storage. Later entries for the
  * same key win, as in a Python dict. */
-static int storage_entry(const char *what, const pkl_obj *k, const pkl_obj *v, dcp_item *it, const nidx *names,
-                         const chunk_orders *o, fsdp_err *err) {
-    const pkl_obj *ks = pkl_state(k);
-    if (!is_meta_class(k, "MetadataIndex") || !ks)
-        return bad(err, what, NULL, "storage_data key is not a MetadataIndex");
-    const pkl_obj *f = pkl_dict_get(ks, "fqn"), *off = pkl_dict_get(ks, "offset");
-    if (!f || f->kind != PKL_STR) return bad(err, what, NULL, "MetadataIndex without fqn");
+static int storage_entry(const char *what, const dcp_fold *f, dcp_names *files, const pkl_obj *k, const pkl_obj *v,
+                         dcp_item *it, const nidx *names, const chunk_orders *o, fsdp_err *err) {
+    const char *fqn = NULL;
+    int64_t ofs[FSDP_MAX_DIMS];
+    int no = -1;
     dcp_storage s;
-    int rc = storage_of(what, v, &s, err);
+    int rc = index_of(what, f, k, &fqn, ofs, &no, err);
+    if (!rc) rc = storage_of(what, f, files, v, &s, err);
     if (rc) return rc;
-    long j = nidx_get(names, f->s);
+    long j = nidx_get(names, fqn);
     if (j < 0) return 0; /* storage of an unknown key: ignored, like torch */
     dcp_item *x = &it[j];
     if (!x->is_tensor) {
         x->where = s;
         return 0;
     }
-    int64_t ofs[FSDP_MAX_DIMS];
-    int no = 0;
-    if (!off || off->kind == PKL_NONE || pkl_int_tuple(off, ofs, FSDP_MAX_DIMS, &no) || no != x->ndim)
-        return bad(err, what, f->s, "tensor storage index without matching offsets");
+    if (no != x->ndim) return bad(err, what, fqn, "tensor storage index without matching offsets");
     size_t lo, hi;
     dcp_chunks_find(x, o->ord + o->base[j], ofs, &lo, &hi);
     if (lo < hi) x->chunks[o->ord[o->base[j] + lo]].where = s;
@@ -180,12 +241,19 @@ static void spread_storage(dcp_item *x, const size_t *ord) {
     }
 }
 
-static int assign_storage(const char *what, const pkl_obj *sd, dcp_item *it, size_t cnt, const nidx *names,
-                          fsdp_err *err) {
+/* storage_data's entries in order: its folded run, then its own items */
+static int assign_storage(const char *what, const dcp_fold *f, dcp_names *files, const pkl_obj *sd, dcp_item *it,
+                          size_t cnt, const nidx *names, fsdp_err *err) {
     chunk_orders o = {NULL, NULL};
     int rc = sort_chunks(it, cnt, &o, err);
+    for (size_t i = 0; i < sd->len && !rc; i++) {
+        const dcp_fold_pair *p = &f->pairs[(size_t)sd->i + i];
+        pkl_obj k = {.kind = PKL_FOLDED, .i = (int64_t)(((uint64_t)DCP_FOLD_INDEX << DCP_FOLD_SHIFT) | p->ix)},
+                v = {.kind = PKL_FOLDED, .i = (int64_t)(((uint64_t)DCP_FOLD_STORAGE << DCP_FOLD_SHIFT) | p->st)};
+        rc = storage_entry(what, f, files, &k, &v, it, names, &o, err);
+    }
     for (size_t i = 0; i < sd->n && !rc; i++)
-        rc = storage_entry(what, sd->items[2 * i], sd->items[2 * i + 1], it, names, &o, err);
+        rc = storage_entry(what, f, files, sd->items[2 * i], sd->items[2 * i + 1], it, names, &o, err);
     for (size_t j = 0; j < cnt && !rc; j++)
         if (it[j].is_tensor) spread_storage(&it[j], o.ord + o.base[j]);
     free(o.ord);
@@ -220,17 +288,24 @@ static void save_id_of(const pkl_obj *st, char *out, size_t cap) {
     if (id && id->kind == PKL_STR) snprintf(out, cap, "%s", id->s);
 }
 
-int dcp_parse_metadata_id(const void *buf, size_t len, const char *what, int whole, dcp_item **items, size_t *n,
-                          char *version, size_t vcap, char *save_id, size_t scap, fsdp_err *err) {
+int dcp_parse_metadata_id(const void *buf, size_t len, const char *what, int whole, int flags, dcp_item **items,
+                          size_t *n, char *version, size_t vcap, char *save_id, size_t scap, fsdp_err *err) {
     *items = NULL;
     *n = 0;
     pkl_doc *doc;
     const pkl_obj *root;
-    int rc = pkl_parse(buf, len, what, &doc, &root, err);
-    if (rc) return rc;
+    dcp_fold f;
+    pkl_fold hooks;
+    dcp_fold_hooks(&f, &hooks, flags & DCP_PARSE_CONSUME);
+    int rc = pkl_parse_fold(buf, len, what, flags & DCP_PARSE_TREE ? NULL : &hooks, &doc, &root, err);
+    if (rc) {
+        dcp_fold_free(&f);
+        return rc;
+    }
     const pkl_obj *st = pkl_state(root);
     if (!is_meta_class(root, "Metadata") || !st || st->kind != PKL_DICT) {
         pkl_free(doc);
+        dcp_fold_free(&f);
         return bad(err, what, NULL, "not a torch.distributed.checkpoint Metadata pickle");
     }
     const pkl_obj *sdm = pkl_dict_get(st, "state_dict_metadata"), *sd = pkl_dict_get(st, "storage_data"),
@@ -242,21 +317,28 @@ int dcp_parse_metadata_id(const void *buf, size_t len, const char *what, int who
     save_id_of(st, save_id, scap);
     if (!sdm || sdm->kind != PKL_DICT || !sd || sd->kind != PKL_DICT) {
         pkl_free(doc);
+        dcp_fold_free(&f);
         return bad(err, what, NULL, "Metadata without state_dict_metadata / storage_data dicts");
     }
-    dcp_item *it = calloc(sdm->n ? sdm->n : 1, sizeof *it);
-    if (!it) {
+    dcp_item *it = calloc(sdm->n + 1, sizeof *it); /* and the sentinel that owns the file names */
+    dcp_names *files = dcp_names_new();
+    if (!it || !files) {
+        free(it);
+        dcp_names_free(files);
         pkl_free(doc);
+        dcp_fold_free(&f);
         return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
     }
     size_t cnt = 0;
     nidx names;
     nidx_init(&names);
-    rc = parse_items(what, sdm, it, &cnt, &names, err);
-    if (!rc) rc = assign_storage(what, sd, it, cnt, &names, err);
+    rc = parse_items(what, &f, sdm, it, &cnt, &names, err);
+    if (!rc) rc = assign_storage(what, &f, files, sd, it, cnt, &names, err);
     if (!rc) rc = check_items(what, it, cnt, whole, err);
+    it[cnt].names = files;
     nidx_free(&names);
     pkl_free(doc);
+    dcp_fold_free(&f);
     if (rc) {
         dcp_items_free(it, cnt);
         return rc;
@@ -268,7 +350,7 @@ int dcp_parse_metadata_id(const void *buf, size_t len, const char *what, int who
 
 int dcp_parse_metadata_ex(const void *buf, size_t len, const char *what, int whole, dcp_item **items, size_t *n,
                           char *version, size_t vcap, fsdp_err *err) {
-    return dcp_parse_metadata_id(buf, len, what, whole, items, n, version, vcap, NULL, 0, err);
+    return dcp_parse_metadata_id(buf, len, what, whole, 0, items, n, version, vcap, NULL, 0, err);
 }
 
 int dcp_parse_metadata(const void *buf, size_t len, const char *what, dcp_item **items, size_t *n, char *version,

@@ -216,7 +216,7 @@ static int same_kind(const char *dir, const rank_meta *m, const dcp_item *x, con
 static int merge_parts(const char *dir, rank_meta *parts, size_t np, dcp_ckpt *c, fsdp_err *err) {
     size_t total = 0;
     for (size_t p = 0; p < np; p++) total += parts[p].n;
-    c->items = calloc(total ? total : 1, sizeof *c->items);
+    c->items = calloc(total + 1, sizeof *c->items); /* and the sentinel owning the parts' file names */
     size_t *where = malloc((total ? total : 1) * sizeof *where); /* part item -> merged item */
     int rc = c->items && where ? 0 : fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
     /* pass 1: merged keys and chunk counts */
@@ -229,8 +229,9 @@ static int merge_parts(const char *dir, rank_meta *parts, size_t np, dcp_ckpt *c
                 rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
             } else if (!dup) {
                 where[k] = c->n;
-                c->items[c->n] = *y; /* takes fqn and chunks; the chunks are re-laid in pass 2 */
+                c->items[c->n] = *y; /* takes fqn; the chunks are re-laid in pass 2 */
                 c->items[c->n].chunks = NULL; /* the part keeps (and frees) its own chunk array */
+                c->items[c->n].coords = NULL;
                 c->items[c->n].n_chunks = 0;
                 y->fqn = NULL, y->value_text = NULL;
                 c->n++;
@@ -240,21 +241,30 @@ static int merge_parts(const char *dir, rank_meta *parts, size_t np, dcp_ckpt *c
             }
             if (!rc && y->is_tensor) c->items[where[k]].n_chunks += y->n_chunks;
         }
-    /* pass 2: each merged tensor's chunks in one array */
+    /* pass 2: each merged tensor's chunks in one array (their file names stay the parts': c takes them) */
     for (size_t j = 0; j < c->n && !rc; j++) {
         dcp_item *x = &c->items[j];
         if (!x->is_tensor) continue;
-        x->chunks = calloc(x->n_chunks ? x->n_chunks : 1, sizeof *x->chunks);
-        if (!x->chunks) rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+        rc = dcp_item_chunks_alloc(x, x->n_chunks, err);
         x->n_chunks = 0;
     }
     for (size_t p = 0, k = 0; p < np && !rc; p++)
         for (size_t i = 0; i < parts[p].n; i++, k++) {
             dcp_item *y = &parts[p].items[i], *x = &c->items[where[k]];
             if (!y->is_tensor) continue;
-            memcpy(x->chunks + x->n_chunks, y->chunks, y->n_chunks * sizeof *y->chunks);
-            x->n_chunks += y->n_chunks;
+            for (size_t q = 0; q < y->n_chunks; q++) {
+                dcp_chunk *to = &x->chunks[x->n_chunks++];
+                memcpy(to->offsets, y->chunks[q].offsets, (size_t)x->ndim * sizeof *to->offsets);
+                memcpy(to->sizes, y->chunks[q].sizes, (size_t)x->ndim * sizeof *to->sizes);
+                to->where = y->chunks[q].where;
+            }
         }
+    for (size_t p = 0; p < np && !rc; p++) {
+        dcp_names **pn = &parts[p].items[parts[p].n].names;
+        if (!c->items[c->n].names) c->items[c->n].names = *pn;
+        else dcp_names_chain(c->items[c->n].names, *pn);
+        *pn = NULL;
+    }
     free(where);
     return rc;
 }
@@ -304,7 +314,8 @@ static int read_metadata(dcp_ckpt *c, fsdp_err *err) {
     int rc = read_file(c, ".metadata", &buf, &len, err);
     if (rc) return rc;
     c->meta_hash = fnv1a(buf, len);
-    rc = dcp_parse_metadata_id(buf, len, path, 1, &c->items, &c->n, c->version, sizeof c->version, save_id,
+    /* buf is given back page by page as it is parsed: a 4096-rank .metadata is 450 MB */
+    rc = dcp_parse_metadata_id(buf, len, path, 1, DCP_PARSE_CONSUME, &c->items, &c->n, c->version, sizeof c->version, save_id,
                                sizeof save_id, err);
     free(buf);
     dcp_gen_from_save_id(save_id, c->id);

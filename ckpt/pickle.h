@@ -24,7 +24,8 @@ typedef enum pkl_kind {
     PKL_REDUCE, /* fn(args) [+ state from BUILD] */
     PKL_OBJ,    /* NEWOBJ cls(*args) [+ state from BUILD] */
     PKL_PERSID, /* persistent id: args holds the pid object */
-    PKL_MARK    /* internal */
+    PKL_MARK,   /* internal */
+    PKL_FOLDED  /* an object a pkl_fold hook took: its value is the hook's, i its tag, fn its class */
 } pkl_kind;
 
 typedef struct pkl_obj pkl_obj;
@@ -40,6 +41,7 @@ struct pkl_obj {
     size_t cap;
     pkl_obj *fn, *args, *state; /* reduce / newobj / build */
     int depth;            /* nesting depth (bounded) */
+    int pinned;           /* reachable more than once (memo fetched, DUP, shared ints): never reclaimed */
 };
 
 typedef struct pkl_doc pkl_doc;
@@ -54,6 +56,32 @@ int pkl_parse(const void *buf, size_t len, const char *what, pkl_doc **out, cons
 int pkl_parse_prefix(const void *buf, size_t len, const char *what, pkl_doc **out, const pkl_obj **root, size_t *used,
                      int *truncated, fsdp_err *err);
 void pkl_free(pkl_doc *doc);
+/* Objects the document's slabs hold (in use or reclaimed for reuse): what its tree cost at its largest. */
+size_t pkl_doc_objects(const pkl_doc *doc);
+
+/* Folding while parsing: a caller that keeps only a compact form of some objects gives hooks the reader
+ * calls as it builds them, and what a hook takes is reclaimed at once (its nodes reused for the objects
+ * that follow, unless the pickle fetches them again from its memo), so a pickle of millions of small
+ * objects (the `.metadata` of a checkpoint saved by thousands of ranks) never stands as a whole tree.
+ * Each hook returns 1 when it took the value, 0 to leave it to the tree, < 0 on an error it set in err
+ * (the parse then fails with it). Any hook may be NULL. */
+typedef struct pkl_fold {
+    void *user;
+    /* BUILD completed o (an OBJ or REDUCE whose callable is a global): when taken, o becomes PKL_FOLDED with
+     * i = *tag (fn kept) and its arguments and state are reclaimed */
+    int (*built)(void *user, const pkl_obj *o, int64_t *tag, fsdp_err *err);
+    /* item is being appended to list l (APPEND / APPENDS): when taken it is not added to l's items */
+    int (*append)(void *user, pkl_obj *l, const pkl_obj *item, fsdp_err *err);
+    /* (k, v) is being set in dict d (SETITEM / SETITEMS): when taken it is not added to d's items */
+    int (*setitem)(void *user, pkl_obj *d, const pkl_obj *k, const pkl_obj *v, fsdp_err *err);
+    /* 1: buf is the caller's scratch copy, which the reader may give back to the system page by page once
+     * it has read past (madvise MADV_DONTNEED: anonymous memory then reads as zeros): the caller frees it
+     * after the parse and reads nothing more from it */
+    int consume;
+} pkl_fold;
+/* pkl_parse with folding hooks (fold may be NULL: pkl_parse). */
+int pkl_parse_fold(const void *buf, size_t len, const char *what, const pkl_fold *fold, pkl_doc **out,
+                   const pkl_obj **root, fsdp_err *err);
 
 int pkl_is_global(const pkl_obj *o, const char *module, const char *name);
 /* Whether module.name (lengths given: the names may hold any byte) is a global the reader

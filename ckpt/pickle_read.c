@@ -3,8 +3,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "ckpt/pickle.h"
+#include "ckpt/pickle_scan.h"
 
 #define PKL_MAX_STACK 1000000
 #define PKL_MAX_MEMO 10000000
@@ -19,6 +21,7 @@ struct pkl_doc {
     size_t slab_used, slab_cap; /* objects used / room in the last slab */
     void **blocks;
     size_t n_blocks, cap_blocks;
+    pkl_obj *free_objs; /* reclaimed objects (pkl_parse_fold), linked through fn */
 };
 
 typedef struct {
@@ -42,6 +45,10 @@ typedef struct {
     pkl_obj *empty_tuple;
     fsdp_err *err;
     int truncated; /* failed because the input ended first */
+    const pkl_fold *fold; /* pkl_parse_fold's hooks (NULL: none) */
+    pkl_gets gets;        /* the memo entries fetched again (pickle_scan.h), when reclaim */
+    int reclaim;          /* what a hook takes is reused (the scan succeeded) */
+    const unsigned char *kept; /* pkl_fold.consume: the input from here on is still held */
 } vm;
 
 static pkl_obj MARK_OBJ = {.kind = PKL_MARK};
@@ -72,6 +79,12 @@ static void *track(pkl_doc *d, void *p) {
 static size_t slab_size(size_t i) { return i >= 10 ? PKL_SLAB_MAX : (size_t)PKL_SLAB_MIN << i; }
 
 static pkl_obj *doc_obj(pkl_doc *d) {
+    if (d->free_objs) {
+        pkl_obj *o = d->free_objs;
+        d->free_objs = o->fn;
+        memset(o, 0, sizeof *o);
+        return o;
+    }
     if (d->slab_used == d->slab_cap) {
         size_t cap = slab_size(d->n_slabs);
         pkl_obj *s = calloc(cap, sizeof *s);
@@ -83,6 +96,12 @@ static pkl_obj *doc_obj(pkl_doc *d) {
         d->slab_cap = cap;
     }
     return &d->slabs[d->n_slabs - 1][d->slab_used++];
+}
+
+size_t pkl_doc_objects(const pkl_doc *d) {
+    size_t n = 0;
+    for (size_t i = 0; d && i < d->n_slabs; i++) n += i + 1 == d->n_slabs ? d->slab_used : slab_size(i);
+    return n;
 }
 
 void pkl_free(pkl_doc *d) {
@@ -109,6 +128,22 @@ static pkl_obj *new_obj(vm *v, pkl_kind k) {
     pkl_obj *o = doc_obj(v->doc);
     if (o) o->kind = k;
     return o;
+}
+
+/* o and what only it reaches onto the free list (nothing when reclaiming is off or o is shared). */
+static void reclaim(vm *v, pkl_obj *o) {
+    if (!v->reclaim || !o || o->pinned || o == &MARK_OBJ) return;
+    if (o->kind == PKL_TUPLE || o->kind == PKL_LIST || o->kind == PKL_DICT) {
+        size_t n = o->kind == PKL_DICT ? 2 * o->n : o->n;
+        for (size_t k = 0; k < n; k++) reclaim(v, o->items[k]);
+    }
+    reclaim(v, o->args);
+    reclaim(v, o->state);
+    reclaim(v, o->fn);
+    free(o->items);
+    memset(o, 0, sizeof *o);
+    o->fn = v->doc->free_objs;
+    v->doc->free_objs = o;
 }
 
 #define PKL_INTS_AFTER 256      /* ints made before the table starts (small pickles never need it) */
@@ -143,7 +178,7 @@ static pkl_obj *int_obj(vm *v, int64_t i) {
             if (v->ints[h].o) return v->ints[h].o;
             if (v->n_ints * 2 < v->ints_cap) {
                 pkl_obj *o = new_obj(v, PKL_INT);
-                if (o) o->i = i, v->ints[h].i = i, v->ints[h].o = o, v->n_ints++;
+                if (o) o->i = i, o->pinned = 1, v->ints[h].i = i, v->ints[h].o = o, v->n_ints++;
                 return o;
             }
         }
@@ -272,8 +307,65 @@ static int as_dict_target(pkl_obj *o) {
     return 0;
 }
 
+/* ---- folding hooks (pkl_parse_fold) ---- */
+
+static int hook_failed(vm *v, int rc) {
+    if (rc >= 0) return 0;
+    return v->err && v->err->code ? v->err->code : fsdp_err_set(v->err, FSDP_E_FORMAT, "%s: pickle: a fold hook failed", v->what);
+}
+
+static int fold_append(vm *v, pkl_obj *l, pkl_obj *it) {
+    if (v->fold && v->fold->append && it != &MARK_OBJ) {
+        int took = v->fold->append(v->fold->user, l, it, v->err);
+        if (took < 0) return hook_failed(v, took);
+        if (took) {
+            reclaim(v, it);
+            return 0;
+        }
+    }
+    return add_item(v, l, it);
+}
+
+static int fold_set(vm *v, pkl_obj *d, pkl_obj *k, pkl_obj *val) {
+    if (v->fold && v->fold->setitem && k != &MARK_OBJ && val != &MARK_OBJ) {
+        int took = v->fold->setitem(v->fold->user, d, k, val, v->err);
+        if (took < 0) return hook_failed(v, took);
+        if (took) {
+            reclaim(v, k);
+            reclaim(v, val);
+            return 0;
+        }
+    }
+    return dict_set(v, d, k, val);
+}
+
+static int fold_built(vm *v, pkl_obj *o) {
+    if (!v->fold || !v->fold->built || !pkl_callable(o)) return 0;
+    int64_t tag = 0;
+    int took = v->fold->built(v->fold->user, o, &tag, v->err);
+    if (took < 0) return hook_failed(v, took);
+    if (!took) return 0;
+    reclaim(v, o->args);
+    reclaim(v, o->state);
+    o->args = o->state = NULL;
+    o->kind = PKL_FOLDED;
+    o->i = tag;
+    o->depth = 1;
+    return 0;
+}
+
+#define PKL_CONSUME_STEP ((size_t)32 << 20)
+
+/* pkl_fold.consume: the whole pages of input the VM has passed given back (it never reads behind itself). */
+static void consume(vm *v) {
+    uintptr_t pg = 4096, from = ((uintptr_t)v->kept + pg - 1) & ~(pg - 1), to = (uintptr_t)v->p & ~(pg - 1);
+    if (to > from) madvise((void *)from, to - from, MADV_DONTNEED);
+    v->kept = v->p;
+}
+
 static int run(vm *v, const pkl_obj **root) {
     while (v->p < v->end) {
+        if (v->kept && (size_t)(v->p - v->kept) >= PKL_CONSUME_STEP) consume(v);
         unsigned char op = *v->p++;
         int rc = 0;
         switch (op) {
@@ -374,7 +466,7 @@ static int run(vm *v, const pkl_obj **root) {
             break;
         }
         case ')':
-            if (!v->empty_tuple) v->empty_tuple = new_obj(v, PKL_TUPLE);
+            if (!v->empty_tuple && (v->empty_tuple = new_obj(v, PKL_TUPLE))) v->empty_tuple->pinned = 1;
             rc = push(v, v->empty_tuple);
             break;
         case ']': rc = push(v, new_obj(v, PKL_LIST)); break;
@@ -429,7 +521,7 @@ static int run(vm *v, const pkl_obj **root) {
         case 'a': { /* APPEND */
             pkl_obj *it = pop(v), *l = top(v);
             if (!it || !l || l->kind != PKL_LIST) return fail(v, "APPEND to a non-list%s", NULL);
-            rc = add_item(v, l, it);
+            rc = fold_append(v, l, it);
             break;
         }
         case 'e':
@@ -442,14 +534,14 @@ static int run(vm *v, const pkl_obj **root) {
             pkl_obj **copy = n ? malloc(n * sizeof *copy) : NULL;
             if (n && !copy) return fsdp_err_set(v->err, FSDP_E_NOMEM, "out of memory");
             if (n) memcpy(copy, items, n * sizeof *copy);
-            for (size_t i = 0; i < n && !rc; i++) rc = add_item(v, l, copy[i]);
+            for (size_t i = 0; i < n && !rc; i++) rc = fold_append(v, l, copy[i]);
             free(copy);
             break;
         }
         case 's': { /* SETITEM */
             pkl_obj *val = pop(v), *k = pop(v), *d = top(v);
             if (!val || !k || !d || !as_dict_target(d)) return fail(v, "SETITEM on a non-dict%s", NULL);
-            rc = dict_set(v, d, k, val);
+            rc = fold_set(v, d, k, val);
             break;
         }
         case 'u':
@@ -469,7 +561,7 @@ static int run(vm *v, const pkl_obj **root) {
                 d = top(v);
                 if (!d || !as_dict_target(d)) rc = fail(v, "SETITEMS on a non-dict%s", NULL);
             }
-            for (size_t i = 0; i + 1 < n && !rc; i += 2) rc = dict_set(v, d, copy[i], copy[i + 1]);
+            for (size_t i = 0; i + 1 < n && !rc; i += 2) rc = fold_set(v, d, copy[i], copy[i + 1]);
             free(copy);
             break;
         }
@@ -543,6 +635,7 @@ static int run(vm *v, const pkl_obj **root) {
             o->state = st;
             if (st->depth + 1 > o->depth) o->depth = st->depth + 1;
             if (o->depth > PKL_MAX_DEPTH) return fail(v, "nesting deeper than the limit%s", NULL);
+            rc = fold_built(v, o);
             break;
         }
         case 'Q': { /* BINPERSID */
@@ -585,7 +678,9 @@ static int run(vm *v, const pkl_obj **root) {
             }
             for (size_t i = v->nmemo; i <= idx; i++) v->memo[i] = NULL;
             if (idx >= v->nmemo) v->nmemo = idx + 1;
-            v->memo[idx] = o;
+            if (!v->reclaim) v->memo[idx] = o;
+            else if (pkl_gets_has(&v->gets, idx)) v->memo[idx] = o, o->pinned = 1;
+            else v->memo[idx] = NULL; /* never fetched (the scan): o may be reclaimed */
             break;
         }
         case 'h':
@@ -616,6 +711,7 @@ static int run(vm *v, const pkl_obj **root) {
         case '2': { /* DUP */
             pkl_obj *o = top(v);
             if (!o) return fail(v, "DUP of an empty stack%s", NULL);
+            o->pinned = 1;
             rc = push(v, o);
             break;
         }
@@ -632,13 +728,27 @@ static int run(vm *v, const pkl_obj **root) {
     return fail(v, "truncated input: no STOP opcode%s", NULL);
 }
 
+static int parse(const void *buf, size_t len, const char *what, const pkl_fold *fold, pkl_doc **out,
+                 const pkl_obj **root, size_t *used, int *truncated, fsdp_err *err);
+
 int pkl_parse(const void *buf, size_t len, const char *what, pkl_doc **out, const pkl_obj **root, fsdp_err *err) {
     size_t used;
-    return pkl_parse_prefix(buf, len, what, out, root, &used, NULL, err);
+    return parse(buf, len, what, NULL, out, root, &used, NULL, err);
+}
+
+int pkl_parse_fold(const void *buf, size_t len, const char *what, const pkl_fold *fold, pkl_doc **out,
+                   const pkl_obj **root, fsdp_err *err) {
+    size_t used;
+    return parse(buf, len, what, fold, out, root, &used, NULL, err);
 }
 
 int pkl_parse_prefix(const void *buf, size_t len, const char *what, pkl_doc **out, const pkl_obj **root, size_t *used,
                      int *truncated, fsdp_err *err) {
+    return parse(buf, len, what, NULL, out, root, used, truncated, err);
+}
+
+static int parse(const void *buf, size_t len, const char *what, const pkl_fold *fold, pkl_doc **out,
+                 const pkl_obj **root, size_t *used, int *truncated, fsdp_err *err) {
     *out = NULL;
     *used = 0;
     if (truncated) *truncated = 0;
@@ -651,7 +761,12 @@ int pkl_parse_prefix(const void *buf, size_t len, const char *what, pkl_doc **ou
     v.end = v.p + len;
     v.what = what ? what : "pickle";
     v.err = err;
+    v.fold = fold;
+    /* reclaiming needs to know which objects the pickle fetches again */
+    v.reclaim = fold && !pkl_scan_gets(buf, len, &v.gets);
+    if (fold && fold->consume) v.kept = v.start;
     int rc = run(&v, root);
+    pkl_gets_free(&v.gets);
     *used = (size_t)(v.p - v.start);
     if (rc && truncated) *truncated = v.truncated;
     free(v.stack);

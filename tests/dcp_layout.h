@@ -15,10 +15,24 @@ namespace fsdp_test {
 struct DcpLayout {
     std::vector<int64_t> shape;
     std::vector<dcp_chunk> chunks;
+    std::vector<int64_t> coords; // per chunk: its offsets, then its sizes (what dcp_chunk points at)
     void add(const std::vector<int64_t> &off, const std::vector<int64_t> &sz) {
+        const int64_t *was = coords.data();
+        coords.insert(coords.end(), off.begin(), off.end());
+        coords.insert(coords.end(), sz.begin(), sz.end());
         dcp_chunk c{};
-        for (size_t d = 0; d < off.size(); d++) c.offsets[d] = off[d], c.sizes[d] = sz[d];
+        c.where.relative_path = "";
         chunks.push_back(c);
+        if (coords.data() != was) point(0);
+        else point(chunks.size() - 1);
+    }
+    // chunks from k on point at their coords
+    void point(size_t k) {
+        const size_t nd = shape.size();
+        for (; k < chunks.size(); k++) {
+            chunks[k].offsets = coords.data() + 2 * nd * k;
+            chunks[k].sizes = coords.data() + 2 * nd * k + nd;
+        }
     }
     // a view of the layout (valid while the layout is unchanged), float32 unless told
     dcp_item item(fsdp_dtype dt = FSDP_DT_F32) {

@@ -1,0 +1,211 @@
+// Issue 40 item 4: a `.metadata` is folded while it is parsed (ckpt/dcp_meta_fold.h): chunks, storage
+// keys and storage records become table entries as the pickle reader builds them, and their objects are
+// reused at once, so a 4096-rank checkpoint is never a whole pickle tree in memory. What is read must be
+// exactly what the whole tree gives (DCP_PARSE_TREE), entry for entry and error for error:
+//   - every .metadata torch 2.11 and Bagel wrote among the fixtures (protocol 4: every object memoized,
+//     SETITEMS in batches), and a generated grid of saves (ranks x dims x empty shards x byte values x
+//     files) written by fsdp-run's writer;
+//   - every input of the .metadata fuzz corpus (malformed ones among them): the same result code and the
+//     same message, folded or not;
+//   - and the folding must hold memory down: the pickle objects alive at the peak stay a few thousand
+//     however many chunks the file lists (against one per object without folding).
+#include <gtest/gtest.h>
+
+#include <dirent.h>
+
+#include <string>
+#include <vector>
+
+#include "test_util.h"
+
+extern "C" {
+#include "ckpt/dcp.h"
+#include "ckpt/dcp_chunks.h"
+#include "ckpt/dcp_meta_fold.h"
+#include "runtime/shard.h"
+}
+
+using namespace fsdp_test;
+
+namespace {
+
+struct Parsed {
+    int rc = 0;
+    std::string msg;
+    dcp_item *items = nullptr;
+    size_t n = 0;
+    std::string version, save_id;
+    ~Parsed() { dcp_items_free(items, n); }
+};
+
+void parse(const std::string &bytes, int whole, int flags, Parsed *p) {
+    fsdp_err err{};
+    char ver[32] = "", sid[128] = "";
+    // a scratch copy: DCP_PARSE_CONSUME may give its pages back
+    std::vector<char> buf(bytes.begin(), bytes.end());
+    p->rc = dcp_parse_metadata_id(buf.data(), buf.size(), "m", whole, flags, &p->items, &p->n, ver, sizeof ver, sid,
+                                  sizeof sid, &err);
+    p->msg = p->rc ? err.msg : "";
+    p->version = ver;
+    p->save_id = sid;
+}
+
+void expect_same(const Parsed &a, const Parsed &b, const std::string &what) {
+    ASSERT_EQ(a.rc, b.rc) << what << ": " << a.msg << " | " << b.msg;
+    EXPECT_EQ(a.msg, b.msg) << what;
+    if (a.rc) return;
+    EXPECT_EQ(a.version, b.version) << what;
+    EXPECT_EQ(a.save_id, b.save_id) << what;
+    ASSERT_EQ(a.n, b.n) << what;
+    for (size_t i = 0; i < a.n; i++) {
+        const dcp_item &x = a.items[i], &y = b.items[i];
+        std::string at = what + ": " + x.fqn;
+        ASSERT_STREQ(x.fqn, y.fqn) << at;
+        ASSERT_EQ(x.is_tensor, y.is_tensor) << at;
+        EXPECT_STREQ(x.where.relative_path, y.where.relative_path) << at;
+        EXPECT_EQ(x.where.offset, y.where.offset) << at;
+        EXPECT_EQ(x.where.length, y.where.length) << at;
+        if (!x.is_tensor) continue;
+        ASSERT_EQ(x.dtype, y.dtype) << at;
+        ASSERT_EQ(x.ndim, y.ndim) << at;
+        for (int d = 0; d < x.ndim; d++) EXPECT_EQ(x.shape[d], y.shape[d]) << at;
+        ASSERT_EQ(x.n_chunks, y.n_chunks) << at;
+        for (size_t k = 0; k < x.n_chunks; k++) {
+            const dcp_chunk &c = x.chunks[k], &e = y.chunks[k];
+            for (int d = 0; d < x.ndim; d++) {
+                ASSERT_EQ(c.offsets[d], e.offsets[d]) << at << " chunk " << k;
+                ASSERT_EQ(c.sizes[d], e.sizes[d]) << at << " chunk " << k;
+            }
+            EXPECT_STREQ(c.where.relative_path, e.where.relative_path) << at << " chunk " << k;
+            EXPECT_EQ(c.where.offset, e.where.offset) << at << " chunk " << k;
+            EXPECT_EQ(c.where.length, e.where.length) << at << " chunk " << k;
+        }
+    }
+}
+
+// folded (as dcp_open reads, giving the buffer back) against the whole tree, as a global and a rank-local file
+void check_bytes(const std::string &bytes, const std::string &what) {
+    for (int whole : {1, 0}) {
+        Parsed folded, tree;
+        parse(bytes, whole, DCP_PARSE_CONSUME, &folded);
+        parse(bytes, whole, DCP_PARSE_TREE, &tree);
+        expect_same(folded, tree, what + (whole ? "" : " (rank-local)"));
+    }
+}
+
+void find_metadata(const std::string &dir, std::vector<std::string> *out) {
+    DIR *d = opendir(dir.c_str());
+    if (!d) return;
+    while (struct dirent *e = readdir(d)) {
+        std::string name = e->d_name;
+        if (name == "." || name == "..") continue;
+        std::string p = dir + "/" + name;
+        if (name == ".metadata") out->push_back(p);
+        else if (e->d_type == DT_DIR) find_metadata(p, out);
+    }
+    closedir(d);
+}
+
+TEST(DcpMetaFold, TorchWrittenFixturesReadAsTheWholeTree) {
+    std::vector<std::string> files;
+    find_metadata(fixtures_dir(), &files);
+    ASSERT_GE(files.size(), 8u) << "the torch and Bagel DCP fixtures under " << fixtures_dir();
+    for (const std::string &f : files) check_bytes(read_file(f), f);
+}
+
+// A generated save: every tensor Shard(0) (and Shard(1) for every third) over `ranks`, uneven and empty
+// shards, a byte value per rank, each rank its own file.
+std::vector<dcp_record> grid_save(int ranks, int ndim, int tensors) {
+    std::vector<dcp_record> recs;
+    for (int r = 0; r < ranks; r++) {
+        uint64_t pos = 0;
+        for (int t = 0; t < tensors; t++) {
+            dcp_record rec{};
+            snprintf(rec.fqn, sizeof rec.fqn, "model.layers.%d.w%d", t / 3, t % 3);
+            rec.is_tensor = 1, rec.dtype = t % 2 ? FSDP_DT_BF16 : FSDP_DT_F32, rec.ndim = ndim;
+            for (int d = 0; d < ndim; d++) rec.shape[d] = d == 0 ? 3 + 5 * t : 2 + d, rec.sizes[d] = rec.shape[d];
+            int dim = ndim > 1 && t % 3 == 2 ? 1 : 0;
+            if (ndim > 0) shard_rows(rec.shape[dim], ranks, r, &rec.offsets[dim], &rec.sizes[dim]);
+            else if (r) continue; // a scalar is rank 0's
+            int64_t numel = 1;
+            for (int d = 0; d < ndim; d++) numel *= rec.sizes[d];
+            snprintf(rec.where.relative_path, sizeof rec.where.relative_path, "__%d_0.distcp", r);
+            rec.where.offset = pos, rec.where.length = (uint64_t)numel * (t % 2 ? 2 : 4);
+            pos += rec.where.length + 64;
+            recs.push_back(rec);
+        }
+        dcp_record v{};
+        snprintf(v.fqn, sizeof v.fqn, "optimizer.param_groups.0.lr");
+        snprintf(v.where.relative_path, sizeof v.where.relative_path, "__%d_0.distcp", r);
+        v.where.offset = pos, v.where.length = 40;
+        if (r == 0) recs.push_back(v);
+    }
+    return recs;
+}
+
+TEST(DcpMetaFold, GeneratedGridOfSavesReadsAsTheWholeTree) {
+    for (int ranks : {1, 2, 3, 7, 64})
+        for (int ndim : {0, 1, 2, 3}) {
+            std::string dir = make_tmpdir("fold");
+            std::vector<dcp_record> recs = grid_save(ranks, ndim, 7);
+            fsdp_err err{};
+            ASSERT_EQ(dcp_write_metadata(dir.c_str(), recs.data(), recs.size(), &err), 0) << err.msg;
+            check_bytes(read_file(dir + "/.metadata"), std::to_string(ranks) + " ranks, " + std::to_string(ndim) + "-D");
+            rm_rf(dir);
+        }
+}
+
+TEST(DcpMetaFold, EveryFuzzCorpusInputGetsTheSameResultAndMessage) {
+    std::string dir = "tests/fuzz/corpus/dcp_meta";
+    DIR *d = opendir(dir.c_str());
+    ASSERT_NE(d, nullptr) << dir;
+    size_t files = 0, refused = 0;
+    while (struct dirent *e = readdir(d)) {
+        if (e->d_name[0] == '.') continue;
+        std::string bytes = read_file(dir + "/" + e->d_name);
+        Parsed folded, tree;
+        parse(bytes, 1, DCP_PARSE_CONSUME, &folded);
+        parse(bytes, 1, DCP_PARSE_TREE, &tree);
+        expect_same(folded, tree, dir + "/" + e->d_name);
+        files++;
+        refused += folded.rc != 0;
+    }
+    closedir(d);
+    EXPECT_GT(files, 100u);
+    EXPECT_GT(refused, 10u) << "the corpus holds malformed inputs too";
+}
+
+// The objects the pickle reader holds at its largest while it parses n chunks, folded or not.
+size_t peak_objects(const std::string &bytes, bool fold) {
+    dcp_fold f;
+    pkl_fold hooks;
+    dcp_fold_hooks(&f, &hooks, 0);
+    pkl_doc *doc = nullptr;
+    const pkl_obj *root = nullptr;
+    fsdp_err err{};
+    EXPECT_EQ(pkl_parse_fold(bytes.data(), bytes.size(), "m", fold ? &hooks : nullptr, &doc, &root, &err), 0) << err.msg;
+    size_t n = pkl_doc_objects(doc);
+    pkl_free(doc);
+    dcp_fold_free(&f);
+    return n;
+}
+
+TEST(DcpMetaFold, ThePickleObjectsAliveStayFewHoweverManyChunks) {
+    std::vector<size_t> folded;
+    for (int ranks : {64, 512}) {
+        std::string dir = make_tmpdir("fold");
+        std::vector<dcp_record> recs = grid_save(ranks, 2, 24);
+        fsdp_err err{};
+        ASSERT_EQ(dcp_write_metadata(dir.c_str(), recs.data(), recs.size(), &err), 0) << err.msg;
+        std::string bytes = read_file(dir + "/.metadata");
+        size_t with = peak_objects(bytes, true), without = peak_objects(bytes, false);
+        EXPECT_GT(without, recs.size() * 5) << ranks << " ranks: the whole tree";
+        EXPECT_LT(with, recs.size() / 2 + 2000) << ranks << " ranks: folded";
+        folded.push_back(with);
+        rm_rf(dir);
+    }
+    // 8 times the chunks: the folded peak grows by the one tensor's chunk list on the stack, not 8 times
+    EXPECT_LT(folded[1], folded[0] * 4) << folded[0] << " -> " << folded[1];
+}
+
+} // namespace
