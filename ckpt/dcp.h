@@ -26,7 +26,8 @@ typedef struct dcp_storage {
     uint64_t offset, length;
 } dcp_storage;
 
-/* A chunk's offsets and sizes point into its item's coords (item->ndim of each). */
+/* A chunk's offsets and sizes (item->ndim of each) point into its item's coords, or into the table of
+ * coordinates the parse folded them into (kept by the item array's sentinel, with the file names). */
 typedef struct dcp_chunk {
     int64_t *offsets;
     int64_t *sizes;
@@ -44,7 +45,7 @@ typedef struct dcp_item {
     int64_t shape[FSDP_MAX_DIMS]; /* global */
     dcp_chunk *chunks;
     size_t n_chunks;
-    int64_t *coords;              /* the chunks' offsets and sizes (2 ndim per chunk) */
+    int64_t *coords;              /* offsets and sizes of the chunks that do not point into the folded table */
     dcp_storage where;            /* byte items */
     char *value_text;             /* decoded byte item (lazily), repr-like */
     /* An array of items from dcp_parse_metadata or dcp_open has one more, zeroed, entry after its last:

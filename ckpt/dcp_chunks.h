@@ -46,6 +46,8 @@ void dcp_chunks_find(const dcp_item *it, const size_t *ord, const int64_t *offse
 dcp_names *dcp_names_new(void);
 const char *dcp_names_intern(dcp_names *t, const char *s);
 void dcp_names_chain(dcp_names *t, dcp_names *more);
+/* t owns block from now on (freed with it): chunk coordinates items point into. 0, or -1 out of memory. */
+int dcp_names_keep(dcp_names *t, void *block);
 void dcp_names_free(dcp_names *t);
 
 /* Drops every chunk equal (same offsets and sizes) to an earlier one, keeping the first; the

@@ -35,13 +35,14 @@ static int bad(fsdp_err *err, const char *what, const char *fqn, const char *msg
     return fsdp_err_set(err, FSDP_E_FORMAT, "%s: %s%s%s", what, fqn ? fqn : "", fqn ? ": " : "", msg);
 }
 
-/* A chunk's offsets and sizes from its folded entry at coords[at] (1 + 2 ndim values); 0 when its dims are the tensor's. */
+/* A chunk's offsets and sizes from its folded entry at coords[at] (1 + 2 ndim values), where they stay (the
+ * items keep the fold's table: dcp_parse_metadata_id); 0 when its dims are the tensor's. */
 static int folded_chunk(const dcp_fold *f, uint64_t at, dcp_chunk *c, int ndim) {
     if (!f->coords) return -1;
-    const int64_t *e = f->coords + at;
+    int64_t *e = f->coords + at;
     if (e[0] != ndim) return -1;
-    memcpy(c->offsets, e + 1, (size_t)ndim * sizeof *e);
-    memcpy(c->sizes, e + 1 + ndim, (size_t)ndim * sizeof *e);
+    c->offsets = e + 1;
+    c->sizes = e + 1 + ndim;
     return 0;
 }
 
@@ -60,12 +61,21 @@ static int tree_chunk(const dcp_fold *f, const pkl_obj *c, dcp_chunk *out, int n
     return 0;
 }
 
-/* The chunks list: its folded run, then its own items. */
+/* The chunks list: its folded run (pointing into the fold's table), then its own items (the tree's, with
+ * coordinates of their own). */
 static int read_chunks(const char *what, const char *fqn, const dcp_fold *f, const pkl_obj *chunks, dcp_item *it,
                        fsdp_err *err) {
     size_t run = chunks->len;
-    int rc = dcp_item_chunks_alloc(it, run + chunks->n, err);
+    int rc = dcp_item_chunks_alloc(it, chunks->n, err);
     if (rc) return rc;
+    if (run) {
+        dcp_chunk *all = realloc(it->chunks, (run + chunks->n) * sizeof *all);
+        if (!all) return fsdp_err_set(err, FSDP_E_NOMEM, "%s: out of memory for %zu chunks", fqn, run + chunks->n);
+        memmove(all + run, all, chunks->n * sizeof *all);
+        for (size_t k = 0; k < run; k++) all[k].where = (dcp_storage){"", 0, 0};
+        it->chunks = all;
+        it->n_chunks = run + chunks->n;
+    }
     uint64_t at = (uint64_t)chunks->i;
     for (size_t k = 0; k < it->n_chunks; k++) {
         int bad_chunk = k < run ? folded_chunk(f, at, &it->chunks[k], it->ndim)
@@ -333,6 +343,9 @@ int dcp_parse_metadata_id(const void *buf, size_t len, const char *what, int who
     nidx names;
     nidx_init(&names);
     rc = parse_items(what, &f, sdm, it, &cnt, &names, err);
+    /* the chunks point into the fold's coordinates: the items keep them */
+    if (f.coords && dcp_names_keep(files, f.coords) == 0) f.coords = NULL;
+    else if (f.coords && !rc) rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
     if (!rc) rc = assign_storage(what, &f, files, sd, it, cnt, &names, err);
     if (!rc) rc = check_items(what, it, cnt, whole, err);
     it[cnt].names = files;

@@ -12,6 +12,8 @@ struct dcp_names {
     size_t n, cap;
     nidx idx;
     const char *last_in, *last_out; /* the last lookup: a chunk's file is most often its neighbour's */
+    void **kept;                     /* blocks owned with the names (dcp_names_keep) */
+    size_t n_kept;
 };
 
 dcp_names *dcp_names_new(void) { return calloc(1, sizeof(dcp_names)); }
@@ -41,6 +43,14 @@ const char *dcp_names_intern(dcp_names *t, const char *s) {
     return t->last_out;
 }
 
+int dcp_names_keep(dcp_names *t, void *block) {
+    void **k = realloc(t->kept, (t->n_kept + 1) * sizeof *k);
+    if (!k) return -1;
+    t->kept = k;
+    t->kept[t->n_kept++] = block;
+    return 0;
+}
+
 void dcp_names_chain(dcp_names *t, dcp_names *more) {
     while (t->next) t = t->next;
     t->next = more;
@@ -52,6 +62,8 @@ void dcp_names_free(dcp_names *t) {
         nidx_free(&t->idx);
         for (size_t i = 0; i < t->n; i++) free(t->strs[i]);
         free(t->strs);
+        for (size_t i = 0; i < t->n_kept; i++) free(t->kept[i]);
+        free(t->kept);
         free(t);
         t = next;
     }

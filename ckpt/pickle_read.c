@@ -307,6 +307,33 @@ static int as_dict_target(pkl_obj *o) {
     return 0;
 }
 
+/* ---- the memo when reclaiming: only the entries the scan saw fetched, in a dense array ---- */
+
+/* An entry never fetched is not kept (its object may be reclaimed); a writer's indices are still bounded
+ * by the input (each entry costs input bytes), not by PKL_MAX_MEMO: torch's own 4096-rank .metadata
+ * memoizes over 10M objects, of which it fetches a small part. */
+static int memo_put_dense(vm *v, size_t idx, pkl_obj *o) {
+    if (idx > (size_t)(v->end - v->start)) {
+        char d[32];
+        snprintf(d, sizeof d, "%zu", idx);
+        return fail(v, "memo index %s beyond the limit (the input's size)", d);
+    }
+    if (idx >= v->nmemo) v->nmemo = idx + 1;
+    if (!pkl_gets_has(&v->gets, idx)) return 0;
+    if (!v->memo) {
+        v->memo = calloc(v->gets.fetched ? v->gets.fetched : 1, sizeof *v->memo);
+        if (!v->memo) return fsdp_err_set(v->err, FSDP_E_NOMEM, "%s: pickle: out of memory", v->what);
+    }
+    v->memo[pkl_gets_slot(&v->gets, idx)] = o;
+    o->pinned = 1;
+    return 0;
+}
+
+static pkl_obj *memo_get_dense(vm *v, size_t idx) {
+    if (idx >= v->nmemo || !v->memo || !pkl_gets_has(&v->gets, idx)) return NULL;
+    return v->memo[pkl_gets_slot(&v->gets, idx)];
+}
+
 /* ---- folding hooks (pkl_parse_fold) ---- */
 
 static int hook_failed(vm *v, int rc) {
@@ -662,6 +689,10 @@ static int run(vm *v, const pkl_obj **root) {
             }
             pkl_obj *o = top(v);
             if (!o) return fail(v, "memo store with an empty stack%s", NULL);
+            if (v->reclaim) {
+                rc = memo_put_dense(v, idx, o);
+                break;
+            }
             /* a writer numbers its memo entries from 0; each costs at least two bytes of input */
             if (idx >= PKL_MAX_MEMO || idx > (size_t)(v->end - v->start)) {
                 char d[32];
@@ -689,12 +720,13 @@ static int run(vm *v, const pkl_obj **root) {
             if ((rc = need(v, (size_t)n))) return rc;
             size_t idx = (size_t)rd_le(v->p, n);
             v->p += n;
-            if (idx >= v->nmemo || !v->memo[idx]) {
+            pkl_obj *got = v->reclaim ? memo_get_dense(v, idx) : idx < v->nmemo ? v->memo[idx] : NULL;
+            if (!got) {
                 char d[32];
                 snprintf(d, sizeof d, "%zu", idx);
                 return fail(v, "memo reference %s out of range", d);
             }
-            rc = push(v, v->memo[idx]);
+            rc = push(v, got);
             break;
         }
         case '0': /* POP */

@@ -16,13 +16,27 @@ static int mark_get(pkl_gets *g, uint64_t i, size_t len) {
     if (i >= g->n) {
         size_t n = g->n ? g->n : 1024;
         while (n <= i) n *= 2;
-        uint8_t *b = realloc(g->bits, n / 8);
+        uint64_t *b = realloc(g->bits, n / 8);
         if (!b) return -1;
-        memset(b + g->n / 8, 0, (n - g->n) / 8);
+        memset(b + g->n / 64, 0, (n - g->n) / 8);
         g->bits = b;
         g->n = n;
     }
-    g->bits[i >> 3] |= (uint8_t)(1u << (i & 7));
+    g->bits[i >> 6] |= 1ull << (i & 63);
+    return 0;
+}
+
+/* The fetched entries before each word (pkl_gets_slot). */
+static int count_before(pkl_gets *g) {
+    size_t words = g->n / 64;
+    g->before = malloc((words ? words : 1) * sizeof *g->before);
+    if (!g->before) return -1;
+    uint64_t at = 0;
+    for (size_t w = 0; w < words; w++) {
+        g->before[w] = at;
+        at += (uint64_t)__builtin_popcountll(g->bits[w]);
+    }
+    g->fetched = (size_t)at;
     return 0;
 }
 
@@ -65,7 +79,10 @@ int pkl_scan_gets(const unsigned char *buf, size_t len, pkl_gets *g) {
         if (a < 0 || (size_t)a > (size_t)(end - p)) break;
         if ((op == 'h' || op == 'j') && mark_get(g, le(p, op == 'h' ? 1 : 4), len)) break;
         p += a;
-        if (op == '.') return 0;
+        if (op == '.') {
+            if (count_before(g) == 0) return 0;
+            break;
+        }
     }
     pkl_gets_free(g);
     return -1;
@@ -73,5 +90,6 @@ int pkl_scan_gets(const unsigned char *buf, size_t len, pkl_gets *g) {
 
 void pkl_gets_free(pkl_gets *g) {
     free(g->bits);
+    free(g->before);
     memset(g, 0, sizeof *g);
 }

@@ -8,7 +8,8 @@
 //   - every input of the .metadata fuzz corpus (malformed ones among them): the same result code and the
 //     same message, folded or not;
 //   - and the folding must hold memory down: the pickle objects alive at the peak stay a few thousand
-//     however many chunks the file lists (against one per object without folding).
+//     however many chunks the file lists (against one per object without folding), and a memo of more
+//     entries than the whole tree allows (torch's own 4096-rank .metadata) keeps only what is fetched.
 #include <gtest/gtest.h>
 
 #include <dirent.h>
@@ -206,6 +207,37 @@ TEST(DcpMetaFold, ThePickleObjectsAliveStayFewHoweverManyChunks) {
     }
     // 8 times the chunks: the folded peak grows by the one tensor's chunk list on the stack, not 8 times
     EXPECT_LT(folded[1], folded[0] * 4) << folded[0] << " -> " << folded[1];
+}
+
+// torch's own .metadata of a 4096-rank 405B memoizes over 10M objects (protocol 4 memoizes every one) and
+// fetches few of them again: folding keeps only those (a dense memo), so the whole-tree limit does not apply.
+TEST(DcpMetaFold, AMemoOfMoreThanTenMillionEntriesParsesWhenFolding) {
+    const uint32_t n = 10500000, late = 10400000;
+    std::string b = "\x80\x04]"; // PROTO 4, EMPTY_LIST
+    b.reserve((size_t)n * 3 + n / 500 + 32);
+    for (uint32_t i = 0; i < n; i++) {
+        if (i % 1000 == 0) b += '('; // MARK: batches of 1000 as Python's pickler writes them
+        b += 'K';
+        b += (char)(i % 251);
+        b += '\x94'; // MEMOIZE: entry i
+        if (i % 1000 == 999 || i + 1 == n) b += 'e'; // APPENDS
+    }
+    b += 'j'; // LONG_BINGET late
+    for (int k = 0; k < 4; k++) b += (char)((late >> (8 * k)) & 0xff);
+    b += "a."; // APPEND, STOP
+    pkl_fold none{};
+    pkl_doc *doc = nullptr;
+    const pkl_obj *root = nullptr;
+    fsdp_err err{};
+    ASSERT_EQ(pkl_parse_fold(b.data(), b.size(), "big", &none, &doc, &root, &err), 0) << err.msg;
+    ASSERT_EQ(root->kind, PKL_LIST);
+    ASSERT_EQ(root->n, (size_t)n + 1);
+    EXPECT_EQ(root->items[n]->i, (int64_t)(late % 251));
+    EXPECT_EQ(root->items[7]->i, 7);
+    pkl_free(doc);
+    // the whole tree keeps every entry and refuses so many
+    EXPECT_NE(pkl_parse(b.data(), b.size(), "big", &doc, &root, &err), 0);
+    EXPECT_NE(std::string(err.msg).find("beyond the limit"), std::string::npos) << err.msg;
 }
 
 } // namespace
