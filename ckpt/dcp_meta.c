@@ -164,7 +164,8 @@ static int parse_items(const char *what, const dcp_fold *f, const pkl_obj *sdm, 
         } else if (is_meta_class(v, "BytesStorageMetadata")) {
             x->is_tensor = 0;
         } else {
-            const pkl_obj *c = pkl_callable(v);
+            /* a folded object keeps its class */
+            const pkl_obj *c = v->kind == PKL_FOLDED ? v->fn : pkl_callable(v);
             char m[256];
             snprintf(m, sizeof m, "unknown storage metadata class %s.%s", c ? c->s : "?", c ? c->name : "?");
             rc = bad(err, what, k->s, m);

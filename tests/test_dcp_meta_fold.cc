@@ -21,6 +21,7 @@
 
 extern "C" {
 #include "ckpt/dcp.h"
+#include "ckpt/pickle.h"
 #include "ckpt/dcp_chunks.h"
 #include "ckpt/dcp_meta_fold.h"
 #include "runtime/shard.h"
@@ -207,6 +208,169 @@ TEST(DcpMetaFold, ThePickleObjectsAliveStayFewHoweverManyChunks) {
     }
     // 8 times the chunks: the folded peak grows by the one tensor's chunk list on the stack, not 8 times
     EXPECT_LT(folded[1], folded[0] * 4) << folded[0] << " -> " << folded[1];
+}
+
+// ---- hand-made pickles that put the folded classes where they do not belong ----
+
+const char *kMeta = "torch.distributed.checkpoint.metadata";
+
+void obj(pkl_w *w, const char *mod, const char *cls) {
+    pkl_w_global(w, mod, cls);
+    pkl_w_empty_tuple(w);
+    pkl_w_newobj(w);
+}
+
+// ChunkStorageMetadata(offsets, sizes); bad: offsets of another length than sizes
+void chunk(pkl_w *w, int64_t off, int64_t size, bool bad = false) {
+    obj(w, kMeta, "ChunkStorageMetadata");
+    pkl_w_empty_dict(w);
+    pkl_w_mark(w);
+    pkl_w_str(w, "offsets");
+    int64_t o[2] = {off, 0}, z[1] = {size};
+    pkl_w_size(w, o, bad ? 2 : 1);
+    pkl_w_str(w, "sizes");
+    pkl_w_size(w, z, 1);
+    pkl_w_setitems(w);
+    pkl_w_build(w);
+}
+
+void index(pkl_w *w, const char *fqn, int64_t off) {
+    obj(w, kMeta, "MetadataIndex");
+    pkl_w_empty_dict(w);
+    pkl_w_mark(w);
+    pkl_w_str(w, "fqn");
+    pkl_w_str(w, fqn);
+    pkl_w_str(w, "offset");
+    pkl_w_size(w, &off, 1);
+    pkl_w_setitems(w);
+    pkl_w_build(w);
+}
+
+void storage(pkl_w *w, const char *file, int64_t off, int64_t len) {
+    obj(w, "torch.distributed.checkpoint.filesystem", "_StorageInfo");
+    pkl_w_empty_dict(w);
+    pkl_w_mark(w);
+    pkl_w_str(w, "relative_path");
+    pkl_w_str(w, file);
+    pkl_w_str(w, "offset");
+    pkl_w_int(w, off);
+    pkl_w_str(w, "length");
+    pkl_w_int(w, len);
+    pkl_w_setitems(w);
+    pkl_w_build(w);
+}
+
+// TensorStorageMetadata of a float32 [4] tensor whose chunks list the callback writes
+template <class F> void tensor(pkl_w *w, F chunks) {
+    obj(w, kMeta, "TensorStorageMetadata");
+    pkl_w_empty_dict(w);
+    pkl_w_mark(w);
+    pkl_w_str(w, "properties");
+    obj(w, kMeta, "TensorProperties");
+    pkl_w_mark(w);
+    pkl_w_global(w, "torch", "float32");
+    pkl_w_tuple(w);
+    pkl_w_build(w);
+    pkl_w_str(w, "size");
+    int64_t four = 4;
+    pkl_w_size(w, &four, 1);
+    pkl_w_str(w, "chunks");
+    pkl_w_empty_list(w);
+    pkl_w_mark(w);
+    chunks();
+    pkl_w_appends(w);
+    pkl_w_setitems(w);
+    pkl_w_build(w);
+}
+
+// Metadata(state_dict_metadata = {"w": value()}, storage_data = {entries()})
+template <class V, class S> std::string metadata(V value, S entries) {
+    pkl_w w;
+    pkl_w_init(&w);
+    pkl_w_proto(&w, 2);
+    obj(&w, kMeta, "Metadata");
+    pkl_w_empty_dict(&w);
+    pkl_w_mark(&w);
+    pkl_w_str(&w, "state_dict_metadata");
+    pkl_w_empty_dict(&w);
+    pkl_w_mark(&w);
+    pkl_w_str(&w, "w");
+    value(&w);
+    pkl_w_setitems(&w);
+    pkl_w_str(&w, "storage_data");
+    pkl_w_empty_dict(&w);
+    entries(&w);
+    pkl_w_setitems(&w);
+    pkl_w_build(&w);
+    pkl_w_stop(&w);
+    std::string out((const char *)w.buf, w.len);
+    pkl_w_free(&w);
+    return out;
+}
+
+TEST(DcpMetaFold, FoldedClassesOutOfPlaceGetTheWholeTreesErrors) {
+    auto good_chunks = [](pkl_w *w) {
+        return [w] { chunk(w, 0, 2), chunk(w, 2, 2); };
+    };
+    auto pair = [](pkl_w *w, int64_t off, const char *file) {
+        pkl_w_mark(w);
+        index(w, "w", off);
+        storage(w, file, 16 * off, 8);
+        pkl_w_setitems(w);
+    };
+    std::vector<std::pair<std::string, std::string>> cases = {
+        {"a valid one", metadata([&](pkl_w *w) { tensor(w, good_chunks(w)); },
+                                 [&](pkl_w *w) { pair(w, 0, "__0_0.distcp"), pair(w, 2, "__1_0.distcp"); })},
+        {"a chunk as the tensor's metadata", metadata([](pkl_w *w) { chunk(w, 0, 4); }, [](pkl_w *) {})},
+        {"a storage record as the tensor's metadata",
+         metadata([](pkl_w *w) { storage(w, "__0_0.distcp", 0, 16); }, [](pkl_w *) {})},
+        {"an index among the chunks", metadata([&](pkl_w *w) { tensor(w, [w] { chunk(w, 0, 2), index(w, "w", 2); }); },
+                                               [](pkl_w *) {})},
+        {"a malformed chunk after folded ones",
+         metadata([&](pkl_w *w) { tensor(w, [w] { chunk(w, 0, 2), chunk(w, 2, 2, true); }); }, [](pkl_w *) {})},
+        {"a storage key and an index value",
+         metadata([&](pkl_w *w) { tensor(w, good_chunks(w)); },
+                  [](pkl_w *w) {
+                      pkl_w_mark(w);
+                      storage(w, "__0_0.distcp", 0, 8);
+                      index(w, "w", 0);
+                      pkl_w_setitems(w);
+                  })},
+        {"a folded pair, then a chunk as a key",
+         metadata([&](pkl_w *w) { tensor(w, good_chunks(w)); },
+                  [&](pkl_w *w) {
+                      pair(w, 0, "__0_0.distcp");
+                      pkl_w_mark(w);
+                      chunk(w, 2, 2);
+                      storage(w, "__1_0.distcp", 32, 8);
+                      pkl_w_setitems(w);
+                  })},
+        {"a file name with a slash", metadata([&](pkl_w *w) { tensor(w, good_chunks(w)); },
+                                              [&](pkl_w *w) { pair(w, 0, "../x"), pair(w, 2, "__1_0.distcp"); })},
+        {"a later entry for the same chunk wins",
+         metadata([&](pkl_w *w) { tensor(w, good_chunks(w)); },
+                  [&](pkl_w *w) { pair(w, 0, "__0_0.distcp"), pair(w, 2, "__1_0.distcp"), pair(w, 0, "__2_0.distcp"); })},
+    };
+    int refused = 0;
+    for (const auto &c : cases) {
+        Parsed folded, tree;
+        parse(c.second, 1, DCP_PARSE_CONSUME, &folded);
+        parse(c.second, 1, DCP_PARSE_TREE, &tree);
+        expect_same(folded, tree, c.first);
+        refused += folded.rc != 0;
+        if (c.first == "a valid one" || c.first == "a later entry for the same chunk wins") {
+            ASSERT_EQ(folded.rc, 0) << c.first << ": " << folded.msg;
+            ASSERT_EQ(folded.n, 1u);
+            ASSERT_EQ(folded.items[0].n_chunks, 2u);
+        }
+        if (c.first == "a later entry for the same chunk wins") {
+            EXPECT_STREQ(folded.items[0].chunks[0].where.relative_path, "__2_0.distcp");
+        }
+        if (c.first == "a chunk as the tensor's metadata") {
+            EXPECT_NE(folded.msg.find("ChunkStorageMetadata"), std::string::npos) << folded.msg;
+        }
+    }
+    EXPECT_EQ(refused, (int)cases.size() - 2);
 }
 
 // torch's own .metadata of a 4096-rank 405B memoizes over 10M objects (protocol 4 memoizes every one) and
