@@ -1,7 +1,7 @@
 # fsdp-run: one non-recursive build.
 #
 #   make               build build/fsdp-run (+ example plugins)
-#   make test          build and run the whole test suite
+#   make test          build and run the whole test suite (TEST_OPT: the test files' -O and -g, -Og -g1)
 #   make setup         install the system packages (apt) and build
 #   make asan          build and run the tests under ASan + UBSan (in build-asan/)
 #   make fuzz          build the libFuzzer harnesses (clang) in build-fuzz/
@@ -15,7 +15,7 @@
 #   make test-emu      build it and run the GPU test suites in it (`make test` does too when nvcc exists)
 
 # As many jobs as the machine has cores unless the caller gave -j (a fresh clone's `make test` and .ci/run build
-# in parallel; the tests themselves run one binary at a time).
+# in parallel; the CPU suite and the emulated quick suite run side by side, see `test:`).
 ifeq ($(filter -j%,$(MAKEFLAGS)),)
 MAKEFLAGS += -j$(shell nproc 2>/dev/null || echo 2)
 endif
