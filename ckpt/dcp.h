@@ -53,9 +53,10 @@ typedef struct dcp_item {
     dcp_names *names;
 } dcp_item;
 
-/* n chunks for x (of x->ndim dims): zeroed offsets and sizes in x->coords, no storage (""); x's chunks
- * and coords before are freed. 0, or FSDP_E_NOMEM. */
-int dcp_item_chunks_alloc(dcp_item *x, size_t n, fsdp_err *err);
+/* n chunks for x (of x->ndim dims), no storage (""); the last `own` of them with zeroed offsets and sizes in
+ * x->coords (the others' pointers are the caller's to set); x's chunks and coords before are freed. 0, or
+ * FSDP_E_NOMEM. */
+int dcp_item_chunks_alloc(dcp_item *x, size_t n, size_t own, fsdp_err *err);
 
 typedef struct dcp_ckpt {
     char *dir;

@@ -24,13 +24,13 @@ static int bad(fsdp_err *err, const char *what, const char *fqn, const char *msg
     return fsdp_err_set(err, FSDP_E_FORMAT, "%s: %s: %s", what, fqn, msg);
 }
 
-int dcp_item_chunks_alloc(dcp_item *x, size_t n, fsdp_err *err) {
+int dcp_item_chunks_alloc(dcp_item *x, size_t n, size_t own, fsdp_err *err) {
     free(x->chunks);
     free(x->coords);
     x->n_chunks = 0;
     size_t per = 2 * (size_t)(x->ndim > 0 ? x->ndim : 0);
     x->chunks = calloc(n ? n : 1, sizeof *x->chunks);
-    x->coords = calloc(n * per > 0 ? n * per : 1, sizeof *x->coords);
+    x->coords = calloc(own * per > 0 ? own * per : 1, sizeof *x->coords);
     if (!x->chunks || !x->coords) {
         free(x->chunks);
         free(x->coords);
@@ -38,10 +38,10 @@ int dcp_item_chunks_alloc(dcp_item *x, size_t n, fsdp_err *err) {
         x->coords = NULL;
         return fsdp_err_set(err, FSDP_E_NOMEM, "%s: out of memory for %zu chunks", x->fqn ? x->fqn : "?", n);
     }
-    for (size_t k = 0; k < n; k++) {
-        x->chunks[k].offsets = x->coords + k * per;
-        x->chunks[k].sizes = x->coords + k * per + per / 2;
-        x->chunks[k].where.relative_path = "";
+    for (size_t k = 0; k < n; k++) x->chunks[k].where.relative_path = "";
+    for (size_t k = n - own, q = 0; k < n; k++, q++) {
+        x->chunks[k].offsets = x->coords + q * per;
+        x->chunks[k].sizes = x->coords + q * per + per / 2;
     }
     x->n_chunks = n;
     return 0;

@@ -8,7 +8,6 @@
 #include "ckpt/dcp_meta_fold.h"
 #include "runtime/name_index.h"
 
-#define META_MOD "torch.distributed.checkpoint.metadata"
 
 void dcp_items_free(dcp_item *items, size_t n) {
     if (!items) return;
@@ -23,12 +22,8 @@ void dcp_items_free(dcp_item *items, size_t n) {
 }
 
 static int is_meta_class(const pkl_obj *o, const char *name) {
-    const pkl_obj *c = pkl_callable(o);
-    if (!c) return 0;
-    if (!strcmp(c->name, name) &&
-        (!strcmp(c->s, META_MOD) || !strcmp(c->s, "torch.distributed._shard.sharded_tensor.metadata")))
-        return 1;
-    return 0;
+    const char *c = dcp_meta_class(o);
+    return c && !strcmp(c, name);
 }
 
 static int bad(fsdp_err *err, const char *what, const char *fqn, const char *msg) {
@@ -66,16 +61,8 @@ static int tree_chunk(const dcp_fold *f, const pkl_obj *c, dcp_chunk *out, int n
 static int read_chunks(const char *what, const char *fqn, const dcp_fold *f, const pkl_obj *chunks, dcp_item *it,
                        fsdp_err *err) {
     size_t run = chunks->len;
-    int rc = dcp_item_chunks_alloc(it, chunks->n, err);
+    int rc = dcp_item_chunks_alloc(it, run + chunks->n, chunks->n, err);
     if (rc) return rc;
-    if (run) {
-        dcp_chunk *all = realloc(it->chunks, (run + chunks->n) * sizeof *all);
-        if (!all) return fsdp_err_set(err, FSDP_E_NOMEM, "%s: out of memory for %zu chunks", fqn, run + chunks->n);
-        memmove(all + run, all, chunks->n * sizeof *all);
-        for (size_t k = 0; k < run; k++) all[k].where = (dcp_storage){"", 0, 0};
-        it->chunks = all;
-        it->n_chunks = run + chunks->n;
-    }
     uint64_t at = (uint64_t)chunks->i;
     for (size_t k = 0; k < it->n_chunks; k++) {
         int bad_chunk = k < run ? folded_chunk(f, at, &it->chunks[k], it->ndim)

@@ -20,8 +20,7 @@ static int room(void **arr, size_t *cap, size_t n, size_t more, size_t el) {
 
 static int nomem(fsdp_err *err) { return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory folding .metadata"), -1; }
 
-/* The class of o when it is one of DCP's metadata classes (either module torch has used), else NULL. */
-static const char *meta_class(const pkl_obj *o) {
+const char *dcp_meta_class(const pkl_obj *o) {
     const pkl_obj *c = pkl_callable(o);
     if (!c || (strcmp(c->s, META_MOD) && strcmp(c->s, "torch.distributed._shard.sharded_tensor.metadata"))) return NULL;
     return c->name;
@@ -77,7 +76,7 @@ static int fold_storage(dcp_fold *f, const pkl_obj *st, int64_t *t, fsdp_err *er
 }
 
 static int on_built(void *user, const pkl_obj *o, int64_t *t, fsdp_err *err) {
-    const char *cls = meta_class(o);
+    const char *cls = dcp_meta_class(o);
     const pkl_obj *st = pkl_state(o), *c = pkl_callable(o);
     if (!st || st->kind != PKL_DICT) return 0;
     /* _StorageInfo by its name alone, as dcp_meta.c takes it (torch's lives in checkpoint.filesystem) */

@@ -50,6 +50,9 @@ typedef struct dcp_fold {
     uint64_t run_end; /* where run_list's run ends in coords */
 } dcp_fold;
 
+/* The class name of o when it is one of DCP's metadata classes (either module torch has used), else NULL. */
+const char *dcp_meta_class(const pkl_obj *o);
+
 /* Hooks for pkl_parse_fold with f as their user (zeroed first; dcp_fold_free after); consume: pkl_fold's. */
 void dcp_fold_hooks(dcp_fold *f, pkl_fold *hooks, int consume);
 void dcp_fold_free(dcp_fold *f);

@@ -245,7 +245,7 @@ static int merge_parts(const char *dir, rank_meta *parts, size_t np, dcp_ckpt *c
     for (size_t j = 0; j < c->n && !rc; j++) {
         dcp_item *x = &c->items[j];
         if (!x->is_tensor) continue;
-        rc = dcp_item_chunks_alloc(x, x->n_chunks, err);
+        rc = dcp_item_chunks_alloc(x, x->n_chunks, x->n_chunks, err);
         x->n_chunks = 0;
     }
     for (size_t p = 0, k = 0; p < np && !rc; p++)
