@@ -59,7 +59,7 @@ CPPFLAGS += -Iinclude -I. -D_GNU_SOURCE $(MPI_CFLAGS) $(BLAS_CFLAGS) \
             -DFSDP_HAVE_CUDA=$(HAVE_CUDA) -DFSDP_BUILD_DIR=\"$(BUILD)\"
 CFLAGS   += -std=c11 $(OPT) -g $(WARN) -fopenmp -fPIC $(SAN_FLAGS) -MMD -MP
 CXXFLAGS += -std=c++17 $(OPT) -g $(WARN) -fopenmp $(SAN_FLAGS) -MMD -MP
-LDLIBS   += -lyaml -ljansson -lopenblas -lz -ldeflate -ldl -lm -lpthread $(MPI_LIBS) $(CAIRO_LIBS)
+LDLIBS   += -lyaml -ljansson -lpcre2-8 -lunistring -lopenblas -lz -ldeflate -ldl -lm -lpthread $(MPI_LIBS) $(CAIRO_LIBS)
 LDFLAGS  += -fopenmp $(SAN_FLAGS) -rdynamic
 
 ifeq ($(EMU),1)
@@ -91,7 +91,7 @@ endif
 # the rooms, top to bottom (README "Layout"; tests/test_layers.cc keeps it): cli, run, stages, api (the plugin
 # API), train, decoder, model, pipeline, ckpt and kernels, runtime, include
 LIB_C_SRCS := $(filter-out cli/main.c,$(wildcard cli/*.c run/*.c stages/*.c api/*.c train/*.c decoder/*.c model/*.c \
-               pipeline/*.c layouts/*.c ckpt/*.c kernels/cpu/*.c kernels/cuda/*.c runtime/*.c))
+               pipeline/*.c layouts/*.c ckpt/*.c tokenizer/*.c kernels/cpu/*.c kernels/cuda/*.c runtime/*.c))
 CU_SRCS    := $(if $(filter 1,$(HAVE_CUDA)),$(if $(filter 1,$(EMU)),,$(wildcard kernels/cuda/*.cu)))
 # the emulated-device build: the fake runtime, NCCL and the kernels compiled as host C++ (tests/emu/)
 EMU_SRCS   := $(if $(filter 1,$(EMU)),tests/emu/emu_cudart.cc tests/emu/emu_kernels.cc tests/emu/emu_nccl.cc)

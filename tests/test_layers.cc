@@ -27,7 +27,7 @@ const std::vector<std::vector<std::string>> kRooms = {
     {"model"},            // any model: the table of named tensors, init rules, the sharded state
     {"pipeline"},         // the recipe language: YAML, values, variables, the DAG, the registry
     {"layouts"},          // trainers' checkpoint layouts as data, and views of a checkpoint in another
-    {"ckpt", "kernels"},  // checkpoint formats and I/O; CPU and GPU kernels
+    {"ckpt", "tokenizer", "kernels"},  // checkpoint formats and I/O; tokenizer.json; CPU and GPU kernels
     {"runtime"},          // errors, files, communicators, devices, RNG, logging
     {"include"},          // the public headers of the stage ABI
 };

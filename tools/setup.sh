@@ -3,7 +3,7 @@
 # skipping those already installed.
 set -e
 PKGS="build-essential pkg-config libyaml-dev libjansson-dev libgtest-dev libopenblas-dev \
-libopenmpi-dev openmpi-bin zlib1g-dev libdeflate-dev patchelf libcairo2-dev"
+libopenmpi-dev openmpi-bin zlib1g-dev libdeflate-dev patchelf libcairo2-dev libpcre2-dev libunistring-dev"
 # clang + its runtime are needed only for `make fuzz`; install them when asked.
 [ "${FSDP_SETUP_FUZZ:-0}" = 1 ] && PKGS="$PKGS clang libclang-rt-14-dev"
 missing=""

@@ -1,0 +1,39 @@
+/* Documents as users have them: a text file is one document; a JSONL file (.jsonl, .ndjson) one document per
+ * line, its string field `field`. A line that is not a JSON object, or lacks the field, or holds another
+ * type there, is an error naming the file and the line. Bytes that are not UTF-8 are replaced by U+FFFD as
+ * Python's `open(..., errors="replace")` reads them (each maximal ill-formed subpart), and counted; blank
+ * lines are skipped. */
+#ifndef FSDP_TOKENIZER_TOK_DOCS_H
+#define FSDP_TOKENIZER_TOK_DOCS_H
+
+#include <stddef.h>
+#include <stdio.h>
+
+#include "fsdp/error.h"
+
+typedef struct tok_docs {
+    char path[4096];
+    char field[256];
+    int jsonl;
+    FILE *f;
+    size_t line;      /* the line of the last document (JSONL) */
+    char *buf, *fix;  /* the line read, its repaired copy */
+    size_t cap, fix_cap;
+    char *text;       /* the document: a whole file, or the field's value */
+    size_t text_n;
+    size_t invalid;   /* ill-formed UTF-8 subparts replaced */
+    int done;
+} tok_docs;
+
+/* Whether a path is read as JSONL (by its name: .jsonl, .ndjson). */
+int tok_docs_is_jsonl(const char *path);
+/* Opens path (JSONL by its name, see above; field: the JSONL field, "text" when NULL). */
+int tok_docs_open(tok_docs *d, const char *path, const char *field, fsdp_err *err);
+/* The next document: 1 with *doc / *len (valid until the next call), 0 at the end, an error code. */
+int tok_docs_next(tok_docs *d, const char **doc, size_t *len, fsdp_err *err);
+void tok_docs_close(tok_docs *d);
+
+/* The whole of a regular file (malloc'd, NUL-terminated beyond *n). */
+int tok_read_file(const char *path, char **buf, size_t *n, fsdp_err *err);
+
+#endif
