@@ -119,7 +119,7 @@ static int tk_encode_files(const tk_opts *o, const tok_tokenizer *tk, FILE *out,
     int rc = b ? 0 : fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
     for (int t = 0; t < threads && !rc; t++)
         if (!(st[t] = tok_state_new(tk))) rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
-    size_t docs = 0, tokens = 0, invalid = 0, bytes = 0;
+    size_t docs = 0, tokens = 0, invalid = 0, bytes = 0, dropped = 0;
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     for (size_t f = 0; f < o->nf && !rc; f++) {
@@ -147,7 +147,10 @@ static int tk_encode_files(const tk_opts *o, const tok_tokenizer *tk, FILE *out,
     }
     if (!rc) rc = tk_flush(b, st, threads, o->special, out, &tokens, err);
     clock_gettime(CLOCK_MONOTONIC, &t1);
-    for (int t = 0; t < threads; t++) tok_state_free(st[t]);
+    for (int t = 0; t < threads; t++) {
+        if (st[t]) dropped += tok_state_dropped(st[t]);
+        tok_state_free(st[t]);
+    }
     if (b) {
         for (size_t i = 0; i < TK_BATCH; i++) {
             free(b->doc[i]);
@@ -160,6 +163,9 @@ static int tk_encode_files(const tk_opts *o, const tok_tokenizer *tk, FILE *out,
         fprintf(log, "tokenize: %zu documents, %zu bytes, %zu tokens in %.3f s (%.0f tokens/s, %d thread%s); %zu invalid "
                 "UTF-8 sequences replaced by U+FFFD\n", docs, bytes, tokens, s, s > 0 ? (double)tokens / s : 0.0, threads,
                 threads == 1 ? "" : "s", invalid);
+    if (!rc && dropped)
+        fprintf(log, "tokenize: warning: %zu characters have no token in the vocabulary (no byte_fallback, no unk_token) "
+                "and were left out, as Hugging Face's tokenizer leaves them out\n", dropped);
     return rc;
 }
 

@@ -54,6 +54,9 @@ tok_state *tok_state_new(const tok_tokenizer *t);
 void tok_state_free(tok_state *s);
 /* The invalid UTF-8 subparts replaced by U+FFFD in the texts this state encoded. */
 size_t tok_state_invalid_utf8(const tok_state *s);
+/* The characters this state left out because the vocabulary has no token for them and the model neither
+ * falls back to bytes nor has an unk_token (tokenizers leaves them out the same way). */
+size_t tok_state_dropped(const tok_state *s);
 
 /* Appends the ids of text[0..len) to out. add_special: the post-processor's template around them. */
 int tok_encode(tok_state *s, const char *text, size_t len, int add_special, tok_ids *out, fsdp_err *err);

@@ -107,7 +107,8 @@ static int symbols(tok_state *st, const tok_bpe *b, const char *w, size_t n, siz
                 continue;
             }
         }
-        if (b->unk >= 0) {
+        if (b->unk < 0) st->dropped++; /* tokenizers drops a character it has no token for */
+        else {
             if (unk >= 0 && b->fuse_unk) {
                 unk_len += (uint32_t)cl;
             } else {

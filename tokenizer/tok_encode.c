@@ -102,6 +102,7 @@ void tok_state_free(tok_state *s) {
 }
 
 size_t tok_state_invalid_utf8(const tok_state *s) { return s->invalid; }
+size_t tok_state_dropped(const tok_state *s) { return s->dropped; }
 
 /* The text into the arena (repaired when it is not valid UTF-8) as the first piece. */
 static int start(tok_state *st, const char *text, size_t len) {

