@@ -67,101 +67,155 @@ static int tk_parse(int argc, char **argv, tk_opts *o, FILE *out, FILE *log) {
     return -1;
 }
 
-static void print_ids(FILE *out, const tok_ids *ids) {
-    fputc('[', out);
-    for (size_t k = 0; k < ids->n; k++) fprintf(out, k ? ",%d" : "%d", (int)ids->v[k]);
-    fputs("]\n", out);
-}
-
 #define TK_BATCH 4096
 
-typedef struct tk_batch {
-    char *doc[TK_BATCH];
-    size_t len[TK_BATCH];
-    tok_ids ids[TK_BATCH];
-    size_t n;
-} tk_batch;
+/* A batch of raw documents, parsed, encoded and formatted on the threads, written in order. */
+typedef struct tk_doc {
+    char *raw;
+    size_t len, line, file;
+    char *out; /* "[id,id,...]\n" */
+    size_t on, ocap;
+    size_t tokens;
+} tk_doc;
 
-/* Encodes the batch on the threads, prints it in order. */
-static int tk_flush(tk_batch *b, tok_state **st, int threads, int special, FILE *out, size_t *tokens, fsdp_err *err) {
-    int failed = 0;
-    fsdp_err *terr = calloc((size_t)threads, sizeof *terr);
-    if (!terr) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
-#pragma omp parallel for num_threads(threads) schedule(dynamic, 16)
-    for (size_t i = 0; i < b->n; i++) {
-        int t = omp_get_thread_num();
-        b->ids[i].n = 0;
-        if (tok_encode(st[t], b->doc[i], b->len[i], special, &b->ids[i], &terr[t])) {
-#pragma omp atomic write
-            failed = t + 1;
+typedef struct tk_worker {
+    tok_state *st;
+    tok_text text;
+    tok_ids ids;
+    size_t invalid;
+    fsdp_err err;
+    int failed;
+} tk_worker;
+
+static int tk_format(tk_doc *d, const tok_ids *ids) {
+    size_t need = ids->n * 12 + 4;
+    if (need > d->ocap) {
+        char *p = realloc(d->out, need);
+        if (!p) return -1;
+        d->out = p;
+        d->ocap = need;
+    }
+    char *o = d->out;
+    *o++ = '[';
+    for (size_t k = 0; k < ids->n; k++) {
+        if (k) *o++ = ',';
+        uint32_t v = (uint32_t)ids->v[k];
+        char tmp[12];
+        int m = 0;
+        do tmp[m++] = (char)('0' + v % 10);
+        while ((v /= 10));
+        while (m) *o++ = tmp[--m];
+    }
+    *o++ = ']';
+    *o++ = '\n';
+    d->on = (size_t)(o - d->out);
+    d->tokens = ids->n;
+    return 0;
+}
+
+static void tk_one(const tk_opts *o, tk_doc *d, tk_worker *w) {
+    const char *path = o->files[d->file];
+    if (tok_doc_text(path, d->line, o->field ? o->field : "text", tok_docs_is_jsonl(path), d->raw, d->len, &w->text,
+                     &w->invalid, &w->err)) {
+        w->failed = 1;
+        return;
+    }
+    w->ids.n = 0;
+    if (tok_encode(w->st, w->text.p, w->text.n, o->special, &w->ids, &w->err)) {
+        fsdp_err_prefix(&w->err, "%s:%zu: ", path, d->line);
+        w->failed = 1;
+        return;
+    }
+    if (tk_format(d, &w->ids)) {
+        fsdp_err_set(&w->err, FSDP_E_NOMEM, "out of memory");
+        w->failed = 1;
+    }
+}
+
+/* Encodes docs[0..n) on the workers and writes them in order; the first failure (in document order) wins. */
+static int tk_flush(const tk_opts *o, tk_doc *docs, size_t n, tk_worker *w, int threads, FILE *out, size_t *tokens,
+                    fsdp_err *err) {
+    size_t first_bad = n;
+#pragma omp parallel for num_threads(threads) schedule(dynamic, 8)
+    for (size_t i = 0; i < n; i++) {
+        tk_worker *me = &w[omp_get_thread_num()];
+        if (me->failed) continue;
+        tk_one(o, &docs[i], me);
+        if (me->failed) {
+#pragma omp critical(tk_fail)
+            if (i < first_bad) {
+                first_bad = i;
+                *err = me->err;
+            }
         }
     }
-    if (failed) {
-        *err = terr[failed - 1];
-        free(terr);
-        return err->code;
+    if (first_bad < n) return err->code;
+    for (size_t i = 0; i < n; i++) {
+        if (fwrite(docs[i].out, 1, docs[i].on, out) != docs[i].on) return fsdp_err_set(err, FSDP_E_IO, "writing the ids failed");
+        *tokens += docs[i].tokens;
     }
-    free(terr);
-    for (size_t i = 0; i < b->n; i++) {
-        print_ids(out, &b->ids[i]);
-        *tokens += b->ids[i].n;
-        free(b->doc[i]);
-        b->doc[i] = NULL;
-    }
-    b->n = 0;
     return 0;
 }
 
 static int tk_encode_files(const tk_opts *o, const tok_tokenizer *tk, FILE *out, FILE *log, fsdp_err *err) {
     int threads = o->threads ? o->threads : 1;
-    tok_state *st[1024] = {0};
-    tk_batch *b = calloc(1, sizeof *b);
-    int rc = b ? 0 : fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+    tk_worker *w = calloc((size_t)threads, sizeof *w);
+    tk_doc *docs = calloc(TK_BATCH, sizeof *docs);
+    int rc = w && docs ? 0 : fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
     for (int t = 0; t < threads && !rc; t++)
-        if (!(st[t] = tok_state_new(tk))) rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
-    size_t docs = 0, tokens = 0, invalid = 0, bytes = 0, dropped = 0;
+        if (!(w[t].st = tok_state_new(tk))) rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+    size_t ndocs = 0, tokens = 0, invalid = 0, bytes = 0, dropped = 0, nb = 0;
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     for (size_t f = 0; f < o->nf && !rc; f++) {
         tok_docs d;
         rc = tok_docs_open(&d, o->files[f], o->field, err);
-        const char *doc;
+        const char *raw;
         size_t len;
-        int r;
-        while (!rc && (r = tok_docs_next(&d, &doc, &len, err)) == 1) {
-            b->doc[b->n] = malloc(len + 1);
-            if (!b->doc[b->n]) {
+        int r = 0;
+        while (!rc && (r = tok_docs_next_raw(&d, &raw, &len, err)) == 1) {
+            tk_doc *x = &docs[nb];
+            free(x->raw);
+            x->raw = malloc(len + 1);
+            if (!x->raw) {
                 rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
                 break;
             }
-            memcpy(b->doc[b->n], doc, len);
-            b->len[b->n++] = len;
-            docs++;
+            memcpy(x->raw, raw, len);
+            x->len = len;
+            x->line = d.line;
+            x->file = f;
+            nb++;
+            ndocs++;
             bytes += len;
-            if (b->n == TK_BATCH) rc = tk_flush(b, st, threads, o->special, out, &tokens, err);
+            if (nb == TK_BATCH) {
+                rc = tk_flush(o, docs, nb, w, threads, out, &tokens, err);
+                nb = 0;
+            }
         }
         if (!rc && r < 0) rc = r;
         if (!rc && r > 1) rc = r;
-        invalid += d.invalid;
         tok_docs_close(&d);
     }
-    if (!rc) rc = tk_flush(b, st, threads, o->special, out, &tokens, err);
+    if (!rc) rc = tk_flush(o, docs, nb, w, threads, out, &tokens, err);
     clock_gettime(CLOCK_MONOTONIC, &t1);
-    for (int t = 0; t < threads; t++) {
-        if (st[t]) dropped += tok_state_dropped(st[t]);
-        tok_state_free(st[t]);
+    for (int t = 0; w && t < threads; t++) {
+        if (w[t].st) dropped += tok_state_dropped(w[t].st);
+        invalid += w[t].invalid;
+        tok_state_free(w[t].st);
+        tok_text_free(&w[t].text);
+        tok_ids_free(&w[t].ids);
     }
-    if (b) {
-        for (size_t i = 0; i < TK_BATCH; i++) {
-            free(b->doc[i]);
-            tok_ids_free(&b->ids[i]);
-        }
-        free(b);
+    for (size_t i = 0; docs && i < TK_BATCH; i++) {
+        free(docs[i].raw);
+        free(docs[i].out);
     }
+    free(docs);
+    free(w);
     double s = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
     if (!rc && !o->quiet)
         fprintf(log, "tokenize: %zu documents, %zu bytes, %zu tokens in %.3f s (%.0f tokens/s, %d thread%s); %zu invalid "
-                "UTF-8 sequences replaced by U+FFFD\n", docs, bytes, tokens, s, s > 0 ? (double)tokens / s : 0.0, threads,
+                "UTF-8 sequences replaced by U+FFFD\n", ndocs, bytes, tokens, s, s > 0 ? (double)tokens / s : 0.0, threads,
                 threads == 1 ? "" : "s", invalid);
     if (!rc && dropped)
         fprintf(log, "tokenize: warning: %zu characters have no token in the vocabulary (no byte_fallback, no unk_token) "

@@ -60,79 +60,89 @@ int tok_docs_open(tok_docs *d, const char *path, const char *field, fsdp_err *er
     return 0;
 }
 
-/* The text in d->text, repaired when it is not UTF-8. */
-static int set_text(tok_docs *d, const char *s, size_t n, fsdp_err *err) {
+/* s[0..n) into t->fix, repaired when it is not UTF-8. */
+static int repaired(tok_text *t, const char *s, size_t n, size_t *invalid, const char **out, size_t *on) {
     size_t ok = tok_utf8_valid(s, n);
-    size_t need = ok == n ? n + 1 : ok + 3 * (n - ok) + 1;
-    if (need > d->fix_cap) {
-        char *p = realloc(d->fix, need);
-        if (!p) return fsdp_err_set(err, FSDP_E_NOMEM, "%s: out of memory", d->path);
-        d->fix = p;
-        d->fix_cap = need;
+    if (ok == n) {
+        *out = s;
+        *on = n;
+        return 0;
     }
-    memcpy(d->fix, s, ok);
-    size_t m = ok, replaced = 0;
-    if (ok < n) m += tok_utf8_repair(s + ok, n - ok, d->fix + ok, &replaced);
-    d->fix[m] = 0;
-    d->invalid += replaced;
-    d->text = d->fix;
-    d->text_n = m;
+    size_t need = ok + 3 * (n - ok) + 1;
+    if (need > t->fix_cap) {
+        char *p = realloc(t->fix, need);
+        if (!p) return -1;
+        t->fix = p;
+        t->fix_cap = need;
+    }
+    memcpy(t->fix, s, ok);
+    size_t replaced = 0, m = ok + tok_utf8_repair(s + ok, n - ok, t->fix + ok, &replaced);
+    t->fix[m] = 0;
+    *invalid += replaced;
+    *out = t->fix;
+    *on = m;
     return 0;
 }
 
-static int next_text(tok_docs *d, const char **doc, size_t *len, fsdp_err *err) {
-    if (d->done) return 0;
-    d->done = 1;
-    char *buf;
-    size_t n;
-    int rc = tok_read_file(d->path, &buf, &n, err);
-    if (rc) return rc;
-    rc = set_text(d, buf, n, err);
-    free(buf);
-    if (rc) return rc;
-    *doc = d->text;
-    *len = d->text_n;
-    return 1;
+static int text_set(tok_text *t, const char *s, size_t n) {
+    if (n + 1 > t->cap) {
+        char *p = realloc(t->p, n + 1);
+        if (!p) return -1;
+        t->p = p;
+        t->cap = n + 1;
+    }
+    memmove(t->p, s, n);
+    t->p[n] = 0;
+    t->n = n;
+    return 0;
 }
 
-static int field_of(tok_docs *d, const char *line, size_t n, const char **doc, size_t *len, fsdp_err *err) {
+static const char *type_name(json_t *v) {
+    return json_is_null(v) ? "null" : json_is_array(v) ? "array" : json_is_object(v) ? "object"
+           : json_is_boolean(v) ? "boolean" : "number";
+}
+
+int tok_doc_text(const char *path, size_t line, const char *field, int jsonl, const char *raw, size_t n, tok_text *out,
+                 size_t *invalid, fsdp_err *err) {
+    const char *s;
+    size_t sn;
+    if (repaired(out, raw, n, invalid, &s, &sn)) return fsdp_err_set(err, FSDP_E_NOMEM, "%s: out of memory", path);
+    if (!jsonl) return text_set(out, s, sn) ? fsdp_err_set(err, FSDP_E_NOMEM, "%s: out of memory", path) : 0;
     json_error_t je;
-    json_t *j = json_loadb(line, n, JSON_ALLOW_NUL, &je);
-    if (!j)
-        return fsdp_err_set(err, FSDP_E_FORMAT, "%s:%zu: not a JSON line (column %d): %s", d->path, d->line, je.column,
-                            je.text);
-    json_t *v = json_object_get(j, d->field);
+    json_t *j = json_loadb(s, sn, JSON_ALLOW_NUL, &je);
+    if (!j) return fsdp_err_set(err, FSDP_E_FORMAT, "%s:%zu: not a JSON line (column %d): %s", path, line, je.column, je.text);
+    json_t *v = json_object_get(j, field);
     int rc = 0;
-    if (!json_is_object(j)) rc = fsdp_err_set(err, FSDP_E_FORMAT, "%s:%zu: expected a JSON object", d->path, d->line);
+    if (!json_is_object(j)) rc = fsdp_err_set(err, FSDP_E_FORMAT, "%s:%zu: expected a JSON object", path, line);
     else if (!v)
-        rc = fsdp_err_set(err, FSDP_E_FORMAT, "%s:%zu: no field \"%s\" (data's `field:` names the text's field)",
-                          d->path, d->line, d->field);
+        rc = fsdp_err_set(err, FSDP_E_FORMAT, "%s:%zu: no field \"%s\" (data's `field:` names the text's field)", path,
+                          line, field);
     else if (!json_is_string(v))
-        rc = fsdp_err_set(err, FSDP_E_FORMAT, "%s:%zu: field \"%s\" is a %s, not a string", d->path, d->line, d->field,
-                          json_is_null(v) ? "null" : json_is_array(v) ? "array" : json_is_object(v) ? "object" : "number");
-    if (!rc) {
-        size_t vn = json_string_length(v);
-        if (vn + 1 > d->cap) { /* the value goes where the line was */
-            char *p = realloc(d->buf, vn + 1);
-            if (!p) rc = fsdp_err_set(err, FSDP_E_NOMEM, "%s: out of memory", d->path);
-            else {
-                d->buf = p;
-                d->cap = vn + 1;
-            }
-        }
-        if (!rc) {
-            memcpy(d->buf, json_string_value(v), vn);
-            d->buf[vn] = 0;
-            *doc = d->buf;
-            *len = vn;
-        }
-    }
+        rc = fsdp_err_set(err, FSDP_E_FORMAT, "%s:%zu: field \"%s\" is a %s, not a string", path, line, field, type_name(v));
+    else if (text_set(out, json_string_value(v), json_string_length(v)))
+        rc = fsdp_err_set(err, FSDP_E_NOMEM, "%s: out of memory", path);
     json_decref(j);
     return rc;
 }
 
-int tok_docs_next(tok_docs *d, const char **doc, size_t *len, fsdp_err *err) {
-    if (!d->jsonl) return next_text(d, doc, len, err);
+void tok_text_free(tok_text *t) {
+    free(t->p);
+    free(t->fix);
+    memset(t, 0, sizeof *t);
+}
+
+int tok_docs_next_raw(tok_docs *d, const char **raw, size_t *len, fsdp_err *err) {
+    if (!d->jsonl) {
+        if (d->done) return 0;
+        d->done = 1;
+        free(d->buf);
+        d->buf = NULL;
+        int rc = tok_read_file(d->path, &d->buf, len, err);
+        if (rc) return rc;
+        d->cap = *len + 1;
+        *raw = d->buf;
+        return 1;
+    }
     for (;;) {
         errno = 0;
         ssize_t n = getline(&d->buf, &d->cap, d->f);
@@ -146,16 +156,27 @@ int tok_docs_next(tok_docs *d, const char **doc, size_t *len, fsdp_err *err) {
         size_t s = 0;
         while (s < k && (d->buf[s] == ' ' || d->buf[s] == '\t')) s++;
         if (s == k) continue;
-        int rc = set_text(d, d->buf + s, k - s, err);
-        if (rc) return rc;
-        rc = field_of(d, d->text, d->text_n, doc, len, err);
-        return rc ? rc : 1;
+        *raw = d->buf + s;
+        *len = k - s;
+        return 1;
     }
+}
+
+int tok_docs_next(tok_docs *d, const char **doc, size_t *len, fsdp_err *err) {
+    const char *raw;
+    size_t n;
+    int rc = tok_docs_next_raw(d, &raw, &n, err);
+    if (rc != 1) return rc;
+    rc = tok_doc_text(d->path, d->line, d->field, d->jsonl, raw, n, &d->text, &d->invalid, err);
+    if (rc) return rc;
+    *doc = d->text.p;
+    *len = d->text.n;
+    return 1;
 }
 
 void tok_docs_close(tok_docs *d) {
     if (d->f) fclose(d->f);
     free(d->buf);
-    free(d->fix);
+    tok_text_free(&d->text);
     memset(d, 0, sizeof *d);
 }

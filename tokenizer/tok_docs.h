@@ -11,17 +11,22 @@
 
 #include "fsdp/error.h"
 
+/* A document's text: the field's value (or the whole file), and the scratch of its repair. */
+typedef struct tok_text {
+    char *p, *fix;
+    size_t n, cap, fix_cap;
+} tok_text;
+
 typedef struct tok_docs {
     char path[4096];
     char field[256];
     int jsonl;
     FILE *f;
     size_t line;      /* the line of the last document (JSONL) */
-    char *buf, *fix;  /* the line read, its repaired copy */
-    size_t cap, fix_cap;
-    char *text;       /* the document: a whole file, or the field's value */
-    size_t text_n;
-    size_t invalid;   /* ill-formed UTF-8 subparts replaced */
+    char *buf;        /* the line read (the whole file for text) */
+    size_t cap;
+    tok_text text;
+    size_t invalid;   /* ill-formed UTF-8 subparts replaced (tok_docs_next) */
     int done;
 } tok_docs;
 
@@ -32,6 +37,15 @@ int tok_docs_open(tok_docs *d, const char *path, const char *field, fsdp_err *er
 /* The next document: 1 with *doc / *len (valid until the next call), 0 at the end, an error code. */
 int tok_docs_next(tok_docs *d, const char **doc, size_t *len, fsdp_err *err);
 void tok_docs_close(tok_docs *d);
+
+/* The same in two steps, for readers that parse on other threads: the raw document (a JSONL line without
+ * its blanks, d->line its number; a whole text file), valid until the next call; then its text (thread
+ * safe, into out: repaired, the field's value for JSONL), *invalid counting the replaced subparts; path and
+ * line name it in errors. */
+int tok_docs_next_raw(tok_docs *d, const char **raw, size_t *len, fsdp_err *err);
+int tok_doc_text(const char *path, size_t line, const char *field, int jsonl, const char *raw, size_t n, tok_text *out,
+                 size_t *invalid, fsdp_err *err);
+void tok_text_free(tok_text *t);
 
 /* The whole of a regular file (malloc'd, NUL-terminated beyond *n). */
 int tok_read_file(const char *path, char **buf, size_t *n, fsdp_err *err);
