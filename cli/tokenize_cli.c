@@ -12,6 +12,7 @@
 
 #include "cli/tokenize_cli.h"
 #include "tokenizer/tok.h"
+#include "tokenizer/tok_batch.h"
 #include "tokenizer/tok_docs.h"
 
 typedef struct tk_opts {
@@ -69,33 +70,16 @@ static int tk_parse(int argc, char **argv, tk_opts *o, FILE *out, FILE *log) {
 
 #define TK_BATCH 4096
 
-/* A batch of raw documents, parsed, encoded and formatted on the threads, written in order. */
-typedef struct tk_doc {
-    char *raw;
-    size_t len, line, file;
-    char *out; /* "[id,id,...]\n" */
-    size_t on, ocap;
-    size_t tokens;
-} tk_doc;
-
-typedef struct tk_worker {
-    tok_state *st;
-    tok_text text;
-    tok_ids ids;
-    size_t invalid;
-    fsdp_err err;
-    int failed;
-} tk_worker;
-
-static int tk_format(tk_doc *d, const tok_ids *ids) {
+/* "[id,id,...]\n" into *out (grown as needed). */
+static int tk_format(const tok_ids *ids, char **out, size_t *on, size_t *cap) {
     size_t need = ids->n * 12 + 4;
-    if (need > d->ocap) {
-        char *p = realloc(d->out, need);
+    if (need > *cap) {
+        char *p = realloc(*out, need);
         if (!p) return -1;
-        d->out = p;
-        d->ocap = need;
+        *out = p;
+        *cap = need;
     }
-    char *o = d->out;
+    char *o = *out;
     *o++ = '[';
     for (size_t k = 0; k < ids->n; k++) {
         if (k) *o++ = ',';
@@ -108,65 +92,35 @@ static int tk_format(tk_doc *d, const tok_ids *ids) {
     }
     *o++ = ']';
     *o++ = '\n';
-    d->on = (size_t)(o - d->out);
-    d->tokens = ids->n;
+    *on = (size_t)(o - *out);
     return 0;
 }
 
-static void tk_one(const tk_opts *o, tk_doc *d, tk_worker *w) {
-    const char *path = o->files[d->file];
-    if (tok_doc_text(path, d->line, o->field ? o->field : "text", tok_docs_is_jsonl(path), d->raw, d->len, &w->text,
-                     &w->invalid, &w->err)) {
-        w->failed = 1;
-        return;
-    }
-    w->ids.n = 0;
-    if (tok_encode(w->st, w->text.p, w->text.n, o->special, &w->ids, &w->err)) {
-        fsdp_err_prefix(&w->err, "%s:%zu: ", path, d->line);
-        w->failed = 1;
-        return;
-    }
-    if (tk_format(d, &w->ids)) {
-        fsdp_err_set(&w->err, FSDP_E_NOMEM, "out of memory");
-        w->failed = 1;
-    }
-}
+typedef struct tk_text_out {
+    char **s;
+    size_t *n, *cap;
+} tk_text_out;
 
-/* Encodes docs[0..n) on the workers and writes them in order; the first failure (in document order) wins. */
-static int tk_flush(const tk_opts *o, tk_doc *docs, size_t n, tk_worker *w, int threads, FILE *out, size_t *tokens,
+/* Encodes the batch, formats its documents on the threads, writes them in order. */
+static int tk_flush(const tk_opts *o, tok_batch *b, tok_workers *w, tk_text_out *fo, FILE *out, size_t *tokens,
                     fsdp_err *err) {
-    size_t first_bad = n;
-#pragma omp parallel for num_threads(threads) schedule(dynamic, 8)
-    for (size_t i = 0; i < n; i++) {
-        tk_worker *me = &w[omp_get_thread_num()];
-        if (me->failed) continue;
-        tk_one(o, &docs[i], me);
-        if (me->failed) {
-#pragma omp critical(tk_fail)
-            if (i < first_bad) {
-                first_bad = i;
-                *err = me->err;
-            }
-        }
+    int rc = tok_batch_encode(b, w, o->field ? o->field : "text", o->special, err);
+    if (rc) return rc;
+    int oom = 0;
+#pragma omp parallel for num_threads(w->n) schedule(dynamic, 16) reduction(| : oom)
+    for (size_t i = 0; i < b->n; i++) oom |= tk_format(&b->ids[i], &fo->s[i], &fo->n[i], &fo->cap[i]);
+    if (oom) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+    for (size_t i = 0; i < b->n; i++) {
+        if (fwrite(fo->s[i], 1, fo->n[i], out) != fo->n[i]) return fsdp_err_set(err, FSDP_E_IO, "writing the ids failed");
+        *tokens += b->ids[i].n;
     }
-    if (first_bad < n) return err->code;
-    for (size_t i = 0; i < n; i++) {
-        if (fwrite(docs[i].out, 1, docs[i].on, out) != docs[i].on) return fsdp_err_set(err, FSDP_E_IO, "writing the ids failed");
-        *tokens += docs[i].tokens;
-    }
+    tok_batch_clear(b);
     return 0;
 }
 
-static int tk_encode_files(const tk_opts *o, const tok_tokenizer *tk, FILE *out, FILE *log, fsdp_err *err) {
-    int threads = o->threads ? o->threads : 1;
-    tk_worker *w = calloc((size_t)threads, sizeof *w);
-    tk_doc *docs = calloc(TK_BATCH, sizeof *docs);
-    int rc = w && docs ? 0 : fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
-    for (int t = 0; t < threads && !rc; t++)
-        if (!(w[t].st = tok_state_new(tk))) rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
-    size_t ndocs = 0, tokens = 0, invalid = 0, bytes = 0, dropped = 0, nb = 0;
-    struct timespec t0, t1;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+static int tk_read_all(const tk_opts *o, tok_batch *b, tok_workers *w, tk_text_out *fo, FILE *out, size_t *docs,
+                       size_t *bytes, size_t *tokens, fsdp_err *err) {
+    int rc = 0;
     for (size_t f = 0; f < o->nf && !rc; f++) {
         tok_docs d;
         rc = tok_docs_open(&d, o->files[f], o->field, err);
@@ -174,52 +128,44 @@ static int tk_encode_files(const tk_opts *o, const tok_tokenizer *tk, FILE *out,
         size_t len;
         int r = 0;
         while (!rc && (r = tok_docs_next_raw(&d, &raw, &len, err)) == 1) {
-            tk_doc *x = &docs[nb];
-            free(x->raw);
-            x->raw = malloc(len + 1);
-            if (!x->raw) {
-                rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
-                break;
-            }
-            memcpy(x->raw, raw, len);
-            x->len = len;
-            x->line = d.line;
-            x->file = f;
-            nb++;
-            ndocs++;
-            bytes += len;
-            if (nb == TK_BATCH) {
-                rc = tk_flush(o, docs, nb, w, threads, out, &tokens, err);
-                nb = 0;
-            }
+            rc = tok_batch_add(b, o->files[f], d.jsonl, d.line, raw, len, err);
+            ++*docs;
+            *bytes += len;
+            if (!rc && b->n == TK_BATCH) rc = tk_flush(o, b, w, fo, out, tokens, err);
         }
-        if (!rc && r < 0) rc = r;
-        if (!rc && r > 1) rc = r;
+        if (!rc && r != 0 && r != 1) rc = r;
         tok_docs_close(&d);
     }
-    if (!rc) rc = tk_flush(o, docs, nb, w, threads, out, &tokens, err);
+    if (!rc) rc = tk_flush(o, b, w, fo, out, tokens, err);
+    return rc;
+}
+
+static int tk_encode_files(const tk_opts *o, const tok_tokenizer *tk, FILE *out, FILE *log, fsdp_err *err) {
+    int threads = o->threads ? o->threads : 1;
+    tok_workers w;
+    tok_batch b = {0};
+    tk_text_out fo = {calloc(TK_BATCH, sizeof(char *)), calloc(TK_BATCH, sizeof(size_t)), calloc(TK_BATCH, sizeof(size_t))};
+    int rc = tok_workers_new(tk, threads, &w, err);
+    if (!rc && (!fo.s || !fo.n || !fo.cap)) rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+    size_t docs = 0, tokens = 0, bytes = 0;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    if (!rc) rc = tk_read_all(o, &b, &w, &fo, out, &docs, &bytes, &tokens, err);
     clock_gettime(CLOCK_MONOTONIC, &t1);
-    for (int t = 0; w && t < threads; t++) {
-        if (w[t].st) dropped += tok_state_dropped(w[t].st);
-        invalid += w[t].invalid;
-        tok_state_free(w[t].st);
-        tok_text_free(&w[t].text);
-        tok_ids_free(&w[t].ids);
-    }
-    for (size_t i = 0; docs && i < TK_BATCH; i++) {
-        free(docs[i].raw);
-        free(docs[i].out);
-    }
-    free(docs);
-    free(w);
     double s = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
     if (!rc && !o->quiet)
         fprintf(log, "tokenize: %zu documents, %zu bytes, %zu tokens in %.3f s (%.0f tokens/s, %d thread%s); %zu invalid "
-                "UTF-8 sequences replaced by U+FFFD\n", ndocs, bytes, tokens, s, s > 0 ? (double)tokens / s : 0.0, threads,
-                threads == 1 ? "" : "s", invalid);
-    if (!rc && dropped)
+                "UTF-8 sequences replaced by U+FFFD\n", docs, bytes, tokens, s, s > 0 ? (double)tokens / s : 0.0, threads,
+                threads == 1 ? "" : "s", tok_workers_invalid(&w));
+    if (!rc && w.n && tok_workers_dropped(&w))
         fprintf(log, "tokenize: warning: %zu characters have no token in the vocabulary (no byte_fallback, no unk_token) "
-                "and were left out, as Hugging Face's tokenizer leaves them out\n", dropped);
+                "and were left out, as Hugging Face's tokenizer leaves them out\n", tok_workers_dropped(&w));
+    for (size_t i = 0; fo.s && i < TK_BATCH; i++) free(fo.s[i]);
+    free(fo.s);
+    free(fo.n);
+    free(fo.cap);
+    tok_batch_free(&b);
+    tok_workers_free(&w);
     return rc;
 }
 
