@@ -97,10 +97,18 @@ static int resolve_transform(const recipe *r, fsdp_value *with, fsdp_err *err) {
     return rc;
 }
 
+/* data.tokenizer is a path unless it names the model's own ("model"). */
+static int resolve_tokenizer(const recipe *r, fsdp_value *data, fsdp_err *err) {
+    fsdp_value *t = val_get_mut(data, "tokenizer");
+    if (!t || t->kind != FSDP_V_SCALAR || !fsdp_value_text(t) || !strcmp(fsdp_value_text(t), "model")) return 0;
+    return resolve_key(r, data, "tokenizer", err);
+}
+
 int recipe_resolve_paths(recipe *r, fsdp_err *err) {
     fsdp_value *model = val_get_mut(r->root, "model");
     int rc = model && model->kind == FSDP_V_MAP ? resolve_model(r, model, err) : 0;
     if (!rc) rc = resolve_key(r, val_get_mut(r->root, "data"), "path", err);
+    if (!rc) rc = resolve_tokenizer(r, val_get_mut(r->root, "data"), err);
     for (size_t i = 0; !rc && i < r->n_stages; i++) {
         recipe_stage *s = &r->stages[i];
         if (!s->with || s->with->kind != FSDP_V_MAP) continue;
@@ -109,6 +117,8 @@ int recipe_resolve_paths(recipe *r, fsdp_err *err) {
         else if (!strcmp(s->uses, "transform")) rc = resolve_transform(r, s->with, err);
         if (!rc && (!strcmp(s->uses, "train-steps") || !strcmp(s->uses, "eval")))
             rc = resolve_key(r, val_get_mut(s->with, "eval_data"), "path", err);
+        if (!rc && (!strcmp(s->uses, "train-steps") || !strcmp(s->uses, "eval")))
+            rc = resolve_tokenizer(r, val_get_mut(s->with, "eval_data"), err);
     }
     return rc;
 }

@@ -185,7 +185,7 @@ static int check_data(const recipe *r, const sizes_host *h, const sizes_chain *c
                train->id);
         return -1;
     }
-    if (data_config_from_value(data, 0, dc, &e)) {
+    if (data_config_from_value(data, 0, dc, &e) || data_config_model(dc, fsdp_value_get(r->root, "model"), &e)) {
         errlist_add(el, &e);
         return -1;
     }

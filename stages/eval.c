@@ -68,6 +68,7 @@ static int eval_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
     const fsdp_value *rt = fsdp_ctx_section(ctx, "runtime");
     data_config dc;
     rc = data_config_from_value(fsdp_ctx_section(ctx, "data"), (uint64_t)fsdp_arg_int(rt, "seed", 0), &dc, err);
+    if (!rc) rc = data_config_model(&dc, fsdp_ctx_section(ctx, "model"), err);
     if (rc) return rc;
     const fsdp_value *ed = fsdp_value_get(with, "eval_data");
     data_source *data = NULL;

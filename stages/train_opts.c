@@ -192,10 +192,10 @@ int train_micro_count(const fsdp_value *with, const char *stage, int64_t local_b
 
 int train_eval_open(fsdp_ctx *ctx, const fsdp_value *eval_data, int vocab, int world, int rank,
                     const data_config *train_dc, data_source **out, fsdp_err *err) {
-    (void)ctx;
     data_config dc;
     /* keys eval_data leaves out are the training data's */
     int rc = data_config_over(eval_data, train_dc, &dc, err);
+    if (!rc) rc = data_config_model(&dc, fsdp_ctx_section(ctx, "model"), err);
     if (rc) return fsdp_err_prefix(err, "eval_data");
     const char *keys[] = {"batch_size", "seq_len"};
     int64_t want[] = {train_dc->batch_size, train_dc->seq_len}, *got[] = {&dc.batch_size, &dc.seq_len};

@@ -375,6 +375,7 @@ static int train_open_data(train_run_state *tr, fsdp_err *err) {
     const fsdp_value *rt = fsdp_ctx_section(tr->ctx, "runtime");
     int rc = data_config_from_value(fsdp_ctx_section(tr->ctx, "data"), (uint64_t)fsdp_arg_int(rt, "seed", 0), &tr->dc,
                                     err);
+    if (!rc) rc = data_config_model(&tr->dc, fsdp_ctx_section(tr->ctx, "model"), err);
     if (rc) return rc;
     return data_open(&tr->dc, decoder_state_config(tr->s)->vocab_size, comm_size(tr->c), comm_rank(tr->c), &tr->data, err);
 }

@@ -162,7 +162,7 @@ TEST(Data, SequentialOrderReadsConsecutiveBlocks) {
     val_free(v);
     ASSERT_EQ(parse("{kind: synthetic, order: sequential}", &v, &err), 0) << err.msg;
     EXPECT_EQ(data_config_from_value(v, 0, &pc, &err), FSDP_E_INVALID);
-    EXPECT_NE(std::string(err.msg).find("applies to kind text, tokens or llmc only"), std::string::npos) << err.msg;
+    EXPECT_NE(std::string(err.msg).find("applies to kind text, jsonl, tokens or llmc only"), std::string::npos) << err.msg;
     val_free(v);
     rm_rf(dir);
 }

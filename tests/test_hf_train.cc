@@ -540,7 +540,7 @@ TEST(HfTrain, FinetuneRecipe) {
     }
     write_file(t / "train.bin", toks);
     int rc;
-    std::string o = run_np(2, "recipes/finetune_hf.yaml --set vars.hf=" + hf_fixture("qwen3_tiny") + " --set vars.tokens=" +
+    std::string o = run_np(2, "recipes/finetune_hf.yaml --set vars.hf=" + hf_fixture("qwen3_tiny") + " --set vars.data_kind=tokens --set vars.data=" +
                                   (t / "train.bin") + " --set vars.out=" + (t / "run") +
                                   " --set vars.steps=4 --set vars.save_every=2 --set vars.batch_size=2"
                                   " --set vars.seq_len=32 --set vars.warmup_steps=1 --set vars.token_dtype=uint16 --set vars.lr=3e-3"

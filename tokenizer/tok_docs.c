@@ -51,13 +51,17 @@ static int ends_with(const char *s, const char *suf) {
 
 int tok_docs_is_jsonl(const char *path) { return ends_with(path, ".jsonl") || ends_with(path, ".ndjson"); }
 
-int tok_docs_open(tok_docs *d, const char *path, const char *field, fsdp_err *err) {
+int tok_docs_open_as(tok_docs *d, const char *path, const char *field, int jsonl, fsdp_err *err) {
     memset(d, 0, sizeof *d);
     snprintf(d->path, sizeof d->path, "%s", path);
     snprintf(d->field, sizeof d->field, "%s", field ? field : "text");
-    d->jsonl = tok_docs_is_jsonl(path);
+    d->jsonl = jsonl;
     if (d->jsonl) return fio_fopen_read(path, NULL, &d->f, err);
     return 0;
+}
+
+int tok_docs_open(tok_docs *d, const char *path, const char *field, fsdp_err *err) {
+    return tok_docs_open_as(d, path, field, tok_docs_is_jsonl(path), err);
 }
 
 /* s[0..n) into t->fix, repaired when it is not UTF-8. */

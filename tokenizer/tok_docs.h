@@ -34,6 +34,8 @@ typedef struct tok_docs {
 int tok_docs_is_jsonl(const char *path);
 /* Opens path (JSONL by its name, see above; field: the JSONL field, "text" when NULL). */
 int tok_docs_open(tok_docs *d, const char *path, const char *field, fsdp_err *err);
+/* The same, JSONL or not as told. */
+int tok_docs_open_as(tok_docs *d, const char *path, const char *field, int jsonl, fsdp_err *err);
 /* The next document: 1 with *doc / *len (valid until the next call), 0 at the end, an error code. */
 int tok_docs_next(tok_docs *d, const char **doc, size_t *len, fsdp_err *err);
 void tok_docs_close(tok_docs *d);

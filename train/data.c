@@ -8,6 +8,7 @@
 
 #include "ckpt/safetensors.h"
 #include "train/data_files.h"
+#include "train/data_text.h"
 #include "runtime/nearest.h"
 
 struct data_source {
@@ -21,8 +22,8 @@ struct data_source {
     int32_t *fixed_in, *fixed_lab; /* safetensors: the whole global batch */
 };
 
-#define N_KINDS 5
-static const char *const KIND_NAMES[N_KINDS] = {"text", "tokens", "safetensors", "synthetic", "llmc"};
+#define N_KINDS 6
+static const char *const KIND_NAMES[N_KINDS] = {"text", "tokens", "safetensors", "synthetic", "llmc", "jsonl"};
 
 static uint64_t mix64(uint64_t x) {
     x += 0x9e3779b97f4a7c15ull;
@@ -53,6 +54,8 @@ int data_config_from_value(const fsdp_value *sec, uint64_t default_seed, data_co
     base.seq_len = 64;
     base.token_bytes = 2;
     base.seed = default_seed;
+    base.template_ = 1;
+    snprintf(base.field, sizeof base.field, "text");
     return data_config_over(sec, &base, cfg, err);
 }
 
@@ -60,12 +63,14 @@ int data_config_over(const fsdp_value *sec, const data_config *base, data_config
     *cfg = *base;
     if (!sec || fsdp_value_type(sec) != FSDP_V_MAP)
         return fsdp_err_at(err, FSDP_E_INVALID, sec, "data: expected a map (kind, path, batch_size, seq_len, ...)");
-    const char *keys[] = {"kind", "path", "batch_size", "seq_len", "dtype", "seed", "order", NULL};
+    const char *keys[] = {"kind", "path", "batch_size", "seq_len", "dtype", "seed", "order", "tokenizer", "field",
+                          "eos", "template", "pack", NULL};
     for (size_t i = 0; i < fsdp_value_size(sec); i++) {
         const char *k = fsdp_value_key(sec, i);
         int known = 0;
         for (const char **q = keys; *q; q++) known |= !strcmp(*q, k);
-        static const char KNOWN[] = "kind, path, batch_size, seq_len, dtype, seed, order";
+        static const char KNOWN[] = "kind, path, batch_size, seq_len, dtype, seed, order, tokenizer, field, eos, "
+                                    "template, pack";
         char hint[300];
         if (!known)
             return fsdp_err_at(err, FSDP_E_INVALID, fsdp_value_item(sec, i), "data: unknown key '%s'%s (expected %s)", k,
@@ -81,7 +86,8 @@ int data_config_over(const fsdp_value *sec, const data_config *base, data_config
                 found = 1;
             }
         if (!found)
-            return fsdp_err_at(err, FSDP_E_INVALID, v, "data.kind must be one of: text, tokens, llmc, safetensors, synthetic");
+            return fsdp_err_at(err, FSDP_E_INVALID, v,
+                               "data.kind must be one of: text, jsonl, tokens, llmc, safetensors, synthetic");
     }
     if ((v = fsdp_value_get(sec, "path")) && fsdp_value_type(v) != FSDP_V_NULL) {
         if (!fsdp_value_text(v)) return fsdp_err_at(err, FSDP_E_INVALID, v, "data.path: expected a file path");
@@ -113,18 +119,22 @@ int data_config_over(const fsdp_value *sec, const data_config *base, data_config
         if (t && !strcmp(t, "random")) cfg->sequential = 0;
         else if (t && !strcmp(t, "sequential")) cfg->sequential = 1;
         else return fsdp_err_at(err, FSDP_E_INVALID, v, "data.order must be random or sequential");
-        if (cfg->sequential && cfg->kind != DATA_TEXT && cfg->kind != DATA_TOKENS && cfg->kind != DATA_LLMC)
-            return fsdp_err_at(err, FSDP_E_INVALID, v, "data.order: sequential applies to kind text, tokens or llmc only");
+        if (cfg->sequential && cfg->kind != DATA_TEXT && cfg->kind != DATA_TOKENS && cfg->kind != DATA_LLMC &&
+            cfg->kind != DATA_JSONL)
+            return fsdp_err_at(err, FSDP_E_INVALID, v, "data.order: sequential applies to kind text, jsonl, tokens or llmc only");
     }
+    int rc = data_config_text_keys(sec, cfg, err);
+    if (rc) return rc;
     if (cfg->kind != DATA_SYNTHETIC && !cfg->path[0])
         return fsdp_err_at(err, FSDP_E_INVALID, sec, "data: kind %s needs a `path`", KIND_NAMES[cfg->kind]);
     return 0;
 }
 
-static int is_file_kind(data_kind k) { return k == DATA_TEXT || k == DATA_TOKENS || k == DATA_LLMC; }
+static int is_file_kind(data_kind k) { return k == DATA_TEXT || k == DATA_TOKENS || k == DATA_LLMC || k == DATA_JSONL; }
 
 int data_check_files(const data_config *cfg, fsdp_err *err) {
     if (!is_file_kind(cfg->kind)) return 0;
+    if (data_tokenized(cfg)) return data_text_check(cfg, err);
     data_files f;
     int rc = data_files_open(cfg, 0, 0, &f, err);
     if (!rc) data_files_close(&f);
@@ -200,13 +210,14 @@ int data_open(const data_config *cfg, int vocab, int world, int rank, data_sourc
     d->rank = rank;
     d->local_batch = cfg->batch_size / world;
     int rc = 0;
-    if (cfg->kind == DATA_TEXT && vocab < 256) {
+    if (cfg->kind == DATA_TEXT && !data_tokenized(cfg) && vocab < 256) {
         rc = fsdp_err_set(err, FSDP_E_INVALID, "data %s: text data has 256 byte values but the model's vocab_size is %d",
                           cfg->path, vocab);
         goto fail;
     }
     if (is_file_kind(cfg->kind)) {
-        if ((rc = data_files_open(cfg, vocab, 1, &d->files, err))) goto fail;
+        rc = data_tokenized(cfg) ? data_text_open(cfg, vocab, &d->files, err) : data_files_open(cfg, vocab, 1, &d->files, err);
+        if (rc) goto fail;
         size_t longest = 0;
         for (size_t i = 0; i < d->files.n; i++) {
             size_t n = d->files.seg[i].n_tokens;

@@ -1,5 +1,8 @@
 /* Training data: the recipe's `data:` section.
- *   kind: text         a UTF-8 file read as bytes (vocabulary 256)
+ *   kind: text         a UTF-8 file read as bytes (vocabulary 256); with `tokenizer:`, each file is a document
+ *                      through that tokenizer.json, packed (train/data_text.h)
+ *   kind: jsonl        JSON lines, each line's `field` (default "text") a document through the model's
+ *                      tokenizer (`tokenizer:`, default the model's from_hf directory), packed
  *   kind: tokens       a flat binary of uint16 or uint32 token ids (nanoGPT's train.bin), mmapped
  *   kind: llmc         llm.c .bin shards (256 x int32 header: magic 20240520, version 1, token count;
  *                      then uint16 tokens), several by glob (train/data_files.h)
@@ -20,7 +23,7 @@
 #include "fsdp/error.h"
 #include "fsdp/value.h"
 
-typedef enum data_kind { DATA_TEXT = 0, DATA_TOKENS, DATA_SAFETENSORS, DATA_SYNTHETIC, DATA_LLMC } data_kind;
+typedef enum data_kind { DATA_TEXT = 0, DATA_TOKENS, DATA_SAFETENSORS, DATA_SYNTHETIC, DATA_LLMC, DATA_JSONL } data_kind;
 
 typedef struct data_source data_source;
 
@@ -34,7 +37,18 @@ typedef struct data_config {
     int sequential;      /* order: sequential: sample b of batch pos is the (pos*batch_size + b)-th block of
                           * seq_len + 1 consecutive tokens (llm.c, torch_baseline.py --tokens), wrapping
                           * around at the end; default random windows */
+    /* tokenized kinds (jsonl; text with a tokenizer) */
+    char tokenizer[4096]; /* a tokenizer.json or a directory holding one; "model": the model's from_hf */
+    char field[256];      /* the JSONL field of the text ("text") */
+    char eos[256];        /* the token between documents (default: tokenizer_config.json's eos_token) */
+    int template_;        /* 1: each document wrapped in the tokenizer's template (BOS / EOS) as add_special_tokens */
 } data_config;
+
+/* Whether the data is documents through a tokenizer (kind jsonl, or text with a tokenizer). */
+int data_tokenized(const data_config *cfg);
+/* A tokenized kind's default tokenizer from the recipe's model section: its from_hf directory (when data
+ * names none, or names "model"). An error when a tokenized kind is left without one. */
+int data_config_model(data_config *cfg, const fsdp_value *model, fsdp_err *err);
 
 /* Parses and checks a `data:` map (errors point at the key; a missing section or `kind` is an error).
  * default_seed is runtime.seed. */

@@ -13,11 +13,11 @@
 #include "runtime/fileio.h"
 
 static const char *kind_label(data_kind k) {
-    return k == DATA_TEXT ? "text" : k == DATA_LLMC ? "llmc" : "tokens";
+    return k == DATA_TEXT ? "text" : k == DATA_LLMC ? "llmc" : k == DATA_JSONL ? "jsonl" : "tokens";
 }
 
 /* Matches of pattern (sorted). A relative path was resolved when the recipe was loaded (recipe_paths.c). */
-static int resolve_glob(const data_config *cfg, glob_t *g, fsdp_err *err) {
+int data_glob(const data_config *cfg, glob_t *g, fsdp_err *err) {
     memset(g, 0, sizeof *g);
     int rc = glob(cfg->path, GLOB_ERR, NULL, g);
     if (rc == 0) return 0;
@@ -153,7 +153,7 @@ int data_files_open(const data_config *cfg, int vocab, int scan, data_files *f, 
     memset(f, 0, sizeof *f);
     f->token_bytes = cfg->kind == DATA_TEXT ? 1 : cfg->kind == DATA_LLMC ? 2 : cfg->token_bytes;
     glob_t g;
-    int rc = resolve_glob(cfg, &g, err);
+    int rc = data_glob(cfg, &g, err);
     if (rc) return rc;
     f->seg = calloc(g.gl_pathc, sizeof *f->seg);
     if (!f->seg) rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
@@ -171,7 +171,8 @@ int data_files_open(const data_config *cfg, int vocab, int scan, data_files *f, 
 
 void data_files_close(data_files *f) {
     for (size_t i = 0; i < f->n; i++) {
-        if (f->seg[i].map) munmap((void *)f->seg[i].map, f->seg[i].map_len);
+        if (f->seg[i].owned) free((void *)f->seg[i].map);
+        else if (f->seg[i].map) munmap((void *)f->seg[i].map, f->seg[i].map_len);
         free(f->seg[i].path);
     }
     free(f->seg);

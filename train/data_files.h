@@ -8,6 +8,7 @@
 #ifndef FSDP_TRAIN_DATA_FILES_H
 #define FSDP_TRAIN_DATA_FILES_H
 
+#include <glob.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -24,6 +25,7 @@ typedef struct data_seg {
     size_t map_len;
     size_t hdr;       /* bytes before the first token */
     size_t n_tokens;
+    int owned;        /* map is a malloc'd stream (a tokenized kind), not a mapping */
 } data_seg;
 
 typedef struct data_files {
@@ -37,6 +39,8 @@ typedef struct data_files {
  * (the error names the file, the token index and its byte offset). */
 int data_files_open(const data_config *cfg, int vocab, int scan, data_files *f, fsdp_err *err);
 void data_files_close(data_files *f);
+/* The sorted matches of cfg->path (none is an error naming the pattern). */
+int data_glob(const data_config *cfg, glob_t *g, fsdp_err *err);
 
 static inline uint32_t data_seg_token(const data_seg *s, int token_bytes, size_t i) {
     const unsigned char *p = s->map + s->hdr + i * (size_t)token_bytes;
