@@ -13,6 +13,7 @@
 
 #include "cli/ckpt_cli.h"
 #include "cli/plot.h"
+#include "cli/data_prepare_cli.h"
 #include "cli/tokenize_cli.h"
 #include "run/run.h"
 #include "pipeline/schema.h"
@@ -24,6 +25,7 @@ static void usage(FILE *f) {
           "       fsdp-run ckpt inspect|convert|diff|clean ...      checkpoint tools (fsdp-run ckpt --help)\n"
           "       fsdp-run plot METRICS.jsonl... -o OUT.png|.svg    loss, lr, grad norm, tokens/s against step\n"
           "       fsdp-run tokenize --tokenizer DIR FILE...         documents -> ids with a model's tokenizer.json\n"
+          "       fsdp-run data prepare --tokenizer DIR -o OUT FILE...  documents -> llm.c shards / token file\n"
           "       fsdp-run --help | --version\n"
           "\n"
           "options:\n"
@@ -137,11 +139,11 @@ int fsdp_cli_run(fsdp_registry *reg, int argc, char **argv, FILE *out, FILE *log
     return fsdp_cli_run_comm(reg, argc, argv, out, log, NULL);
 }
 
-/* The index of the sub-command (validate, stages, ckpt, plot, tokenize) when it is the first word that is
+/* The index of the sub-command (validate, stages, ckpt, plot, tokenize, data) when it is the first word that is
  * neither an option nor an option's value (`fsdp-run -v validate r.yaml`); 0 when there is none (the
  * words are recipes). */
 static int find_subcommand(int argc, char **argv) {
-    static const char *const SUBS[] = {"validate", "stages", "ckpt", "plot", "tokenize"};
+    static const char *const SUBS[] = {"validate", "stages", "ckpt", "plot", "tokenize", "data"};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--set") || !strcmp(a, "--report") || !strcmp(a, "--nproc")) {
@@ -282,6 +284,7 @@ int fsdp_cli_run_comm(fsdp_registry *reg, int argc, char **argv, FILE *out, FILE
     if (sub == 1 && !strcmp(argv[1], "ckpt")) return ckpt_cli_main(argc - 2, argv + 2, out, log);
     if (sub == 1 && !strcmp(argv[1], "plot")) return plot_cli_main(argc - 2, argv + 2, out, log);
     if (sub == 1 && !strcmp(argv[1], "tokenize")) return tokenize_cli_main(argc - 2, argv + 2, out, log);
+    if (sub == 1 && !strcmp(argv[1], "data")) return data_cli_main(argc - 2, argv + 2, out, log);
     return cli_run_recipes(reg, argc, argv, sub, out, log, cm);
 }
 

@@ -161,16 +161,17 @@ TEST(DataBin, BadHeadersNameTheFileAndTheField) {
         std::string bytes;
         const char *expect;
     } cases[] = {
-        {"magic.bin", llmc_shard(toks, 20240801), "header magic is 20240801, expected 20240520"},
-        {"version.bin", llmc_shard(toks, 20240520, 2), "header version is 2, expected 1 (uint16 tokens)"},
+        {"magic.bin", llmc_shard(toks, 20240999), "header magic is 20240999, expected 20240520"},
+        {"version.bin", llmc_shard(toks, 20240520, 2), "header version is 2, expected 1 with magic 20240520"},
+        {"version7.bin", llmc_shard(toks, 20240801, 1), "header version is 1, expected 7 with magic 20240801"},
         {"count.bin", llmc_shard(toks, 20240520, 1, 65), "the header says 65 tokens (1154 bytes with the header), the file has 1152 bytes"},
         {"negative.bin", "", "header token count is -5"},
         {"short.bin", std::string(100, '\0'), "100 bytes is shorter than the 1024-byte llm.c header"},
     };
     // a negative count, written by hand (llmc_shard's -1 means "the real count")
-    cases[3].bytes = llmc_shard(toks);
+    cases[4].bytes = llmc_shard(toks);
     int32_t neg = -5;
-    memcpy(&cases[3].bytes[8], &neg, 4);
+    memcpy(&cases[4].bytes[8], &neg, 4);
     for (auto &k : cases) {
         write_file(d / k.name, k.bytes);
         data_config c = cfg_of(DATA_LLMC, d / k.name, 1, 8);

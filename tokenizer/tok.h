@@ -49,6 +49,10 @@ const tok_ids *tok_template_suffix(const tok_tokenizer *t);
 /* Whether the id is a special added token. */
 int tok_is_special(const tok_tokenizer *t, int32_t id);
 
+/* The id of the token between packed documents: name when given, else the eos_token of the
+ * tokenizer_config.json beside path (the tokenizer's file or directory). */
+int tok_eos_id(const tok_tokenizer *t, const char *path, const char *name, int32_t *eos, fsdp_err *err);
+
 /* A thread's workspace (match data, the word cache); NULL when out of memory. */
 tok_state *tok_state_new(const tok_tokenizer *t);
 void tok_state_free(tok_state *s);

@@ -63,24 +63,32 @@ static int32_t le32_at(const unsigned char *p) {
     return (int32_t)((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24);
 }
 
-/* The llm.c header: magic, version, token count, and the file's size against it. */
-static int check_llmc(data_seg *s, fsdp_err *err) {
+/* The token width of an llm.c header's (magic, version): 2 (GPT-2's 20240520 v1), 4 (llama-3's 20240801 v7), 0. */
+static int llmc_width(int32_t magic, int32_t version) {
+    if (magic == DATA_LLMC_MAGIC && version == DATA_LLMC_VERSION) return 2;
+    if (magic == DATA_LLMC32_MAGIC && version == DATA_LLMC32_VERSION) return 4;
+    return 0;
+}
+
+/* The llm.c header: magic, version, token count, and the file's size against it; *esz its token width. */
+static int check_llmc(data_seg *s, int *esz, fsdp_err *err) {
     if (s->map_len < DATA_LLMC_HEADER_BYTES)
         return fsdp_err_set(err, FSDP_E_FORMAT,
                             "data %s: %zu bytes is shorter than the 1024-byte llm.c header (256 x int32)", s->path,
                             s->map_len);
     int32_t magic = le32_at(s->map), version = le32_at(s->map + 4), ntok = le32_at(s->map + 8);
-    if (magic != DATA_LLMC_MAGIC)
+    if (magic != DATA_LLMC_MAGIC && magic != DATA_LLMC32_MAGIC)
         return fsdp_err_set(err, FSDP_E_FORMAT,
-                            "data %s: header magic is %d, expected %d (an llm.c .bin shard; a flat token file without "
-                            "a header is kind: tokens)",
-                            s->path, (int)magic, DATA_LLMC_MAGIC);
-    if (version != DATA_LLMC_VERSION)
-        return fsdp_err_set(err, FSDP_E_FORMAT, "data %s: header version is %d, expected %d (uint16 tokens)", s->path,
-                            (int)version, DATA_LLMC_VERSION);
+                            "data %s: header magic is %d, expected %d (an llm.c .bin shard of uint16 tokens) or %d "
+                            "(uint32 tokens; a flat token file without a header is kind: tokens)",
+                            s->path, (int)magic, DATA_LLMC_MAGIC, DATA_LLMC32_MAGIC);
+    *esz = llmc_width(magic, version);
+    if (!*esz)
+        return fsdp_err_set(err, FSDP_E_FORMAT, "data %s: header version is %d, expected %d with magic %d", s->path,
+                            (int)version, magic == DATA_LLMC_MAGIC ? DATA_LLMC_VERSION : DATA_LLMC32_VERSION, (int)magic);
     if (ntok < 0)
         return fsdp_err_set(err, FSDP_E_FORMAT, "data %s: header token count is %d, expected >= 0", s->path, (int)ntok);
-    uint64_t want = DATA_LLMC_HEADER_BYTES + 2 * (uint64_t)ntok;
+    uint64_t want = DATA_LLMC_HEADER_BYTES + (uint64_t)*esz * (uint64_t)ntok;
     if (want != s->map_len)
         return fsdp_err_set(err, FSDP_E_FORMAT,
                             "data %s: the header says %d tokens (%llu bytes with the header), the file has %zu bytes",
@@ -93,20 +101,27 @@ static int check_llmc(data_seg *s, fsdp_err *err) {
 /* 1 when s is an llm.c shard: its magic, version, and a token count that accounts for its size (a
  * flat token file starting with those three int32 by chance would need all three to agree). */
 static int is_llmc_shard(const data_seg *s) {
-    if (s->map_len < DATA_LLMC_HEADER_BYTES || le32_at(s->map) != DATA_LLMC_MAGIC ||
-        le32_at(s->map + 4) != DATA_LLMC_VERSION)
-        return 0;
+    if (s->map_len < DATA_LLMC_HEADER_BYTES) return 0;
+    int w = llmc_width(le32_at(s->map), le32_at(s->map + 4));
     int32_t ntok = le32_at(s->map + 8);
-    return ntok >= 0 && DATA_LLMC_HEADER_BYTES + 2 * (uint64_t)ntok == s->map_len;
+    return w && ntok >= 0 && DATA_LLMC_HEADER_BYTES + (uint64_t)w * (uint64_t)ntok == s->map_len;
 }
 
-static int size_seg(const data_config *cfg, int esz, data_seg *s, fsdp_err *err) {
-    if (cfg->kind == DATA_LLMC) return check_llmc(s, err);
+static int size_seg(const data_config *cfg, int *esz_io, data_seg *s, fsdp_err *err) {
+    int esz = *esz_io;
+    if (cfg->kind == DATA_LLMC) { /* the shards of one glob have one token width */
+        int w = 0, rc = check_llmc(s, &w, err);
+        if (!rc && esz && w != esz)
+            rc = fsdp_err_set(err, FSDP_E_FORMAT, "data %s: uint%d tokens after shards of uint%d tokens (one glob, one "
+                              "token width)", s->path, 8 * w, 8 * esz);
+        *esz_io = w;
+        return rc;
+    }
     if (cfg->kind == DATA_TOKENS && is_llmc_shard(s))
         return fsdp_err_set(err, FSDP_E_FORMAT,
                             "data %s: an llm.c .bin shard (header magic %d, version %d, %d tokens): use kind: llmc "
                             "(kind: tokens would train on its 1024-byte header as tokens)",
-                            s->path, DATA_LLMC_MAGIC, DATA_LLMC_VERSION, (int)le32_at(s->map + 8));
+                            s->path, (int)le32_at(s->map), (int)le32_at(s->map + 4), (int)le32_at(s->map + 8));
     if (s->map_len % (size_t)esz)
         return fsdp_err_set(err, FSDP_E_FORMAT, "data %s: %zu bytes is not a whole number of uint%d tokens", s->path,
                             s->map_len, esz * 8);
@@ -151,7 +166,7 @@ static int scan_seg(const data_config *cfg, const data_seg *s, int esz, int voca
 
 int data_files_open(const data_config *cfg, int vocab, int scan, data_files *f, fsdp_err *err) {
     memset(f, 0, sizeof *f);
-    f->token_bytes = cfg->kind == DATA_TEXT ? 1 : cfg->kind == DATA_LLMC ? 2 : cfg->token_bytes;
+    f->token_bytes = cfg->kind == DATA_TEXT ? 1 : cfg->kind == DATA_LLMC ? 0 : cfg->token_bytes; /* llmc: its header's */
     glob_t g;
     int rc = data_glob(cfg, &g, err);
     if (rc) return rc;
@@ -161,7 +176,7 @@ int data_files_open(const data_config *cfg, int vocab, int scan, data_files *f, 
         data_seg *s = &f->seg[f->n++];
         if (!(s->path = strdup(g.gl_pathv[i]))) rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
         if (!rc) rc = map_seg(s, err);
-        if (!rc) rc = size_seg(cfg, f->token_bytes, s, err);
+        if (!rc) rc = size_seg(cfg, &f->token_bytes, s, err);
         if (!rc && scan && vocab > 0) rc = scan_seg(cfg, s, f->token_bytes, vocab, err);
     }
     globfree(&g);

@@ -3,8 +3,9 @@
  * ids scanned against the vocabulary once, at open time.
  *
  * kind llmc: an llm.c / nanoGPT-style shard: a header of 256 little-endian int32 (magic 20240520,
- * version 1, token count), then that many uint16 tokens; several shards by glob, read as one
- * stream in sorted order (a window never spans two shards). */
+ * version 1, token count), then that many uint16 tokens; or llm.c's llama-3 shard (magic 20240801,
+ * version 7) of uint32 tokens; several shards by glob, read as one stream in sorted order (a window
+ * never spans two shards). */
 #ifndef FSDP_TRAIN_DATA_FILES_H
 #define FSDP_TRAIN_DATA_FILES_H
 
@@ -18,6 +19,9 @@
 #define DATA_LLMC_MAGIC 20240520
 #define DATA_LLMC_VERSION 1
 #define DATA_LLMC_HEADER_BYTES 1024 /* 256 x int32 */
+/* llm.c's llama-3 shards: uint32 tokens */
+#define DATA_LLMC32_MAGIC 20240801
+#define DATA_LLMC32_VERSION 7
 
 typedef struct data_seg {
     char *path;

@@ -1,12 +1,10 @@
 /* The tokenized data kinds (train/data_text.h). */
 #include "train/data_text.h"
 
-#include <jansson.h>
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "tokenizer/tok.h"
 #include "tokenizer/tok_batch.h"
@@ -65,41 +63,14 @@ int data_config_model(data_config *cfg, const fsdp_value *model, fsdp_err *err) 
     return 0;
 }
 
-/* tokenizer_config.json's eos_token ("..." or {"content": "..."}) beside the tokenizer. */
-static int eos_from_config(const char *tokenizer, char *out, size_t cap) {
-    char path[4200];
-    struct stat sb;
-    if (stat(tokenizer, &sb) == 0 && S_ISDIR(sb.st_mode)) snprintf(path, sizeof path, "%s/tokenizer_config.json", tokenizer);
-    else {
-        const char *slash = strrchr(tokenizer, '/');
-        snprintf(path, sizeof path, "%.*stokenizer_config.json", slash ? (int)(slash - tokenizer + 1) : 0, tokenizer);
-    }
-    json_error_t je;
-    json_t *j = json_load_file(path, 0, &je), *e = json_object_get(j, "eos_token");
-    const char *s = json_is_string(e) ? json_string_value(e) : json_string_value(json_object_get(e, "content"));
-    int ok = s && *s && strlen(s) < cap;
-    if (ok) snprintf(out, cap, "%s", s);
-    json_decref(j);
-    return ok ? 0 : -1;
-}
-
 static int load(const data_config *cfg, tok_tokenizer **t, int32_t *eos, fsdp_err *err) {
     int rc = tok_load(cfg->tokenizer, t, err);
     if (rc) return fsdp_err_prefix(err, "data.tokenizer: ");
-    char name[256];
-    if (cfg->eos[0]) snprintf(name, sizeof name, "%s", cfg->eos);
-    else if (eos_from_config(cfg->tokenizer, name, sizeof name)) {
+    rc = tok_eos_id(*t, cfg->tokenizer, cfg->eos, eos, err);
+    if (rc) {
         tok_free(*t);
         *t = NULL;
-        return fsdp_err_set(err, FSDP_E_INVALID, "data: the token between documents is unknown: %s has no "
-                            "tokenizer_config.json with an eos_token beside it (set data.eos, e.g. \"<|endoftext|>\")",
-                            cfg->tokenizer);
-    }
-    *eos = tok_token_id(*t, name);
-    if (*eos < 0) {
-        tok_free(*t);
-        *t = NULL;
-        return fsdp_err_set(err, FSDP_E_INVALID, "data: the EOS token \"%s\" is not in %s's vocabulary", name, cfg->tokenizer);
+        return fsdp_err_prefix(err, "data: ");
     }
     return 0;
 }
