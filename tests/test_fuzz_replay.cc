@@ -34,3 +34,4 @@ TEST(FuzzReplay, Model) { EXPECT_GT(replay("model", fsdp_fuzz_model), 0u); }
 TEST(FuzzReplay, HfConfig) { EXPECT_GT(replay("hf_config", fsdp_fuzz_hf_config), 0u); }
 TEST(FuzzReplay, Pt) { EXPECT_GT(replay("pt", fsdp_fuzz_pt), 0u); }
 TEST(FuzzReplay, Llmc) { EXPECT_GT(replay("llmc", fsdp_fuzz_llmc), 0u); }
+TEST(FuzzReplay, Tokenizer) { EXPECT_GT(replay("tokenizer", fsdp_fuzz_tokenizer), 0u); }

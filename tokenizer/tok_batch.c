@@ -1,8 +1,19 @@
 #include "tok_batch.h"
 
+#ifdef _OPENMP
 #include <omp.h>
+#endif
 #include <stdlib.h>
 #include <string.h>
+
+/* OpenMP's thread number (0 in a build without OpenMP: the fuzz harnesses). */
+static int tok_omp_thread_num(void) {
+#ifdef _OPENMP
+    return omp_get_thread_num();
+#else
+    return 0;
+#endif
+}
 
 int tok_workers_new(const tok_tokenizer *t, int threads, tok_workers *w, fsdp_err *err) {
     memset(w, 0, sizeof *w);
@@ -100,7 +111,7 @@ int tok_batch_encode(tok_batch *b, tok_workers *w, const char *field, int add_sp
     int rc = 0;
 #pragma omp parallel for num_threads(w->n) schedule(dynamic, 8)
     for (size_t i = 0; i < b->n; i++) {
-        int k = omp_get_thread_num();
+        int k = tok_omp_thread_num();
         size_t fb;
 #pragma omp atomic read
         fb = first_bad;

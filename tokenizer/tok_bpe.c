@@ -187,13 +187,13 @@ int tok_bpe_word(tok_state *st, const char *w, size_t n, tok_ids *out) {
     int cached = n < TOK_CACHE_MAX_WORD;
     if (cached) {
         int32_t e = tok_smap_get_h(&st->cache, w, n, h);
-        if (e >= 0) return tok_ids_append(out, st->cache_ids.v + st->cache_at[e], st->cache_len[e]);
+        if (e >= 0) return st->cache_len[e] ? tok_ids_append(out, st->cache_ids.v + st->cache_at[e], st->cache_len[e]) : 0;
     }
     size_t ns = 0;
     if (symbols(st, b, w, n, &ns) || merge_all(st, b, ns)) return -1;
     size_t first = out->n;
     for (size_t i = 0; i < ns; i++)
         if (st->sym[i].len && tok_ids_push(out, st->sym[i].c)) return -1;
-    if (cached && cache_put(st, w, n, out->v + first, out->n - first)) return -1;
+    if (cached && cache_put(st, w, n, out->n > first ? out->v + first : NULL, out->n - first)) return -1;
     return 0;
 }

@@ -44,7 +44,7 @@ static void dl_free(dlist *d) {
     memset(d, 0, sizeof *d);
 }
 
-#define STR(d, i) ((d)->buf.p + (d)->off[i])
+#define STR(d, i) ((d)->buf.p ? (d)->buf.p + (d)->off[i] : "")
 
 static int bytelevel(const dlist *in, dlist *out) {
     tok_buf raw = {0};

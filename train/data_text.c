@@ -1,7 +1,9 @@
 /* The tokenized data kinds (train/data_text.h). */
 #include "train/data_text.h"
 
+#ifdef _OPENMP
 #include <omp.h>
+#endif
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,6 +11,15 @@
 #include "tokenizer/tok.h"
 #include "tokenizer/tok_batch.h"
 #include "tokenizer/tok_docs.h"
+
+/* The threads that tokenize (1 in a build without OpenMP: the fuzz harnesses). */
+static int data_omp_max_threads(void) {
+#ifdef _OPENMP
+    return omp_get_max_threads();
+#else
+    return 1;
+#endif
+}
 
 int data_tokenized(const data_config *cfg) {
     return cfg->kind == DATA_JSONL || (cfg->kind == DATA_TEXT && cfg->tokenizer[0]);
@@ -87,6 +98,21 @@ int data_text_check(const data_config *cfg, fsdp_err *err) {
     return rc;
 }
 
+static int vocab_fits(const data_config *cfg, const tok_tokenizer *t, int vocab, fsdp_err *err) {
+    if (vocab <= 0 || tok_vocab_size(t) <= vocab) return 0;
+    return fsdp_err_set(err, FSDP_E_INVALID, "data: the tokenizer %s has %d ids, more than the model's vocab_size %d "
+                        "(a tokenizer of another model?)", cfg->tokenizer, (int)tok_vocab_size(t), vocab);
+}
+
+int data_check_vocab(const data_config *cfg, int vocab, fsdp_err *err) {
+    if (!data_tokenized(cfg)) return 0;
+    tok_tokenizer *t = NULL;
+    int rc = tok_load(cfg->tokenizer, &t, err);
+    if (!rc) rc = vocab_fits(cfg, t, vocab, err);
+    tok_free(t);
+    return rc;
+}
+
 typedef struct packer {
     uint32_t *v;
     size_t n, cap;
@@ -156,11 +182,9 @@ int data_text_open(const data_config *cfg, int vocab, data_files *f, fsdp_err *e
     tok_tokenizer *t = NULL;
     int32_t eos = -1;
     rc = load(cfg, &t, &eos, err);
-    if (!rc && vocab > 0 && tok_vocab_size(t) > vocab)
-        rc = fsdp_err_set(err, FSDP_E_INVALID, "data: the tokenizer %s has %d ids, more than the model's vocab_size %d "
-                          "(a tokenizer of another model?)", cfg->tokenizer, (int)tok_vocab_size(t), vocab);
+    if (!rc) rc = vocab_fits(cfg, t, vocab, err);
     tok_workers w = {0};
-    if (!rc) rc = tok_workers_new(t, omp_get_max_threads(), &w, err);
+    if (!rc) rc = tok_workers_new(t, data_omp_max_threads(), &w, err);
     packer p = {0};
     if (!rc) rc = pack_files(cfg, g.gl_pathv, g.gl_pathc, &w, eos, &p, err);
     if (!rc && !p.docs)

@@ -1,5 +1,5 @@
 /* libFuzzer harnesses of the checkpoint parsers, of the recipe text path, of the model section and of
- * the Hugging Face config.json reader. Each harness is a
+ * the Hugging Face config.json reader and of the tokenizer. Each harness is a
  * plain function so that `make test` can replay the committed corpus through it with gcc; `make
  * fuzz` builds the same files with clang's -fsanitize=fuzzer, where FSDP_LIBFUZZER defines the
  * entry point. */
@@ -21,6 +21,7 @@ int fsdp_fuzz_pt(const uint8_t *data, size_t size);
 int fsdp_fuzz_model(const uint8_t *data, size_t size);
 int fsdp_fuzz_hf_config(const uint8_t *data, size_t size);
 int fsdp_fuzz_llmc(const uint8_t *data, size_t size);
+int fsdp_fuzz_tokenizer(const uint8_t *data, size_t size);
 #ifdef __cplusplus
 }
 #endif

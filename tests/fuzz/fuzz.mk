@@ -5,7 +5,7 @@ CLANG ?= clang
 FUZZ_CFLAGS := -g -O1 -std=c11 -D_GNU_SOURCE -Iinclude -I. -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=all \
                -DFSDP_HAVE_CUDA=0 -Wno-unknown-pragmas
 # every runtime source (the CPU-only variants of the device code): a new file there cannot break the link
-FUZZ_LIB_SRCS := $(wildcard ckpt/*.c runtime/*.c train/data*.c) pipeline/value.c pipeline/yaml_load.c pipeline/strmap.c \
+FUZZ_LIB_SRCS := $(wildcard ckpt/*.c runtime/*.c train/data*.c tokenizer/*.c) pipeline/value.c pipeline/yaml_load.c pipeline/strmap.c \
                  pipeline/recipe_vars.c pipeline/recipe.c pipeline/recipe_set.c pipeline/recipe_paths.c pipeline/recipe_merge.c pipeline/recipe_when.c \
                  pipeline/recipe_cond.c pipeline/recipe_choices.c pipeline/errlist.c decoder/hf_config.c decoder/hf_config_write.c decoder/decoder_arch.c \
                  model/init_rule.c decoder/decoder_config.c decoder/decoder_moe_config.c decoder/decoder_spec.c decoder/decoder_params.c decoder/decoder_table.c \
@@ -23,7 +23,7 @@ $(BUILD)/obj/%.o: %.c
 	$(CLANG) $(FUZZ_CFLAGS) $(MPI_CFLAGS) -MMD -MP -c $< -o $@
 
 $(BUILD)/fuzz_%: tests/fuzz/fuzz_%.c $(FUZZ_LIB_OBJS)
-	$(CLANG) $(FUZZ_CFLAGS) -DFSDP_LIBFUZZER -fsanitize=fuzzer $< $(FUZZ_LIB_OBJS) -ljansson -lyaml -lz -ldeflate -lm $(MPI_LIBS) -o $@
+	$(CLANG) $(FUZZ_CFLAGS) -DFSDP_LIBFUZZER -fsanitize=fuzzer $< $(FUZZ_LIB_OBJS) -ljansson -lpcre2-8 -lunistring -lyaml -lz -ldeflate -lm $(MPI_LIBS) -o $@
 .SECONDARY:
 -include $(FUZZ_LIB_OBJS:.o=.d)
 
