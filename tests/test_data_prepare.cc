@@ -13,46 +13,17 @@ extern "C" {
 #include "train/data.h"
 }
 #include "test_util.h"
+#include "tokenizer_util.h"
 
 using namespace fsdp_test;
 
 namespace {
 
-std::string corpus_jsonl(const std::string &dir) {
-    std::string all = read_file("tests/data/tokenizers/corpus.hex"), out;
-    for (size_t a = 0; a < all.size();) {
-        size_t e = all.find('\n', a);
-        std::string hex = all.substr(a, e - a), s = "{\"text\": \"";
-        a = e + 1;
-        for (size_t k = 0; k + 1 < hex.size(); k += 2) {
-            unsigned char c = (unsigned char)std::stoi(hex.substr(k, 2), nullptr, 16);
-            if (c == '"' || c == '\\') s += std::string("\\") + (char)c;
-            else if (c < 0x20) {
-                char b[8];
-                snprintf(b, sizeof b, "\\u%04x", c);
-                s += b;
-            } else s += (char)c;
-        }
-        out += s + "\"}\n";
-    }
-    write_file(dir + "/docs.jsonl", out);
-    return dir + "/docs.jsonl";
-}
+std::string corpus_jsonl(const std::string &dir) { return write_corpus_jsonl(dir + "/docs.jsonl"); }
 
-// HF's ids (ids_special) of every document, EOS after each unless the template put it there.
-std::vector<uint32_t> hf_stream(const std::string &style, uint32_t eos) {
-    std::vector<uint32_t> s;
-    std::string all = read_file("tests/data/tokenizers/" + style + "/expected.jsonl");
-    for (size_t a = 0; a < all.size();) {
-        size_t e = all.find('\n', a);
-        json_error_t je;
-        json_t *j = json_loadb(all.data() + a, e - a, 0, &je), *ids = json_object_get(j, "ids_special");
-        for (size_t k = 0; k < json_array_size(ids); k++) s.push_back((uint32_t)json_integer_value(json_array_get(ids, k)));
-        if (!json_array_size(ids) || s.back() != eos) s.push_back(eos);
-        json_decref(j);
-        a = e + 1;
-    }
-    return s;
+std::vector<uint32_t> hf_stream_u(const std::string &style, int32_t eos) {
+    std::vector<int32_t> s = hf_stream(style, eos);
+    return std::vector<uint32_t>(s.begin(), s.end());
 }
 
 uint32_t le32(const std::string &b, size_t at) {
@@ -78,7 +49,7 @@ std::string prepare(const std::string &args, int *rc) {
 TEST(DataPrepare, LlmcShardsHoldTheJsonlStream) {
     std::string dir = make_tmpdir("dprep");
     std::string docs = corpus_jsonl(dir);
-    std::vector<uint32_t> want = hf_stream("neox", 5000); // <|endoftext|>, also the template's suffix
+    std::vector<uint32_t> want = hf_stream_u("neox", 5000); // <|endoftext|>, also the template's suffix
     int rc;
     std::string o = prepare("--tokenizer tests/data/tokenizers/neox --eos \"<|endoftext|>\" --shard-tokens 3000 "
                             "--threads 2 -o " + dir + "/neox " + docs, &rc);
@@ -126,7 +97,7 @@ TEST(DataPrepare, LlmcShardsHoldTheJsonlStream) {
 TEST(DataPrepare, Uint32ShardsAndFlatTokenFiles) {
     std::string dir = make_tmpdir("dprep");
     std::string docs = corpus_jsonl(dir);
-    std::vector<uint32_t> want = hf_stream("llama3", 6001); // <|end_of_text|>
+    std::vector<uint32_t> want = hf_stream_u("llama3", 6001); // <|end_of_text|>
     int rc;
     std::string o = prepare("-q --tokenizer tests/data/tokenizers/llama3 --eos \"<|end_of_text|>\" --dtype uint32 -o " + dir +
                             "/l32 " + docs, &rc);

@@ -17,53 +17,11 @@ extern "C" {
 #include "train/data.h"
 }
 #include "test_util.h"
+#include "tokenizer_util.h"
 
 using namespace fsdp_test;
 
 namespace {
-
-std::vector<std::string> corpus_docs() {
-    std::vector<std::string> docs;
-    std::string all = read_file("tests/data/tokenizers/corpus.hex");
-    for (size_t a = 0; a < all.size();) {
-        size_t e = all.find('\n', a);
-        std::string hex = all.substr(a, e - a), doc;
-        for (size_t k = 0; k + 1 < hex.size(); k += 2) doc.push_back((char)std::stoi(hex.substr(k, 2), nullptr, 16));
-        docs.push_back(doc);
-        a = e + 1;
-    }
-    return docs;
-}
-
-// A JSON string of raw bytes: '"', '\\' and control characters escaped, every other byte as it is (invalid
-// UTF-8 stays invalid: the reader repairs the line as errors="replace" before parsing it).
-std::string json_raw(const std::string &s) {
-    std::string o = "\"";
-    for (unsigned char c : s) {
-        if (c == '"' || c == '\\') o += std::string("\\") + (char)c;
-        else if (c < 0x20) {
-            char b[8];
-            snprintf(b, sizeof b, "\\u%04x", c);
-            o += b;
-        } else o += (char)c;
-    }
-    return o + "\"";
-}
-
-std::vector<int32_t> hf_stream(const std::string &style, int32_t eos) {
-    std::vector<int32_t> s;
-    std::string all = read_file("tests/data/tokenizers/" + style + "/expected.jsonl");
-    for (size_t a = 0; a < all.size();) {
-        size_t e = all.find('\n', a);
-        json_error_t je;
-        json_t *j = json_loadb(all.data() + a, e - a, 0, &je), *ids = json_object_get(j, "ids_special");
-        for (size_t k = 0; k < json_array_size(ids); k++) s.push_back((int32_t)json_integer_value(json_array_get(ids, k)));
-        if (!json_array_size(ids) || s.back() != eos) s.push_back(eos);
-        json_decref(j);
-        a = e + 1;
-    }
-    return s;
-}
 
 data_config config(const std::string &yaml, const std::string &model_hf = "") {
     fsdp_value *v = nullptr, *m = nullptr;
@@ -94,21 +52,14 @@ std::vector<int32_t> batch(const data_config &c, int vocab, int world, int rank,
     return labels ? lab : in;
 }
 
-std::string write_jsonl(const std::string &dir, const std::vector<std::string> &docs, const std::string &field) {
-    std::string out;
-    for (size_t i = 0; i < docs.size(); i++) out += "{\"n\": " + std::to_string(i) + ", \"" + field + "\": " + json_raw(docs[i]) + "}\n";
-    write_file(dir + "/train.jsonl", out);
-    return dir + "/train.jsonl";
-}
-
 } // namespace
 
 // The packed stream is HF's ids, document after document, with EOS between them; sequential windows are its
 // blocks; the labels are the inputs shifted by one.
 TEST(DataText, JsonlStreamIsHFIdsWithEosBetweenDocuments) {
     std::string dir = make_tmpdir("dtext");
-    std::vector<std::string> docs = corpus_docs();
-    std::string path = write_jsonl(dir, docs, "body");
+    std::vector<std::string> docs = tok_corpus();
+    std::string path = write_corpus_jsonl(dir + "/train.jsonl", "body");
     const char *styles[][2] = {{"llama3", "<|end_of_text|>"}, {"neox", "<|endoftext|>"}, {"spm_legacy", "</s>"}};
     for (auto &st : styles) {
         SCOPED_TRACE(st[0]);
@@ -143,7 +94,7 @@ TEST(DataText, JsonlStreamIsHFIdsWithEosBetweenDocuments) {
 // Random windows: a pure function of the position, the same global batch on 1, 2 and 4 ranks.
 TEST(DataText, AnyWorldSizeSeesTheSameTokens) {
     std::string dir = make_tmpdir("dtext");
-    std::string path = write_jsonl(dir, corpus_docs(), "text");
+    std::string path = write_corpus_jsonl(dir + "/train.jsonl");
     // the tokenizer by default: the model's from_hf directory (here the tokenizer's own directory)
     data_config c = config("{kind: jsonl, path: " + path + ", eos: \"<|endoftext|>\", batch_size: 8, seq_len: 32}",
                            "tests/data/tokenizers/neox");
@@ -166,7 +117,7 @@ TEST(DataText, AnyWorldSizeSeesTheSameTokens) {
 // kind text with a tokenizer: each file one document, in the sorted order of the glob.
 TEST(DataText, TextFilesAreDocuments) {
     std::string dir = make_tmpdir("dtext");
-    std::vector<std::string> docs = corpus_docs();
+    std::vector<std::string> docs = tok_corpus();
     write_file(dir + "/b.txt", docs[1]);
     write_file(dir + "/a.txt", docs[0]);
     write_file(dir + "/c.txt", docs[9]);

@@ -10,6 +10,7 @@
 
 #include "jsonl_util.h"
 #include "test_util.h"
+#include "tokenizer_util.h"
 
 using namespace fsdp_test;
 
@@ -32,26 +33,7 @@ std::string make_hf(const std::string &dir) {
     return hf;
 }
 
-std::string jsonl_of_corpus(const std::string &dir) {
-    std::string all = read_file("tests/data/tokenizers/corpus.hex"), out;
-    for (size_t a = 0; a < all.size();) {
-        size_t e = all.find('\n', a);
-        std::string hex = all.substr(a, e - a), s = "{\"text\": \"";
-        a = e + 1;
-        for (size_t k = 0; k + 1 < hex.size(); k += 2) {
-            unsigned char c = (unsigned char)std::stoi(hex.substr(k, 2), nullptr, 16);
-            if (c == '"' || c == '\\') s += std::string("\\") + (char)c;
-            else if (c < 0x20) {
-                char b[8];
-                snprintf(b, sizeof b, "\\u%04x", c);
-                s += b;
-            } else s += (char)c;
-        }
-        out += s + "\"}\n";
-    }
-    write_file(dir + "/train.jsonl", out);
-    return dir + "/train.jsonl";
-}
+std::string jsonl_of_corpus(const std::string &dir) { return write_corpus_jsonl(dir + "/train.jsonl"); }
 
 std::string finetune(const std::string &hf, const std::string &data, const std::string &out, const std::string &metrics) {
     return "recipes/finetune_hf.yaml --set vars.hf=" + hf + " --set vars.data=" + data + " --set vars.out=" + out +

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "test_util.h"
+#include "tokenizer_util.h"
 
 extern "C" {
 #include "tokenizer/tok.h"
@@ -29,21 +30,9 @@ using namespace fsdp_test;
 
 namespace {
 
-const std::string kDir = "tests/data/tokenizers";
+const std::string &kDir = kTokDir;
 
-std::vector<std::string> corpus() {
-    std::vector<std::string> docs;
-    std::string all = read_file(kDir + "/corpus.hex"), line;
-    for (size_t a = 0; a < all.size();) {
-        size_t e = all.find('\n', a);
-        if (e == std::string::npos) e = all.size();
-        std::string hex = all.substr(a, e - a), doc;
-        for (size_t k = 0; k + 1 < hex.size(); k += 2) doc.push_back((char)std::stoi(hex.substr(k, 2), nullptr, 16));
-        docs.push_back(doc);
-        a = e + 1;
-    }
-    return docs;
-}
+std::vector<std::string> corpus() { return tok_corpus(); }
 
 struct Expected {
     std::vector<int32_t> ids, ids_special;

@@ -9,13 +9,7 @@
 #include "tok_utf8.h"
 
 static int trie_node(tok_trie *t) {
-    if (t->n_nodes == t->cap) {
-        size_t cap = t->cap ? t->cap * 2 : 64;
-        int32_t *tok = realloc(t->tok, cap * sizeof *tok);
-        if (!tok) return -1;
-        t->tok = tok;
-        t->cap = cap;
-    }
+    if (tok_grow(&t->tok, &t->cap, t->n_nodes + 1, sizeof *t->tok, 64)) return -1;
     t->tok[t->n_nodes] = -1;
     return (int)t->n_nodes++;
 }

@@ -1,4 +1,5 @@
 #include "tok_batch.h"
+#include "tok_map.h"
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -58,12 +59,12 @@ void tok_workers_free(tok_workers *w) {
 }
 
 static int grow(tok_batch *b) {
-    size_t cap = b->cap ? b->cap * 2 : 256;
-#define GROW(f)                                                      \
-    do {                                                             \
-        void *p = realloc(b->f, cap * sizeof *b->f);                  \
-        if (!p) return -1;                                           \
-        b->f = p;                                                    \
+    size_t need = b->cap ? b->cap * 2 : 256, cap = b->cap, c;
+    /* six arrays of one capacity */
+#define GROW(f)                                                           \
+    do {                                                                  \
+        c = b->cap;                                                       \
+        if (tok_grow(&b->f, &c, need, sizeof *b->f, 256)) return -1;       \
     } while (0)
     GROW(raw);
     GROW(len);
@@ -72,6 +73,7 @@ static int grow(tok_batch *b) {
     GROW(jsonl);
     GROW(ids);
 #undef GROW
+    cap = c;
     memset(b->raw + b->cap, 0, (cap - b->cap) * sizeof *b->raw);
     memset(b->ids + b->cap, 0, (cap - b->cap) * sizeof *b->ids);
     b->cap = cap;

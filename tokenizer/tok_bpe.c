@@ -26,13 +26,7 @@ static int before(const struct tok_merge *a, const struct tok_merge *b) {
 }
 
 static int heap_push(tok_state *st, size_t *n, struct tok_merge m) {
-    if (*n == st->heap_cap) {
-        size_t cap = st->heap_cap ? st->heap_cap * 2 : 64;
-        struct tok_merge *h = realloc(st->heap, cap * sizeof *h);
-        if (!h) return -1;
-        st->heap = h;
-        st->heap_cap = cap;
-    }
+    if (tok_grow(&st->heap, &st->heap_cap, *n + 1, sizeof *st->heap, 64)) return -1;
     struct tok_merge *h = st->heap;
     size_t i = (*n)++;
     while (i > 0) {
@@ -61,13 +55,7 @@ static struct tok_merge heap_pop(tok_state *st, size_t *n) {
 }
 
 static int sym_add(tok_state *st, size_t *n, int32_t c, uint32_t len) {
-    if (*n == st->sym_cap) {
-        size_t cap = st->sym_cap ? st->sym_cap * 2 : 64;
-        struct tok_sym *s = realloc(st->sym, cap * sizeof *s);
-        if (!s) return -1;
-        st->sym = s;
-        st->sym_cap = cap;
-    }
+    if (tok_grow(&st->sym, &st->sym_cap, *n + 1, sizeof *st->sym, 64)) return -1;
     if (*n) st->sym[*n - 1].next = (int32_t)*n;
     st->sym[*n] = (struct tok_sym){c, (int32_t)*n - 1, -1, len};
     (*n)++;
@@ -160,16 +148,11 @@ static int cache_put(tok_state *st, const char *w, size_t n, const int32_t *ids,
         tok_smap_clear(&st->cache);
         st->cache_ids.n = 0;
     }
-    if (st->cache.n == st->cache_cap) {
-        size_t cap = st->cache_cap ? st->cache_cap * 2 : 1024;
-        size_t *at = realloc(st->cache_at, cap * sizeof *at);
-        if (!at) return -1;
-        st->cache_at = at;
-        uint32_t *len = realloc(st->cache_len, cap * sizeof *len);
-        if (!len) return -1;
-        st->cache_len = len;
-        st->cache_cap = cap;
-    }
+    size_t c = st->cache_cap; /* two arrays of one capacity */
+    if (tok_grow(&st->cache_at, &c, st->cache.n + 1, sizeof *st->cache_at, 1024)) return -1;
+    c = st->cache_cap;
+    if (tok_grow(&st->cache_len, &c, st->cache.n + 1, sizeof *st->cache_len, 1024)) return -1;
+    st->cache_cap = c;
     size_t e = st->cache.n;
     if (tok_smap_put(&st->cache, w, n, (int32_t)e, NULL) < 0) return -1;
     st->cache_at[e] = st->cache_ids.n;

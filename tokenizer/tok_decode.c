@@ -15,16 +15,11 @@ typedef struct dlist {
 } dlist;
 
 static int dl_add(dlist *d, const char *s, size_t n) {
-    if (d->n == d->cap) {
-        size_t cap = d->cap ? d->cap * 2 : 64;
-        size_t *off = realloc(d->off, cap * sizeof *off);
-        if (!off) return -1;
-        d->off = off;
-        size_t *len = realloc(d->len, cap * sizeof *len);
-        if (!len) return -1;
-        d->len = len;
-        d->cap = cap;
-    }
+    size_t c = d->cap; /* two arrays of one capacity */
+    if (tok_grow(&d->off, &c, d->n + 1, sizeof *d->off, 64)) return -1;
+    c = d->cap;
+    if (tok_grow(&d->len, &c, d->n + 1, sizeof *d->len, 64)) return -1;
+    d->cap = c;
     d->off[d->n] = d->buf.n;
     d->len[d->n] = n;
     d->n++;

@@ -8,26 +8,13 @@
 #include "tok_utf8.h"
 
 int tok_ids_push(tok_ids *a, int32_t id) {
-    if (a->n == a->cap) {
-        size_t cap = a->cap ? a->cap * 2 : 256;
-        int32_t *v = realloc(a->v, cap * sizeof *v);
-        if (!v) return -1;
-        a->v = v;
-        a->cap = cap;
-    }
+    if (tok_grow(&a->v, &a->cap, a->n + 1, sizeof *a->v, 256)) return -1;
     a->v[a->n++] = id;
     return 0;
 }
 
 int tok_ids_append(tok_ids *a, const int32_t *ids, size_t n) {
-    if (a->n + n > a->cap) {
-        size_t cap = a->cap ? a->cap : 256;
-        while (cap < a->n + n) cap *= 2;
-        int32_t *v = realloc(a->v, cap * sizeof *v);
-        if (!v) return -1;
-        a->v = v;
-        a->cap = cap;
-    }
+    if (tok_grow(&a->v, &a->cap, a->n + n, sizeof *a->v, 256)) return -1;
     if (n) memcpy(a->v + a->n, ids, n * sizeof *ids);
     a->n += n;
     return 0;
@@ -43,13 +30,8 @@ int tok_buf_add(tok_buf *b, const char *s, size_t n) {
         /* s may point into the buffer itself */
         int inside = b->p && s >= b->p && s < b->p + b->cap;
         size_t so = inside ? (size_t)(s - b->p) : 0;
-        size_t cap = b->cap ? b->cap * 2 : 4096;
-        while (cap < b->n + n) cap *= 2;
-        char *p = realloc(b->p, cap);
-        if (!p) return -1;
-        b->p = p;
-        b->cap = cap;
-        if (inside) s = p + so;
+        if (tok_grow(&b->p, &b->cap, b->n + n, 1, 4096)) return -1;
+        if (inside) s = b->p + so;
     }
     if (n) memmove(b->p + b->n, s, n);
     b->n += n;
@@ -57,13 +39,7 @@ int tok_buf_add(tok_buf *b, const char *s, size_t n) {
 }
 
 int tok_pieces_push(tok_pieces *p, size_t off, size_t len, int32_t id, int origin) {
-    if (p->n == p->cap) {
-        size_t cap = p->cap ? p->cap * 2 : 64;
-        tok_piece *v = realloc(p->v, cap * sizeof *v);
-        if (!v) return -1;
-        p->v = v;
-        p->cap = cap;
-    }
+    if (tok_grow(&p->v, &p->cap, p->n + 1, sizeof *p->v, 64)) return -1;
     p->v[p->n++] = (tok_piece){off, len, id, origin};
     return 0;
 }
@@ -114,14 +90,7 @@ static int start(tok_state *st, const char *text, size_t len) {
     } else {
         if (tok_buf_add(&st->arena, text, ok)) return -1;
         size_t rest = len - ok, replaced = 0;
-        if (st->arena.n + 3 * rest > st->arena.cap) {
-            size_t cap = st->arena.cap ? st->arena.cap : 4096;
-            while (cap < st->arena.n + 3 * rest) cap *= 2;
-            char *p = realloc(st->arena.p, cap);
-            if (!p) return -1;
-            st->arena.p = p;
-            st->arena.cap = cap;
-        }
+        if (tok_grow(&st->arena.p, &st->arena.cap, st->arena.n + 3 * rest, 1, 4096)) return -1;
         st->arena.n += tok_utf8_repair(text + ok, rest, st->arena.p + st->arena.n, &replaced);
         st->invalid += replaced;
     }

@@ -163,6 +163,8 @@ int tok_re_find(tok_state *st, const pcre2_code *re, const char *s, size_t n, si
 pcre2_code *tok_re_compile(const char *pat, size_t n, int literal, fsdp_err *err);
 
 int tok_re_segments(tok_state *st, const pcre2_code *re, const char *s, size_t n, tok_segs *out);
+/* Appends a segment; -1 when out of memory. */
+int tok_segs_push(tok_segs *o, size_t a, size_t b, int match);
 
 /* The stages: each maps the pieces of `in` without an id to pieces appended to `out` (pieces with an id
  * pass through). */

@@ -27,6 +27,19 @@ uint64_t tok_hash(const void *s, size_t n) {
     return mix(h ^ w ^ ((uint64_t)n << 56));
 }
 
+int tok_grow(void *vp, size_t *cap, size_t need, size_t elem, size_t first) {
+    if (need <= *cap) return 0;
+    size_t c = *cap ? *cap : first;
+    while (c < need) c *= 2;
+    void *old;
+    memcpy(&old, vp, sizeof old);
+    void *p = realloc(old, c * elem);
+    if (!p) return -1;
+    memcpy(vp, &p, sizeof p);
+    *cap = c;
+    return 0;
+}
+
 static int smap_grow_slots(tok_smap *m) {
     size_t cap = m->cap ? m->cap * 2 : 64;
     uint32_t *slot = calloc(cap, sizeof *slot);
@@ -43,20 +56,17 @@ static int smap_grow_slots(tok_smap *m) {
 }
 
 static int smap_grow_entries(tok_smap *m) {
-    size_t ecap = m->ecap ? m->ecap * 2 : 32;
-    uint64_t *hash = realloc(m->hash, ecap * sizeof *hash);
-    if (!hash) return -1;
-    m->hash = hash;
-    size_t *off = realloc(m->off, ecap * sizeof *off);
-    if (!off) return -1;
-    m->off = off;
-    uint32_t *len = realloc(m->len, ecap * sizeof *len);
-    if (!len) return -1;
-    m->len = len;
-    int32_t *val = realloc(m->val, ecap * sizeof *val);
-    if (!val) return -1;
-    m->val = val;
-    m->ecap = ecap;
+    size_t need = m->ecap ? m->ecap * 2 : 32, c;
+    /* four arrays of one capacity: each grown from the old one, the capacity set once all are */
+    c = m->ecap;
+    if (tok_grow(&m->hash, &c, need, sizeof *m->hash, 32)) return -1;
+    c = m->ecap;
+    if (tok_grow(&m->off, &c, need, sizeof *m->off, 32)) return -1;
+    c = m->ecap;
+    if (tok_grow(&m->len, &c, need, sizeof *m->len, 32)) return -1;
+    c = m->ecap;
+    if (tok_grow(&m->val, &c, need, sizeof *m->val, 32)) return -1;
+    m->ecap = c;
     return 0;
 }
 
@@ -84,14 +94,7 @@ int tok_smap_put(tok_smap *m, const char *key, size_t n, int32_t v, int32_t *old
     }
     if ((m->n + 1) * 2 > m->cap && smap_grow_slots(m)) return -1;
     if (m->n == m->ecap && smap_grow_entries(m)) return -1;
-    if (m->pool_n + n + 1 > m->pool_cap) {
-        size_t cap = m->pool_cap ? m->pool_cap : 4096;
-        while (cap < m->pool_n + n + 1) cap *= 2;
-        char *pool = realloc(m->pool, cap);
-        if (!pool) return -1;
-        m->pool = pool;
-        m->pool_cap = cap;
-    }
+    if (tok_grow(&m->pool, &m->pool_cap, m->pool_n + n + 1, 1, 4096)) return -1;
     memcpy(m->pool + m->pool_n, key, n);
     m->pool[m->pool_n + n] = 0;
     size_t at = 0;

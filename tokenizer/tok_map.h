@@ -20,6 +20,10 @@ typedef struct tok_smap {
 } tok_smap;
 
 uint64_t tok_hash(const void *s, size_t n);
+
+/* Grows the array *(T **)vp of elem-byte elements to room for need of them (the capacity doubles from
+ * first); 0, or -1 when out of memory (the array is left as it was). */
+int tok_grow(void *vp, size_t *cap, size_t need, size_t elem, size_t first);
 /* Adds key -> v. 0: added; 1: the key was there (its value is left, *old receives it when not NULL); -1: out
  * of memory. */
 int tok_smap_put(tok_smap *m, const char *key, size_t n, int32_t v, int32_t *old);

@@ -64,18 +64,6 @@ static int split_re(tok_state *st, int re, int behavior, int invert, const tok_p
     return emit(pc, sg, out);
 }
 
-static int seg_add(tok_segs *o, size_t a, size_t b, int m) {
-    if (o->n == o->cap) {
-        size_t cap = o->cap ? o->cap * 2 : 64;
-        tok_seg *v = realloc(o->v, cap * sizeof *v);
-        if (!v) return -1;
-        o->v = v;
-        o->cap = cap;
-    }
-    o->v[o->n++] = (tok_seg){a, b, m};
-    return 0;
-}
-
 /* Digits: each numeric character (char::is_numeric: Nd, Nl, No) a match. */
 static int split_digits(tok_state *st, const tok_pretok *p, const tok_piece *pc, tok_segs *sg, tok_pieces *out) {
     const char *s = st->arena.p + pc->off;
@@ -85,11 +73,11 @@ static int split_digits(tok_state *st, const tok_pretok *p, const tok_piece *pc,
         size_t b = i;
         uint32_t c = tok_utf8_next(s, &i);
         if (!uc_is_general_category(c, UC_CATEGORY_N)) continue;
-        if (last < b && seg_add(sg, last, b, 0)) return -1;
-        if (seg_add(sg, b, i, 1)) return -1;
+        if (last < b && tok_segs_push(sg, last, b, 0)) return -1;
+        if (tok_segs_push(sg, b, i, 1)) return -1;
         last = i;
     }
-    if (last < pc->len && seg_add(sg, last, pc->len, 0)) return -1;
+    if (last < pc->len && tok_segs_push(sg, last, pc->len, 0)) return -1;
     behave(sg, p->individual ? TOK_SPLIT_ISOLATED : TOK_SPLIT_CONTIGUOUS);
     return emit(pc, sg, out);
 }

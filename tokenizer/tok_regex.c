@@ -15,14 +15,7 @@ typedef struct rbuf {
 } rbuf;
 
 static int rb_add(rbuf *b, const char *s, size_t n) {
-    if (b->n + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap * 2 : 256;
-        while (cap < b->n + n + 1) cap *= 2;
-        char *p = realloc(b->p, cap);
-        if (!p) return -1;
-        b->p = p;
-        b->cap = cap;
-    }
+    if (tok_grow(&b->p, &b->cap, b->n + n + 1, 1, 256)) return -1;
     memcpy(b->p + b->n, s, n);
     b->n += n;
     b->p[b->n] = 0;
@@ -130,21 +123,15 @@ int tok_re_find(tok_state *st, const pcre2_code *re, const char *s, size_t n, si
     return 1;
 }
 
-static int seg_push(tok_segs *o, size_t a, size_t b, int match) {
-    if (o->n == o->cap) {
-        size_t cap = o->cap ? o->cap * 2 : 64;
-        tok_seg *v = realloc(o->v, cap * sizeof *v);
-        if (!v) return -1;
-        o->v = v;
-        o->cap = cap;
-    }
+int tok_segs_push(tok_segs *o, size_t a, size_t b, int match) {
+    if (tok_grow(&o->v, &o->cap, o->n + 1, sizeof *o->v, 64)) return -1;
     o->v[o->n++] = (tok_seg){a, b, match};
     return 0;
 }
 
 int tok_re_segments(tok_state *st, const pcre2_code *re, const char *s, size_t n, tok_segs *out) {
     out->n = 0;
-    if (!n) return seg_push(out, 0, 0, 0);
+    if (!n) return tok_segs_push(out, 0, 0, 0);
     size_t prev = 0, last_end = 0, ms, me;
     long last_match_end = -1;
     while (last_end <= n) {
@@ -157,10 +144,10 @@ int tok_re_segments(tok_state *st, const pcre2_code *re, const char *s, size_t n
         }
         last_end = me;
         last_match_end = (long)me;
-        if (prev != ms && seg_push(out, prev, ms, 0)) return -1;
-        if (seg_push(out, ms, me, 1)) return -1;
+        if (prev != ms && tok_segs_push(out, prev, ms, 0)) return -1;
+        if (tok_segs_push(out, ms, me, 1)) return -1;
         prev = me;
     }
-    if (prev != n && seg_push(out, prev, n, 0)) return -1;
+    if (prev != n && tok_segs_push(out, prev, n, 0)) return -1;
     return 0;
 }
