@@ -77,3 +77,22 @@ TEST(FinetuneText, JsonlThroughTheModelsTokenizerResumesOnAnotherWorldSize) {
     EXPECT_NE(o.find("has 151851 ids, more than the model's vocab_size 6016"), std::string::npos) << o;
     rm_rf(dir);
 }
+
+// eval_data takes the tokenized kinds too: JSON lines through the model's tokenizer, its own order.
+TEST(FinetuneText, EvalDataThroughTheModelsTokenizer) {
+    std::string dir = make_tmpdir("ftext");
+    std::string hf = make_hf(dir), data = jsonl_of_corpus(dir);
+    write_file(dir + "/ev.yaml", "runtime: {device: cpu, seed: 0, threads: 1}\nmodel: {from_hf: " + hf + "}\n"
+               "data: {kind: jsonl, path: " + data + ", batch_size: 4, seq_len: 32}\nstages:\n"
+               "  - {id: load, uses: load-ckpt, with: {path: " + hf + ", names: hf, load_optimizer: \"false\"}}\n"
+               "  - {id: t, uses: train-steps, after: [load], with: {steps: 2, lr: 1e-3, eval_every: 1, eval_batches: 2,"
+               " metrics: " + dir + "/m.jsonl, eval_data: {kind: jsonl, path: " + data + ", order: sequential}}}\n");
+    int rc;
+    std::string o = run_np(1, dir + "/ev.yaml", &rc);
+    ASSERT_EQ(rc, 0) << o;
+    std::vector<double> ev = jsonl_field(dir + "/m.jsonl", "eval_loss");
+    ASSERT_GE(ev.size(), 2u);
+    EXPECT_GT(ev[0], 1.0);
+    EXPECT_LT(ev[0], 20.0);
+    rm_rf(dir);
+}

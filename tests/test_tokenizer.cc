@@ -24,6 +24,7 @@
 extern "C" {
 #include "tokenizer/tok.h"
 #include "tokenizer/tok_docs.h"
+#include "tokenizer/tok_utf8.h"
 }
 
 using namespace fsdp_test;
@@ -38,6 +39,7 @@ struct Expected {
     std::vector<int32_t> ids, ids_special;
     std::string decoded;
     size_t replaced;
+    bool roundtrip; // HF's decode(encode(x)) gives x back
 };
 
 std::vector<int32_t> ints(json_t *a) {
@@ -61,6 +63,7 @@ std::vector<Expected> expected(const std::string &style) {
             std::string hex = json_string_value(json_object_get(j, "decoded"));
             for (size_t k = 0; k + 1 < hex.size(); k += 2) x.decoded.push_back((char)std::stoi(hex.substr(k, 2), nullptr, 16));
             x.replaced = (size_t)json_integer_value(json_object_get(j, "replaced"));
+            x.roundtrip = json_is_true(json_object_get(j, "roundtrip"));
             out.push_back(x);
             json_decref(j);
         }
@@ -113,7 +116,7 @@ void check_style(const std::string &style) {
     ASSERT_NE(t, nullptr) << err.msg;
     tok_state *st = tok_state_new(t);
     ASSERT_NE(st, nullptr);
-    size_t mismatched = 0, decoded_bad = 0, replaced = 0, hf_replaced = 0;
+    size_t mismatched = 0, decoded_bad = 0, replaced = 0, hf_replaced = 0, roundtrips = 0;
     for (size_t i = 0; i < docs.size(); i++) {
         tok_ids ids = {}, sp = {};
         size_t before = tok_state_invalid_utf8(st);
@@ -130,8 +133,18 @@ void check_style(const std::string &style) {
                           << show(got, k) << "HF " << show(ex[i].ids, k);
             mismatched++;
         }
+        // decode(encode(x)) == x (x as read: repaired) wherever HF's gives x back
         char *text = nullptr;
         size_t tn = 0;
+        ASSERT_EQ(tok_decode(t, ids.v, ids.n, 0, &text, &tn, &err), 0) << err.msg;
+        std::string fixed(3 * docs[i].size() + 1, '\0');
+        size_t rep;
+        fixed.resize(tok_utf8_repair(docs[i].data(), docs[i].size(), &fixed[0], &rep));
+        if (ex[i].roundtrip) {
+            EXPECT_EQ(std::string(text, tn), fixed) << "doc " << i;
+            roundtrips++;
+        }
+        free(text);
         ASSERT_EQ(tok_decode(t, ex[i].ids.data(), ex[i].ids.size(), 0, &text, &tn, &err), 0) << err.msg;
         if (std::string(text, tn) != ex[i].decoded) {
             ADD_FAILURE() << "doc " << i << ": decoded " << std::string(text, tn).substr(0, 80) << " HF "
@@ -146,6 +159,7 @@ void check_style(const std::string &style) {
     EXPECT_EQ(decoded_bad, 0u);
     EXPECT_EQ(replaced, hf_replaced);
     EXPECT_GT(replaced, 20u); // the corpus has invalid UTF-8 in it
+    EXPECT_GT(roundtrips, 0u);
     tok_state_free(st);
     tok_free(t);
 }
