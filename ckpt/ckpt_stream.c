@@ -20,7 +20,9 @@ void cks_opts_default(cks_opts *o) {
     o->piece = (size_t)8 << 20;
     o->slots = 4;
     const char *c = getenv("FSDP_CONVERT_CFR");
-    o->cfr = c && !strcmp(c, "1"); /* measured slower: the ring already holds the bytes read for the CRC */
+    /* copy_file_range where no CRC needs the bytes (a DCP or safetensors output of the same dtype); a zip
+     * record's CRC reads them anyway, and then writing them from the ring is as fast */
+    o->cfr = !(c && !strcmp(c, "0"));
     const char *w = getenv("FSDP_CONVERT_WRITEBACK");
     o->writeback = !(w && !strcmp(w, "0"));
     const char *p = getenv("FSDP_CONVERT_PIECE");
@@ -115,6 +117,7 @@ typedef struct slot {
     uint64_t at;  /* file offset of the piece in its segment's file */
     uint64_t seg_at; /* its offset in the segment */
     size_t split; /* the reader's CRC covers [0, split) */
+    int unread;   /* the reader left the bytes in the file: the kernel copies them (copy_file_range) */
     uint32_t crc; /* of the piece, when the reader computes the destination's CRC (same dtype) */
 } slot;
 
@@ -135,6 +138,7 @@ typedef struct ring {
     int crc_split;  /* the writer computes the second half of each piece's CRC (it has time beside the
                        kernel's copy) */
     int cfr;        /* the writer copies with copy_file_range (no conversion) */
+    int no_read;    /* cfr and no CRC of the bytes: the reader only hands out the pieces' places */
     fsdp_err rerr;
 } ring;
 
@@ -198,7 +202,8 @@ static void *reader_main(void *arg) {
                 return NULL;
             }
             slot *sl = &q->sl[q->produced % q->nslots];
-            rc = ckpt_pread_all(g->fd, sl->buf, n, g->off + at, g->what, &po, &q->rerr);
+            sl->unread = q->no_read;
+            if (!sl->unread) rc = ckpt_pread_all(g->fd, sl->buf, n, g->off + at, g->what, &po, &q->rerr);
             /* the piece's CRC is shared: the reader's part here, the writer's beside its copy */
             sl->split = q->crc_split ? n / 2 : n;
             if (!rc && q->piece_crc) sl->crc = (uint32_t)ckpt_crc32(0, sl->buf, sl->split);
@@ -253,6 +258,9 @@ static int copy_range(ring *q, const slot *sl, int out_fd, uint64_t pos, int *co
         left -= (size_t)k;
     }
     *copied = 1;
+    /* the piece's whole pages handed to write-back at once, as ckpt_pwrite_all does with its writes */
+    uint64_t a = (pos + 4095) & ~(uint64_t)4095, b = (pos + sl->len) & ~(uint64_t)4095;
+    if (q->o->writeback && b > a) sync_file_range(out_fd, (off_t)a, (off_t)(b - a), SYNC_FILE_RANGE_WRITE);
     return 0;
 }
 
@@ -291,6 +299,11 @@ static int writer_loop(ring *q, fsdp_dtype dst_dt, int out_fd, uint64_t out_off,
         }
         int copied = 0;
         if (!rc && q->cfr) rc = copy_range(q, sl, out_fd, pos, &copied, out_what, err);
+        if (!rc && !copied && sl->unread) { /* the kernel could not copy it: the bytes through the slot */
+            ckpt_pio_opts ro = {0, 1, 0, 0};
+            const cks_seg *g = &s->seg[sl->seg];
+            rc = ckpt_pread_all(g->fd, sl->buf, sl->len, sl->at, g->what, &ro, err);
+        }
         if (!rc && !copied)
             rc = ckpt_pwrite_all(out_fd, p, n, pos, out_crc && !q->out_same ? &c : NULL, out_what, &po, err);
         if (rc) return name_tensor(s, err, rc);
@@ -339,10 +352,14 @@ int cks_copy_rows(cks_src *s, int64_t r0, int64_t r1, fsdp_dtype dst_dt, int out
     if (out_crc) *out_crc = (uint32_t)crc32(0, NULL, 0);
     if (r1 <= r0) return 0;
     q.out_same = dst_dt == s->dtype;
-    q.cfr = o->cfr && q.out_same;
     q.piece_crc = (out_crc && q.out_same) || s->n == 0;
     for (size_t k = 0; k < s->n; k++) q.piece_crc |= s->seg[k].check;
+    /* nothing needs the bytes in memory (no conversion, no CRC): the kernel copies them from file to file,
+     * as cp does, and the reader only hands out the pieces' places; a CRC reads the bytes anyway, and then
+     * writing them from the ring is as fast (measured) */
+    q.cfr = o->cfr && q.out_same && !q.piece_crc;
     q.crc_split = q.cfr;
+    q.no_read = q.cfr;
     q.sl = calloc((size_t)q.nslots, sizeof *q.sl);
     char *cvt = NULL;
     int rc = !q.sl || ring_buffers(s->fc, &q, dst_dt != s->dtype ? q.piece / ssz * dsz : 0, &cvt);
@@ -352,7 +369,21 @@ int cks_copy_rows(cks_src *s, int64_t r0, int64_t r1, fsdp_dtype dst_dt, int out
         pthread_mutex_init(&q.mu, NULL);
         pthread_cond_init(&q.cv, NULL);
         pthread_t th;
-        if (pthread_create(&th, NULL, reader_main, &q) != 0) {
+        uint64_t total = 0;
+        int pieces = 0;
+        for (size_t k = 0; k < s->n; k++) {
+            uint64_t a, b;
+            seg_range(s, k, r0, r1, &a, &b);
+            total += b - a;
+            pieces += b > a;
+        }
+        if (total <= q.piece && pieces <= q.nslots) {
+            /* one piece (most tensors of a model, every expert of a mixture; a piece per segment, as many as
+             * the ring holds): nothing to overlap, so the calling thread reads it into the ring itself
+             * instead of starting a reader thread for it */
+            reader_main(&q);
+            rc = writer_loop(&q, dst_dt, out_fd, out_off, out_crc, cvt, out_what, err);
+        } else if (pthread_create(&th, NULL, reader_main, &q) != 0) {
             rc = fsdp_err_set(err, FSDP_E_RUNTIME, "tensor %s: cannot start the reader thread", s->name);
         } else {
             rc = writer_loop(&q, dst_dt, out_fd, out_off, out_crc, cvt, out_what, err);

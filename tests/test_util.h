@@ -33,6 +33,14 @@ inline std::string make_tmpdir(const char *tag = "fsdp") {
     if (!mkdtemp(buf.data())) return "";
     return std::string(buf.data());
 }
+// The same under dir (another file system, e.g. /dev/shm); "" when dir is not there or not writable.
+inline std::string make_tmpdir_in(const std::string &dir, const char *tag) {
+    std::string tmpl = dir + "/" + tag + "-XXXXXX";
+    std::vector<char> buf(tmpl.begin(), tmpl.end());
+    buf.push_back('\0');
+    if (!mkdtemp(buf.data())) return "";
+    return std::string(buf.data());
+}
 inline void rm_rf(const std::string &p) {
     if (p.empty() || p == "/") return;
     std::string cmd = "rm -rf '" + p + "'";
