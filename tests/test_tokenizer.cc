@@ -352,3 +352,39 @@ TEST(Tokenizer, SpecialTokensInTextAndSkipSpecial) {
     tok_state_free(st);
     tok_free(t);
 }
+
+// tokenizer.json files written before tokenizers 0.20 keep their merges as "a b" strings (Qwen2's, Llama 3's
+// of 2024): the same tokenizer with its merges so spelled gives the same ids.
+TEST(Tokenizer, LegacyMergeStringsGiveTheSameIds) {
+    std::string js = read_file(kDir + "/llama3/tokenizer.json");
+    json_error_t je;
+    json_t *root = json_loadb(js.data(), js.size(), 0, &je), *merges = json_object_get(json_object_get(root, "model"), "merges");
+    ASSERT_TRUE(json_is_array(merges));
+    json_t *legacy = json_array();
+    for (size_t k = 0; k < json_array_size(merges); k++) {
+        json_t *m = json_array_get(merges, k);
+        std::string a = json_string_value(json_array_get(m, 0)), b = json_string_value(json_array_get(m, 1));
+        ASSERT_EQ(a.find(' ') + b.find(' '), 2 * std::string::npos); // byte-level tokens never hold a space
+        json_array_append_new(legacy, json_string((a + " " + b).c_str()));
+    }
+    json_object_set_new(json_object_get(root, "model"), "merges", legacy);
+    char *s = json_dumps(root, JSON_COMPACT);
+    fsdp_err err;
+    tok_tokenizer *t = nullptr;
+    ASSERT_EQ(tok_load_json(s, strlen(s), "legacy.json", &t, &err), 0) << err.msg;
+    free(s);
+    json_decref(root);
+    std::vector<std::string> docs = corpus();
+    std::vector<Expected> ex = expected("llama3");
+    tok_state *st = tok_state_new(t);
+    size_t bad = 0;
+    for (size_t i = 0; i < docs.size(); i++) {
+        tok_ids ids = {};
+        ASSERT_EQ(tok_encode(st, docs[i].data(), docs[i].size(), 0, &ids, &err), 0) << err.msg;
+        bad += std::vector<int32_t>(ids.v, ids.v + ids.n) != ex[i].ids;
+        tok_ids_free(&ids);
+    }
+    EXPECT_EQ(bad, 0u);
+    tok_state_free(st);
+    tok_free(t);
+}
