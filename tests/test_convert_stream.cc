@@ -17,9 +17,8 @@ namespace {
 const char *STREAM_OFF = "FSDP_CONVERT_STREAM=0 ";
 // pieces of 4 KiB: every tensor of the tiny fixtures larger than the ring of 4 of them
 const char *SMALL_RING = "FSDP_CONVERT_PIECE=4096 ";
-// the same through the ring's buffers only (no copy_file_range, which the default uses where no CRC-32 needs
-// the bytes)
-const char *SMALL_RING_CFR = "FSDP_CONVERT_PIECE=4096 FSDP_CONVERT_CFR=0 ";
+// the same with the kernel copying the pieces no CRC-32 needs (copy_file_range; the reader reads none of them)
+const char *SMALL_RING_CFR = "FSDP_CONVERT_PIECE=4096 FSDP_CONVERT_CFR=1 ";
 
 std::string ckpt_bin() { return fsdp_run_bin() + " ckpt "; }
 
@@ -131,7 +130,7 @@ TEST(ConvertStream, ToSafetensorsEqualsWholeTensorPath) {
             std::string shm = make_tmpdir_in("/dev/shm", "fsdp-cvst");
             if (!shm.empty()) {
                 std::string s = shm + "/x.safetensors";
-                ASSERT_EQ(run_cmd(std::string(SMALL_RING) + ckpt_bin() + "convert " + tiny(src) + " " + s + dt, &out), 0)
+                ASSERT_EQ(run_cmd(std::string(SMALL_RING_CFR) + ckpt_bin() + "convert " + tiny(src) + " " + s + dt, &out), 0)
                     << src << dt << " (tmpfs): " << out;
                 EXPECT_TRUE(read_file(s) == read_file(whole)) << src << dt << " (tmpfs): streamed output differs";
                 rm_rf(shm);
