@@ -60,9 +60,10 @@ typedef struct cks_src {
 typedef struct cks_opts {
     size_t piece; /* bytes of one source piece (rounded down to whole elements; >= one element) */
     int slots;    /* buffers in the ring (2 to CKS_MAX_SLOTS) */
-    int cfr;      /* (FSDP_CONVERT_CFR=1) same dtype and no CRC-32 to compute or check: the kernel copies each piece from file
-                     to file (copy_file_range; on another file system, or where the kernel cannot, the
-                     piece goes through the ring); else each piece is read into the ring and written */
+    int cfr;      /* FSDP_CONVERT_CFR=1: where the dtype stays and no CRC-32 is computed or checked, the
+                     kernel copies each piece from file to file (copy_file_range; on another file system, or
+                     where the kernel cannot, the piece goes through the ring); else each piece is read into
+                     the ring and written */
     int writeback; /* each written piece's whole pages handed to write-back at once (sync_file_range, no wait:
                       the disk writes while the next pieces are copied, and the fsync at the end finds little
                       left); measured 0.80x the wall time of writing them all back at the end (cp + sync) */
