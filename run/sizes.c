@@ -191,12 +191,11 @@ static int check_data(const recipe *r, const sizes_host *h, const sizes_chain *c
     }
     int n0 = el->n;
     /* the files exist, are readable and have valid headers (their tokens are scanned when opened) */
-    int files_bad = reads && data_check_files(dc, &e) != 0;
+    /* tokenized data: the tokenizer loaded once, its ids against the model's vocabulary too (another model's
+     * tokenizer is refused before the run) */
+    int vocab = chain->has_llama ? chain->model.vocab_size : 0;
+    int files_bad = reads && (data_tokenized(dc) ? data_check_vocab(dc, vocab, &e) : data_check_files(dc, &e)) != 0;
     if (files_bad) errlist_add_at(el, data_at(data, "path", train), "%s", e.msg);
-    /* a tokenizer of another model: more ids than the model's vocabulary */
-    if (reads && !files_bad && chain->has_llama && data_check_vocab(dc, chain->model.vocab_size, &e))
-        errlist_add_at(el, data_at(data, data_tokenized(dc) && fsdp_value_get(data, "tokenizer") ? "tokenizer" : "kind", train),
-                       "%s", e.msg);
     n0 = el->n; /* the sizes below are checked whatever the files */
     const fsdp_value *at_t = data_at(data, "seq_len", train), *at_b = data_at(data, "batch_size", train);
     if (dc->seq_len > INT32_MAX)

@@ -56,7 +56,8 @@ int data_config_from_value(const fsdp_value *section, uint64_t default_seed, dat
 /* The files of cfg exist, are readable and have valid headers (text, tokens, llmc; no token scan):
  * the static check of `validate`. 0 for the other kinds. */
 int data_check_files(const data_config *cfg, fsdp_err *err);
-/* A tokenized kind's tokenizer has no more ids than the model's vocab_size (0 for the other kinds). */
+/* data_check_files of a tokenized kind with its tokenizer's ids checked against the model's vocab_size too
+ * (vocab 0: not checked); 0 for the other kinds. */
 int data_check_vocab(const data_config *cfg, int vocab, fsdp_err *err);
 /* The same with the keys `section` leaves out taken from `base` (eval_data over data:). */
 int data_config_over(const fsdp_value *section, const data_config *base, data_config *cfg, fsdp_err *err);

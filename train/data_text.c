@@ -86,7 +86,13 @@ static int load(const data_config *cfg, tok_tokenizer **t, int32_t *eos, fsdp_er
     return 0;
 }
 
-int data_text_check(const data_config *cfg, fsdp_err *err) {
+static int vocab_fits(const data_config *cfg, const tok_tokenizer *t, int vocab, fsdp_err *err) {
+    if (vocab <= 0 || tok_vocab_size(t) <= vocab) return 0;
+    return fsdp_err_set(err, FSDP_E_INVALID, "data: the tokenizer %s has %d ids, more than the model's vocab_size %d "
+                        "(a tokenizer of another model?)", cfg->tokenizer, (int)tok_vocab_size(t), vocab);
+}
+
+static int check(const data_config *cfg, int vocab, fsdp_err *err) {
     glob_t g;
     int rc = data_glob(cfg, &g, err);
     if (rc) return rc;
@@ -94,24 +100,16 @@ int data_text_check(const data_config *cfg, fsdp_err *err) {
     tok_tokenizer *t = NULL;
     int32_t eos;
     rc = load(cfg, &t, &eos, err);
-    tok_free(t);
-    return rc;
-}
-
-static int vocab_fits(const data_config *cfg, const tok_tokenizer *t, int vocab, fsdp_err *err) {
-    if (vocab <= 0 || tok_vocab_size(t) <= vocab) return 0;
-    return fsdp_err_set(err, FSDP_E_INVALID, "data: the tokenizer %s has %d ids, more than the model's vocab_size %d "
-                        "(a tokenizer of another model?)", cfg->tokenizer, (int)tok_vocab_size(t), vocab);
-}
-
-int data_check_vocab(const data_config *cfg, int vocab, fsdp_err *err) {
-    if (!data_tokenized(cfg)) return 0;
-    tok_tokenizer *t = NULL;
-    int rc = tok_load(cfg->tokenizer, &t, err);
     if (!rc) rc = vocab_fits(cfg, t, vocab, err);
     tok_free(t);
     return rc;
 }
+
+int data_check_vocab(const data_config *cfg, int vocab, fsdp_err *err) {
+    return data_tokenized(cfg) ? check(cfg, vocab, err) : 0;
+}
+
+int data_text_check(const data_config *cfg, fsdp_err *err) { return check(cfg, 0, err); }
 
 typedef struct packer {
     uint32_t *v;
