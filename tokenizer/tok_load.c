@@ -114,6 +114,10 @@ int tok_load_bpe(tok_tokenizer *t, json_t *m, fsdp_err *err) {
     json_t *vocab = json_object_get(m, "vocab"), *merges = json_object_get(m, "merges");
     if (!json_is_object(vocab)) return bad(t, err, "model.vocab", "expected an object of token -> id");
     if (!json_is_array(merges)) return bad(t, err, "model.merges", "expected an array");
+    size_t keys = 0;
+    for (void *it = json_object_iter(vocab); it; it = json_object_iter_next(vocab, it)) keys += json_object_iter_key_len(it) + 1;
+    if (tok_smap_reserve(&b->vocab, json_object_size(vocab), keys) || tok_umap_reserve(&b->merges, json_array_size(merges)))
+        return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
     for (void *it = json_object_iter(vocab); it; it = json_object_iter_next(vocab, it)) {
         const char *key = json_object_iter_key(it);
         size_t kl = json_object_iter_key_len(it);

@@ -109,6 +109,14 @@ int tok_smap_put(tok_smap *m, const char *key, size_t n, int32_t v, int32_t *old
     return 0;
 }
 
+int tok_smap_reserve(tok_smap *m, size_t n, size_t pool_bytes) {
+    while ((n + 1) * 2 > m->cap)
+        if (smap_grow_slots(m)) return -1;
+    while (n > m->ecap)
+        if (smap_grow_entries(m)) return -1;
+    return tok_grow(&m->pool, &m->pool_cap, pool_bytes, 1, 4096);
+}
+
 int32_t tok_smap_get_h(const tok_smap *m, const char *key, size_t n, uint64_t h) {
     long e = smap_find(m, key, n, h, NULL);
     return e >= 0 ? m->val[e] : -1;
@@ -172,6 +180,12 @@ int tok_umap_put(tok_umap *m, uint64_t key, uint64_t v) {
     m->val[i] = v;
     if (!had) m->n++;
     return had;
+}
+
+int tok_umap_reserve(tok_umap *m, size_t n) {
+    while ((n + 1) * 2 > m->cap)
+        if (umap_grow(m)) return -1;
+    return 0;
 }
 
 int tok_umap_get(const tok_umap *m, uint64_t key, uint64_t *v) {

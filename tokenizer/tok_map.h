@@ -33,6 +33,8 @@ int32_t tok_smap_get(const tok_smap *m, const char *key, size_t n);
 int32_t tok_smap_get_h(const tok_smap *m, const char *key, size_t n, uint64_t h);
 /* Entry i's key (i < m->n, in the order of insertion). */
 const char *tok_smap_key(const tok_smap *m, size_t i, size_t *n);
+/* Room for n entries (and their keys' pool_bytes) without growing: 0, -1 when out of memory. */
+int tok_smap_reserve(tok_smap *m, size_t n, size_t pool_bytes);
 /* Empties the map, keeping its memory. */
 void tok_smap_clear(tok_smap *m);
 void tok_smap_free(tok_smap *m);
@@ -44,6 +46,7 @@ typedef struct tok_umap {
 } tok_umap;
 
 int tok_umap_put(tok_umap *m, uint64_t key, uint64_t v); /* 0 added, 1 replaced, -1 out of memory */
+int tok_umap_reserve(tok_umap *m, size_t n); /* room for n keys without growing */
 int tok_umap_get(const tok_umap *m, uint64_t key, uint64_t *v); /* 1 found, 0 absent */
 void tok_umap_free(tok_umap *m);
 
