@@ -120,7 +120,8 @@ static void le32(unsigned char *p, uint32_t v) {
     p[3] = (unsigned char)(v >> 24);
 }
 
-/* The header written over its placeholder, the file synced, closed and renamed into place. */
+/* The llm.c header's magic, version and token count written over the zeros dp_open reserved for them, the
+ * file synced, closed and renamed into place. */
 static int dp_close(dp_writer *w, fsdp_err *err) {
     if (!w->f) return 0;
     int rc = 0;
@@ -217,36 +218,22 @@ static void dp_progress(dp_run *r, int final) {
             r->docs, r->out.tokens, r->bytes / 1e6 / el, (double)r->out.tokens / el, isatty(2) && !final ? "" : "\n");
 }
 
-static int dp_flush(dp_run *r, fsdp_err *err) {
-    int rc = r->b.n ? tok_batch_encode(&r->b, &r->w, r->o->field, r->o->template_, err) : 0;
-    for (size_t i = 0; !rc && i < r->b.n; i++) {
-        tok_ids *ids = &r->b.ids[i];
+static int dp_flush(void *user, tok_batch *b, fsdp_err *err) {
+    dp_run *r = user;
+    int rc = b->n ? tok_batch_encode(b, &r->w, r->o->field, r->o->template_, err) : 0;
+    for (size_t i = 0; !rc && i < b->n; i++) {
+        tok_ids *ids = &b->ids[i];
         rc = dp_put(&r->out, ids->v, ids->n, err);
         if (!rc && (!ids->n || ids->v[ids->n - 1] != r->eos)) rc = dp_put(&r->out, &r->eos, 1, err);
+        r->docs++;
+        r->bytes += (double)b->len[i] + 1; /* its line's newline too: the progress is against the files' sizes */
     }
-    tok_batch_clear(&r->b);
     dp_progress(r, 0);
     return rc;
 }
 
 static int dp_files(dp_run *r, fsdp_err *err) {
-    int rc = 0;
-    for (size_t f = 0; f < r->o->nf && !rc; f++) {
-        tok_docs d;
-        rc = tok_docs_open(&d, r->o->files[f], r->o->field, err);
-        const char *raw;
-        size_t len;
-        int k = 0;
-        while (!rc && (k = tok_docs_next_raw(&d, &raw, &len, err)) == 1) {
-            rc = tok_batch_add(&r->b, r->o->files[f], d.jsonl, d.line, raw, len, err);
-            r->docs++;
-            r->bytes += (double)len + 1;
-            if (!rc && r->b.n == 4096) rc = dp_flush(r, err);
-        }
-        if (!rc && k != 0 && k != 1) rc = k;
-        tok_docs_close(&d);
-    }
-    if (!rc) rc = dp_flush(r, err);
+    int rc = tok_batch_files(&r->b, r->o->files, r->o->nf, r->o->field, -1, 4096, dp_flush, r, NULL, NULL, err);
     if (!rc && !r->docs) rc = fsdp_err_set(err, FSDP_E_INVALID, "no documents in the input (empty files)");
     if (!rc) rc = dp_close(&r->out, err);
     return rc;

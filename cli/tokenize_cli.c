@@ -101,43 +101,30 @@ typedef struct tk_text_out {
     size_t *n, *cap;
 } tk_text_out;
 
+/* What tk_flush needs beside the batch. */
+typedef struct tk_sink {
+    const tk_opts *o;
+    tok_workers *w;
+    tk_text_out *fo;
+    FILE *out;
+    size_t tokens;
+} tk_sink;
+
 /* Encodes the batch, formats its documents on the threads, writes them in order. */
-static int tk_flush(const tk_opts *o, tok_batch *b, tok_workers *w, tk_text_out *fo, FILE *out, size_t *tokens,
-                    fsdp_err *err) {
-    int rc = tok_batch_encode(b, w, o->field ? o->field : "text", o->special, err);
+static int tk_flush(void *user, tok_batch *b, fsdp_err *err) {
+    tk_sink *k = user;
+    int rc = tok_batch_encode(b, k->w, k->o->field ? k->o->field : "text", k->o->special, err);
     if (rc) return rc;
     int oom = 0;
-#pragma omp parallel for num_threads(w->n) schedule(dynamic, 16) reduction(| : oom)
+    tk_text_out *fo = k->fo;
+#pragma omp parallel for num_threads(k->w->n) schedule(dynamic, 16) reduction(| : oom)
     for (size_t i = 0; i < b->n; i++) oom |= tk_format(&b->ids[i], &fo->s[i], &fo->n[i], &fo->cap[i]);
     if (oom) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
     for (size_t i = 0; i < b->n; i++) {
-        if (fwrite(fo->s[i], 1, fo->n[i], out) != fo->n[i]) return fsdp_err_set(err, FSDP_E_IO, "writing the ids failed");
-        *tokens += b->ids[i].n;
+        if (fwrite(fo->s[i], 1, fo->n[i], k->out) != fo->n[i]) return fsdp_err_set(err, FSDP_E_IO, "writing the ids failed");
+        k->tokens += b->ids[i].n;
     }
-    tok_batch_clear(b);
     return 0;
-}
-
-static int tk_read_all(const tk_opts *o, tok_batch *b, tok_workers *w, tk_text_out *fo, FILE *out, size_t *docs,
-                       size_t *bytes, size_t *tokens, fsdp_err *err) {
-    int rc = 0;
-    for (size_t f = 0; f < o->nf && !rc; f++) {
-        tok_docs d;
-        rc = tok_docs_open(&d, o->files[f], o->field, err);
-        const char *raw;
-        size_t len;
-        int r = 0;
-        while (!rc && (r = tok_docs_next_raw(&d, &raw, &len, err)) == 1) {
-            rc = tok_batch_add(b, o->files[f], d.jsonl, d.line, raw, len, err);
-            ++*docs;
-            *bytes += len;
-            if (!rc && b->n == TK_BATCH) rc = tk_flush(o, b, w, fo, out, tokens, err);
-        }
-        if (!rc && r != 0 && r != 1) rc = r;
-        tok_docs_close(&d);
-    }
-    if (!rc) rc = tk_flush(o, b, w, fo, out, tokens, err);
-    return rc;
 }
 
 static int tk_encode_files(const tk_opts *o, const tok_tokenizer *tk, FILE *out, FILE *log, fsdp_err *err) {
@@ -147,10 +134,13 @@ static int tk_encode_files(const tk_opts *o, const tok_tokenizer *tk, FILE *out,
     tk_text_out fo = {calloc(TK_BATCH, sizeof(char *)), calloc(TK_BATCH, sizeof(size_t)), calloc(TK_BATCH, sizeof(size_t))};
     int rc = tok_workers_new(tk, threads, &w, err);
     if (!rc && (!fo.s || !fo.n || !fo.cap)) rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
-    size_t docs = 0, tokens = 0, bytes = 0;
+    size_t docs = 0, bytes = 0;
+    tk_sink sink = {o, &w, &fo, out, 0};
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    if (!rc) rc = tk_read_all(o, &b, &w, &fo, out, &docs, &bytes, &tokens, err);
+    if (!rc)
+        rc = tok_batch_files(&b, o->files, o->nf, o->field, -1, TK_BATCH, tk_flush, &sink, &docs, &bytes, err);
+    size_t tokens = sink.tokens;
     clock_gettime(CLOCK_MONOTONIC, &t1);
     double s = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
     if (!rc && !o->quiet)

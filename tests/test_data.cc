@@ -7,6 +7,7 @@ extern "C" {
 #include "pipeline/yaml_load.h"
 #include "train/data.h"
 }
+#include "data_util.h"
 #include "test_util.h"
 
 using namespace fsdp_test;
@@ -28,16 +29,6 @@ int parse(const std::string &text, fsdp_value **v, fsdp_err *err) {
     return yaml_load_string(text.c_str(), text.size(), "data", 0, 0, v, err);
 }
 
-std::vector<int32_t> batch(const data_config &c, int vocab, int world, int rank, uint64_t pos, bool labels = false) {
-    data_source *d;
-    fsdp_err err;
-    EXPECT_EQ(data_open(&c, vocab, world, rank, &d, &err), 0) << err.msg;
-    int64_t lb = data_local_batch(d);
-    std::vector<int32_t> in((size_t)(lb * c.seq_len)), lab(in.size());
-    EXPECT_EQ(data_batch(d, pos, in.data(), lab.data(), &err), 0) << err.msg;
-    data_close(d);
-    return labels ? lab : in;
-}
 }  // namespace
 
 TEST(Data, WorldSizeInvariantAndDeterministic) {

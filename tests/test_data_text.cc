@@ -16,6 +16,7 @@ extern "C" {
 #include "tokenizer/tok.h"
 #include "train/data.h"
 }
+#include "data_util.h"
 #include "test_util.h"
 #include "tokenizer_util.h"
 
@@ -40,17 +41,6 @@ data_config config(const std::string &yaml, const std::string &model_hf = "") {
     return c;
 }
 
-std::vector<int32_t> batch(const data_config &c, int vocab, int world, int rank, uint64_t pos, bool labels = false) {
-    data_source *d = nullptr;
-    fsdp_err err;
-    EXPECT_EQ(data_open(&c, vocab, world, rank, &d, &err), 0) << err.msg;
-    if (!d) return {};
-    int64_t lb = data_local_batch(d);
-    std::vector<int32_t> in((size_t)(lb * c.seq_len)), lab(in.size());
-    EXPECT_EQ(data_batch(d, pos, in.data(), lab.data(), &err), 0) << err.msg;
-    data_close(d);
-    return labels ? lab : in;
-}
 
 } // namespace
 

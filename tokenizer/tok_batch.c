@@ -134,6 +134,34 @@ int tok_batch_encode(tok_batch *b, tok_workers *w, const char *field, int add_sp
 
 void tok_batch_clear(tok_batch *b) { b->n = 0; }
 
+static int flush_now(tok_batch *b, tok_batch_flush flush, void *user, fsdp_err *err) {
+    int rc = flush(user, b, err);
+    tok_batch_clear(b);
+    return rc;
+}
+
+int tok_batch_files(tok_batch *b, const char *const *paths, size_t n, const char *field, int jsonl, size_t batch,
+                    tok_batch_flush flush, void *user, size_t *docs, size_t *bytes, fsdp_err *err) {
+    int rc = 0;
+    for (size_t f = 0; f < n && !rc; f++) {
+        tok_docs d;
+        rc = jsonl < 0 ? tok_docs_open(&d, paths[f], field, err) : tok_docs_open_as(&d, paths[f], field, jsonl, err);
+        const char *raw;
+        size_t len;
+        int r = 0;
+        while (!rc && (r = tok_docs_next_raw(&d, &raw, &len, err)) == 1) {
+            rc = tok_batch_add(b, paths[f], d.jsonl, d.line, raw, len, err);
+            if (docs) ++*docs;
+            if (bytes) *bytes += len;
+            if (!rc && b->n >= batch) rc = flush_now(b, flush, user, err);
+        }
+        if (!rc && r != 0 && r != 1) rc = r;
+        tok_docs_close(&d);
+    }
+    if (!rc) rc = flush_now(b, flush, user, err);
+    return rc;
+}
+
 void tok_batch_free(tok_batch *b) {
     for (size_t i = 0; i < b->cap; i++) {
         free(b->raw[i]);

@@ -37,6 +37,13 @@ typedef struct tok_batch {
 int tok_batch_add(tok_batch *b, const char *path, int jsonl, size_t line, const char *raw, size_t len, fsdp_err *err);
 /* Encodes every document of the batch (field: the JSONL field) into ids[i]. */
 int tok_batch_encode(tok_batch *b, tok_workers *w, const char *field, int add_special, fsdp_err *err);
+/* Every document of the files (in order) added to b a batch at a time: flush(user, b, err) runs whenever b
+ * holds `batch` documents and once after the last, and b is emptied after each. jsonl: 1 or 0 reads every file
+ * as JSONL or as one text, -1 tells each by its name. *docs and *bytes (NULL: not counted) grow by the documents
+ * read and their raw bytes. The files' names must outlive the batch. */
+typedef int (*tok_batch_flush)(void *user, tok_batch *b, fsdp_err *err);
+int tok_batch_files(tok_batch *b, const char *const *paths, size_t n, const char *field, int jsonl, size_t batch,
+                    tok_batch_flush flush, void *user, size_t *docs, size_t *bytes, fsdp_err *err);
 /* Empties the batch, keeping its memory. */
 void tok_batch_clear(tok_batch *b);
 void tok_batch_free(tok_batch *b);

@@ -183,6 +183,14 @@ static int chain(tok_state *st, const tok_dec *d, dlist *io) {
     return rc;
 }
 
+static int dec_regex(const tok_dec *d) {
+    if (!d) return 0;
+    if (d->kind == TOK_DEC_REPLACE) return 1;
+    for (size_t k = 0; k < d->n_sub; k++)
+        if (dec_regex(&d->sub[k])) return 1;
+    return 0;
+}
+
 int tok_decode(const tok_tokenizer *t, const int32_t *ids, size_t n, int skip_special, char **text, size_t *len,
                fsdp_err *err) {
     dlist d = {0};
@@ -197,8 +205,9 @@ int tok_decode(const tok_tokenizer *t, const int32_t *ids, size_t n, int skip_sp
         if (skip_special && t->id_special[id]) continue;
         rc = dl_add(&d, t->id_pool + t->id_off[id], t->id_len[id]);
     }
-    tok_state *st = rc ? NULL : tok_state_new(t);
-    if (!rc && !st) rc = -1;
+    /* a workspace (match data, a JIT stack) only where a decoder runs a regex */
+    tok_state *st = rc || !dec_regex(t->dec) ? NULL : tok_state_new(t);
+    if (!rc && dec_regex(t->dec) && !st) rc = -1;
     if (!rc && t->dec) rc = chain(st, t->dec, &d);
     tok_state_free(st);
     tok_buf joined = {0};

@@ -170,8 +170,10 @@ int tok_segs_push(tok_segs *o, size_t a, size_t b, int match);
  * pass through). */
 int tok_added_split(tok_state *st, const tok_trie *trie, tok_pieces *in, tok_pieces *out);
 int tok_normalize_piece(tok_state *st, const tok_norm *nm, size_t off, size_t len, size_t *noff, size_t *nlen);
-/* Normalizes s[0..n) into a malloc'd string (the added tokens' normalized forms at load). */
-int tok_normalize_string(const tok_tokenizer *t, const tok_norm *nm, const char *s, size_t n, char **out, size_t *on);
+/* Normalizes s[0..n) into a malloc'd string (the added tokens' normalized forms at load), in st's arena. */
+int tok_normalize_string(tok_state *st, const tok_norm *nm, const char *s, size_t n, char **out, size_t *on);
+/* "NAME: where: what" as FSDP_E_INVALID: the loaders' errors. */
+int tok_bad(const tok_tokenizer *t, fsdp_err *err, const char *where, const char *what);
 int tok_pretokenize(tok_state *st, const tok_pretok *p, tok_pieces **in, tok_pieces **out);
 int tok_bpe_word(tok_state *st, const char *w, size_t n, tok_ids *out);
 

@@ -10,7 +10,7 @@
 #include "tok_impl.h"
 #include "tok_utf8.h"
 
-static int bad(const tok_tokenizer *t, fsdp_err *err, const char *where, const char *what) {
+int tok_bad(const tok_tokenizer *t, fsdp_err *err, const char *where, const char *what) {
     return fsdp_err_set(err, FSDP_E_INVALID, "%s: %s: %s", t->name, where, what);
 }
 
@@ -61,7 +61,7 @@ static int load_merges(tok_tokenizer *t, json_t *merges, fsdp_err *err) {
         snprintf(where, sizeof where, "model.merges[%zu]", r);
         if (merge_pair(json_array_get(merges, r), &x, &xn, &y, &yn)) {
             free(buf);
-            return bad(t, err, where, "expected \"a b\" or [\"a\", \"b\"]");
+            return tok_bad(t, err, where, "expected \"a b\" or [\"a\", \"b\"]");
         }
         int32_t xi = tok_smap_get(&b->vocab, x, xn), yi = tok_smap_get(&b->vocab, y, yn);
         if (xn + yn > cap) {
@@ -81,7 +81,7 @@ static int load_merges(tok_tokenizer *t, json_t *merges, fsdp_err *err) {
             snprintf(what, sizeof what, "the merge \"%.*s\" + \"%.*s\" names a token that is not in model.vocab",
                      (int)(xn > 100 ? 100 : xn), x, (int)(yn > 100 ? 100 : yn), y);
             free(buf);
-            return bad(t, err, where, what);
+            return tok_bad(t, err, where, what);
         }
         /* a pair given twice keeps its last rank, as tokenizers' map does */
         if (tok_umap_put(&b->merges, (uint64_t)(uint32_t)xi << 32 | (uint32_t)yi, (uint64_t)r << 32 | (uint32_t)id) < 0) {
@@ -101,19 +101,19 @@ static int null_or(json_t *v, int empty_ok) {
 int tok_load_bpe(tok_tokenizer *t, json_t *m, fsdp_err *err) {
     tok_bpe *b = &t->bpe;
     const char *ty = json_string_value(json_object_get(m, "type"));
-    if (!json_is_object(m)) return bad(t, err, "model", "missing");
+    if (!json_is_object(m)) return tok_bad(t, err, "model", "missing");
     if (ty && strcmp(ty, "BPE")) {
         char what[200];
         snprintf(what, sizeof what, "model type \"%s\" is not supported (only BPE: the decoder family's tokenizers)", ty);
-        return bad(t, err, "model.type", what);
+        return tok_bad(t, err, "model.type", what);
     }
-    if (!null_or(json_object_get(m, "dropout"), 0)) return bad(t, err, "model.dropout", "BPE dropout is not supported");
+    if (!null_or(json_object_get(m, "dropout"), 0)) return tok_bad(t, err, "model.dropout", "BPE dropout is not supported");
     if (!null_or(json_object_get(m, "continuing_subword_prefix"), 1))
-        return bad(t, err, "model.continuing_subword_prefix", "not supported");
-    if (!null_or(json_object_get(m, "end_of_word_suffix"), 1)) return bad(t, err, "model.end_of_word_suffix", "not supported");
+        return tok_bad(t, err, "model.continuing_subword_prefix", "not supported");
+    if (!null_or(json_object_get(m, "end_of_word_suffix"), 1)) return tok_bad(t, err, "model.end_of_word_suffix", "not supported");
     json_t *vocab = json_object_get(m, "vocab"), *merges = json_object_get(m, "merges");
-    if (!json_is_object(vocab)) return bad(t, err, "model.vocab", "expected an object of token -> id");
-    if (!json_is_array(merges)) return bad(t, err, "model.merges", "expected an array");
+    if (!json_is_object(vocab)) return tok_bad(t, err, "model.vocab", "expected an object of token -> id");
+    if (!json_is_array(merges)) return tok_bad(t, err, "model.merges", "expected an array");
     size_t keys = 0;
     for (void *it = json_object_iter(vocab); it; it = json_object_iter_next(vocab, it)) keys += json_object_iter_key_len(it) + 1;
     if (tok_smap_reserve(&b->vocab, json_object_size(vocab), keys) || tok_umap_reserve(&b->merges, json_array_size(merges)))
@@ -126,7 +126,7 @@ int tok_load_bpe(tok_tokenizer *t, json_t *m, fsdp_err *err) {
         if (!json_is_integer(v) || id < 0 || id >= INT32_MAX) {
             char w[300];
             snprintf(w, sizeof w, "model.vocab[\"%.200s\"]", key);
-            return bad(t, err, w, "expected an id >= 0");
+            return tok_bad(t, err, w, "expected an id >= 0");
         }
         if (tok_smap_put(&b->vocab, key, kl, (int32_t)id, NULL) < 0)
             return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
@@ -138,7 +138,7 @@ int tok_load_bpe(tok_tokenizer *t, json_t *m, fsdp_err *err) {
     json_t *unk = json_object_get(m, "unk_token");
     if (json_is_string(unk)) {
         b->unk = tok_smap_get(&b->vocab, json_string_value(unk), json_string_length(unk));
-        if (b->unk < 0) return bad(t, err, "model.unk_token", "the unknown token is not in model.vocab");
+        if (b->unk < 0) return tok_bad(t, err, "model.unk_token", "the unknown token is not in model.vocab");
     }
     for (int k = 0; k < 256; k++) {
         char name[8];
@@ -150,7 +150,7 @@ int tok_load_bpe(tok_tokenizer *t, json_t *m, fsdp_err *err) {
 
 int tok_load_added(tok_tokenizer *t, json_t *arr, fsdp_err *err) {
     if (!arr || json_is_null(arr)) return 0;
-    if (!json_is_array(arr)) return bad(t, err, "added_tokens", "expected an array");
+    if (!json_is_array(arr)) return tok_bad(t, err, "added_tokens", "expected an array");
     t->n_added = json_array_size(arr);
     t->added = calloc(t->n_added ? t->n_added : 1, sizeof *t->added);
     if (!t->added) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
@@ -161,7 +161,7 @@ int tok_load_added(tok_tokenizer *t, json_t *arr, fsdp_err *err) {
         snprintf(w, sizeof w, "added_tokens[%zu]", k);
         if (!json_is_string(c) || !json_is_integer(id) || json_integer_value(id) < 0 ||
             json_integer_value(id) >= INT32_MAX)
-            return bad(t, err, w, "expected {\"id\": N, \"content\": \"...\", ...}");
+            return tok_bad(t, err, w, "expected {\"id\": N, \"content\": \"...\", ...}");
         a->n = json_string_length(c);
         a->content = malloc(a->n + 1);
         if (!a->content) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
@@ -179,20 +179,21 @@ int tok_load_added(tok_tokenizer *t, json_t *arr, fsdp_err *err) {
 
 /* The tries: normalized tokens by their normalized content, the others as written. */
 static int build_tries(tok_tokenizer *t, fsdp_err *err) {
-    for (size_t k = 0; k < t->n_added; k++) {
+    tok_state *st = t->norm ? tok_state_new(t) : NULL; /* one workspace for every normalized token */
+    int rc = t->norm && !st ? -1 : 0;
+    for (size_t k = 0; k < t->n_added && !rc; k++) {
         tok_added *a = &t->added[k];
         const char *s = a->content;
         size_t n = a->n;
         if (a->normalized && t->norm) {
-            if (tok_normalize_string(t, t->norm, a->content, a->n, &a->norm, &a->norm_n))
-                return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+            rc = tok_normalize_string(st, t->norm, a->content, a->n, &a->norm, &a->norm_n);
             s = a->norm;
             n = a->norm_n;
         }
-        if (tok_trie_add(a->normalized ? &t->trie_norm : &t->trie_raw, s, n, (int32_t)k))
-            return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+        if (!rc) rc = tok_trie_add(a->normalized ? &t->trie_norm : &t->trie_raw, s, n, (int32_t)k);
     }
-    return 0;
+    tok_state_free(st);
+    return rc ? fsdp_err_set(err, FSDP_E_NOMEM, "out of memory") : 0;
 }
 
 /* id -> token: the model's, then the added tokens' over them. */
@@ -223,7 +224,7 @@ static int build_ids(tok_tokenizer *t, fsdp_err *err) {
             snprintf(w, sizeof w, "model.vocab[\"%.200s\"]", key);
             char what[100];
             snprintf(what, sizeof what, "id %d is given to two tokens", (int)id);
-            return bad(t, err, w, what);
+            return tok_bad(t, err, w, what);
         }
         size_t kn;
         const char *key = tok_smap_key(v, e, &kn);
@@ -248,11 +249,11 @@ static void bytelevel_table(tok_tokenizer *t) {
 }
 
 static int load_root(tok_tokenizer *t, json_t *root, fsdp_err *err) {
-    if (!json_is_object(root)) return bad(t, err, "(top level)", "expected a JSON object");
+    if (!json_is_object(root)) return tok_bad(t, err, "(top level)", "expected a JSON object");
     static const char *const refused[] = {"truncation", "padding"};
     for (int k = 0; k < 2; k++)
         if (!null_or(json_object_get(root, refused[k]), 0))
-            return bad(t, err, refused[k], "must be null: fsdp-run neither truncates nor pads documents (set it to null)");
+            return tok_bad(t, err, refused[k], "must be null: fsdp-run neither truncates nor pads documents (set it to null)");
     int rc = tok_load_bpe(t, json_object_get(root, "model"), err);
     if (!rc) rc = tok_load_added(t, json_object_get(root, "added_tokens"), err);
     json_t *n = json_object_get(root, "normalizer"), *p = json_object_get(root, "pre_tokenizer"),

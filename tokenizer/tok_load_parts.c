@@ -8,10 +8,6 @@
 #include "tok_impl.h"
 #include "tok_utf8.h"
 
-static int bad(const tok_tokenizer *t, fsdp_err *err, const char *where, const char *what) {
-    return fsdp_err_set(err, FSDP_E_INVALID, "%s: %s: %s", t->name, where, what);
-}
-
 static const char *type_of(json_t *j) { return json_string_value(json_object_get(j, "type")); }
 
 static int flag(json_t *j, const char *key, int dflt) {
@@ -36,7 +32,7 @@ static int pattern(tok_tokenizer *t, json_t *j, const char *where, fsdp_err *err
     snprintf(w, sizeof w, "%s.pattern", where);
     if (json_is_string(s)) return tok_add_regex(t, json_string_value(s), json_string_length(s), 1, w, err);
     if (json_is_string(r)) return tok_add_regex(t, json_string_value(r), json_string_length(r), 0, w, err);
-    bad(t, err, w, "expected {\"String\": ...} or {\"Regex\": ...}");
+    tok_bad(t, err, w, "expected {\"String\": ...} or {\"Regex\": ...}");
     return -1;
 }
 
@@ -67,7 +63,7 @@ static int members(tok_tokenizer *t, json_t *arr, const char *where, const char 
                    void **out, size_t *n, fsdp_err *err) {
     char w[600];
     snprintf(w, sizeof w, "%s.%s", where, key);
-    if (!json_is_array(arr)) return bad(t, err, w, "expected an array");
+    if (!json_is_array(arr)) return tok_bad(t, err, w, "expected an array");
     *n = json_array_size(arr);
     *out = calloc(*n ? *n : 1, sz);
     if (!*out) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
@@ -85,7 +81,7 @@ static int members(tok_tokenizer *t, json_t *arr, const char *where, const char 
 static int norm_one(tok_tokenizer *t, json_t *j, const char *where, void *outp, fsdp_err *err) {
     tok_norm *o = outp;
     const char *ty = type_of(j);
-    if (!ty) return bad(t, err, where, "expected an object with a \"type\"");
+    if (!ty) return tok_bad(t, err, where, "expected an object with a \"type\"");
     static const char *const forms[] = {"NFC", "NFD", "NFKC", "NFKD"};
     for (int k = 0; k < 4; k++)
         if (!strcmp(ty, forms[k])) {
@@ -95,12 +91,12 @@ static int norm_one(tok_tokenizer *t, json_t *j, const char *where, void *outp, 
     if (!strcmp(ty, "Prepend")) {
         o->kind = TOK_NORM_PREPEND;
         int rc = dup_str(json_object_get(j, "prepend"), &o->str, &o->str_n);
-        return rc < 0 ? fsdp_err_set(err, FSDP_E_NOMEM, "out of memory") : rc ? bad(t, err, where, "Prepend needs \"prepend\"") : 0;
+        return rc < 0 ? fsdp_err_set(err, FSDP_E_NOMEM, "out of memory") : rc ? tok_bad(t, err, where, "Prepend needs \"prepend\"") : 0;
     }
     if (!strcmp(ty, "Replace")) {
         o->kind = TOK_NORM_REPLACE;
         int rc = dup_str(json_object_get(j, "content"), &o->str, &o->str_n);
-        if (rc) return rc < 0 ? fsdp_err_set(err, FSDP_E_NOMEM, "out of memory") : bad(t, err, where, "Replace needs \"content\"");
+        if (rc) return rc < 0 ? fsdp_err_set(err, FSDP_E_NOMEM, "out of memory") : tok_bad(t, err, where, "Replace needs \"content\"");
         o->re = pattern(t, j, where, err);
         return o->re < 0 ? err->code : 0;
     }
@@ -118,7 +114,7 @@ static int norm_one(tok_tokenizer *t, json_t *j, const char *where, void *outp, 
     char what[300];
     snprintf(what, sizeof what, "normalizer \"%s\" is not supported (supported: NFC, NFD, NFKC, NFKD, Prepend, Replace, "
              "Strip, Sequence)", ty);
-    return bad(t, err, where, what);
+    return tok_bad(t, err, where, what);
 }
 
 static const char *const behaviors[] = {"Isolated", "Removed", "MergedWithPrevious", "MergedWithNext", "Contiguous"};
@@ -126,7 +122,7 @@ static const char *const behaviors[] = {"Isolated", "Removed", "MergedWithPrevio
 static int pre_one(tok_tokenizer *t, json_t *j, const char *where, void *outp, fsdp_err *err) {
     tok_pretok *o = outp;
     const char *ty = type_of(j);
-    if (!ty) return bad(t, err, where, "expected an object with a \"type\"");
+    if (!ty) return tok_bad(t, err, where, "expected an object with a \"type\"");
     if (!strcmp(ty, "ByteLevel")) {
         static const char gpt2[] = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
         o->kind = TOK_PRE_BYTELEVEL;
@@ -142,7 +138,7 @@ static int pre_one(tok_tokenizer *t, json_t *j, const char *where, void *outp, f
         for (int k = 0; b && k < 5; k++)
             if (!strcmp(b, behaviors[k])) o->behavior = k;
         if (o->behavior < 0)
-            return bad(t, err, where, "Split's \"behavior\" must be Isolated, Removed, MergedWithPrevious, MergedWithNext or Contiguous");
+            return tok_bad(t, err, where, "Split's \"behavior\" must be Isolated, Removed, MergedWithPrevious, MergedWithNext or Contiguous");
         o->invert = flag(j, "invert", 0);
         o->re = pattern(t, j, where, err);
         return o->re < 0 ? err->code : 0;
@@ -150,9 +146,9 @@ static int pre_one(tok_tokenizer *t, json_t *j, const char *where, void *outp, f
     if (!strcmp(ty, "Metaspace")) {
         o->kind = TOK_PRE_METASPACE;
         uint32_t cp = char_of(json_object_get(j, "replacement"));
-        if (!cp) return bad(t, err, where, "Metaspace needs a \"replacement\" character");
+        if (!cp) return tok_bad(t, err, where, "Metaspace needs a \"replacement\" character");
         o->repl_n = tok_utf8_put(cp, o->repl);
-        if (scheme(j, &o->prepend_scheme)) return bad(t, err, where, "prepend_scheme must be always, first or never");
+        if (scheme(j, &o->prepend_scheme)) return tok_bad(t, err, where, "prepend_scheme must be always, first or never");
         o->split = flag(j, "split", 1);
         o->re = o->split ? tok_add_regex(t, o->repl, o->repl_n, 1, where, err) : 0;
         return o->re < 0 ? err->code : 0;
@@ -170,25 +166,25 @@ static int pre_one(tok_tokenizer *t, json_t *j, const char *where, void *outp, f
     char what[300];
     snprintf(what, sizeof what, "pre-tokenizer \"%s\" is not supported (supported: ByteLevel, Split, Metaspace, Digits, "
              "Sequence)", ty);
-    return bad(t, err, where, what);
+    return tok_bad(t, err, where, what);
 }
 
 static int dec_one(tok_tokenizer *t, json_t *j, const char *where, void *outp, fsdp_err *err) {
     tok_dec *o = outp;
     const char *ty = type_of(j);
-    if (!ty) return bad(t, err, where, "expected an object with a \"type\"");
+    if (!ty) return tok_bad(t, err, where, "expected an object with a \"type\"");
     if (!strcmp(ty, "ByteLevel")) o->kind = TOK_DEC_BYTELEVEL;
     else if (!strcmp(ty, "ByteFallback")) o->kind = TOK_DEC_BYTEFALLBACK;
     else if (!strcmp(ty, "Fuse")) o->kind = TOK_DEC_FUSE;
     else if (!strcmp(ty, "Metaspace")) {
         o->kind = TOK_DEC_METASPACE;
         o->cp = char_of(json_object_get(j, "replacement"));
-        if (!o->cp) return bad(t, err, where, "Metaspace needs a \"replacement\" character");
-        if (scheme(j, &o->prepend_scheme)) return bad(t, err, where, "prepend_scheme must be always, first or never");
+        if (!o->cp) return tok_bad(t, err, where, "Metaspace needs a \"replacement\" character");
+        if (scheme(j, &o->prepend_scheme)) return tok_bad(t, err, where, "prepend_scheme must be always, first or never");
     } else if (!strcmp(ty, "Replace")) {
         o->kind = TOK_DEC_REPLACE;
         int rc = dup_str(json_object_get(j, "content"), &o->content, &o->content_n);
-        if (rc) return rc < 0 ? fsdp_err_set(err, FSDP_E_NOMEM, "out of memory") : bad(t, err, where, "Replace needs \"content\"");
+        if (rc) return rc < 0 ? fsdp_err_set(err, FSDP_E_NOMEM, "out of memory") : tok_bad(t, err, where, "Replace needs \"content\"");
         o->re = pattern(t, j, where, err);
         return o->re < 0 ? err->code : 0;
     } else if (!strcmp(ty, "Strip")) {
@@ -196,7 +192,7 @@ static int dec_one(tok_tokenizer *t, json_t *j, const char *where, void *outp, f
         o->cp = char_of(json_object_get(j, "content"));
         json_int_t a = json_integer_value(json_object_get(j, "start")), b = json_integer_value(json_object_get(j, "stop"));
         if (!o->cp || a < 0 || b < 0 || a > 1 << 20 || b > 1 << 20)
-            return bad(t, err, where, "Strip needs a \"content\" character and \"start\", \"stop\" counts");
+            return tok_bad(t, err, where, "Strip needs a \"content\" character and \"start\", \"stop\" counts");
         o->start = (int)a;
         o->stop = (int)b;
     } else if (!strcmp(ty, "Sequence")) {
@@ -207,7 +203,7 @@ static int dec_one(tok_tokenizer *t, json_t *j, const char *where, void *outp, f
         char what[300];
         snprintf(what, sizeof what, "decoder \"%s\" is not supported (supported: ByteLevel, Metaspace, Replace, "
                  "ByteFallback, Fuse, Strip, Sequence)", ty);
-        return bad(t, err, where, what);
+        return tok_bad(t, err, where, what);
     }
     return 0;
 }

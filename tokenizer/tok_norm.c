@@ -104,10 +104,9 @@ int tok_normalize_piece(tok_state *st, const tok_norm *nm, size_t off, size_t le
     return 0;
 }
 
-int tok_normalize_string(const tok_tokenizer *t, const tok_norm *nm, const char *s, size_t n, char **out, size_t *on) {
-    tok_state *st = tok_state_new(t);
-    if (!st) return -1;
+int tok_normalize_string(tok_state *st, const tok_norm *nm, const char *s, size_t n, char **out, size_t *on) {
     size_t off = 0, len = n;
+    st->arena.n = 0;
     int rc = tok_buf_add(&st->arena, s, n);
     if (!rc) rc = tok_normalize_piece(st, nm, 0, n, &off, &len);
     if (!rc) {
@@ -119,7 +118,6 @@ int tok_normalize_string(const tok_tokenizer *t, const tok_norm *nm, const char 
             *on = len;
         }
     }
-    tok_state_free(st);
     return rc;
 }
 

@@ -133,41 +133,29 @@ static int pack_ids(packer *p, const tok_ids *ids, int32_t eos) {
     return 0;
 }
 
-static int flush(const data_config *cfg, tok_batch *b, tok_workers *w, int32_t eos, packer *p, fsdp_err *err) {
-    int rc = b->n ? tok_batch_encode(b, w, cfg->field, cfg->template_, err) : 0;
+typedef struct pack_run {
+    const data_config *cfg;
+    tok_workers *w;
+    int32_t eos;
+    packer *p;
+} pack_run;
+
+static int flush(void *user, tok_batch *b, fsdp_err *err) {
+    pack_run *k = user;
+    int rc = b->n ? tok_batch_encode(b, k->w, k->cfg->field, k->cfg->template_, err) : 0;
     for (size_t i = 0; !rc && i < b->n; i++)
-        if (pack_ids(p, &b->ids[i], eos)) rc = fsdp_err_set(err, FSDP_E_NOMEM, "data: out of memory");
-    tok_batch_clear(b);
+        if (pack_ids(k->p, &b->ids[i], k->eos)) rc = fsdp_err_set(err, FSDP_E_NOMEM, "data: out of memory");
     return rc;
 }
 
-/* Every document of the matched files, encoded a batch at a time and packed in order. */
+/* Every document of the matched files, encoded a batch at a time and packed in order (kind jsonl: every file
+ * is JSON lines, whatever its name; kind text: every file one document). */
 static int pack_files(const data_config *cfg, char **paths, size_t np, tok_workers *w, int32_t eos, packer *p,
                       fsdp_err *err) {
     tok_batch b = {0};
-    int rc = 0;
-    for (size_t f = 0; f < np && !rc; f++) {
-        tok_docs d;
-        rc = tok_docs_open(&d, paths[f], cfg->field, err);
-        if (rc) break;
-        if (cfg->kind == DATA_JSONL && !d.jsonl) { /* kind jsonl: every file is JSON lines, whatever its name */
-            tok_docs_close(&d);
-            rc = tok_docs_open_as(&d, paths[f], cfg->field, 1, err);
-        } else if (cfg->kind == DATA_TEXT && d.jsonl) {
-            tok_docs_close(&d);
-            rc = tok_docs_open_as(&d, paths[f], cfg->field, 0, err);
-        }
-        const char *raw;
-        size_t len;
-        int r = 0;
-        while (!rc && (r = tok_docs_next_raw(&d, &raw, &len, err)) == 1) {
-            rc = tok_batch_add(&b, paths[f], d.jsonl, d.line, raw, len, err);
-            if (!rc && b.n == 4096) rc = flush(cfg, &b, w, eos, p, err);
-        }
-        if (!rc && r != 0 && r != 1) rc = r;
-        tok_docs_close(&d);
-    }
-    if (!rc) rc = flush(cfg, &b, w, eos, p, err);
+    pack_run k = {cfg, w, eos, p};
+    int rc = tok_batch_files(&b, (const char *const *)paths, np, cfg->field, cfg->kind == DATA_JSONL, 4096, flush, &k,
+                             NULL, NULL, err);
     tok_batch_free(&b);
     return rc;
 }
