@@ -16,6 +16,9 @@
  *    blocks), the device's own write speed, which the saves' direct payload writes aim at
  *    (ckpt/ckpt_pwrite.h): on a VM that returns idle memory to its host, a buffered cp is often several
  *    times slower than the device.
+ *    The same bootstrap again with runtime.stream=false (every value materialised where it is made, the
+ *    path before the streamed bootstrap): its time and peak RSS beside the streamed run's, and the
+ *    streamed run against max(cat of the sources, the O_DIRECT copy of the output), issue 40's bar.
  * 3. The plain bootstrap (--no-plain skips it): init-meta + save-dcp of Llama-3 1B with --plain-layers
  *    layers, against a memset of fresh pages of its state (the run's threads) plus `cp -r` + sync.
  * The tables show medians; a ratio column is the median of the per-repetition ratios. */
@@ -58,6 +61,9 @@ typedef struct series {
 /* one kind of run (Bagel or plain) on one rank count, over the repetitions */
 typedef struct bb_cell {
     series ours, base, cp, dcp, floor, floor_ratio, dfloor_ratio, rss, stage[BB_N_STAGES];
+    /* the same bootstrap with runtime.stream=false (every value materialised where it is made), and
+     * max(read the sources, write the output with O_DIRECT) / ours: issue 40's bar for the streamed path */
+    series held, held_rss, max_ratio;
     double out_bytes, params;
 } bb_cell;
 
@@ -265,7 +271,7 @@ static double stage_metric_max(json_t *stage, const char *m) {
 }
 
 /* from the run report: the peak RSS of the largest rank, each stage's seconds and the model's params */
-static int read_report(const bb_run *r, bb_cell *c, int split) {
+static int read_report(const bb_run *r, bb_cell *c, series *rss_to, int split) {
     json_error_t je;
     json_t *j = json_load_file(r->report, 0, &je);
     if (!j) {
@@ -283,7 +289,7 @@ static int read_report(const bb_run *r, bb_cell *c, int split) {
         for (int k = 0; split && id && k < BB_N_STAGES; k++)
             if (!strcmp(id, STAGES[k])) put(&c->stage[k], json_number_value(json_object_get(s, "seconds")));
     }
-    put(&c->rss, rss);
+    put(rss_to, rss);
     json_decref(j);
     return 0;
 }
@@ -334,12 +340,19 @@ static int rep_bagel(bb_run *r, int np, bb_cell *c) {
              "--set vars.out='%s' --set vars.layout=%s --set vars.overwrite=true && sync",
              launch, r->o.bin, r->report, threads_per_rank(r, np), r->llm, r->vit, r->out, r->o.layout);
     double ours = settled_run(r, r->state_bytes, cmd);
-    if (ours < 0 || read_report(r, c, 1)) return -1;
+    if (ours < 0 || read_report(r, c, &c->rss, 1)) return -1;
+    char held_cmd[8300];
+    size_t n = strlen(cmd) - strlen(" && sync");
+    snprintf(held_cmd, sizeof held_cmd, "%.*s --set runtime.stream=false && sync", (int)n, cmd);
+    double held = settled_run(r, r->state_bytes, held_cmd);
+    if (held < 0 || read_report(r, c, &c->held_rss, 0)) return -1;
+    put(&c->held, held);
     c->out_bytes = bench_path_bytes(r->out);
     snprintf(cmd, sizeof cmd, "find '%s' '%s' -type f -exec cat {} + > /dev/null", r->llm, r->vit);
     double cat = settled_run(r, r->state_bytes, cmd);
     double dcp = -1, cp = cp_floor(r, r->state_bytes, &dcp);
     put_floor(c, ours, cat, cp, dcp);
+    if (cat >= 0 && dcp >= 0) put(&c->max_ratio, (cat > dcp ? cat : dcp) / ours);
     return 0;
 }
 
@@ -360,7 +373,7 @@ static int rep_plain(bb_run *r, int np, bb_cell *c) {
     snprintf(cmd, sizeof cmd, "%s%s -q --report '%s' '%s/plain.yaml' --set runtime.threads=%d --set vars.out='%s' && sync",
              launch, r->o.bin, r->report, r->o.work, threads_per_rank(r, np), r->out);
     double ours = settled_run(r, r->plain_state_bytes, cmd);
-    if (ours < 0 || read_report(r, c, 0)) return -1;
+    if (ours < 0 || read_report(r, c, &c->rss, 0)) return -1;
     c->out_bytes = bench_path_bytes(r->out);
     settle(r, r->plain_state_bytes);
     double ms = bench_memset_seconds((size_t)r->plain_state_bytes, r->o.threads);
@@ -413,6 +426,20 @@ static void print_plain_table(const bb_run *r) {
         double ours = median(&c->ours), ms = median(&c->base), cp = median(&c->cp);
         print_common(c, r->o.np[i], r->plain_state_bytes);
         printf(" %.2f | %.2f |\n", ours / (ms + cp), (ms > cp ? ms : cp) / ours);
+    }
+}
+
+/* the streamed bootstrap against the materialised one and against max(read, direct write) */
+static void print_stream_table(const bb_run *r) {
+    printf("\nStreamed (default) against runtime.stream=false (every value held), same run, medians:\n\n"
+           "| ranks | streamed s | held s | held / streamed | max(t_cat, t_cp direct) / streamed | peak RSS per rank "
+           "streamed / shard | held / shard |\n|---|---|---|---|---|---|---|\n");
+    for (int i = 0; i < r->o.n_np; i++) {
+        const bb_cell *c = &r->bagel[i];
+        double shard = r->state_bytes / r->o.np[i], ours = median(&c->ours), held = median(&c->held);
+        printf("| %d | %.2f | %.2f | %.2f | **%.2f** | %.3f | %.3f |\n", r->o.np[i], ours, held,
+               ours > 0 ? held / ours : 0, median(&c->max_ratio), median(&c->rss) / shard,
+               median(&c->held_rss) / shard);
     }
 }
 
@@ -579,6 +606,7 @@ int main(int argc, char **argv) {
     int rc = write_sources(&r) || state_sizes(&r) || run_reps(&r) ? 1 : 0;
     if (!rc) {
         print_bagel_table(&r);
+        print_stream_table(&r);
         print_plain_table(&r);
         print_split(&r);
         print_notes(&r);

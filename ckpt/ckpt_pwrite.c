@@ -52,6 +52,13 @@ typedef struct pw_job {
     char tail[CKPT_DIRECT_ALIGN];
     size_t tail_len;
     uint64_t tail_off;
+    /* a producer instead of src (ckpt_pwrite_gen): each piece's float32 values are produced into the
+     * thread's scratch (or its aligned buffer when stored as f32), then converted */
+    ckpt_gen_fn gen;
+    void *gen_user;
+    float **scr;
+    int gen_failed;
+    fsdp_err gen_err; /* the first failed production's */
 } pw_job;
 
 static uint32_t pw_crc(const char *p, size_t n) { return ckpt_crc32(0, p, n); }
@@ -62,6 +69,17 @@ static const char *pw_prep(pw_job *j, size_t i, int tid, size_t *len) {
     size_t a = i * j->per, k = j->n - a < j->per ? j->n - a : j->per;
     *len = k * j->dsz;
     const char *p = j->src + a * j->ssz;
+    if (j->gen) {
+        float *vals = j->ddt == FSDP_DT_F32 ? (float *)j->buf[tid] : j->scr[tid];
+        fsdp_err e;
+        fsdp_err_clear(&e);
+        if (j->gen(j->gen_user, (uint64_t)a, k, vals, &e)) {
+#pragma omp critical(ckpt_pwrite_gen_err)
+            if (!j->gen_failed) j->gen_err = e, j->gen_failed = 1;
+            return NULL;
+        }
+        p = (const char *)vals;
+    }
     if (j->sdt != j->ddt) {
         fsdp_err e;
         if (fsdp_convert(j->buf[tid], j->ddt, p, j->sdt, k, &e)) {
@@ -69,7 +87,7 @@ static const char *pw_prep(pw_job *j, size_t i, int tid, size_t *len) {
             return NULL;
         }
         p = j->buf[tid];
-    } else if (j->direct) { /* O_DIRECT writes from an aligned buffer */
+    } else if (j->direct && p != j->buf[tid]) { /* O_DIRECT writes from an aligned buffer */
         memcpy(j->buf[tid], p, *len);
         p = j->buf[tid];
     }
@@ -153,6 +171,10 @@ static uint64_t pw_first_unwritten(const pw_job *j, size_t np) {
 }
 
 static int pw_result(const pw_job *j, size_t np, uint32_t *crc, const char *what, fsdp_err *err) {
+    if (j->gen_failed) {
+        if (err) *err = j->gen_err;
+        return j->gen_err.code ? j->gen_err.code : FSDP_E_IO;
+    }
     for (size_t i = 0; i < np; i++) {
         if (j->st[i].bad_cvt)
             return fsdp_err_set(err, FSDP_E_INVALID, "%s: cannot convert %s to %s", what, fsdp_dtype_name(j->sdt),
@@ -174,10 +196,17 @@ static int pw_result(const pw_job *j, size_t np, uint32_t *crc, const char *what
 static int pw_setup(pw_job *j, size_t np, int threads, const char *what, fsdp_err *err) {
     j->st = calloc(np, sizeof *j->st);
     if (!j->st) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory writing %s", what);
-    if (j->sdt == j->ddt && !j->direct) return 0;
+    if (j->sdt == j->ddt && !j->direct && !j->gen) return 0;
     j->buf = calloc((size_t)threads, sizeof *j->buf);
     if (!j->buf) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory writing %s", what);
     size_t k = j->n < j->per ? j->n : j->per;
+    if (j->gen && j->ddt != FSDP_DT_F32) { /* produced as f32, then converted into buf */
+        if (!(j->scr = calloc((size_t)threads, sizeof *j->scr)))
+            return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory writing %s", what);
+        for (int t = 0; t < threads; t++)
+            if (!(j->scr[t] = malloc(k * sizeof(float))))
+                return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory producing %s", what);
+    }
     size_t bytes = (k * j->dsz + CKPT_DIRECT_ALIGN - 1) & ~(CKPT_DIRECT_ALIGN - 1);
     for (int t = 0; t < threads; t++) {
         void *b = NULL;
@@ -218,9 +247,34 @@ static void pw_direct_off(pw_job *j, size_t np) {
 }
 
 static void pw_free(pw_job *j, int threads) {
+    for (int t = 0; j->scr && t < threads; t++) free(j->scr[t]);
+    free(j->scr);
     for (int t = 0; j->buf && t < threads; t++) free(j->buf[t]);
     free(j->buf);
     free(j->st);
+}
+
+/* The job's pieces on its threads (src or gen, the dtypes and sizes set by the caller). */
+static int pw_go(pw_job *j, int fd, size_t n, uint64_t off, uint32_t *crc, const char *what, const ckpt_pio_opts *o,
+                 fsdp_err *err) {
+    size_t piece = ckpt_pwrite_piece(o);
+    j->fd = fd;
+    j->writeback = o ? o->writeback : 1;
+    j->n = n;
+    j->per = piece / j->dsz ? piece / j->dsz : 1;
+    j->off = off;
+    atomic_init(&j->failed, 0);
+    size_t np = n / j->per + (n % j->per != 0);
+    int threads = pw_threads(o, np);
+    /* direct pieces must be whole blocks: the piece size a multiple of the alignment */
+    j->direct = j->per * j->dsz % CKPT_DIRECT_ALIGN == 0 && pw_direct_on(fd, off, n * j->dsz, o);
+    int direct = j->direct;
+    int rc = pw_setup(j, np, threads, what, err);
+    if (!rc) pw_run(j, np, threads);
+    if (direct) pw_direct_off(j, np);
+    if (!rc) rc = pw_result(j, np, crc, what, err);
+    pw_free(j, threads);
+    return rc;
 }
 
 int ckpt_pwrite_conv(int fd, const void *src, fsdp_dtype src_dt, fsdp_dtype dst_dt, size_t n, uint64_t off,
@@ -242,27 +296,31 @@ int ckpt_pwrite_conv(int fd, const void *src, fsdp_dtype src_dt, fsdp_dtype dst_
         if (crc) *crc = (uint32_t)crc32(0L, Z_NULL, 0);
         return 0;
     }
-    size_t piece = ckpt_pwrite_piece(o);
-    j.fd = fd;
-    j.writeback = o ? o->writeback : 1;
     j.src = src;
     j.sdt = src_dt;
     j.ddt = dst_dt;
-    j.n = n;
-    j.per = piece / j.dsz ? piece / j.dsz : 1;
-    j.off = off;
-    atomic_init(&j.failed, 0);
-    size_t np = n / j.per + (n % j.per != 0);
-    int threads = pw_threads(o, np);
-    /* direct pieces must be whole blocks: the piece size a multiple of the alignment */
-    j.direct = j.per * j.dsz % CKPT_DIRECT_ALIGN == 0 && pw_direct_on(fd, off, n * j.dsz, o);
-    int direct = j.direct;
-    int rc = pw_setup(&j, np, threads, what, err);
-    if (!rc) pw_run(&j, np, threads);
-    if (direct) pw_direct_off(&j, np);
-    if (!rc) rc = pw_result(&j, np, crc, what, err);
-    pw_free(&j, threads);
-    return rc;
+    return pw_go(&j, fd, n, off, crc, what, o, err);
+}
+
+int ckpt_pwrite_gen(int fd, ckpt_gen_fn gen, void *user, fsdp_dtype dst_dt, size_t n, uint64_t off, uint32_t *crc,
+                    const char *what, const ckpt_pio_opts *o, fsdp_err *err) {
+    pw_job j;
+    memset(&j, 0, sizeof j);
+    j.ssz = sizeof(float);
+    j.dsz = fsdp_dtype_size(dst_dt);
+    unsigned char one[16];
+    float zero = 0;
+    if (!j.dsz || (dst_dt != FSDP_DT_F32 && fsdp_convert(one, dst_dt, &zero, FSDP_DT_F32, 1, err)))
+        return fsdp_err_set(err, FSDP_E_INVALID, "%s: cannot write float32 values as %s", what, fsdp_dtype_name(dst_dt));
+    if (!n) {
+        if (crc) *crc = (uint32_t)crc32(0L, Z_NULL, 0);
+        return 0;
+    }
+    j.gen = gen;
+    j.gen_user = user;
+    j.sdt = FSDP_DT_F32;
+    j.ddt = dst_dt;
+    return pw_go(&j, fd, n, off, crc, what, o, err);
 }
 
 int ckpt_pwrite_all(int fd, const void *src, size_t n, uint64_t off, uint32_t *crc, const char *what,

@@ -46,6 +46,16 @@ size_t ckpt_pwrite_piece(const ckpt_pio_opts *o);
 int ckpt_pwrite_conv(int fd, const void *src, fsdp_dtype src_dt, fsdp_dtype dst_dt, size_t n, uint64_t off,
                      uint32_t *crc, const char *what, const ckpt_pio_opts *o, fsdp_err *err);
 
+/* Produces elements [e0, e0 + n) of a payload as float32 into dst (any thread, several at once). */
+typedef int (*ckpt_gen_fn)(void *user, uint64_t e0, size_t n, float *dst, fsdp_err *err);
+
+/* ckpt_pwrite_conv of n float32 values that gen produces piece by piece on the writing threads, each
+ * into the thread's aligned write buffer (or a scratch piece, converted into it): producing one piece
+ * overlaps the writes of the others, and no more than a piece per thread is ever held. A production
+ * that fails stops the write with its error. */
+int ckpt_pwrite_gen(int fd, ckpt_gen_fn gen, void *user, fsdp_dtype dst_dt, size_t n, uint64_t off, uint32_t *crc,
+                    const char *what, const ckpt_pio_opts *o, fsdp_err *err);
+
 /* Writes n bytes of src at file offset off; *crc (when not NULL) receives zlib's CRC32 of
  * them (the same value as crc32(0, src, n)). The pieces (o->piece, 4 MiB by default) are
  * CRC'd by o->threads threads and written in file order. */

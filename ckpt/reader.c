@@ -210,6 +210,7 @@ ckpt_reader *ckpt_reader_alloc(const char *path, size_t n, const ckpt_ops *ops, 
     r->format = format;
     r->impl = impl;
     r->n = n;
+    pthread_mutex_init(&r->lock, NULL);
     return r;
 }
 
@@ -218,11 +219,30 @@ void ckpt_reader_free(ckpt_reader *r) {
     nidx_free(&r->names);
     free(r->entries);
     free(r->path);
+    pthread_mutex_destroy(&r->lock);
     free(r);
 }
 
 void ckpt_close(ckpt_reader *r) {
-    if (r) r->ops->close(r);
+    if (!r) return;
+    if (__atomic_fetch_sub(&r->extra_refs, 1, __ATOMIC_ACQ_REL) > 0) return; /* another holder keeps it open */
+    r->ops->close(r);
+}
+
+int ckpt_reader_of_files(const ckpt_reader *r) { return r && !r->inner && !(r->ops && r->ops->same); }
+
+ckpt_reader *ckpt_reader_ref(ckpt_reader *r) {
+    if (r) __atomic_add_fetch(&r->extra_refs, 1, __ATOMIC_RELAXED);
+    return r;
+}
+
+int ckpt_read_rows_shared(ckpt_reader *r, size_t i, int64_t r0, int64_t r1, void *dst, fsdp_dtype dst_dt, int *nan,
+                          fsdp_err *err) {
+    if (r->format == CKPT_SAFETENSORS) return ckpt_read_rows_nan(r, i, r0, r1, dst, dst_dt, nan, err);
+    pthread_mutex_lock(&r->lock);
+    int rc = ckpt_read_rows_nan(r, i, r0, r1, dst, dst_dt, nan, err);
+    pthread_mutex_unlock(&r->lock);
+    return rc;
 }
 ckpt_format ckpt_reader_format(const ckpt_reader *r) { return r->format; }
 const char *ckpt_reader_path(const ckpt_reader *r) { return r->path; }

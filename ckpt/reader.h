@@ -94,6 +94,15 @@ int ckpt_read_rows(ckpt_reader *r, size_t i, int64_t r0, int64_t r1, void *dst, 
  * the rows read. */
 int ckpt_read_rows_nan(ckpt_reader *r, size_t i, int64_t r0, int64_t r1, void *dst, fsdp_dtype dst_dt, int *nan,
                        fsdp_err *err);
+/* Another reference to r (a deferred value reading from it, runtime/state_defer.h): ckpt_close closes the
+ * reader when the opener and every reference have closed it. */
+ckpt_reader *ckpt_reader_ref(ckpt_reader *r);
+/* 1 when r reads files itself (not a view or a union of other readers). */
+int ckpt_reader_of_files(const ckpt_reader *r);
+/* ckpt_read_rows_nan from any thread while others read from r: a safetensors reader (mapped files, no
+ * state) reads at once; the others are serialised on a lock of r (each read still uses their threads). */
+int ckpt_read_rows_shared(ckpt_reader *r, size_t i, int64_t r0, int64_t r1, void *dst, fsdp_dtype dst_dt, int *nan,
+                          fsdp_err *err);
 /* A non-tensor value as text ("5", "0.001", "(0.9, 0.95)", "'tiny'"); NULL when not available. */
 const char *ckpt_value_text(ckpt_reader *r, size_t i);
 /* The same with an error naming the value when it does not decode (a DCP byte item is decoded on

@@ -2,6 +2,8 @@
 #ifndef FSDP_CKPT_READER_IMPL_H
 #define FSDP_CKPT_READER_IMPL_H
 
+#include <pthread.h>
+
 #include "ckpt/reader.h"
 #include "runtime/name_index.h"
 
@@ -32,6 +34,10 @@ struct ckpt_reader {
     int restarts;      /* ckpt_restarts */
     /* a view's source (ckpt/reader_view.h); NULL for a reader of files and for a union (ops->same tells) */
     struct ckpt_reader *inner;
+    /* references beyond the opener's (ckpt_reader_ref): ckpt_close closes at the last */
+    int extra_refs;
+    /* serialises ckpt_read_rows_shared on readers whose reads keep state (all but safetensors) */
+    pthread_mutex_t lock;
 };
 
 /* A reader with room for n entries (zeroed) over impl; NULL when out of memory. */

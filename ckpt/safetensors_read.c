@@ -116,6 +116,16 @@ static int convert(void *dst, fsdp_dtype ddt, const unsigned char *src, fsdp_dty
     return FSDP_OK;
 }
 
+/* The mapped pages wholly inside a large range just read are unmapped from the process (the page cache
+ * keeps them: a later read refaults them from memory): a streamed save reading gigabytes through the
+ * mapping holds its write buffers, not the source's pages, in its resident set. Failure only costs memory. */
+static void let_go(const unsigned char *src, size_t bytes, long ps) {
+    if (bytes < ((size_t)1 << 20) || ps <= 0) return;
+    uintptr_t a = ((uintptr_t)src + (uintptr_t)ps - 1) & ~((uintptr_t)ps - 1);
+    uintptr_t b = ((uintptr_t)src + bytes) & ~((uintptr_t)ps - 1);
+    if (b > a) (void)madvise((void *)a, b - a, MADV_DONTNEED);
+}
+
 int st_read_rows(const st_reader *r, const st_tensor_info *t, int64_t r0, int64_t r1, void *dst,
                  fsdp_dtype dst_dt, fsdp_err *err) {
     if (!r || !t || (r1 > r0 && !dst)) return fsdp_err_set(err, FSDP_E_INVALID, "st_read_rows: bad arguments");
@@ -135,6 +145,7 @@ int st_read_rows(const st_reader *r, const st_tensor_info *t, int64_t r0, int64_
     }
     if (dst_dt == FSDP_DT_INVALID || dst_dt == t->dtype) {
         if (n) memcpy(dst, src, n * ssz);
+        let_go(src, n * ssz, ps);
         return FSDP_OK;
     }
     fsdp_err e;
@@ -142,6 +153,7 @@ int st_read_rows(const st_reader *r, const st_tensor_info *t, int64_t r0, int64_
         return fsdp_err_set(err, e.code, "%s: tensor '%s': %s", path, t->name, e.msg);
     int rc = convert(dst, dst_dt, src, t->dtype, n, (uintptr_t)src % ssz == 0, &e);
     if (rc) return fsdp_err_set(err, rc, "%s: tensor '%s': %s", path, t->name, e.msg);
+    let_go(src, n * ssz, ps);
     return FSDP_OK;
 }
 

@@ -79,6 +79,10 @@ static int add_chunk(save_plan *p, const state_param *sp, const char *fqn, state
         /* an empty shard records the dimension size as its offset (PyTorch >= 2.8) */
         it->offsets[0] = sp->rows == 0 && world > 1 ? sp->shape[0] : sp->row0;
     }
+    if (a == STATE_DATA && sp->deferred) {
+        it->deferred = sp;
+        return 0;
+    }
     it->on_dev = state_place_of(sp, a) == STATE_DEVICE;
     it->data = it->on_dev ? *state_param_dev_slot((state_param *)sp, a) : *state_param_host_slot((state_param *)sp, a);
     return 0;
@@ -201,6 +205,7 @@ static int alias_items(const fsdp_state *s, const sio_save_opts *o, save_plan *p
             *it = *src;
             snprintf(it->fqn, sizeof it->fqn, "%s", key);
             it->data = NULL;
+            it->deferred = NULL;
             it->on_dev = 0;
             it->alias_of = (long)j;
             it->alias = (int)a;

@@ -20,6 +20,8 @@ typedef struct save_item {
     int64_t shape[FSDP_MAX_DIMS], offsets[FSDP_MAX_DIMS], sizes[FSDP_MAX_DIMS];
     const float *data;     /* f32 values (converted to dtype when written) */
     int on_dev;            /* data is a device array (downloaded through the staging sink) */
+    const state_param *deferred; /* not NULL: data is NULL and the values are this parameter's deferred
+                                  * rows (runtime/state_defer.h), pulled into the write buffers */
     unsigned char *value;  /* pickled value opcodes */
     size_t value_len;
     long alias_of;         /* >= 0: the index of the item whose record this one shares */

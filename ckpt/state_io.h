@@ -147,10 +147,17 @@ typedef struct sio_load_opts {
     /* When not NULL: the checkpoint, already open (e.g. by ckpt_open_agreed: every rank reading one
      * save); sio_load reads it instead of opening path, and leaves it open. */
     ckpt_reader *reader;
+    /* 1: a parameter whose data is in host memory (or deferred) and whose rows come whole from one tensor
+     * (no transform, no stack of experts) is not read now (load-ckpt asks it of safetensors sources only:
+     * reading a DCP or .pt tensor whole checks its CRC-32, pieces of it cannot): its data is deferred to the checkpoint's rows
+     * (ckpt/state_load_defer.h), read when a writer or a materialisation needs them; a strict load's NaN
+     * check happens then. */
+    int defer;
 } sio_load_opts;
 
 typedef struct sio_load_result {
     size_t params_loaded, optimizer_loaded;
+    size_t params_deferred; /* of params_loaded: left to the checkpoint's rows (sio_load_opts.defer) */
     uint64_t bytes_read;
     int has_train_state;
     /* the detected key prefix that was removed (o->detect_prefix), or "" (copied: the result outlives the

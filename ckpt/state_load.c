@@ -9,6 +9,7 @@
 #include "ckpt/namemap.h"
 #include "ckpt/pickle.h"
 #include "ckpt/state_load_hint.h"
+#include "ckpt/state_load_defer.h"
 #include "ckpt/state_load_parts.h"
 #include "ckpt/state_io.h"
 #include "ckpt/tensor_permute.h"
@@ -467,6 +468,7 @@ static int load_part(loader *L, ckpt_reader *r, size_t ci, state_param *p, const
     }
     int complete;
     int rc = sio_parts_mark(&m->parts, pi, p->shape[0], info->part, &complete, err);
+    if (!rc) rc = state_param_materialize(L->s, p, err); /* the other experts' rows stay as they are */
     state_place where;
     if (!rc) rc = load_place(L, p, STATE_DATA, &where, err);
     int64_t lo, hi;
@@ -491,6 +493,25 @@ static int load_part(loader *L, ckpt_reader *r, size_t ci, state_param *p, const
         res->params_loaded++;
     }
     return rc;
+}
+
+/* p can wait for its rows (sio_load_opts.defer): a sharded host array with rows, nothing beside it. */
+static int deferrable(const loader *L, const state_param *p) {
+    return L->s->layout == STATE_SHARDED && !L->s->dev && p->rows > 0 && !p->d_data && !(p->pinned & 1u) &&
+           !p->grad && !p->d_grad && !state_param_has_moments(p);
+}
+
+/* p's data deferred to tensor ci's rows; bytes: what they will read (HF q/k: every source row). */
+static int defer_array(loader *L, ckpt_reader *r, size_t ci, state_param *p, const nmap_info *info, uint64_t *bytes,
+                       fsdp_err *err) {
+    const ckpt_entry *e = ckpt_entry_at(r, ci);
+    int64_t lo = p->row0, hi = p->row0 + p->rows;
+    if (info && info->qk != NMAP_QK_NONE) {
+        int rc = nmap_perm_src_range(NMAP_HF_TO_TT, p->shape[0], info->heads, p->row0, p->row0 + p->rows, &lo, &hi, err);
+        if (rc) return rc;
+    }
+    *bytes += (uint64_t)(hi - lo) * (uint64_t)p->row_numel * fsdp_dtype_size(e->dtype);
+    return sio_defer_rows(L->s, p, r, ci, info, round_of(L->o, p), L->o->strict, err);
 }
 
 static int load_params(loader *L, ckpt_reader *r, nmap_rules *rules, load_marks *m, sio_load_result *res,
@@ -548,8 +569,13 @@ static int load_params(loader *L, ckpt_reader *r, nmap_rules *rules, load_marks 
             append(problems, 8192, "\n  %s%s", msg, "");
             continue;
         }
-        rc = xf ? load_xformed(L, r, ci, p, xf, &res->bytes_read, &nan_dev[p - s->p], err)
-                : load_array(L, r, ci, p, STATE_DATA, &info, &res->bytes_read, &nan_dev[p - s->p], err);
+        if (!xf && o->defer && deferrable(L, p)) {
+            rc = defer_array(L, r, ci, p, &info, &res->bytes_read, err);
+            res->params_deferred += !rc;
+        }
+        else if (!(rc = p->deferred ? state_param_alloc(s, p, STATE_DATA, STATE_HOST, 0, err) : 0)) /* all rows read */
+            rc = xf ? load_xformed(L, r, ci, p, xf, &res->bytes_read, &nan_dev[p - s->p], err)
+                    : load_array(L, r, ci, p, STATE_DATA, &info, &res->bytes_read, &nan_dev[p - s->p], err);
         if (rc) break;
         loaded[p - s->p] = 1;
         used[ci] = 2; /* restored a parameter */
@@ -716,7 +742,8 @@ static void strict_report(const loader *L, ckpt_reader *r, const load_marks *m) 
     /* NaN left over in a restored parameter means the checkpoint itself holds NaN */
     for (size_t i = 0; i < s->n; i++) {
         if (!loaded[i]) continue;
-        if (state_place_of(&s->p[i], STATE_DATA) == STATE_DEVICE || L->nan_fused
+        if (s->p[i].deferred ? 0 /* its reads check (sio_defer_rows) */
+            : state_place_of(&s->p[i], STATE_DATA) == STATE_DEVICE || L->nan_fused
                 ? nan_dev[i]
                 : has_nan(s->p[i].data, state_param_local_numel(&s->p[i])))
             append(problems, 8192, "\n  %s holds NaN after loading%s", s->p[i].name, "");
@@ -940,6 +967,11 @@ static int sio_fill_unloaded_nan(sio_job *J, int rc, fsdp_err *err) {
     for (size_t i = 0; i < s->n; i++) {
         if (J->marks.loaded[i] || !matches_only(o, s, &s->p[i])) continue;
         size_t n = state_param_local_numel(&s->p[i]);
+        if (s->p[i].deferred) { /* NaN, produced when needed */
+            int drc = state_param_defer(s, &s->p[i], NULL, FSDP_DT_INVALID, rc ? NULL : err);
+            if (!rc) rc = drc;
+            continue;
+        }
         if (state_place_of(&s->p[i], STATE_DATA) != STATE_DEVICE) {
             fill_nan(s->p[i].data, n);
             continue;
@@ -963,7 +995,10 @@ static int sio_round_params_bf16(sio_job *J, fsdp_err *err) {
         state_param *p = &s->p[i];
         p->dtype = FSDP_DT_BF16;
         size_t n = state_param_local_numel(p);
-        if (state_place_of(p, STATE_DATA) != STATE_DEVICE) round_bf16(p->data, n);
+        if (p->deferred && p->src_round == FSDP_DT_F16) rc = state_param_materialize(s, p, err);
+        if (rc) break;
+        if (p->deferred) p->src_round = FSDP_DT_BF16; /* rounded as its rows are produced */
+        else if (state_place_of(p, STATE_DATA) != STATE_DEVICE) round_bf16(p->data, n);
         else if (!J->marks.loaded[i]) /* loaded ones were rounded in staging */
             rc = o->sink ? round_dev(&J->L, p->d_data, n, err)
                          : fsdp_err_set(err, FSDP_E_INVALID, "load-ckpt: %s is on the device and no staging "

@@ -19,6 +19,7 @@
 #include "ckpt/save_plan.h"
 #include "ckpt/state_io.h"
 #include "runtime/crash.h"
+#include "runtime/state_defer.h"
 
 /* The files beside .metadata of a save (sio_side_file), owned (an async save keeps them until its
  * commit). */
@@ -121,16 +122,19 @@ static int snapshot(save_plan *p, const ckpt_sink *sink, fsdp_err *err) {
     if (rc) return rc;
     size_t total = 0;
     for (size_t i = 0; i < p->n; i++)
-        if (p->items[i].is_tensor && p->items[i].data)
+        if (p->items[i].is_tensor && (p->items[i].data || p->items[i].deferred))
             total += (size_t)fsdp_numel(p->items[i].ndim, p->items[i].sizes);
     p->snapshot = malloc((total ? total : 1) * sizeof(float));
     if (!p->snapshot) rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory snapshotting %zu values", total);
     size_t off = 0;
     for (size_t i = 0; i < p->n && !rc; i++) {
         save_item *it = &p->items[i];
-        if (!it->is_tensor || !it->data) continue;
+        if (!it->is_tensor || (!it->data && !it->deferred)) continue;
         size_t n = item_numel(it);
-        if (!it->on_dev) {
+        if (it->deferred) { /* produced into the snapshot */
+            if ((rc = state_param_fill(it->deferred, 0, n, p->snapshot + off, err))) break;
+            it->deferred = NULL;
+        } else if (!it->on_dev) {
             ckpt_copy_par(p->snapshot + off, it->data, n * sizeof(float), NULL);
         } else {
             /* this item's chunks, in plan order: item i+1's first download runs while these are copied */
@@ -193,6 +197,16 @@ static int fill_from_host(void *user, zip_writer *zw, fsdp_err *err) {
     return zip_writer_data_conv(zw, f->src, FSDP_DT_F32, f->dtype, f->n, err);
 }
 
+/* A deferred item's payload: its rows produced piece by piece into the write buffers. */
+static int gen_deferred(void *user, uint64_t e0, size_t n, float *dst, fsdp_err *err) {
+    return state_param_fill(user, (int64_t)e0, n, dst, err);
+}
+
+static int fill_from_src(void *user, zip_writer *zw, fsdp_err *err) {
+    const save_item *it = user;
+    return zip_writer_data_gen(zw, gen_deferred, (void *)it->deferred, it->dtype, item_numel(it), err);
+}
+
 /* Once the items are written: each alias's record is its item's under its own key, and every record
  * carries its planner_data path. */
 static void plan_records(const save_plan *p, dcp_record *recs) {
@@ -230,6 +244,11 @@ static int write_file(const char *path, int rank, const dcp_gen *gen, save_plan 
             dcp_record *r = &(*recs)[i];
             if (!it->is_tensor) {
                 rc = dcp_file_add_value(&fw, it->fqn, it->value, it->value_len, r, err);
+                continue;
+            }
+            if (it->deferred) {
+                rc = dcp_file_add_tensor_fill(&fw, it->fqn, it->dtype, it->ndim, it->shape, it->offsets, it->sizes,
+                                              fill_from_src, it, r, err);
                 continue;
             }
             if (it->on_dev) {

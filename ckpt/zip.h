@@ -17,6 +17,7 @@
 #include <stdio.h>
 
 #include "ckpt/ckpt_pread.h"
+#include "ckpt/ckpt_pwrite.h"
 #include "fsdp/error.h"
 #include "fsdp/tensor.h"
 
@@ -102,6 +103,9 @@ int zip_writer_data_par(zip_writer *w, const void *data, size_t n, fsdp_err *err
  * one through the stream's buffer; threads and pieces from the environment (ckpt_pwrite_opts_env). */
 int zip_writer_data_conv(zip_writer *w, const void *src, fsdp_dtype src_dt, fsdp_dtype dst_dt, size_t n,
                          fsdp_err *err);
+/* The same for n float32 values that gen produces piece by piece (ckpt_pwrite_gen; a small payload
+ * produced whole first). */
+int zip_writer_data_gen(zip_writer *w, ckpt_gen_fn gen, void *user, fsdp_dtype dst_dt, size_t n, fsdp_err *err);
 int zip_writer_end_record(zip_writer *w, fsdp_err *err);
 /* Central directory + zip64 end records + EOCD; returns the archive length in *len. */
 int zip_writer_finish(zip_writer *w, uint64_t *len, fsdp_err *err);

@@ -130,14 +130,26 @@ static int data_small(zip_writer *w, const void *src, fsdp_dtype src_dt, fsdp_dt
     return rc;
 }
 
-int zip_writer_data_conv(zip_writer *w, const void *src, fsdp_dtype src_dt, fsdp_dtype dst_dt, size_t n,
-                         fsdp_err *err) {
+/* A payload of one piece or less produced whole, then appended through the stream. */
+static int gen_small(zip_writer *w, ckpt_gen_fn gen, void *user, fsdp_dtype dst_dt, size_t n, fsdp_err *err) {
+    float *v = malloc((n ? n : 1) * sizeof *v);
+    if (!v) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory producing %zu values", n);
+    int rc = n ? gen(user, 0, n, v, err) : 0;
+    if (!rc) rc = data_small(w, v, FSDP_DT_F32, dst_dt, n, err);
+    free(v);
+    return rc;
+}
+
+/* zip_writer_data_conv and zip_writer_data_gen: values from src, or from gen when src is NULL */
+static int data_any(zip_writer *w, const void *src, ckpt_gen_fn gen, void *user, fsdp_dtype src_dt, fsdp_dtype dst_dt,
+                    size_t n, fsdp_err *err) {
     if (!w->open_rec) return fsdp_err_set(err, FSDP_E_INVALID, "zip: no open record");
     if (w->failed) return FSDP_E_IO;
     ckpt_pio_opts o;
     ckpt_pwrite_opts_env(&o);
     size_t bytes = n * fsdp_dtype_size(dst_dt);
-    if (bytes <= ckpt_pwrite_piece(&o)) return data_small(w, src, src_dt, dst_dt, n, err);
+    if (bytes <= ckpt_pwrite_piece(&o))
+        return gen ? gen_small(w, gen, user, dst_dt, n, err) : data_small(w, src, src_dt, dst_dt, n, err);
     int fd = fileno(w->f);
     if (fd < 0) return fsdp_err_set(err, FSDP_E_INVALID, "zip: the archive is not on a file");
     if (fflush(w->f) != 0) {
@@ -145,7 +157,8 @@ int zip_writer_data_conv(zip_writer *w, const void *src, fsdp_dtype src_dt, fsdp
         return fsdp_err_set(err, FSDP_E_IO, "zip: write failed: %s", strerror(errno));
     }
     uint32_t c;
-    int rc = ckpt_pwrite_conv(fd, src, src_dt, dst_dt, n, w->start + w->pos, &c, "zip", &o, err);
+    int rc = gen ? ckpt_pwrite_gen(fd, gen, user, dst_dt, n, w->start + w->pos, &c, "zip", &o, err)
+                 : ckpt_pwrite_conv(fd, src, src_dt, dst_dt, n, w->start + w->pos, &c, "zip", &o, err);
     if (rc) {
         w->failed = 1;
         return rc;
@@ -158,6 +171,15 @@ int zip_writer_data_conv(zip_writer *w, const void *src, fsdp_dtype src_dt, fsdp
         return fsdp_err_set(err, FSDP_E_IO, "zip: cannot seek past the payload: %s", strerror(errno));
     }
     return 0;
+}
+
+int zip_writer_data_conv(zip_writer *w, const void *src, fsdp_dtype src_dt, fsdp_dtype dst_dt, size_t n,
+                         fsdp_err *err) {
+    return data_any(w, src, NULL, NULL, src_dt, dst_dt, n, err);
+}
+
+int zip_writer_data_gen(zip_writer *w, ckpt_gen_fn gen, void *user, fsdp_dtype dst_dt, size_t n, fsdp_err *err) {
+    return data_any(w, NULL, gen, user, FSDP_DT_F32, dst_dt, n, err);
 }
 
 int zip_writer_data_par(zip_writer *w, const void *data, size_t n, fsdp_err *err) {

@@ -161,3 +161,18 @@ int init_fill_jobs(const init_job *jobs, int n, uint64_t seed, const char *what,
     free(first);
     return rc;
 }
+
+int init_fill_one(const init_job *j, uint64_t seed, const char *what, fsdp_err *err) {
+    if (!what) what = "init";
+    int rc = check_job(j, 0, what, err);
+    if (rc || j->n == 0) return rc;
+    double *omega = NULL;
+    if (j->sincos.grid > 0) {
+        if (!(omega = malloc((size_t)(j->sincos.dim / 4) * sizeof *omega)))
+            return fsdp_err_set(err, FSDP_E_NOMEM, "%s: out of memory for the sincos_2d frequencies", what);
+        init_sincos_omega(&j->sincos, omega);
+    }
+    run_piece(j, omega, seed, rng_path_default(), j->e0, j->e0 + j->n);
+    free(omega);
+    return 0;
+}

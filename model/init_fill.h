@@ -43,6 +43,10 @@ int init_job_for_rule(init_job *j, const init_rule *r, int ndim, const int64_t *
 /* Runs every job (each checked before any runs; `what` names the work in errors). */
 int init_fill_jobs(const init_job *jobs, int n, uint64_t seed, const char *what, fsdp_err *err);
 
+/* One job on the calling thread (the values of init_fill_jobs, bit for bit: each element's value depends
+ * on its index alone); safe to call from several threads at once. */
+int init_fill_one(const init_job *j, uint64_t seed, const char *what, fsdp_err *err);
+
 #ifdef __cplusplus
 }
 #endif

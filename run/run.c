@@ -24,6 +24,7 @@
 #include "run/sizes.h"
 #include "runtime/ctx_impl.h"
 #include "runtime/nearest.h"
+#include "runtime/state_defer.h"
 
 static const char *const DEVICES[] = {"auto", "cpu", "cuda", NULL};
 static const fsdp_param_spec RUNTIME_SPEC[] = {
@@ -33,6 +34,9 @@ static const fsdp_param_spec RUNTIME_SPEC[] = {
     {"collective_timeout", FSDP_T_FLOAT, 0, "300", NULL,
      "seconds a plugin's collective call waits for every rank to make it before it fails the run, naming the "
      "call and the ranks that did"},
+    {"stream", FSDP_T_BOOL, 0, "true", NULL,
+     "parameter values that no stage before a save needs are not held: init-meta's draws and load-ckpt's rows are "
+     "produced into the save's write buffers (false: every value is materialised where it is made)"},
     {"mesh", FSDP_T_MAP, 0, NULL, NULL,
      "HSDP device mesh {replicate: R, shard: S} (each a number of ranks or auto; R x S = the world): parameters "
      "sharded over S ranks (shard: auto = the ranks of one node), replicated over R; default: 1-D, shard over all"},
@@ -296,7 +300,42 @@ typedef struct exec_state {
     const run_opts *o;
     size_t rec; /* the record of the stage at hand (res->recs[rec]) */
     int failed;
+    int stream;          /* the recipe's runtime.stream */
+    size_t streams_from; /* the first record from which every stage to the end reads deferred values */
 } exec_state;
+
+/* The built-in stages that read deferred parameter values (runtime/state_defer.h) or never read values:
+ * before any other stage every deferred value is materialised. */
+static const char *const DEFERRED_OK[] = {"init-meta", "init-cpu", "load-ckpt", "transform", "save-dcp",
+                                          "save-safetensors", NULL};
+
+static int reads_deferred(const recipe_stage *s) {
+    for (const char *const *k = DEFERRED_OK; *k; k++)
+        if (!strcmp(s->uses, *k)) return 1;
+    return 0;
+}
+
+/* The record index from which every stage of the plan, to the end, reads deferred values. */
+static size_t streams_from(const run_plan *plan) {
+    size_t total = 0, from = 0;
+    for (size_t i = 0; i < plan->n; i++) {
+        const recipe *r = plan->recipes[i];
+        for (size_t k = 0; k < r->n_stages; k++, total++)
+            if (!reads_deferred(&r->stages[plan->orders[i][k]])) from = total + 1;
+    }
+    return from;
+}
+
+/* Before a stage that reads values as they are held: every deferred value materialised. */
+static int materialise_for(exec_state *x, const recipe_stage *s, fsdp_err *err) {
+    fsdp_state *st = state_get(x->ctx);
+    if (reads_deferred(s) || !state_deferred_count(st)) return 0;
+    size_t n = 0;
+    int rc = state_materialize(st, &n, err);
+    if (rc) return fsdp_err_prefix(err, "materialising the deferred parameter values for %s", s->uses);
+    fsdp_log(x->ctx, FSDP_LOG_DEBUG, "stage %s (%s): %zu deferred parameter values materialised", s->id, s->uses, n);
+    return 0;
+}
 
 /* A recipe starts: the context points at it, its thread count applies, and (unless a stage failed)
  * its stages and those a false `when:` removed are logged. */
@@ -309,6 +348,7 @@ static void begin_recipe(exec_state *x, const recipe *r) {
     int64_t threads = fsdp_arg_int(rt, "threads", 0);
     if (threads > 0) omp_set_num_threads((int)threads);
     ctx->api_timeout_s = fsdp_arg_float(rt, "collective_timeout", CTX_API_TIMEOUT_DEFAULT);
+    x->stream = fsdp_arg_bool(rt, "stream", 1);
     if (!x->failed) fsdp_log(ctx, FSDP_LOG_INFO, "recipe %s (%s): %zu stages", r->name, r->path, r->n_stages);
     /* the recipe's mesh (collective: every rank reaches here, failed or not, in the same order) */
     fsdp_err merr;
@@ -389,8 +429,11 @@ static void run_stage(exec_state *x, const recipe_stage *s) {
     fsdp_err_clear(&err);
     double t0 = ctx_now();
     ctx->stage_with = s->with;
-    int rc = s->desc->run(ctx, s->with, &err);
+    ctx->defer_ok = x->stream && x->rec + 1 >= x->streams_from;
+    int rc = materialise_for(x, s, &err);
+    if (!rc) rc = s->desc->run(ctx, s->with, &err);
     ctx->stage_with = NULL;
+    ctx->defer_ok = 0;
     if (!rc && err.code) rc = err.code;
     rr->seconds = ctx_now() - t0;
     double rss = memstat_peak_rss();
@@ -424,7 +467,7 @@ static void finish_background(exec_state *x) {
 
 static int execute(fsdp_ctx *ctx, const run_plan *plan, run_result *res, const run_opts *o) {
     if (add_records(plan, res)) return FSDP_E_NOMEM;
-    exec_state x = {ctx, res, o, 0, 0};
+    exec_state x = {ctx, res, o, 0, 0, 1, streams_from(plan)};
     for (size_t i = 0; i < plan->n; i++) {
         const recipe *r = plan->recipes[i];
         begin_recipe(&x, r);

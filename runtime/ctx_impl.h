@@ -57,6 +57,9 @@ struct fsdp_ctx {
     int in_callback;        /* a train-steps callback runs (include/fsdp/callbacks.h) */
     int in_pre_update;      /* a pre-update hook runs: the gradients of this step are readable */
     const fsdp_value *stage_with; /* the running stage's with: (fsdp_ctx_stage_args) */
+    /* 1 while the running stage may leave parameter values deferred (runtime/state_defer.h): every stage
+     * after it reads them through the deferral or materialises them itself (set by run/run.c) */
+    int defer_ok;
     ctx_metrics *metrics; /* sink of the running stage (owned by the run record) */
     /* DAG state names present */
     char **state;

@@ -91,6 +91,12 @@ typedef struct state_param {
      * cleared by train-steps). A trainer gives such a parameter no update, no weight decay and no new
      * moments, and leaves its gradient out of the norm and the clipping (PyTorch's requires_grad=False). */
     int frozen;
+    /* 1: the data array is deferred (runtime/state_defer.h): data is NULL and no rows are held; the values
+     * are produced on demand by src (rows of an init stream, of a checkpoint, ...), rounded to src_round
+     * (bf16 / f16; 0: none), or are NaN when src is NULL (no_value). state_place_of says STATE_HOST. */
+    int deferred;
+    struct state_src *src;
+    fsdp_dtype src_round;
 } state_param;
 
 /* 1 when p has AdamW moments (a parameter the optimizer holds); defined in runtime/state_dev.c. */

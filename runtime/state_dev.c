@@ -6,6 +6,7 @@
 #include "runtime/device.h"
 #include "runtime/device_xfer.h"
 #include "runtime/state.h"
+#include "runtime/state_defer.h"
 
 static const char *const ARRAY_NAMES[STATE_ARRAYS] = {"data", "grad", "exp_avg", "exp_avg_sq"};
 
@@ -36,6 +37,7 @@ static float *dev_ptr(const state_param *p, state_array a) { return *state_param
 
 state_place state_place_of(const state_param *p, state_array a) {
     if (a < 0 || a >= STATE_ARRAYS) return STATE_ABSENT;
+    if (a == STATE_DATA && p->deferred) return STATE_HOST; /* produced on demand into host memory */
     if (dev_ptr(p, a)) return STATE_DEVICE;
     if (host_ptr(p, a)) return (p->pinned & (1u << a)) ? STATE_PINNED : STATE_HOST;
     return STATE_ABSENT;
@@ -71,6 +73,7 @@ static int local_bytes(const state_param *p, size_t *bytes, fsdp_err *err) {
 void state_param_release(fsdp_state *s, state_param *p, state_array a) {
     float **h = state_param_host_slot(p, a), **d = state_param_dev_slot(p, a);
     if (!h) return;
+    if (a == STATE_DATA) state_param_undefer(p);
     fsdp_err e;
     if (*d) {
         if (s && s->dev) dev_free(s->dev, *d, &e);
@@ -165,6 +168,10 @@ int state_param_alloc(fsdp_state *s, state_param *p, state_array a, state_place 
 
 /* Moves one array; device uploads go through x (completed by the caller's dev_xfer_finish). */
 static int move_with(fsdp_state *s, state_param *p, state_array a, state_place where, dev_xfer *x, fsdp_err *err) {
+    if (a == STATE_DATA && p->deferred) { /* produced into host memory first */
+        int mrc = state_param_materialize(s, p, err);
+        if (mrc) return mrc;
+    }
     state_place cur = state_place_of(p, a);
     if (cur == STATE_ABSENT || cur == where) return 0;
     size_t bytes = 0;
@@ -250,6 +257,7 @@ int state_param_get(const fsdp_state *s, const state_param *p, state_array a, fl
     if (rc) return rc;
     state_place where = state_place_of(p, a);
     if (where == STATE_ABSENT) return absent(p, a, err);
+    if (a == STATE_DATA && p->deferred) return state_param_fill(p, 0, bytes / sizeof(float), host_dst, err);
     if (where != STATE_DEVICE) {
         if (bytes) memcpy(host_dst, host_ptr(p, a), bytes);
         return 0;
@@ -268,6 +276,14 @@ int state_param_put(fsdp_state *s, state_param *p, state_array a, const float *h
     if (rc) return rc;
     state_place where = state_place_of(p, a);
     if (where == STATE_ABSENT) return absent(p, a, err);
+    if (a == STATE_DATA && p->deferred) { /* the new values replace the producer's */
+        float *data = malloc(bytes ? bytes : sizeof(float));
+        if (!data) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory: %zu bytes for %s", bytes, p->name);
+        if (bytes) memcpy(data, host_src, bytes);
+        state_param_undefer(p);
+        p->data = data;
+        return 0;
+    }
     if (where != STATE_DEVICE) {
         if (bytes) memmove(host_ptr(p, a), host_src, bytes);
         return 0;
@@ -283,7 +299,7 @@ int state_param_map(const fsdp_state *s, const state_param *p, state_array a, fl
     *host = NULL;
     state_place where = state_place_of(p, a);
     if (where == STATE_ABSENT) return absent(p, a, err);
-    if (where != STATE_DEVICE) {
+    if (where != STATE_DEVICE && !(a == STATE_DATA && p->deferred)) {
         *host = host_ptr(p, a);
         return 0;
     }
@@ -303,6 +319,15 @@ int state_param_map(const fsdp_state *s, const state_param *p, state_array a, fl
 
 int state_param_unmap(fsdp_state *s, state_param *p, state_array a, float *host, int write_back, fsdp_err *err) {
     if (!host || host == host_ptr(p, a)) return 0;
+    if (a == STATE_DATA && p->deferred) { /* a produced copy: kept as the values when written back */
+        if (!write_back) {
+            free(host);
+            return 0;
+        }
+        state_param_undefer(p);
+        p->data = host;
+        return 0;
+    }
     int rc = write_back ? state_param_put(s, p, a, host, err) : 0;
     free(host);
     return rc;

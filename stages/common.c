@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "ckpt/ckpt_stale.h"
+#include "model/init_defer.h"
 #include "model/init_fill.h"
 #include "decoder/decoder_table.h"
 #include "decoder/decoder_spec.h"
@@ -91,11 +92,33 @@ int stage_state_from_table(fsdp_ctx *ctx, mt_table *t, state_layout layout, fsdp
 /* The dtype a parameter is initialised in: the stage's `dtype` when not auto, else its own. */
 static fsdp_dtype init_dtype(const state_param *sp, fsdp_dtype over) { return over ? over : sp->dtype; }
 
-int stage_init_values(fsdp_state *s, uint64_t seed, fsdp_dtype over, fsdp_err *err) {
+/* Deferred init (stage_init_values' defer): each parameter's rows drawn when they are needed, or NaN. */
+static int init_defer_all(fsdp_state *s, uint64_t seed, fsdp_dtype over, fsdp_err *err) {
+    const mt_table *t = s->model;
+    int rc = 0;
+    for (size_t i = 0; i < s->n && !rc; i++) {
+        state_param *sp = &s->p[i];
+        const mt_param *p = &t->p[i];
+        sp->dtype = init_dtype(sp, over);
+        if (p->init.kind == INIT_NONE) {
+            rc = state_param_defer(s, sp, NULL, FSDP_DT_INVALID, err);
+            continue;
+        }
+        init_job j;
+        memset(&j, 0, sizeof j);
+        if ((rc = mt_param_init_job(p, &j, err))) break;
+        j.dtype = sp->dtype;
+        rc = init_defer_param(s, sp, &j, seed, err);
+    }
+    return rc;
+}
+
+int stage_init_values(fsdp_state *s, uint64_t seed, fsdp_dtype over, int defer, fsdp_err *err) {
     /* every local shard in one parallel fill (init_fill_jobs): small parameters side by side, the
      * rounding to bf16 / f16 done by the same threads on the freshly written values */
     const mt_table *t = s->model;
     if (!t || t->n != s->n) return fsdp_err_set(err, FSDP_E_INVALID, "init: the state has no model table");
+    if (defer && s->layout == STATE_SHARDED && !s->dev) return init_defer_all(s, seed, over, err);
     init_job *jobs = calloc(s->n ? s->n : 1, sizeof *jobs);
     if (!jobs) return fsdp_err_set(err, FSDP_E_NOMEM, "init: out of memory for %zu parameters", s->n);
     int n = 0, rc = 0;
@@ -145,7 +168,7 @@ int stage_init_model(fsdp_ctx *ctx, const fsdp_value *with, state_layout layout,
     const char *dts = fsdp_arg_str(with, "dtype", "auto");
     fsdp_dtype over = strcmp(dts, "auto") ? fsdp_dtype_from_name(dts) : FSDP_DT_INVALID;
     rc = d ? stage_init_values_dev(s, d, stage_seed(ctx, with), over, err)
-           : stage_init_values(s, stage_seed(ctx, with), over, err);
+           : stage_init_values(s, stage_seed(ctx, with), over, layout == STATE_SHARDED && state_defer_allowed(ctx), err);
     *out = s;
     return rc;
 }

@@ -22,6 +22,7 @@ static int init_meta_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
         fsdp_ctx_metric(ctx, "params", (double)total);
         fsdp_ctx_metric(ctx, "local_params", (double)local);
         fsdp_ctx_metric(ctx, "seconds_init", el);
+        fsdp_ctx_metric(ctx, "params_deferred", (double)state_deferred_count(s));
         fsdp_log(ctx, FSDP_LOG_INFO, "init-meta: %s, %zu tensors, %lld parameters (%zu on this rank) in %.2fs",
                  mt_kind(s->model), s->n, (long long)total, local, el);
     }

@@ -436,6 +436,10 @@ static int load_one(fsdp_ctx *ctx, fsdp_state *s, const char *given, const char 
     }
     o->restored = restored;
     o->reader = r;
+    /* values that nothing before the save needs stay in the checkpoint: safetensors files (a reader of
+     * files: a deferred value keeps it open; a view's or a union's sources close with this load). DCP and
+     * .pt tensors are read now, whole, which checks their records' CRC-32; the save's pieces could not. */
+    o->defer = state_defer_allowed(ctx) && ckpt_reader_of_files(r) && ckpt_reader_format(r) == CKPT_SAFETENSORS;
     sio_load_result res;
     rc = sio_load(s, at, o, &res, err);
     o->reader = NULL;
@@ -445,6 +449,7 @@ static int load_one(fsdp_ctx *ctx, fsdp_state *s, const char *given, const char 
     free(restored);
     if (rc) return rc;
     sum->params_loaded += res.params_loaded;
+    sum->params_deferred += res.params_deferred;
     sum->optimizer_loaded += res.optimizer_loaded;
     sum->bytes_read += res.bytes_read;
     if (res.stripped_prefix[0]) memcpy(sum->stripped_prefix, res.stripped_prefix, sizeof sum->stripped_prefix);
@@ -504,6 +509,7 @@ static int load_done(fsdp_ctx *ctx, fsdp_state *s, int on_gpu, const sio_load_re
     fsdp_ctx_metric(ctx, "bytes_read", (double)res->bytes_read);
     fsdp_ctx_metric(ctx, "seconds_read", el);
     fsdp_ctx_metric(ctx, "params_loaded", (double)res->params_loaded);
+    fsdp_ctx_metric(ctx, "params_deferred", (double)res->params_deferred);
     if (res->stripped_prefix[0])
         fsdp_log(ctx, FSDP_LOG_INFO, "load-ckpt: the checkpoint's parameters are under the prefix '%s' (removed)",
                  res->stripped_prefix);
@@ -514,9 +520,13 @@ static int load_done(fsdp_ctx *ctx, fsdp_state *s, int on_gpu, const sio_load_re
     if (res->optim_omitted)
         fsdp_log(ctx, FSDP_LOG_WARN, "load-ckpt %s (strict: false): %zu optimizer moment(s) not restored (they start "
                  "at zero):%s", path, res->optim_omitted, res->optim_omitted_keys);
-    fsdp_log(ctx, FSDP_LOG_INFO, "loaded %zu parameters%s from %s (step %lld) in %.2fs, %.1f MB read by this rank",
+    char later[160] = "";
+    if (res->params_deferred)
+        snprintf(later, sizeof later, " (%zu of them left in the checkpoint until the save reads their rows)",
+                 res->params_deferred);
+    fsdp_log(ctx, FSDP_LOG_INFO, "loaded %zu parameters%s from %s (step %lld) in %.2fs, %.1f MB %s by this rank%s",
              res->params_loaded, res->optimizer_loaded ? " and optimizer state" : "", path, (long long)s->train_step, el,
-             (double)res->bytes_read / 1e6);
+             (double)res->bytes_read / 1e6, res->params_deferred ? "to read" : "read", later);
     return train_hooks_event(ctx, FSDP_HOOK_AFTER_LOAD, s->train_step, path, err);
 }
 

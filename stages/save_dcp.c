@@ -142,6 +142,7 @@ static int save_to(fsdp_ctx *ctx, fsdp_state *s, const char *path, const sio_sav
     int rc = mt_state_check_values(s, "save-dcp", err);
     if (rc) return rc;
     double t0 = stage_now();
+    size_t streamed = state_deferred_count(s);
     stage_ckpt_sink st;
     const ckpt_sink *sink;
     stage_sweep_stale(ctx, path);
@@ -159,6 +160,8 @@ static int save_to(fsdp_ctx *ctx, fsdp_state *s, const char *path, const sio_sav
                  (long long)s->train_step, el, el > 0 ? (double)bytes / el / 1e9 : 0);
         fsdp_ctx_metric(ctx, "bytes_written", (double)bytes);
         fsdp_ctx_metric(ctx, "seconds_write", el);
+        /* parameters whose rows went from their producer to the file without being held */
+        fsdp_ctx_metric(ctx, "params_streamed", (double)streamed);
         rc = train_hooks_event(ctx, FSDP_HOOK_AFTER_SAVE, s->train_step, path, err);
     }
     return rc;
@@ -187,6 +190,8 @@ static int save_async(fsdp_ctx *ctx, fsdp_state *s, const char *path, const sio_
     stage_ckpt_sink st;
     const ckpt_sink *sink;
     stage_sweep_stale(ctx, path);
+    /* deferred values are produced into the save's snapshot */
+    fsdp_ctx_metric(ctx, "params_streamed", (double)state_deferred_count(s));
     if (!(rc = staging(ctx, s, &st, &sink, err))) {
         rc = sio_save_begin_staged(s, stage_comm(ctx), path, o, sink, &j->a, err);
         stage_ckpt_sink_free(&st);

@@ -13,6 +13,7 @@
 #include "runtime/comm.h"
 #include "runtime/device.h"
 #include "runtime/state.h"
+#include "runtime/state_defer.h"
 
 /* The context's communicator (a world of 1 when none). */
 comm *stage_comm(fsdp_ctx *ctx);
@@ -39,8 +40,9 @@ int stage_model_table(fsdp_ctx *ctx, mt_table *out, fsdp_err *err);
 int stage_state_from_table(fsdp_ctx *ctx, mt_table *t, state_layout layout, fsdp_state **out, fsdp_err *err);
 /* Fills every local row with its parameter's init rule (s->model; counter-based: the same values for
  * every world size), in its dtype (rounded to bf16 / f16 precision), or in `over` for every parameter
- * when not FSDP_DT_INVALID. A parameter whose rule is none keeps NaN rows and no_value. */
-int stage_init_values(fsdp_state *s, uint64_t seed, fsdp_dtype over, fsdp_err *err);
+ * when not FSDP_DT_INVALID. A parameter whose rule is none keeps NaN rows and no_value. defer (a sharded
+ * host state): nothing is drawn now, each parameter's rows are deferred to its rule (model/init_defer.h). */
+int stage_init_values(fsdp_state *s, uint64_t seed, fsdp_dtype over, int defer, fsdp_err *err);
 /* init-meta / init-cpu: the model of the recipe, declared in `layout` and initialised per
  * `with: {seed, dtype}` (stage_init_params). A sharded layout is materialised on the GPU when the
  * recipe runs there (stage_on_gpu), a full one on the host. *out: the new state (also on failure

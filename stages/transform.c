@@ -185,9 +185,13 @@ static void round_values(float *v, size_t n, fsdp_dtype dt) {
 
 /* dst's rows = src's rows (same shape, so the same local rows), wherever each lives, rounded to dst's
  * dtype when it is narrower than src's */
-static int copy_values(fsdp_state *s, const state_param *src, state_param *dst, fsdp_err *err) {
+static int copy_values(fsdp_state *s, const state_param *src, state_param *dst, int defer, fsdp_err *err) {
     size_t bytes = state_param_local_numel(dst) * sizeof(float);
     int narrow = (dst->dtype == FSDP_DT_BF16 || dst->dtype == FSDP_DT_F16) && src->dtype != dst->dtype;
+    fsdp_dtype round = narrow ? dst->dtype : src->src_round;
+    if (defer && src->deferred && src->src && (!narrow || !src->src_round || src->src_round == dst->dtype) &&
+        state_place_of(dst, STATE_DATA) == STATE_HOST && !dst->grad && !state_param_has_moments(dst))
+        return state_param_defer(s, dst, src->src, round, err); /* dst's rows: src's producer's, when needed */
     if (!narrow && state_place_of(src, STATE_DATA) == STATE_DEVICE && state_place_of(dst, STATE_DATA) == STATE_DEVICE) {
         int rc = dev_copy_d2d(s->dev, dst->d_data, src->d_data, bytes, DEV_STREAM_COMPUTE, err);
         if (!rc) rc = dev_stream_sync(s->dev, DEV_STREAM_COMPUTE, err);
@@ -230,7 +234,7 @@ static int copy_source(fsdp_state *s, const fsdp_value *b, const state_param *ds
     return 0;
 }
 
-static int do_copy(fsdp_state *s, const fsdp_value *b, fsdp_err *err) {
+static int do_copy(fsdp_state *s, const fsdp_value *b, int defer, fsdp_err *err) {
     const char *to = fsdp_value_text(fsdp_value_get(b, "to"));
     size_t hits = 0;
     for (size_t i = 0; i < s->n; i++) {
@@ -251,7 +255,7 @@ static int do_copy(fsdp_state *s, const fsdp_value *b, fsdp_err *err) {
                                src->name, dst->name);
         hits++;
         if (src == dst) continue;
-        if ((rc = copy_values(s, src, dst, err))) return rc;
+        if ((rc = copy_values(s, src, dst, defer, err))) return rc;
         dst->no_value = 0;
     }
     if (!hits) return fsdp_err_at(err, FSDP_E_INVALID, b, "transform copy: '%s' matches no parameter", to);
@@ -373,7 +377,7 @@ static int transform_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
     for (size_t i = 0; i < fsdp_value_size(ops); i++) {
         const fsdp_value *op = fsdp_value_item(ops, i), *b;
         const char *n = op_name(op, &b);
-        int rc = !strcmp(n, "copy") ? do_copy(s, b, err)
+        int rc = !strcmp(n, "copy") ? do_copy(s, b, state_defer_allowed(ctx), err)
                  : !strcmp(n, "load") ? do_load(ctx, s, b, err)
                                       : do_elementwise(s, n, b, err);
         if (rc) return rc;
