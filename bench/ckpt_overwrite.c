@@ -47,7 +47,7 @@ int main(int argc, char **argv) {
     if (bench_sh(cmd)) return 1;
     snprintf(recipe, sizeof recipe, "%s/save.yaml", dir);
     snprintf(ck, sizeof ck, "%s/ckpt", dir);
-    if (bench_write_text(recipe, "model: {preset: debugmodel}\nvars: {out: x}\nstages:\n  - {id: init, uses: init-meta}\n"
+    if (bench_write_text(recipe, "model: {preset: debugmodel}\nvars: {out: x}\nruntime: {stream: false}\nstages:\n  - {id: init, uses: init-meta}\n"
                                  "  - {id: save, uses: save-dcp, with: {path: \"${out}\", overwrite: true}}\n"))
         return 1;
     printf("ckpt_overwrite: debugmodel, save-dcp into an empty directory vs overwrite: true (best of %d)\n", reps);

@@ -111,7 +111,8 @@ static int write_inputs(cvt_run *r) {
     snprintf(path, sizeof path, "%s/shapes.json", r->o.dir);
     int rc = json_dump_file(list, path, JSON_COMPACT);
     json_decref(list);
-    const char *model = "model: {preset: %s, n_layers: %d}\nvars: {ck: x}\nstages:\n";
+    /* runtime.stream false: the init rows time the fill and the save row the save of a held state, as torch's */
+    const char *model = "model: {preset: %s, n_layers: %d}\nvars: {ck: x}\nruntime: {stream: false}\nstages:\n";
     const char *recipes[][2] = {
         {"save", "  - {id: init, uses: init-meta}\n  - {id: save, uses: save-dcp, with: {path: \"${ck}\", overwrite: true}}\n"},
         {"load", "  - {id: load, uses: load-ckpt, with: {path: \"${ck}\"}}\n"},

@@ -27,7 +27,7 @@ int main(int argc, char **argv) {
     snprintf(save_recipe, sizeof save_recipe, "%s/save.yaml", dir);
     snprintf(load_recipe, sizeof load_recipe, "%s/load.yaml", dir);
     FILE *f = fopen(save_recipe, "w");
-    fprintf(f, "%svars: {out: x}\nstages:\n  - {id: init, uses: init-meta}\n"
+    fprintf(f, "%svars: {out: x}\nruntime: {stream: false}\nstages:\n  - {id: init, uses: init-meta}\n"
                "  - {id: save, uses: save-dcp, with: {path: \"${out}\", overwrite: true}}\n", model);
     fclose(f);
     f = fopen(load_recipe, "w");

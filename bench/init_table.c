@@ -50,7 +50,7 @@ static int run_child(const char *cmd, long *maxrss_kb) {
 static void table_recipe(const opts *o, const char *path, const char *stage) {
     char text[2048];
     snprintf(text, sizeof text,
-             "version: 1\nruntime: {device: cpu, threads: %d}\n"
+             "version: 1\nruntime: {device: cpu, threads: %d, stream: false}\n"
              "model:\n  dims: {dim: %lld, ffn: %lld, vocab: %lld, L: %d}\n  params:\n"
              "    - {name: embed.weight, shape: [vocab, dim], init: default_embedding}\n"
              "    - {name: \"layers.{0..L-1}.{q,k,v,o}.weight\", shape: [dim, dim], init: default_linear}\n"

@@ -68,7 +68,7 @@ static uint32_t pw_crc(const char *p, size_t n) { return ckpt_crc32(0, p, n); }
 static const char *pw_prep(pw_job *j, size_t i, int tid, size_t *len) {
     size_t a = i * j->per, k = j->n - a < j->per ? j->n - a : j->per;
     *len = k * j->dsz;
-    const char *p = j->src + a * j->ssz;
+    const char *p = j->gen ? NULL : j->src + a * j->ssz;
     if (j->gen) {
         float *vals = j->ddt == FSDP_DT_F32 ? (float *)j->buf[tid] : j->scr[tid];
         fsdp_err e;

@@ -136,6 +136,10 @@ TEST(StreamedBootstrap, HfRowsWithPermutedQkAndDrawsInEveryDtypeEqualTheMaterial
                                      "  - {id: l, uses: load-ckpt, with: {path: " + hf + ", names: hf}}\n"
                                      "  - {id: s, uses: save-dcp, with: {path: \"${out}\"}}\n");
         for (int np : {1, 2}) t.expect_same(np, r, std::string(m) + " hf load on " + std::to_string(np));
+        // pieces of 5 KiB: rows cut by the pieces, q/k rows permuted inside a piece
+        setenv("FSDP_SAVE_PIECE_KB", "5", 1);
+        t.expect_same(2, r, std::string(m) + " hf load, 5 KiB pieces, on 2");
+        unsetenv("FSDP_SAVE_PIECE_KB");
     }
     // init rules drawn in bf16 and f16 (rounded as they are produced), copies that narrow, a cast, a
     // fill, an async save's snapshot
@@ -210,6 +214,32 @@ void write_st(const std::string &path, int rows, int cols, const std::vector<flo
     write_file(path, f);
 }
 
+TEST(StreamedBootstrap, RoundedLoadsAndCopiesKeepTheirRoundingWhenProduced) {
+    // f32 source values that bf16 does not hold: loaded into a bf16 parameter (rounded as it is read),
+    // then copied into f32 and f16 parameters (the f32 copy keeps the bf16-rounded values, the f16 one is
+    // rounded again), a bf16 draw copied into f32, on 1 and 3 ranks
+    Streamed t;
+    std::vector<float> v(64 * 40);
+    for (size_t i = 0; i < v.size(); i++) v[i] = 0.001f * (float)i + 1.0f / 3.0f + (float)(i % 7) * 1e-4f;
+    write_st(t.dir + "/src.safetensors", 64, 40, v);
+    std::string r = write_recipe(t, "rounding",
+                                 "model:\n  parts:\n    - {name: p, from: " + t.dir + "/src.safetensors, dtype: bf16}\n"
+                                 "    - {name: q, params: [{name: c32, shape: [64, 40], dtype: f32, init: none},"
+                                 " {name: c16, shape: [64, 40], dtype: f16, init: none},"
+                                 " {name: d, shape: [64, 40], dtype: bf16, init: \"normal(0, 0.3)\"},"
+                                 " {name: d32, shape: [64, 40], dtype: f32, init: none}]}\n"
+                                 "stages:\n  - {id: i, uses: init-meta}\n"
+                                 "  - {id: l, uses: load-ckpt, with: {parts: [p]}}\n"
+                                 "  - {id: c, uses: transform, with: {ops: [{copy: {from: w, to: c32}}, {copy: {from: w, to: c16}},"
+                                 " {copy: {from: d, to: d32}}]}}\n"
+                                 "  - {id: s, uses: save-dcp, with: {path: \"${out}\"}}\n");
+    for (int np : {1, 3}) t.expect_same(np, r, "rounded loads and copies on " + std::to_string(np));
+    // pieces of 3 KiB (768 values): most pieces start and end inside a row of 40, on 1 and 3 ranks
+    setenv("FSDP_SAVE_PIECE_KB", "3", 1);
+    for (int np : {1, 3}) t.expect_same(np, r, "rounded loads and copies, 3 KiB pieces, on " + std::to_string(np));
+    unsetenv("FSDP_SAVE_PIECE_KB");
+}
+
 TEST(StreamedBootstrap, NaNInADeferredSourceFailsTheSaveNamingItAndLeavesNoCheckpoint) {
     Streamed t;
     std::vector<float> v(64 * 40, 0.25f);
@@ -244,3 +274,176 @@ TEST(StreamedBootstrap, RuntimeStreamIsCheckedByValidate) {
 }
 
 }  // namespace
+
+// ---- the pieces: ckpt_pwrite_gen and the deferral's bookkeeping -------------------------------------
+
+extern "C" {
+#include "ckpt/ckpt_pwrite.h"
+#include "runtime/state_defer.h"
+}
+
+#include <fcntl.h>
+#include <unistd.h>
+#include <zlib.h>
+
+namespace {
+
+float value_at(uint64_t e) { return (float)((double)(e % 977) * 0.37 - 150.0) / (1.0f + (float)(e % 13)); }
+
+// a producer of value_at(e) that fails (naming the element) from element fail_at on
+struct gen_user {
+    uint64_t fail_at = UINT64_MAX;
+};
+int gen_values(void *user, uint64_t e0, size_t n, float *dst, fsdp_err *err) {
+    const gen_user *u = (const gen_user *)user;
+    for (size_t k = 0; k < n; k++) {
+        if (e0 + k >= u->fail_at) return fsdp_err_set(err, FSDP_E_FORMAT, "bad value at element %llu", (unsigned long long)(e0 + k));
+        dst[k] = value_at(e0 + k);
+    }
+    return 0;
+}
+
+std::string fd_bytes(int fd) {
+    off_t n = lseek(fd, 0, SEEK_END);
+    std::string s((size_t)n, '\0');
+    EXPECT_EQ(pread(fd, &s[0], s.size(), 0), (ssize_t)n);
+    return s;
+}
+
+}  // namespace
+
+// The produced payload is the bytes (and CRC) of converting the whole array at once, for every dtype,
+// thread count and piece size, buffered and O_DIRECT (a 4 KiB-aligned offset on a disk file system)
+TEST(StreamedPwrite, ProducedBytesAndCrcAreThoseOfTheWholeArray) {
+    std::string t = make_tmpdir("fsdp-genwrite");
+    const size_t n = 300001;
+    std::vector<float> v(n);
+    for (size_t i = 0; i < n; i++) v[i] = value_at(i);
+    for (fsdp_dtype dt : {FSDP_DT_F32, FSDP_DT_BF16, FSDP_DT_F16}) {
+        std::string want(n * fsdp_dtype_size(dt), '\0');
+        fsdp_err err;
+        ASSERT_EQ(fsdp_convert(&want[0], dt, v.data(), FSDP_DT_F32, n, &err), 0) << err.msg;
+        uint32_t want_crc = (uint32_t)crc32(0L, (const Bytef *)want.data(), (uInt)want.size());
+        for (int threads : {1, 2, 3}) {
+            for (size_t piece : {(size_t)4096, (size_t)12345, (size_t)1 << 20}) {
+                for (int direct : {0, 1}) {
+                    std::string p = t + "/f";
+                    int fd = open(p.c_str(), O_RDWR | O_CREAT | O_TRUNC, 0644);
+                    ASSERT_GE(fd, 0);
+                    uint64_t off = direct ? 4096 : 3;
+                    ASSERT_EQ(pwrite(fd, std::string(off, 'h').data(), off, 0), (ssize_t)off);
+                    ckpt_pio_opts o = {piece, threads, 1, direct};
+                    gen_user u;
+                    uint32_t crc = 0;
+                    ASSERT_EQ(ckpt_pwrite_gen(fd, gen_values, &u, dt, n, off, &crc, "t", &o, &err), 0) << err.msg;
+                    std::string got = fd_bytes(fd);
+                    close(fd);
+                    std::string what = std::string(fsdp_dtype_name(dt)) + " threads " + std::to_string(threads) +
+                                       " piece " + std::to_string(piece) + " direct " + std::to_string(direct);
+                    EXPECT_EQ(got.substr(0, off), std::string(off, 'h')) << what;
+                    EXPECT_TRUE(got.substr(off) == want) << what;
+                    EXPECT_EQ(crc, want_crc) << what;
+                }
+            }
+        }
+    }
+    rm_rf(t);
+}
+
+// A producer's error ends the write with its message, whichever thread met it
+TEST(StreamedPwrite, AProducersErrorReachesTheCaller) {
+    std::string t = make_tmpdir("fsdp-genwrite");
+    int fd = open((t + "/f").c_str(), O_RDWR | O_CREAT | O_TRUNC, 0644);
+    ASSERT_GE(fd, 0);
+    for (int threads : {1, 2, 4}) {
+        ckpt_pio_opts o = {4096, threads, 0, 0};
+        gen_user u;
+        u.fail_at = 50000;
+        fsdp_err err;
+        uint32_t crc = 0;
+        EXPECT_EQ(ckpt_pwrite_gen(fd, gen_values, &u, FSDP_DT_BF16, 100000, 0, &crc, "t", &o, &err), FSDP_E_FORMAT);
+        EXPECT_NE(strstr(err.msg, "bad value at element"), nullptr) << err.msg;
+    }
+    close(fd);
+    rm_rf(t);
+}
+
+namespace {
+struct count_src {
+    state_src base;
+    int *destroyed;
+    float scale;
+};
+int count_fill(const state_src *s, int64_t e0, size_t n, float *dst, fsdp_err *) {
+    const count_src *c = (const count_src *)s;
+    for (size_t k = 0; k < n; k++) dst[k] = c->scale * (float)(e0 + (int64_t)k) + 0.1f;
+    return 0;
+}
+void count_destroy(state_src *s) {
+    count_src *c = (count_src *)s;
+    (*c->destroyed)++;
+    delete c;
+}
+}  // namespace
+
+// A deferred parameter reads as its producer's values (rounded to its round dtype) through every host
+// access, shares its producer by reference, and holds host rows once materialised or written
+TEST(StreamedState, DeferredValuesReadMaterialiseAndShare) {
+    fsdp_state *s = (fsdp_state *)calloc(1, sizeof *s);
+    s->layout = STATE_SHARDED;
+    s->world = 1;
+    fsdp_err err;
+    int64_t shape[2] = {300, 7000}; // 2.1M values: materialised in several pieces
+    ASSERT_EQ(state_add_param(s, "a", 2, shape, -1, &err), 0) << err.msg;
+    ASSERT_EQ(state_add_param(s, "b", 2, shape, -1, &err), 0) << err.msg;
+    int destroyed = 0;
+    count_src *c = new count_src();
+    state_src_init(&c->base, count_fill, count_destroy, 300 * 7000);
+    c->destroyed = &destroyed;
+    c->scale = 1.0f / 3.0f;
+    ASSERT_EQ(state_param_defer(s, &s->p[0], &c->base, FSDP_DT_INVALID, &err), 0) << err.msg;
+    ASSERT_EQ(state_param_defer(s, &s->p[1], &c->base, FSDP_DT_BF16, &err), 0) << err.msg; // a narrowing copy
+    state_src_unref(&c->base);
+    EXPECT_EQ(destroyed, 0);
+    EXPECT_EQ(state_deferred_count(s), 2u);
+    EXPECT_EQ(s->p[0].data, nullptr);
+    EXPECT_EQ(state_place_of(&s->p[0], STATE_DATA), STATE_HOST);
+    size_t n = state_param_local_numel(&s->p[0]);
+    std::vector<float> got(n), want(n);
+    for (size_t k = 0; k < n; k++) want[k] = (1.0f / 3.0f) * (float)k + 0.1f;
+    ASSERT_EQ(state_param_get(s, &s->p[0], STATE_DATA, got.data(), &err), 0) << err.msg;
+    EXPECT_TRUE(got == want);
+    std::vector<float> part(10);
+    ASSERT_EQ(state_param_fill(&s->p[1], 12345, 10, part.data(), &err), 0);
+    for (int k = 0; k < 10; k++) EXPECT_EQ(part[k], fsdp_bf16_to_f32(fsdp_f32_to_bf16(want[12345 + k])));
+    EXPECT_NE(state_param_fill(&s->p[1], (int64_t)n - 5, 10, part.data(), &err), 0) << "past the end";
+    // a read-only map is a produced copy, the parameter stays deferred
+    float *m = nullptr;
+    ASSERT_EQ(state_param_map(s, &s->p[0], STATE_DATA, &m, &err), 0);
+    EXPECT_EQ(m[7], want[7]);
+    ASSERT_EQ(state_param_unmap(s, &s->p[0], STATE_DATA, m, 0, &err), 0);
+    EXPECT_TRUE(s->p[0].deferred);
+    // materialised: host rows with the same values; the producer lives on for b
+    ASSERT_EQ(state_param_materialize(s, &s->p[0], &err), 0) << err.msg;
+    EXPECT_FALSE(s->p[0].deferred);
+    ASSERT_NE(s->p[0].data, nullptr);
+    EXPECT_TRUE(std::vector<float>(s->p[0].data, s->p[0].data + n) == want);
+    EXPECT_EQ(destroyed, 0);
+    // a written-back map replaces the producer: b holds the written values, the producer is gone
+    ASSERT_EQ(state_param_map(s, &s->p[1], STATE_DATA, &m, &err), 0);
+    m[0] = 42;
+    ASSERT_EQ(state_param_unmap(s, &s->p[1], STATE_DATA, m, 1, &err), 0);
+    EXPECT_FALSE(s->p[1].deferred);
+    EXPECT_EQ(s->p[1].data[0], 42);
+    EXPECT_EQ(destroyed, 1);
+    EXPECT_EQ(state_deferred_count(s), 0u);
+    // a parameter with moments cannot be deferred
+    ASSERT_EQ(state_alloc_optimizer(s, &err), 0);
+    count_src *c2 = new count_src();
+    state_src_init(&c2->base, count_fill, count_destroy, 300 * 7000);
+    c2->destroyed = &destroyed;
+    EXPECT_EQ(state_param_defer(s, &s->p[0], &c2->base, FSDP_DT_INVALID, &err), FSDP_E_INVALID);
+    state_src_unref(&c2->base);
+    EXPECT_EQ(destroyed, 2);
+    state_free(s);
+}
