@@ -254,9 +254,14 @@ static void pw_free(pw_job *j, int threads) {
     free(j->st);
 }
 
-/* The job's pieces on its threads (src or gen, the dtypes and sizes set by the caller). */
+/* The job's pieces on its threads (src or gen, the dtypes and sizes set by the caller); no bytes: the CRC
+ * of none. */
 static int pw_go(pw_job *j, int fd, size_t n, uint64_t off, uint32_t *crc, const char *what, const ckpt_pio_opts *o,
                  fsdp_err *err) {
+    if (!n) {
+        if (crc) *crc = (uint32_t)crc32(0L, Z_NULL, 0);
+        return 0;
+    }
     size_t piece = ckpt_pwrite_piece(o);
     j->fd = fd;
     j->writeback = o ? o->writeback : 1;
@@ -292,10 +297,6 @@ int ckpt_pwrite_conv(int fd, const void *src, fsdp_dtype src_dt, fsdp_dtype dst_
         int rc = fsdp_convert(one, dst_dt, src, src_dt, 1, err);
         if (rc) return fsdp_err_prefix(err, "%s", what);
     }
-    if (!n) {
-        if (crc) *crc = (uint32_t)crc32(0L, Z_NULL, 0);
-        return 0;
-    }
     j.src = src;
     j.sdt = src_dt;
     j.ddt = dst_dt;
@@ -312,10 +313,6 @@ int ckpt_pwrite_gen(int fd, ckpt_gen_fn gen, void *user, fsdp_dtype dst_dt, size
     float zero = 0;
     if (!j.dsz || (dst_dt != FSDP_DT_F32 && fsdp_convert(one, dst_dt, &zero, FSDP_DT_F32, 1, err)))
         return fsdp_err_set(err, FSDP_E_INVALID, "%s: cannot write float32 values as %s", what, fsdp_dtype_name(dst_dt));
-    if (!n) {
-        if (crc) *crc = (uint32_t)crc32(0L, Z_NULL, 0);
-        return 0;
-    }
     j.gen = gen;
     j.gen_user = user;
     j.sdt = FSDP_DT_F32;
