@@ -31,6 +31,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ckpt/ckpt_pwrite.h"
 #include "ckpt/file_copy.h"
 #include "ckpt/namemap.h"
 #include "ckpt/state_load_parts.h"
@@ -134,6 +135,7 @@ typedef struct sst_job {
     size_t **part_idx; /* a stacked parameter (HF experts): the tensor index of each part */
     nmap_info *info;
     uint64_t bytes;
+    size_t streamed; /* parameters written from their producer (sst_stream_param) */
 } sst_job;
 
 /* The dtype a parameter is written in (dtype: auto keeps its own). */
@@ -223,10 +225,42 @@ static int sst_write_tensor(sst_job *j, size_t i, const float *full, fsdp_err *e
     return rc;
 }
 
+static int sst_gen(void *user, uint64_t e0, size_t n, float *dst, fsdp_err *err) {
+    return state_param_fill(user, (int64_t)e0, n, dst, err);
+}
+
+/* A deferred parameter whose rows are all this rank's (one rank), written to one file as it is stored
+ * (no q/k permutation, not a stack of parts): its pieces produced into the write buffers on the
+ * writing threads (ckpt_pwrite_gen), never held whole. 1 when not such a parameter (nothing done). */
+static int sst_stream_param(sst_job *j, size_t i, fsdp_err *err) {
+    state_param *p = &j->s->p[i];
+    int64_t n = state_param_numel(p);
+    if (!p->deferred || !j->w || j->part_idx[i] || j->info[i].qk != NMAP_QK_NONE ||
+        (int64_t)state_param_local_numel(p) != n)
+        return 1;
+    fsdp_dtype dt = sst_dtype(j->dts, p);
+    int fd;
+    uint64_t off;
+    int rc = st_writer_target(j->w, j->idx[i], &fd, &off, err);
+    if (rc) return rc;
+    ckpt_pio_opts o;
+    ckpt_pwrite_opts_env(&o);
+    rc = ckpt_pwrite_gen(fd, sst_gen, p, dt, (size_t)n, off, NULL, p->name, &o, err);
+    fsdp_err e2;
+    int wrc = st_writer_wrote(j->w, j->idx[i], (uint64_t)n * fsdp_dtype_size(dt), rc != 0, rc ? &e2 : err);
+    j->bytes += (uint64_t)n * fsdp_dtype_size(dt);
+    j->streamed += !rc;
+    return rc ? rc : wrc;
+}
+
 /* Every rank: parameter i gathered whole on rank 0 (unsharded, or its host rows), then written. */
 static int sst_gather_param(sst_job *j, size_t i, fsdp_err *err) {
     fsdp_state *s = j->s;
     state_param *p = &s->p[i];
+    if (s->layout != STATE_FULL && j->rank == 0 && comm_size(j->sc) == 1) {
+        int rc = sst_stream_param(j, i, err);
+        if (rc != 1) return rc;
+    }
     int64_t n = state_param_numel(p);
     float *full = NULL, *local = NULL;
     /* the local rows in host memory (downloaded when the state is on the GPU) */
@@ -329,6 +363,7 @@ static int sst_run(fsdp_ctx *ctx, const fsdp_value *with, fsdp_err *err) {
     if (st && !rc) rc = fsdp_err_set(err, st, "save-safetensors: rank %d failed writing %s", who, j.path);
     if (!rc) {
         fsdp_ctx_metric(ctx, "bytes_written", (double)j.bytes);
+        fsdp_ctx_metric(ctx, "params_streamed", (double)j.streamed);
         fsdp_log(ctx, FSDP_LOG_INFO, "wrote %s (%.1f MB%s)", j.path, (double)j.bytes / 1e6,
                  j.hf ? ", Hugging Face names" : "");
     }
