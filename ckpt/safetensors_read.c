@@ -2,6 +2,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "ckpt/safetensors_internal.h"
@@ -126,6 +127,18 @@ static void let_go(const unsigned char *src, size_t bytes, long ps) {
     if (b > a) (void)madvise((void *)a, b - a, MADV_DONTNEED);
 }
 
+/* The mapped bytes [src, src + bytes) are still in the file: one truncated in place since it was mapped
+ * (a source rewritten while a run keeps it open, e.g. for a streamed save's deferred reads) would fault
+ * the read (SIGBUS); it is an error naming the file instead. A replaced or removed file keeps the inode
+ * the mapping reads. (A truncation between this check and the copy is not caught.) */
+static int still_there(const st_file *f, const unsigned char *src, size_t bytes, const char *name, fsdp_err *err) {
+    struct stat sb;
+    uint64_t end = (uint64_t)(src - f->map) + bytes;
+    if (!bytes || f->fd < 0 || fstat(f->fd, &sb) != 0 || (uint64_t)sb.st_size >= end) return 0;
+    return fsdp_err_set(err, FSDP_E_FORMAT, "%s: tensor '%s' needs bytes up to %llu, the file holds %lld now: it was "
+                        "truncated after it was opened", f->path, name, (unsigned long long)end, (long long)sb.st_size);
+}
+
 int st_read_rows(const st_reader *r, const st_tensor_info *t, int64_t r0, int64_t r1, void *dst,
                  fsdp_dtype dst_dt, fsdp_err *err) {
     if (!r || !t || (r1 > r0 && !dst)) return fsdp_err_set(err, FSDP_E_INVALID, "st_read_rows: bad arguments");
@@ -138,6 +151,8 @@ int st_read_rows(const st_reader *r, const st_tensor_info *t, int64_t r0, int64_
     size_t per_row = (size_t)st_row_numel(t);
     size_t n = (size_t)(r1 - r0) * per_row; /* <= numel, validated at open */
     const unsigned char *src = (const unsigned char *)st_data(r, t) + (size_t)r0 * per_row * ssz;
+    int rc0 = still_there(&r->files[t->file], src, n * ssz, t->name, err);
+    if (rc0) return rc0;
     long ps = sysconf(_SC_PAGESIZE);
     if (n * ssz >= ((size_t)1 << 20) && ps > 0) { /* ask the kernel to read ahead; failure only costs speed */
         uintptr_t a = (uintptr_t)src & ~((uintptr_t)ps - 1);

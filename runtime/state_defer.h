@@ -29,7 +29,7 @@ typedef int (*state_src_fill_fn)(const state_src *src, int64_t e0, size_t n, flo
 struct state_src {
     state_src_fill_fn fill;
     void (*destroy)(state_src *src); /* frees the producer (called by the last state_src_unref) */
-    int refs;                        /* references (state_src_new: 1) */
+    int refs;                        /* references (state_src_init: 1) */
     int64_t numel;                   /* local elements it produces */
 };
 

@@ -448,3 +448,28 @@ TEST(StreamedState, DeferredValuesReadMaterialiseAndShare) {
     EXPECT_EQ(destroyed, 2);
     state_free(s);
 }
+
+extern "C" {
+#include "ckpt/reader.h"
+}
+
+// A mapped safetensors source truncated in place after it was opened (a deferred read comes long after the
+// load opened it) is an error naming the file, not a fault of the mapping
+TEST(StreamedState, ASafetensorsSourceTruncatedAfterItWasOpenedIsAnError) {
+    std::string dir = make_tmpdir("fsdp-sttrunc");
+    std::vector<float> v(512 * 1024, 0.5f); // 2 MiB
+    write_st(dir + "/src.safetensors", 512, 1024, v);
+    ckpt_reader *r = nullptr;
+    fsdp_err err;
+    ASSERT_EQ(ckpt_open((dir + "/src.safetensors").c_str(), CKPT_AUTO, &r, &err), 0) << err.msg;
+    std::vector<float> got(1024 * 100);
+    ASSERT_EQ(ckpt_read_rows(r, 0, 400, 500, got.data(), FSDP_DT_F32, &err), 0) << err.msg;
+    EXPECT_EQ(got[5], 0.5f);
+    ASSERT_EQ(truncate((dir + "/src.safetensors").c_str(), 1 << 20), 0);
+    EXPECT_EQ(ckpt_read_rows(r, 0, 400, 500, got.data(), FSDP_DT_F32, &err), FSDP_E_FORMAT);
+    EXPECT_NE(strstr(err.msg, "truncated after it was opened"), nullptr) << err.msg;
+    EXPECT_NE(strstr(err.msg, "src.safetensors"), nullptr) << err.msg;
+    ASSERT_EQ(ckpt_read_rows(r, 0, 0, 10, got.data(), FSDP_DT_F32, &err), 0) << "rows still in the file: " << err.msg;
+    ckpt_close(r);
+    rm_rf(dir);
+}
