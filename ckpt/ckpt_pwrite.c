@@ -56,6 +56,7 @@ typedef struct pw_job {
      * thread's scratch (or its aligned buffer when stored as f32), then converted */
     ckpt_gen_fn gen;
     void *gen_user;
+    uint64_t gen_e0; /* the element gen calls the job's first */
     float **scr;
     int gen_failed;
     fsdp_err gen_err; /* the first failed production's */
@@ -73,7 +74,7 @@ static const char *pw_prep(pw_job *j, size_t i, int tid, size_t *len) {
         float *vals = j->ddt == FSDP_DT_F32 ? (float *)j->buf[tid] : j->scr[tid];
         fsdp_err e;
         fsdp_err_clear(&e);
-        if (j->gen(j->gen_user, (uint64_t)a, k, vals, &e)) {
+        if (j->gen(j->gen_user, j->gen_e0 + (uint64_t)a, k, vals, &e)) {
 #pragma omp critical(ckpt_pwrite_gen_err)
             if (!j->gen_failed) j->gen_err = e, j->gen_failed = 1;
             return NULL;
@@ -254,6 +255,33 @@ static void pw_free(pw_job *j, int threads) {
     free(j->st);
 }
 
+static int pw_go(pw_job *j, int fd, size_t n, uint64_t off, uint32_t *crc, const char *what, const ckpt_pio_opts *o,
+                 fsdp_err *err);
+
+/* A payload that starts inside a block (a safetensors tensor, a piece of one): the elements up to the next
+ * block boundary written through the page cache first, then the rest from that boundary, whose whole
+ * blocks can go direct; the CRCs combined. 1 when the payload is not such a one (nothing written). */
+static int pw_go_split(pw_job *j, int fd, size_t n, uint64_t off, uint32_t *crc, const char *what,
+                       const ckpt_pio_opts *o, fsdp_err *err) {
+    size_t head = CKPT_DIRECT_ALIGN - off % CKPT_DIRECT_ALIGN;
+    if (!o || !o->direct || off % CKPT_DIRECT_ALIGN == 0 || head % j->dsz || n * j->dsz < head + 2 * CKPT_DIRECT_ALIGN)
+        return 1;
+    size_t hn = head / j->dsz;
+    pw_job h = *j, b = *j;
+    ckpt_pio_opts ho = *o;
+    ho.direct = 0;
+    ho.threads = 1;
+    uint32_t hc = 0, bc = 0;
+    int rc = pw_go(&h, fd, hn, off, crc ? &hc : NULL, what, &ho, err);
+    if (rc) return rc;
+    if (b.gen) b.gen_e0 += hn;
+    else b.src += hn * b.ssz;
+    rc = pw_go(&b, fd, n - hn, off + head, crc ? &bc : NULL, what, o, err);
+    if (rc) return rc;
+    if (crc) *crc = (uint32_t)crc32_combine(hc, bc, (z_off_t)((n - hn) * j->dsz));
+    return 0;
+}
+
 /* The job's pieces on its threads (src or gen, the dtypes and sizes set by the caller); no bytes: the CRC
  * of none. */
 static int pw_go(pw_job *j, int fd, size_t n, uint64_t off, uint32_t *crc, const char *what, const ckpt_pio_opts *o,
@@ -262,6 +290,8 @@ static int pw_go(pw_job *j, int fd, size_t n, uint64_t off, uint32_t *crc, const
         if (crc) *crc = (uint32_t)crc32(0L, Z_NULL, 0);
         return 0;
     }
+    int split = pw_go_split(j, fd, n, off, crc, what, o, err);
+    if (split != 1) return split;
     size_t piece = ckpt_pwrite_piece(o);
     j->fd = fd;
     j->writeback = o ? o->writeback : 1;

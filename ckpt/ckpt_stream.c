@@ -24,6 +24,8 @@ void cks_opts_default(cks_opts *o) {
      * 8 MiB pieces measured slower than pread + pwrite through the ring on ext4 (llama3_1b safetensors -> DCP
      * 2.9-3.8 s against 2.4-3.2 s, more system time) and equal on the MoE's small tensors */
     o->cfr = c && !strcmp(c, "1");
+    const char *d = getenv("FSDP_SAVE_DIRECT");
+    o->direct = !(d && !strcmp(d, "0"));
     const char *w = getenv("FSDP_CONVERT_WRITEBACK");
     o->writeback = !(w && !strcmp(w, "0"));
     const char *p = getenv("FSDP_CONVERT_PIECE");
@@ -277,7 +279,7 @@ static int writer_loop(ring *q, fsdp_dtype dst_dt, int out_fd, uint64_t out_off,
                        const char *out_what, fsdp_err *err) {
     cks_src *s = q->s;
     size_t ssz = fsdp_dtype_size(s->dtype), dsz = fsdp_dtype_size(dst_dt);
-    ckpt_pio_opts po = {0, 1, q->o->writeback, 0};
+    ckpt_pio_opts po = {0, 1, q->o->writeback, q->o->direct};
     uint64_t pos = out_off;
     uint32_t crc = (uint32_t)crc32(0, NULL, 0);
     slot *sl;

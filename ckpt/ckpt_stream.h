@@ -67,6 +67,8 @@ typedef struct cks_opts {
     int writeback; /* each written piece's whole pages handed to write-back at once (sync_file_range, no wait:
                       the disk writes while the next pieces are copied, and the fsync at the end finds little
                       left); measured 0.80x the wall time of writing them all back at the end (cp + sync) */
+    int direct;    /* a piece that starts at a 4 KiB boundary of the output has its whole blocks written with
+                      O_DIRECT (ckpt_pwrite.h), as saves do; FSDP_SAVE_DIRECT=0 turns it off */
 } cks_opts;
 
 /* The defaults (8 MiB pieces, 4 slots, writes from the ring with early write-back), then FSDP_CONVERT_WRITEBACK=0

@@ -740,7 +740,7 @@ static int convert_to_dcp(const conv *c, conv_out *o, FILE *log, fsdp_err *err) 
     if (!rc) rc = dcp_entries(c, o, e, names, info, &ne, &st, err);
     if (!rc) rc = ckcv_stacks_finish(&st, c->r, &c->hf, e, err);
     conv_rs u = {c, info};
-    ckrs_src rs = {c->r, e, ne, world, o->world > 0, o->world > 0, rs_can_stream, rs_read_whole, &u, {0, 0, 0, 0},
+    ckrs_src rs = {c->r, e, ne, world, o->world > 0, o->world > 0, rs_can_stream, rs_read_whole, &u, {0, 0, 0, 0, 0},
                    rs_same_bytes};
     cks_opts_default(&rs.o);
     if (!rc) rc = write_dcp_files(&rs, o->dst, &gen, world, recs, &nr, log, err);

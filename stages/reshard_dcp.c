@@ -97,7 +97,7 @@ static int write_files(ckpt_reader *r, const char *dst, const dcp_gen *gen, int 
         rr[opened] = recs + opened * per;
         if ((rc = dcp_file_open_gen(&fw[opened], dst, lo + (int)opened, gen, NULL, NULL, err))) break;
     }
-    ckrs_src s = {r, e, n, world, 1, 1, can_stream, read_whole, r, {0, 0, 0, 0}, NULL};
+    ckrs_src s = {r, e, n, world, 1, 1, can_stream, read_whole, r, {0, 0, 0, 0, 0}, NULL};
     cks_opts_default(&s.o);
     cks_files fc = {0};
     if (!rc) rc = ckrs_write_ranks(&s, lo, hi, fw, &fc, rr, nrec, err);

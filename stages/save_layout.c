@@ -95,7 +95,7 @@ static int write_files(sl_job *j, const char *pre, const char *dst, const dcp_ge
         rr[opened] = recs + opened * per;
         if ((rc = dcp_file_open_gen(&fw[opened], dst, lo + (int)opened, gen, NULL, NULL, err))) break;
     }
-    ckrs_src s = {j->v, e, ne, j->world, 0, 1, can_stream, read_whole, j->v, {0, 0, 0, 0}, NULL};
+    ckrs_src s = {j->v, e, ne, j->world, 0, 1, can_stream, read_whole, j->v, {0, 0, 0, 0, 0}, NULL};
     cks_opts_default(&s.o);
     cks_files fc = {0};
     if (!rc) rc = ckrs_write_ranks(&s, lo, hi, fw, &fc, rr, nrec, err);

@@ -314,7 +314,7 @@ std::string fd_bytes(int fd) {
 }  // namespace
 
 // The produced payload is the bytes (and CRC) of converting the whole array at once, for every dtype,
-// thread count and piece size, buffered and O_DIRECT (a 4 KiB-aligned offset on a disk file system)
+// thread count and piece size, buffered and O_DIRECT (at a block boundary and inside a block)
 TEST(StreamedPwrite, ProducedBytesAndCrcAreThoseOfTheWholeArray) {
     std::string t = make_tmpdir("fsdp-genwrite");
     const size_t n = 300001;
@@ -327,11 +327,14 @@ TEST(StreamedPwrite, ProducedBytesAndCrcAreThoseOfTheWholeArray) {
         uint32_t want_crc = (uint32_t)crc32(0L, (const Bytef *)want.data(), (uInt)want.size());
         for (int threads : {1, 2, 3}) {
             for (size_t piece : {(size_t)4096, (size_t)12345, (size_t)1 << 20}) {
-                for (int direct : {0, 1}) {
+                // offsets at a block boundary and inside one (written up to the boundary through the page
+                // cache, direct from there on)
+                for (int mode = 0; mode < 4; mode++) {
+                    int direct = mode > 0;
                     std::string p = t + "/f";
                     int fd = open(p.c_str(), O_RDWR | O_CREAT | O_TRUNC, 0644);
                     ASSERT_GE(fd, 0);
-                    uint64_t off = direct ? 4096 : 3;
+                    uint64_t off = mode == 1 ? 4096 : mode == 2 ? 4100 : 6;
                     ASSERT_EQ(pwrite(fd, std::string(off, 'h').data(), off, 0), (ssize_t)off);
                     ckpt_pio_opts o = {piece, threads, 1, direct};
                     gen_user u;
@@ -340,7 +343,8 @@ TEST(StreamedPwrite, ProducedBytesAndCrcAreThoseOfTheWholeArray) {
                     std::string got = fd_bytes(fd);
                     close(fd);
                     std::string what = std::string(fsdp_dtype_name(dt)) + " threads " + std::to_string(threads) +
-                                       " piece " + std::to_string(piece) + " direct " + std::to_string(direct);
+                                       " piece " + std::to_string(piece) + " direct " + std::to_string(direct) +
+                                       " at " + std::to_string(off);
                     EXPECT_EQ(got.substr(0, off), std::string(off, 'h')) << what;
                     EXPECT_TRUE(got.substr(off) == want) << what;
                     EXPECT_EQ(crc, want_crc) << what;
