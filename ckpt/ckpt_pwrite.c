@@ -88,7 +88,7 @@ static const char *pw_prep(pw_job *j, size_t i, int tid, size_t *len) {
             return NULL;
         }
         p = j->buf[tid];
-    } else if (j->direct && p != j->buf[tid]) { /* O_DIRECT writes from an aligned buffer */
+    } else if (j->direct && j->buf && p != j->buf[tid]) { /* O_DIRECT writes from an aligned buffer */
         memcpy(j->buf[tid], p, *len);
         p = j->buf[tid];
     }
@@ -197,7 +197,8 @@ static int pw_result(const pw_job *j, size_t np, uint32_t *crc, const char *what
 static int pw_setup(pw_job *j, size_t np, int threads, const char *what, fsdp_err *err) {
     j->st = calloc(np, sizeof *j->st);
     if (!j->st) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory writing %s", what);
-    if (j->sdt == j->ddt && !j->direct && !j->gen) return 0;
+    /* no buffer: the pieces are written from the source itself (direct writes need it block-aligned) */
+    if (j->sdt == j->ddt && !j->gen && (!j->direct || (uintptr_t)j->src % CKPT_DIRECT_ALIGN == 0)) return 0;
     j->buf = calloc((size_t)threads, sizeof *j->buf);
     if (!j->buf) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory writing %s", what);
     size_t k = j->n < j->per ? j->n : j->per;

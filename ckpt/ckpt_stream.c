@@ -287,9 +287,12 @@ static int writer_loop(ring *q, fsdp_dtype dst_dt, int out_fd, uint64_t out_off,
         const char *p = sl->buf;
         size_t n = sl->len;
         int rc = 0;
+        /* a piece bound for the middle of a block is placed in the aligned buffer at the same offset within
+         * a block, so that from the next boundary on it is written directly from there (ckpt_pwrite.h) */
+        size_t shift = q->o->direct && cvt ? (size_t)(pos % CKPT_DIRECT_ALIGN) : 0;
         if (dst_dt != s->dtype) {
-            rc = fsdp_convert(cvt, dst_dt, sl->buf, s->dtype, n / ssz, err);
-            p = cvt;
+            rc = fsdp_convert(cvt + shift, dst_dt, sl->buf, s->dtype, n / ssz, err);
+            p = cvt + shift;
             n = n / ssz * dsz;
         }
         uint32_t c = 0;
@@ -306,6 +309,10 @@ static int writer_loop(ring *q, fsdp_dtype dst_dt, int out_fd, uint64_t out_off,
             ckpt_pio_opts ro = {0, 1, 0, 0};
             const cks_seg *g = &s->seg[sl->seg];
             rc = ckpt_pread_all(g->fd, sl->buf, sl->len, sl->at, g->what, &ro, err);
+        }
+        if (!rc && !copied && shift && p == sl->buf) {
+            memcpy(cvt + shift, p, n);
+            p = cvt + shift;
         }
         if (!rc && !copied)
             rc = ckpt_pwrite_all(out_fd, p, n, pos, out_crc && !q->out_same ? &c : NULL, out_what, &po, err);
@@ -330,13 +337,18 @@ static int ring_buffers(cks_files *fc, ring *q, size_t cvt_bytes, char **cvt) {
         fc->buf_cap = q->piece;
     }
     for (int i = 0; i < q->nslots; i++) {
-        if (!fc->buf[i] && !(fc->buf[i] = malloc(fc->buf_cap))) return -1;
+        /* block-aligned: a piece bound for a block boundary of the output is written from its slot with
+         * O_DIRECT, without a copy (ckpt_pwrite.h) */
+        if (!fc->buf[i] && posix_memalign((void **)&fc->buf[i], CKPT_DIRECT_ALIGN, fc->buf_cap)) fc->buf[i] = NULL;
+        if (!fc->buf[i]) return -1;
         q->sl[i].buf = fc->buf[i];
     }
     if (cvt_bytes > fc->cvt_cap) {
         free(fc->cvt);
+        fc->cvt = NULL;
         fc->cvt_cap = 0;
-        if (!(fc->cvt = malloc(cvt_bytes))) return -1;
+        if (posix_memalign((void **)&fc->cvt, CKPT_DIRECT_ALIGN, cvt_bytes)) fc->cvt = NULL;
+        if (!fc->cvt) return -1;
         fc->cvt_cap = cvt_bytes;
     }
     *cvt = cvt_bytes ? fc->cvt : NULL;
@@ -365,7 +377,9 @@ int cks_copy_rows(cks_src *s, int64_t r0, int64_t r1, fsdp_dtype dst_dt, int out
     q.no_read = q.cfr;
     q.sl = calloc((size_t)q.nslots, sizeof *q.sl);
     char *cvt = NULL;
-    int rc = !q.sl || ring_buffers(s->fc, &q, dst_dt != s->dtype ? q.piece / ssz * dsz : 0, &cvt);
+    /* the conversion's output, or (direct writes) the aligned buffer of a piece bound for the middle of a block */
+    size_t out_bytes = dst_dt != s->dtype ? q.piece / ssz * dsz : o->direct ? q.piece : 0;
+    int rc = !q.sl || ring_buffers(s->fc, &q, out_bytes ? out_bytes + (o->direct ? CKPT_DIRECT_ALIGN : 0) : 0, &cvt);
     if (rc) {
         rc = fsdp_err_set(err, FSDP_E_NOMEM, "tensor %s: out of memory for the copy buffers", s->name);
     } else {
