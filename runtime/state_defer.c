@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "runtime/ctx_impl.h"
+#include "runtime/rng.h"
 
 /* materialisation runs on every thread in pieces of this many elements (4 MiB of float32) */
 #define DEFER_PIECE ((int64_t)1 << 20)
@@ -56,13 +57,6 @@ void state_param_undefer(state_param *p) {
     state_src_unref(old);
 }
 
-static void round_to(float *v, size_t n, fsdp_dtype dt) {
-    if (dt == FSDP_DT_BF16)
-        for (size_t k = 0; k < n; k++) v[k] = fsdp_bf16_to_f32(fsdp_f32_to_bf16(v[k]));
-    else if (dt == FSDP_DT_F16)
-        for (size_t k = 0; k < n; k++) v[k] = fsdp_f16_to_f32(fsdp_f32_to_f16(v[k]));
-}
-
 int state_param_fill(const state_param *p, int64_t e0, size_t n, float *dst, fsdp_err *err) {
     size_t local = state_param_local_numel(p);
     if (e0 < 0 || (size_t)e0 > local || n > local - (size_t)e0)
@@ -80,7 +74,9 @@ int state_param_fill(const state_param *p, int64_t e0, size_t n, float *dst, fsd
     }
     int rc = p->src->fill(p->src, e0, n, dst, err);
     if (rc) return fsdp_err_prefix(err, "%s", p->name);
-    round_to(dst, n, p->src_round);
+    /* the vectorised rounding of the init fills (runtime/rng.h): fsdp_f32_to_bf16 / _f16's bits */
+    if (p->src_round == FSDP_DT_BF16 || p->src_round == FSDP_DT_F16)
+        rng_round_half_path(rng_path_default(), dst, n, p->src_round == FSDP_DT_BF16);
     return 0;
 }
 
