@@ -17,8 +17,10 @@
  *     written) on 1 and 2 ranks; `ckpt convert` DCP -> safetensors and safetensors -> DCP, and the
  *     1-rank DCP resharded to 2 ranks (`--world 2`) (wall time including a sync; peak RSS from
  *     wait4); init-cpu (1 rank) and init-meta (1 and 2 ranks, rank 0's seconds_init).
- *   ceilings: `cp -r` + `sync` of the checkpoint just saved (save, and convert against a cp of its
- *     input); for load, three reads of it from the page cache, one reader per rank file at once:
+ *   ceilings: `cp -r` + `sync` of the checkpoint just saved (save); for each convert, `cp (-r)` + `sync`
+ *     and `dd bs=4M oflag=direct` + `sync` of its input as it finds it, timed beside it in the same
+ *     repetition (before it in odd repetitions, after it in even ones), and each repetition's own
+ *     ratio kept: this VM's disk drifts 2-3x within minutes, so only adjacent pairs compare; for load, three reads of it from the page cache, one reader per rank file at once:
  *     `dd bs=4M` to /dev/null (the load rows' ceiling: every byte copied out of the page cache into
  *     a 4 MiB user buffer), `cat` to /dev/null (coreutils 9.1 does read(128 KiB) + write to
  *     /dev/null: a copy into one cache-resident buffer, faster than any load can be, printed below
@@ -46,7 +48,9 @@
 enum fig {
     F_SAVE1, F_SAVE2, F_LOAD1, F_LOAD2, F_CP1, F_CP2, F_CAT1, F_CAT2, F_DD1, F_DD2, F_FRESH1, F_FRESH2,
     F_TSAVE1, F_TSAVE2, F_TLOAD1, F_TLOAD2,
-    F_TO_ST, F_TO_DCP, F_CP_ST, F_RESHARD, F_CP1W,
+    F_TO_ST, F_TO_DCP, F_CP_ST, F_RESHARD, F_CP1W, F_DD1W, F_DD_ST,
+    /* per repetition: the convert's rate over its ceiling measured beside it (cp + sync, dd oflag=direct + sync) */
+    F_Q_TO_ST_CP, F_Q_TO_ST_DD, F_Q_TO_DCP_CP, F_Q_TO_DCP_DD, F_Q_RESHARD_CP, F_Q_RESHARD_DD,
     F_INIT_CPU, F_INIT_META1, F_INIT_META2, F_TINIT, F_MEMSET,
     F_COUNT
 };
@@ -263,55 +267,81 @@ static void rep_io_ceilings(cvt_run *r, int np, const char *ck, double s) {
     bench_run(cmd, NULL);
 }
 
-/* ckpt convert of the 1-rank checkpoint ck to safetensors and back, with their cp ceilings */
-static void rep_convert(cvt_run *r, const char *ck) {
-    char st[1300], cmd[4096];
-    snprintf(st, sizeof st, "%s/conv.safetensors", r->o.dir);
-    if (!r->o.io) { /* the DCP cp ceiling is the io group's; convert alone measures it here */
-        snprintf(cmd, sizeof cmd, "cp -r '%s' '%s.copy' && sync", ck, ck);
-        settle(r);
-        put(r, F_CP1, bench_run(cmd, NULL));
-        snprintf(cmd, sizeof cmd, "rm -rf '%s.copy'", ck);
-        bench_run(cmd, NULL);
-    }
-    snprintf(cmd, sizeof cmd, "rm -rf '%s' '%s/conv_dcp' && sync && %s ckpt convert '%s' '%s' >/dev/null && sync", st,
-             r->o.dir, r->o.bin, ck, st);
-    long rss = 0;
+/* the ceilings of writing src's bytes again, src as the convert finds it (in the page cache): cp (-r) + sync, and
+ * dd bs=4M oflag=direct + sync of each file (past the page cache, as the convert writes); seconds in *cp, *dd */
+static void rep_ceilings(cvt_run *r, const char *src, int is_dir, double *cp, double *dd) {
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "cp -r '%s' '%s.copy' && sync", src, src);
     settle(r);
-    put(r, F_TO_ST, bench_run(cmd, &rss));
-    if (rss > r->rss_to_st_kb) r->rss_to_st_kb = rss;
-    r->st_bytes = bench_path_bytes(st);
-    /* the convert's ceiling: cp -r of the same DCP found as the convert found it (in the page cache: the DCP
-     * ceiling above reads it cold, just after its save, and leaves it cached for the convert after it) */
-    snprintf(cmd, sizeof cmd, "cp -r '%s' '%s.copy' && sync", ck, ck);
+    *cp = bench_run(cmd, NULL);
+    if (is_dir)
+        snprintf(cmd, sizeof cmd, "rm -rf '%s.copy' && mkdir '%s.copy' && for f in '%s'/* '%s'/.metadata; do "
+                 "dd if=\"$f\" of='%s.copy'/\"$(basename \"$f\")\" bs=4M oflag=direct status=none || exit 1; done && sync",
+                 src, src, src, src, src);
+    else
+        snprintf(cmd, sizeof cmd, "rm -f '%s.copy' && dd if='%s' of='%s.copy' bs=4M oflag=direct status=none && sync",
+                 src, src, src);
     settle(r);
-    put(r, F_CP1W, bench_run(cmd, NULL));
-    snprintf(cmd, sizeof cmd, "rm -rf '%s.copy'", ck);
-    bench_run(cmd, NULL);
-    snprintf(cmd, sizeof cmd, "%s ckpt convert '%s' '%s/conv_dcp' --to dcp >/dev/null && sync", r->o.bin, st, r->o.dir);
-    settle(r);
-    put(r, F_TO_DCP, bench_run(cmd, &rss));
-    if (rss > r->rss_to_dcp_kb) r->rss_to_dcp_kb = rss;
-    /* every output is removed once measured (the page cache stays near two states: see settle) */
-    snprintf(cmd, sizeof cmd, "rm -rf '%s/conv_dcp'", r->o.dir);
-    bench_run(cmd, NULL);
-    snprintf(cmd, sizeof cmd, "cp '%s' '%s.copy' && sync", st, st);
-    settle(r);
-    put(r, F_CP_ST, bench_run(cmd, NULL));
-    snprintf(cmd, sizeof cmd, "rm -rf '%s' '%s.copy'", st, st);
-    bench_run(cmd, NULL);
-    /* the 1-rank DCP resharded to 2 ranks' files (what reshard-dcp does), against the same cp ceiling */
-    snprintf(cmd, sizeof cmd, "rm -rf '%s/conv_ws2' && sync && %s ckpt convert '%s' '%s/conv_ws2' --to dcp --world 2 "
-             ">/dev/null && sync", r->o.dir, r->o.bin, ck, r->o.dir);
-    settle(r);
-    put(r, F_RESHARD, bench_run(cmd, &rss));
-    if (rss > r->rss_reshard_kb) r->rss_reshard_kb = rss;
-    snprintf(cmd, sizeof cmd, "rm -rf '%s/conv_ws2'", r->o.dir);
+    *dd = bench_run(cmd, NULL);
+    snprintf(cmd, sizeof cmd, "rm -rf '%s.copy'", src);
     bench_run(cmd, NULL);
 }
 
+/* the convert's rate over each ceiling of the same repetition (the disk's speed drifts within a minute) */
+static void put_ratios(cvt_run *r, enum fig fcp, enum fig fdd, double conv, double cp, double dd) {
+    if (conv > 0 && cp > 0) put(r, fcp, cp / conv);
+    if (conv > 0 && dd > 0) put(r, fdd, dd / conv);
+}
+
+/* one timed `ckpt convert ARGS` after removing out; its seconds, its peak RSS kept in *rss_max */
+static double timed_convert(cvt_run *r, const char *args, const char *out, long *rss_max) {
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s' && sync && %s ckpt convert %s >/dev/null && sync", out, r->o.bin, args);
+    long rss = 0;
+    settle(r);
+    double s = bench_run(cmd, &rss);
+    if (rss > *rss_max) *rss_max = rss;
+    return s;
+}
+
+/* ckpt convert of the 1-rank checkpoint ck to safetensors and back and to 2 ranks, each with the ceilings of
+ * its own input measured beside it; odd repetitions time the ceilings first, even ones the convert first */
+static void rep_convert(cvt_run *r, const char *ck, int rep) {
+    char st[1300], dcp[1300], ws2[1300], args[4096], cmd[4096];
+    snprintf(st, sizeof st, "%s/conv.safetensors", r->o.dir);
+    snprintf(dcp, sizeof dcp, "%s/conv_dcp", r->o.dir);
+    snprintf(ws2, sizeof ws2, "%s/conv_ws2", r->o.dir);
+    double cp = -1, dd = -1, cps = -1, dds = -1, a, b, c;
+    int first = rep % 2 == 0;
+    if (first) rep_ceilings(r, ck, 1, &cp, &dd);
+    snprintf(args, sizeof args, "'%s' '%s'", ck, st);
+    a = timed_convert(r, args, st, &r->rss_to_st_kb);
+    r->st_bytes = bench_path_bytes(st);
+    if (!first) rep_ceilings(r, ck, 1, &cp, &dd);
+    if (first) rep_ceilings(r, st, 0, &cps, &dds);
+    snprintf(args, sizeof args, "'%s' '%s' --to dcp", st, dcp);
+    b = timed_convert(r, args, dcp, &r->rss_to_dcp_kb);
+    /* every output is removed once measured (the page cache stays near two states: see settle) */
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dcp);
+    bench_run(cmd, NULL);
+    if (!first) rep_ceilings(r, st, 0, &cps, &dds);
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", st);
+    bench_run(cmd, NULL);
+    /* the 1-rank DCP resharded to 2 ranks' files (what reshard-dcp does), against the DCP's ceilings */
+    snprintf(args, sizeof args, "'%s' '%s' --to dcp --world 2", ck, ws2);
+    c = timed_convert(r, args, ws2, &r->rss_reshard_kb);
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", ws2);
+    bench_run(cmd, NULL);
+    put(r, F_TO_ST, a), put(r, F_TO_DCP, b), put(r, F_RESHARD, c);
+    put(r, F_CP1W, cp), put(r, F_DD1W, dd), put(r, F_CP_ST, cps), put(r, F_DD_ST, dds);
+    if (!r->o.io) put(r, F_CP1, cp); /* the save row's ceiling is the io group's; convert alone fills it here */
+    put_ratios(r, F_Q_TO_ST_CP, F_Q_TO_ST_DD, a, cp, dd);
+    put_ratios(r, F_Q_TO_DCP_CP, F_Q_TO_DCP_DD, b, cps, dds);
+    put_ratios(r, F_Q_RESHARD_CP, F_Q_RESHARD_DD, c, cp, dd);
+}
+
 /* save of np ranks' checkpoint, then the groups asked for (io: ceilings, load, PyTorch's dcp; convert) */
-static int rep_io(cvt_run *r, int np) {
+static int rep_io(cvt_run *r, int np, int rep) {
     char ck[1200], cmd[4096];
     snprintf(ck, sizeof ck, "%s/ck%d", r->o.dir, np);
     snprintf(cmd, sizeof cmd, "rm -rf '%s' '%s.copy' && sync", ck, ck);
@@ -321,7 +351,7 @@ static int rep_io(cvt_run *r, int np) {
     if (s < 0) return -1;
     r->ck_bytes[np] = bench_path_bytes(ck);
     if (r->o.io) rep_io_ceilings(r, np, ck, s);
-    if (np == 1 && r->o.convert) rep_convert(r, ck);
+    if (np == 1 && r->o.convert) rep_convert(r, ck, rep);
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", ck);
     bench_run(cmd, NULL);
     if (r->o.torch && r->o.io) {
@@ -392,6 +422,27 @@ static void print_load_ceilings(cvt_run *r) {
     }
 }
 
+/* the convert rows again as the median (min - max) of each repetition's own ratio to the ceilings beside it */
+static void print_convert_ratios(cvt_run *r) {
+    if (!r->o.convert) return;
+    printf("\nconvert vs its ceilings measured beside it in the same repetition (median of %d per-repetition ratios, "
+           "min - max; >= 1.00: at or past the ceiling):\n", r->n[F_Q_TO_ST_CP]);
+    const char *names[3] = {"DCP -> safetensors", "safetensors -> DCP", "reshard 1 -> 2 ranks"};
+    enum fig f[3][2] = {{F_Q_TO_ST_CP, F_Q_TO_ST_DD}, {F_Q_TO_DCP_CP, F_Q_TO_DCP_DD}, {F_Q_RESHARD_CP, F_Q_RESHARD_DD}};
+    for (int k = 0; k < 3; k++) {
+        printf("  %-22s", names[k]);
+        for (int c = 0; c < 2; c++) {
+            double m = median(r, f[k][c]); /* sorts: min and max are the ends */
+            int n = r->n[f[k][c]];
+            if (n) printf("  %s %.2f (%.2f - %.2f)", c ? "dd oflag=direct + sync" : "cp + sync", m, r->v[f[k][c]][0],
+                          r->v[f[k][c]][n - 1]);
+        }
+        printf("\n");
+    }
+    double dd = median(r, F_DD1W), dds = median(r, F_DD_ST);
+    printf("  ceilings' medians: DCP dd oflag=direct + sync %.2f s, safetensors dd oflag=direct + sync %.2f s\n", dd, dds);
+}
+
 static void print_table(cvt_run *r) {
     double b1 = r->ck_bytes[1], b2 = r->ck_bytes[2], tb1 = r->torch_bytes[1], tb2 = r->torch_bytes[2];
     printf("\n| work | fsdp-run | PyTorch | ceiling on this machine | fsdp-run vs PyTorch | fsdp-run vs ceiling |\n");
@@ -417,6 +468,7 @@ static void print_table(cvt_run *r) {
     row(th, r->state_bytes / 2, median(r, F_INIT_META2), r->state_bytes, median(r, F_TINIT), "1 process",
         r->state_bytes / 2, median(r, F_MEMSET), "memset of both halves at once");
     print_load_ceilings(r);
+    print_convert_ratios(r);
     printf("\nGB/s: checkpoint bytes (files' apparent sizes) / seconds; init: float32 bytes of the weights / seconds.\n");
     printf("checkpoint: fsdp-run %.3f GB (1 rank) %.3f GB (2 ranks); safetensors %.3f GB", b1 / 1e9, b2 / 1e9,
            r->st_bytes / 1e9);
@@ -499,8 +551,8 @@ int main(int argc, char **argv) {
            "repetitions, medians\n", r.o.preset, r.o.layers, (long long)r.params, r.state_bytes / 1e9, r.o.threads, r.o.reps);
     fflush(stdout);
     for (int k = 0; k < r.o.reps; k++) {
-        if ((r.o.io || r.o.convert) && rep_io(&r, 1)) return 1;
-        if (r.o.io && rep_io(&r, 2)) return 1;
+        if ((r.o.io || r.o.convert) && rep_io(&r, 1, k)) return 1;
+        if (r.o.io && rep_io(&r, 2, k)) return 1;
         if (r.o.init) rep_init(&r);
         fprintf(stderr, "ckpt_vs_torch: repetition %d of %d done\n", k + 1, r.o.reps);
     }

@@ -7,6 +7,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
 #ifdef _OPENMP
@@ -218,12 +219,26 @@ static int pw_setup(pw_job *j, size_t np, int threads, const char *what, fsdp_er
     return 0;
 }
 
+/* The payload's blocks allocated and the file's size set to its end before it is written, where it extends the
+ * file: a direct write past the end of the file is an extending write, which ext4 runs under the inode's
+ * exclusive lock and follows with an update of the size, while writes inside the size into allocated blocks
+ * run under a shared lock, several at once. Exactly the payload's range: every byte of it is written next
+ * (or the write fails and the temporary file is discarded), so the file never holds bytes nobody wrote.
+ * Where the file system cannot (no fallocate), the writes extend the file as before. */
+static void pw_reserve(int fd, uint64_t off, size_t bytes) {
+    struct stat st;
+    if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && (uint64_t)st.st_size < off + bytes)
+        (void)fallocate(fd, 0, (off_t)off, (off_t)bytes);
+}
+
 /* O_DIRECT on the fd for a payload at off (a multiple of the alignment) of at least one block;
  * 0 when the options or the file system say no (the writes then go through the page cache). */
 static int pw_direct_on(int fd, uint64_t off, size_t bytes, const ckpt_pio_opts *o) {
     if (!o || !o->direct || off % CKPT_DIRECT_ALIGN || bytes < CKPT_DIRECT_ALIGN) return 0;
     int fl = fcntl(fd, F_GETFL);
-    return fl >= 0 && fcntl(fd, F_SETFL, fl | O_DIRECT) == 0;
+    if (fl < 0 || fcntl(fd, F_SETFL, fl | O_DIRECT) != 0) return 0;
+    pw_reserve(fd, off, bytes);
+    return 1;
 }
 
 /* Back to buffered writes: the pieces a direct write refused, then the last partial block. */
