@@ -1,16 +1,19 @@
 /* bench/convert_moe: converts a mixture-of-experts Hugging Face checkpoint (generated here: bf16,
  * Qwen3-MoE names, per-expert mlp.experts.E.{gate,up,down}_proj tensors) to torchtitan's DCP with its
  * experts stacked (layers.L.moe.experts.w1|w2|w3 [E, ...]) and back to HF safetensors with
- * `fsdp-run ckpt convert`, and prints GB/s next to `cp` of the same file measured in the same run,
- * plus the converter's peak RSS; the round trip is checked identical (fsdp-run ckpt diff).
+ * `fsdp-run ckpt convert`, and prints GB/s next to `cp` of the same input measured beside it in the same
+ * round (`cp` of the HF file, `cp -r` of the DCP), with the median of the per-round ratios, plus the
+ * converter's peak RSS; the round trip is checked identical (fsdp-run ckpt diff).
  *
- *   build/bench/convert_moe [--mb N (about 300)] [--world M (1)] [--dir DIR] [--bin build/fsdp-run] */
+ *   build/bench/convert_moe [--mb N (about 300)] [--world M (1)] [--reps R (7)] [--dir DIR] [--bin build/fsdp-run] */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "bench_util.h"
 #include "ckpt/safetensors.h"
+
+#define MOE_MAX_REPS 32
 
 typedef struct tensor {
     char name[128];
@@ -53,14 +56,16 @@ static tensor *model(double mb, size_t *n) {
 
 int main(int argc, char **argv) {
     double mb = 300;
-    int world = 1;
+    int world = 1, reps = 7;
     const char *dir = "/tmp/fsdp-convert-moe", *bin = "build/fsdp-run";
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--mb")) mb = atof(argv[i + 1]);
         else if (!strcmp(argv[i], "--world")) world = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--dir")) dir = argv[i + 1];
         else if (!strcmp(argv[i], "--bin")) bin = argv[i + 1];
+        else if (!strcmp(argv[i], "--reps")) reps = atoi(argv[i + 1]);
     }
+    if (reps < 1 || reps > MOE_MAX_REPS) return fprintf(stderr, "convert_moe: --reps 1..%d\n", MOE_MAX_REPS), 2;
     char cmd[8192], src[4096];
     snprintf(cmd, sizeof cmd, "rm -rf '%s' && mkdir -p '%s'", dir, dir);
     bench_timed(cmd, NULL);
@@ -93,41 +98,60 @@ int main(int argc, char **argv) {
     free(idx);
     free(t);
     printf("convert_moe: %zu HF tensors (32 experts per layer), %.1f MB bf16, --world %d\n", n, bytes / 1e6, world);
-    /* the disk of a shared machine swings by 3x from one write to the next: each measure ends with a
-     * sync, cp takes each place among the two conversions in turn, and the medians of REPS rounds are
-     * compared */
-    enum { REPS = 3 };
-    double cp_s[REPS], to_s[REPS], back_s[REPS], rss1 = 0, rss2 = 0;
-    char cmds[3][8192];
+    /* the disk of a shared machine swings by 3x within a minute: each conversion is paired with the cp of its own
+     * input timed beside it (before it in even rounds, after it in odd ones), both finding the input in the page
+     * cache (read once first: a DCP just written with O_DIRECT is not), each write synced; the table shows the
+     * medians of the times and of the per-round ratios */
+    double cp_s[MOE_MAX_REPS], to_s[MOE_MAX_REPS], cpd_s[MOE_MAX_REPS], back_s[MOE_MAX_REPS], q_to[MOE_MAX_REPS],
+        q_back[MOE_MAX_REPS], rss1 = 0, rss2 = 0;
+    char cmds[4][8192], warm[2][8192];
     snprintf(cmds[0], sizeof cmds[0], "cp '%s' '%s/copy.safetensors' && sync", src, dir);
     snprintf(cmds[1], sizeof cmds[1],
              "%s ckpt convert '%s' '%s/dcp' --names torchtitan --n-heads 16 --n-kv-heads 8 --world %d >/dev/null && sync",
              bin, src, dir, world);
-    snprintf(cmds[2], sizeof cmds[2],
+    snprintf(cmds[2], sizeof cmds[2], "cp -r '%s/dcp' '%s/copy_dcp' && sync", dir, dir);
+    snprintf(cmds[3], sizeof cmds[3],
              "%s ckpt convert '%s/dcp' '%s/back.safetensors' --names hf --n-heads 16 --n-kv-heads 8 >/dev/null && sync",
              bin, dir, dir);
-    double *out[3] = {cp_s, to_s, back_s};
-    for (int r = 0; r < REPS; r++) {
-        /* each round starts the three at a different place (DCP -> HF always after HF -> DCP, which makes
-         * its input): cp first, then second, then last */
-        const int order[3][3] = {{0, 1, 2}, {1, 0, 2}, {1, 2, 0}};
-        snprintf(cmd, sizeof cmd, "rm -rf '%s/copy.safetensors' '%s/dcp' '%s/back.safetensors' && sync", dir, dir, dir);
+    snprintf(warm[0], sizeof warm[0], "cat '%s' > /dev/null", src);
+    snprintf(warm[1], sizeof warm[1], "cat '%s'/dcp/* '%s'/dcp/.metadata > /dev/null", dir, dir);
+    /* before each timed command, as bench/ckpt_vs_torch does: a file of the checkpoint's size written and removed,
+     * so that each starts with the same warm memory on a VM that hands idle memory back to its host */
+    char settle[8400];
+    snprintf(settle, sizeof settle, "head -c %.0f /dev/zero > '%s/settle' && rm -f '%s/settle'", bytes, dir, dir);
+#define TIMED(cmd, rss) (bench_timed(settle, NULL), bench_timed((cmd), (rss)))
+    for (int r = 0; r < reps; r++) {
+        snprintf(cmd, sizeof cmd, "rm -rf '%s/copy.safetensors' '%s/dcp' '%s/copy_dcp' '%s/back.safetensors' && sync",
+                 dir, dir, dir, dir);
         bench_timed(cmd, NULL);
-        for (int k = 0; k < 3; k++) {
-            const int which = order[r % 3][k];
-            out[which][r] = bench_timed(cmds[which], which == 1 ? &rss1 : which == 2 ? &rss2 : NULL);
-        }
+        bench_timed(warm[0], NULL);
+        int first = r % 2 == 0;
+        if (first) cp_s[r] = TIMED(cmds[0], NULL);
+        to_s[r] = TIMED(cmds[1], &rss1);
+        if (!first) cp_s[r] = TIMED(cmds[0], NULL);
+        bench_timed(warm[1], NULL);
+        if (first) cpd_s[r] = TIMED(cmds[2], NULL);
+        back_s[r] = TIMED(cmds[3], &rss2);
+        if (!first) cpd_s[r] = TIMED(cmds[2], NULL);
+        q_to[r] = cp_s[r] / to_s[r];
+        q_back[r] = cpd_s[r] / back_s[r];
     }
-    const double t_cp = bench_median(cp_s, REPS), t_to = bench_median(to_s, REPS), t_back = bench_median(back_s, REPS);
+#undef TIMED
     snprintf(cmd, sizeof cmd, "%s ckpt diff '%s' '%s/back.safetensors' >/dev/null", bin, src, dir);
     bench_timed(cmd, NULL);
     double gb = bytes / 1e9;
-    printf("medians of %d rounds (cp first, second and last among the conversions; each write synced)\n", REPS);
-    printf("cp                           %6.2f s  %6.2f GB/s\n", t_cp, gb / t_cp);
-    printf("HF -> DCP (experts stacked)  %6.2f s  %6.2f GB/s  ratio to cp %.2f  peak RSS %.0f MiB\n", t_to, gb / t_to,
-           t_cp / t_to, rss1);
-    printf("DCP -> HF (per expert)       %6.2f s  %6.2f GB/s  ratio to cp %.2f  peak RSS %.0f MiB\n", t_back,
-           gb / t_back, t_cp / t_back, rss2);
+    printf("%d rounds, medians (each conversion against the cp of its own input timed beside it, inputs cached; each "
+           "write synced)\n", reps);
+    const char *names[2] = {"HF -> DCP (experts stacked)", "DCP -> HF (per expert)"};
+    const char *cps[2] = {"cp of the HF file", "cp -r of the DCP"};
+    double *ts[2] = {to_s, back_s}, *cs[2] = {cp_s, cpd_s}, *qs[2] = {q_to, q_back}, rss[2] = {rss1, rss2};
+    for (int k = 0; k < 2; k++) {
+        double tc = bench_median(ts[k], reps), tcp = bench_median(cs[k], reps), q = bench_median(qs[k], reps);
+        double lo = qs[k][0], hi = qs[k][0];
+        for (int r = 1; r < reps; r++) lo = qs[k][r] < lo ? qs[k][r] : lo, hi = qs[k][r] > hi ? qs[k][r] : hi;
+        printf("%-28s %6.2f s %6.2f GB/s | %-18s %6.2f s %6.2f GB/s | ratio to cp %.2f (rounds %.2f - %.2f)  peak RSS "
+               "%.0f MiB\n", names[k], tc, gb / tc, cps[k], tcp, gb / tcp, q, lo, hi, rss[k]);
+    }
     printf("round trip identical (fsdp-run ckpt diff)\n");
     if (getenv("CONVERT_MOE_KEEP")) return 0;
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);

@@ -19,6 +19,8 @@ typedef struct stack_src {
     size_t sub_bytes;    /* bytes of one part row as x->dt */
     int64_t f0, f1;      /* the chunk's flat rows */
     const char *what;
+    cks_src all;         /* every part streamed alike (dtype, row size): their segments as one tensor's, part k's
+                            rows at k * part_rows, so that a chunk is copied in whole pieces, not part by part */
 } stack_src;
 
 /* Rows [a, b) of part k read whole (as x->dt) and written at pos of fd; *crc their CRC-32. */
@@ -43,7 +45,11 @@ static int fill_stack(void *user, zip_writer *zw, fsdp_err *err) {
     int rc = zip_writer_data_pos(zw, &fd, &pos, err);
     uint32_t crc = 0;
     uint64_t total = 0;
-    for (int64_t f = t->f0; f < t->f1 && !rc;) {
+    if (!rc && t->all.seg) {
+        total = (uint64_t)(t->f1 - t->f0) * t->sub_bytes;
+        rc = cks_copy_rows(&t->all, t->f0, t->f1, t->x->dt, fd, pos, &crc, &t->s->o, t->what, err);
+    }
+    for (int64_t f = t->f0; f < t->f1 && !rc && !t->all.seg;) {
         int k;
         int64_t a, b;
         nmap_stack_piece(t->part_rows, f, t->f1, &k, &a, &b);
@@ -63,12 +69,37 @@ static int fill_stack(void *user, zip_writer *zw, fsdp_err *err) {
     return zip_writer_data_written(zw, total, crc, err);
 }
 
+/* t->all from the resolved parts when every one streams with the same dtype and row size (else left empty) */
+static int merge_parts(stack_src *t, fsdp_err *err) {
+    size_t nseg = 0;
+    for (size_t q = 0; q < t->x->nparts; q++) {
+        const cks_src *p = &t->src[q];
+        if (!t->ok[q] || p->dtype != t->src[0].dtype || p->row_bytes != t->src[0].row_bytes || p->rows != t->part_rows)
+            return 0;
+        nseg += p->n;
+    }
+    cks_seg *seg = calloc(nseg ? nseg : 1, sizeof *seg);
+    if (!seg) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+    size_t at = 0;
+    for (size_t q = 0; q < t->x->nparts; q++)
+        for (size_t i = 0; i < t->src[q].n; i++) {
+            seg[at] = t->src[q].seg[i];
+            seg[at++].row0 += (int64_t)q * t->part_rows;
+        }
+    t->all = t->src[0];
+    t->all.name = t->x->name;
+    t->all.rows = (int64_t)t->x->nparts * t->part_rows;
+    t->all.seg = seg;
+    t->all.n = nseg;
+    return 0;
+}
+
 int ckrs_write_stack(const ckrs_src *s, size_t k, int lo, int hi, dcp_file_writer *fw, cks_files *fc,
                      dcp_record **recs, size_t *nrec, fsdp_err *err) {
     const ckrs_entry *x = &s->e[k];
     const ckpt_entry *p0 = ckpt_entry_at(s->r, x->parts[0]);
     stack_src t = {s, x, calloc(x->nparts, sizeof(cks_src)), calloc(x->nparts, sizeof(int)),
-                   p0->ndim ? p0->shape[0] : 1, 0, 0, 0, NULL};
+                   p0->ndim ? p0->shape[0] : 1, 0, 0, 0, NULL, {0}};
     int rc = t.src && t.ok ? 0 : fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
     int64_t per = 1;
     for (int d = 2; d < x->ndim; d++) per *= x->shape[d];
@@ -76,6 +107,7 @@ int ckrs_write_stack(const ckrs_src *s, size_t k, int lo, int hi, dcp_file_write
     for (size_t q = 0; q < x->nparts && !rc; q++)
         if (!s->can_stream || s->can_stream(s->user, x->parts[q]))
             rc = cks_src_resolve(s->r, x->parts[q], fc, &t.src[q], &t.ok[q], err);
+    if (!rc && x->nparts > 1) rc = merge_parts(&t, err);
     for (int r = lo; r < hi && !rc; r++) {
         dcp_file_writer *w = &fw[r - lo];
         t.what = w->tmp;
@@ -93,6 +125,7 @@ int ckrs_write_stack(const ckrs_src *s, size_t k, int lo, int hi, dcp_file_write
     }
     for (size_t q = 0; t.src && t.ok && q < x->nparts; q++)
         if (t.ok[q]) cks_src_free(&t.src[q]);
+    free(t.all.seg);
     free(t.src);
     free(t.ok);
     return rc;

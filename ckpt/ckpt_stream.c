@@ -148,6 +148,8 @@ typedef struct ring {
     int shift_read; /* direct writes of the source's bytes: each piece is read into its slot at its output
                        offset's place within a block, so that its whole blocks go direct from the slot */
     uint64_t out_off, out_pos; /* the output offset of the first piece; the bytes the reader has handed out */
+    int pack;       /* a slot may hold the bytes of several segments in a row (no segment's stored CRC to check
+                       piece by piece, no kernel copy from one place of one file) */
     fsdp_err rerr;
 } ring;
 
@@ -195,38 +197,61 @@ static void publish(ring *q, int done, int failed) {
     pthread_mutex_unlock(&q->mu);
 }
 
+/* The next byte to read at or after byte *at of segment *k (the rows [r0, r1) cover), moving on to the next segment
+ * with bytes to give; 0 when every segment is done. *end: the end of that segment's range. */
+static int next_bytes(const ring *q, size_t *k, uint64_t *at, uint64_t *end) {
+    for (; *k < q->s->n; (*k)++, *at = 0) {
+        uint64_t a, b;
+        seg_range(q->s, *k, q->r0, q->r1, &a, &b);
+        if (*at < a) *at = a;
+        if (*at < b) {
+            *end = b;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* Fills sl from segment *k at *at: one piece of it, or (q->pack) the bytes of as many segments in a row as the
+ * piece holds, so that a tensor stacked from small ones (a mixture's experts) is written in whole pieces. */
+static int fill_slot(ring *q, slot *sl, size_t *k, uint64_t *at, uint64_t end, const ckpt_pio_opts *po) {
+    cks_seg *g = &q->s->seg[*k];
+    sl->unread = q->no_read;
+    sl->shift = q->shift_read ? (size_t)((q->out_off + q->out_pos) % CKPT_DIRECT_ALIGN) : 0;
+    sl->seg = *k;
+    sl->at = g->off + *at;
+    sl->seg_at = *at;
+    char *dst = sl->buf + sl->shift;
+    size_t fill = 0;
+    int rc = 0;
+    do {
+        g = &q->s->seg[*k];
+        size_t n = end - *at < q->piece - fill ? (size_t)(end - *at) : q->piece - fill;
+        if (!sl->unread) rc = ckpt_pread_all(g->fd, dst + fill, n, g->off + *at, g->what, po, &q->rerr);
+        fill += n;
+        *at += n;
+    } while (!rc && q->pack && fill < q->piece && next_bytes(q, k, at, &end));
+    q->out_pos += fill;
+    sl->len = fill;
+    /* the piece's CRC is shared: the reader's part here, the writer's beside its copy */
+    sl->split = q->crc_split ? fill / 2 : fill;
+    if (!rc && q->piece_crc) sl->crc = (uint32_t)ckpt_crc32(0, dst, sl->split);
+    return rc;
+}
+
 static void *reader_main(void *arg) {
     ring *q = arg;
-    cks_src *s = q->s;
     ckpt_pio_opts po = {0, 1, 0, 0};
     int rc = 0;
-    for (size_t k = 0; k < s->n && !rc; k++) {
-        uint64_t a, b;
-        seg_range(s, k, q->r0, q->r1, &a, &b);
-        cks_seg *g = &s->seg[k];
-        for (uint64_t at = a; at < b && !rc; at += q->piece) {
-            size_t n = b - at < q->piece ? (size_t)(b - at) : q->piece;
-            if (wait_free(q)) {
-                publish(q, 1, 0);
-                return NULL;
-            }
-            slot *sl = &q->sl[q->produced % q->nslots];
-            sl->unread = q->no_read;
-            sl->shift = q->shift_read ? (size_t)((q->out_off + q->out_pos) % CKPT_DIRECT_ALIGN) : 0;
-            q->out_pos += n;
-            char *dst = sl->buf + sl->shift;
-            if (!sl->unread) rc = ckpt_pread_all(g->fd, dst, n, g->off + at, g->what, &po, &q->rerr);
-            /* the piece's CRC is shared: the reader's part here, the writer's beside its copy */
-            sl->split = q->crc_split ? n / 2 : n;
-            if (!rc && q->piece_crc) sl->crc = (uint32_t)ckpt_crc32(0, dst, sl->split);
-            if (!rc) {
-                sl->len = n;
-                sl->seg = k;
-                sl->at = g->off + at;
-                sl->seg_at = at;
-                publish(q, 0, 0);
-            }
+    size_t k = 0;
+    uint64_t at = 0, end = 0;
+    while (!rc && next_bytes(q, &k, &at, &end)) {
+        if (wait_free(q)) {
+            publish(q, 1, 0);
+            return NULL;
         }
+        rc = fill_slot(q, &q->sl[q->produced % q->nslots], &k, &at, end, &po);
+        if (!rc) publish(q, 0, 0);
     }
     publish(q, 1, rc != 0);
     return NULL;
@@ -390,6 +415,8 @@ int cks_copy_rows(cks_src *s, int64_t r0, int64_t r1, fsdp_dtype dst_dt, int out
     q.crc_split = q.cfr;
     q.no_read = q.cfr;
     q.shift_read = o->direct && q.out_same && !q.cfr;
+    q.pack = !q.cfr;
+    for (size_t k = 0; k < s->n; k++) q.pack &= !s->seg[k].check;
     q.out_off = out_off;
     q.sl = calloc((size_t)q.nslots, sizeof *q.sl);
     char *cvt = NULL;
