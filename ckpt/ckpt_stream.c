@@ -111,6 +111,33 @@ void cks_src_free(cks_src *s) {
     memset(s, 0, sizeof *s);
 }
 
+int cks_src_append(cks_src *v, cks_src *s, int64_t r0, int64_t r1, const char *tensor) {
+    size_t esz = fsdp_dtype_size(s->dtype);
+    if (!esz || (v->n && v->dtype != s->dtype) || s->row_bytes % esz) return 1;
+    cks_seg *seg = realloc(v->seg, (v->n + s->n + 1) * sizeof *seg);
+    if (!seg) return -1;
+    v->seg = seg;
+    if (!v->n) v->name = tensor, v->dtype = s->dtype, v->row_bytes = esz, v->fc = s->fc, v->rows = 0;
+    int64_t per = (int64_t)(s->row_bytes / esz);
+    for (size_t k = 0; k < s->n; k++) {
+        cks_seg *g = &s->seg[k];
+        int64_t lo = r0 > g->row0 ? r0 : g->row0, hi = r1 < g->row0 + g->rows ? r1 : g->row0 + g->rows;
+        if (hi <= lo) continue;
+        cks_seg *d = &v->seg[v->n++];
+        *d = *g;
+        d->off = g->off + (uint64_t)(lo - g->row0) * s->row_bytes;
+        d->len = (uint64_t)(hi - lo) * s->row_bytes;
+        d->row0 = v->rows + (lo - r0) * per;
+        d->rows = (hi - lo) * per;
+        d->run = 0, d->done = 0;
+        d->tensor = tensor;
+        d->whole = g->whole ? g->whole : g;
+        d->whole_at = (g->whole ? g->whole_at : 0) + (uint64_t)(lo - g->row0) * s->row_bytes;
+    }
+    v->rows += (r1 - r0) * per;
+    return 0;
+}
+
 #define CKS_DIRECT_WRITERS 2
 
 /* ---- the ring ------------------------------------------------------------------------------ */
@@ -148,9 +175,10 @@ typedef struct ring {
     int shift_read; /* direct writes of the source's bytes: each piece is read into its slot at its output
                        offset's place within a block, so that its whole blocks go direct from the slot */
     uint64_t out_off, out_pos; /* the output offset of the first piece; the bytes the reader has handed out */
-    int pack;       /* a slot may hold the bytes of several segments in a row (no segment's stored CRC to check
-                       piece by piece, no kernel copy from one place of one file) */
+    int pack;       /* a slot may hold the bytes of several segments in a row (each one's CRC checked by the reader
+                       as it reads; not when the kernel copies a piece from one place of one file) */
     fsdp_err rerr;
+    size_t fail_seg; /* the segment the reader failed in */
 } ring;
 
 /* Bytes [a, b) of segment k that rows [r0, r1) cover. */
@@ -164,7 +192,9 @@ static void seg_range(const cks_src *s, size_t k, int64_t r0, int64_t r1, uint64
 
 /* Adds a piece's CRC (crc of n bytes at byte at of segment g) to g's running CRC; once its last byte
  * is in, checks it against the stored one. */
-static int seg_crc(const cks_src *s, cks_seg *g, uint64_t at, uint32_t crc, size_t n, fsdp_err *err) {
+static int seg_crc(const cks_src *s, cks_seg *p, uint64_t at, uint32_t crc, size_t n, fsdp_err *err) {
+    cks_seg *g = p->whole ? p->whole : p; /* a part of a record: the record's check */
+    if (p->whole) at += p->whole_at;
     if (!g->check) return 0;
     if (at != g->done) { /* not read in order from its start: cannot be checked */
         g->check = 0;
@@ -176,7 +206,8 @@ static int seg_crc(const cks_src *s, cks_seg *g, uint64_t at, uint32_t crc, size
         return fsdp_err_set(err, FSDP_E_FORMAT,
                             "tensor %s: %s%s: CRC-32 mismatch (the archive says 0x%08x, the %llu bytes read give "
                             "0x%08x): the record is corrupt",
-                            s->name, g->what, g->rec, (unsigned)g->crc, (unsigned long long)g->len, (unsigned)g->run);
+                            p->tensor ? p->tensor : s->name, g->what, g->rec, (unsigned)g->crc,
+                            (unsigned long long)g->len, (unsigned)g->run);
     return 0;
 }
 
@@ -224,18 +255,26 @@ static int fill_slot(ring *q, slot *sl, size_t *k, uint64_t *at, uint64_t end, c
     char *dst = sl->buf + sl->shift;
     size_t fill = 0;
     int rc = 0;
+    uLong crc = crc32(0L, Z_NULL, 0);
     do {
         g = &q->s->seg[*k];
         size_t n = end - *at < q->piece - fill ? (size_t)(end - *at) : q->piece - fill;
         if (!sl->unread) rc = ckpt_pread_all(g->fd, dst + fill, n, g->off + *at, g->what, po, &q->rerr);
+        if (!rc && q->piece_crc && !q->crc_split) { /* each segment's bytes checked here, in read order */
+            uint32_t pc = (uint32_t)ckpt_crc32(0, dst + fill, n);
+            rc = seg_crc(q->s, g, *at, pc, n, &q->rerr);
+            crc = crc32_combine(crc, pc, (z_off_t)n);
+        }
         fill += n;
         *at += n;
     } while (!rc && q->pack && fill < q->piece && next_bytes(q, k, at, &end));
+    if (rc) q->fail_seg = *k;
     q->out_pos += fill;
     sl->len = fill;
-    /* the piece's CRC is shared: the reader's part here, the writer's beside its copy */
+    /* copied by the kernel: the piece's CRC is shared, the reader's half here, the writer's beside its copy */
     sl->split = q->crc_split ? fill / 2 : fill;
-    if (!rc && q->piece_crc) sl->crc = (uint32_t)ckpt_crc32(0, dst, sl->split);
+    sl->crc = (uint32_t)crc;
+    if (!rc && q->piece_crc && q->crc_split) sl->crc = (uint32_t)ckpt_crc32(0, dst, sl->split);
     return rc;
 }
 
@@ -301,10 +340,10 @@ static int copy_range(ring *q, const slot *sl, int out_fd, uint64_t pos, int *co
     return 0;
 }
 
-/* An error about tensor s names it (once). */
-static int name_tensor(const cks_src *s, fsdp_err *err, int rc) {
+/* An error about segment k of s names its tensor (once). */
+static int name_tensor(const cks_src *s, size_t k, fsdp_err *err, int rc) {
     char tag[1100];
-    snprintf(tag, sizeof tag, "tensor %s", s->name);
+    snprintf(tag, sizeof tag, "tensor %s", k < s->n && s->seg[k].tensor ? s->seg[k].tensor : s->name);
     return strstr(err->msg, tag) ? rc : fsdp_err_prefix(err, "%s", tag);
 }
 
@@ -334,12 +373,14 @@ static int writer_loop(ring *q, fsdp_dtype dst_dt, int out_fd, uint64_t out_off,
             n = n / ssz * dsz;
         }
         uint32_t c = 0;
-        if (q->piece_crc) {
+        if (q->piece_crc && q->crc_split) {
             size_t rest = sl->len - sl->split;
             uint32_t b = (uint32_t)ckpt_crc32(0, (const char *)sl->buf + sl->shift + sl->split, rest);
             uint32_t pc = (uint32_t)crc32_combine(sl->crc, b, (z_off_t)rest);
             rc = seg_crc(s, &s->seg[sl->seg], sl->seg_at, pc, sl->len, err);
             c = pc;
+        } else if (q->piece_crc) {
+            c = sl->crc; /* the reader's, its segments checked */
         }
         int copied = 0;
         if (!rc && q->cfr) rc = copy_range(q, sl, out_fd, pos, &copied, out_what, err);
@@ -354,14 +395,14 @@ static int writer_loop(ring *q, fsdp_dtype dst_dt, int out_fd, uint64_t out_off,
         }
         if (!rc && !copied)
             rc = ckpt_pwrite_all(out_fd, p, n, pos, out_crc && !q->out_same ? &c : NULL, out_what, &po, err);
-        if (rc) return name_tensor(s, err, rc);
+        if (rc) return name_tensor(s, sl->seg, err, rc);
         if (out_crc) crc = (uint32_t)crc32_combine(crc, c, (z_off_t)n);
         pos += n;
         release(q);
     }
     if (q->reader_failed) {
         *err = q->rerr;
-        return name_tensor(s, err, err->code);
+        return name_tensor(s, q->fail_seg, err, err->code);
     }
     if (out_crc) *out_crc = crc;
     return 0;
@@ -416,7 +457,6 @@ int cks_copy_rows(cks_src *s, int64_t r0, int64_t r1, fsdp_dtype dst_dt, int out
     q.no_read = q.cfr;
     q.shift_read = o->direct && q.out_same && !q.cfr;
     q.pack = !q.cfr;
-    for (size_t k = 0; k < s->n; k++) q.pack &= !s->seg[k].check;
     q.out_off = out_off;
     q.sl = calloc((size_t)q.nslots, sizeof *q.sl);
     char *cvt = NULL;

@@ -27,6 +27,10 @@ typedef struct cks_seg {
     uint32_t run; /* running CRC of the bytes read in order so far */
     uint64_t done;
     const char *what; /* the file, for messages (owned by the cks_files it came from) */
+    const char *tensor; /* the tensor its bytes belong to, for messages (NULL: the cks_src's name) */
+    struct cks_seg *whole; /* a part of segment *whole from its byte whole_at (cks_src_append): the stored CRC and
+                              its running check are whole's, the parts read in order adding to it */
+    uint64_t whole_at;
     char rec[200];    /* checked: "@<archive offset>: zip record <name>", for messages */
 } cks_seg;
 
@@ -95,6 +99,12 @@ int cks_files_adopt(cks_files *fc, const char *path, int src_fd, uint64_t src_si
  * corrupt source (named). */
 int cks_src_resolve(ckpt_reader *r, size_t i, cks_files *fc, cks_src *s, int *ok, fsdp_err *err);
 void cks_src_free(cks_src *s);
+/* Rows [r0, r1) of s appended to v (zeroed before the first call) as rows of one element of s's dtype, so that
+ * several tensors' bytes, or parts of them, are copied by one cks_copy_rows as one tensor's; errors in them name
+ * tensor (kept by the caller) and their files; a stored CRC is still checked once all of its record has been
+ * read in order (through s's segments, which must outlive v). 0 when appended; 1 when s cannot join v (another
+ * dtype than v's); -1 when out of memory. v is freed with cks_src_free. */
+int cks_src_append(cks_src *v, cks_src *s, int64_t r0, int64_t r1, const char *tensor);
 
 /* Rows [r0, r1) of s (read in increasing order across calls: a segment's CRC is checked once its
  * last byte has been read) converted to dst_dt, written at out_off of out_fd. *out_crc (when not

@@ -521,6 +521,33 @@ static int st_read_whole(void *user, size_t i, fsdp_dtype dt, void **buf, fsdp_e
     return ckpt_tool_read(c->r, i, dt, NMAP_TT_TO_HF, NULL, buf, err);
 }
 
+/* The tensors whose bytes stream (as convert_st's loop would stream them) written in runs of neighbours in the
+ * file's order, one ring pass per run (cks_runs_to_st); done[idx] marks the tensors written. */
+static int st_stream_runs(const conv *c, st_writer *w, size_t n, const char *skip, const size_t *idx, size_t **pidx,
+                          const nmap_info *info, cks_files *fc, const cks_opts *so, const char *what, char *done,
+                          fsdp_err *err) {
+    cks_st_from *from = calloc(st_writer_count(w) + 1, sizeof *from);
+    cks_src *res = calloc(n ? n : 1, sizeof *res);
+    char *ok = calloc(n ? n : 1, 1);
+    int rc = from && res && ok ? 0 : fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+    for (size_t i = 0; i < n && !rc && cks_enabled(); i++) {
+        if (skip[i] || fp8_widened(c, i) || (!pidx[i] && info[i].qk != NMAP_QK_NONE)) continue;
+        const ckpt_entry *e = ckpt_entry_at(c->r, i);
+        fsdp_dtype dt = c->dtype ? c->dtype : e->dtype;
+        int k = 0;
+        if ((rc = cks_src_resolve(c->r, i, fc, &res[i], &k, err)) || !(ok[i] = (char)k)) continue;
+        if (!pidx[i]) from[idx[i]] = (cks_st_from){&res[i], 0, res[i].rows, dt};
+        for (int64_t q = 0; pidx[i] && q < e->shape[0]; q++) from[pidx[i][q]] = (cks_st_from){&res[i], q, q + 1, dt};
+    }
+    if (!rc) rc = cks_runs_to_st(w, from, done, what, so, err);
+    for (size_t i = 0; res && ok && i < n; i++)
+        if (ok[i]) cks_src_free(&res[i]);
+    free(from);
+    free(res);
+    free(ok);
+    return rc;
+}
+
 /* The directories on the way to a safetensors DST (save-safetensors' rule: with --names hf a path without
  * .safetensors is the export's directory, DST/model.safetensors its file). */
 static int st_dest_dirs(conv_out *o, const conv *c, fsdp_err *err) {
@@ -572,11 +599,19 @@ static int convert_to_safetensors(const conv *c, conv_out *o, FILE *log, fsdp_er
     cks_opts_default(&so);
     char what[4200];
     snprintf(what, sizeof what, "%s.tmp", o->dst);
+    char *done = rc ? NULL : calloc(st_writer_count(w) + 1, 1);
+    if (!rc && !done) rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
+    if (!rc) rc = st_stream_runs(c, w, n, skip, idx, pidx, info, &fc, &so, what, done, err);
     for (size_t i = 0; i < n && !rc; i++) {
         if (skip[i]) continue;
         const ckpt_entry *e = ckpt_entry_at(c->r, i);
         fsdp_dtype dt = c->dtype ? c->dtype : e->dtype;
         size_t len = (size_t)numel_of(e) * fsdp_dtype_size(dt);
+        if (pidx[i] ? done[pidx[i][0]] : done[idx[i]]) { /* streamed in a run (every part of a stack alike) */
+            o->written += pidx[i] ? (size_t)e->shape[0] : 1;
+            o->bytes += len;
+            continue;
+        }
         if (pidx[i]) {
             rc = ckcv_st_write(c->r, i, dt, w, pidx[i], cks_enabled() && !fp8_widened(c, i), st_read_whole, (void *)c,
                                what, &o->bytes, err);
@@ -613,6 +648,7 @@ static int convert_to_safetensors(const conv *c, conv_out *o, FILE *log, fsdp_er
         fprintf(log, "fsdp-run ckpt convert: no config.json written (pass --model PRESET|HF_DIR to write one)\n");
     }
     st_writer_free(w);
+    free(done);
     for (size_t i = 0; pidx && i < n; i++) free(pidx[i]);
     free(pidx);
     free(idx);

@@ -207,6 +207,36 @@ TEST(ConvertStream, DirectPiecesAtOddOffsetsEqualWholeTensorPath) {
     rm_rf(t);
 }
 
+// DCP -> safetensors writes neighbouring tensors of the file as one run; a record damaged inside the third of
+// them still fails the convert on its CRC naming that tensor (not the run's first) and its file, a source cut
+// inside it names the file, and no safetensors file is left.
+TEST(ConvertStream, DamageInsideARunOfTensorsIsNamed) {
+    std::string t = make_tmpdir("fsdp-cvrun"), out;
+    write_multi_st(t + "/src.safetensors", {{64, 64}, {8, 8}, {3001, 1999}, {5, 5}});
+    ASSERT_EQ(run_cmd(ckpt_bin() + "convert " + t + "/src.safetensors " + t + "/d --to dcp", &out), 0) << out;
+    std::string f = t + "/d/__0_0.distcp", bytes = read_file(f);
+    ASSERT_GT(bytes.size(), (size_t)20000000);
+    bytes[bytes.size() / 2] ^= 0x5a; // inside t2's 24 MB record (t0, t1 and t3 are small)
+    write_file(f, bytes);
+    for (const char *env : {"", SMALL_RING, STREAM_OFF}) {
+        EXPECT_EQ(run_cmd(std::string(env) + ckpt_bin() + "convert " + t + "/d " + t + "/x.safetensors", &out), 1) << env << out;
+        EXPECT_NE(out.find("CRC"), std::string::npos) << env << out;
+        EXPECT_NE(out.find("tensor t2"), std::string::npos) << env << out;
+        EXPECT_EQ(out.find("tensor t0"), std::string::npos) << env << out;
+        EXPECT_NE(out.find("__0_0.distcp"), std::string::npos) << env << out;
+        EXPECT_FALSE(exists(t + "/x.safetensors")) << env;
+        EXPECT_FALSE(exists(t + "/x.safetensors.tmp")) << env;
+    }
+    ASSERT_EQ(truncate(f.c_str(), (off_t)(bytes.size() / 2)), 0);
+    for (const char *env : {"", SMALL_RING}) {
+        EXPECT_EQ(run_cmd(std::string(env) + ckpt_bin() + "convert " + t + "/d " + t + "/x.safetensors", &out), 1) << env << out;
+        EXPECT_NE(out.find("__0_0.distcp"), std::string::npos) << env << out;
+        EXPECT_FALSE(exists(t + "/x.safetensors")) << env;
+        EXPECT_FALSE(exists(t + "/x.safetensors.tmp")) << env;
+    }
+    rm_rf(t);
+}
+
 // A tensor of 96 MiB converted both ways in a bounded ring: peak RSS grows well under the tensor
 // (the whole-tensor path holds all of it, and more). Measured as the growth over the same converts
 // of a 1 MiB tensor.

@@ -507,6 +507,39 @@ TEST(ConvertMoe, HfToDcpToHfIsBitExactForEveryFixture) {
         }
 }
 
+// DCP -> HF writes each stack's experts among the other tensors of the file, in runs: the stored CRC of the
+// stack's record still covers all of its experts, read in order across the runs, so a byte damaged in expert 2
+// fails the convert naming the stack and its file, and no safetensors file is left.
+TEST(ConvertMoe, DamagedStackRecordFailsOnItsCrc) {
+    const std::string dir = moe_fixture("qwen3_moe_tiny"), t = make_tmpdir("moe_crc");
+    int rc;
+    std::string o = convert(dir + "/model.safetensors " + t + "/dcp --names torchtitan --hf-config " + dir, &rc);
+    ASSERT_EQ(rc, 0) << o;
+    st_reader *r = nullptr;
+    fsdp_err err{};
+    ASSERT_EQ(st_open(&r, (dir + "/model.safetensors").c_str(), &err), 0) << err.msg;
+    const st_tensor_info *x = st_find(r, "model.layers.0.mlp.experts.2.gate_proj.weight");
+    ASSERT_NE(x, nullptr);
+    std::string expert((const char *)st_data(r, x), (size_t)x->nbytes);
+    st_close(r);
+    std::string f = t + "/dcp/__0_0.distcp", bytes = read_file(f);
+    size_t at = bytes.find(expert);
+    ASSERT_NE(at, std::string::npos) << "expert 2's bytes in the stacked record";
+    bytes[at + expert.size() / 2] ^= 0x21;
+    write_file(f, bytes);
+    for (const char *env : {"", "FSDP_CONVERT_PIECE=4096 "}) {
+        rc = run_cmd(std::string(env) + fsdp_run_bin() + " ckpt convert " + t + "/dcp " + t +
+                         "/x.safetensors --names hf --hf-config " + dir, &o);
+        EXPECT_EQ(rc, 1) << env << o;
+        EXPECT_NE(o.find("CRC"), std::string::npos) << env << o;
+        EXPECT_NE(o.find("layers.0.moe.experts.w1"), std::string::npos) << env << o;
+        EXPECT_NE(o.find("__0_0.distcp"), std::string::npos) << env << o;
+        EXPECT_FALSE(exists(t + "/x.safetensors")) << env;
+        EXPECT_FALSE(exists(t + "/x.safetensors.tmp")) << env;
+    }
+    rm_rf(t);
+}
+
 TEST(ConvertMoe, DeepSeekV3HfToDcpToHfIsBitExact) {
     const std::string d = std::string(DSV3) + "bf16";
     round_trip(d, "model.safetensors", 1, "layers.2.moe.experts.w1", {4, 32, 64});
