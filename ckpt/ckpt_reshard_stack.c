@@ -125,7 +125,7 @@ int ckrs_write_stack(const ckrs_src *s, size_t k, int lo, int hi, dcp_file_write
     }
     for (size_t q = 0; t.src && t.ok && q < x->nparts; q++)
         if (t.ok[q]) cks_src_free(&t.src[q]);
-    free(t.all.seg);
+    cks_src_free(&t.all);
     free(t.src);
     free(t.ok);
     return rc;

@@ -107,6 +107,7 @@ int cks_files_adopt(cks_files *fc, const char *path, int src_fd, uint64_t src_si
 }
 
 void cks_src_free(cks_src *s) {
+    for (size_t k = 0; s->seg && k < s->n; k++) free(s->seg[k].ahead);
     free(s->seg);
     memset(s, 0, sizeof *s);
 }
@@ -130,6 +131,7 @@ int cks_src_append(cks_src *v, cks_src *s, int64_t r0, int64_t r1, const char *t
         d->row0 = v->rows + (lo - r0) * per;
         d->rows = (hi - lo) * per;
         d->run = 0, d->done = 0;
+        d->ahead = NULL, d->nahead = d->cap_ahead = 0;
         d->tensor = tensor;
         d->whole = g->whole ? g->whole : g;
         d->whole_at = (g->whole ? g->whole_at : 0) + (uint64_t)(lo - g->row0) * s->row_bytes;
@@ -196,12 +198,31 @@ static int seg_crc(const cks_src *s, cks_seg *p, uint64_t at, uint32_t crc, size
     cks_seg *g = p->whole ? p->whole : p; /* a part of a record: the record's check */
     if (p->whole) at += p->whole_at;
     if (!g->check) return 0;
-    if (at != g->done) { /* not read in order from its start: cannot be checked */
+    if (at < g->done || at + n > g->len) { /* read again, or not this record's bytes: cannot be checked */
         g->check = 0;
+        return 0;
+    }
+    if (at > g->done) { /* ahead of the bytes in so far: kept until they are */
+        if (g->nahead == g->cap_ahead) {
+            size_t cap = g->cap_ahead ? 2 * g->cap_ahead : 16;
+            struct cks_crc_piece *a = realloc(g->ahead, cap * sizeof *a);
+            if (!a) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory checking %s", g->what);
+            g->ahead = a, g->cap_ahead = cap;
+        }
+        g->ahead[g->nahead++] = (struct cks_crc_piece){at, n, crc};
         return 0;
     }
     g->run = (uint32_t)crc32_combine(g->run, crc, (z_off_t)n);
     g->done += n;
+    for (size_t i = 0; i < g->nahead;) /* the pieces that now follow on */
+        if (g->ahead[i].at == g->done) {
+            g->run = (uint32_t)crc32_combine(g->run, g->ahead[i].crc, (z_off_t)g->ahead[i].n);
+            g->done += g->ahead[i].n;
+            g->ahead[i] = g->ahead[--g->nahead];
+            i = 0;
+        } else {
+            i++;
+        }
     if (g->done == g->len && g->run != g->crc)
         return fsdp_err_set(err, FSDP_E_FORMAT,
                             "tensor %s: %s%s: CRC-32 mismatch (the archive says 0x%08x, the %llu bytes read give "

@@ -26,6 +26,13 @@ typedef struct cks_seg {
     uint32_t crc;
     uint32_t run; /* running CRC of the bytes read in order so far */
     uint64_t done;
+    /* pieces read ahead of done (a stack's experts taken in the output file's order, which sorts expert 10
+     * before 2): their CRCs kept until the bytes before them are in; freed by cks_src_free */
+    struct cks_crc_piece {
+        uint64_t at, n;
+        uint32_t crc;
+    } *ahead;
+    size_t nahead, cap_ahead;
     const char *what; /* the file, for messages (owned by the cks_files it came from) */
     const char *tensor; /* the tensor its bytes belong to, for messages (NULL: the cks_src's name) */
     struct cks_seg *whole; /* a part of segment *whole from its byte whole_at (cks_src_append): the stored CRC and
