@@ -19,8 +19,8 @@ typedef struct stack_src {
     size_t sub_bytes;    /* bytes of one part row as x->dt */
     int64_t f0, f1;      /* the chunk's flat rows */
     const char *what;
-    cks_src all;         /* every part streamed alike (dtype, row size): their segments as one tensor's, part k's
-                            rows at k * part_rows, so that a chunk is copied in whole pieces, not part by part */
+    cks_src all;         /* every part streamed alike (dtype, row size): their rows in a row as one tensor's, so that
+                            a chunk is copied in whole pieces, not part by part */
 } stack_src;
 
 /* Rows [a, b) of part k read whole (as x->dt) and written at pos of fd; *crc their CRC-32. */
@@ -45,9 +45,10 @@ static int fill_stack(void *user, zip_writer *zw, fsdp_err *err) {
     int rc = zip_writer_data_pos(zw, &fd, &pos, err);
     uint32_t crc = 0;
     uint64_t total = 0;
-    if (!rc && t->all.seg) {
+    if (!rc && t->all.seg) { /* its rows are elements: a flat row is sub_bytes of them */
+        int64_t e = (int64_t)(t->sub_bytes / fsdp_dtype_size(t->x->dt));
         total = (uint64_t)(t->f1 - t->f0) * t->sub_bytes;
-        rc = cks_copy_rows(&t->all, t->f0, t->f1, t->x->dt, fd, pos, &crc, &t->s->o, t->what, err);
+        rc = cks_copy_rows(&t->all, t->f0 * e, t->f1 * e, t->x->dt, fd, pos, &crc, &t->s->o, t->what, err);
     }
     for (int64_t f = t->f0; f < t->f1 && !rc && !t->all.seg;) {
         int k;
@@ -69,28 +70,19 @@ static int fill_stack(void *user, zip_writer *zw, fsdp_err *err) {
     return zip_writer_data_written(zw, total, crc, err);
 }
 
-/* t->all from the resolved parts when every one streams with the same dtype and row size (else left empty) */
+/* t->all from the resolved parts when every one streams with the same dtype and row size (else left empty): each
+ * part's rows appended in turn (cks_src_append: rows of one element, errors naming the part) */
 static int merge_parts(stack_src *t, fsdp_err *err) {
-    size_t nseg = 0;
     for (size_t q = 0; q < t->x->nparts; q++) {
         const cks_src *p = &t->src[q];
         if (!t->ok[q] || p->dtype != t->src[0].dtype || p->row_bytes != t->src[0].row_bytes || p->rows != t->part_rows)
             return 0;
-        nseg += p->n;
     }
-    cks_seg *seg = calloc(nseg ? nseg : 1, sizeof *seg);
-    if (!seg) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
-    size_t at = 0;
     for (size_t q = 0; q < t->x->nparts; q++)
-        for (size_t i = 0; i < t->src[q].n; i++) {
-            seg[at] = t->src[q].seg[i];
-            seg[at++].row0 += (int64_t)q * t->part_rows;
+        if (cks_src_append(&t->all, &t->src[q], 0, t->part_rows, t->src[q].name) < 0) {
+            cks_src_free(&t->all);
+            return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
         }
-    t->all = t->src[0];
-    t->all.name = t->x->name;
-    t->all.rows = (int64_t)t->x->nparts * t->part_rows;
-    t->all.seg = seg;
-    t->all.n = nseg;
     return 0;
 }
 

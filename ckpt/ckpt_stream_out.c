@@ -57,8 +57,7 @@ int cks_runs_to_st(st_writer *w, const cks_st_from *from, char *done, const char
                          ? cks_src_append(&v, f->src, f->r0, f->r1, f->src->name) : 1;
         if (joined < 0) rc = fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
         if (joined <= 0) continue;
-        /* the run ends before this one (not streamed, other dtypes, a CRC to check): written; this one may
-         * start the next */
+        /* the run ends before this one (not streamed, other dtypes): written; this one may start the next */
         if (in_run) rc = run_write(w, from, k0, k, &v, done, what, o, err);
         cks_src_free(&v);
         in_run = 0;
