@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 #ifdef _OPENMP
 #include <omp.h>
@@ -91,4 +92,16 @@ int ckpt_convert_par(void *dst, fsdp_dtype dst_dt, const void *src, fsdp_dtype s
     if (bad) return fsdp_err_set(err, FSDP_E_INVALID, "cannot convert %s to %s", fsdp_dtype_name(src_dt),
                                  fsdp_dtype_name(dst_dt));
     return 0;
+}
+
+void *ckpt_dio_alloc(size_t bytes) {
+    const size_t huge = (size_t)2 << 20;
+    void *p = NULL;
+    if (bytes < ((size_t)1 << 20)) return posix_memalign(&p, CKPT_DIRECT_ALIGN, bytes ? bytes : 1) ? NULL : p;
+    size_t cap = (bytes + huge - 1) / huge * huge;
+    if (cap < bytes || posix_memalign(&p, huge, cap)) return NULL;
+#ifdef MADV_HUGEPAGE
+    (void)madvise(p, cap, MADV_HUGEPAGE); /* advice: without it the buffer works the same on small pages */
+#endif
+    return p;
 }

@@ -212,9 +212,8 @@ static int pw_setup(pw_job *j, size_t np, int threads, const char *what, fsdp_er
     }
     size_t bytes = (k * j->dsz + CKPT_DIRECT_ALIGN - 1) & ~(CKPT_DIRECT_ALIGN - 1);
     for (int t = 0; t < threads; t++) {
-        void *b = NULL;
-        if (posix_memalign(&b, CKPT_DIRECT_ALIGN, bytes)) b = NULL;
-        if (!(j->buf[t] = b)) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory converting %s", what);
+        if (!(j->buf[t] = ckpt_dio_alloc(bytes)))
+            return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory converting %s", what);
     }
     return 0;
 }

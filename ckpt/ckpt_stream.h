@@ -69,7 +69,9 @@ typedef struct cks_src {
 } cks_src;
 
 typedef struct cks_opts {
-    size_t piece; /* bytes of one source piece (rounded down to whole elements; >= one element) */
+    size_t piece; /* bytes of one source piece (rounded down to whole elements; >= one element); a copy's first
+                     piece is an eighth of it and each next one twice the one before, so that its writes start
+                     early */
     int slots;    /* buffers in the ring (2 to CKS_MAX_SLOTS) */
     int cfr;      /* FSDP_CONVERT_CFR=1: where the dtype stays and no CRC-32 is computed or checked, the
                      kernel copies each piece from file to file (copy_file_range; on another file system, or
