@@ -16,6 +16,7 @@
 
 extern "C" {
 #include "ckpt/ckpt_pio.h"
+#include "ckpt/ckpt_pread.h"
 #include "ckpt/ckpt_pwrite.h"
 #include "ckpt/dcp.h"
 #include "ckpt/state_io.h"
@@ -484,4 +485,67 @@ TEST(CkptPio, ZipEndRecordIsFoundBehindShortAndLongComments) {
         close(fd);
     }
     rm_rf(t);
+}
+
+// The mapping of /proc/self/smaps that holds address p: its VmFlags line ("" when not found).
+static std::string vm_flags_of(const void *p) {
+    FILE *f = fopen("/proc/self/smaps", "r");
+    if (!f) return "";
+    char line[512];
+    bool in = false;
+    std::string flags;
+    uintptr_t a = (uintptr_t)p;
+    while (fgets(line, sizeof line, f)) {
+        unsigned long lo, hi;
+        if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2) { /* a mapping's first line */
+            if (in) break;
+            in = a >= lo && a < hi;
+        } else if (in && !strncmp(line, "VmFlags:", 8)) {
+            flags = line + 8;
+            break;
+        }
+    }
+    fclose(f);
+    return flags;
+}
+
+TEST(CkptPio, DirectWriteBuffersAreBlockAlignedAndOnHugePagesFromOneMiB) {
+    for (size_t n : {(size_t)1, (size_t)4095, (size_t)4096, ((size_t)1 << 20) - 1}) {
+        char *p = (char *)ckpt_dio_alloc(n);
+        ASSERT_NE(p, nullptr) << n;
+        EXPECT_EQ((uintptr_t)p % CKPT_DIRECT_ALIGN, 0u) << n;
+        memset(p, 0x5a, n);
+        free(p);
+    }
+    const bool thp = access("/sys/kernel/mm/transparent_hugepage/enabled", F_OK) == 0;
+    for (size_t n : {(size_t)1 << 20, ((size_t)8 << 20) + 4096, ((size_t)3 << 20) + 5}) {
+        char *p = (char *)ckpt_dio_alloc(n);
+        ASSERT_NE(p, nullptr) << n;
+        EXPECT_EQ((uintptr_t)p % ((size_t)2 << 20), 0u) << n;
+        size_t cap = (n + ((size_t)2 << 20) - 1) / ((size_t)2 << 20) * ((size_t)2 << 20);
+        memset(p, 0x5a, cap); /* the whole rounded size is the buffer's */
+        // the region is advised for huge pages (VmFlags "hg"), whether or not the kernel had one to give
+        if (thp) {
+            EXPECT_NE(vm_flags_of(p).find(" hg"), std::string::npos) << n << ": " << vm_flags_of(p);
+        }
+        free(p);
+    }
+}
+
+TEST(CkptPio, NaNScanFindsEveryNaNAtEveryPlaceAndNothingElse) {
+    // the scan is compiled for several instruction sets (the one this CPU runs is the one tested): every lane and
+    // tail position, quiet and signalling NaNs of both signs; infinities, the largest finite and -0 are not NaN
+    std::vector<float> v(1000);
+    for (size_t i = 0; i < v.size(); i++) v[i] = (float)i * 0.5f - 100.0f;
+    v[3] = INFINITY, v[4] = -INFINITY, v[5] = 3.4028235e38f, v[6] = -0.0f;
+    for (size_t n : {(size_t)1, (size_t)7, (size_t)16, (size_t)33, (size_t)1000})
+        EXPECT_FALSE(ckpt_f32_has_nan(v.data(), n)) << n;
+    const uint32_t nans[] = {0x7fc00000u, 0xffc00000u, 0x7f800001u, 0xff800001u, 0x7fffffffu};
+    for (uint32_t bits : nans)
+        for (size_t at = 0; at < 70; at++) {
+            std::vector<float> w(v.begin(), v.begin() + 70);
+            memcpy(&w[at], &bits, sizeof bits);
+            EXPECT_TRUE(ckpt_f32_has_nan(w.data(), w.size())) << std::hex << bits << " at " << std::dec << at;
+            EXPECT_EQ(ckpt_f32_has_nan(w.data(), at), 0) << "the NaN lies past the range, at " << at;
+        }
 }
