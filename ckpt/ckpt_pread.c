@@ -1,6 +1,7 @@
 /* The checkpoint read engine (see ckpt_pread.h) and the plain positional reads of ckpt_pio.h. */
 #include "ckpt/ckpt_pread.h"
 #include "ckpt/crc32.h"
+#include "runtime/mempages.h"
 
 #include <errno.h>
 #include <libdeflate.h>
@@ -115,6 +116,7 @@ static void rd_piece_fused(int fd, char *dst, uint64_t off, size_t a, size_t len
     for (size_t done = 0; done < len; done += step) {
         size_t k = len - done < step ? len - done : step;
         char *out = dst + (a + done) / ss * ds, *in = same ? out : buf;
+        mempages_prefault(out, k / ss * ds); /* fresh memory: its pages in one call, not a trap each */
         if (rd_full(fd, in, k, off + a + done, st)) return;
         if (xf->want_crc) c = libdeflate_crc32(c, in, k);
         if (!same) {
@@ -131,6 +133,7 @@ static void rd_piece_plain(int fd, char *dst, uint64_t off, size_t len, int want
     uint32_t c = (uint32_t)crc32(0L, Z_NULL, 0);
     for (size_t done = 0; done < len; done += RD_STEP) {
         size_t k = len - done < RD_STEP ? len - done : RD_STEP;
+        mempages_prefault(dst + done, k);
         if (rd_full(fd, dst + done, k, off + done, st)) return;
         if (want_crc) c = crc_zlib(c, dst + done, k);
     }

@@ -1,5 +1,6 @@
 /* Parallel init fills (see init_fill.h). */
 #include "model/init_fill.h"
+#include "runtime/mempages.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -42,6 +43,9 @@ static void zero_overlap(const init_job *j, int64_t e, int64_t m, float *dst) {
 static void run_piece(const init_job *j, const double *omega, uint64_t seed, rng_path path, int64_t a, int64_t b) {
     const int half = j->dtype == FSDP_DT_BF16 || j->dtype == FSDP_DT_F16, bf16 = j->dtype == FSDP_DT_BF16;
     float buf[INIT_SUB];
+    /* fresh memory (init-meta, init-cpu): the piece's pages in one call, not a trap each (runtime/mempages.h) */
+    if (j->f32) mempages_prefault(j->f32 + (a - j->e0), (size_t)(b - a) * sizeof(float));
+    else mempages_prefault(j->half + (a - j->e0), (size_t)(b - a) * sizeof(uint16_t));
     for (int64_t e = a; e < b;) {
         int64_t m = INIT_SUB - e % INIT_SUB;
         if (m > b - e) m = b - e;

@@ -126,6 +126,20 @@ AVX2 static inline void cossin8(__m256i x, __m256 *c, __m256 *s) {
     *s = as_ps(_mm256_xor_si256(as_si(ss), sneg));
 }
 
+/* rng_hd_erfinvf's polynomial for w >= 5 (the tails) */
+AVX2 static inline __m256 erfinv_tail8(__m256 w) {
+    const __m256 u = _mm256_sub_ps(_mm256_sqrt_ps(w), f32(3.0f));
+    __m256 q = _mm256_fmadd_ps(u, f32(0x1.cb5172p-14f), f32(-0x1.3d3be8p-12f));
+    q = _mm256_fmadd_ps(u, q, f32(-0x1.94a6acp-15f));
+    q = _mm256_fmadd_ps(u, q, f32(0x1.82da1ep-10f));
+    q = _mm256_fmadd_ps(u, q, f32(-0x1.d816a4p-9f));
+    q = _mm256_fmadd_ps(u, q, f32(0x1.74f6e2p-8f));
+    q = _mm256_fmadd_ps(u, q, f32(-0x1.f47412p-8f));
+    q = _mm256_fmadd_ps(u, q, f32(0x1.357bf4p-7f));
+    q = _mm256_fmadd_ps(u, q, f32(0x1.006dc4p+0f));
+    return _mm256_fmadd_ps(u, q, f32(0x1.6a9efcp+1f));
+}
+
 /* rng_hd_erfinvf */
 AVX2 static inline __m256 erfinv8(__m256 x) {
     const __m256 a = as_ps(_mm256_and_si256(as_si(x), u32(0x7fffffffu)));
@@ -142,17 +156,10 @@ AVX2 static inline __m256 erfinv8(__m256 x) {
     p = _mm256_fmadd_ps(v, p, f32(-0x1.11c6d2p-8f));
     p = _mm256_fmadd_ps(v, p, f32(0x1.f91e8cp-3f));
     p = _mm256_fmadd_ps(v, p, f32(0x1.805c5ep+0f));
-    const __m256 u = _mm256_sub_ps(_mm256_sqrt_ps(w), f32(3.0f));
-    __m256 q = _mm256_fmadd_ps(u, f32(0x1.cb5172p-14f), f32(-0x1.3d3be8p-12f));
-    q = _mm256_fmadd_ps(u, q, f32(-0x1.94a6acp-15f));
-    q = _mm256_fmadd_ps(u, q, f32(0x1.82da1ep-10f));
-    q = _mm256_fmadd_ps(u, q, f32(-0x1.d816a4p-9f));
-    q = _mm256_fmadd_ps(u, q, f32(0x1.74f6e2p-8f));
-    q = _mm256_fmadd_ps(u, q, f32(-0x1.f47412p-8f));
-    q = _mm256_fmadd_ps(u, q, f32(0x1.357bf4p-7f));
-    q = _mm256_fmadd_ps(u, q, f32(0x1.006dc4p+0f));
-    q = _mm256_fmadd_ps(u, q, f32(0x1.6a9efcp+1f));
-    const __m256 g = _mm256_blendv_ps(q, p, _mm256_cmp_ps(w, f32(5.0f), _CMP_LT_OQ));
+    /* the tails' polynomial only when a lane takes it (rng_avx512.c's erfinv8) */
+    const __m256 central = _mm256_cmp_ps(w, f32(5.0f), _CMP_LT_OQ);
+    __m256 g = p;
+    if (_mm256_movemask_ps(central) != 0xFF) g = _mm256_blendv_ps(erfinv_tail8(w), p, central);
     __m256 r = _mm256_mul_ps(x, g);
     const __m256 inf = as_ps(_mm256_or_si256(_mm256_and_si256(as_si(x), u32(0x80000000u)), u32(0x7f800000u)));
     r = _mm256_blendv_ps(r, inf, _mm256_cmp_ps(a, f32(1.0f), _CMP_EQ_OQ));
