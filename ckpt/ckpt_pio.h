@@ -34,7 +34,8 @@ typedef struct ckpt_pio_opts {
  * segments cut every 1 MiB write into a 1016 KiB and an 8 KiB request (NVMe's 127-255 segments alike), from
  * huge pages each is one request (convert_moe HF -> DCP 0.93-1.00 -> 1.03-1.06 of cp, DCP -> HF 0.87-0.91 ->
  * 1.11-1.12, block-layer trace: 405 + 537 write requests -> 268). The kernel falls back to small pages where
- * it has no huge page to give. */
+ * it has no huge page to give (under its defrag setting, after trying to compact memory for one: the buffers are
+ * allocated once per copy ring and once per payload a save converts or produces, not per piece). */
 void *ckpt_dio_alloc(size_t bytes);
 
 /* The threads of a parallel transfer: o->threads when set, else the OpenMP team's size capped at 8
