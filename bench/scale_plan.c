@@ -341,7 +341,7 @@ static const char *ITEMS_KEY[N_STEPS] = {NULL, NULL, NULL, "plan_small_items", "
 typedef struct sp_result {
     double fs[N_STEPS], th[N_STEPS]; /* seconds; th < 0: no torch figure */
     double fs_items[N_STEPS], th_items[N_STEPS];
-    double chunks, rss_fs, rss_th, meta_mib, write_rss, rss_parse, rss_diff;
+    double chunks, rss_fs, rss_th, meta_mib, write_rss, gather_mib, rss_parse, rss_diff;
 } sp_result;
 
 static json_t *load_json(const char *path) {
@@ -394,6 +394,11 @@ static void run_size(const sp_opts *o, const sp_model *m, const char *base, int 
     if (dcp_write_metadata(dir, recs, nrec, &err)) die("dcp_write_metadata", &err);
     res->fs[S_WRITE] = bench_now() - t0;
     res->write_rss = (double)nrec * sizeof *recs / 1048576.0;
+    void *packed = NULL;
+    size_t plen = 0;
+    if (dcp_records_pack(recs, nrec, &packed, &plen, &err)) die("dcp_records_pack", &err);
+    res->gather_mib = (double)plen / 1048576.0; /* what the coordinator of a save receives from all ranks */
+    free(packed);
     free(recs);
     make_sparse_files(dir, fb, world);
     free(fb);
@@ -539,11 +544,12 @@ int main(int argc, char **argv) {
         printf("scale_plan: %s, %zu tensors, %s; bf16, metadata only (sparse data files)%s\n", m->name, nt, m->layout,
                python ? "" : "; no torch (--python)");
         for (int s = 0; s < N_STEPS; s++) print_step(res, sizes, ns, s);
-        printf("  per size: .metadata MiB, the writer's records MiB; peak RSS MiB: fsdp-run's open + plans (one rank's "
-               "planning), its parse of a kept buffer, a second open beside the first (diff); torch's process\n");
+        printf("  per size: .metadata MiB, the writer's records MiB, the records gathered from every rank MiB; peak RSS "
+               "MiB: fsdp-run's open + plans (one rank's planning), its parse of a kept buffer, a second open beside the "
+               "first (diff); torch's process\n");
         for (int i = 0; i < ns; i++)
-            printf("    %6d %9.1f %9.1f %9.0f %9.0f %9.0f %9.0f\n", sizes[i], res[i].meta_mib, res[i].write_rss,
-                   res[i].rss_fs, res[i].rss_parse, res[i].rss_diff, res[i].rss_th);
+            printf("    %6d %9.1f %9.1f %9.1f %9.0f %9.0f %9.0f %9.0f\n", sizes[i], res[i].meta_mib, res[i].write_rss,
+                   res[i].gather_mib, res[i].rss_fs, res[i].rss_parse, res[i].rss_diff, res[i].rss_th);
         fflush(stdout);
     }
     return 0;

@@ -232,7 +232,11 @@ int dcp_prepare_dir(const char *dir, int overwrite, const char *who, const char 
 int dcp_remove_old_generations(const char *dir, unsigned gen, int world, const dcp_record *recs, size_t n,
                                tmpf_note_fn note, void *user);
 
-/* Records <-> bytes, for gathering them from every rank. */
+/* Records <-> bytes, for gathering them from every rank (ckpt/dcp_records.c): each record as its fields' bytes
+ * only (the fqn and file name by their lengths, the dims up to ndim), about 130 bytes for a chunk of a 2-D
+ * tensor where the struct holds 1 KB, so that the coordinator of a 4096-rank save of Llama-3 405B (4.66M chunks)
+ * receives 0.6 GB instead of 4.7 GB. The bytes are this build's (host byte order), read back by the same
+ * binary on every rank; unpack checks every length and count against the buffer and fails naming the byte. */
 int dcp_records_pack(const dcp_record *recs, size_t n, void **out, size_t *len, fsdp_err *err);
 int dcp_records_unpack(const void *buf, size_t len, dcp_record **recs, size_t *n, fsdp_err *err);
 

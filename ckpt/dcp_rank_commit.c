@@ -33,13 +33,16 @@ static int abandon(comm *c, const dcp_rank_commit *k, int agreed, int who, int l
                         k->dir);
 }
 
-/* rank 0: every rank's records into .metadata, then the replaced generation's files removed */
-static int write_metadata(const dcp_rank_commit *k, const void *all, const size_t *sizes, int world, int rank,
+/* rank 0: every rank's records into .metadata, then the replaced generation's files removed; the gathered bytes
+ * (*all) are freed once read, before .metadata is built */
+static int write_metadata(const dcp_rank_commit *k, void **all, const size_t *sizes, int world, int rank,
                           fsdp_err *err) {
     size_t total = 0, nall;
     for (int r = 0; r < world; r++) total += sizes[r];
     dcp_record *allr = NULL;
-    int rc = dcp_records_unpack(all, total, &allr, &nall, err);
+    int rc = dcp_records_unpack(*all, total, &allr, &nall, err);
+    free(*all);
+    *all = NULL;
     if (!rc) {
         at(k, "gathered", rank);
         if (k->before_meta) rc = k->before_meta(k->user, err);
@@ -64,12 +67,18 @@ int dcp_rank_commit_run(comm *c, const dcp_rank_commit *k, int local_rc, const f
     void *packed = NULL, *all = NULL;
     size_t plen = 0, *sizes = NULL;
     int rc = dcp_records_pack(recs, n, &packed, &plen, err);
-    if (!rc) rc = comm_gather_bytes(c, packed, plen, 0, &all, &sizes, err);
+    /* a rank that could not pack its records (out of memory) must not leave the others waiting in the gather */
+    int prc = comm_agree(c, rc, &who, &e2);
+    if (prc) {
+        free(packed);
+        return abandon(c, k, prc, who, rc, err, err);
+    }
+    rc = comm_gather_bytes(c, packed, plen, 0, &all, &sizes, err);
     free(packed);
     int mrc = 0;
     fsdp_err merr;
     fsdp_err_clear(&merr);
-    if (!rc && rank == 0) mrc = write_metadata(k, all, sizes, comm_size(c), rank, &merr);
+    if (!rc && rank == 0) mrc = write_metadata(k, &all, sizes, comm_size(c), rank, &merr);
     free(all);
     free(sizes);
     if (rc) return rc;

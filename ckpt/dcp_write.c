@@ -487,24 +487,3 @@ int dcp_write_metadata_gen(const char *dir, const dcp_record *recs, size_t n, co
     pkl_w_free(&w);
     return rc;
 }
-
-int dcp_records_pack(const dcp_record *recs, size_t n, void **out, size_t *len, fsdp_err *err) {
-    *len = n * sizeof *recs;
-    *out = malloc(*len ? *len : 1);
-    if (!*out) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
-    memcpy(*out, recs, *len);
-    return 0;
-}
-
-int dcp_records_unpack(const void *buf, size_t len, dcp_record **recs, size_t *n, fsdp_err *err) {
-    if (len % sizeof **recs) return fsdp_err_set(err, FSDP_E_FORMAT, "DCP: malformed record list (%zu bytes)", len);
-    *n = len / sizeof **recs;
-    *recs = malloc(len ? len : 1);
-    if (!*recs) return fsdp_err_set(err, FSDP_E_NOMEM, "out of memory");
-    memcpy(*recs, buf, len);
-    for (size_t i = 0; i < *n; i++) {
-        (*recs)[i].fqn[sizeof (*recs)[i].fqn - 1] = '\0';
-        (*recs)[i].where.relative_path[sizeof (*recs)[i].where.relative_path - 1] = '\0';
-    }
-    return 0;
-}
