@@ -69,7 +69,7 @@ struct Bagel {
     // the shipped recipe at the fixture's sizes (max_latent_size 4, vit_max_num_patch_per_side 5)
     int run(int np, const std::string &layout, const std::string &out, std::string *log, const std::string &extra = "",
             const std::string &llm = "", const std::string &vit = "") const {
-        std::string cmd = "timeout 180 " + (np > 0 ? mpirun_prefix(np) + " " : std::string()) + fsdp_run_bin() +
+        std::string cmd = "timeout -k 10 180 " + (np > 0 ? mpirun_prefix(np) + " " : std::string()) + fsdp_run_bin() +
                           " recipes/bagel_bootstrap.yaml --set vars.llm=" + (llm.empty() ? fix() + "/sources/llm" : llm) +
                           " --set vars.vit=" + (vit.empty() ? fix() + "/sources/vit" : vit) + " --set vars.out=" + out +
                           " --set vars.layout=" + layout +
@@ -343,7 +343,7 @@ TEST(BagelBootstrap, ValidationCatchesABagelUsersMistakesBeforeAnythingIsRead) {
     Bagel b;
     std::string log, llm = fix() + "/sources/llm", vit = fix() + "/sources/vit";
     auto check = [&](const std::string &sets) {
-        return run_cmd("timeout 60 " + fsdp_run_bin() + " validate recipes/bagel_bootstrap.yaml --set vars.out=" +
+        return run_cmd("timeout -k 10 60 " + fsdp_run_bin() + " validate recipes/bagel_bootstrap.yaml --set vars.out=" +
                            b.out("o") + " " + sets, &log);
     };
     std::string good = " --set vars.max_latent_size=4 --set vars.vit_max_num_patch_per_side=5";

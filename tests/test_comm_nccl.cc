@@ -108,7 +108,7 @@ TEST(CommNccl, CollectivesOnOneGpu) {
     if (!gpu_present()) GTEST_SKIP() << "no GPU";
     std::string bin = std::string(FSDP_BUILD_DIR) + "/tests/mpi/nccl_check";
     std::string out;
-    ASSERT_EQ(run_cmd("timeout 120 " + bin, &out), 0) << out;  // world of 1, no launcher
+    ASSERT_EQ(run_cmd("timeout -k 10 120 " + bin, &out), 0) << out;  // world of 1, no launcher
     EXPECT_NE(out.find("nccl_check ok (world 1)"), std::string::npos) << out;
 }
 
@@ -119,6 +119,6 @@ TEST(CommNccl, CollectivesOneRankPerGpu) {
     std::string bin = std::string(FSDP_BUILD_DIR) + "/tests/mpi/nccl_check";
     std::string out;
     int np = n < 4 ? n : 4;
-    ASSERT_EQ(run_cmd("timeout 120 " + mpirun_prefix(np) + " " + bin, &out), 0) << out;
+    ASSERT_EQ(run_cmd("timeout -k 10 120 " + mpirun_prefix(np) + " " + bin, &out), 0) << out;
     EXPECT_NE(out.find("nccl_check ok (world " + std::to_string(np) + ")"), std::string::npos) << out;
 }

@@ -68,7 +68,7 @@ std::string open_error(const data_config &c, int vocab) {
 }
 
 int run(const std::string &args, std::string *out) {
-    return run_cmd("timeout 300 " + fsdp_run_bin() + " " + args, out);
+    return run_cmd("timeout -k 10 300 " + fsdp_run_bin() + " " + args, out);
 }
 
 // The losses of the metrics file, one per step.

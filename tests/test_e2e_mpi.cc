@@ -14,7 +14,7 @@ TEST(E2EMpi, OneFailingRankEndsTheJobWithItsMessage) {
                   "  - {id: wait, uses: rank-fail, with: {rank: 2}}\n");
     std::string out;
     auto t0 = std::chrono::steady_clock::now();
-    int rc = run_cmd("timeout 60 " + mpirun_prefix(3) + " " + fsdp_run_bin() + " --report " + rep + " " + p, &out);
+    int rc = run_cmd("timeout -k 10 60 " + mpirun_prefix(3) + " " + fsdp_run_bin() + " --report " + rep + " " + p, &out);
     double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     EXPECT_NE(rc, 0) << out;
     EXPECT_NE(rc, 124) << "the job hung until the timeout: " << out;
@@ -34,7 +34,7 @@ TEST(E2EMpi, NprocRelaunchesUnderMpirun) {
                   "  - {id: hi, uses: echo, with: {message: hello, file: " + f + "}}\n");
     std::string out;
     std::string cmd = fsdp_run_bin() + " --nproc 3 " + p;
-    ASSERT_EQ(run_cmd("timeout 60 env OMPI_MCA_rmaps_base_oversubscribe=1 ASAN_OPTIONS=detect_leaks=0 " + cmd, &out), 0) << out;
+    ASSERT_EQ(run_cmd("timeout -k 10 60 env OMPI_MCA_rmaps_base_oversubscribe=1 ASAN_OPTIONS=detect_leaks=0 " + cmd, &out), 0) << out;
     EXPECT_EQ(read_file(f), "hello\nhello\nhello\n");  // every rank ran the stage
     rm_rf(dir);
 }
@@ -53,7 +53,7 @@ TEST(E2EMpi, BadPathOnRankTwoOnlyEndsTheJob) {
                   "  - {id: t, uses: train-steps, with: {steps: 1}}\n");
     std::string out;
     auto t0 = std::chrono::steady_clock::now();
-    int rc = run_cmd("timeout 60 " + mpirun_prefix(3) + " " + fsdp_run_bin() + " " + r, &out);
+    int rc = run_cmd("timeout -k 10 60 " + mpirun_prefix(3) + " " + fsdp_run_bin() + " " + r, &out);
     double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     EXPECT_NE(rc, 0) << out;
     EXPECT_NE(rc, 124) << "the job hung until the timeout: " << out;
@@ -81,7 +81,7 @@ TEST(E2EMpi, CorruptChunkReadByOneRankEndsTheJob) {
                       "}}\n  - {id: s, uses: save-dcp, with: {path: " + dir + "/out}}\n");
     std::string out;
     auto t0 = std::chrono::steady_clock::now();
-    int rc = run_cmd("timeout 60 " + mpirun_prefix(2) + " " + fsdp_run_bin() + " " + r, &out);
+    int rc = run_cmd("timeout -k 10 60 " + mpirun_prefix(2) + " " + fsdp_run_bin() + " " + r, &out);
     double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     EXPECT_NE(rc, 0) << out;
     EXPECT_NE(rc, 124) << "hung: " << out;

@@ -367,7 +367,7 @@ TEST(E2EWorkflow, SavedOnAnyWorldSizeLoadsOnEveryOther) {
 TEST(E2EWorkflow, QuickstartRunsShowsProgressAndLearns) {
     Dir t;
     std::string out;
-    int rc = run_cmd("timeout 600 " + fsdp_run_bin() + " recipes/quickstart.yaml --set vars.dir=" + (t / "q"), &out);
+    int rc = run_cmd("timeout -k 10 600 " + fsdp_run_bin() + " recipes/quickstart.yaml --set vars.dir=" + (t / "q"), &out);
     ASSERT_EQ(rc, 0) << out;
     EXPECT_NE(out.find("train: "), std::string::npos) << "progress lines: " << out;
     EXPECT_NE(out.find("ETA"), std::string::npos) << out;

@@ -347,7 +347,7 @@ TEST_F(HfArchCuda, TwoRanksMatchTheCpuPath) {
                       "  - {id: e, uses: save-safetensors, with: {path: \"${out}\", names: hf, shard_mb: 1}}\n");
         for (const char *dev : {"cuda", "cpu"}) {
             std::string o;
-            int rc = run_cmd("timeout 300 " + mpirun_prefix(2) + " " + fsdp_run_bin() + " -q " + r +
+            int rc = run_cmd("timeout -k 10 300 " + mpirun_prefix(2) + " " + fsdp_run_bin() + " -q " + r +
                                  " --set runtime.device=" + dev + " --set vars.m=" + (t / (std::string(m) + dev + ".jsonl")) +
                                  " --set vars.out=" + (t / (std::string(m) + dev)),
                              &o);

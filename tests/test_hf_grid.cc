@@ -121,7 +121,7 @@ std::map<std::string, hf_grid::Measured> run_harness(int np, const std::string &
                                                      const std::string &env = "") {
     std::string dir = make_tmpdir("fsdp-grid");
     std::string out = dir + "/m.jsonl";
-    std::string cmd = "timeout 900 " + env + (env.empty() ? "" : " ") + mpirun_prefix(np) + " -x OMP_NUM_THREADS=1 " +
+    std::string cmd = "timeout -k 10 900 " + env + (env.empty() ? "" : " ") + mpirun_prefix(np) + " -x OMP_NUM_THREADS=1 " +
                       std::string(FSDP_BUILD_DIR) +
                       "/tests/mpi/hf_grid_run --data " + hf_grid::dir() + " --out " + out + " " + args;
     int rc = run_cmd(cmd, log);

@@ -403,7 +403,7 @@ TEST(Hsdp, SlurmScriptRunsOnFakeNodes) {
     std::string env = "env SLURM_NTASKS=4 SLURM_NTASKS_PER_NODE=2 FSDP_FAKE_NODES=2 OMP_NUM_THREADS=1 SRUN='" +
                       mpirun_prefix(4) + "' FSDP_RUN=" + fsdp_run_bin() + " OUT=" + t.d +
                       " EXTRA='--set runtime.device=cpu --set vars.steps=2' ";
-    ASSERT_EQ(run_cmd("timeout 300 " + env + "bash examples/slurm/hsdp_2x8.sbatch", &out), 0) << out;
+    ASSERT_EQ(run_cmd("timeout -k 10 300 " + env + "bash examples/slurm/hsdp_2x8.sbatch", &out), 0) << out;
     EXPECT_NE(out.find("recipes/llama_train.yaml: valid"), std::string::npos) << out;
     for (const char *rep : {"bootstrap.json", "train.json"}) {
         json_t *j = load_json(t / rep);

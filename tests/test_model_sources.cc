@@ -32,13 +32,13 @@ StTensor iota(const std::string &name, std::vector<int64_t> shape, float base = 
 }
 
 int run_recipe(const std::string &recipe, int np, const std::string &sets, std::string *log) {
-    std::string cmd = "timeout 120 " + (np > 0 ? mpirun_prefix(np) + " " : std::string()) + fsdp_run_bin() + " " +
+    std::string cmd = "timeout -k 10 120 " + (np > 0 ? mpirun_prefix(np) + " " : std::string()) + fsdp_run_bin() + " " +
                       recipe + " " + sets;
     return run_cmd(cmd, log);
 }
 
 int validate(const std::string &recipe, const std::string &sets, std::string *log) {
-    return run_cmd("timeout 60 " + fsdp_run_bin() + " validate " + recipe + " " + sets, log);
+    return run_cmd("timeout -k 10 60 " + fsdp_run_bin() + " validate " + recipe + " " + sets, log);
 }
 
 bool has(const std::string &log, const std::string &s) { return log.find(s) != std::string::npos; }

@@ -74,7 +74,7 @@ mt_param param(const char *name, std::vector<int64_t> shape, int part, fsdp_dtyp
 
 std::string run_bin(const std::string &args, int *rc) {
     std::string out;
-    *rc = run_cmd("timeout 120 " + fsdp_run_bin() + " " + args, &out);
+    *rc = run_cmd("timeout -k 10 120 " + fsdp_run_bin() + " " + args, &out);
     return out;
 }
 
@@ -447,9 +447,9 @@ TEST(ModelTableStages, InitMetaAndInitCpuGiveTheSameTableOnAnyWorldSizeInEachDty
                                       "  - {id: s, uses: save-dcp, with: {path: \"${out}\"}}\n");
     std::string log;
     ASSERT_EQ(run_cmd(fsdp_run_bin() + " " + dir + "/meta.yaml --set vars.out=" + dir + "/m1", &log), 0) << log;
-    ASSERT_EQ(run_cmd("timeout 120 " + mpirun_prefix(3) + " " + fsdp_run_bin() + " " + dir + "/meta.yaml --set vars.out=" +
+    ASSERT_EQ(run_cmd("timeout -k 10 120 " + mpirun_prefix(3) + " " + fsdp_run_bin() + " " + dir + "/meta.yaml --set vars.out=" +
                           dir + "/m3", &log), 0) << log;
-    ASSERT_EQ(run_cmd("timeout 120 " + mpirun_prefix(2) + " " + fsdp_run_bin() + " " + dir + "/cpu.yaml --set vars.out=" +
+    ASSERT_EQ(run_cmd("timeout -k 10 120 " + mpirun_prefix(2) + " " + fsdp_run_bin() + " " + dir + "/cpu.yaml --set vars.out=" +
                           dir + "/c2", &log), 0) << log;
     for (const char *o : {"/m3", "/c2"})
         EXPECT_EQ(run_cmd(fsdp_run_bin() + " ckpt diff " + dir + "/m1 " + dir + o, &log), 0) << o << ": " << log;
@@ -501,7 +501,7 @@ TEST(ModelTableStages, LoadsIntoPartsStrictlyAndReadsBothKeyLayouts) {
                "  - {id: lb, uses: load-ckpt, with: {path: " + dir + "/b.safetensors, parts: [b]}}\n"
                "  - {id: s, uses: save-dcp, with: {path: \"${out}\", prefix: \"model.\"}}\n");
     std::string log;
-    ASSERT_EQ(run_cmd("timeout 120 " + mpirun_prefix(2) + " " + fsdp_run_bin() + " " + dir + "/save.yaml --set vars.out=" +
+    ASSERT_EQ(run_cmd("timeout -k 10 120 " + mpirun_prefix(2) + " " + fsdp_run_bin() + " " + dir + "/save.yaml --set vars.out=" +
                           dir + "/p", &log), 0) << log;
     Reader p(dir + "/p");
     const ckpt_entry *e = nullptr;
@@ -518,7 +518,7 @@ TEST(ModelTableStages, LoadsIntoPartsStrictlyAndReadsBothKeyLayouts) {
                "stages:\n  - {id: l, uses: load-ckpt, with: {path: " + dir + "/p}}\n"
                "  - {id: v, uses: verify, with: {against: " + dir + "/u}}\n");
     ASSERT_EQ(run_cmd(fsdp_run_bin() + " ckpt convert " + dir + "/p " + dir + "/u --strip-prefix model.", &log), 0) << log;
-    ASSERT_EQ(run_cmd("timeout 120 " + mpirun_prefix(3) + " " + fsdp_run_bin() + " " + dir + "/load.yaml", &log), 0) << log;
+    ASSERT_EQ(run_cmd("timeout -k 10 120 " + mpirun_prefix(3) + " " + fsdp_run_bin() + " " + dir + "/load.yaml", &log), 0) << log;
     EXPECT_NE(log.find("the checkpoint's parameters are under the prefix 'model.' (removed)"), std::string::npos) << log;
     // keys: only those, strict over them; the checkpoint's other tensors are not this load's business
     write_file(dir + "/keys.yaml", "runtime: {device: cpu}\nmodel: {params: [{name: enc.x.bias, shape: [6]}]}\n"
@@ -591,7 +591,7 @@ TEST(ModelTableStages, SavesAndCheckpointToolsWorkOnATable) {
                "  - {id: d, uses: save-dcp, with: {path: " + dir + "/d}}\n"
                "  - {id: v, uses: verify, with: {against: " + dir + "/hf}}\n");
     std::string log;
-    ASSERT_EQ(run_cmd("timeout 120 " + mpirun_prefix(2) + " " + fsdp_run_bin() + " " + dir + "/r.yaml", &log), 0) << log;
+    ASSERT_EQ(run_cmd("timeout -k 10 120 " + mpirun_prefix(2) + " " + fsdp_run_bin() + " " + dir + "/r.yaml", &log), 0) << log;
     ASSERT_EQ(run_cmd(fsdp_run_bin() + " ckpt convert " + dir + "/d " + dir + "/c.safetensors --to safetensors", &log), 0);
     ASSERT_EQ(run_cmd(fsdp_run_bin() + " ckpt diff " + dir + "/hf " + dir + "/c.safetensors", &log), 0) << log;
     ASSERT_EQ(run_cmd(fsdp_run_bin() + " ckpt inspect " + dir + "/c.safetensors", &log), 0) << log;
@@ -756,7 +756,7 @@ TEST(ModelTableDevice, InitMetaOnTheGpuEqualsTheHostForAnyTable) {
     expect_within_one_ulp(dir + "/cuda", dir + "/cpu");
     if (gpu_count() >= 2) {
         std::string x = getenv("FSDP_EMU_DEVICES") ? " -x FSDP_EMU_DEVICES" : "";
-        ASSERT_EQ(run_cmd("timeout 300 " + mpirun_prefix(2) + x + " " + fsdp_run_bin() + " " + dir +
+        ASSERT_EQ(run_cmd("timeout -k 10 300 " + mpirun_prefix(2) + x + " " + fsdp_run_bin() + " " + dir +
                               "/r.yaml --set runtime.device=cuda --set vars.out=" + dir + "/cuda2", &log), 0) << log;
         expect_within_one_ulp(dir + "/cuda2", dir + "/cpu");
     }
@@ -789,7 +789,7 @@ TEST(ModelTableDevice, Sincos2dOnTheGpuIsNumpysTableBitForBit) {
     expect_numpy_tables(dir + "/g1");
     if (gpu_count() >= 2) {
         std::string x = getenv("FSDP_EMU_DEVICES") ? " -x FSDP_EMU_DEVICES" : "";
-        ASSERT_EQ(run_cmd("timeout 300 " + mpirun_prefix(2) + x + " " + fsdp_run_bin() + " " + dir +
+        ASSERT_EQ(run_cmd("timeout -k 10 300 " + mpirun_prefix(2) + x + " " + fsdp_run_bin() + " " + dir +
                               "/r.yaml --set vars.out=" + dir + "/g2", &log), 0) << log;
         expect_numpy_tables(dir + "/g2");
     }

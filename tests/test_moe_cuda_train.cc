@@ -197,7 +197,7 @@ TEST(MoeCudaRanks, ExpertParallelEqualsTheFloat64Run) {
         std::string prefix = (emu ? "env FSDP_EMU_DEVICES=" + std::to_string(np) + " " : std::string()) +
                              (np > 1 ? mpirun_prefix(np) : std::string());
         std::string out;
-        int rc = run_cmd("timeout 300 " + prefix + " " + fsdp_run_bin() + " -q " + dir + "/r.yaml", &out);
+        int rc = run_cmd("timeout -k 10 300 " + prefix + " " + fsdp_run_bin() + " -q " + dir + "/r.yaml", &out);
         ASSERT_EQ(rc, 0) << out;
         std::vector<json_t *> lines = jsonl_objects(met);
         ASSERT_EQ(lines.size(), 4u);

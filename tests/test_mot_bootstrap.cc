@@ -30,7 +30,7 @@ struct Inputs {
     // the recipe on np ranks (0: in this process's binary without mpirun)
     int run(int np, const std::string &out, std::string *log, const std::string &recipe = "recipes/mot_bootstrap.yaml",
             const std::string &llm_path = "") const {
-        std::string cmd = (np > 0 ? "timeout 120 " + mpirun_prefix(np) + " " : std::string("timeout 120 ")) +
+        std::string cmd = (np > 0 ? "timeout -k 10 120 " + mpirun_prefix(np) + " " : std::string("timeout -k 10 120 ")) +
                           fsdp_run_bin() + " " + recipe + " --set vars.llm=" + (llm_path.empty() ? llm : llm_path) +
                           " --set vars.vit=" + vit + " --set vars.out=" + out;
         return run_cmd(cmd, log);
@@ -138,7 +138,7 @@ TEST(MotBootstrap, TheSizesComeFromTheSources) {
     write_llm_dir(llm, tiny_qwen2(d), d);
     write_st(vit, tiny_siglip(16, 20));
     std::string out = in.dir + "/o", log;
-    ASSERT_EQ(run_cmd("timeout 120 " + fsdp_run_bin() + " recipes/mot_bootstrap.yaml --set vars.llm=" + llm +
+    ASSERT_EQ(run_cmd("timeout -k 10 120 " + fsdp_run_bin() + " recipes/mot_bootstrap.yaml --set vars.llm=" + llm +
                           " --set vars.vit=" + vit + " --set vars.out=" + out, &log), 0) << log;
     Reader r(out);
     const ckpt_entry *e = nullptr;

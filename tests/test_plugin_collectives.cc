@@ -61,7 +61,7 @@ std::string recipe(const Dir &t, const std::string &c, bool callback, bool train
 // Runs r on np ranks under `timeout 60`; the exit status, the output and the seconds it took.
 int run_timed(int np, const std::string &r, std::string *out, double *secs) {
     auto t0 = std::chrono::steady_clock::now();
-    int rc = run_cmd("timeout 60 " + (np > 1 ? mpirun_prefix(np) + " " : std::string()) + fsdp_run_bin() + " -q " + r, out);
+    int rc = run_cmd("timeout -k 10 60 " + (np > 1 ? mpirun_prefix(np) + " " : std::string()) + fsdp_run_bin() + " -q " + r, out);
     *secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return rc;
 }

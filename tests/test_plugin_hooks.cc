@@ -229,7 +229,7 @@ TEST(PluginHooks, APreUpdateHooksErrorEndsEveryRank) {
                                  "  - {id: g, uses: spike-guard, after: [i], with: {factor: 1e-9, window: 1, min_steps: 1, "
                                  "max_skips: 2}}\n"
                                  "  - {id: t, uses: train-steps, after: [g], with: {steps: 6}}\n");
-        EXPECT_EQ(run_cmd("timeout 60 " + (np > 1 ? mpirun_prefix(np) + " " : std::string()) + fsdp_run_bin() + " -q " +
+        EXPECT_EQ(run_cmd("timeout -k 10 60 " + (np > 1 ? mpirun_prefix(np) + " " : std::string()) + fsdp_run_bin() + " -q " +
                           t / "g.yaml", &out), 1) << out;
         EXPECT_NE(out.find("pre-update hook 'spike-guard' at step 3: spike-guard: 2 updates skipped in a row (max_skips) "
                            "at step 3"), std::string::npos) << out;

@@ -115,7 +115,7 @@ TEST(ReadmeCommands, EveryCommandRunsFromAFreshDirectory) {
     for (const Cmd &c : all) {
         if (runs_fsdp(c.text) && needs_more_than_a_clone(c.text)) continue;
         std::string out;
-        int rc = run_cmd("timeout 600 bash -c " + shell_quote(env + c.text), &out);
+        int rc = run_cmd("timeout -k 10 600 bash -c " + shell_quote(env + c.text), &out);
         EXPECT_EQ(rc, c.expect) << "README.md:" << c.line << ": " << c.text << "\n" << out;
         ran++;
         fsdp += runs_fsdp(c.text);

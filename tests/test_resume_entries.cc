@@ -117,7 +117,7 @@ TEST(ResumeEntries, TrainedCheckpointCarriesWhatPyTorchResumesStrictly) {
                                  "linear, min_lr_ratio: 0.1}}\n"
                                  "  - {id: s, uses: save-dcp, with: {path: " + (t / "ck") + "}}\n");
     std::string out;
-    ASSERT_EQ(run_cmd("timeout 300 " + fsdp_run_bin() + " -q " + (t / "r.yaml"), &out), 0) << out;
+    ASSERT_EQ(run_cmd("timeout -k 10 300 " + fsdp_run_bin() + " -q " + (t / "r.yaml"), &out), 0) << out;
     Ckpt c(t / "ck");
     expect_resume_entries(c, 3, 1, "after training: ");
 }
@@ -134,8 +134,8 @@ TEST(ResumeEntries, LoadCkptKeepsTheScheduleForTheNextSave) {
     write_file(t / "l.yaml", std::string(RECIPE_HEAD) + "  - {id: l, uses: load-ckpt, with: {path: " + (t / "ck") +
                                  "}}\n  - {id: s, uses: save-dcp, with: {path: " + (t / "again") + "}}\n");
     std::string out;
-    ASSERT_EQ(run_cmd("timeout 300 " + fsdp_run_bin() + " -q " + (t / "r.yaml"), &out), 0) << out;
-    ASSERT_EQ(run_cmd("timeout 300 " + fsdp_run_bin() + " -q " + (t / "l.yaml"), &out), 0) << out;
+    ASSERT_EQ(run_cmd("timeout -k 10 300 " + fsdp_run_bin() + " -q " + (t / "r.yaml"), &out), 0) << out;
+    ASSERT_EQ(run_cmd("timeout -k 10 300 " + fsdp_run_bin() + " -q " + (t / "l.yaml"), &out), 0) << out;
     Ckpt c(t / "again");
     expect_resume_entries(c, 3, 1, "loaded and saved again: ");
 }

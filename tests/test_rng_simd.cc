@@ -297,7 +297,7 @@ TEST(RngSimdGolden, InitCpuStateIsUnchangedOnEveryPathAndThreadCount) {
     for (const char *env : envs)
         for (int threads : {1, 2, 3}) {
             std::string out = dir + "/s.safetensors", log;
-            ASSERT_EQ(run_cmd(std::string(env) + "timeout 120 " + fsdp_run_bin() + " -q " + dir +
+            ASSERT_EQ(run_cmd(std::string(env) + "timeout -k 10 120 " + fsdp_run_bin() + " -q " + dir +
                                   "/m.yaml --set runtime.threads=" + std::to_string(threads) +
                                   " --set vars.out=" + out,
                               &log),

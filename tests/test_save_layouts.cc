@@ -45,7 +45,7 @@ std::string fixture(const std::string &f) { return fixtures_dir() + "/bagel-056b
 // `fsdp-run ARGS` on np ranks (mpirun when np > 1); the output and *rc.
 std::string run(int np, const std::string &args, int *rc) {
     std::string out;
-    *rc = run_cmd("timeout 300 " + (np > 1 ? mpirun_prefix(np) + " " : std::string()) + fsdp_run_bin() + " " + args,
+    *rc = run_cmd("timeout -k 10 300 " + (np > 1 ? mpirun_prefix(np) + " " : std::string()) + fsdp_run_bin() + " " + args,
                   &out);
     return out;
 }

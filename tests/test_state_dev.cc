@@ -78,7 +78,7 @@ bool same_bits(const std::vector<float> &a, const std::vector<float> &b) {
 
 std::string run(const std::string &args, int *rc) {
     std::string out;
-    *rc = run_cmd("timeout 300 " + fsdp_run_bin() + " " + args, &out);
+    *rc = run_cmd("timeout -k 10 300 " + fsdp_run_bin() + " " + args, &out);
     return out;
 }
 

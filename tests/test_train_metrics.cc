@@ -42,7 +42,7 @@ std::string recipe(const std::string &train_with) {
 }
 
 int run(const std::string &args, std::string *out) {
-    return run_cmd("timeout 120 " + fsdp_run_bin() + " -q " + args, out);
+    return run_cmd("timeout -k 10 120 " + fsdp_run_bin() + " -q " + args, out);
 }
 
 std::vector<json_t *> lines(const std::string &path) { return jsonl_objects(path); }

@@ -88,7 +88,11 @@ inline std::string plugin_dir() {
 
 // "mpirun ... -np N" for the tests (root needs --allow-run-as-root). Open MPI keeps
 // allocations until exit in components it unloads, which LeakSanitizer cannot attribute;
-// leak checks of the same code run in the single-process tests.
+// leak checks of the same code run in the single-process tests. Every test runs it under
+// `timeout -k 10 N`: Debian 12's Open MPI 4.1 mpirun was seen to deadlock after an MPI_Abort (every
+// rank already exited, "ORTE_ERROR_LOG: Out of resource in file orte/util/show_help.c", its threads
+// waiting on each other) and then to ignore timeout's SIGTERM, which hung the whole suite; the KILL
+// 10 s later makes that a failed test instead.
 inline std::string mpirun_prefix(int np) {
     std::string p = "mpirun --oversubscribe -np " + std::to_string(np) + " -x ASAN_OPTIONS=detect_leaks=0";
     if (geteuid() == 0) p += " --allow-run-as-root";
@@ -98,7 +102,7 @@ inline std::string mpirun_prefix(int np) {
 // Runs `fsdp-run -q ARGS` on np ranks (mpirun when np > 1) under a 300 s timeout; the output and *rc.
 inline std::string run_np(int np, const std::string &args, int *rc) {
     std::string out;
-    std::string cmd = "timeout 300 " + (np > 1 ? mpirun_prefix(np) + " " : std::string()) + fsdp_run_bin() + " -q " + args;
+    std::string cmd = "timeout -k 10 300 " + (np > 1 ? mpirun_prefix(np) + " " : std::string()) + fsdp_run_bin() + " -q " + args;
     *rc = run_cmd(cmd, &out);
     return out;
 }

@@ -26,7 +26,7 @@ struct Dir {
 
 // fsdp-run ARGS (prefix: e.g. an mpirun command); the exit code and the output.
 inline int run(const std::string &args, std::string *out, const std::string &prefix = "") {
-    return fsdp_test::run_cmd("timeout 300 " + prefix + (prefix.empty() ? "" : " ") + fsdp_test::fsdp_run_bin() +
+    return fsdp_test::run_cmd("timeout -k 10 300 " + prefix + (prefix.empty() ? "" : " ") + fsdp_test::fsdp_run_bin() +
                                   " " + args,
                               out);
 }
