@@ -2,7 +2,10 @@
  *
  * Each lane of a vector is one Philox block (8 consecutive blocks at a time), so the four output
  * words of a block are four vectors; the distribution transforms run on those vectors and a 4 x 8
- * transpose puts element 4b + j at its place. Every operation is the correctly rounded IEEE one of
+ * transpose puts element 4b + j at its place. The transforms run on several vectors in lockstep
+ * (RNG_EACH: their chains are long, a divide, a square root and Horner's FMAs one after another, and
+ * interleaved they keep the vector units busy; one vector at a time, normals ran 1.4-1.5x and
+ * truncated normals 1.3-2x slower on Zen 3). Every operation is the correctly rounded IEEE one of
  * the scalar code (add, sub, mul, div, sqrt, fmadd = fmaf, exact int <-> float conversions, bit
  * operations, compares and selects with the scalar code's NaN behaviour), so the bits are equal. */
 #include "runtime/rng_avx2.h"
@@ -15,6 +18,10 @@
 #include "fsdp/tensor.h"
 
 #define AVX2 __attribute__((target("avx2,fma,f16c")))
+
+/* Each j < n (n <= RNG_MAXN, a constant once inlined): one statement on n vectors, unrolled. */
+#define RNG_MAXN 8
+#define RNG_EACH _Pragma("GCC unroll 8") for (int j = 0; j < n; j++)
 
 typedef struct v4 {
     __m256i x[4];
@@ -34,7 +41,9 @@ AVX2 static inline void mul_wide(__m256i a, __m256i m, __m256i *hi, __m256i *lo)
 }
 
 /* Philox blocks interleaved per call: one round's multiplies have a latency of several cycles, so
- * independent vectors of blocks keep the vector units busy. */
+ * independent vectors of blocks keep the vector units busy. The loops over them are unrolled, so
+ * that the blocks' words stay in registers (as a loop, each round stored and reloaded them: 1.1-1.2x
+ * slower on Zen 3). */
 #define PHILOX_GROUPS 4
 
 /* Philox4x32-10 (rng_hd_philox on each lane) of blocks blk0 .. blk0 + 8 PHILOX_GROUPS - 1:
@@ -56,8 +65,10 @@ AVX2 static void philox_groups(uint64_t blk0, uint32_t s0, uint32_t s1, uint32_t
         c3[g] = u32(s1);
     }
     uint32_t ka = k0, kb = k1;
+#pragma GCC unroll 10
     for (int r = 0; r < 10; r++) {
         const __m256i vka = u32(ka), vkb = u32(kb);
+#pragma GCC unroll 4
         for (int g = 0; g < PHILOX_GROUPS; g++) {
             __m256i h0, l0, h1, l1;
             mul_wide(c0[g], m0, &h0, &l0);
@@ -78,52 +89,66 @@ AVX2 static void philox_groups(uint64_t blk0, uint32_t s0, uint32_t s1, uint32_t
     }
 }
 
-/* rng_hd_u01 */
+/* rng_hd_u01, (m + 1/2) 2^-23 with m = x >> 9, in two operations: 1 + m 2^-23 (m as the mantissa of
+ * a float in [1, 2)) minus 1 - 2^-24. The difference is exact (Sterbenz: 1 - 2^-24 <= 1 + m 2^-23 <=
+ * 2 (1 - 2^-24)) and is (2m + 1) 2^-24, a float (2m + 1 < 2^24), as the scalar code's add and
+ * multiply by a power of two are: the same bits. */
 AVX2 static inline __m256 u01(__m256i x) {
-    const __m256 m = _mm256_cvtepi32_ps(_mm256_srli_epi32(x, 9));
-    return _mm256_mul_ps(_mm256_add_ps(m, f32(0.5f)), f32(0x1p-23f));
+    const __m256 one_m = as_ps(_mm256_or_si256(_mm256_srli_epi32(x, 9), u32(0x3f800000u)));
+    return _mm256_sub_ps(one_m, f32(0x1.fffffep-1f));
 }
 
-/* rng_hd_logf */
-AVX2 static inline __m256 logf8(__m256 x) {
-    const __m256i t = _mm256_sub_epi32(as_si(x), u32(0x3f3504f3u));
-    const __m256 e = _mm256_cvtepi32_ps(_mm256_srai_epi32(t, 23));
-    const __m256 m = as_ps(_mm256_add_epi32(_mm256_and_si256(t, u32(0x007fffffu)), u32(0x3f3504f3u)));
-    const __m256 f = _mm256_sub_ps(m, f32(1.0f));
-    const __m256 s = _mm256_div_ps(f, _mm256_add_ps(f32(2.0f), f));
-    const __m256 z = _mm256_mul_ps(s, s);
-    __m256 q = _mm256_fmadd_ps(z, f32(0x1.c71c72p-4f), f32(0x1.24924ap-3f));
-    q = _mm256_fmadd_ps(z, q, f32(0x1.99999ap-3f));
-    q = _mm256_fmadd_ps(z, q, f32(0x1.555556p-2f));
-    const __m256 s2 = _mm256_add_ps(s, s);
-    const __m256 lnm = _mm256_fmadd_ps(s2, _mm256_mul_ps(z, q), s2);
-    return _mm256_fmadd_ps(e, f32(0x1.62e4p-1f), _mm256_fmadd_ps(e, f32(0x1.7f7d1cp-20f), lnm));
+/* rng_hd_logf of x[j] into out[j], j < n */
+AVX2 static inline void logf_n(int n, const __m256 *x, __m256 *out) {
+    __m256 e[RNG_MAXN], f[RNG_MAXN], s[RNG_MAXN], z[RNG_MAXN], q[RNG_MAXN];
+    RNG_EACH {
+        const __m256i t = _mm256_sub_epi32(as_si(x[j]), u32(0x3f3504f3u));
+        e[j] = _mm256_cvtepi32_ps(_mm256_srai_epi32(t, 23));
+        const __m256 m = as_ps(_mm256_add_epi32(_mm256_and_si256(t, u32(0x007fffffu)), u32(0x3f3504f3u)));
+        f[j] = _mm256_sub_ps(m, f32(1.0f));
+    }
+    RNG_EACH s[j] = _mm256_div_ps(f[j], _mm256_add_ps(f32(2.0f), f[j]));
+    RNG_EACH z[j] = _mm256_mul_ps(s[j], s[j]);
+    RNG_EACH q[j] = _mm256_fmadd_ps(z[j], f32(0x1.c71c72p-4f), f32(0x1.24924ap-3f));
+    RNG_EACH q[j] = _mm256_fmadd_ps(z[j], q[j], f32(0x1.99999ap-3f));
+    RNG_EACH q[j] = _mm256_fmadd_ps(z[j], q[j], f32(0x1.555556p-2f));
+    RNG_EACH {
+        const __m256 s2 = _mm256_add_ps(s[j], s[j]);
+        const __m256 lnm = _mm256_fmadd_ps(s2, _mm256_mul_ps(z[j], q[j]), s2);
+        out[j] = _mm256_fmadd_ps(e[j], f32(0x1.62e4p-1f), _mm256_fmadd_ps(e[j], f32(0x1.7f7d1cp-20f), lnm));
+    }
 }
 
-/* rng_hd_cossin_turn */
-AVX2 static inline void cossin8(__m256i x, __m256 *c, __m256 *s) {
-    const __m256i m = _mm256_srli_epi32(x, 8);
-    const __m256i k = _mm256_srli_epi32(_mm256_add_epi32(m, u32(1u << 21)), 22);
-    const __m256 ti = _mm256_cvtepi32_ps(_mm256_sub_epi32(m, _mm256_slli_epi32(k, 22)));
-    const __m256 t = _mm256_mul_ps(_mm256_add_ps(ti, f32(0.5f)), f32(0x1p-22f));
-    const __m256 y = _mm256_mul_ps(t, t);
-    __m256 sp = _mm256_fmadd_ps(y, f32(0x1.507834p-13f), f32(-0x1.32d2ccp-8f));
-    sp = _mm256_fmadd_ps(y, sp, f32(0x1.466bc6p-4f));
-    sp = _mm256_fmadd_ps(y, sp, f32(-0x1.4abbcep-1f));
-    sp = _mm256_fmadd_ps(y, sp, f32(0x1.921fb6p+0f));
-    sp = _mm256_mul_ps(t, sp);
-    __m256 cp = _mm256_fmadd_ps(y, f32(-0x1.a6d1f2p-16f), f32(0x1.e1f506p-11f));
-    cp = _mm256_fmadd_ps(y, cp, f32(-0x1.55d3c8p-6f));
-    cp = _mm256_fmadd_ps(y, cp, f32(0x1.03c1fp-2f));
-    cp = _mm256_fmadd_ps(y, cp, f32(-0x1.3bd3ccp+0f));
-    cp = _mm256_fmadd_ps(y, cp, f32(1.0f));
-    const __m256i q = _mm256_and_si256(k, u32(3u));
-    const __m256 odd = as_ps(_mm256_cmpeq_epi32(_mm256_and_si256(q, u32(1u)), u32(1u)));
-    const __m256 cc = _mm256_blendv_ps(cp, sp, odd), ss = _mm256_blendv_ps(sp, cp, odd);
-    const __m256i cneg = _mm256_slli_epi32(_mm256_and_si256(_mm256_add_epi32(q, u32(1u)), u32(2u)), 30);
-    const __m256i sneg = _mm256_slli_epi32(_mm256_and_si256(q, u32(2u)), 30);
-    *c = as_ps(_mm256_xor_si256(as_si(cc), cneg));
-    *s = as_ps(_mm256_xor_si256(as_si(ss), sneg));
+/* rng_hd_cossin_turn of x[j] into c[j], s[j], j < n */
+AVX2 static inline void cossin_n(int n, const __m256i *x, __m256 *c, __m256 *s) {
+    __m256i k[RNG_MAXN];
+    __m256 t[RNG_MAXN], y[RNG_MAXN], sp[RNG_MAXN], cp[RNG_MAXN];
+    RNG_EACH {
+        const __m256i m = _mm256_srli_epi32(x[j], 8);
+        k[j] = _mm256_srli_epi32(_mm256_add_epi32(m, u32(1u << 21)), 22);
+        const __m256 ti = _mm256_cvtepi32_ps(_mm256_sub_epi32(m, _mm256_slli_epi32(k[j], 22)));
+        t[j] = _mm256_mul_ps(_mm256_add_ps(ti, f32(0.5f)), f32(0x1p-22f));
+        y[j] = _mm256_mul_ps(t[j], t[j]);
+    }
+    RNG_EACH sp[j] = _mm256_fmadd_ps(y[j], f32(0x1.507834p-13f), f32(-0x1.32d2ccp-8f));
+    RNG_EACH cp[j] = _mm256_fmadd_ps(y[j], f32(-0x1.a6d1f2p-16f), f32(0x1.e1f506p-11f));
+    RNG_EACH sp[j] = _mm256_fmadd_ps(y[j], sp[j], f32(0x1.466bc6p-4f));
+    RNG_EACH cp[j] = _mm256_fmadd_ps(y[j], cp[j], f32(-0x1.55d3c8p-6f));
+    RNG_EACH sp[j] = _mm256_fmadd_ps(y[j], sp[j], f32(-0x1.4abbcep-1f));
+    RNG_EACH cp[j] = _mm256_fmadd_ps(y[j], cp[j], f32(0x1.03c1fp-2f));
+    RNG_EACH sp[j] = _mm256_fmadd_ps(y[j], sp[j], f32(0x1.921fb6p+0f));
+    RNG_EACH cp[j] = _mm256_fmadd_ps(y[j], cp[j], f32(-0x1.3bd3ccp+0f));
+    RNG_EACH sp[j] = _mm256_mul_ps(t[j], sp[j]);
+    RNG_EACH cp[j] = _mm256_fmadd_ps(y[j], cp[j], f32(1.0f));
+    RNG_EACH {
+        const __m256i q = _mm256_and_si256(k[j], u32(3u));
+        const __m256 odd = as_ps(_mm256_cmpeq_epi32(_mm256_and_si256(q, u32(1u)), u32(1u)));
+        const __m256 cc = _mm256_blendv_ps(cp[j], sp[j], odd), ss = _mm256_blendv_ps(sp[j], cp[j], odd);
+        const __m256i cneg = _mm256_slli_epi32(_mm256_and_si256(_mm256_add_epi32(q, u32(1u)), u32(2u)), 30);
+        const __m256i sneg = _mm256_slli_epi32(_mm256_and_si256(q, u32(2u)), 30);
+        c[j] = as_ps(_mm256_xor_si256(as_si(cc), cneg));
+        s[j] = as_ps(_mm256_xor_si256(as_si(ss), sneg));
+    }
 }
 
 /* rng_hd_erfinvf's polynomial for w >= 5 (the tails) */
@@ -140,30 +165,38 @@ AVX2 static inline __m256 erfinv_tail8(__m256 w) {
     return _mm256_fmadd_ps(u, q, f32(0x1.6a9efcp+1f));
 }
 
-/* rng_hd_erfinvf */
-AVX2 static inline __m256 erfinv8(__m256 x) {
-    const __m256 a = as_ps(_mm256_and_si256(as_si(x), u32(0x7fffffffu)));
-    __m256 t = _mm256_mul_ps(_mm256_sub_ps(f32(1.0f), a), _mm256_add_ps(f32(1.0f), a));
-    t = _mm256_blendv_ps(f32(0x1p-126f), t, _mm256_cmp_ps(t, f32(0x1p-126f), _CMP_GE_OQ));
-    const __m256 w = as_ps(_mm256_xor_si256(as_si(logf8(t)), u32(0x80000000u))); /* -log */
-    const __m256 v = _mm256_sub_ps(w, f32(2.5f));
-    __m256 p = _mm256_fmadd_ps(v, f32(-0x1.2a9c6ap-27f), f32(0x1.a0a0aep-26f));
-    p = _mm256_fmadd_ps(v, p, f32(0x1.f2f1b4p-22f));
-    p = _mm256_fmadd_ps(v, p, f32(-0x1.d2aa2ep-19f));
-    p = _mm256_fmadd_ps(v, p, f32(-0x1.4c93a8p-18f));
-    p = _mm256_fmadd_ps(v, p, f32(0x1.ca0a3cp-13f));
-    p = _mm256_fmadd_ps(v, p, f32(-0x1.486714p-10f));
-    p = _mm256_fmadd_ps(v, p, f32(-0x1.11c6d2p-8f));
-    p = _mm256_fmadd_ps(v, p, f32(0x1.f91e8cp-3f));
-    p = _mm256_fmadd_ps(v, p, f32(0x1.805c5ep+0f));
-    /* the tails' polynomial only when a lane takes it (rng_avx512.c's erfinv8) */
-    const __m256 central = _mm256_cmp_ps(w, f32(5.0f), _CMP_LT_OQ);
-    __m256 g = p;
-    if (_mm256_movemask_ps(central) != 0xFF) g = _mm256_blendv_ps(erfinv_tail8(w), p, central);
-    __m256 r = _mm256_mul_ps(x, g);
-    const __m256 inf = as_ps(_mm256_or_si256(_mm256_and_si256(as_si(x), u32(0x80000000u)), u32(0x7f800000u)));
-    r = _mm256_blendv_ps(r, inf, _mm256_cmp_ps(a, f32(1.0f), _CMP_EQ_OQ));
-    return _mm256_blendv_ps(as_ps(u32(0x7fc00000u)), r, _mm256_cmp_ps(a, f32(1.0f), _CMP_LE_OQ));
+/* rng_hd_erfinvf of x[j] into out[j], j < n */
+AVX2 static inline void erfinv_n(int n, const __m256 *x, __m256 *out) {
+    __m256 a[RNG_MAXN], t[RNG_MAXN], w[RNG_MAXN], v[RNG_MAXN], p[RNG_MAXN];
+    RNG_EACH {
+        a[j] = as_ps(_mm256_and_si256(as_si(x[j]), u32(0x7fffffffu)));
+        const __m256 t0 = _mm256_mul_ps(_mm256_sub_ps(f32(1.0f), a[j]), _mm256_add_ps(f32(1.0f), a[j]));
+        t[j] = _mm256_blendv_ps(f32(0x1p-126f), t0, _mm256_cmp_ps(t0, f32(0x1p-126f), _CMP_GE_OQ));
+    }
+    logf_n(n, t, w);
+    RNG_EACH {
+        w[j] = as_ps(_mm256_xor_si256(as_si(w[j]), u32(0x80000000u))); /* -log */
+        v[j] = _mm256_sub_ps(w[j], f32(2.5f));
+    }
+    RNG_EACH p[j] = _mm256_fmadd_ps(v[j], f32(-0x1.2a9c6ap-27f), f32(0x1.a0a0aep-26f));
+    RNG_EACH p[j] = _mm256_fmadd_ps(v[j], p[j], f32(0x1.f2f1b4p-22f));
+    RNG_EACH p[j] = _mm256_fmadd_ps(v[j], p[j], f32(-0x1.d2aa2ep-19f));
+    RNG_EACH p[j] = _mm256_fmadd_ps(v[j], p[j], f32(-0x1.4c93a8p-18f));
+    RNG_EACH p[j] = _mm256_fmadd_ps(v[j], p[j], f32(0x1.ca0a3cp-13f));
+    RNG_EACH p[j] = _mm256_fmadd_ps(v[j], p[j], f32(-0x1.486714p-10f));
+    RNG_EACH p[j] = _mm256_fmadd_ps(v[j], p[j], f32(-0x1.11c6d2p-8f));
+    RNG_EACH p[j] = _mm256_fmadd_ps(v[j], p[j], f32(0x1.f91e8cp-3f));
+    RNG_EACH p[j] = _mm256_fmadd_ps(v[j], p[j], f32(0x1.805c5ep+0f));
+    RNG_EACH {
+        /* the tails' polynomial only when a lane takes it (rng_avx512.c's erfinv8) */
+        const __m256 central = _mm256_cmp_ps(w[j], f32(5.0f), _CMP_LT_OQ);
+        __m256 g = p[j];
+        if (_mm256_movemask_ps(central) != 0xFF) g = _mm256_blendv_ps(erfinv_tail8(w[j]), p[j], central);
+        __m256 r = _mm256_mul_ps(x[j], g);
+        const __m256 inf = as_ps(_mm256_or_si256(_mm256_and_si256(as_si(x[j]), u32(0x80000000u)), u32(0x7f800000u)));
+        r = _mm256_blendv_ps(r, inf, _mm256_cmp_ps(a[j], f32(1.0f), _CMP_EQ_OQ));
+        out[j] = _mm256_blendv_ps(as_ps(u32(0x7fc00000u)), r, _mm256_cmp_ps(a[j], f32(1.0f), _CMP_LE_OQ));
+    }
 }
 
 /* clamp as the scalar code: r < a ? a : r, then r > b ? b : r (a NaN r stays NaN). max_ps(A, B) is
@@ -182,13 +215,42 @@ AVX2 static inline void store_blocks(float *out, __m256 y0, __m256 y1, __m256 y2
     _mm256_storeu_ps(out + 24, _mm256_permute2f128_ps(b26, b37, 0x31));
 }
 
-/* rng_hd_normal_pair: r (cos, sin) */
-AVX2 static inline void normal8(__m256i xu, __m256i xa, __m256 std, __m256 mean, __m256 *z0, __m256 *z1) {
-    const __m256 r = _mm256_sqrt_ps(_mm256_mul_ps(f32(-2.0f), logf8(u01(xu))));
-    __m256 c, s;
-    cossin8(xa, &c, &s);
-    *z0 = _mm256_fmadd_ps(_mm256_mul_ps(r, c), std, mean);
-    *z1 = _mm256_fmadd_ps(_mm256_mul_ps(r, s), std, mean);
+/* rng_hd_normal_pair of the words (xu[j], xa[j]): r (cos, sin), into (z0[j], z1[j]), j < n */
+AVX2 static inline void normal_n(int n, const __m256i *xu, const __m256i *xa, __m256 std, __m256 mean, __m256 *z0,
+                                 __m256 *z1) {
+    __m256 u[RNG_MAXN], l[RNG_MAXN], c[RNG_MAXN], s[RNG_MAXN];
+    RNG_EACH u[j] = u01(xu[j]);
+    logf_n(n, u, l);
+    cossin_n(n, xa, c, s);
+    RNG_EACH {
+        const __m256 r = _mm256_sqrt_ps(_mm256_mul_ps(f32(-2.0f), l[j]));
+        z0[j] = _mm256_fmadd_ps(_mm256_mul_ps(r, c[j]), std, mean);
+        z1[j] = _mm256_fmadd_ps(_mm256_mul_ps(r, s[j]), std, mean);
+    }
+}
+
+/* The normals of groups w[0] and w[1] (block words 0, 1 and 2, 3 are a pair each): four pairs at once. */
+AVX2 static inline void normal_groups(const v4 *w, __m256 std, __m256 mean, float *out) {
+    const __m256i xu[4] = {w[0].x[0], w[0].x[2], w[1].x[0], w[1].x[2]};
+    const __m256i xa[4] = {w[0].x[1], w[0].x[3], w[1].x[1], w[1].x[3]};
+    __m256 z0[4], z1[4];
+    normal_n(4, xu, xa, std, mean, z0, z1);
+    store_blocks(out, z0[0], z1[0], z0[1], z1[1]);
+    store_blocks(out + 32, z0[2], z1[2], z0[3], z1[3]);
+}
+
+/* rng_hd_trunc_of on the words of groups w[0] and w[1]: eight vectors at once (1.2-1.4x faster than four
+ * on Zen 3). */
+AVX2 static inline void trunc_groups(const v4 *w, const rng_dist *d, float *out) {
+    const int n = 8;
+    const __m256 span = f32(d->span), lo = f32(d->lo), scale = f32(d->scale), mean = f32(d->mean);
+    const __m256 a = f32(d->a), b = f32(d->b);
+    __m256 v[8], e[8], y[8];
+    RNG_EACH v[j] = _mm256_fmadd_ps(u01(w[j / 4].x[j % 4]), span, lo);
+    erfinv_n(n, v, e);
+    RNG_EACH y[j] = clamp8(_mm256_fmadd_ps(e[j], scale, mean), a, b);
+    store_blocks(out, y[0], y[1], y[2], y[3]);
+    store_blocks(out + 32, y[4], y[5], y[6], y[7]);
 }
 
 AVX2 void rng_avx2_chunk(const rng_dist *dp, uint64_t seed, uint64_t stream, uint64_t blk0, float *out) {
@@ -196,26 +258,24 @@ AVX2 void rng_avx2_chunk(const rng_dist *dp, uint64_t seed, uint64_t stream, uin
     const uint32_t s0 = (uint32_t)stream, s1 = (uint32_t)(stream >> 32);
     const uint32_t k0 = (uint32_t)seed, k1 = (uint32_t)(seed >> 32);
     const __m256 mean = f32(d.mean), std = f32(d.std), lo = f32(d.lo), span = f32(d.span);
-    const __m256 scale = f32(d.scale), a = f32(d.a), b = f32(d.b);
+    const __m256 a = f32(d.a), b = f32(d.b);
     for (int g0 = 0; g0 < RNG_CHUNK / 32; g0 += PHILOX_GROUPS) {
         v4 ws[PHILOX_GROUPS];
         philox_groups(blk0 + 8u * (uint64_t)g0, s0, s1, k0, k1, ws);
+        if (d.kind == RNG_DIST_NORMAL || d.kind == RNG_DIST_TRUNC_NORMAL) {
+            /* two groups a step (PHILOX_GROUPS is even) */
+            for (int g = 0; g < PHILOX_GROUPS; g += 2) {
+                if (d.kind == RNG_DIST_NORMAL) normal_groups(ws + g, std, mean, out + 32 * (g0 + g));
+                else trunc_groups(ws + g, &d, out + 32 * (g0 + g));
+            }
+            continue;
+        }
         for (int g = 0; g < PHILOX_GROUPS; g++) {
             const v4 w = ws[g];
             __m256 y[4];
             switch (d.kind) {
             case RNG_DIST_UNIFORM:
                 for (int j = 0; j < 4; j++) y[j] = u01(w.x[j]);
-                break;
-            case RNG_DIST_NORMAL:
-                normal8(w.x[0], w.x[1], std, mean, &y[0], &y[1]);
-                normal8(w.x[2], w.x[3], std, mean, &y[2], &y[3]);
-                break;
-            case RNG_DIST_TRUNC_NORMAL:
-                for (int j = 0; j < 4; j++) {
-                    const __m256 v = _mm256_fmadd_ps(u01(w.x[j]), span, lo);
-                    y[j] = clamp8(_mm256_fmadd_ps(erfinv8(v), scale, mean), a, b);
-                }
                 break;
             case RNG_DIST_UNIFORM_AB:
                 for (int j = 0; j < 4; j++) y[j] = clamp8(_mm256_fmadd_ps(u01(w.x[j]), span, lo), a, b);

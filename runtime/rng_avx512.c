@@ -34,7 +34,8 @@ AVX512 static inline void mul_wide(__m512i a, __m512i m, __m512i *hi, __m512i *l
 }
 
 /* Philox blocks interleaved per call: one round's multiplies have a latency of several cycles, so
- * independent vectors of blocks keep the vector units busy. */
+ * independent vectors of blocks keep the vector units busy. The loops are unrolled, so that the
+ * blocks' words stay in registers (rng_avx2.c). */
 #define PHILOX_GROUPS 4 /* all 64 blocks of a chunk */
 
 /* Philox4x32-10 (rng_hd_philox on each lane) of blocks blk0 .. blk0 + 16 PHILOX_GROUPS - 1:
@@ -55,8 +56,10 @@ AVX512 static void philox_groups(uint64_t blk0, uint32_t s0, uint32_t s1, uint32
         c3[g] = u32(s1);
     }
     uint32_t ka = k0, kb = k1;
+#pragma GCC unroll 10
     for (int r = 0; r < 10; r++) {
         const __m512i vka = u32(ka), vkb = u32(kb);
+#pragma GCC unroll 4
         for (int g = 0; g < PHILOX_GROUPS; g++) {
             __m512i h0, l0, h1, l1;
             mul_wide(c0[g], m0, &h0, &l0);
