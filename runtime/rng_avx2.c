@@ -168,10 +168,17 @@ AVX2 static inline __m256 erfinv_tail8(__m256 w) {
 /* rng_hd_erfinvf of x[j] into out[j], j < n */
 AVX2 static inline void erfinv_n(int n, const __m256 *x, __m256 *out) {
     __m256 a[RNG_MAXN], t[RNG_MAXN], w[RNG_MAXN], v[RNG_MAXN], p[RNG_MAXN];
+    /* Every lane of every vector inside (-1, 1), as the truncated normal's arguments nearly always are:
+     * 1 - |x| >= 2^-24, so t0 >= 2^-24 keeps its value below, and the result is x g with neither the
+     * infinities of +-1 nor NaN: the blends would select exactly these values (1.04-1.15x on Zen 3). */
+    int inside = 1;
     RNG_EACH {
         a[j] = as_ps(_mm256_and_si256(as_si(x[j]), u32(0x7fffffffu)));
+        inside &= _mm256_movemask_ps(_mm256_cmp_ps(a[j], f32(1.0f), _CMP_LT_OQ)) == 0xFF;
+    }
+    RNG_EACH {
         const __m256 t0 = _mm256_mul_ps(_mm256_sub_ps(f32(1.0f), a[j]), _mm256_add_ps(f32(1.0f), a[j]));
-        t[j] = _mm256_blendv_ps(f32(0x1p-126f), t0, _mm256_cmp_ps(t0, f32(0x1p-126f), _CMP_GE_OQ));
+        t[j] = inside ? t0 : _mm256_blendv_ps(f32(0x1p-126f), t0, _mm256_cmp_ps(t0, f32(0x1p-126f), _CMP_GE_OQ));
     }
     logf_n(n, t, w);
     RNG_EACH {
@@ -193,6 +200,10 @@ AVX2 static inline void erfinv_n(int n, const __m256 *x, __m256 *out) {
         __m256 g = p[j];
         if (_mm256_movemask_ps(central) != 0xFF) g = _mm256_blendv_ps(erfinv_tail8(w[j]), p[j], central);
         __m256 r = _mm256_mul_ps(x[j], g);
+        if (inside) {
+            out[j] = r;
+            continue;
+        }
         const __m256 inf = as_ps(_mm256_or_si256(_mm256_and_si256(as_si(x[j]), u32(0x80000000u)), u32(0x7f800000u)));
         r = _mm256_blendv_ps(r, inf, _mm256_cmp_ps(a[j], f32(1.0f), _CMP_EQ_OQ));
         out[j] = _mm256_blendv_ps(as_ps(u32(0x7fc00000u)), r, _mm256_cmp_ps(a[j], f32(1.0f), _CMP_LE_OQ));
@@ -273,14 +284,19 @@ AVX2 void rng_avx2_chunk(const rng_dist *dp, uint64_t seed, uint64_t stream, uin
         for (int g = 0; g < PHILOX_GROUPS; g++) {
             const v4 w = ws[g];
             __m256 y[4];
+            /* the loops over the 4 words unrolled: as loops, GCC kept the words on the stack (uniform 1.4-1.5x
+             * slower on Zen 3) */
             switch (d.kind) {
             case RNG_DIST_UNIFORM:
+                #pragma GCC unroll 4
                 for (int j = 0; j < 4; j++) y[j] = u01(w.x[j]);
                 break;
             case RNG_DIST_UNIFORM_AB:
+                #pragma GCC unroll 4
                 for (int j = 0; j < 4; j++) y[j] = clamp8(_mm256_fmadd_ps(u01(w.x[j]), span, lo), a, b);
                 break;
             default:
+                #pragma GCC unroll 4
                 for (int j = 0; j < 4; j++) y[j] = mean;
                 break;
             }

@@ -3,9 +3,11 @@
 // digest of init-cpu's state computed before they existed, so the values never change.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -203,6 +205,38 @@ TEST(RngSimdFill, LongRangesOfEveryKindAreBitIdentical) {
         for (rng_path p : paths) {
             rng_fill_dist_path(p, &d, got.data(), 99, 0x5eed, 77, n);
             ASSERT_EQ(bits_diff(ref, got, 77), "") << "path " << p << ", kind " << d.kind;
+        }
+    }
+}
+
+TEST(RngSimdFill, TruncArgumentsAtOrOutsidePlusMinusOneGiveTheScalarInfinitiesAndNaNs) {
+    // rng_dist_trunc_normal never builds these (its arguments lie inside (-1, 1)), but the SIMD codes take
+    // a shorter path only when every lane of a step is inside: hand-made parameters put the inverse
+    // error function's argument at exactly -1 or 1 (lo = +-1, a span below half an ulp), beyond them
+    // (NaN), or a mixture inside each vector, with clamps at +-inf so that inf and NaN come out as they are
+    const std::vector<rng_path> paths = simd_paths();
+    if (paths.empty()) GTEST_SKIP() << "this CPU has no SIMD generator path (AVX2+FMA or AVX-512)";
+    const float inf = std::numeric_limits<float>::infinity();
+    const float cases[][2] = {{1.0f, 0x1p-30f}, {-1.0f, 0x1p-30f}, {0.5f, 1.0f}, {-1.5f, 1.0f}, {-1.25f, 2.5f},
+                              {-0.999f, 1.998f}, {0.99f, 0.0099f}};
+    const size_t n = 4099;
+    for (const auto &c : cases) {
+        rng_dist d;
+        memset(&d, 0, sizeof d);
+        d.kind = RNG_DIST_TRUNC_NORMAL;
+        d.mean = 0.25f, d.std = 1.0f, d.lo = c[0], d.span = c[1], d.scale = 0x1.6a09e6p+0f, d.a = -inf, d.b = inf;
+        std::vector<float> ref(n), got(n);
+        rng_fill_dist_path(RNG_PATH_PORTABLE, &d, ref.data(), 5, 11, 3, n);
+        size_t special = 0;
+        for (float x : ref) special += !std::isfinite(x);
+        if (c[0] == 1.0f || c[0] == -1.0f) {
+            EXPECT_EQ(special, n) << "lo " << c[0] << ": every value infinite";
+        } else if (c[0] == 0.5f || c[0] == -1.5f) {
+            EXPECT_GT(special, n / 3) << "lo " << c[0] << ": NaNs expected";
+        }
+        for (rng_path p : paths) {
+            rng_fill_dist_path(p, &d, got.data(), 5, 11, 3, n);
+            ASSERT_EQ(bits_diff(ref, got, 3), "") << "path " << p << ", lo " << c[0] << ", span " << c[1];
         }
     }
 }
