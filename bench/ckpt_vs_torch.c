@@ -27,6 +27,8 @@
  *     the table) and a read into fresh memory of each file's size (a child per file timing its own
  *     malloc + pread of 4 MiB pieces: the first-touch page faults a load into a new state pays,
  *     printed below the table).
+ *     For init, a memset of fresh pages of the whole state by all threads, timed just before each init
+ *     row in each repetition, and each repetition's own ratio memset / init kept (printed below the table).
  *   PyTorch (when `PYTHON -c "import torch"` works; --python, else FSDP_TORCH_PYTHON, else python3):
  *     bench/ckpt_vs_torch.py with the same names and shapes: dcp.save / dcp.load on 1 and 2
  *     processes (gloo, DTensor Shard(0) halves like FSDP2), and meta-init + to_empty + init. */
@@ -52,6 +54,8 @@ enum fig {
     /* per repetition: the convert's rate over its ceiling measured beside it (cp + sync, dd oflag=direct + sync) */
     F_Q_TO_ST_CP, F_Q_TO_ST_DD, F_Q_TO_DCP_CP, F_Q_TO_DCP_DD, F_Q_RESHARD_CP, F_Q_RESHARD_DD,
     F_INIT_CPU, F_INIT_META1, F_INIT_META2, F_TINIT, F_MEMSET,
+    /* per repetition: the memset of fresh pages timed just before an init row over that row's seconds */
+    F_Q_INIT_CPU, F_Q_INIT_META1, F_Q_INIT_META2,
     F_COUNT
 };
 
@@ -364,20 +368,27 @@ static int rep_io(cvt_run *r, int np, int rep) {
     return 0;
 }
 
+/* The memset of fresh pages (the whole state by all threads: the ceiling of 1 rank, and of 2 ranks filling their
+ * halves at once), then init row f, each after a settle; q gets the memset's seconds over the row's (this VM's
+ * memory drifts 1.5-2x between minutes: only adjacent pairs compare). */
+static void init_beside_memset(cvt_run *r, enum fig f, enum fig q, int np, const char *recipe) {
+    settle(r);
+    const double ms = bench_memset_seconds((size_t)r->state_bytes, r->o.threads);
+    put(r, F_MEMSET, ms);
+    settle(r);
+    const double s = fsdp_stage(r, np, recipe, NULL, "init", "seconds_init");
+    put(r, f, s);
+    if (ms > 0 && s > 0) put(r, q, ms / s);
+}
+
 static void rep_init(cvt_run *r) {
-    settle(r);
-    put(r, F_INIT_CPU, fsdp_stage(r, 1, "init_cpu", NULL, "init", "seconds_init"));
-    settle(r);
-    put(r, F_INIT_META1, fsdp_stage(r, 1, "init_meta", NULL, "init", "seconds_init"));
-    settle(r);
-    put(r, F_INIT_META2, fsdp_stage(r, 2, "init_meta", NULL, "init", "seconds_init"));
+    init_beside_memset(r, F_INIT_CPU, F_Q_INIT_CPU, 1, "init_cpu");
+    init_beside_memset(r, F_INIT_META1, F_Q_INIT_META1, 1, "init_meta");
+    init_beside_memset(r, F_INIT_META2, F_Q_INIT_META2, 2, "init_meta");
     if (r->o.torch) {
         settle(r);
         torch_run(r, "--part init");
     }
-    /* the ceiling of 1 rank, and of 2 ranks filling their halves at once: the whole state by all threads */
-    settle(r);
-    put(r, F_MEMSET, bench_memset_seconds((size_t)r->state_bytes, r->o.threads));
 }
 
 /* "2.61x faster" / "2.40x SLOWER" of rate a against rate b; "-" when either is missing */
@@ -443,6 +454,20 @@ static void print_convert_ratios(cvt_run *r) {
     printf("  ceilings' medians: DCP dd oflag=direct + sync %.2f s, safetensors dd oflag=direct + sync %.2f s\n", dd, dds);
 }
 
+/* the init rows again as the median (min - max) of each repetition's memset / init */
+static void print_init_ratios(cvt_run *r) {
+    if (!r->o.init) return;
+    printf("\ninit vs the memset of fresh pages timed just before it in the same repetition (median of %d per-repetition "
+           "ratios memset / init, min - max; >= 0.80: issue 40's bar):\n", r->n[F_Q_INIT_CPU]);
+    const char *names[3] = {"init-cpu, 1 rank", "init-meta, 1 rank", "init-meta, 2 ranks"};
+    const enum fig f[3] = {F_Q_INIT_CPU, F_Q_INIT_META1, F_Q_INIT_META2};
+    for (int k = 0; k < 3; k++) {
+        double m = median(r, f[k]); /* sorts: min and max are the ends */
+        int n = r->n[f[k]];
+        if (n) printf("  %-20s %.2f (%.2f - %.2f)\n", names[k], m, r->v[f[k]][0], r->v[f[k]][n - 1]);
+    }
+}
+
 static void print_table(cvt_run *r) {
     double b1 = r->ck_bytes[1], b2 = r->ck_bytes[2], tb1 = r->torch_bytes[1], tb2 = r->torch_bytes[2];
     printf("\n| work | fsdp-run | PyTorch | ceiling on this machine | fsdp-run vs PyTorch | fsdp-run vs ceiling |\n");
@@ -469,6 +494,7 @@ static void print_table(cvt_run *r) {
         r->state_bytes / 2, median(r, F_MEMSET), "memset of both halves at once");
     print_load_ceilings(r);
     print_convert_ratios(r);
+    print_init_ratios(r);
     printf("\nGB/s: checkpoint bytes (files' apparent sizes) / seconds; init: float32 bytes of the weights / seconds.\n");
     printf("checkpoint: fsdp-run %.3f GB (1 rank) %.3f GB (2 ranks); safetensors %.3f GB", b1 / 1e9, b2 / 1e9,
            r->st_bytes / 1e9);
