@@ -18,43 +18,23 @@ typedef __m256 rv_m; /* all-ones lanes where true */
 
 #define RV_TARGET AVX2
 #define RV_W 8
+#define RV_OP(x) _mm256_##x
+#define RV_SI(x) _mm256_##x##_si256
+#define RV_CMP(a, b, pred) _mm256_cmp_ps(a, b, pred)
 #define RV_CHUNK_FN rng_avx2_chunk
-#define RV_SRLI(v, n) _mm256_srli_epi32(v, n)
-#define RV_SLLI(v, n) _mm256_slli_epi32(v, n)
-#define RV_SRAI(v, n) _mm256_srai_epi32(v, n)
 
-AVX2 static inline rv_i rv_u32(uint32_t v) { return _mm256_set1_epi32((int)v); }
-AVX2 static inline rv_f rv_f32(float v) { return _mm256_set1_ps(v); }
 AVX2 static inline rv_i rv_lane(void) { return _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7); }
 AVX2 static inline rv_f rv_as_ps(rv_i v) { return _mm256_castsi256_ps(v); }
 AVX2 static inline rv_i rv_as_si(rv_f v) { return _mm256_castps_si256(v); }
-AVX2 static inline rv_f rv_add(rv_f a, rv_f b) { return _mm256_add_ps(a, b); }
-AVX2 static inline rv_f rv_sub(rv_f a, rv_f b) { return _mm256_sub_ps(a, b); }
-AVX2 static inline rv_f rv_mul(rv_f a, rv_f b) { return _mm256_mul_ps(a, b); }
-AVX2 static inline rv_f rv_div(rv_f a, rv_f b) { return _mm256_div_ps(a, b); }
-AVX2 static inline rv_f rv_fma(rv_f a, rv_f b, rv_f c) { return _mm256_fmadd_ps(a, b, c); }
-AVX2 static inline rv_f rv_sqrt(rv_f a) { return _mm256_sqrt_ps(a); }
-AVX2 static inline rv_f rv_min(rv_f a, rv_f b) { return _mm256_min_ps(a, b); }
-AVX2 static inline rv_f rv_max(rv_f a, rv_f b) { return _mm256_max_ps(a, b); }
-AVX2 static inline rv_i rv_iadd(rv_i a, rv_i b) { return _mm256_add_epi32(a, b); }
-AVX2 static inline rv_i rv_isub(rv_i a, rv_i b) { return _mm256_sub_epi32(a, b); }
-AVX2 static inline rv_i rv_iand(rv_i a, rv_i b) { return _mm256_and_si256(a, b); }
-AVX2 static inline rv_i rv_ior(rv_i a, rv_i b) { return _mm256_or_si256(a, b); }
-AVX2 static inline rv_i rv_ixor(rv_i a, rv_i b) { return _mm256_xor_si256(a, b); }
-AVX2 static inline rv_f rv_cvt(rv_i a) { return _mm256_cvtepi32_ps(a); }
-AVX2 static inline rv_m rv_lt(rv_f a, rv_f b) { return _mm256_cmp_ps(a, b, _CMP_LT_OQ); }
-AVX2 static inline rv_m rv_ge(rv_f a, rv_f b) { return _mm256_cmp_ps(a, b, _CMP_GE_OQ); }
-AVX2 static inline rv_m rv_eq(rv_f a, rv_f b) { return _mm256_cmp_ps(a, b, _CMP_EQ_OQ); }
-AVX2 static inline rv_m rv_le(rv_f a, rv_f b) { return _mm256_cmp_ps(a, b, _CMP_LE_OQ); }
 /* unsigned a < b: the signed compare of both with the top bit flipped */
 AVX2 static inline rv_m rv_ltu(rv_i a, rv_i b) {
-    const rv_i bias = rv_u32(0x80000000u);
+    const rv_i bias = _mm256_set1_epi32(INT32_MIN);
     return rv_as_ps(_mm256_cmpgt_epi32(_mm256_xor_si256(b, bias), _mm256_xor_si256(a, bias)));
 }
 AVX2 static inline rv_f rv_sel(rv_m m, rv_f t, rv_f f) { return _mm256_blendv_ps(f, t, m); }
 AVX2 static inline rv_i rv_seli(rv_m m, rv_i t, rv_i f) { return rv_as_si(_mm256_blendv_ps(rv_as_ps(f), rv_as_ps(t), m)); }
 AVX2 static inline int rv_all(rv_m m) { return _mm256_movemask_ps(m) == 0xFF; }
-AVX2 static inline rv_m rv_odd(rv_i q) { return rv_as_ps(_mm256_cmpeq_epi32(_mm256_and_si256(q, rv_u32(1u)), rv_u32(1u))); }
+AVX2 static inline rv_m rv_odd(rv_i q) { return rv_as_ps(_mm256_cmpeq_epi32(_mm256_and_si256(q, _mm256_set1_epi32(1)), _mm256_set1_epi32(1))); }
 
 /* (hi, lo) of the 32 x 32 -> 64-bit products a * m, lane by lane. */
 AVX2 static inline void rv_mul_wide(rv_i a, rv_i m, rv_i *hi, rv_i *lo) {

@@ -16,39 +16,19 @@ typedef __mmask16 rv_m;
 
 #define RV_TARGET AVX512
 #define RV_W 16
+#define RV_OP(x) _mm512_##x
+#define RV_SI(x) _mm512_##x##_si512
+#define RV_CMP(a, b, pred) _mm512_cmp_ps_mask(a, b, pred)
 #define RV_CHUNK_FN rng_avx512_chunk
-#define RV_SRLI(v, n) _mm512_srli_epi32(v, n)
-#define RV_SLLI(v, n) _mm512_slli_epi32(v, n)
-#define RV_SRAI(v, n) _mm512_srai_epi32(v, n)
 
-AVX512 static inline rv_i rv_u32(uint32_t v) { return _mm512_set1_epi32((int)v); }
-AVX512 static inline rv_f rv_f32(float v) { return _mm512_set1_ps(v); }
 AVX512 static inline rv_i rv_lane(void) { return _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15); }
 AVX512 static inline rv_f rv_as_ps(rv_i v) { return _mm512_castsi512_ps(v); }
 AVX512 static inline rv_i rv_as_si(rv_f v) { return _mm512_castps_si512(v); }
-AVX512 static inline rv_f rv_add(rv_f a, rv_f b) { return _mm512_add_ps(a, b); }
-AVX512 static inline rv_f rv_sub(rv_f a, rv_f b) { return _mm512_sub_ps(a, b); }
-AVX512 static inline rv_f rv_mul(rv_f a, rv_f b) { return _mm512_mul_ps(a, b); }
-AVX512 static inline rv_f rv_div(rv_f a, rv_f b) { return _mm512_div_ps(a, b); }
-AVX512 static inline rv_f rv_fma(rv_f a, rv_f b, rv_f c) { return _mm512_fmadd_ps(a, b, c); }
-AVX512 static inline rv_f rv_sqrt(rv_f a) { return _mm512_sqrt_ps(a); }
-AVX512 static inline rv_f rv_min(rv_f a, rv_f b) { return _mm512_min_ps(a, b); }
-AVX512 static inline rv_f rv_max(rv_f a, rv_f b) { return _mm512_max_ps(a, b); }
-AVX512 static inline rv_i rv_iadd(rv_i a, rv_i b) { return _mm512_add_epi32(a, b); }
-AVX512 static inline rv_i rv_isub(rv_i a, rv_i b) { return _mm512_sub_epi32(a, b); }
-AVX512 static inline rv_i rv_iand(rv_i a, rv_i b) { return _mm512_and_si512(a, b); }
-AVX512 static inline rv_i rv_ior(rv_i a, rv_i b) { return _mm512_or_si512(a, b); }
-AVX512 static inline rv_i rv_ixor(rv_i a, rv_i b) { return _mm512_xor_si512(a, b); }
-AVX512 static inline rv_f rv_cvt(rv_i a) { return _mm512_cvtepi32_ps(a); }
-AVX512 static inline rv_m rv_lt(rv_f a, rv_f b) { return _mm512_cmp_ps_mask(a, b, _CMP_LT_OQ); }
-AVX512 static inline rv_m rv_ge(rv_f a, rv_f b) { return _mm512_cmp_ps_mask(a, b, _CMP_GE_OQ); }
-AVX512 static inline rv_m rv_eq(rv_f a, rv_f b) { return _mm512_cmp_ps_mask(a, b, _CMP_EQ_OQ); }
-AVX512 static inline rv_m rv_le(rv_f a, rv_f b) { return _mm512_cmp_ps_mask(a, b, _CMP_LE_OQ); }
 AVX512 static inline rv_m rv_ltu(rv_i a, rv_i b) { return _mm512_cmplt_epu32_mask(a, b); }
 AVX512 static inline rv_f rv_sel(rv_m m, rv_f t, rv_f f) { return _mm512_mask_blend_ps(m, f, t); }
 AVX512 static inline rv_i rv_seli(rv_m m, rv_i t, rv_i f) { return _mm512_mask_blend_epi32(m, f, t); }
 AVX512 static inline int rv_all(rv_m m) { return m == 0xFFFF; }
-AVX512 static inline rv_m rv_odd(rv_i q) { return _mm512_test_epi32_mask(q, rv_u32(1u)); }
+AVX512 static inline rv_m rv_odd(rv_i q) { return _mm512_test_epi32_mask(q, _mm512_set1_epi32(1)); }
 
 /* (hi, lo) of the 32 x 32 -> 64-bit products a * m, lane by lane. */
 AVX512 static inline void rv_mul_wide(rv_i a, rv_i m, rv_i *hi, rv_i *lo) {

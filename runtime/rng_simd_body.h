@@ -4,12 +4,12 @@
  *
  *   RV_TARGET             the function attribute that enables the ISA
  *   RV_W                  lanes per vector
+ *   RV_OP(x), RV_SI(x)    an intrinsic's name from its stem (add_ps: _mm256_add_ps; and: _mm256_and_si256),
+ *                         for the operations both ISAs name alike (the wrappers below)
+ *   RV_CMP(a, b, pred)    the float compare with predicate pred, as an rv_m
  *   rv_f, rv_i, rv_m      float vector, int32 vector, compare mask
- *   rv_u32 rv_f32 rv_lane rv_as_ps rv_as_si    broadcasts, 0 .. RV_W - 1, bit casts
- *   rv_add rv_sub rv_mul rv_div rv_fma rv_sqrt rv_min rv_max    IEEE float operations (rv_fma is
- *                         fmaf; min / max return their second operand when unordered, as minps)
- *   rv_iadd rv_isub rv_iand rv_ior rv_ixor, RV_SRLI RV_SLLI RV_SRAI (shift by a constant), rv_cvt (int -> float)
- *   rv_lt rv_ge rv_eq rv_le (ordered, quiet), rv_ltu (unsigned int), rv_sel(m, t, f) = m ? t : f
+ *   rv_lane rv_as_ps rv_as_si    0 .. RV_W - 1, bit casts
+ *   rv_ltu (unsigned int <), rv_sel(m, t, f) = m ? t : f
  *   (rv_seli on int vectors), rv_all(m) (every lane set), rv_odd(q) (q & 1 set)
  *   rv_mul_wide(a, m, &hi, &lo)    the 32 x 32 -> 64-bit products, lane by lane
  *   rv_store_blocks(out, y0, y1, y2, y3)    element 4 b + j from yj's lane b: 4 RV_W floats
@@ -24,6 +24,33 @@
  * Zen 4). Every operation is the correctly rounded IEEE one of the scalar code (add, sub, mul, div,
  * sqrt, fmadd = fmaf, exact int <-> float conversions, bit operations, compares and selects with the
  * scalar code's NaN behaviour), so the bits are equal. Internal to runtime/rng_avx*.c. */
+
+/* The operations both ISAs name alike: IEEE float arithmetic (rv_fma is fmaf; min / max return their second
+ * operand when unordered, as minps does), int32 arithmetic and bits, exact int -> float conversion. */
+RV_TARGET static inline rv_i rv_u32(uint32_t v) { return RV_OP(set1_epi32)((int)v); }
+RV_TARGET static inline rv_f rv_f32(float v) { return RV_OP(set1_ps)(v); }
+RV_TARGET static inline rv_f rv_add(rv_f a, rv_f b) { return RV_OP(add_ps)(a, b); }
+RV_TARGET static inline rv_f rv_sub(rv_f a, rv_f b) { return RV_OP(sub_ps)(a, b); }
+RV_TARGET static inline rv_f rv_mul(rv_f a, rv_f b) { return RV_OP(mul_ps)(a, b); }
+RV_TARGET static inline rv_f rv_div(rv_f a, rv_f b) { return RV_OP(div_ps)(a, b); }
+RV_TARGET static inline rv_f rv_fma(rv_f a, rv_f b, rv_f c) { return RV_OP(fmadd_ps)(a, b, c); }
+RV_TARGET static inline rv_f rv_sqrt(rv_f a) { return RV_OP(sqrt_ps)(a); }
+RV_TARGET static inline rv_f rv_min(rv_f a, rv_f b) { return RV_OP(min_ps)(a, b); }
+RV_TARGET static inline rv_f rv_max(rv_f a, rv_f b) { return RV_OP(max_ps)(a, b); }
+RV_TARGET static inline rv_i rv_iadd(rv_i a, rv_i b) { return RV_OP(add_epi32)(a, b); }
+RV_TARGET static inline rv_i rv_isub(rv_i a, rv_i b) { return RV_OP(sub_epi32)(a, b); }
+RV_TARGET static inline rv_i rv_iand(rv_i a, rv_i b) { return RV_SI(and)(a, b); }
+RV_TARGET static inline rv_i rv_ior(rv_i a, rv_i b) { return RV_SI(or)(a, b); }
+RV_TARGET static inline rv_i rv_ixor(rv_i a, rv_i b) { return RV_SI(xor)(a, b); }
+RV_TARGET static inline rv_f rv_cvt(rv_i a) { return RV_OP(cvtepi32_ps)(a); }
+/* ordered, quiet compares (false where either is NaN, as the scalar code's <, >=, ==, <=) */
+RV_TARGET static inline rv_m rv_lt(rv_f a, rv_f b) { return RV_CMP(a, b, _CMP_LT_OQ); }
+RV_TARGET static inline rv_m rv_ge(rv_f a, rv_f b) { return RV_CMP(a, b, _CMP_GE_OQ); }
+RV_TARGET static inline rv_m rv_eq(rv_f a, rv_f b) { return RV_CMP(a, b, _CMP_EQ_OQ); }
+RV_TARGET static inline rv_m rv_le(rv_f a, rv_f b) { return RV_CMP(a, b, _CMP_LE_OQ); }
+#define RV_SRLI(v, n) RV_OP(srli_epi32)(v, n)
+#define RV_SLLI(v, n) RV_OP(slli_epi32)(v, n)
+#define RV_SRAI(v, n) RV_OP(srai_epi32)(v, n)
 
 /* Each j < n (n <= RNG_MAXN, a constant once inlined): one statement on n vectors, unrolled. */
 #define RNG_MAXN 8
@@ -292,6 +319,9 @@ RV_TARGET void RV_CHUNK_FN(const rng_dist *dp, uint64_t seed, uint64_t stream, u
     }
 }
 
+#undef RV_SRLI
+#undef RV_SLLI
+#undef RV_SRAI
 #undef RNG_MAXN
 #undef RNG_EACH
 #undef PHILOX_GROUPS
