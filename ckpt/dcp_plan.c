@@ -49,12 +49,29 @@ static int same_slab(const dcp_item *x, int dim, uint32_t i, uint32_t j) {
     return p->offsets[dim] == q->offsets[dim] && p->sizes[dim] == q->sizes[dim];
 }
 
+/* the slabs of the sorted ord: runs of one extent along dim (every chunk of a 0-d tensor its own) */
+static size_t count_slabs(const dcp_item *x, const dcp_plan_ix *ix) {
+    size_t ns = 0;
+    for (size_t q = 0; q < ix->n; q++) ns += !x->ndim || q == 0 || !same_slab(x, ix->dim, ix->ord[q - 1], ix->ord[q]);
+    return ns;
+}
+
+/* dim2 chosen, and the chunks of each slab of several sorted along it (only a grid pays for it: a Shard(0)
+ * layout's slabs are single chunks) */
+static void sort_slabs(const dcp_item *x, dcp_plan_ix *ix, int64_t *tmp) {
+    ix->dim2 = sweep_dim(x, ix->ord, ix->n, tmp, ix->dim);
+    sort_ctx s = {x, ix->dim, ix->dim2};
+    for (size_t q0 = 0, q1; q0 < ix->n; q0 = q1) {
+        for (q1 = q0 + 1; q1 < ix->n && same_slab(x, ix->dim, ix->ord[q0], ix->ord[q1]); q1++) {
+        }
+        if (q1 - q0 > 1) qsort_r(ix->ord + q0, q1 - q0, sizeof *ix->ord, cmp_chunk, &s);
+    }
+}
+
 /* The slabs of the sorted ord and, where a slab holds several chunks, the second level; nonzero when out of
  * memory. */
 static int build_slabs(const dcp_item *x, dcp_plan_ix *ix) {
     int nd = x->ndim, d = ix->dim;
-    ix->ns = 0;
-    for (size_t q = 0; q < ix->n; q++) ix->ns += !nd || q == 0 || !same_slab(x, d, ix->ord[q - 1], ix->ord[q]);
     size_t cs = ix->ns ? ix->ns : 1;
     ix->sstart = malloc(cs * sizeof *ix->sstart);
     ix->smaxend = malloc(cs * sizeof *ix->smaxend);
@@ -103,10 +120,12 @@ int dcp_plan_ix_build(const dcp_item *x, dcp_plan_ix *ix, fsdp_err *err) {
             if (fsdp_numel(x->ndim, x->chunks[k].sizes) != 0) ix->ord[ix->n++] = (uint32_t)k;
         if (x->ndim > 0) {
             ix->dim = x->ndim > 1 ? sweep_dim(x, ix->ord, ix->n, tmp, -1) : 0;
-            ix->dim2 = x->ndim > 1 ? sweep_dim(x, ix->ord, ix->n, tmp, ix->dim) : -1;
-            sort_ctx s = {x, ix->dim, ix->dim2};
+            sort_ctx s = {x, ix->dim, -1};
             qsort_r(ix->ord, ix->n, sizeof *ix->ord, cmp_chunk, &s);
         }
+        ix->ns = count_slabs(x, ix);
+        if (ix->ns < ix->n && x->ndim > 1) /* a grid: each slab's chunks in order along a second dim */
+            sort_slabs(x, ix, tmp);
         rc = build_slabs(x, ix);
     }
     free(tmp);
