@@ -6,18 +6,24 @@
 // "PyTorch's own float32 error" is the largest deviation from the float64 run of 6 float32 runs of the
 // same steps (plain, and with the initial weights perturbed by one ulp and the batch rows permuted: the
 // generator's F32_RUNS), recorded per config, per step and per checkpoint tensor.
-//   loss, ce_loss      |got - ref| <= max(1e-7 * ref, 2 * P)     (every step; P = the largest |loss - ref| of
-//                      PyTorch's float32 runs over the config's steps: on some configs PyTorch itself is
-//                      further than 1e-7 from the float64 run, up to 2e-7 relative, and float32 cannot be
-//                      asked to do better than float32)
+//   loss, ce_loss      |got - ref| <= 1e-7 * ref                  (every step; PyTorch's own float32 runs miss
+//                      this on 39 of the 72 configs, by up to 2.2e-7: their loss is a float32 scalar whose
+//                      ulp is 1.1e-7 of it near 4, and torch's float32 AdamW biases every weight toward a
+//                      shorter step, which moves the next loss by up to 1.3e-7; fsdp-run sums the loss in
+//                      double and rounds the AdamW step once (kernels/cpu/kc_adamw.c))
 //   aux_loss           |got - ref| <= 1e-6 * ref                  (transformers computes it in float32)
-//   grad_norm          |got - ref| <= max(1e-5 * ref, 2 * G)     (every step; G likewise for the grad norm)
+//   grad_norm          |got - ref| <= 1e-5 * ref                  (every step)
 //   step-0 gradient    per parameter, max |got - ref| <= 4 * max(e, r * max|ref|), e = PyTorch's own
 //                      float32 error on that parameter (its checkpoint tensors' largest), r = the median
 //                      over the config's parameters of PyTorch's relative float32 error (so a parameter
 //                      PyTorch happened to get exactly is held to the config's typical float32 error, not
 //                      to exactness)
-//   final weights      max |got - ref| <= 3 * PyTorch's float32 run's distance from the float64 one
+//   final weights      max |got - ref| <= 3 * W, W = the largest distance of PyTorch's float32 runs' final
+//                      weights from the float64 run's. 3 is PyTorch's own spread: one of its float32 runs is
+//                      up to 2.8 times as far as the farthest of the other five (grid.json's f32_spread;
+//                      HfGrid.WeightFactorIsPyTorchsOwnSpread checks it on every config), the max being set
+//                      by the few elements whose gradient is at float32's noise (a k bias the softmax nearly
+//                      ignores) and whose AdamW step then hangs on that noise
 //   bf16 (GPU)         per step |x - ref| <= 2 * B for the loss, ce_loss, aux_loss and grad_norm, B the largest
 //                      deviation over the steps of PyTorch's own bf16 runs (the generator's bf16_envelope:
 //                      transformers' autocast, FSDP2's MixedPrecisionPolicy(param_dtype=bf16,
@@ -104,7 +110,7 @@ struct Ref {
     std::vector<Step> steps, f32_steps, bf16_steps;
     std::vector<std::vector<int>> micro_batches; // the variant's groups of batch rows
     double loss_after = 0, ce_after = 0, f32_weight_diff = 0, bf16_weight_diff = 0;
-    double f32_loss_err = 0, f32_ce_err = 0, f32_gn_err = 0; // PyTorch's float32 runs: largest |x - ref| over the steps
+    std::vector<double> f32_weight_runs; // each float32 run's final-weight distance (f32_weight_diff: their max)
     double bf16_loss_err = 0, bf16_ce_err = 0, bf16_aux_err = 0, bf16_gn_err = 0; // PyTorch's bf16 runs, likewise
     std::map<std::string, double> f32_grad_err; // checkpoint name -> PyTorch's float32 error
     double f32_rel_median = 0;                   // median over parameters of f32 error / max |grad|
@@ -155,9 +161,8 @@ struct Ref {
         json_t *f = json_object_get(var, "f32_run");
         f32_steps = read_steps(json_object_get(f, "steps"));
         f32_weight_diff = json_number_value(json_object_get(f, "max_abs_weight_diff"));
-        f32_loss_err = max_of(json_object_get(f, "loss_err"));
-        f32_ce_err = max_of(json_object_get(f, "ce_err"));
-        f32_gn_err = max_of(json_object_get(f, "gn_err"));
+        json_t *wr = json_object_get(f, "max_abs_weight_diff_per_run");
+        for (size_t i = 0; i < json_array_size(wr); i++) f32_weight_runs.push_back(json_number_value(json_array_get(wr, i)));
         const char *k;
         json_t *x;
         json_object_foreach(json_object_get(f, "step0_grad_max_abs_err"), k, x) f32_grad_err[k] = json_number_value(x);
@@ -186,6 +191,12 @@ inline std::vector<std::string> hf_parts(const decoder_config &c, const decoder_
     return out;
 }
 
+// The final weights' tolerance in units of PyTorch's own float32 distance (see the top).
+constexpr double kWeightFactor = 3.0;
+
+// The float32 tolerance of a loss (or its cross-entropy) against the float64 run's value (see the top).
+inline double loss_tol(double ref) { return 1e-7 * std::fabs(ref); }
+
 // The per-config failures of a grid test, reported together at the end (which configs, what failed).
 struct Report {
     std::string what;
@@ -210,10 +221,9 @@ struct Report {
         }
         for (size_t k = 0; k < got.size(); k++) {
             const Step &w = r.steps[k];
-            const double tl = bf16 ? 2 * r.bf16_loss_err : std::max(1e-7 * w.loss, 2 * r.f32_loss_err),
-                         tc = bf16 ? 2 * r.bf16_ce_err : std::max(1e-7 * w.ce, 2 * r.f32_ce_err),
+            const double tl = bf16 ? 2 * r.bf16_loss_err : loss_tol(w.loss), tc = bf16 ? 2 * r.bf16_ce_err : loss_tol(w.ce),
                          ta = bf16 ? 2 * r.bf16_aux_err : 1e-6 * std::fabs(w.aux),
-                         tg = bf16 ? 2 * r.bf16_gn_err : std::max(1e-5 * w.gn, 2 * r.f32_gn_err);
+                         tg = bf16 ? 2 * r.bf16_gn_err : 1e-5 * std::fabs(w.gn);
             std::string s = tag + "step " + std::to_string(k + 1) + " ";
             check(r, s + "loss", got[k].loss, w.loss, tl);
             check(r, s + "ce_loss", got[k].ce, w.ce, tc);
@@ -222,7 +232,7 @@ struct Report {
         }
     }
     void check_weights(const Ref &r, double max_abs_diff, const std::string &tag) {
-        check(r, tag + "final weights (max |w - w_ref|)", max_abs_diff, 0.0, 3 * r.f32_weight_diff);
+        check(r, tag + "final weights (max |w - w_ref|)", max_abs_diff, 0.0, kWeightFactor * r.f32_weight_diff);
     }
     // One parameter's step-0 gradient: max |got - ref| against PyTorch's own float32 error (see the top).
     void check_grad(const Ref &r, const std::string &param, const std::vector<std::string> &parts, double err,

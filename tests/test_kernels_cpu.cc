@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <random>
@@ -478,6 +479,51 @@ TEST(KcAdamw, TenStepsMatchDoubleReference) {
     EXPECT_LT(rel_err(p, pd), 1e-6);
     EXPECT_LT(rel_err(m, md), 1e-6);
     EXPECT_LT(rel_err(v, vd), 1e-6);
+}
+
+// One step from float32 state is the exact AdamW step rounded once: p, m and v within half an ulp of
+// the step evaluated in long double, over weights of every scale (norm weights at 1.0, zero biases,
+// normal weights, ones a step away from zero) and gradients from 1e-12 to 1e2 of either sign. torch's
+// float32 path (the decayed weight rounded before the step is added) misses this by up to several ulps
+// and is biased toward a shorter step (kc_adamw.c).
+TEST(KcAdamw, OneStepIsTheExactStepRoundedOnce) {
+    const int n = 200000;
+    std::mt19937 rng(41);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    std::uniform_real_distribution<double> ud(-12.0, 2.0);
+    std::vector<float> p(n), g(n), m(n), v(n);
+    for (int i = 0; i < n; i++) {
+        const int kind = i % 5;
+        p[i] = kind == 0 ? 1.0f : kind == 1 ? 0.0f : kind == 2 ? 0.02f * nd(rng) : kind == 3 ? 5e-4f * nd(rng) : nd(rng);
+        g[i] = (float)((nd(rng) < 0 ? -1.0 : 1.0) * std::pow(10.0, ud(rng)));
+        m[i] = i % 3 ? 0.1f * g[i] * nd(rng) : 0.0f;
+        v[i] = i % 3 ? std::fabs(g[i] * g[i] * nd(rng)) : 0.0f;
+    }
+    for (int step : {1, 3}) {
+        const kc_adamw_hparams h = {5e-4, 0.9, 0.95, 1e-8, 0.1};
+        std::vector<float> p1 = p, m1 = m, v1 = v;
+        kc_adamw_step(p1.data(), g.data(), m1.data(), v1.data(), n, &h, step);
+        const long double b1 = 0.9L, b2 = 0.95L, lr = 5e-4L, bc1 = 1 - std::pow(b1, step), bc2 = 1 - std::pow(b2, step);
+        int off = 0;
+        std::string first;
+        for (int i = 0; i < n; i++) {
+            const long double gi = g[i], mi = b1 * m[i] + (1 - b1) * gi, vi = b2 * v[i] + (1 - b2) * gi * gi;
+            const long double pi = p[i] * (1 - lr * 0.1L) - lr / bc1 * mi / (std::sqrt(vi) / std::sqrt(bc2) + 1e-8L);
+            const long double want[3] = {pi, mi, vi};
+            const float got[3] = {p1[i], m1[i], v1[i]};
+            for (int k = 0; k < 3; k++) {
+                const float r = (float)want[k];
+                const long double half = 0.5L * ((long double)std::nextafter(std::fabs(r), INFINITY) - std::fabs(r));
+                if (std::fabs((long double)got[k] - want[k]) > half * (1 + 1e-6L) && off++ == 0) {
+                    char b[160];
+                    snprintf(b, sizeof b, "element %d %s %.9g, exact %.12Lg", i, k == 0 ? "p" : k == 1 ? "m" : "v",
+                             (double)got[k], want[k]);
+                    first = b;
+                }
+            }
+        }
+        EXPECT_EQ(off, 0) << "step " << step << ": " << off << " results more than half an ulp from the exact step; first: " << first;
+    }
 }
 
 TEST(KcClip, NormAndCoefficient) {

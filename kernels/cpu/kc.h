@@ -149,8 +149,10 @@ typedef struct kc_adamw_hparams {
     double weight_decay;
 } kc_adamw_hparams;
 
-/* torch.optim.AdamW (foreach=False, amsgrad=False, maximize=False) for float32 params, in the same
- * order of float operations; step is the step count after the increment (1 for the first step). */
+/* torch.optim.AdamW (amsgrad=False, maximize=False) for float32 params: its update evaluated in double
+ * from the float32 p, g, m, v, and p, m, v each rounded once to float (within half a float32 ulp of a
+ * float64 AdamW step from the same state; torch's float32 path rounds each intermediate and its
+ * float32 decay constant biases every weight); step is the step count after the increment (1 first). */
 void kc_adamw_step(float *p, const float *g, float *m, float *v, int64_t n, const kc_adamw_hparams *h,
                    int64_t step);
 

@@ -87,11 +87,11 @@ __device__ __forceinline__ int opt_find(const int64_t *starts, int count, int64_
 }
 
 struct adamw_consts {
-    float decay, w1, b2, w2, bc2_sqrt, eps, neg_step;
-    int lerp_low;
+    double decay, b1, w1, b2, w2, bc2_sqrt, eps, neg_step;
 };
 
-// kc_adamw_step's loop body, operation for operation (no contraction into FMAs).
+// kc_adamw_step's loop body, operation for operation in double (no contraction into FMAs), each of p, m
+// and v rounded to float once.
 __global__ void __launch_bounds__(OPT_THREADS)
     adamw_kernel(const kcu_tensor *ts, const int64_t *starts, int count, adamw_consts c, const float *guard) {
     if (guard && guard[1] != 0.0f) return; // a non-finite step: nothing changes
@@ -101,17 +101,13 @@ __global__ void __launch_bounds__(OPT_THREADS)
     const int64_t i0 = (blk - starts[t]) * OPT_CHUNK;
     const int64_t i1 = i0 + OPT_CHUNK < x.n ? i0 + OPT_CHUNK : x.n;
     for (int64_t i = i0 + threadIdx.x; i < i1; i += OPT_THREADS) {
-        const float gi = x.g[i];
-        const float pi = __fmul_rn(x.p[i], c.decay);
-        float mi = x.m[i];
-        mi = c.lerp_low ? __fadd_rn(mi, __fmul_rn(c.w1, __fsub_rn(gi, mi)))
-                        : __fsub_rn(gi, __fmul_rn(__fsub_rn(gi, mi), __fsub_rn(1.0f, c.w1)));
-        float vi = __fmul_rn(x.v[i], c.b2);
-        vi = __fadd_rn(vi, __fmul_rn(__fmul_rn(c.w2, gi), gi));
-        const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), c.bc2_sqrt), c.eps);
-        x.p[i] = __fadd_rn(pi, __fdiv_rn(__fmul_rn(c.neg_step, mi), denom));
-        x.m[i] = mi;
-        x.v[i] = vi;
+        const double gi = x.g[i];
+        const double mi = __dadd_rn(__dmul_rn(c.b1, (double)x.m[i]), __dmul_rn(c.w1, gi));
+        const double vi = __dadd_rn(__dmul_rn(c.b2, (double)x.v[i]), __dmul_rn(__dmul_rn(c.w2, gi), gi));
+        const double denom = __dadd_rn(__ddiv_rn(__dsqrt_rn(vi), c.bc2_sqrt), c.eps);
+        x.p[i] = (float)__dadd_rn(__dmul_rn((double)x.p[i], c.decay), __ddiv_rn(__dmul_rn(c.neg_step, mi), denom));
+        x.m[i] = (float)mi;
+        x.v[i] = (float)vi;
     }
 }
 
@@ -178,16 +174,14 @@ KCU_API int kcu_adamw_step_guarded(const kcu_tensor_list *l, const kc_adamw_hpar
     if (l->blocks == 0) return FSDP_OK;
     // The constants of kc_adamw_step (kernels/cpu/kc_adamw.c), computed the same way on the host.
     adamw_consts c;
-    c.decay = (float)(1.0 - h->lr * h->weight_decay);
-    c.w1 = (float)(1.0 - h->beta1);
-    c.b2 = (float)h->beta2;
-    c.w2 = (float)(1.0 - h->beta2);
-    const double bc1 = 1.0 - pow(h->beta1, (double)step);
-    const double bc2 = 1.0 - pow(h->beta2, (double)step);
-    c.bc2_sqrt = (float)sqrt(bc2);
-    c.eps = (float)h->eps;
-    c.neg_step = (float)(-(h->lr / bc1));
-    c.lerp_low = (1.0 - h->beta1) < 0.5;
+    c.decay = 1.0 - h->lr * h->weight_decay;
+    c.b1 = h->beta1;
+    c.w1 = 1.0 - h->beta1;
+    c.b2 = h->beta2;
+    c.w2 = 1.0 - h->beta2;
+    c.bc2_sqrt = sqrt(1.0 - pow(h->beta2, (double)step));
+    c.eps = h->eps;
+    c.neg_step = -(h->lr / (1.0 - pow(h->beta1, (double)step)));
     KCU_LAUNCH(adamw_kernel, (unsigned)l->blocks, OPT_THREADS, 0, stream)(l->d_tensors, l->d_starts, l->count, c, d_clip);
     return kcu_launch_check(err, "kcu_adamw_step");
 }
