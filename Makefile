@@ -132,6 +132,9 @@ $(BUILD)/obj/%.o: %.c
 # The RNG fill loops vectorise only without errno handling of sqrtf and with FP compares treated
 # as non-trapping (neither changes a value).
 $(BUILD)/obj/runtime/rng.o: CFLAGS += -fno-math-errno -fno-trapping-math
+# The AdamW loop likewise (sqrt's argument is never negative) and with the dynamic cost model, without which
+# gcc 12 at -O2 does not vectorise a loop with double division and sqrt (kernels/cpu/kc_adamw.c).
+$(BUILD)/obj/kernels/cpu/kc_adamw.o: CFLAGS += -fno-math-errno -fvect-cost-model=dynamic
 $(BUILD)/obj/cli/plot_draw.o $(BUILD)/obj/tests/test_observe.o: CPPFLAGS += $(CAIRO_CFLAGS)
 
 $(BUILD)/obj/%.cu.o: %.cu
