@@ -44,33 +44,39 @@ double max_diff(const float *a, const std::vector<float> &b) {
 
 }  // namespace
 
-// The weights' tolerance factor is PyTorch's own: on every config each of its float32 runs is within
-// kWeightFactor times the farthest of the other runs from the float64 one, and the envelope the tests
-// use is the farthest of them all. (Data, not code: where a regenerated grid breaks this on another CPU,
-// the factor is no longer PyTorch's own float32 error there.)
-TEST(HfGrid, WeightFactorIsPyTorchsOwnSpread) {
+// The weights' tolerance factor is no wider than PyTorch's own float32 error: some float32 run of
+// PyTorch is at least kWeightFactor times as far from the float64 weights as the farthest of the other
+// runs of its config (the whole batch's runs, or a MoE's 2 micro-batches'), so PyTorch itself would not
+// pass a smaller factor; and each envelope the tests use is the farthest of its runs. (Data, not code:
+// where a grid regenerated on another CPU shows a smaller spread, the factor is to come down to it.)
+TEST(HfGrid, WeightFactorIsNoWiderThanPyTorchsOwnSpread) {
     hf_grid::Report rep("HfGrid.WeightFactor");
-    double worst = 0;
+    double worst[2] = {0, 0};
     for (const std::string &n : hf_grid::names()) {
-        hf_grid::Ref ref(n);
-        rep.checked++;
-        const std::vector<double> &w = ref.f32_weight_runs;
-        if (w.size() < 2) {
-            rep.fail(n, "reference.json has no max_abs_weight_diff_per_run of several float32 runs");
-            continue;
-        }
-        rep.check(ref, "the envelope (the farthest run)", ref.f32_weight_diff, *std::max_element(w.begin(), w.end()), 0.0);
-        for (size_t k = 0; k < w.size(); k++) {
-            double others = 0;
-            for (size_t j = 0; j < w.size(); j++)
-                if (j != k) others = std::max(others, w[j]);
-            worst = std::max(worst, w[k] / others);
-            rep.check(ref, "float32 run " + std::to_string(k) + "'s distance against the others' farthest x " +
-                               std::to_string(hf_grid::kWeightFactor),
-                      w[k], 0.0, hf_grid::kWeightFactor * others);
+        for (int accum = 0; accum < 2; accum++) {
+            hf_grid::Ref whole(n);
+            if (accum && !whole.moe) continue;
+            hf_grid::Ref ref(n, accum ? "_accum" : "");
+            rep.checked++;
+            const std::vector<double> &w = ref.f32_weight_runs;
+            if (w.size() < 2) {
+                rep.fail(n, "reference.json has no max_abs_weight_diff_per_run of several float32 runs");
+                continue;
+            }
+            rep.check(ref, std::string(accum ? "2 micro-batches: " : "") + "the envelope (the farthest run)",
+                      ref.f32_weight_diff, *std::max_element(w.begin(), w.end()), 0.0);
+            for (size_t k = 0; k < w.size(); k++) {
+                double others = 0;
+                for (size_t j = 0; j < w.size(); j++)
+                    if (j != k) others = std::max(others, w[j]);
+                worst[accum] = std::max(worst[accum], w[k] / others);
+            }
         }
     }
-    printf("[ HfGrid.WeightFactor ] the largest ratio of one PyTorch float32 run to the farthest other: %.3f\n", worst);
+    printf("[ HfGrid.WeightFactor ] the largest ratio of one PyTorch float32 run to the farthest other: %.3f (whole "
+           "batch), %.3f (2 micro-batches); the tolerance factor %.3g\n", worst[0], worst[1], hf_grid::kWeightFactor);
+    EXPECT_LE(hf_grid::kWeightFactor, std::max(worst[0], worst[1]))
+        << "the final weights' tolerance factor is wider than PyTorch's own float32 spread on this grid";
     rep.finish();
 }
 
