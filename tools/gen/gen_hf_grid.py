@@ -546,7 +546,10 @@ exact draws, objective and optimizer; `python tools/gen/gen_hf_grid.py tests/dat
 it all again: the float64 runs bit for bit but for an element at a float32 rounding boundary, PyTorch's
 float32 and bf16 runs as this CPU's kernels compute them, whose errors differ from another CPU's). Never
 edit it: where a test disagrees, fsdp-run is wrong. `grid.json` lists
-the configs and their traits; each config directory holds:
+the configs and their traits, and `f32_spread` PyTorch's own float32 spread over them (the largest ratio
+of one float32 run's final-weight distance to the farthest of the other runs of its config, for the whole
+batch and for a MoE's 2 micro-batches; how many runs and configs miss a loss to 1e-7); each config
+directory holds:
 
 | file | what it is |
 | --- | --- |
