@@ -3,7 +3,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -53,6 +56,42 @@ inline void expect_same_tensors(ckpt_reader *got, ckpt_reader *want, const std::
         checked++;
     }
     EXPECT_GT(checked, 0u);
+}
+
+// Every tensor of `want` is in `got` with its shape, and within tol(name, max|want|) of it element by
+// element (both read as float32): for two runs whose float32 sums are ordered differently (the CPU's and
+// the GPU's). Returns the largest difference relative to max|want| seen.
+inline double expect_close_tensors(ckpt_reader *got, ckpt_reader *want,
+                                   const std::function<double(const std::string &, double)> &tol) {
+    size_t n = ckpt_count(want), checked = 0;
+    double worst = 0;
+    for (size_t i = 0; i < n; i++) {
+        const ckpt_entry *w = ckpt_entry_at(want, i);
+        if (!w->is_tensor) continue;
+        long gi = ckpt_find(got, w->name);
+        EXPECT_GE(gi, 0) << "missing " << w->name;
+        if (gi < 0) continue;
+        const ckpt_entry *g = ckpt_entry_at(got, (size_t)gi);
+        EXPECT_EQ(g->ndim, w->ndim) << w->name;
+        if (g->ndim != w->ndim) continue;
+        bool same_shape = true;
+        for (int d = 0; d < w->ndim; d++) same_shape = same_shape && g->shape[d] == w->shape[d];
+        EXPECT_TRUE(same_shape) << w->name;
+        if (!same_shape) continue;
+        std::vector<unsigned char> a = tensor_bytes(got, w->name, FSDP_DT_F32), b = tensor_bytes(want, w->name, FSDP_DT_F32);
+        size_t k = b.size() / sizeof(float);
+        if (a.size() != b.size()) continue;
+        std::vector<float> x(k), y(k);
+        if (k) memcpy(x.data(), a.data(), b.size()), memcpy(y.data(), b.data(), b.size());
+        double m = 0, d = 0;
+        for (size_t j = 0; j < k; j++) m = std::max(m, (double)std::fabs(y[j]));
+        for (size_t j = 0; j < k; j++) d = std::max(d, (double)std::fabs(x[j] - y[j]));
+        EXPECT_LE(d, tol(w->name, m)) << w->name << ": max |got - want| " << d << ", max |want| " << m;
+        if (m > 0) worst = std::max(worst, d / m);
+        checked++;
+    }
+    EXPECT_GT(checked, 0u);
+    return worst;
 }
 
 struct Ckpt {

@@ -16,6 +16,7 @@
 #include "ckpt_compare.h"
 #include "gpu_util.h"
 #include "test_util.h"
+#include "train_run_util.h"
 
 extern "C" {
 #include "ckpt/state_io.h"
@@ -681,7 +682,11 @@ TEST(StageDevice, GpuBagelBootstrapEqualsCpu) {
     Dir t;
     run_both("recipes/llama_bootstrap.yaml", t / "b");
     expect_same_dcp(t / "b-cpu", t / "b-cuda");
-    // training from it (the state comes back to the host for the step) gives the same checkpoint
+    // training from it on the GPU trainer gives the CPU trainer's checkpoint up to the order of float32
+    // sums (the GPU's reductions against OpenBLAS's) and the same losses: the AdamW moments within 1e-5 of
+    // their largest value; the weights within 1% of the largest AdamW step they can take over the 2 steps
+    // (lr 5e-4 + 1e-3: an element whose gradient sits at float32's noise moves by a noise-driven part
+    // of its step, on any two float32 implementations)
     for (const char *dev : {"cpu", "cuda"}) {
         int rc;
         std::string o = run("recipes/llama_train.yaml --set runtime.device=" + std::string(dev) + " --set vars.ckpt=" +
@@ -692,7 +697,16 @@ TEST(StageDevice, GpuBagelBootstrapEqualsCpu) {
     }
     Ckpt a(t / "t-cpu"), b(t / "t-cuda");
     ASSERT_TRUE(a.r && b.r);
-    expect_same_tensors(a.r, b.r);
+    const double steps_lr = 5e-4 + 1e-3;
+    auto tol = [&](const std::string &name, double max_abs) {
+        return name.rfind("optimizer.", 0) == 0 ? 1e-5 * max_abs : 1e-2 * steps_lr;
+    };
+    printf("[ GpuBagelBootstrap ] trained checkpoints, largest difference GPU against CPU: %.3g of max |x|\n",
+           expect_close_tensors(b.r, a.r, tol));
+    std::vector<double> lc = train_test::column(t / "m-cpu.jsonl", "loss"), lg = train_test::column(t / "m-cuda.jsonl", "loss");
+    ASSERT_FALSE(lc.empty());  // the recipe logs every 5 steps and the last
+    ASSERT_EQ(lg.size(), lc.size());
+    for (size_t k = 0; k < lc.size(); k++) EXPECT_NEAR(lg[k], lc[k], 1e-6 * lc[k]) << "step " << k + 1;
 }
 
 TEST(StageDevice, GpuTransformVerifyExportOffloadAndAsyncSaveEqualCpu) {
