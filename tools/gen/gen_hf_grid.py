@@ -371,6 +371,11 @@ def f32_envelope(spec, seed, obj, inp, lab, groups, ref):
     return env, first
 
 
+def leave_one_out(w):
+    """The largest ratio of one run's value to the largest of the other runs'."""
+    return max(w[k] / max(w[:k] + w[k + 1:]) for k in range(len(w)))
+
+
 def spread_summary(recs):
     """PyTorch's own float32 spread over the grid: the largest ratio of one run's final-weight distance to
     the largest of the other runs' (the factor by which PyTorch itself exceeds its own envelope: the tests'
@@ -379,11 +384,9 @@ def spread_summary(recs):
     loo, loo_accum, miss, cfg_miss = 0.0, 0.0, 0, 0
     for rec in recs:
         f = rec["f32_run"]
-        w = f["max_abs_weight_diff_per_run"]
-        loo = max([loo] + [w[k] / max(w[:k] + w[k + 1:]) for k in range(len(w))])
+        loo = max(loo, leave_one_out(f["max_abs_weight_diff_per_run"]))
         if "accum" in rec:
-            w = rec["accum"]["f32_run"]["max_abs_weight_diff_per_run"]
-            loo_accum = max([loo_accum] + [w[k] / max(w[:k] + w[k + 1:]) for k in range(len(w))])
+            loo_accum = max(loo_accum, leave_one_out(rec["accum"]["f32_run"]["max_abs_weight_diff_per_run"]))
         bad = sum(x > 1e-7 for x in f["max_rel_loss_err_per_run"])
         miss, cfg_miss = miss + bad, cfg_miss + (bad > 0)
     return dict(weight_leave_one_out_max=loo, weight_leave_one_out_max_accum=loo_accum, runs_missing_loss_1e7=miss,
